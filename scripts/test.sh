@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds qspec and runs its tests: the release build with every CPU test (unit + end-to-end),
+# the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, and each fuzz
+# target for a bounded time. GPU tests (ctest label `gpu`) run only where a GPU is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+CUDA_ARCHS=${QSPEC_CUDA_ARCHS:-90a}   # CI compiles CUDA for sm_90a only
+
+echo "== release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA_ARCHS="$CUDA_ARCHS" >/dev/null
+cmake --build build -j "$JOBS"
+GPU_FILTER=(-LE gpu)
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU_FILTER=(); fi
+(cd build && ctest -j "$JOBS" --output-on-failure "${GPU_FILTER[@]}")
+
+echo "== sanitizer build (ASan + UBSan), unit tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF -DQSPEC_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$JOBS" --target qspec qspec_unit_tests
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest -j "$JOBS" --output-on-failure -L unit)
+
+echo "== fuzz targets (libFuzzer, ${FUZZ_SECONDS}s each)"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF \
+  -DQSPEC_SANITIZE=ON -DQSPEC_FUZZ=ON -DQSPEC_BUILD_TESTS=ON -DQSPEC_NATIVE=ON >/dev/null
+FUZZERS=$(cd tests/fuzz && ls fuzz_*.cpp 2>/dev/null | sed 's/\.cpp$//')
+for fuzzer in $FUZZERS; do
+  cmake --build build-fuzz -j "$JOBS" --target "$fuzzer"
+  corpus="tests/fuzz/corpus_${fuzzer#fuzz_}"
+  work=$(mktemp -d)
+  [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/
+  ./build-fuzz/tests/"$fuzzer" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$work" 2>&1 | tail -n 3
+  rm -rf "$work"
+done
+echo "== all tests passed"

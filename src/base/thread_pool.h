@@ -1,0 +1,53 @@
+// A small fork-join pool for the CPU backend. A forward pass issues dozens of parallel
+// regions per token, so workers spin briefly before sleeping: a condition-variable wake per
+// region (~10 us) would cost more than the work at decode sizes.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace qspec {
+
+class ThreadPool {
+ public:
+  // threads = 0: one per hardware thread.
+  explicit ThreadPool(size_t threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  size_t size() const { return workers_.size() + 1; }
+
+  // Splits [0, count) into contiguous chunks of at least `grain` items and runs
+  // body(begin, end) on them, the calling thread included. Returns when all are done.
+  // Exceptions thrown by body are rethrown here (the first one).
+  void parallel_for(size_t count, size_t grain, const std::function<void(size_t, size_t)>& body);
+
+  // The process-wide pool the CPU ops use (sized by set_global_threads or hardware).
+  static ThreadPool& global();
+  static void set_global_threads(size_t threads);
+
+ private:
+  void worker_loop(size_t worker_index);
+  void run_chunks();
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<size_t> pending_workers_{0};
+  std::atomic<size_t> next_chunk_{0};
+  std::atomic<bool> stopping_{false};
+  const std::function<void(size_t, size_t)>* body_ = nullptr;
+  size_t count_ = 0;
+  size_t chunk_size_ = 0;
+  size_t chunk_count_ = 0;
+  std::mutex error_mutex_;
+  std::exception_ptr first_error_;
+};
+
+}  // namespace qspec

@@ -1,0 +1,175 @@
+// qspec bench: CPU decode/prefill throughput of a model, with the single-thread run as the
+// baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "model/llama.h"
+#include "qspec/error.h"
+
+namespace qspec::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model_dir;
+  int64_t prompt_tokens = 64;
+  int64_t decode_tokens = 128;
+  int repeats = 5;
+  std::string out_dir = "bench/results";
+  std::string command_line;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+std::string shell_line(const char* command) {
+  std::string out;
+  if (FILE* pipe = popen(command, "r")) {
+    char buffer[256];
+    while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
+    pclose(pipe);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+// Copy bandwidth (bytes read + written per second) over a buffer the size of the weights:
+// the ceiling for a decode step that streams every weight once.
+double copy_bandwidth(size_t bytes) {
+  std::vector<char> source(bytes, 1), destination(bytes, 0);
+  std::vector<double> rates;
+  for (int i = 0; i < 7; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    ThreadPool::global().parallel_for(bytes, 1 << 16, [&](size_t begin, size_t end) {
+      std::memcpy(destination.data() + begin, source.data() + begin, end - begin);
+    });
+    rates.push_back(2.0 * static_cast<double>(bytes) / seconds_since(start));
+  }
+  return median(rates);
+}
+
+struct Throughput {
+  double prefill_tokens_per_second;
+  double decode_tokens_per_second;
+};
+
+Throughput measure(const LlamaModel& model, const BenchArgs& args) {
+  std::mt19937 generator(1234);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.config().vocab_size - 1));
+  std::vector<int32_t> prompt(args.prompt_tokens);
+  for (auto& id : prompt) id = token(generator);
+  std::vector<double> prefill, decode;
+  std::vector<float> logits;
+  for (int repeat = 0; repeat < args.repeats + 1; ++repeat) {  // the first run warms up
+    KvCache cache = model.new_cache(args.prompt_tokens + args.decode_tokens);
+    auto start = std::chrono::steady_clock::now();
+    model.forward(prompt, cache, logits);
+    double prefill_seconds = seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < args.decode_tokens; ++step) {
+      int32_t next = token(generator);
+      model.forward(std::span<const int32_t>(&next, 1), cache, logits);
+    }
+    double decode_seconds = seconds_since(start);
+    if (repeat == 0) continue;
+    prefill.push_back(static_cast<double>(args.prompt_tokens) / prefill_seconds);
+    decode.push_back(static_cast<double>(args.decode_tokens) / decode_seconds);
+  }
+  return {median(prefill), median(decode)};
+}
+
+void run_bench(const BenchArgs& args) {
+  auto model = LlamaModel::load(args.model_dir);
+  QSPEC_CHECK(args.prompt_tokens + args.decode_tokens <= model->config().max_position_embeddings,
+              "bench: prompt + decode tokens exceed the model's context");
+  const size_t threads = ThreadPool::global().size();
+  const double bandwidth = copy_bandwidth(model->weight_bytes());
+  Throughput all_threads = measure(*model, args);
+  ThreadPool::set_global_threads(1);
+  Throughput one_thread = measure(*model, args);
+  ThreadPool::set_global_threads(threads);
+  // Decode reads every weight once per token: tokens/s <= bandwidth / (2 x weight bytes)
+  // since the copy bandwidth counts bytes read plus bytes written.
+  const double roofline = bandwidth / 2.0 / static_cast<double>(model->weight_bytes());
+
+  std::printf("model %s, %s weights %.2f MiB, %zu threads, prompt %lld, decode %lld, median of %d\n",
+              args.model_dir.c_str(), model->weight_dtype().c_str(),
+              static_cast<double>(model->weight_bytes()) / (1 << 20), threads,
+              static_cast<long long>(args.prompt_tokens), static_cast<long long>(args.decode_tokens), args.repeats);
+  std::printf("%-10s %14s %14s %12s %12s\n", "phase", "1 thread", "all threads", "speedup", "of roofline");
+  std::printf("%-10s %10.0f t/s %10.0f t/s %11.2fx %12s\n", "prefill", one_thread.prefill_tokens_per_second,
+              all_threads.prefill_tokens_per_second,
+              all_threads.prefill_tokens_per_second / one_thread.prefill_tokens_per_second, "-");
+  std::printf("%-10s %10.0f t/s %10.0f t/s %11.2fx %11.1f%%\n", "decode", one_thread.decode_tokens_per_second,
+              all_threads.decode_tokens_per_second,
+              all_threads.decode_tokens_per_second / one_thread.decode_tokens_per_second,
+              100.0 * all_threads.decode_tokens_per_second / roofline);
+  std::printf("copy bandwidth %.1f GB/s over %.1f MiB -> decode roofline %.0f tokens/s\n", bandwidth / 1e9,
+              static_cast<double>(model->weight_bytes()) / (1 << 20), roofline);
+
+  nlohmann::json record = {
+      {"benchmark", "cpu_decode"},
+      {"model", args.model_dir},
+      {"weight_dtype", model->weight_dtype()},
+      {"weight_bytes", model->weight_bytes()},
+      {"threads", threads},
+      {"cpu", shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'")},
+      {"commit", shell_line("git rev-parse --short HEAD 2>/dev/null")},
+      {"command", args.command_line},
+      {"prompt_tokens", args.prompt_tokens},
+      {"decode_tokens", args.decode_tokens},
+      {"repeats", args.repeats},
+      {"prefill_tokens_per_second", {{"one_thread", one_thread.prefill_tokens_per_second},
+                                     {"all_threads", all_threads.prefill_tokens_per_second}}},
+      {"decode_tokens_per_second", {{"one_thread", one_thread.decode_tokens_per_second},
+                                    {"all_threads", all_threads.decode_tokens_per_second}}},
+      {"copy_bandwidth_bytes_per_second", bandwidth},
+      {"decode_roofline_tokens_per_second", roofline},
+  };
+  if (!args.out_dir.empty()) {
+    std::filesystem::create_directories(args.out_dir);
+    std::string name = std::filesystem::path(args.model_dir).filename().string();
+    if (name.empty()) name = std::filesystem::path(args.model_dir).parent_path().filename().string();
+    std::string path = args.out_dir + "/cpu-decode-" + name + ".json";
+    std::ofstream out(path);
+    QSPEC_CHECK(out.good(), path, ": cannot write");
+    out << record.dump(2) << "\n";
+    std::printf("wrote %s\n", path.c_str());
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode throughput on the CPU");
+  command->add_option("model", args->model_dir, "Model directory")->required();
+  command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();
+  command->add_option("--decode-tokens", args->decode_tokens, "Tokens decoded per run")->capture_default_str();
+  command->add_option("--repeats", args->repeats, "Timed runs (median reported)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--out-dir", args->out_dir, "Where to write the JSON result ('' to skip)")
+      ->capture_default_str();
+  command->callback([args] {
+    args->command_line = command_line();
+    run_bench(*args);
+  });
+}
+
+}  // namespace qspec::cli

@@ -1,0 +1,42 @@
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "io/convert.h"
+
+namespace qspec::cli {
+
+void register_convert(CLI::App& app) {
+  CLI::App* command = app.add_subcommand("convert", "Import a model from another format into a Hugging Face directory");
+  command->require_subcommand(1);
+
+  struct Llama2cArgs {
+    std::string model_bin, tokenizer_bin, out_dir;
+  };
+  auto llama2c = std::make_shared<Llama2cArgs>();
+  CLI::App* from_llama2c = command->add_subcommand("llama2c", "llama2.c checkpoint (.bin) + tokenizer.bin");
+  from_llama2c->add_option("model", llama2c->model_bin, "llama2.c model file")->required()->check(CLI::ExistingFile);
+  from_llama2c->add_option("tokenizer", llama2c->tokenizer_bin, "llama2.c tokenizer.bin")->required()->check(CLI::ExistingFile);
+  from_llama2c->add_option("out_dir", llama2c->out_dir, "Output directory")->required();
+  from_llama2c->callback([llama2c] {
+    ProgressBar bar("converting");
+    convert_llama2c(llama2c->model_bin, llama2c->tokenizer_bin, llama2c->out_dir,
+                    [&](size_t done, size_t total) { bar.update(done, total); });
+    std::fprintf(stderr, "wrote %s\n", llama2c->out_dir.c_str());
+  });
+
+  struct GgufArgs {
+    std::string gguf, out_dir;
+  };
+  auto gguf = std::make_shared<GgufArgs>();
+  CLI::App* from_gguf = command->add_subcommand("gguf", "GGUF v3 file (llama architecture)");
+  from_gguf->add_option("file", gguf->gguf, "GGUF file")->required()->check(CLI::ExistingFile);
+  from_gguf->add_option("out_dir", gguf->out_dir, "Output directory")->required();
+  from_gguf->callback([gguf] {
+    ProgressBar bar("converting");
+    convert_gguf(gguf->gguf, gguf->out_dir, [&](size_t done, size_t total) { bar.update(done, total); });
+    std::fprintf(stderr, "wrote %s\n", gguf->out_dir.c_str());
+  });
+}
+
+}  // namespace qspec::cli

@@ -1,0 +1,112 @@
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "model/llama.h"
+#include "qspec/error.h"
+#include "runtime/generate.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qspec::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string prompt;
+  std::string prompt_file;
+  int64_t max_tokens = 128;
+  SamplingParams sampling;
+  bool stream = false;
+  bool ignore_eos = false;
+  bool print_ids = false;
+  std::string bos = "auto";
+};
+
+void run_generate(const GenerateArgs& args) {
+  std::string prompt = args.prompt;
+  if (!args.prompt_file.empty()) {
+    std::ifstream file(args.prompt_file, std::ios::binary);
+    QSPEC_CHECK(file.good(), args.prompt_file, ": cannot open prompt file");
+    std::stringstream text;
+    text << file.rdbuf();
+    prompt = text.str();
+  }
+  auto model = LlamaModel::load(args.model_dir);
+  auto tokenizer = Tokenizer::load(args.model_dir);
+  QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir,
+              ": tokenizer has ", tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
+              model->config().vocab_size);
+  // An empty prompt needs a start token; llama-2 style tokenizers always want one.
+  bool add_bos = args.bos == "on" || (args.bos == "auto" && (prompt.empty() || tokenizer->add_bos_by_default));
+  if (!tokenizer->bos_id) add_bos = false;
+  std::vector<int32_t> prompt_ids = tokenizer->encode(prompt, add_bos);
+
+  GenerationOptions options;
+  options.max_new_tokens = args.max_tokens;
+  options.sampling = args.sampling;
+  if (!args.ignore_eos) {
+    options.eos_ids = tokenizer->eos_ids;
+    for (int32_t id : model->config().eos_token_ids)
+      if (std::find(options.eos_ids.begin(), options.eos_ids.end(), id) == options.eos_ids.end())
+        options.eos_ids.push_back(id);
+  }
+
+  StreamDecoder stream(*tokenizer);
+  std::fputs(prompt.c_str(), stdout);
+  std::fflush(stdout);
+  auto on_token = [&](int32_t id) {
+    if (args.stream) {
+      std::fputs(stream.push(id).c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  GenerationResult result = generate(*model, prompt_ids, options, on_token);
+  if (args.stream) {
+    std::fputs(stream.flush().c_str(), stdout);
+  } else {
+    std::fputs(tokenizer->decode(result.ids, /*skip_special=*/true).c_str(), stdout);
+  }
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  if (args.print_ids) {
+    std::fprintf(stderr, "ids:");
+    for (int32_t id : result.ids) std::fprintf(stderr, " %d", id);
+    std::fprintf(stderr, "\n");
+  }
+  std::fprintf(stderr,
+               "[qspec] prompt %lld tokens in %.1f ms (%.0f tok/s) | generated %zu tokens, decode %.1f tok/s | "
+               "finish: %s\n",
+               static_cast<long long>(result.prompt_tokens), result.prefill_seconds * 1e3,
+               result.prefill_seconds > 0 ? static_cast<double>(result.prompt_tokens) / result.prefill_seconds : 0.0,
+               result.ids.size(), result.decode_tokens_per_second(), result.finish_reason.c_str());
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* command = app.add_subcommand("generate", "Generate a continuation of a prompt");
+  command->add_option("model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  command->add_option("-p,--prompt", args->prompt, "Prompt text");
+  command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
+  command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens")->capture_default_str();
+  command->add_option("--temperature,--temp", args->sampling.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  command->add_option("--top-k", args->sampling.top_k, "Keep the k most likely tokens (0: off)");
+  command->add_option("--top-p", args->sampling.top_p, "Nucleus sampling mass (1: off)");
+  command->add_option("--min-p", args->sampling.min_p, "Drop tokens below min_p x the top probability");
+  command->add_option("--repeat-penalty", args->sampling.repetition_penalty, "Repetition penalty (1: off)");
+  command->add_option("--seed", args->sampling.seed, "Random seed for sampling");
+  command->add_option("--bos", args->bos, "Prepend the bos token: auto|on|off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  command->add_flag("--stream", args->stream, "Print tokens as they are generated");
+  command->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
+  command->add_flag("--print-ids", args->print_ids, "Print the generated token ids to stderr");
+  command->callback([args] { run_generate(*args); });
+}
+
+}  // namespace qspec::cli

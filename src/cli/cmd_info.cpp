@@ -1,0 +1,50 @@
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "model/llama.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qspec::cli {
+namespace {
+
+void run_info(const std::string& model_dir) {
+  auto model = LlamaModel::load(model_dir);
+  const ModelConfig& c = model->config();
+  std::printf("model:          %s\n", model_dir.c_str());
+  std::printf("architecture:   %s\n", c.architecture_name.c_str());
+  std::printf("parameters:     %lld (%.2f M)\n", static_cast<long long>(c.parameter_count()),
+              static_cast<double>(c.parameter_count()) / 1e6);
+  std::printf("layers:         %lld\n", static_cast<long long>(c.num_layers));
+  std::printf("hidden:         %lld (intermediate %lld)\n", static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.intermediate_size));
+  std::printf("heads:          %lld query, %lld key/value, head_dim %lld\n", static_cast<long long>(c.num_heads),
+              static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim));
+  std::printf("vocab:          %lld\n", static_cast<long long>(c.vocab_size));
+  std::printf("context:        %lld\n", static_cast<long long>(c.max_position_embeddings));
+  std::printf("rope:           %s, theta %g, factor %g\n", c.rope.type.c_str(), c.rope.theta, c.rope.factor);
+  std::printf("rms_norm_eps:   %g\n", c.rms_norm_eps);
+  std::printf("tied embedding: %s\n", c.tie_word_embeddings ? "yes" : "no");
+  if (c.sliding_window) std::printf("sliding window: %lld\n", static_cast<long long>(*c.sliding_window));
+  std::printf("weights:        %s, %.2f MiB read per token\n", model->weight_dtype().c_str(),
+              static_cast<double>(model->weight_bytes()) / (1 << 20));
+  const double kv_bytes_per_token = 2.0 * static_cast<double>(c.num_layers * c.kv_dim()) * sizeof(float);
+  std::printf("kv cache:       %.1f KiB per token (f32), %.1f MiB at full context\n", kv_bytes_per_token / 1024,
+              kv_bytes_per_token * static_cast<double>(c.max_position_embeddings) / (1 << 20));
+  auto tokenizer = Tokenizer::load(model_dir);
+  std::printf("tokenizer:      %d tokens, bos %s, eos", tokenizer->vocab_size(),
+              tokenizer->bos_id ? std::to_string(*tokenizer->bos_id).c_str() : "none");
+  for (int32_t id : tokenizer->eos_ids) std::printf(" %d", id);
+  std::printf("\n");
+}
+
+}  // namespace
+
+void register_info(CLI::App& app) {
+  auto model_dir = std::make_shared<std::string>();
+  CLI::App* command = app.add_subcommand("info", "Show a model's architecture, size and memory");
+  command->add_option("model", *model_dir, "Model directory")->required();
+  command->callback([model_dir] { run_info(*model_dir); });
+}
+
+}  // namespace qspec::cli

@@ -1,0 +1,42 @@
+// The qspec command. Each subcommand is a small function over the library.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "qspec/error.h"
+
+int main(int argc, char** argv) {
+  qspec::cli::set_command_line(argc, argv);
+  CLI::App app{"qspec: Llama-family inference with 4-bit weights and quantized speculative decoding"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("qspec ") + QSPEC_VERSION);
+  size_t threads = 0;
+  app.add_option("-t,--threads", threads, "CPU threads (default: all hardware threads)");
+
+  qspec::cli::register_generate(app);
+  qspec::cli::register_info(app);
+  qspec::cli::register_convert(app);
+  qspec::cli::register_bench(app);
+
+  app.parse_complete_callback([&] {
+    if (threads > 0) qspec::ThreadPool::set_global_threads(threads);
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  } catch (const qspec::Error& error) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "qspec: error: %s\n", error.what());
+    return 1;
+  } catch (const std::exception& error) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "qspec: internal error: %s\n", error.what());
+    return 2;
+  }
+  return 0;
+}

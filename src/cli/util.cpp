@@ -1,0 +1,53 @@
+#include <chrono>
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace qspec::cli {
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ProgressBar::ProgressBar(std::string label) : label_(std::move(label)), start_(now_seconds()) {}
+
+ProgressBar::~ProgressBar() {
+  if (shown_) std::fprintf(stderr, "\n");
+}
+
+void ProgressBar::update(size_t done, size_t total) {
+  if (total == 0) return;
+  const int percent = static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total));
+  const double elapsed = now_seconds() - start_;
+  if (!shown_ && elapsed < 1.0 && done < total) return;
+  if (percent == last_percent_) return;
+  last_percent_ = percent;
+  shown_ = true;
+  const int width = 30, filled = percent * width / 100;
+  std::fprintf(stderr, "\r%s [%.*s%*s] %3d%% (%zu/%zu) %.1fs", label_.c_str(), filled,
+               "##############################", width - filled, "", percent, done, total, elapsed);
+  std::fflush(stderr);
+}
+}  // namespace qspec::cli
+
+namespace qspec::cli {
+namespace {
+std::string& stored_command_line() {
+  static std::string line;
+  return line;
+}
+}  // namespace
+
+void set_command_line(int argc, char** argv) {
+  std::string line = "qspec";
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    const bool needs_quotes = arg.empty() || arg.find_first_of(" \t\"'") != std::string::npos;
+    line += needs_quotes ? " '" + arg + "'" : " " + arg;
+  }
+  stored_command_line() = line;
+}
+
+const std::string& command_line() { return stored_command_line(); }
+}  // namespace qspec::cli

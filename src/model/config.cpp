@@ -1,0 +1,324 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "qspec/error.h"
+
+namespace qspec {
+
+using nlohmann::json;
+
+const char* architecture_name(Architecture architecture) {
+  switch (architecture) {
+    case Architecture::Llama: return "LlamaForCausalLM";
+    case Architecture::Qwen2: return "Qwen2ForCausalLM";
+    case Architecture::Mistral: return "MistralForCausalLM";
+  }
+  return "?";
+}
+
+namespace {
+
+// Typed field readers that name the file and key in every error.
+struct FieldReader {
+  const json& object;
+  const std::string& source;
+
+  bool has(const char* key) const { return object.contains(key) && !object.at(key).is_null(); }
+
+  int64_t integer(const char* key) const {
+    QSPEC_CHECK(has(key), source, ": missing required field '", key, "'");
+    const json& value = object.at(key);
+    QSPEC_CHECK(value.is_number_integer(), source, ": field '", key, "' must be an integer, got ",
+                value.dump());
+    return value.get<int64_t>();
+  }
+  int64_t positive(const char* key) const {
+    int64_t value = integer(key);
+    QSPEC_CHECK(value > 0, source, ": field '", key, "' must be positive, got ", value);
+    return value;
+  }
+  int64_t positive_or(const char* key, int64_t fallback) const {
+    return has(key) ? positive(key) : fallback;
+  }
+  double number_or(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& value = object.at(key);
+    QSPEC_CHECK(value.is_number(), source, ": field '", key, "' must be a number, got ",
+                value.dump());
+    return value.get<double>();
+  }
+  bool boolean_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& value = object.at(key);
+    QSPEC_CHECK(value.is_boolean(), source, ": field '", key, "' must be true/false, got ",
+                value.dump());
+    return value.get<bool>();
+  }
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& value = object.at(key);
+    QSPEC_CHECK(value.is_string(), source, ": field '", key, "' must be a string, got ",
+                value.dump());
+    return value.get<std::string>();
+  }
+};
+
+std::vector<int32_t> token_id_list(const json& value, const std::string& source, const char* key) {
+  std::vector<int32_t> ids;
+  if (value.is_null()) return ids;
+  if (value.is_number_integer()) {
+    ids.push_back(value.get<int32_t>());
+  } else if (value.is_array()) {
+    for (const auto& item : value) {
+      QSPEC_CHECK(item.is_number_integer(), source, ": '", key, "' must hold integers");
+      ids.push_back(item.get<int32_t>());
+    }
+  } else {
+    fail(source, ": '", key, "' must be an integer or a list of integers");
+  }
+  return ids;
+}
+
+RopeConfig parse_rope(const json& root, const std::string& source, int64_t max_positions) {
+  RopeConfig rope;
+  FieldReader top{root, source};
+  rope.theta = top.number_or("rope_theta", 10000.0);
+  // transformers v5 puts everything in rope_parameters; v4 uses rope_theta + rope_scaling.
+  const json* params = nullptr;
+  std::string where;
+  if (top.has("rope_parameters")) {
+    params = &root.at("rope_parameters");
+    where = "rope_parameters";
+  } else if (top.has("rope_scaling")) {
+    params = &root.at("rope_scaling");
+    where = "rope_scaling";
+  }
+  if (params == nullptr) return rope;
+  QSPEC_CHECK(params->is_object(), source, ": '", where, "' must be an object");
+  FieldReader reader{*params, source};
+  rope.theta = reader.number_or("rope_theta", rope.theta);
+  // v4 spelled it "type", later "rope_type".
+  rope.type = reader.string_or("rope_type", reader.string_or("type", "default"));
+  rope.factor = reader.number_or("factor", 1.0);
+  rope.original_max_position_embeddings =
+      reader.has("original_max_position_embeddings")
+          ? reader.positive("original_max_position_embeddings")
+          : max_positions;
+  if (rope.type == "default") {
+    // nothing more
+  } else if (rope.type == "linear" || rope.type == "dynamic") {
+    QSPEC_CHECK(reader.has("factor"), source, ": ", where, " type '", rope.type,
+                "' needs 'factor'");
+  } else if (rope.type == "llama3") {
+    QSPEC_CHECK(reader.has("factor") && reader.has("low_freq_factor") &&
+                    reader.has("high_freq_factor") && reader.has("original_max_position_embeddings"),
+                source, ": ", where,
+                " type 'llama3' needs factor, low_freq_factor, high_freq_factor and "
+                "original_max_position_embeddings");
+    rope.low_freq_factor = reader.number_or("low_freq_factor", 1.0);
+    rope.high_freq_factor = reader.number_or("high_freq_factor", 4.0);
+    QSPEC_CHECK(rope.high_freq_factor != rope.low_freq_factor, source, ": ", where,
+                ": high_freq_factor must differ from low_freq_factor");
+  } else if (rope.type == "yarn") {
+    QSPEC_CHECK(reader.has("factor"), source, ": ", where, " type 'yarn' needs 'factor'");
+    rope.beta_fast = reader.number_or("beta_fast", 32.0);
+    rope.beta_slow = reader.number_or("beta_slow", 1.0);
+    if (reader.has("attention_factor")) rope.attention_factor = reader.number_or("attention_factor", 1.0);
+    if (reader.has("mscale")) rope.mscale = reader.number_or("mscale", 1.0);
+    if (reader.has("mscale_all_dim")) rope.mscale_all_dim = reader.number_or("mscale_all_dim", 0.0);
+  } else {
+    fail(source, ": unsupported rope type '", rope.type, "' in '", where,
+         "' (supported: default, linear, dynamic, llama3, yarn)");
+  }
+  QSPEC_CHECK(rope.factor > 0, source, ": rope factor must be positive");
+  QSPEC_CHECK(rope.theta > 0, source, ": rope_theta must be positive");
+  if (reader.has("partial_rotary_factor")) {
+    QSPEC_CHECK(reader.number_or("partial_rotary_factor", 1.0) == 1.0, source,
+                ": partial_rotary_factor != 1 is not supported");
+  }
+  return rope;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& error) {
+    fail(source, ": not valid JSON: ", error.what());
+  }
+  QSPEC_CHECK(root.is_object(), source, ": top level must be a JSON object");
+  FieldReader reader{root, source};
+  ModelConfig config;
+
+  std::string architecture;
+  if (reader.has("architectures")) {
+    const json& list = root.at("architectures");
+    QSPEC_CHECK(list.is_array() && list.size() == 1 && list[0].is_string(), source,
+                ": 'architectures' must be a list with one name");
+    architecture = list[0].get<std::string>();
+  } else {
+    std::string model_type = reader.string_or("model_type", "");
+    if (model_type == "llama") architecture = "LlamaForCausalLM";
+    else if (model_type == "qwen2") architecture = "Qwen2ForCausalLM";
+    else if (model_type == "mistral") architecture = "MistralForCausalLM";
+    else fail(source, ": no 'architectures' and unknown model_type '", model_type, "'");
+  }
+  config.architecture_name = architecture;
+  if (architecture == "LlamaForCausalLM") config.architecture = Architecture::Llama;
+  else if (architecture == "Qwen2ForCausalLM") config.architecture = Architecture::Qwen2;
+  else if (architecture == "MistralForCausalLM") config.architecture = Architecture::Mistral;
+  else
+    fail(source, ": unsupported architecture '", architecture,
+         "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
+
+  config.vocab_size = reader.positive("vocab_size");
+  config.hidden_size = reader.positive("hidden_size");
+  config.intermediate_size = reader.positive("intermediate_size");
+  config.num_layers = reader.positive("num_hidden_layers");
+  config.num_heads = reader.positive("num_attention_heads");
+  config.num_kv_heads = reader.positive_or("num_key_value_heads", config.num_heads);
+  QSPEC_CHECK(config.num_heads % config.num_kv_heads == 0, source, ": num_attention_heads (",
+              config.num_heads, ") must be a multiple of num_key_value_heads (",
+              config.num_kv_heads, ")");
+  if (reader.has("head_dim")) {
+    config.head_dim = reader.positive("head_dim");
+  } else {
+    QSPEC_CHECK(config.hidden_size % config.num_heads == 0, source,
+                ": hidden_size must be divisible by num_attention_heads when head_dim is absent");
+    config.head_dim = config.hidden_size / config.num_heads;
+  }
+  QSPEC_CHECK(config.head_dim % 2 == 0, source, ": head_dim must be even for RoPE");
+  config.max_position_embeddings = reader.positive_or("max_position_embeddings", 2048);
+  config.rms_norm_eps = reader.number_or("rms_norm_eps", 1e-6);
+  QSPEC_CHECK(config.rms_norm_eps > 0, source, ": rms_norm_eps must be positive");
+  config.tie_word_embeddings = reader.boolean_or("tie_word_embeddings", false);
+
+  std::string activation = reader.string_or("hidden_act", "silu");
+  QSPEC_CHECK(activation == "silu", source, ": unsupported hidden_act '", activation,
+              "' (supported: silu)");
+
+  switch (config.architecture) {
+    case Architecture::Qwen2:
+      config.attention_bias = true;  // Qwen2 always has q/k/v bias, no o_proj bias
+      if (reader.boolean_or("use_sliding_window", false))
+        fail(source, ": Qwen2 use_sliding_window=true is not supported");
+      break;
+    case Architecture::Llama:
+      config.attention_bias = reader.boolean_or("attention_bias", false);
+      config.attention_output_bias = config.attention_bias;
+      config.mlp_bias = reader.boolean_or("mlp_bias", false);
+      break;
+    case Architecture::Mistral:
+      if (reader.has("sliding_window")) config.sliding_window = reader.positive("sliding_window");
+      break;
+  }
+  if (reader.has("pretraining_tp"))
+    QSPEC_CHECK(reader.integer("pretraining_tp") == 1, source, ": pretraining_tp != 1 is not supported");
+
+  config.rope = parse_rope(root, source, config.max_position_embeddings);
+  if (root.contains("bos_token_id") && root.at("bos_token_id").is_number_integer())
+    config.bos_token_id = root.at("bos_token_id").get<int32_t>();
+  if (root.contains("eos_token_id"))
+    config.eos_token_ids = token_id_list(root.at("eos_token_id"), source, "eos_token_id");
+  config.torch_dtype = reader.string_or("torch_dtype", reader.string_or("dtype", ""));
+  return config;
+}
+
+ModelConfig ModelConfig::load(const std::string& dir) {
+  std::string path = dir + "/config.json";
+  std::ifstream file(path, std::ios::binary);
+  QSPEC_CHECK(file.good(), path, ": cannot open (is '", dir, "' a model directory?)");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse(text.str(), path);
+}
+
+int64_t ModelConfig::parameter_count() const {
+  int64_t attention = hidden_size * q_dim() + 2 * hidden_size * kv_dim() + q_dim() * hidden_size;
+  if (attention_bias) attention += q_dim() + 2 * kv_dim();
+  if (attention_output_bias) attention += hidden_size;
+  int64_t mlp = 3 * hidden_size * intermediate_size;
+  if (mlp_bias) mlp += 2 * intermediate_size + hidden_size;
+  int64_t per_layer = attention + mlp + 2 * hidden_size;
+  int64_t embeddings = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
+  return num_layers * per_layer + embeddings + hidden_size;
+}
+
+RopeTables rope_tables(const ModelConfig& config, int64_t seq_len) {
+  const RopeConfig& rope = config.rope;
+  const int64_t dim = config.head_dim;
+  const int64_t half = dim / 2;
+  double base = rope.theta;
+  if (rope.type == "dynamic" && seq_len > config.max_position_embeddings) {
+    // NTK-aware dynamic scaling, recomputed for the current length (transformers' formula).
+    double ratio = rope.factor * static_cast<double>(seq_len) /
+                       static_cast<double>(config.max_position_embeddings) -
+                   (rope.factor - 1.0);
+    base = rope.theta * std::pow(ratio, static_cast<double>(dim) / static_cast<double>(dim - 2));
+  }
+  RopeTables tables;
+  tables.inv_freq.resize(half);
+  for (int64_t i = 0; i < half; ++i) {
+    // transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in float32
+    float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
+    tables.inv_freq[i] = 1.0f / std::pow(static_cast<float>(base), exponent);
+  }
+  if (rope.type == "linear") {
+    for (float& freq : tables.inv_freq) freq = freq / static_cast<float>(rope.factor);
+  } else if (rope.type == "llama3") {
+    const double old_context = static_cast<double>(rope.original_max_position_embeddings);
+    const double low_freq_wavelen = old_context / rope.low_freq_factor;
+    const double high_freq_wavelen = old_context / rope.high_freq_factor;
+    for (float& freq : tables.inv_freq) {
+      const float wavelen = 2.0f * static_cast<float>(M_PI) / freq;
+      float scaled = wavelen > low_freq_wavelen ? freq / static_cast<float>(rope.factor) : freq;
+      bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      if (medium) {
+        float smooth = static_cast<float>((old_context / wavelen - rope.low_freq_factor) /
+                                          (rope.high_freq_factor - rope.low_freq_factor));
+        scaled = (1.0f - smooth) * scaled / static_cast<float>(rope.factor) + smooth * scaled;
+      }
+      freq = scaled;
+    }
+  } else if (rope.type == "yarn") {
+    auto get_mscale = [](double scale, double mscale) {
+      return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+    };
+    double factor = rope.factor;
+    double original = static_cast<double>(rope.original_max_position_embeddings);
+    if (rope.attention_factor) {
+      tables.attention_scaling = static_cast<float>(*rope.attention_factor);
+    } else if (rope.mscale && rope.mscale_all_dim) {
+      tables.attention_scaling = static_cast<float>(get_mscale(factor, *rope.mscale) /
+                                                    get_mscale(factor, *rope.mscale_all_dim));
+    } else {
+      tables.attention_scaling = static_cast<float>(get_mscale(factor, 1.0));
+    }
+    auto correction_dim = [&](double rotations) {
+      return (static_cast<double>(dim) * std::log(original / (rotations * 2 * M_PI))) /
+             (2 * std::log(base));
+    };
+    double low = std::floor(correction_dim(rope.beta_fast));
+    double high = std::ceil(correction_dim(rope.beta_slow));
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // avoid a zero-width ramp
+    for (int64_t i = 0; i < half; ++i) {
+      float extrapolation = tables.inv_freq[i];
+      float interpolation = extrapolation / static_cast<float>(factor);
+      double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      float extrapolation_factor = static_cast<float>(1.0 - ramp);
+      tables.inv_freq[i] = interpolation * (1.0f - extrapolation_factor) +
+                           extrapolation * extrapolation_factor;
+    }
+  }
+  return tables;
+}
+
+}  // namespace qspec

@@ -1,0 +1,29 @@
+// Turns a logit row into the next token: repetition penalty, then temperature, top-k,
+// top-p and min-p filtering, then a draw from a seeded generator (argmax when greedy).
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "qspec/sampling.h"
+
+namespace qspec {
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // `history` holds the prompt and generated ids (for the repetition penalty).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // The filtered, renormalised distribution the next draw uses (sorted by id); exposed for
+  // tests and for rejection sampling later.
+  std::vector<float> probabilities(std::span<const float> logits, std::span<const int32_t> history) const;
+
+  static int32_t argmax(std::span<const float> logits);  // lowest id wins ties
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 generator_;
+};
+
+}  // namespace qspec

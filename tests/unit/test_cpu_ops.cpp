@@ -1,0 +1,209 @@
+// CPU ops against straightforward float64 references on fresh random inputs, with
+// poisoned outputs so an unwritten element fails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "base/thread_pool.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "runtime/sampler.h"
+
+namespace {
+
+std::mt19937& rng() {
+  static std::mt19937 generator(std::random_device{}());
+  return generator;
+}
+
+std::vector<float> random_vector(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng());
+  return v;
+}
+
+double relative_error(const std::vector<float>& out, const std::vector<double>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+}  // namespace
+
+TEST(CpuOps, LinearMatchesReferenceForBf16AndF32) {
+  for (auto [tokens, n, k] : {std::tuple{1, 7, 13}, {3, 64, 256}, {17, 33, 704}, {5, 4, 8}, {2, 129, 1}}) {
+    for (qspec::DType dtype : {qspec::DType::F32, qspec::DType::BF16}) {
+      std::vector<float> x = random_vector(tokens * k), w_f32 = random_vector(n * k), bias = random_vector(n);
+      std::vector<uint16_t> w_bf16(n * k);
+      for (int i = 0; i < n * k; ++i) {
+        w_bf16[i] = qspec::f32_to_bf16(w_f32[i]);
+        if (dtype == qspec::DType::BF16) w_f32[i] = qspec::bf16_to_f32(w_bf16[i]);
+      }
+      qspec::WeightMatrix weight;
+      weight.dtype = dtype;
+      weight.rows = n;
+      weight.cols = k;
+      weight.data = dtype == qspec::DType::BF16 ? static_cast<const void*>(w_bf16.data()) : w_f32.data();
+      std::vector<float> y(tokens * n, NAN);
+      qspec::cpu::linear(x.data(), tokens, weight, bias.data(), y.data());
+      std::vector<double> ref(tokens * n);
+      for (int t = 0; t < tokens; ++t)
+        for (int r = 0; r < n; ++r) {
+          double sum = bias[r];
+          for (int i = 0; i < k; ++i) sum += static_cast<double>(x[t * k + i]) * w_f32[r * k + i];
+          ref[t * n + r] = sum;
+        }
+      EXPECT_LT(relative_error(y, ref), 1e-5) << tokens << "x" << n << "x" << k;
+    }
+  }
+}
+
+TEST(CpuOps, RmsNormMatchesReference) {
+  const int rows = 5, dim = 77;
+  std::vector<float> x = random_vector(rows * dim, 3.0f), w = random_vector(dim), y(rows * dim, NAN);
+  qspec::cpu::rmsnorm(x.data(), w.data(), rows, dim, 1e-5, y.data());
+  std::vector<double> ref(rows * dim);
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int i = 0; i < dim; ++i) ref[r * dim + i] = x[r * dim + i] * inv * w[i];
+  }
+  EXPECT_LT(relative_error(y, ref), 1e-6);
+}
+
+TEST(CpuOps, RopeRotatesHalvesAndPreservesNorm) {
+  const int tokens = 3, heads = 2, head_dim = 8;
+  std::vector<float> x = random_vector(tokens * heads * head_dim), original = x;
+  std::vector<int32_t> positions = {0, 5, 1000};
+  std::vector<float> inv_freq = {1.0f, 0.1f, 0.01f, 0.001f};
+  qspec::cpu::rope(x.data(), tokens, heads, head_dim, positions.data(), inv_freq.data(), 1.0f);
+  std::vector<double> ref(x.size());
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < head_dim / 2; ++i) {
+        const int base = (t * heads + h) * head_dim;
+        const double angle = static_cast<double>(positions[t]) * inv_freq[i];
+        const double a = original[base + i], b = original[base + i + head_dim / 2];
+        ref[base + i] = a * std::cos(angle) - b * std::sin(angle);
+        ref[base + i + head_dim / 2] = b * std::cos(angle) + a * std::sin(angle);
+      }
+  EXPECT_LT(relative_error(x, ref), 1e-5);
+  for (int i = 0; i < head_dim; ++i) EXPECT_EQ(x[i], original[i]);  // position 0 is the identity
+}
+
+TEST(CpuOps, SiluMul) {
+  std::vector<float> gate = random_vector(100, 4.0f), up = random_vector(100), out(100, NAN);
+  qspec::cpu::silu_mul(gate.data(), up.data(), 100, out.data());
+  std::vector<double> ref(100);
+  for (int i = 0; i < 100; ++i) ref[i] = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
+  EXPECT_LT(relative_error(out, ref), 1e-6);
+}
+
+TEST(CpuOps, GroupedQueryAttentionWithCausalityAndWindow) {
+  for (int64_t window : {0, 3}) {
+    qspec::cpu::AttentionShape shape{4, 2, 8, window};
+    const int history = 9, tokens = 3;
+    const int kv_stride = shape.num_kv_heads * shape.head_dim, q_stride = shape.num_heads * shape.head_dim;
+    std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
+    std::vector<float> q = random_vector(tokens * q_stride), out(tokens * q_stride, NAN);
+    std::vector<int32_t> positions = {6, 7, 8};
+    qspec::cpu::attention(q.data(), tokens, positions.data(), keys.data(), values.data(), shape, out.data());
+    std::vector<double> ref(out.size());
+    for (int t = 0; t < tokens; ++t)
+      for (int h = 0; h < shape.num_heads; ++h) {
+        const int kvh = h / 2;
+        const int first = window ? std::max<int>(0, positions[t] - window + 1) : 0;
+        std::vector<double> scores;
+        double max_score = -INFINITY;
+        for (int p = first; p <= positions[t]; ++p) {
+          double dot = 0;
+          for (int d = 0; d < 8; ++d) dot += static_cast<double>(q[t * q_stride + h * 8 + d]) * keys[p * kv_stride + kvh * 8 + d];
+          scores.push_back(dot / std::sqrt(8.0));
+          max_score = std::max(max_score, scores.back());
+        }
+        double total = 0;
+        for (double& s : scores) total += (s = std::exp(s - max_score));
+        for (int d = 0; d < 8; ++d) {
+          double acc = 0;
+          for (int p = first; p <= positions[t]; ++p) acc += scores[p - first] / total * values[p * kv_stride + kvh * 8 + d];
+          ref[t * q_stride + h * 8 + d] = acc;
+        }
+      }
+    EXPECT_LT(relative_error(out, ref), 1e-5) << "window " << window;
+  }
+}
+
+TEST(ThreadPool, CoversEveryIndexOnceAndPropagatesErrors) {
+  qspec::ThreadPool pool(3);
+  std::vector<int> hits(10007, 0);
+  pool.parallel_for(hits.size(), 16, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) hits[i]++;
+  });
+  for (int h : hits) ASSERT_EQ(h, 1);
+  EXPECT_THROW(pool.parallel_for(100, 1, [](size_t begin, size_t) {
+    if (begin > 50) throw std::runtime_error("boom");
+  }), std::runtime_error);
+}
+
+TEST(Sampler, GreedyAndFilters) {
+  std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  EXPECT_EQ(qspec::Sampler::argmax(logits), 1);  // lowest id wins a tie
+
+  qspec::SamplingParams params;
+  params.temperature = 1.0f;
+  params.top_k = 2;
+  auto probs = qspec::Sampler(params).probabilities(logits, {});
+  EXPECT_GT(probs[1], 0);
+  EXPECT_GT(probs[3], 0);
+  EXPECT_EQ(probs[0] + probs[2] + probs[4], 0);
+  EXPECT_NEAR(probs[1] + probs[3], 1.0, 1e-6);
+
+  params.top_k = 0;
+  params.min_p = 0.5f;  // e^2/e^3 = 0.37 < 0.5: token 2 is dropped
+  probs = qspec::Sampler(params).probabilities(logits, {});
+  EXPECT_EQ(probs[2], 0);
+  EXPECT_GT(probs[3], 0);
+
+  params.min_p = 0;
+  params.top_p = 0.3f;  // the top token alone holds > 0.3
+  probs = qspec::Sampler(params).probabilities(logits, {});
+  EXPECT_NEAR(probs[1], 1.0, 1e-6);
+
+  params = {};
+  params.repetition_penalty = 4.0f;  // token 1 (3.0) becomes 0.75: token 3 wins
+  EXPECT_EQ(qspec::Sampler(params).sample(logits, std::vector<int32_t>{1}), 3);
+}
+
+TEST(Sampler, SeededDrawsAreReproducibleAndFollowTheDistribution) {
+  std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  qspec::SamplingParams params;
+  params.temperature = 1.0f;
+  params.seed = 42;
+  qspec::Sampler a(params), b(params);
+  int ones = 0;
+  for (int i = 0; i < 20000; ++i) {
+    int32_t token = a.sample(logits, {});
+    ASSERT_EQ(token, b.sample(logits, {}));
+    ones += token;
+  }
+  EXPECT_NEAR(ones / 20000.0, 0.75, 0.015);
+}
+
+TEST(Sampler, RejectsBadParameters) {
+  qspec::SamplingParams params;
+  params.top_p = 0.0f;
+  EXPECT_THROW(qspec::Sampler{params}, qspec::Error);
+  params = {};
+  params.temperature = -1.0f;
+  EXPECT_THROW(qspec::Sampler{params}, qspec::Error);
+}
