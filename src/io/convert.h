@@ -10,12 +10,17 @@ namespace qspec {
 // Progress callback: (done, total) units of work; may be empty.
 using ProgressFn = std::function<void(size_t done, size_t total)>;
 
-// llama2.c checkpoint (legacy v0 format, as stories260K.bin) + its tokenizer.bin.
+// llama2.c checkpoint (legacy v0 format, as stories260K.bin) + its tokenizer.bin. Weights
+// are stored F32, wq/wk rows permuted from llama2.c's interleaved RoPE pairs to the
+// rotate_half layout; the tokenizer becomes a sentencepiece-style BPE tokenizer.json.
 void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_bin,
                      const std::string& out_dir, const ProgressFn& progress = {});
 
-// GGUF v3 (llama architecture): tensors dequantized to F32/BF16 exactly as llama.cpp
-// defines the types; tokenizer metadata turned into tokenizer.json.
+// GGUF v3 or v2 (llama architecture): tensors dequantized exactly as llama.cpp defines the
+// types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) and stored as F32, which holds every
+// dequantized value exactly (BF16 would round them); q/k rows permuted back to the
+// rotate_half layout; tokenizer metadata turned into tokenizer.json. Errors (qspec::Error)
+// name the file and the key, tensor, type or architecture at fault.
 void convert_gguf(const std::string& gguf_path, const std::string& out_dir,
                   const ProgressFn& progress = {});
 

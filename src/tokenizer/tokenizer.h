@@ -20,10 +20,12 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Text -> ids. Special/added tokens written in the text are matched as tokens.
+  // Invalid UTF-8 in `text` is replaced by U+FFFD before tokenizing.
   // add_bos prepends bos when the tokenizer has one (llama-2 style); the post_processor of
   // tokenizer.json is not applied otherwise.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos = false) const = 0;
   // Ids -> bytes of text (may contain incomplete UTF-8 at the end; see StreamDecoder).
+  // Ids outside the vocabulary are skipped, as HF does.
   // skip_special drops special tokens such as <|endoftext|>.
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;
 
@@ -31,6 +33,21 @@ class Tokenizer {
   virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
   virtual std::string id_to_token(int32_t id) const = 0;
   virtual bool is_special(int32_t id) const = 0;
+
+  // Incremental decoding: decode(ids) is the concatenation of what decode_step appends for
+  // each id in order, starting from a fresh DecodeState (a decoder's trailing Strip after Fuse,
+  // if any, is the one thing only decode() applies). The default re-decodes the single id.
+  struct DecodeState {
+    size_t tokens = 0;          // tokens decoded so far (skipped special tokens excluded)
+    size_t strip_pending = 0;   // leading strip characters still to remove
+    bool started = false;       // strip_pending has been initialised
+  };
+  virtual void decode_step(int32_t id, bool skip_special, DecodeState& state,
+                           std::string& out) const {
+    if (skip_special && is_special(id)) return;
+    out += decode({id}, skip_special);
+    ++state.tokens;
+  }
 
   std::optional<int32_t> bos_id;
   // Whether callers should prepend bos to a prompt (tokenizer_config add_bos_token, or a
@@ -53,6 +70,8 @@ class StreamDecoder {
   bool skip_special_;
   std::vector<int32_t> ids_;
   size_t emitted_bytes_ = 0;
+  Tokenizer::DecodeState state_;
+  std::string pending_;  // decoded bytes not yet returned (an unfinished UTF-8 character)
 };
 
 }  // namespace qspec

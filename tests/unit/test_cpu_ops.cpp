@@ -11,6 +11,7 @@
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
+#include "qspec/error.h"
 #include "runtime/sampler.h"
 
 namespace {

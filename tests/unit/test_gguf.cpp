@@ -1,0 +1,619 @@
+// GGUF reader and importer. Fixtures in tests/data/gguf come from
+// tools/make_gguf_fixtures.py (llama.cpp's `gguf` package): dequantized values are compared
+// bit for bit with the package's own dequantize. Malformed files are built here.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "io/convert.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "qspec/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kData = QSPEC_TEST_DATA "/gguf";
+
+fs::path temp_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("qspec-gguf-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return json::parse(in);
+}
+
+std::vector<uint8_t> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const fs::path& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const qspec::Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+std::string parse_error(const std::vector<uint8_t>& bytes) {
+  return error_of([&] { qspec::GgufFile::parse(bytes.data(), bytes.size(), "test.gguf"); });
+}
+
+bool same_bits(const float* a, const float* b, size_t n, size_t* first_diff) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0) {
+      *first_diff = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Builds GGUF files byte by byte, including malformed ones.
+class GgufBuilder {
+ public:
+  uint32_t version = 3;
+  uint32_t alignment = 32;
+  std::optional<uint64_t> kv_count_override, tensor_count_override;
+
+  void raw_kv(const std::string& key, uint32_t type, const std::vector<uint8_t>& value) {
+    ++kv_count_;
+    put_string(kv_, key);
+    put(kv_, type);
+    kv_.insert(kv_.end(), value.begin(), value.end());
+  }
+  void kv_string(const std::string& key, const std::string& value) {
+    std::vector<uint8_t> bytes;
+    put_string(bytes, value);
+    raw_kv(key, 8, bytes);
+  }
+  void kv_u32(const std::string& key, uint32_t value) { raw_kv(key, 4, pod(value)); }
+  void kv_f32(const std::string& key, float value) { raw_kv(key, 6, pod(value)); }
+  void kv_bool(const std::string& key, bool value) { raw_kv(key, 7, {static_cast<uint8_t>(value)}); }
+  void kv_strings(const std::string& key, const std::vector<std::string>& values) {
+    std::vector<uint8_t> bytes;
+    put(bytes, uint32_t{8});
+    put(bytes, static_cast<uint64_t>(values.size()));
+    for (const auto& value : values) put_string(bytes, value);
+    raw_kv(key, 9, bytes);
+  }
+  void kv_i32s(const std::string& key, const std::vector<int32_t>& values) {
+    std::vector<uint8_t> bytes;
+    put(bytes, uint32_t{5});
+    put(bytes, static_cast<uint64_t>(values.size()));
+    for (int32_t value : values) put(bytes, value);
+    raw_kv(key, 9, bytes);
+  }
+  void kv_f32s(const std::string& key, const std::vector<float>& values) {
+    std::vector<uint8_t> bytes;
+    put(bytes, uint32_t{6});
+    put(bytes, static_cast<uint64_t>(values.size()));
+    for (float value : values) put(bytes, value);
+    raw_kv(key, 9, bytes);
+  }
+  // dims in ggml order (dims[0] = row length).
+  void tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type, std::vector<uint8_t> data,
+              std::optional<uint64_t> offset_override = std::nullopt) {
+    tensors_.push_back({name, std::move(dims), type, std::move(data), offset_override});
+  }
+  void tensor_f32(const std::string& name, std::vector<uint64_t> dims, const std::vector<float>& values) {
+    std::vector<uint8_t> data(values.size() * 4);
+    std::memcpy(data.data(), values.data(), data.size());
+    tensor(name, std::move(dims), 0, std::move(data));
+  }
+
+  std::vector<uint8_t> build() const {
+    std::vector<uint8_t> out = {'G', 'G', 'U', 'F'};
+    put(out, version);
+    put(out, tensor_count_override.value_or(tensors_.size()));
+    put(out, kv_count_override.value_or(kv_count_));
+    out.insert(out.end(), kv_.begin(), kv_.end());
+    uint64_t offset = 0;
+    std::vector<uint64_t> offsets;
+    for (const Tensor& t : tensors_) {
+      put_string(out, t.name);
+      put(out, static_cast<uint32_t>(t.dims.size()));
+      for (uint64_t d : t.dims) put(out, d);
+      put(out, t.type);
+      uint64_t at = t.offset_override.value_or(offset);
+      put(out, at);
+      offsets.push_back(at);
+      offset = (at + t.data.size() + alignment - 1) / alignment * alignment;
+    }
+    while (out.size() % alignment != 0) out.push_back(0);
+    const size_t data_start = out.size();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i].offset_override) continue;  // a lying offset: no data behind it
+      const size_t at = data_start + offsets[i];
+      if (out.size() < at + tensors_[i].data.size()) out.resize(at + tensors_[i].data.size(), 0);
+      if (!tensors_[i].data.empty()) std::memcpy(out.data() + at, tensors_[i].data.data(), tensors_[i].data.size());
+    }
+    while (out.size() % alignment != 0) out.push_back(0);
+    return out;
+  }
+
+ private:
+  struct Tensor {
+    std::string name;
+    std::vector<uint64_t> dims;
+    uint32_t type;
+    std::vector<uint8_t> data;
+    std::optional<uint64_t> offset_override;
+  };
+  template <typename T>
+  static std::vector<uint8_t> pod(T value) {
+    std::vector<uint8_t> bytes(sizeof(T));
+    std::memcpy(bytes.data(), &value, sizeof(T));
+    return bytes;
+  }
+  template <typename T>
+  static void put(std::vector<uint8_t>& out, T value) {
+    auto bytes = pod(value);
+    out.insert(out.end(), bytes.begin(), bytes.end());
+  }
+  static void put_string(std::vector<uint8_t>& out, const std::string& text) {
+    put(out, static_cast<uint64_t>(text.size()));
+    out.insert(out.end(), text.begin(), text.end());
+  }
+  uint64_t kv_count_ = 0;
+  std::vector<uint8_t> kv_;
+  std::vector<Tensor> tensors_;
+};
+
+// A 1-layer llama with F32 tensors and a sentencepiece ("llama") tokenizer, no output tensor.
+// dim 8, 2 heads of 4, 1 kv head, ffn 8. Values: tensor index * 1000 + element index.
+struct SpmLlama {
+  static constexpr int kDim = 8, kFfn = 8, kHeads = 2, kKvHeads = 1, kHeadDim = 4;
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  std::map<std::string, std::vector<float>> values;  // by GGUF name
+  GgufBuilder builder;
+
+  explicit SpmLlama(const std::string& arch = "llama", uint32_t q_type = 0) {
+    const std::string sp = "\xe2\x96\x81";
+    tokens = {"<unk>", "<s>", "</s>", "<0x0A>", "<0x41>", sp, "t", "h", "e", sp + "t", "he", sp + "the", "th",
+              "<|user|>", "x"};
+    scores = {0, 0, 0, 0, 0, -10, -11, -12, -13, -1, -2, -3, -4, 0, -14};
+    types = {2, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1};
+    builder.kv_string("general.architecture", arch);
+    builder.kv_u32("general.alignment", 32);
+    builder.kv_u32(arch + ".block_count", 1);
+    builder.kv_u32(arch + ".context_length", 64);
+    builder.kv_u32(arch + ".embedding_length", kDim);
+    builder.kv_u32(arch + ".feed_forward_length", kFfn);
+    builder.kv_u32(arch + ".attention.head_count", kHeads);
+    builder.kv_u32(arch + ".attention.head_count_kv", kKvHeads);
+    builder.kv_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    builder.kv_f32(arch + ".rope.freq_base", 10000.0f);
+    builder.kv_string("tokenizer.ggml.model", "llama");
+    builder.kv_strings("tokenizer.ggml.tokens", tokens);
+    builder.kv_f32s("tokenizer.ggml.scores", scores);
+    builder.kv_i32s("tokenizer.ggml.token_type", types);
+    builder.kv_u32("tokenizer.ggml.bos_token_id", 1);
+    builder.kv_u32("tokenizer.ggml.eos_token_id", 2);
+    builder.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+    builder.kv_bool("tokenizer.ggml.add_bos_token", true);
+    const uint64_t V = tokens.size();
+    struct T {
+      std::string name;
+      std::vector<uint64_t> dims;
+    };
+    std::vector<T> list = {{"token_embd.weight", {kDim, V}},
+                           {"blk.0.attn_norm.weight", {kDim}},
+                           {"blk.0.attn_q.weight", {kDim, kHeads * kHeadDim}},
+                           {"blk.0.attn_k.weight", {kDim, kKvHeads * kHeadDim}},
+                           {"blk.0.attn_v.weight", {kDim, kKvHeads * kHeadDim}},
+                           {"blk.0.attn_output.weight", {kHeads * kHeadDim, kDim}},
+                           {"blk.0.ffn_norm.weight", {kDim}},
+                           {"blk.0.ffn_gate.weight", {kDim, kFfn}},
+                           {"blk.0.ffn_up.weight", {kDim, kFfn}},
+                           {"blk.0.ffn_down.weight", {kFfn, kDim}},
+                           {"output_norm.weight", {kDim}}};
+    for (size_t t = 0; t < list.size(); ++t) {
+      uint64_t n = 1;
+      for (uint64_t d : list[t].dims) n *= d;
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(t * 1000 + i);
+      values[list[t].name] = v;
+      if (list[t].name == "blk.0.attn_q.weight" && q_type != 0) {
+        builder.tensor(list[t].name, list[t].dims, q_type, std::vector<uint8_t>(n * 4, 0));
+      } else {
+        builder.tensor_f32(list[t].name, list[t].dims, v);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+TEST(Gguf, DequantizesEveryTypeBitExactly) {
+  auto file = qspec::GgufFile::open(kData + "/quant-types.gguf");
+  EXPECT_EQ(file->version(), 3u);
+  EXPECT_EQ(file->alignment(), 32u);
+  EXPECT_EQ(file->get_string("general.architecture"), "test");
+  auto expected = qspec::SafetensorsFile::open(kData + "/quant-types.expected.safetensors");
+  std::vector<std::string> seen;
+  for (const auto& tensor : file->tensors()) {
+    SCOPED_TRACE(tensor.name);
+    seen.push_back(qspec::ggml_type_name(tensor.type));
+    const qspec::TensorView* want = expected->find(tensor.name);
+    ASSERT_NE(want, nullptr);
+    EXPECT_EQ(tensor.shape(), want->shape);
+    std::vector<float> got = file->dequantize(tensor);
+    ASSERT_EQ(got.size() * 4, want->nbytes);
+    size_t diff = 0;
+    EXPECT_TRUE(same_bits(got.data(), reinterpret_cast<const float*>(want->data), got.size(), &diff))
+        << "first difference at element " << diff << ": " << got[diff] << " vs "
+        << reinterpret_cast<const float*>(want->data)[diff];
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}));
+}
+
+TEST(Gguf, ConvertsMixedTypeLlamaBitExactly) {
+  fs::path dir = temp_dir("tiny");
+  size_t last_done = 0, last_total = 0;
+  qspec::convert_gguf(kData + "/tiny-llama.gguf", dir.string(), [&](size_t done, size_t total) {
+    last_done = done;
+    last_total = total;
+  });
+  EXPECT_EQ(last_done, last_total);
+  auto got = qspec::SafetensorsFile::open((dir / "model.safetensors").string());
+  auto want = qspec::SafetensorsFile::open(kData + "/tiny-llama.expected.safetensors");
+  std::vector<std::string> got_names, want_names;
+  for (const auto& t : got->tensors()) got_names.push_back(t.name);
+  for (const auto& t : want->tensors()) want_names.push_back(t.name);
+  std::sort(got_names.begin(), got_names.end());
+  std::sort(want_names.begin(), want_names.end());
+  EXPECT_EQ(got_names, want_names);
+  for (const auto& w : want->tensors()) {
+    SCOPED_TRACE(w.name);
+    const qspec::TensorView* g = got->find(w.name);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->dtype, qspec::DType::F32);
+    EXPECT_EQ(g->shape, w.shape);
+    ASSERT_EQ(g->nbytes, w.nbytes);
+    size_t diff = 0;
+    EXPECT_TRUE(same_bits(reinterpret_cast<const float*>(g->data), reinterpret_cast<const float*>(w.data),
+                          w.nbytes / 4, &diff))
+        << "first difference at element " << diff;
+  }
+
+  json config = read_json(dir / "config.json");
+  EXPECT_EQ(config["architectures"], json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(config["hidden_size"], 32);
+  EXPECT_EQ(config["intermediate_size"], 64);
+  EXPECT_EQ(config["num_hidden_layers"], 2);
+  EXPECT_EQ(config["num_attention_heads"], 4);
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["head_dim"], 8);
+  EXPECT_EQ(config["vocab_size"], 265);
+  EXPECT_EQ(config["max_position_embeddings"], 256);
+  EXPECT_EQ(config["rms_norm_eps"], 1e-5);  // float32 1e-5 written back as 1e-05
+  EXPECT_EQ(config["rope_theta"], 100000.0);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  EXPECT_EQ(config["bos_token_id"], 1);
+  EXPECT_EQ(config["eos_token_id"], 2);
+  EXPECT_EQ(config["torch_dtype"], "float32");
+  // The engine's own config reader accepts it.
+  qspec::ModelConfig parsed = qspec::ModelConfig::load(dir.string());
+  EXPECT_EQ(parsed.head_dim, 8);
+  EXPECT_EQ(parsed.num_kv_heads, 2);
+
+  json tok = read_json(dir / "tokenizer.json");
+  EXPECT_EQ(tok["model"]["type"], "BPE");
+  EXPECT_EQ(tok["model"]["byte_fallback"], false);
+  EXPECT_EQ(tok["model"]["merges"], json::array({"Ġ t", "h e", "Ġt he", "i n", "Ġ a"}));
+  EXPECT_EQ(tok["model"]["vocab"]["Ġthe"], 261);
+  EXPECT_EQ(tok["model"]["vocab"]["<|im_end|>"], 2);
+  EXPECT_EQ(tok["model"]["vocab"].size(), 265u);
+  const json& pre = tok["pre_tokenizer"]["pretokenizers"];
+  ASSERT_EQ(pre.size(), 3u);  // smollm: digits one by one, GPT-2 regex, byte level
+  EXPECT_EQ(pre[0]["pattern"]["Regex"], R"(\p{N})");
+  EXPECT_EQ(pre[1]["pattern"]["Regex"],
+            R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
+  EXPECT_EQ(pre[2]["type"], "ByteLevel");
+  EXPECT_EQ(pre[2]["use_regex"], false);
+  EXPECT_EQ(tok["decoder"]["type"], "ByteLevel");
+  ASSERT_EQ(tok["added_tokens"].size(), 4u);
+  EXPECT_EQ(tok["added_tokens"][0]["content"], "<|endoftext|>");
+  EXPECT_EQ(tok["added_tokens"][0]["special"], true);
+  EXPECT_EQ(tok["added_tokens"][3]["content"], "<tool>");
+  EXPECT_EQ(tok["added_tokens"][3]["id"], 264);
+  EXPECT_EQ(tok["added_tokens"][3]["special"], false);
+
+  json tok_config = read_json(dir / "tokenizer_config.json");
+  EXPECT_EQ(tok_config["bos_token"], "<|im_start|>");
+  EXPECT_EQ(tok_config["eos_token"], "<|im_end|>");
+  EXPECT_EQ(tok_config["pad_token"], "<|endoftext|>");
+  EXPECT_EQ(tok_config["add_bos_token"], false);
+  EXPECT_NE(tok_config["chat_template"].get<std::string>().find("<|im_start|>{{ m['role'] }}"), std::string::npos);
+  json gen = read_json(dir / "generation_config.json");
+  EXPECT_EQ(gen["bos_token_id"], 1);
+  EXPECT_EQ(gen["eos_token_id"], 2);
+  EXPECT_EQ(gen["pad_token_id"], 0);
+
+  // The engine's tokenizer loads it: digits split one by one, merges applied.
+  auto tokenizer = qspec::Tokenizer::load(dir.string());
+  const std::vector<int32_t> ids = tokenizer->encode(" the 12<|im_end|>");
+  const int32_t space = tok["model"]["vocab"]["Ġ"].get<int32_t>();
+  const int32_t one = tok["model"]["vocab"]["1"].get<int32_t>();
+  const int32_t two = tok["model"]["vocab"]["2"].get<int32_t>();
+  EXPECT_EQ(ids, (std::vector<int32_t>{261, space, one, two, 2}));
+  EXPECT_EQ(tokenizer->decode(ids), " the 12<|im_end|>");
+  fs::remove_all(dir);
+}
+
+TEST(Gguf, SentencepieceTokenizerTiedEmbeddingsAndQkUnpermute) {
+  SpmLlama model;
+  fs::path dir = temp_dir("spm");
+  write_bytes(dir / "spm.gguf", model.builder.build());
+  qspec::convert_gguf((dir / "spm.gguf").string(), (dir / "out").string());
+
+  json config = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(config["tie_word_embeddings"], true);
+  EXPECT_EQ(config["head_dim"], 4);
+  EXPECT_EQ(config["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(config["max_position_embeddings"], 64);
+
+  auto st = qspec::SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  EXPECT_EQ(st->find("lm_head.weight"), nullptr);
+  EXPECT_EQ(st->tensors().size(), 11u);
+  auto values_of = [&](const std::string& name) {
+    const qspec::TensorView* view = st->find(name);
+    EXPECT_NE(view, nullptr) << name;
+    std::vector<float> out(view->nbytes / 4);
+    std::memcpy(out.data(), view->data, view->nbytes);
+    return out;
+  };
+  EXPECT_EQ(values_of("model.embed_tokens.weight"), model.values["token_embd.weight"]);
+  EXPECT_EQ(values_of("model.layers.0.mlp.down_proj.weight"), model.values["blk.0.ffn_down.weight"]);
+  // HF row h*hd + j*hd/2 + i <- GGUF row h*hd + 2i + j.
+  const int hd = SpmLlama::kHeadDim, D = SpmLlama::kDim;
+  for (auto [hf_name, gguf_name, heads] :
+       {std::tuple{"model.layers.0.self_attn.q_proj.weight", "blk.0.attn_q.weight", SpmLlama::kHeads},
+        std::tuple{"model.layers.0.self_attn.k_proj.weight", "blk.0.attn_k.weight", SpmLlama::kKvHeads}}) {
+    const std::vector<float> hf = values_of(hf_name);
+    const std::vector<float>& src = model.values[gguf_name];
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < hd / 2; ++i)
+        for (int j = 0; j < 2; ++j)
+          for (int c = 0; c < D; ++c)
+            EXPECT_EQ(hf[(h * hd + j * hd / 2 + i) * D + c], src[(h * hd + 2 * i + j) * D + c]) << hf_name;
+  }
+
+  json tok = read_json(dir / "out" / "tokenizer.json");
+  EXPECT_EQ(tok["model"]["byte_fallback"], true);
+  EXPECT_EQ(tok["model"]["unk_token"], "<unk>");
+  EXPECT_EQ(tok["normalizer"]["normalizers"][0]["type"], "Prepend");
+  // Merges ranked by the merged piece's score: ▁t (-1), he (-2), ▁the (-3), th (-4).
+  // (▁the has one split of two vocabulary pieces; byte and control pieces never merge.)
+  EXPECT_EQ(tok["model"]["merges"], json::array({"▁ t", "h e", "▁t he", "t h"}));
+  ASSERT_EQ(tok["added_tokens"].size(), 4u);  // <unk>, <s>, </s> special; <|user|> not
+  EXPECT_EQ(tok["added_tokens"][3]["content"], "<|user|>");
+  EXPECT_EQ(tok["added_tokens"][3]["special"], false);
+  EXPECT_EQ(tok["post_processor"]["type"], "TemplateProcessing");
+  json tok_config = read_json(dir / "out" / "tokenizer_config.json");
+  EXPECT_EQ(tok_config["add_bos_token"], true);
+  EXPECT_EQ(tok_config["bos_token"], "<s>");
+
+  auto tokenizer = qspec::Tokenizer::load((dir / "out").string());
+  EXPECT_EQ(tokenizer->encode("the", true), (std::vector<int32_t>{1, 11}));
+  EXPECT_EQ(tokenizer->encode("A\n"), (std::vector<int32_t>{5, 4, 3}));  // ▁, byte fallback A, \n
+  fs::remove_all(dir);
+}
+
+TEST(Gguf, RejectsWrongMagicVersionAndTruncation) {
+  const std::vector<uint8_t> good = read_bytes(kData + "/tiny-llama.gguf");
+  ASSERT_GT(good.size(), 1000u);
+  EXPECT_EQ(parse_error(good), "");
+
+  std::vector<uint8_t> bad = good;
+  bad[0] = 'X';
+  EXPECT_NE(parse_error(bad).find("not a GGUF file"), std::string::npos);
+  bad = good;
+  bad[4] = 1;
+  EXPECT_NE(parse_error(bad).find("version 1"), std::string::npos);
+  bad = good;
+  bad[4] = 7;
+  EXPECT_NE(parse_error(bad).find("unsupported GGUF version 7"), std::string::npos);
+
+  // Cut everywhere: in the header, the metadata, the tensor infos, the data.
+  for (size_t cut : {size_t{3}, size_t{10}, size_t{30}, size_t{200}, size_t{3000}, good.size() / 2, good.size() - 1}) {
+    std::vector<uint8_t> prefix(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(cut));
+    std::string error = parse_error(prefix);
+    EXPECT_FALSE(error.empty()) << "cut at " << cut;
+    EXPECT_TRUE(error.find("truncated") != std::string::npos || error.find("not a GGUF") != std::string::npos ||
+                error.find("claims") != std::string::npos)
+        << "cut at " << cut << ": " << error;
+  }
+  // A truncated file on disk fails the conversion with the file name.
+  fs::path dir = temp_dir("trunc");
+  write_bytes(dir / "cut.gguf", std::vector<uint8_t>(good.begin(), good.end() - 100));
+  std::string error = error_of([&] { qspec::convert_gguf((dir / "cut.gguf").string(), (dir / "out").string()); });
+  EXPECT_NE(error.find("cut.gguf"), std::string::npos) << error;
+  EXPECT_NE(error.find("extends past the end"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(dir / "out" / "model.safetensors"));
+  fs::remove_all(dir);
+}
+
+TEST(Gguf, RejectsCountsLargerThanTheFile) {
+  {
+    GgufBuilder builder;
+    builder.kv_string("general.architecture", "llama");
+    builder.kv_count_override = uint64_t{1} << 60;
+    EXPECT_NE(parse_error(builder.build()).find("metadata count"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;
+    builder.tensor_count_override = uint64_t{1} << 40;
+    EXPECT_NE(parse_error(builder.build()).find("tensor count"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;  // an array claiming 2^40 strings
+    std::vector<uint8_t> value = {8, 0, 0, 0};
+    uint64_t count = uint64_t{1} << 40;
+    value.insert(value.end(), reinterpret_cast<uint8_t*>(&count), reinterpret_cast<uint8_t*>(&count) + 8);
+    builder.raw_kv("tokenizer.ggml.tokens", 9, value);
+    std::string error = parse_error(builder.build());
+    EXPECT_NE(error.find("array length"), std::string::npos) << error;
+    EXPECT_NE(error.find("tokenizer.ggml.tokens"), std::string::npos) << error;
+  }
+  {
+    GgufBuilder builder;  // a string claiming 2^62 bytes
+    uint64_t length = uint64_t{1} << 62;
+    std::vector<uint8_t> value(reinterpret_cast<uint8_t*>(&length), reinterpret_cast<uint8_t*>(&length) + 8);
+    builder.raw_kv("general.name", 8, value);
+    std::string error = parse_error(builder.build());
+    EXPECT_NE(error.find("truncated"), std::string::npos) << error;
+    EXPECT_NE(error.find("general.name"), std::string::npos) << error;
+  }
+  {
+    GgufBuilder builder;  // tensor data offset beyond the end
+    builder.tensor("w", {32, 2}, 0, std::vector<uint8_t>(256), uint64_t{1} << 20);
+    std::string error = parse_error(builder.build());
+    EXPECT_NE(error.find("extends past the end"), std::string::npos) << error;
+  }
+  {
+    GgufBuilder builder;  // dims whose product overflows
+    builder.tensor("w", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, {});
+    std::string error = parse_error(builder.build());
+    EXPECT_NE(error.find("overflow"), std::string::npos) << error;
+  }
+}
+
+TEST(Gguf, AcceptsVersion2) {
+  GgufBuilder builder;
+  builder.version = 2;
+  builder.kv_string("general.architecture", "llama");
+  builder.kv_strings("list", {"a", "bc"});
+  builder.tensor_f32("w", {8, 2}, std::vector<float>(16, 1.5f));
+  auto bytes = builder.build();
+  auto file = qspec::GgufFile::parse(bytes.data(), bytes.size(), "v2.gguf");
+  EXPECT_EQ(file->version(), 2u);
+  EXPECT_EQ(file->get_string("general.architecture"), "llama");
+  ASSERT_NE(file->get_string_array("list"), nullptr);
+  EXPECT_EQ(*file->get_string_array("list"), (std::vector<std::string>{"a", "bc"}));
+  ASSERT_EQ(file->tensors().size(), 1u);
+  EXPECT_EQ(file->tensors()[0].shape(), (std::vector<int64_t>{2, 8}));
+  EXPECT_EQ(file->dequantize(file->tensors()[0]), std::vector<float>(16, 1.5f));
+  // Wrong-typed metadata is named.
+  std::string error = error_of([&] { file->get_int("general.architecture"); });
+  EXPECT_NE(error.find("'general.architecture' must be an integer"), std::string::npos) << error;
+}
+
+TEST(Gguf, RejectsMalformedStructures) {
+  {
+    GgufBuilder builder;  // arrays of arrays
+    std::vector<uint8_t> value = {9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    builder.raw_kv("nested", 9, value);
+    EXPECT_NE(parse_error(builder.build()).find("arrays of arrays"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;
+    builder.raw_kv("weird", 13, {0});
+    EXPECT_NE(parse_error(builder.build()).find("unknown value type 13"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;
+    builder.kv_u32("general.alignment", 24);
+    EXPECT_NE(parse_error(builder.build()).find("power of two"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;
+    builder.tensor("w", {32}, 99, std::vector<uint8_t>(128));
+    std::string error = parse_error(builder.build());
+    EXPECT_NE(error.find("unknown ggml tensor type 99"), std::string::npos) << error;
+    EXPECT_NE(error.find("'w'"), std::string::npos) << error;
+  }
+  {
+    GgufBuilder builder;  // Q8_0 rows must be whole blocks
+    builder.tensor("w", {48}, 8, std::vector<uint8_t>(64));
+    EXPECT_NE(parse_error(builder.build()).find("block size"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;  // misaligned offset
+    builder.tensor("w", {8}, 0, std::vector<uint8_t>(32), 4);
+    EXPECT_NE(parse_error(builder.build()).find("alignment"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;
+    builder.tensor("w", {8}, 0, std::vector<uint8_t>(32));
+    builder.tensor("w", {8}, 0, std::vector<uint8_t>(32));
+    EXPECT_NE(parse_error(builder.build()).find("duplicate tensor"), std::string::npos);
+  }
+  {
+    GgufBuilder builder;
+    builder.tensor("w", {8, 1, 1, 1, 1}, 0, std::vector<uint8_t>(32));
+    EXPECT_NE(parse_error(builder.build()).find("dimensions"), std::string::npos);
+  }
+}
+
+TEST(Gguf, RejectsUnknownArchitectureAndUnsupportedTypes) {
+  fs::path dir = temp_dir("unsupported");
+  {
+    SpmLlama model("mamba");
+    write_bytes(dir / "mamba.gguf", model.builder.build());
+    std::string error = error_of([&] { qspec::convert_gguf((dir / "mamba.gguf").string(), (dir / "o1").string()); });
+    EXPECT_NE(error.find("unsupported GGUF architecture 'mamba'"), std::string::npos) << error;
+  }
+  {
+    SpmLlama model("llama", /*Q5_K*/ 13);  // 8-element rows can't be Q5_K: rejected while parsing
+    write_bytes(dir / "q5k.gguf", model.builder.build());
+    std::string error = error_of([&] { qspec::convert_gguf((dir / "q5k.gguf").string(), (dir / "o2").string()); });
+    EXPECT_NE(error.find("Q5_K"), std::string::npos) << error;
+  }
+  {
+    // A parseable tensor of an unsupported type, named in the error.
+    GgufBuilder builder;
+    builder.tensor("blk.0.attn_q.weight", {256, 1}, 13, std::vector<uint8_t>(176));
+    auto bytes = builder.build();
+    auto file = qspec::GgufFile::parse(bytes.data(), bytes.size(), "x.gguf");
+    std::string error = error_of([&] { file->dequantize(file->tensors()[0]); });
+    EXPECT_NE(error.find("Q5_K"), std::string::npos) << error;
+    EXPECT_NE(error.find("blk.0.attn_q.weight"), std::string::npos) << error;
+  }
+  {
+    SpmLlama model;
+    model.builder.tensor_f32("blk.0.attn_q.bias", {8}, std::vector<float>(8));
+    write_bytes(dir / "bias.gguf", model.builder.build());
+    std::string error = error_of([&] { qspec::convert_gguf((dir / "bias.gguf").string(), (dir / "o3").string()); });
+    EXPECT_NE(error.find("unexpected tensor 'blk.0.attn_q.bias'"), std::string::npos) << error;
+  }
+  {
+    SpmLlama model;
+    model.builder.kv_string("tokenizer.ggml.model", "bert");  // duplicate key
+    write_bytes(dir / "dup.gguf", model.builder.build());
+    std::string error = error_of([&] { qspec::convert_gguf((dir / "dup.gguf").string(), (dir / "o4").string()); });
+    EXPECT_NE(error.find("duplicate key"), std::string::npos) << error;
+  }
+  fs::remove_all(dir);
+}
