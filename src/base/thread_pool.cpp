@@ -28,7 +28,8 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_.store(true);
-    generation_.fetch_add(1);
+    chunk_count_ = 0;
+    work_.store((((work_.load() >> 32) + 1) << 32), std::memory_order_release);
   }
   wake_.notify_all();
   for (auto& worker : workers_) worker.join();
@@ -46,38 +47,43 @@ void ThreadPool::set_global_threads(size_t threads) {
   global_pool() = std::make_unique<ThreadPool>(threads);
 }
 
-void ThreadPool::run_chunks() {
+void ThreadPool::run_chunks(uint32_t region) {
   for (;;) {
-    size_t chunk = next_chunk_.fetch_add(1);
+    uint64_t work = work_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(work >> 32) != region) return;
+    const size_t chunk = static_cast<uint32_t>(work);
+    // chunk_count_ and the other parameters belong to `region` here: a region's parameters
+    // change only after all its chunks are done, and this chunk is not claimed yet (if the
+    // region moved on meanwhile, the exchange below fails).
     if (chunk >= chunk_count_) return;
-    size_t begin = chunk * chunk_size_;
-    size_t end = std::min(count_, begin + chunk_size_);
+    if (!work_.compare_exchange_weak(work, work + 1, std::memory_order_acq_rel)) continue;
+    const size_t begin = chunk * chunk_size_;
+    const size_t end = std::min(count_, begin + chunk_size_);
     try {
       (*body_)(begin, end);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex_);
       if (!first_error_) first_error_ = std::current_exception();
     }
+    done_chunks_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
 void ThreadPool::worker_loop(size_t) {
-  uint64_t seen_generation = 0;
+  uint32_t seen_region = 0;
+  auto current_region = [&] { return static_cast<uint32_t>(work_.load(std::memory_order_acquire) >> 32); };
   for (;;) {
     // Spin for a short while (cheap wake-up between back-to-back regions), then sleep.
     auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-    while (generation_.load(std::memory_order_acquire) == seen_generation &&
-           std::chrono::steady_clock::now() < spin_until) {
+    while (current_region() == seen_region && std::chrono::steady_clock::now() < spin_until)
       std::this_thread::yield();
-    }
-    if (generation_.load(std::memory_order_acquire) == seen_generation) {
+    if (current_region() == seen_region) {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load() != seen_generation; });
+      wake_.wait(lock, [&] { return current_region() != seen_region; });
     }
-    seen_generation = generation_.load(std::memory_order_acquire);
+    seen_region = current_region();
     if (stopping_.load()) return;
-    run_chunks();
-    pending_workers_.fetch_sub(1, std::memory_order_acq_rel);
+    run_chunks(seen_region);
   }
 }
 
@@ -96,16 +102,16 @@ void ThreadPool::parallel_for(size_t count, size_t grain,
   count_ = count;
   chunk_size_ = (count + chunks - 1) / chunks;
   chunk_count_ = (count + chunk_size_ - 1) / chunk_size_;
-  next_chunk_.store(0);
   first_error_ = nullptr;
-  pending_workers_.store(workers_.size(), std::memory_order_release);
+  done_chunks_.store(0, std::memory_order_relaxed);
+  const uint32_t region = static_cast<uint32_t>(work_.load() >> 32) + 1;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    work_.store(static_cast<uint64_t>(region) << 32, std::memory_order_release);
   }
   wake_.notify_all();
-  run_chunks();
-  while (pending_workers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  run_chunks(region);
+  while (done_chunks_.load(std::memory_order_acquire) != chunk_count_) std::this_thread::yield();
   body_ = nullptr;
   if (first_error_) std::rethrow_exception(first_error_);
 }

@@ -24,6 +24,7 @@ class ProgressBar {
  private:
   std::string label_;
   double start_;
+  bool terminal_;
   bool shown_ = false;
   int last_percent_ = -1;
 };

@@ -1,5 +1,6 @@
 #include <chrono>
 #include <cstdio>
+#include <unistd.h>
 
 #include "cli/commands.h"
 
@@ -10,10 +11,11 @@ double now_seconds() {
 }
 }  // namespace
 
-ProgressBar::ProgressBar(std::string label) : label_(std::move(label)), start_(now_seconds()) {}
+ProgressBar::ProgressBar(std::string label)
+    : label_(std::move(label)), start_(now_seconds()), terminal_(isatty(STDERR_FILENO) != 0) {}
 
 ProgressBar::~ProgressBar() {
-  if (shown_) std::fprintf(stderr, "\n");
+  if (shown_ && terminal_) std::fprintf(stderr, "\n");
 }
 
 void ProgressBar::update(size_t done, size_t total) {
@@ -22,11 +24,14 @@ void ProgressBar::update(size_t done, size_t total) {
   const double elapsed = now_seconds() - start_;
   if (!shown_ && elapsed < 1.0 && done < total) return;
   if (percent == last_percent_) return;
+  // A log file (stderr not a terminal) gets one line per 10%, not a redrawn bar.
+  if (!terminal_ && percent / 10 == last_percent_ / 10 && done < total) return;
   last_percent_ = percent;
   shown_ = true;
   const int width = 30, filled = percent * width / 100;
-  std::fprintf(stderr, "\r%s [%.*s%*s] %3d%% (%zu/%zu) %.1fs", label_.c_str(), filled,
-               "##############################", width - filled, "", percent, done, total, elapsed);
+  std::fprintf(stderr, "%s%s [%.*s%*s] %3d%% (%zu/%zu) %.1fs%s", terminal_ ? "\r" : "", label_.c_str(), filled,
+               "##############################", width - filled, "", percent, done, total, elapsed,
+               terminal_ ? "" : "\n");
   std::fflush(stderr);
 }
 }  // namespace qspec::cli

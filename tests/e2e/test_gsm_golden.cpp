@@ -48,19 +48,38 @@ TEST(GsmGolden, PromptIdsGreedyIdsAndTopLogitsMatchPyTorch) {
   ASSERT_TRUE(file.good());
   nlohmann::json goldens = nlohmann::json::parse(file);
   ASSERT_EQ(goldens.size(), 16u);
+  std::ifstream reference_file(QSPEC_TEST_DATA "/gsm/reference_logits_f64.json");
+  ASSERT_TRUE(reference_file.good());
+  const nlohmann::json references = nlohmann::json::parse(reference_file)["prompts"];
+  ASSERT_EQ(references.size(), goldens.size());
   auto& [model, tokenizer] = fixture();
-  for (const auto& golden : goldens) {
+  for (size_t index = 0; index < goldens.size(); ++index) {
+    const nlohmann::json& golden = goldens[index];
     const std::string prompt = golden["prompt"];
     const auto expected_prompt_ids = golden["prompt_ids"].get<std::vector<int32_t>>();
     const auto expected_greedy = golden["greedy_ids"].get<std::vector<int32_t>>();
     std::vector<int32_t> prompt_ids = tokenizer->encode(prompt);
     ASSERT_EQ(prompt_ids, expected_prompt_ids) << prompt;
 
-    // Last-position logits: the golden top-5 ids in order, values within 1e-3 relative.
     qspec::KvCache cache = model->new_cache(256);
     std::vector<float> logits;
     model->forward(prompt_ids, cache, logits);
     for (float value : logits) ASSERT_TRUE(std::isfinite(value));
+
+    // Every last-position logit against the float64 numpy evaluation of the same weights
+    // (tools/make_gsm_reference_logits.py): within 1e-4 of the logit scale.
+    ASSERT_EQ(references[index]["prompt_ids"], golden["prompt_ids"]);
+    const auto reference = references[index]["last_logits"].get<std::vector<double>>();
+    ASSERT_EQ(reference.size(), logits.size());
+    double scale = 0.0;
+    for (double value : reference) scale = std::max(scale, std::fabs(value));
+    for (size_t i = 0; i < logits.size(); ++i)
+      ASSERT_NEAR(logits[i], reference[i], 1e-4 * scale) << prompt << " logit " << i;
+
+    // PyTorch's golden top-5: the same ids in the same order, values within 1e-3 of the
+    // logit scale (the top-1 value). The golden itself strays from the float64 evaluation
+    // by up to 7.5e-3 absolute (1.3e-2 relative on its smallest top-5 logits), so a bound
+    // of 1e-3 relative to each value would fail for any exact implementation.
     const auto top_ids = golden["last_logits_top5_ids"].get<std::vector<int32_t>>();
     const auto top_values = golden["last_logits_top5"].get<std::vector<float>>();
     std::vector<int32_t> order(logits.size());
@@ -69,7 +88,7 @@ TEST(GsmGolden, PromptIdsGreedyIdsAndTopLogitsMatchPyTorch) {
                       [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
     for (int rank = 0; rank < 5; ++rank) {
       EXPECT_EQ(order[rank], top_ids[rank]) << prompt << " rank " << rank;
-      EXPECT_NEAR(logits[top_ids[rank]], top_values[rank], 1e-3 * std::fabs(top_values[rank]))
+      EXPECT_NEAR(logits[top_ids[rank]], top_values[rank], 1e-3 * std::fabs(top_values[0]))
           << prompt << " rank " << rank;
     }
 

@@ -1,0 +1,167 @@
+// The qspec command on broken checkpoints: each one is a clear error on stderr that names
+// the file or field at fault and a non-zero exit code, never a crash (these run under
+// ASan + UBSan in CI too, where a memory error would abort the process with a signal).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kModelDir = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+
+struct CommandResult {
+  bool exited = false;  // false: killed by a signal (a crash)
+  int exit_code = -1;
+  std::string stderr_text;
+};
+
+// Runs the qspec binary with `args`, stdout discarded, stderr captured.
+CommandResult run_qspec(const std::string& args) {
+  static int counter = 0;
+  const fs::path err_file =
+      fs::temp_directory_path() / ("qspec-cli-err-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  const std::string command = std::string(QSPEC_BINARY) + " " + args + " >/dev/null 2>'" + err_file.string() + "'";
+  const int status = std::system(command.c_str());
+  CommandResult result;
+  // std::system runs /bin/sh, which reports a child killed by signal N as exit code 128 + N.
+  result.exited = WIFEXITED(status) && WEXITSTATUS(status) < 128;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_file);
+  std::stringstream text;
+  text << in.rdbuf();
+  result.stderr_text = text.str();
+  fs::remove(err_file);
+  return result;
+}
+
+// A writable copy of the bundled checkpoint in a fresh temporary directory.
+class BrokenCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("qspec-broken-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const auto& entry : fs::directory_iterator(kModelDir)) fs::copy_file(entry.path(), dir_ / entry.path().filename());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Expects both `info` and `generate` to fail cleanly with a message containing `needle`.
+  void expect_clean_failure(const std::string& needle) {
+    for (const std::string& subcommand : {std::string("info '") + dir_.string() + "'",
+                                          std::string("generate '") + dir_.string() + "' -p 'Question:' -n 4"}) {
+      CommandResult result = run_qspec(subcommand);
+      EXPECT_TRUE(result.exited) << subcommand << " crashed:\n" << result.stderr_text;
+      EXPECT_EQ(result.exit_code, 1) << subcommand << ":\n" << result.stderr_text;
+      EXPECT_NE(result.stderr_text.find("qspec: error:"), std::string::npos) << result.stderr_text;
+      EXPECT_NE(result.stderr_text.find(needle), std::string::npos)
+          << subcommand << ": expected the message to name '" << needle << "':\n" << result.stderr_text;
+    }
+  }
+
+  nlohmann::json read_json(const std::string& name) {
+    std::ifstream in(dir_ / name);
+    return nlohmann::json::parse(in);
+  }
+  void write_json(const std::string& name, const nlohmann::json& value) { std::ofstream(dir_ / name) << value.dump(2); }
+
+  fs::path dir_;
+};
+
+const char* kShard3 = "model-00003-of-00003.safetensors";
+
+}  // namespace
+
+TEST(CliErrors, IntactCopyRuns) {
+  CommandResult result = run_qspec("info '" + kModelDir.string() + "'");
+  EXPECT_TRUE(result.exited);
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+}
+
+TEST_F(BrokenCheckpoint, TruncatedShard) {
+  fs::resize_file(dir_ / kShard3, fs::file_size(dir_ / kShard3) / 2);
+  expect_clean_failure(kShard3);
+}
+
+TEST_F(BrokenCheckpoint, HeaderLengthLies) {
+  std::fstream file(dir_ / kShard3, std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t huge = uint64_t{1} << 40;
+  file.write(reinterpret_cast<const char*>(&huge), sizeof huge);
+  file.close();
+  expect_clean_failure(kShard3);
+}
+
+TEST_F(BrokenCheckpoint, DataOffsetsPointPastTheEnd) {
+  // Rewrite the header of shard 3 in place with an end offset past the data.
+  std::fstream file(dir_ / kShard3, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_len = 0;
+  file.read(reinterpret_cast<char*>(&header_len), sizeof header_len);
+  std::string header(header_len, '\0');
+  file.read(header.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json parsed = nlohmann::json::parse(header);
+  std::string victim;
+  for (auto& [name, info] : parsed.items())
+    if (name != "__metadata__") victim = name;
+  ASSERT_FALSE(victim.empty());
+  parsed[victim]["data_offsets"][1] = parsed[victim]["data_offsets"][1].get<uint64_t>() + 1000000;
+  std::string rewritten = parsed.dump();
+  ASSERT_LE(rewritten.size(), header_len);
+  rewritten.resize(header_len, ' ');  // the format allows trailing spaces in the header
+  file.seekp(sizeof header_len);
+  file.write(rewritten.data(), static_cast<std::streamsize>(rewritten.size()));
+  file.close();
+  expect_clean_failure(victim);
+}
+
+TEST_F(BrokenCheckpoint, WrongShapeTensor) {
+  // The config says hidden 256; a config claiming 320 makes every bound tensor the wrong shape.
+  nlohmann::json config = read_json("config.json");
+  config["hidden_size"] = 320;
+  write_json("config.json", config);
+  expect_clean_failure("model.embed_tokens.weight");
+}
+
+TEST_F(BrokenCheckpoint, MissingShard) {
+  fs::remove(dir_ / kShard3);
+  expect_clean_failure(kShard3);
+}
+
+TEST_F(BrokenCheckpoint, UnknownArchitecture) {
+  nlohmann::json config = read_json("config.json");
+  config["architectures"] = {"GPTNeoXForCausalLM"};
+  write_json("config.json", config);
+  expect_clean_failure("GPTNeoXForCausalLM");
+}
+
+TEST_F(BrokenCheckpoint, MalformedConfigJson) {
+  std::ofstream(dir_ / "config.json") << "{\"architectures\": [\"LlamaForCausalLM\"], ";
+  expect_clean_failure("config.json");
+}
+
+TEST_F(BrokenCheckpoint, MalformedTokenizerJson) {
+  std::ofstream(dir_ / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": 7}}";
+  CommandResult result = run_qspec("generate '" + dir_.string() + "' -p 'Question:' -n 4");
+  EXPECT_TRUE(result.exited) << result.stderr_text;
+  EXPECT_EQ(result.exit_code, 1) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("tokenizer.json"), std::string::npos) << result.stderr_text;
+}
+
+TEST_F(BrokenCheckpoint, PromptLongerThanTheContext) {
+  std::string prompt;
+  for (int i = 0; i < 400; ++i) prompt += "Question: Dan has 35 coins. ";  // > 1024 tokens
+  CommandResult result = run_qspec("generate '" + dir_.string() + "' -p '" + prompt + "' -n 4");
+  EXPECT_TRUE(result.exited) << result.stderr_text;
+  EXPECT_EQ(result.exit_code, 1) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("context"), std::string::npos) << result.stderr_text;
+}
