@@ -7,6 +7,19 @@
 #include "base/thread_pool.h"
 
 namespace qspec::cpu {
+namespace {
+// Eight partial sums: the compiler vectorises this without -ffast-math reassociation (a
+// single running sum is one dependent chain of head_dim FMAs).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int lane = 0; lane < 8; ++lane) partial[lane] += a[i + lane] * b[i + lane];
+  float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+}  // namespace
 
 void attention(const float* q, int64_t tokens, const int32_t* positions, const float* keys,
                const float* values, const AttentionShape& shape, float* out) {
@@ -29,11 +42,9 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const f
       float max_score = -INFINITY;
       for (int64_t p = first; p <= last; ++p) {
         const float* key = keys + p * kv_stride + kv_head * head_dim;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < head_dim; ++d) dot += query[d] * key[d];
-        dot *= scale;
-        scores[p - first] = dot;
-        max_score = std::max(max_score, dot);
+        const float score = dot(query, key, head_dim) * scale;
+        scores[p - first] = score;
+        max_score = std::max(max_score, score);
       }
       float denominator = 0.0f;
       for (float& score : scores) {
