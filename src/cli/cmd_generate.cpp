@@ -22,6 +22,9 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool print_ids = false;
   std::string bos = "auto";
+  std::string mode = "w16a16";
+  std::string weights = "int4";
+  int64_t group_size = 0;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -33,7 +36,14 @@ void run_generate(const GenerateArgs& args) {
     text << file.rdbuf();
     prompt = text.str();
   }
+  RunMode mode = parse_run_mode(args.mode);
   auto model = LlamaModel::load(args.model_dir);
+  const int64_t group_size = args.group_size > 0 ? args.group_size : model->auto_group_size();
+  mode.activations.group_size = group_size;  // int4 activations use the weights' groups
+  if (mode.quantized_weights) {
+    model->quantize_weights(quant::parse_format(args.weights), group_size);
+    std::fprintf(stderr, "[qspec] weights %s (RTN), mode %s\n", model->quantized_format().c_str(), mode.name.c_str());
+  }
   auto tokenizer = Tokenizer::load(args.model_dir);
   QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir,
               ": tokenizer has ", tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
@@ -46,6 +56,7 @@ void run_generate(const GenerateArgs& args) {
   GenerationOptions options;
   options.max_new_tokens = args.max_tokens;
   options.sampling = args.sampling;
+  options.mode = mode;
   if (!args.ignore_eos) {
     options.eos_ids = tokenizer->eos_ids;
     for (int32_t id : model->config().eos_token_ids)
@@ -106,6 +117,13 @@ void register_generate(CLI::App& app) {
   command->add_flag("--stream", args->stream, "Print tokens as they are generated");
   command->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   command->add_flag("--print-ids", args->print_ids, "Print the generated token ids to stderr");
+  std::string modes;
+  for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
+  command->add_option("--mode", args->mode, "Weights and activations: " + modes)->capture_default_str();
+  command->add_option("--weights", args->weights,
+                      "4-bit weight format for w4* modes (RTN at load): int4|int4-channel|nvfp4|mxfp4")
+      ->capture_default_str();
+  command->add_option("--group-size", args->group_size, "int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")->capture_default_str();
   command->callback([args] { run_generate(*args); });
 }
 

@@ -160,8 +160,44 @@ namespace {
 const float* bias_or_null(const std::vector<float>& bias) { return bias.empty() ? nullptr : bias.data(); }
 }  // namespace
 
+int64_t LlamaModel::auto_group_size() const {
+  const ModelConfig& c = config_;
+  for (int64_t group : {int64_t{128}, int64_t{64}, int64_t{32}})
+    if (c.hidden_size % group == 0 && c.q_dim() % group == 0 && c.intermediate_size % group == 0) return group;
+  fail(dir_, ": no int4 group size (128, 64, 32) divides every linear layer's K (hidden ", c.hidden_size,
+       ", attention ", c.q_dim(), ", intermediate ", c.intermediate_size, "); pass one that does");
+}
+
+void LlamaModel::quantize_weights(quant::Format format, int64_t group_size) {
+  if (group_size == 0) group_size = auto_group_size();
+  std::vector<QuantizedLayerWeights> quantized(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerWeights& layer = layers_[l];
+    QuantizedLayerWeights& out = quantized[l];
+    out.q_proj = quantize_rtn(layer.q_proj, format, group_size);
+    out.k_proj = quantize_rtn(layer.k_proj, format, group_size);
+    out.v_proj = quantize_rtn(layer.v_proj, format, group_size);
+    out.o_proj = quantize_rtn(layer.o_proj, format, group_size);
+    out.gate_proj = quantize_rtn(layer.gate_proj, format, group_size);
+    out.up_proj = quantize_rtn(layer.up_proj, format, group_size);
+    out.down_proj = quantize_rtn(layer.down_proj, format, group_size);
+  }
+  quantized_layers_ = std::move(quantized);
+  quantized_format_ = std::string(quant::format_name(format));
+  if (format == quant::Format::int4) quantized_format_ += " g" + std::to_string(group_size);
+}
+
+size_t LlamaModel::quantized_weight_bytes() const {
+  size_t bytes = 0;
+  for (const QuantizedLayerWeights& layer : quantized_layers_)
+    for (const QuantizedMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                     &layer.gate_proj, &layer.up_proj, &layer.down_proj})
+      bytes += m->bytes();
+  return bytes;
+}
+
 void LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
-                         bool all_logits) const {
+                         bool all_logits, const RunMode& mode) const {
   const ModelConfig& c = config_;
   const int64_t count = static_cast<int64_t>(tokens.size());
   QSPEC_CHECK(count > 0, "forward: no tokens");
@@ -183,28 +219,46 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, std::v
     embedding_.row_to_f32(tokens[t], &x[t * hidden]);
   }
   const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
+  QSPEC_CHECK(!mode.quantized_weights || has_quantized_weights(), "mode ", mode.name,
+              " needs 4-bit weights: quantize the model first (qspec --weights FORMAT)");
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& layer = layers_[l];
+    // A linear layer in the run mode: its input, quantized in place per the activation mode
+    // (each input buffer feeds only linear layers), times the checkpoint or 4-bit weights.
+    auto project = [&](const float* input, const WeightMatrix& weight,
+                       QuantizedMatrix QuantizedLayerWeights::*quantized, const std::vector<float>& bias,
+                       float* out) {
+      if (!mode.quantized_weights) return cpu::linear(input, count, weight, bias_or_null(bias), out);
+      cpu::quantized_linear(input, count, quantized_layers_[l].*quantized, bias_or_null(bias), out);
+    };
+    auto quantize_input = [&](float* input, int64_t in_dim) {
+      cpu::apply_activation_mode(mode.activations, input, count, in_dim);
+    };
+    using Q = QuantizedLayerWeights;
     float* keys = cache.keys(l);
     float* values = cache.values(l);
     // Attention block: K and V go straight into the cache rows of their positions.
     cpu::rmsnorm(x.data(), layer.attention_norm.data(), count, hidden, c.rms_norm_eps, normed.data());
-    cpu::linear(normed.data(), count, layer.q_proj, bias_or_null(layer.q_bias), q.data());
-    cpu::linear(normed.data(), count, layer.k_proj, bias_or_null(layer.k_bias), keys + start * kv_dim);
-    cpu::linear(normed.data(), count, layer.v_proj, bias_or_null(layer.v_bias), values + start * kv_dim);
+    quantize_input(normed.data(), hidden);
+    project(normed.data(), layer.q_proj, &Q::q_proj, layer.q_bias, q.data());
+    project(normed.data(), layer.k_proj, &Q::k_proj, layer.k_bias, keys + start * kv_dim);
+    project(normed.data(), layer.v_proj, &Q::v_proj, layer.v_bias, values + start * kv_dim);
     cpu::rope(q.data(), count, c.num_heads, c.head_dim, positions.data(), inv_freq_.data(), rope_attention_scaling_);
     cpu::rope(keys + start * kv_dim, count, c.num_kv_heads, c.head_dim, positions.data(), inv_freq_.data(),
               rope_attention_scaling_);
     cpu::attention(q.data(), count, positions.data(), keys, values, shape, attn.data());
-    cpu::linear(attn.data(), count, layer.o_proj, bias_or_null(layer.o_bias), projected.data());
+    quantize_input(attn.data(), q_dim);
+    project(attn.data(), layer.o_proj, &Q::o_proj, layer.o_bias, projected.data());
     for (int64_t i = 0; i < count * hidden; ++i) x[i] += projected[i];
     // MLP block (SwiGLU).
     cpu::rmsnorm(x.data(), layer.mlp_norm.data(), count, hidden, c.rms_norm_eps, normed.data());
-    cpu::linear(normed.data(), count, layer.gate_proj, bias_or_null(layer.gate_bias), gate.data());
-    cpu::linear(normed.data(), count, layer.up_proj, bias_or_null(layer.up_bias), up.data());
+    quantize_input(normed.data(), hidden);
+    project(normed.data(), layer.gate_proj, &Q::gate_proj, layer.gate_bias, gate.data());
+    project(normed.data(), layer.up_proj, &Q::up_proj, layer.up_bias, up.data());
     cpu::silu_mul(gate.data(), up.data(), count * c.intermediate_size, gate.data());
-    cpu::linear(gate.data(), count, layer.down_proj, bias_or_null(layer.down_bias), projected.data());
+    quantize_input(gate.data(), c.intermediate_size);
+    project(gate.data(), layer.down_proj, &Q::down_proj, layer.down_bias, projected.data());
     for (int64_t i = 0; i < count * hidden; ++i) x[i] += projected[i];
   }
   cache.length_ = start + count;

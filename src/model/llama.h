@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "ops/linear.h"
+#include "quant/quantized_linear.h"
 
 namespace qspec {
 
@@ -36,6 +37,11 @@ struct LayerWeights {
   std::vector<float> q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
 };
 
+// The same seven projections as 4-bit weights (embedding, norms and lm_head stay as loaded).
+struct QuantizedLayerWeights {
+  QuantizedMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
 class LlamaModel {
  public:
   // Loads DIR (config.json + safetensors). Every tensor's presence, dtype and shape is
@@ -52,8 +58,23 @@ class LlamaModel {
 
   // Runs `tokens` at positions cache.length() ... and appends their K/V. Writes logits for
   // the last token ([vocab]) or, with all_logits, for every token ([tokens, vocab]).
+  // `mode` picks the weights (checkpoint or 4-bit) and how activations enter every linear
+  // layer; the KV cache and all other weights are shared by every mode.
   void forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
-               bool all_logits = false) const;
+               bool all_logits = false, const RunMode& mode = {}) const;
+
+  // Quantizes the seven projections of every layer to 4 bits (round to nearest), kept beside
+  // the checkpoint weights so W16A16 and the 4-bit modes run from one loaded model.
+  // group_size 0 picks auto_group_size().
+  void quantize_weights(quant::Format format, int64_t group_size = 0);
+  // The int4 group size for this model: 128 (the usual) when it divides every linear
+  // layer's K, else the largest of 64, 32 that does (gsm-synth-llama's intermediate size is
+  // 704 = 11 x 64). Throws when none does.
+  int64_t auto_group_size() const;
+  bool has_quantized_weights() const { return !quantized_layers_.empty(); }
+  // "int4 g128", "nvfp4", ...; empty without quantized weights.
+  const std::string& quantized_format() const { return quantized_format_; }
+  size_t quantized_weight_bytes() const;
 
  private:
   LlamaModel() = default;
@@ -65,6 +86,8 @@ class LlamaModel {
   WeightMatrix embedding_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
+  std::vector<QuantizedLayerWeights> quantized_layers_;
+  std::string quantized_format_;
   std::vector<float> inv_freq_;
   float rope_attention_scaling_ = 1.0f;
   size_t weight_bytes_ = 0;

@@ -29,11 +29,11 @@ GenerationResult generate(const LlamaModel& model, std::span<const int32_t> prom
   std::vector<float> logits;
 
   auto start = Clock::now();
-  model.forward(prompt, cache, logits);
+  model.forward(prompt, cache, logits, /*all_logits=*/false, options.mode);
   auto decode_start = Clock::now();
   result.prefill_seconds = std::chrono::duration<double>(decode_start - start).count();
   for (int64_t step = 0; step < budget; ++step) {
-    if (step > 0) model.forward(std::span<const int32_t>(&history.back(), 1), cache, logits);
+    if (step > 0) model.forward(std::span<const int32_t>(&history.back(), 1), cache, logits, false, options.mode);
     const int32_t next = sampler.sample(logits, history);
     history.push_back(next);
     result.ids.push_back(next);

@@ -16,6 +16,7 @@ struct GenerationOptions {
   int64_t max_new_tokens = 128;
   SamplingParams sampling;
   std::vector<int32_t> eos_ids;  // stop when one is produced (it is kept in the output)
+  RunMode mode;                  // weights and activation precision of every forward pass
 };
 
 struct GenerationResult {

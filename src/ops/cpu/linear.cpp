@@ -29,7 +29,7 @@ namespace {
 
 // Rows of W handled together: x is loaded once per 8 weight rows, and the 8 independent
 // accumulator chains hide the FMA latency (4 cycles, 2 per cycle: 8 in flight).
-constexpr int64_t kRowBlock = 8;
+constexpr int64_t kRowBlock = kLinearRowBlock;
 
 #ifdef QSPEC_LINEAR_AVX2
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -117,6 +117,10 @@ void linear_typed(const float* x, int64_t tokens, const WeightT* w, int64_t n, i
 }
 
 }  // namespace
+
+void dot_rows_f32(const float* x, const float* const* rows, int64_t count, int64_t k, float* out) {
+  dot_rows(x, rows, count, k, out);
+}
 
 void linear(const float* x, int64_t tokens, const WeightMatrix& weight, const float* bias,
             float* y) {

@@ -1,0 +1,660 @@
+// Quantized number formats (see formats.h for the rules). Every block format is one "codec"
+// (block scale from an amax, element encode/decode, scale storage); one templated block loop
+// serves plain rows, fake quantization and ARC-augmented rows, so they cannot drift apart.
+
+// The reference rounds every f32 operation on its own: a contracted x - c * s (one FMA) can
+// differ in the last bit from what a CUDA kernel computes with __fmul_rn / __fsub_rn.
+// GCC contracts across statements by default even in ISO C++ mode, so turn it off here.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "quant/formats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "base/dtype.h"
+#include "qspec/error.h"
+
+namespace qspec::quant {
+
+namespace {
+
+uint32_t bits_of(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+float float_of(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// 2^exponent for exponent in [-149, 127], built exactly (subnormal below -126).
+float exact_power_of_two(int exponent) {
+  if (exponent >= -126) return float_of(static_cast<uint32_t>(exponent + 127) << 23);
+  return float_of(1u << (exponent + 149));
+}
+
+// ---- scalar codecs, inline for the block loops ----
+
+constexpr float kE2M1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+inline uint8_t encode_e2m1(float value) {
+  if (std::isnan(value)) fail("E2M1 has no NaN: refusing to encode NaN");
+  uint8_t sign = std::signbit(value) ? 0x8 : 0x0;
+  float magnitude = std::fabs(value);
+  // Thresholds are the midpoints between neighbours; at a midpoint the even code (mantissa
+  // bit 0) wins, so "<=" keeps ties on even codes and "<" sends them up to the even code.
+  uint8_t code;
+  if (magnitude <= 0.25f) code = 0;
+  else if (magnitude < 0.75f) code = 1;
+  else if (magnitude <= 1.25f) code = 2;
+  else if (magnitude < 1.75f) code = 3;
+  else if (magnitude <= 2.5f) code = 4;
+  else if (magnitude < 3.5f) code = 5;
+  else if (magnitude <= 5.0f) code = 6;
+  else code = 7;  // (5, inf]: 6 and saturation
+  return sign | code;
+}
+
+inline float decode_e2m1(uint8_t code) {
+  float magnitude = kE2M1Values[code & 0x7];
+  return (code & 0x8) ? -magnitude : magnitude;
+}
+
+inline uint8_t encode_e4m3(float value) {
+  uint32_t bits = bits_of(value);
+  auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7f;   // NaN stays NaN
+  if (magnitude >= 0x43e00000u) return sign | 0x7e;  // >= 448, infinity included: saturate
+  if (magnitude < 0x3c800000u) {
+    // Below 2^-6: the subnormal grid of 2^-9. Scaling by 2^9 is exact; nearbyint rounds half
+    // to even; 8 units is 2^-6, whose code 0x08 is exactly the smallest normal.
+    return sign | static_cast<uint8_t>(std::nearbyint(std::fabs(value) * 512.0f));
+  }
+  // Normal: keep 3 of the 23 mantissa bits, rounding half to even (a carry moves into the
+  // exponent, which is right), then rebias the exponent from 127 to 7.
+  uint32_t rounded = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) >> 20;
+  return sign | static_cast<uint8_t>(rounded - (120u << 3));
+}
+
+inline float decode_e4m3(uint8_t code) {
+  uint32_t exponent = (code >> 3) & 0xfu;
+  uint32_t mantissa = code & 0x7u;
+  float magnitude;
+  if (exponent == 15 && mantissa == 7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * (1.0f / 512.0f);
+  } else {
+    magnitude = float_of(((exponent + 120u) << 23) | (mantissa << 20));
+  }
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+inline float decode_e8m0(uint8_t code) {
+  if (code == 0xff) return std::numeric_limits<float>::quiet_NaN();
+  return exact_power_of_two(static_cast<int>(code) - 127);
+}
+
+inline uint8_t signed_zero_code(float value, uint8_t negative_zero) {
+  return std::signbit(value) ? negative_zero : 0;
+}
+
+template <typename T>
+void store_le(uint8_t* destination, T value) {
+  std::memcpy(destination, &value, sizeof value);  // qspec runs on little-endian hosts only
+}
+
+template <typename T>
+T load_le(const uint8_t* source) {
+  T value;
+  std::memcpy(&value, source, sizeof value);
+  return value;
+}
+
+float checked_scale(float value, Format format, int64_t block) {
+  if (!std::isfinite(value))
+    fail(format_name(format), " scale of block ", block, " is not finite (corrupt scales)");
+  return value;
+}
+
+// ---- codecs: one per format ----
+// Each has Block (a block's scale as stored and as used), from_amax, encode (the element's
+// 4- or 8-bit code), decode, store and load.
+
+// Symmetric integer codes with a per-block scale: int4 groups / per row, int8 per token.
+struct IntegerCodec {
+  Format format;
+  int min_code;
+  int max_code;
+  float divisor_of_amax;  // 7 or 127
+  bool f16_scale;         // int4 weights store f16 scales; everything else f32
+
+  struct Block {
+    float scale;
+  };
+
+  Block from_amax(float amax) const {
+    float scale = amax / divisor_of_amax;
+    if (!f16_scale) return {scale};
+    uint16_t half = f32_to_f16(scale);
+    if ((half & 0x7c00u) == 0x7c00u)
+      fail(format_name(format), " weight scale amax/7 = ", scale,
+           " exceeds the f16 range (weights up to 7 * 65504 in magnitude are supported)");
+    return {f16_to_f32(half)};
+  }
+  uint8_t encode(float x, const Block& block) const {
+    if (block.scale == 0.0f) return 0;
+    float rounded = std::nearbyint(x / block.scale);  // ties to even
+    rounded = std::clamp(rounded, static_cast<float>(min_code), static_cast<float>(max_code));
+    return static_cast<uint8_t>(static_cast<int>(rounded)) & (max_code == 7 ? 0x0f : 0xff);
+  }
+  float decode(uint8_t code, const Block& block) const {
+    int value = max_code == 7 ? (code >= 8 ? code - 16 : code) : static_cast<int8_t>(code);
+    return static_cast<float>(value) * block.scale;
+  }
+  void store(uint8_t* scales, int64_t index, const Block& block) const {
+    if (f16_scale) store_le(scales + 2 * index, f32_to_f16(block.scale));
+    else store_le(scales + 4 * index, block.scale);
+  }
+  Block load(const uint8_t* scales, int64_t index) const {
+    float scale = f16_scale ? f16_to_f32(load_le<uint16_t>(scales + 2 * index))
+                            : load_le<float>(scales + 4 * index);
+    return {checked_scale(scale, format, index)};
+  }
+};
+
+// fp8 activations: E4M3 elements under one f32 scale amax / 448.
+struct Fp8Codec {
+  struct Block {
+    float scale;
+  };
+  Block from_amax(float amax) const { return {amax / 448.0f}; }
+  uint8_t encode(float x, const Block& block) const {
+    if (block.scale == 0.0f) return signed_zero_code(x, 0x80);
+    return encode_e4m3(x / block.scale);
+  }
+  float decode(uint8_t code, const Block& block) const { return decode_e4m3(code) * block.scale; }
+  void store(uint8_t* scales, int64_t index, const Block& block) const {
+    store_le(scales + 4 * index, block.scale);
+  }
+  Block load(const uint8_t* scales, int64_t index) const {
+    return {checked_scale(load_le<float>(scales + 4 * index), Format::fp8, index)};
+  }
+};
+
+// NVFP4: E2M1 elements, E4M3 block scale, FP32 tensor scale (per matrix or per token).
+struct Nvfp4Codec {
+  float tensor_scale;
+
+  struct Block {
+    uint8_t code;   // E4M3 block scale
+    float value;    // its value
+    float divisor;  // value * tensor_scale: what elements are divided by
+  };
+
+  Block from_amax(float amax) const {
+    if (tensor_scale == 0.0f) {
+      if (amax != 0.0f)
+        fail("nvfp4: the tensor scale is 0 but a block has amax ", amax,
+             "; set RowFormat::tensor_scale = nvfp4_tensor_scale(amax of the whole matrix)");
+      return {0, 0.0f, 0.0f};
+    }
+    float target = amax / (6.0f * tensor_scale);
+    // A scale computed from the matrix amax gives at most 448 plus a few ulps.
+    if (target > 449.0f)
+      fail("nvfp4: block amax ", amax, " is too large for the tensor scale ", tensor_scale,
+           " (at most 2688 * tensor scale); compute the tensor scale from the whole matrix");
+    uint8_t code = encode_e4m3(target);
+    float value = decode_e4m3(code);
+    return {code, value, value * tensor_scale};
+  }
+  uint8_t encode(float x, const Block& block) const {
+    if (block.divisor == 0.0f) return signed_zero_code(x, 0x8);
+    return encode_e2m1(x / block.divisor);
+  }
+  float decode(uint8_t code, const Block& block) const {
+    return (decode_e2m1(code) * block.value) * tensor_scale;  // inner product exact
+  }
+  void store(uint8_t* scales, int64_t index, const Block& block) const { scales[index] = block.code; }
+  Block load(const uint8_t* scales, int64_t index) const {
+    float value = checked_scale(decode_e4m3(scales[index]), Format::nvfp4, index);
+    return {scales[index], value, value * tensor_scale};
+  }
+};
+
+// MXFP4: E2M1 elements, E8M0 shared scale.
+struct Mxfp4Codec {
+  struct Block {
+    uint8_t code;      // E8M0
+    float value;       // 2^e
+    float multiplier;  // 2^-e: exact, so x * 2^-e == x / 2^e
+  };
+  static Block from_code(uint8_t code) {
+    int exponent = static_cast<int>(code) - 127;
+    return {code, exact_power_of_two(exponent), exact_power_of_two(-exponent)};
+  }
+  Block from_amax(float amax) const { return from_code(e8m0_shared_scale(amax, 2)); }
+  uint8_t encode(float x, const Block& block) const { return encode_e2m1(x * block.multiplier); }
+  float decode(uint8_t code, const Block& block) const { return decode_e2m1(code) * block.value; }
+  void store(uint8_t* scales, int64_t index, const Block& block) const { scales[index] = block.code; }
+  Block load(const uint8_t* scales, int64_t index) const {
+    if (scales[index] == 0xff) fail("mxfp4 scale of block ", index, " is NaN (corrupt scales)");
+    return from_code(scales[index]);
+  }
+};
+
+bool is_four_bit(Format format) { return format != Format::int8 && format != Format::fp8; }
+
+// Calls fn with the codec of `format`; nvfp4 uses `nvfp4_scale` as its tensor scale.
+template <typename Fn>
+void with_codec(const RowFormat& format, float nvfp4_scale, Fn&& fn) {
+  switch (format.format) {
+    case Format::int4:
+    case Format::int4_channel:
+      fn(IntegerCodec{format.format, -8, 7, 7.0f, format.role == Role::weight});
+      return;
+    case Format::int8:
+      fn(IntegerCodec{format.format, -127, 127, 127.0f, false});
+      return;
+    case Format::fp8:
+      fn(Fp8Codec{});
+      return;
+    case Format::nvfp4:
+      fn(Nvfp4Codec{nvfp4_scale});
+      return;
+    case Format::mxfp4:
+      fn(Mxfp4Codec{});
+      return;
+  }
+  fail("unknown quantization format ", static_cast<int>(format.format));
+}
+
+// Where augmented block p comes from: a block of x, as itself or as its residual.
+struct BlockSource {
+  int64_t block;
+  bool residual;
+};
+
+// Block-level geometry of an augmented row; a plain row is the case outlier_blocks == 0.
+struct BlockPlan {
+  int64_t input_blocks;    // k / block
+  int64_t outlier_blocks;  // S / block
+  ArcLayout layout;
+
+  int64_t augmented_blocks() const { return input_blocks + outlier_blocks; }
+  BlockSource source(int64_t position) const {
+    int64_t plain = input_blocks - outlier_blocks;
+    if (layout == ArcLayout::concatenated) {
+      if (position < input_blocks) return {position, false};
+      return {plain + (position - input_blocks), true};
+    }
+    if (position < plain) return {position, false};
+    int64_t offset = position - plain;
+    return {plain + offset / 2, offset % 2 == 1};
+  }
+};
+
+float block_abs_max(const float* x, int64_t count) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax;
+}
+
+// Writes packed codes and block scales.
+struct PackSink {
+  uint8_t* codes;
+  uint8_t* scales;
+  int64_t block;
+  bool four_bit;
+
+  template <typename Codec, typename Values>
+  void put(int64_t position, const Codec& codec, const typename Codec::Block& scale,
+           Values&& values) {
+    codec.store(scales, position, scale);
+    if (four_bit) {
+      uint8_t* out = codes + position * block / 2;
+      for (int64_t i = 0; i < block; i += 2) {
+        out[i / 2] = static_cast<uint8_t>(codec.encode(values(i), scale) |
+                                          (codec.encode(values(i + 1), scale) << 4));
+      }
+    } else {
+      uint8_t* out = codes + position * block;
+      for (int64_t i = 0; i < block; ++i) out[i] = codec.encode(values(i), scale);
+    }
+  }
+};
+
+// Writes dequantized values. values(i) is read before out[i] is written, so in place is fine.
+struct DequantSink {
+  float* out;
+  int64_t block;
+
+  template <typename Codec, typename Values>
+  void put(int64_t position, const Codec& codec, const typename Codec::Block& scale,
+           Values&& values) {
+    float* destination = out + position * block;
+    for (int64_t i = 0; i < block; ++i)
+      destination[i] = codec.decode(codec.encode(values(i), scale), scale);
+  }
+};
+
+// The one block loop: every augmented block is quantized from its source block of x, either
+// directly or as the residual of that block's own quantization.
+template <typename Codec, typename Sink>
+void quantize_blocks(const Codec& codec, const BlockPlan& plan, int64_t block, const float* x,
+                     Sink& sink) {
+  for (int64_t position = 0; position < plan.augmented_blocks(); ++position) {
+    BlockSource source = plan.source(position);
+    const float* input = x + source.block * block;
+    auto primary = codec.from_amax(block_abs_max(input, block));
+    if (!source.residual) {
+      sink.put(position, codec, primary, [input](int64_t i) { return input[i]; });
+      continue;
+    }
+    // Recomputed rather than buffered: the residual is a pure function of x and the primary
+    // scale, and this keeps the per-row functions free of allocations.
+    auto residual = [&codec, &primary, input](int64_t i) {
+      return input[i] - codec.decode(codec.encode(input[i], primary), primary);
+    };
+    float residual_amax = 0.0f;
+    for (int64_t i = 0; i < block; ++i) residual_amax = std::max(residual_amax, std::fabs(residual(i)));
+    sink.put(position, codec, codec.from_amax(residual_amax), residual);
+  }
+}
+
+float checked_abs_max(const RowFormat& format, const float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(x[i]))
+      fail(format_name(format.format), " quantizer: value ", i, " of the row (", count,
+           " values) is ", x[i], "; refusing to quantize NaN or infinity");
+  }
+  return block_abs_max(x, count);
+}
+
+void check_tensor_scale(float tensor_scale) {
+  if (!(std::isfinite(tensor_scale) && tensor_scale >= 0.0f))
+    fail("nvfp4 tensor scale must be finite and >= 0, got ", tensor_scale);
+}
+
+// The nvfp4 tensor scale a row is quantized under: the matrix's for weights, the token's own
+// (from its k input values) for activations.
+float nvfp4_row_scale(const RowFormat& format, float row_amax) {
+  if (format.format != Format::nvfp4) return 0.0f;
+  if (format.role == Role::weight) {
+    check_tensor_scale(format.tensor_scale);
+    return format.tensor_scale;
+  }
+  return nvfp4_tensor_scale(row_amax);
+}
+
+int64_t nvfp4_token_scale_offset(const RowFormat& format) { return format.blocks(); }
+
+// Shared by the plain and ARC entry points.
+void quantize_planned(const RowFormat& format, const BlockPlan& plan, const float* x,
+                      int64_t input_count, uint8_t* codes, uint8_t* scales) {
+  float row_amax = checked_abs_max(format, x, input_count);
+  float tensor_scale = nvfp4_row_scale(format, row_amax);
+  with_codec(format, tensor_scale, [&](const auto& codec) {
+    PackSink sink{codes, scales, format.block, is_four_bit(format.format)};
+    quantize_blocks(codec, plan, format.block, x, sink);
+  });
+  if (format.format == Format::nvfp4 && format.role == Role::activation)
+    store_le(scales + nvfp4_token_scale_offset(format), tensor_scale);
+}
+
+void fake_quantize_planned(const RowFormat& format, const BlockPlan& plan, const float* x,
+                           int64_t input_count, float* out) {
+  float row_amax = checked_abs_max(format, x, input_count);
+  float tensor_scale = nvfp4_row_scale(format, row_amax);
+  with_codec(format, tensor_scale, [&](const auto& codec) {
+    DequantSink sink{out, format.block};
+    quantize_blocks(codec, plan, format.block, x, sink);
+  });
+}
+
+struct FormatName {
+  Format format;
+  std::string_view name;
+};
+constexpr FormatName kFormatNames[] = {
+    {Format::int4, "int4"},   {Format::int4_channel, "int4-channel"}, {Format::nvfp4, "nvfp4"},
+    {Format::mxfp4, "mxfp4"}, {Format::int8, "int8"},                 {Format::fp8, "fp8"},
+};
+
+}  // namespace
+
+// ---- scalar codecs ----
+
+uint8_t f32_to_e2m1(float value) { return encode_e2m1(value); }
+float e2m1_to_f32(uint8_t code) { return decode_e2m1(code); }
+uint8_t f32_to_e4m3(float value) { return encode_e4m3(value); }
+float e4m3_to_f32(uint8_t code) { return decode_e4m3(code); }
+float e8m0_to_f32(uint8_t code) { return decode_e8m0(code); }
+
+uint8_t e8m0_shared_scale(float block_amax, int element_emax) {
+  if (!(std::isfinite(block_amax) && block_amax >= 0.0f))
+    fail("MX shared scale: block amax must be finite and >= 0, got ", block_amax);
+  if (block_amax == 0.0f) return 0;
+  // ilogb is floor(log2) exactly, subnormals included.
+  int exponent = std::ilogb(block_amax) - element_emax;
+  return static_cast<uint8_t>(std::clamp(exponent, -127, 127) + 127);
+}
+
+// ---- formats ----
+
+Format parse_format(std::string_view name) {
+  for (const auto& entry : kFormatNames)
+    if (entry.name == name) return entry.format;
+  fail("unknown quantization format '", name,
+       "' (known: int4, int4-channel, nvfp4, mxfp4, int8, fp8)");
+}
+
+std::string_view format_name(Format format) {
+  for (const auto& entry : kFormatNames)
+    if (entry.format == format) return entry.name;
+  return "?";
+}
+
+bool format_supports(Format format, Role role) {
+  switch (format) {
+    case Format::int4:
+    case Format::nvfp4:
+    case Format::mxfp4:
+      return true;
+    case Format::int4_channel:
+      return role == Role::weight;
+    case Format::int8:
+    case Format::fp8:
+      return role == Role::activation;
+  }
+  return false;
+}
+
+int64_t block_size(Format format, int64_t k, int64_t group_size) {
+  switch (format) {
+    case Format::int4:
+      return group_size;
+    case Format::nvfp4:
+      return 16;
+    case Format::mxfp4:
+      return 32;
+    case Format::int4_channel:
+    case Format::int8:
+    case Format::fp8:
+      return k;
+  }
+  return k;
+}
+
+int64_t RowFormat::code_bytes() const { return is_four_bit(format) ? k / 2 : k; }
+
+int64_t RowFormat::scale_bytes() const {
+  switch (format) {
+    case Format::int4:
+    case Format::int4_channel:
+      return blocks() * (role == Role::weight ? 2 : 4);
+    case Format::nvfp4:
+      return blocks() + (role == Role::activation ? 4 : 0);
+    case Format::mxfp4:
+      return blocks();
+    case Format::int8:
+    case Format::fp8:
+      return 4;
+  }
+  return 0;
+}
+
+RowFormat make_row_format(Format format, Role role, int64_t k, int64_t group_size) {
+  std::string_view name = format_name(format);
+  if (!format_supports(format, role)) {
+    if (role == Role::weight)
+      fail(name, " is an activation format; weights use int4, int4-channel, nvfp4 or mxfp4");
+    fail(name, " is a weight format; activations use int4, nvfp4, mxfp4, int8 or fp8");
+  }
+  QSPEC_CHECK(k > 0, name, ": a row needs at least one value, got K=", k);
+  if (format == Format::int4)
+    QSPEC_CHECK(group_size > 0 && group_size % 2 == 0, "int4 group size must be positive and even"
+                " (two codes per byte), got ", group_size);
+  int64_t block = block_size(format, k, group_size);
+  if (k % block != 0)
+    fail(name, ": K=", k, " is not a multiple of the block of ", block,
+         " values; qspec supports only layer shapes whose K is a multiple of the format's"
+         " block (every supported model's are)");
+  if (is_four_bit(format) && k % 2 != 0)
+    fail(name, ": K=", k, " is odd; 4-bit codes are packed two per byte and need an even K");
+  return RowFormat{format, role, k, block};
+}
+
+float abs_max(const float* values, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    if (!std::isfinite(values[i]))
+      fail("value ", i, " of ", count, " is ", values[i], "; expected finite values");
+  return block_abs_max(values, count);
+}
+
+float nvfp4_tensor_scale(float amax) {
+  if (!(std::isfinite(amax) && amax >= 0.0f))
+    fail("nvfp4 tensor scale: amax must be finite and >= 0, got ", amax);
+  return amax / (448.0f * 6.0f);
+}
+
+void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8_t* scales) {
+  quantize_planned(format, BlockPlan{format.blocks(), 0, ArcLayout::concatenated}, x, format.k,
+                   codes, scales);
+}
+
+void fake_quantize_row(const RowFormat& format, float* x) {
+  fake_quantize_planned(format, BlockPlan{format.blocks(), 0, ArcLayout::concatenated}, x,
+                        format.k, x);
+}
+
+float row_tensor_scale(const RowFormat& format, const uint8_t* scales) {
+  if (format.format != Format::nvfp4) return 1.0f;
+  if (format.role == Role::weight) return format.tensor_scale;
+  return load_le<float>(scales + nvfp4_token_scale_offset(format));
+}
+
+void dequantize_row(const RowFormat& format, const uint8_t* codes, const uint8_t* scales,
+                    float* out) {
+  float tensor_scale = 0.0f;
+  if (format.format == Format::nvfp4) {
+    tensor_scale = row_tensor_scale(format, scales);
+    check_tensor_scale(tensor_scale);
+  }
+  bool four_bit = is_four_bit(format.format);
+  with_codec(format, tensor_scale, [&](const auto& codec) {
+    for (int64_t b = 0; b < format.blocks(); ++b) {
+      auto scale = codec.load(scales, b);
+      for (int64_t i = b * format.block; i < (b + 1) * format.block; ++i) {
+        uint8_t code = four_bit ? static_cast<uint8_t>((codes[i / 2] >> (4 * (i % 2))) & 0xf)
+                                : codes[i];
+        out[i] = codec.decode(code, scale);
+      }
+    }
+  });
+}
+
+float element_value(const RowFormat& format, const uint8_t* codes, int64_t index) {
+  switch (format.format) {
+    case Format::int4:
+    case Format::int4_channel: {
+      int nibble = (codes[index / 2] >> (4 * (index % 2))) & 0xf;
+      return static_cast<float>(nibble >= 8 ? nibble - 16 : nibble);
+    }
+    case Format::nvfp4:
+    case Format::mxfp4:
+      return decode_e2m1(static_cast<uint8_t>(codes[index / 2] >> (4 * (index % 2))));
+    case Format::int8:
+      return static_cast<float>(static_cast<int8_t>(codes[index]));
+    case Format::fp8:
+      return decode_e4m3(codes[index]);
+  }
+  return 0.0f;
+}
+
+float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block) {
+  float value = 0.0f;
+  with_codec(format, 0.0f, [&](const auto& codec) {
+    using Codec = std::decay_t<decltype(codec)>;
+    if constexpr (std::is_same_v<Codec, IntegerCodec> || std::is_same_v<Codec, Fp8Codec>) {
+      value = codec.load(scales, block).scale;
+    } else {
+      value = codec.load(scales, block).value;
+    }
+  });
+  return value;
+}
+
+// ---- ARC ----
+
+int64_t ArcRow::source_channel(int64_t j) const {
+  int64_t block = augmented.block;
+  BlockPlan plan{k / block, outliers / block, layout};
+  return plan.source(j / block).block * block + j % block;
+}
+
+bool ArcRow::is_residual(int64_t j) const {
+  int64_t block = augmented.block;
+  BlockPlan plan{k / block, outliers / block, layout};
+  return plan.source(j / block).residual;
+}
+
+ArcRow make_arc_row(Format format, int64_t k, int64_t outliers, ArcLayout layout,
+                    int64_t group_size) {
+  std::string_view name = format_name(format);
+  if (format != Format::int4 && format != Format::nvfp4 && format != Format::mxfp4)
+    fail("ARC residual channels need a 4-bit block activation format (int4, nvfp4, mxfp4), not ",
+         name);
+  RowFormat input = make_row_format(format, Role::activation, k, group_size);
+  if (outliers < 0 || outliers > k || outliers % input.block != 0)
+    fail("ARC with ", name, ": S=", outliers, " outlier channels must be a multiple of the block"
+         " of ", input.block, " values and at most K=", k, " (round S up to the block)");
+  RowFormat augmented = make_row_format(format, Role::activation, k + outliers, group_size);
+  return ArcRow{augmented, k, outliers, layout};
+}
+
+void arc_quantize_row(const ArcRow& arc, const float* x, uint8_t* codes, uint8_t* scales) {
+  int64_t block = arc.augmented.block;
+  quantize_planned(arc.augmented, BlockPlan{arc.k / block, arc.outliers / block, arc.layout}, x,
+                   arc.k, codes, scales);
+}
+
+void arc_fake_quantize_row(const ArcRow& arc, const float* x, float* out) {
+  int64_t block = arc.augmented.block;
+  fake_quantize_planned(arc.augmented, BlockPlan{arc.k / block, arc.outliers / block, arc.layout},
+                        x, arc.k, out);
+}
+
+}  // namespace qspec::quant

@@ -1,0 +1,166 @@
+// Quantized number formats: the CPU reference that every CUDA quantizer must match bit for
+// bit. Scalar codecs (E2M1, E4M3, E8M0), row quantizers for each weight / activation format,
+// and ARCQuant's augmented residual channels.
+//
+// Arithmetic: every step is one IEEE f32 operation rounded to nearest even, never fused
+// (formats.cpp turns FMA contraction off). A CUDA twin uses __fdiv_rn / __fmul_rn /
+// __fsub_rn (never contracted) and rint-style rounding, in the order written here.
+//
+// Rounding rules (s = a block's scale, amax = the largest |x| it covers):
+//   int4        s = f16(amax / 7) for weights, f32 amax / 7 for activations;
+//               code = clamp(round_half_even(x / s), -8, 7); s == 0 gives code 0.
+//   int4-channel the same with one f16 scale for the whole row (weights only).
+//   int8        s = amax / 127 (f32); code = clamp(round_half_even(x / s), -127, 127).
+//   fp8         s = amax / 448 (f32); code = f32_to_e4m3(x / s).
+//   nvfp4       t = tensor scale (FP32; see nvfp4_tensor_scale); block scale code
+//               b = f32_to_e4m3(amax / (6 * t)); code = f32_to_e2m1(x / (e4m3(b) * t)).
+//   mxfp4       shared exponent e = floor(log2(amax)) - 2 clamped to [-127, 127], stored as
+//               E8M0 e + 127 (0 for an all-zero block); code = f32_to_e2m1(x * 2^-e).
+// A block whose scale is zero (all-zero block, or a scale that underflows its own format)
+// stores zero codes that keep the sign of each input. Dequantization is always
+//   value = (element_value * block_scale) * row_tensor_scale
+// where the inner product is exact and row_tensor_scale is 1 except for nvfp4.
+//
+// Storage of one row of k values (k is the reduction dimension: a weight row is one output
+// channel, an activation row is one token):
+//   codes   4-bit formats: two per byte, element 2i in the low nibble, 2i+1 in the high one;
+//           int4 nibbles are two's complement, E2M1 nibbles sign-magnitude (bit 3 = sign).
+//           8-bit formats: one byte per element (int8 two's complement, or E4M3).
+//   scales  little-endian, one per block, in block order: f16 (int4 / int4-channel weights),
+//           f32 (int4 activations, int8, fp8), E4M3 (nvfp4), E8M0 (mxfp4). An nvfp4
+//           activation row appends its own f32 tensor scale after the block scales.
+// Quantizers reject NaN and infinite inputs with qspec::Error before writing anything.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace qspec::quant {
+
+// ---- Scalar codecs ------------------------------------------------------------------------
+
+// E2M1 (FP4), values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}: round to nearest, ties to the even code,
+// saturating beyond ±6 (infinities included), keeping the sign of zero (-0.1 -> code 0x8).
+// NaN has no E2M1 encoding and throws qspec::Error.
+uint8_t f32_to_e2m1(float value);
+float e2m1_to_f32(uint8_t code);  // low nibble only
+
+// OCP E4M3FN: bias 7, max ±448, subnormals down to 2^-9, no infinity, 0x7f / 0xff are NaN.
+// Round to nearest even with saturation to ±448 (PTX cvt.rn.satfinite.e4m3x2.f32): anything
+// beyond 448, infinities included, becomes ±448; NaN stays NaN (0x7f, or 0xff if negative).
+uint8_t f32_to_e4m3(float value);
+float e4m3_to_f32(uint8_t code);
+
+// E8M0: 2^(code - 127) for codes 0..254 (2^-127 is an f32 subnormal, exact); 0xff is NaN.
+float e8m0_to_f32(uint8_t code);
+// OCP MX shared scale of a block: floor(log2(block_amax)) - element_emax, clamped to the E8M0
+// range [-127, 127], as an E8M0 code; an all-zero block gets code 0. element_emax is 2 for
+// E2M1, 8 for E4M3. Throws on a negative or non-finite amax.
+uint8_t e8m0_shared_scale(float block_amax, int element_emax);
+
+// ---- Formats ------------------------------------------------------------------------------
+
+enum class Format : uint8_t {
+  int4,          // symmetric int4 in groups along K (weights and activations)
+  int4_channel,  // symmetric int4, one scale per row (weights only)
+  nvfp4,         // E2M1, block 16, E4M3 block scale, FP32 tensor scale
+  mxfp4,         // E2M1, block 32, E8M0 shared scale
+  int8,          // symmetric int8, one scale per token (activations only)
+  fp8,           // E4M3, one scale per token (activations only)
+};
+// Which side of a GEMM a row is: the scale encodings differ (see the table above).
+enum class Role : uint8_t { weight, activation };
+
+inline constexpr int64_t kDefaultGroupSize = 128;  // int4 groups along K
+
+// Names as users type them: "int4", "int4-channel", "nvfp4", "mxfp4", "int8", "fp8".
+// Unknown names throw qspec::Error listing the known ones.
+Format parse_format(std::string_view name);
+std::string_view format_name(Format format);
+bool format_supports(Format format, Role role);
+// Values that share one block scale: the group size for int4, 16 for nvfp4, 32 for mxfp4,
+// the whole row (k) for int4-channel, int8 and fp8.
+int64_t block_size(Format format, int64_t k, int64_t group_size = kDefaultGroupSize);
+
+// Everything that fixes how one row is stored. Build it with make_row_format.
+struct RowFormat {
+  Format format;
+  Role role;
+  int64_t k;      // values per row
+  int64_t block;  // values per block scale
+  // nvfp4 weights only: the matrix's FP32 tensor scale, nvfp4_tensor_scale(amax of the whole
+  // matrix); set it before quantizing. Activation rows carry their own, per token.
+  float tensor_scale = 0.0f;
+
+  int64_t blocks() const { return k / block; }
+  int64_t code_bytes() const;
+  int64_t scale_bytes() const;
+};
+
+// Validates the combination: the role must use the format, k must be a positive multiple of
+// the block (every layer shape qspec supports is; others are rejected with the sizes named),
+// and an int4 group size must be positive and even.
+RowFormat make_row_format(Format format, Role role, int64_t k,
+                          int64_t group_size = kDefaultGroupSize);
+
+// Largest |value|; throws qspec::Error naming the index of the first NaN or infinity.
+float abs_max(const float* values, int64_t count);
+// NVFP4 second-level scale: amax / (448 * 6), so the largest block scale lands on E4M3's 448.
+// Weights use one for the whole matrix. Activations use one per token (computed inside the
+// quantizers): a token's quantized values then never depend on which other tokens share its
+// batch, which QSpec's draft/verify equivalence needs.
+float nvfp4_tensor_scale(float amax);
+
+// Per-row work, no allocation: buffers are caller-provided, sized by code_bytes() and
+// scale_bytes(). fake_quantize_row replaces x by dequantize_row(quantize_row(x)), bit for bit.
+void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8_t* scales);
+void dequantize_row(const RowFormat& format, const uint8_t* codes, const uint8_t* scales,
+                    float* out);
+void fake_quantize_row(const RowFormat& format, float* x);
+
+// Pieces of a quantized row for GEMMs that work on the codes:
+// dequantized[i] = (element_value(i) * block_scale(i / block)) * row_tensor_scale.
+float element_value(const RowFormat& format, const uint8_t* codes, int64_t index);
+float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block);
+float row_tensor_scale(const RowFormat& format, const uint8_t* scales);
+
+// ---- ARCQuant augmented residual channels ---------------------------------------------------
+//
+// The activation row x has k channels already reordered so that its S outlier channels are
+// the LAST S (Atom's reorder puts outliers at the end). The augmented row has k + S values:
+// Q(X) for all k channels plus Q(R) for R = X_o - dequant(Q(X_o)), quantized in the same format
+// (nvfp4: under the token's tensor scale of X, so the augmented row is one ordinary nvfp4
+// activation row of k + S values and dequantize_row(augmented) decodes it). S must be a
+// multiple of the block, so every block is all-primary or all-residual.
+enum class ArcLayout : uint8_t {
+  // [Q(X) | Q(R)]: the first k values are the plain quantized row, so modes without ARC read
+  // a prefix of the same augmented weights.
+  concatenated,
+  // Paper appendix D: the k - S plain channels, then each outlier block immediately followed
+  // by its residual block (what a fused quantize kernel writes in one pass).
+  interleaved,
+};
+
+struct ArcRow {
+  RowFormat augmented;  // activation format of the k + S row
+  int64_t k;            // channels of the reordered input
+  int64_t outliers;     // S, the last S of the k channels
+  ArcLayout layout;
+
+  // Input channel behind augmented position j (for a residual position: the outlier channel
+  // whose residual sits there). Weights are augmented by gathering columns with it,
+  // W_aug[:, j] = W[:, source_channel(j)], then quantized as rows of k + S: with K and S
+  // multiples of the weight format's block this equals [Q_W | Q_W_o] block for block.
+  int64_t source_channel(int64_t j) const;
+  bool is_residual(int64_t j) const;
+};
+
+// format: int4 (group_size), nvfp4 or mxfp4; outliers: a multiple of the block, at most k.
+ArcRow make_arc_row(Format format, int64_t k, int64_t outliers,
+                    ArcLayout layout = ArcLayout::concatenated,
+                    int64_t group_size = kDefaultGroupSize);
+// x: k values. codes / scales: sized by arc.augmented.
+void arc_quantize_row(const ArcRow& arc, const float* x, uint8_t* codes, uint8_t* scales);
+// x: k values; out: k + S dequantized values of the augmented row (out must not alias x).
+void arc_fake_quantize_row(const ArcRow& arc, const float* x, float* out);
+
+}  // namespace qspec::quant

@@ -1,0 +1,76 @@
+// One 4-bit weight set, several activation precisions: a linear layer's weights quantized
+// once (RTN per output row, in one of the weight formats of quant/formats.h), and the CPU
+// reference GEMM that runs it with activations in any mode. The mode is an argument of each
+// call, never a second copy of the weights: this is what QSpec's draft and verify share.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/linear.h"
+#include "quant/formats.h"
+
+namespace qspec {
+
+// How activations enter a linear layer.
+struct ActivationMode {
+  enum class Kind : uint8_t {
+    f32,        // unquantized f32 (the W16A16 baseline: weights too stay in the checkpoint dtype)
+    f16,        // A16: rounded to f16, as the GPU W4A16 kernels consume them
+    quantized,  // A8 / A4: per-token quantization in `format`, dequantized exactly
+  };
+  Kind kind = Kind::f32;
+  quant::Format format = quant::Format::int8;  // kind == quantized
+  int64_t group_size = quant::kDefaultGroupSize;  // int4 activations
+};
+
+// A model run mode: which weights (checkpoint or 4-bit) and which activations.
+struct RunMode {
+  bool quantized_weights = false;
+  ActivationMode activations;
+  std::string name = "w16a16";
+};
+
+// "w16a16", "w4a16", "w4a8" (int8), "w4a8-fp8", "w4a4" (= w4a4-int4), "w4a4-int4",
+// "w4a4-nvfp4", "w4a4-mxfp4". Unknown names throw qspec::Error listing these.
+RunMode parse_run_mode(std::string_view name);
+const std::vector<std::string>& run_mode_names();
+
+// A [rows x cols] weight matrix quantized row by row (a row is one output channel, so the
+// blocks run along K, the reduction dimension).
+struct QuantizedMatrix {
+  std::string name;
+  quant::RowFormat format{quant::Format::int4, quant::Role::weight, 0, 0};
+  int64_t rows = 0;
+  std::vector<uint8_t> codes;   // rows x format.code_bytes()
+  std::vector<uint8_t> scales;  // rows x format.scale_bytes()
+  // Decoded from `scales` by prepare(): rows x blocks block scales, rows tensor scales.
+  std::vector<float> block_scale_values, tensor_scale_values;
+
+  // Decodes the scales for dequantize_row; call after filling codes and scales.
+  void prepare();
+
+  int64_t cols() const { return format.k; }
+  size_t bytes() const { return codes.size() + scales.size(); }
+  // Row `row` dequantized to f32 into out[cols].
+  void dequantize_row(int64_t row, float* out) const;
+};
+
+// Round-to-nearest quantization of a checkpoint matrix (nvfp4 gets its tensor scale from the
+// whole matrix). Errors name the matrix when its K is not a multiple of the format's block.
+QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format,
+                             int64_t group_size = quant::kDefaultGroupSize);
+
+namespace cpu {
+// Applies an activation mode to tokens x [tokens, k] in place (per token; f32 is a no-op).
+void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens, int64_t k);
+
+// y[m, n] = sum_k x[m, k] * W[n, k] + bias[n] with W the dequantized 4-bit weights and x as
+// given (apply the activation mode first). Weight rows are dequantized block by block on the
+// fly, so memory holds only the 4-bit codes. bias may be null.
+void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight,
+                      const float* bias, float* y);
+}  // namespace cpu
+
+}  // namespace qspec
