@@ -12,6 +12,9 @@ std::unique_ptr<ThreadPool>& global_pool() {
   return pool;
 }
 std::mutex global_pool_mutex;
+constexpr uint64_t pack_work(uint32_t region, size_t chunk_count) {
+  return (static_cast<uint64_t>(region) << 32) | (static_cast<uint64_t>(chunk_count) << 16);
+}
 size_t default_thread_count() {
   size_t hardware = std::thread::hardware_concurrency();
   return hardware == 0 ? 1 : hardware;
@@ -28,8 +31,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_.store(true);
-    chunk_count_ = 0;
-    work_.store((((work_.load() >> 32) + 1) << 32), std::memory_order_release);
+    work_.store(pack_work(static_cast<uint32_t>(work_.load() >> 32) + 1, 0), std::memory_order_release);
   }
   wake_.notify_all();
   for (auto& worker : workers_) worker.join();
@@ -51,12 +53,11 @@ void ThreadPool::run_chunks(uint32_t region) {
   for (;;) {
     uint64_t work = work_.load(std::memory_order_acquire);
     if (static_cast<uint32_t>(work >> 32) != region) return;
-    const size_t chunk = static_cast<uint32_t>(work);
-    // chunk_count_ and the other parameters belong to `region` here: a region's parameters
-    // change only after all its chunks are done, and this chunk is not claimed yet (if the
-    // region moved on meanwhile, the exchange below fails).
-    if (chunk >= chunk_count_) return;
+    const size_t chunk = work & 0xffff, chunk_count = (work >> 16) & 0xffff;
+    if (chunk >= chunk_count) return;
     if (!work_.compare_exchange_weak(work, work + 1, std::memory_order_acq_rel)) continue;
+    // The chunk is ours, so its region is not finished and its parameters (written before
+    // the region was published) stay as they are until we report it done.
     const size_t begin = chunk * chunk_size_;
     const size_t end = std::min(count_, begin + chunk_size_);
     try {
@@ -96,8 +97,9 @@ void ThreadPool::parallel_for(size_t count, size_t grain,
     body(0, count);
     return;
   }
-  // A few chunks per thread balances uneven work without many atomics.
-  size_t chunks = std::min((count + grain - 1) / grain, threads * 4);
+  // A few chunks per thread balances uneven work without many atomics (at most 65535: the
+  // count has 16 bits in work_).
+  size_t chunks = std::min({(count + grain - 1) / grain, threads * 4, size_t{0xffff}});
   body_ = &body;
   count_ = count;
   chunk_size_ = (count + chunks - 1) / chunks;
@@ -107,7 +109,7 @@ void ThreadPool::parallel_for(size_t count, size_t grain,
   const uint32_t region = static_cast<uint32_t>(work_.load() >> 32) + 1;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    work_.store(static_cast<uint64_t>(region) << 32, std::memory_order_release);
+    work_.store(pack_work(region, chunk_count_), std::memory_order_release);
   }
   wake_.notify_all();
   run_chunks(region);

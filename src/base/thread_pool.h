@@ -42,8 +42,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  // High 32 bits: the region (bumped per parallel_for); low 32 bits: the next chunk to claim.
-  // One word, so a late worker can never claim a chunk of a region it did not see begin.
+  // One word: region (bits 32..63, bumped per parallel_for), its chunk count (bits 16..31)
+  // and the next chunk to claim (bits 0..15). A claim checks all three and takes the chunk
+  // in one compare-exchange, so a worker that is late from an earlier region can never take
+  // a chunk of a region whose start it did not see (an earlier version kept the count in a
+  // plain field, and a late worker could pair an old region with a new count: a hang).
   std::atomic<uint64_t> work_{0};
   std::atomic<size_t> done_chunks_{0};
   std::atomic<bool> stopping_{false};

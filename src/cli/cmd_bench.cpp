@@ -38,17 +38,6 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-std::string shell_line(const char* command) {
-  std::string out;
-  if (FILE* pipe = popen(command, "r")) {
-    char buffer[256];
-    while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
-    pclose(pipe);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 // Copy bandwidth (bytes read + written per second) over a buffer the size of the weights:
 // the ceiling for a decode step that streams every weight once.
 double copy_bandwidth(size_t bytes) {
@@ -130,7 +119,7 @@ void run_bench(const BenchArgs& args) {
       {"weight_bytes", model->weight_bytes()},
       {"threads", threads},
       {"cpu", shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'")},
-      {"commit", shell_line("git rev-parse --short HEAD 2>/dev/null")},
+      {"commit", git_commit()},
       {"command", args.command_line},
       {"prompt_tokens", args.prompt_tokens},
       {"decode_tokens", args.decode_tokens},

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   qspec::cli::register_info(app);
   qspec::cli::register_convert(app);
   qspec::cli::register_bench(app);
+  qspec::cli::register_eval(app);
 
   app.parse_complete_callback([&] {
     if (threads > 0) qspec::ThreadPool::set_global_threads(threads);

@@ -56,3 +56,18 @@ void set_command_line(int argc, char** argv) {
 
 const std::string& command_line() { return stored_command_line(); }
 }  // namespace qspec::cli
+
+namespace qspec::cli {
+std::string shell_line(const char* command) {
+  std::string out;
+  if (FILE* pipe = popen(command, "r")) {
+    char buffer[256];
+    while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
+    pclose(pipe);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+std::string git_commit() { return shell_line("git rev-parse --short HEAD 2>/dev/null"); }
+}  // namespace qspec::cli

@@ -55,6 +55,7 @@ inline uint8_t encode_e2m1(float value) {
   // Thresholds are the midpoints between neighbours; at a midpoint the even code (mantissa
   // bit 0) wins, so "<=" keeps ties on even codes and "<" sends them up to the even code.
   uint8_t code;
+  // clang-format off
   if (magnitude <= 0.25f) code = 0;
   else if (magnitude < 0.75f) code = 1;
   else if (magnitude <= 1.25f) code = 2;
@@ -63,6 +64,7 @@ inline uint8_t encode_e2m1(float value) {
   else if (magnitude < 3.5f) code = 5;
   else if (magnitude <= 5.0f) code = 6;
   else code = 7;  // (5, inf]: 6 and saturation
+  // clang-format on
   return sign | code;
 }
 
@@ -165,8 +167,10 @@ struct IntegerCodec {
     return static_cast<float>(value) * block.scale;
   }
   void store(uint8_t* scales, int64_t index, const Block& block) const {
-    if (f16_scale) store_le(scales + 2 * index, f32_to_f16(block.scale));
-    else store_le(scales + 4 * index, block.scale);
+    if (f16_scale)
+      store_le(scales + 2 * index, f32_to_f16(block.scale));
+    else
+      store_le(scales + 4 * index, block.scale);
   }
   Block load(const uint8_t* scales, int64_t index) const {
     float scale = f16_scale ? f16_to_f32(load_le<uint16_t>(scales + 2 * index))
@@ -227,7 +231,9 @@ struct Nvfp4Codec {
   float decode(uint8_t code, const Block& block) const {
     return (decode_e2m1(code) * block.value) * tensor_scale;  // inner product exact
   }
-  void store(uint8_t* scales, int64_t index, const Block& block) const { scales[index] = block.code; }
+  void store(uint8_t* scales, int64_t index, const Block& block) const {
+    scales[index] = block.code;
+  }
   Block load(const uint8_t* scales, int64_t index) const {
     float value = checked_scale(decode_e4m3(scales[index]), Format::nvfp4, index);
     return {scales[index], value, value * tensor_scale};
@@ -248,7 +254,9 @@ struct Mxfp4Codec {
   Block from_amax(float amax) const { return from_code(e8m0_shared_scale(amax, 2)); }
   uint8_t encode(float x, const Block& block) const { return encode_e2m1(x * block.multiplier); }
   float decode(uint8_t code, const Block& block) const { return decode_e2m1(code) * block.value; }
-  void store(uint8_t* scales, int64_t index, const Block& block) const { scales[index] = block.code; }
+  void store(uint8_t* scales, int64_t index, const Block& block) const {
+    scales[index] = block.code;
+  }
   Block load(const uint8_t* scales, int64_t index) const {
     if (scales[index] == 0xff) fail("mxfp4 scale of block ", index, " is NaN (corrupt scales)");
     return from_code(scales[index]);
@@ -369,7 +377,8 @@ void quantize_blocks(const Codec& codec, const BlockPlan& plan, int64_t block, c
       return input[i] - codec.decode(codec.encode(input[i], primary), primary);
     };
     float residual_amax = 0.0f;
-    for (int64_t i = 0; i < block; ++i) residual_amax = std::max(residual_amax, std::fabs(residual(i)));
+    for (int64_t i = 0; i < block; ++i)
+      residual_amax = std::max(residual_amax, std::fabs(residual(i)));
     sink.put(position, codec, codec.from_amax(residual_amax), residual);
   }
 }
@@ -429,8 +438,9 @@ struct FormatName {
   std::string_view name;
 };
 constexpr FormatName kFormatNames[] = {
-    {Format::int4, "int4"},   {Format::int4_channel, "int4-channel"}, {Format::nvfp4, "nvfp4"},
-    {Format::mxfp4, "mxfp4"}, {Format::int8, "int8"},                 {Format::fp8, "fp8"},
+    {Format::int4, "int4"},   {Format::int4_channel, "int4-channel"},
+    {Format::nvfp4, "nvfp4"}, {Format::mxfp4, "mxfp4"},
+    {Format::int8, "int8"},   {Format::fp8, "fp8"},
 };
 
 }  // namespace
@@ -525,8 +535,10 @@ RowFormat make_row_format(Format format, Role role, int64_t k, int64_t group_siz
   }
   QSPEC_CHECK(k > 0, name, ": a row needs at least one value, got K=", k);
   if (format == Format::int4)
-    QSPEC_CHECK(group_size > 0 && group_size % 2 == 0, "int4 group size must be positive and even"
-                " (two codes per byte), got ", group_size);
+    QSPEC_CHECK(group_size > 0 && group_size % 2 == 0,
+                "int4 group size must be positive and even"
+                " (two codes per byte), got ",
+                group_size);
   int64_t block = block_size(format, k, group_size);
   if (k % block != 0)
     fail(name, ": K=", k, " is not a multiple of the block of ", block,
@@ -556,8 +568,8 @@ void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8
 }
 
 void fake_quantize_row(const RowFormat& format, float* x) {
-  fake_quantize_planned(format, BlockPlan{format.blocks(), 0, ArcLayout::concatenated}, x,
-                        format.k, x);
+  fake_quantize_planned(format, BlockPlan{format.blocks(), 0, ArcLayout::concatenated}, x, format.k,
+                        x);
 }
 
 float row_tensor_scale(const RowFormat& format, const uint8_t* scales) {
@@ -578,8 +590,8 @@ void dequantize_row(const RowFormat& format, const uint8_t* codes, const uint8_t
     for (int64_t b = 0; b < format.blocks(); ++b) {
       auto scale = codec.load(scales, b);
       for (int64_t i = b * format.block; i < (b + 1) * format.block; ++i) {
-        uint8_t code = four_bit ? static_cast<uint8_t>((codes[i / 2] >> (4 * (i % 2))) & 0xf)
-                                : codes[i];
+        uint8_t code =
+            four_bit ? static_cast<uint8_t>((codes[i / 2] >> (4 * (i % 2))) & 0xf) : codes[i];
         out[i] = codec.decode(code, scale);
       }
     }
@@ -639,8 +651,10 @@ ArcRow make_arc_row(Format format, int64_t k, int64_t outliers, ArcLayout layout
          name);
   RowFormat input = make_row_format(format, Role::activation, k, group_size);
   if (outliers < 0 || outliers > k || outliers % input.block != 0)
-    fail("ARC with ", name, ": S=", outliers, " outlier channels must be a multiple of the block"
-         " of ", input.block, " values and at most K=", k, " (round S up to the block)");
+    fail("ARC with ", name, ": S=", outliers,
+         " outlier channels must be a multiple of the block"
+         " of ",
+         input.block, " values and at most K=", k, " (round S up to the block)");
   RowFormat augmented = make_row_format(format, Role::activation, k + outliers, group_size);
   return ArcRow{augmented, k, outliers, layout};
 }

@@ -29,7 +29,9 @@
 //   scales  little-endian, one per block, in block order: f16 (int4 / int4-channel weights),
 //           f32 (int4 activations, int8, fp8), E4M3 (nvfp4), E8M0 (mxfp4). An nvfp4
 //           activation row appends its own f32 tensor scale after the block scales.
-// Quantizers reject NaN and infinite inputs with qspec::Error before writing anything.
+// Quantizers reject NaN and infinite inputs with qspec::Error before writing anything; the
+// other errors (an nvfp4 weight tensor scale too small for the row, an int4 weight scale
+// beyond f16) are found block by block and can leave the buffers partly written.
 #pragma once
 #include <cstdint>
 #include <string_view>

@@ -208,3 +208,18 @@ TEST(Sampler, RejectsBadParameters) {
   params.temperature = -1.0f;
   EXPECT_THROW(qspec::Sampler{params}, qspec::Error);
 }
+
+// Many back-to-back regions of varying chunk counts, more threads than cores: a worker late
+// from one region must never take a chunk of the next (an earlier pool could, and hung).
+TEST(ThreadPool, BackToBackRegionsOfVaryingSizeNeverLoseOrRepeatWork) {
+  qspec::ThreadPool pool(4);
+  std::vector<std::atomic<int>> hits(64);
+  for (int region = 0; region < 20000; ++region) {
+    const size_t count = 1 + static_cast<size_t>(region * 7919) % 64;
+    for (size_t i = 0; i < count; ++i) hits[i].store(0);
+    pool.parallel_for(count, 1, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+    });
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(hits[i].load(), 1) << "region " << region << " index " << i;
+  }
+}

@@ -63,11 +63,11 @@ struct Case {
   int64_t group_size;
 };
 const Case kAllCases[] = {
-    {Format::int4, Role::weight, 128},      {Format::int4, Role::weight, 32},
-    {Format::int4, Role::activation, 128},  {Format::int4, Role::activation, 64},
+    {Format::int4, Role::weight, 128},       {Format::int4, Role::weight, 32},
+    {Format::int4, Role::activation, 128},   {Format::int4, Role::activation, 64},
     {Format::int4_channel, Role::weight, 0}, {Format::nvfp4, Role::weight, 0},
-    {Format::nvfp4, Role::activation, 0},   {Format::mxfp4, Role::weight, 0},
-    {Format::mxfp4, Role::activation, 0},   {Format::int8, Role::activation, 0},
+    {Format::nvfp4, Role::activation, 0},    {Format::mxfp4, Role::weight, 0},
+    {Format::mxfp4, Role::activation, 0},    {Format::int8, Role::activation, 0},
     {Format::fp8, Role::activation, 0},
 };
 
@@ -80,7 +80,8 @@ RowFormat format_for(const Case& c, int64_t k) {
   return make_row_format(c.format, c.role, k, c.group_size > 0 ? c.group_size : kDefaultGroupSize);
 }
 
-// A quantized row with its buffers; nvfp4 weights take the row itself as the whole matrix.
+// A quantized row with its buffers; an nvfp4 weight row without a tensor scale takes the row
+// itself as the whole matrix.
 struct Quantized {
   RowFormat format;
   std::vector<uint8_t> codes;
@@ -89,7 +90,7 @@ struct Quantized {
 };
 
 Quantized quantize(RowFormat format, const std::vector<float>& x) {
-  if (format.format == Format::nvfp4 && format.role == Role::weight)
+  if (format.format == Format::nvfp4 && format.role == Role::weight && format.tensor_scale == 0.0f)
     format.tensor_scale = nvfp4_tensor_scale(abs_max(x.data(), static_cast<int64_t>(x.size())));
   Quantized q{format, std::vector<uint8_t>(format.code_bytes()),
               std::vector<uint8_t>(format.scale_bytes()), std::vector<float>(format.k)};
@@ -99,7 +100,8 @@ Quantized quantize(RowFormat format, const std::vector<float>& x) {
 }
 
 // Per-element error bound of each format, given the row's own stored scales (see formats.h).
-void expect_within_bounds(const Quantized& q, const std::vector<float>& x, const std::string& what) {
+void expect_within_bounds(const Quantized& q, const std::vector<float>& x,
+                          const std::string& what) {
   const RowFormat& f = q.format;
   for (int64_t b = 0; b < f.blocks(); ++b) {
     float block_amax = 0.0f;
@@ -163,16 +165,31 @@ TEST(QuantFormatsE2M1, RoundsToNearestTiesToEvenCode) {
     float input;
     uint8_t code;
   };
+  // Each tie goes to the neighbour with the even code; one float either side goes to the
+  // nearer value.
   const Row rows[] = {
-      {0.1f, 0},          {0.25f, 0},         {std::nextafter(0.25f, 1.0f), 1},
-      {0.5f, 1},          {std::nextafter(0.75f, 0.0f), 1},   {0.75f, 2},  // 0.5|1: 1.0
-      {1.25f, 2},         {std::nextafter(1.25f, 2.0f), 3},                // 1|1.5: 1.0
-      {std::nextafter(1.75f, 0.0f), 3},   {1.75f, 4},                      // 1.5|2: 2.0
-      {2.5f, 4},          {std::nextafter(2.5f, 3.0f), 5},                 // 2|3: 2.0
-      {std::nextafter(3.5f, 0.0f), 5},    {3.5f, 6},                       // 3|4: 4.0
-      {5.0f, 6},          {std::nextafter(5.0f, 6.0f), 7},                 // 4|6: 4.0
-      {6.0f, 7},          {6.5f, 7},          {1e30f, 7},       {kInf, 7},  // saturation
+      {0.1f, 0},
+      {0.25f, 0},  // tie 0 | 0.5
+      {std::nextafter(0.25f, 1.0f), 1},
+      {0.5f, 1},
+      {std::nextafter(0.75f, 0.0f), 1},
+      {0.75f, 2},  // tie 0.5 | 1
+      {1.25f, 2},  // tie 1 | 1.5
+      {std::nextafter(1.25f, 2.0f), 3},
+      {std::nextafter(1.75f, 0.0f), 3},
+      {1.75f, 4},  // tie 1.5 | 2
+      {2.5f, 4},   // tie 2 | 3
+      {std::nextafter(2.5f, 3.0f), 5},
+      {std::nextafter(3.5f, 0.0f), 5},
+      {3.5f, 6},  // tie 3 | 4
+      {5.0f, 6},  // tie 4 | 6
+      {std::nextafter(5.0f, 6.0f), 7},
+      {6.0f, 7},
+      {6.5f, 7},  // saturation from here on
+      {1e30f, 7},
+      {kInf, 7},
   };
+
   for (const auto& row : rows) {
     EXPECT_EQ(f32_to_e2m1(row.input), row.code) << row.input;
     EXPECT_EQ(f32_to_e2m1(-row.input), row.code | 0x8) << -row.input;
@@ -190,6 +207,7 @@ TEST(QuantFormatsE2M1, KeepsSignOfZeroAndRejectsNaN) {
 
 // The 128 non-negative E4M3 values, worked out from the OCP definition (bias 7, subnormals
 // m * 2^-9, 0x7f NaN), one row per exponent field.
+// clang-format off
 const double kE4M3Positive[128] = {
     0.0, 0.001953125, 0.00390625, 0.005859375, 0.0078125, 0.009765625, 0.01171875, 0.013671875,
     0.015625, 0.017578125, 0.01953125, 0.021484375, 0.0234375, 0.025390625, 0.02734375, 0.029296875,
@@ -208,6 +226,7 @@ const double kE4M3Positive[128] = {
     128.0, 144.0, 160.0, 176.0, 192.0, 208.0, 224.0, 240.0,
     256.0, 288.0, 320.0, 352.0, 384.0, 416.0, 448.0, NAN,
 };
+// clang-format on
 
 TEST(QuantFormatsE4M3, All256CodesDecodeAndReencode) {
   for (int code = 0; code < 256; ++code) {
@@ -242,16 +261,16 @@ TEST(QuantFormatsE4M3, MidpointsGoToEvenCodeAndNeighboursToNearest) {
 }
 
 TEST(QuantFormatsE4M3, SubnormalBoundary) {
-  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -9)), 0x01);                      // smallest subnormal
-  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -10)), 0x00);                     // tie 0 | 2^-9: 0
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -9)), 0x01);   // smallest subnormal
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -10)), 0x00);  // tie 0 | 2^-9: 0
   EXPECT_EQ(f32_to_e4m3(std::nextafter(std::ldexp(1.0f, -10), 1.0f)), 0x01);
-  EXPECT_EQ(f32_to_e4m3(std::ldexp(3.0f, -10)), 0x02);                     // tie 1 | 2 units: 2
-  EXPECT_EQ(f32_to_e4m3(std::ldexp(15.0f, -10)), 0x08);                    // tie 7*2^-9 | 2^-6
-  EXPECT_EQ(f32_to_e4m3(std::ldexp(7.0f, -9)), 0x07);                      // largest subnormal
-  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -6)), 0x08);                      // smallest normal
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(3.0f, -10)), 0x02);   // tie 1 | 2 units: 2
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(15.0f, -10)), 0x08);  // tie 7*2^-9 | 2^-6
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(7.0f, -9)), 0x07);    // largest subnormal
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -6)), 0x08);    // smallest normal
   EXPECT_EQ(f32_to_e4m3(std::nextafter(std::ldexp(1.0f, -6), 0.0f)), 0x08);
-  EXPECT_EQ(f32_to_e4m3(1e-40f), 0x00);                                    // f32 subnormal
-  EXPECT_EQ(f32_to_e4m3(-1e-40f), 0x80);                                   // keeps the sign
+  EXPECT_EQ(f32_to_e4m3(1e-40f), 0x00);   // f32 subnormal
+  EXPECT_EQ(f32_to_e4m3(-1e-40f), 0x80);  // keeps the sign
   EXPECT_EQ(f32_to_e4m3(-0.0f), 0x80);
 }
 
@@ -286,8 +305,8 @@ TEST(QuantFormatsE8M0, SharedScaleIsFloorLog2MinusEmax) {
   EXPECT_EQ(e8m0_shared_scale(std::numeric_limits<float>::max(), 2), 252);  // 127 - 2
   EXPECT_EQ(e8m0_shared_scale(std::ldexp(1.0f, -125), 2), 0);               // -127: lowest
   EXPECT_EQ(e8m0_shared_scale(std::ldexp(1.0f, -124), 2), 1);
-  EXPECT_EQ(e8m0_shared_scale(std::ldexp(1.0f, -126), 2), 0);               // clamped
-  EXPECT_EQ(e8m0_shared_scale(1e-45f, 2), 0);                               // subnormal
+  EXPECT_EQ(e8m0_shared_scale(std::ldexp(1.0f, -126), 2), 0);  // clamped
+  EXPECT_EQ(e8m0_shared_scale(1e-45f, 2), 0);                  // subnormal
   EXPECT_THROW(e8m0_shared_scale(kNaN, 2), qspec::Error);
   EXPECT_THROW(e8m0_shared_scale(kInf, 2), qspec::Error);
   EXPECT_THROW(e8m0_shared_scale(-1.0f, 2), qspec::Error);
@@ -329,10 +348,10 @@ TEST(QuantFormatsNames, RolesBlocksAndSizes) {
     int64_t code_bytes, scale_bytes;
   };
   const Expected table[] = {
-      {Format::int4, Role::weight, 2048, 64},       {Format::int4, Role::activation, 2048, 128},
+      {Format::int4, Role::weight, 2048, 64},        {Format::int4, Role::activation, 2048, 128},
       {Format::int4_channel, Role::weight, 2048, 2}, {Format::nvfp4, Role::weight, 2048, 256},
-      {Format::nvfp4, Role::activation, 2048, 260}, {Format::mxfp4, Role::weight, 2048, 128},
-      {Format::int8, Role::activation, 4096, 4},    {Format::fp8, Role::activation, 4096, 4},
+      {Format::nvfp4, Role::activation, 2048, 260},  {Format::mxfp4, Role::weight, 2048, 128},
+      {Format::int8, Role::activation, 4096, 4},     {Format::fp8, Role::activation, 4096, 4},
   };
   for (const auto& row : table) {
     RowFormat f = make_row_format(row.format, row.role, 4096);
@@ -394,7 +413,8 @@ TEST(QuantFormatsPacking, Int4GroupsWeightAndActivation) {
   EXPECT_EQ(activation.dequantized[6], -4.0f);
   EXPECT_EQ(activation.dequantized[17], -3.5f);
 
-  Quantized channel = quantize(make_row_format(Format::int4_channel, Role::weight, 4), {7, -7, 1, 0});
+  Quantized channel =
+      quantize(make_row_format(Format::int4_channel, Role::weight, 4), {7, -7, 1, 0});
   EXPECT_EQ(channel.codes, (std::vector<uint8_t>{0x97, 0x01}));
   EXPECT_EQ(channel.scales, (std::vector<uint8_t>{0x00, 0x3c}));
 }
@@ -412,7 +432,8 @@ TEST(QuantFormatsPacking, Int4ClampIsAsymmetricUnderASubnormalF16Scale) {
 TEST(QuantFormatsPacking, Nvfp4WeightAndActivation) {
   // Tensor amax 10.5 makes the tensor scale exactly 2^-8; block 0 then gets scale 448 (0x7e),
   // so elements are divided by 1.75; block 1 (amax 6 * 2^-8) gets scale 1.0 (0x38).
-  const float units0[16] = {6, -6, 0.5f, -0.5f, 1, 1.5f, 2, 3, 4, -4, 0, -0.0f, 0.25f, 0.75f, 5, 2.5f};
+  const float units0[16] = {6, -6, 0.5f, -0.5f, 1,     1.5f,  2, 3,
+                            4, -4, 0,    -0.0f, 0.25f, 0.75f, 5, 2.5f};
   std::vector<float> x(32, 0.0f);
   for (int i = 0; i < 16; ++i) x[i] = 1.75f * units0[i];
   x[16] = std::ldexp(6.0f, -8), x[17] = std::ldexp(3.0f, -8), x[18] = -std::ldexp(1.0f, -8);
@@ -453,12 +474,74 @@ TEST(QuantFormatsPacking, Mxfp4) {
 }
 
 TEST(QuantFormatsPacking, Int8AndFp8) {
-  Quantized q = quantize(make_row_format(Format::int8, Role::activation, 4), {127, -127, 0.5f, -63.5f});
+  Quantized q =
+      quantize(make_row_format(Format::int8, Role::activation, 4), {127, -127, 0.5f, -63.5f});
   EXPECT_EQ(q.codes, (std::vector<uint8_t>{0x7f, 0x81, 0x00, 0xc0}));
   EXPECT_EQ(q.scales, (std::vector<uint8_t>{0x00, 0x00, 0x80, 0x3f}));
-  q = quantize(make_row_format(Format::fp8, Role::activation, 4), {448, -1, std::ldexp(1.0f, -10), 3.1f});
+  q = quantize(make_row_format(Format::fp8, Role::activation, 4),
+               {448, -1, std::ldexp(1.0f, -10), 3.1f});
   EXPECT_EQ(q.codes, (std::vector<uint8_t>{0x7e, 0xb8, 0x00, 0x44}));
   EXPECT_EQ(q.scales, (std::vector<uint8_t>{0x00, 0x00, 0x80, 0x3f}));
+  // The int8 clamp is symmetric (+-127): reachable when the f32 scale amax / 127 is subnormal
+  // and rounds down (180 * 2^-149 / 127 -> 2^-149, so x / s = +-180).
+  const float tiny = std::ldexp(180.0f, -149);
+  q = quantize(make_row_format(Format::int8, Role::activation, 2), {tiny, -tiny});
+  EXPECT_EQ(q.codes, (std::vector<uint8_t>{0x7f, 0x81}));
+  EXPECT_EQ(q.dequantized[1], -std::ldexp(127.0f, -149));
+}
+
+// Inputs where the documented order of f32 operations matters: a kernel computing
+// amax / 6 / t, x / b / t, or multiplying by a reciprocal instead of dividing, gets a different
+// code on these. Found by search and checked with numpy float32 arithmetic.
+TEST(QuantFormatsPacking, ArithmeticOrderIsPinned) {
+  auto nvfp4_row = [](float tensor_scale, float block_amax, float x) {
+    RowFormat f = make_row_format(Format::nvfp4, Role::weight, 16);
+    f.tensor_scale = tensor_scale;
+    std::vector<float> row(16, 0.0f);
+    row[0] = block_amax, row[1] = x;
+    return quantize(f, row);
+  };
+  // Block scale code = e4m3(amax / (6 * t)).
+  struct Target {
+    float amax, tensor_scale;
+    uint8_t code;
+  };
+  for (Target t :
+       {Target{0x1.14ed9ep-1f, 0x1.d89fc6p-6f, 0x44}, Target{0x1.189fdp+5f, 0x1.044a08p-5f, 0x74},
+        Target{0x1.1dd7dap-1f, 0x1.896b28p-6f, 0x47}, Target{0x1.0b516cp+0f, 0x1.6febfp-6f, 0x50}})
+    EXPECT_EQ(nvfp4_row(t.tensor_scale, t.amax, 0.0f).scales[0], t.code) << t.amax;
+  // Element code = e2m1(x / (e4m3_value(b) * t)).
+  struct Element {
+    float block_amax, x, tensor_scale;
+    uint8_t block_code, code;
+  };
+  for (Element e : {Element{0x1.0313dap+6f, 0x1.f7163ep+2f, 0x1.0c5022p-5f, 0x7a, 2},
+                    Element{0x1.7f71c4p+5f, 0x1.cea19cp+3f, 0x1.607b22p-6f, 0x7c, 3},
+                    Element{0x1.61f18cp+6f, 0x1.1e37d6p+5f, 0x1.19d092p-5f, 0x7d, 5},
+                    Element{0x1.b15c82p+5f, 0x1.fc6078p+4f, 0x1.d0cd3cp-6f, 0x7a, 5}}) {
+    Quantized q = nvfp4_row(e.tensor_scale, e.block_amax, e.x);
+    EXPECT_EQ(q.scales[0], e.block_code) << e.x;
+    EXPECT_EQ(q.codes[0] >> 4, e.code) << e.x;
+  }
+  auto scale_bits = [](const Quantized& q) {
+    uint32_t bits;
+    std::memcpy(&bits, q.scales.data(), 4);
+    return bits;
+  };
+  // Integer and fp8 scales are amax / 127, amax / 7, amax / 448 (divisions), and elements are
+  // divided by the scale.
+  RowFormat int8 = make_row_format(Format::int8, Role::activation, 2);
+  EXPECT_EQ(scale_bits(quantize(int8, {0x1.bd0a6cp+2f, 0})), bits_of(0x1.c08b84p-5f));
+  EXPECT_EQ(quantize(int8, {0x1.c3adecp+2f, 0x1.38f984p-2f}).codes[1], 6);
+  RowFormat int4 = make_row_format(Format::int4, Role::activation, 2, 2);
+  EXPECT_EQ(scale_bits(quantize(int4, {0x1.462a88p+2f, 0})), bits_of(0x1.74c2e4p-1f));
+  EXPECT_EQ(quantize(int4, {0x1.a0f84p+2f, 0x1.832faap+2f}).codes[0], 0x67);
+  RowFormat fp8 = make_row_format(Format::fp8, Role::activation, 2);
+  EXPECT_EQ(scale_bits(quantize(fp8, {0x1.94704p+2f, 0})), bits_of(0x1.ce3724p-7f));
+  EXPECT_EQ(quantize(fp8, {0x1.9994f6p+2f, 0x1.15ee38p-7f}).codes[1], 0x32);
+  // int4 weights: f16(f32(amax / 7)).
+  Quantized weight = quantize(make_row_format(Format::int4, Role::weight, 2, 2), {0x1.4bbcp+2f, 0});
+  EXPECT_EQ(weight.scales, (std::vector<uint8_t>{0xec, 0x39}));
 }
 
 // ============================== row behaviour ==============================
@@ -509,7 +592,8 @@ TEST(QuantFormatsRows, Nvfp4ActivationUsesItsOwnTokenScale) {
   Quantized weight = quantize(weight_format, x);
   EXPECT_EQ(activation.codes, weight.codes);
   EXPECT_TRUE(std::equal(weight.scales.begin(), weight.scales.end(), activation.scales.begin()));
-  EXPECT_EQ(row_tensor_scale(activation.format, activation.scales.data()), weight_format.tensor_scale);
+  EXPECT_EQ(row_tensor_scale(activation.format, activation.scales.data()),
+            weight_format.tensor_scale);
   EXPECT_TRUE(same_bits(activation.dequantized, weight.dequantized));
 }
 
@@ -544,11 +628,12 @@ TEST(QuantFormatsRows, ZeroRowsAndZeroBlocks) {
 TEST(QuantFormatsRows, NegativeZeroKeepsItsSignInFloatFormats) {
   for (const Case& c : kAllCases) {
     Quantized q = quantize(format_for(c, 256), std::vector<float>(256, -0.0f));
-    bool float_codes = c.format == Format::nvfp4 || c.format == Format::mxfp4 || c.format == Format::fp8;
+    bool float_codes =
+        c.format == Format::nvfp4 || c.format == Format::mxfp4 || c.format == Format::fp8;
     uint8_t expected_code = c.format == Format::fp8 ? 0x80 : (float_codes ? 0x88 : 0x00);
-    EXPECT_TRUE(std::all_of(q.codes.begin(), q.codes.end(),
-                            [&](uint8_t b) { return b == expected_code; }))
-        << describe(c);
+    EXPECT_TRUE(std::all_of(q.codes.begin(), q.codes.end(), [&](uint8_t b) {
+      return b == expected_code;
+    })) << describe(c);
     for (float value : q.dequantized) {
       ASSERT_EQ(value, 0.0f) << describe(c);
       ASSERT_EQ(std::signbit(value), float_codes) << describe(c);  // integers have no -0
@@ -558,7 +643,8 @@ TEST(QuantFormatsRows, NegativeZeroKeepsItsSignInFloatFormats) {
 
 TEST(QuantFormatsRows, HugeAndTinyMagnitudes) {
   for (const Case& c : kAllCases) {
-    bool f16_scales = c.role == Role::weight && (c.format == Format::int4 || c.format == Format::int4_channel);
+    bool f16_scales =
+        c.role == Role::weight && (c.format == Format::int4 || c.format == Format::int4_channel);
     for (float magnitude : {1e-30f, 1e-20f, 1e20f, 1e37f}) {
       std::vector<float> x = gaussian_row(9, 256);
       for (auto& value : x) value *= magnitude;
@@ -702,70 +788,80 @@ TEST(QuantFormatsArc, AugmentedGemmEqualsPrimaryPlusResidualGemm) {
     for (ArcLayout layout : {ArcLayout::concatenated, ArcLayout::interleaved}) {
       std::string what = std::string(format_name(format)) +
                          (layout == ArcLayout::concatenated ? " concatenated" : " interleaved");
-      std::vector<float> x = gaussian_row(21, K);
-      for (int64_t c = K - S; c < K; ++c) x[c] *= 25.0f;  // the outliers
-      ArcRow arc = make_arc_row(format, K, S, layout, kGroup);
-      const RowFormat& aug = arc.augmented;
+      // Several rows: a contracted (FMA) residual x - c * s changes int4's f32 residual scale
+      // in about 4 rows of 10; this catches it.
+      for (uint32_t seed = 21; seed < 37; ++seed) {
+        std::vector<float> x = gaussian_row(seed, K);
+        for (int64_t c = K - S; c < K; ++c) x[c] *= 25.0f;  // the outliers
+        ArcRow arc = make_arc_row(format, K, S, layout, kGroup);
+        const RowFormat& aug = arc.augmented;
 
-      std::vector<uint8_t> codes(aug.code_bytes()), scales(aug.scale_bytes());
-      arc_quantize_row(arc, x.data(), codes.data(), scales.data());
-      std::vector<float> xa(K + S), xa_fake(K + S);
-      dequantize_row(aug, codes.data(), scales.data(), xa.data());
-      arc_fake_quantize_row(arc, x.data(), xa_fake.data());
-      ASSERT_TRUE(same_bits(xa, xa_fake)) << what;
+        std::vector<uint8_t> codes(aug.code_bytes()), scales(aug.scale_bytes());
+        arc_quantize_row(arc, x.data(), codes.data(), scales.data());
+        std::vector<float> xa(K + S), xa_fake(K + S);
+        dequantize_row(aug, codes.data(), scales.data(), xa.data());
+        arc_fake_quantize_row(arc, x.data(), xa_fake.data());
+        ASSERT_TRUE(same_bits(xa, xa_fake)) << what;
 
-      // Q(X), then R = X_o - dequant(Q(X_o)) and Q(R), computed separately. nvfp4 quantizes R
-      // under the token scale of X: a weight-role row with that tensor scale does exactly that.
-      Quantized qx = quantize(make_row_format(format, Role::activation, K, kGroup), x);
-      std::vector<float> residual(S);
-      for (int64_t i = 0; i < S; ++i) residual[i] = x[K - S + i] - qx.dequantized[K - S + i];
-      RowFormat residual_format = make_row_format(format, Role::activation, S, kGroup);
-      if (format == Format::nvfp4) {
-        residual_format = make_row_format(format, Role::weight, S);
-        residual_format.tensor_scale = nvfp4_tensor_scale(abs_max(x.data(), K));
-      }
-      std::vector<float> qr = residual;
-      fake_quantize_row(residual_format, qr.data());
-      for (int64_t j = 0; j < K + S; ++j) {
-        int64_t c = arc.source_channel(j);
-        float expected = arc.is_residual(j) ? qr[c - (K - S)] : qx.dequantized[c];
-        ASSERT_EQ(bits_of(xa[j]), bits_of(expected)) << what << " position " << j;
-      }
-      if (layout == ArcLayout::concatenated) {  // the packed prefix is the plain row's
-        EXPECT_TRUE(std::equal(qx.codes.begin(), qx.codes.end(), codes.begin())) << what;
-        EXPECT_TRUE(std::equal(qx.scales.begin(), qx.scales.begin() + qx.format.blocks() *
-                                   (format == Format::int4 ? 4 : 1), scales.begin())) << what;
-      }
-
-      // Weights: Q(W) over K, and the gathered [W | W_o] quantized as rows of K+S.
-      std::vector<std::vector<float>> w(N), wq(N), waq(N);
-      RowFormat w_format = make_row_format(format, Role::weight, K, kGroup);
-      RowFormat wa_format = make_row_format(format, Role::weight, K + S, kGroup);
-      float w_amax = 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
-        w[n] = gaussian_row(100 + n, K, 0.05f);
-        w_amax = std::max(w_amax, abs_max(w[n].data(), K));
-      }
-      w_format.tensor_scale = wa_format.tensor_scale = nvfp4_tensor_scale(w_amax);
-      for (int64_t n = 0; n < N; ++n) {
-        wq[n] = w[n];
-        fake_quantize_row(w_format, wq[n].data());
-        waq[n].resize(K + S);
-        for (int64_t j = 0; j < K + S; ++j) waq[n][j] = w[n][arc.source_channel(j)];
-        fake_quantize_row(wa_format, waq[n].data());
-        for (int64_t j = 0; j < K + S; ++j)
-          ASSERT_EQ(bits_of(waq[n][j]), bits_of(wq[n][arc.source_channel(j)])) << what << " " << j;
-
-        double augmented = 0.0, magnitude = 0.0;
-        for (int64_t j = 0; j < K + S; ++j) {
-          augmented += static_cast<double>(xa[j]) * waq[n][j];
-          magnitude += std::fabs(static_cast<double>(xa[j]) * waq[n][j]);
+        // Q(X), then R = X_o - dequant(Q(X_o)) and Q(R), computed separately. nvfp4 quantizes R
+        // under the token scale of X: a weight-role row with that tensor scale does exactly that.
+        Quantized qx = quantize(make_row_format(format, Role::activation, K, kGroup), x);
+        std::vector<float> residual(S);
+        for (int64_t i = 0; i < S; ++i) residual[i] = x[K - S + i] - qx.dequantized[K - S + i];
+        RowFormat residual_format = make_row_format(format, Role::activation, S, kGroup);
+        if (format == Format::nvfp4) {
+          residual_format = make_row_format(format, Role::weight, S);
+          residual_format.tensor_scale = nvfp4_tensor_scale(abs_max(x.data(), K));
         }
-        double primary = 0.0, correction = 0.0;
-        for (int64_t c = 0; c < K; ++c) primary += static_cast<double>(qx.dequantized[c]) * wq[n][c];
-        for (int64_t i = 0; i < S; ++i) correction += static_cast<double>(qr[i]) * wq[n][K - S + i];
-        // Products of floats are exact in double; only the summation order differs.
-        EXPECT_NEAR(augmented, primary + correction, 1e-13 * magnitude) << what << " row " << n;
+        std::vector<float> qr = residual;
+        fake_quantize_row(residual_format, qr.data());
+        for (int64_t j = 0; j < K + S; ++j) {
+          int64_t c = arc.source_channel(j);
+          float expected = arc.is_residual(j) ? qr[c - (K - S)] : qx.dequantized[c];
+          ASSERT_EQ(bits_of(xa[j]), bits_of(expected)) << what << " position " << j;
+        }
+        if (layout == ArcLayout::concatenated) {  // the packed prefix is the plain row's
+          EXPECT_TRUE(std::equal(qx.codes.begin(), qx.codes.end(), codes.begin())) << what;
+          EXPECT_TRUE(
+              std::equal(qx.scales.begin(),
+                         qx.scales.begin() + qx.format.blocks() * (format == Format::int4 ? 4 : 1),
+                         scales.begin()))
+              << what;
+        }
+
+        // Weights: Q(W) over K, and the gathered [W | W_o] quantized as rows of K+S.
+        std::vector<std::vector<float>> w(N), wq(N), waq(N);
+        RowFormat w_format = make_row_format(format, Role::weight, K, kGroup);
+        RowFormat wa_format = make_row_format(format, Role::weight, K + S, kGroup);
+        float w_amax = 0.0f;
+        for (int64_t n = 0; n < N; ++n) {
+          w[n] = gaussian_row(100 + n, K, 0.05f);
+          w_amax = std::max(w_amax, abs_max(w[n].data(), K));
+        }
+        w_format.tensor_scale = wa_format.tensor_scale = nvfp4_tensor_scale(w_amax);
+        for (int64_t n = 0; n < N; ++n) {
+          wq[n] = w[n];
+          fake_quantize_row(w_format, wq[n].data());
+          waq[n].resize(K + S);
+          for (int64_t j = 0; j < K + S; ++j) waq[n][j] = w[n][arc.source_channel(j)];
+          fake_quantize_row(wa_format, waq[n].data());
+          for (int64_t j = 0; j < K + S; ++j)
+            ASSERT_EQ(bits_of(waq[n][j]), bits_of(wq[n][arc.source_channel(j)]))
+                << what << " " << j;
+
+          double augmented = 0.0, magnitude = 0.0;
+          for (int64_t j = 0; j < K + S; ++j) {
+            augmented += static_cast<double>(xa[j]) * waq[n][j];
+            magnitude += std::fabs(static_cast<double>(xa[j]) * waq[n][j]);
+          }
+          double primary = 0.0, correction = 0.0;
+          for (int64_t c = 0; c < K; ++c)
+            primary += static_cast<double>(qx.dequantized[c]) * wq[n][c];
+          for (int64_t i = 0; i < S; ++i)
+            correction += static_cast<double>(qr[i]) * wq[n][K - S + i];
+          // Products of floats are exact in double; only the summation order differs.
+          EXPECT_NEAR(augmented, primary + correction, 1e-13 * magnitude) << what << " row " << n;
+        }
       }
     }
   }
@@ -826,9 +922,10 @@ TEST(QuantFormatsArc, DualStageNvfp4ErrorIsWithinTheMxfp8Bound) {
       worst_mxfp8 = std::max(worst_mxfp8, mx_error / block32_amax);
     }
   }
-  std::printf("[ARC bound] worst |err|/M: dual-stage NVFP4 %.5f, MXFP8 %.5f (bound 2*eps8 = %.5f);"
-              " MSE ratio ARC/MXFP8 %.3f\n",
-              worst_arc, worst_mxfp8, 2 * kEps8, arc_squared / mxfp8_squared);
+  std::printf(
+      "[ARC bound] worst |err|/M: dual-stage NVFP4 %.5f, MXFP8 %.5f (bound 2*eps8 = %.5f);"
+      " MSE ratio ARC/MXFP8 %.3f\n",
+      worst_arc, worst_mxfp8, 2 * kEps8, arc_squared / mxfp8_squared);
 }
 
 // (c) On outlier-heavy rows ARC lowers the error of int4, nvfp4 and mxfp4, both of the
@@ -839,8 +936,8 @@ TEST(QuantFormatsArc, LowersErrorOnOutlierHeavyRows) {
     Format format;
     int64_t outliers;
   };
-  for (Setting setting : {Setting{Format::int4, 128}, Setting{Format::nvfp4, 64},
-                          Setting{Format::mxfp4, 64}}) {
+  for (Setting setting :
+       {Setting{Format::int4, 128}, Setting{Format::nvfp4, 64}, Setting{Format::mxfp4, 64}}) {
     const int64_t S = setting.outliers;
     ArcRow arc = make_arc_row(setting.format, K, S, ArcLayout::concatenated, 128);
     RowFormat plain = make_row_format(setting.format, Role::activation, K, 128);
