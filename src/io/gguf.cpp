@@ -818,15 +818,7 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
     if (progress) progress(++done, total);
   }
 
-  std::error_code error;
-  std::filesystem::create_directories(out_dir, error);
-  QSPEC_CHECK(!error, out_dir, ": cannot create directory: ", error.message());
-  const std::filesystem::path out(out_dir);
-  writer.write((out / "model.safetensors").string());
-  hf::write_json(out / "config.json", hf::llama_config_json(config));
-  hf::write_json(out / "tokenizer.json", tokenizer_json);
-  hf::write_json(out / "tokenizer_config.json", hf::tokenizer_config_json(options, *tokens));
-  hf::write_json(out / "generation_config.json", hf::generation_config_json(options));
+  hf::write_model_directory(out_dir, writer, config, tokenizer_json, options, *tokens);
   if (progress) progress(total, total);
 }
 

@@ -449,6 +449,20 @@ double shortest_float(float value) {
   return static_cast<double>(value);
 }
 
+void write_model_directory(const std::string& out_dir, const SafetensorsWriter& weights,
+                           const LlamaConfig& config, const nlohmann::json& tokenizer,
+                           const TokenizerOptions& options, const std::vector<std::string>& tokens) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  QSPEC_CHECK(!error, out_dir, ": cannot create directory: ", error.message());
+  const std::filesystem::path out(out_dir);
+  weights.write((out / "model.safetensors").string());
+  write_json(out / "config.json", llama_config_json(config));
+  write_json(out / "tokenizer.json", tokenizer);
+  write_json(out / "tokenizer_config.json", tokenizer_config_json(options, tokens));
+  write_json(out / "generation_config.json", generation_config_json(options));
+}
+
 void write_json(const std::filesystem::path& path, const json& value) {
   std::string text;
   try {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
+
 namespace qspec::hf {
 
 // A whole file mapped read-only (an empty file maps to size 0, data nullptr).
@@ -122,6 +124,13 @@ double shortest_float(float value);
 
 // Writes JSON (2-space indent) to path; throws qspec::Error on I/O failure.
 void write_json(const std::filesystem::path& path, const nlohmann::json& value);
+
+// Writes a converted model as a Hugging Face directory: creates out_dir, then
+// model.safetensors (from `weights`), config.json, tokenizer.json, tokenizer_config.json and
+// generation_config.json. Shared by the llama2.c and GGUF importers.
+void write_model_directory(const std::string& out_dir, const SafetensorsWriter& weights,
+                           const LlamaConfig& config, const nlohmann::json& tokenizer,
+                           const TokenizerOptions& options, const std::vector<std::string>& tokens);
 
 // Prints a warning line on stderr ("qspec: warning: ...").
 void warn(const std::string& message);

@@ -263,15 +263,7 @@ void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_
   nlohmann::json tokenizer = hf::sentencepiece_tokenizer_json(vocab);
   report();
 
-  std::error_code error;
-  std::filesystem::create_directories(out_dir, error);
-  QSPEC_CHECK(!error, out_dir, ": cannot create directory: ", error.message());
-  const std::filesystem::path out(out_dir);
-  writer.write((out / "model.safetensors").string());
-  hf::write_json(out / "config.json", hf::llama_config_json(config));
-  hf::write_json(out / "tokenizer.json", tokenizer);
-  hf::write_json(out / "tokenizer_config.json", hf::tokenizer_config_json(options, vocab.pieces));
-  hf::write_json(out / "generation_config.json", hf::generation_config_json(options));
+  hf::write_model_directory(out_dir, writer, config, tokenizer, options, vocab.pieces);
   report();
 }
 

@@ -151,8 +151,10 @@ void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& wei
   const size_t grain =
       static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, k * tokens * kLinearRowBlock)));
   ThreadPool::global().parallel_for(static_cast<size_t>(row_blocks), grain, [&](size_t begin, size_t end) {
-    // The dequantized block of rows stays in L1/L2 while every token streams past it.
-    std::vector<float> block(static_cast<size_t>(kLinearRowBlock * k));
+    // The dequantized block of rows stays in L1/L2 while every token streams past it. One
+    // buffer per thread, reused: this runs a few hundred times per decoded token.
+    thread_local std::vector<float> block;
+    block.resize(static_cast<size_t>(kLinearRowBlock * k));
     for (int64_t b = static_cast<int64_t>(begin); b < static_cast<int64_t>(end); ++b) {
       const int64_t row0 = b * kLinearRowBlock;
       const int64_t count = std::min(kLinearRowBlock, n - row0);
