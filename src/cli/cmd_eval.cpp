@@ -24,7 +24,7 @@ struct EvalArgs {
   std::string model_dir;
   std::string problems_file;
   std::vector<std::string> modes = {"w16a16", "w4a16"};
-  std::string weights = "int4";
+  std::string weights;
   int64_t group_size = 0;
   int64_t limit = 0;
   int64_t max_tokens = 160;
@@ -124,13 +124,7 @@ void run_eval(const EvalArgs& args) {
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
   auto model = LlamaModel::load(args.model_dir);
   auto tokenizer = Tokenizer::load(args.model_dir);
-  const int64_t group_size = args.group_size > 0 ? args.group_size : model->auto_group_size();
-  bool needs_quantized = false;
-  for (RunMode& mode : modes) {
-    mode.activations.group_size = group_size;
-    needs_quantized |= mode.quantized_weights;
-  }
-  if (needs_quantized) model->quantize_weights(quant::parse_format(args.weights), group_size);
+  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
 
   ProgressBar progress("eval");
   size_t done = 0;
@@ -139,7 +133,6 @@ void run_eval(const EvalArgs& args) {
   for (const RunMode& mode : modes)
     results.push_back(evaluate(*model, *tokenizer, mode, problems, args.max_tokens, progress, done, total));
 
-  const std::string weights = needs_quantized ? model->quantized_format() + " RTN" : "-";
   std::printf("model %s, %zu problems, greedy, 4-bit weights: %s\n", args.model_dir.c_str(), problems.size(),
               weights.c_str());
   std::printf("%-12s %12s %18s %10s\n", "mode", "exact match", "text perplexity", "seconds");
@@ -177,8 +170,7 @@ void register_eval(CLI::App& app) {
   command->add_option("model", args->model_dir, "Model directory")->required();
   command->add_option("--problems", args->problems_file, "JSON lines with question/answer (default: MODEL/eval_problems.jsonl)");
   command->add_option("--modes", args->modes, "Run modes to compare")->capture_default_str()->delimiter(',');
-  command->add_option("--weights", args->weights, "4-bit weight format (RTN): int4|int4-channel|nvfp4|mxfp4")
-      ->capture_default_str();
+  command->add_option("--weights", args->weights, "4-bit weight format, RTN at load (default int4; a 4-bit checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
   command->add_option("--group-size", args->group_size, "int4 group size (0: auto)")->capture_default_str();
   command->add_option("--limit", args->limit, "Evaluate only the first N problems (0: all)")->capture_default_str();
   command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens per answer")->capture_default_str();

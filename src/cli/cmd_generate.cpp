@@ -23,7 +23,7 @@ struct GenerateArgs {
   bool print_ids = false;
   std::string bos = "auto";
   std::string mode = "w16a16";
-  std::string weights = "int4";
+  std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
   int64_t group_size = 0;
 };
 
@@ -36,14 +36,11 @@ void run_generate(const GenerateArgs& args) {
     text << file.rdbuf();
     prompt = text.str();
   }
-  RunMode mode = parse_run_mode(args.mode);
+  std::vector<RunMode> modes = {parse_run_mode(args.mode)};
   auto model = LlamaModel::load(args.model_dir);
-  const int64_t group_size = args.group_size > 0 ? args.group_size : model->auto_group_size();
-  mode.activations.group_size = group_size;  // int4 activations use the weights' groups
-  if (mode.quantized_weights) {
-    model->quantize_weights(quant::parse_format(args.weights), group_size);
-    std::fprintf(stderr, "[qspec] weights %s (RTN), mode %s\n", model->quantized_format().c_str(), mode.name.c_str());
-  }
+  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
+  const RunMode mode = modes[0];
+  if (mode.quantized_weights) std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), mode.name.c_str());
   auto tokenizer = Tokenizer::load(args.model_dir);
   QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir,
               ": tokenizer has ", tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
@@ -121,8 +118,8 @@ void register_generate(CLI::App& app) {
   for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
   command->add_option("--mode", args->mode, "Weights and activations: " + modes)->capture_default_str();
   command->add_option("--weights", args->weights,
-                      "4-bit weight format for w4* modes (RTN at load): int4|int4-channel|nvfp4|mxfp4")
-      ->capture_default_str();
+                      "4-bit weight format for w4* modes, quantized at load by RTN (default int4; a qspec "
+                      "4-bit checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")->capture_default_str();
   command->callback([args] { run_generate(*args); });
 }

@@ -31,6 +31,31 @@ void run_info(const std::string& model_dir) {
   const double kv_bytes_per_token = 2.0 * static_cast<double>(c.num_layers * c.kv_dim()) * sizeof(float);
   std::printf("kv cache:       %.1f KiB per token (f32), %.1f MiB at full context\n", kv_bytes_per_token / 1024,
               kv_bytes_per_token * static_cast<double>(c.max_position_embeddings) / (1 << 20));
+  if (model->has_quantized_weights()) {
+    const QuantizationInfo& info = model->quantization();
+    std::printf("quantization:   %s, %.2f MiB of 4-bit projections\n", model->quantized_format().c_str(),
+                static_cast<double>(model->quantized_weight_bytes()) / (1 << 20));
+    if (info.details.contains("calibration")) {
+      const auto& calibration = info.details["calibration"];
+      std::printf("calibration:    %s, %s sequences, %s tokens\n", calibration.value("source", "?").c_str(),
+                  calibration.value("sequences", nlohmann::json()).dump().c_str(),
+                  calibration.value("tokens", nlohmann::json()).dump().c_str());
+    }
+    if (info.details.contains("gptq")) std::printf("gptq:           %s\n", info.details["gptq"].dump().c_str());
+    if (model->has_arc()) {
+      int64_t tail = 0, total_k = 0, capped = 0;
+      for (const QuantizedLayerWeights& layer : model->quantized_layers())
+        for (const ArcSite& site : layer.sites) {
+          tail += site.tail;
+          total_k += static_cast<int64_t>(site.order.size());
+          capped += site.capped;
+        }
+      const auto& arc = info.details["arc"];
+      std::printf("arc:            tau %s x max, %lld augmented columns (%.1f%% of K), %lld capped sites\n",
+                  arc.value("tau_factor", nlohmann::json()).dump().c_str(), static_cast<long long>(tail),
+                  100.0 * static_cast<double>(tail) / static_cast<double>(total_k), static_cast<long long>(capped));
+    }
+  }
   auto tokenizer = Tokenizer::load(model_dir);
   std::printf("tokenizer:      %d tokens, bos %s, eos", tokenizer->vocab_size(),
               tokenizer->bos_id ? std::to_string(*tokenizer->bos_id).c_str() : "none");

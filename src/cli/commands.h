@@ -3,6 +3,13 @@
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <string>
+#include <vector>
+
+#include "quant/quantized_linear.h"
+
+namespace qspec {
+class LlamaModel;
+}
 
 namespace qspec::cli {
 void register_generate(CLI::App& app);
@@ -10,6 +17,15 @@ void register_info(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_eval(CLI::App& app);
+void register_quantize(CLI::App& app);
+
+// Makes a loaded model ready to run `modes`: when a mode needs 4-bit weights and the
+// checkpoint has none, quantizes them now (RTN, `weights` format, "" = int4); a qspec 4-bit
+// checkpoint keeps its own (an explicit `weights` that differs is an error). Sets each mode's
+// int4 activation group to the weights' group (or the model's automatic one). Returns a
+// description of the 4-bit weights ("-" when no mode uses them).
+std::string prepare_model_for_modes(LlamaModel& model, std::vector<RunMode>& modes, const std::string& weights,
+                                    int64_t group_size);
 
 // The command line as typed (for benchmark records).
 void set_command_line(int argc, char** argv);

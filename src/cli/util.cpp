@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "model/llama.h"
+#include "qspec/error.h"
 
 namespace qspec::cli {
 namespace {
@@ -70,4 +72,34 @@ std::string shell_line(const char* command) {
 }
 
 std::string git_commit() { return shell_line("git rev-parse --short HEAD 2>/dev/null"); }
+}  // namespace qspec::cli
+
+namespace qspec::cli {
+std::string prepare_model_for_modes(LlamaModel& model, std::vector<RunMode>& modes, const std::string& weights,
+                                    int64_t group_size) {
+  bool needs_quantized = false;
+  for (const RunMode& mode : modes) needs_quantized |= mode.quantized_weights;
+  std::string description = "-";
+  if (model.has_quantized_weights()) {
+    const QuantizationInfo& info = model.quantization();
+    QSPEC_CHECK(weights.empty() || quant::parse_format(weights) == info.format, model.dir(), " holds ",
+                model.quantized_format(), " weights; --weights ", weights, " would need the original checkpoint");
+    QSPEC_CHECK(group_size <= 0 || info.format != quant::Format::int4 || group_size == info.group_size, model.dir(),
+                " holds int4 weights in groups of ", info.group_size, "; --group-size ", group_size, " does not match");
+    if (info.format == quant::Format::int4) group_size = info.group_size;
+    description = model.quantized_format();
+  } else if (needs_quantized) {
+    model.quantize_weights(quant::parse_format(weights.empty() ? "int4" : weights), group_size);
+    description = model.quantized_format();
+  }
+  if (group_size <= 0) {
+    try {
+      group_size = model.auto_group_size();
+    } catch (const Error&) {
+      group_size = quant::kDefaultGroupSize;  // only int4 activation modes need it; they will say so
+    }
+  }
+  for (RunMode& mode : modes) mode.activations.group_size = group_size;
+  return needs_quantized ? description : "-";
+}
 }  // namespace qspec::cli

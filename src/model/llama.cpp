@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
+#include "model/quant_checkpoint.h"
+#include "model/quantize.h"
 #include "qspec/error.h"
 
 namespace qspec {
@@ -97,7 +100,10 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
   QSPEC_CHECK(model->config_.head_dim <= 1024, dir, "/config.json: head_dim ",
               model->config_.head_dim, " exceeds the supported 1024");
   model->checkpoint_ = Checkpoint::open(dir);
+  const std::filesystem::path manifest_path = std::filesystem::path(dir) / kQuantManifestFile;
+  model->loaded_from_quantized_ = std::filesystem::exists(manifest_path);
   model->bind_weights();
+  if (model->loaded_from_quantized_) model->bind_quantized_weights(read_quant_manifest(manifest_path.string()));
   RopeTables tables = rope_tables(model->config_);
   model->inv_freq_ = tables.inv_freq;
   model->rope_attention_scaling_ = tables.attention_scaling;
@@ -123,13 +129,6 @@ void LlamaModel::bind_weights() {
     LayerWeights& layer = layers_[i];
     layer.attention_norm = bind_vector(ckpt, prefix + "input_layernorm.weight", c.hidden_size);
     layer.mlp_norm = bind_vector(ckpt, prefix + "post_attention_layernorm.weight", c.hidden_size);
-    layer.q_proj = bind_matrix(ckpt, prefix + "self_attn.q_proj.weight", c.q_dim(), c.hidden_size);
-    layer.k_proj = bind_matrix(ckpt, prefix + "self_attn.k_proj.weight", c.kv_dim(), c.hidden_size);
-    layer.v_proj = bind_matrix(ckpt, prefix + "self_attn.v_proj.weight", c.kv_dim(), c.hidden_size);
-    layer.o_proj = bind_matrix(ckpt, prefix + "self_attn.o_proj.weight", c.hidden_size, c.q_dim());
-    layer.gate_proj = bind_matrix(ckpt, prefix + "mlp.gate_proj.weight", c.intermediate_size, c.hidden_size);
-    layer.up_proj = bind_matrix(ckpt, prefix + "mlp.up_proj.weight", c.intermediate_size, c.hidden_size);
-    layer.down_proj = bind_matrix(ckpt, prefix + "mlp.down_proj.weight", c.hidden_size, c.intermediate_size);
     if (c.attention_bias) {
       layer.q_bias = bind_vector(ckpt, prefix + "self_attn.q_proj.bias", c.q_dim());
       layer.k_bias = bind_vector(ckpt, prefix + "self_attn.k_proj.bias", c.kv_dim());
@@ -141,6 +140,14 @@ void LlamaModel::bind_weights() {
       layer.up_bias = bind_vector(ckpt, prefix + "mlp.up_proj.bias", c.intermediate_size);
       layer.down_bias = bind_vector(ckpt, prefix + "mlp.down_proj.bias", c.hidden_size);
     }
+    if (loaded_from_quantized_) continue;  // the projections are 4-bit: bind_quantized_weights
+    layer.q_proj = bind_matrix(ckpt, prefix + "self_attn.q_proj.weight", c.q_dim(), c.hidden_size);
+    layer.k_proj = bind_matrix(ckpt, prefix + "self_attn.k_proj.weight", c.kv_dim(), c.hidden_size);
+    layer.v_proj = bind_matrix(ckpt, prefix + "self_attn.v_proj.weight", c.kv_dim(), c.hidden_size);
+    layer.o_proj = bind_matrix(ckpt, prefix + "self_attn.o_proj.weight", c.hidden_size, c.q_dim());
+    layer.gate_proj = bind_matrix(ckpt, prefix + "mlp.gate_proj.weight", c.intermediate_size, c.hidden_size);
+    layer.up_proj = bind_matrix(ckpt, prefix + "mlp.up_proj.weight", c.intermediate_size, c.hidden_size);
+    layer.down_proj = bind_matrix(ckpt, prefix + "mlp.down_proj.weight", c.hidden_size, c.intermediate_size);
     for (const WeightMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
                                   &layer.gate_proj, &layer.up_proj, &layer.down_proj})
       weight_bytes_ += matrix_bytes(*m);
@@ -148,7 +155,36 @@ void LlamaModel::bind_weights() {
 }
 
 std::string LlamaModel::weight_dtype() const {
+  if (loaded_from_quantized_) return quantized_format() + " (embedding and lm_head " + std::string(dtype_name(lm_head_.dtype)) + ")";
   return std::string(dtype_name(layers_.empty() ? lm_head_.dtype : layers_[0].q_proj.dtype));
+}
+
+std::string_view linear_site_name(LinearSite site) {
+  switch (site) {
+    case LinearSite::attention_in: return "attn_in";
+    case LinearSite::attention_out: return "attn_out";
+    case LinearSite::mlp_in: return "mlp_in";
+    case LinearSite::mlp_out: return "mlp_out";
+  }
+  return "?";
+}
+
+int64_t ArcSite::outliers(quant::Format activation_format) const {
+  switch (activation_format) {
+    case quant::Format::int4: return outliers_int4;
+    case quant::Format::nvfp4: return outliers_nvfp4;
+    case quant::Format::mxfp4: return outliers_mxfp4;
+    default: fail("ARC residual channels need int4, nvfp4 or mxfp4 activations, not ", quant::format_name(activation_format));
+  }
+}
+
+std::string QuantizationInfo::describe() const {
+  std::string text(quant::format_name(format));
+  if (format == quant::Format::int4) text += " g" + std::to_string(group_size);
+  text += " " + method;
+  if (details.contains("arc") && details["arc"].value("enabled", false)) text += " + arc";
+  if (details.contains("rotation") && details["rotation"].value("enabled", false)) text += " + hadamard";
+  return text;
 }
 
 KvCache LlamaModel::new_cache(int64_t capacity) const {
@@ -169,22 +205,73 @@ int64_t LlamaModel::auto_group_size() const {
 }
 
 void LlamaModel::quantize_weights(quant::Format format, int64_t group_size) {
-  if (group_size == 0) group_size = auto_group_size();
-  std::vector<QuantizedLayerWeights> quantized(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const LayerWeights& layer = layers_[l];
-    QuantizedLayerWeights& out = quantized[l];
-    out.q_proj = quantize_rtn(layer.q_proj, format, group_size);
-    out.k_proj = quantize_rtn(layer.k_proj, format, group_size);
-    out.v_proj = quantize_rtn(layer.v_proj, format, group_size);
-    out.o_proj = quantize_rtn(layer.o_proj, format, group_size);
-    out.gate_proj = quantize_rtn(layer.gate_proj, format, group_size);
-    out.up_proj = quantize_rtn(layer.up_proj, format, group_size);
-    out.down_proj = quantize_rtn(layer.down_proj, format, group_size);
+  QuantizeOptions options;
+  options.format = format;
+  options.group_size = group_size;
+  quantize_model(*this, options, nullptr);
+}
+
+void LlamaModel::set_quantized_weights(std::vector<QuantizedLayerWeights> layers, QuantizationInfo info) {
+  const ModelConfig& c = config_;
+  QSPEC_CHECK(static_cast<int64_t>(layers.size()) == c.num_layers, "quantized weights for ", layers.size(),
+              " layers, the model has ", c.num_layers);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    QuantizedLayerWeights& layer = layers[l];
+    const int64_t site_k[kLinearSites] = {c.hidden_size, c.q_dim(), c.hidden_size, c.intermediate_size};
+    for (int s = 0; s < kLinearSites; ++s) {
+      const ArcSite& site = layer.sites[s];
+      const std::string where = "layer " + std::to_string(l) + " " + std::string(linear_site_name(LinearSite(s)));
+      if (!site.calibrated()) {
+        QSPEC_CHECK(site.tail == 0, where, ": augmented columns without a channel order");
+        continue;
+      }
+      QSPEC_CHECK(static_cast<int64_t>(site.order.size()) == site_k[s], where, ": channel order has ",
+                  site.order.size(), " entries, the input has ", site_k[s], " channels");
+      std::vector<bool> seen(site.order.size(), false);
+      for (int32_t channel : site.order) {
+        QSPEC_CHECK(channel >= 0 && channel < site_k[s] && !seen[static_cast<size_t>(channel)], where,
+                    ": channel order is not a permutation of 0..", site_k[s] - 1);
+        seen[static_cast<size_t>(channel)] = true;
+      }
+      QSPEC_CHECK(site.tail >= 0 && site.tail <= site_k[s], where, ": ", site.tail, " augmented columns for K=", site_k[s]);
+      for (int64_t outliers : {site.outliers_int4, site.outliers_nvfp4, site.outliers_mxfp4})
+        QSPEC_CHECK(outliers >= 0 && outliers <= site.tail, where, ": S=", outliers, " exceeds the ", site.tail,
+                    " augmented columns");
+    }
+    auto check = [&](const QuantizedMatrix& m, int64_t rows, int64_t k, LinearSite s) {
+      const int64_t cols = k + layer.sites[static_cast<int>(s)].tail;
+      QSPEC_CHECK(m.rows == rows && m.cols() == cols, m.name, ": 4-bit matrix is [", m.rows, " x ", m.cols(),
+                  "], expected [", rows, " x ", cols, "]");
+      QSPEC_CHECK(m.format.format == info.format, m.name, ": format ", quant::format_name(m.format.format),
+                  " differs from the model's ", quant::format_name(info.format));
+    };
+    check(layer.q_proj, c.q_dim(), c.hidden_size, LinearSite::attention_in);
+    check(layer.k_proj, c.kv_dim(), c.hidden_size, LinearSite::attention_in);
+    check(layer.v_proj, c.kv_dim(), c.hidden_size, LinearSite::attention_in);
+    check(layer.o_proj, c.hidden_size, c.q_dim(), LinearSite::attention_out);
+    check(layer.gate_proj, c.intermediate_size, c.hidden_size, LinearSite::mlp_in);
+    check(layer.up_proj, c.intermediate_size, c.hidden_size, LinearSite::mlp_in);
+    check(layer.down_proj, c.hidden_size, c.intermediate_size, LinearSite::mlp_out);
   }
-  quantized_layers_ = std::move(quantized);
-  quantized_format_ = std::string(quant::format_name(format));
-  if (format == quant::Format::int4) quantized_format_ += " g" + std::to_string(group_size);
+  quantized_layers_ = std::move(layers);
+  quantization_ = std::move(info);
+}
+
+void LlamaModel::set_quantized_layer_for_calibration(int64_t l, QuantizedLayerWeights layer) {
+  QSPEC_CHECK(l >= 0 && l < config_.num_layers, "set_quantized_layer_for_calibration: layer ", l, " out of range");
+  quantized_layers_.resize(static_cast<size_t>(config_.num_layers));
+  quantized_layers_[static_cast<size_t>(l)] = std::move(layer);
+}
+
+bool LlamaModel::has_arc() const {
+  for (const QuantizedLayerWeights& layer : quantized_layers_)
+    for (const ArcSite& site : layer.sites)
+      if (site.calibrated()) return true;
+  return false;
+}
+
+std::string LlamaModel::quantized_format() const {
+  return has_quantized_weights() ? quantization_.describe() : std::string();
 }
 
 size_t LlamaModel::quantized_weight_bytes() const {
@@ -196,79 +283,139 @@ size_t LlamaModel::quantized_weight_bytes() const {
   return bytes;
 }
 
+const float* LlamaModel::site_input(int64_t l, LinearSite site_id, const RunMode& mode, float* x, int64_t count,
+                                    int64_t k, Workspace& workspace) const {
+  const ActivationMode& activations = mode.activations;
+  if (!mode.quantized_weights) {
+    cpu::apply_activation_mode(activations, x, count, k);
+    return x;
+  }
+  const ArcSite& site = quantized_layers_[static_cast<size_t>(l)].sites[static_cast<int>(site_id)];
+  if (activations.arc)
+    QSPEC_CHECK(site.calibrated(), "mode ", mode.name, " needs ARC calibration (qspec quantize --arc); ",
+                "these 4-bit weights (", quantized_format(), ") have none");
+  if (!site.calibrated()) {
+    cpu::apply_activation_mode(activations, x, count, k);
+    return x;
+  }
+  // Reorder (a gather; a GPU kernel fuses it into the quantizer), quantize, and lay out
+  // [Q(X) | 0 ... 0 | Q(R)] against the augmented weights [W | W_tail].
+  const int64_t width = k + site.tail;
+  std::vector<float>& reordered = workspace.site_scratch;
+  reordered.resize(static_cast<size_t>(count * k));
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t j = 0; j < k; ++j) reordered[t * k + j] = x[t * k + site.order[j]];
+  std::vector<float>& out = workspace.site_input;
+  out.assign(static_cast<size_t>(count * width), 0.0f);
+  if (activations.arc) {
+    const int64_t outliers = site.outliers(activations.format);
+    const quant::ArcRow arc = quant::make_arc_row(activations.format, k, outliers, quant::ArcLayout::concatenated,
+                                                  activations.group_size);
+    std::vector<float> augmented(static_cast<size_t>(k + outliers));
+    for (int64_t t = 0; t < count; ++t) {
+      quant::arc_fake_quantize_row(arc, reordered.data() + t * k, augmented.data());
+      float* row = out.data() + t * width;
+      std::copy(augmented.begin(), augmented.begin() + k, row);
+      std::copy(augmented.begin() + k, augmented.end(), row + width - outliers);
+    }
+  } else {
+    cpu::apply_activation_mode(activations, reordered.data(), count, k);
+    for (int64_t t = 0; t < count; ++t)
+      std::copy(reordered.begin() + t * k, reordered.begin() + (t + 1) * k, out.begin() + t * width);
+  }
+  return out.data();
+}
+
+LlamaModel::Workspace LlamaModel::make_workspace(int64_t tokens) const {
+  const ModelConfig& c = config_;
+  Workspace w;
+  w.normed.resize(static_cast<size_t>(tokens * c.hidden_size));
+  w.q.resize(static_cast<size_t>(tokens * c.q_dim()));
+  w.attn.resize(static_cast<size_t>(tokens * c.q_dim()));
+  w.gate.resize(static_cast<size_t>(tokens * c.intermediate_size));
+  w.up.resize(static_cast<size_t>(tokens * c.intermediate_size));
+  w.projected.resize(static_cast<size_t>(tokens * c.hidden_size));
+  return w;
+}
+
+void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* positions, KvCache& cache,
+                           const RunMode& mode, ForwardObserver* observer, Workspace& w) const {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate_size;
+  const int64_t start = positions[0];
+  const LayerWeights& layer = layers_[static_cast<size_t>(l)];
+  using Q = QuantizedLayerWeights;
+  // A site's input in the run mode (observed first, then quantized as the mode says).
+  auto input = [&](LinearSite site, float* values, int64_t k) {
+    if (observer) observer->observe(l, site, values, count, k);
+    return site_input(l, site, mode, values, count, k, w);
+  };
+  // A linear layer in the run mode: checkpoint or 4-bit weights.
+  auto project = [&](const float* in, const WeightMatrix& weight, QuantizedMatrix Q::*quantized,
+                     const std::vector<float>& bias, float* out) {
+    if (!mode.quantized_weights) return cpu::linear(in, count, weight, bias_or_null(bias), out);
+    cpu::quantized_linear(in, count, quantized_layers_[static_cast<size_t>(l)].*quantized, bias_or_null(bias), out);
+  };
+  float* keys = cache.keys(l);
+  float* values = cache.values(l);
+  // Attention block: K and V go straight into the cache rows of their positions.
+  cpu::rmsnorm(x, layer.attention_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
+  const float* in = input(LinearSite::attention_in, w.normed.data(), hidden);
+  project(in, layer.q_proj, &Q::q_proj, layer.q_bias, w.q.data());
+  project(in, layer.k_proj, &Q::k_proj, layer.k_bias, keys + start * kv_dim);
+  project(in, layer.v_proj, &Q::v_proj, layer.v_bias, values + start * kv_dim);
+  cpu::rope(w.q.data(), count, c.num_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
+  cpu::rope(keys + start * kv_dim, count, c.num_kv_heads, c.head_dim, positions, inv_freq_.data(),
+            rope_attention_scaling_);
+  const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
+  cpu::attention(w.q.data(), count, positions, keys, values, shape, w.attn.data());
+  in = input(LinearSite::attention_out, w.attn.data(), q_dim);
+  project(in, layer.o_proj, &Q::o_proj, layer.o_bias, w.projected.data());
+  for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];
+  // MLP block (SwiGLU).
+  cpu::rmsnorm(x, layer.mlp_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
+  in = input(LinearSite::mlp_in, w.normed.data(), hidden);
+  project(in, layer.gate_proj, &Q::gate_proj, layer.gate_bias, w.gate.data());
+  project(in, layer.up_proj, &Q::up_proj, layer.up_bias, w.up.data());
+  cpu::silu_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
+  in = input(LinearSite::mlp_out, w.gate.data(), inter);
+  project(in, layer.down_proj, &Q::down_proj, layer.down_bias, w.projected.data());
+  for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];
+}
+
 void LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
-                         bool all_logits, const RunMode& mode) const {
+                         bool all_logits, const RunMode& mode, ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const int64_t count = static_cast<int64_t>(tokens.size());
   QSPEC_CHECK(count > 0, "forward: no tokens");
   QSPEC_CHECK(cache.length() + count <= cache.capacity(), "forward: ", cache.length() + count,
               " tokens exceed the KV cache capacity of ", cache.capacity(),
               " (the model's context is ", c.max_position_embeddings, ")");
-  const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  const int64_t start = cache.length();
+  QSPEC_CHECK(!mode.quantized_weights || has_quantized_weights(), "mode ", mode.name,
+              " needs 4-bit weights: quantize the model first (qspec --weights FORMAT)");
+  QSPEC_CHECK(mode.quantized_weights || has_checkpoint_weights(), "mode ", mode.name, " needs the checkpoint's ",
+              "16-bit weights; ", dir_, " holds only 4-bit weights (", quantized_format(), ")");
+  const int64_t hidden = c.hidden_size, start = cache.length();
 
   std::vector<int32_t> positions(count);
   for (int64_t t = 0; t < count; ++t) positions[t] = static_cast<int32_t>(start + t);
-
-  std::vector<float> x(count * hidden), normed(count * hidden), q(count * q_dim),
-      attn(count * q_dim), gate(count * c.intermediate_size), up(count * c.intermediate_size),
-      projected(count * hidden);
+  std::vector<float> x(count * hidden);
   for (int64_t t = 0; t < count; ++t) {
     QSPEC_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "forward: token id ", tokens[t],
                 " outside the vocabulary [0, ", c.vocab_size, ")");
     embedding_.row_to_f32(tokens[t], &x[t * hidden]);
   }
-  const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
-  QSPEC_CHECK(!mode.quantized_weights || has_quantized_weights(), "mode ", mode.name,
-              " needs 4-bit weights: quantize the model first (qspec --weights FORMAT)");
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& layer = layers_[l];
-    // A linear layer in the run mode: its input, quantized in place per the activation mode
-    // (each input buffer feeds only linear layers), times the checkpoint or 4-bit weights.
-    auto project = [&](const float* input, const WeightMatrix& weight,
-                       QuantizedMatrix QuantizedLayerWeights::*quantized, const std::vector<float>& bias,
-                       float* out) {
-      if (!mode.quantized_weights) return cpu::linear(input, count, weight, bias_or_null(bias), out);
-      cpu::quantized_linear(input, count, quantized_layers_[l].*quantized, bias_or_null(bias), out);
-    };
-    auto quantize_input = [&](float* input, int64_t in_dim) {
-      cpu::apply_activation_mode(mode.activations, input, count, in_dim);
-    };
-    using Q = QuantizedLayerWeights;
-    float* keys = cache.keys(l);
-    float* values = cache.values(l);
-    // Attention block: K and V go straight into the cache rows of their positions.
-    cpu::rmsnorm(x.data(), layer.attention_norm.data(), count, hidden, c.rms_norm_eps, normed.data());
-    quantize_input(normed.data(), hidden);
-    project(normed.data(), layer.q_proj, &Q::q_proj, layer.q_bias, q.data());
-    project(normed.data(), layer.k_proj, &Q::k_proj, layer.k_bias, keys + start * kv_dim);
-    project(normed.data(), layer.v_proj, &Q::v_proj, layer.v_bias, values + start * kv_dim);
-    cpu::rope(q.data(), count, c.num_heads, c.head_dim, positions.data(), inv_freq_.data(), rope_attention_scaling_);
-    cpu::rope(keys + start * kv_dim, count, c.num_kv_heads, c.head_dim, positions.data(), inv_freq_.data(),
-              rope_attention_scaling_);
-    cpu::attention(q.data(), count, positions.data(), keys, values, shape, attn.data());
-    quantize_input(attn.data(), q_dim);
-    project(attn.data(), layer.o_proj, &Q::o_proj, layer.o_bias, projected.data());
-    for (int64_t i = 0; i < count * hidden; ++i) x[i] += projected[i];
-    // MLP block (SwiGLU).
-    cpu::rmsnorm(x.data(), layer.mlp_norm.data(), count, hidden, c.rms_norm_eps, normed.data());
-    quantize_input(normed.data(), hidden);
-    project(normed.data(), layer.gate_proj, &Q::gate_proj, layer.gate_bias, gate.data());
-    project(normed.data(), layer.up_proj, &Q::up_proj, layer.up_bias, up.data());
-    cpu::silu_mul(gate.data(), up.data(), count * c.intermediate_size, gate.data());
-    quantize_input(gate.data(), c.intermediate_size);
-    project(gate.data(), layer.down_proj, &Q::down_proj, layer.down_bias, projected.data());
-    for (int64_t i = 0; i < count * hidden; ++i) x[i] += projected[i];
-  }
+  Workspace workspace = make_workspace(count);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    run_layer(l, x.data(), count, positions.data(), cache, mode, observer, workspace);
   cache.length_ = start + count;
 
   const int64_t first_logit_row = all_logits ? 0 : count - 1;
   const int64_t logit_rows = count - first_logit_row;
   cpu::rmsnorm(x.data() + first_logit_row * hidden, final_norm_.data(), logit_rows, hidden, c.rms_norm_eps,
-               normed.data());
+               workspace.normed.data());
   logits.resize(static_cast<size_t>(logit_rows * c.vocab_size));
-  cpu::linear(normed.data(), logit_rows, lm_head_, nullptr, logits.data());
+  cpu::linear(workspace.normed.data(), logit_rows, lm_head_, nullptr, logits.data());
 }
 
 }  // namespace qspec

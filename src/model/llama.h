@@ -2,6 +2,7 @@
 // CPU forward pass.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,9 +38,60 @@ struct LayerWeights {
   std::vector<float> q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
 };
 
-// The same seven projections as 4-bit weights (embedding, norms and lm_head stay as loaded).
+// The four places where activations enter linear layers; each is quantized once per mode
+// and feeds every projection listed.
+enum class LinearSite : uint8_t {
+  attention_in,   // rmsnorm(x) -> q_proj, k_proj, v_proj
+  attention_out,  // attention output -> o_proj
+  mlp_in,         // rmsnorm(x) -> gate_proj, up_proj
+  mlp_out,        // silu(gate) * up -> down_proj
+};
+inline constexpr int kLinearSites = 4;
+std::string_view linear_site_name(LinearSite site);  // "attn_in", "attn_out", "mlp_in", "mlp_out"
+
+// ARCQuant's offline calibration of one site (see model/quantize.h for how it is found).
+// The site's input is reordered so channel j of the reordered input is input channel
+// order[j] (ascending calibration abs-max: the outliers are last), and every weight of the
+// site is stored reordered and augmented to K + tail columns: [W_perm | W_perm[:, K-tail:K]].
+// A mode with 4-bit activations and ARC gives the last S reordered channels residual
+// channels (S = outliers(format) <= tail; the unused first tail - S augmented columns see
+// zero activations); every other mode reads only the first K columns.
+struct ArcSite {
+  std::vector<int32_t> order;  // empty: no ARC calibration (identity, tail 0)
+  int64_t tail = 0;            // augmented columns, a multiple of the weight format's block
+  int64_t outliers_int4 = 0, outliers_nvfp4 = 0, outliers_mxfp4 = 0;  // S per 4-bit format
+  // Calibration statistics, for reports: the largest abs value M, the channels above
+  // tau = 2^-3 M, and whether S was capped.
+  float max_abs = 0.0f;
+  int64_t above_tau = 0;
+  bool capped = false;
+
+  bool calibrated() const { return !order.empty(); }
+  int64_t outliers(quant::Format activation_format) const;  // throws for non-ARC formats
+};
+
+// The seven projections as 4-bit weights (embedding, norms and lm_head stay as loaded), and
+// the ARC calibration of the four sites that feed them.
 struct QuantizedLayerWeights {
   QuantizedMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  ArcSite sites[kLinearSites];
+};
+
+// What produced the 4-bit weights (written to and read from qspec_quant.json).
+struct QuantizationInfo {
+  quant::Format format = quant::Format::int4;
+  int64_t group_size = 0;       // int4 groups along K (0 for the other formats)
+  std::string method = "rtn";   // "rtn" or "gptq"
+  nlohmann::json details;       // method options, calibration source and size, ARC summary
+  std::string describe() const;  // "int4 g64 gptq + arc"
+};
+
+// Sees every site's input during a forward pass (before any activation quantization);
+// calibration collects statistics through it.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  virtual void observe(int64_t layer, LinearSite site, const float* input, int64_t tokens, int64_t k) = 0;
 };
 
 class LlamaModel {
@@ -55,30 +107,67 @@ class LlamaModel {
   std::string weight_dtype() const;
 
   KvCache new_cache(int64_t capacity = 0) const;  // 0: max_position_embeddings
+  const WeightMatrix& embedding() const { return embedding_; }
 
   // Runs `tokens` at positions cache.length() ... and appends their K/V. Writes logits for
   // the last token ([vocab]) or, with all_logits, for every token ([tokens, vocab]).
   // `mode` picks the weights (checkpoint or 4-bit) and how activations enter every linear
   // layer; the KV cache and all other weights are shared by every mode.
   void forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
-               bool all_logits = false, const RunMode& mode = {}) const;
+               bool all_logits = false, const RunMode& mode = {}, ForwardObserver* observer = nullptr) const;
 
-  // Quantizes the seven projections of every layer to 4 bits (round to nearest), kept beside
-  // the checkpoint weights so W16A16 and the 4-bit modes run from one loaded model.
-  // group_size 0 picks auto_group_size().
+  // Quantizes the seven projections of every layer to 4 bits (round to nearest, no ARC),
+  // kept beside the checkpoint weights so W16A16 and the 4-bit modes run from one loaded
+  // model. group_size 0 picks auto_group_size(). model/quantize.h has GPTQ and ARC.
   void quantize_weights(quant::Format format, int64_t group_size = 0);
   // The int4 group size for this model: 128 (the usual) when it divides every linear
   // layer's K, else the largest of 64, 32 that does (gsm-synth-llama's intermediate size is
   // 704 = 11 x 64). Throws when none does.
   int64_t auto_group_size() const;
   bool has_quantized_weights() const { return !quantized_layers_.empty(); }
-  // "int4 g128", "nvfp4", ...; empty without quantized weights.
-  const std::string& quantized_format() const { return quantized_format_; }
+  // Whether the checkpoint weights are present (a qspec 4-bit checkpoint has only the
+  // quantized ones, so it runs every mode except w16a16).
+  bool has_checkpoint_weights() const { return !loaded_from_quantized_; }
+  bool has_arc() const;
+  // "int4 g128 rtn", "nvfp4 gptq + arc", ...; empty without quantized weights.
+  std::string quantized_format() const;
+  const QuantizationInfo& quantization() const { return quantization_; }
+  const std::vector<QuantizedLayerWeights>& quantized_layers() const { return quantized_layers_; }
   size_t quantized_weight_bytes() const;
+
+  // Installs 4-bit weights made elsewhere (model/quantize.cpp); checks every shape.
+  void set_quantized_weights(std::vector<QuantizedLayerWeights> layers, QuantizationInfo info);
+  // Layer-by-layer calibration (GPTQ) runs each freshly quantized layer before quantizing the
+  // next: installs layer l's 4-bit weights alone. Finish with set_quantized_weights.
+  void set_quantized_layer_for_calibration(int64_t l, QuantizedLayerWeights layer);
+  // Checkpoint weights of layer l (for quantizers).
+  const LayerWeights& layer_weights(int64_t l) const { return layers_[static_cast<size_t>(l)]; }
+
+  // Writes a qspec 4-bit checkpoint: OUT_DIR/model.safetensors (embedding, norms, lm_head as
+  // loaded; codes, scales and ARC orders), qspec_quant.json (the manifest) and the input
+  // directory's config and tokenizer files. OUT_DIR must not exist; it appears complete or
+  // not at all (written beside it, then renamed).
+  void save_quantized(const std::string& out_dir, const nlohmann::json& manifest_extra = {}) const;
+
+  // Scratch buffers of one forward pass.
+  struct Workspace {
+    std::vector<float> normed, q, attn, gate, up, projected, site_input, site_scratch;
+  };
+  Workspace make_workspace(int64_t tokens) const;
+  // One decoder layer over `count` tokens in place on x [count, hidden]: K/V of positions
+  // positions[0..count) go into cache rows start..start+count of layer l (the cache length is
+  // not touched). Used by forward and by layer-by-layer calibration (GPTQ).
+  void run_layer(int64_t l, float* x, int64_t count, const int32_t* positions, KvCache& cache,
+                 const RunMode& mode, ForwardObserver* observer, Workspace& workspace) const;
 
  private:
   LlamaModel() = default;
   void bind_weights();
+  void bind_quantized_weights(const nlohmann::json& manifest);
+  // The input of a site's projections in the mode: as is (checkpoint weights), or reordered,
+  // quantized and ARC-augmented to [count, K + tail] for the 4-bit weights.
+  const float* site_input(int64_t l, LinearSite site, const RunMode& mode, float* x, int64_t count, int64_t k,
+                          Workspace& workspace) const;
 
   std::string dir_;
   ModelConfig config_;
@@ -87,7 +176,8 @@ class LlamaModel {
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   std::vector<QuantizedLayerWeights> quantized_layers_;
-  std::string quantized_format_;
+  QuantizationInfo quantization_;
+  bool loaded_from_quantized_ = false;
   std::vector<float> inv_freq_;
   float rope_attention_scaling_ = 1.0f;
   size_t weight_bytes_ = 0;

@@ -10,8 +10,9 @@ namespace qspec {
 
 namespace {
 RunMode make_mode(std::string name, bool quantized_weights, ActivationMode::Kind kind,
-                  quant::Format format = quant::Format::int8) {
+                  quant::Format format = quant::Format::int8, bool arc = false) {
   RunMode mode;
+  mode.activations.arc = arc;
   mode.name = std::move(name);
   mode.quantized_weights = quantized_weights;
   mode.activations.kind = kind;
@@ -30,6 +31,9 @@ const std::vector<RunMode>& all_modes() {
       make_mode("w4a4-int4", true, Kind::quantized, Format::int4),
       make_mode("w4a4-nvfp4", true, Kind::quantized, Format::nvfp4),
       make_mode("w4a4-mxfp4", true, Kind::quantized, Format::mxfp4),
+      make_mode("w4a4-int4-arc", true, Kind::quantized, Format::int4, true),
+      make_mode("w4a4-nvfp4-arc", true, Kind::quantized, Format::nvfp4, true),
+      make_mode("w4a4-mxfp4-arc", true, Kind::quantized, Format::mxfp4, true),
   };
   return modes;
 }

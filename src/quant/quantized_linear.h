@@ -23,6 +23,9 @@ struct ActivationMode {
   Kind kind = Kind::f32;
   quant::Format format = quant::Format::int8;  // kind == quantized
   int64_t group_size = quant::kDefaultGroupSize;  // int4 activations
+  // ARCQuant: 4-bit activations (int4, nvfp4, mxfp4) get residual channels for the outlier
+  // channels that calibration found (needs an ARC-calibrated model, see model/quantize.h).
+  bool arc = false;
 };
 
 // A model run mode: which weights (checkpoint or 4-bit) and which activations.
@@ -33,7 +36,8 @@ struct RunMode {
 };
 
 // "w16a16", "w4a16", "w4a8" (int8), "w4a8-fp8", "w4a4" (= w4a4-int4), "w4a4-int4",
-// "w4a4-nvfp4", "w4a4-mxfp4". Unknown names throw qspec::Error listing these.
+// "w4a4-nvfp4", "w4a4-mxfp4", and the ARC variants "w4a4-int4-arc", "w4a4-nvfp4-arc",
+// "w4a4-mxfp4-arc". Unknown names throw qspec::Error listing these.
 RunMode parse_run_mode(std::string_view name);
 const std::vector<std::string>& run_mode_names();
 

@@ -1,0 +1,27 @@
+// qspec 4-bit checkpoints: a Hugging Face directory whose projections are stored as 4-bit
+// codes and scales, described by a JSON manifest.
+//
+//   qspec_quant.json   {"qspec_quantization": 1, "format": "int4", "group_size": 64,
+//                       "method": "gptq", "details": {method options, calibration source and
+//                       size, ARC parameters and per-site S}, "tool": ..., "source": ...}
+//   model.safetensors  embedding, norms, lm_head and biases as loaded (BF16/F16/F32), and per
+//                      projection P (e.g. model.layers.0.self_attn.q_proj.weight):
+//                        P.qcodes        U8 [rows, code bytes of K + tail]
+//                        P.qscales       U8 [rows, scale bytes of K + tail]
+//                        P.tensor_scale  F32 [1] (nvfp4 only)
+//                      and per ARC-calibrated site: model.layers.L.arc.SITE.order I32 [K].
+//   config.json, tokenizer files and anything else of the source directory, copied.
+// The codes and scales are the RowFormat storage of quant/formats.h, row by row.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace qspec {
+
+inline constexpr const char* kQuantManifestFile = "qspec_quant.json";
+inline constexpr int kQuantManifestVersion = 1;
+
+// Reads and checks the manifest's top-level fields; errors name the file and field.
+nlohmann::json read_quant_manifest(const std::string& path);
+
+}  // namespace qspec
