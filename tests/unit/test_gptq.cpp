@@ -198,7 +198,9 @@ TEST(GptqAccuracy, OutputErrorClearlyBelowRtnOnCorrelatedCalibration) {
       const double ratio = output_error(x, samples, w, gptq, rows, k) / rtn_error;
       std::printf("[ GPTQ/RTN ] %-14s act_order=%d  output error ratio %.3f\n", fc.label().c_str(), act_order ? 1 : 0,
                   ratio);
-      EXPECT_LT(ratio, 0.8) << fc.label() << (act_order ? " act_order" : "");
+      // Observed 0.66-0.68 (natural order) and 0.45-0.49 (act_order); without the in-batch
+      // updates they are 0.74-0.79 and 0.70-0.72, so these margins also catch partial bugs.
+      EXPECT_LT(ratio, act_order ? 0.6 : 0.72) << fc.label() << (act_order ? " act_order" : "");
     }
   }
 }
