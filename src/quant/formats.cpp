@@ -629,6 +629,39 @@ float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block)
   return value;
 }
 
+void quantize_block_scale(const RowFormat& format, const float* values, int64_t block,
+                          uint8_t* scales) {
+  float amax = checked_abs_max(format, values, format.block);
+  float tensor_scale = 0.0f;
+  if (format.format == Format::nvfp4) {
+    tensor_scale = row_tensor_scale(format, scales);
+    check_tensor_scale(tensor_scale);
+    // 2688 * t / (6 * t) lands within a few ulps of 448: encode_e4m3 saturates it to 448.
+    if (tensor_scale > 0.0f) amax = std::min(amax, 2688.0f * tensor_scale);
+  }
+  with_codec(format, tensor_scale,
+             [&](const auto& codec) { codec.store(scales, block, codec.from_amax(amax)); });
+}
+
+QuantizedElement quantize_element(const RowFormat& format, const uint8_t* scales, int64_t block,
+                                  float x) {
+  if (!std::isfinite(x))
+    fail(format_name(format.format), " quantizer: value ", x, " in block ", block,
+         "; refusing to quantize NaN or infinity");
+  float tensor_scale = 0.0f;
+  if (format.format == Format::nvfp4) {
+    tensor_scale = row_tensor_scale(format, scales);
+    check_tensor_scale(tensor_scale);
+  }
+  QuantizedElement out{0, 0.0f};
+  with_codec(format, tensor_scale, [&](const auto& codec) {
+    auto scale = codec.load(scales, block);
+    out.code = codec.encode(x, scale);
+    out.value = codec.decode(out.code, scale);
+  });
+  return out;
+}
+
 // ---- ARC ----
 
 int64_t ArcRow::source_channel(int64_t j) const {

@@ -125,6 +125,25 @@ float element_value(const RowFormat& format, const uint8_t* codes, int64_t index
 float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block);
 float row_tensor_scale(const RowFormat& format, const uint8_t* scales);
 
+// Pieces for quantizers that choose values one element at a time (GPTQ). Together they give
+// what quantize_row gives when every block's values are known up front.
+// quantize_block_scale: block `block`'s scale from its format.block values (its first value at
+// values[0]) by the format's rule, stored in scales. One difference from quantize_row, for
+// nvfp4 weights only: a block amax beyond what the matrix's tensor scale covers
+// (2688 * tensor_scale; GPTQ's updated values can outgrow the original matrix) saturates the
+// block scale at E4M3's 448 instead of throwing. Throws on NaN or infinite values.
+void quantize_block_scale(const RowFormat& format, const float* values, int64_t block,
+                          uint8_t* scales);
+// x encoded under the stored scale of block `block`: its code (4-bit formats: the low nibble)
+// and exactly the value dequantize_row decodes from that code and scale. Throws on NaN or
+// infinite x.
+struct QuantizedElement {
+  uint8_t code;
+  float value;
+};
+QuantizedElement quantize_element(const RowFormat& format, const uint8_t* scales, int64_t block,
+                                  float x);
+
 // ---- ARCQuant augmented residual channels ---------------------------------------------------
 //
 // The activation row x has k channels already reordered so that its S outlier channels are
