@@ -156,7 +156,7 @@ TEST(QuantizedLinear, OneLoadedModelRunsEveryMode) {
     EXPECT_THROW(model->forward(prompt, cache, logits, false, qspec::parse_run_mode("w4a16")), qspec::Error);
   }
   model->quantize_weights(qspec::quant::Format::int4);
-  EXPECT_EQ(model->quantized_format(), "int4 g64");
+  EXPECT_EQ(model->quantized_format(), "int4 g64 rtn");
   EXPECT_LT(model->quantized_weight_bytes(), model->weight_bytes() / 3);
   double scale = 0.0;
   for (float v : reference) scale = std::max(scale, std::fabs(static_cast<double>(v)));
@@ -165,6 +165,10 @@ TEST(QuantizedLinear, OneLoadedModelRunsEveryMode) {
     mode.activations.group_size = 64;
     qspec::KvCache cache = model->new_cache(16);
     std::vector<float> logits;
+    if (mode.activations.arc) {  // needs ARC calibration, which RTN weights do not have
+      EXPECT_THROW(model->forward(prompt, cache, logits, false, mode), qspec::Error) << name;
+      continue;
+    }
     model->forward(prompt, cache, logits, false, mode);
     ASSERT_EQ(logits.size(), reference.size());
     double max_diff = 0.0;
