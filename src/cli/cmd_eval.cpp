@@ -1,6 +1,10 @@
-// qspec eval: GSM8K-style exact match (greedy) and perplexity on the problem text of a model in one or
-// more run modes, all from one loaded weight set. Problems are JSON lines with "question"
-// and "answer" (the answer ends in "#### N", as GSM8K and the bundled eval_problems.jsonl).
+// qspec eval: accuracy and perplexity of a model in one or more run modes, all from one
+// loaded weight set.
+//   qspec eval gsm MODEL [FILE]   GSM8K-style problems (JSON lines with "question" and
+//                                 "answer", the answer ending in "#### N"): greedy answers,
+//                                 strict and flexible exact match, text perplexity.
+//   qspec eval ppl MODEL          sliding-window perplexity of a text (default WikiText-2 test).
+//   qspec eval MODEL              = qspec eval gsm MODEL (the original form).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,35 +19,140 @@
 #include "model/llama.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
+#include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
 namespace {
 
-struct EvalArgs {
+namespace fs = std::filesystem;
+
+// ---- arguments ----
+
+struct CommonArgs {
   std::string model_dir;
-  std::string problems_file;
   std::vector<std::string> modes = {"w16a16", "w4a16"};
-  std::string weights;
+  std::string weights;  // "" = int4, or a 4-bit checkpoint's own
   int64_t group_size = 0;
   int64_t limit = 0;
-  int64_t max_tokens = 160;
   std::string out_file;
 };
+
+struct GsmArgs : CommonArgs {
+  std::string problems_file;
+  int64_t max_tokens = 160;
+  int64_t few_shot = 0;
+  std::string shots_file;
+};
+
+struct PplArgs : CommonArgs {
+  std::string data_file;
+  int64_t context = 0;
+  int64_t stride = 0;
+  int64_t max_windows = 0;
+};
+
+void add_common_options(CLI::App* command, CommonArgs& args, const char* limit_help) {
+  command->add_option("--modes", args.modes, "Run modes to compare")->capture_default_str()->delimiter(',');
+  command->add_option("--weights", args.weights,
+                      "4-bit weight format, RTN at load (default int4; a qspec 4-bit checkpoint uses its own): "
+                      "int4|int4-channel|nvfp4|mxfp4");
+  command->add_option("--group-size", args.group_size, "int4 group size (0: auto)")->capture_default_str();
+  command->add_option("--limit", args.limit, limit_help)->capture_default_str();
+  command->add_option("-o,--out", args.out_file, "Write the results as JSON here");
+}
+
+// ---- the model, once for every mode ----
+
+struct PreparedModel {
+  std::unique_ptr<LlamaModel> model;
+  std::vector<RunMode> modes;
+  int64_t group_size = 0;
+  std::string weights;  // "int4 g64 rtn", or "-" when no mode uses 4-bit weights
+};
+
+// Parses the mode names (before any loading, so a typo fails fast), loads MODEL and makes it
+// ready for every mode (cli/commands.h: prepare_model_for_modes).
+PreparedModel load_model_for_modes(const std::string& model_dir, const std::vector<std::string>& mode_names,
+                                   const std::string& weights, int64_t group_size) {
+  PreparedModel prepared;
+  QSPEC_CHECK(!mode_names.empty(), "--modes: no run mode given");
+  for (const std::string& name : mode_names) prepared.modes.push_back(parse_run_mode(name));
+  if (!weights.empty()) quant::parse_format(weights);
+  prepared.model = LlamaModel::load(model_dir);
+  prepared.weights = prepare_model_for_modes(*prepared.model, prepared.modes, weights, group_size);
+  prepared.group_size = prepared.modes.front().activations.group_size;
+  return prepared;
+}
+
+// ---- input files ----
+
+// Offset of the first byte that is not part of well-formed UTF-8, or npos.
+size_t invalid_utf8_offset(const std::string& text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t size = text.size();
+  for (size_t i = 0; i < size;) {
+    const unsigned char lead = bytes[i];
+    size_t length = 0;
+    uint32_t minimum = 0;
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    } else if ((lead & 0xE0) == 0xC0) {
+      length = 2, minimum = 0x80;
+    } else if ((lead & 0xF0) == 0xE0) {
+      length = 3, minimum = 0x800;
+    } else if ((lead & 0xF8) == 0xF0) {
+      length = 4, minimum = 0x10000;
+    } else {
+      return i;
+    }
+    if (i + length > size) return i;
+    uint32_t code = lead & (0x7F >> length);
+    for (size_t k = 1; k < length; ++k) {
+      if ((bytes[i + k] & 0xC0) != 0x80) return i;
+      code = (code << 6) | (bytes[i + k] & 0x3F);
+    }
+    if (code < minimum || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return i;
+    i += length;
+  }
+  return std::string::npos;
+}
+
+// The whole file as text: it must exist, be non-empty and be UTF-8 without NUL bytes.
+std::string read_text_file(const std::string& path, const char* what) {
+  std::error_code error;
+  QSPEC_CHECK(fs::exists(path, error), path, ": no such ", what);
+  QSPEC_CHECK(!fs::is_directory(path, error), path, ": is a directory, expected a ", what);
+  std::ifstream file(path, std::ios::binary);
+  QSPEC_CHECK(file.good(), path, ": cannot open ", what);
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  std::string text = buffer.str();
+  QSPEC_CHECK(!text.empty(), path, ": empty ", what);
+  const size_t nul = text.find('\0');
+  QSPEC_CHECK(nul == std::string::npos, path, ": binary data (a NUL byte at offset ", nul, "), expected UTF-8 text");
+  const size_t bad = invalid_utf8_offset(text);
+  QSPEC_CHECK(bad == std::string::npos, path, ": not UTF-8 text (an invalid byte sequence at offset ", bad, ")");
+  return text;
+}
 
 struct Problem {
   std::string question, answer;
 };
 
-std::vector<Problem> read_problems(const std::string& path, int64_t limit) {
-  std::ifstream file(path);
-  QSPEC_CHECK(file.good(), path, ": cannot open problems file");
+// JSON lines with string fields "question" and "answer"; blank lines are skipped. limit > 0
+// keeps the first `limit` problems.
+std::vector<Problem> read_problems(const std::string& path, int64_t limit, const char* what = "problems file") {
+  const std::string text = read_text_file(path, what);
+  std::istringstream lines(text);
   std::vector<Problem> problems;
   std::string line;
   int64_t line_number = 0;
-  while (std::getline(file, line)) {
+  while (std::getline(lines, line)) {
     ++line_number;
-    if (line.empty()) continue;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     nlohmann::json parsed;
     try {
       parsed = nlohmann::json::parse(line);
@@ -60,57 +169,102 @@ std::vector<Problem> read_problems(const std::string& path, int64_t limit) {
   return problems;
 }
 
-std::string final_answer(const std::string& text) {
-  static const std::regex pattern("#### *(-?[0-9][0-9,]*)");
-  std::smatch match;
-  return std::regex_search(text, match, pattern) ? match[1].str() : "";
+void write_report(const std::string& out_file, const nlohmann::json& record) {
+  const fs::path out_path(out_file);
+  if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
+  std::ofstream out(out_file);
+  QSPEC_CHECK(out.good(), out_file, ": cannot write");
+  out << record.dump(2) << "\n";
+  std::printf("wrote %s\n", out_file.c_str());
 }
 
-struct ModeResult {
+// ---- eval gsm ----
+
+// A number as GSM8K writes it, normalized: no "$" or thousands commas, no trailing "." or
+// fractional zeros ("1,000.50" -> "1000.5", "18." -> "18").
+std::string normalize_number(std::string number) {
+  std::erase_if(number, [](char c) { return c == ',' || c == '$'; });
+  if (number.find('.') != std::string::npos) {
+    while (!number.empty() && number.back() == '0') number.pop_back();
+  }
+  while (!number.empty() && number.back() == '.') number.pop_back();
+  if (number == "-0") number = "0";
+  return number;
+}
+
+// Strict: the number after "#### " (the GSM8K answer format); "" if none.
+std::string strict_answer(const std::string& text) {
+  static const std::regex pattern("#### *(-?\\$?[0-9][0-9.,]*)");
+  std::smatch match;
+  return std::regex_search(text, match, pattern) ? normalize_number(match[1].str()) : "";
+}
+
+// Flexible: the last number anywhere in the text; "" if none.
+std::string flexible_answer(const std::string& text) {
+  static const std::regex pattern("-?\\$?[0-9][0-9,]*(\\.[0-9]+)?");
+  std::string last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern); it != std::sregex_iterator(); ++it)
+    last = it->str();
+  return last.empty() ? "" : normalize_number(last);
+}
+
+const std::string kStop = "\nQuestion:";
+
+std::string format_problem(const Problem& problem) { return "Question: " + problem.question + "\nAnswer:"; }
+
+struct GsmResult {
   std::string mode;
-  int64_t solved = 0, problems = 0;
+  int64_t strict = 0, flexible = 0, problems = 0;
+  int64_t generated_tokens = 0;
   double text_nll = 0.0;  // summed over the problem text's tokens
   int64_t text_tokens = 0;
   double seconds = 0.0;
 };
 
-ModeResult evaluate(const LlamaModel& model, const Tokenizer& tokenizer, const RunMode& mode,
-                    const std::vector<Problem>& problems, int64_t max_tokens, ProgressBar& progress,
-                    size_t& done, size_t total) {
-  ModeResult result;
+GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, const RunMode& mode,
+                       const std::vector<Problem>& problems, const std::string& shots_prefix, int64_t max_tokens,
+                       ProgressBar& progress, size_t& done, size_t total) {
+  GsmResult result;
   result.mode = mode.name;
   const auto start = std::chrono::steady_clock::now();
   GenerationOptions options;
   options.max_new_tokens = max_tokens;
   options.eos_ids = tokenizer.eos_ids;
   options.mode = mode;
-  std::vector<float> logits;
+  const int64_t model_context = model.config().max_position_embeddings;
   for (const Problem& problem : problems) {
-    const std::string prompt = "Question: " + problem.question + "\nAnswer:";
-    const std::vector<int32_t> prompt_ids = tokenizer.encode(prompt);
-    const GenerationResult generated = generate(model, prompt_ids, options);
-    const std::string text = tokenizer.decode(generated.ids, /*skip_special=*/true);
-    const std::string answer = final_answer(text);
-    result.solved += !answer.empty() && answer == final_answer(problem.answer);
+    const std::string prompt = shots_prefix + format_problem(problem);
+    const std::vector<int32_t> prompt_ids = tokenizer.encode(prompt, tokenizer.add_bos_by_default);
+    QSPEC_CHECK(static_cast<int64_t>(prompt_ids.size()) < model_context, "eval gsm: a prompt of ", prompt_ids.size(),
+                " tokens does not fit the model's context of ", model_context, " (fewer --few-shot examples?)");
+    // Greedy until EOS, max_tokens, or the model starts the next "Question:".
+    std::vector<int32_t> ids;
+    const GenerationResult generated = generate(model, prompt_ids, options, [&](int32_t id) {
+      ids.push_back(id);
+      return tokenizer.decode(ids, /*skip_special=*/true).find(kStop) == std::string::npos;
+    });
+    result.generated_tokens += static_cast<int64_t>(generated.ids.size());
+    std::string text = tokenizer.decode(generated.ids, /*skip_special=*/true);
+    if (const size_t stop = text.find(kStop); stop != std::string::npos) text.resize(stop);
+    const std::string reference = strict_answer(problem.answer);
+    const std::string strict = strict_answer(text), flexible = flexible_answer(text);
+    result.strict += !strict.empty() && strict == reference;
+    result.flexible += !flexible.empty() && flexible == reference;
     ++result.problems;
 
-    // Perplexity of the whole problem text (question and reference answer) under teacher
-    // forcing: every token after the first.
-    const std::vector<int32_t> full = tokenizer.encode(prompt + " " + problem.answer);
-    const size_t first_scored = 1;
-    if (full.size() > first_scored && static_cast<int64_t>(full.size()) <= model.config().max_position_embeddings) {
-      KvCache cache = model.new_cache(static_cast<int64_t>(full.size()));
-      model.forward(full, cache, logits, /*all_logits=*/true, mode);
-      const int64_t vocab = model.config().vocab_size;
-      for (size_t position = first_scored; position < full.size(); ++position) {
-        const float* row = logits.data() + (position - 1) * vocab;
-        double max_logit = row[0];
-        for (int64_t v = 1; v < vocab; ++v) max_logit = std::max<double>(max_logit, row[v]);
-        double sum = 0.0;
-        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - max_logit);
-        result.text_nll += -(row[full[position]] - max_logit - std::log(sum));
-        ++result.text_tokens;
-      }
+    // Perplexity of the whole problem text (zero-shot question and reference answer) under
+    // teacher forcing: every token after the first, in one window.
+    const std::vector<int32_t> full =
+        tokenizer.encode(format_problem(problem) + " " + problem.answer, tokenizer.add_bos_by_default);
+    const int64_t n = static_cast<int64_t>(full.size());
+    if (n >= 2 && n <= model_context) {
+      PerplexityOptions ppl;
+      ppl.context = n;
+      ppl.stride = n - 1;
+      ppl.mode = mode;
+      const PerplexityResult scored = sliding_window_perplexity(model, full, ppl);
+      result.text_nll += scored.nll_sum;
+      result.text_tokens += scored.tokens;
     }
     progress.update(++done, total);
   }
@@ -118,66 +272,218 @@ ModeResult evaluate(const LlamaModel& model, const Tokenizer& tokenizer, const R
   return result;
 }
 
-void run_eval(const EvalArgs& args) {
-  std::vector<RunMode> modes;
-  for (const std::string& name : args.modes) modes.push_back(parse_run_mode(name));
+void run_gsm(const GsmArgs& args) {
+  QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
+  QSPEC_CHECK(args.max_tokens > 0, "--max-tokens must be > 0");
+  QSPEC_CHECK(args.few_shot >= 0, "--few-shot must be >= 0");
+  QSPEC_CHECK(args.few_shot == 0 || !args.shots_file.empty(),
+              "--few-shot ", args.few_shot, " needs --shots FILE (worked examples, e.g. GSM8K train JSON lines)");
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
-  auto model = LlamaModel::load(args.model_dir);
+  std::string shots_prefix;
+  if (args.few_shot > 0) {
+    const std::vector<Problem> shots = read_problems(args.shots_file, args.few_shot, "shots file");
+    QSPEC_CHECK(static_cast<int64_t>(shots.size()) == args.few_shot, args.shots_file, ": ", shots.size(),
+                " problems, fewer than --few-shot ", args.few_shot);
+    for (const Problem& shot : shots) shots_prefix += format_problem(shot) + " " + shot.answer + "\n\n";
+  }
+  PreparedModel prepared = load_model_for_modes(args.model_dir, args.modes, args.weights, args.group_size);
   auto tokenizer = Tokenizer::load(args.model_dir);
-  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
 
-  ProgressBar progress("eval");
+  ProgressBar progress("eval gsm");
   size_t done = 0;
-  const size_t total = problems.size() * modes.size();
-  std::vector<ModeResult> results;
-  for (const RunMode& mode : modes)
-    results.push_back(evaluate(*model, *tokenizer, mode, problems, args.max_tokens, progress, done, total));
+  const size_t total = problems.size() * prepared.modes.size();
+  std::vector<GsmResult> results;
+  for (const RunMode& mode : prepared.modes)
+    results.push_back(evaluate_gsm(*prepared.model, *tokenizer, mode, problems, shots_prefix, args.max_tokens,
+                                   progress, done, total));
 
-  std::printf("model %s, %zu problems, greedy, 4-bit weights: %s\n", args.model_dir.c_str(), problems.size(),
-              weights.c_str());
-  std::printf("%-12s %12s %18s %10s\n", "mode", "exact match", "text perplexity", "seconds");
+  std::printf("model %s, %s: %zu problems, %lld-shot, greedy, 4-bit weights: %s\n", args.model_dir.c_str(),
+              args.problems_file.c_str(), problems.size(), static_cast<long long>(args.few_shot),
+              prepared.weights.c_str());
+  std::printf("%-12s %12s %12s %18s %10s\n", "mode", "strict", "flexible", "text perplexity", "seconds");
   nlohmann::json rows = nlohmann::json::array();
-  for (const ModeResult& r : results) {
-    const double exact = 100.0 * static_cast<double>(r.solved) / static_cast<double>(r.problems);
+  for (const GsmResult& r : results) {
+    const double problems_count = static_cast<double>(r.problems);
+    const double strict = static_cast<double>(r.strict) / problems_count;
+    const double flexible = static_cast<double>(r.flexible) / problems_count;
     const double perplexity = r.text_tokens ? std::exp(r.text_nll / static_cast<double>(r.text_tokens)) : NAN;
-    std::printf("%-12s %11.2f%% %18.5f %10.1f\n", r.mode.c_str(), exact, perplexity, r.seconds);
-    rows.push_back({{"mode", r.mode}, {"solved", r.solved}, {"problems", r.problems}, {"exact_match", exact / 100.0},
-                    {"text_perplexity", perplexity}, {"text_tokens", r.text_tokens}, {"seconds", r.seconds}});
+    std::printf("%-12s %11.2f%% %11.2f%% %18.5f %10.1f\n", r.mode.c_str(), 100 * strict, 100 * flexible, perplexity,
+                r.seconds);
+    rows.push_back({{"mode", r.mode},
+                    {"problems", r.problems},
+                    {"solved", r.strict},
+                    {"exact_match", strict},
+                    {"solved_flexible", r.flexible},
+                    {"flexible_match", flexible},
+                    {"generated_tokens", r.generated_tokens},
+                    {"text_perplexity", perplexity},
+                    {"text_tokens", r.text_tokens},
+                    {"seconds", r.seconds}});
   }
-  if (!args.out_file.empty()) {
-    const std::filesystem::path out_path(args.out_file);
-    if (out_path.has_parent_path()) std::filesystem::create_directories(out_path.parent_path());
-    nlohmann::json record = {{"benchmark", "eval_exact_match"},
-                             {"model", args.model_dir},
-                             {"problems_file", args.problems_file},
-                             {"problems", problems.size()},
-                             {"weights", weights},
-                             {"commit", git_commit()},
-                             {"command", command_line()},
-                             {"results", rows}};
-    std::ofstream out(args.out_file);
-    QSPEC_CHECK(out.good(), args.out_file, ": cannot write");
-    out << record.dump(2) << "\n";
-    std::printf("wrote %s\n", args.out_file.c_str());
+  if (!args.out_file.empty())
+    write_report(args.out_file, {{"benchmark", "eval_gsm"},
+                                 {"commit", git_commit()},
+                                 {"command", command_line()},
+                                 {"model", args.model_dir},
+                                 {"problems_file", args.problems_file},
+                                 {"problems", problems.size()},
+                                 {"parameters",
+                                  {{"few_shot", args.few_shot},
+                                   {"shots_file", args.shots_file},
+                                   {"max_tokens", args.max_tokens},
+                                   {"limit", args.limit},
+                                   {"decoding", "greedy"},
+                                   {"stop", {"\\nQuestion:", "eos"}},
+                                   {"weights", prepared.weights},
+                                   {"group_size", prepared.group_size}}},
+                                 {"results", rows}});
+}
+
+void add_gsm_options(CLI::App* command, GsmArgs& args) {
+  add_common_options(command, args, "Evaluate only the first N problems (0: all)");
+  command->add_option("--problems", args.problems_file, "The problems file (as FILE of eval gsm)");
+  command->add_option("-n,--max-tokens", args.max_tokens, "Maximum new tokens per answer")->capture_default_str();
+  command->add_option("--few-shot", args.few_shot, "Worked examples before each question (needs --shots)")
+      ->capture_default_str();
+  command->add_option("--shots", args.shots_file, "JSON lines whose first N problems are the --few-shot examples");
+}
+
+// ---- eval ppl ----
+
+std::string default_ppl_data() {
+  const std::string relative = "data/wikitext-2/wiki.test.raw";
+  const std::string in_repository = std::string(QSPEC_SOURCE_DIR) + "/" + relative;
+  std::error_code error;
+  if (fs::exists(in_repository, error) || !fs::exists(relative, error)) return in_repository;
+  return relative;
+}
+
+void run_ppl(const PplArgs& args) {
+  QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
+  QSPEC_CHECK(args.context >= 0 && args.stride >= 0 && args.max_windows >= 0,
+              "--context, --stride and --max-windows must be >= 0");
+  const std::string text = read_text_file(args.data_file, "data file");
+  PreparedModel prepared = load_model_for_modes(args.model_dir, args.modes, args.weights, args.group_size);
+  auto tokenizer = Tokenizer::load(args.model_dir);
+  const auto tokenize_start = std::chrono::steady_clock::now();
+  std::vector<int32_t> tokens = tokenizer->encode(text, tokenizer->add_bos_by_default);
+  const double tokenize_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - tokenize_start).count();
+  const size_t file_tokens = tokens.size();
+  if (args.limit > 0 && static_cast<int64_t>(tokens.size()) > args.limit) tokens.resize(static_cast<size_t>(args.limit));
+  QSPEC_CHECK(tokens.size() >= 2, args.data_file, ": ", tokens.size(), " token", tokens.size() == 1 ? "" : "s",
+              " after tokenizing; perplexity needs at least 2");
+
+  PerplexityOptions options;
+  const int64_t model_context = prepared.model->config().max_position_embeddings;
+  options.context = args.context > 0 ? args.context : std::min<int64_t>(2048, model_context);
+  options.stride = args.stride > 0 ? args.stride : options.context / 2;
+  options.max_windows = args.max_windows;
+  const int64_t total_windows =
+      perplexity_window_count(static_cast<int64_t>(tokens.size()), options.context, std::max<int64_t>(options.stride, 1));
+  const int64_t windows_per_mode = args.max_windows > 0 ? std::min(args.max_windows, total_windows) : total_windows;
+
+  ProgressBar progress("eval ppl");
+  const size_t total = static_cast<size_t>(windows_per_mode) * prepared.modes.size();
+  size_t done_before = 0;
+  std::vector<std::pair<std::string, PerplexityResult>> results;
+  for (const RunMode& mode : prepared.modes) {
+    options.mode = mode;
+    options.on_window = [&](int64_t done, int64_t) { progress.update(done_before + static_cast<size_t>(done), total); };
+    results.emplace_back(mode.name, sliding_window_perplexity(*prepared.model, tokens, options));
+    done_before += static_cast<size_t>(results.back().second.windows);
   }
+
+  const PerplexityResult& first = results.front().second;
+  std::printf("model %s, %s: %zu tokens (%.1fs to tokenize), context %lld, stride %lld, %lld of %lld windows, "
+              "4-bit weights: %s\n",
+              args.model_dir.c_str(), args.data_file.c_str(), tokens.size(), tokenize_seconds,
+              static_cast<long long>(first.context), static_cast<long long>(first.stride),
+              static_cast<long long>(first.windows), static_cast<long long>(first.total_windows),
+              prepared.weights.c_str());
+  std::printf("%-12s %12s %10s %8s %10s %10s\n", "mode", "perplexity", "tokens", "windows", "seconds", "tokens/s");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [mode, r] : results) {
+    const double tokens_per_second = r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0;
+    std::printf("%-12s %12.4f %10lld %8lld %10.1f %10.1f\n", mode.c_str(), r.perplexity,
+                static_cast<long long>(r.tokens), static_cast<long long>(r.windows), r.seconds, tokens_per_second);
+    rows.push_back({{"mode", mode},
+                    {"perplexity", r.perplexity},
+                    {"nll_sum", r.nll_sum},
+                    {"tokens_scored", r.tokens},
+                    {"windows", r.windows},
+                    {"seconds", r.seconds},
+                    {"scored_tokens_per_second", tokens_per_second}});
+  }
+  if (!args.out_file.empty())
+    write_report(args.out_file, {{"benchmark", "eval_ppl"},
+                                 {"commit", git_commit()},
+                                 {"command", command_line()},
+                                 {"model", args.model_dir},
+                                 {"data_file", args.data_file},
+                                 {"data_tokens", file_tokens},
+                                 {"parameters",
+                                  {{"method", "sliding window (each token scored once)"},
+                                   {"context", first.context},
+                                   {"stride", first.stride},
+                                   {"max_windows", args.max_windows},
+                                   {"windows_total", first.total_windows},
+                                   {"limit", args.limit},
+                                   {"tokens", tokens.size()},
+                                   {"bos", tokenizer->add_bos_by_default},
+                                   {"weights", prepared.weights},
+                                   {"group_size", prepared.group_size}}},
+                                 {"results", rows}});
 }
 
 }  // namespace
 
 void register_eval(CLI::App& app) {
-  auto args = std::make_shared<EvalArgs>();
-  CLI::App* command = app.add_subcommand("eval", "Exact match and text perplexity on GSM8K-style problems, per mode");
-  command->add_option("model", args->model_dir, "Model directory")->required();
-  command->add_option("--problems", args->problems_file, "JSON lines with question/answer (default: MODEL/eval_problems.jsonl)");
-  command->add_option("--modes", args->modes, "Run modes to compare")->capture_default_str()->delimiter(',');
-  command->add_option("--weights", args->weights, "4-bit weight format, RTN at load (default int4; a 4-bit checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
-  command->add_option("--group-size", args->group_size, "int4 group size (0: auto)")->capture_default_str();
-  command->add_option("--limit", args->limit, "Evaluate only the first N problems (0: all)")->capture_default_str();
-  command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens per answer")->capture_default_str();
-  command->add_option("-o,--out", args->out_file, "Write the results as JSON here");
-  command->callback([args] {
-    if (args->problems_file.empty()) args->problems_file = args->model_dir + "/eval_problems.jsonl";
-    run_eval(*args);
+  // `qspec eval MODEL ...` (no subcommand) is `qspec eval gsm MODEL ...`: the options of
+  // `eval gsm` sit on `eval` too.
+  auto alias = std::make_shared<GsmArgs>();
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Accuracy and perplexity per run mode: eval gsm (exact match), eval ppl (WikiText-2 perplexity)");
+  eval->require_subcommand(0, 1);
+  eval->add_option("model", alias->model_dir, "Model directory (eval MODEL = eval gsm MODEL)");
+  add_gsm_options(eval, *alias);
+
+  auto gsm = std::make_shared<GsmArgs>();
+  CLI::App* gsm_command =
+      eval->add_subcommand("gsm", "Greedy GSM8K-style strict/flexible exact match and text perplexity, per mode");
+  gsm_command->add_option("model", gsm->model_dir, "Model directory")->required();
+  gsm_command->add_option("file", gsm->problems_file,
+                          "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
+  add_gsm_options(gsm_command, *gsm);
+  gsm_command->callback([gsm] {
+    if (gsm->problems_file.empty()) gsm->problems_file = gsm->model_dir + "/eval_problems.jsonl";
+    run_gsm(*gsm);
+  });
+
+  auto ppl = std::make_shared<PplArgs>();
+  CLI::App* ppl_command = eval->add_subcommand("ppl", "Sliding-window perplexity of a text (WikiText-2), per mode");
+  ppl_command->add_option("model", ppl->model_dir, "Model directory")->required();
+  ppl_command->add_option("--data", ppl->data_file, "UTF-8 text (default: data/wikitext-2/wiki.test.raw)");
+  ppl_command->add_option("--context", ppl->context, "Window length in tokens (0: min(2048, model context))")
+      ->capture_default_str();
+  ppl_command->add_option("--stride", ppl->stride, "Window step in tokens, < context (0: context / 2)")
+      ->capture_default_str();
+  ppl_command->add_option("--max-windows", ppl->max_windows, "Stop after W windows per mode (0: all)")
+      ->capture_default_str();
+  add_common_options(ppl_command, *ppl, "Use only the first N tokens of the data (0: all)");
+  ppl_command->callback([ppl] {
+    if (ppl->data_file.empty()) ppl->data_file = default_ppl_data();
+    run_ppl(*ppl);
+  });
+
+  eval->callback([eval, alias] {
+    if (!eval->get_subcommands().empty()) {
+      QSPEC_CHECK(alias->model_dir.empty(), "eval: MODEL goes after the subcommand (eval gsm MODEL, eval ppl MODEL)");
+      return;
+    }
+    QSPEC_CHECK(!alias->model_dir.empty(), "eval: expected `eval gsm MODEL [FILE]`, `eval ppl MODEL` or `eval MODEL`");
+    if (alias->problems_file.empty()) alias->problems_file = alias->model_dir + "/eval_problems.jsonl";
+    run_gsm(*alias);
   });
 }
 
