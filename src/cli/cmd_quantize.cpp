@@ -27,6 +27,8 @@ struct QuantizeArgs {
   int64_t calib_length = 512;
   double damp = 0.01;
   bool act_order = false;
+  bool rotate = false;
+  uint64_t rotation_seed = 0;
   bool arc = false;
   double arc_tau = 0.125;
   double arc_max_fraction = 0.25;
@@ -46,6 +48,8 @@ void run_quantize(const QuantizeArgs& args) {
   options.method = args.method;
   options.gptq_damp = args.damp;
   options.gptq_act_order = args.act_order;
+  options.rotate = args.rotate;
+  options.rotation_seed = args.rotation_seed;
   options.arc = args.arc;
   options.arc_tau_factor = args.arc_tau;
   options.arc_max_fraction = args.arc_max_fraction;
@@ -117,6 +121,10 @@ void register_quantize(CLI::App& app) {
   command->add_option("--calib-length", args->calib_length, "Tokens per calibration sequence")->capture_default_str();
   command->add_option("--damp", args->damp, "GPTQ dampening, a fraction of the mean Hessian diagonal")->capture_default_str();
   command->add_flag("--act-order", args->act_order, "GPTQ: process columns by decreasing Hessian diagonal (static groups)");
+  command->add_flag("--rotate", args->rotate,
+                    "QuaRot-style randomized Hadamard rotation of the residual stream and down_proj input "
+                    "(for 4-bit activations with int4-channel weights)");
+  command->add_option("--rotate-seed", args->rotation_seed, "Seed of the rotation's random signs")->capture_default_str();
   command->add_flag("--arc", args->arc, "ARCQuant: calibrate channel reorder and residual channels for 4-bit activations");
   command->add_option("--arc-tau", args->arc_tau, "ARC outlier threshold as a fraction of the site's max (2^-3)")
       ->capture_default_str();

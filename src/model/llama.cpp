@@ -263,6 +263,68 @@ void LlamaModel::set_quantized_layer_for_calibration(int64_t l, QuantizedLayerWe
   quantized_layers_[static_cast<size_t>(l)] = std::move(layer);
 }
 
+namespace {
+// An owned f32 copy of a (possibly mapped bf16) matrix, to transform in place.
+void make_owned_f32(WeightMatrix& m) {
+  std::vector<float> data(static_cast<size_t>(m.rows * m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) m.row_to_f32(r, data.data() + r * m.cols);
+  m.owned = std::move(data);
+  m.data = m.owned.data();
+  m.dtype = DType::F32;
+}
+float* mutable_f32(WeightMatrix& m) { return m.owned.data(); }
+}  // namespace
+
+void LlamaModel::apply_hadamard_rotation(uint64_t seed) {
+  QSPEC_CHECK(has_checkpoint_weights() && !has_quantized_weights(), dir_,
+              ": rotate the 16-bit checkpoint before quantizing it");
+  QSPEC_CHECK(!rotated_, dir_, ": already rotated");
+  const ModelConfig& c = config_;
+  const quant::HadamardRotation q = quant::make_hadamard_rotation(c.hidden_size, seed);
+  quant::HadamardRotation q2 = quant::make_hadamard_rotation(c.intermediate_size, seed + 1);
+  // lm_head <- lm_head diag(g_final) Q (its own copy: a tied embedding is untied, since the
+  // two now differ), final norm <- ones.
+  WeightMatrix head = lm_head_;
+  head.name = "lm_head.weight";
+  make_owned_f32(head);
+  quant::fold_norm_into_linear(final_norm_.data(), mutable_f32(head), head.rows, head.cols);
+  quant::rotate_linear_input(q, mutable_f32(head), head.rows, head.cols);
+  lm_head_ = std::move(head);
+  std::fill(final_norm_.begin(), final_norm_.end(), 1.0f);
+  config_.tie_word_embeddings = false;
+  make_owned_f32(embedding_);
+  quant::rotate_embedding(q, mutable_f32(embedding_), embedding_.rows, embedding_.cols);
+  for (LayerWeights& layer : layers_) {
+    for (WeightMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                            &layer.up_proj, &layer.down_proj})
+      make_owned_f32(*m);
+    for (WeightMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj}) {
+      quant::fold_norm_into_linear(layer.attention_norm.data(), mutable_f32(*m), m->rows, m->cols);
+      quant::rotate_linear_input(q, mutable_f32(*m), m->rows, m->cols);
+    }
+    for (WeightMatrix* m : {&layer.gate_proj, &layer.up_proj}) {
+      quant::fold_norm_into_linear(layer.mlp_norm.data(), mutable_f32(*m), m->rows, m->cols);
+      quant::rotate_linear_input(q, mutable_f32(*m), m->rows, m->cols);
+    }
+    std::fill(layer.attention_norm.begin(), layer.attention_norm.end(), 1.0f);
+    std::fill(layer.mlp_norm.begin(), layer.mlp_norm.end(), 1.0f);
+    quant::rotate_linear_output(q, mutable_f32(layer.o_proj), layer.o_proj.rows, layer.o_proj.cols,
+                                layer.o_bias.empty() ? nullptr : layer.o_bias.data());
+    quant::rotate_linear_output(q, mutable_f32(layer.down_proj), layer.down_proj.rows, layer.down_proj.cols,
+                                layer.down_bias.empty() ? nullptr : layer.down_bias.data());
+    quant::rotate_linear_input(q2, mutable_f32(layer.down_proj), layer.down_proj.rows, layer.down_proj.cols);
+  }
+  mlp_rotation_ = std::move(q2);
+  rotated_ = true;
+  rotation_seed_ = seed;
+}
+
+void LlamaModel::set_rotation_from_manifest(uint64_t seed) {
+  mlp_rotation_ = quant::make_hadamard_rotation(config_.intermediate_size, seed + 1);
+  rotated_ = true;
+  rotation_seed_ = seed;
+}
+
 bool LlamaModel::has_arc() const {
   for (const QuantizedLayerWeights& layer : quantized_layers_)
     for (const ArcSite& site : layer.sites)
@@ -378,6 +440,7 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   project(in, layer.gate_proj, &Q::gate_proj, layer.gate_bias, w.gate.data());
   project(in, layer.up_proj, &Q::up_proj, layer.up_bias, w.up.data());
   cpu::silu_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
+  if (rotated_) quant::rotate_rows(mlp_rotation_, w.gate.data(), count);  // online Q2 (W_down holds Q2 too)
   in = input(LinearSite::mlp_out, w.gate.data(), inter);
   project(in, layer.down_proj, &Q::down_proj, layer.down_bias, w.projected.data());
   for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];

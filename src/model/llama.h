@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "ops/linear.h"
+#include "quant/hadamard.h"
 #include "quant/quantized_linear.h"
 
 namespace qspec {
@@ -137,6 +138,16 @@ class LlamaModel {
 
   // Installs 4-bit weights made elsewhere (model/quantize.cpp); checks every shape.
   void set_quantized_weights(std::vector<QuantizedLayerWeights> layers, QuantizationInfo info);
+  // QuaRot-style rotation (quant/hadamard.h has the recipe): folds every RMSNorm weight into
+  // the projections after it, rotates the residual stream by a randomized Hadamard Q (seed)
+  // and the down_proj input by Q2 (seed + 1, applied online in every forward pass). The
+  // model computes the same function (W16A16 logits move only by f32 rounding) while
+  // activation outliers spread over all channels, which 4-bit activations need with
+  // per-channel int4 weights. Call before quantizing; the 16-bit weights become f32 copies.
+  void apply_hadamard_rotation(uint64_t seed);
+  bool rotated() const { return rotated_; }
+  uint64_t rotation_seed() const { return rotation_seed_; }
+
   // Layer-by-layer calibration (GPTQ) runs each freshly quantized layer before quantizing the
   // next: installs layer l's 4-bit weights alone. Finish with set_quantized_weights.
   void set_quantized_layer_for_calibration(int64_t l, QuantizedLayerWeights layer);
@@ -164,6 +175,7 @@ class LlamaModel {
   LlamaModel() = default;
   void bind_weights();
   void bind_quantized_weights(const nlohmann::json& manifest);
+  void set_rotation_from_manifest(uint64_t seed);
   // The input of a site's projections in the mode: as is (checkpoint weights), or reordered,
   // quantized and ARC-augmented to [count, K + tail] for the 4-bit weights.
   const float* site_input(int64_t l, LinearSite site, const RunMode& mode, float* x, int64_t count, int64_t k,
@@ -178,6 +190,9 @@ class LlamaModel {
   std::vector<QuantizedLayerWeights> quantized_layers_;
   QuantizationInfo quantization_;
   bool loaded_from_quantized_ = false;
+  bool rotated_ = false;
+  uint64_t rotation_seed_ = 0;
+  quant::HadamardRotation mlp_rotation_;  // Q2, on down_proj's input
   std::vector<float> inv_freq_;
   float rope_attention_scaling_ = 1.0f;
   size_t weight_bytes_ = 0;

@@ -175,6 +175,12 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
       weight_bytes_ += m.bytes();
     }
   }
+  const nlohmann::json rotation = info.details.value("rotation", nlohmann::json::object());
+  if (rotation.is_object() && rotation.value("enabled", false)) {
+    QSPEC_CHECK(rotation.contains("seed") && rotation["seed"].is_number_unsigned(), manifest_path,
+                ": details.rotation needs an unsigned integer \"seed\"");
+    set_rotation_from_manifest(rotation["seed"].get<uint64_t>());
+  }
   set_quantized_weights(std::move(layers), std::move(info));
 }
 
@@ -184,8 +190,38 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
   QSPEC_CHECK(!fs::exists(out), out_dir, ": already exists; choose a new output directory (nothing was written)");
   const ModelConfig& c = config_;
   SafetensorsWriter writer;
-  // Everything that is not a projection, byte for byte as loaded.
+  if (rotated_) {
+    // The rotation changed the embedding, lm_head, norms (now ones) and output biases: write
+    // them from memory, in f32.
+    auto add_vector = [&](const std::string& name, const std::vector<float>& values) {
+      if (!values.empty())
+        writer.add(name, DType::F32, {static_cast<int64_t>(values.size())}, values.data(), values.size() * 4);
+    };
+    auto add_matrix = [&](const std::string& name, const WeightMatrix& m) {
+      std::vector<float> data(static_cast<size_t>(m.rows * m.cols));
+      for (int64_t r = 0; r < m.rows; ++r) m.row_to_f32(r, data.data() + r * m.cols);
+      writer.add(name, DType::F32, {m.rows, m.cols}, data.data(), data.size() * 4);
+    };
+    add_matrix("model.embed_tokens.weight", embedding_);
+    add_matrix("lm_head.weight", lm_head_);
+    add_vector("model.norm.weight", final_norm_);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LayerWeights& layer = layers_[static_cast<size_t>(l)];
+      const std::string prefix = "model.layers." + std::to_string(l) + ".";
+      add_vector(prefix + "input_layernorm.weight", layer.attention_norm);
+      add_vector(prefix + "post_attention_layernorm.weight", layer.mlp_norm);
+      add_vector(prefix + "self_attn.q_proj.bias", layer.q_bias);
+      add_vector(prefix + "self_attn.k_proj.bias", layer.k_bias);
+      add_vector(prefix + "self_attn.v_proj.bias", layer.v_bias);
+      add_vector(prefix + "self_attn.o_proj.bias", layer.o_bias);
+      add_vector(prefix + "mlp.gate_proj.bias", layer.gate_bias);
+      add_vector(prefix + "mlp.up_proj.bias", layer.up_bias);
+      add_vector(prefix + "mlp.down_proj.bias", layer.down_bias);
+    }
+  }
+  // Everything else that is not a projection, byte for byte as loaded.
   for (const std::string& name : checkpoint_.names()) {
+    if (rotated_) break;
     if (name.find(".qcodes") != std::string::npos || name.find(".qscales") != std::string::npos ||
         name.find(".tensor_scale") != std::string::npos || name.find(".arc.") != std::string::npos)
       continue;
@@ -253,6 +289,16 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
       if (!entry.is_regular_file() || file.ends_with(".safetensors") || file == "model.safetensors.index.json" ||
           file == kQuantManifestFile)
         continue;
+      if (file == "config.json" && rotated_) {
+        // The rotated lm_head differs from the rotated embedding: never tied.
+        std::ifstream in(entry.path());
+        nlohmann::json config = nlohmann::json::parse(in);
+        config["tie_word_embeddings"] = false;
+        std::ofstream config_out(staging / file);
+        config_out << config.dump(2) << "\n";
+        QSPEC_CHECK(config_out.good(), (staging / file).string(), ": write failed");
+        continue;
+      }
       fs::copy_file(entry.path(), staging / file);
     }
     fs::rename(staging, out);

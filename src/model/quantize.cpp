@@ -220,6 +220,7 @@ void quantize_model(LlamaModel& model, const QuantizeOptions& options, const Cal
   for (int64_t k : site_k)  // every shape is checked before any work starts
     quant::make_row_format(options.format, quant::Role::weight, k, group_size);
   const int64_t weight_block = quant::block_size(options.format, c.hidden_size, group_size);
+  if (options.rotate) model.apply_hadamard_rotation(options.rotation_seed);
 
   std::vector<QuantizedLayerWeights> layers(static_cast<size_t>(c.num_layers));
   const size_t sequences = calibration ? calibration->sequences.size() : 0;
@@ -312,6 +313,13 @@ void quantize_model(LlamaModel& model, const QuantizeOptions& options, const Cal
     info.details["calibration"] = {{"source", calibration->source},
                                    {"sequences", calibration->sequences.size()},
                                    {"tokens", calibration->tokens}};
+  if (model.rotated())
+    info.details["rotation"] = {{"enabled", true},
+                                {"seed", model.rotation_seed()},
+                                {"kind", "randomized Hadamard, quant/hadamard.h"},
+                                {"hidden_block", quant::hadamard_block_size(c.hidden_size)},
+                                {"intermediate_block", quant::hadamard_block_size(c.intermediate_size)},
+                                {"online", "mlp_out (seed + 1)"}};
   if (options.arc) {
     int64_t capped = 0, augmented = 0, total_k = 0;
     for (const QuantizedLayerWeights& layer : layers)

@@ -48,6 +48,8 @@ struct QuantizeOptions {
   std::string method = "rtn";  // "rtn" or "gptq"
   double gptq_damp = 0.01;     // lambda = damp * mean(diag H)
   bool gptq_act_order = false;
+  bool rotate = false;            // QuaRot-style Hadamard rotation first (LlamaModel::apply_hadamard_rotation)
+  uint64_t rotation_seed = 0;
   bool arc = false;
   double arc_tau_factor = 0.125;   // tau = factor * M (2^-3)
   double arc_max_fraction = 0.25;  // S <= this fraction of K
