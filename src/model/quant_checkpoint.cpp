@@ -136,6 +136,13 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
       const TensorView& order = expect_u8(checkpoint_, name, DType::I32, {site_k[site_index]});
       site.order.resize(static_cast<size_t>(site_k[site_index]));
       std::memcpy(site.order.data(), order.data, order.nbytes);
+      std::vector<bool> seen(site.order.size(), false);
+      for (int32_t channel : site.order) {
+        QSPEC_CHECK(channel >= 0 && channel < site_k[site_index] && !seen[static_cast<size_t>(channel)], dir_,
+                    ": tensor '", name, "' is not a permutation of 0..", site_k[site_index] - 1, " (entry ", channel,
+                    " out of range or repeated)");
+        seen[static_cast<size_t>(channel)] = true;
+      }
     }
   }
 
@@ -168,7 +175,11 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
         QSPEC_CHECK(std::isfinite(m.format.tensor_scale) && m.format.tensor_scale > 0.0f, dir_, ": tensor '", name,
                     ".tensor_scale' must be positive and finite, got ", m.format.tensor_scale);
       }
-      m.prepare();
+      try {
+        m.prepare();
+      } catch (const Error& error) {
+        fail(dir_, ": tensor '", name, ".qscales': ", error.what());
+      }
       for (float scale : m.block_scale_values)
         QSPEC_CHECK(std::isfinite(scale) && scale >= 0.0f, dir_, ": tensor '", name,
                     ".qscales' holds a scale that is negative, infinite or NaN (", scale, ")");
@@ -181,12 +192,17 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
                 ": details.rotation needs an unsigned integer \"seed\"");
     set_rotation_from_manifest(rotation["seed"].get<uint64_t>());
   }
-  set_quantized_weights(std::move(layers), std::move(info));
+  try {
+    set_quantized_weights(std::move(layers), std::move(info));
+  } catch (const Error& error) {
+    fail(manifest_path, ": ", error.what());
+  }
 }
 
 void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json& manifest_extra) const {
   QSPEC_CHECK(has_quantized_weights(), "save_quantized: the model has no 4-bit weights");
-  const fs::path out(out_dir);
+  fs::path out(out_dir);
+  if (!out.has_filename() && out.has_parent_path()) out = out.parent_path();  // "OUT/" is OUT
   QSPEC_CHECK(!fs::exists(out), out_dir, ": already exists; choose a new output directory (nothing was written)");
   const ModelConfig& c = config_;
   SafetensorsWriter writer;

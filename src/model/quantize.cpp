@@ -1,6 +1,7 @@
 #include "model/quantize.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -16,6 +17,7 @@ CalibrationSet load_calibration_text(const std::string& path, const Tokenizer& t
                                      int64_t sequence_length) {
   QSPEC_CHECK(samples > 0 && sequence_length >= 2, path, ": need at least one calibration sample of 2+ tokens (got ",
               samples, " samples of ", sequence_length, ")");
+  QSPEC_CHECK(!std::filesystem::is_directory(path), path, ": is a directory, not a calibration text file");
   std::ifstream file(path, std::ios::binary);
   QSPEC_CHECK(file.good(), path, ": cannot open calibration file");
   std::stringstream buffer;
