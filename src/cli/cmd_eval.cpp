@@ -4,6 +4,9 @@
 //                                 "answer", the answer ending in "#### N"): greedy answers,
 //                                 strict and flexible exact match, text perplexity.
 //   qspec eval ppl MODEL          sliding-window perplexity of a text (default WikiText-2 test).
+//   qspec eval qspec MODEL [FILE] QSpec acceptance per draft mode and gamma (greedy, verify
+//                                 w4a16), with/without KV overwrite, tokens/s against plain
+//                                 w4a16 and whether every output equals w4a16's.
 //   qspec eval MODEL              = qspec eval gsm MODEL (the original form).
 #include <chrono>
 #include <cmath>
@@ -20,6 +23,7 @@
 #include "qspec/error.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
+#include "runtime/qspec.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
@@ -436,6 +440,143 @@ void run_ppl(const PplArgs& args) {
                                  {"results", rows}});
 }
 
+
+// ---- eval qspec ----
+
+struct QSpecEvalArgs {
+  std::string model_dir;
+  std::string problems_file;
+  std::vector<std::string> drafts = {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"};
+  std::vector<int64_t> gammas = {1, 2, 3, 4, 5, 6};
+  std::string kv_overwrite = "both";
+  std::string weights;
+  int64_t group_size = 0;
+  int64_t limit = 100;
+  int64_t max_tokens = 160;
+  std::string out_file;
+};
+
+void run_qspec_eval(const QSpecEvalArgs& args) {
+  QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
+  QSPEC_CHECK(args.max_tokens > 0, "--max-tokens must be > 0");
+  for (int64_t gamma : args.gammas) QSPEC_CHECK(gamma >= 1, "--gammas: gamma must be >= 1, got ", gamma);
+  const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
+  std::vector<std::string> names = {"w4a16"};
+  names.insert(names.end(), args.drafts.begin(), args.drafts.end());
+  PreparedModel prepared = load_model_for_modes(args.model_dir, names, args.weights, args.group_size);
+  for (size_t i = 1; i < prepared.modes.size(); ++i)
+    QSPEC_CHECK(prepared.modes[i].quantized_weights, "--drafts ", prepared.modes[i].name,
+                ": a draft mode must run the 4-bit weights");
+  auto tokenizer = Tokenizer::load(args.model_dir);
+  const LlamaModel& model = *prepared.model;
+  std::vector<bool> overwrites;
+  if (args.kv_overwrite != "off") overwrites.push_back(true);
+  if (args.kv_overwrite != "on") overwrites.push_back(false);
+
+  GenerationOptions options;
+  options.max_new_tokens = args.max_tokens;
+  options.eos_ids = tokenizer->eos_ids;
+  options.mode = prepared.modes[0];
+  std::vector<std::vector<int32_t>> prompts, references;
+  for (const Problem& problem : problems)
+    prompts.push_back(tokenizer->encode(format_problem(problem), tokenizer->add_bos_by_default));
+
+  const size_t total = problems.size() * (1 + (prepared.modes.size() - 1) * args.gammas.size() * overwrites.size());
+  ProgressBar progress("eval qspec");
+  size_t done = 0;
+  // Plain W4A16: the reference outputs and the baseline speed.
+  int64_t baseline_tokens = 0;
+  double baseline_seconds = 0;
+  for (const auto& prompt : prompts) {
+    const GenerationResult result = generate(model, prompt, options);
+    references.push_back(result.ids);
+    baseline_tokens += static_cast<int64_t>(result.ids.size());
+    baseline_seconds += result.prefill_seconds + result.decode_seconds;
+    progress.update(++done, total);
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::string> lines;
+  for (size_t d = 1; d < prepared.modes.size(); ++d)
+    for (int64_t gamma : args.gammas)
+      for (bool overwrite : overwrites) {
+        QSpecOptions qspec;
+        qspec.verify = prepared.modes[0];
+        qspec.draft = prepared.modes[d];
+        qspec.gamma = gamma;
+        qspec.overwrite_kv = overwrite;
+        QSpecMetrics sum;
+        sum.accepted_histogram.assign(static_cast<size_t>(gamma + 1), 0);
+        int64_t tokens = 0, identical = 0;
+        double seconds = 0;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const QSpecResult result = qspec_generate(model, prompts[i], options, qspec);
+          const QSpecMetrics& m = result.metrics;
+          sum.cycles += m.cycles, sum.draft_steps += m.draft_steps, sum.drafted += m.drafted;
+          sum.accepted += m.accepted, sum.rejected += m.rejected;
+          sum.draft_seconds += m.draft_seconds, sum.verify_seconds += m.verify_seconds;
+          for (size_t a = 0; a < m.accepted_histogram.size(); ++a) sum.accepted_histogram[a] += m.accepted_histogram[a];
+          tokens += static_cast<int64_t>(result.ids.size());
+          seconds += result.prefill_seconds + result.decode_seconds;
+          identical += result.ids == references[i];
+          progress.update(++done, total);
+        }
+        char line[256];
+        std::snprintf(line, sizeof line, "%-12s %5lld %9s %10.1f%% %12.2f %10.1f %9lld/%zu", qspec.draft.name.c_str(),
+                      static_cast<long long>(gamma), overwrite ? "on" : "off", 100 * sum.acceptance_rate(),
+                      sum.mean_accepted_length(), seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
+                      static_cast<long long>(identical), prompts.size());
+        lines.push_back(line);
+        rows.push_back({{"draft", qspec.draft.name},
+                        {"verify", qspec.verify.name},
+                        {"gamma", gamma},
+                        {"kv_overwrite", overwrite},
+                        {"cycles", sum.cycles},
+                        {"draft_steps", sum.draft_steps},
+                        {"drafted", sum.drafted},
+                        {"accepted", sum.accepted},
+                        {"acceptance_rate", sum.acceptance_rate()},
+                        {"mean_accepted_per_cycle", sum.mean_accepted_length()},
+                        {"accepted_histogram", sum.accepted_histogram},
+                        {"generated_tokens", tokens},
+                        {"seconds", seconds},
+                        {"draft_seconds", sum.draft_seconds},
+                        {"verify_seconds", sum.verify_seconds},
+                        {"tokens_per_second", seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
+                        {"identical_to_w4a16", identical}});
+      }
+
+  const double baseline_rate = baseline_seconds > 0 ? static_cast<double>(baseline_tokens) / baseline_seconds : 0.0;
+  std::printf("model %s, %zu problems, greedy, max %lld tokens, 4-bit weights: %s; verify w4a16\n",
+              args.model_dir.c_str(), problems.size(), static_cast<long long>(args.max_tokens),
+              prepared.weights.c_str());
+  std::printf("plain w4a16: %lld tokens, %.1f tok/s (prefill included)\n", static_cast<long long>(baseline_tokens),
+              baseline_rate);
+  std::printf("%-12s %5s %9s %11s %12s %10s %13s\n", "draft", "gamma", "kv-ovwr", "acceptance", "mean acc/cyc",
+              "tok/s", "== w4a16");
+  for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  if (!args.out_file.empty())
+    write_report(args.out_file, {{"benchmark", "eval_qspec"},
+                                 {"commit", git_commit()},
+                                 {"command", command_line()},
+                                 {"model", args.model_dir},
+                                 {"problems_file", args.problems_file},
+                                 {"problems", problems.size()},
+                                 {"parameters",
+                                  {{"max_tokens", args.max_tokens},
+                                   {"limit", args.limit},
+                                   {"decoding", "greedy"},
+                                   {"prompt", "Question: {question}\\nAnswer:"},
+                                   {"stop", "eos"},
+                                   {"weights", prepared.weights},
+                                   {"group_size", prepared.modes[0].activations.group_size},
+                                   {"threads_note", "CPU reference kernels; tokens/s include prefill"}}},
+                                 {"baseline_w4a16", {{"generated_tokens", baseline_tokens},
+                                                     {"seconds", baseline_seconds},
+                                                     {"tokens_per_second", baseline_rate}}},
+                                 {"results", rows}});
+}
+
 }  // namespace
 
 void register_eval(CLI::App& app) {
@@ -474,6 +615,29 @@ void register_eval(CLI::App& app) {
   ppl_command->callback([ppl] {
     if (ppl->data_file.empty()) ppl->data_file = default_ppl_data();
     run_ppl(*ppl);
+  });
+
+  auto qspec_args = std::make_shared<QSpecEvalArgs>();
+  CLI::App* qspec_command = eval->add_subcommand(
+      "qspec", "QSpec acceptance per draft mode and gamma (greedy, verify w4a16), tokens/s vs plain w4a16");
+  qspec_command->add_option("model", qspec_args->model_dir, "Model directory")->required();
+  qspec_command->add_option("file", qspec_args->problems_file,
+                            "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Draft modes")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--gammas", qspec_args->gammas, "Draft lengths")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--kv-overwrite", qspec_args->kv_overwrite, "on|off|both")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
+  qspec_command->add_option("--weights", qspec_args->weights, "4-bit weight format, RTN at load (default int4)");
+  qspec_command->add_option("--group-size", qspec_args->group_size, "int4 group size (0: auto)")
+      ->capture_default_str();
+  qspec_command->add_option("--limit", qspec_args->limit, "First N problems (0: all)")->capture_default_str();
+  qspec_command->add_option("-n,--max-tokens", qspec_args->max_tokens, "Maximum new tokens (eos stops)")
+      ->capture_default_str();
+  qspec_command->add_option("-o,--out", qspec_args->out_file, "Write the results as JSON here");
+  qspec_command->callback([qspec_args] {
+    if (qspec_args->problems_file.empty()) qspec_args->problems_file = qspec_args->model_dir + "/eval_problems.jsonl";
+    run_qspec_eval(*qspec_args);
   });
 
   eval->callback([eval, alias] {

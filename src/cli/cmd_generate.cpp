@@ -7,6 +7,7 @@
 #include "model/llama.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
+#include "runtime/qspec.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
@@ -25,6 +26,10 @@ struct GenerateArgs {
   std::string mode = "w16a16";
   std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
   int64_t group_size = 0;
+  // --mode qspec: draft in this mode, verify in w4a16.
+  std::string draft = "w4a4-nvfp4";
+  int64_t gamma = 4;
+  bool no_kv_overwrite = false;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -36,11 +41,31 @@ void run_generate(const GenerateArgs& args) {
     text << file.rdbuf();
     prompt = text.str();
   }
-  std::vector<RunMode> modes = {parse_run_mode(args.mode)};
+  const bool use_qspec = args.mode == "qspec";
+  std::vector<RunMode> modes;
+  if (use_qspec) {
+    QSPEC_CHECK(args.gamma >= 1, "--gamma must be >= 1, got ", args.gamma);
+    modes = {parse_run_mode("w4a16"), parse_run_mode(args.draft)};
+    QSPEC_CHECK(modes[1].quantized_weights, "--draft ", args.draft,
+                ": the draft mode must run the 4-bit weights (w4a8, w4a8-fp8, w4a4-*)");
+  } else {
+    modes = {parse_run_mode(args.mode)};
+  }
   auto model = LlamaModel::load(args.model_dir);
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
   const RunMode mode = modes[0];
-  if (mode.quantized_weights) std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), mode.name.c_str());
+  QSpecOptions qspec_options;
+  if (use_qspec) {
+    qspec_options.verify = modes[0];
+    qspec_options.draft = modes[1];
+    qspec_options.gamma = args.gamma;
+    qspec_options.overwrite_kv = !args.no_kv_overwrite;
+    std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify %s, gamma %lld%s\n", weights.c_str(),
+                 qspec_options.draft.name.c_str(), qspec_options.verify.name.c_str(),
+                 static_cast<long long>(args.gamma), args.no_kv_overwrite ? ", no KV overwrite" : "");
+  } else if (mode.quantized_weights) {
+    std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), mode.name.c_str());
+  }
   auto tokenizer = Tokenizer::load(args.model_dir);
   QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir,
               ": tokenizer has ", tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
@@ -71,7 +96,9 @@ void run_generate(const GenerateArgs& args) {
     }
     return true;
   };
-  GenerationResult result = generate(*model, prompt_ids, options, on_token);
+  QSpecResult result;
+  if (use_qspec) result = qspec_generate(*model, prompt_ids, options, qspec_options, on_token);
+  else static_cast<GenerationResult&>(result) = generate(*model, prompt_ids, options, on_token);
   if (args.stream) {
     std::fputs(stream.flush().c_str(), stdout);
   } else {
@@ -90,6 +117,7 @@ void run_generate(const GenerateArgs& args) {
                static_cast<long long>(result.prompt_tokens), result.prefill_seconds * 1e3,
                result.prefill_seconds > 0 ? static_cast<double>(result.prompt_tokens) / result.prefill_seconds : 0.0,
                result.ids.size(), result.decode_tokens_per_second(), result.finish_reason.c_str());
+  if (use_qspec) std::fprintf(stderr, "[qspec] %s\n", describe_qspec_metrics(result.metrics, qspec_options).c_str());
 }
 
 }  // namespace
@@ -116,7 +144,15 @@ void register_generate(CLI::App& app) {
   command->add_flag("--print-ids", args->print_ids, "Print the generated token ids to stderr");
   std::string modes;
   for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
-  command->add_option("--mode", args->mode, "Weights and activations: " + modes)->capture_default_str();
+  command->add_option("--mode", args->mode, "Weights and activations: " + modes +
+                                                "|qspec (draft in --draft, verify in w4a16)")
+      ->capture_default_str();
+  command->add_option("--draft", args->draft, "--mode qspec: the draft mode (w4a8, w4a8-fp8, w4a4-int4, ...)")
+      ->capture_default_str();
+  command->add_option("--gamma", args->gamma, "--mode qspec: draft tokens per cycle")->capture_default_str();
+  command->add_flag("--no-kv-overwrite", args->no_kv_overwrite,
+                    "--mode qspec: keep the draft K/V of accepted tokens (the paper's ablation; output then "
+                    "differs from w4a16)");
   command->add_option("--weights", args->weights,
                       "4-bit weight format for w4* modes, quantized at load by RTN (default int4; a qspec "
                       "4-bit checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");

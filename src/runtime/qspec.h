@@ -1,0 +1,70 @@
+// QSpec decoding of one sequence on the contiguous KvCache: a cheap low-precision
+// activation mode (W4A8 / W4A4) drafts gamma tokens one at a time, then ONE forward pass in
+// the verify mode (W4A16) over [last, d_0 .. d_{gamma-1}] scores them all, writing its own
+// K/V over the draft entries, and the agreeing prefix plus the verify's next token are kept.
+// Both modes run from the same loaded 4-bit weights; the mode is a forward() argument.
+//
+// Greedy QSpec emits exactly the tokens of greedy decoding in the verify mode (argmax ties
+// go to the lowest id in both paths): with overwrite_kv every committed K/V row is the
+// verify mode's, bit for bit, because a forward over k tokens computes each token's rows
+// exactly as k single-token forwards do (per-token activation quantization, per-row dot
+// products, per-query attention). With temperature > 0 the draft is accepted by rejection
+// sampling (Leviathan et al. 2023, Chen et al. 2023), so each emitted token follows the
+// verify mode's filtered distribution (the sampler's temperature / top-k / top-p / min-p /
+// repetition penalty applied to both draft and verify logits).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "runtime/generate.h"
+
+namespace qspec {
+
+struct QSpecOptions {
+  RunMode draft;   // the low-precision drafting mode (w4a8, w4a8-fp8, w4a4-*)
+  RunMode verify;  // the target mode (w4a16); the prompt is prefilled in it
+  int64_t gamma = 4;  // draft tokens per cycle (>= 1); fewer near max_new_tokens / the context end
+  // false: the paper's no-overwrite ablation. Accepted draft tokens keep the K/V their draft
+  // pass wrote (the verify's K/V for them is discarded), so later tokens attend to
+  // low-precision K/V and the output is NOT expected to equal verify-mode decoding.
+  bool overwrite_kv = true;
+};
+
+struct QSpecMetrics {
+  int64_t gamma = 0;
+  int64_t cycles = 0;         // verify passes (one per cycle; a cycle near the end may draft nothing)
+  int64_t draft_steps = 0;    // single-token draft forwards
+  int64_t drafted = 0;        // draft tokens offered to the verify pass
+  int64_t accepted = 0;       // draft tokens equal to (greedy) / accepted by (sampling) the verify
+  int64_t rejected = 0;       // drafted - accepted
+  std::vector<int64_t> accepted_histogram;  // [gamma + 1]: cycles by accepted draft tokens; sums to cycles
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+
+  double acceptance_rate() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
+  double mean_accepted_length() const { return cycles > 0 ? static_cast<double>(accepted) / cycles : 0.0; }
+};
+
+struct QSpecResult : GenerationResult {
+  QSpecMetrics metrics;
+};
+
+// Generates like generate() (options.mode is ignored: the prompt and every verify pass run
+// in qspec.verify, the drafts in qspec.draft). Stops on an eos id (kept), after
+// max_new_tokens (never more, even mid-cycle), at the context end, or when on_token returns
+// false. `cache`, when given, must be empty with room for prompt + max_new_tokens rows; it is
+// used instead of a private one and afterwards holds the K/V of every committed token except
+// the last generated one (the tests compare it with plain verify-mode decoding).
+QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> prompt, const GenerationOptions& options,
+                           const QSpecOptions& qspec, const std::function<bool(int32_t)>& on_token = {},
+                           KvCache* cache = nullptr);
+
+// "w4a4-nvfp4 g4 | 312 cycles, accepted 812/1100 (73.8%), mean accepted 2.60 | histogram 0:40 1:...
+// | draft 1.2 s, verify 0.8 s"
+std::string describe_qspec_metrics(const QSpecMetrics& metrics, const QSpecOptions& qspec);
+
+}  // namespace qspec
