@@ -22,6 +22,14 @@ KvCache::KvCache(int64_t layers, int64_t capacity, int64_t kv_dim)
   }
 }
 
+KvBlocks KvCache::blocks() {
+  static const int32_t kSingleBlock[1] = {0};
+  key_pointers_.resize(keys_.size());
+  value_pointers_.resize(values_.size());
+  for (size_t l = 0; l < keys_.size(); ++l) key_pointers_[l] = keys_[l].data(), value_pointers_[l] = values_[l].data();
+  return KvBlocks{key_pointers_.data(), value_pointers_.data(), kSingleBlock, std::max<int64_t>(capacity_, 1)};
+}
+
 void KvCache::set_length(int64_t length) {
   QSPEC_CHECK(length >= 0 && length <= length_, "KvCache::set_length(", length,
               "): only truncation is allowed (length ", length_, ")");
@@ -393,6 +401,8 @@ LlamaModel::Workspace LlamaModel::make_workspace(int64_t tokens) const {
   Workspace w;
   w.normed.resize(static_cast<size_t>(tokens * c.hidden_size));
   w.q.resize(static_cast<size_t>(tokens * c.q_dim()));
+  w.k.resize(static_cast<size_t>(tokens * c.kv_dim()));
+  w.v.resize(static_cast<size_t>(tokens * c.kv_dim()));
   w.attn.resize(static_cast<size_t>(tokens * c.q_dim()));
   w.gate.resize(static_cast<size_t>(tokens * c.intermediate_size));
   w.up.resize(static_cast<size_t>(tokens * c.intermediate_size));
@@ -402,9 +412,15 @@ LlamaModel::Workspace LlamaModel::make_workspace(int64_t tokens) const {
 
 void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* positions, KvCache& cache,
                            const RunMode& mode, ForwardObserver* observer, Workspace& w) const {
+  const Segment segment{0, count, cache.blocks()};
+  run_layer(l, x, count, positions, std::span<const Segment>(&segment, 1), mode, observer, w);
+}
+
+void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* positions,
+                           std::span<const Segment> segments, const RunMode& mode, ForwardObserver* observer,
+                           Workspace& w) const {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate_size;
-  const int64_t start = positions[0];
   const LayerWeights& layer = layers_[static_cast<size_t>(l)];
   using Q = QuantizedLayerWeights;
   // A site's input in the run mode (observed first, then quantized as the mode says).
@@ -418,19 +434,28 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
     if (!mode.quantized_weights) return cpu::linear(in, count, weight, bias_or_null(bias), out);
     cpu::quantized_linear(in, count, quantized_layers_[static_cast<size_t>(l)].*quantized, bias_or_null(bias), out);
   };
-  float* keys = cache.keys(l);
-  float* values = cache.values(l);
-  // Attention block: K and V go straight into the cache rows of their positions.
+  // Attention block: each token's K/V row goes into its sequence's cache at its position,
+  // then each sequence's queries attend over their own cache.
   cpu::rmsnorm(x, layer.attention_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
   const float* in = input(LinearSite::attention_in, w.normed.data(), hidden);
   project(in, layer.q_proj, &Q::q_proj, layer.q_bias, w.q.data());
-  project(in, layer.k_proj, &Q::k_proj, layer.k_bias, keys + start * kv_dim);
-  project(in, layer.v_proj, &Q::v_proj, layer.v_bias, values + start * kv_dim);
+  project(in, layer.k_proj, &Q::k_proj, layer.k_bias, w.k.data());
+  project(in, layer.v_proj, &Q::v_proj, layer.v_bias, w.v.data());
   cpu::rope(w.q.data(), count, c.num_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
-  cpu::rope(keys + start * kv_dim, count, c.num_kv_heads, c.head_dim, positions, inv_freq_.data(),
-            rope_attention_scaling_);
+  cpu::rope(w.k.data(), count, c.num_kv_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
   const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
-  cpu::attention(w.q.data(), count, positions, keys, values, shape, w.attn.data());
+  for (const Segment& segment : segments) {
+    float* keys = segment.kv.keys[l];
+    float* values = segment.kv.values[l];
+    for (int64_t t = segment.first; t < segment.first + segment.count; ++t) {
+      const int64_t row = segment.kv.row(positions[t]);
+      std::copy_n(w.k.data() + t * kv_dim, kv_dim, keys + row * kv_dim);
+      std::copy_n(w.v.data() + t * kv_dim, kv_dim, values + row * kv_dim);
+    }
+    const cpu::PagedKv kv{keys, values, segment.kv.block_table, segment.kv.block_size};
+    cpu::attention(w.q.data() + segment.first * q_dim, segment.count, positions + segment.first, kv, shape,
+                   w.attn.data() + segment.first * q_dim);
+  }
   in = input(LinearSite::attention_out, w.attn.data(), q_dim);
   project(in, layer.o_proj, &Q::o_proj, layer.o_bias, w.projected.data());
   for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];
@@ -448,37 +473,66 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
 
 void LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
                          bool all_logits, const RunMode& mode, ForwardObserver* observer) const {
-  const ModelConfig& c = config_;
   const int64_t count = static_cast<int64_t>(tokens.size());
   QSPEC_CHECK(count > 0, "forward: no tokens");
   QSPEC_CHECK(cache.length() + count <= cache.capacity(), "forward: ", cache.length() + count,
               " tokens exceed the KV cache capacity of ", cache.capacity(),
-              " (the model's context is ", c.max_position_embeddings, ")");
+              " (the model's context is ", config_.max_position_embeddings, ")");
+  const SequenceChunk chunk{tokens, cache.length(), cache.blocks(),
+                            all_logits ? SequenceChunk::Logits::all : SequenceChunk::Logits::last};
+  forward_batch(std::span<const SequenceChunk>(&chunk, 1), logits, mode, observer);
+  cache.length_ += count;
+}
+
+void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vector<float>& logits,
+                               const RunMode& mode, ForwardObserver* observer) const {
+  const ModelConfig& c = config_;
+  QSPEC_CHECK(!chunks.empty(), "forward: no sequences");
   QSPEC_CHECK(!mode.quantized_weights || has_quantized_weights(), "mode ", mode.name,
               " needs 4-bit weights: quantize the model first (qspec --weights FORMAT)");
   QSPEC_CHECK(mode.quantized_weights || has_checkpoint_weights(), "mode ", mode.name, " needs the checkpoint's ",
               "16-bit weights; ", dir_, " holds only 4-bit weights (", quantized_format(), ")");
-  const int64_t hidden = c.hidden_size, start = cache.length();
+  const int64_t hidden = c.hidden_size;
 
-  std::vector<int32_t> positions(count);
-  for (int64_t t = 0; t < count; ++t) positions[t] = static_cast<int32_t>(start + t);
-  std::vector<float> x(count * hidden);
-  for (int64_t t = 0; t < count; ++t) {
-    QSPEC_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "forward: token id ", tokens[t],
-                " outside the vocabulary [0, ", c.vocab_size, ")");
-    embedding_.row_to_f32(tokens[t], &x[t * hidden]);
+  // Flatten the chunks into one token matrix; remember which rows want logits.
+  int64_t count = 0;
+  for (const SequenceChunk& chunk : chunks) count += static_cast<int64_t>(chunk.tokens.size());
+  std::vector<int32_t> positions;
+  std::vector<Segment> segments;
+  std::vector<int64_t> logit_rows;
+  std::vector<float> x(static_cast<size_t>(count * hidden));
+  positions.reserve(static_cast<size_t>(count));
+  for (const SequenceChunk& chunk : chunks) {
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size()), first = static_cast<int64_t>(positions.size());
+    QSPEC_CHECK(n > 0, "forward: a sequence chunk has no tokens");
+    QSPEC_CHECK(chunk.start >= 0 && chunk.start + n <= c.max_position_embeddings, "forward: positions ",
+                chunk.start, "..", chunk.start + n - 1, " exceed the model's context of ", c.max_position_embeddings);
+    QSPEC_CHECK(chunk.kv.keys && chunk.kv.values && chunk.kv.block_table && chunk.kv.block_size > 0,
+                "forward: a sequence chunk has no KV cache");
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t id = chunk.tokens[static_cast<size_t>(t)];
+      QSPEC_CHECK(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary [0, ",
+                  c.vocab_size, ")");
+      embedding_.row_to_f32(id, &x[static_cast<size_t>((first + t) * hidden)]);
+      positions.push_back(static_cast<int32_t>(chunk.start + t));
+    }
+    segments.push_back(Segment{first, n, chunk.kv});
+    if (chunk.logits == SequenceChunk::Logits::all)
+      for (int64_t t = 0; t < n; ++t) logit_rows.push_back(first + t);
+    else if (chunk.logits == SequenceChunk::Logits::last)
+      logit_rows.push_back(first + n - 1);
   }
   Workspace workspace = make_workspace(count);
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    run_layer(l, x.data(), count, positions.data(), cache, mode, observer, workspace);
-  cache.length_ = start + count;
+  for (int64_t l = 0; l < c.num_layers; ++l) run_layer(l, x.data(), count, positions.data(), segments, mode, observer, workspace);
 
-  const int64_t first_logit_row = all_logits ? 0 : count - 1;
-  const int64_t logit_rows = count - first_logit_row;
-  cpu::rmsnorm(x.data() + first_logit_row * hidden, final_norm_.data(), logit_rows, hidden, c.rms_norm_eps,
-               workspace.normed.data());
-  logits.resize(static_cast<size_t>(logit_rows * c.vocab_size));
-  cpu::linear(workspace.normed.data(), logit_rows, lm_head_, nullptr, logits.data());
+  const int64_t rows = static_cast<int64_t>(logit_rows.size());
+  logits.resize(static_cast<size_t>(rows * c.vocab_size));
+  if (rows == 0) return;
+  // Gather the wanted rows (in place: row i <= logit_rows[i]), then norm + lm_head.
+  for (int64_t i = 0; i < rows; ++i)
+    if (logit_rows[i] != i) std::copy_n(&x[logit_rows[i] * hidden], hidden, &x[i * hidden]);
+  cpu::rmsnorm(x.data(), final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
+  cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
 }
 
 }  // namespace qspec

@@ -15,7 +15,22 @@
 
 namespace qspec {
 
-// Keys and values of one sequence, contiguous per layer: [capacity, kv_dim] f32.
+// Where one sequence's K/V rows live in every layer: per-layer pools of f32 rows [*, kv_dim],
+// position p at row block_table[p / block_size] * block_size + p % block_size (see
+// cpu::PagedKv). The contiguous KvCache below and the paged cache of runtime/kv_cache.h both
+// hand the model one of these.
+struct KvBlocks {
+  float* const* keys = nullptr;    // [layers] pool bases
+  float* const* values = nullptr;  // [layers]
+  const int32_t* block_table = nullptr;
+  int64_t block_size = 0;
+  int64_t row(int64_t position) const {
+    return static_cast<int64_t>(block_table[position / block_size]) * block_size + position % block_size;
+  }
+};
+
+// Keys and values of one sequence, contiguous per layer: [capacity, kv_dim] f32 (one block
+// as large as the cache).
 class KvCache {
  public:
   KvCache(int64_t layers, int64_t capacity, int64_t kv_dim);
@@ -24,6 +39,7 @@ class KvCache {
   void set_length(int64_t length);  // truncate (e.g. roll back), never grow past written data
   float* keys(int64_t layer) { return keys_[layer].data(); }
   float* values(int64_t layer) { return values_[layer].data(); }
+  KvBlocks blocks();
 
  private:
   friend class LlamaModel;
@@ -31,6 +47,15 @@ class KvCache {
   int64_t kv_dim_;
   int64_t length_ = 0;
   std::vector<std::vector<float>> keys_, values_;
+  std::vector<float*> key_pointers_, value_pointers_;
+};
+
+// One sequence's part of a batched forward pass (LlamaModel::forward_batch).
+struct SequenceChunk {
+  std::span<const int32_t> tokens;
+  int64_t start = 0;  // position of tokens[0]: K/V rows start.. are written, rows < start read
+  KvBlocks kv;
+  enum class Logits : uint8_t { none, last, all } logits = Logits::last;
 };
 
 struct LayerWeights {
@@ -116,6 +141,13 @@ class LlamaModel {
   // layer; the KV cache and all other weights are shared by every mode.
   void forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
                bool all_logits = false, const RunMode& mode = {}, ForwardObserver* observer = nullptr) const;
+  // One pass over several sequences' chunks (continuous batching): the linear layers see all
+  // their tokens as one matrix, attention runs per sequence over its own K/V. Every row is
+  // computed exactly as it would be alone (per-token activation quantization, per-row dot
+  // products, per-query attention), so batch composition never changes a sequence's logits.
+  // Logit rows are appended chunk by chunk as each chunk's `logits` asks ([rows, vocab]).
+  void forward_batch(std::span<const SequenceChunk> chunks, std::vector<float>& logits, const RunMode& mode = {},
+                     ForwardObserver* observer = nullptr) const;
 
   // Quantizes the seven projections of every layer to 4 bits (round to nearest, no ARC),
   // kept beside the checkpoint weights so W16A16 and the 4-bit modes run from one loaded
@@ -162,13 +194,21 @@ class LlamaModel {
 
   // Scratch buffers of one forward pass.
   struct Workspace {
-    std::vector<float> normed, q, attn, gate, up, projected, site_input, site_scratch;
+    std::vector<float> normed, q, k, v, attn, gate, up, projected, site_input, site_scratch;
+  };
+  // Tokens [first, first + count) of a batch belong to one sequence whose K/V is `kv`.
+  struct Segment {
+    int64_t first = 0, count = 0;
+    KvBlocks kv;
   };
   Workspace make_workspace(int64_t tokens) const;
   // One decoder layer over `count` tokens in place on x [count, hidden]: K/V of positions
   // positions[0..count) go into cache rows start..start+count of layer l (the cache length is
   // not touched). Used by forward and by layer-by-layer calibration (GPTQ).
   void run_layer(int64_t l, float* x, int64_t count, const int32_t* positions, KvCache& cache,
+                 const RunMode& mode, ForwardObserver* observer, Workspace& workspace) const;
+  // The same over a batch of sequences (positions[t] is token t's position in its sequence).
+  void run_layer(int64_t l, float* x, int64_t count, const int32_t* positions, std::span<const Segment> segments,
                  const RunMode& mode, ForwardObserver* observer, Workspace& workspace) const;
 
  private:

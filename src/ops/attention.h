@@ -11,7 +11,23 @@ struct AttentionShape {
   int64_t sliding_window = 0;  // 0: attend to the whole history
 };
 
-// q: [tokens, num_heads * head_dim]; keys/values: [history, num_kv_heads * head_dim] where
+// K/V rows of one sequence in paged pools [*, num_kv_heads * head_dim]: position p is row
+// block_table[p / block_size] * block_size + p % block_size. The rows are visited in position
+// order whatever the block layout, so paged and contiguous caches give bit-identical results.
+struct PagedKv {
+  const float* keys = nullptr;
+  const float* values = nullptr;
+  const int32_t* block_table = nullptr;
+  int64_t block_size = 0;
+  int64_t row(int64_t position) const {
+    return static_cast<int64_t>(block_table[position / block_size]) * block_size + position % block_size;
+  }
+};
+
+void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
+               const AttentionShape& shape, float* out);
+
+// The contiguous case: q: [tokens, num_heads * head_dim]; keys/values: [history, num_kv_heads * head_dim] where
 // token t sits at position positions[t] and sees keys 0..positions[t] (within the window);
 // out: [tokens, num_heads * head_dim]. Scores are scaled by 1/sqrt(head_dim).
 void attention(const float* q, int64_t tokens, const int32_t* positions, const float* keys,

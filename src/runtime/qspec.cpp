@@ -64,6 +64,66 @@ struct SavedRows {
 
 }  // namespace
 
+QSpecAcceptor::QSpecAcceptor(const SamplingParams& params)
+    : greedy_(params.greedy()), sampler_(params), generator_(params.seed) {}
+
+int32_t QSpecAcceptor::pick(std::span<const float> row, std::span<const int32_t> history, std::vector<float>* probs) {
+  if (greedy_) return sampler_.sample(row, history);
+  *probs = sampler_.probabilities(row, history);
+  return draw_from(*probs, uniform(generator_));
+}
+
+QSpecAcceptor::Outcome QSpecAcceptor::accept(std::span<const int32_t> drafts,
+                                             const std::vector<std::vector<float>>& draft_probs,
+                                             const float* verify_logits, int64_t vocab,
+                                             std::vector<int32_t>& history) {
+  const int64_t drafted = static_cast<int64_t>(drafts.size());
+  const size_t history_size = history.size();
+  auto row = [&](int64_t i) {
+    return std::span<const float>(verify_logits + i * vocab, static_cast<size_t>(vocab));
+  };
+  Outcome outcome;
+  std::vector<float> p;
+  for (; outcome.accepted < drafted; ++outcome.accepted) {
+    const int32_t d = drafts[static_cast<size_t>(outcome.accepted)];
+    if (greedy_) {
+      const int32_t target = sampler_.sample(row(outcome.accepted), history);
+      if (target != d) {
+        outcome.next = target;
+        break;
+      }
+    } else {
+      p = sampler_.probabilities(row(outcome.accepted), history);
+      const std::vector<float>& q = draft_probs[static_cast<size_t>(outcome.accepted)];
+      const double u = uniform(generator_);
+      // Accept with probability min(1, p(d) / q(d)) (q(d) > 0: d was drawn from q); on
+      // rejection draw from the residual max(0, p - q), renormalised.
+      if (!(u * q[d] < p[d])) {
+        std::vector<float> residual(p.size());
+        double mass = 0;
+        for (size_t v = 0; v < p.size(); ++v) {
+          residual[v] = std::max(0.0f, p[v] - q[v]);
+          mass += residual[v];
+        }
+        outcome.next = draw_from(mass > 0 ? std::span<const float>(residual) : std::span<const float>(p),
+                                 uniform(generator_));
+        break;
+      }
+    }
+    history.push_back(d);
+  }
+  if (outcome.next < 0) {  // every draft accepted: the bonus token from the last row
+    if (greedy_) {
+      outcome.next = sampler_.sample(row(drafted), history);
+    } else {
+      p = sampler_.probabilities(row(drafted), history);
+      outcome.next = draw_from(p, uniform(generator_));
+    }
+  }
+  history.resize(history_size);
+  return outcome;
+}
+
 QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> prompt, const GenerationOptions& options,
                            const QSpecOptions& qspec, const std::function<bool(int32_t)>& on_token,
                            KvCache* external_cache) {
@@ -91,9 +151,7 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
   QSPEC_CHECK(cache.capacity() >= result.prompt_tokens + budget, "qspec: the KV cache holds ", cache.capacity(),
               " rows; ", result.prompt_tokens + budget, " are needed");
 
-  const bool greedy = options.sampling.greedy();
-  Sampler sampler(options.sampling);
-  std::mt19937_64 generator(options.sampling.seed);
+  QSpecAcceptor acceptor(options.sampling);
   const int64_t vocab = config.vocab_size;
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits, verify_logits;
@@ -119,12 +177,7 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
   auto is_eos = [&](int32_t id) {
     return std::find(options.eos_ids.begin(), options.eos_ids.end(), id) != options.eos_ids.end();
   };
-  // One token from a logit row with `history` as the repetition-penalty context.
-  auto pick = [&](std::span<const float> row, std::vector<float>* probs) -> int32_t {
-    if (greedy) return sampler.sample(row, history);
-    *probs = sampler.probabilities(row, history);
-    return draw_from(*probs, uniform(generator));
-  };
+  auto pick = [&](std::span<const float> row, std::vector<float>* probs) { return acceptor.pick(row, history, probs); };
 
   // Prefill in the verify mode; its last logits give the first token.
   auto start = Clock::now();
@@ -137,7 +190,6 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
 
   std::vector<int32_t> drafts, verify_tokens;
   std::vector<std::vector<float>> draft_probs;  // q_i (sampling only)
-  std::vector<float> p;
   while (!done) {
     // The cache holds every committed token but the last one.
     const int64_t base = cache.length();
@@ -177,49 +229,9 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
     metrics.drafted += drafted;
 
     // Accept the agreeing prefix, then the verify's own token after it.
-    int64_t accepted = 0;
-    int32_t next = -1;
-    auto row = [&](int64_t i) {
-      return std::span<const float>(verify_logits.data() + i * vocab, static_cast<size_t>(vocab));
-    };
-    for (; accepted < drafted; ++accepted) {
-      const int32_t d = drafts[static_cast<size_t>(accepted)];
-      if (greedy) {
-        const int32_t target = sampler.sample(row(accepted), history);
-        if (target != d) {
-          next = target;
-          break;
-        }
-      } else {
-        p = sampler.probabilities(row(accepted), history);
-        const std::vector<float>& q = draft_probs[static_cast<size_t>(accepted)];
-        const double u = uniform(generator);
-        // Accept with probability min(1, p(d) / q(d)) (q(d) > 0: d was drawn from q).
-        if (!(u * q[d] < p[d])) {
-          std::vector<float> residual(p.size());
-          double mass = 0;
-          for (size_t v = 0; v < p.size(); ++v) {
-            residual[v] = std::max(0.0f, p[v] - q[v]);
-            mass += residual[v];
-          }
-          next = draw_from(mass > 0 ? std::span<const float>(residual) : std::span<const float>(p),
-                           uniform(generator));
-          break;
-        }
-      }
-      history.push_back(d);
-    }
-    history.resize(history_size);
-    if (next < 0) {  // every draft accepted: the bonus token from the last row
-      std::vector<int32_t> context_ids = history;
-      context_ids.insert(context_ids.end(), drafts.begin(), drafts.end());
-      if (greedy) {
-        next = sampler.sample(row(drafted), context_ids);
-      } else {
-        p = sampler.probabilities(row(drafted), context_ids);
-        next = draw_from(p, uniform(generator));
-      }
-    }
+    const QSpecAcceptor::Outcome outcome = acceptor.accept(drafts, draft_probs, verify_logits.data(), vocab, history);
+    const int64_t accepted = outcome.accepted;
+    const int32_t next = outcome.next;
     metrics.verify_seconds += seconds_since(verify_start);
     metrics.accepted += accepted;
     metrics.rejected += drafted - accepted;

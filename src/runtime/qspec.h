@@ -19,8 +19,12 @@
 #include <string>
 #include <vector>
 
+#include <random>
+
 #include "model/llama.h"
+#include "qspec/metrics.h"
 #include "runtime/generate.h"
+#include "runtime/sampler.h"
 
 namespace qspec {
 
@@ -34,19 +38,31 @@ struct QSpecOptions {
   bool overwrite_kv = true;
 };
 
-struct QSpecMetrics {
-  int64_t gamma = 0;
-  int64_t cycles = 0;         // verify passes (one per cycle; a cycle near the end may draft nothing)
-  int64_t draft_steps = 0;    // single-token draft forwards
-  int64_t drafted = 0;        // draft tokens offered to the verify pass
-  int64_t accepted = 0;       // draft tokens equal to (greedy) / accepted by (sampling) the verify
-  int64_t rejected = 0;       // drafted - accepted
-  std::vector<int64_t> accepted_histogram;  // [gamma + 1]: cycles by accepted draft tokens; sums to cycles
-  double draft_seconds = 0;
-  double verify_seconds = 0;
 
-  double acceptance_rate() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
-  double mean_accepted_length() const { return cycles > 0 ? static_cast<double>(accepted) / cycles : 0.0; }
+// The per-sequence token choices of QSpec: the first token and the drafts (pick), and the
+// acceptance of a cycle's drafts against the verify pass's logits (accept). The
+// single-sequence loop below and the batching engine (runtime/engine.cpp) share it, so both
+// make exactly the same choices from the same logits and seed.
+class QSpecAcceptor {
+ public:
+  explicit QSpecAcceptor(const SamplingParams& params);
+  // A token from a logit row with `history` (prompt + committed ids) as the repetition-penalty
+  // context. When sampling, `probs` receives the distribution it was drawn from (q for a draft).
+  int32_t pick(std::span<const float> row, std::span<const int32_t> history, std::vector<float>* probs);
+
+  struct Outcome {
+    int64_t accepted = 0;  // leading drafts kept
+    int32_t next = -1;     // the verify's token after them (correction or bonus)
+  };
+  // verify_logits: [drafts.size() + 1, vocab], row i scoring the token after d_{i-1}. `history`
+  // is used as scratch and restored.
+  Outcome accept(std::span<const int32_t> drafts, const std::vector<std::vector<float>>& draft_probs,
+                 const float* verify_logits, int64_t vocab, std::vector<int32_t>& history);
+
+ private:
+  bool greedy_;
+  Sampler sampler_;
+  std::mt19937_64 generator_;
 };
 
 struct QSpecResult : GenerationResult {

@@ -23,6 +23,13 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 void attention(const float* q, int64_t tokens, const int32_t* positions, const float* keys,
                const float* values, const AttentionShape& shape, float* out) {
+  static const int32_t kSingleBlock[1] = {0};
+  const PagedKv contiguous{keys, values, kSingleBlock, int64_t{1} << 40};
+  attention(q, tokens, positions, contiguous, shape, out);
+}
+
+void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
+               const AttentionShape& shape, float* out) {
   const int64_t head_dim = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t kv_stride = shape.num_kv_heads * head_dim;
@@ -41,7 +48,7 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const f
       scores.resize(static_cast<size_t>(last - first + 1));
       float max_score = -INFINITY;
       for (int64_t p = first; p <= last; ++p) {
-        const float* key = keys + p * kv_stride + kv_head * head_dim;
+        const float* key = kv.keys + kv.row(p) * kv_stride + kv_head * head_dim;
         const float score = dot(query, key, head_dim) * scale;
         scores[p - first] = score;
         max_score = std::max(max_score, score);
@@ -55,7 +62,7 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const f
       std::fill(result, result + head_dim, 0.0f);
       for (int64_t p = first; p <= last; ++p) {
         const float weight = scores[p - first] / denominator;
-        const float* value = values + p * kv_stride + kv_head * head_dim;
+        const float* value = kv.values + kv.row(p) * kv_stride + kv_head * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
       }
     }

@@ -1,0 +1,147 @@
+// The qspec engine API: submit requests, get their tokens streamed back, cancel them, read
+// metrics. One engine serves many requests with continuous batching (ORCA-style): every step
+// runs one forward pass per activation mode over all running sequences -- prefill chunks,
+// single decode tokens and QSpec verify passes together -- on a paged KV cache, and a
+// finished sequence's slot and blocks are refilled at the next step. The CLI's `generate`
+// and the HTTP server sit on this API.
+//
+// Batch composition never changes a sequence's tokens: every row of a batched forward pass is
+// computed exactly as it would be alone, and each request samples from its own seeded state.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qspec/error.h"
+#include "qspec/metrics.h"
+#include "qspec/sampling.h"
+
+namespace qspec {
+
+class LlamaModel;
+class Tokenizer;
+
+struct EngineOptions {
+  int64_t max_batch_size = 16;     // running sequences at a time
+  int64_t max_batch_tokens = 512;  // tokens of one step; prompt chunks fill what decoding leaves
+  int64_t prefill_chunk = 256;     // prompt tokens of one sequence in one step (chunked prefill)
+  int64_t kv_blocks = 0;           // blocks in the pool; 0: room for max_batch_size full contexts,
+                                   // capped at kv_memory_bytes
+  int64_t kv_block_size = 16;      // positions per block
+  size_t kv_memory_bytes = size_t{1} << 30;  // cap for the automatic kv_blocks
+  int64_t activation_group_size = 0;  // int4 activations: 0 = the int4 weights' group size
+  int64_t max_waiting = 0;         // queued requests beyond which submit throws QueueFull; 0: no bound
+};
+
+// A request. mode "qspec" drafts `gamma` tokens in `draft` and verifies them in `verify`; any
+// other mode name (w16a16, w4a16, w4a8, w4a8-fp8, w4a4-*, *-arc) decodes plainly in that mode.
+struct Request {
+  std::vector<int32_t> prompt;  // token ids (Engine::tokenize turns text into them)
+  SamplingParams sampling;
+  int64_t max_new_tokens = 128;
+  bool ignore_eos = false;           // do not stop at the model's eos ids
+  std::vector<int32_t> stop_ids;     // extra stop ids (kept in the output, like eos)
+  std::vector<std::string> stop;     // stop strings (needs a tokenizer): output ends before them
+  std::string mode = "w4a16";
+  std::string draft = "w4a4-nvfp4";  // qspec: the low-precision drafting mode
+  std::string verify = "w4a16";      // qspec: the target mode
+  int64_t gamma = 4;                 // qspec: draft tokens per cycle (1..16)
+  bool adaptive_gamma = false;       // qspec: move gamma per sequence with its recent acceptance
+  int64_t max_gamma = 8;             // qspec: upper bound of adaptive gamma
+  bool kv_overwrite = true;          // qspec: false = the paper's no-overwrite ablation
+};
+
+using RequestId = uint64_t;
+
+struct RequestMetrics {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;            // times its KV blocks were taken back (then recomputed)
+  double queue_seconds = 0;           // submit -> first scheduled
+  double time_to_first_token = 0;     // submit -> first token
+  double total_seconds = 0;           // submit -> finished
+  double decode_tokens_per_second() const {
+    const double decode = total_seconds - time_to_first_token;
+    return generated_tokens > 1 && decode > 0 ? static_cast<double>(generated_tokens - 1) / decode : 0.0;
+  }
+  QSpecMetrics qspec;  // mode qspec only
+};
+
+// What a request's callback receives: once per step that produced tokens, and once with
+// finished = true (possibly together with the last tokens).
+struct TokenEvent {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // ids committed in this step (QSpec commits several at once)
+  std::string text;             // their text, minus anything a stop string may still claim
+  bool finished = false;
+  // "eos", "stop" (stop id or string), "length", "context", "cancelled", "error"
+  std::string finish_reason;
+  std::string error;            // finish_reason "error": what went wrong
+  const RequestMetrics* metrics = nullptr;  // set when finished
+};
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+struct EngineMetrics {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
+  int64_t requests_rejected = 0;  // QueueFull
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t steps = 0, forward_passes = 0, preemptions = 0;
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  double busy_seconds = 0;  // time spent in steps
+  QSpecMetrics qspec;       // summed over finished qspec requests (draft/verify seconds per request)
+  std::vector<int64_t> batch_size_histogram;  // steps by running sequences
+  double generated_tokens_per_second() const {
+    return busy_seconds > 0 ? static_cast<double>(generated_tokens) / busy_seconds : 0.0;
+  }
+};
+
+// Thrown by submit when max_waiting requests are already queued (an HTTP server answers 429).
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+
+class Engine {
+ public:
+  // The model (and tokenizer, when given) must outlive the engine. Without a tokenizer,
+  // events carry no text and stop strings are refused.
+  Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Checks the request (prompt within the context, modes known and runnable on the loaded
+  // weights, sampling parameters, gamma) and queues it; throws qspec::Error naming the field
+  // at fault, QueueFull when the queue is full. Thread-safe. The callback runs on the thread
+  // that runs step() and must not block for long.
+  RequestId submit(Request request, TokenCallback on_event);
+  // Finishes the request with "cancelled" at the next step and frees its blocks; false when
+  // it is unknown or already finished. Thread-safe.
+  bool cancel(RequestId id);
+
+  // Synchronous driving: one scheduling step (admit, one forward pass per mode, emit);
+  // false when there was nothing to do. run_until_idle() steps until every request finished.
+  bool step();
+  void run_until_idle();
+
+  // Background driving: a thread steps while there is work and sleeps otherwise. stop()
+  // drains (lets every queued and running request finish) or, with drain = false, cancels
+  // them; it returns when the thread has ended. Do not mix with step().
+  void start();
+  void stop(bool drain = true);
+
+  EngineMetrics metrics() const;  // a snapshot; thread-safe
+  const EngineOptions& options() const;
+
+  // Text -> prompt ids with the model's bos convention (needs a tokenizer).
+  std::vector<int32_t> tokenize(const std::string& text) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qspec
