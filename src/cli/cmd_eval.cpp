@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -20,6 +22,7 @@
 
 #include "cli/commands.h"
 #include "model/llama.h"
+#include "qspec/engine.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
@@ -442,12 +445,18 @@ void run_ppl(const PplArgs& args) {
 
 
 // ---- eval qspec ----
+// Every configuration runs all problems through the continuous-batching engine with
+// staggered arrivals (one or two new requests a step), and every output is compared with
+// plain greedy W4A16 decoding of the same problem. A difference is reported as an exact
+// logit tie when the W4A16 logits at the first differing position hold the two tokens at
+// exactly the same value; anything else is a mismatch (and a bug).
 
 struct QSpecEvalArgs {
   std::string model_dir;
   std::string problems_file;
   std::vector<std::string> drafts = {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"};
   std::vector<int64_t> gammas = {1, 2, 3, 4, 5, 6};
+  std::vector<int64_t> batch_sizes = {16};
   std::string kv_overwrite = "both";
   std::string weights;
   int64_t group_size = 0;
@@ -456,10 +465,72 @@ struct QSpecEvalArgs {
   std::string out_file;
 };
 
+struct EngineRun {
+  std::vector<std::vector<int32_t>> outputs;
+  QSpecMetrics qspec;
+  double seconds = 0;
+  int64_t tokens = 0;
+  int64_t steps = 0;
+};
+
+EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer,
+                             const std::vector<std::vector<int32_t>>& prompts, const Request& base, int64_t batch,
+                             const std::function<void()>& on_done) {
+  EngineOptions options;
+  options.max_batch_size = batch;
+  Engine engine(model, &tokenizer, options);
+  EngineRun run;
+  run.outputs.resize(prompts.size());
+  std::map<RequestId, size_t> index;
+  auto callback = [&](const TokenEvent& event) {
+    auto& out = run.outputs[index.at(event.id)];
+    out.insert(out.end(), event.tokens.begin(), event.tokens.end());
+    if (event.finished) {
+      if (event.finish_reason == "error") fail("eval qspec: request failed: ", event.error);
+      if (event.metrics) run.qspec.add(event.metrics->qspec);
+      on_done();
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  size_t next = 0;
+  for (int64_t step = 0; next < prompts.size() || engine.metrics().running + engine.metrics().waiting > 0; ++step) {
+    for (int arrivals = 1 + static_cast<int>(step % 2); arrivals > 0 && next < prompts.size(); --arrivals, ++next) {
+      Request request = base;
+      request.prompt = prompts[next];
+      index[engine.submit(std::move(request), callback)] = next;
+    }
+    engine.step();
+  }
+  engine.run_until_idle();
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  run.steps = engine.metrics().steps;
+  for (const auto& out : run.outputs) run.tokens += static_cast<int64_t>(out.size());
+  return run;
+}
+
+// "identical", "tie" (the W4A16 logits of the two tokens at the first difference are exactly
+// equal) or "mismatch".
+std::string compare_with_reference(const LlamaModel& model, const RunMode& verify, const std::vector<int32_t>& prompt,
+                                   const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  if (got == want) return "identical";
+  size_t first = 0;
+  while (first < got.size() && first < want.size() && got[first] == want[first]) ++first;
+  if (first == got.size() || first == want.size()) return "mismatch";  // one stopped early
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), want.begin(), want.begin() + static_cast<long>(first));
+  KvCache cache = model.new_cache(static_cast<int64_t>(context.size()));
+  std::vector<float> logits;
+  model.forward(context, cache, logits, false, verify);
+  return logits[static_cast<size_t>(got[first])] == logits[static_cast<size_t>(want[first])] ? "tie" : "mismatch";
+}
+
 void run_qspec_eval(const QSpecEvalArgs& args) {
   QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
   QSPEC_CHECK(args.max_tokens > 0, "--max-tokens must be > 0");
-  for (int64_t gamma : args.gammas) QSPEC_CHECK(gamma >= 1, "--gammas: gamma must be >= 1, got ", gamma);
+  for (int64_t gamma : args.gammas) QSPEC_CHECK(gamma >= 1 && gamma <= 16, "--gammas: gamma must be in 1..16, got ", gamma);
+  for (int64_t batch : args.batch_sizes) QSPEC_CHECK(batch >= 1, "--batch-sizes: must be >= 1, got ", batch);
+  QSPEC_CHECK(args.kv_overwrite == "on" || args.kv_overwrite == "off" || args.kv_overwrite == "both",
+              "--kv-overwrite must be on, off or both, got ", args.kv_overwrite);
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
   std::vector<std::string> names = {"w4a16"};
   names.insert(names.end(), args.drafts.begin(), args.drafts.end());
@@ -473,88 +544,98 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
   if (args.kv_overwrite != "off") overwrites.push_back(true);
   if (args.kv_overwrite != "on") overwrites.push_back(false);
 
-  GenerationOptions options;
-  options.max_new_tokens = args.max_tokens;
-  options.eos_ids = tokenizer->eos_ids;
-  options.mode = prepared.modes[0];
-  std::vector<std::vector<int32_t>> prompts, references;
+  std::vector<std::vector<int32_t>> prompts;
   for (const Problem& problem : problems)
     prompts.push_back(tokenizer->encode(format_problem(problem), tokenizer->add_bos_by_default));
 
-  const size_t total = problems.size() * (1 + (prepared.modes.size() - 1) * args.gammas.size() * overwrites.size());
+  const size_t runs = args.batch_sizes.size() * (1 + (prepared.modes.size() - 1) * args.gammas.size() * overwrites.size());
+  const size_t total = problems.size() * runs;
   ProgressBar progress("eval qspec");
   size_t done = 0;
-  // Plain W4A16: the reference outputs and the baseline speed.
-  int64_t baseline_tokens = 0;
-  double baseline_seconds = 0;
-  for (const auto& prompt : prompts) {
-    const GenerationResult result = generate(model, prompt, options);
-    references.push_back(result.ids);
-    baseline_tokens += static_cast<int64_t>(result.ids.size());
-    baseline_seconds += result.prefill_seconds + result.decode_seconds;
-    progress.update(++done, total);
+  auto tick = [&] { progress.update(++done, total); };
+
+  Request base;
+  base.max_new_tokens = args.max_tokens;
+  nlohmann::json rows = nlohmann::json::array(), baselines = nlohmann::json::array();
+  std::vector<std::string> lines;
+  std::vector<std::vector<int32_t>> references;
+  int64_t mismatches = 0, ties = 0;
+  for (int64_t batch : args.batch_sizes) {
+    // Plain W4A16 through the engine: the reference outputs (first batch size; the others
+    // are checked against it) and the baseline speed.
+    Request plain = base;
+    plain.mode = prepared.modes[0].name;
+    const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, tick);
+    int64_t baseline_differs = 0;
+    if (references.empty()) references = baseline.outputs;
+    for (size_t i = 0; i < prompts.size(); ++i) baseline_differs += baseline.outputs[i] != references[i];
+    mismatches += baseline_differs;
+    baselines.push_back({{"batch_size", batch},
+                         {"generated_tokens", baseline.tokens},
+                         {"seconds", baseline.seconds},
+                         {"tokens_per_second", baseline.tokens / std::max(baseline.seconds, 1e-9)},
+                         {"differs_from_first_batch_size", baseline_differs}});
+    for (size_t d = 1; d < prepared.modes.size(); ++d)
+      for (int64_t gamma : args.gammas)
+        for (bool overwrite : overwrites) {
+          Request request = base;
+          request.mode = "qspec";
+          request.verify = prepared.modes[0].name;
+          request.draft = prepared.modes[d].name;
+          request.gamma = gamma;
+          request.kv_overwrite = overwrite;
+          const EngineRun run = run_through_engine(model, *tokenizer, prompts, request, batch, tick);
+          int64_t identical = 0, tie = 0, mismatch = 0;
+          for (size_t i = 0; i < prompts.size(); ++i) {
+            const std::string verdict =
+                compare_with_reference(model, prepared.modes[0], prompts[i], run.outputs[i], references[i]);
+            identical += verdict == "identical", tie += verdict == "tie", mismatch += verdict == "mismatch";
+          }
+          if (overwrite) mismatches += mismatch, ties += tie;  // no-overwrite may legitimately differ
+          const QSpecMetrics& sum = run.qspec;
+          const double rate = run.tokens / std::max(run.seconds, 1e-9);
+          char line[256];
+          std::snprintf(line, sizeof line, "%5lld %-12s %5lld %9s %10.1f%% %12.2f %10.1f %9lld/%zu %4lld %8lld",
+                        static_cast<long long>(batch), request.draft.c_str(), static_cast<long long>(gamma),
+                        overwrite ? "on" : "off", 100 * sum.acceptance_rate(), sum.mean_accepted_length(), rate,
+                        static_cast<long long>(identical), prompts.size(), static_cast<long long>(tie),
+                        static_cast<long long>(mismatch));
+          lines.push_back(line);
+          rows.push_back({{"batch_size", batch},
+                          {"draft", request.draft},
+                          {"verify", request.verify},
+                          {"gamma", gamma},
+                          {"kv_overwrite", overwrite},
+                          {"cycles", sum.cycles},
+                          {"draft_steps", sum.draft_steps},
+                          {"drafted", sum.drafted},
+                          {"accepted", sum.accepted},
+                          {"acceptance_rate", sum.acceptance_rate()},
+                          {"mean_accepted_per_cycle", sum.mean_accepted_length()},
+                          {"accepted_histogram", sum.accepted_histogram},
+                          {"generated_tokens", run.tokens},
+                          {"seconds", run.seconds},
+                          {"engine_steps", run.steps},
+                          {"tokens_per_second", rate},
+                          {"identical_to_w4a16", identical},
+                          {"exact_logit_ties", tie},
+                          {"mismatches", mismatch}});
+        }
   }
 
-  nlohmann::json rows = nlohmann::json::array();
-  std::vector<std::string> lines;
-  for (size_t d = 1; d < prepared.modes.size(); ++d)
-    for (int64_t gamma : args.gammas)
-      for (bool overwrite : overwrites) {
-        QSpecOptions qspec;
-        qspec.verify = prepared.modes[0];
-        qspec.draft = prepared.modes[d];
-        qspec.gamma = gamma;
-        qspec.overwrite_kv = overwrite;
-        QSpecMetrics sum;
-        sum.accepted_histogram.assign(static_cast<size_t>(gamma + 1), 0);
-        int64_t tokens = 0, identical = 0;
-        double seconds = 0;
-        for (size_t i = 0; i < prompts.size(); ++i) {
-          const QSpecResult result = qspec_generate(model, prompts[i], options, qspec);
-          const QSpecMetrics& m = result.metrics;
-          sum.cycles += m.cycles, sum.draft_steps += m.draft_steps, sum.drafted += m.drafted;
-          sum.accepted += m.accepted, sum.rejected += m.rejected;
-          sum.draft_seconds += m.draft_seconds, sum.verify_seconds += m.verify_seconds;
-          for (size_t a = 0; a < m.accepted_histogram.size(); ++a) sum.accepted_histogram[a] += m.accepted_histogram[a];
-          tokens += static_cast<int64_t>(result.ids.size());
-          seconds += result.prefill_seconds + result.decode_seconds;
-          identical += result.ids == references[i];
-          progress.update(++done, total);
-        }
-        char line[256];
-        std::snprintf(line, sizeof line, "%-12s %5lld %9s %10.1f%% %12.2f %10.1f %9lld/%zu", qspec.draft.name.c_str(),
-                      static_cast<long long>(gamma), overwrite ? "on" : "off", 100 * sum.acceptance_rate(),
-                      sum.mean_accepted_length(), seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
-                      static_cast<long long>(identical), prompts.size());
-        lines.push_back(line);
-        rows.push_back({{"draft", qspec.draft.name},
-                        {"verify", qspec.verify.name},
-                        {"gamma", gamma},
-                        {"kv_overwrite", overwrite},
-                        {"cycles", sum.cycles},
-                        {"draft_steps", sum.draft_steps},
-                        {"drafted", sum.drafted},
-                        {"accepted", sum.accepted},
-                        {"acceptance_rate", sum.acceptance_rate()},
-                        {"mean_accepted_per_cycle", sum.mean_accepted_length()},
-                        {"accepted_histogram", sum.accepted_histogram},
-                        {"generated_tokens", tokens},
-                        {"seconds", seconds},
-                        {"draft_seconds", sum.draft_seconds},
-                        {"verify_seconds", sum.verify_seconds},
-                        {"tokens_per_second", seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
-                        {"identical_to_w4a16", identical}});
-      }
-
-  const double baseline_rate = baseline_seconds > 0 ? static_cast<double>(baseline_tokens) / baseline_seconds : 0.0;
-  std::printf("model %s, %zu problems, greedy, max %lld tokens, 4-bit weights: %s; verify w4a16\n",
+  std::printf("model %s, %zu problems, greedy, max %lld tokens, 4-bit weights: %s; verify w4a16; engine with "
+              "staggered arrivals\n",
               args.model_dir.c_str(), problems.size(), static_cast<long long>(args.max_tokens),
               prepared.weights.c_str());
-  std::printf("plain w4a16: %lld tokens, %.1f tok/s (prefill included)\n", static_cast<long long>(baseline_tokens),
-              baseline_rate);
-  std::printf("%-12s %5s %9s %11s %12s %10s %13s\n", "draft", "gamma", "kv-ovwr", "acceptance", "mean acc/cyc",
-              "tok/s", "== w4a16");
+  for (const auto& b : baselines)
+    std::printf("plain w4a16, batch %lld: %lld tokens, %.1f tok/s (prefill included)\n",
+                static_cast<long long>(b["batch_size"].get<int64_t>()),
+                static_cast<long long>(b["generated_tokens"].get<int64_t>()), b["tokens_per_second"].get<double>());
+  std::printf("%5s %-12s %5s %9s %11s %12s %10s %13s %4s %8s\n", "batch", "draft", "gamma", "kv-ovwr", "acceptance",
+              "mean acc/cyc", "tok/s", "== w4a16", "ties", "mismatch");
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  std::printf("greedy QSpec (kv overwrite on) vs W4A16: %lld exact logit ties, %lld mismatches\n",
+              static_cast<long long>(ties), static_cast<long long>(mismatches));
   if (!args.out_file.empty())
     write_report(args.out_file, {{"benchmark", "eval_qspec"},
                                  {"commit", git_commit()},
@@ -570,11 +651,14 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
                                    {"stop", "eos"},
                                    {"weights", prepared.weights},
                                    {"group_size", prepared.modes[0].activations.group_size},
+                                   {"arrivals", "1 or 2 new requests per engine step"},
+                                   {"reference", "plain greedy w4a16 through the engine at the first batch size"},
                                    {"threads_note", "CPU reference kernels; tokens/s include prefill"}}},
-                                 {"baseline_w4a16", {{"generated_tokens", baseline_tokens},
-                                                     {"seconds", baseline_seconds},
-                                                     {"tokens_per_second", baseline_rate}}},
+                                 {"baseline_w4a16", baselines},
+                                 {"exact_logit_ties", ties},
+                                 {"mismatches", mismatches},
                                  {"results", rows}});
+  QSPEC_CHECK(mismatches == 0, "eval qspec: ", mismatches, " outputs differ from W4A16 without an exact logit tie");
 }
 
 }  // namespace
@@ -625,6 +709,9 @@ void register_eval(CLI::App& app) {
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
   qspec_command->add_option("--drafts", qspec_args->drafts, "Draft modes")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--gammas", qspec_args->gammas, "Draft lengths")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--batch-sizes", qspec_args->batch_sizes, "Engine batch sizes")
+      ->capture_default_str()
+      ->delimiter(',');
   qspec_command->add_option("--kv-overwrite", qspec_args->kv_overwrite, "on|off|both")
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
