@@ -7,6 +7,7 @@
 
 #include "base/thread_pool.h"
 #include "cli/commands.h"
+#include "quant/quantized_linear.h"
 #include "qspec/error.h"
 
 int main(int argc, char** argv) {
@@ -16,6 +17,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("qspec ") + QSPEC_VERSION);
   size_t threads = 0;
   app.add_option("-t,--threads", threads, "CPU threads (default: all hardware threads)");
+  bool f32_weight_cache = false;
+  app.add_flag("--cpu-f32-weights", f32_weight_cache,
+               "CPU backend: decode 4-bit weights to f32 once at load (faster small-batch decoding, "
+               "8x the weight memory; identical outputs)");
 
   qspec::cli::register_generate(app);
   qspec::cli::register_info(app);
@@ -26,6 +31,7 @@ int main(int argc, char** argv) {
 
   app.parse_complete_callback([&] {
     if (threads > 0) qspec::ThreadPool::set_global_threads(threads);
+    qspec::cpu::set_f32_weight_cache(f32_weight_cache);
   });
   try {
     app.parse(argc, argv);

@@ -1,6 +1,7 @@
 #include "quant/quantized_linear.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "base/dtype.h"
 #include "base/thread_pool.h"
@@ -57,6 +58,13 @@ RunMode parse_run_mode(std::string_view name) {
   fail("unknown mode '", name, "' (known: ", known, ", w4a4 = w4a4-int4)");
 }
 
+namespace {
+std::atomic<bool> f32_weight_cache_enabled{false};
+}
+
+void cpu::set_f32_weight_cache(bool enabled) { f32_weight_cache_enabled.store(enabled); }
+bool cpu::f32_weight_cache() { return f32_weight_cache_enabled.load(); }
+
 void QuantizedMatrix::prepare() {
   const int64_t blocks = format.blocks();
   block_scale_values.resize(static_cast<size_t>(rows * blocks));
@@ -65,6 +73,11 @@ void QuantizedMatrix::prepare() {
     const uint8_t* row_scales = scales.data() + r * format.scale_bytes();
     for (int64_t b = 0; b < blocks; ++b) block_scale_values[r * blocks + b] = quant::block_scale(format, row_scales, b);
     tensor_scale_values[r] = quant::row_tensor_scale(format, row_scales);
+  }
+  decoded.clear();
+  if (cpu::f32_weight_cache()) {
+    decoded.resize(static_cast<size_t>(rows * cols()));
+    for (int64_t r = 0; r < rows; ++r) dequantize_row(r, decoded.data() + r * cols());
   }
 }
 
@@ -164,8 +177,12 @@ void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& wei
       const int64_t count = std::min(kLinearRowBlock, n - row0);
       const float* rows[kLinearRowBlock];
       for (int64_t r = 0; r < count; ++r) {
-        weight.dequantize_row(row0 + r, block.data() + r * k);
-        rows[r] = block.data() + r * k;
+        if (!weight.decoded.empty()) {
+          rows[r] = weight.decoded.data() + (row0 + r) * k;
+        } else {
+          weight.dequantize_row(row0 + r, block.data() + r * k);
+          rows[r] = block.data() + r * k;
+        }
       }
       for (int64_t r = count; r < kLinearRowBlock; ++r) rows[r] = rows[count - 1];
       for (int64_t t = 0; t < tokens; ++t) {

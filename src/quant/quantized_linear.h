@@ -52,6 +52,11 @@ struct QuantizedMatrix {
   // Decoded from `scales` by prepare(): rows x blocks block scales, rows tensor scales.
   std::vector<float> block_scale_values, tensor_scale_values;
 
+  // Optional: every row already dequantized (rows x cols f32), filled by prepare() when the
+  // process-wide f32 weight cache is on (cpu::set_f32_weight_cache). It trades 8x the weight
+  // memory for skipping the per-pass decode; results are bit-identical either way.
+  std::vector<float> decoded;
+
   // Decodes the scales for dequantize_row; call after filling codes and scales.
   void prepare();
 
@@ -67,6 +72,12 @@ QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format,
                              int64_t group_size = quant::kDefaultGroupSize);
 
 namespace cpu {
+// CPU backend option: keep a dequantized f32 copy of each 4-bit matrix prepared after this
+// call (off by default: memory then holds only the 4-bit codes). Decoding every weight on
+// every forward pass dominates small-batch CPU time; the cache removes it.
+void set_f32_weight_cache(bool enabled);
+bool f32_weight_cache();
+
 // Applies an activation mode to tokens x [tokens, k] in place (per token; f32 is a no-op).
 void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens, int64_t k);
 

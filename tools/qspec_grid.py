@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The QSpec invariant grid and acceptance table, run as parallel `qspec eval qspec` shards.
+
+Issue 3 asks for greedy QSpec == greedy W4A16 on all eval problems for every draft mode, gamma
+1..6 and batch sizes 1, 3, 16 (staggered arrivals), and for the acceptance of every draft mode
+with and without KV overwrite. One `qspec eval qspec` process checks one slice of that grid
+single-threaded; this script runs the slices side by side on a many-core machine and merges
+their JSON into one results file and the README tables.
+
+  tools/qspec_grid.py run   --qspec build/qspec --model DIR --out DIR --part a|b|c|all [-j N]
+  tools/qspec_grid.py merge --out DIR --json bench/results/qspec-grid.json
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+DRAFTS = ["w4a8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4",
+          "w4a4-int4-arc", "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"]
+ALL_GAMMAS = [1, 2, 3, 4, 5, 6]
+LOW_GAMMAS, HIGH_GAMMAS = [1, 2, 3], [4, 5, 6]
+
+# Parts sized so one part fits in a 10-minute call on 16 cores (longest slices first).
+PARTS = {
+    "a": [(3, "on", LOW_GAMMAS), (3, "on", HIGH_GAMMAS), (16, "on", ALL_GAMMAS)],
+    "b": [(1, "on", LOW_GAMMAS), (1, "on", HIGH_GAMMAS)],
+    "c": [(16, "off", ALL_GAMMAS)],
+}
+
+
+def jobs_for(part):
+    parts = PARTS.keys() if part == "all" else [part]
+    return [(draft, batch, overwrite, gammas)
+            for p in parts for batch, overwrite, gammas in PARTS[p] for draft in DRAFTS]
+
+
+def job_name(draft, batch, overwrite, gammas):
+    return f"{draft}_b{batch}_kv{overwrite}_g{''.join(map(str, gammas))}"
+
+
+def run_job(args, job):
+    draft, batch, overwrite, gammas = job
+    name = job_name(*job)
+    out_json = pathlib.Path(args.out) / f"{name}.json"
+    if out_json.exists():
+        return name, 0, 0.0
+    command = [args.qspec, "-t", "1", "--cpu-f32-weights", "eval", "qspec", args.model,
+               "--limit", str(args.limit), "--drafts", draft,
+               "--gammas", ",".join(map(str, gammas)), "--batch-sizes", str(batch),
+               "--kv-overwrite", overwrite, "-o", str(out_json)]
+    start = time.time()
+    with open(pathlib.Path(args.out) / f"{name}.log", "w") as log:
+        try:
+            rc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return name, rc, time.time() - start
+
+
+def run(args):
+    os.makedirs(args.out, exist_ok=True)
+    jobs = jobs_for(args.part)
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for name, rc, seconds in pool.map(lambda job: run_job(args, job), jobs):
+            print(f"{name}: rc {rc}, {seconds:.0f} s", flush=True)
+            failed += rc != 0
+    return 1 if failed else 0
+
+
+def merge(args):
+    rows, commands, baselines = [], [], []
+    for path in sorted(pathlib.Path(args.out).glob("*.json")):
+        data = json.loads(path.read_text())
+        commands.append(data["command"])
+        baselines.extend(data.get("baseline_w4a16", []))
+        rows.extend(data["results"])
+        meta = {k: data[k] for k in ("model", "problems", "problems_file", "parameters", "commit")}
+    key = lambda r: (DRAFTS.index(r["draft"]), r["gamma"], r["batch_size"], not r["kv_overwrite"])
+    rows.sort(key=key)
+    summary = {
+        "configs_overwrite_on": sum(r["kv_overwrite"] for r in rows),
+        "configs_overwrite_off": sum(not r["kv_overwrite"] for r in rows),
+        "outputs_checked_overwrite_on": sum(r["identical_to_w4a16"] + r["exact_logit_ties"] + r["mismatches"]
+                                            for r in rows if r["kv_overwrite"]),
+        "identical": sum(r["identical_to_w4a16"] for r in rows if r["kv_overwrite"]),
+        "exact_logit_ties": sum(r["exact_logit_ties"] for r in rows if r["kv_overwrite"]),
+        "mismatches": sum(r["mismatches"] for r in rows if r["kv_overwrite"]),
+    }
+    result = {"benchmark": "qspec_grid", **meta, "summary": summary, "shard_commands": commands,
+              "command": " ".join(sys.argv), "baselines_w4a16": baselines, "results": rows}
+    pathlib.Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    print_tables(rows)
+    return 0
+
+
+def print_tables(rows):
+    gammas = sorted({r["gamma"] for r in rows})
+    batches = sorted({r["batch_size"] for r in rows})
+    print("\nInvariant (greedy QSpec, KV overwrite on) vs greedy W4A16: identical / ties / mismatches")
+    print("| draft | " + " | ".join(f"batch {b}" for b in batches) + " |")
+    print("|---|" + "---|" * len(batches))
+    for draft in DRAFTS:
+        cells = []
+        for b in batches:
+            sel = [r for r in rows if r["draft"] == draft and r["batch_size"] == b and r["kv_overwrite"]]
+            if not sel:
+                cells.append("not run")
+                continue
+            ident = sum(r["identical_to_w4a16"] for r in sel)
+            total = sum(r["identical_to_w4a16"] + r["exact_logit_ties"] + r["mismatches"] for r in sel)
+            cells.append(f"{ident}/{total}, {sum(r['exact_logit_ties'] for r in sel)} ties, "
+                         f"{sum(r['mismatches'] for r in sel)} mismatches (γ {min(r['gamma'] for r in sel)}.."
+                         f"{max(r['gamma'] for r in sel)})")
+        print(f"| {draft} | " + " | ".join(cells) + " |")
+    batch = max(batches)
+    for overwrite in (True, False):
+        sel = [r for r in rows if r["batch_size"] == batch and r["kv_overwrite"] == overwrite]
+        if not sel:
+            continue
+        print(f"\nAcceptance rate (mean accepted per cycle), batch {batch}, KV overwrite {'on' if overwrite else 'off'}")
+        print("| draft | " + " | ".join(f"γ={g}" for g in gammas) + " |")
+        print("|---|" + "---|" * len(gammas))
+        for draft in DRAFTS:
+            cells = []
+            for g in gammas:
+                r = next((r for r in sel if r["draft"] == draft and r["gamma"] == g), None)
+                cells.append("—" if r is None else f"{100 * r['acceptance_rate']:.2f}% ({r['mean_accepted_per_cycle']:.2f})")
+            print(f"| {draft} | " + " | ".join(cells) + " |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--qspec", default="build/qspec")
+    r.add_argument("--model", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--part", choices=["a", "b", "c", "all"], default="all")
+    r.add_argument("--limit", type=int, default=0, help="first N problems (0: all)")
+    r.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
+    r.add_argument("--timeout", type=float, default=None, help="seconds per slice")
+    m = sub.add_parser("merge")
+    m.add_argument("--out", required=True)
+    m.add_argument("--json", required=True)
+    args = parser.parse_args()
+    return run(args) if args.verb == "run" else merge(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
