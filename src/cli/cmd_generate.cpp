@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "model/llama.h"
+#include "qspec/engine.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
@@ -29,7 +30,10 @@ struct GenerateArgs {
   // --mode qspec: draft in this mode, verify in w4a16.
   std::string draft = "w4a4-nvfp4";
   int64_t gamma = 4;
+  bool adaptive_gamma = false;
+  int64_t max_gamma = 8;
   bool no_kv_overwrite = false;
+  std::vector<std::string> stop;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -44,7 +48,6 @@ void run_generate(const GenerateArgs& args) {
   const bool use_qspec = args.mode == "qspec";
   std::vector<RunMode> modes;
   if (use_qspec) {
-    QSPEC_CHECK(args.gamma >= 1, "--gamma must be >= 1, got ", args.gamma);
     modes = {parse_run_mode("w4a16"), parse_run_mode(args.draft)};
     QSPEC_CHECK(modes[1].quantized_weights, "--draft ", args.draft,
                 ": the draft mode must run the 4-bit weights (w4a8, w4a8-fp8, w4a4-*)");
@@ -53,18 +56,12 @@ void run_generate(const GenerateArgs& args) {
   }
   auto model = LlamaModel::load(args.model_dir);
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
-  const RunMode mode = modes[0];
-  QSpecOptions qspec_options;
   if (use_qspec) {
-    qspec_options.verify = modes[0];
-    qspec_options.draft = modes[1];
-    qspec_options.gamma = args.gamma;
-    qspec_options.overwrite_kv = !args.no_kv_overwrite;
-    std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify %s, gamma %lld%s\n", weights.c_str(),
-                 qspec_options.draft.name.c_str(), qspec_options.verify.name.c_str(),
-                 static_cast<long long>(args.gamma), args.no_kv_overwrite ? ", no KV overwrite" : "");
-  } else if (mode.quantized_weights) {
-    std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), mode.name.c_str());
+    std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify w4a16, gamma %lld%s%s\n", weights.c_str(),
+                 args.draft.c_str(), static_cast<long long>(args.gamma), args.adaptive_gamma ? " (adaptive)" : "",
+                 args.no_kv_overwrite ? ", no KV overwrite" : "");
+  } else if (modes[0].quantized_weights) {
+    std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), modes[0].name.c_str());
   }
   auto tokenizer = Tokenizer::load(args.model_dir);
   QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir,
@@ -73,51 +70,66 @@ void run_generate(const GenerateArgs& args) {
   // An empty prompt needs a start token; llama-2 style tokenizers always want one.
   bool add_bos = args.bos == "on" || (args.bos == "auto" && (prompt.empty() || tokenizer->add_bos_by_default));
   if (!tokenizer->bos_id) add_bos = false;
-  std::vector<int32_t> prompt_ids = tokenizer->encode(prompt, add_bos);
 
-  GenerationOptions options;
-  options.max_new_tokens = args.max_tokens;
-  options.sampling = args.sampling;
-  options.mode = mode;
-  if (!args.ignore_eos) {
-    options.eos_ids = tokenizer->eos_ids;
-    for (int32_t id : model->config().eos_token_ids)
-      if (std::find(options.eos_ids.begin(), options.eos_ids.end(), id) == options.eos_ids.end())
-        options.eos_ids.push_back(id);
-  }
+  // One request through the continuous-batching engine: the same path the server takes.
+  EngineOptions engine_options;
+  engine_options.max_batch_size = 1;
+  Engine engine(*model, tokenizer.get(), engine_options);
+  Request request;
+  request.prompt = tokenizer->encode(prompt, add_bos);
+  request.sampling = args.sampling;
+  request.max_new_tokens = args.max_tokens;
+  request.ignore_eos = args.ignore_eos;
+  request.stop = args.stop;
+  request.mode = args.mode;
+  request.draft = args.draft;
+  request.gamma = args.gamma;
+  request.adaptive_gamma = args.adaptive_gamma;
+  request.max_gamma = args.max_gamma;
+  request.kv_overwrite = !args.no_kv_overwrite;
 
-  StreamDecoder stream(*tokenizer);
   std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
-  auto on_token = [&](int32_t id) {
+  std::vector<int32_t> ids;
+  std::string text, finish_reason, error;
+  RequestMetrics metrics;
+  engine.submit(request, [&](const TokenEvent& event) {
+    ids.insert(ids.end(), event.tokens.begin(), event.tokens.end());
     if (args.stream) {
-      std::fputs(stream.push(id).c_str(), stdout);
+      std::fputs(event.text.c_str(), stdout);
       std::fflush(stdout);
+    } else {
+      text += event.text;
     }
-    return true;
-  };
-  QSpecResult result;
-  if (use_qspec) result = qspec_generate(*model, prompt_ids, options, qspec_options, on_token);
-  else static_cast<GenerationResult&>(result) = generate(*model, prompt_ids, options, on_token);
-  if (args.stream) {
-    std::fputs(stream.flush().c_str(), stdout);
-  } else {
-    std::fputs(tokenizer->decode(result.ids, /*skip_special=*/true).c_str(), stdout);
-  }
+    if (event.finished) {
+      finish_reason = event.finish_reason;
+      error = event.error;
+      if (event.metrics) metrics = *event.metrics;
+    }
+  });
+  engine.run_until_idle();
+  QSPEC_CHECK(finish_reason != "error", "generate: ", error);
+  if (!args.stream) std::fputs(text.c_str(), stdout);
   std::fputs("\n", stdout);
   std::fflush(stdout);
   if (args.print_ids) {
     std::fprintf(stderr, "ids:");
-    for (int32_t id : result.ids) std::fprintf(stderr, " %d", id);
+    for (int32_t id : ids) std::fprintf(stderr, " %d", id);
     std::fprintf(stderr, "\n");
   }
+  const double ttft = metrics.time_to_first_token;
   std::fprintf(stderr,
-               "[qspec] prompt %lld tokens in %.1f ms (%.0f tok/s) | generated %zu tokens, decode %.1f tok/s | "
+               "[qspec] prompt %lld tokens, first token after %.1f ms | generated %lld tokens, decode %.1f tok/s | "
                "finish: %s\n",
-               static_cast<long long>(result.prompt_tokens), result.prefill_seconds * 1e3,
-               result.prefill_seconds > 0 ? static_cast<double>(result.prompt_tokens) / result.prefill_seconds : 0.0,
-               result.ids.size(), result.decode_tokens_per_second(), result.finish_reason.c_str());
-  if (use_qspec) std::fprintf(stderr, "[qspec] %s\n", describe_qspec_metrics(result.metrics, qspec_options).c_str());
+               static_cast<long long>(metrics.prompt_tokens), ttft * 1e3,
+               static_cast<long long>(metrics.generated_tokens), metrics.decode_tokens_per_second(),
+               finish_reason.c_str());
+  if (use_qspec) {
+    QSpecOptions described;
+    described.draft = modes[1];
+    described.overwrite_kv = !args.no_kv_overwrite;
+    std::fprintf(stderr, "[qspec] %s\n", describe_qspec_metrics(metrics.qspec, described).c_str());
+  }
 }
 
 }  // namespace
@@ -150,6 +162,11 @@ void register_generate(CLI::App& app) {
   command->add_option("--draft", args->draft, "--mode qspec: the draft mode (w4a8, w4a8-fp8, w4a4-int4, ...)")
       ->capture_default_str();
   command->add_option("--gamma", args->gamma, "--mode qspec: draft tokens per cycle")->capture_default_str();
+  command->add_flag("--adaptive-gamma", args->adaptive_gamma,
+                    "--mode qspec: move gamma with the recent acceptance (1..--max-gamma)");
+  command->add_option("--max-gamma", args->max_gamma, "--mode qspec: upper bound of adaptive gamma")
+      ->capture_default_str();
+  command->add_option("--stop", args->stop, "Stop string (repeatable): the output ends before it");
   command->add_flag("--no-kv-overwrite", args->no_kv_overwrite,
                     "--mode qspec: keep the draft K/V of accepted tokens (the paper's ablation; output then "
                     "differs from w4a16)");

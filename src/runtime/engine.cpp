@@ -129,6 +129,7 @@ struct Engine::Impl {
   const Tokenizer* tokenizer;
   EngineOptions options;
   KvBlockPool pool;
+  std::vector<int32_t> eos_ids;
 
   // Shared with submitting threads.
   mutable std::mutex queue_mutex;
@@ -155,6 +156,11 @@ struct Engine::Impl {
 
   Impl(const LlamaModel& m, const Tokenizer* t, const EngineOptions& o)
       : model(m), tokenizer(t), options(o), pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o), o.kv_block_size) {
+    // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
+    // may name more, e.g. an instruct model's end-of-turn token).
+    if (tokenizer) eos_ids = tokenizer->eos_ids;
+    for (int32_t id : model.config().eos_token_ids)
+      if (std::find(eos_ids.begin(), eos_ids.end(), id) == eos_ids.end()) eos_ids.push_back(id);
     // int4 activation groups: as given, else the int4 weights' group size, else the model's.
     if (options.activation_group_size > 0) {
       activation_group_size = options.activation_group_size;
@@ -547,9 +553,7 @@ struct Engine::Impl {
   }
 
   bool is_eos(const Sequence& seq, int32_t id) const {
-    if (!seq.request.ignore_eos && tokenizer &&
-        std::find(tokenizer->eos_ids.begin(), tokenizer->eos_ids.end(), id) != tokenizer->eos_ids.end())
-      return true;
+    if (!seq.request.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end()) return true;
     return std::find(seq.request.stop_ids.begin(), seq.request.stop_ids.end(), id) != seq.request.stop_ids.end();
   }
 
@@ -561,8 +565,7 @@ struct Engine::Impl {
     bool stop_string = false;
     if (seq.decoder) seq.event.text += seq.stops->push(seq.decoder->push(id), stop_string);
     seq.stop_string_matched = stop_string;
-    const bool eos = !seq.request.ignore_eos && tokenizer &&
-                     std::find(tokenizer->eos_ids.begin(), tokenizer->eos_ids.end(), id) != tokenizer->eos_ids.end();
+    const bool eos = !seq.request.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end();
     if (eos) finish(seq, "eos");
     else if (stop_string || std::find(seq.request.stop_ids.begin(), seq.request.stop_ids.end(), id) != seq.request.stop_ids.end())
       finish(seq, "stop");
