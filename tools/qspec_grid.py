@@ -7,8 +7,14 @@ with and without KV overwrite. One `qspec eval qspec` process checks one slice o
 single-threaded; this script runs the slices side by side on a many-core machine and merges
 their JSON into one results file and the README tables.
 
-  tools/qspec_grid.py run   --qspec build/qspec --model DIR --out DIR --part a|b|c|all [-j N]
+  tools/qspec_grid.py run   --qspec build/qspec --model DIR --out DIR --part on|off|all [-j N]
+                            [--reference REF.json] [--deadline SECONDS]
   tools/qspec_grid.py merge --out DIR --json bench/results/qspec-grid.json
+
+Each shard is one (draft, batch size, gamma, overwrite) config. With --reference (made by
+`qspec eval qspec ... --save-reference REF.json`) no shard re-runs plain W4A16. A shard whose
+JSON already exists in --out is skipped, so an interrupted grid resumes where it stopped;
+--deadline stops launching shards that would not finish and kills what still runs then.
 """
 import argparse
 import concurrent.futures
@@ -19,23 +25,20 @@ import subprocess
 import sys
 import time
 
+START = time.time()
+
 DRAFTS = ["w4a8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4",
           "w4a4-int4-arc", "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"]
-ALL_GAMMAS = [1, 2, 3, 4, 5, 6]
-LOW_GAMMAS, HIGH_GAMMAS = [1, 2, 3], [4, 5, 6]
-
-# Parts sized so one part fits in a 10-minute call on 16 cores (longest slices first).
-PARTS = {
-    "a": [(3, "on", LOW_GAMMAS), (3, "on", HIGH_GAMMAS), (16, "on", ALL_GAMMAS)],
-    "b": [(1, "on", LOW_GAMMAS), (1, "on", HIGH_GAMMAS)],
-    "c": [(16, "off", ALL_GAMMAS)],
-}
+GAMMAS = [1, 2, 3, 4, 5, 6]
+# The invariant needs overwrite on at batch sizes 1, 3, 16; the ablation overwrite off at 16.
+PARTS = {"on": [(1, "on"), (3, "on"), (16, "on")], "off": [(16, "off")]}
 
 
 def jobs_for(part):
     parts = PARTS.keys() if part == "all" else [part]
-    return [(draft, batch, overwrite, gammas)
-            for p in parts for batch, overwrite, gammas in PARTS[p] for draft in DRAFTS]
+    # Slowest first (small batches), so the shards left at a deadline are the short ones.
+    return [(draft, batch, overwrite, [gamma])
+            for p in parts for batch, overwrite in PARTS[p] for gamma in GAMMAS for draft in DRAFTS]
 
 
 def job_name(draft, batch, overwrite, gammas):
@@ -48,17 +51,26 @@ def run_job(args, job):
     out_json = pathlib.Path(args.out) / f"{name}.json"
     if out_json.exists():
         return name, 0, 0.0
+    if args.deadline and time.time() > START + args.deadline - args.shard_estimate:
+        return name, "not started (deadline)", 0.0
     command = [args.qspec, "-t", "1", "--cpu-f32-weights", "eval", "qspec", args.model,
                "--limit", str(args.limit), "--drafts", draft,
                "--gammas", ",".join(map(str, gammas)), "--batch-sizes", str(batch),
-               "--kv-overwrite", overwrite, "-o", str(out_json)]
+               "--kv-overwrite", overwrite, "-o", str(out_json) + ".partial"]
+    if args.reference:
+        command += ["--reference", args.reference]
     start = time.time()
+    timeout = args.timeout
+    if args.deadline:
+        remaining = START + args.deadline - start
+        timeout = remaining if timeout is None else min(timeout, remaining)
     with open(pathlib.Path(args.out) / f"{name}.log", "w") as log:
         try:
-            rc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=args.timeout).returncode
+            rc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = 124
+    if rc == 0:
+        os.replace(str(out_json) + ".partial", out_json)
     return name, rc, time.time() - start
 
 
@@ -67,9 +79,13 @@ def run(args):
     jobs = jobs_for(args.part)
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for name, rc, seconds in pool.map(lambda job: run_job(args, job), jobs):
+        futures = [pool.submit(run_job, args, job) for job in jobs]
+        for future in concurrent.futures.as_completed(futures):
+            name, rc, seconds = future.result()
             print(f"{name}: rc {rc}, {seconds:.0f} s", flush=True)
             failed += rc != 0
+    done = len(list(pathlib.Path(args.out).glob("*.json")))
+    print(f"{done} of {len(jobs)} shards done", flush=True)
     return 1 if failed else 0
 
 
@@ -142,10 +158,14 @@ def main():
     r.add_argument("--qspec", default="build/qspec")
     r.add_argument("--model", required=True)
     r.add_argument("--out", required=True)
-    r.add_argument("--part", choices=["a", "b", "c", "all"], default="all")
+    r.add_argument("--part", choices=["on", "off", "all"], default="all")
     r.add_argument("--limit", type=int, default=0, help="first N problems (0: all)")
     r.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
-    r.add_argument("--timeout", type=float, default=None, help="seconds per slice")
+    r.add_argument("--timeout", type=float, default=None, help="seconds per shard")
+    r.add_argument("--reference", help="W4A16 outputs from eval qspec --save-reference")
+    r.add_argument("--deadline", type=float, default=None, help="seconds for the whole run")
+    r.add_argument("--shard-estimate", type=float, default=150,
+                   help="with --deadline: do not start a shard later than this before it")
     m = sub.add_parser("merge")
     m.add_argument("--out", required=True)
     m.add_argument("--json", required=True)

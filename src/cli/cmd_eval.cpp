@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -27,6 +28,7 @@
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "runtime/qspec.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
@@ -463,6 +465,9 @@ struct QSpecEvalArgs {
   int64_t limit = 100;
   int64_t max_tokens = 160;
   std::string out_file;
+  bool chat = false;  // prompt = the model's chat template over one user message
+  std::string reference_file;       // load the W4A16 reference outputs instead of running them
+  std::string save_reference_file;  // write the W4A16 reference outputs here
 };
 
 struct EngineRun {
@@ -524,6 +529,37 @@ std::string compare_with_reference(const LlamaModel& model, const RunMode& verif
   return logits[static_cast<size_t>(got[first])] == logits[static_cast<size_t>(want[first])] ? "tie" : "mismatch";
 }
 
+// A reference file pins what it was made from (prompt ids, max tokens), so a shard cannot
+// compare against outputs of other problems or another length budget.
+void save_reference(const std::string& path, const QSpecEvalArgs& args,
+                    const std::vector<std::vector<int32_t>>& prompts,
+                    const std::vector<std::vector<int32_t>>& outputs) {
+  write_report(path, {{"benchmark", "eval_qspec_reference"},
+                      {"commit", git_commit()},
+                      {"command", command_line()},
+                      {"model", args.model_dir},
+                      {"max_tokens", args.max_tokens},
+                      {"prompts", prompts},
+                      {"outputs", outputs}});
+}
+
+std::vector<std::vector<int32_t>> load_reference(const std::string& path, const QSpecEvalArgs& args,
+                                                 const std::vector<std::vector<int32_t>>& prompts) {
+  std::ifstream file(path);
+  QSPEC_CHECK(file.good(), path, ": cannot open the reference file");
+  nlohmann::json data;
+  try {
+    data = nlohmann::json::parse(file);
+    QSPEC_CHECK(data.at("max_tokens").get<int64_t>() == args.max_tokens, path, ": made with max_tokens ",
+                data.at("max_tokens").get<int64_t>(), ", this run uses ", args.max_tokens);
+    QSPEC_CHECK(data.at("prompts").get<std::vector<std::vector<int32_t>>>() == prompts, path,
+                ": its prompts are not this run's problems (file, --limit, --chat or tokenizer differ)");
+    return data.at("outputs").get<std::vector<std::vector<int32_t>>>();
+  } catch (const nlohmann::json::exception& error) {
+    fail(path, ": not a reference file of eval qspec --save-reference: ", error.what());
+  }
+}
+
 void run_qspec_eval(const QSpecEvalArgs& args) {
   QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
   QSPEC_CHECK(args.max_tokens > 0, "--max-tokens must be > 0");
@@ -545,10 +581,20 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
   if (args.kv_overwrite != "on") overwrites.push_back(false);
 
   std::vector<std::vector<int32_t>> prompts;
-  for (const Problem& problem : problems)
-    prompts.push_back(tokenizer->encode(format_problem(problem), tokenizer->add_bos_by_default));
+  std::optional<ChatTemplate> chat_template;
+  if (args.chat) chat_template = load_chat_template(args.model_dir);
+  for (const Problem& problem : problems) {
+    if (chat_template) {
+      // The template writes any start token itself.
+      const std::string text = chat_template->render({{"user", problem.question}}, /*add_generation_prompt=*/true);
+      prompts.push_back(tokenizer->encode(text, false));
+    } else {
+      prompts.push_back(tokenizer->encode(format_problem(problem), tokenizer->add_bos_by_default));
+    }
+  }
 
-  const size_t runs = args.batch_sizes.size() * (1 + (prepared.modes.size() - 1) * args.gammas.size() * overwrites.size());
+  const size_t runs = args.batch_sizes.size() * ((args.reference_file.empty() ? 1 : 0) +
+                                                 (prepared.modes.size() - 1) * args.gammas.size() * overwrites.size());
   const size_t total = problems.size() * runs;
   ProgressBar progress("eval qspec");
   size_t done = 0;
@@ -562,19 +608,27 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
   int64_t mismatches = 0, ties = 0;
   for (int64_t batch : args.batch_sizes) {
     // Plain W4A16 through the engine: the reference outputs (first batch size; the others
-    // are checked against it) and the baseline speed.
-    Request plain = base;
-    plain.mode = prepared.modes[0].name;
-    const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, tick);
-    int64_t baseline_differs = 0;
-    if (references.empty()) references = baseline.outputs;
-    for (size_t i = 0; i < prompts.size(); ++i) baseline_differs += baseline.outputs[i] != references[i];
-    mismatches += baseline_differs;
-    baselines.push_back({{"batch_size", batch},
-                         {"generated_tokens", baseline.tokens},
-                         {"seconds", baseline.seconds},
-                         {"tokens_per_second", baseline.tokens / std::max(baseline.seconds, 1e-9)},
-                         {"differs_from_first_batch_size", baseline_differs}});
+    // are checked against it) and the baseline speed. A saved reference skips these runs:
+    // grid shards (tools/qspec_grid.py) share one.
+    if (references.empty() && !args.reference_file.empty()) {
+      references = load_reference(args.reference_file, args, prompts);
+    }
+    if (args.reference_file.empty()) {
+      Request plain = base;
+      plain.mode = prepared.modes[0].name;
+      const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, tick);
+      int64_t baseline_differs = 0;
+      if (references.empty()) references = baseline.outputs;
+      for (size_t i = 0; i < prompts.size(); ++i) baseline_differs += baseline.outputs[i] != references[i];
+      mismatches += baseline_differs;
+      baselines.push_back({{"batch_size", batch},
+                           {"generated_tokens", baseline.tokens},
+                           {"seconds", baseline.seconds},
+                           {"tokens_per_second", baseline.tokens / std::max(baseline.seconds, 1e-9)},
+                           {"differs_from_first_batch_size", baseline_differs}});
+      if (!args.save_reference_file.empty() && baselines.size() == 1)
+        save_reference(args.save_reference_file, args, prompts, references);
+    }
     for (size_t d = 1; d < prepared.modes.size(); ++d)
       for (int64_t gamma : args.gammas)
         for (bool overwrite : overwrites) {
@@ -647,12 +701,14 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
                                   {{"max_tokens", args.max_tokens},
                                    {"limit", args.limit},
                                    {"decoding", "greedy"},
-                                   {"prompt", "Question: {question}\\nAnswer:"},
+                                   {"prompt", args.chat ? "chat template, user: {question}" : "Question: {question}\\nAnswer:"},
                                    {"stop", "eos"},
                                    {"weights", prepared.weights},
                                    {"group_size", prepared.modes[0].activations.group_size},
                                    {"arrivals", "1 or 2 new requests per engine step"},
-                                   {"reference", "plain greedy w4a16 through the engine at the first batch size"},
+                                   {"reference", args.reference_file.empty()
+                                                     ? "plain greedy w4a16 through the engine at the first batch size"
+                                                     : "plain greedy w4a16 outputs from " + args.reference_file},
                                    {"threads_note", "CPU reference kernels; tokens/s include prefill"}}},
                                  {"baseline_w4a16", baselines},
                                  {"exact_logit_ties", ties},
@@ -721,6 +777,12 @@ void register_eval(CLI::App& app) {
   qspec_command->add_option("--limit", qspec_args->limit, "First N problems (0: all)")->capture_default_str();
   qspec_command->add_option("-n,--max-tokens", qspec_args->max_tokens, "Maximum new tokens (eos stops)")
       ->capture_default_str();
+  qspec_command->add_option("--reference", qspec_args->reference_file,
+                            "Compare against W4A16 outputs saved by --save-reference (skips the plain runs)");
+  qspec_command->add_option("--save-reference", qspec_args->save_reference_file,
+                            "Save the plain W4A16 outputs (first batch size) for later --reference runs");
+  qspec_command->add_flag("--chat", qspec_args->chat,
+                          "Prompt with the model's chat template (one user message: the question)");
   qspec_command->add_option("-o,--out", qspec_args->out_file, "Write the results as JSON here");
   qspec_command->callback([qspec_args] {
     if (qspec_args->problems_file.empty()) qspec_args->problems_file = qspec_args->model_dir + "/eval_problems.jsonl";

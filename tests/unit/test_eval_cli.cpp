@@ -174,3 +174,27 @@ TEST_F(EvalCli, EvalModelAliasRunsGsm) {
   EXPECT_NE(run.out.find("1 problems"), std::string::npos) << run.out;
   expect_error("eval", "eval gsm MODEL");
 }
+
+// eval qspec through the engine: a saved W4A16 reference is reused by later shards, and a
+// reference made from other problems or another length budget is refused, not misused.
+TEST_F(EvalCli, QSpecReferenceSavedReusedAndChecked) {
+  const fs::path problems = write("problems.jsonl", std::string(kProblem) + "\n" + kProblem + "\n");
+  const fs::path reference = dir_ / "reference.json", out = dir_ / "qspec.json";
+  const std::string base = "eval qspec '" + kModel + "' '" + problems.string() + "' -n 12 --drafts w4a8 --gammas 2 "
+                           "--batch-sizes 2 --kv-overwrite on";
+  QspecRun run = qspec(base + " --save-reference '" + reference.string() + "'");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  run = qspec(base + " --reference '" + reference.string() + "' -o '" + out.string() + "'");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json report = nlohmann::json::parse(slurp(out));
+  ASSERT_EQ(report["results"].size(), 1u);
+  EXPECT_EQ(report["results"][0]["identical_to_w4a16"].get<int>() + report["results"][0]["exact_logit_ties"].get<int>(), 2);
+  EXPECT_EQ(report["mismatches"], 0);
+  EXPECT_TRUE(report["baseline_w4a16"].empty());  // the plain runs were skipped
+  expect_error(base + " --limit 1 --reference '" + reference.string() + "'", "its prompts are not this run's problems");
+  expect_error("eval qspec '" + kModel + "' '" + problems.string() + "' -n 13 --drafts w4a8 --gammas 2 --reference '" +
+                   reference.string() + "'",
+               "made with max_tokens 12");
+  expect_error(base + " --reference '" + write("bad.json", "{\"max_tokens\": 12").string() + "'",
+               "not a reference file");
+}

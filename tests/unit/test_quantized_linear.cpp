@@ -114,6 +114,32 @@ TEST(QuantizedLinear, GemmMatchesFloat64ReferenceOnOddShapes) {
   }
 }
 
+// --cpu-f32-weights: the decoded cache must change speed only, never a bit of the output.
+TEST(QuantizedLinear, F32WeightCacheGivesBitIdenticalOutputs) {
+  struct CacheOff {
+    ~CacheOff() { qspec::cpu::set_f32_weight_cache(false); }
+  } restore;
+  for (auto format : kWeightFormats) {
+    const int64_t rows = 29, cols = 128, tokens = 5;
+    std::vector<float> weights = random_values(static_cast<size_t>(rows * cols), 0.1f);
+    qspec::cpu::set_f32_weight_cache(false);
+    qspec::QuantizedMatrix plain = qspec::quantize_rtn(f32_matrix(weights, rows, cols), format, 32);
+    qspec::cpu::set_f32_weight_cache(true);
+    qspec::QuantizedMatrix cached = qspec::quantize_rtn(f32_matrix(weights, rows, cols), format, 32);
+    ASSERT_TRUE(plain.decoded.empty());
+    ASSERT_EQ(cached.decoded.size(), static_cast<size_t>(rows * cols));
+    std::vector<float> x = random_values(static_cast<size_t>(tokens * cols));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> y_plain(static_cast<size_t>(tokens * rows), nan), y_cached(y_plain.size(), nan);
+    qspec::cpu::quantized_linear(x.data(), tokens, plain, nullptr, y_plain.data());
+    qspec::cpu::quantized_linear(x.data(), tokens, cached, nullptr, y_cached.data());
+    for (size_t i = 0; i < y_plain.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y_plain[i])) << i;
+      ASSERT_EQ(y_plain[i], y_cached[i]) << qspec::quant::format_name(format) << " output " << i;
+    }
+  }
+}
+
 TEST(QuantizedLinear, RejectsShapesTheFormatCannotHoldNamingTheMatrix) {
   std::vector<float> weights = random_values(4 * 100);
   try {
