@@ -5,6 +5,7 @@
 // mid-cycle; metrics bookkeeping; rejection sampling keeps the verify distribution.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -265,7 +266,9 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
   }
   EXPECT_GT(total_variation, 0.01) << "the draft should differ from the verify distribution";
 
-  const int runs = 6000;
+  // Enough samples that the same chi-square test rejects a distribution 2 % away (checked
+  // below on these very samples), so passing means something.
+  const int runs = 10000;
   std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
   int64_t rejected = 0;
   for (int run = 0; run < runs; ++run) {
@@ -277,30 +280,51 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
   }
   EXPECT_GT(rejected, 0) << "the test never exercised the residual distribution";
   // Categories with expected count >= 5; the rest pooled.
-  double chi2 = 0, pooled_expected = 0, pooled_count = 0;
-  int categories = 0;
-  for (int64_t t = 0; t < vocab; ++t) {
-    const double e = expected[t] * runs;
-    if (e >= 5) {
-      chi2 += (counts[t] - e) * (counts[t] - e) / e;
-      ++categories;
-    } else {
-      pooled_expected += e;
-      pooled_count += static_cast<double>(counts[t]);
-      if (e == 0) {
-        EXPECT_EQ(counts[t], 0) << "token " << t << " has probability 0";
+  auto chi_square = [&](const std::vector<double>& probabilities, int& categories) {
+    double chi2 = 0, pooled_expected = 0, pooled_count = 0;
+    categories = 0;
+    for (int64_t t = 0; t < vocab; ++t) {
+      const double e = probabilities[t] * runs;
+      if (e >= 5) {
+        chi2 += (counts[t] - e) * (counts[t] - e) / e;
+        ++categories;
+      } else {
+        pooled_expected += e;
+        pooled_count += static_cast<double>(counts[t]);
       }
     }
-  }
-  if (pooled_expected > 0) {
-    chi2 += (pooled_count - pooled_expected) * (pooled_count - pooled_expected) / pooled_expected;
-    ++categories;
-  }
+    if (pooled_expected > 0) {
+      chi2 += (pooled_count - pooled_expected) * (pooled_count - pooled_expected) / pooled_expected;
+      ++categories;
+    }
+    return chi2;
+  };
+  for (int64_t t = 0; t < vocab; ++t)
+    if (expected[t] == 0) EXPECT_EQ(counts[t], 0) << "token " << t << " has probability 0";
+  int categories = 0;
+  const double chi2 = chi_square(expected, categories);
   const double df = categories - 1;
   // Wilson-Hilferty: the chi-square quantile at 1 - 1e-3 (z = 3.09).
-  const double h = 2.0 / (9.0 * df);
-  const double critical = df * std::pow(1.0 - h + 3.09 * std::sqrt(h), 3.0);
+  auto quantile = [](double dof) {
+    const double h = 2.0 / (9.0 * dof);
+    return dof * std::pow(1.0 - h + 3.09 * std::sqrt(h), 3.0);
+  };
+  const double critical = quantile(df);
   EXPECT_LT(chi2, critical) << "df " << df << ", rejected drafts " << rejected << " of " << runs;
+  // Power: move 2 % of the probability mass from the likeliest token to the second likeliest;
+  // the test must reject that distribution on the same samples.
+  std::vector<double> shifted = expected;
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
+  for (int64_t t = 0; t < vocab; ++t) order[t] = t;
+  std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                    [&](int64_t a, int64_t b) { return expected[a] > expected[b]; });
+  shifted[order[0]] -= 0.02;
+  shifted[order[1]] += 0.02;
+  int shifted_categories = 0;
+  const double shifted_chi2 = chi_square(shifted, shifted_categories);
+  const double shifted_critical = quantile(shifted_categories - 1);
+  EXPECT_GT(shifted_chi2, shifted_critical) << "the test cannot tell a 2 % shift apart";
+  std::printf("2%% shifted: chi2 %.2f (critical %.2f)\n", shifted_chi2, shifted_critical);
   std::printf("chi2 %.2f (df %.0f, critical %.2f), rejected %lld/%d, draft TV %.3f\n", chi2, df, critical,
               static_cast<long long>(rejected), runs, total_variation);
 }
