@@ -34,11 +34,15 @@ GAMMAS = [1, 2, 3, 4, 5, 6]
 PARTS = {"on": [(1, "on"), (3, "on"), (16, "on")], "off": [(16, "off")]}
 
 
-def jobs_for(part):
-    parts = PARTS.keys() if part == "all" else [part]
+def jobs_for(args):
+    if args.batches:
+        configs = [(int(b), o) for b in args.batches.split(",") for o in args.overwrites.split(",")]
+    else:
+        configs = [c for p in (PARTS.keys() if args.part == "all" else [args.part]) for c in PARTS[p]]
+    drafts = args.drafts.split(",") if args.drafts else DRAFTS
     # Slowest first (small batches), so the shards left at a deadline are the short ones.
     return [(draft, batch, overwrite, [gamma])
-            for p in parts for batch, overwrite in PARTS[p] for gamma in GAMMAS for draft in DRAFTS]
+            for batch, overwrite in configs for gamma in GAMMAS for draft in drafts]
 
 
 def job_name(draft, batch, overwrite, gammas):
@@ -59,6 +63,9 @@ def run_job(args, job):
                "--kv-overwrite", overwrite, "-o", str(out_json) + ".partial"]
     if args.reference:
         command += ["--reference", args.reference]
+    if args.problems:
+        command.insert(command.index(args.model) + 1, args.problems)
+    command += ["-n", str(args.max_tokens)] + (["--chat"] if args.chat else [])
     start = time.time()
     timeout = args.timeout
     if args.deadline:
@@ -76,7 +83,7 @@ def run_job(args, job):
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
-    jobs = jobs_for(args.part)
+    jobs = jobs_for(args)
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_job, args, job) for job in jobs]
@@ -97,7 +104,8 @@ def merge(args):
         baselines.extend(data.get("baseline_w4a16", []))
         rows.extend(data["results"])
         meta = {k: data[k] for k in ("model", "problems", "problems_file", "parameters", "commit")}
-    key = lambda r: (DRAFTS.index(r["draft"]), r["gamma"], r["batch_size"], not r["kv_overwrite"])
+    key = lambda r: (DRAFTS.index(r["draft"]) if r["draft"] in DRAFTS else len(DRAFTS), r["gamma"],
+                     r["batch_size"], not r["kv_overwrite"])
     rows.sort(key=key)
     summary = {
         "configs_overwrite_on": sum(r["kv_overwrite"] for r in rows),
@@ -159,7 +167,13 @@ def main():
     r.add_argument("--model", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--part", choices=["on", "off", "all"], default="all")
+    r.add_argument("--problems", help="problems file (default: MODEL/eval_problems.jsonl)")
     r.add_argument("--limit", type=int, default=0, help="first N problems (0: all)")
+    r.add_argument("-n", "--max-tokens", type=int, default=160)
+    r.add_argument("--chat", action="store_true", help="prompt with the model's chat template")
+    r.add_argument("--drafts", help="comma-separated draft modes (default: all seven)")
+    r.add_argument("--batches", help="comma-separated batch sizes (instead of --part)")
+    r.add_argument("--overwrites", default="on", help="with --batches: on, off or on,off")
     r.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
     r.add_argument("--timeout", type=float, default=None, help="seconds per shard")
     r.add_argument("--reference", help="W4A16 outputs from eval qspec --save-reference")
