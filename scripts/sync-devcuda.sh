@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Copies this worktree's sources (and a bundled deps prefix) into the checkout the device tool
+# sends (DEST, default /work/main/.devcuda, which that checkout's .git/info/exclude ignores).
+# On the device: cd .devcuda/src-tree && QSPEC_COMMIT=$(cat ../COMMIT) scripts/gpu-run.sh ../deps
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+dest=${1:-/work/main/.devcuda}
+mkdir -p "$dest/src-tree"
+rsync -a --delete --exclude '/build*' --exclude .git --exclude /models/smollm2 --exclude /gpu-out \
+  ${SYNC_EXCLUDE_MODELS:+--exclude /models} "$src/" "$dest/src-tree/"
+[[ -d $dest/deps ]] || "$src/scripts/bundle-deps.sh" "$dest/deps"
+(cd "$src" && git rev-parse HEAD && git status --porcelain | grep -q . && echo dirty) | paste -sd' ' > "$dest/COMMIT" || true
+du -sh "$dest"
