@@ -6,8 +6,10 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:-/work/main/.devcuda}
 mkdir -p "$dest/src-tree"
-rsync -a --delete --exclude '/build*' --exclude .git --exclude /models/smollm2 --exclude /gpu-out \
-  ${SYNC_EXCLUDE_MODELS:+--exclude /models} "$src/" "$dest/src-tree/"
+rm -rf "$dest/src-tree" && mkdir -p "$dest/src-tree"
+excludes=(--exclude='./build*' --exclude=./.git --exclude=./models/smollm2 --exclude=./gpu-out)
+[[ -n ${SYNC_EXCLUDE_MODELS:-} ]] && excludes+=(--exclude=./models)
+tar -C "$src" "${excludes[@]}" -cf - . | tar -C "$dest/src-tree" -xf -
 [[ -d $dest/deps ]] || "$src/scripts/bundle-deps.sh" "$dest/deps"
 (cd "$src" && git rev-parse HEAD && git status --porcelain | grep -q . && echo dirty) | paste -sd' ' > "$dest/COMMIT" || true
 du -sh "$dest"
