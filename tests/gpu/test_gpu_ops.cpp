@@ -590,10 +590,14 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
       std::vector<Path> paths = {{"small_m v1", cuda::W4A16Path::small_m, {1, 0}, 2e-3},
                                  {"small_m v2", cuda::W4A16Path::small_m, {2, 0}, 2e-3},
                                  {"small_m split3", cuda::W4A16Path::small_m, {1, 3}, 2e-3},
+                                 {"small_m v3", cuda::W4A16Path::small_m, {3, 0}, 2e-3},
+                                 {"small_m v3 split5", cuda::W4A16Path::small_m, {3, 5}, 2e-3},
+                                 {"small_m v4", cuda::W4A16Path::small_m, {4, 0}, 2e-3},
+                                 {"small_m v4 split2", cuda::W4A16Path::small_m, {4, 2}, 2e-3},
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
                                  {"automatic", cuda::W4A16Path::automatic, {}, 3e-3}};
       for (const Path& path : paths) {
-        if (path.config.variant == 2 && m > 64) continue;  // same kernel as v1 past 64 (sliced)
+        if (path.config.variant >= 2 && m > 64) continue;  // same kernel as v1 past 64 (sliced)
         const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, path.path),
                                       cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4);
         cuda::DeviceMemory workspace(bytes);

@@ -58,6 +58,11 @@ size_t l2_cache_bytes();
 void fill_random_u32(uint32_t* dst, size_t count, uint64_t seed, void* stream = nullptr);
 void fill_random_f16(f16_bits* dst, size_t count, float lo, float hi, uint64_t seed, void* stream = nullptr);
 
+// Bandwidth probes for the roofline: a 16-byte-vector copy kernel (bytes read + written), and a
+// read-only pass (a checksum to `sink`, a device u32). bytes % 16 == 0, 16-byte aligned.
+void copy_kernel(void* dst, const void* src, size_t bytes, void* stream = nullptr);
+void read_kernel(const void* src, size_t bytes, uint32_t* sink, void* stream = nullptr);
+
 // Streams and timing for benchmarks. time_replays enqueues `body` (work on the given stream)
 // `batch` times into one CUDA graph (captured once, after `warmup` plain runs of body; plain
 // stream launches when capture fails, e.g. a library that cannot be captured), replays it

@@ -1,6 +1,7 @@
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"
+#include "ops/cuda/kernels/w4a16_stream.cuh"
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
@@ -38,6 +39,74 @@ void launch_group(int mt, int variant, const kernels::W4A16SmallMParams& params,
   }
 }
 
+// ---- variants 3 and 4: the cp.async ring kernel (kernels/w4a16_stream.cuh), m <= 32 a launch ----
+
+template <int MT, int WARPS, int CH, int STAGES, int G>
+struct StreamLauncher {
+  using Shape = kernels::W4A16StreamShape<MT, WARPS, CH, STAGES, G>;
+  static void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
+    auto* kernel = kernels::w4a16_stream_kernel<MT, WARPS, CH, STAGES, G>;
+    static const bool configured = [&] {
+      QSPEC_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+      return true;
+    }();
+    (void)configured;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(WARPS * 32);
+    config.dynamicSmemBytes = Shape::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+    QSPEC_CUDA_CHECK_LAUNCH("w4a16_stream_kernel");
+  }
+  // Blocks of this kernel one multiprocessor holds at once (shared memory bound, at most 4).
+  static int blocks_per_sm() {
+    const cudaDeviceProp& props = current_device_properties();
+    const size_t per_block = Shape::kSmemBytes + 1024;  // + the runtime's reserve
+    return static_cast<int>(std::clamp<size_t>(props.sharedMemPerMultiprocessor / per_block, 1, 4));
+  }
+};
+
+template <int MT, int G>
+void stream_dispatch(int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream,
+                     int* blocks_per_sm) {
+  constexpr int kStages = MT <= 2 ? 8 : 6;
+  if (variant == 3) {
+    using L = StreamLauncher<MT, 4, 2, kStages, G>;
+    if (blocks_per_sm) *blocks_per_sm = L::blocks_per_sm();
+    else L::launch(params, grid, stream);
+  } else {
+    using L = StreamLauncher<MT, 4, 4, kStages / 2, G>;
+    if (blocks_per_sm) *blocks_per_sm = L::blocks_per_sm();
+    else L::launch(params, grid, stream);
+  }
+}
+
+template <int G>
+void stream_group(int mt, int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream,
+                  int* blocks_per_sm) {
+  switch (mt) {
+    case 1: stream_dispatch<1, G>(variant, params, grid, stream, blocks_per_sm); break;
+    case 2: stream_dispatch<2, G>(variant, params, grid, stream, blocks_per_sm); break;
+    default: stream_dispatch<4, G>(variant, params, grid, stream, blocks_per_sm); break;
+  }
+}
+
+void stream_launch(int group, int mt, int variant, const kernels::W4A16SmallMParams& params, dim3 grid,
+                   cudaStream_t stream, int* blocks_per_sm = nullptr) {
+  switch (group) {
+    case 32: stream_group<32>(mt, variant, params, grid, stream, blocks_per_sm); break;
+    case 64: stream_group<64>(mt, variant, params, grid, stream, blocks_per_sm); break;
+    default: stream_group<128>(mt, variant, params, grid, stream, blocks_per_sm); break;
+  }
+}
+
 }  // namespace
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
@@ -49,8 +118,11 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
   if (m == 0) return;
   const int64_t row_tiles = (w.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
   QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n too large");
-  const int variant = config.variant != 0 ? config.variant : 1;
-  QSPEC_CHECK(variant == 1 || variant == 2, "cuda::w4a16_gemm: unknown small-M variant ", variant);
+  const bool scales_16 = reinterpret_cast<uintptr_t>(w.scales) % 16 == 0;
+  const int variant = config.variant != 0 ? config.variant : scales_16 ? detail::kW4A16DefaultVariant : 1;
+  QSPEC_CHECK(variant >= 1 && variant <= 4, "cuda::w4a16_gemm: unknown small-M variant ", variant);
+  QSPEC_CHECK(variant < 3 || scales_16,
+              "cuda::w4a16_gemm: variants 3 and 4 need 16-byte aligned scales");
   const int sms = multiprocessor_count();
   cudaStream_t s = as_stream(stream);
   const auto* xh = reinterpret_cast<const __half*>(x);
@@ -58,6 +130,35 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
   for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
     const int64_t slice = std::min(detail::kW4A16MaxSliceM, m - m0);
     const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
+    if (variant >= 3 && mt <= 4) {
+      // The ring kernel: 64 rows a block; enough blocks to fill every multiprocessor's slots.
+      const int64_t tiles = (w.n + 63) / 64;
+      QSPEC_CHECK(tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n too large");
+      kernels::W4A16SmallMParams params{};
+      int per_sm = 1;
+      stream_launch(static_cast<int>(w.group), mt, variant, params, dim3(), nullptr, &per_sm);
+      int64_t splits = config.splits > 0 ? config.splits
+                                         : std::min<int64_t>((static_cast<int64_t>(per_sm) * sms + tiles - 1) / tiles,
+                                                             detail::w4a16_max_splits(slice, w.k));
+      splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
+      while (splits > 1 && (workspace == nullptr ||
+                            detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * w.n) * sizeof(float) >
+                                workspace_bytes))
+        --splits;
+      params.w = layout;
+      params.x = xh + m0 * ldx;
+      params.ldx = ldx;
+      params.y = yh + m0 * ldy;
+      params.ldy = ldy;
+      params.m = static_cast<int>(slice);
+      params.splits = static_cast<int>(splits);
+      params.counters = static_cast<unsigned*>(workspace);
+      params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
+                                   : nullptr;
+      stream_launch(static_cast<int>(w.group), mt, variant, params,
+                    dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), s);
+      continue;
+    }
     // Split-K: enough blocks for ~3 per multiprocessor, within the traffic bound, the chunk
     // count and the workspace.
     int64_t splits = config.splits > 0
@@ -80,7 +181,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
                                  : nullptr;
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
-    const int v = mt == 8 ? 2 : variant;
+    const int v = mt == 8 || variant > 2 ? 2 : variant;
     switch (w.group) {
       case 32: launch_group<32>(mt, v, params, grid, s); break;
       case 64: launch_group<64>(mt, v, params, grid, s); break;
