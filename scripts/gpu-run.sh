@@ -5,7 +5,8 @@
 # usage: scripts/gpu-run.sh [DEPS_PREFIX] [bench args...]
 #   DEPS_PREFIX: made by scripts/bundle-deps.sh (default ../deps when it exists)
 #   env: QSPEC_COMMIT (the commit these sources are, recorded in the bench JSON),
-#        GPU_RUN_STEPS (default "build test bench"), GPU_TEST_FILTER (gtest filter)
+#        GPU_RUN_STEPS (default "build test bench"; "ncu" adds a profile), GPU_TEST_FILTER (gtest
+#        filter), NCU_BENCH_ARGS (which bench configs the ncu step profiles)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -45,5 +46,13 @@ if [[ $steps == *bench* ]]; then
   ./build/tests/qspec_gpu_bench "$out/bench.json" "$@" > "$out/bench.log" 2>&1
   echo "bench rc=$?"
   cat "$out/bench.log"
+fi
+if [[ $steps == *ncu* ]]; then
+  # Per-kernel hardware view of the W4A16 kernels: NCU_BENCH_ARGS picks them (bench --profile).
+  ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__waves_per_multiprocessor,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+    -k regex:w4a16 ./build/tests/qspec_gpu_bench "$out/profile.json" --profile --no-baselines ${NCU_BENCH_ARGS:-} \
+    > "$out/ncu.log" 2>&1
+  echo "ncu rc=$?"
+  grep -E "profiled|w4a16_.*kernel|gpu__time|dram__|launch__|sm__warps" "$out/ncu.log" | sed -E 's/ +/ /g' | cut -c1-160 | head -150
 fi
 exit $rc

@@ -8,7 +8,9 @@
 // a CUDA graph of one launch per copy (at least 8), timed with CUDA events; 3 warm-up runs;
 // the median over 25 replays, divided by the launches in the graph.
 //
-// usage: qspec_gpu_bench OUT.json [--quick] [--group 128]
+// usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
+//        [--variants 1,3] [--no-baselines] [--profile]
+// --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -48,11 +50,33 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string out_path = argv[1];
-  bool quick = false;
+  bool quick = false, baselines = true, profile = false;
+  std::string shape_filter;
+  std::vector<int64_t> ms_override;
+  std::vector<int> variants = {1, 2, 3, 4};
+  auto parse_list = [](const std::string& text) {
+    std::vector<int64_t> values;
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t end = text.find(',', start);
+      if (end == std::string::npos) end = text.size();
+      values.push_back(std::atoll(text.substr(start, end - start).c_str()));
+      start = end + 1;
+    }
+    return values;
+  };
   int64_t group = 128;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") quick = true;
+    else if (arg == "--no-baselines") baselines = false;
+    else if (arg == "--profile") profile = true;
+    else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
+    else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
+    else if (arg == "--variants" && i + 1 < argc) {
+      variants.clear();
+      for (int64_t v : parse_list(argv[++i])) variants.push_back(static_cast<int>(v));
+    }
     else if (arg == "--group" && i + 1 < argc) group = std::atoll(argv[++i]);
   }
   std::string command;
@@ -102,6 +126,7 @@ int main(int argc, char** argv) {
                                        {"lm_head", 128256, 4096}};
     std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048};
     if (quick) ms = {1, 16, 64, 512};
+    if (!ms_override.empty()) ms = ms_override;
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     cuda::Blas blas;
     nlohmann::json results = nlohmann::json::array();
@@ -109,6 +134,7 @@ int main(int argc, char** argv) {
     std::printf("\n%-8s %5s %-16s %10s %9s %7s %9s %s\n", "shape", "M", "path", "time_us", "GB/s", "of_copy",
                 "TFLOP/s", "graph");
     for (const Shape& shape : shapes) {
+      if (!shape_filter.empty() && shape_filter.find("," + std::string(shape.name) + ",") == std::string::npos) continue;
       const int64_t row_blocks = (shape.n + 15) / 16;
       const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
       const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 8 * 4);
@@ -168,9 +194,17 @@ int main(int argc, char** argv) {
         };
         const int w4_batch = std::max(8, w4_copies), w16_batch = std::max(8, w16_copies);
         if (m <= 128) {
-          for (int variant : {1, 2, 3, 4}) {
+          for (int variant : variants) {
             if (variant >= 2 && m > 32) continue;  // m > 32 always runs the 8-warp kernel
             const cuda::W4A16SmallMConfig config{variant, 0};
+            if (profile) {
+              for (int i = 0; i < 2; ++i)
+                cuda::w4a16_gemm_small_m(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
+                                         shape.n, small_workspace.get(), small_ws, stream, config);
+              cuda::stream_synchronize(stream);
+              std::printf("profiled %s m %lld variant %d\n", shape.name, static_cast<long long>(m), variant);
+              continue;
+            }
             const cuda::ReplayTimes t = cuda::time_replays(
                 [&](void* s, int i) {
                   cuda::w4a16_gemm_small_m(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
@@ -181,7 +215,7 @@ int main(int argc, char** argv) {
                    static_cast<double>(w4_bytes), w4_batch);
           }
         }
-        {
+        if (baselines && !profile) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 cuda::w4a16_gemm(blas, x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
@@ -190,7 +224,7 @@ int main(int argc, char** argv) {
               w4_batch, warmup, reps, stream);
           report("w4a16_dequant_cublas", t, static_cast<double>(w4_bytes), w4_batch);
         }
-        {
+        if (baselines && !profile) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w16[i % w16_copies].as<uint16_t>(), shape.n,

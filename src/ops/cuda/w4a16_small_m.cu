@@ -13,9 +13,27 @@ namespace {
 
 // Variants (all 128 rows per block): 1 = 4 warps x 2 row blocks, 4 chunks in flight per
 // warp; 2 = 8 warps x 1 row block, 8 chunks in flight (4 for 8 n-tiles, to stay in registers).
+// Launch with programmatic stream serialization: the kernel may start while the previous
+// kernel on the stream drains (it waits for it with griddepcontrol.wait before reading x).
+template <typename Kernel>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                const kernels::W4A16SmallMParams& params) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
 template <int MT, int RPW, int G, int DEPTH, int WARPS>
 void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
-  kernels::w4a16_small_m_kernel<MT, RPW, G, DEPTH, WARPS><<<grid, WARPS * 32, 0, stream>>>(params);
+  launch_pdl(kernels::w4a16_small_m_kernel<MT, RPW, G, DEPTH, WARPS>, grid, dim3(WARPS * 32), 0, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("w4a16_small_m_kernel");
 }
 
@@ -52,17 +70,7 @@ struct StreamLauncher {
       return true;
     }();
     (void)configured;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(WARPS * 32);
-    config.dynamicSmemBytes = Shape::kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+    launch_pdl(kernel, grid, dim3(WARPS * 32), Shape::kSmemBytes, stream, params);
     QSPEC_CUDA_CHECK_LAUNCH("w4a16_stream_kernel");
   }
   // Blocks of this kernel one multiprocessor holds at once (shared memory bound, at most 4).
@@ -137,8 +145,9 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       kernels::W4A16SmallMParams params{};
       int per_sm = 1;
       stream_launch(static_cast<int>(w.group), mt, variant, params, dim3(), nullptr, &per_sm);
+      // One wave: tiles x splits <= the blocks the GPU holds at once (dependents launch early).
       int64_t splits = config.splits > 0 ? config.splits
-                                         : std::min<int64_t>((static_cast<int64_t>(per_sm) * sms + tiles - 1) / tiles,
+                                         : std::min<int64_t>(static_cast<int64_t>(per_sm) * sms / tiles,
                                                              detail::w4a16_max_splits(slice, w.k));
       splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
       while (splits > 1 && (workspace == nullptr ||

@@ -7,6 +7,8 @@
 // rounded). The warps of a block share a k range, so they read the same x (16-byte loads,
 // served by L1). Split-K over blocks when there are few row tiles: partials in f32, and the
 // last block of a row tile (atomic counter) sums them in split order and writes y.
+// Programmatic dependent launch as in w4a16_stream.cuh: the first weight loads are issued
+// before waiting for the previous kernel.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_common.cuh"
@@ -93,9 +95,11 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
       for (int h = 0; h < SPC; ++h) s_ring[slot][r][h] = __ldg(s_base[r] + ((2 * chunk + h) / PPG) * 8);
     }
   };
+  grid_launch_dependents();
 #pragma unroll
   for (int i = 0; i < DEPTH; ++i)
     if (i < chunks) fetch(i, chunk_begin + i);
+  grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
   for (int c0 = 0; c0 < chunks; c0 += DEPTH) {
 #pragma unroll

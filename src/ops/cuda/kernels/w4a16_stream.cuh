@@ -8,7 +8,9 @@
 // Programmatic dependent launch: the weight loads of the first STAGES - 1 stages are issued
 // before griddepcontrol.wait (weights never depend on the previous kernel), x and every global
 // write come after it; the block signals its dependents once its main loop is done. Launched
-// without the attribute, both instructions are no-ops.
+// without the attribute, both instructions are no-ops. The grid is sized to one wave, so the
+// dependents are released at the start: they take multiprocessor slots as this grid's blocks
+// leave, and prefetch their own weights while this grid drains.
 //
 // One row block (16 rows) per warp; each lane copies its own 16 bytes of each 512-byte chunk,
 // so a warp reads back only what it wrote (still, x is shared: one __syncthreads per stage).
@@ -19,8 +21,6 @@
 
 namespace qspec::cuda::kernels {
 
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
 template <int MT, int WARPS, int CH, int STAGES, int G>
 struct W4A16StreamShape {
@@ -132,6 +132,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
 #pragma unroll
   for (int nt = 0; nt < MT; ++nt) x_row[nt] = min(nt * 8 + g, x_rows - 1) * XS + t * 8;
 
+  grid_launch_dependents();
   // Prologue: weights first (independent of the previous kernel), then wait for it, then x.
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -177,7 +178,6 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
     }
   }
   cp_async_wait<0>();
-  grid_launch_dependents();
 
   if (do_tail) {  // k % 64 == 32: the last pair, straight from global memory
     const int pair = 2 * p.w.full_chunks;
