@@ -9,7 +9,7 @@
 // the median over 25 replays, divided by the launches in the graph.
 //
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
-//        [--variants 1,3] [--no-baselines] [--profile]
+//        [--variants 1,3] [--splits 0,4,8] [--no-baselines] [--profile]
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
 #include <nlohmann/json.hpp>
 
@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> variants = {1, 2, 3, 4};
+  std::vector<int64_t> split_list = {0};  // 0: the launcher's heuristic
   auto parse_list = [](const std::string& text) {
     std::vector<int64_t> values;
     size_t start = 0;
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
     else if (arg == "--profile") profile = true;
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
+    else if (arg == "--splits" && i + 1 < argc) split_list = parse_list(argv[++i]);
     else if (arg == "--variants" && i + 1 < argc) {
       variants.clear();
       for (int64_t v : parse_list(argv[++i])) variants.push_back(static_cast<int>(v));
@@ -194,9 +196,10 @@ int main(int argc, char** argv) {
         };
         const int w4_batch = std::max(8, w4_copies), w16_batch = std::max(8, w16_copies);
         if (m <= 128) {
-          for (int variant : variants) {
+          for (int variant : variants)
+          for (int64_t splits : split_list) {
             if (variant >= 2 && m > 32) continue;  // m > 32 always runs the 8-warp kernel
-            const cuda::W4A16SmallMConfig config{variant, 0};
+            const cuda::W4A16SmallMConfig config{variant, static_cast<int>(splits)};
             if (profile) {
               for (int i = 0; i < 2; ++i)
                 cuda::w4a16_gemm_small_m(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
@@ -211,7 +214,9 @@ int main(int argc, char** argv) {
                                            shape.n, small_workspace.get(), small_ws, s, config);
                 },
                 w4_batch, warmup, reps, stream);
-            report(m > 32 ? "w4a16_small_m" : "w4a16_small_m_v" + std::to_string(variant), t,
+            report((m > 32 ? std::string("w4a16_small_m") : "w4a16_small_m_v" + std::to_string(variant)) +
+                       (splits > 0 ? "_s" + std::to_string(splits) : ""),
+                   t,
                    static_cast<double>(w4_bytes), w4_batch);
           }
         }
