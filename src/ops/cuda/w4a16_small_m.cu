@@ -31,9 +31,20 @@ void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t 
   QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
+// Largest x slice variants 1/2 stage in shared memory (beyond: x from global memory).
+constexpr size_t kXSharedMax = 96 * 1024;
+
 template <int MT, int RPW, int G, int DEPTH, int WARPS>
 void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
-  launch_pdl(kernels::w4a16_small_m_kernel<MT, RPW, G, DEPTH, WARPS>, grid, dim3(WARPS * 32), 0, stream, params);
+  auto* kernel = kernels::w4a16_small_m_kernel<MT, RPW, G, DEPTH, WARPS>;
+  static const bool configured = [&] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSharedMax));
+    return true;
+  }();
+  (void)configured;
+  size_t smem = 0;
+  if (params.xs_stride > 0) smem = static_cast<size_t>(std::min(params.m, MT * 8)) * params.xs_stride * 2;
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("w4a16_small_m_kernel");
 }
 
@@ -191,6 +202,13 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
                                  : nullptr;
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
     const int v = mt == 8 || variant > 2 ? 2 : variant;
+    {
+      // x in shared memory: the longest k range of a split (+ the tail pair), 16 bytes of padding.
+      const int64_t range = ((layout.full_chunks + splits - 1) / splits) * 64 + (layout.tail ? 32 : 0);
+      const int64_t stride = range + 8;
+      const int64_t rows = std::min<int64_t>(slice, mt * 8);
+      params.xs_stride = static_cast<size_t>(rows * stride * 2) <= kXSharedMax ? static_cast<int>(stride) : 0;
+    }
     switch (w.group) {
       case 32: launch_group<32>(mt, v, params, grid, s); break;
       case 64: launch_group<64>(mt, v, params, grid, s); break;

@@ -25,6 +25,9 @@ struct W4A16SmallMParams {
   int splits;
   float* partials;     // [splits][m][n] when splits > 1
   unsigned* counters;  // [row tiles], zero between launches
+  // > 0: the block first copies its k range of x (min(m, 8 MT) rows) into dynamic shared memory,
+  // rows xs_stride halves apart, so the main loop never waits on a global x load (variant 1/2).
+  int xs_stride;
 };
 
 template <int MT, int RPW, int G, int DEPTH, int WARPS>
@@ -101,6 +104,22 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
     if (i < chunks) fetch(i, chunk_begin + i);
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
+  extern __shared__ __align__(16) __half x_shared[];
+  const bool x_in_smem = p.xs_stride > 0;
+  const int k_begin = chunk_begin * 64;
+  int xs_row[MT];
+  if (x_in_smem) {
+    const int x_rows = min(p.m, MT * 8), pieces_per_row = (pair_end * 32 - k_begin) / 8;
+    for (int i = threadIdx.x; i < x_rows * pieces_per_row; i += WARPS * 32) {
+      const int row = i / pieces_per_row, piece = i % pieces_per_row;
+      *reinterpret_cast<uint4*>(x_shared + row * p.xs_stride + piece * 8) =
+          __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(row) * p.ldx + k_begin + piece * 8));
+    }
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) xs_row[nt] = min(nt * 8 + g, x_rows - 1) * p.xs_stride + t * 8 - k_begin;
+    __syncthreads();
+  }
+
   for (int c0 = 0; c0 < chunks; c0 += DEPTH) {
 #pragma unroll
     for (int i = 0; i < DEPTH; ++i) {
@@ -121,7 +140,9 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
           const int pair = 2 * chunk + hp;
           uint4 xf[MT];
 #pragma unroll
-          for (int nt = 0; nt < MT; ++nt) xf[nt] = __ldg(reinterpret_cast<const uint4*>(x_row[nt] + pair * 32));
+          for (int nt = 0; nt < MT; ++nt)
+            xf[nt] = x_in_smem ? *reinterpret_cast<const uint4*>(x_shared + xs_row[nt] + pair * 32)
+                               : __ldg(reinterpret_cast<const uint4*>(x_row[nt] + pair * 32));
 #pragma unroll
           for (int r = 0; r < RPW; ++r) pair_mma(r, hp ? w[r].z : w[r].x, hp ? w[r].w : w[r].y, xf);
           if ((pair + 1) % PPG == 0 || pair + 1 == pair_end) {
@@ -174,14 +195,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
   if (!last_block) return;
   __threadfence();
   const int row_begin = tile * ROWS, tile_rows = min(ROWS, p.w.n - row_begin);
-  for (int item = threadIdx.x; item < p.m * tile_rows; item += WARPS * 32) {
-    const int token = item / tile_rows, row = row_begin + item % tile_rows;
-    const float* src = p.partials + static_cast<int64_t>(token) * p.w.n + row;
-    const int64_t split_stride = static_cast<int64_t>(p.m) * p.w.n;
-    float sum = 0.0f;
-    for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
-    p.y[token * p.ldy + row] = __float2half_rn(sum);
-  }
+  splitk_fixup<WARPS * 32>(p.partials, p.y, p.ldy, p.m, p.w.n, p.splits, row_begin, tile_rows);
   if (threadIdx.x == 0) p.counters[tile] = 0;  // ready for the next launch
 }
 

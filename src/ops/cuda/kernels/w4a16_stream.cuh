@@ -217,14 +217,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
   if (!last_block) return;
   __threadfence();
   const int row_begin = tile * Shape::kRows, tile_rows = min(Shape::kRows, p.w.n - row_begin);
-  const int64_t split_stride = static_cast<int64_t>(p.m) * p.w.n;
-  for (int item = threadIdx.x; item < p.m * tile_rows; item += WARPS * 32) {
-    const int token = item / tile_rows, row = row_begin + item % tile_rows;
-    const float* src = p.partials + static_cast<int64_t>(token) * p.w.n + row;
-    float sum = 0.0f;
-    for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
-    p.y[token * p.ldy + row] = __float2half_rn(sum);
-  }
+  splitk_fixup<WARPS * 32>(p.partials, p.y, p.ldy, p.m, p.w.n, p.splits, row_begin, tile_rows);
   if (threadIdx.x == 0) p.counters[tile] = 0;  // ready for the next launch
 }
 
