@@ -209,8 +209,10 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                 W4A16Path path = W4A16Path::automatic);
 
-// Tuning knob for benchmarks: the small-M kernel variant (0 = default heuristic; 1 = 4 warps x
-// 2 row blocks, depth 4; 2 = 8 warps x 1 row block, depth 8) and the split-K override (0 = heuristic).
+// Tuning knob for benchmarks: the small-M kernel variant (0 = the default, variant 1; 1 = 4 warps
+// x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the
+// shared-memory cp.async ring, 8 stages of 2 chunks / 4 stages of 4, for m <= 32 a launch) and
+// the split-K override (0 = heuristic). docs/perf-notes.md has their timings.
 struct W4A16SmallMConfig {
   int variant = 0;
   int splits = 0;

@@ -11,7 +11,7 @@ inline constexpr int64_t kW4A16TileRows = 128;    // rows per block for every va
 inline constexpr int64_t kW4A16MaxSliceM = 64;    // tokens per launch (8 mma n-tiles)
 inline constexpr int64_t kW4A16MaxSplits = 64;
 // The small-M variant `automatic` and variant 0 take (docs/perf-notes.md: measured fastest).
-inline constexpr int kW4A16DefaultVariant = 3;
+inline constexpr int kW4A16DefaultVariant = 1;
 inline constexpr size_t kW4A16CounterBytes = 256 * 1024;  // counters region (64k row tiles)
 
 // Upper bound on split-K for this shape: at least 4 chunks (256 k) per split, and the f32
