@@ -134,6 +134,8 @@ class LlamaModel {
 
   KvCache new_cache(int64_t capacity = 0) const;  // 0: max_position_embeddings
   const WeightMatrix& embedding() const { return embedding_; }
+  const WeightMatrix& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
 
   // Runs `tokens` at positions cache.length() ... and appends their K/V. Writes logits for
   // the last token ([vocab]) or, with all_logits, for every token ([tokens, vocab]).

@@ -1,0 +1,101 @@
+#include "gemm/w4a16_pack.h"
+
+#include <cstring>
+
+#include "base/dtype.h"
+#include "qspec/error.h"
+
+namespace qspec::gemm {
+namespace {
+
+// Offset-binary nibble (code + 8) of W[row][col]; 8 (value 0) past the last row.
+uint32_t offset_nibble(const QuantizedMatrix& weight, int64_t row, int64_t col) {
+  if (row >= weight.rows) return 8;
+  const uint8_t byte = weight.codes[static_cast<size_t>(row * weight.format.code_bytes() + col / 2)];
+  const uint32_t code = (col & 1) ? (byte >> 4) : (byte & 0xf);  // two's complement nibble
+  return code ^ 0x8u;
+}
+
+uint16_t scale_bits(const QuantizedMatrix& weight, int64_t row, int64_t col) {
+  if (row >= weight.rows) return 0;
+  const int64_t block = col / weight.format.block;
+  const uint8_t* scales = weight.scales.data() + row * weight.format.scale_bytes() + block * 2;
+  return static_cast<uint16_t>(scales[0] | (scales[1] << 8));  // little-endian f16
+}
+
+// Byte offset, inside a row block, of the word of (pair, tile j, lane).
+int64_t word_offset(int64_t k, int64_t pair, int64_t j, int64_t lane) {
+  const int64_t chunk = pair / 2;
+  const bool tail = (k % 64 == 32) && chunk == k / 64;
+  if (tail) return chunk * 512 + lane * 8 + j * 4;
+  return chunk * 512 + lane * 16 + ((pair & 1) * 2 + j) * 4;
+}
+
+}  // namespace
+
+int64_t w4a16_kernel_group(const QuantizedMatrix& weight) {
+  const quant::Format format = weight.format.format;
+  if (format != quant::Format::int4 && format != quant::Format::int4_channel) return 0;
+  for (int64_t group : {128, 64, 32})
+    if (weight.format.block % group == 0) return group;
+  return 0;
+}
+
+W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
+  const int64_t group = w4a16_kernel_group(weight);
+  QSPEC_CHECK(group != 0, weight.name, ": the W4A16 GPU kernels take int4 / int4-channel weights with groups of a "
+              "multiple of 32 (got ", quant::format_name(weight.format.format), ", block ", weight.format.block, ")");
+  QSPEC_CHECK(weight.codes.size() == static_cast<size_t>(weight.rows * weight.format.code_bytes()) &&
+                  weight.scales.size() == static_cast<size_t>(weight.rows * weight.format.scale_bytes()),
+              weight.name, ": codes / scales do not match its shape");
+  W4A16Packed out;
+  out.n = weight.rows;
+  out.k = weight.cols();
+  out.group = group;
+  const int64_t k = out.k, blocks = out.row_blocks(), pairs = k / 32;
+  out.codes.assign(static_cast<size_t>(blocks * k * 8), 0);
+  out.scales.assign(static_cast<size_t>(blocks * out.groups() * 8), 0);
+  for (int64_t rb = 0; rb < blocks; ++rb) {
+    uint8_t* block_codes = out.codes.data() + rb * k * 8;
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      for (int64_t j = 0; j < 2; ++j)
+        for (int64_t lane = 0; lane < 32; ++lane) {
+          const int64_t g = lane / 4, t = lane % 4;
+          const int64_t p = 32 * pair + 8 * t + 4 * j;
+          const int64_t r0 = rb * 16 + g, r1 = r0 + 8;
+          const uint32_t nibbles[8] = {
+              offset_nibble(weight, r0, p),     offset_nibble(weight, r1, p),
+              offset_nibble(weight, r0, p + 2), offset_nibble(weight, r1, p + 2),
+              offset_nibble(weight, r0, p + 1), offset_nibble(weight, r1, p + 1),
+              offset_nibble(weight, r0, p + 3), offset_nibble(weight, r1, p + 3)};
+          uint32_t word = 0;
+          for (int i = 0; i < 8; ++i) word |= nibbles[i] << (4 * i);
+          std::memcpy(block_codes + word_offset(k, pair, j, lane), &word, 4);
+        }
+    for (int64_t q = 0; q < out.groups(); ++q)
+      for (int64_t r = 0; r < 8; ++r) {
+        const int64_t col = q * group;
+        const uint32_t lo = scale_bits(weight, rb * 16 + r, col), hi = scale_bits(weight, rb * 16 + r + 8, col);
+        out.scales[static_cast<size_t>((rb * out.groups() + q) * 8 + r)] = lo | (hi << 16);
+      }
+  }
+  return out;
+}
+
+float W4A16Packed::value(int64_t row, int64_t col) const {
+  QSPEC_CHECK(row >= 0 && row < row_blocks() * 16 && col >= 0 && col < k, "W4A16Packed::value out of range");
+  const int64_t rb = row / 16, r = row % 16, g = r % 8, high_row = r / 8;
+  const int64_t pair = col / 32, within = col % 32, t = within / 8, j = (within % 8) / 4, s = within % 4;
+  const int64_t lane = 4 * g + t;
+  uint32_t word;
+  std::memcpy(&word, codes.data() + rb * k * 8 + word_offset(k, pair, j, lane), 4);
+  // s = 0, 1, 2, 3 -> nibbles (n0, n4, n2, n6) for row g, (n1, n5, n3, n7) for row g + 8.
+  static constexpr int kNibble[4] = {0, 4, 2, 6};
+  const int nibble = kNibble[s] + static_cast<int>(high_row);
+  const int code = static_cast<int>((word >> (4 * nibble)) & 0xf) - 8;
+  const uint32_t pair_bits = scales[static_cast<size_t>((rb * groups() + col / group) * 8 + g)];
+  const uint16_t bits = static_cast<uint16_t>(high_row ? pair_bits >> 16 : pair_bits & 0xffff);
+  return static_cast<float>(code) * f16_to_f32(bits);
+}
+
+}  // namespace qspec::gemm

@@ -1,0 +1,53 @@
+// Offline repack of int4 weights (quant/quantized_linear.h) into the layout the CUDA W4A16
+// kernels stream: plain C++, runs on the host, tested on the CPU (tests/unit/test_w4a16_pack.cpp
+// also simulates the kernel's tensor-core fragments on it).
+//
+// The kernel computes y^T = W x^T with mma.sync m16n8k16: 16 weight rows are the A operand
+// (16 x 16 per k tile), 8 tokens the B operand. Layout, per row block of 16 rows (rows past n
+// are zero with zero scales), k*8 bytes each:
+//
+//   chunk c (64 k values, k pairs P = 2c, 2c+1 of 32 values): 512 bytes = 32 lanes x 16 bytes;
+//   lane L = 4g + t holds four 32-bit words, word 2*(P&1) + j = A fragment of k tile j of pair P.
+//   When k % 64 == 32 the last chunk holds one pair: 32 lanes x 8 bytes (words j = 0, 1).
+//
+// Inside a pair the tensor-core k order is permuted so that one 16-byte load of x (8
+// consecutive values at 32P + 8t) feeds both k tiles: mma k index 2t+s (s = 0, 1) of tile j is
+// physical k = 32P + 8t + 4j + s, and mma k index 2t+8+s is 32P + 8t + 4j + 2 + s. With
+// p = 32P + 8t + 4j, the word's nibbles (nibble i = bits 4i..4i+3) are
+//   n0 = W[g][p]   n4 = W[g][p+1]     (the f16x2 register a0a1)
+//   n1 = W[g+8][p] n5 = W[g+8][p+1]   (a2a3)
+//   n2 = W[g][p+2] n6 = W[g][p+3]     (a4a5)
+//   n3 = W[g+8][p+2] n7 = W[g+8][p+3] (a6a7)
+// each as offset binary u = code + 8 (value u - 8), so the lop3 / 0x6400 f16 trick turns a
+// word into four f16x2 registers without a table: (q & 0x000f000f) | 0x64006400 = 1024 + u.
+//
+// Scales: per row block, per kernel group of `group` k values (32, 64 or 128), 8 words: word
+// r = f16 pair (s[r], s[r+8]) (low half s[r]), so lane 4g+t reads word g for its two rows.
+// A format group larger than 128 (int4-channel: one scale per row) repeats its scale.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "quant/quantized_linear.h"
+
+namespace qspec::gemm {
+
+struct W4A16Packed {
+  int64_t n = 0, k = 0;
+  int64_t group = 0;              // kernel group: 32, 64 or 128
+  std::vector<uint8_t> codes;     // row_blocks() * k * 8 bytes
+  std::vector<uint32_t> scales;   // row_blocks() * (k / group) * 8 f16 pairs
+
+  int64_t row_blocks() const { return (n + 15) / 16; }
+  int64_t groups() const { return k / group; }
+  // The weight W[row][col] this layout encodes (reference decoding, f32).
+  float value(int64_t row, int64_t col) const;
+};
+
+// Largest kernel group (128, 64, 32) that divides the format's block, or 0 when the matrix
+// cannot be packed (not int4 / int4-channel, or a block not a multiple of 32).
+int64_t w4a16_kernel_group(const QuantizedMatrix& weight);
+// Throws qspec::Error naming the matrix when w4a16_kernel_group is 0.
+W4A16Packed pack_w4a16(const QuantizedMatrix& weight);
+
+}  // namespace qspec::gemm

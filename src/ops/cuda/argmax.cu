@@ -1,0 +1,24 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/argmax.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace {
+template <typename T>
+void launch_argmax(const T* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream) {
+  QSPEC_CHECK(rows >= 0 && vocab > 0 && vocab < (1ll << 31), "cuda::argmax: bad shape rows ", rows, " vocab ", vocab);
+  if (rows == 0) return;
+  QSPEC_CHECK(rows < (1ll << 31), "cuda::argmax: too many rows (", rows, ")");
+  kernels::argmax_kernel<T><<<static_cast<unsigned>(rows), 1024, 0, as_stream(stream)>>>(logits, vocab, ids);
+  QSPEC_CUDA_CHECK_LAUNCH("argmax_kernel");
+}
+}  // namespace
+
+void argmax_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream) {
+  launch_argmax(logits, rows, vocab, ids, stream);
+}
+void argmax_f16(const f16_bits* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream) {
+  launch_argmax(reinterpret_cast<const __half*>(logits), rows, vocab, ids, stream);
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,25 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/attention_combine.cuh"
+#include "ops/cuda/kernels/attention_split.h"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+
+size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head_dim, int64_t max_context) {
+  return detail::attention_partial_bytes(detail::max_attention_splits(max_context), tokens * num_heads, head_dim);
+}
+
+namespace detail {
+// Used by the decode and prefill launchers after a split launch.
+void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
+                              int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {
+  const auto* part_o = static_cast<const float*>(workspace);
+  const auto* part_ml = reinterpret_cast<const float2*>(part_o + splits * rows * head_dim);
+  kernels::attention_combine_kernel<<<static_cast<unsigned>(rows), static_cast<int>(std::min<int64_t>(head_dim, 128)), 0,
+                                      stream>>>(part_o, part_ml, static_cast<int>(splits), rows,
+                                                static_cast<int>(num_heads), static_cast<int>(head_dim), out, out_stride);
+  QSPEC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
+}
+}  // namespace detail
+
+}  // namespace qspec::cuda

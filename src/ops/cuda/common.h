@@ -1,0 +1,183 @@
+// Shared pieces of the CUDA backend: error checks that throw qspec::Error with file:line and
+// the CUDA error string, a small RAII device buffer, f16/bf16 helpers and the inline PTX the
+// kernels share (mma.sync, ldmatrix, cp.async). Include from .cu / .cuh files only: this is
+// the one header that brings CUDA types in; plain C++ code includes ops/cuda/ops.h instead.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "qspec/error.h"
+
+namespace qspec::cuda {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* what, const char* file, int line) {
+  fail(file, ":", line, ": CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") in ", what);
+}
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* what, const char* file, int line) {
+  fail(file, ":", line, ": cuBLAS error ", cublasGetStatusName(status), " (", cublasGetStatusString(status),
+       ") in ", what);
+}
+
+}  // namespace qspec::cuda
+
+// QSPEC_CUDA_CHECK(cudaMalloc(...)): throws qspec::Error("file:line: CUDA error ...").
+#define QSPEC_CUDA_CHECK(call)                                                          \
+  do {                                                                                  \
+    const cudaError_t qspec_status_ = (call);                                           \
+    if (qspec_status_ != cudaSuccess)                                                   \
+      ::qspec::cuda::throw_cuda_error(qspec_status_, #call, __FILE__, __LINE__);        \
+  } while (0)
+
+// After a <<<...>>> launch: configuration errors (bad grid, too much shared memory) surface
+// here. Asynchronous faults surface at the next synchronizing call.
+#define QSPEC_CUDA_CHECK_LAUNCH(name)                                                   \
+  do {                                                                                  \
+    const cudaError_t qspec_status_ = cudaGetLastError();                               \
+    if (qspec_status_ != cudaSuccess)                                                   \
+      ::qspec::cuda::throw_cuda_error(qspec_status_, "launch of " name, __FILE__, __LINE__); \
+  } while (0)
+
+#define QSPEC_CUBLAS_CHECK(call)                                                        \
+  do {                                                                                  \
+    const cublasStatus_t qspec_status_ = (call);                                        \
+    if (qspec_status_ != CUBLAS_STATUS_SUCCESS)                                         \
+      ::qspec::cuda::throw_cublas_error(qspec_status_, #call, __FILE__, __LINE__);      \
+  } while (0)
+
+namespace qspec::cuda {
+
+inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Properties of the current device, read once per device.
+const cudaDeviceProp& current_device_properties();
+
+// Owning device allocation of `count` elements of T (cudaMalloc; never managed memory).
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) { reset(count); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      count_ = std::exchange(other.count_, 0);
+    }
+    return *this;
+  }
+
+  void reset(size_t count) {
+    release();
+    if (count == 0) return;
+    void* raw = nullptr;
+    QSPEC_CUDA_CHECK(cudaMalloc(&raw, count * sizeof(T)));
+    data_ = static_cast<T*>(raw);
+    count_ = count;
+  }
+  T* get() const { return data_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+ private:
+  void release() {
+    if (data_ != nullptr) cudaFree(data_);  // no throw from a destructor
+    data_ = nullptr;
+    count_ = 0;
+  }
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// ---- f16 / bf16 helpers ----------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 unpack_half2(uint32_t bits) {
+  __half2 h = *reinterpret_cast<__half2*>(&bits);
+  return __half22float2(h);
+}
+// 8 halves of a 16-byte vector to floats.
+__device__ __forceinline__ void half8_to_float(const uint4& v, float (&out)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = unpack_half2(words[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ uint4 float8_to_half(const float (&in)[8]) {
+  uint4 v;
+  v.x = pack_half2(in[0], in[1]);
+  v.y = pack_half2(in[2], in[3]);
+  v.z = pack_half2(in[4], in[5]);
+  v.w = pack_half2(in[6], in[7]);
+  return v;
+}
+
+// ---- inline PTX shared by the matrix kernels --------------------------------------------
+
+// D = A * B + D, m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// 16-byte global -> shared copy; src_bytes 0 zero-fills the destination without reading.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Streaming 16-byte load for data read exactly once (packed weights): not kept in L1.
+__device__ __forceinline__ uint4 load_stream_16(const void* pointer) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(pointer));
+  return v;
+}
+__device__ __forceinline__ uint2 load_stream_8(const void* pointer) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(pointer));
+  return v;
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,61 @@
+// Greedy argmax over logit rows, lowest id on ties (Sampler::argmax).
+#pragma once
+#include <cfloat>
+
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+// (value, id) pairs: a beats b when larger, or equal with a lower id. NaN never wins.
+__device__ __forceinline__ void argmax_merge(float& value, int& id, float other_value, int other_id) {
+  if (other_value > value || (other_value == value && other_id < id)) {
+    value = other_value;
+    id = other_id;
+  }
+}
+
+// One block per row.
+template <typename T>
+__global__ void argmax_kernel(const T* __restrict__ logits, int64_t vocab, int32_t* __restrict__ ids) {
+  __shared__ float values[32];
+  __shared__ int positions[32];
+  const T* row = logits + blockIdx.x * vocab;
+  float best = -INFINITY;
+  int best_id = INT_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = to_float(row[i]);
+    if (v > best) {  // ascending ids per thread: a tie keeps the earlier id
+      best = v;
+      best_id = static_cast<int>(i);
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+    argmax_merge(best, best_id, other, other_id);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    values[warp] = best;
+    positions[warp] = best_id;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x >> 5;
+    best = lane < warps ? values[lane] : -INFINITY;
+    best_id = lane < warps ? positions[lane] : INT_MAX;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+      argmax_merge(best, best_id, other, other_id);
+    }
+    if (lane == 0) ids[blockIdx.x] = best_id == INT_MAX ? 0 : best_id;
+  }
+}
+
+}  // namespace qspec::cuda::kernels

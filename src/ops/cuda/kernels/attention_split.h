@@ -1,0 +1,32 @@
+// Host-side split-K planning shared by the paged attention launchers and
+// attention_workspace_bytes (plain C++; included by .cu files).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace qspec::cuda::detail {
+
+inline constexpr int64_t kMaxAttentionSplits = 32;
+inline constexpr int64_t kKeysPerSplitMin = 256;
+
+// The most splits any launch plans for a context of max_context keys.
+inline int64_t max_attention_splits(int64_t max_context) {
+  return std::clamp<int64_t>((max_context + kKeysPerSplitMin - 1) / kKeysPerSplitMin, 1, kMaxAttentionSplits);
+}
+
+inline size_t attention_partial_bytes(int64_t splits, int64_t rows, int64_t head_dim) {
+  // part_o [splits][rows][head_dim] f32, then part_ml [splits][rows] float2.
+  return static_cast<size_t>(splits * rows * head_dim) * sizeof(float) + static_cast<size_t>(splits * rows) * 8;
+}
+
+// Splits for `blocks` independent blocks over `keys` keys on `sms` multiprocessors, limited by
+// what the workspace holds for `rows` query rows.
+inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t rows, int64_t head_dim,
+                           size_t workspace_bytes) {
+  int64_t splits = std::min(max_attention_splits(keys), std::max<int64_t>(1, (2 * sms + blocks - 1) / std::max<int64_t>(blocks, 1)));
+  while (splits > 1 && attention_partial_bytes(splits, rows, head_dim) > workspace_bytes) --splits;
+  return std::max<int64_t>(splits, 1);
+}
+
+}  // namespace qspec::cuda::detail

@@ -1,0 +1,48 @@
+// SwiGLU (silu(gate) * up) and the residual add on f16 tensors.
+#pragma once
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8.
+template <int VEC>
+__global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,
+                                int64_t cols, int64_t in_stride, __half* __restrict__ out) {
+  const int64_t per_row = cols / VEC, total = rows * per_row;
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < total;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = item / per_row, c = (item % per_row) * VEC;
+    if constexpr (VEC == 8) {
+      float g[8], u[8];
+      half8_to_float(*reinterpret_cast<const uint4*>(gate + r * in_stride + c), g);
+      half8_to_float(*reinterpret_cast<const uint4*>(up + r * in_stride + c), u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[e] = silu(g[e]) * u[e];
+      *reinterpret_cast<uint4*>(out + r * cols + c) = float8_to_half(g);
+    } else {
+      out[r * cols + c] =
+          __float2half_rn(silu(__half2float(gate[r * in_stride + c])) * __half2float(up[r * in_stride + c]));
+    }
+  }
+}
+
+template <int VEC>
+__global__ void add_kernel(const __half* a, const __half* b, int64_t count, __half* out) {
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < count / VEC;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (VEC == 8) {
+      float x[8], y[8];
+      half8_to_float(reinterpret_cast<const uint4*>(a)[item], x);
+      half8_to_float(reinterpret_cast<const uint4*>(b)[item], y);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] += y[e];
+      reinterpret_cast<uint4*>(out)[item] = float8_to_half(x);
+    } else {
+      out[item] = __float2half_rn(__half2float(a[item]) + __half2float(b[item]));
+    }
+  }
+}
+
+}  // namespace qspec::cuda::kernels

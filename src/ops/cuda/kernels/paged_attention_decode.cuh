@@ -1,0 +1,214 @@
+// Paged attention for decode (one query per sequence), flash-decoding style: a block owns one
+// KV head, up to GM of its query heads, one sequence and one split of the context; K and V
+// are read once per block with 16-byte loads, scores and softmax in f32 (log2 domain).
+#pragma once
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+struct DecodeParams {
+  const __half* q;
+  int64_t q_stride;
+  const int32_t* context_lens;
+  const __half* k_pool;
+  const __half* v_pool;
+  const int32_t* block_tables;
+  int64_t max_blocks;
+  int num_seqs, num_heads, num_kv_heads, group, head_chunks;
+  int window;          // 0: off
+  float scale_log2;    // log2(e) / sqrt(head_dim)
+  int split_len;       // keys per split (multiple of 16)
+  int splits;
+  __half* out;
+  int64_t out_stride;
+  float* part_o;       // splits > 1: [splits][num_seqs * num_heads][D]
+  float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
+};
+
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared memory
+
+// D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
+template <int D, int GM>
+__global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kernel(const DecodeParams p) {
+  constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
+  constexpr int KPW = 32 / LPK;  // keys per warp per step
+  constexpr int STEP = kDecodeWarps * KPW;
+  constexpr int U = 4;           // steps in flight
+  __shared__ float logits[GM][kDecodeChunk];
+  __shared__ float reduce[kDecodeWarps][GM][D];
+  __shared__ float running_max[GM], running_sum[GM], rescale[GM];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lg = lane / LPK, li = lane % LPK;
+  const int kv_head = blockIdx.x / p.head_chunks, chunk_of_heads = blockIdx.x % p.head_chunks;
+  const int seq = blockIdx.y, split = blockIdx.z;
+  const int head0 = kv_head * p.group + chunk_of_heads * GM;
+  const int heads_here = min(GM, p.group - chunk_of_heads * GM);
+  const int context = p.context_lens[seq];
+  const int start = p.window > 0 ? max(0, context - p.window) : 0;
+  const int begin = start + split * p.split_len;
+  const int end = min(context, begin + p.split_len);
+  const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+  const int32_t* table = p.block_tables + seq * p.max_blocks;
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+
+  if (begin >= end) {  // nothing to attend to in this split
+    for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
+      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + i / D;
+      if (p.splits > 1) {
+        p.part_o[(split * rows + row) * D + i % D] = 0.0f;
+        if (i % D == 0) p.part_ml[split * rows + row] = make_float2(-INFINITY, 0.0f);
+      } else {
+        p.out[seq * p.out_stride + (head0 + i / D) * D + i % D] = __float2half(0.0f);
+      }
+    }
+    return;
+  }
+
+  // This lane's slice of each query head, pre-scaled into log2 units.
+  float qr[GM][8];
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (g < heads_here) {
+      half8_to_float(*reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8), qr[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
+    }
+  }
+  if (threadIdx.x < GM) {
+    running_max[threadIdx.x] = -INFINITY;
+    running_sum[threadIdx.x] = 0.0f;
+  }
+  float acc[GM][8];
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+
+  for (int chunk_begin = begin; chunk_begin < end; chunk_begin += kDecodeChunk) {
+    const int chunk_end = min(end, chunk_begin + kDecodeChunk);
+    // 1. scores of this chunk's keys.
+    for (int base = chunk_begin; base < chunk_end; base += STEP * U) {
+      uint4 keys[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
+        if (j < chunk_end) {
+          const int64_t slot = static_cast<int64_t>(table[j >> 4]) * 16 + (j & 15);
+          keys[u] = *reinterpret_cast<const uint4*>(p.k_pool + slot * kv_stride + kv_head * D + li * 8);
+        } else {
+          keys[u] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
+        float kf[8];
+        half8_to_float(keys[u], kf);
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
+#pragma unroll
+          for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          if (li == 0 && j < chunk_end) logits[g][j - chunk_begin] = dot;
+        }
+      }
+    }
+    __syncthreads();
+    // 2. softmax statistics per head (warp w owns heads w, w + 4).
+    const int n = chunk_end - chunk_begin;
+    for (int g = warp; g < heads_here; g += kDecodeWarps) {
+      float chunk_max = -INFINITY;
+      for (int i = lane; i < n; i += 32) chunk_max = fmaxf(chunk_max, logits[g][i]);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1)
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
+      const float old_max = running_max[g];
+      const float new_max = fmaxf(old_max, chunk_max);  // finite: the chunk has keys
+      float sum = 0.0f;
+      for (int i = lane; i < n; i += 32) {
+        const float e = exp2f(logits[g][i] - new_max);
+        logits[g][i] = e;
+        sum += e;
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) {
+        const float alpha = exp2f(old_max - new_max);  // 0 on the first chunk
+        rescale[g] = alpha;
+        running_sum[g] = running_sum[g] * alpha + sum;
+        running_max[g] = new_max;
+      }
+    }
+    __syncthreads();
+    // 3. acc = acc * alpha + P V over this chunk.
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      const float alpha = g < heads_here ? rescale[g] : 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+    }
+    for (int base = chunk_begin; base < chunk_end; base += STEP * U) {
+      uint4 values[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
+        if (j < chunk_end) {
+          const int64_t slot = static_cast<int64_t>(table[j >> 4]) * 16 + (j & 15);
+          values[u] = *reinterpret_cast<const uint4*>(p.v_pool + slot * kv_stride + kv_head * D + li * 8);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
+        if (j < chunk_end) {
+          float vf[8];
+          half8_to_float(values[u], vf);
+#pragma unroll
+          for (int g = 0; g < GM; ++g) {
+            const float weight = g < heads_here ? logits[g][j - chunk_begin] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(weight, vf[e], acc[g][e]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // logits are rewritten by the next chunk
+  }
+
+  // Sum the KPW key lanes of each warp, then the warps through shared memory.
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+#pragma unroll
+      for (int offset = LPK; offset < 32; offset <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
+  if (lg == 0) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) reduce[warp][g][li * 8 + e] = acc[g][e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) o += reduce[w][g][d];
+    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
+    if (p.splits > 1) {
+      p.part_o[(split * rows + row) * D + d] = o;
+      if (d == 0) p.part_ml[split * rows + row] = make_float2(running_max[g], running_sum[g]);
+    } else {
+      p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(o / running_sum[g]);
+    }
+  }
+}
+
+}  // namespace qspec::cuda::kernels

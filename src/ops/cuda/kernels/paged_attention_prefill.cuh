@@ -1,0 +1,278 @@
+// Paged multi-query attention (prefill, QSpec verify): FlashAttention-2 tiling on f16
+// mma.sync m16n8k16 with f32 accumulators. A block owns 64 query rows of one KV head, where a
+// row is (token, query head of the GQA group): row r of sequence s is token r / group, head
+// kv_head * group + r % group. So a short run (verify: gamma + 1 tokens) still fills the tile
+// with the group's heads, and every K/V tile is read once for all of them. K/V tiles of 64
+// keys are gathered from the paged pool with cp.async into a double-buffered, XOR-swizzled
+// shared-memory ring; S = Q K^T and O += P V use ldmatrix (.trans for V). Optional split-K
+// over the key range writes unnormalised partials for attention_combine_kernel.
+#pragma once
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+struct PrefillParams {
+  const __half* q;
+  int64_t q_stride;
+  const int32_t* query_start;
+  const int32_t* positions;
+  const __half* k_pool;
+  const __half* v_pool;
+  const int32_t* block_tables;
+  int64_t max_blocks;
+  int num_heads, num_kv_heads, group;
+  int window;        // 0: off
+  float scale_log2;  // log2(e) / sqrt(head_dim)
+  int splits;
+  int64_t rows;      // num_tokens * num_heads (partials)
+  __half* out;
+  int64_t out_stride;
+  float* part_o;
+  float2* part_ml;
+};
+
+inline constexpr int kPrefillRows = 64;  // query rows per block (4 warps x 16)
+inline constexpr int kPrefillKeys = 64;  // keys per tile
+
+template <int D>
+struct PrefillSmem {
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kTileHalves = 64 * D;
+  static constexpr size_t kBytes = static_cast<size_t>(5 * kTileHalves) * sizeof(__half);  // Q + 2 x (K, V)
+  // Half offset of (row, 16-byte chunk) in a 64 x D tile, XOR-swizzled so that the 8 rows an
+  // ldmatrix phase touches hit distinct banks.
+  __device__ static __forceinline__ int offset(int row, int chunk) {
+    const int swizzle = kChunks >= 8 ? (row & 7) : ((row >> 1) & (kChunks - 1));
+    return row * D + ((chunk ^ swizzle) * 8);
+  }
+};
+
+template <int D>
+__global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const PrefillParams p) {
+  using Smem = PrefillSmem<D>;
+  constexpr int C = Smem::kChunks;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __half* q_tile = reinterpret_cast<__half*>(smem_raw);
+  __half* k_tiles = q_tile + Smem::kTileHalves;          // [2][64 * D]
+  __half* v_tiles = k_tiles + 2 * Smem::kTileHalves;     // [2][64 * D]
+  __shared__ int row_position[kPrefillRows];
+  __shared__ int warp_max[2], warp_min[2];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int seq = blockIdx.y;
+  const int kv_head = blockIdx.z / p.splits, split = blockIdx.z % p.splits;
+  const int q_begin = p.query_start[seq];
+  const int run = p.query_start[seq + 1] - q_begin;
+  const int total_rows = run * p.group;
+  const int row0 = blockIdx.x * kPrefillRows;
+  if (row0 >= total_rows) return;
+  const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+  const int32_t* table = p.block_tables + seq * p.max_blocks;
+
+  // Row positions and the key range the tile needs.
+  if (tid < kPrefillRows) {
+    const int r = row0 + tid;
+    const int position = r < total_rows ? p.positions[q_begin + r / p.group] : -1;
+    row_position[tid] = position;
+    const int lowest = position < 0 ? INT_MAX : (p.window > 0 ? max(0, position - p.window + 1) : 0);
+    const int high = __reduce_max_sync(0xffffffffu, position);
+    const int low = __reduce_min_sync(0xffffffffu, lowest);
+    if (lane == 0) {
+      warp_max[warp] = high;
+      warp_min[warp] = low;
+    }
+  }
+  // Q tile (zeros for rows past the run).
+  for (int i = tid; i < kPrefillRows * C; i += 128) {
+    const int r = i / C, c = i % C, row = row0 + r;
+    const bool valid = row < total_rows;
+    const __half* src = p.q;
+    if (valid)
+      src = p.q + static_cast<int64_t>(q_begin + row / p.group) * p.q_stride +
+            static_cast<int64_t>(kv_head * p.group + row % p.group) * D + c * 8;
+    cp_async_16(smem_address(q_tile + Smem::offset(r, c)), src, valid ? 16 : 0);
+  }
+  cp_async_commit();
+  __syncthreads();
+  const int key_max = max(warp_max[0], warp_max[1]);
+  const int key_min = min(warp_min[0], warp_min[1]);
+  const int first_tile = key_min / kPrefillKeys, last_tile = key_max / kPrefillKeys;
+  const int tiles = last_tile - first_tile + 1;
+  const int per_split = (tiles + p.splits - 1) / p.splits;
+  const int tile_begin = first_tile + split * per_split;
+  const int tile_end = min(last_tile + 1, tile_begin + per_split);
+
+  auto load_kv = [&](int tile, int stage) {
+    __half* k_dst = k_tiles + stage * Smem::kTileHalves;
+    __half* v_dst = v_tiles + stage * Smem::kTileHalves;
+    for (int i = tid; i < kPrefillKeys * C; i += 128) {
+      const int r = i / C, c = i % C, key = tile * kPrefillKeys + r;
+      const bool valid = key >= key_min && key <= key_max;
+      const __half* k_src = p.k_pool;
+      const __half* v_src = p.v_pool;
+      if (valid) {
+        const int64_t slot = static_cast<int64_t>(table[key >> 4]) * 16 + (key & 15);
+        const int64_t offset = slot * kv_stride + kv_head * D + c * 8;
+        k_src = p.k_pool + offset;
+        v_src = p.v_pool + offset;
+      }
+      cp_async_16(smem_address(k_dst + Smem::offset(r, c)), k_src, valid ? 16 : 0);
+      cp_async_16(smem_address(v_dst + Smem::offset(r, c)), v_src, valid ? 16 : 0);
+    }
+  };
+
+  const int g = lane >> 2, tq = lane & 3;
+  const int row_a = warp * 16 + g, row_b = row_a + 8;
+  const int pos_a = row_position[row_a], pos_b = row_position[row_b];
+  float o_acc[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_acc[nd][e] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+
+  if (tile_begin < tile_end) {
+    load_kv(tile_begin, 0);
+    cp_async_commit();
+    cp_async_wait<1>();  // the Q tile
+    __syncthreads();
+    uint32_t q_frag[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int m = lane >> 3;
+      const int r = warp * 16 + (m & 1) * 8 + (lane & 7);
+      ldmatrix_x4(q_frag[kk], smem_address(q_tile + Smem::offset(r, kk * 2 + (m >> 1))));
+    }
+
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+      const int stage = (tile - tile_begin) & 1;
+      if (tile + 1 < tile_end) load_kv(tile + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
+      const __half* k_tile = k_tiles + stage * Smem::kTileHalves;
+      const __half* v_tile = v_tiles + stage * Smem::kTileHalves;
+
+      // S = Q K^T for this warp's 16 rows x 64 keys.
+      float s_acc[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          const int m = lane >> 3;
+          const int r = np * 16 + (m >> 1) * 8 + (lane & 7);
+          uint32_t b[4];
+          ldmatrix_x4(b, smem_address(k_tile + Smem::offset(r, kk * 2 + (m & 1))));
+          mma_f16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
+          mma_f16_16816(s_acc[2 * np + 1], q_frag[kk], b[2], b[3]);
+        }
+      }
+      // Mask, online softmax (log2 domain).
+      float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = tile * kPrefillKeys + nt * 8 + 2 * tq + (e & 1);
+          const int position = e < 2 ? pos_a : pos_b;
+          const bool visible = key <= position && (p.window <= 0 || key > position - p.window);
+          const float s = visible ? s_acc[nt][e] * p.scale_log2 : -INFINITY;
+          s_acc[nt][e] = s;
+          if (e < 2) tile_max_a = fmaxf(tile_max_a, s);
+          else tile_max_b = fmaxf(tile_max_b, s);
+        }
+#pragma unroll
+      for (int offset = 1; offset < 4; offset <<= 1) {
+        tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffffu, tile_max_a, offset));
+        tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffffu, tile_max_b, offset));
+      }
+      const float new_max_a = fmaxf(max_a, tile_max_a), new_max_b = fmaxf(max_b, tile_max_b);
+      const float base_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+      const float base_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+      const float alpha_a = exp2f(max_a - base_a), alpha_b = exp2f(max_b - base_b);
+      max_a = new_max_a;
+      max_b = new_max_b;
+      float row_sum_a = 0.0f, row_sum_b = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        s_acc[nt][0] = exp2f(s_acc[nt][0] - base_a);
+        s_acc[nt][1] = exp2f(s_acc[nt][1] - base_a);
+        s_acc[nt][2] = exp2f(s_acc[nt][2] - base_b);
+        s_acc[nt][3] = exp2f(s_acc[nt][3] - base_b);
+        row_sum_a += s_acc[nt][0] + s_acc[nt][1];
+        row_sum_b += s_acc[nt][2] + s_acc[nt][3];
+      }
+      sum_a = sum_a * alpha_a + row_sum_a;
+      sum_b = sum_b * alpha_b + row_sum_b;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        o_acc[nd][0] *= alpha_a;
+        o_acc[nd][1] *= alpha_a;
+        o_acc[nd][2] *= alpha_b;
+        o_acc[nd][3] *= alpha_b;
+      }
+      // O += P V: P from the S accumulators (C layout -> A layout), V via ldmatrix.trans.
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t p_frag[4];
+        p_frag[0] = pack_half2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+        p_frag[1] = pack_half2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+        p_frag[2] = pack_half2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+        p_frag[3] = pack_half2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+#pragma unroll
+        for (int nd2 = 0; nd2 < D / 16; ++nd2) {
+          const int m = lane >> 3;
+          const int r = kk * 16 + (m & 1) * 8 + (lane & 7);
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_address(v_tile + Smem::offset(r, nd2 * 2 + (m >> 1))));
+          mma_f16_16816(o_acc[2 * nd2], p_frag, b[0], b[1]);
+          mma_f16_16816(o_acc[2 * nd2 + 1], p_frag, b[2], b[3]);
+        }
+      }
+      __syncthreads();  // this stage is reloaded two tiles later
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, offset);
+    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, offset);
+  }
+  // Write rows a and b of this warp.
+#pragma unroll
+  for (int half_index = 0; half_index < 2; ++half_index) {
+    const int r = half_index == 0 ? row_a : row_b;
+    const int row = row0 + r;
+    if (row >= total_rows) continue;
+    const int64_t token = q_begin + row / p.group;
+    const int head = kv_head * p.group + row % p.group;
+    const float sum = half_index == 0 ? sum_a : sum_b;
+    const float maximum = half_index == 0 ? max_a : max_b;
+    if (p.splits == 1) {
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      __half* dst = p.out + token * p.out_stride + static_cast<int64_t>(head) * D;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        const int d = nd * 8 + 2 * tq;
+        *reinterpret_cast<uint32_t*>(dst + d) =
+            pack_half2(o_acc[nd][2 * half_index] * inverse, o_acc[nd][2 * half_index + 1] * inverse);
+      }
+    } else {
+      const int64_t prow = static_cast<int64_t>(split) * p.rows + token * p.num_heads + head;
+      float* dst = p.part_o + prow * D;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        const int d = nd * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(dst + d) = make_float2(o_acc[nd][2 * half_index], o_acc[nd][2 * half_index + 1]);
+      }
+      if (tq == 0) p.part_ml[prow] = make_float2(sum > 0.0f ? maximum : -INFINITY, sum);
+    }
+  }
+}
+
+}  // namespace qspec::cuda::kernels

@@ -1,0 +1,30 @@
+// Writes K/V rows of new tokens into the paged pool at their positions.
+#pragma once
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+// grid (max_query_len, num_seqs); threads over the row's width / VEC.
+template <int VEC>
+__global__ void paged_kv_write_kernel(const __half* __restrict__ k, const __half* __restrict__ v, int64_t row_stride,
+                                      const int32_t* __restrict__ query_start, const int32_t* __restrict__ positions,
+                                      const int32_t* __restrict__ block_tables, int64_t max_blocks, int64_t width,
+                                      __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
+  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
+  const int seq = blockIdx.y;
+  const int64_t token = query_start[seq] + blockIdx.x;
+  if (token >= query_start[seq + 1]) return;
+  const int32_t position = positions[token];
+  const int64_t block = block_tables[seq * max_blocks + position / 16];
+  const int64_t row = block * 16 + position % 16;
+  const Vec* k_src = reinterpret_cast<const Vec*>(k + token * row_stride);
+  const Vec* v_src = reinterpret_cast<const Vec*>(v + token * row_stride);
+  Vec* k_dst = reinterpret_cast<Vec*>(k_pool + row * width);
+  Vec* v_dst = reinterpret_cast<Vec*>(v_pool + row * width);
+  for (int64_t i = threadIdx.x; i < width / VEC; i += blockDim.x) {
+    k_dst[i] = k_src[i];
+    v_dst[i] = v_src[i];
+  }
+}
+
+}  // namespace qspec::cuda::kernels

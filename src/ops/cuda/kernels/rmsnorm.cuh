@@ -1,0 +1,60 @@
+// RMSNorm (and the fused residual add + RMSNorm) on f16 rows with f32 statistics.
+#pragma once
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/reduce.cuh"
+
+namespace qspec::cuda::kernels {
+
+// One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
+// VEC 8: 16-byte accesses (dim % 8 == 0), else 1.
+template <int VEC, bool FUSED>
+__global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
+                               const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  __half* x = residual_or_x + row * dim;
+  float sum_squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim / VEC; i += blockDim.x) {
+    if constexpr (VEC == 8) {
+      float v[8];
+      half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
+      if constexpr (FUSED) {
+        float d[8];
+        half8_to_float(reinterpret_cast<const uint4*>(delta + row * dim)[i], d);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
+        reinterpret_cast<uint4*>(x)[i] = float8_to_half(v);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
+    } else {
+      float v = __half2float(x[i]);
+      if constexpr (FUSED) {
+        const __half r = __float2half_rn(v + __half2float(delta[row * dim + i]));
+        x[i] = r;
+        v = __half2float(r);
+      }
+      sum_squares += v * v;
+    }
+  }
+  sum_squares = block_sum(sum_squares, scratch);
+  // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight.
+  const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+  __half* out = y + row * dim;
+  for (int64_t i = threadIdx.x; i < dim / VEC; i += blockDim.x) {
+    if constexpr (VEC == 8) {
+      float v[8];
+      half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
+      const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
+      const float4 w1 = reinterpret_cast<const float4*>(weight)[2 * i + 1];
+      const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
+      reinterpret_cast<uint4*>(out)[i] = float8_to_half(v);
+    } else {
+      out[i] = __float2half_rn((__half2float(x[i]) * inverse_rms) * weight[i]);
+    }
+  }
+}
+
+}  // namespace qspec::cuda::kernels

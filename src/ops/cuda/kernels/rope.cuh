@@ -1,0 +1,29 @@
+// Rotary position embedding in place, Hugging Face rotate_half convention (cpu::rope).
+#pragma once
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+// One block per token; threads over (head, i < head_dim / 2).
+__global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t row_stride,
+                            const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
+                            float attention_scaling) {
+  const int64_t token = blockIdx.x, half = head_dim / 2;
+  const float position = static_cast<float>(positions[token]);
+  __half* row = x + token * row_stride;
+  for (int64_t item = threadIdx.x; item < heads * half; item += blockDim.x) {
+    const int64_t head = item / half, i = item % half;
+    // f32 angle as on the CPU, then accurate sincosf (no fast-math: angles reach thousands).
+    const float angle = __fmul_rn(position, inv_freq[i]);
+    float sine, cosine;
+    sincosf(angle, &sine, &cosine);
+    cosine = __fmul_rn(cosine, attention_scaling);
+    sine = __fmul_rn(sine, attention_scaling);
+    __half* pair = row + head * head_dim + i;
+    const float first = __half2float(pair[0]), second = __half2float(pair[half]);
+    pair[0] = __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
+    pair[half] = __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+  }
+}
+
+}  // namespace qspec::cuda::kernels

@@ -1,0 +1,148 @@
+// Pieces shared by the W4A16 kernels: the packed layout (gemm/w4a16_pack.h) and the lop3 /
+// magic-number int4 -> f16 dequantization.
+#pragma once
+#include "ops/cuda/common.h"
+
+namespace qspec::cuda::kernels {
+
+struct W4A16Layout {
+  const uint8_t* codes;     // [row_blocks][k * 8 bytes]
+  const uint32_t* scales;   // [row_blocks][groups][8] f16 pairs
+  int n, k;
+  int row_blocks;           // ceil(n / 16)
+  int full_chunks;          // k / 64
+  int tail;                 // 1 when k % 64 == 32 (a last chunk of one pair)
+  int groups;               // k / group
+};
+
+// Programmatic dependent launch (no-ops when the launch did not set the attribute): wait for
+// the previous kernel's completion and memory; allow the next kernel to launch.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
+  return d;
+}
+
+// One packed word (8 offset-binary nibbles) -> four f16x2 registers of integer values -8..7:
+// a[0] = (n0, n4), a[1] = (n1, n5), a[2] = (n2, n6), a[3] = (n3, n7). Exact.
+__device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) {
+  constexpr uint32_t kLow = 0x000f000f, kHigh = 0x00f000f0, kExponent = 0x64006400;
+  constexpr uint32_t kSub = 0x64086408;  // f16x2 (1032, 1032)
+  constexpr uint32_t kMul = 0x2c002c00;  // f16x2 (1/16, 1/16)
+  constexpr uint32_t kAdd = 0xd480d480;  // f16x2 (-72, -72)
+  const __half2 sub = *reinterpret_cast<const __half2*>(&kSub);
+  const __half2 mul = *reinterpret_cast<const __half2*>(&kMul);
+  const __half2 add = *reinterpret_cast<const __half2*>(&kAdd);
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    uint32_t lo = lop3_and_or(q, kLow, kExponent);   // 1024 + u
+    uint32_t hi = lop3_and_or(q, kHigh, kExponent);  // 1024 + 16 u
+    __half2 l = __hsub2(*reinterpret_cast<__half2*>(&lo), sub);
+    __half2 h = __hfma2(*reinterpret_cast<__half2*>(&hi), mul, add);
+    a[2 * step] = *reinterpret_cast<uint32_t*>(&l);
+    a[2 * step + 1] = *reinterpret_cast<uint32_t*>(&h);
+    q >>= 8;
+  }
+}
+
+// Split-K fix-up by the last block of a row tile: y[token, row] = f16(sum over splits, in
+// split order) of partials[(split * m + token) * n + row] for rows row_begin .. + tile_rows.
+// Latency-bound (every partial is an L2 read), so each thread keeps 2 items x 4 splits of
+// loads in flight, 4 rows a load (float4) when n and the tile are multiples of 4.
+template <int THREADS>
+__device__ __forceinline__ void splitk_fixup(const float* __restrict__ partials, __half* __restrict__ y, int64_t ldy,
+                                             int m, int n, int splits, int row_begin, int tile_rows) {
+  const int64_t split_stride = static_cast<int64_t>(m) * n;
+  if ((n & 3) == 0 && (row_begin & 3) == 0 && (tile_rows & 3) == 0) {
+    const int quads = tile_rows / 4, items = m * quads;
+    for (int base = threadIdx.x; base < items; base += 2 * THREADS) {
+      const float4* src[2];
+      bool ok[2];
+      float4 sum[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int item = min(base + b * THREADS, items - 1);
+        ok[b] = base + b * THREADS < items;
+        const int token = item / quads, row = row_begin + 4 * (item % quads);
+        src[b] = reinterpret_cast<const float4*>(partials + static_cast<int64_t>(token) * n + row);
+        sum[b] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      const int64_t stride4 = split_stride / 4;
+      int s = 0;
+      for (; s + 4 <= splits; s += 4) {
+        float4 v[2][4];
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[b][j] = __ldcg(src[b] + (s + j) * stride4);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            sum[b].x += v[b][j].x;
+            sum[b].y += v[b][j].y;
+            sum[b].z += v[b][j].z;
+            sum[b].w += v[b][j].w;
+          }
+      }
+      for (; s < splits; ++s)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const float4 v = __ldcg(src[b] + s * stride4);
+          sum[b].x += v.x;
+          sum[b].y += v.y;
+          sum[b].z += v.z;
+          sum[b].w += v.w;
+        }
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (!ok[b]) continue;
+        const int item = base + b * THREADS, token = item / quads, row = row_begin + 4 * (item % quads);
+        __half* out = y + static_cast<int64_t>(token) * ldy + row;
+        out[0] = __float2half_rn(sum[b].x);
+        out[1] = __float2half_rn(sum[b].y);
+        out[2] = __float2half_rn(sum[b].z);
+        out[3] = __float2half_rn(sum[b].w);
+      }
+    }
+    return;
+  }
+  const int items = m * tile_rows;
+  for (int base = threadIdx.x; base < items; base += 2 * THREADS) {
+    const float* src[2];
+    bool ok[2];
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int item = min(base + b * THREADS, items - 1);
+      ok[b] = base + b * THREADS < items;
+      src[b] = partials + static_cast<int64_t>(item / tile_rows) * n + row_begin + item % tile_rows;
+    }
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {
+      float v[2][4];
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[b][j] = __ldcg(src[b] + (s + j) * split_stride);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sum[b] += v[b][j];
+    }
+    for (; s < splits; ++s)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) sum[b] += __ldcg(src[b] + s * split_stride);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      if (!ok[b]) continue;
+      const int item = base + b * THREADS;
+      y[static_cast<int64_t>(item / tile_rows) * ldy + row_begin + item % tile_rows] = __float2half_rn(sum[b]);
+    }
+  }
+}
+
+}  // namespace qspec::cuda::kernels

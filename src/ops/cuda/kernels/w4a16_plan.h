@@ -1,0 +1,30 @@
+// Host-side planning of the small-M W4A16 kernel: variants, split-K and workspace layout
+// (plain C++, shared by the launcher and w4a16_workspace_bytes).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace qspec::cuda::detail {
+
+inline constexpr int64_t kW4A16TileRows = 128;    // rows per block for every variant
+inline constexpr int64_t kW4A16MaxSliceM = 64;    // tokens per launch (8 mma n-tiles)
+inline constexpr int64_t kW4A16MaxSplits = 64;
+// The small-M variant `automatic` and variant 0 take (docs/perf-notes.md: measured fastest).
+inline constexpr int kW4A16DefaultVariant = 1;
+inline constexpr size_t kW4A16CounterBytes = 256 * 1024;  // counters region (64k row tiles)
+
+// Upper bound on split-K for this shape: at least 4 chunks (256 k) per split, and the f32
+// partials (splits x m x n x 8 bytes of traffic) at most ~1/4 of the weight bytes (n k / 2).
+inline int64_t w4a16_max_splits(int64_t m, int64_t k) {
+  const int64_t by_chunks = std::max<int64_t>(1, (k / 64) / 4);
+  const int64_t by_partials = std::max<int64_t>(1, k / (64 * std::max<int64_t>(m, 1)));
+  return std::min({by_chunks, by_partials, kW4A16MaxSplits});
+}
+
+inline size_t w4a16_small_m_workspace(int64_t m, int64_t n, int64_t k) {
+  const int64_t slice = std::min(m, kW4A16MaxSliceM);
+  return kW4A16CounterBytes + static_cast<size_t>(w4a16_max_splits(slice, k) * slice * n) * sizeof(float);
+}
+
+}  // namespace qspec::cuda::detail

@@ -1,0 +1,202 @@
+// W4A16 GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (gemm/w4a16_pack.h).
+// Computed as y^T = W x^T on mma.sync m16n8k16: 16 weight rows are A, 8 tokens are B.
+// Each warp streams RPW row blocks of packed weights from global memory straight into
+// registers (16-byte loads, DEPTH chunks in flight, no shared memory: each weight is used by
+// one warp only), dequantizes them with lop3 into exact f16 integers, and accumulates each
+// k group in f32 before scaling it by the group's scale in f32 (so the f16 weights are never
+// rounded). The warps of a block share a k range, so they read the same x (16-byte loads,
+// served by L1). Split-K over blocks when there are few row tiles: partials in f32, and the
+// last block of a row tile (atomic counter) sums them in split order and writes y.
+// Programmatic dependent launch as in w4a16_stream.cuh: the first weight loads are issued
+// before waiting for the previous kernel.
+#pragma once
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4a16_common.cuh"
+
+namespace qspec::cuda::kernels {
+
+struct W4A16SmallMParams {
+  W4A16Layout w;
+  const __half* x;
+  int64_t ldx;
+  __half* y;
+  int64_t ldy;
+  int m;           // tokens, 1 .. 8 * MT
+  int splits;
+  float* partials;     // [splits][m][n] when splits > 1
+  unsigned* counters;  // [row tiles], zero between launches
+  // > 0: the block first copies its k range of x (min(m, 8 MT) rows) into dynamic shared memory,
+  // rows xs_stride halves apart, so the main loop never waits on a global x load (variant 1/2).
+  int xs_stride;
+};
+
+template <int MT, int RPW, int G, int DEPTH, int WARPS>
+__global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16SmallMParams p) {
+  constexpr int PPG = G / 32;           // k pairs (32 values) per scale group
+  constexpr int SPC = G == 32 ? 2 : 1;  // scale words per chunk
+  constexpr int ROWS = WARPS * RPW * 16;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * p.w.full_chunks / p.splits);
+  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.w.full_chunks / p.splits);
+  const bool do_tail = p.w.tail && split == p.splits - 1;
+  const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
+  const int64_t block_bytes = static_cast<int64_t>(p.w.k) * 8;
+
+  const uint8_t* w_base[RPW];
+  const uint32_t* s_base[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int rb = min(tile * WARPS * RPW + warp * RPW + r, p.w.row_blocks - 1);
+    w_base[r] = p.w.codes + rb * block_bytes + lane * 16;
+    s_base[r] = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8 + g;
+  }
+  const __half* x_row[MT];
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) x_row[nt] = p.x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.ldx + t * 8;
+
+  float acc[RPW][MT][4], gacc[RPW][MT][4];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][nt][e] = gacc[r][nt][e] = 0.0f;
+
+  // Scale group q of row set r into acc, clear the group accumulators.
+  auto flush = [&](int r, uint32_t scale_word) {
+    const float2 s = unpack_half2(scale_word);
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) {
+      acc[r][nt][0] = fmaf(s.x, gacc[r][nt][0], acc[r][nt][0]);
+      acc[r][nt][1] = fmaf(s.x, gacc[r][nt][1], acc[r][nt][1]);
+      acc[r][nt][2] = fmaf(s.y, gacc[r][nt][2], acc[r][nt][2]);
+      acc[r][nt][3] = fmaf(s.y, gacc[r][nt][3], acc[r][nt][3]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0.0f;
+    }
+  };
+  // One k pair (two k tiles) of row set r: words w0 (tile 0), w1 (tile 1).
+  auto pair_mma = [&](int r, uint32_t w0, uint32_t w1, const uint4 (&xf)[MT]) {
+    uint32_t a[4];
+    dequant_int4x8(w0, a);
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) mma_f16_16816(gacc[r][nt], a, xf[nt].x, xf[nt].y);
+    dequant_int4x8(w1, a);
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) mma_f16_16816(gacc[r][nt], a, xf[nt].z, xf[nt].w);
+  };
+
+  const int chunks = chunk_end - chunk_begin;
+  uint4 w_ring[DEPTH][RPW];
+  uint32_t s_ring[DEPTH][RPW][SPC];
+  auto fetch = [&](int slot, int chunk) {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      w_ring[slot][r] = load_stream_16(w_base[r] + static_cast<int64_t>(chunk) * 512);
+#pragma unroll
+      for (int h = 0; h < SPC; ++h) s_ring[slot][r][h] = __ldg(s_base[r] + ((2 * chunk + h) / PPG) * 8);
+    }
+  };
+  grid_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < DEPTH; ++i)
+    if (i < chunks) fetch(i, chunk_begin + i);
+  grid_dependency_wait();  // weights are in flight; x and every global write come after this
+
+  extern __shared__ __align__(16) __half x_shared[];
+  const bool x_in_smem = p.xs_stride > 0;
+  const int k_begin = chunk_begin * 64;
+  int xs_row[MT];
+  if (x_in_smem) {
+    const int x_rows = min(p.m, MT * 8), pieces_per_row = (pair_end * 32 - k_begin) / 8;
+    for (int i = threadIdx.x; i < x_rows * pieces_per_row; i += WARPS * 32) {
+      const int row = i / pieces_per_row, piece = i % pieces_per_row;
+      *reinterpret_cast<uint4*>(x_shared + row * p.xs_stride + piece * 8) =
+          __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(row) * p.ldx + k_begin + piece * 8));
+    }
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) xs_row[nt] = min(nt * 8 + g, x_rows - 1) * p.xs_stride + t * 8 - k_begin;
+    __syncthreads();
+  }
+
+  for (int c0 = 0; c0 < chunks; c0 += DEPTH) {
+#pragma unroll
+    for (int i = 0; i < DEPTH; ++i) {
+      const int c = c0 + i;
+      if (c < chunks) {
+        uint4 w[RPW];
+        uint32_t s[RPW][SPC];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          w[r] = w_ring[i][r];
+#pragma unroll
+          for (int h = 0; h < SPC; ++h) s[r][h] = s_ring[i][r][h];
+        }
+        if (c + DEPTH < chunks) fetch(i, chunk_begin + c + DEPTH);
+        const int chunk = chunk_begin + c;
+#pragma unroll
+        for (int hp = 0; hp < 2; ++hp) {
+          const int pair = 2 * chunk + hp;
+          uint4 xf[MT];
+#pragma unroll
+          for (int nt = 0; nt < MT; ++nt)
+            xf[nt] = x_in_smem ? *reinterpret_cast<const uint4*>(x_shared + xs_row[nt] + pair * 32)
+                               : __ldg(reinterpret_cast<const uint4*>(x_row[nt] + pair * 32));
+#pragma unroll
+          for (int r = 0; r < RPW; ++r) pair_mma(r, hp ? w[r].z : w[r].x, hp ? w[r].w : w[r].y, xf);
+          if ((pair + 1) % PPG == 0 || pair + 1 == pair_end) {
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) flush(r, s[r][SPC == 2 ? hp : 0]);
+          }
+        }
+      }
+    }
+  }
+  if (do_tail) {
+    const int pair = 2 * p.w.full_chunks;
+    uint4 xf[MT];
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) xf[nt] = __ldg(reinterpret_cast<const uint4*>(x_row[nt] + pair * 32));
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const uint2 w = load_stream_8(w_base[r] - lane * 16 + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
+      pair_mma(r, w.x, w.y, xf);
+      flush(r, __ldg(s_base[r] + (pair / PPG) * 8));
+    }
+  }
+
+  // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int rb = tile * WARPS * RPW + warp * RPW + r;
+    if (rb >= p.w.row_blocks) continue;
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
+        const int token = nt * 8 + 2 * t + (e & 1);
+        if (row >= p.w.n || token >= p.m) continue;
+        if (p.splits == 1)
+          p.y[token * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
+        else
+          p.partials[(static_cast<int64_t>(split) * p.m + token) * p.w.n + row] = acc[r][nt][e];
+      }
+  }
+  if (p.splits == 1) return;
+
+  // Split-K fixup: the last block to finish this row tile sums the partials in split order.
+  __shared__ unsigned last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[tile], 1u) == static_cast<unsigned>(p.splits - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const int row_begin = tile * ROWS, tile_rows = min(ROWS, p.w.n - row_begin);
+  splitk_fixup<WARPS * 32>(p.partials, p.y, p.ldy, p.m, p.w.n, p.splits, row_begin, tile_rows);
+  if (threadIdx.x == 0) p.counters[tile] = 0;  // ready for the next launch
+}
+
+}  // namespace qspec::cuda::kernels

@@ -1,0 +1,232 @@
+// The CUDA backend's plain C++ face: launchers that take raw device pointers and a stream
+// (a cudaStream_t passed as void*; nullptr is the default stream), so code compiled by the host
+// compiler calls GPU ops without seeing a CUDA type. Every launcher checks its arguments
+// (qspec::Error naming the argument) and the launch (QSPEC_CUDA_CHECK_LAUNCH); kernels run
+// asynchronously on the stream. Tensors are row-major; f16 and bf16 tensors are passed as
+// uint16_t bit patterns. Activations are f16, accumulation and statistics f32.
+//
+// Each op has a CPU twin (ops/*.h, quant/quantized_linear.h) that tests/gpu compares it with.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/attention.h"  // AttentionShape, shared with cpu::attention
+
+namespace qspec::cuda {
+
+using f16_bits = uint16_t;  // an IEEE binary16 value as stored
+
+// ---- device memory and synchronisation (thin wrappers, for host C++ and tests) ------------
+
+// Owning device allocation (cudaMalloc); bytes() may be 0 (then get() is nullptr).
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  explicit DeviceMemory(size_t bytes);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& other) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  void* get() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+void copy_to_device(void* device_dst, const void* host_src, size_t bytes);
+void copy_to_host(void* host_dst, const void* device_src, size_t bytes);
+void copy_device_to_device(void* dst, const void* src, size_t bytes, void* stream = nullptr);
+void fill_bytes(void* device_dst, int byte_value, size_t bytes, void* stream = nullptr);
+void synchronize();  // the whole device; throws on a pending asynchronous error
+void stream_synchronize(void* stream);
+int multiprocessor_count();
+int compute_capability();  // major * 10 + minor of the current device
+size_t l2_cache_bytes();
+
+// Deterministic pseudo-random device data (synthetic weights for benchmarks): uniform u32
+// words, and f16 values uniform in [lo, hi).
+void fill_random_u32(uint32_t* dst, size_t count, uint64_t seed, void* stream = nullptr);
+void fill_random_f16(f16_bits* dst, size_t count, float lo, float hi, uint64_t seed, void* stream = nullptr);
+
+// Bandwidth probes for the roofline: a 16-byte-vector copy kernel (bytes read + written), and a
+// read-only pass (a checksum to `sink`, a device u32). bytes % 16 == 0, 16-byte aligned.
+void copy_kernel(void* dst, const void* src, size_t bytes, void* stream = nullptr);
+void read_kernel(const void* src, size_t bytes, uint32_t* sink, void* stream = nullptr);
+
+// Streams and timing for benchmarks. time_replays enqueues `body` (work on the given stream)
+// `batch` times into one CUDA graph (captured once, after `warmup` plain runs of body; plain
+// stream launches when capture fails, e.g. a library that cannot be captured), replays it
+// `reps` times and returns each replay's milliseconds from CUDA events divided by `batch`.
+void* create_stream();
+void destroy_stream(void* stream);
+struct ReplayTimes {
+  std::vector<float> ms;  // per body, one entry per replay
+  bool graph = false;     // false: timed as plain stream launches
+};
+ReplayTimes time_replays(const std::function<void(void* stream, int index)>& body, int batch, int warmup, int reps,
+                         void* stream);
+std::string device_name();
+
+// cuBLAS handle (one per thread that issues GEMMs). Opaque: cublas_v2.h stays in ops/cuda.
+class Blas {
+ public:
+  Blas();
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  void* handle() const { return handle_; }  // cublasHandle_t
+
+ private:
+  void* handle_ = nullptr;
+};
+
+// ---- elementwise ops ------------------------------------------------------------------
+
+// out[t, :] = table[ids[t], :], table [vocab, dim] f16. An id outside [0, vocab) gives a row
+// of zeros (the host validates token ids; the kernel never reads out of bounds).
+void embedding(const int32_t* ids, int64_t tokens, const f16_bits* table, int64_t vocab, int64_t dim,
+               f16_bits* out, void* stream);
+
+// y = x / sqrt(mean(x^2) + eps) * weight per row: x, y f16 [rows, dim]; weight f32 [dim];
+// statistics in f32 (cpu::rmsnorm). y may alias x.
+void rmsnorm(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, f16_bits* y,
+             void* stream);
+// Fused residual add + RMSNorm: residual = f16(residual + delta) (stored back), then
+// y = rmsnorm(residual). One pass over both inputs.
+void add_rmsnorm(f16_bits* residual, const f16_bits* delta, const float* weight, int64_t rows, int64_t dim,
+                 float eps, f16_bits* y, void* stream);
+
+// Rotary embedding in place, cpu::rope's convention (rotate_half: pair (i, i + head_dim/2)
+// rotated by positions[t] * inv_freq[i], cos and sin times attention_scaling). x: f16
+// [tokens, row_stride] holding `heads` heads of head_dim from its start (row_stride lets q and
+// k be rotated inside a fused qkv row). inv_freq: f32 [head_dim / 2], device.
+void rope(f16_bits* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
+          const int32_t* positions, const float* inv_freq, float attention_scaling, void* stream);
+
+// out[r, i] = silu(gate[r, i]) * up[r, i] for i < cols, gate/up rows `in_stride` apart (a fused
+// gate_up row: gate = row, up = row + cols, in_stride = 2 * cols); out [rows, cols] f16.
+void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
+              f16_bits* out, void* stream);
+
+// out = a + b elementwise (f16, f32 add, one rounding). out may alias a or b.
+void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, void* stream);
+
+// ids[r] = argmax over logits row r (lowest id wins ties, as Sampler::argmax). NaNs are never
+// chosen (the sampler rejects NaN logits); a row with no finite maximum gives 0.
+void argmax_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
+void argmax_f16(const f16_bits* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
+
+// ---- paged attention ------------------------------------------------------------------
+
+// K/V pool of one layer: f16 [num_blocks, kKvBlockSize, num_kv_heads * head_dim]. Position p
+// of sequence s lives in block block_tables[s * max_blocks_per_seq + p / kKvBlockSize], row
+// p % kKvBlockSize.
+inline constexpr int kKvBlockSize = 16;
+
+struct PagedKv {
+  f16_bits* k_pool = nullptr;
+  f16_bits* v_pool = nullptr;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
+  int64_t max_blocks_per_seq = 0;
+};
+
+// A batch of query runs: sequence s owns tokens query_start[s] .. query_start[s + 1] - 1 of
+// q / out (device arrays), token t sits at positions[t] and attends causally to positions
+// 0..positions[t] of its sequence's cache (within the sliding window when set). The host
+// values size the grid: num_tokens = query_start[num_seqs], max_query_len >= every run's
+// length, max_context > every position.
+struct QueryBatch {
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;
+  const int32_t* query_start = nullptr;  // [num_seqs + 1]
+  const int32_t* positions = nullptr;    // [tokens]
+  int64_t max_query_len = 0;
+  int64_t max_context = 0;
+};
+
+// Writes new K/V rows (after RoPE) of every token of the batch into the pool at the token's
+// position (overwriting what was there: QSpec's verify overwrites its drafts' entries).
+// k / v: f16 [tokens, *] with rows row_stride apart, num_kv_heads * head_dim values each.
+void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, const QueryBatch& batch,
+                    const PagedKv& kv, int64_t num_kv_heads, int64_t head_dim, void* stream);
+
+// Scratch for split-K attention (partial outputs + softmax statistics), bytes for `rows`
+// = tokens * num_heads query rows. The launchers need at least this much workspace when they
+// split (they decide; pass the size from here for the largest batch you run).
+size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head_dim, int64_t max_context);
+
+// Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
+// out_stride apart), sequence s attends to its context_lens[s] cached positions (the query
+// sits at position context_lens[s] - 1). GQA, head_dim 32/64/128, flash-decoding split-K over
+// the context when the batch alone does not fill the GPU. Scores scaled by 1/sqrt(head_dim).
+void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
+                            int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape,
+                            f16_bits* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                            void* stream);
+
+// Multi-query (prefill, QSpec verify): every token of the batch attends causally to its
+// sequence's cache, which must already hold positions 0..max position of the run (write the
+// run's own K/V first with paged_kv_write). FlashAttention-2 tiling on f16 mma.sync; query
+// rows of one KV head (tokens x GQA group) share each K/V tile; split-K over the context for
+// short runs over long caches. q / out: [tokens, num_heads * head_dim], rows q_stride / out_stride apart.
+void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBatch& batch, const PagedKv& kv,
+                             const cpu::AttentionShape& shape, f16_bits* out, int64_t out_stride,
+                             void* workspace, size_t workspace_bytes, void* stream);
+
+// ---- GEMMs ----------------------------------------------------------------------------
+
+// 4-bit weights on the device in the layout of gemm/w4a16_pack.h (see there), viewed.
+struct W4A16Weights {
+  const void* codes = nullptr;   // packed codes, ceil(n/16) * k * 8 bytes
+  const void* scales = nullptr;  // packed f16 scale pairs, ceil(n/16) * (k/group) * 8 * 4 bytes
+  int64_t n = 0, k = 0;
+  int64_t group = 0;  // 32, 64 or 128
+};
+
+enum class W4A16Path { automatic, small_m, dequant_cublas };
+
+// Workspace a W4A16 GEMM of this size may use: split-K partials and counters for the small-M
+// kernel, or the dequantized f16 weights for the cuBLAS path (n * k * 2 bytes). The counters
+// must start zeroed: allocate, then call w4a16_workspace_init once (each launch leaves them zero).
+size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path = W4A16Path::automatic);
+void w4a16_workspace_init(void* workspace, size_t bytes, void* stream);
+// The path `automatic` takes for m tokens (small_m up to a measured M threshold).
+W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
+
+// y[m, n] = x[m, k] (f16, rows ldx apart, ldx % 8 == 0, 16-byte aligned) * W^T, f16 out
+// (rows ldy apart), f32 accumulation.
+void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
+                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                W4A16Path path = W4A16Path::automatic);
+
+// Tuning knob for benchmarks: the small-M kernel variant (0 = the default, variant 1; 1 = 4 warps
+// x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the
+// shared-memory cp.async ring, 8 stages of 2 chunks / 4 stages of 4, for m <= 32 a launch) and
+// the split-K override (0 = heuristic). docs/perf-notes.md has their timings.
+struct W4A16SmallMConfig {
+  int variant = 0;
+  int splits = 0;
+};
+void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
+                        int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                        const W4A16SmallMConfig& config = {});
+// The packed weights dequantized to f16 [n, k] row-major (the cuBLAS path's first half).
+void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
+
+enum class Dtype16 { f16, bf16 };
+// W16A16: y[m, n] = x[m, k] * W[n, k]^T through cuBLAS (cublasGemmEx, f32 compute), x, W and
+// y all in `dtype`, rows k / k / n apart.
+void linear_w16(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
+                uint16_t* y, Dtype16 dtype, void* stream);
+
+}  // namespace qspec::cuda

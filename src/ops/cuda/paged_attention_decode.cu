@@ -1,0 +1,79 @@
+#include <cmath>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/attention_split.h"
+#include "ops/cuda/kernels/paged_attention_decode.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace detail {
+void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
+                              int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream);
+}
+
+namespace {
+template <int D>
+void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
+  switch (heads_per_block) {
+    case 1: kernels::paged_attention_decode_kernel<D, 1><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
+    case 2: kernels::paged_attention_decode_kernel<D, 2><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
+    case 4: kernels::paged_attention_decode_kernel<D, 4><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
+    default: kernels::paged_attention_decode_kernel<D, 8><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
+  }
+  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
+}
+}  // namespace
+
+void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
+                            int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
+                            int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
+  const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
+  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_decode: head_dim ", D, " (supported: 32, 64, 128)");
+  QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0,
+              "cuda::paged_attention_decode: bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
+  QSPEC_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_context > 0,
+              "cuda::paged_attention_decode: bad batch (", num_seqs, " sequences, max_context ", max_context, ")");
+  if (num_seqs == 0) return;
+  const int64_t group = H / KV;
+  const int heads_per_block = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
+  const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
+  const int64_t keys = shape.sliding_window > 0 ? std::min(max_context, shape.sliding_window) : max_context;
+  const int64_t rows = num_seqs * H;
+  int64_t splits = detail::plan_splits(num_seqs * KV * head_chunks, keys, multiprocessor_count(), rows, D,
+                                       workspace == nullptr ? 0 : workspace_bytes);
+  const int64_t split_len = ((keys + splits - 1) / splits + 15) / 16 * 16;
+  splits = (keys + split_len - 1) / split_len;
+
+  kernels::DecodeParams params{};
+  params.q = reinterpret_cast<const __half*>(q);
+  params.q_stride = q_stride;
+  params.context_lens = context_lens;
+  params.k_pool = reinterpret_cast<const __half*>(kv.k_pool);
+  params.v_pool = reinterpret_cast<const __half*>(kv.v_pool);
+  params.block_tables = kv.block_tables;
+  params.max_blocks = kv.max_blocks_per_seq;
+  params.num_seqs = static_cast<int>(num_seqs);
+  params.num_heads = static_cast<int>(H);
+  params.num_kv_heads = static_cast<int>(KV);
+  params.group = static_cast<int>(group);
+  params.head_chunks = static_cast<int>(head_chunks);
+  params.window = static_cast<int>(shape.sliding_window);
+  params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  params.split_len = static_cast<int>(split_len);
+  params.splits = static_cast<int>(splits);
+  params.out = reinterpret_cast<__half*>(out);
+  params.out_stride = out_stride;
+  if (splits > 1) {
+    params.part_o = static_cast<float*>(workspace);
+    params.part_ml = reinterpret_cast<float2*>(params.part_o + splits * rows * D);
+  }
+  const dim3 grid(static_cast<unsigned>(KV * head_chunks), static_cast<unsigned>(num_seqs), static_cast<unsigned>(splits));
+  cudaStream_t s = as_stream(stream);
+  if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
+  else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
+  else launch_decode_d<128>(params, heads_per_block, grid, s);
+  if (splits > 1)
+    detail::launch_attention_combine(workspace, splits, rows, H, D, reinterpret_cast<__half*>(out), out_stride, s);
+}
+
+}  // namespace qspec::cuda

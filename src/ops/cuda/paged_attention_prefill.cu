@@ -1,0 +1,87 @@
+#include <cmath>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/attention_split.h"
+#include "ops/cuda/kernels/paged_attention_prefill.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace detail {
+void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
+                              int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream);
+}
+
+namespace {
+template <int D>
+void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
+  constexpr size_t bytes = kernels::PrefillSmem<D>::kBytes;
+  static bool configured = false;  // per instantiation; attribute setting is idempotent
+  if (!configured) {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    configured = true;
+  }
+  kernels::paged_attention_prefill_kernel<D><<<grid, 128, bytes, stream>>>(params);
+  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_prefill_kernel");
+}
+}  // namespace
+
+void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBatch& batch, const PagedKv& kv,
+                             const cpu::AttentionShape& shape, f16_bits* out, int64_t out_stride, void* workspace,
+                             size_t workspace_bytes, void* stream) {
+  const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
+  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_prefill: head_dim ", D,
+              " (supported: 32, 64, 128)");
+  QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0 &&
+                  out_stride % 2 == 0,
+              "cuda::paged_attention_prefill: bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
+  QSPEC_CHECK(batch.num_seqs >= 0 && batch.num_seqs < 65536 && batch.max_query_len >= 0 && batch.num_tokens >= 0 &&
+                  batch.max_context > 0,
+              "cuda::paged_attention_prefill: bad batch (", batch.num_seqs, " sequences, ", batch.num_tokens,
+              " tokens, max_query_len ", batch.max_query_len, ", max_context ", batch.max_context, ")");
+  if (batch.num_seqs == 0 || batch.max_query_len == 0 || batch.num_tokens == 0) return;
+  const int64_t group = H / KV;
+  const int64_t q_tiles = (batch.max_query_len * group + kernels::kPrefillRows - 1) / kernels::kPrefillRows;
+  QSPEC_CHECK(q_tiles < (1ll << 31), "cuda::paged_attention_prefill: query run too long");
+  const int64_t rows = batch.num_tokens * H;
+  const int64_t blocks = ((batch.num_tokens * group + kernels::kPrefillRows - 1) / kernels::kPrefillRows +
+                          batch.num_seqs) * KV;
+  const int64_t keys = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_query_len)
+                                                : batch.max_context;
+  int64_t splits = detail::plan_splits(blocks, keys, multiprocessor_count(), rows, D,
+                                       workspace == nullptr ? 0 : workspace_bytes);
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, keys / (2 * kernels::kPrefillKeys)));
+
+  kernels::PrefillParams params{};
+  params.q = reinterpret_cast<const __half*>(q);
+  params.q_stride = q_stride;
+  params.query_start = batch.query_start;
+  params.positions = batch.positions;
+  params.k_pool = reinterpret_cast<const __half*>(kv.k_pool);
+  params.v_pool = reinterpret_cast<const __half*>(kv.v_pool);
+  params.block_tables = kv.block_tables;
+  params.max_blocks = kv.max_blocks_per_seq;
+  params.num_heads = static_cast<int>(H);
+  params.num_kv_heads = static_cast<int>(KV);
+  params.group = static_cast<int>(group);
+  params.window = static_cast<int>(shape.sliding_window);
+  params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  params.splits = static_cast<int>(splits);
+  params.rows = rows;
+  params.out = reinterpret_cast<__half*>(out);
+  params.out_stride = out_stride;
+  if (splits > 1) {
+    params.part_o = static_cast<float*>(workspace);
+    params.part_ml = reinterpret_cast<float2*>(params.part_o + splits * rows * D);
+  }
+  const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch.num_seqs),
+                  static_cast<unsigned>(KV * splits));
+  cudaStream_t s = as_stream(stream);
+  if (D == 32) launch_prefill_d<32>(params, grid, s);
+  else if (D == 64) launch_prefill_d<64>(params, grid, s);
+  else launch_prefill_d<128>(params, grid, s);
+  if (splits > 1)
+    detail::launch_attention_combine(workspace, splits, rows, H, D, reinterpret_cast<__half*>(out), out_stride, s);
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,33 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/paged_kv_write.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+
+void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, const QueryBatch& batch,
+                    const PagedKv& kv, int64_t num_kv_heads, int64_t head_dim, void* stream) {
+  const int64_t width = num_kv_heads * head_dim;
+  QSPEC_CHECK(num_kv_heads > 0 && head_dim > 0 && row_stride >= width, "cuda::paged_kv_write: bad shape kv_heads ",
+              num_kv_heads, " head_dim ", head_dim, " row_stride ", row_stride);
+  QSPEC_CHECK(batch.num_seqs >= 0 && batch.num_seqs < 65536 && batch.max_query_len >= 0,
+              "cuda::paged_kv_write: bad batch (", batch.num_seqs, " sequences, max_query_len ", batch.max_query_len, ")");
+  if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = width % 8 == 0 && row_stride % 8 == 0 && aligned(k) && aligned(v) && aligned(kv.k_pool) &&
+                   aligned(kv.v_pool);
+  const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs));
+  const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, vec ? width / 8 : width)));
+  const auto* kh = reinterpret_cast<const __half*>(k);
+  const auto* vh = reinterpret_cast<const __half*>(v);
+  auto* kp = reinterpret_cast<__half*>(kv.k_pool);
+  auto* vp = reinterpret_cast<__half*>(kv.v_pool);
+  if (vec)
+    kernels::paged_kv_write_kernel<8><<<grid, threads, 0, as_stream(stream)>>>(
+        kh, vh, row_stride, batch.query_start, batch.positions, kv.block_tables, kv.max_blocks_per_seq, width, kp, vp);
+  else
+    kernels::paged_kv_write_kernel<1><<<grid, threads, 0, as_stream(stream)>>>(
+        kh, vh, row_stride, batch.query_start, batch.positions, kv.block_tables, kv.max_blocks_per_seq, width, kp, vp);
+  QSPEC_CUDA_CHECK_LAUNCH("paged_kv_write_kernel");
+}
+
+}  // namespace qspec::cuda

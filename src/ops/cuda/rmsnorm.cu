@@ -1,0 +1,41 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/rmsnorm.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace {
+template <bool FUSED>
+void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t rows, int64_t dim, float eps,
+                    __half* y, void* stream) {
+  QSPEC_CHECK(rows >= 0 && dim > 0, "cuda::rmsnorm: bad shape rows ", rows, " dim ", dim);
+  if (rows == 0) return;
+  QSPEC_CHECK(rows < (1ll << 31), "cuda::rmsnorm: too many rows (", rows, ")");
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = dim % 8 == 0 && aligned(x) && aligned(y) && aligned(weight) && (!FUSED || aligned(delta));
+  const int64_t work = vec ? dim / 8 : dim;
+  const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (work + 31) / 32 * 32)));
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (vec)
+    kernels::rmsnorm_kernel<8, FUSED><<<grid, threads, 0, as_stream(stream)>>>(x, delta, weight, dim, eps, y);
+  else
+    kernels::rmsnorm_kernel<1, FUSED><<<grid, threads, 0, as_stream(stream)>>>(x, delta, weight, dim, eps, y);
+  QSPEC_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
+}
+}  // namespace
+
+void rmsnorm(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, f16_bits* y, void* stream) {
+  // The plain variant only reads x (FUSED = false never writes through it).
+  launch_rmsnorm<false>(const_cast<__half*>(reinterpret_cast<const __half*>(x)), nullptr, weight, rows, dim, eps,
+                        reinterpret_cast<__half*>(y), stream);
+}
+
+void add_rmsnorm(f16_bits* residual, const f16_bits* delta, const float* weight, int64_t rows, int64_t dim, float eps,
+                 f16_bits* y, void* stream) {
+  QSPEC_CHECK(static_cast<const void*>(y) != static_cast<const void*>(residual) &&
+                  static_cast<const void*>(y) != static_cast<const void*>(delta),
+              "cuda::add_rmsnorm: y must not alias residual or delta");
+  launch_rmsnorm<true>(reinterpret_cast<__half*>(residual), reinterpret_cast<const __half*>(delta), weight, rows, dim,
+                       eps, reinterpret_cast<__half*>(y), stream);
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,223 @@
+// Device memory, copies, device properties, the cuBLAS handle and random fills behind the
+// plain C++ facade of ops/cuda/ops.h.
+#include <mutex>
+#include <vector>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+
+const cudaDeviceProp& current_device_properties() {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<cudaDeviceProp>> cache;
+  int device = 0;
+  QSPEC_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() <= static_cast<size_t>(device)) cache.resize(static_cast<size_t>(device) + 1);
+  if (!cache[device]) {
+    auto props = std::make_unique<cudaDeviceProp>();
+    QSPEC_CUDA_CHECK(cudaGetDeviceProperties(props.get(), device));
+    cache[device] = std::move(props);
+  }
+  return *cache[device];
+}
+
+DeviceMemory::DeviceMemory(size_t bytes) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMalloc(&data_, bytes));
+  bytes_ = bytes;
+}
+DeviceMemory::~DeviceMemory() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+}
+void copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+}
+void copy_device_to_device(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
+}
+void fill_bytes(void* device_dst, int byte_value, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMemsetAsync(device_dst, byte_value, bytes, as_stream(stream)));
+}
+void synchronize() { QSPEC_CUDA_CHECK(cudaDeviceSynchronize()); }
+void stream_synchronize(void* stream) { QSPEC_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream))); }
+int multiprocessor_count() { return current_device_properties().multiProcessorCount; }
+int compute_capability() {
+  const cudaDeviceProp& props = current_device_properties();
+  return props.major * 10 + props.minor;
+}
+size_t l2_cache_bytes() { return static_cast<size_t>(current_device_properties().l2CacheSize); }
+
+void* create_stream() {
+  cudaStream_t stream = nullptr;
+  QSPEC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+void destroy_stream(void* stream) {
+  if (stream != nullptr) cudaStreamDestroy(as_stream(stream));
+}
+std::string device_name() { return current_device_properties().name; }
+
+ReplayTimes time_replays(const std::function<void(void* stream, int index)>& body, int batch, int warmup, int reps,
+                         void* stream) {
+  QSPEC_CHECK(stream != nullptr && batch > 0 && reps > 0, "time_replays: needs a stream, batch > 0, reps > 0");
+  cudaStream_t s = as_stream(stream);
+  for (int i = 0; i < warmup; ++i) body(stream, i % batch);
+  QSPEC_CUDA_CHECK(cudaStreamSynchronize(s));
+  ReplayTimes times;
+  cudaGraphExec_t exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    bool captured = true;
+    try {
+      for (int i = 0; i < batch; ++i) body(stream, i);
+    } catch (const Error&) {
+      captured = false;
+    }
+    const cudaError_t end = cudaStreamEndCapture(s, &graph);
+    if (captured && end == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) times.graph = true;
+    cudaGetLastError();  // clear a capture failure; the plain path below reports real errors
+  } else {
+    cudaGetLastError();
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  QSPEC_CUDA_CHECK(cudaEventCreate(&start));
+  QSPEC_CUDA_CHECK(cudaEventCreate(&stop));
+  auto run_batch = [&] {
+    if (times.graph) {
+      QSPEC_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    } else {
+      for (int i = 0; i < batch; ++i) body(stream, i);
+    }
+  };
+  run_batch();  // warm the graph
+  for (int r = 0; r < reps; ++r) {
+    QSPEC_CUDA_CHECK(cudaEventRecord(start, s));
+    run_batch();
+    QSPEC_CUDA_CHECK(cudaEventRecord(stop, s));
+    QSPEC_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    QSPEC_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.ms.push_back(ms / static_cast<float>(batch));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  return times;
+}
+
+Blas::Blas() {
+  cublasHandle_t handle = nullptr;
+  QSPEC_CUBLAS_CHECK(cublasCreate(&handle));
+  handle_ = handle;
+}
+Blas::~Blas() {
+  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+namespace {
+__device__ __forceinline__ uint32_t mix(uint64_t seed, uint64_t index) {
+  // splitmix64 of (seed, index)
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + index + 0x632be59bd9b4e019ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<uint32_t>(z >> 16);
+}
+
+__global__ void fill_random_u32_kernel(uint32_t* dst, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = mix(seed, i);
+}
+__global__ void fill_random_f16_kernel(__half* dst, size_t count, float lo, float hi, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(mix(seed, i) >> 8) * (1.0f / 16777216.0f);
+    dst[i] = __float2half_rn(lo + (hi - lo) * u);
+  }
+}
+// Bandwidth probes: 16-byte loads and stores, four in flight per thread, grid-stride.
+__global__ void copy16_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < count; i += 4 * stride) {
+    const uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
+                d = __ldcs(src + i + 3 * stride);
+    __stcs(dst + i, a);
+    __stcs(dst + i + stride, b);
+    __stcs(dst + i + 2 * stride, c);
+    __stcs(dst + i + 3 * stride, d);
+  }
+  for (; i < count; i += stride) __stcs(dst + i, __ldcs(src + i));
+}
+__global__ void read16_kernel(const uint4* __restrict__ src, size_t count, uint32_t* sink) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  uint32_t x = 0;
+  for (; i + 3 * stride < count; i += 4 * stride) {
+    const uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
+                d = __ldcs(src + i + 3 * stride);
+    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < count; i += stride) {
+    const uint4 a = __ldcs(src + i);
+    x ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (x == 0x9e3779b9u) *sink = x;  // keeps the loads alive; practically never stores
+}
+int fill_grid(size_t count) {
+  return static_cast<int>(std::min<size_t>((count + 255) / 256, static_cast<size_t>(multiprocessor_count()) * 32));
+}
+}  // namespace
+
+void copy_kernel(void* dst, const void* src, size_t bytes, void* stream) {
+  QSPEC_CHECK(bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+              "cuda::copy_kernel: needs 16-byte aligned pointers and sizes");
+  if (bytes == 0) return;
+  copy16_kernel<<<multiprocessor_count() * 8, 256, 0, as_stream(stream)>>>(static_cast<uint4*>(dst),
+                                                                        static_cast<const uint4*>(src), bytes / 16);
+  QSPEC_CUDA_CHECK_LAUNCH("copy16_kernel");
+}
+void read_kernel(const void* src, size_t bytes, uint32_t* sink, void* stream) {
+  QSPEC_CHECK(bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+              "cuda::read_kernel: needs a 16-byte aligned pointer and size");
+  if (bytes == 0) return;
+  read16_kernel<<<multiprocessor_count() * 8, 256, 0, as_stream(stream)>>>(static_cast<const uint4*>(src), bytes / 16,
+                                                                          sink);
+  QSPEC_CUDA_CHECK_LAUNCH("read16_kernel");
+}
+
+void fill_random_u32(uint32_t* dst, size_t count, uint64_t seed, void* stream) {
+  if (count == 0) return;
+  fill_random_u32_kernel<<<fill_grid(count), 256, 0, as_stream(stream)>>>(dst, count, seed);
+  QSPEC_CUDA_CHECK_LAUNCH("fill_random_u32");
+}
+void fill_random_f16(f16_bits* dst, size_t count, float lo, float hi, uint64_t seed, void* stream) {
+  if (count == 0) return;
+  fill_random_f16_kernel<<<fill_grid(count), 256, 0, as_stream(stream)>>>(reinterpret_cast<__half*>(dst), count, lo,
+                                                                          hi, seed);
+  QSPEC_CUDA_CHECK_LAUNCH("fill_random_f16");
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,26 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/elementwise.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+
+void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride, f16_bits* out,
+              void* stream) {
+  QSPEC_CHECK(rows >= 0 && cols > 0 && in_stride >= cols, "cuda::silu_mul: bad shape rows ", rows, " cols ", cols,
+              " in_stride ", in_stride);
+  if (rows == 0) return;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = cols % 8 == 0 && in_stride % 8 == 0 && aligned(gate) && aligned(up) && aligned(out);
+  const int64_t work = rows * (vec ? cols / 8 : cols);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, multiprocessor_count() * 16));
+  const auto* g = reinterpret_cast<const __half*>(gate);
+  const auto* u = reinterpret_cast<const __half*>(up);
+  auto* o = reinterpret_cast<__half*>(out);
+  if (vec)
+    kernels::silu_mul_kernel<8><<<grid, 256, 0, as_stream(stream)>>>(g, u, rows, cols, in_stride, o);
+  else
+    kernels::silu_mul_kernel<1><<<grid, 256, 0, as_stream(stream)>>>(g, u, rows, cols, in_stride, o);
+  QSPEC_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,74 @@
+// W4A16 dispatch: the small-M tensor-core kernel, or dequantize to f16 + cuBLAS.
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4a16_common.cuh"
+#include "ops/cuda/kernels/w4a16_plan.h"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace detail {
+
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
+  QSPEC_CHECK(w.codes != nullptr && w.scales != nullptr, "cuda::w4a16: null weights");
+  QSPEC_CHECK(w.group == 32 || w.group == 64 || w.group == 128, "cuda::w4a16: kernel group ", w.group,
+              " (supported: 32, 64, 128; see gemm/w4a16_pack.h)");
+  QSPEC_CHECK(w.n > 0 && w.k > 0 && w.k % w.group == 0 && w.n < (1ll << 31) && w.k < (1ll << 28),
+              "cuda::w4a16: bad weight shape ", w.n, " x ", w.k, " (k must be a multiple of the group ", w.group, ")");
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 && reinterpret_cast<uintptr_t>(w.scales) % 4 == 0,
+              "cuda::w4a16: misaligned packed weights");
+  kernels::W4A16Layout layout{};
+  layout.codes = static_cast<const uint8_t*>(w.codes);
+  layout.scales = static_cast<const uint32_t*>(w.scales);
+  layout.n = static_cast<int>(w.n);
+  layout.k = static_cast<int>(w.k);
+  layout.row_blocks = static_cast<int>((w.n + 15) / 16);
+  layout.full_chunks = static_cast<int>(w.k / 64);
+  layout.tail = w.k % 64 == 32 ? 1 : 0;
+  layout.groups = static_cast<int>(w.k / w.group);
+  return layout;
+}
+
+}  // namespace detail
+
+// Measured crossover (docs/perf-notes.md): the small-M kernel up to this many tokens.
+static constexpr int64_t kSmallMMax = 64;
+
+W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
+  return m <= kSmallMMax ? W4A16Path::small_m : W4A16Path::dequant_cublas;
+}
+
+size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path) {
+  if (path == W4A16Path::automatic) path = w4a16_choose_path(m, n, k);
+  if (path == W4A16Path::small_m) return detail::w4a16_small_m_workspace(m, n, k);
+  return static_cast<size_t>(n * k) * 2;
+}
+
+void w4a16_workspace_init(void* workspace, size_t bytes, void* stream) {
+  if (workspace != nullptr && bytes > 0)
+    QSPEC_CUDA_CHECK(cudaMemsetAsync(workspace, 0, std::min(bytes, detail::kW4A16CounterBytes), as_stream(stream)));
+}
+
+void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
+                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
+  if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w.n, w.k);
+  if (path == W4A16Path::small_m) {
+    w4a16_gemm_small_m(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
+    return;
+  }
+  QSPEC_CHECK(m >= 0 && ldx >= w.k && ldy >= w.n, "cuda::w4a16_gemm: bad strides ldx ", ldx, " ldy ", ldy);
+  if (m == 0) return;
+  const size_t needed = static_cast<size_t>(w.n * w.k) * 2;
+  QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, "cuda::w4a16_gemm: the dequantize + cuBLAS path needs ",
+              needed, " bytes of workspace, got ", workspace_bytes);
+  auto* w16 = static_cast<f16_bits*>(workspace);
+  w4a16_dequantize(w, w16, stream);
+  // y^T (n x m, column-major = y row-major with ld ldy) = W16 (n x k) * x^T.
+  cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
+  QSPEC_CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
+  const float alpha = 1.0f, beta = 0.0f;
+  QSPEC_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
+                                  static_cast<int>(w.k), &alpha, w16, CUDA_R_16F, static_cast<int>(w.k), x, CUDA_R_16F,
+                                  static_cast<int>(ldx), &beta, y, CUDA_R_16F, static_cast<int>(ldy),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace qspec::cuda

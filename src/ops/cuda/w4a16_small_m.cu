@@ -1,0 +1,220 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4a16_plan.h"
+#include "ops/cuda/kernels/w4a16_small_m.cuh"
+#include "ops/cuda/kernels/w4a16_stream.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace detail {
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);  // w4a16_gemm.cu
+}
+
+namespace {
+
+// Variants (all 128 rows per block): 1 = 4 warps x 2 row blocks, 4 chunks in flight per
+// warp; 2 = 8 warps x 1 row block, 8 chunks in flight (4 for 8 n-tiles, to stay in registers).
+// Launch with programmatic stream serialization: the kernel may start while the previous
+// kernel on the stream drains (it waits for it with griddepcontrol.wait before reading x).
+template <typename Kernel>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                const kernels::W4A16SmallMParams& params) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
+// Largest x slice variants 1/2 stage in shared memory (beyond: x from global memory).
+constexpr size_t kXSharedMax = 96 * 1024;
+
+template <int MT, int RPW, int G, int DEPTH, int WARPS>
+void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
+  auto* kernel = kernels::w4a16_small_m_kernel<MT, RPW, G, DEPTH, WARPS>;
+  static const bool configured = [&] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSharedMax));
+    return true;
+  }();
+  (void)configured;
+  size_t smem = 0;
+  if (params.xs_stride > 0) smem = static_cast<size_t>(std::min(params.m, MT * 8)) * params.xs_stride * 2;
+  launch_pdl(kernel, grid, dim3(WARPS * 32), smem, stream, params);
+  QSPEC_CUDA_CHECK_LAUNCH("w4a16_small_m_kernel");
+}
+
+template <int MT, int G>
+void launch_variant(int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
+  if constexpr (MT == 8) {
+    launch<8, 1, G, 4, 8>(params, grid, stream);  // 8 n-tiles: one row block per warp only
+  } else {
+    if (variant == 1) launch<MT, 2, G, 4, 4>(params, grid, stream);
+    else launch<MT, 1, G, 8, 8>(params, grid, stream);
+  }
+}
+
+template <int G>
+void launch_group(int mt, int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
+  switch (mt) {
+    case 1: launch_variant<1, G>(variant, params, grid, stream); break;
+    case 2: launch_variant<2, G>(variant, params, grid, stream); break;
+    case 4: launch_variant<4, G>(variant, params, grid, stream); break;
+    default: launch_variant<8, G>(variant, params, grid, stream); break;
+  }
+}
+
+// ---- variants 3 and 4: the cp.async ring kernel (kernels/w4a16_stream.cuh), m <= 32 a launch ----
+
+template <int MT, int WARPS, int CH, int STAGES, int G>
+struct StreamLauncher {
+  using Shape = kernels::W4A16StreamShape<MT, WARPS, CH, STAGES, G>;
+  static void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
+    auto* kernel = kernels::w4a16_stream_kernel<MT, WARPS, CH, STAGES, G>;
+    static const bool configured = [&] {
+      QSPEC_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+      return true;
+    }();
+    (void)configured;
+    launch_pdl(kernel, grid, dim3(WARPS * 32), Shape::kSmemBytes, stream, params);
+    QSPEC_CUDA_CHECK_LAUNCH("w4a16_stream_kernel");
+  }
+  // Blocks of this kernel one multiprocessor holds at once (shared memory bound, at most 4).
+  static int blocks_per_sm() {
+    const cudaDeviceProp& props = current_device_properties();
+    const size_t per_block = Shape::kSmemBytes + 1024;  // + the runtime's reserve
+    return static_cast<int>(std::clamp<size_t>(props.sharedMemPerMultiprocessor / per_block, 1, 4));
+  }
+};
+
+template <int MT, int G>
+void stream_dispatch(int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream,
+                     int* blocks_per_sm) {
+  constexpr int kStages = MT <= 2 ? 8 : 6;
+  if (variant == 3) {
+    using L = StreamLauncher<MT, 4, 2, kStages, G>;
+    if (blocks_per_sm) *blocks_per_sm = L::blocks_per_sm();
+    else L::launch(params, grid, stream);
+  } else {
+    using L = StreamLauncher<MT, 4, 4, kStages / 2, G>;
+    if (blocks_per_sm) *blocks_per_sm = L::blocks_per_sm();
+    else L::launch(params, grid, stream);
+  }
+}
+
+template <int G>
+void stream_group(int mt, int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream,
+                  int* blocks_per_sm) {
+  switch (mt) {
+    case 1: stream_dispatch<1, G>(variant, params, grid, stream, blocks_per_sm); break;
+    case 2: stream_dispatch<2, G>(variant, params, grid, stream, blocks_per_sm); break;
+    default: stream_dispatch<4, G>(variant, params, grid, stream, blocks_per_sm); break;
+  }
+}
+
+void stream_launch(int group, int mt, int variant, const kernels::W4A16SmallMParams& params, dim3 grid,
+                   cudaStream_t stream, int* blocks_per_sm = nullptr) {
+  switch (group) {
+    case 32: stream_group<32>(mt, variant, params, grid, stream, blocks_per_sm); break;
+    case 64: stream_group<64>(mt, variant, params, grid, stream, blocks_per_sm); break;
+    default: stream_group<128>(mt, variant, params, grid, stream, blocks_per_sm); break;
+  }
+}
+
+}  // namespace
+
+void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                        void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config) {
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  QSPEC_CHECK(m >= 0 && ldx >= w.k && ldx % 8 == 0 && ldy >= w.n && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+              "cuda::w4a16_gemm: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
+              ", ldx ", ldx, ", ldy ", ldy, ")");
+  if (m == 0) return;
+  const int64_t row_tiles = (w.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n too large");
+  const bool scales_16 = reinterpret_cast<uintptr_t>(w.scales) % 16 == 0;
+  const int variant = config.variant != 0 ? config.variant : scales_16 ? detail::kW4A16DefaultVariant : 1;
+  QSPEC_CHECK(variant >= 1 && variant <= 4, "cuda::w4a16_gemm: unknown small-M variant ", variant);
+  QSPEC_CHECK(variant < 3 || scales_16,
+              "cuda::w4a16_gemm: variants 3 and 4 need 16-byte aligned scales");
+  const int sms = multiprocessor_count();
+  cudaStream_t s = as_stream(stream);
+  const auto* xh = reinterpret_cast<const __half*>(x);
+  auto* yh = reinterpret_cast<__half*>(y);
+  for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
+    const int64_t slice = std::min(detail::kW4A16MaxSliceM, m - m0);
+    const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
+    if (variant >= 3 && mt <= 4) {
+      // The ring kernel: 64 rows a block; enough blocks to fill every multiprocessor's slots.
+      const int64_t tiles = (w.n + 63) / 64;
+      QSPEC_CHECK(tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n too large");
+      kernels::W4A16SmallMParams params{};
+      int per_sm = 1;
+      stream_launch(static_cast<int>(w.group), mt, variant, params, dim3(), nullptr, &per_sm);
+      // One wave: tiles x splits <= the blocks the GPU holds at once (dependents launch early).
+      int64_t splits = config.splits > 0 ? config.splits
+                                         : std::min<int64_t>(static_cast<int64_t>(per_sm) * sms / tiles,
+                                                             detail::w4a16_max_splits(slice, w.k));
+      splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
+      while (splits > 1 && (workspace == nullptr ||
+                            detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * w.n) * sizeof(float) >
+                                workspace_bytes))
+        --splits;
+      params.w = layout;
+      params.x = xh + m0 * ldx;
+      params.ldx = ldx;
+      params.y = yh + m0 * ldy;
+      params.ldy = ldy;
+      params.m = static_cast<int>(slice);
+      params.splits = static_cast<int>(splits);
+      params.counters = static_cast<unsigned*>(workspace);
+      params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
+                                   : nullptr;
+      stream_launch(static_cast<int>(w.group), mt, variant, params,
+                    dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), s);
+      continue;
+    }
+    // Split-K: enough blocks for ~3 per multiprocessor, within the traffic bound, the chunk
+    // count and the workspace.
+    int64_t splits = config.splits > 0
+                         ? config.splits
+                         : std::min<int64_t>((3 * sms + row_tiles - 1) / row_tiles, detail::w4a16_max_splits(slice, w.k));
+    splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
+    while (splits > 1 && (workspace == nullptr ||
+                          detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * w.n) * sizeof(float) >
+                              workspace_bytes))
+      --splits;
+    kernels::W4A16SmallMParams params{};
+    params.w = layout;
+    params.x = xh + m0 * ldx;
+    params.ldx = ldx;
+    params.y = yh + m0 * ldy;
+    params.ldy = ldy;
+    params.m = static_cast<int>(slice);
+    params.splits = static_cast<int>(splits);
+    params.counters = static_cast<unsigned*>(workspace);
+    params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
+                                 : nullptr;
+    const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
+    const int v = mt == 8 || variant > 2 ? 2 : variant;
+    {
+      // x in shared memory: the longest k range of a split (+ the tail pair), 16 bytes of padding.
+      const int64_t range = ((layout.full_chunks + splits - 1) / splits) * 64 + (layout.tail ? 32 : 0);
+      const int64_t stride = range + 8;
+      const int64_t rows = std::min<int64_t>(slice, mt * 8);
+      params.xs_stride = static_cast<size_t>(rows * stride * 2) <= kXSharedMax ? static_cast<int>(stride) : 0;
+    }
+    switch (w.group) {
+      case 32: launch_group<32>(mt, v, params, grid, s); break;
+      case 64: launch_group<64>(mt, v, params, grid, s); break;
+      default: launch_group<128>(mt, v, params, grid, s); break;
+    }
+  }
+}
+
+}  // namespace qspec::cuda

@@ -1,0 +1,267 @@
+// qspec_gpu_bench: device-to-device copy bandwidth, then the W4A16 GEMM (small-M kernel,
+// dequantize + cuBLAS) and cuBLAS's f16 GEMM on the Llama-3-8B linear shapes over M, as a
+// table and JSON (GPU, commit, command, every timing).
+//
+// Method (docs/perf-notes.md): random weights generated on the GPU; enough copies of each
+// weight set to cover 3x the L2 cache, launched round-robin so every launch streams its
+// weights from device memory (as consecutive layers do in a decode step); each timed replay is
+// a CUDA graph of one launch per copy (at least 8), timed with CUDA events; 3 warm-up runs;
+// the median over 25 replays, divided by the launches in the graph.
+//
+// usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
+//        [--variants 1,3] [--splits 0,4,8] [--no-baselines] [--profile]
+// --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/device_info.h"
+#include "ops/cuda/ops.h"
+
+#ifndef QSPEC_GIT_COMMIT
+#define QSPEC_GIT_COMMIT "unknown"
+#endif
+
+namespace {
+
+namespace cuda = qspec::cuda;
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s OUT.json [--quick] [--group G]\n", argv[0]);
+    return 2;
+  }
+  const std::string out_path = argv[1];
+  bool quick = false, baselines = true, profile = false;
+  std::string shape_filter;
+  std::vector<int64_t> ms_override;
+  std::vector<int> variants = {1, 2, 3, 4};
+  std::vector<int64_t> split_list = {0};  // 0: the launcher's heuristic
+  auto parse_list = [](const std::string& text) {
+    std::vector<int64_t> values;
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t end = text.find(',', start);
+      if (end == std::string::npos) end = text.size();
+      values.push_back(std::atoll(text.substr(start, end - start).c_str()));
+      start = end + 1;
+    }
+    return values;
+  };
+  int64_t group = 128;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") quick = true;
+    else if (arg == "--no-baselines") baselines = false;
+    else if (arg == "--profile") profile = true;
+    else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
+    else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
+    else if (arg == "--splits" && i + 1 < argc) split_list = parse_list(argv[++i]);
+    else if (arg == "--variants" && i + 1 < argc) {
+      variants.clear();
+      for (int64_t v : parse_list(argv[++i])) variants.push_back(static_cast<int>(v));
+    }
+    else if (arg == "--group" && i + 1 < argc) group = std::atoll(argv[++i]);
+  }
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  const char* commit_env = std::getenv("QSPEC_COMMIT");
+  const std::string commit = commit_env != nullptr && *commit_env ? commit_env : QSPEC_GIT_COMMIT;
+
+  try {
+    if (cuda::device_count() == 0) {
+      std::fprintf(stderr, "no CUDA GPU\n");
+      return 1;
+    }
+    const std::string gpu = cuda::device_name();
+    const size_t l2 = cuda::l2_cache_bytes();
+    std::printf("GPU %s, %d SMs, L2 %.1f MB, commit %s\n", gpu.c_str(), cuda::multiprocessor_count(), l2 / 1e6,
+                commit.c_str());
+    void* stream = cuda::create_stream();
+    const int reps = 25, warmup = 3;
+
+    // 1. Copy bandwidth: 1 GiB device to device, counting bytes read + written; the best of
+    // cudaMemcpyAsync and a 16-byte-vector copy kernel is the roofline. Also a read-only pass.
+    const size_t copy_bytes = size_t{1} << 30;
+    double copy_gbps = 0, memcpy_gbps = 0, kernel_copy_gbps = 0, read_gbps = 0;
+    {
+      cuda::DeviceMemory a(copy_bytes), b(copy_bytes), sink(16);
+      cuda::fill_random_u32(a.as<uint32_t>(), copy_bytes / 4, 1, stream);
+      const cuda::ReplayTimes t1 = cuda::time_replays(
+          [&](void* s, int) { cuda::copy_device_to_device(b.get(), a.get(), copy_bytes, s); }, 1, warmup, reps, stream);
+      memcpy_gbps = 2.0 * copy_bytes / (median(t1.ms) * 1e-3) / 1e9;
+      const cuda::ReplayTimes t2 = cuda::time_replays(
+          [&](void* s, int) { cuda::copy_kernel(b.get(), a.get(), copy_bytes, s); }, 1, warmup, reps, stream);
+      kernel_copy_gbps = 2.0 * copy_bytes / (median(t2.ms) * 1e-3) / 1e9;
+      const cuda::ReplayTimes t3 = cuda::time_replays(
+          [&](void* s, int) { cuda::read_kernel(a.get(), copy_bytes, sink.as<uint32_t>(), s); }, 1, warmup, reps,
+          stream);
+      read_gbps = 1.0 * copy_bytes / (median(t3.ms) * 1e-3) / 1e9;
+      copy_gbps = std::max(memcpy_gbps, kernel_copy_gbps);
+      std::printf("copy 1 GiB (read + write, median of %d): cudaMemcpyAsync %.0f GB/s, copy kernel %.0f GB/s; "
+                  "read-only kernel %.0f GB/s; roofline = copy %.0f GB/s\n",
+                  reps, memcpy_gbps, kernel_copy_gbps, read_gbps, copy_gbps);
+    }
+
+    const std::vector<Shape> shapes = {{"qkv", 4096 + 2 * 1024, 4096},
+                                       {"o", 4096, 4096},
+                                       {"gate_up", 2 * 14336, 4096},
+                                       {"down", 4096, 14336},
+                                       {"lm_head", 128256, 4096}};
+    std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048};
+    if (quick) ms = {1, 16, 64, 512};
+    if (!ms_override.empty()) ms = ms_override;
+    const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+    cuda::Blas blas;
+    nlohmann::json results = nlohmann::json::array();
+
+    std::printf("\n%-8s %5s %-16s %10s %9s %7s %9s %s\n", "shape", "M", "path", "time_us", "GB/s", "of_copy",
+                "TFLOP/s", "graph");
+    for (const Shape& shape : shapes) {
+      if (!shape_filter.empty() && shape_filter.find("," + std::string(shape.name) + ",") == std::string::npos) continue;
+      const int64_t row_blocks = (shape.n + 15) / 16;
+      const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
+      const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 8 * 4);
+      const size_t w4_bytes = static_cast<size_t>(shape.n * shape.k / 2 + shape.n * (shape.k / group) * 2);
+      const size_t w16_bytes = static_cast<size_t>(shape.n * shape.k * 2);
+      const int w4_copies = static_cast<int>(std::clamp<size_t>((3 * l2 + w4_bytes - 1) / w4_bytes, 1, 32));
+      const int w16_copies = static_cast<int>(std::clamp<size_t>((3 * l2 + w16_bytes - 1) / w16_bytes, 1, 32));
+      std::vector<cuda::DeviceMemory> codes, scales, w16;
+      std::vector<cuda::W4A16Weights> views;
+      for (int c = 0; c < w4_copies; ++c) {
+        codes.emplace_back(code_bytes);
+        scales.emplace_back(scale_bytes);
+        cuda::fill_random_u32(codes.back().as<uint32_t>(), code_bytes / 4, 100 + c, stream);
+        // Scales: f16 in [0.001, 0.01] (both halves of each pair word).
+        cuda::fill_random_f16(scales.back().as<uint16_t>(), scale_bytes / 2, 0.001f, 0.01f, 200 + c, stream);
+        views.push_back({codes.back().get(), scales.back().get(), shape.n, shape.k, group});
+      }
+      for (int c = 0; c < w16_copies; ++c) {
+        w16.emplace_back(w16_bytes);
+        cuda::fill_random_f16(w16.back().as<uint16_t>(), w16_bytes / 2, -0.05f, 0.05f, 300 + c, stream);
+      }
+      cuda::DeviceMemory x(static_cast<size_t>(max_m * shape.k) * 2), y(static_cast<size_t>(max_m * shape.n) * 2);
+      cuda::fill_random_f16(x.as<uint16_t>(), static_cast<size_t>(max_m * shape.k), -1.0f, 1.0f, 7, stream);
+      const size_t small_ws = cuda::w4a16_workspace_bytes(64, shape.n, shape.k, cuda::W4A16Path::small_m);
+      cuda::DeviceMemory small_workspace(small_ws), dequant_workspace(w16_bytes);
+      cuda::w4a16_workspace_init(small_workspace.get(), small_ws, stream);
+      cuda::stream_synchronize(stream);
+
+      for (int64_t m : ms) {
+        const double flops = 2.0 * m * shape.n * shape.k;
+        const double io_bytes = static_cast<double>(m * shape.k * 2 + m * shape.n * 2);
+        auto report = [&](const std::string& path, const cuda::ReplayTimes& t, double weight_bytes, int batch) {
+          const double seconds = median(t.ms) * 1e-3;
+          const double bytes = weight_bytes + io_bytes;
+          const double gbps = bytes / seconds / 1e9;
+          std::printf("%-8s %5lld %-16s %10.2f %9.0f %6.1f%% %9.1f %s\n", shape.name, static_cast<long long>(m),
+                      path.c_str(), seconds * 1e6, gbps, 100.0 * gbps / copy_gbps, flops / seconds / 1e12,
+                      t.graph ? "yes" : "no");
+          std::vector<float> sorted = t.ms;
+          std::sort(sorted.begin(), sorted.end());
+          results.push_back({{"shape", shape.name},
+                             {"n", shape.n},
+                             {"k", shape.k},
+                             {"m", m},
+                             {"group", group},
+                             {"path", path},
+                             {"median_us", seconds * 1e6},
+                             {"min_us", sorted.front() * 1e3},
+                             {"max_us", sorted.back() * 1e3},
+                             {"bytes", bytes},
+                             {"gbps", gbps},
+                             {"fraction_of_copy_bw", gbps / copy_gbps},
+                             {"tflops", flops / seconds / 1e12},
+                             {"graph", t.graph},
+                             {"launches_per_replay", batch}});
+          std::fflush(stdout);
+        };
+        const int w4_batch = std::max(8, w4_copies), w16_batch = std::max(8, w16_copies);
+        if (m <= 128) {
+          for (int variant : variants)
+          for (int64_t splits : split_list) {
+            if (variant >= 2 && m > 32) continue;  // m > 32 always runs the 8-warp kernel
+            const cuda::W4A16SmallMConfig config{variant, static_cast<int>(splits)};
+            if (profile) {
+              for (int i = 0; i < 2; ++i)
+                cuda::w4a16_gemm_small_m(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
+                                         shape.n, small_workspace.get(), small_ws, stream, config);
+              cuda::stream_synchronize(stream);
+              std::printf("profiled %s m %lld variant %d\n", shape.name, static_cast<long long>(m), variant);
+              continue;
+            }
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4a16_gemm_small_m(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
+                                           shape.n, small_workspace.get(), small_ws, s, config);
+                },
+                w4_batch, warmup, reps, stream);
+            report((m > 32 ? std::string("w4a16_small_m") : "w4a16_small_m_v" + std::to_string(variant)) +
+                       (splits > 0 ? "_s" + std::to_string(splits) : ""),
+                   t,
+                   static_cast<double>(w4_bytes), w4_batch);
+          }
+        }
+        if (baselines && !profile) {
+          const cuda::ReplayTimes t = cuda::time_replays(
+              [&](void* s, int i) {
+                cuda::w4a16_gemm(blas, x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                 dequant_workspace.get(), w16_bytes, s, cuda::W4A16Path::dequant_cublas);
+              },
+              w4_batch, warmup, reps, stream);
+          report("w4a16_dequant_cublas", t, static_cast<double>(w4_bytes), w4_batch);
+        }
+        if (baselines && !profile) {
+          const cuda::ReplayTimes t = cuda::time_replays(
+              [&](void* s, int i) {
+                cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w16[i % w16_copies].as<uint16_t>(), shape.n,
+                                 y.as<uint16_t>(), cuda::Dtype16::f16, s);
+              },
+              w16_batch, warmup, reps, stream);
+          report("cublas_f16", t, static_cast<double>(w16_bytes), w16_batch);
+        }
+      }
+    }
+    cuda::destroy_stream(stream);
+
+    nlohmann::json record = {{"benchmark", "w4a16_gemm"},
+                             {"gpu", gpu},
+                             {"commit", commit},
+                             {"command", command},
+                             {"copy_bandwidth_gbps", copy_gbps},
+                             {"memcpy_gbps", memcpy_gbps},
+                             {"copy_kernel_gbps", kernel_copy_gbps},
+                             {"read_kernel_gbps", read_gbps},
+                             {"weights", "int4 symmetric, group " + std::to_string(group) +
+                                             ", f16 scales, random (generated on the GPU)"},
+                             {"method", "median of 25 CUDA-graph replays (events), each replay one launch per weight "
+                                        "copy (copies cover 3x L2), 3 warm-up runs; bytes = 4-bit weights + scales "
+                                        "(f16 weights for cublas_f16) + x + y"},
+                             {"results", results}};
+    std::ofstream out(out_path);
+    out << record.dump(2) << "\n";
+    std::printf("\nwrote %s\n", out_path.c_str());
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "qspec_gpu_bench: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,672 @@
+// Every CUDA op against its CPU twin (like llama.cpp's test-backend-ops): fresh random inputs
+// over many shapes (odd sizes, M = 1..4096 for the GEMMs, k not a multiple of the 64-wide
+// chunk, odd n), outputs poisoned with NaN (all-ones bytes) before each launch, and a test fails
+// on any NaN or unwritten element. Paged attention runs over random, non-contiguous block
+// tables whose unused blocks and rows hold NaN, so reading a wrong slot shows; its reference is
+// cpu::attention over a contiguous gather of the same K/V.
+//
+// Error bounds (relative L2 error ||gpu - cpu|| / ||cpu|| against the CPU op in f32 on the same
+// f16-representable inputs), per output dtype:
+//   exact           embedding, add, fused residual, kv write, argmax, dequantized weights
+//   f16 out  2e-3   rmsnorm, rope, silu_mul (f32 math, one f16 rounding: ~3e-4 expected)
+//   f16 out  2e-3   W4A16 small-M (exact f16 weights, f32 accumulation)
+//   f16 out  3e-3   W4A16 dequant + cuBLAS (weights rounded to f16 once), W16A16 f16
+//   bf16 out 8e-3   W16A16 bf16 (bf16 output rounding 2^-9)
+//   f16 out  4e-3   paged attention (f16 P in the prefill's P V product, f16 output)
+//
+// No GPU: every test FAILS (ctest label gpu; CI excludes the label).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/dtype.h"
+#include "gemm/w4a16_pack.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/cuda/device_info.h"
+#include "ops/cuda/ops.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "qspec/error.h"
+#include "quant/quantized_linear.h"
+#include "runtime/sampler.h"
+
+namespace {
+
+namespace cuda = qspec::cuda;
+using f16 = uint16_t;
+
+std::mt19937& rng() {
+  static std::mt19937 generator(std::random_device{}());
+  return generator;
+}
+
+// f16-representable normal values: what the GPU sees is exactly what the CPU twin sees.
+std::vector<float> random_f16_values(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = qspec::f16_to_f32(qspec::f32_to_f16(normal(rng())));
+  return v;
+}
+std::vector<f16> to_f16(const std::vector<float>& v) {
+  std::vector<f16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = qspec::f32_to_f16(v[i]);
+  return out;
+}
+std::vector<float> from_f16(const std::vector<f16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = qspec::f16_to_f32(v[i]);
+  return out;
+}
+
+template <typename T>
+cuda::DeviceMemory upload(const std::vector<T>& host) {
+  cuda::DeviceMemory memory(std::max<size_t>(host.size() * sizeof(T), 16));
+  cuda::copy_to_device(memory.get(), host.data(), host.size() * sizeof(T));
+  return memory;
+}
+template <typename T>
+std::vector<T> download(const cuda::DeviceMemory& memory, size_t count) {
+  cuda::synchronize();
+  std::vector<T> host(count);
+  cuda::copy_to_host(host.data(), memory.get(), count * sizeof(T));
+  return host;
+}
+// NaN in every f16 / f32 slot (all-ones bytes), -1 in int32 slots.
+cuda::DeviceMemory poisoned(size_t bytes) {
+  cuda::DeviceMemory memory(std::max<size_t>(bytes, 16));
+  cuda::fill_bytes(memory.get(), 0xff, memory.bytes());
+  return memory;
+}
+
+struct ErrorStats {
+  double relative = 0, max_abs = 0;
+  size_t non_finite = 0;
+};
+ErrorStats compare(const std::vector<float>& got, const std::vector<float>& expected) {
+  ErrorStats stats;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      ++stats.non_finite;
+      continue;
+    }
+    const double d = static_cast<double>(got[i]) - expected[i];
+    diff += d * d;
+    norm += static_cast<double>(expected[i]) * expected[i];
+    stats.max_abs = std::max(stats.max_abs, std::abs(d));
+  }
+  stats.relative = std::sqrt(diff / std::max(norm, 1e-300));
+  return stats;
+}
+#define EXPECT_CLOSE(got, expected, bound, what)                                                         \
+  do {                                                                                                   \
+    const ErrorStats stats_ = compare(got, expected);                                                    \
+    EXPECT_EQ(stats_.non_finite, 0u) << what << ": NaN / inf / unwritten outputs";                       \
+    EXPECT_LT(stats_.relative, bound) << what << " (max abs err " << stats_.max_abs << ")";              \
+    record_error(what, stats_);                                                                          \
+  } while (0)
+
+// The worst relative error seen per test, printed at the end of each test (for the notes).
+struct WorstError {
+  std::string what;
+  ErrorStats stats;
+};
+WorstError& worst() {
+  static WorstError w;
+  return w;
+}
+void record_error(const std::string& what, const ErrorStats& stats) {
+  if (stats.relative >= worst().stats.relative) worst() = {what, stats};
+}
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    worst() = {};
+    // Loud failure, never a skip: a GPU test binary run without a GPU is a broken setup.
+    ASSERT_GT(cuda::device_count(), 0) << "no CUDA GPU visible: the gpu-labelled tests need one";
+    ASSERT_GE(cuda::compute_capability(), 80) << "needs sm_80 or newer";
+  }
+  void TearDown() override {
+    if (!worst().what.empty())
+      std::printf("  worst rel err %.3g (max abs %.3g) at %s\n", worst().stats.relative, worst().stats.max_abs,
+                  worst().what.c_str());
+  }
+};
+
+std::string shape_name(std::initializer_list<int64_t> dims) {
+  std::string s;
+  for (int64_t d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+}  // namespace
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+TEST_F(Gpu, EmbeddingGathersRowsExactly) {
+  for (auto [vocab, dim, tokens] : {std::tuple{477, 256, 7}, {1000, 100, 33}, {50, 4096, 3}, {13, 7, 5}}) {
+    const std::vector<f16> table = to_f16(random_f16_values(static_cast<size_t>(vocab * dim)));
+    std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+    std::vector<int32_t> ids(static_cast<size_t>(tokens));
+    for (int32_t& id : ids) id = pick(rng());
+    ids.back() = vocab;  // out of range: a zero row
+    auto d_table = upload(table);
+    auto d_ids = upload(ids);
+    auto d_out = poisoned(static_cast<size_t>(tokens * dim) * 2);
+    cuda::embedding(d_ids.as<int32_t>(), tokens, d_table.as<f16>(), vocab, dim, d_out.as<f16>(), nullptr);
+    const std::vector<f16> out = download<f16>(d_out, static_cast<size_t>(tokens * dim));
+    for (int t = 0; t < tokens; ++t)
+      for (int i = 0; i < dim; ++i) {
+        const f16 expected = t == tokens - 1 ? 0 : table[static_cast<size_t>(ids[t] * dim + i)];
+        ASSERT_EQ(out[static_cast<size_t>(t * dim + i)], expected) << shape_name({vocab, dim, tokens}) << " t " << t;
+      }
+  }
+}
+
+TEST_F(Gpu, RmsNormAndFusedResidualMatchCpu) {
+  for (auto [rows, dim] : {std::pair{1, 64}, {3, 77}, {17, 256}, {5, 4096}, {2, 5120}, {4, 14336}}) {
+    const size_t n = static_cast<size_t>(rows * dim);
+    const std::vector<float> x = random_f16_values(n, 3.0f), delta = random_f16_values(n);
+    std::vector<float> weight(static_cast<size_t>(dim));
+    std::uniform_real_distribution<float> w(0.5f, 1.5f);
+    for (float& v : weight) v = w(rng());
+    auto d_x = upload(to_f16(x));
+    auto d_delta = upload(to_f16(delta));
+    auto d_weight = upload(weight);
+    auto d_y = poisoned(n * 2);
+    cuda::rmsnorm(d_x.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_y.as<f16>(), nullptr);
+    std::vector<float> expected(n);
+    qspec::cpu::rmsnorm(x.data(), weight.data(), rows, dim, 1e-5, expected.data());
+    EXPECT_CLOSE(from_f16(download<f16>(d_y, n)), expected, 2e-3, "rmsnorm " + shape_name({rows, dim}));
+
+    // Fused: residual = f16(x + delta) exactly, y = rmsnorm(residual).
+    auto d_y2 = poisoned(n * 2);
+    cuda::add_rmsnorm(d_x.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_y2.as<f16>(),
+                      nullptr);
+    std::vector<float> residual(n);
+    for (size_t i = 0; i < n; ++i) residual[i] = qspec::f16_to_f32(qspec::f32_to_f16(x[i] + delta[i]));
+    const std::vector<float> got_residual = from_f16(download<f16>(d_x, n));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got_residual[i], residual[i]) << "residual " << i;
+    qspec::cpu::rmsnorm(residual.data(), weight.data(), rows, dim, 1e-5, expected.data());
+    EXPECT_CLOSE(from_f16(download<f16>(d_y2, n)), expected, 2e-3, "add_rmsnorm " + shape_name({rows, dim}));
+  }
+}
+
+TEST_F(Gpu, RopeMatchesCpuInsideStridedRows) {
+  for (auto [tokens, heads, head_dim, extra, scaling] :
+       {std::tuple{1, 1, 32, 0, 1.0f}, {5, 8, 64, 24, 1.0f}, {64, 4, 128, 256, 1.2f}, {3, 2, 6, 2, 1.0f}}) {
+    const int64_t stride = heads * head_dim + extra;
+    std::vector<float> x = random_f16_values(static_cast<size_t>(tokens * stride));
+    std::vector<int32_t> positions(static_cast<size_t>(tokens));
+    std::uniform_int_distribution<int32_t> pos(0, 8191);
+    for (int32_t& p : positions) p = pos(rng());
+    std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(500000.0f, -2.0f * i / head_dim);
+    auto d_x = upload(to_f16(x));
+    auto d_positions = upload(positions);
+    auto d_inv = upload(inv_freq);
+    cuda::rope(d_x.as<f16>(), tokens, heads, head_dim, stride, d_positions.as<int32_t>(), d_inv.as<float>(), scaling,
+               nullptr);
+    const std::vector<float> got = from_f16(download<f16>(d_x, x.size()));
+    std::vector<float> expected_heads, got_heads;
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<float> row(x.begin() + t * stride, x.begin() + t * stride + heads * head_dim);
+      qspec::cpu::rope(row.data(), 1, heads, head_dim, &positions[t], inv_freq.data(), scaling);
+      expected_heads.insert(expected_heads.end(), row.begin(), row.end());
+      got_heads.insert(got_heads.end(), got.begin() + t * stride, got.begin() + t * stride + heads * head_dim);
+      for (int64_t i = heads * head_dim; i < stride; ++i)
+        ASSERT_EQ(got[t * stride + i], x[t * stride + i]) << "rope wrote past its heads";
+    }
+    EXPECT_CLOSE(got_heads, expected_heads, 2e-3, "rope " + shape_name({tokens, heads, head_dim}));
+  }
+}
+
+TEST_F(Gpu, SiluMulMatchesCpuFusedAndSeparate) {
+  for (auto [rows, cols] : {std::pair{1, 8}, {3, 13}, {19, 704}, {4, 14336}, {2, 1}}) {
+    for (bool fused : {true, false}) {
+      const int64_t stride = fused ? 2 * cols : cols;
+      const std::vector<float> gu = random_f16_values(static_cast<size_t>(rows * 2 * cols), 2.0f);
+      auto d_gu = upload(to_f16(gu));
+      const f16* gate = d_gu.as<f16>();
+      const f16* up = fused ? gate + cols : gate + rows * cols;
+      auto d_out = poisoned(static_cast<size_t>(rows * cols) * 2);
+      cuda::silu_mul(gate, up, rows, cols, stride, d_out.as<f16>(), nullptr);
+      std::vector<float> g(static_cast<size_t>(rows * cols)), u(g.size()), expected(g.size());
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          g[r * cols + c] = gu[fused ? r * stride + c : r * cols + c];
+          u[r * cols + c] = gu[fused ? r * stride + cols + c : rows * cols + r * cols + c];
+        }
+      qspec::cpu::silu_mul(g.data(), u.data(), rows * cols, expected.data());
+      EXPECT_CLOSE(from_f16(download<f16>(d_out, g.size())), expected, 2e-3,
+                   "silu_mul " + shape_name({rows, cols}) + (fused ? " fused" : ""));
+    }
+  }
+}
+
+TEST_F(Gpu, AddIsExactF16OfTheF32Sum) {
+  for (int64_t count : {1, 7, 8, 1000, 4099, 1 << 20}) {
+    const std::vector<float> a = random_f16_values(static_cast<size_t>(count)), b = random_f16_values(a.size());
+    auto d_a = upload(to_f16(a));
+    auto d_b = upload(to_f16(b));
+    auto d_out = poisoned(a.size() * 2);
+    cuda::add(d_a.as<f16>(), d_b.as<f16>(), count, d_out.as<f16>(), nullptr);
+    const std::vector<f16> out = download<f16>(d_out, a.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(out[i], qspec::f32_to_f16(a[i] + b[i])) << count << " at " << i;
+    cuda::add(d_a.as<f16>(), d_b.as<f16>(), count, d_a.as<f16>(), nullptr);  // in place
+    const std::vector<f16> in_place = download<f16>(d_a, a.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(in_place[i], out[i]);
+  }
+}
+
+TEST_F(Gpu, ArgmaxPicksTheLowestIdOnTies) {
+  for (auto [rows, vocab] : {std::pair{1, 1}, {4, 477}, {3, 128256}, {2, 32000}}) {
+    std::vector<float> logits = random_f16_values(static_cast<size_t>(rows * vocab), 4.0f);
+    std::uniform_int_distribution<int> pick(0, vocab - 1);
+    for (int r = 0; r < rows; ++r) {
+      // Plant a tie at the maximum between two random ids.
+      float* row = logits.data() + static_cast<size_t>(r) * vocab;
+      const float top = *std::max_element(row, row + vocab) + 1.0f;
+      const int a = pick(rng()), b = pick(rng());
+      row[a] = top;
+      row[b] = top;
+    }
+    auto d_f32 = upload(logits);
+    auto d_f16 = upload(to_f16(logits));
+    auto d_ids = poisoned(static_cast<size_t>(rows) * 4);
+    auto d_ids16 = poisoned(static_cast<size_t>(rows) * 4);
+    cuda::argmax_f32(d_f32.as<float>(), rows, vocab, d_ids.as<int32_t>(), nullptr);
+    cuda::argmax_f16(d_f16.as<f16>(), rows, vocab, d_ids16.as<int32_t>(), nullptr);
+    const std::vector<int32_t> ids = download<int32_t>(d_ids, static_cast<size_t>(rows));
+    const std::vector<int32_t> ids16 = download<int32_t>(d_ids16, static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
+      EXPECT_EQ(ids[r], qspec::Sampler::argmax(row)) << shape_name({rows, vocab}) << " row " << r;
+      EXPECT_EQ(ids16[r], qspec::Sampler::argmax(row)) << "f16 " << shape_name({rows, vocab}) << " row " << r;
+    }
+  }
+}
+
+// ---- paged attention -----------------------------------------------------------------------
+
+namespace {
+
+constexpr f16 kNaN16 = 0x7e00;
+
+// A layer's paged K/V pool on the host: sequences' rows in randomly chosen blocks, every other
+// row NaN. The device copy is uploaded once; `keys` / `values` hold each sequence's contiguous
+// K/V (f32 of the f16 values) for the CPU reference.
+struct PagedFixture {
+  int64_t kv_width = 0, num_blocks = 0, max_blocks = 0;
+  std::vector<int32_t> block_tables;
+  std::vector<f16> k_pool, v_pool;
+  std::vector<std::vector<float>> keys, values;
+
+  PagedFixture(const std::vector<int64_t>& contexts, int64_t kv_heads, int64_t head_dim) {
+    kv_width = kv_heads * head_dim;
+    int64_t used = 0;
+    for (int64_t c : contexts) {
+      used += (c + 15) / 16;
+      max_blocks = std::max(max_blocks, (c + 15) / 16);
+    }
+    max_blocks += 1;  // one more column, pointing at a NaN block
+    num_blocks = used + 3;
+    std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng());
+    const int32_t nan_block = ids.back();
+    block_tables.assign(static_cast<size_t>(contexts.size() * max_blocks), nan_block);
+    k_pool.assign(static_cast<size_t>(num_blocks * 16 * kv_width), kNaN16);
+    v_pool = k_pool;
+    size_t next = 0;
+    for (size_t s = 0; s < contexts.size(); ++s) {
+      for (int64_t b = 0; b < (contexts[s] + 15) / 16; ++b) block_tables[s * max_blocks + b] = ids[next++];
+      keys.push_back(random_f16_values(static_cast<size_t>(contexts[s] * kv_width)));
+      values.push_back(random_f16_values(static_cast<size_t>(contexts[s] * kv_width)));
+      for (int64_t p = 0; p < contexts[s]; ++p) {
+        const int64_t slot = static_cast<int64_t>(block_tables[s * max_blocks + p / 16]) * 16 + p % 16;
+        for (int64_t i = 0; i < kv_width; ++i) {
+          k_pool[slot * kv_width + i] = qspec::f32_to_f16(keys[s][p * kv_width + i]);
+          v_pool[slot * kv_width + i] = qspec::f32_to_f16(values[s][p * kv_width + i]);
+        }
+      }
+    }
+  }
+};
+
+struct AttentionCase {
+  int64_t heads, kv_heads, head_dim, window;
+};
+std::string case_name(const AttentionCase& c) {
+  return "H" + std::to_string(c.heads) + " KV" + std::to_string(c.kv_heads) + " D" + std::to_string(c.head_dim) +
+         (c.window ? " W" + std::to_string(c.window) : "");
+}
+
+}  // namespace
+
+TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
+  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
+                                            {14, 2, 64, 0},  {9, 3, 64, 0},   {16, 1, 128, 0}, {32, 8, 128, 100},
+                                            {8, 8, 32, 4096}};
+  const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513}};
+  for (const AttentionCase& c : cases) {
+    for (const std::vector<int64_t>& contexts : batches) {
+      const int64_t seqs = static_cast<int64_t>(contexts.size());
+      const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+      const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+      const int64_t q_width = c.heads * c.head_dim, q_stride = q_width + 8 * 3;  // strided rows
+      const std::vector<float> q = random_f16_values(static_cast<size_t>(seqs * q_stride));
+      std::vector<int32_t> lens(contexts.begin(), contexts.end());
+      auto d_q = upload(to_f16(q));
+      auto d_lens = upload(lens);
+      auto d_tables = upload(pool.block_tables);
+      auto d_k = upload(pool.k_pool);
+      auto d_v = upload(pool.v_pool);
+      const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+      auto d_workspace = poisoned(workspace_bytes);
+      auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+      cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
+      qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+      cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                   d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+      const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(seqs * q_width)));
+      std::vector<float> expected(got.size());
+      for (int64_t s = 0; s < seqs; ++s) {
+        const int32_t position = static_cast<int32_t>(contexts[s] - 1);
+        qspec::cpu::attention(q.data() + s * q_stride, 1, &position, pool.keys[s].data(), pool.values[s].data(), shape,
+                              expected.data() + s * q_width);
+      }
+      std::string batch_name;
+      for (int64_t ctx : contexts) batch_name += " " + std::to_string(ctx);
+      EXPECT_CLOSE(got, expected, 4e-3, "decode " + case_name(c) + " contexts" + batch_name);
+    }
+  }
+}
+
+TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
+  struct Run {
+    int64_t cached, new_tokens;  // the run sits at positions cached .. cached + new_tokens - 1
+  };
+  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},  {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
+                                            {9, 3, 64, 0},  {32, 8, 128, 77}, {16, 2, 64, 1000}};
+  const std::vector<std::vector<Run>> batches = {
+      {{0, 1}},                              // one token, empty cache
+      {{0, 17}, {40, 5}, {100, 1}},          // prefill + verify runs (gamma + 1 = 5)
+      {{5000, 5}},                           // verify over a long cache: split-K
+      {{0, 300}, {3, 64}},                   // prefill
+      {{2000, 5}, {2000, 5}, {63, 2}, {1, 65}}};
+  for (const AttentionCase& c : cases) {
+    for (const std::vector<Run>& runs : batches) {
+      std::vector<int64_t> contexts;
+      for (const Run& r : runs) contexts.push_back(r.cached + r.new_tokens);
+      const int64_t seqs = static_cast<int64_t>(runs.size());
+      const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+      PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+      // The run's own K/V arrive through paged_kv_write: blank them in the uploaded pool, and
+      // write them from a fused qkv-like buffer [tokens, q | k | v].
+      std::vector<int32_t> query_start{0}, positions;
+      int64_t max_run = 0;
+      for (size_t s = 0; s < runs.size(); ++s) {
+        for (int64_t p = runs[s].cached; p < contexts[s]; ++p) {
+          positions.push_back(static_cast<int32_t>(p));
+          const int64_t slot = static_cast<int64_t>(pool.block_tables[s * pool.max_blocks + p / 16]) * 16 + p % 16;
+          for (int64_t i = 0; i < pool.kv_width; ++i) pool.k_pool[slot * pool.kv_width + i] = kNaN16;
+          for (int64_t i = 0; i < pool.kv_width; ++i) pool.v_pool[slot * pool.kv_width + i] = kNaN16;
+        }
+        query_start.push_back(static_cast<int32_t>(positions.size()));
+        max_run = std::max(max_run, runs[s].new_tokens);
+      }
+      const int64_t tokens = static_cast<int64_t>(positions.size());
+      const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width;
+      std::vector<float> qkv = random_f16_values(static_cast<size_t>(tokens * stride));
+      {
+        int64_t t = 0;
+        for (size_t s = 0; s < runs.size(); ++s)
+          for (int64_t p = runs[s].cached; p < contexts[s]; ++p, ++t)
+            for (int64_t i = 0; i < pool.kv_width; ++i) {
+              qkv[t * stride + q_width + i] = pool.keys[s][p * pool.kv_width + i];
+              qkv[t * stride + q_width + pool.kv_width + i] = pool.values[s][p * pool.kv_width + i];
+            }
+      }
+      auto d_qkv = upload(to_f16(qkv));
+      auto d_tables = upload(pool.block_tables);
+      auto d_k = upload(pool.k_pool);
+      auto d_v = upload(pool.v_pool);
+      auto d_start = upload(query_start);
+      auto d_positions = upload(positions);
+      cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
+      cuda::QueryBatch batch{seqs, tokens, d_start.as<int32_t>(), d_positions.as<int32_t>(), max_run, max_context};
+      const f16* q = d_qkv.as<f16>();
+      cuda::paged_kv_write(q + q_width, q + q_width + pool.kv_width, stride, batch, kv, c.kv_heads, c.head_dim, nullptr);
+      // The pool now equals the full fixture: check every written row exactly.
+      {
+        const std::vector<f16> k_after = download<f16>(d_k, pool.k_pool.size());
+        for (size_t s = 0; s < runs.size(); ++s)
+          for (int64_t p = runs[s].cached; p < contexts[s]; ++p) {
+            const int64_t slot = static_cast<int64_t>(pool.block_tables[s * pool.max_blocks + p / 16]) * 16 + p % 16;
+            for (int64_t i = 0; i < pool.kv_width; ++i)
+              ASSERT_EQ(k_after[slot * pool.kv_width + i], qspec::f32_to_f16(pool.keys[s][p * pool.kv_width + i]))
+                  << "kv write seq " << s << " position " << p;
+          }
+      }
+      const size_t workspace_bytes = cuda::attention_workspace_bytes(tokens, c.heads, c.head_dim, max_context);
+      auto d_workspace = poisoned(workspace_bytes);
+      auto d_out = poisoned(static_cast<size_t>(tokens * q_width) * 2);
+      qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+      cuda::paged_attention_prefill(q, stride, batch, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),
+                                    workspace_bytes, nullptr);
+      const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(tokens * q_width)));
+      std::vector<float> expected(got.size()), q_rows(static_cast<size_t>(tokens * q_width));
+      for (int64_t t = 0; t < tokens; ++t)
+        std::copy(qkv.begin() + t * stride, qkv.begin() + t * stride + q_width, q_rows.begin() + t * q_width);
+      for (size_t s = 0; s < runs.size(); ++s) {
+        const int64_t first = query_start[s];
+        qspec::cpu::attention(q_rows.data() + first * q_width, runs[s].new_tokens, positions.data() + first,
+                              pool.keys[s].data(), pool.values[s].data(), shape, expected.data() + first * q_width);
+      }
+      std::string batch_name;
+      for (const Run& r : runs) batch_name += " " + std::to_string(r.cached) + "+" + std::to_string(r.new_tokens);
+      EXPECT_CLOSE(got, expected, 4e-3, "prefill " + case_name(c) + " runs" + batch_name);
+    }
+  }
+}
+
+TEST_F(Gpu, PagedPrefillHandles4096QueryTokens) {
+  const AttentionCase c{8, 2, 128, 0};
+  const int64_t n = 4096;
+  PagedFixture pool({n}, c.kv_heads, c.head_dim);
+  std::vector<int32_t> positions(static_cast<size_t>(n)), query_start{0, static_cast<int32_t>(n)};
+  std::iota(positions.begin(), positions.end(), 0);
+  const int64_t q_width = c.heads * c.head_dim;
+  const std::vector<float> q = random_f16_values(static_cast<size_t>(n * q_width));
+  auto d_q = upload(to_f16(q));
+  auto d_tables = upload(pool.block_tables);
+  auto d_k = upload(pool.k_pool);
+  auto d_v = upload(pool.v_pool);
+  auto d_start = upload(query_start);
+  auto d_positions = upload(positions);
+  cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
+  cuda::QueryBatch batch{1, n, d_start.as<int32_t>(), d_positions.as<int32_t>(), n, n};
+  const size_t workspace_bytes = cuda::attention_workspace_bytes(n, c.heads, c.head_dim, n);
+  auto d_workspace = poisoned(workspace_bytes);
+  auto d_out = poisoned(static_cast<size_t>(n * q_width) * 2);
+  qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, 0};
+  cuda::paged_attention_prefill(d_q.as<f16>(), q_width, batch, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),
+                                workspace_bytes, nullptr);
+  const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(n * q_width)));
+  std::vector<float> expected(got.size());
+  qspec::cpu::attention(q.data(), n, positions.data(), pool.keys[0].data(), pool.values[0].data(), shape,
+                        expected.data());
+  EXPECT_CLOSE(got, expected, 4e-3, "prefill 4096 tokens " + case_name(c));
+}
+
+TEST_F(Gpu, AttentionRejectsUnsupportedHeadDim) {
+  cuda::PagedKv kv{};
+  qspec::cpu::AttentionShape shape{4, 2, 96, 0};
+  EXPECT_THROW(cuda::paged_attention_decode(nullptr, 384, 1, nullptr, 16, kv, shape, nullptr, 384, nullptr, 0, nullptr),
+               qspec::Error);
+}
+
+// ---- GEMMs ---------------------------------------------------------------------------------
+
+namespace {
+
+qspec::QuantizedMatrix random_quantized(int64_t n, int64_t k, qspec::quant::Format format, int64_t group) {
+  qspec::WeightMatrix matrix;
+  matrix.name = "gpu.weight";
+  matrix.dtype = qspec::DType::F32;
+  matrix.rows = n;
+  matrix.cols = k;
+  matrix.owned = random_f16_values(static_cast<size_t>(n * k), 0.05f);
+  matrix.data = matrix.owned.data();
+  return qspec::quantize_rtn(matrix, format, group);
+}
+
+struct DeviceW4 {
+  cuda::DeviceMemory codes, scales;
+  cuda::W4A16Weights view;
+  explicit DeviceW4(const qspec::gemm::W4A16Packed& packed) : codes(upload(packed.codes)), scales(upload(packed.scales)) {
+    view = {codes.get(), scales.get(), packed.n, packed.k, packed.group};
+  }
+};
+
+}  // namespace
+
+TEST_F(Gpu, W4A16DequantizeIsExact) {
+  for (auto [n, k, group] : {std::tuple{33, 96, 32}, {130, 704, 64}, {7, 4096, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    DeviceW4 w(packed);
+    auto d_out = poisoned(static_cast<size_t>(n * k) * 2);
+    cuda::w4a16_dequantize(w.view, d_out.as<f16>(), nullptr);
+    const std::vector<f16> out = download<f16>(d_out, static_cast<size_t>(n * k));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c)
+        ASSERT_EQ(out[r * k + c], qspec::f32_to_f16(packed.value(r, c))) << shape_name({n, k}) << " " << r << "," << c;
+  }
+}
+
+TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
+  using qspec::quant::Format;
+  struct Shape {
+    int64_t n, k;
+    Format format;
+    int64_t group;
+  };
+  const std::vector<Shape> shapes = {{256, 256, Format::int4, 64},   {1408, 256, Format::int4, 64},
+                                     {256, 704, Format::int4, 64},   {33, 96, Format::int4, 32},
+                                     {4097, 4096, Format::int4, 128}, {1000, 160, Format::int4, 32},
+                                     {7, 384, Format::int4_channel, 128}, {129, 1024, Format::int4, 256}};
+  const std::vector<int64_t> ms = {1, 2, 3, 5, 8, 9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 257, 1024, 4096};
+  qspec::cuda::Blas blas;
+  for (const Shape& s : shapes) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, s.format, s.group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    DeviceW4 w(packed);
+    for (int64_t m : ms) {
+      if (s.n * s.k * m > 6e9) continue;  // CPU reference time
+      const int64_t ldx = s.k + 8, ldy = s.n + 3;  // strided rows
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      std::vector<float> x_dense(static_cast<size_t>(m * s.k));
+      for (int64_t t = 0; t < m; ++t)
+        std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
+      std::vector<float> expected(static_cast<size_t>(m * s.n));
+      qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+      auto d_x = upload(to_f16(x));
+      struct Path {
+        const char* name;
+        cuda::W4A16Path path;
+        cuda::W4A16SmallMConfig config;
+        double bound;
+      };
+      std::vector<Path> paths = {{"small_m v1", cuda::W4A16Path::small_m, {1, 0}, 2e-3},
+                                 {"small_m v2", cuda::W4A16Path::small_m, {2, 0}, 2e-3},
+                                 {"small_m split3", cuda::W4A16Path::small_m, {1, 3}, 2e-3},
+                                 {"small_m v3", cuda::W4A16Path::small_m, {3, 0}, 2e-3},
+                                 {"small_m v3 split5", cuda::W4A16Path::small_m, {3, 5}, 2e-3},
+                                 {"small_m v4", cuda::W4A16Path::small_m, {4, 0}, 2e-3},
+                                 {"small_m v4 split2", cuda::W4A16Path::small_m, {4, 2}, 2e-3},
+                                 {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
+                                 {"automatic", cuda::W4A16Path::automatic, {}, 3e-3}};
+      for (const Path& path : paths) {
+        if (path.config.variant >= 2 && m > 64) continue;  // same kernel as v1 past 64 (sliced)
+        const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, path.path),
+                                      cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4);
+        cuda::DeviceMemory workspace(bytes);
+        cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+        auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+        if (path.path == cuda::W4A16Path::small_m)
+          cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
+                                   path.config);
+        else
+          cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
+                           path.path);
+        const std::vector<float> y = from_f16(download<f16>(d_y, static_cast<size_t>(m * ldy)));
+        std::vector<float> got(expected.size());
+        for (int64_t t = 0; t < m; ++t)
+          std::copy(y.begin() + t * ldy, y.begin() + t * ldy + s.n, got.begin() + t * s.n);
+        EXPECT_CLOSE(got, expected, path.bound,
+                     std::string(path.name) + " m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
+                         std::to_string(s.k) + " g" + std::to_string(s.group));
+        // A second launch on the same workspace: split-K counters were left at zero.
+        if (path.path == cuda::W4A16Path::small_m && m <= 16) {
+          auto d_y2 = poisoned(static_cast<size_t>(m * ldy) * 2);
+          cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), bytes, nullptr,
+                                   path.config);
+          const std::vector<f16> again = download<f16>(d_y2, static_cast<size_t>(m * ldy));
+          const std::vector<f16> first = to_f16(y);
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t i = 0; i < s.n; ++i)
+              ASSERT_EQ(again[t * ldy + i], first[t * ldy + i]) << path.name << " is not deterministic";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
+  cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
+  EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);
+}
+
+TEST_F(Gpu, LinearW16MatchesCpuInF16AndBf16) {
+  qspec::cuda::Blas blas;
+  for (auto [m, n, k] : {std::tuple{1, 7, 13}, {3, 256, 256}, {17, 1408, 256}, {64, 333, 704}, {512, 1000, 4096}}) {
+    for (cuda::Dtype16 dtype : {cuda::Dtype16::f16, cuda::Dtype16::bf16}) {
+      const bool bf16 = dtype == cuda::Dtype16::bf16;
+      auto round = [&](float v) { return bf16 ? qspec::bf16_to_f32(qspec::f32_to_bf16(v)) : v; };
+      std::vector<float> x = random_f16_values(static_cast<size_t>(m * k)), w = random_f16_values(static_cast<size_t>(n * k), 0.1f);
+      for (float& v : x) v = round(v);
+      for (float& v : w) v = round(v);
+      auto encode = [&](const std::vector<float>& v) {
+        std::vector<uint16_t> out(v.size());
+        for (size_t i = 0; i < v.size(); ++i) out[i] = bf16 ? qspec::f32_to_bf16(v[i]) : qspec::f32_to_f16(v[i]);
+        return out;
+      };
+      auto d_x = upload(encode(x));
+      auto d_w = upload(encode(w));
+      auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+      cuda::linear_w16(blas, d_x.as<uint16_t>(), m, k, d_w.as<uint16_t>(), n, d_y.as<uint16_t>(), dtype, nullptr);
+      const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * n));
+      std::vector<float> got(y.size());
+      for (size_t i = 0; i < y.size(); ++i) got[i] = bf16 ? qspec::bf16_to_f32(y[i]) : qspec::f16_to_f32(y[i]);
+      qspec::WeightMatrix weight;
+      weight.dtype = qspec::DType::F32;
+      weight.rows = n;
+      weight.cols = k;
+      weight.data = w.data();
+      std::vector<float> expected(got.size());
+      qspec::cpu::linear(x.data(), m, weight, nullptr, expected.data());
+      EXPECT_CLOSE(got, expected, bf16 ? 8e-3 : 3e-3,
+                   std::string(bf16 ? "bf16 " : "f16 ") + shape_name({m, n, k}));
+    }
+  }
+}

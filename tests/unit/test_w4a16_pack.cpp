@@ -1,0 +1,178 @@
+// The W4A16 GPU weight layout (gemm/w4a16_pack.h) on the CPU: the packed matrix decodes to
+// exactly the weights the CPU GEMM uses, and a lane-by-lane simulation of the CUDA kernel's
+// loads, lop3 dequantization and mma.sync m16n8k16 fragments (PTX ISA fragment layouts) over
+// the packed bytes reproduces cpu::quantized_linear. The GPU harness (tests/gpu) runs the real
+// kernel; this catches layout mistakes where CI runs, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "base/dtype.h"
+#include "gemm/w4a16_pack.h"
+#include "qspec/error.h"
+
+namespace {
+
+std::mt19937& rng() {
+  static std::mt19937 generator(std::random_device{}());
+  return generator;
+}
+
+qspec::QuantizedMatrix random_int4(int64_t rows, int64_t cols, qspec::quant::Format format, int64_t group) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (float& v : values) v = normal(rng());
+  qspec::WeightMatrix matrix;
+  matrix.name = "pack.weight";
+  matrix.dtype = qspec::DType::F32;
+  matrix.rows = rows;
+  matrix.cols = cols;
+  matrix.owned = values;
+  matrix.data = matrix.owned.data();
+  return qspec::quantize_rtn(matrix, format, group);
+}
+
+// f16 arithmetic of the kernel's dequantization, on bit patterns.
+float half_lo(uint32_t word) { return qspec::f16_to_f32(static_cast<uint16_t>(word & 0xffff)); }
+float half_hi(uint32_t word) { return qspec::f16_to_f32(static_cast<uint16_t>(word >> 16)); }
+
+// One packed word -> the four f16x2 A registers, as values: regs[i][0] low half, [1] high.
+void dequant_word(uint32_t q, float (&regs)[4][2]) {
+  for (int step = 0; step < 2; ++step) {
+    const uint32_t lo = (q & 0x000f000fu) | 0x64006400u;  // lop3(q, 0x000f000f, 0x64006400)
+    const uint32_t hi = (q & 0x00f000f0u) | 0x64006400u;
+    // hsub2(lo, 1032): exact; hfma2(hi, 1/16, -72): exact in f16.
+    regs[2 * step][0] = half_lo(lo) - 1032.0f;
+    regs[2 * step][1] = half_hi(lo) - 1032.0f;
+    regs[2 * step + 1][0] = half_lo(hi) * 0.0625f - 72.0f;
+    regs[2 * step + 1][1] = half_hi(hi) * 0.0625f - 72.0f;
+    q >>= 8;
+  }
+}
+
+// The kernel for one row block and all tokens, simulated per lane with the PTX fragment
+// layouts of mma.m16n8k16 (A row-major 16x16: a0a1 (g, 2t..), a2a3 (g+8, 2t..), a4a5 (g, 2t+8..),
+// a6a7 (g+8, 2t+8..); B 16x8: b0b1 (k 2t.., n g), b2b3 (k 2t+8.., n g); C: c0c1 (g, 2t..),
+// c2c3 (g+8, 2t..)). x holds f16-representable values [m, k].
+void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, const std::vector<float>& x, int64_t m,
+                        std::vector<float>& y /* [m, n] */) {
+  const int64_t k = packed.k, pairs = k / 32, ntiles = (m + 7) / 8;
+  const int64_t pairs_per_group = packed.group / 32;
+  const uint8_t* block = packed.codes.data() + rb * k * 8;
+  // acc[nt][lane][4], group accumulators likewise.
+  std::vector<float> acc(static_cast<size_t>(ntiles * 32 * 4), 0.0f), gacc(acc.size(), 0.0f);
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t chunk = pair / 2;
+    const bool tail = (k % 64 == 32) && chunk == k / 64;
+    // Gather every lane's A and B registers of both k tiles, then apply the mma.
+    for (int64_t j = 0; j < 2; ++j) {
+      float A[16][16], B[16][64];
+      for (int64_t lane = 0; lane < 32; ++lane) {
+        const int64_t g = lane / 4, t = lane % 4;
+        uint32_t word;
+        const int64_t offset = tail ? chunk * 512 + lane * 8 + j * 4 : chunk * 512 + lane * 16 + ((pair & 1) * 2 + j) * 4;
+        std::memcpy(&word, block + offset, 4);
+        float a[4][2];
+        dequant_word(word, a);
+        A[g][2 * t] = a[0][0], A[g][2 * t + 1] = a[0][1];
+        A[g + 8][2 * t] = a[1][0], A[g + 8][2 * t + 1] = a[1][1];
+        A[g][2 * t + 8] = a[2][0], A[g][2 * t + 9] = a[2][1];
+        A[g + 8][2 * t + 8] = a[3][0], A[g + 8][2 * t + 9] = a[3][1];
+        for (int64_t nt = 0; nt < ntiles; ++nt) {
+          const int64_t row = std::min(nt * 8 + g, m - 1);
+          const float* xv = x.data() + row * k + pair * 32 + t * 8;  // the 16-byte load
+          // tile j: b0b1 = halves (4j, 4j+1), b2b3 = halves (4j+2, 4j+3)
+          B[2 * t][nt * 8 + g] = xv[4 * j], B[2 * t + 1][nt * 8 + g] = xv[4 * j + 1];
+          B[2 * t + 8][nt * 8 + g] = xv[4 * j + 2], B[2 * t + 9][nt * 8 + g] = xv[4 * j + 3];
+        }
+      }
+      for (int64_t nt = 0; nt < ntiles; ++nt)
+        for (int64_t lane = 0; lane < 32; ++lane) {
+          const int64_t g = lane / 4, t = lane % 4;
+          for (int64_t c = 0; c < 4; ++c) {
+            const int64_t r = g + (c >= 2 ? 8 : 0), col = nt * 8 + 2 * t + (c & 1);
+            float sum = 0;
+            for (int64_t kk = 0; kk < 16; ++kk) sum += A[r][kk] * B[kk][col];
+            gacc[(nt * 32 + lane) * 4 + c] += sum;
+          }
+        }
+    }
+    if ((pair + 1) % pairs_per_group == 0 || pair + 1 == pairs) {
+      const int64_t q = pair / pairs_per_group;
+      for (int64_t nt = 0; nt < ntiles; ++nt)
+        for (int64_t lane = 0; lane < 32; ++lane) {
+          const uint32_t s = packed.scales[static_cast<size_t>((rb * packed.groups() + q) * 8 + lane / 4)];
+          for (int64_t c = 0; c < 4; ++c) {
+            const float scale = c >= 2 ? half_hi(s) : half_lo(s);
+            float& g = gacc[(nt * 32 + lane) * 4 + c];
+            acc[(nt * 32 + lane) * 4 + c] += scale * g;
+            g = 0;
+          }
+        }
+    }
+  }
+  for (int64_t nt = 0; nt < ntiles; ++nt)
+    for (int64_t lane = 0; lane < 32; ++lane)
+      for (int64_t c = 0; c < 4; ++c) {
+        const int64_t n = rb * 16 + lane / 4 + (c >= 2 ? 8 : 0), token = nt * 8 + 2 * (lane % 4) + (c & 1);
+        if (n < packed.n && token < m) y[static_cast<size_t>(token * packed.n + n)] = acc[(nt * 32 + lane) * 4 + c];
+      }
+}
+
+}  // namespace
+
+TEST(W4A16Pack, DecodesToTheQuantizedWeights) {
+  using qspec::quant::Format;
+  struct Case {
+    int64_t n, k;
+    Format format;
+    int64_t group;
+    int64_t kernel_group;
+  };
+  for (const Case& c : {Case{16, 64, Format::int4, 64, 64}, Case{33, 96, Format::int4, 32, 32},
+                        Case{7, 256, Format::int4, 128, 128}, Case{40, 704, Format::int4, 64, 64},
+                        Case{17, 512, Format::int4, 256, 128}, Case{5, 160, Format::int4_channel, 128, 32},
+                        Case{19, 384, Format::int4_channel, 128, 128}}) {
+    const qspec::QuantizedMatrix weight = random_int4(c.n, c.k, c.format, c.group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    EXPECT_EQ(packed.group, c.kernel_group);
+    ASSERT_EQ(packed.codes.size(), static_cast<size_t>((c.n + 15) / 16 * c.k * 8));
+    std::vector<float> row(static_cast<size_t>(c.k));
+    for (int64_t r = 0; r < packed.row_blocks() * 16; ++r) {
+      if (r < c.n) weight.dequantize_row(r, row.data());
+      for (int64_t col = 0; col < c.k; ++col) {
+        const float expected = r < c.n ? row[col] : 0.0f;
+        ASSERT_EQ(packed.value(r, col), expected) << c.n << "x" << c.k << " row " << r << " col " << col;
+      }
+    }
+  }
+}
+
+TEST(W4A16Pack, RejectsFormatsTheKernelCannotRun) {
+  EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::nvfp4, 16)), qspec::Error);
+  EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 48, qspec::quant::Format::int4, 16)), qspec::Error);
+}
+
+TEST(W4A16Pack, SimulatedTensorCoreKernelMatchesCpuGemm) {
+  using qspec::quant::Format;
+  for (auto [m, n, k, group] : {std::tuple{1, 16, 64, 64}, {3, 33, 96, 32}, {9, 20, 256, 128}, {16, 17, 704, 64},
+                                {5, 31, 160, 32}}) {
+    const qspec::QuantizedMatrix weight = random_int4(n, k, Format::int4, group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = qspec::f16_to_f32(qspec::f32_to_f16(normal(rng())));
+    std::vector<float> expected(static_cast<size_t>(m * n)), got(expected.size(), NAN);
+    qspec::cpu::quantized_linear(x.data(), m, weight, nullptr, expected.data());
+    for (int64_t rb = 0; rb < packed.row_blocks(); ++rb) simulate_row_block(packed, rb, x, m, got);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << i;
+      diff += (got[i] - expected[i]) * (got[i] - expected[i]);
+      norm += expected[i] * expected[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << m << "x" << n << "x" << k << " g" << group;
+  }
+}
