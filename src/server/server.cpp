@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "model/llama.h"
 #include "server/openai_api.h"
@@ -33,24 +34,26 @@ struct Pending {
   bool finished = false;
   std::string finish_reason, error;
   RequestMetrics metrics;
-
-  TokenCallback callback() {
-    return [this](const TokenEvent& event) {
-      {
-        std::lock_guard lock(mutex);
-        text += event.text;
-        all_text += event.text;
-        if (event.finished) {
-          finished = true;
-          finish_reason = event.finish_reason;
-          error = event.error;
-          if (event.metrics) metrics = *event.metrics;
-        }
-      }
-      changed.notify_all();
-    };
-  }
 };
+
+// The engine may call back after the HTTP side has gone (a cancelled stream): the callback
+// owns the state too.
+TokenCallback pending_callback(std::shared_ptr<Pending> pending) {
+  return [pending](const TokenEvent& event) {
+    {
+      std::lock_guard lock(pending->mutex);
+      pending->text += event.text;
+      pending->all_text += event.text;
+      if (event.finished) {
+        pending->finished = true;
+        pending->finish_reason = event.finish_reason;
+        pending->error = event.error;
+        if (event.metrics) pending->metrics = *event.metrics;
+      }
+    }
+    pending->changed.notify_all();
+  };
+}
 
 std::string random_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
@@ -127,10 +130,10 @@ struct Server::Impl {
   }
 
   // Submits to the engine; engine-side refusals become 4xx/429/503.
-  RequestId submit(const Request& request, Pending& pending) {
+  RequestId submit(const Request& request, const std::shared_ptr<Pending>& pending) {
     if (draining) throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
     try {
-      return engine.submit(request, pending.callback());
+      return engine.submit(request, pending_callback(pending));
     } catch (const QueueFull& e) {
       throw ApiError(429, std::string("the server is overloaded, retry later (") + e.what() + ")",
                      "rate_limit_error", "", "queue_full");
@@ -179,7 +182,7 @@ struct Server::Impl {
     auto pending = std::make_shared<Pending>();
     RequestId id;
     try {
-      id = submit(api.request, *pending);
+      id = submit(api.request, pending);
     } catch (const ApiError& e) {
       return send_api_error(res, e);
     }
@@ -449,6 +452,9 @@ void Server::run() {
 
 void Server::shutdown() {
   impl_->draining = true;
+  // run() may be between its check of `draining` and the listen loop's start; stop() only
+  // takes effect on a running loop.
+  while (impl_->serving && !impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   impl_->http.stop();
 }
 
