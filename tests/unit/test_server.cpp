@@ -172,8 +172,12 @@ void expect_error(const httplib::Result& res, int status, const std::string& par
   EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << res->body;
   EXPECT_TRUE(e["type"].is_string()) << res->body;
   EXPECT_TRUE(e.contains("param") && e.contains("code")) << res->body;
-  if (!param.empty()) EXPECT_EQ(e["param"], param) << res->body;
-  if (!code.empty()) EXPECT_EQ(e["code"], code) << res->body;
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << res->body;
+  }
+  if (!code.empty()) {
+    EXPECT_EQ(e["code"], code) << res->body;
+  }
 }
 
 // Prometheus text: every sample line "name{labels} value" with a number.
@@ -537,7 +541,7 @@ TEST(Server, ShutdownDrainsStreamsInFlight) {
   std::vector<std::string> events;
   std::thread client([&] {
     events = stream(*running, "/v1/completions",
-                    json{{"prompt", kPrompt}, {"max_tokens", 120}, {"temperature", 0}, {"stream", true},
+                    json{{"prompt", kPrompt}, {"max_tokens", 600}, {"temperature", 0}, {"stream", true},
                          {"ignore_eos", true}});
   });
   ASSERT_TRUE(wait_for([&] { return running->server->engine().metrics().running == 1; }));
@@ -551,7 +555,7 @@ TEST(Server, ShutdownDrainsStreamsInFlight) {
   running->thread = std::thread([] {});
   const auto m = running->server->engine().metrics();
   EXPECT_EQ(m.requests_finished, 1);
-  EXPECT_EQ(m.generated_tokens, 120);
+  EXPECT_EQ(m.generated_tokens, 600);
   EXPECT_EQ(m.requests_cancelled, 0);
   // No new connections after shutdown.
   httplib::Client c("127.0.0.1", running->port);
