@@ -138,7 +138,10 @@ std::vector<int32_t> completion_prompt(const json& body, const ApiContext& conte
     std::vector<int32_t> ids;
     for (const json& id : *prompt) {
       if (!id.is_number_integer()) bad("prompt", "'prompt' must be a string or a list of token ids (integers)");
-      const int64_t x = id.is_number_unsigned() ? std::numeric_limits<int64_t>::max() : id.get<int64_t>();
+      // JSON parsing stores non-negative integers as unsigned.
+      const int64_t x = id.is_number_unsigned()
+                            ? static_cast<int64_t>(std::min<uint64_t>(id.get<uint64_t>(), uint64_t{1} << 40))
+                            : id.get<int64_t>();
       if (x < 0 || x >= context.tokenizer.vocab_size())
         bad("prompt", "token id " + id.dump() + " is outside the vocabulary [0, " +
                           std::to_string(context.tokenizer.vocab_size()) + ")");

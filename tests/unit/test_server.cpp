@@ -281,8 +281,12 @@ TEST(Server, QSpecModePerRequestMatchesW4A16AndReportsAcceptance) {
   EXPECT_NEAR(q["acceptance_rate"].get<double>(),
               static_cast<double>(q["accepted"].get<int64_t>()) / q["drafted"].get<double>(), 1e-9);
 
-  // The metrics see it.
-  auto metrics = parse_prometheus(server.get("/metrics")->body);
+  // The metrics see it (published at the end of the engine step that finished it).
+  std::map<std::string, double> metrics;
+  EXPECT_TRUE(wait_for([&] {
+    metrics = parse_prometheus(server.get("/metrics")->body);
+    return metrics["qspec_spec_drafted_tokens_total"] > 0;
+  }));
   EXPECT_EQ(metrics["qspec_spec_drafted_tokens_total"], q["drafted"].get<double>());
   EXPECT_EQ(metrics["qspec_spec_accepted_length_count"], q["cycles"].get<double>());
   EXPECT_EQ(metrics["qspec_spec_accepted_length_bucket{le=\"+Inf\"}"], q["cycles"].get<double>());
@@ -460,6 +464,9 @@ TEST(Server, ModelsHealthAndMetricsEndpoints) {
                                                 {"ignore_eos", true}})
                 ->status,
             200);
+  EXPECT_TRUE(wait_for([&] {
+    return parse_prometheus(server.get("/metrics")->body)["qspec_requests_total{outcome=\"finished\"}"] == 1;
+  }));
   res = server.get("/metrics");
   ASSERT_TRUE(res);
   EXPECT_NE(res->get_header_value("Content-Type").find("text/plain"), std::string::npos);
