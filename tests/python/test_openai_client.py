@@ -101,15 +101,17 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(chunks[-1].choices[0].finish_reason, r.choices[0].finish_reason)
 
     def test_streamed_chat(self):
-        messages = [{"role": "system", "content": "You are a careful math tutor."},
+        # The math model ends a chat turn at once; ignore_eos gives it text to stream.
+    messages = [{"role": "system", "content": "You are a careful math tutor."},
                     {"role": "user", "content": "A box holds 12 pens. How many pens are in 4 boxes?"}]
         full = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=24,
-                                                   temperature=0)
+                                                   temperature=0, extra_body={"ignore_eos": True})
         self.assertEqual(full.choices[0].message.role, "assistant")
         self.assertTrue(full.choices[0].message.content)
         stream = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=24,
                                                      temperature=0, stream=True,
-                                                     stream_options={"include_usage": True})
+                                                     stream_options={"include_usage": True},
+                                                     extra_body={"ignore_eos": True})
         text, finish, usage, roles = "", None, None, []
         for chunk in stream:
             if chunk.usage is not None and not chunk.choices:
