@@ -102,7 +102,7 @@ class OpenAIClientTest(unittest.TestCase):
 
     def test_streamed_chat(self):
         # The math model ends a chat turn at once; ignore_eos gives it text to stream.
-    messages = [{"role": "system", "content": "You are a careful math tutor."},
+        messages = [{"role": "system", "content": "You are a careful math tutor."},
                     {"role": "user", "content": "A box holds 12 pens. How many pens are in 4 boxes?"}]
         full = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=24,
                                                    temperature=0, extra_body={"ignore_eos": True})
