@@ -11,6 +11,7 @@ CUDA_ARCHS=${QSPEC_CUDA_ARCHS:-90a}   # CI compiles CUDA for sm_90a only
 echo "== release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA_ARCHS="$CUDA_ARCHS" >/dev/null
 cmake --build build -j "$JOBS"
+bash scripts/setup-test-venv.sh         # the openai SDK for tests/python (ctest OpenaiClient.PythonSdk)
 bash scripts/fetch-smollm2.sh build/qspec   # real chat model for tests/e2e/test_smollm2.cpp (not in git)
 GPU_FILTER=(-LE gpu)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU_FILTER=(); fi

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   qspec::cli::register_bench(app);
   qspec::cli::register_eval(app);
   qspec::cli::register_quantize(app);
+  qspec::cli::register_serve(app);
 
   app.parse_complete_callback([&] {
     if (threads > 0) qspec::ThreadPool::set_global_threads(threads);

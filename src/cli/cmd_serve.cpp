@@ -1,0 +1,163 @@
+// qspec serve MODEL: the OpenAI-compatible HTTP server (src/server/server.h).
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "model/llama.h"
+#include "qspec/error.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qspec::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model_name;  // "" = the model directory's name
+  std::string mode = "w4a16";
+  std::string draft = "w4a4-nvfp4";
+  int64_t gamma = 4;
+  std::string weights;
+  int64_t group_size = 0;
+  std::string chat_template;
+  size_t max_body_bytes = size_t{1} << 20;
+  int64_t max_queue = 256;
+  int http_threads = 128;
+  EngineOptions engine;
+};
+
+std::atomic<int> g_signal{0};
+
+void on_signal(int signal) {
+  if (g_signal.exchange(signal) != 0) _exit(128 + signal);  // a second signal: leave now
+}
+
+void run_serve(const ServeArgs& args) {
+  // Which modes requests may ask for: the default, w4a16 (QSpec's verify) and the draft.
+  std::vector<RunMode> modes;
+  if (args.mode != "qspec") modes.push_back(parse_run_mode(args.mode));
+  modes.push_back(parse_run_mode("w4a16"));
+  modes.push_back(parse_run_mode(args.draft));
+  QSPEC_CHECK(modes.back().quantized_weights, "--draft ", args.draft,
+              ": the draft mode must run the 4-bit weights (w4a8, w4a8-fp8, w4a4-*)");
+
+  auto model = LlamaModel::load(args.model_dir);
+  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
+  auto tokenizer = Tokenizer::load(args.model_dir);
+  QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir, ": tokenizer has ",
+              tokenizer->vocab_size(), " tokens but the model's vocab_size is ", model->config().vocab_size);
+
+  ServerOptions options;
+  options.model_name = args.model_name;
+  if (options.model_name.empty())
+    options.model_name = std::filesystem::path(args.model_dir).lexically_normal().filename().string();
+  if (options.model_name.empty())
+    options.model_name = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename().string();
+  options.default_mode = args.mode;
+  options.default_draft = args.draft;
+  options.default_gamma = args.gamma;
+  options.max_body_bytes = args.max_body_bytes;
+  options.http_threads = args.http_threads;
+  options.engine = args.engine;
+  options.engine.max_waiting = args.max_queue;
+  options.chat_template = load_server_chat_template(args.model_dir, args.chat_template);
+  if (!options.chat_template)
+    std::fprintf(stderr, "[qspec] %s has no chat template: /v1/chat/completions answers 400 (--chat-template FILE)\n",
+                 args.model_dir.c_str());
+
+  // Signals: the first SIGINT/SIGTERM sets a flag that a watcher thread turns into a
+  // graceful shutdown (stop accepting, finish what runs); a second one exits at once.
+  std::signal(SIGPIPE, SIG_IGN);
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  Server server(*model, *tokenizer, std::move(options));
+  const int port = server.bind(args.host, args.port);
+  std::fprintf(stderr,
+               "[qspec] serving %s as '%s': mode %s (draft %s, gamma %lld), weights %s, batch %lld, queue %lld, "
+               "context %lld\n",
+               args.model_dir.c_str(), server.options().model_name.c_str(), args.mode.c_str(), args.draft.c_str(),
+               static_cast<long long>(args.gamma), weights.c_str(),
+               static_cast<long long>(args.engine.max_batch_size), static_cast<long long>(args.max_queue),
+               static_cast<long long>(model->config().max_position_embeddings));
+  std::fprintf(stderr, "[qspec] listening on http://%s:%d\n", args.host.c_str(), port);
+  std::fflush(stderr);
+
+  std::atomic<bool> finished{false};
+  std::thread watcher([&] {
+    while (!finished) {
+      if (g_signal != 0) {
+        std::fprintf(stderr, "[qspec] signal %d: not accepting connections, draining %lld running and %lld waiting requests\n",
+                     g_signal.load(), static_cast<long long>(server.engine().metrics().running),
+                     static_cast<long long>(server.engine().metrics().waiting));
+        std::fflush(stderr);
+        while (!finished) {  // until run() has noticed
+          server.shutdown();
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  server.run();
+  finished = true;
+  watcher.join();
+  const EngineMetrics m = server.engine().metrics();
+  std::fprintf(stderr, "[qspec] stopped: %lld requests finished, %lld cancelled, %lld generated tokens\n",
+               static_cast<long long>(m.requests_finished), static_cast<long long>(m.requests_cancelled),
+               static_cast<long long>(m.generated_tokens));
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, metrics)");
+  command->add_option("model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  command->add_option("--host", args->host, "Address to listen on")->capture_default_str();
+  command->add_option("--port", args->port, "Port (0: an ephemeral port, printed at start-up)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  command->add_option("--served-model-name", args->model_name, "The model id clients send (default: the directory name)");
+  std::string modes;
+  for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
+  command->add_option("--mode", args->mode,
+                      "Default mode of requests (\"qspec\": {\"mode\": ...} overrides): " + modes + "|qspec")
+      ->capture_default_str();
+  command->add_option("--draft", args->draft, "Default QSpec draft mode")->capture_default_str();
+  command->add_option("--gamma", args->gamma, "Default QSpec draft tokens per cycle")->capture_default_str();
+  command->add_option("--weights", args->weights, "4-bit weight format (RTN at load; default int4)");
+  command->add_option("--group-size", args->group_size, "int4 group size along K (0: automatic)");
+  command->add_option("--chat-template", args->chat_template,
+                      "Jinja chat template file (overrides the checkpoint's chat_template)");
+  command->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body (413 beyond)")
+      ->capture_default_str();
+  command->add_option("--max-queue", args->max_queue, "Requests waiting for a batch slot before 429 (0: no bound)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--max-batch-size", args->engine.max_batch_size, "Running sequences at a time")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->add_option("--max-batch-tokens", args->engine.max_batch_tokens, "Tokens of one engine step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->add_option("--kv-blocks", args->engine.kv_blocks, "KV cache blocks (0: automatic)")->capture_default_str();
+  command->add_option("--http-threads", args->http_threads, "HTTP worker threads (open connections served at once)")
+      ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  command->callback([args] { run_serve(*args); });
+}
+
+}  // namespace qspec::cli

@@ -1,0 +1,295 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include "tokenizer/tokenizer.h"
+
+namespace qspec {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "") {
+  throw ApiError(400, message, "invalid_request_error", param, code);
+}
+
+// The field, or nullptr when it is absent or null (OpenAI treats null as "not given").
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string type_name(const json& value) {
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_number_integer()) return "an integer";
+  if (value.is_number()) return "a number";
+  if (value.is_string()) return "a string";
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  return "null";
+}
+
+int64_t get_int(const json& body, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) bad(name, std::string("'") + name + "' must be an integer, got " + type_name(*v));
+  int64_t x;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                                       : static_cast<int64_t>(u);
+  } else {
+    x = v->get<int64_t>();
+  }
+  if (x < lo || x > hi)
+    bad(name, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                  "], got " + std::to_string(x));
+  return x;
+}
+
+double get_number(const json& body, const char* name, double fallback, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad(name, std::string("'") + name + "' must be a number, got " + type_name(*v));
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    bad(name, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                  "], got " + v->dump());
+  return x;
+}
+
+bool get_bool(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(name, std::string("'") + name + "' must be a boolean, got " + type_name(*v));
+  return v->get<bool>();
+}
+
+std::string get_string(const json& body, const char* name, const std::string& fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_string()) bad(name, std::string("'") + name + "' must be a string, got " + type_name(*v));
+  return v->get<std::string>();
+}
+
+// A message's content: a string, or a list of {"type": "text", "text": ...} parts.
+std::string message_content(const json& content, size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(param, "'" + param + "' must be a string or a list of text parts");
+  std::string text;
+  for (const json& part : content) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      bad(param, "'" + param + "': only {\"type\": \"text\", \"text\": ...} parts are supported");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+std::vector<int32_t> chat_prompt(const json& body, const ApiContext& context) {
+  const json* messages = field(body, "messages");
+  if (!messages) bad("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
+  std::vector<ChatMessage> conversation;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad(param, "'" + param + "' must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      bad(param + ".role", "'" + param + ".role' must be a string");
+    conversation.push_back({m["role"].get<std::string>(), message_content(m.contains("content") ? m["content"] : json(), i)});
+  }
+  if (!context.options.chat_template)
+    throw ApiError(400,
+                   "this model has no chat template: use /v1/completions, or start the server with "
+                   "--chat-template FILE",
+                   "invalid_request_error", "messages", "no_chat_template");
+  std::string rendered;
+  try {
+    rendered = context.options.chat_template->render(conversation, /*add_generation_prompt=*/true);
+  } catch (const Error& e) {
+    bad("messages", std::string("chat template: ") + e.what());
+  }
+  // The template writes the special tokens it wants (bos included), as transformers'
+  // apply_chat_template(tokenize=True) does.
+  return context.tokenizer.encode(rendered, /*add_bos=*/false);
+}
+
+std::vector<int32_t> completion_prompt(const json& body, const ApiContext& context) {
+  const json* prompt = field(body, "prompt");
+  if (!prompt) bad("prompt", "'prompt' is required");
+  auto encode_text = [&](const std::string& text) {
+    const Tokenizer& t = context.tokenizer;
+    const bool add_bos = t.bos_id.has_value() && (text.empty() || t.add_bos_by_default);
+    return t.encode(text, add_bos);
+  };
+  if (prompt->is_string()) return encode_text(prompt->get<std::string>());
+  if (prompt->is_array()) {
+    if (prompt->empty()) bad("prompt", "'prompt' is an empty list");
+    if ((*prompt)[0].is_string()) {
+      if (prompt->size() != 1) bad("prompt", "batched prompts are not supported: send one prompt per request");
+      return encode_text((*prompt)[0].get<std::string>());
+    }
+    if ((*prompt)[0].is_array()) bad("prompt", "batched prompts are not supported: send one prompt per request");
+    std::vector<int32_t> ids;
+    for (const json& id : *prompt) {
+      if (!id.is_number_integer()) bad("prompt", "'prompt' must be a string or a list of token ids (integers)");
+      // JSON parsing stores non-negative integers as unsigned.
+      const int64_t x = id.is_number_unsigned()
+                            ? static_cast<int64_t>(std::min<uint64_t>(id.get<uint64_t>(), uint64_t{1} << 40))
+                            : id.get<int64_t>();
+      if (x < 0 || x >= context.tokenizer.vocab_size())
+        bad("prompt", "token id " + id.dump() + " is outside the vocabulary [0, " +
+                          std::to_string(context.tokenizer.vocab_size()) + ")");
+      ids.push_back(static_cast<int32_t>(x));
+    }
+    return ids;
+  }
+  bad("prompt", "'prompt' must be a string or a list of token ids, got " + type_name(*prompt));
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  const json* stop = field(body, "stop");
+  std::vector<std::string> out;
+  if (!stop) return out;
+  if (stop->is_string()) {
+    out.push_back(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    if (stop->size() > 16) bad("stop", "'stop' holds at most 16 strings");
+    for (const json& s : *stop) {
+      if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    bad("stop", "'stop' must be a string or a list of strings, got " + type_name(*stop));
+  }
+  for (const std::string& s : out)
+    if (s.empty()) bad("stop", "'stop' strings must not be empty");
+  return out;
+}
+
+}  // namespace
+
+json error_json(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
+  json error = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) error["param"] = param;
+  if (!code.empty()) error["code"] = code;
+  return json{{"error", error}};
+}
+
+std::string openai_finish_reason(const std::string& reason) {
+  if (reason == "eos" || reason == "stop") return "stop";
+  if (reason == "length" || reason == "context") return "length";
+  return reason;
+}
+
+json usage_json(const RequestMetrics& metrics, bool qspec) {
+  json usage = {{"prompt_tokens", metrics.prompt_tokens},
+                {"completion_tokens", metrics.generated_tokens},
+                {"total_tokens", metrics.prompt_tokens + metrics.generated_tokens}};
+  if (qspec) {
+    const QSpecMetrics& q = metrics.qspec;
+    usage["qspec"] = {{"gamma", q.gamma},
+                      {"cycles", q.cycles},
+                      {"drafted", q.drafted},
+                      {"accepted", q.accepted},
+                      {"acceptance_rate", q.acceptance_rate()},
+                      {"mean_accepted_length", q.mean_accepted_length()},
+                      {"accepted_histogram", q.accepted_histogram},
+                      {"draft_seconds", q.draft_seconds},
+                      {"verify_seconds", q.verify_seconds}};
+  }
+  return usage;
+}
+
+ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContext& context) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "invalid_request_error", "",
+                   "invalid_json");
+  }
+  if (!body.is_object()) bad("", "the body must be a JSON object, got " + type_name(body), "invalid_json");
+
+  const ServerOptions& options = context.options;
+  const std::string model = get_string(body, "model", options.model_name);
+  if (model != options.model_name)
+    throw ApiError(404, "the model '" + model + "' does not exist; this server serves '" + options.model_name + "'",
+                   "invalid_request_error", "model", "model_not_found");
+  if (get_int(body, "n", 1, 1, std::numeric_limits<int64_t>::max()) != 1)
+    bad("n", "'n' must be 1 (one choice per request)");
+  if (get_int(body, "best_of", 1, 1, std::numeric_limits<int64_t>::max()) != 1)
+    bad("best_of", "'best_of' must be 1");
+  if (get_bool(body, "echo", false)) bad("echo", "'echo' is not supported");
+
+  ApiRequest out;
+  out.chat = chat;
+  out.stream = get_bool(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+    out.include_usage = get_bool(*so, "include_usage", false);
+  }
+  Request& r = out.request;
+  r.prompt = chat ? chat_prompt(body, context) : completion_prompt(body, context);
+  const int64_t n_ctx = context.context_length;
+  const int64_t prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  if (prompt_tokens == 0) bad(chat ? "messages" : "prompt", "the prompt is empty");
+  if (prompt_tokens >= n_ctx)
+    bad(chat ? "messages" : "prompt",
+        "the prompt has " + std::to_string(prompt_tokens) + " tokens; this model's maximum context length is " +
+            std::to_string(n_ctx) + " tokens (prompt and completion together)",
+        "context_length_exceeded");
+
+  // max_tokens: completions default 16 (as OpenAI), chat defaults to the rest of the context.
+  const char* max_name = "max_tokens";
+  if (chat && field(body, "max_completion_tokens") && !field(body, "max_tokens")) max_name = "max_completion_tokens";
+  const int64_t fallback = chat ? n_ctx - prompt_tokens : std::min<int64_t>(16, n_ctx - prompt_tokens);
+  const int64_t max_tokens = get_int(body, max_name, fallback, 1, n_ctx);
+  if (prompt_tokens + max_tokens > n_ctx)
+    bad(max_name,
+        "this model's maximum context length is " + std::to_string(n_ctx) + " tokens; the request asks for " +
+            std::to_string(prompt_tokens + max_tokens) + " (" + std::to_string(prompt_tokens) + " in the prompt, " +
+            std::to_string(max_tokens) + " in the completion)",
+        "context_length_exceeded");
+  r.max_new_tokens = max_tokens;
+
+  SamplingParams& s = r.sampling;
+  s.temperature = static_cast<float>(get_number(body, "temperature", 1.0, 0.0, 2.0));
+  s.top_p = static_cast<float>(get_number(body, "top_p", 1.0, 0.0, 1.0));
+  if (s.top_p <= 0.0f) bad("top_p", "'top_p' must be in (0, 1]");
+  s.top_k = static_cast<int32_t>(get_int(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
+  s.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 0.0, 1.0));
+  s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0, 0.01, 100.0));
+  s.seed = static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
+                                         std::numeric_limits<int64_t>::max()));
+  r.stop = stop_strings(body);
+  r.ignore_eos = get_bool(body, "ignore_eos", false);
+
+  r.mode = options.default_mode;
+  r.draft = options.default_draft;
+  r.gamma = options.default_gamma;
+  if (const json* ext = field(body, "qspec")) {
+    if (!ext->is_object()) bad("qspec", "'qspec' must be an object like {\"mode\": \"qspec\", \"gamma\": 4}");
+    for (auto it = ext->begin(); it != ext->end(); ++it) {
+      static const char* known[] = {"mode", "draft", "gamma", "adaptive_gamma", "max_gamma", "ignore_eos"};
+      bool ok = false;
+      for (const char* k : known) ok = ok || it.key() == k;
+      if (!ok) bad("qspec." + it.key(), "unknown field 'qspec." + it.key() + "'");
+    }
+    r.mode = get_string(*ext, "mode", r.mode);
+    r.draft = get_string(*ext, "draft", r.draft);
+    r.gamma = get_int(*ext, "gamma", r.gamma, 1, 16);
+    r.adaptive_gamma = get_bool(*ext, "adaptive_gamma", false);
+    r.max_gamma = get_int(*ext, "max_gamma", std::max<int64_t>(8, r.gamma), 1, 16);
+    r.ignore_eos = get_bool(*ext, "ignore_eos", r.ignore_eos);
+  }
+  return out;
+}
+
+}  // namespace qspec

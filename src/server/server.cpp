@@ -1,0 +1,511 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "model/llama.h"
+#include "server/openai_api.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qspec {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const char* kJson = "application/json";
+
+// What the engine thread hands to the HTTP thread of one request.
+struct Pending {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::string text;        // not yet taken by the HTTP thread
+  std::string all_text;    // everything (non-streaming answers)
+  bool finished = false;
+  std::string finish_reason, error;
+  RequestMetrics metrics;
+};
+
+// The engine may call back after the HTTP side has gone (a cancelled stream): the callback
+// owns the state too.
+TokenCallback pending_callback(std::shared_ptr<Pending> pending) {
+  return [pending](const TokenEvent& event) {
+    {
+      std::lock_guard lock(pending->mutex);
+      pending->text += event.text;
+      pending->all_text += event.text;
+      if (event.finished) {
+        pending->finished = true;
+        pending->finish_reason = event.finish_reason;
+        pending->error = event.error;
+        if (event.metrics) pending->metrics = *event.metrics;
+      }
+    }
+    pending->changed.notify_all();
+  };
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (counter.fetch_add(1) * 0x9e3779b97f4a7c15ull));
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%s%016llx", prefix, static_cast<unsigned long long>(rng()));
+  return buffer;
+}
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string sse(const json& value) { return "data: " + value.dump() + "\n\n"; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  QSPEC_CHECK(file.good(), path, ": cannot open");
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// Prometheus metric lines.
+struct PromText {
+  std::string out;
+  void header(const std::string& name, const char* type, const char* help) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const std::string& name, double value, const std::string& labels = "") {
+    char number[64];
+    std::snprintf(number, sizeof number, "%.17g", value);
+    out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + number + "\n";
+  }
+  void metric(const std::string& name, const char* type, const char* help, double value) {
+    header(name, type, help);
+    sample(name, value);
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  const LlamaModel& model;
+  const Tokenizer& tokenizer;
+  ServerOptions options;
+  Engine engine;
+  httplib::Server http;
+  std::atomic<bool> draining{false};
+  std::atomic<bool> bound{false};
+  std::atomic<bool> serving{false};
+  Clock::time_point started = Clock::now();
+  // HTTP-level counters.
+  std::atomic<int64_t> responses_2xx{0}, responses_4xx{0}, responses_5xx{0}, responses_429{0};
+  std::atomic<int64_t> disconnects{0}, streams_open{0};
+
+  Impl(const LlamaModel& m, const Tokenizer& t, ServerOptions o)
+      : model(m), tokenizer(t), options(std::move(o)), engine(m, &t, options.engine) {
+    setup_routes();
+    engine.start();
+  }
+
+  ApiContext context() const { return ApiContext{options, tokenizer, model.config().max_position_embeddings}; }
+
+  void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
+                  const std::string& param = "", const std::string& code = "") {
+    res.status = status;
+    res.set_content(error_json(message, type, param, code).dump(), kJson);
+  }
+
+  void send_api_error(httplib::Response& res, const ApiError& e) {
+    send_error(res, e.status, e.what(), e.type, e.param, e.code);
+  }
+
+  // Submits to the engine; engine-side refusals become 4xx/429/503.
+  RequestId submit(const Request& request, const std::shared_ptr<Pending>& pending) {
+    if (draining) throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+    try {
+      return engine.submit(request, pending_callback(pending));
+    } catch (const QueueFull& e) {
+      throw ApiError(429, std::string("the server is overloaded, retry later (") + e.what() + ")",
+                     "rate_limit_error", "", "queue_full");
+    } catch (const Error& e) {
+      if (draining) throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+      throw ApiError(400, e.what(), "invalid_request_error");
+    }
+  }
+
+  json choice_json(bool chat, const std::string& text, const json& finish_reason) const {
+    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else
+      choice["text"] = text;
+    return choice;
+  }
+
+  json chunk_json(bool chat, const std::string& id, int64_t created, const std::string& text, bool first,
+                  const json& finish_reason) const {
+    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+    if (chat) {
+      json delta = json::object();
+      if (first) delta["role"] = "assistant";
+      if (!text.empty() || first) delta["content"] = text;
+      choice["delta"] = delta;
+    } else {
+      choice["text"] = text;
+    }
+    return {{"id", id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", options.model_name},
+            {"choices", json::array({choice})}};
+  }
+
+  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+    ApiRequest api;
+    try {
+      api = parse_api_request(req.body, chat, context());
+    } catch (const ApiError& e) {
+      return send_api_error(res, e);
+    } catch (const Error& e) {
+      return send_error(res, 400, e.what(), "invalid_request_error");
+    }
+    auto pending = std::make_shared<Pending>();
+    RequestId id;
+    try {
+      id = submit(api.request, pending);
+    } catch (const ApiError& e) {
+      return send_api_error(res, e);
+    }
+    const bool qspec = api.request.mode == "qspec";
+    const std::string response_id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    const int64_t created = unix_time();
+
+    if (!api.stream) {
+      std::unique_lock lock(pending->mutex);
+      pending->changed.wait(lock, [&] { return pending->finished; });
+      if (pending->finish_reason == "error")
+        return send_error(res, 500, "generation failed: " + pending->error, "server_error");
+      if (pending->finish_reason == "cancelled")
+        return send_error(res, 503, "the request was cancelled (server shutting down)", "server_error");
+      json body = {{"id", response_id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", options.model_name},
+                   {"choices", json::array({choice_json(chat, pending->all_text,
+                                                        openai_finish_reason(pending->finish_reason))})},
+                   {"usage", usage_json(pending->metrics, qspec)}};
+      res.status = 200;
+      res.set_content(body.dump(), kJson);
+      return;
+    }
+
+    // Server-sent events: one chunk per step that produced text, a last chunk with the
+    // finish_reason, usage when asked for, then [DONE].
+    ++streams_open;
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    const bool include_usage = api.include_usage;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, pending, done, chat, response_id, created, qspec, include_usage](size_t, httplib::DataSink& sink) {
+          bool first = true;
+          auto write = [&](const std::string& data) { return sink.write(data.data(), data.size()); };
+          for (;;) {
+            std::string text;
+            bool finished = false;
+            {
+              std::unique_lock lock(pending->mutex);
+              pending->changed.wait_for(lock, std::chrono::duration<double>(options.heartbeat_seconds),
+                                        [&] { return !pending->text.empty() || pending->finished; });
+              text.swap(pending->text);
+              finished = pending->finished;
+            }
+            bool ok;
+            if (!text.empty() || (first && chat)) {
+              ok = write(sse(chunk_json(chat, response_id, created, text, first, nullptr)));
+              first = false;
+            } else if (!finished) {
+              ok = write(": keep-alive\n\n");  // finds a client that has gone away
+            } else {
+              ok = true;
+            }
+            if (!ok) return false;  // the client disconnected: the releaser cancels
+            if (finished) break;
+          }
+          std::string reason, error;
+          RequestMetrics metrics;
+          {
+            std::lock_guard lock(pending->mutex);
+            reason = pending->finish_reason, error = pending->error, metrics = pending->metrics;
+          }
+          bool ok;
+          if (reason == "error" || reason == "cancelled") {
+            ok = write(sse(error_json(reason == "error" ? "generation failed: " + error : "the request was cancelled",
+                                      "server_error", "", "")));
+          } else {
+            json last = chunk_json(chat, response_id, created, "", false, openai_finish_reason(reason));
+            if (qspec) last["usage"] = usage_json(metrics, qspec);  // the acceptance statistics
+            ok = write(sse(last));
+            if (ok && include_usage) {
+              json usage = chunk_json(chat, response_id, created, "", false, nullptr);
+              usage["choices"] = json::array();
+              usage["usage"] = usage_json(metrics, qspec);
+              ok = write(sse(usage));
+            }
+          }
+          ok = ok && write("data: [DONE]\n\n");
+          if (!ok) return false;
+          done->store(true);
+          sink.done();
+          return true;
+        },
+        [this, pending, done, id](bool) {
+          --streams_open;
+          if (!done->load()) {
+            bool finished;
+            {
+              std::lock_guard lock(pending->mutex);
+              finished = pending->finished;
+            }
+            if (!finished) {
+              ++disconnects;
+              engine.cancel(id);
+            }
+          }
+        });
+  }
+
+  void setup_routes() {
+    http.set_payload_max_length(options.max_body_bytes);
+    const int threads = std::max(options.http_threads, 2);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    http.set_read_timeout(30, 0);
+    http.set_write_timeout(30, 0);
+
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, false); });
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json model_json = {{"id", options.model_name},
+                         {"object", "model"},
+                         {"created", unix_time()},
+                         {"owned_by", "qspec"},
+                         {"max_model_len", model.config().max_position_embeddings}};
+      res.set_content(json{{"object", "list"}, {"data", json::array({model_json})}}.dump(), kJson);
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (draining) {
+        res.status = 503;
+        res.set_content(json{{"status", "draining"}}.dump(), kJson);
+      } else {
+        res.set_content(json{{"status", "ok"}}.dump(), kJson);
+      }
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    // Anything that reaches here without a body (unknown route, body too large, bad HTTP):
+    // the OpenAI error object.
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string message = "HTTP error " + std::to_string(res.status);
+      if (res.status == 400) message = "malformed HTTP request";
+      std::string code;
+      if (res.status == 404) message = "no route " + req.method + " " + req.path, code = "not_found";
+      if (res.status == 413)
+        message = "the request body is larger than " + std::to_string(options.max_body_bytes) +
+                  " bytes (--max-body-bytes)",
+        code = "body_too_large";
+      res.set_content(error_json(message, res.status >= 500 ? "server_error" : "invalid_request_error", "", code)
+                          .dump(),
+                      kJson);
+    });
+    http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string message = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = std::string("internal error: ") + e.what();
+      } catch (...) {
+      }
+      send_error(res, 500, message, "server_error");
+    });
+    http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+      if (res.status == 429) ++responses_429;
+      if (res.status >= 500)
+        ++responses_5xx;
+      else if (res.status >= 400)
+        ++responses_4xx;
+      else
+        ++responses_2xx;
+    });
+  }
+
+  std::string metrics_text() const {
+    const EngineMetrics m = engine.metrics();
+    PromText p;
+    p.header("qspec_requests_total", "counter", "Engine requests by outcome");
+    p.sample("qspec_requests_total", static_cast<double>(m.requests_submitted), "outcome=\"submitted\"");
+    p.sample("qspec_requests_total", static_cast<double>(m.requests_finished), "outcome=\"finished\"");
+    p.sample("qspec_requests_total", static_cast<double>(m.requests_cancelled), "outcome=\"cancelled\"");
+    p.sample("qspec_requests_total", static_cast<double>(m.requests_failed), "outcome=\"failed\"");
+    p.sample("qspec_requests_total", static_cast<double>(m.requests_rejected), "outcome=\"rejected\"");
+    p.header("qspec_http_responses_total", "counter", "HTTP responses by status class");
+    p.sample("qspec_http_responses_total", static_cast<double>(responses_2xx.load()), "class=\"2xx\"");
+    p.sample("qspec_http_responses_total", static_cast<double>(responses_4xx.load()), "class=\"4xx\"");
+    p.sample("qspec_http_responses_total", static_cast<double>(responses_5xx.load()), "class=\"5xx\"");
+    p.metric("qspec_http_responses_429_total", "counter", "Requests refused because the queue was full",
+             static_cast<double>(responses_429.load()));
+    p.metric("qspec_client_disconnects_total", "counter", "Streams cancelled because the client went away",
+             static_cast<double>(disconnects.load()));
+    p.metric("qspec_prompt_tokens_total", "counter", "Prompt tokens of submitted requests",
+             static_cast<double>(m.prompt_tokens));
+    p.metric("qspec_generated_tokens_total", "counter", "Generated tokens", static_cast<double>(m.generated_tokens));
+    p.metric("qspec_generated_tokens_per_second", "gauge", "Generated tokens per second of engine busy time",
+             m.generated_tokens_per_second());
+    p.metric("qspec_engine_busy_seconds_total", "counter", "Time the engine spent in steps", m.busy_seconds);
+    p.metric("qspec_engine_steps_total", "counter", "Scheduling steps", static_cast<double>(m.steps));
+    p.metric("qspec_engine_forward_passes_total", "counter", "Forward passes", static_cast<double>(m.forward_passes));
+    p.metric("qspec_preemptions_total", "counter", "Sequences whose KV blocks were taken back",
+             static_cast<double>(m.preemptions));
+    p.metric("qspec_requests_waiting", "gauge", "Requests queued for a batch slot (queue depth)",
+             static_cast<double>(m.waiting));
+    p.metric("qspec_requests_running", "gauge", "Requests in the running batch", static_cast<double>(m.running));
+    p.metric("qspec_kv_blocks_used", "gauge", "KV cache blocks in use", static_cast<double>(m.kv_blocks_used));
+    p.metric("qspec_kv_blocks_total", "gauge", "KV cache blocks in the pool", static_cast<double>(m.kv_blocks_total));
+    p.metric("qspec_kv_block_usage_ratio", "gauge", "Fraction of KV blocks in use",
+             m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / static_cast<double>(m.kv_blocks_total)
+                                   : 0.0);
+    const QSpecMetrics& q = m.qspec;
+    p.metric("qspec_spec_drafted_tokens_total", "counter", "QSpec draft tokens offered for verification",
+             static_cast<double>(q.drafted));
+    p.metric("qspec_spec_accepted_tokens_total", "counter", "QSpec draft tokens accepted",
+             static_cast<double>(q.accepted));
+    p.metric("qspec_spec_acceptance_rate", "gauge", "QSpec accepted / drafted over finished requests",
+             q.acceptance_rate());
+    p.metric("qspec_spec_draft_seconds_total", "counter", "QSpec time in draft passes", q.draft_seconds);
+    p.metric("qspec_spec_verify_seconds_total", "counter", "QSpec time in verify passes", q.verify_seconds);
+    // Accepted draft tokens per verify cycle, as a cumulative histogram.
+    p.header("qspec_spec_accepted_length", "histogram", "QSpec accepted draft tokens per cycle");
+    int64_t cumulative = 0;
+    for (size_t k = 0; k < q.accepted_histogram.size(); ++k) {
+      cumulative += q.accepted_histogram[k];
+      p.sample("qspec_spec_accepted_length_bucket", static_cast<double>(cumulative), "le=\"" + std::to_string(k) + "\"");
+    }
+    p.sample("qspec_spec_accepted_length_bucket", static_cast<double>(q.cycles), "le=\"+Inf\"");
+    p.sample("qspec_spec_accepted_length_sum", static_cast<double>(q.accepted));
+    p.sample("qspec_spec_accepted_length_count", static_cast<double>(q.cycles));
+    p.header("qspec_batch_size_steps_total", "counter", "Engine steps by running sequences");
+    for (size_t b = 0; b < m.batch_size_histogram.size(); ++b)
+      if (m.batch_size_histogram[b] > 0)
+        p.sample("qspec_batch_size_steps_total", static_cast<double>(m.batch_size_histogram[b]),
+                 "size=\"" + std::to_string(b) + "\"");
+    p.metric("qspec_streams_open", "gauge", "Streaming responses in progress", static_cast<double>(streams_open.load()));
+    p.metric("qspec_uptime_seconds", "gauge", "Seconds since the server started",
+             std::chrono::duration<double>(Clock::now() - started).count());
+    return p.out;
+  }
+};
+
+Server::Server(const LlamaModel& model, const Tokenizer& tokenizer, ServerOptions options)
+    : impl_(std::make_unique<Impl>(model, tokenizer, std::move(options))) {}
+
+Server::~Server() {
+  shutdown();
+  impl_->engine.stop(/*drain=*/false);
+}
+
+int Server::bind(const std::string& host, int port) {
+  int bound_port = port;
+  if (port == 0) {
+    bound_port = impl_->http.bind_to_any_port(host);
+    QSPEC_CHECK(bound_port > 0, "serve: cannot bind an ephemeral port on ", host);
+  } else {
+    QSPEC_CHECK(impl_->http.bind_to_port(host, port), "serve: cannot bind ", host, ":", port,
+                " (address in use or not available)");
+  }
+  impl_->bound = true;
+  return bound_port;
+}
+
+void Server::run() {
+  QSPEC_CHECK(impl_->bound, "serve: bind() before run()");
+  impl_->serving = true;
+  if (!impl_->draining) impl_->http.listen_after_bind();
+  impl_->serving = false;
+  // The HTTP workers have finished (their requests are done); let the engine finish too.
+  impl_->engine.stop(/*drain=*/true);
+}
+
+void Server::shutdown() {
+  impl_->draining = true;
+  // run() may be between its check of `draining` and the listen loop's start; stop() only
+  // takes effect on a running loop.
+  while (impl_->serving && !impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  impl_->http.stop();
+}
+
+bool Server::running() const { return impl_->http.is_running(); }
+Engine& Server::engine() { return impl_->engine; }
+const ServerOptions& Server::options() const { return impl_->options; }
+std::string Server::metrics_text() const { return impl_->metrics_text(); }
+
+std::optional<ChatTemplate> load_server_chat_template(const std::string& model_dir, const std::string& override_file) {
+  namespace fs = std::filesystem;
+  const fs::path config_path = fs::path(model_dir) / "tokenizer_config.json";
+  nlohmann::json config = nlohmann::json::object();
+  if (fs::exists(config_path)) {
+    try {
+      config = nlohmann::json::parse(read_file(config_path.string()));
+    } catch (const nlohmann::json::exception& e) {
+      fail(config_path.string(), ": malformed JSON: ", e.what());
+    }
+  }
+  std::optional<ChatTemplate> chat;
+  if (!override_file.empty()) {
+    try {
+      chat = ChatTemplate::parse(read_file(override_file));
+    } catch (const Error& e) {
+      fail("--chat-template ", override_file, ": ", e.what());
+    }
+    // The model's special tokens, as load_chat_template sets them.
+    for (const char* name : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
+      if (!config.is_object() || !config.contains(name)) continue;
+      const nlohmann::json& v = config[name];
+      if (v.is_string()) chat->set_default(name, v);
+      if (v.is_object() && v.contains("content") && v["content"].is_string()) chat->set_default(name, v["content"]);
+    }
+  } else {
+    const bool has = (config.is_object() && config.contains("chat_template") && !config["chat_template"].is_null()) ||
+                     fs::exists(fs::path(model_dir) / "chat_template.jinja");
+    if (!has) return std::nullopt;
+    try {
+      chat = load_chat_template(model_dir);
+    } catch (const Error& e) {
+      fail(e.what(), " (give a template that works with --chat-template FILE)");
+    }
+  }
+  try {
+    chat->render({{"user", "Hello"}}, /*add_generation_prompt=*/true);
+  } catch (const Error& e) {
+    fail(override_file.empty() ? model_dir : override_file,
+         ": the chat template fails on a one-message conversation: ", e.what(),
+         " (give a template that works with --chat-template FILE)");
+  }
+  return chat;
+}
+
+}  // namespace qspec

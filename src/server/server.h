@@ -1,0 +1,93 @@
+// The OpenAI-compatible HTTP server: one continuous-batching Engine on its background thread,
+// HTTP/1.1 from cpp-httplib (one worker thread per open connection).
+//
+//   POST /v1/completions        prompt (text or token ids), non-streaming or SSE streaming
+//   POST /v1/chat/completions   messages rendered with the chat template, same two forms
+//   GET  /v1/models             the one served model
+//   GET  /health                200 while serving, 503 while draining
+//   GET  /metrics               Prometheus text: requests, tokens, queue, KV blocks, QSpec
+//
+// Request fields: model, prompt | messages, max_tokens (chat: also max_completion_tokens),
+// temperature, top_p, seed, stop (string or list), stream, stream_options.include_usage, n (1
+// only), and the extensions top_k, min_p, repetition_penalty, ignore_eos and
+//   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "w4a4-nvfp4", "gamma": 4,
+//             "adaptive_gamma": false, "max_gamma": 8}
+// Every bad request is a 4xx with {"error": {"message", "type", "param", "code"}}; a full
+// queue is 429. A streaming client that disconnects has its request cancelled (its KV blocks
+// go back to the pool). shutdown() stops accepting connections and lets the requests in
+// flight finish (run() then drains the engine and returns).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "qspec/engine.h"
+#include "qspec/error.h"
+#include "tokenizer/chat_template.h"
+
+namespace qspec {
+
+class LlamaModel;
+class Tokenizer;
+
+// An error answered to the client: HTTP status and the OpenAI error object's fields.
+class ApiError : public Error {
+ public:
+  ApiError(int status, const std::string& message, std::string type = "invalid_request_error",
+           std::string param = "", std::string code = "")
+      : Error(message), status(status), type(std::move(type)), param(std::move(param)), code(std::move(code)) {}
+  int status;
+  std::string type, param, code;  // "" = null
+};
+
+struct ServerOptions {
+  std::string model_name = "qspec";   // the id clients pass as "model"
+  std::string default_mode = "w4a16";  // requests without "qspec": {"mode"}
+  std::string default_draft = "w4a4-nvfp4";
+  int64_t default_gamma = 4;
+  size_t max_body_bytes = size_t{1} << 20;
+  int http_threads = 128;             // connections served at once (streams hold one each)
+  double heartbeat_seconds = 1.0;     // SSE comment after this long without tokens (finds closed clients)
+  EngineOptions engine;
+  std::optional<ChatTemplate> chat_template;  // none: /v1/chat/completions answers 400
+};
+
+class Server {
+ public:
+  // The model and tokenizer must outlive the server; the model is ready for the modes it
+  // will be asked for (prepare_model_for_modes). Starts the engine thread.
+  Server(const LlamaModel& model, const Tokenizer& tokenizer, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket (port 0: an ephemeral port); returns the port. Throws
+  // qspec::Error when the address cannot be bound.
+  int bind(const std::string& host, int port);
+  // Serves until shutdown(); then waits for the requests in flight, drains the engine and
+  // returns.
+  void run();
+  // Stops accepting connections (thread-safe, callable from any thread, more than once).
+  void shutdown();
+  bool running() const;
+
+  Engine& engine();
+  const ServerOptions& options() const;
+
+  // Handlers without HTTP, for tests: the /metrics text.
+  std::string metrics_text() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Loads the chat template for `qspec serve`: `override_file` when given, else the model
+// directory's (tokenizer_config.json chat_template or chat_template.jinja). Returns nullopt
+// when the model has none and no override is given; throws qspec::Error naming the file when
+// a template exists but does not parse or fails to render a one-message conversation.
+std::optional<ChatTemplate> load_server_chat_template(const std::string& model_dir, const std::string& override_file);
+
+}  // namespace qspec

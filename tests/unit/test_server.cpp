@@ -1,0 +1,578 @@
+// The OpenAI-compatible server (src/server) in-process on 127.0.0.1 with an ephemeral port,
+// on gsm-synth-llama with RTN int4 weights, driven by cpp-httplib's client: completions equal
+// the standalone greedy generate(); streamed chunks concatenate to the same text; chat renders
+// the template; every bad request is a 4xx with an OpenAI error object and the server keeps
+// serving; a full queue answers 429; /metrics is Prometheus text; a client that disconnects
+// mid-stream has its request cancelled and its KV blocks freed; shutdown drains.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "model/llama.h"
+#include "runtime/generate.h"
+#include "server/openai_api.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using nlohmann::json;
+const std::string kModel = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+const std::string kName = "gsm-synth-llama";
+const std::string kPrompt = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:";
+
+struct Model {
+  std::unique_ptr<qspec::LlamaModel> model;
+  std::unique_ptr<qspec::Tokenizer> tokenizer;
+  Model() {
+    std::signal(SIGPIPE, SIG_IGN);
+    model = qspec::LlamaModel::load(kModel);
+    model->quantize_weights(qspec::quant::Format::int4);
+    tokenizer = qspec::Tokenizer::load(kModel);
+  }
+};
+
+Model& fixture() {
+  static Model instance;
+  return instance;
+}
+
+// The standalone greedy output of a prompt: ids and text.
+struct Reference {
+  std::vector<int32_t> ids;
+  std::string text, finish_reason;
+};
+
+Reference reference(const std::vector<int32_t>& prompt, int64_t max_new_tokens, const std::string& mode = "w4a16",
+                    bool ignore_eos = false) {
+  qspec::GenerationOptions options;
+  options.max_new_tokens = max_new_tokens;
+  if (!ignore_eos) options.eos_ids = fixture().tokenizer->eos_ids;
+  options.mode = qspec::parse_run_mode(mode);
+  options.mode.activations.group_size = fixture().model->auto_group_size();
+  auto result = qspec::generate(*fixture().model, prompt, options);
+  return {result.ids, fixture().tokenizer->decode(result.ids, /*skip_special=*/true),
+          qspec::openai_finish_reason(result.finish_reason)};
+}
+
+std::vector<int32_t> encode_prompt(const std::string& text) {
+  const auto& t = *fixture().tokenizer;
+  return t.encode(text, t.bos_id.has_value() && t.add_bos_by_default);
+}
+
+// A server on its own thread; destroyed: shutdown + join.
+struct Running {
+  std::unique_ptr<qspec::Server> server;
+  std::thread thread;
+  int port = 0;
+  Running(qspec::ServerOptions options) {
+    server = std::make_unique<qspec::Server>(*fixture().model, *fixture().tokenizer, std::move(options));
+    port = server->bind("127.0.0.1", 0);
+    thread = std::thread([this] { server->run(); });
+  }
+  ~Running() {
+    server->shutdown();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body) const {
+    return client().Post(path.c_str(), body, "application/json");
+  }
+  httplib::Result post(const std::string& path, const json& body) const { return post(path, body.dump()); }
+  httplib::Result get(const std::string& path) const { return client().Get(path.c_str()); }
+};
+
+qspec::ServerOptions base_options() {
+  qspec::ServerOptions o;
+  o.model_name = kName;
+  o.engine.max_batch_size = 4;
+  o.engine.max_waiting = 64;
+  o.http_threads = 16;
+  o.heartbeat_seconds = 0.05;
+  return o;
+}
+
+qspec::ServerOptions chat_options() {
+  auto o = base_options();
+  o.chat_template = qspec::load_server_chat_template(kModel, QSPEC_TEST_DATA "/chat_templates/llama3.jinja");
+  return o;
+}
+
+// Streams a request; returns the SSE data payloads (the raw body too). abort_after > 0: stop
+// reading (closing the connection) after that many data events.
+std::vector<std::string> stream(const Running& server, const std::string& path, const json& body,
+                                int abort_after = 0, std::string* raw = nullptr) {
+  httplib::Client c = server.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string buffer;
+  std::vector<std::string> events;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buffer.append(data, n);
+    if (raw) raw->append(data, n);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) == 0) events.push_back(event.substr(6));
+    }
+    return abort_after == 0 || static_cast<int>(events.size()) < abort_after;
+  };
+  httplib::Response res;
+  httplib::Error error;
+  c.send(req, res, error);
+  return events;
+}
+
+// Concatenated text of completion (or chat) stream chunks, and the finish reason.
+std::pair<std::string, std::string> join_stream(const std::vector<std::string>& events, bool chat) {
+  std::string text, finish;
+  EXPECT_FALSE(events.empty());
+  if (events.empty()) return {};
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion");
+    if (chunk["choices"].empty()) continue;  // the usage chunk
+    const json& choice = chunk["choices"][0];
+    if (chat) {
+      if (choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
+    } else {
+      text += choice["text"].get<std::string>();
+    }
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  return {text, finish};
+}
+
+// An OpenAI error answer: status and the error object's shape.
+void expect_error(const httplib::Result& res, int status, const std::string& param = "", const std::string& code = "") {
+  ASSERT_TRUE(res) << "no response";
+  EXPECT_EQ(res->status, status) << res->body;
+  json body;
+  ASSERT_NO_THROW(body = json::parse(res->body)) << res->body;
+  ASSERT_TRUE(body.contains("error")) << res->body;
+  const json& e = body["error"];
+  EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << res->body;
+  EXPECT_TRUE(e["type"].is_string()) << res->body;
+  EXPECT_TRUE(e.contains("param") && e.contains("code")) << res->body;
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << res->body;
+  }
+  if (!code.empty()) {
+    EXPECT_EQ(e["code"], code) << res->body;
+  }
+}
+
+// Prometheus text: every sample line "name{labels} value" with a number.
+std::map<std::string, double> parse_prometheus(const std::string& text) {
+  std::map<std::string, double> samples;
+  std::istringstream in(text);
+  std::string line;
+  const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) (\S+)$)");
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_match(line, m, sample)) << "bad metrics line: " << line;
+    if (!m.empty()) samples[m[1]] = std::stod(m[3]);
+  }
+  return samples;
+}
+
+template <typename Predicate>
+bool wait_for(Predicate predicate, double seconds = 20) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return predicate();
+}
+
+TEST(Server, CompletionEqualsStandaloneGreedyAndStreamsTheSameText) {
+  Running server(base_options());
+  const auto prompt = encode_prompt(kPrompt);
+  const Reference ref = reference(prompt, 40);
+  ASSERT_FALSE(ref.ids.empty());
+
+  auto res = server.post("/v1/completions", json{{"model", kName}, {"prompt", kPrompt}, {"max_tokens", 40},
+                                                 {"temperature", 0}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], kName);
+  EXPECT_EQ(body["choices"][0]["text"], ref.text);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], ref.finish_reason);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(body["usage"]["completion_tokens"], ref.ids.size());
+  EXPECT_EQ(body["usage"]["total_tokens"], prompt.size() + ref.ids.size());
+  EXPECT_FALSE(body["usage"].contains("qspec"));
+
+  // The same prompt as token ids.
+  res = server.post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], ref.text);
+
+  // Streamed: the chunks concatenate to the same text; usage on request.
+  auto events = stream(server, "/v1/completions",
+                       json{{"model", kName}, {"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0},
+                            {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  auto [text, finish] = join_stream(events, false);
+  EXPECT_EQ(text, ref.text);
+  EXPECT_EQ(finish, ref.finish_reason);
+  EXPECT_GT(events.size(), 3u);  // several text chunks, not one
+  ASSERT_GE(events.size(), 2u);
+  json usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], ref.ids.size());
+
+  // A length-limited request says "length".
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 3}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(body["choices"][0]["text"], fixture().tokenizer->decode({ref.ids.begin(), ref.ids.begin() + 3}, true));
+
+  // A stop string ends the text before it, with finish_reason "stop".
+  ASSERT_GE(ref.text.size(), 8u);
+  const std::string stop_at = ref.text.substr(ref.text.size() / 2, 2);
+  res = server.post("/v1/completions",
+                    json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"stop", {stop_at}}});
+  ASSERT_TRUE(res);
+  body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["text"], ref.text.substr(0, ref.text.find(stop_at)));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Server, QSpecModePerRequestMatchesW4A16AndReportsAcceptance) {
+  Running server(base_options());
+  const auto prompt = encode_prompt(kPrompt);
+  const Reference ref = reference(prompt, 32);
+  auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 32}, {"temperature", 0},
+                                                 {"qspec", {{"mode", "qspec"}, {"draft", "w4a8"}, {"gamma", 3}}}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["text"], ref.text);  // greedy QSpec == greedy w4a16
+  const json& q = body["usage"]["qspec"];
+  ASSERT_TRUE(q.is_object()) << res->body;
+  EXPECT_GT(q["drafted"].get<int64_t>(), 0);
+  EXPECT_LE(q["accepted"].get<int64_t>(), q["drafted"].get<int64_t>());
+  EXPECT_EQ(q["gamma"], 3);
+  EXPECT_NEAR(q["acceptance_rate"].get<double>(),
+              static_cast<double>(q["accepted"].get<int64_t>()) / q["drafted"].get<double>(), 1e-9);
+
+  // The metrics see it (published at the end of the engine step that finished it).
+  std::map<std::string, double> metrics;
+  EXPECT_TRUE(wait_for([&] {
+    metrics = parse_prometheus(server.get("/metrics")->body);
+    return metrics["qspec_spec_drafted_tokens_total"] > 0;
+  }));
+  EXPECT_EQ(metrics["qspec_spec_drafted_tokens_total"], q["drafted"].get<double>());
+  EXPECT_EQ(metrics["qspec_spec_accepted_length_count"], q["cycles"].get<double>());
+  EXPECT_EQ(metrics["qspec_spec_accepted_length_bucket{le=\"+Inf\"}"], q["cycles"].get<double>());
+
+  // A mode that does not exist is a 400 naming it.
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "w3a1"}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("w3a1"), std::string::npos);
+}
+
+TEST(Server, ChatRendersTheTemplateAndStreams) {
+  Running server(chat_options());
+  const json messages = json::array({{{"role", "system"}, {"content", "You solve math problems."}},
+                                     {{"role", "user"}, {"content", "Tom has 3 apples and buys 5 more."}}});
+  const std::string rendered = server.server->options().chat_template->render(
+      {{"system", "You solve math problems."}, {"user", "Tom has 3 apples and buys 5 more."}}, true);
+  EXPECT_NE(rendered.find("<|start_header_id|>assistant<|end_header_id|>"), std::string::npos);
+  const auto prompt = fixture().tokenizer->encode(rendered, false);
+  // The math model ends a chat turn at once; ignore_eos gives it text to stream.
+  const Reference ref = reference(prompt, 24, "w4a16", /*ignore_eos=*/true);
+  ASSERT_FALSE(ref.text.empty());
+
+  auto res = server.post("/v1/chat/completions", json{{"model", kName}, {"messages", messages}, {"max_tokens", 24},
+                                                      {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], ref.text);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], prompt.size());
+
+  auto events = stream(server, "/v1/chat/completions",
+                       json{{"messages", messages}, {"max_tokens", 24}, {"temperature", 0}, {"stream", true},
+                            {"ignore_eos", true}});
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(json::parse(events[0])["choices"][0]["delta"]["role"], "assistant");
+  auto [text, finish] = join_stream(events, true);
+  EXPECT_EQ(text, ref.text);
+  EXPECT_EQ(finish, ref.finish_reason);
+
+  // Content as a list of text parts is the same conversation.
+  json parts = messages;
+  parts[1]["content"] = json::array({{{"type", "text"}, {"text", "Tom has 3 apples "}},
+                                     {{"type", "text"}, {"text", "and buys 5 more."}}});
+  res = server.post("/v1/chat/completions", json{{"messages", parts}, {"max_tokens", 24}, {"temperature", 0},
+                                                                 {"ignore_eos", true}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["message"]["content"], ref.text);
+}
+
+TEST(Server, ChatWithoutTemplateIs400AndCompletionsStillWork) {
+  auto options = base_options();
+  options.chat_template = qspec::load_server_chat_template(kModel, "");  // the fixture has none
+  EXPECT_FALSE(options.chat_template.has_value());
+  Running server(std::move(options));
+  auto res = server.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  expect_error(res, 400, "messages", "no_chat_template");
+  EXPECT_NE(res->body.find("--chat-template"), std::string::npos);
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST(Server, ChatTemplateErrorsAreClearAtStartup) {
+  const std::string dir = ::testing::TempDir() + "/qspec_server_templates";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  try {
+    qspec::load_server_chat_template(kModel, write("bad.jinja", "{% for m in messages %}{{ m.content }}"));
+    FAIL() << "an unterminated for loop parsed";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.jinja"), std::string::npos) << e.what();
+  }
+  try {
+    qspec::load_server_chat_template(kModel, write("raises.jinja", "{{ raise_exception('no users here') }}"));
+    FAIL() << "a template that always raises was accepted";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no users here"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(qspec::load_server_chat_template(kModel, dir + "/missing.jinja"), qspec::Error);
+}
+
+TEST(Server, BadRequestsAre4xxWithErrorObjectsAndTheServerKeepsServing) {
+  auto options = base_options();
+  options.max_body_bytes = 4096;
+  options.chat_template = chat_options().chat_template;
+  Running server(std::move(options));
+  const std::string ok_prompt = kPrompt;
+  struct Case {
+    const char* path;
+    std::string body;
+    int status;
+    std::string param, code;
+  };
+  const std::string long_prompt = [] {
+    std::string s;
+    for (int i = 0; i < 700; ++i) s += " 7 +";
+    return s;
+  }();
+  std::vector<int32_t> long_ids(1024, 5);
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{\"prompt\": \"hi\", ", 400, "", "invalid_json"},
+      {"/v1/completions", "[1, 2, 3]", 400, "", "invalid_json"},
+      {"/v1/completions", "", 400, "", "invalid_json"},
+      {"/v1/completions", json{{"max_tokens", 4}}.dump(), 400, "prompt", ""},
+      {"/v1/completions", json{{"prompt", 42}}.dump(), 400, "prompt", ""},
+      {"/v1/completions", json{{"prompt", {1, "x"}}}.dump(), 400, "prompt", ""},
+      {"/v1/completions", json{{"prompt", {1, 100000}}}.dump(), 400, "prompt", ""},
+      {"/v1/completions", json{{"prompt", {"a", "b"}}}.dump(), 400, "prompt", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"max_tokens", "8"}}.dump(), 400, "max_tokens", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"max_tokens", 0}}.dump(), 400, "max_tokens", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"max_tokens", -5}}.dump(), 400, "max_tokens", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"max_tokens", 5000}}.dump(), 400, "max_tokens", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"max_tokens", 1010}}.dump(), 400, "max_tokens",
+       "context_length_exceeded"},
+      {"/v1/completions", json{{"prompt", long_ids}}.dump(), 400, "prompt", "context_length_exceeded"},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"temperature", "hot"}}.dump(), 400, "temperature", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"temperature", 3.5}}.dump(), 400, "temperature", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"top_p", 0}}.dump(), 400, "top_p", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"top_k", -1}}.dump(), 400, "top_k", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"seed", 1.5}}.dump(), 400, "seed", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"stop", 7}}.dump(), 400, "stop", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"stop", {""}}}.dump(), 400, "stop", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"stream", "yes"}}.dump(), 400, "stream", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"n", 2}}.dump(), 400, "n", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"qspec", "fast"}}.dump(), 400, "qspec", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"qspec", {{"gamma", 40}}}}.dump(), 400, "gamma", ""},
+      {"/v1/completions", json{{"prompt", ok_prompt}, {"qspec", {{"colour", 1}}}}.dump(), 400, "qspec.colour", ""},
+      {"/v1/completions", json{{"model", "gpt-4"}, {"prompt", ok_prompt}}.dump(), 404, "model", "model_not_found"},
+      {"/v1/completions", json{{"model", 7}, {"prompt", ok_prompt}}.dump(), 400, "model", ""},
+      {"/v1/chat/completions", json{{"messages", "hi"}}.dump(), 400, "messages", ""},
+      {"/v1/chat/completions", json{{"messages", json::array()}}.dump(), 400, "messages", ""},
+      {"/v1/chat/completions", json{{"messages", {{{"content", "hi"}}}}}.dump(), 400, "messages[0].role", ""},
+      {"/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", 5}}}}}.dump(), 400,
+       "messages[0].content", ""},
+      {"/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", long_prompt}}}}}.dump(), 400,
+       "messages", "context_length_exceeded"},
+      {"/v1/completions", std::string(5000, ' '), 413, "", "body_too_large"},
+      {"/v1/nothing", "{}", 404, "", "not_found"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.path) + " " + c.body.substr(0, 120));
+    auto res = server.post(c.path, c.body);
+    expect_error(res, c.status, c.param, c.code);
+  }
+  expect_error(server.get("/v1/unknown"), 404);
+  // Still serving: a good request and the health check.
+  auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], reference(encode_prompt(kPrompt), 8).text);
+  res = server.get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  auto metrics = parse_prometheus(server.get("/metrics")->body);
+  EXPECT_GE(metrics["qspec_http_responses_total{class=\"4xx\"}"], static_cast<double>(cases.size()));
+  EXPECT_EQ(metrics["qspec_http_responses_total{class=\"5xx\"}"], 0);
+}
+
+TEST(Server, ModelsHealthAndMetricsEndpoints) {
+  Running server(base_options());
+  auto res = server.get("/v1/models");
+  ASSERT_TRUE(res);
+  json models = json::parse(res->body);
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 1u);
+  EXPECT_EQ(models["data"][0]["id"], kName);
+  EXPECT_EQ(models["data"][0]["object"], "model");
+  res = server.get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["status"], "ok");
+
+  ASSERT_EQ(server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 6}, {"temperature", 0},
+                                                {"ignore_eos", true}})
+                ->status,
+            200);
+  EXPECT_TRUE(wait_for([&] {
+    return parse_prometheus(server.get("/metrics")->body)["qspec_requests_total{outcome=\"finished\"}"] == 1;
+  }));
+  res = server.get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+  auto m = parse_prometheus(res->body);
+  for (const char* name : {"qspec_requests_total{outcome=\"finished\"}", "qspec_generated_tokens_total",
+                           "qspec_generated_tokens_per_second", "qspec_requests_waiting", "qspec_requests_running",
+                           "qspec_kv_blocks_used", "qspec_kv_blocks_total", "qspec_spec_acceptance_rate",
+                           "qspec_spec_accepted_length_count", "qspec_spec_draft_seconds_total",
+                           "qspec_spec_verify_seconds_total"})
+    EXPECT_TRUE(m.count(name)) << "missing " << name;
+  EXPECT_EQ(m["qspec_requests_total{outcome=\"finished\"}"], 1);
+  EXPECT_EQ(m["qspec_generated_tokens_total"], 6);
+  EXPECT_GT(m["qspec_generated_tokens_per_second"], 0);
+  EXPECT_GT(m["qspec_kv_blocks_total"], 0);
+  EXPECT_EQ(m["qspec_kv_blocks_used"], 0);
+  EXPECT_EQ(m["qspec_requests_running"], 0);
+  // Every metric has its TYPE line.
+  EXPECT_NE(res->body.find("# TYPE qspec_spec_accepted_length histogram"), std::string::npos);
+  EXPECT_NE(res->body.find("# TYPE qspec_generated_tokens_total counter"), std::string::npos);
+}
+
+TEST(Server, FullQueueAnswers429AndTheServerRecovers) {
+  auto options = base_options();
+  options.engine.max_batch_size = 1;
+  options.engine.max_waiting = 1;
+  options.http_threads = 24;
+  Running server(std::move(options));
+  const int clients = 10;
+  std::vector<int> status(clients, 0);
+  std::vector<std::thread> threads;
+  std::atomic<int> go{0};
+  for (int i = 0; i < clients; ++i)
+    threads.emplace_back([&, i] {
+      ++go;
+      while (go < clients) std::this_thread::yield();
+      auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 200}, {"temperature", 0},
+                                                     {"ignore_eos", true}});
+      status[i] = res ? res->status : -1;
+      if (res && res->status == 429) expect_error(res, 429, "", "queue_full");
+    });
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (int s : status) {
+    ok += s == 200;
+    refused += s == 429;
+  }
+  EXPECT_EQ(ok + refused, clients) << "every answer is 200 or 429";
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1) << "10 concurrent 200-token requests fit a batch of 1 plus a queue of 1";
+  auto m = parse_prometheus(server.get("/metrics")->body);
+  EXPECT_EQ(m["qspec_requests_total{outcome=\"rejected\"}"], refused);
+  EXPECT_EQ(m["qspec_http_responses_429_total"], refused);
+  auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST(Server, ClientDisconnectCancelsTheStreamAndFreesItsBlocks) {
+  Running server(base_options());
+  auto events = stream(server, "/v1/completions",
+                       json{{"prompt", kPrompt}, {"max_tokens", 900}, {"temperature", 0}, {"stream", true},
+                            {"ignore_eos", true}},
+                       /*abort_after=*/2);
+  EXPECT_EQ(events.size(), 2u);
+  auto metrics = [&] { return parse_prometheus(server.get("/metrics")->body); };
+  EXPECT_TRUE(wait_for([&] {
+    auto m = metrics();
+    return m["qspec_requests_total{outcome=\"cancelled\"}"] == 1 && m["qspec_kv_blocks_used"] == 0 &&
+           m["qspec_requests_running"] == 0;
+  })) << server.get("/metrics")->body;
+  auto m = metrics();
+  EXPECT_EQ(m["qspec_client_disconnects_total"], 1);
+  EXPECT_LT(m["qspec_generated_tokens_total"], 900) << "the request ran to its end instead of being cancelled";
+  EXPECT_EQ(m["qspec_streams_open"], 0);
+}
+
+TEST(Server, ShutdownDrainsStreamsInFlight) {
+  auto running = std::make_unique<Running>(base_options());
+  std::vector<std::string> events;
+  std::thread client([&] {
+    events = stream(*running, "/v1/completions",
+                    json{{"prompt", kPrompt}, {"max_tokens", 600}, {"temperature", 0}, {"stream", true},
+                         {"ignore_eos", true}});
+  });
+  ASSERT_TRUE(wait_for([&] { return running->server->engine().metrics().running == 1; }));
+  running->server->shutdown();  // stop accepting; the stream in flight finishes
+  EXPECT_TRUE(wait_for([&] { return !running->server->running(); }));
+  client.join();
+  auto [text, finish] = join_stream(events, false);
+  EXPECT_EQ(finish, "length");
+  EXPECT_FALSE(text.empty());
+  running->thread.join();
+  running->thread = std::thread([] {});
+  const auto m = running->server->engine().metrics();
+  EXPECT_EQ(m.requests_finished, 1);
+  EXPECT_EQ(m.generated_tokens, 600);
+  EXPECT_EQ(m.requests_cancelled, 0);
+  // No new connections after shutdown.
+  httplib::Client c("127.0.0.1", running->port);
+  c.set_connection_timeout(1, 0);
+  EXPECT_FALSE(c.Get("/health"));
+}
+
+}  // namespace
