@@ -125,12 +125,13 @@ def merge(args):
 
 
 def print_tables(rows):
+    drafts = [d for d in DRAFTS if any(r["draft"] == d for r in rows)]
     gammas = sorted({r["gamma"] for r in rows})
     batches = sorted({r["batch_size"] for r in rows})
     print("\nInvariant (greedy QSpec, KV overwrite on) vs greedy W4A16: identical / ties / mismatches")
     print("| draft | " + " | ".join(f"batch {b}" for b in batches) + " |")
     print("|---|" + "---|" * len(batches))
-    for draft in DRAFTS:
+    for draft in drafts:
         cells = []
         for b in batches:
             sel = [r for r in rows if r["draft"] == draft and r["batch_size"] == b and r["kv_overwrite"]]
@@ -151,7 +152,7 @@ def print_tables(rows):
         print(f"\nAcceptance rate (mean accepted per cycle), batch {batch}, KV overwrite {'on' if overwrite else 'off'}")
         print("| draft | " + " | ".join(f"γ={g}" for g in gammas) + " |")
         print("|---|" + "---|" * len(gammas))
-        for draft in DRAFTS:
+        for draft in drafts:
             cells = []
             for g in gammas:
                 r = next((r for r in sel if r["draft"] == draft and r["gamma"] == g), None)
