@@ -552,10 +552,15 @@ struct Engine::Impl {
     }
   }
 
-  bool is_eos(const Sequence& seq, int32_t id) const {
-    if (!seq.request.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end()) return true;
+  // The model's end of sequence (unless the request ignores it).
+  bool is_model_eos(const Sequence& seq, int32_t id) const {
+    return !seq.request.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end();
+  }
+  bool is_stop_id(const Sequence& seq, int32_t id) const {
     return std::find(seq.request.stop_ids.begin(), seq.request.stop_ids.end(), id) != seq.request.stop_ids.end();
   }
+  // A token that ends the sequence by id (eos or a stop id): a draft stops drafting there.
+  bool is_eos(const Sequence& seq, int32_t id) const { return is_model_eos(seq, id) || is_stop_id(seq, id); }
 
   void emit(Sequence& seq, int32_t id) {
     seq.tokens.push_back(id);
@@ -565,10 +570,8 @@ struct Engine::Impl {
     bool stop_string = false;
     if (seq.decoder) seq.event.text += seq.stops->push(seq.decoder->push(id), stop_string);
     seq.stop_string_matched = stop_string;
-    const bool eos = !seq.request.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end();
-    if (eos) finish(seq, "eos");
-    else if (stop_string || std::find(seq.request.stop_ids.begin(), seq.request.stop_ids.end(), id) != seq.request.stop_ids.end())
-      finish(seq, "stop");
+    if (is_model_eos(seq, id)) finish(seq, "eos");
+    else if (stop_string || is_stop_id(seq, id)) finish(seq, "stop");
     else if (seq.generated() >= seq.budget)
       finish(seq, seq.budget_reason);
   }
