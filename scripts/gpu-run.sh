@@ -25,7 +25,7 @@ jobs=$(nproc)
 rc=0
 if [[ $steps == *build* ]]; then
   start=$(date +%s)
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA=ON -DQSPEC_CUDA_ARCHS=90a \
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA=ON -DQSPEC_CUDA_ARCHS=90a -DQSPEC_SERVER=OFF \
     "${deps_arg[@]}" > "$out/build.log" 2>&1 &&
     ninja -C build -j"$jobs" qspec_gpu_tests qspec_gpu_bench qspec >> "$out/build.log" 2>&1
   rc=$?

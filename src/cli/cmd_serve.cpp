@@ -11,7 +11,9 @@
 #include "cli/commands.h"
 #include "model/llama.h"
 #include "qspec/error.h"
+#ifdef QSPEC_HAVE_SERVER
 #include "server/server.h"
+#endif
 #include "tokenizer/tokenizer.h"
 
 namespace qspec::cli {
@@ -36,11 +38,15 @@ struct ServeArgs {
 
 std::atomic<int> g_signal{0};
 
-void on_signal(int signal) {
+[[maybe_unused]] void on_signal(int signal) {
   if (g_signal.exchange(signal) != 0) _exit(128 + signal);  // a second signal: leave now
 }
 
 void run_serve(const ServeArgs& args) {
+#ifndef QSPEC_HAVE_SERVER
+  fail("qspec serve: this qspec was built without the HTTP server (configured with -DQSPEC_SERVER=OFF; "
+       "rebuild with cpp-httplib installed)");
+#else
   // Which modes requests may ask for: the default, w4a16 (QSpec's verify) and the draft.
   std::vector<RunMode> modes;
   if (args.mode != "qspec") modes.push_back(parse_run_mode(args.mode));
@@ -118,6 +124,7 @@ void run_serve(const ServeArgs& args) {
   std::fprintf(stderr, "[qspec] stopped: %lld requests finished, %lld cancelled, %lld generated tokens\n",
                static_cast<long long>(m.requests_finished), static_cast<long long>(m.requests_cancelled),
                static_cast<long long>(m.generated_tokens));
+#endif
 }
 
 }  // namespace
