@@ -7,7 +7,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:-/work/main/.devcuda}
 mkdir -p "$dest/src-tree"
 rm -rf "$dest/src-tree" && mkdir -p "$dest/src-tree"
-excludes=(--exclude='./build*' --exclude=./.git --exclude=./models/smollm2 --exclude=./gpu-out)
+excludes=(--exclude='./build*' --exclude=./.git --exclude=./.devcuda --exclude=./.devrun --exclude='./.venv*' --exclude=./.whl --exclude=./models/smollm2 --exclude=./gpu-out)
 # The GPU tests need models/gsm-synth-llama only; the CPU test data stays behind (the whole
 # send, the main checkout included, must stay under 64 MiB).
 excludes+=(--exclude=./tests/data --exclude=./data --exclude=./models/stories260K --exclude=./bench/results)
