@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "model/llama.h"
+#include "qspec/engine.h"
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_SERVER
 #include "server/server.h"
