@@ -632,6 +632,32 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
   }
 }
 
+// One workspace serves every path, as in the model: a large-M launch (dequantize + cuBLAS) must
+// leave the split-K counters of the small-M kernel zero, so a split-K decode launch after a
+// long prefill gives the same bits as on a fresh workspace (it once did not).
+TEST_F(Gpu, W4A16WorkspaceIsSharedAcrossPaths) {
+  const int64_t n = 256, k = 704;
+  const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, 64);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  qspec::cuda::Blas blas;
+  const int64_t big_m = 200;
+  const size_t bytes = std::max(cuda::w4a16_workspace_bytes(big_m, n, k), cuda::w4a16_workspace_bytes(1, n, k));
+  auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(big_m * k))));
+  auto run_split = [&](const cuda::DeviceMemory& workspace) {
+    auto d_y = poisoned(static_cast<size_t>(n) * 2);
+    cuda::w4a16_gemm_small_m(d_x.as<f16>(), 1, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr, {1, 2});
+    return download<f16>(d_y, static_cast<size_t>(n));
+  };
+  cuda::DeviceMemory fresh(bytes), shared(bytes);
+  cuda::w4a16_workspace_init(fresh.get(), bytes, nullptr);
+  cuda::w4a16_workspace_init(shared.get(), bytes, nullptr);
+  const std::vector<f16> expected = run_split(fresh);
+  auto d_big = poisoned(static_cast<size_t>(big_m * n) * 2);
+  ASSERT_EQ(cuda::w4a16_choose_path(big_m, n, k), cuda::W4A16Path::dequant_cublas);
+  cuda::w4a16_gemm(blas, d_x.as<f16>(), big_m, k, w.view, d_big.as<f16>(), n, shared.get(), bytes, nullptr);
+  for (int repeat = 0; repeat < 3; ++repeat) ASSERT_EQ(run_split(shared), expected) << "launch " << repeat;
+}
+
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);

@@ -39,7 +39,9 @@ W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
 size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path) {
   if (path == W4A16Path::automatic) path = w4a16_choose_path(m, n, k);
   if (path == W4A16Path::small_m) return detail::w4a16_small_m_workspace(m, n, k);
-  return static_cast<size_t>(n * k) * 2;
+  // The dequantized weights go after the split-K counters, which must stay zero for the next
+  // small-M launch on the same workspace (a prefill through this path used to overwrite them).
+  return detail::kW4A16CounterBytes + static_cast<size_t>(n * k) * 2;
 }
 
 void w4a16_workspace_init(void* workspace, size_t bytes, void* stream) {
@@ -56,10 +58,10 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
   }
   QSPEC_CHECK(m >= 0 && ldx >= w.k && ldy >= w.n, "cuda::w4a16_gemm: bad strides ldx ", ldx, " ldy ", ldy);
   if (m == 0) return;
-  const size_t needed = static_cast<size_t>(w.n * w.k) * 2;
+  const size_t needed = w4a16_workspace_bytes(m, w.n, w.k, W4A16Path::dequant_cublas);
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, "cuda::w4a16_gemm: the dequantize + cuBLAS path needs ",
               needed, " bytes of workspace, got ", workspace_bytes);
-  auto* w16 = static_cast<f16_bits*>(workspace);
+  auto* w16 = reinterpret_cast<f16_bits*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
   w4a16_dequantize(w, w16, stream);
   // y^T (n x m, column-major = y row-major with ld ldy) = W16 (n x k) * x^T.
   cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
