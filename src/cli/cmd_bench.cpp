@@ -1,5 +1,6 @@
 // qspec bench: CPU decode/prefill throughput of a model, with the single-thread run as the
-// baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth).
+// baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth);
+// --device cuda: GPU decode steps per batch size and time-to-first-token (model/cuda/gpu_bench.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,12 +11,16 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <cctype>
 #include <thread>
 
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "model/llama.h"
 #include "qspec/error.h"
+#ifdef QSPEC_HAVE_CUDA
+#include "model/cuda/gpu_bench.h"
+#endif
 
 namespace qspec::cli {
 namespace {
@@ -27,7 +32,50 @@ struct BenchArgs {
   int repeats = 5;
   std::string out_dir = "bench/results";
   std::string command_line;
+  // --device cuda
+  std::string device = "cpu";
+  std::string synthetic;
+  std::vector<std::string> modes = {"w16a16", "w4a16"};
+  std::vector<int64_t> batch_sizes = {1, 8, 16, 32, 64};
+  int64_t context = 512;
+  int64_t steps = 64;
+  std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
+  bool no_graphs = false;
 };
+
+void write_record(const nlohmann::json& record, const std::string& out_dir, const std::string& file_name) {
+  if (out_dir.empty()) return;
+  std::filesystem::create_directories(out_dir);
+  const std::string path = out_dir + "/" + file_name;
+  std::ofstream out(path);
+  QSPEC_CHECK(out.good(), path, ": cannot write");
+  out << record.dump(2) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+}
+
+void run_gpu(const BenchArgs& args) {
+#ifdef QSPEC_HAVE_CUDA
+  GpuBenchOptions options;
+  options.model_dir = args.model_dir;
+  options.synthetic = args.synthetic;
+  options.modes = args.modes;
+  options.batch_sizes = args.batch_sizes;
+  options.context = args.context;
+  options.steps = args.steps;
+  options.prompt_lengths = args.prompt_lengths;
+  options.cuda_graphs = !args.no_graphs;
+  options.command_line = args.command_line;
+  options.commit = git_commit();
+  const nlohmann::json record = run_gpu_bench(options);
+  std::string name = args.synthetic;
+  if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
+  std::string gpu = record["gpu"].get<std::string>();
+  for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
+  write_record(record, args.out_dir, "gpu-decode-" + name + "-" + gpu + ".json");
+#else
+  fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");
+#endif
+}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -147,8 +195,20 @@ void run_bench(const BenchArgs& args) {
 
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode throughput on the CPU");
-  command->add_option("model", args->model_dir, "Model directory")->required();
+  CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode throughput (CPU, or --device cuda)");
+  command->add_option("model", args->model_dir, "Model directory (or --synthetic with --device cuda)");
+  command->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  command->add_option("--synthetic", args->synthetic,
+                      "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
+  command->add_option("--modes", args->modes, "cuda: modes (w16a16, w4a16)")->delimiter(',')->capture_default_str();
+  command->add_option("--batch-sizes", args->batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
+  command->add_option("--context", args->context, "cuda: cached positions per sequence during decode steps")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  command->add_option("--steps", args->steps, "cuda: timed decode steps per batch size")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  command->add_option("--prompt-lengths", args->prompt_lengths, "cuda: prompts for time-to-first-token")
+      ->delimiter(',')->capture_default_str();
+  command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();
   command->add_option("--decode-tokens", args->decode_tokens, "Tokens decoded per run")->capture_default_str();
   command->add_option("--repeats", args->repeats, "Timed runs (median reported)")->capture_default_str()
@@ -157,6 +217,12 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   command->callback([args] {
     args->command_line = command_line();
+    if (args->device == "cuda") {
+      run_gpu(*args);
+      return;
+    }
+    QSPEC_CHECK(!args->model_dir.empty() && args->synthetic.empty(),
+                "bench: the CPU benchmark needs a model directory (--synthetic is for --device cuda)");
     run_bench(*args);
   });
 }

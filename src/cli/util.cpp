@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <unistd.h>
@@ -71,7 +72,11 @@ std::string shell_line(const char* command) {
   return out;
 }
 
-std::string git_commit() { return shell_line("git rev-parse --short HEAD 2>/dev/null"); }
+// QSPEC_COMMIT names the commit where the sources travel without .git (the GPU machine).
+std::string git_commit() {
+  if (const char* commit = std::getenv("QSPEC_COMMIT"); commit != nullptr && *commit != '\0') return commit;
+  return shell_line("git rev-parse --short HEAD 2>/dev/null");
+}
 }  // namespace qspec::cli
 
 namespace qspec::cli {

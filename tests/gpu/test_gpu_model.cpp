@@ -6,6 +6,7 @@
 // comparison runs (default 40; 400 for the full check of the issue).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -60,29 +61,197 @@ TEST(GpuModel, W4A16GreedyIdsMatchTheCpu) {
   model->quantize_weights(qspec::quant::Format::int4);
   const qspec::RunMode mode = qspec::parse_run_mode("w4a16");
   qspec::GpuLlama gpu(*model, mode, model->config().max_position_embeddings);
-  const char* env = std::getenv("QSPEC_GPU_EVAL_PROBLEMS");
-  const int limit = env != nullptr ? std::atoi(env) : 40;
+  // QSPEC_GPU_REFERENCE: the CPU's W4A16 greedy outputs saved by `qspec eval qspec
+  // --save-reference` (prompt ids + outputs of all 400 problems); otherwise the CPU runs here.
+  std::vector<std::vector<int32_t>> prompts, references;
+  int64_t max_tokens = 160;
+  if (const char* path = std::getenv("QSPEC_GPU_REFERENCE"); path != nullptr && *path != '\0') {
+    std::ifstream file(path);
+    ASSERT_TRUE(file.good()) << path;
+    const nlohmann::json saved = nlohmann::json::parse(file);
+    prompts = saved["prompts"].get<std::vector<std::vector<int32_t>>>();
+    references = saved["outputs"].get<std::vector<std::vector<int32_t>>>();
+    max_tokens = saved["max_tokens"].get<int64_t>();
+    ASSERT_EQ(prompts.size(), references.size());
+  } else {
+    const char* env = std::getenv("QSPEC_GPU_EVAL_PROBLEMS");
+    const int limit = env != nullptr ? std::atoi(env) : 40;
+    std::ifstream file(kModelDir + "/eval_problems.jsonl");
+    ASSERT_TRUE(file.good());
+    std::string line;
+    while (static_cast<int>(prompts.size()) < limit && std::getline(file, line)) {
+      if (line.empty()) continue;
+      const nlohmann::json problem = nlohmann::json::parse(line);
+      const std::string prompt = "Question: " + problem["question"].get<std::string>() + "\nAnswer:";
+      prompts.push_back(tokenizer->encode(prompt));
+      qspec::GenerationOptions options;
+      options.max_new_tokens = max_tokens;
+      options.eos_ids = tokenizer->eos_ids;
+      options.mode = mode;
+      references.push_back(qspec::generate(*model, prompts.back(), options).ids);
+    }
+  }
+  int identical = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<int32_t> got = qspec::gpu_greedy_generate(gpu, prompts[i], max_tokens, tokenizer->eos_ids);
+    if (got == references[i]) ++identical;
+    EXPECT_EQ(got, references[i]) << "problem " << i << "\n  gpu: " << describe(got)
+                                  << "\n  cpu: " << describe(references[i]);
+  }
+  std::printf("  W4A16 GPU greedy == CPU greedy on %d / %zu eval problems\n", identical, prompts.size());
+  EXPECT_GT(prompts.size(), 0u);
+}
+
+namespace {
+
+std::vector<std::vector<int32_t>> question_prompts(const qspec::Tokenizer& tokenizer, int count) {
   std::ifstream file(kModelDir + "/eval_problems.jsonl");
-  ASSERT_TRUE(file.good());
-  int problems = 0, identical = 0;
+  std::vector<std::vector<int32_t>> prompts;
   std::string line;
-  while (problems < limit && std::getline(file, line)) {
+  while (static_cast<int>(prompts.size()) < count && std::getline(file, line)) {
     if (line.empty()) continue;
     const nlohmann::json problem = nlohmann::json::parse(line);
-    const std::string prompt = "Question: " + problem["question"].get<std::string>() + "\nAnswer:";
-    const std::vector<int32_t> ids = tokenizer->encode(prompt);
-    qspec::GenerationOptions options;
-    options.max_new_tokens = 160;
-    options.eos_ids = tokenizer->eos_ids;
-    options.mode = mode;
-    const std::vector<int32_t> cpu = qspec::generate(*model, ids, options).ids;
-    const std::vector<int32_t> got = qspec::gpu_greedy_generate(gpu, ids, 160, tokenizer->eos_ids);
-    ++problems;
-    if (got == cpu) ++identical;
-    EXPECT_EQ(got, cpu) << "problem " << problems << "\n  gpu: " << describe(got) << "\n  cpu: " << describe(cpu);
+    prompts.push_back(tokenizer.encode("Question: " + problem["question"].get<std::string>() + "\nAnswer:"));
   }
-  std::printf("  W4A16 GPU greedy == CPU greedy on %d / %d eval problems\n", identical, problems);
-  EXPECT_GT(problems, 0);
+  return prompts;
+}
+
+// Greedy ids of one sequence at a time, no eos stop (sequence 0 of `gpu`).
+std::vector<int32_t> alone(qspec::GpuLlama& gpu, const std::vector<int32_t>& prompt, int64_t new_tokens) {
+  return qspec::gpu_greedy_generate(gpu, prompt, new_tokens, {});
+}
+
+}  // namespace
+
+// Several sequences in one step (prefill runs of different lengths, then decode steps of all
+// of them through the captured graphs) give each sequence the ids it gets alone.
+TEST(GpuModel, BatchedStepsMatchOneSequenceAtATime) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const int seqs = 8;
+  const int64_t new_tokens = 24;
+  const auto prompts = question_prompts(*tokenizer, seqs);
+  ASSERT_EQ(prompts.size(), static_cast<size_t>(seqs));
+  for (const char* mode_name : {"w4a16", "w16a16"}) {
+    const qspec::RunMode mode = qspec::parse_run_mode(mode_name);
+    qspec::GpuLlamaOptions options;
+    options.max_seqs = seqs;
+    options.max_context = 512;
+    qspec::GpuLlama gpu(*model, mode, options);
+    std::vector<std::vector<int32_t>> expected;
+    for (const auto& prompt : prompts) expected.push_back(alone(gpu, prompt, new_tokens));
+    for (int s = 0; s < seqs; ++s) gpu.reset(s);
+    std::vector<qspec::GpuLlama::Run> runs;
+    for (int s = 0; s < seqs; ++s) runs.push_back({s, prompts[static_cast<size_t>(s)]});
+    std::vector<int32_t> next = gpu.step(runs);
+    ASSERT_EQ(next.size(), static_cast<size_t>(seqs));
+    std::vector<std::vector<int32_t>> got(static_cast<size_t>(seqs));
+    for (int64_t t = 0; t < new_tokens; ++t) {
+      for (int s = 0; s < seqs; ++s) got[static_cast<size_t>(s)].push_back(next[static_cast<size_t>(s)]);
+      if (t + 1 == new_tokens) break;
+      for (int s = 0; s < seqs; ++s) runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&next[static_cast<size_t>(s)], 1)};
+      next = gpu.step(runs);
+    }
+    for (int s = 0; s < seqs; ++s)
+      EXPECT_EQ(got[static_cast<size_t>(s)], expected[static_cast<size_t>(s)])
+          << mode_name << " sequence " << s << "\n  batched: " << describe(got[static_cast<size_t>(s)])
+          << "\n  alone:   " << describe(expected[static_cast<size_t>(s)]);
+    EXPECT_GT(gpu.graphs_captured(), 0) << "decode steps of 8 sequences should replay a graph";
+    // Runs in another order (block tables gathered per step) give the same ids.
+    for (int s = 0; s < seqs; ++s) gpu.reset(s);
+    std::vector<qspec::GpuLlama::Run> reversed;
+    for (int s = seqs - 1; s >= 0; --s) reversed.push_back({s, prompts[static_cast<size_t>(s)]});
+    const std::vector<int32_t> first = gpu.step(reversed);
+    for (int s = 0; s < seqs; ++s)
+      EXPECT_EQ(first[static_cast<size_t>(seqs - 1 - s)], expected[static_cast<size_t>(s)][0]) << mode_name << " reversed " << s;
+  }
+}
+
+// QSpec's verify on the GPU: one step over gamma + 1 tokens of a sequence returns the greedy id
+// after each of them, and after a rollback (truncate) the next run overwrites the rejected K/V.
+TEST(GpuModel, MultiTokenVerifyMatchesDecodeAndRollsBack) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const auto prompts = question_prompts(*tokenizer, 4);
+  qspec::GpuLlamaOptions options;
+  options.max_seqs = 4;
+  options.max_context = 512;
+  qspec::GpuLlama gpu(*model, qspec::parse_run_mode("w4a16"), options);
+  const int64_t gamma = 5;
+  for (const auto& prompt : prompts) {
+    const std::vector<int32_t> greedy = alone(gpu, prompt, 2 * gamma + 2);
+    // Prefill, then verify the true continuation: every position must agree.
+    gpu.reset(0);
+    const qspec::GpuLlama::Run prefill{0, prompt};
+    ASSERT_EQ(gpu.step(std::span(&prefill, 1)).front(), greedy[0]);
+    const std::vector<int32_t> drafts(greedy.begin(), greedy.begin() + gamma + 1);
+    const qspec::GpuLlama::Run verify{0, drafts};
+    const std::vector<int32_t> ids = gpu.step(std::span(&verify, 1), true);
+    ASSERT_EQ(ids.size(), drafts.size());
+    for (int64_t i = 0; i <= gamma; ++i) EXPECT_EQ(ids[static_cast<size_t>(i)], greedy[static_cast<size_t>(i + 1)]) << i;
+    // Wrong drafts after the first two: verify, roll back to the agreeing prefix, continue.
+    gpu.truncate(0, static_cast<int64_t>(prompt.size()));
+    std::vector<int32_t> wrong = drafts;
+    for (size_t i = 2; i < wrong.size(); ++i) wrong[i] = (wrong[i] + 1) % static_cast<int32_t>(model->config().vocab_size);
+    const qspec::GpuLlama::Run bad{0, wrong};
+    const std::vector<int32_t> checked = gpu.step(std::span(&bad, 1), true);
+    EXPECT_EQ(checked[0], greedy[1]);
+    EXPECT_EQ(checked[1], greedy[2]);
+    gpu.truncate(0, static_cast<int64_t>(prompt.size()) + 2);  // keep the two that agree
+    int32_t next = checked[1];
+    for (int64_t i = 3; i < static_cast<int64_t>(greedy.size()); ++i) {
+      next = gpu.forward(std::span(&next, 1));
+      EXPECT_EQ(next, greedy[static_cast<size_t>(i)]) << "after rollback, token " << i;
+    }
+  }
+}
+
+// Decode steps give the same ids with and without CUDA graphs.
+TEST(GpuModel, GraphsAndPlainLaunchesAgree) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const auto prompts = question_prompts(*tokenizer, 6);
+  qspec::GpuLlamaOptions options;
+  options.max_context = 512;
+  qspec::GpuLlama with_graphs(*model, qspec::parse_run_mode("w4a16"), options);
+  options.cuda_graphs = false;
+  qspec::GpuLlama plain(*model, qspec::parse_run_mode("w4a16"), options);
+  for (const auto& prompt : prompts) EXPECT_EQ(alone(with_graphs, prompt, 48), alone(plain, prompt, 48));
+  EXPECT_GT(with_graphs.graphs_captured(), 0);
+  EXPECT_EQ(plain.graphs_captured(), 0);
+}
+
+// Synthetic full-size shapes load and step (the benchmark's model), and one too large for the
+// card is refused at load time with the sizes in the message.
+TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  const qspec::ModelConfig config = qspec::synthetic_model_config("llama3-8b");
+  qspec::GpuLlamaOptions options;
+  options.max_seqs = 4;
+  options.max_context = 1024;
+  auto gpu = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a16"), options);
+  std::vector<int32_t> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 101 % config.vocab_size);
+  const int32_t id = gpu->forward(prompt);
+  EXPECT_GE(id, 0);
+  EXPECT_LT(id, config.vocab_size);
+  const std::vector<float> logits = gpu->logits();
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << "synthetic weights must keep the logits finite";
+  options.max_seqs = 4096;
+  options.max_context = 8192;  // 4096 x 8192 positions x 128 KiB: far beyond any GPU
+  try {
+    qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a16"), options);
+    FAIL() << "an oversized cache was accepted";
+  } catch (const qspec::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MiB"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(qspec::synthetic_model_config("llama9-1t"), qspec::Error);
 }
 
 TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "base/dtype.h"
 #include "gemm/w4a16_pack.h"
@@ -15,69 +16,131 @@ namespace {
 using cuda::DeviceMemory;
 using cuda::f16_bits;
 
-template <typename T>
-DeviceMemory upload(const std::vector<T>& host, const std::string& what) {
+DeviceMemory allocate(size_t bytes, const std::string& what) {
   try {
-    DeviceMemory memory(std::max<size_t>(host.size() * sizeof(T), 16));
-    cuda::copy_to_device(memory.get(), host.data(), host.size() * sizeof(T));
-    return memory;
+    return DeviceMemory(std::max<size_t>(bytes, 16));
   } catch (const Error& error) {
-    fail("GPU model: uploading ", what, " (", host.size() * sizeof(T), " bytes): ", error.what());
+    fail("GPU model: allocating ", what, " (", bytes, " bytes): ", error.what());
   }
 }
 
-// A checkpoint matrix (bf16 or f32) as f16 [rows, cols]. Values beyond the f16 range saturate
-// (a checkpoint that needs them does not run in f16; the W16A16 greedy test would show it).
-std::vector<f16_bits> to_f16(const WeightMatrix& weight) {
-  std::vector<f16_bits> out(static_cast<size_t>(weight.rows * weight.cols));
+template <typename T>
+DeviceMemory upload(const std::vector<T>& host, const std::string& what) {
+  DeviceMemory memory = allocate(host.size() * sizeof(T), what);
+  cuda::copy_to_device(memory.get(), host.data(), host.size() * sizeof(T));
+  return memory;
+}
+
+// A checkpoint matrix (bf16 or f32) as f16 rows appended to `out`. Values beyond the f16 range
+// saturate (a checkpoint that needs them does not run in f16; the W16A16 greedy test would show it).
+void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
   std::vector<float> row(static_cast<size_t>(weight.cols));
   for (int64_t r = 0; r < weight.rows; ++r) {
     weight.row_to_f32(r, row.data());
-    for (int64_t c = 0; c < weight.cols; ++c) out[static_cast<size_t>(r * weight.cols + c)] = f32_to_f16(row[c]);
+    for (int64_t c = 0; c < weight.cols; ++c) out.push_back(f32_to_f16(row[c]));
   }
-  return out;
 }
 
-// One projection on the device: f16 weights (cuBLAS) or packed 4-bit weights.
+// One projection on the device: f16 weights (cuBLAS) or packed 4-bit weights. Fused
+// projections (q|k|v, gate|up) are their parts' rows stacked.
 struct Linear {
   int64_t n = 0, k = 0;
-  DeviceMemory w16;             // f16 [n, k] (W16A16)
-  DeviceMemory codes, scales;   // gemm/w4a16_pack.h layout (W4A16)
+  DeviceMemory w16;            // f16 [n, k] (W16A16)
+  DeviceMemory codes, scales;  // gemm/w4a16_pack.h layout (W4A16)
   cuda::W4A16Weights view{};
   bool quantized = false;
+
+  size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }
 };
 
-Linear make_linear(const WeightMatrix& weight) {
+Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::string& name) {
   Linear linear;
-  linear.n = weight.rows;
-  linear.k = weight.cols;
-  linear.w16 = upload(to_f16(weight), weight.name);
+  linear.k = (*parts.begin())->cols;
+  std::vector<f16_bits> host;
+  for (const WeightMatrix* part : parts) {
+    QSPEC_CHECK(part->cols == linear.k, "GPU model: ", name, ": parts with different input sizes");
+    linear.n += part->rows;
+  }
+  host.reserve(static_cast<size_t>(linear.n * linear.k));
+  for (const WeightMatrix* part : parts) append_f16(*part, host);
+  linear.w16 = upload(host, name);
   return linear;
 }
 
-Linear make_linear(const QuantizedMatrix& weight) {
-  const gemm::W4A16Packed packed = gemm::pack_w4a16(weight);
+// Packed rows come in blocks of 16, so parts stack by concatenating their packed bytes when
+// each has a multiple of 16 rows (true of every Llama/Qwen/Mistral shape).
+Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const std::string& name) {
   Linear linear;
-  linear.n = packed.n;
-  linear.k = packed.k;
   linear.quantized = true;
-  linear.codes = upload(packed.codes, weight.name + " codes");
-  linear.scales = upload(packed.scales, weight.name + " scales");
-  linear.view = {linear.codes.get(), linear.scales.get(), packed.n, packed.k, packed.group};
+  std::vector<uint8_t> codes;
+  std::vector<uint32_t> scales;
+  int64_t group = 0;
+  for (const QuantizedMatrix* part : parts) {
+    const gemm::W4A16Packed packed = gemm::pack_w4a16(*part);
+    if (linear.n == 0) {
+      linear.k = packed.k;
+      group = packed.group;
+    }
+    QSPEC_CHECK(packed.k == linear.k && packed.group == group, "GPU model: ", name,
+                ": parts with different input sizes or groups");
+    QSPEC_CHECK(parts.size() == 1 || packed.n % 16 == 0, "GPU model: ", name, ": ", part->name, " has ", packed.n,
+                " rows; fused projections need multiples of 16");
+    linear.n += packed.n;
+    codes.insert(codes.end(), packed.codes.begin(), packed.codes.end());
+    scales.insert(scales.end(), packed.scales.begin(), packed.scales.end());
+  }
+  linear.codes = upload(codes, name + " codes");
+  linear.scales = upload(scales, name + " scales");
+  linear.view = {linear.codes.get(), linear.scales.get(), linear.n, linear.k, group};
+  return linear;
+}
+
+// Random weights of the same layout, drawn on the GPU. Scales / values keep each output near
+// unit size for unit-size inputs (k terms of ~4.6 scale or ~0.017), so 32+ layers stay finite.
+Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream) {
+  Linear linear;
+  linear.n = n;
+  linear.k = k;
+  linear.quantized = quantized;
+  if (!quantized) {
+    linear.w16 = allocate(static_cast<size_t>(n * k) * 2, "synthetic weights");
+    cuda::fill_random_f16(linear.w16.as<f16_bits>(), static_cast<size_t>(n * k), -0.03f, 0.03f, seed, stream);
+    return linear;
+  }
+  const int64_t group = 128, row_blocks = (n + 15) / 16;
+  QSPEC_CHECK(k % group == 0, "GPU model: synthetic k ", k, " is not a multiple of 128");
+  const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
+  const size_t scale_halves = static_cast<size_t>(row_blocks * (k / group) * 16);
+  linear.codes = allocate(code_bytes, "synthetic codes");
+  linear.scales = allocate(scale_halves * 2, "synthetic scales");
+  cuda::fill_random_u32(linear.codes.as<uint32_t>(), code_bytes / 4, seed, stream);
+  const float scale = 1.0f / (4.6f * static_cast<float>(std::max<int64_t>(1, static_cast<int64_t>(std::sqrt(k)))));
+  cuda::fill_random_f16(linear.scales.as<f16_bits>(), scale_halves, 0.5f * scale, 1.5f * scale, seed + 1, stream);
+  linear.view = {linear.codes.get(), linear.scales.get(), n, k, group};
   return linear;
 }
 
 struct Layer {
   DeviceMemory attention_norm, mlp_norm;  // f32
-  Linear q, k, v, o, gate, up, down;
+  Linear qkv, o, gate_up, down;
 };
+
+// Decode graphs are captured for a context bucket: the attention launch sizes its split-K grid
+// from the largest context, so one graph serves every context up to its bucket.
+int64_t context_bucket(int64_t context, int64_t max_context) {
+  int64_t bucket = 256;
+  while (bucket < context) bucket *= 2;
+  return std::min(bucket, max_context);
+}
 
 }  // namespace
 
 struct GpuLlama::State {
   ModelConfig config;
   bool quantized = false;
-  int64_t capacity = 0, max_blocks = 0;
+  std::string model_note;
+  int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
+  bool cuda_graphs = true;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -85,15 +148,29 @@ struct GpuLlama::State {
   Linear lm_head;
   std::vector<Layer> layers;
   std::vector<DeviceMemory> k_pools, v_pools;
-  DeviceMemory block_table;
-  // Scratch for up to `capacity` tokens.
-  DeviceMemory ids, positions, query_start, context_len, x, normed, q, k, v, attn, proj, gate, up, act, logits,
-      next_id, gemm_workspace, attention_workspace;
+  DeviceMemory block_tables;  // [max_seqs, blocks_per_seq]: sequence s owns blocks s * blocks_per_seq ...
+  DeviceMemory run_tables;    // [max_step_tokens, blocks_per_seq]: rows of the runs of a step in any order
+  // Step inputs, one device buffer filled by one copy: ids | positions | query_start | context_lens | logit_rows.
+  DeviceMemory inputs;
+  cuda::PinnedMemory host_inputs, host_ids;
+  DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
+      attention_workspace;
   size_t gemm_workspace_bytes = 0, attention_workspace_bytes = 0;
+  int64_t last_logit_rows = 0;
+  std::map<std::pair<int64_t, int64_t>, cuda::Graph> decode_graphs;  // (batch, context bucket)
 
   ~State() {
+    decode_graphs.clear();
     if (stream != nullptr) cuda::destroy_stream(stream);
   }
+
+  int64_t qkv_width() const { return config.q_dim() + 2 * config.kv_dim(); }
+  int32_t* input_ids() const { return inputs.as<int32_t>(); }
+  int32_t* input_positions() const { return input_ids() + max_step_tokens; }
+  int32_t* input_query_start() const { return input_positions() + max_step_tokens; }
+  int32_t* input_context_lens() const { return input_query_start() + max_step_tokens + 1; }
+  int32_t* input_logit_rows() const { return input_context_lens() + max_step_tokens; }
+  size_t input_words() const { return static_cast<size_t>(4 * max_step_tokens + 1 + max_logit_rows); }
 
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
     if (linear.quantized) {
@@ -103,23 +180,111 @@ struct GpuLlama::State {
       cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
     }
   }
+
+  void allocate_runtime(const GpuLlamaOptions& options);
+  // Enqueues the forward pass of a step whose inputs are on the device. `tables`: the runs'
+  // block-table rows. logit_rows: how many rows get logits (gathered at input_logit_rows unless
+  // they are every token). Ends with the argmax ids in out_ids.
+  void enqueue_forward(int64_t tokens, int64_t runs, int64_t max_query_len, int64_t max_context_in_step,
+                       bool decode, const int32_t* tables, int64_t logit_rows, bool gather);
 };
 
-GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tokens) : state_(std::make_unique<State>()) {
-  const ModelConfig& c = model.config();
+// ---- construction ----------------------------------------------------------------------
+
+namespace {
+
+void check_supported(const ModelConfig& c, const RunMode& mode) {
   QSPEC_CHECK(cuda::device_count() > 0, "GPU model: no CUDA GPU is visible");
   QSPEC_CHECK(cuda::compute_capability() >= 80, "GPU model: ", cuda::device_name(), " is sm_",
               cuda::compute_capability(), "; the CUDA backend needs sm_80 or newer");
   QSPEC_CHECK(mode.name == "w16a16" || mode.name == "w4a16", "GPU model: mode ", mode.name,
               " is not on the GPU yet (w16a16, w4a16)");
-  QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
-              "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
-  QSPEC_CHECK(!model.rotated(), "GPU model: Hadamard-rotated models are not on the GPU yet");
   QSPEC_CHECK(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128, "GPU model: head_dim ", c.head_dim,
               " (the attention kernels take 32, 64, 128)");
   QSPEC_CHECK(c.hidden_size % 8 == 0 && c.intermediate_size % 8 == 0 && c.q_dim() % 8 == 0 && c.kv_dim() % 8 == 0,
               "GPU model: hidden, intermediate and head sizes must be multiples of 8");
-  QSPEC_CHECK(max_tokens > 0 && max_tokens <= c.max_position_embeddings, "GPU model: max_tokens ", max_tokens,
+}
+
+}  // namespace
+
+void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
+  const ModelConfig& c = config;
+  max_seqs = options.max_seqs;
+  max_context = options.max_context > 0 ? options.max_context : c.max_position_embeddings;
+  QSPEC_CHECK(max_seqs >= 1 && max_seqs <= 4096, "GPU model: max_seqs ", max_seqs, " outside 1..4096");
+  QSPEC_CHECK(max_context >= 1 && max_context <= c.max_position_embeddings, "GPU model: max_context ", max_context,
+              " outside 1..", c.max_position_embeddings);
+  max_step_tokens = options.max_step_tokens > 0 ? options.max_step_tokens : std::max(max_context, max_seqs);
+  max_logit_rows = options.max_logit_rows > 0 ? options.max_logit_rows : std::max<int64_t>(max_seqs * 8, 16);
+  max_logit_rows = std::min(max_logit_rows, max_step_tokens);
+  max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
+  cuda_graphs = options.cuda_graphs;
+  blocks_per_seq = (max_context + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
+
+  // Everything below must fit next to the weights: check before allocating (a clear error at
+  // load time instead of a failed allocation half way through).
+  const size_t pool_bytes =
+      static_cast<size_t>(max_seqs * blocks_per_seq * cuda::kKvBlockSize) * static_cast<size_t>(c.kv_dim()) * 2;
+  const size_t t = static_cast<size_t>(max_step_tokens);
+  const size_t activation_bytes =
+      t * 2 * static_cast<size_t>(2 * c.hidden_size + qkv_width() + c.q_dim() + c.hidden_size + 3 * c.intermediate_size);
+  const size_t logit_bytes = static_cast<size_t>(max_logit_rows) * static_cast<size_t>(c.vocab_size + c.hidden_size) * 2;
+  for (const Layer& layer : layers)
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      if (linear->quantized)
+        for (int64_t m : {int64_t{1}, std::min<int64_t>(max_step_tokens, 64), max_step_tokens})
+          gemm_workspace_bytes = std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k));
+  attention_workspace_bytes = cuda::attention_workspace_bytes(max_step_tokens, c.num_heads, c.head_dim, max_context);
+  const size_t needed = 2 * static_cast<size_t>(c.num_layers) * pool_bytes + activation_bytes + logit_bytes +
+                        gemm_workspace_bytes + attention_workspace_bytes +
+                        static_cast<size_t>(max_seqs + max_step_tokens) * static_cast<size_t>(blocks_per_seq) * 4;
+  const cuda::MemoryInfo memory = cuda::memory_info();
+  QSPEC_CHECK(needed + (size_t{256} << 20) <= memory.free_bytes, "GPU model: the KV cache (", max_seqs,
+              " sequences x ", max_context, " positions) and scratch need ", needed / (1 << 20), " MiB but only ",
+              memory.free_bytes / (1 << 20), " MiB of ", memory.total_bytes / (1 << 20),
+              " MiB are free after the weights; lower --max-seqs or --max-context");
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_pools.push_back(allocate(pool_bytes, "K cache"));
+    v_pools.push_back(allocate(pool_bytes, "V cache"));
+  }
+  std::vector<int32_t> table(static_cast<size_t>(max_seqs * blocks_per_seq));
+  for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
+  block_tables = upload(table, "block tables");
+  run_tables = allocate(t * static_cast<size_t>(blocks_per_seq) * 4, "step block tables");
+  inputs = allocate(input_words() * 4, "step inputs");
+  host_inputs = cuda::PinnedMemory(input_words() * 4);
+  host_ids = cuda::PinnedMemory(static_cast<size_t>(max_logit_rows) * 4);
+
+  x = allocate(t * c.hidden_size * 2, "activations");
+  normed = allocate(t * c.hidden_size * 2, "activations");
+  qkv = allocate(t * qkv_width() * 2, "activations");
+  attn = allocate(t * c.q_dim() * 2, "activations");
+  proj = allocate(t * c.hidden_size * 2, "activations");
+  gate_up = allocate(t * 2 * c.intermediate_size * 2, "activations");
+  act = allocate(t * c.intermediate_size * 2, "activations");
+  gathered = allocate(static_cast<size_t>(max_logit_rows * c.hidden_size) * 2, "activations");
+  logits = allocate(static_cast<size_t>(max_logit_rows * c.vocab_size) * 2, "logits");
+  out_ids = allocate(static_cast<size_t>(max_logit_rows) * 4, "ids");
+  if (gemm_workspace_bytes > 0) {
+    gemm_workspace = allocate(gemm_workspace_bytes, "GEMM workspace");
+    cuda::w4a16_workspace_init(gemm_workspace.get(), gemm_workspace_bytes, stream);
+  }
+  attention_workspace = allocate(attention_workspace_bytes, "attention workspace");
+  cuda::stream_synchronize(stream);
+}
+
+GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tokens)
+    : GpuLlama(model, mode, GpuLlamaOptions{1, max_tokens, 0, 0, true}) {}
+
+GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaOptions& options)
+    : state_(std::make_unique<State>()) {
+  const ModelConfig& c = model.config();
+  check_supported(c, mode);
+  QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
+              "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
+  QSPEC_CHECK(!model.rotated(), "GPU model: Hadamard-rotated models are not on the GPU yet");
+  QSPEC_CHECK(options.max_context <= c.max_position_embeddings, "GPU model: max_context ", options.max_context,
               " outside 1..", c.max_position_embeddings);
   State& s = *state_;
   s.config = c;
@@ -130,16 +295,26 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tok
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
   }
-  s.capacity = max_tokens;
+  // The weights alone must fit: say so before uploading gigabytes.
+  const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
+  const cuda::MemoryInfo memory = cuda::memory_info();
+  QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: the ", mode.name, " weights need about ",
+              weight_estimate / (1 << 20), " MiB but the GPU (", cuda::device_name(), ") has ",
+              memory.free_bytes / (1 << 20), " MiB free");
   s.stream = cuda::create_stream();
   s.blas = std::make_unique<cuda::Blas>();
 
-  s.embedding = upload(to_f16(model.embedding()), "embedding");
+  {
+    std::vector<f16_bits> table;
+    table.reserve(static_cast<size_t>(c.vocab_size * c.hidden_size));
+    append_f16(model.embedding(), table);
+    s.embedding = upload(table, "embedding");
+  }
   s.final_norm = upload(model.final_norm(), "final norm");
   const RopeTables rope = rope_tables(c);
   s.inv_freq = upload(rope.inv_freq, "rope inv_freq");
   s.rope_scaling = rope.attention_scaling;
-  s.lm_head = make_linear(model.lm_head());
+  s.lm_head = make_linear({&model.lm_head()}, "lm_head");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = model.layer_weights(l);
     Layer layer;
@@ -147,173 +322,228 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tok
     layer.mlp_norm = upload(w.mlp_norm, "layer norm");
     if (s.quantized) {
       const QuantizedLayerWeights& qw = model.quantized_layers()[static_cast<size_t>(l)];
-      layer.q = make_linear(qw.q_proj);
-      layer.k = make_linear(qw.k_proj);
-      layer.v = make_linear(qw.v_proj);
-      layer.o = make_linear(qw.o_proj);
-      layer.gate = make_linear(qw.gate_proj);
-      layer.up = make_linear(qw.up_proj);
-      layer.down = make_linear(qw.down_proj);
+      layer.qkv = make_linear({&qw.q_proj, &qw.k_proj, &qw.v_proj}, "qkv_proj");
+      layer.o = make_linear({&qw.o_proj}, "o_proj");
+      layer.gate_up = make_linear({&qw.gate_proj, &qw.up_proj}, "gate_up_proj");
+      layer.down = make_linear({&qw.down_proj}, "down_proj");
     } else {
-      layer.q = make_linear(w.q_proj);
-      layer.k = make_linear(w.k_proj);
-      layer.v = make_linear(w.v_proj);
-      layer.o = make_linear(w.o_proj);
-      layer.gate = make_linear(w.gate_proj);
-      layer.up = make_linear(w.up_proj);
-      layer.down = make_linear(w.down_proj);
+      layer.qkv = make_linear({&w.q_proj, &w.k_proj, &w.v_proj}, "qkv_proj");
+      layer.o = make_linear({&w.o_proj}, "o_proj");
+      layer.gate_up = make_linear({&w.gate_proj, &w.up_proj}, "gate_up_proj");
+      layer.down = make_linear({&w.down_proj}, "down_proj");
     }
     s.layers.push_back(std::move(layer));
   }
+  s.allocate_runtime(options);
+  lengths_.assign(static_cast<size_t>(s.max_seqs), 0);
+}
 
-  // Paged KV cache of one sequence: blocks 0..max_blocks-1 in order.
-  s.max_blocks = (max_tokens + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
-  const size_t pool_bytes = static_cast<size_t>(s.max_blocks * cuda::kKvBlockSize * c.kv_dim()) * 2;
+std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const RunMode& mode,
+                                              const GpuLlamaOptions& options, uint64_t seed) {
+  const ModelConfig& c = config;
+  check_supported(c, mode);
+  std::unique_ptr<GpuLlama> gpu(new GpuLlama());
+  gpu->state_ = std::make_unique<State>();
+  State& s = *gpu->state_;
+  s.config = c;
+  s.quantized = mode.quantized_weights;
+  if (c.attention_bias || c.attention_output_bias || c.mlp_bias)
+    s.model_note = "synthetic: linear biases omitted (a few vectors; the GPU path has no bias add yet)";
+  const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
+  const cuda::MemoryInfo memory = cuda::memory_info();
+  QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
+              weight_estimate / (1 << 20), " MiB but the GPU has ", memory.free_bytes / (1 << 20), " MiB free");
+  s.stream = cuda::create_stream();
+  s.blas = std::make_unique<cuda::Blas>();
+  const int64_t hidden = c.hidden_size;
+  s.embedding = allocate(static_cast<size_t>(c.vocab_size * hidden) * 2, "embedding");
+  cuda::fill_random_f16(s.embedding.as<f16_bits>(), static_cast<size_t>(c.vocab_size * hidden), -1.0f, 1.0f, seed,
+                        s.stream);
+  const std::vector<float> ones(static_cast<size_t>(hidden), 1.0f);
+  s.final_norm = upload(ones, "final norm");
+  const RopeTables rope = rope_tables(c);
+  s.inv_freq = upload(rope.inv_freq, "rope inv_freq");
+  s.rope_scaling = rope.attention_scaling;
+  // The lm_head stays f16 in both modes, as for real checkpoints (LlamaModel::lm_head()).
+  s.lm_head = make_synthetic_linear(c.vocab_size, hidden, false, seed + 7, s.stream);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    s.k_pools.emplace_back(pool_bytes);
-    s.v_pools.emplace_back(pool_bytes);
+    const uint64_t layer_seed = seed + 1000 * static_cast<uint64_t>(l + 1);
+    Layer layer;
+    layer.attention_norm = upload(ones, "layer norm");
+    layer.mlp_norm = upload(ones, "layer norm");
+    layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream);
+    layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream);
+    layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream);
+    layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream);
+    s.layers.push_back(std::move(layer));
   }
-  std::vector<int32_t> table(static_cast<size_t>(s.max_blocks));
-  for (int64_t b = 0; b < s.max_blocks; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>(b);
-  s.block_table = upload(table, "block table");
-
-  const size_t t = static_cast<size_t>(max_tokens);
-  s.ids = DeviceMemory(t * 4);
-  s.positions = DeviceMemory(t * 4);
-  s.query_start = DeviceMemory(16);
-  s.context_len = DeviceMemory(16);
-  s.x = DeviceMemory(t * c.hidden_size * 2);
-  s.normed = DeviceMemory(t * c.hidden_size * 2);
-  s.q = DeviceMemory(t * c.q_dim() * 2);
-  s.k = DeviceMemory(t * c.kv_dim() * 2);
-  s.v = DeviceMemory(t * c.kv_dim() * 2);
-  s.attn = DeviceMemory(t * c.q_dim() * 2);
-  s.proj = DeviceMemory(t * c.hidden_size * 2);
-  s.gate = DeviceMemory(t * c.intermediate_size * 2);
-  s.up = DeviceMemory(t * c.intermediate_size * 2);
-  s.act = DeviceMemory(t * c.intermediate_size * 2);
-  s.logits = DeviceMemory(static_cast<size_t>(c.vocab_size) * 2);
-  s.next_id = DeviceMemory(16);
-  // GEMM workspace: the largest any projection needs at any token count up to max_tokens.
-  for (const Layer& layer : s.layers)
-    for (const Linear* linear : {&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down})
-      if (linear->quantized)
-        for (int64_t m : {int64_t{1}, std::min<int64_t>(max_tokens, 64), max_tokens})
-          s.gemm_workspace_bytes =
-              std::max(s.gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k));
-  if (s.gemm_workspace_bytes > 0) {
-    s.gemm_workspace = DeviceMemory(s.gemm_workspace_bytes);
-    cuda::w4a16_workspace_init(s.gemm_workspace.get(), s.gemm_workspace_bytes, s.stream);
+  s.allocate_runtime(options);
+  // The cache holds random values too (benchmarks attend to contexts they never prefilled).
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const size_t halves = s.k_pools[static_cast<size_t>(l)].bytes() / 2;
+    cuda::fill_random_f16(s.k_pools[static_cast<size_t>(l)].as<f16_bits>(), halves, -1.0f, 1.0f, seed + 11 + l, s.stream);
+    cuda::fill_random_f16(s.v_pools[static_cast<size_t>(l)].as<f16_bits>(), halves, -1.0f, 1.0f, seed + 13 + l, s.stream);
   }
-  s.attention_workspace_bytes = cuda::attention_workspace_bytes(max_tokens, c.num_heads, c.head_dim, max_tokens);
-  s.attention_workspace = DeviceMemory(s.attention_workspace_bytes);
   cuda::stream_synchronize(s.stream);
+  gpu->lengths_.assign(static_cast<size_t>(s.max_seqs), 0);
+  return gpu;
 }
 
 GpuLlama::~GpuLlama() = default;
 
-size_t GpuLlama::device_bytes() const {
-  size_t total = 0;
-  const State& s = *state_;
-  auto add = [&](const DeviceMemory& m) { total += m.bytes(); };
-  for (const DeviceMemory* m : {&s.embedding, &s.final_norm, &s.inv_freq, &s.block_table, &s.ids, &s.positions, &s.x,
-                                &s.normed, &s.q, &s.k, &s.v, &s.attn, &s.proj, &s.gate, &s.up, &s.act, &s.logits,
-                                &s.gemm_workspace, &s.attention_workspace})
-    add(*m);
-  auto add_linear = [&](const Linear& l) {
-    add(l.w16);
-    add(l.codes);
-    add(l.scales);
-  };
-  add_linear(s.lm_head);
-  for (const Layer& layer : s.layers)
-    for (const Linear* linear : {&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down})
-      add_linear(*linear);
-  for (const DeviceMemory& m : s.k_pools) add(m);
-  for (const DeviceMemory& m : s.v_pools) add(m);
-  return total;
-}
+// ---- the forward pass ------------------------------------------------------------------
 
-int32_t GpuLlama::forward(std::span<const int32_t> tokens) {
-  State& s = *state_;
-  const ModelConfig& c = s.config;
-  const int64_t count = static_cast<int64_t>(tokens.size());
-  QSPEC_CHECK(count > 0, "GPU forward: no tokens");
-  QSPEC_CHECK(length_ + count <= s.capacity, "GPU forward: ", length_ + count, " tokens exceed the GPU KV cache of ",
-              s.capacity);
-  for (int32_t id : tokens)
-    QSPEC_CHECK(id >= 0 && id < c.vocab_size, "GPU forward: token id ", id, " outside the vocabulary [0, ",
-                c.vocab_size, ")");
-  const int64_t start = length_, hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(),
-                inter = c.intermediate_size;
-  std::vector<int32_t> positions(static_cast<size_t>(count));
-  for (int64_t t = 0; t < count; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(start + t);
-  const int32_t query_start[2] = {0, static_cast<int32_t>(count)};
-  const int32_t context_len = static_cast<int32_t>(start + count);
-  // Synchronous copies: the stream is idle (every forward ends with a synchronize).
-  cuda::copy_to_device(s.ids.get(), tokens.data(), tokens.size() * 4);
-  cuda::copy_to_device(s.positions.get(), positions.data(), positions.size() * 4);
-  cuda::copy_to_device(s.query_start.get(), query_start, sizeof query_start);
-  cuda::copy_to_device(s.context_len.get(), &context_len, sizeof context_len);
-
-  void* stream = s.stream;
-  auto* x = s.x.as<f16_bits>();
-  auto* normed = s.normed.as<f16_bits>();
-  auto* q = s.q.as<f16_bits>();
-  auto* k = s.k.as<f16_bits>();
-  auto* v = s.v.as<f16_bits>();
-  auto* attn = s.attn.as<f16_bits>();
-  auto* proj = s.proj.as<f16_bits>();
+void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_query_len, int64_t max_context_in_step,
+                                      bool decode, const int32_t* tables, int64_t logit_rows, bool gather) {
+  const ModelConfig& c = config;
+  const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate_size,
+                width = qkv_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
   cuda::QueryBatch batch;
-  batch.num_seqs = 1;
-  batch.num_tokens = count;
-  batch.query_start = s.query_start.as<int32_t>();
-  batch.positions = s.positions.as<int32_t>();
-  batch.max_query_len = count;
-  batch.max_context = start + count;
+  batch.num_seqs = runs;
+  batch.num_tokens = tokens;
+  batch.query_start = input_query_start();
+  batch.positions = input_positions();
+  batch.max_query_len = max_query_len;
+  batch.max_context = max_context_in_step;
+  auto* xs = x.as<f16_bits>();
+  auto* norm_out = normed.as<f16_bits>();
+  auto* qkv_out = qkv.as<f16_bits>();
+  auto* attn_out = attn.as<f16_bits>();
+  auto* proj_out = proj.as<f16_bits>();
+  auto* gate_up_out = gate_up.as<f16_bits>();
+  auto* act_out = act.as<f16_bits>();
 
-  cuda::embedding(s.ids.as<int32_t>(), count, s.embedding.as<f16_bits>(), c.vocab_size, hidden, x, stream);
-  for (size_t l = 0; l < s.layers.size(); ++l) {
-    const Layer& layer = s.layers[l];
-    const cuda::PagedKv kv{s.k_pools[l].as<f16_bits>(), s.v_pools[l].as<f16_bits>(), s.block_table.as<int32_t>(),
-                           s.max_blocks};
-    // Attention block.
-    cuda::rmsnorm(x, layer.attention_norm.as<float>(), count, hidden, eps, normed, stream);
-    s.gemm(layer.q, normed, count, q);
-    s.gemm(layer.k, normed, count, k);
-    s.gemm(layer.v, normed, count, v);
-    cuda::rope(q, count, c.num_heads, c.head_dim, q_dim, s.positions.as<int32_t>(), s.inv_freq.as<float>(),
-               s.rope_scaling, stream);
-    cuda::rope(k, count, c.num_kv_heads, c.head_dim, kv_dim, s.positions.as<int32_t>(), s.inv_freq.as<float>(),
-               s.rope_scaling, stream);
-    cuda::paged_kv_write(k, v, kv_dim, batch, kv, c.num_kv_heads, c.head_dim, stream);
-    if (count == 1)
-      cuda::paged_attention_decode(q, q_dim, 1, s.context_len.as<int32_t>(), start + 1, kv, shape, attn, q_dim,
-                                   s.attention_workspace.get(), s.attention_workspace_bytes, stream);
+  cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Layer& layer = layers[l];
+    const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
+    // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
+    if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+    else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+    gemm(layer.qkv, norm_out, tokens, qkv_out);
+    cuda::rope(qkv_out, tokens, c.num_heads, c.head_dim, width, input_positions(), inv_freq.as<float>(), rope_scaling,
+               stream);
+    cuda::rope(qkv_out + q_dim, tokens, c.num_kv_heads, c.head_dim, width, input_positions(), inv_freq.as<float>(),
+               rope_scaling, stream);
+    cuda::paged_kv_write(qkv_out + q_dim, qkv_out + q_dim + kv_dim, width, batch, kv, c.num_kv_heads, c.head_dim,
+                         stream);
+    if (decode)
+      cuda::paged_attention_decode(qkv_out, width, runs, input_context_lens(), max_context_in_step, kv, shape, attn_out,
+                                   q_dim, attention_workspace.get(), attention_workspace_bytes, stream);
     else
-      cuda::paged_attention_prefill(q, q_dim, batch, kv, shape, attn, q_dim, s.attention_workspace.get(),
-                                    s.attention_workspace_bytes, stream);
-    s.gemm(layer.o, attn, count, proj);
+      cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
+                                    attention_workspace_bytes, stream);
+    gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
-    cuda::add_rmsnorm(x, proj, layer.mlp_norm.as<float>(), count, hidden, eps, normed, stream);
-    s.gemm(layer.gate, normed, count, s.gate.as<f16_bits>());
-    s.gemm(layer.up, normed, count, s.up.as<f16_bits>());
-    cuda::silu_mul(s.gate.as<f16_bits>(), s.up.as<f16_bits>(), count, inter, inter, s.act.as<f16_bits>(), stream);
-    s.gemm(layer.down, s.act.as<f16_bits>(), count, proj);
-    cuda::add(x, proj, count * hidden, x, stream);
+    cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+    gemm(layer.gate_up, norm_out, tokens, gate_up_out);
+    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
+    gemm(layer.down, act_out, tokens, proj_out);
   }
-  // Logits of the last token only.
-  const f16_bits* last = x + (count - 1) * hidden;
-  cuda::rmsnorm(last, s.final_norm.as<float>(), 1, hidden, eps, normed, stream);
-  s.gemm(s.lm_head, normed, 1, s.logits.as<f16_bits>());
-  cuda::argmax_f16(s.logits.as<f16_bits>(), 1, c.vocab_size, s.next_id.as<int32_t>(), stream);
-  cuda::stream_synchronize(stream);
-  int32_t next = 0;
-  cuda::copy_to_host(&next, s.next_id.get(), sizeof next);
-  length_ = start + count;
-  return next;
+  // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
+  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+  const f16_bits* rows = norm_out;
+  if (gather) {
+    // The embedding gather with the normed activations as its table picks the runs' last rows.
+    cuda::embedding(input_logit_rows(), logit_rows, norm_out, tokens, hidden, gathered.as<f16_bits>(), stream);
+    rows = gathered.as<f16_bits>();
+  }
+  gemm(lm_head, rows, logit_rows, logits.as<f16_bits>());
+  cuda::argmax_f16(logits.as<f16_bits>(), logit_rows, c.vocab_size, out_ids.as<int32_t>(), stream);
+}
+
+std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) {
+  State& s = *state_;
+  const ModelConfig& c = s.config;
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
+  QSPEC_CHECK(num_runs > 0, "GPU step: no runs");
+  int64_t tokens = 0, max_query_len = 0, max_context_in_step = 0;
+  bool decode = true, identity_tables = true;
+  std::vector<bool> seen(static_cast<size_t>(s.max_seqs), false);
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const Run& run = runs[static_cast<size_t>(r)];
+    QSPEC_CHECK(run.seq >= 0 && run.seq < s.max_seqs, "GPU step: sequence ", run.seq, " outside 0..", s.max_seqs - 1);
+    QSPEC_CHECK(!seen[static_cast<size_t>(run.seq)], "GPU step: sequence ", run.seq, " appears twice in one step");
+    seen[static_cast<size_t>(run.seq)] = true;
+    const int64_t count = static_cast<int64_t>(run.tokens.size());
+    const int64_t length = lengths_[static_cast<size_t>(run.seq)];
+    QSPEC_CHECK(count > 0, "GPU step: sequence ", run.seq, " has no tokens");
+    QSPEC_CHECK(length + count <= s.max_context, "GPU step: sequence ", run.seq, " would hold ", length + count,
+                " positions; the GPU cache holds ", s.max_context);
+    for (int32_t id : run.tokens)
+      QSPEC_CHECK(id >= 0 && id < c.vocab_size, "GPU step: token id ", id, " outside the vocabulary [0, ",
+                  c.vocab_size, ")");
+    tokens += count;
+    max_query_len = std::max(max_query_len, count);
+    max_context_in_step = std::max(max_context_in_step, length + count);
+    decode = decode && count == 1;
+    identity_tables = identity_tables && run.seq == r;
+  }
+  QSPEC_CHECK(tokens <= s.max_step_tokens, "GPU step: ", tokens, " tokens exceed the step capacity of ",
+              s.max_step_tokens, " (split the prefill into chunks)");
+  const int64_t logit_rows = all_tokens || decode ? tokens : num_runs;
+  QSPEC_CHECK(logit_rows <= s.max_logit_rows, "GPU step: ", logit_rows, " rows of logits exceed the capacity of ",
+              s.max_logit_rows);
+
+  // Inputs: one pinned buffer, one copy.
+  int32_t* host = s.host_inputs.as<int32_t>();
+  int32_t* ids = host;
+  int32_t* positions = host + s.max_step_tokens;
+  int32_t* query_start = positions + s.max_step_tokens;
+  int32_t* context_lens = query_start + s.max_step_tokens + 1;
+  int32_t* logit_row_ids = context_lens + s.max_step_tokens;
+  int64_t t = 0;
+  query_start[0] = 0;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const Run& run = runs[static_cast<size_t>(r)];
+    const int64_t length = lengths_[static_cast<size_t>(run.seq)];
+    for (size_t i = 0; i < run.tokens.size(); ++i, ++t) {
+      ids[t] = run.tokens[i];
+      positions[t] = static_cast<int32_t>(length + static_cast<int64_t>(i));
+    }
+    query_start[r + 1] = static_cast<int32_t>(t);
+    context_lens[r] = static_cast<int32_t>(length + static_cast<int64_t>(run.tokens.size()));
+    logit_row_ids[r] = static_cast<int32_t>(t - 1);
+  }
+  const bool gather = logit_rows != tokens;
+  cuda::copy_to_device_async(s.inputs.get(), host, s.input_words() * 4, s.stream);
+  const int32_t* tables = s.block_tables.as<int32_t>();
+  if (!identity_tables) {
+    for (int64_t r = 0; r < num_runs; ++r)
+      cuda::copy_device_to_device(s.run_tables.as<int32_t>() + r * s.blocks_per_seq,
+                                  s.block_tables.as<int32_t>() + runs[static_cast<size_t>(r)].seq * s.blocks_per_seq,
+                                  static_cast<size_t>(s.blocks_per_seq) * 4, s.stream);
+    tables = s.run_tables.as<int32_t>();
+  }
+
+  if (decode && identity_tables && s.cuda_graphs) {
+    // Decode: replay the graph of this batch size and context bucket (captured on first use).
+    const int64_t bucket = context_bucket(max_context_in_step, s.max_context);
+    auto key = std::make_pair(num_runs, bucket);
+    auto found = s.decode_graphs.find(key);
+    if (found == s.decode_graphs.end()) {
+      cuda::Graph graph = cuda::Graph::capture(s.stream, [&] {
+        s.enqueue_forward(tokens, num_runs, 1, bucket, true, tables, logit_rows, false);
+      });
+      found = s.decode_graphs.emplace(key, std::move(graph)).first;
+    }
+    found->second.launch(s.stream);
+  } else {
+    s.enqueue_forward(tokens, num_runs, max_query_len, max_context_in_step, decode, tables, logit_rows, gather);
+  }
+  cuda::copy_to_host_async(s.host_ids.as<void>(), s.out_ids.get(), static_cast<size_t>(logit_rows) * 4, s.stream);
+  cuda::stream_synchronize(s.stream);
+  s.last_logit_rows = logit_rows;
+  for (const Run& run : runs) lengths_[static_cast<size_t>(run.seq)] += static_cast<int64_t>(run.tokens.size());
+  const int32_t* out = s.host_ids.as<int32_t>();
+  return std::vector<int32_t>(out, out + logit_rows);
+}
+
+int32_t GpuLlama::forward(std::span<const int32_t> tokens) {
+  const Run run{0, tokens};
+  return step(std::span<const Run>(&run, 1)).front();
 }
 
 std::vector<float> GpuLlama::logits() const {
@@ -325,9 +555,52 @@ std::vector<float> GpuLlama::logits() const {
   return out;
 }
 
+int64_t GpuLlama::length(int64_t seq) const {
+  QSPEC_CHECK(seq >= 0 && seq < max_seqs(), "GPU model: sequence ", seq, " outside 0..", max_seqs() - 1);
+  return lengths_[static_cast<size_t>(seq)];
+}
+
+void GpuLlama::truncate(int64_t seq, int64_t new_length) {
+  QSPEC_CHECK(seq >= 0 && seq < max_seqs(), "GPU model: sequence ", seq, " outside 0..", max_seqs() - 1);
+  QSPEC_CHECK(new_length >= 0 && new_length <= state_->max_context, "GPU model: length ", new_length, " outside 0..",
+              state_->max_context);
+  // Growing is allowed too: benchmarks attend to a cache they filled with random values.
+  lengths_[static_cast<size_t>(seq)] = new_length;
+}
+
+const ModelConfig& GpuLlama::config() const { return state_->config; }
+int64_t GpuLlama::max_context() const { return state_->max_context; }
+int64_t GpuLlama::graphs_captured() const { return static_cast<int64_t>(state_->decode_graphs.size()); }
+
+size_t GpuLlama::weight_bytes() const {
+  const State& s = *state_;
+  size_t total = s.lm_head.bytes() + s.final_norm.bytes();
+  for (const Layer& layer : s.layers)
+    total += layer.qkv.bytes() + layer.o.bytes() + layer.gate_up.bytes() + layer.down.bytes() +
+             layer.attention_norm.bytes() + layer.mlp_norm.bytes();
+  return total;
+}
+
+size_t GpuLlama::kv_bytes_per_position() const {
+  const ModelConfig& c = state_->config;
+  return static_cast<size_t>(c.num_layers * 2 * c.kv_dim() * 2);
+}
+
+size_t GpuLlama::device_bytes() const {
+  const State& s = *state_;
+  size_t total = weight_bytes() + s.embedding.bytes() + s.inv_freq.bytes();
+  for (const DeviceMemory* m : {&s.block_tables, &s.run_tables, &s.inputs, &s.x, &s.normed, &s.qkv, &s.attn, &s.proj,
+                                &s.gate_up, &s.act, &s.gathered, &s.logits, &s.out_ids, &s.gemm_workspace,
+                                &s.attention_workspace})
+    total += m->bytes();
+  for (const DeviceMemory& m : s.k_pools) total += m.bytes();
+  for (const DeviceMemory& m : s.v_pools) total += m.bytes();
+  return total;
+}
+
 std::vector<int32_t> gpu_greedy_generate(GpuLlama& gpu, std::span<const int32_t> prompt, int64_t max_new_tokens,
                                          const std::vector<int32_t>& eos_ids) {
-  gpu.reset();
+  gpu.reset(0);
   std::vector<int32_t> ids;
   if (max_new_tokens <= 0) return ids;
   int32_t next = gpu.forward(prompt);
@@ -338,6 +611,50 @@ std::vector<int32_t> gpu_greedy_generate(GpuLlama& gpu, std::span<const int32_t>
     next = gpu.forward(std::span<const int32_t>(&next, 1));
   }
   return ids;
+}
+
+// ---- synthetic shapes ------------------------------------------------------------------
+
+namespace {
+
+struct SyntheticShape {
+  const char* name;
+  const char* config_json;
+};
+
+// config.json fields of the published checkpoints (shapes and RoPE only).
+const SyntheticShape kSyntheticShapes[] = {
+    {"llama3-8b",
+     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+         "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false})"},
+    {"llama2-7b",
+     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+         "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})"},
+    {"qwen2.5-7b",
+     R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+         "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},
+};
+
+}  // namespace
+
+ModelConfig synthetic_model_config(const std::string& name) {
+  for (const SyntheticShape& shape : kSyntheticShapes)
+    if (name == shape.name) return ModelConfig::parse(shape.config_json, std::string("synthetic ") + shape.name);
+  std::string names;
+  for (const SyntheticShape& shape : kSyntheticShapes) names += std::string(names.empty() ? "" : ", ") + shape.name;
+  fail("unknown synthetic model '", name, "' (known: ", names, ")");
+}
+
+std::vector<std::string> synthetic_model_names() {
+  std::vector<std::string> names;
+  for (const SyntheticShape& shape : kSyntheticShapes) names.emplace_back(shape.name);
+  return names;
 }
 
 }  // namespace qspec

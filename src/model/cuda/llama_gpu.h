@@ -1,11 +1,16 @@
-// The forward pass of a LlamaModel on the GPU (CUDA builds only: compiled into qspec_core when
-// QSPEC_HAVE_CUDA). Plain C++ over ops/cuda/ops.h: f16 activations and residual stream, f32
-// statistics and accumulation; W16A16 through cuBLAS (checkpoint weights converted to f16 at
-// upload), W4A16 through the packed 4-bit kernels (gemm/w4a16_pack.h); one sequence, its KV
-// cache paged in 16-position blocks. Its reference is LlamaModel::forward (CPU, f32).
+// The forward pass of a Llama-family model on the GPU (CUDA builds only: compiled into
+// qspec_core when QSPEC_HAVE_CUDA). Plain C++ over ops/cuda/ops.h: f16 activations and residual
+// stream, f32 statistics and accumulation; W16A16 through cuBLAS (checkpoint weights converted
+// to f16 at upload), W4A16 through the packed 4-bit kernels (gemm/w4a16_pack.h); q/k/v and
+// gate/up fused into one GEMM each. Several sequences at once, each with its own paged KV cache
+// (sequence s owns blocks s * blocks_per_seq ...); a step runs any mix of prefill chunks, decode
+// tokens and multi-token verify runs. Decode steps (one token per sequence, sequences 0..B-1)
+// replay a CUDA graph captured once per (B, context bucket): one launch, no host work per layer.
+// Its reference is LlamaModel::forward (CPU, f32).
 //
-// Scope of this first version: modes w16a16 and w4a16; no biases, no Hadamard rotation, no
-// ARC reordering (each rejected at construction with a qspec::Error naming it).
+// Scope: modes w16a16 and w4a16; no biases, no Hadamard rotation, no ARC reordering (each
+// rejected at construction with a qspec::Error naming it). Synthetic models (random weights
+// drawn on the GPU, for benchmarks at full-size shapes) may omit q/k/v biases: they say so.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,32 +22,71 @@
 
 namespace qspec {
 
+struct GpuLlamaOptions {
+  int64_t max_seqs = 1;         // sequences held at once
+  int64_t max_context = 0;      // positions per sequence (0: the model's max_position_embeddings)
+  int64_t max_step_tokens = 0;  // tokens per step (0: max(max_context, max_seqs)); prefill chunks beyond split
+  int64_t max_logit_rows = 0;   // rows of logits a step may return (0: max_seqs * 8, room for verify runs)
+  bool cuda_graphs = true;      // decode steps replay captured graphs
+};
+
+// The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
+ModelConfig synthetic_model_config(const std::string& name);
+std::vector<std::string> synthetic_model_names();
+
 class GpuLlama {
  public:
-  // Uploads the weights `mode` needs and allocates a KV cache of max_tokens positions.
-  // Throws (at load, never mid-request) without a GPU, below sm_80, on an unsupported model
-  // or mode, or when the GPU has too little memory (the CUDA error names the allocation).
+  // Uploads the weights `mode` needs. Throws (at load, never mid-request) without a GPU, below
+  // sm_80, on an unsupported model or mode, or when weights + cache do not fit the GPU's free
+  // memory (the message gives both sizes).
+  GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaOptions& options);
+  // One sequence of max_tokens positions (the first version's constructor).
   GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tokens);
+  // Random weights drawn on the GPU from `seed` (uniform codes and small scales / values): the
+  // timing of a full-size model without its checkpoint. Outputs are meaningless.
+  static std::unique_ptr<GpuLlama> synthetic(const ModelConfig& config, const RunMode& mode,
+                                             const GpuLlamaOptions& options, uint64_t seed = 1);
   ~GpuLlama();
   GpuLlama(const GpuLlama&) = delete;
   GpuLlama& operator=(const GpuLlama&) = delete;
 
-  // Runs `tokens` at positions length() ... and appends their K/V; returns the greedy (argmax)
-  // id after the last token. logits(): that token's logits (f16 on the GPU, as f32).
+  // A run of one step: `tokens` appended to sequence `seq` at positions length(seq) ...
+  struct Run {
+    int64_t seq = 0;
+    std::span<const int32_t> tokens;
+  };
+  // Runs every run in one forward pass (one GEMM per projection over all their tokens) and
+  // appends their K/V. Returns greedy (argmax) ids: per run, the id after its last token, or,
+  // with all_tokens, the id after each of its tokens (QSpec verify), runs in order.
+  std::vector<int32_t> step(std::span<const Run> runs, bool all_tokens = false);
+
+  // Single sequence 0 (the first version's API): returns the id after the last token.
   int32_t forward(std::span<const int32_t> tokens);
-  std::vector<float> logits() const;
-  int64_t length() const { return length_; }
-  void reset() { length_ = 0; }
+  std::vector<float> logits() const;  // the last step's first logits row, as f32
+
+  int64_t length(int64_t seq = 0) const;
+  // Forgets positions >= length (QSpec rollback: the next step overwrites their K/V).
+  void truncate(int64_t seq, int64_t length);
+  void reset() { lengths_.assign(lengths_.size(), 0); }
+  void reset(int64_t seq) { truncate(seq, 0); }
+
+  const ModelConfig& config() const;
+  int64_t max_seqs() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t max_context() const;
   size_t device_bytes() const;  // weights + cache + scratch held on the GPU
+  size_t weight_bytes() const;  // what one decode step reads of weights (lm_head included, embedding not)
+  size_t kv_bytes_per_position() const;  // K + V of one position, all layers
+  int64_t graphs_captured() const;
 
  private:
+  GpuLlama() = default;
   struct State;
   std::unique_ptr<State> state_;
-  int64_t length_ = 0;
+  std::vector<int64_t> lengths_;
 };
 
-// Greedy decoding on the GPU: prompt, then up to max_new_tokens ids (stops after an eos id,
-// which is kept), like runtime/generate.h's greedy path. Resets the cache first.
+// Greedy decoding of sequence 0: prompt, then up to max_new_tokens ids (stops after an eos id,
+// which is kept), like runtime/generate.h's greedy path. Resets the sequence first.
 std::vector<int32_t> gpu_greedy_generate(GpuLlama& gpu, std::span<const int32_t> prompt, int64_t max_new_tokens,
                                          const std::vector<int32_t>& eos_ids);
 

@@ -77,6 +77,68 @@ ReplayTimes time_replays(const std::function<void(void* stream, int index)>& bod
                          void* stream);
 std::string device_name();
 
+// Free and total device memory (cudaMemGetInfo) of the current device.
+struct MemoryInfo {
+  size_t free_bytes = 0, total_bytes = 0;
+};
+MemoryInfo memory_info();
+
+// A captured CUDA graph: what `body` enqueues on `stream` (thread-local capture), replayed with
+// launch(). Kernel parameters are frozen at capture: inputs must live in device buffers that
+// the caller rewrites between launches. Move-only.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  // Throws qspec::Error when capture or instantiation fails (the stream is usable afterwards).
+  static Graph capture(void* stream, const std::function<void()>& body);
+  void launch(void* stream) const;
+  bool valid() const { return exec_ != nullptr; }
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
+// Page-locked host memory (async copies from it can overlap and be captured). Move-only.
+class PinnedMemory {
+ public:
+  PinnedMemory() = default;
+  explicit PinnedMemory(size_t bytes);
+  ~PinnedMemory();
+  PinnedMemory(PinnedMemory&& other) noexcept;
+  PinnedMemory& operator=(PinnedMemory&& other) noexcept;
+  PinnedMemory(const PinnedMemory&) = delete;
+  PinnedMemory& operator=(const PinnedMemory&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes, void* stream);
+void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes, void* stream);
+
+// Elapsed device time between two points of a stream (CUDA events), for benchmarks.
+class EventTimer {
+ public:
+  EventTimer();
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start(void* stream);
+  float stop_ms(void* stream);  // records the end, waits for it, returns milliseconds
+
+ private:
+  void* start_ = nullptr;
+  void* stop_ = nullptr;
+};
+
 // cuBLAS handle (one per thread that issues GEMMs). Opaque: cublas_v2.h stays in ops/cuda.
 class Blas {
  public:
@@ -88,6 +150,8 @@ class Blas {
 
  private:
   void* handle_ = nullptr;
+  // Its own workspace, so GEMMs captured into a CUDA graph never allocate.
+  void* workspace_ = nullptr;
 };
 
 // ---- elementwise ops ------------------------------------------------------------------

@@ -126,13 +126,111 @@ ReplayTimes time_replays(const std::function<void(void* stream, int index)>& bod
   return times;
 }
 
+MemoryInfo memory_info() {
+  MemoryInfo info;
+  QSPEC_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
+Graph::~Graph() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+Graph Graph::capture(void* stream, const std::function<void()>& body) {
+  cudaStream_t s = as_stream(stream);
+  QSPEC_CHECK(s != nullptr, "cuda::Graph::capture: needs a created stream");
+  QSPEC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(s, &partial);
+    if (partial != nullptr) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  QSPEC_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  QSPEC_CUDA_CHECK(status);
+  Graph out;
+  out.exec_ = exec;
+  return out;
+}
+void Graph::launch(void* stream) const {
+  QSPEC_CHECK(exec_ != nullptr, "cuda::Graph::launch: empty graph");
+  QSPEC_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
+}
+
+PinnedMemory::PinnedMemory(size_t bytes) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+  bytes_ = bytes;
+}
+PinnedMemory::~PinnedMemory() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+PinnedMemory::PinnedMemory(PinnedMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+PinnedMemory& PinnedMemory::operator=(PinnedMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, as_stream(stream)));
+}
+void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  QSPEC_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)));
+}
+
+EventTimer::EventTimer() {
+  cudaEvent_t a = nullptr, b = nullptr;
+  QSPEC_CUDA_CHECK(cudaEventCreate(&a));
+  QSPEC_CUDA_CHECK(cudaEventCreate(&b));
+  start_ = a;
+  stop_ = b;
+}
+EventTimer::~EventTimer() {
+  if (start_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  if (stop_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+void EventTimer::start(void* stream) {
+  QSPEC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), as_stream(stream)));
+}
+float EventTimer::stop_ms(void* stream) {
+  QSPEC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), as_stream(stream)));
+  QSPEC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
+  float ms = 0;
+  QSPEC_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
+  return ms;
+}
+
 Blas::Blas() {
   cublasHandle_t handle = nullptr;
   QSPEC_CUBLAS_CHECK(cublasCreate(&handle));
   handle_ = handle;
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+  QSPEC_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  QSPEC_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace_, kWorkspaceBytes));
 }
 Blas::~Blas() {
   if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (workspace_ != nullptr) cudaFree(workspace_);
 }
 
 namespace {

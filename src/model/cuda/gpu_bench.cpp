@@ -1,0 +1,291 @@
+#include "model/cuda/gpu_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "model/cuda/llama_gpu.h"
+#include "model/llama.h"
+#include "ops/cuda/ops.h"
+#include "qspec/error.h"
+
+namespace qspec {
+namespace {
+
+using cuda::DeviceMemory;
+using cuda::f16_bits;
+
+double median(std::vector<double> values) {
+  QSPEC_CHECK(!values.empty(), "bench: no samples");
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double median_ms(const cuda::ReplayTimes& times) {
+  return median(std::vector<double>(times.ms.begin(), times.ms.end()));
+}
+
+struct Ceilings {
+  double copy_bytes_per_s = 0;  // bytes read + written
+  double gemm_flops_per_s = 0;  // cuBLAS f16, f32 accumulation, 8192^3
+};
+
+Ceilings measure_ceilings(void* stream) {
+  Ceilings ceilings;
+  const size_t bytes = size_t{1} << 30;
+  DeviceMemory source(bytes), destination(bytes);
+  cuda::fill_random_u32(source.as<uint32_t>(), bytes / 4, 3, stream);
+  const double copy_ms =
+      median_ms(cuda::time_replays([&](void* s, int) { cuda::copy_kernel(destination.get(), source.get(), bytes, s); },
+                                   4, 2, 10, stream));
+  ceilings.copy_bytes_per_s = 2.0 * static_cast<double>(bytes) / (copy_ms * 1e-3);
+  const int64_t n = 8192;
+  DeviceMemory a(static_cast<size_t>(n * n) * 2), b(static_cast<size_t>(n * n) * 2), c(static_cast<size_t>(n * n) * 2);
+  cuda::fill_random_f16(a.as<f16_bits>(), static_cast<size_t>(n * n), -1.0f, 1.0f, 4, stream);
+  cuda::fill_random_f16(b.as<f16_bits>(), static_cast<size_t>(n * n), -1.0f, 1.0f, 5, stream);
+  cuda::Blas blas;
+  const double gemm_ms = median_ms(cuda::time_replays(
+      [&](void* s, int) {
+        cuda::linear_w16(blas, a.as<uint16_t>(), n, n, b.as<uint16_t>(), n, c.as<uint16_t>(), cuda::Dtype16::f16, s);
+      },
+      2, 2, 10, stream));
+  ceilings.gemm_flops_per_s = 2.0 * static_cast<double>(n) * n * n / (gemm_ms * 1e-3);
+  return ceilings;
+}
+
+// The projections of one layer and the lm_head, as (n, k) GEMM shapes (fused q|k|v, gate|up).
+struct GemmShape {
+  const char* name;
+  int64_t n, k;
+  int64_t per_step;  // how many a forward pass runs (layers, or 1 for the lm_head)
+  bool quantizable;  // the lm_head stays f16
+};
+
+std::vector<GemmShape> step_gemms(const ModelConfig& c) {
+  return {{"qkv", c.q_dim() + 2 * c.kv_dim(), c.hidden_size, c.num_layers, true},
+          {"o", c.hidden_size, c.q_dim(), c.num_layers, true},
+          {"gate_up", 2 * c.intermediate_size, c.hidden_size, c.num_layers, true},
+          {"down", c.hidden_size, c.intermediate_size, c.num_layers, true},
+          {"lm_head", c.vocab_size, c.hidden_size, 1, false}};
+}
+
+// Each GEMM of a step alone (graph replays), summed over the step: the baseline a forward pass
+// is compared with (everything else it does, and the gaps between kernels, is the difference).
+double gemm_sum_ms(const ModelConfig& c, bool quantized, int64_t m, void* stream, nlohmann::json& detail) {
+  cuda::Blas blas;
+  double total = 0;
+  for (const GemmShape& shape : step_gemms(c)) {
+    const bool w4 = quantized && shape.quantizable;
+    DeviceMemory x(static_cast<size_t>(m * shape.k) * 2), y(static_cast<size_t>(m * shape.n) * 2);
+    cuda::fill_random_f16(x.as<f16_bits>(), static_cast<size_t>(m * shape.k), -1.0f, 1.0f, 9, stream);
+    double ms = 0;
+    if (w4) {
+      const int64_t row_blocks = (shape.n + 15) / 16, group = 128;
+      DeviceMemory codes(static_cast<size_t>(row_blocks * shape.k * 8));
+      DeviceMemory scales(static_cast<size_t>(row_blocks * (shape.k / group) * 16) * 2);
+      cuda::fill_random_u32(codes.as<uint32_t>(), codes.bytes() / 4, 10, stream);
+      cuda::fill_random_f16(scales.as<f16_bits>(), scales.bytes() / 2, 0.001f, 0.002f, 11, stream);
+      const cuda::W4A16Weights view{codes.get(), scales.get(), shape.n, shape.k, group};
+      const size_t workspace_bytes = cuda::w4a16_workspace_bytes(m, shape.n, shape.k);
+      DeviceMemory workspace(workspace_bytes);
+      cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
+      ms = median_ms(cuda::time_replays(
+          [&](void* s, int) {
+            cuda::w4a16_gemm(blas, x.as<f16_bits>(), m, shape.k, view, y.as<f16_bits>(), shape.n, workspace.get(),
+                             workspace_bytes, s);
+          },
+          10, 3, 10, stream));
+    } else {
+      DeviceMemory w(static_cast<size_t>(shape.n * shape.k) * 2);
+      cuda::fill_random_f16(w.as<f16_bits>(), static_cast<size_t>(shape.n * shape.k), -0.03f, 0.03f, 12, stream);
+      ms = median_ms(cuda::time_replays(
+          [&](void* s, int) {
+            cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w.as<uint16_t>(), shape.n, y.as<uint16_t>(),
+                             cuda::Dtype16::f16, s);
+          },
+          10, 3, 10, stream));
+    }
+    detail[shape.name] = {{"us", ms * 1e3}, {"per_step", shape.per_step}, {"w4", w4}};
+    total += ms * static_cast<double>(shape.per_step);
+  }
+  return total;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Multiply-adds of the weights per token (the embedding is a gather, not a GEMM).
+double gemm_flops_per_token(const ModelConfig& c) {
+  double total = 0;
+  for (const GemmShape& shape : step_gemms(c))
+    total += 2.0 * static_cast<double>(shape.n) * static_cast<double>(shape.k) * static_cast<double>(shape.per_step);
+  return total;
+}
+
+std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const LlamaModel* checkpoint,
+                                     const ModelConfig& config, const RunMode& mode, const GpuLlamaOptions& gpu_options) {
+  if (checkpoint != nullptr) return std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options);
+  return GpuLlama::synthetic(config, mode, gpu_options, 1);
+}
+
+}  // namespace
+
+nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
+  QSPEC_CHECK(options.model_dir.empty() != options.synthetic.empty(),
+              "bench --device cuda: give a model directory or --synthetic NAME (one of them)");
+  QSPEC_CHECK(!options.batch_sizes.empty() && options.context > 0 && options.steps > 0,
+              "bench --device cuda: needs batch sizes, --context > 0 and --steps > 0");
+  std::unique_ptr<LlamaModel> checkpoint;
+  ModelConfig config;
+  std::string model_name;
+  if (!options.model_dir.empty()) {
+    checkpoint = LlamaModel::load(options.model_dir);
+    config = checkpoint->config();
+    model_name = options.model_dir;
+  } else {
+    config = synthetic_model_config(options.synthetic);
+    model_name = "synthetic " + options.synthetic;
+  }
+  void* stream = cuda::create_stream();
+  struct StreamGuard {
+    void* stream;
+    ~StreamGuard() { cuda::destroy_stream(stream); }
+  } guard{stream};
+
+  const Ceilings ceilings = measure_ceilings(stream);
+  std::printf("GPU %s | model %s | copy %.0f GB/s (read + write) | cuBLAS f16 %.0f TFLOP/s\n",
+              cuda::device_name().c_str(), model_name.c_str(), ceilings.copy_bytes_per_s / 1e9,
+              ceilings.gemm_flops_per_s / 1e12);
+  nlohmann::json record = {{"benchmark", "gpu_decode"},
+                           {"gpu", cuda::device_name()},
+                           {"model", model_name},
+                           {"commit", options.commit},
+                           {"command", options.command_line},
+                           {"context", options.context},
+                           {"steps", options.steps},
+                           {"cuda_graphs", options.cuda_graphs},
+                           {"copy_bytes_per_second", ceilings.copy_bytes_per_s},
+                           {"gemm_flops_per_second", ceilings.gemm_flops_per_s},
+                           {"modes", nlohmann::json::object()}};
+  const int64_t max_batch = *std::max_element(options.batch_sizes.begin(), options.batch_sizes.end());
+  const double flops_per_token = gemm_flops_per_token(config);
+
+  for (const std::string& mode_name : options.modes) {
+    RunMode mode = parse_run_mode(mode_name);
+    if (checkpoint && mode.quantized_weights && !checkpoint->has_quantized_weights())
+      checkpoint->quantize_weights(quant::Format::int4);
+    nlohmann::json mode_record = {{"decode", nlohmann::json::array()}, {"ttft", nlohmann::json::array()}};
+
+    // ---- decode steps ----
+    {
+      GpuLlamaOptions gpu_options;
+      gpu_options.max_seqs = max_batch;
+      gpu_options.max_context = std::min<int64_t>(options.context + options.steps + 8, config.max_position_embeddings);
+      QSPEC_CHECK(options.context + options.steps + 8 <= config.max_position_embeddings, "bench: --context ",
+                  options.context, " + --steps ", options.steps, " exceed the model's context");
+      gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
+      gpu_options.max_logit_rows = max_batch;
+      gpu_options.cuda_graphs = options.cuda_graphs;
+      auto gpu = make_model(options, checkpoint.get(), config, mode, gpu_options);
+      std::printf("\n%s decode: weights %.2f GB read per step, %.1f KB of K/V per position; %s\n", mode_name.c_str(),
+                  static_cast<double>(gpu->weight_bytes()) / 1e9,
+                  static_cast<double>(gpu->kv_bytes_per_position()) / 1e3,
+                  options.cuda_graphs ? "CUDA graphs" : "plain launches");
+      std::printf("%6s %10s %12s %12s %10s %9s %12s %9s\n", "batch", "step ms", "tokens/s", "roofline ms", "of roof",
+                  "bound", "GEMM sum ms", "step/sum");
+      for (int64_t batch : options.batch_sizes) {
+        std::vector<int32_t> tokens(static_cast<size_t>(batch));
+        std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
+        for (int64_t s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
+        for (int64_t s = 0; s < batch; ++s)
+          runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
+        auto set_context = [&] {
+          for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
+        };
+        set_context();
+        for (int i = 0; i < 3; ++i) gpu->step(runs);  // the first captures this batch's graph
+        set_context();
+        std::vector<double> step_seconds;
+        for (int64_t i = 0; i < options.steps; ++i) {
+          const auto start = std::chrono::steady_clock::now();
+          gpu->step(runs);
+          step_seconds.push_back(seconds_since(start));
+        }
+        const double step_ms = median(step_seconds) * 1e3;
+        const double mean_context = static_cast<double>(options.context) + static_cast<double>(options.steps) / 2.0;
+        const double bytes = static_cast<double>(gpu->weight_bytes()) +
+                             static_cast<double>(batch) * mean_context * static_cast<double>(gpu->kv_bytes_per_position());
+        const double flops = static_cast<double>(batch) *
+                             (flops_per_token + 4.0 * mean_context * static_cast<double>(config.q_dim()) *
+                                                    static_cast<double>(config.num_layers));
+        // Bytes over the copy rate counts each byte once (the copy probe moves read + written).
+        const double memory_ms = bytes / ceilings.copy_bytes_per_s * 1e3;
+        const double compute_ms = flops / ceilings.gemm_flops_per_s * 1e3;
+        const double roofline_ms = std::max(memory_ms, compute_ms);
+        nlohmann::json gemms = nlohmann::json::object();
+        const double gemm_ms = gemm_sum_ms(config, mode.quantized_weights, batch, stream, gemms);
+        std::printf("%6lld %10.3f %12.0f %12.3f %9.1f%% %9s %12.3f %9.3f\n", static_cast<long long>(batch), step_ms,
+                    static_cast<double>(batch) / (step_ms * 1e-3), roofline_ms, 100.0 * roofline_ms / step_ms,
+                    memory_ms >= compute_ms ? "memory" : "compute", gemm_ms, step_ms / gemm_ms);
+        mode_record["decode"].push_back({{"batch", batch},
+                                         {"step_ms", step_ms},
+                                         {"tokens_per_second", static_cast<double>(batch) / (step_ms * 1e-3)},
+                                         {"bytes", bytes},
+                                         {"flops", flops},
+                                         {"memory_floor_ms", memory_ms},
+                                         {"compute_floor_ms", compute_ms},
+                                         {"roofline_fraction", roofline_ms / step_ms},
+                                         {"gemm_sum_ms", gemm_ms},
+                                         {"gemms_alone", gemms}});
+      }
+      mode_record["weight_bytes"] = gpu->weight_bytes();
+      mode_record["graphs_captured"] = gpu->graphs_captured();
+    }
+
+    // ---- time to first token ----
+    std::vector<int64_t> lengths;
+    for (int64_t p : options.prompt_lengths)
+      if (p <= config.max_position_embeddings) lengths.push_back(p);
+    if (!lengths.empty()) {
+      const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+      GpuLlamaOptions gpu_options;
+      gpu_options.max_seqs = 1;
+      gpu_options.max_context = longest;
+      gpu_options.max_step_tokens = longest;
+      gpu_options.max_logit_rows = 1;
+      auto gpu = make_model(options, checkpoint.get(), config, mode, gpu_options);
+      std::printf("\n%s time to first token (one sequence, whole prompt in one step)\n", mode_name.c_str());
+      std::printf("%8s %10s %12s %12s %10s\n", "prompt", "TTFT ms", "prompt t/s", "roofline ms", "of roof");
+      std::mt19937 generator(7);
+      std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+      for (int64_t length : lengths) {
+        std::vector<int32_t> prompt(static_cast<size_t>(length));
+        for (int32_t& id : prompt) id = token(generator);
+        std::vector<double> seconds;
+        for (int repeat = 0; repeat < 4; ++repeat) {
+          gpu->reset(0);
+          const auto start = std::chrono::steady_clock::now();
+          gpu->forward(prompt);
+          if (repeat > 0) seconds.push_back(seconds_since(start));  // the first run warms up
+        }
+        const double ms = median(seconds) * 1e3;
+        const double p = static_cast<double>(length);
+        const double flops = p * flops_per_token +
+                             2.0 * p * p * static_cast<double>(config.q_dim()) * static_cast<double>(config.num_layers);
+        const double bytes = static_cast<double>(gpu->weight_bytes()) + p * static_cast<double>(gpu->kv_bytes_per_position());
+        const double roofline_ms = std::max(flops / ceilings.gemm_flops_per_s, bytes / ceilings.copy_bytes_per_s) * 1e3;
+        std::printf("%8lld %10.3f %12.0f %12.3f %9.1f%%\n", static_cast<long long>(length), ms, p / (ms * 1e-3),
+                    roofline_ms, 100.0 * roofline_ms / ms);
+        mode_record["ttft"].push_back(
+            {{"prompt_tokens", length}, {"ttft_ms", ms}, {"roofline_ms", roofline_ms}, {"flops", flops}});
+      }
+    }
+    record["modes"][mode_name] = mode_record;
+  }
+  return record;
+}
+
+}  // namespace qspec

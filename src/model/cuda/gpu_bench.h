@@ -1,0 +1,36 @@
+// `qspec bench --device cuda`: decode steps and time-to-first-token of the GPU forward pass
+// (model/cuda/llama_gpu.h), each next to its roofline measured in the same run. CUDA builds only.
+//
+// Decode: B sequences (batch sizes from options) each at `context` cached positions, one token
+// each per step, steps through GpuLlama::step exactly as a serving loop calls it (input copy,
+// graph replay, id copy back, host sync); the median step time gives tokens/s = B / step.
+// Roofline of a step: max(bytes / copy bandwidth, FLOPs / GEMM rate), bytes = every weight once
+// (lm_head included) + the K/V the attention reads; both ceilings measured here (a 1 GiB device
+// copy, bytes read + written; cuBLAS f16 8192^3). Baselines in the same run: the sum of the
+// step's GEMMs timed alone (cuBLAS f16 for w16a16, the W4A16 kernels for w4a16).
+// TTFT: one sequence, prompt of P tokens in one step.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace qspec {
+
+struct GpuBenchOptions {
+  std::string model_dir;   // a checkpoint, or "" with synthetic
+  std::string synthetic;   // "llama3-8b", ...: random weights drawn on the GPU
+  std::vector<std::string> modes = {"w16a16", "w4a16"};
+  std::vector<int64_t> batch_sizes = {1, 8, 16, 32, 64};
+  int64_t context = 512;   // cached positions per sequence when decode steps are timed
+  int64_t steps = 64;      // timed decode steps per batch size (after warm-up)
+  std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
+  bool cuda_graphs = true;
+  std::string command_line;
+  std::string commit;
+};
+
+// Runs the benchmark, prints its tables, returns the JSON record.
+nlohmann::json run_gpu_bench(const GpuBenchOptions& options);
+
+}  // namespace qspec
