@@ -41,6 +41,7 @@ struct BenchArgs {
   int64_t steps = 64;
   std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
   bool no_graphs = false;
+  bool profile_step = false;
 };
 
 void write_record(const nlohmann::json& record, const std::string& out_dir, const std::string& file_name) {
@@ -64,9 +65,11 @@ void run_gpu(const BenchArgs& args) {
   options.steps = args.steps;
   options.prompt_lengths = args.prompt_lengths;
   options.cuda_graphs = !args.no_graphs;
+  options.profile_step = args.profile_step;
   options.command_line = args.command_line;
   options.commit = git_commit();
   const nlohmann::json record = run_gpu_bench(options);
+  if (args.profile_step) return;
   std::string name = args.synthetic;
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
   std::string gpu = record["gpu"].get<std::string>();
@@ -209,6 +212,8 @@ void register_bench(CLI::App& app) {
   command->add_option("--prompt-lengths", args->prompt_lengths, "cuda: prompts for time-to-first-token")
       ->delimiter(',')->capture_default_str();
   command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
+  command->add_flag("--profile-step", args->profile_step,
+                    "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();
   command->add_option("--decode-tokens", args->decode_tokens, "Tokens decoded per run")->capture_default_str();
   command->add_option("--repeats", args->repeats, "Timed runs (median reported)")->capture_default_str()

@@ -155,7 +155,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
     ~StreamGuard() { cuda::destroy_stream(stream); }
   } guard{stream};
 
-  const Ceilings ceilings = measure_ceilings(stream);
+  const Ceilings ceilings = options.profile_step ? Ceilings{1e12, 1e15} : measure_ceilings(stream);
   std::printf("GPU %s | model %s | copy %.0f GB/s (read + write) | cuBLAS f16 %.0f TFLOP/s\n",
               cuda::device_name().c_str(), model_name.c_str(), ceilings.copy_bytes_per_s / 1e9,
               ceilings.gemm_flops_per_s / 1e12);
@@ -208,6 +208,13 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
         set_context();
         for (int i = 0; i < 3; ++i) gpu->step(runs);  // the first captures this batch's graph
         set_context();
+        if (options.profile_step) {
+          cuda::profiler_start();
+          gpu->step(runs);
+          cuda::profiler_stop();
+          std::printf("%6lld profiled one decode step\n", static_cast<long long>(batch));
+          continue;
+        }
         std::vector<double> step_seconds;
         for (int64_t i = 0; i < options.steps; ++i) {
           const auto start = std::chrono::steady_clock::now();
@@ -246,6 +253,10 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
     }
 
     // ---- time to first token ----
+    if (options.profile_step) {
+      record["modes"][mode_name] = mode_record;
+      continue;
+    }
     std::vector<int64_t> lengths;
     for (int64_t p : options.prompt_lengths)
       if (p <= config.max_position_embeddings) lengths.push_back(p);

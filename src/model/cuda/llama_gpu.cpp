@@ -423,10 +423,9 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     gemm(layer.qkv, norm_out, tokens, qkv_out);
-    cuda::rope(qkv_out, tokens, c.num_heads, c.head_dim, width, input_positions(), inv_freq.as<float>(), rope_scaling,
-               stream);
-    cuda::rope(qkv_out + q_dim, tokens, c.num_kv_heads, c.head_dim, width, input_positions(), inv_freq.as<float>(),
-               rope_scaling, stream);
+    // q and k heads sit side by side in a qkv row: one RoPE launch rotates both.
+    cuda::rope(qkv_out, tokens, c.num_heads + c.num_kv_heads, c.head_dim, width, input_positions(),
+               inv_freq.as<float>(), rope_scaling, stream);
     cuda::paged_kv_write(qkv_out + q_dim, qkv_out + q_dim + kv_dim, width, batch, kv, c.num_kv_heads, c.head_dim,
                          stream);
     if (decode)

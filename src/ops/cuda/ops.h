@@ -77,6 +77,10 @@ ReplayTimes time_replays(const std::function<void(void* stream, int index)>& bod
                          void* stream);
 std::string device_name();
 
+// Brackets the region a profiler started with --profile-from-start off collects (ncu).
+void profiler_start();
+void profiler_stop();
+
 // Free and total device memory (cudaMemGetInfo) of the current device.
 struct MemoryInfo {
   size_t free_bytes = 0, total_bytes = 0;

@@ -1,5 +1,7 @@
 // Device memory, copies, device properties, the cuBLAS handle and random fills behind the
 // plain C++ facade of ops/cuda/ops.h.
+#include <cuda_profiler_api.h>
+
 #include <mutex>
 #include <vector>
 
@@ -125,6 +127,9 @@ ReplayTimes time_replays(const std::function<void(void* stream, int index)>& bod
   if (graph != nullptr) cudaGraphDestroy(graph);
   return times;
 }
+
+void profiler_start() { QSPEC_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { QSPEC_CUDA_CHECK(cudaProfilerStop()); }
 
 MemoryInfo memory_info() {
   MemoryInfo info;
