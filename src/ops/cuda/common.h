@@ -166,6 +166,24 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Launch with programmatic stream serialization: the kernel may start while the previous
+// kernel on the stream drains, so it must wait for it (griddepcontrol.wait,
+// kernels/w4a16_common.cuh) before reading that kernel's outputs or writing global memory.
+template <typename Kernel, typename Params>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Params& params) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
 // Streaming 16-byte load for data read exactly once (packed weights): not kept in L1.
 __device__ __forceinline__ uint4 load_stream_16(const void* pointer) {
   uint4 v;

@@ -261,10 +261,12 @@ struct W4A16Weights {
   int64_t group = 0;  // 32, 64 or 128
 };
 
-enum class W4A16Path { automatic, small_m, dequant_cublas };
+// small_m: kernels/w4a16_small_m.cuh (few tokens); tiled: kernels/w4a16_tiled.cuh (tens to
+// hundreds of tokens); dequant_cublas: dequantize to f16 scratch, then cuBLAS.
+enum class W4A16Path { automatic, small_m, dequant_cublas, tiled };
 
 // Workspace a W4A16 GEMM of this size may use: split-K partials and counters for the small-M
-// kernel, or the dequantized f16 weights for the cuBLAS path (n * k * 2 bytes). The counters
+// and tiled kernels, or the dequantized f16 weights for the cuBLAS path (n * k * 2 bytes). The counters
 // must start zeroed: allocate, then call w4a16_workspace_init once (each launch leaves them zero).
 size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path = W4A16Path::automatic);
 void w4a16_workspace_init(void* workspace, size_t bytes, void* stream);
@@ -288,6 +290,17 @@ struct W4A16SmallMConfig {
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                         const W4A16SmallMConfig& config = {});
+// Tuning knob for benchmarks: the tiled kernel's tile (0 = chosen by m; 1 = 256 weight rows x
+// 64 tokens, 8 warps; 2 = 128 x 64, 4 warps; 3 = 256 x 32, 8 warps; 4 = 128 x 128, 8 warps;
+// any m runs, in M tiles) and the split-K override (0 = heuristic: fill the GPU once).
+struct W4A16TiledConfig {
+  int tile = 0;
+  int splits = 0;
+};
+inline constexpr int kW4A16TiledTiles = 4;  // tiles 1 .. kW4A16TiledTiles
+std::string w4a16_tiled_tile_name(int tile);  // "256x64" (rows x tokens) for tile 1, ...
+void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                      void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config = {});
 // The packed weights dequantized to f16 [n, k] row-major (the cuBLAS path's first half).
 void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 

@@ -31,14 +31,21 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
 
 // Measured crossover (docs/perf-notes.md): the small-M kernel up to this many tokens.
 static constexpr int64_t kSmallMMax = 64;
+// The tiled kernel for kSmallMMax < m <= kTiledMaxM. 0 = off (automatic never takes it) until
+// the H100 numbers (qspec_gpu_bench rows w4a16_tiled_*) set both crossovers; kSmallMMax
+// likely drops then too (the tiled kernel should win from m ~ 32).
+static constexpr int64_t kTiledMaxM = 0;
 
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
-  return m <= kSmallMMax ? W4A16Path::small_m : W4A16Path::dequant_cublas;
+  if (m <= kSmallMMax) return W4A16Path::small_m;
+  if (m <= kTiledMaxM) return W4A16Path::tiled;
+  return W4A16Path::dequant_cublas;
 }
 
 size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path) {
   if (path == W4A16Path::automatic) path = w4a16_choose_path(m, n, k);
   if (path == W4A16Path::small_m) return detail::w4a16_small_m_workspace(m, n, k);
+  if (path == W4A16Path::tiled) return detail::w4a16_tiled_workspace(m, n, k);
   // The dequantized weights go after the split-K counters, which must stay zero for the next
   // small-M launch on the same workspace (a prefill through this path used to overwrite them).
   return detail::kW4A16CounterBytes + static_cast<size_t>(n * k) * 2;
@@ -54,6 +61,10 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
   if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w.n, w.k);
   if (path == W4A16Path::small_m) {
     w4a16_gemm_small_m(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
+    return;
+  }
+  if (path == W4A16Path::tiled) {
+    w4a16_gemm_tiled(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
     return;
   }
   QSPEC_CHECK(m >= 0 && ldx >= w.k && ldy >= w.n, "cuda::w4a16_gemm: bad strides ldx ", ldx, " ldy ", ldy);

@@ -13,23 +13,8 @@ namespace {
 
 // Variants (all 128 rows per block): 1 = 4 warps x 2 row blocks, 4 chunks in flight per
 // warp; 2 = 8 warps x 1 row block, 8 chunks in flight (4 for 8 n-tiles, to stay in registers).
-// Launch with programmatic stream serialization: the kernel may start while the previous
-// kernel on the stream drains (it waits for it with griddepcontrol.wait before reading x).
-template <typename Kernel>
-void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                const kernels::W4A16SmallMParams& params) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-}
+// Launched with programmatic stream serialization (launch_pdl, common.h): the kernel may start
+// while the previous kernel on the stream drains (it waits for it before reading x).
 
 // Largest x slice variants 1/2 stage in shared memory (beyond: x from global memory).
 constexpr size_t kXSharedMax = 96 * 1024;

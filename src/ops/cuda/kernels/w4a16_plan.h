@@ -27,4 +27,22 @@ inline size_t w4a16_small_m_workspace(int64_t m, int64_t n, int64_t k) {
   return kW4A16CounterBytes + static_cast<size_t>(w4a16_max_splits(slice, k) * slice * n) * sizeof(float);
 }
 
+// ---- the tiled kernel (kernels/w4a16_tiled.cuh) ----
+
+inline constexpr int64_t kW4A16TiledMaxSplits = 16;
+
+// Upper bound on split-K for the tiled kernel: at least 4 chunks (256 k) per split, and the f32
+// partials it writes (splits x m x n x 4 bytes, mostly L2-resident) at most the packed weight
+// bytes (n k / 2). Splits only pay when the tiles alone leave multiprocessors idle.
+inline int64_t w4a16_tiled_max_splits(int64_t m, int64_t k) {
+  const int64_t by_chunks = std::max<int64_t>(1, (k / 64) / 4);
+  const int64_t by_partials = std::max<int64_t>(1, k / (8 * std::max<int64_t>(m, 1)));
+  return std::min({by_chunks, by_partials, kW4A16TiledMaxSplits});
+}
+
+inline size_t w4a16_tiled_workspace(int64_t m, int64_t n, int64_t k) {
+  const int64_t splits = w4a16_tiled_max_splits(m, k);
+  return kW4A16CounterBytes + (splits > 1 ? static_cast<size_t>(splits * m * n) * sizeof(float) : 0);
+}
+
 }  // namespace qspec::cuda::detail

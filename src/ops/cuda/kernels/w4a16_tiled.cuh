@@ -1,0 +1,308 @@
+// W4A16 GEMM for tens to hundreds of tokens: y[m, n] = x[m, k] W[n, k]^T with W int4
+// (gemm/w4a16_pack.h). Same math as w4a16_small_m.cuh, bit for bit: y^T = W x^T on mma.sync
+// m16n8k16 (16 weight rows are A, 8 tokens are B), weights dequantized with lop3 into exact f16
+// integers, each scale group accumulated in f32 and then scaled by the group's scale in f32.
+//
+// Tiling: a block owns kRows = WARPS x RPW x 16 weight rows and kTokens = MT x 8 tokens (grid:
+// x = M tile, y = row tile, z = K split). M tiles are the fastest grid dimension, so the blocks
+// that share a row tile run together and all but the first read its weights from L2. The block
+// walks its k range in stages of CH chunks (64 k each) through a STAGES-deep cp.async ring in
+// shared memory holding, per stage, the x slab [kTokens x 64 CH] (read from L2 once per block,
+// not once per warp as in the small-M kernel), the weights and the scales.
+//
+// Why the weights also go through shared memory (not straight into registers as in the
+// small-M kernel): with kTokens = 64 a warp holds 2 x RPW x MT x 4 f32 accumulators (group +
+// total: 128 registers for RPW 2, MT 8), so a register ring deep enough to cover DRAM latency
+// does not fit; a cp.async ring keeps 3 stages (48 KB a multiprocessor) of weights in flight at
+// the price of shared memory only. Each weight is still used by one warp, and each lane copies
+// and reads back only its own 16 bytes of each 512-byte chunk (no bank conflicts, and the
+// per-stage barrier that x needs anyway orders the slot reuse).
+//
+// Why no ldmatrix for x: the packed k order (gemm/w4a16_pack.h) makes lane 4g+t's B fragments
+// of both k tiles of a pair the 8 consecutive values x[g][32P + 8t ..], i.e. one 16-byte shared
+// load, as many instructions as ldmatrix.x4 (which would deliver pairs 2t, 2t+1: the unpermuted
+// order). x rows are 64 CH halves (a multiple of 128 bytes) and unpadded; the 16-byte pieces of
+// odd rows are XOR-swizzled by 4 (piece p stored at p ^ 4), so the 8 lanes of each quarter warp
+// (rows g, g + 1; pieces 4hp + t) hit 8 distinct 16-byte bank groups.
+//
+// Programmatic dependent launch: the weight and scale loads of the first STAGES - 1 stages are
+// issued before griddepcontrol.wait; x and every global write come after it.
+#pragma once
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4a16_common.cuh"
+
+namespace qspec::cuda::kernels {
+
+// Tile shape: MT n-tiles of 8 tokens, RPW row blocks of 16 rows per warp, WARPS warps, CH
+// chunks of 64 k per stage, STAGES ring slots, MIN_BLOCKS for __launch_bounds__.
+template <int MT_, int RPW_, int WARPS_, int CH_, int STAGES_, int MIN_BLOCKS_>
+struct W4A16TileShape {
+  static constexpr int MT = MT_, RPW = RPW_, WARPS = WARPS_, CH = CH_, STAGES = STAGES_;
+  static constexpr int kMinBlocks = MIN_BLOCKS_;
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kTokens = MT * 8;
+  static constexpr int kRows = WARPS * RPW * 16;
+  static constexpr int kXRowHalves = CH * 64;  // unpadded: swizzled instead
+  static constexpr int kWBytes = WARPS * RPW * CH * 512;
+  static constexpr int kXBytes = kTokens * kXRowHalves * 2;
+  // Scale groups a stage covers exactly (splits start at group boundaries, CH % chunks per group == 0).
+  template <int G>
+  static constexpr int groups_per_stage() { return (2 * CH) / (G / 32); }
+  template <int G>
+  static constexpr int stage_bytes() { return kWBytes + kXBytes + WARPS * RPW * groups_per_stage<G>() * 32; }
+  template <int G>
+  static constexpr int smem_bytes() { return STAGES * stage_bytes<G>(); }
+  static_assert(CH >= 1 && STAGES >= 2 && MT >= 1 && RPW >= 1, "bad W4A16 tile shape");
+};
+
+struct W4A16TiledParams {
+  W4A16Layout w;
+  const __half* x;
+  int64_t ldx;
+  __half* y;
+  int64_t ldy;
+  int m;        // tokens (any m >= 1: gridDim.x = m_tiles)
+  int m_tiles;  // ceil(m / kTokens)
+  int splits;
+  // When splits > 1: the partials of M tile i start at partials + splits * (i * kTokens) * n,
+  // laid out [splits][tokens of the tile][n] (so splitk_fixup sees an m of the tile's tokens).
+  float* partials;
+  unsigned* counters;  // [row tiles * m_tiles], zero between launches
+};
+
+template <class Tile, int G>
+__global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_kernel(const W4A16TiledParams p) {
+  constexpr int MT = Tile::MT, RPW = Tile::RPW, CH = Tile::CH, STAGES = Tile::STAGES;
+  constexpr int THREADS = Tile::kThreads, TOKENS = Tile::kTokens, XH = Tile::kXRowHalves;
+  constexpr int PPG = G / 32;                // k pairs (32 values) per scale group
+  constexpr int GC = G >= 64 ? G / 64 : 1;   // chunks per group (a group of 32 is half a chunk)
+  static_assert(CH % GC == 0, "a stage holds whole scale groups");
+  constexpr int NG = Tile::template groups_per_stage<G>();
+  constexpr int STAGE_BYTES = Tile::template stage_bytes<G>();
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int m_tile = blockIdx.x, row_tile = blockIdx.y, split = blockIdx.z;
+  const int m0 = m_tile * TOKENS, tile_m = min(TOKENS, p.m - m0);
+  // Splits start and end at scale-group boundaries, and so does every stage: each group is
+  // flushed at a point known at compile time (no accumulator shuffling at run-time branches).
+  const int group_units = p.w.full_chunks / GC;
+  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * group_units / p.splits) * GC;
+  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * group_units / p.splits) * GC;
+  const bool do_tail = p.w.tail && split == p.splits - 1;
+  const int stages = (chunk_end - chunk_begin + CH - 1) / CH;
+
+  // This warp's row blocks (past the matrix: the last one again, outputs dropped).
+  const uint8_t* w_block[RPW];
+  const uint32_t* s_block[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int rb = min((row_tile * Tile::WARPS + warp) * RPW + r, p.w.row_blocks - 1);
+    w_block[r] = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
+    s_block[r] = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
+  }
+  // Ring slot layout: [weights: warp, r, ch, 512 B][x: TOKENS rows x XH halves][scales: warp, r, NG x 8 words].
+  auto w_smem = [&](int slot, int r, int ch) {
+    return smem + slot * STAGE_BYTES + ((warp * RPW + r) * CH + ch) * 512 + lane * 16;
+  };
+  auto x_smem = [&](int slot) { return reinterpret_cast<__half*>(smem + slot * STAGE_BYTES + Tile::kWBytes); };
+  auto s_smem = [&](int slot, int r) {
+    return reinterpret_cast<uint32_t*>(smem + slot * STAGE_BYTES + Tile::kWBytes + Tile::kXBytes) +
+           (warp * RPW + r) * NG * 8;
+  };
+
+  // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`.
+  auto load_w = [&](int slot, int st) {
+    const int c0 = chunk_begin + st * CH;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+      for (int ch = 0; ch < CH; ++ch) {
+        const int c = c0 + ch;
+        const bool valid = c < chunk_end;
+        cp_async_16(smem_address(w_smem(slot, r, ch)),
+                    w_block[r] + static_cast<int64_t>(valid ? c : chunk_begin) * 512 + lane * 16, valid ? 16 : 0);
+      }
+    const int group0 = (2 * c0) / PPG;
+    constexpr int SCALE_PIECES = RPW * NG * 2;  // 16 bytes each: half a group's 8 words
+#pragma unroll
+    for (int base = 0; base < SCALE_PIECES; base += 32) {
+      const int i = base + lane;
+      if (i < SCALE_PIECES) {
+        const int r = i / (2 * NG), j = i % (2 * NG);
+        const int group = group0 + (j >> 1);
+        const bool valid = group < p.w.groups;
+        const int rb = min((row_tile * Tile::WARPS + warp) * RPW + r, p.w.row_blocks - 1);
+        const uint32_t* src = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + (valid ? group : 0)) * 8 + (j & 1) * 4;
+        cp_async_16(smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), src, valid ? 16 : 0);
+      }
+    }
+  };
+  // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
+  // zero-filled, nothing read), odd rows swizzled. Thread i copies piece i % PIECES_PER_ROW of
+  // rows i / PIECES_PER_ROW + ROW_STEP j: the piece and the row parity (so the swizzle) are fixed.
+  constexpr int PIECES_PER_ROW = CH * 8, ROW_STEP = THREADS / PIECES_PER_ROW;
+  static_assert(THREADS % PIECES_PER_ROW == 0 && ROW_STEP % 2 == 0 && TOKENS % ROW_STEP == 0,
+                "x slab copy: every thread keeps one piece column and row parity");
+  const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
+  const __half* x_src0 = p.x + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * p.ldx + x_piece * 8;
+  const int x_dst0 = x_row0 * XH + (x_piece ^ ((x_row0 & 1) << 2)) * 8;
+  auto load_x = [&](int slot, int st) {
+    const int c0 = chunk_begin + st * CH;
+    const bool k_valid = c0 + x_piece / 8 < chunk_end;
+    __half* xs = x_smem(slot);
+#pragma unroll
+    for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
+      const bool valid = k_valid && x_row0 + j * ROW_STEP < tile_m;
+      const __half* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * p.ldx + c0 * 64 : p.x;
+      cp_async_16(smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
+    }
+  };
+
+  float acc[RPW][MT][4], gacc[RPW][MT][4];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][nt][e] = gacc[r][nt][e] = 0.0f;
+  // Scale the group accumulators of row set r into acc (f32), clear them.
+  auto flush = [&](int r, uint32_t scale_word) {
+    const float2 s = unpack_half2(scale_word);
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) {
+      acc[r][nt][0] = fmaf(s.x, gacc[r][nt][0], acc[r][nt][0]);
+      acc[r][nt][1] = fmaf(s.x, gacc[r][nt][1], acc[r][nt][1]);
+      acc[r][nt][2] = fmaf(s.y, gacc[r][nt][2], acc[r][nt][2]);
+      acc[r][nt][3] = fmaf(s.y, gacc[r][nt][3], acc[r][nt][3]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0.0f;
+    }
+  };
+
+  grid_launch_dependents();
+  // Prologue: weights first (independent of the previous kernel), then wait for it, then x.
+  // Commit groups: W0 .. W(S-2), X0 .. X(S-2), then one (W + X) group per main-loop stage; with
+  // wait_group(S - 2) at stage st, both W(st) and X(st) have landed (st < S - 1 included).
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < stages) load_w(st, st);
+    cp_async_commit();
+  }
+  grid_dependency_wait();
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < stages) load_x(st, st);
+    cp_async_commit();
+  }
+
+  // This lane's x offsets (halves) for n-tile 0 of pair hp of a chunk: row g, piece 4 hp + t, swizzled.
+  const int x_lane[2] = {g * XH + ((4 * 0 + t) ^ ((g & 1) << 2)) * 8, g * XH + ((4 * 1 + t) ^ ((g & 1) << 2)) * 8};
+
+  for (int st = 0; st < stages; ++st) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage st landed for every thread; slot (st - 1) % STAGES is free
+    const int next = st + STAGES - 1;
+    if (next < stages) {
+      load_w(next % STAGES, next);
+      load_x(next % STAGES, next);
+    }
+    cp_async_commit();
+
+    const int slot = st % STAGES;
+    const int c0 = chunk_begin + st * CH;
+    const __half* xs = x_smem(slot);
+#pragma unroll
+    for (int ch = 0; ch < CH; ++ch) {
+      const int c = c0 + ch;
+      if (c >= chunk_end) break;
+      uint4 wq[RPW];
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) wq[r] = *reinterpret_cast<const uint4*>(w_smem(slot, r, ch));
+#pragma unroll
+      for (int hp = 0; hp < 2; ++hp) {
+        uint32_t a[RPW][2][4];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          dequant_int4x8(hp ? wq[r].z : wq[r].x, a[r][0]);
+          dequant_int4x8(hp ? wq[r].w : wq[r].y, a[r][1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < MT; ++nt) {
+          const uint4 xf = *reinterpret_cast<const uint4*>(xs + x_lane[hp] + nt * 8 * XH + ch * 64);
+#pragma unroll
+          for (int r = 0; r < RPW; ++r) {
+            mma_f16_16816(gacc[r][nt], a[r][0], xf.x, xf.y);
+            mma_f16_16816(gacc[r][nt], a[r][1], xf.z, xf.w);
+          }
+        }
+        if ((2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
+#pragma unroll
+          for (int r = 0; r < RPW; ++r) flush(r, s_smem(slot, r)[((2 * ch + hp) / PPG) * 8 + g]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  if (do_tail) {  // k % 64 == 32: the last pair, straight from global memory
+    const int pair = 2 * p.w.full_chunks;
+    uint32_t a[RPW][2][4];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const uint2 wq = load_stream_8(w_block[r] + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
+      dequant_int4x8(wq.x, a[r][0]);
+      dequant_int4x8(wq.y, a[r][1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) {
+      const int token = m0 + min(nt * 8 + g, tile_m - 1);
+      const uint4 xf = __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(token) * p.ldx + pair * 32 + t * 8));
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        mma_f16_16816(gacc[r][nt], a[r][0], xf.x, xf.y);
+        mma_f16_16816(gacc[r][nt], a[r][1], xf.z, xf.w);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g));
+  }
+
+  // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens m0 + (nt*8 + 2t, + 1).
+  // This M tile's partials, [splits][tile_m][n].
+  float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int rb = (row_tile * Tile::WARPS + warp) * RPW + r;
+    if (rb >= p.w.row_blocks) continue;
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
+        const int token = nt * 8 + 2 * t + (e & 1);
+        if (row >= p.w.n || token >= tile_m) continue;
+        if (p.splits == 1)
+          p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
+        else
+          partials[(static_cast<int64_t>(split) * tile_m + token) * p.w.n + row] = acc[r][nt][e];
+      }
+  }
+  if (p.splits == 1) return;
+
+  // Split-K fix-up: the last block to finish this (row tile, M tile) sums the partials in split order.
+  const int counter = row_tile * p.m_tiles + m_tile;
+  __shared__ unsigned last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[counter], 1u) == static_cast<unsigned>(p.splits - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const int row_begin = row_tile * Tile::kRows, tile_rows = min(Tile::kRows, p.w.n - row_begin);
+  splitk_fixup<THREADS>(partials, p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, p.splits, row_begin,
+                        tile_rows);
+  if (threadIdx.x == 0) p.counters[counter] = 0;  // ready for the next launch
+}
+
+}  // namespace qspec::cuda::kernels

@@ -1,0 +1,135 @@
+#include <algorithm>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4a16_plan.h"
+#include "ops/cuda/kernels/w4a16_tiled.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace detail {
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);  // w4a16_gemm.cu
+}
+
+namespace {
+
+// The tiles (W4A16TiledConfig::tile), as <MT, RPW, WARPS, CH, STAGES, MIN_BLOCKS>: every one
+// stages 2 chunks (128 k) a slot. 256x64 and 256x32 share each x slab among 8 warps (half the
+// L2 traffic for x of a 128-row tile); 128x64 runs 2 blocks a multiprocessor instead;
+// 128x128 halves the weight re-reads from L2 at large M but reads x from shared memory once
+// per row block (RPW 1), twice as much per mma as the others.
+using Tile256x64 = kernels::W4A16TileShape<8, 2, 8, 2, 4, 1>;
+using Tile128x64 = kernels::W4A16TileShape<8, 2, 4, 2, 4, 2>;
+using Tile256x32 = kernels::W4A16TileShape<4, 2, 8, 2, 6, 1>;
+using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
+
+struct TiledKernel {
+  int rows, tokens;   // the tile
+  int blocks_per_sm;  // resident blocks a multiprocessor holds (occupancy calculator)
+  void (*launch)(const kernels::W4A16TiledParams&, dim3, cudaStream_t);
+};
+
+template <class Tile, int G>
+struct TiledLauncher {
+  static constexpr int kSmemBytes = Tile::template smem_bytes<G>();
+  // Once per process: opt in to the shared memory, then ask how many blocks fit.
+  static int configure() {
+    auto* kernel = kernels::w4a16_tiled_kernel<Tile, G>;
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    int blocks = 0;
+    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tile::kThreads, kSmemBytes));
+    return std::max(blocks, 1);
+  }
+  static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
+    launch_pdl(kernels::w4a16_tiled_kernel<Tile, G>, grid, dim3(Tile::kThreads), kSmemBytes, stream, params);
+    QSPEC_CUDA_CHECK_LAUNCH("w4a16_tiled_kernel");
+  }
+  static TiledKernel get() {
+    static const int blocks_per_sm = configure();
+    return {Tile::kRows, Tile::kTokens, blocks_per_sm, &launch};
+  }
+};
+
+template <class Tile>
+TiledKernel tiled_kernel_for_group(int64_t group) {
+  switch (group) {
+    case 32: return TiledLauncher<Tile, 32>::get();
+    case 64: return TiledLauncher<Tile, 64>::get();
+    default: return TiledLauncher<Tile, 128>::get();
+  }
+}
+
+TiledKernel tiled_kernel(int tile, int64_t group) {
+  switch (tile) {
+    case 1: return tiled_kernel_for_group<Tile256x64>(group);
+    case 2: return tiled_kernel_for_group<Tile128x64>(group);
+    case 3: return tiled_kernel_for_group<Tile256x32>(group);
+    default: return tiled_kernel_for_group<Tile128x128>(group);
+  }
+}
+
+// The tile `tile = 0` takes. Unmeasured guess (the H100 run sets it): 32-token tiles while one
+// covers every token, 64-token tiles beyond.
+int default_tile(int64_t m) { return m <= 32 ? 3 : 1; }
+
+}  // namespace
+
+std::string w4a16_tiled_tile_name(int tile) {
+  switch (tile) {
+    case 1: return "256x64";
+    case 2: return "128x64";
+    case 3: return "256x32";
+    case 4: return "128x128";
+    default: return "auto";
+  }
+}
+
+void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                      void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 8 == 0 && ldy >= w.n &&
+                  reinterpret_cast<uintptr_t>(x) % 16 == 0,
+              "cuda::w4a16_gemm_tiled: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
+              ", ldx ", ldx, ", ldy ", ldy, ")");
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
+              "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned (cp.async)");
+  QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
+              "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
+  if (m == 0) return;
+  const int tile = config.tile != 0 ? config.tile : default_tile(m);
+  const TiledKernel kernel = tiled_kernel(tile, w.group);
+  const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
+  QSPEC_CHECK(row_tiles <= 65535, "cuda::w4a16_gemm_tiled: n ", w.n, " too large");
+  const int64_t blocks = m_tiles * row_tiles;
+  // Split-K only while the tiles leave multiprocessors idle: at most one wave of blocks, within
+  // the partials bound, one chunk a split, the counters and the workspace.
+  const int64_t capacity = static_cast<int64_t>(kernel.blocks_per_sm) * multiprocessor_count();
+  int64_t splits = config.splits > 0 ? config.splits
+                                     : std::min<int64_t>(std::max<int64_t>(1, capacity / blocks),
+                                                         detail::w4a16_tiled_max_splits(m, w.k));
+  // Splits cut k at scale-group boundaries (the kernel flushes groups at static points).
+  const int64_t group_units = layout.full_chunks / std::max<int64_t>(1, w.group / 64);
+  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
+  if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
+  while (splits > 1 && (workspace == nullptr || detail::kW4A16CounterBytes +
+                                                        static_cast<size_t>(splits * m * w.n) * sizeof(float) >
+                                                    workspace_bytes))
+    --splits;
+
+  kernels::W4A16TiledParams params{};
+  params.w = layout;
+  params.x = reinterpret_cast<const __half*>(x);
+  params.ldx = ldx;
+  params.y = reinterpret_cast<__half*>(y);
+  params.ldy = ldy;
+  params.m = static_cast<int>(m);
+  params.m_tiles = static_cast<int>(m_tiles);
+  params.splits = static_cast<int>(splits);
+  params.counters = static_cast<unsigned*>(workspace);
+  params.partials =
+      splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes) : nullptr;
+  kernel.launch(params, dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(row_tiles),
+                             static_cast<unsigned>(splits)),
+                as_stream(stream));
+}
+
+}  // namespace qspec::cuda
