@@ -1,5 +1,5 @@
-// qspec_gpu_bench: device-to-device copy bandwidth, then the W4A16 GEMM (small-M kernel,
-// dequantize + cuBLAS) and cuBLAS's f16 GEMM on the Llama-3-8B linear shapes over M, as a
+// qspec_gpu_bench: device-to-device copy bandwidth, then the W4A16 GEMM (small-M kernel, tiled
+// kernel, dequantize + cuBLAS) and cuBLAS's f16 GEMM on the Llama-3-8B linear shapes over M, as a
 // table and JSON (GPU, commit, command, every timing).
 //
 // Method (docs/perf-notes.md): random weights generated on the GPU; enough copies of each
@@ -9,7 +9,10 @@
 // the median over 25 replays, divided by the launches in the graph.
 //
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
-//        [--variants 1,3] [--splits 0,4,8] [--no-baselines] [--profile]
+//        [--variants 1,3] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
+// --variants: small-M kernel variants (m <= 128); --tiles: tiled kernel tiles (every m; 0 = the
+// launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
+// heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
 #include <nlohmann/json.hpp>
 
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> variants = {1, 2, 3, 4};
+  std::vector<int> tiles = {1, 2, 3, 4};
   std::vector<int64_t> split_list = {0};  // 0: the launcher's heuristic
   auto parse_list = [](const std::string& text) {
     std::vector<int64_t> values;
@@ -78,6 +82,10 @@ int main(int argc, char** argv) {
     else if (arg == "--variants" && i + 1 < argc) {
       variants.clear();
       for (int64_t v : parse_list(argv[++i])) variants.push_back(static_cast<int>(v));
+    }
+    else if (arg == "--tiles" && i + 1 < argc) {
+      tiles.clear();
+      for (int64_t v : parse_list(argv[++i])) tiles.push_back(static_cast<int>(v));
     }
     else if (arg == "--group" && i + 1 < argc) group = std::atoll(argv[++i]);
   }
@@ -133,7 +141,7 @@ int main(int argc, char** argv) {
     cuda::Blas blas;
     nlohmann::json results = nlohmann::json::array();
 
-    std::printf("\n%-8s %5s %-16s %10s %9s %7s %9s %s\n", "shape", "M", "path", "time_us", "GB/s", "of_copy",
+    std::printf("\n%-8s %5s %-24s %10s %9s %7s %9s %s\n", "shape", "M", "path", "time_us", "GB/s", "of_copy",
                 "TFLOP/s", "graph");
     for (const Shape& shape : shapes) {
       if (!shape_filter.empty() && shape_filter.find("," + std::string(shape.name) + ",") == std::string::npos) continue;
@@ -161,8 +169,11 @@ int main(int argc, char** argv) {
       cuda::DeviceMemory x(static_cast<size_t>(max_m * shape.k) * 2), y(static_cast<size_t>(max_m * shape.n) * 2);
       cuda::fill_random_f16(x.as<uint16_t>(), static_cast<size_t>(max_m * shape.k), -1.0f, 1.0f, 7, stream);
       const size_t small_ws = cuda::w4a16_workspace_bytes(64, shape.n, shape.k, cuda::W4A16Path::small_m);
-      cuda::DeviceMemory small_workspace(small_ws), dequant_workspace(w16_bytes);
+      size_t tiled_ws = 0;
+      for (int64_t m : ms) tiled_ws = std::max(tiled_ws, cuda::w4a16_workspace_bytes(m, shape.n, shape.k, cuda::W4A16Path::tiled));
+      cuda::DeviceMemory small_workspace(small_ws), tiled_workspace(tiled_ws), dequant_workspace(w16_bytes);
       cuda::w4a16_workspace_init(small_workspace.get(), small_ws, stream);
+      cuda::w4a16_workspace_init(tiled_workspace.get(), tiled_ws, stream);
       cuda::stream_synchronize(stream);
 
       for (int64_t m : ms) {
@@ -172,7 +183,7 @@ int main(int argc, char** argv) {
           const double seconds = median(t.ms) * 1e-3;
           const double bytes = weight_bytes + io_bytes;
           const double gbps = bytes / seconds / 1e9;
-          std::printf("%-8s %5lld %-16s %10.2f %9.0f %6.1f%% %9.1f %s\n", shape.name, static_cast<long long>(m),
+          std::printf("%-8s %5lld %-24s %10.2f %9.0f %6.1f%% %9.1f %s\n", shape.name, static_cast<long long>(m),
                       path.c_str(), seconds * 1e6, gbps, 100.0 * gbps / copy_gbps, flops / seconds / 1e12,
                       t.graph ? "yes" : "no");
           std::vector<float> sorted = t.ms;
@@ -220,6 +231,27 @@ int main(int argc, char** argv) {
                    static_cast<double>(w4_bytes), w4_batch);
           }
         }
+        for (int tile : tiles)
+          for (int64_t splits : split_list) {
+            const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits)};
+            const std::string name =
+                "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) + (splits > 0 ? "_s" + std::to_string(splits) : "");
+            if (profile) {
+              for (int i = 0; i < 2; ++i)
+                cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                       tiled_workspace.get(), tiled_ws, stream, config);
+              cuda::stream_synchronize(stream);
+              std::printf("profiled %s m %lld %s\n", shape.name, static_cast<long long>(m), name.c_str());
+              continue;
+            }
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
+                                         shape.n, tiled_workspace.get(), tiled_ws, s, config);
+                },
+                w4_batch, warmup, reps, stream);
+            report(name, t, static_cast<double>(w4_bytes), w4_batch);
+          }
         if (baselines && !profile) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {

@@ -9,7 +9,7 @@
 // f16-representable inputs), per output dtype:
 //   exact           embedding, add, fused residual, kv write, argmax, dequantized weights
 //   f16 out  2e-3   rmsnorm, rope, silu_mul (f32 math, one f16 rounding: ~3e-4 expected)
-//   f16 out  2e-3   W4A16 small-M (exact f16 weights, f32 accumulation)
+//   f16 out  2e-3   W4A16 small-M and tiled (exact f16 weights, f32 accumulation)
 //   f16 out  3e-3   W4A16 dequant + cuBLAS (weights rounded to f16 once), W16A16 f16
 //   bf16 out 8e-3   W16A16 bf16 (bf16 output rounding 2^-9)
 //   f16 out  4e-3   paged attention (f16 P in the prefill's P V product, f16 output)
@@ -586,6 +586,10 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
         cuda::W4A16Path path;
         cuda::W4A16SmallMConfig config;
         double bound;
+        cuda::W4A16TiledConfig tiled = {};
+      };
+      const auto tiled = [](const char* name, int tile, int splits) {
+        return Path{name, cuda::W4A16Path::tiled, {}, 2e-3, {tile, splits}};
       };
       std::vector<Path> paths = {{"small_m v1", cuda::W4A16Path::small_m, {1, 0}, 2e-3},
                                  {"small_m v2", cuda::W4A16Path::small_m, {2, 0}, 2e-3},
@@ -594,18 +598,37 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  {"small_m v3 split5", cuda::W4A16Path::small_m, {3, 5}, 2e-3},
                                  {"small_m v4", cuda::W4A16Path::small_m, {4, 0}, 2e-3},
                                  {"small_m v4 split2", cuda::W4A16Path::small_m, {4, 2}, 2e-3},
+                                 tiled("tiled auto", 0, 0),
+                                 tiled("tiled 256x64", 1, 1),
+                                 tiled("tiled 256x64 split3", 1, 3),
+                                 tiled("tiled 128x64", 2, 1),
+                                 tiled("tiled 128x64 split2", 2, 2),
+                                 tiled("tiled 256x32", 3, 1),
+                                 tiled("tiled 256x32 split5", 3, 5),
+                                 tiled("tiled 128x128", 4, 1),
+                                 tiled("tiled 128x128 split4", 4, 4),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
                                  {"automatic", cuda::W4A16Path::automatic, {}, 3e-3}};
       for (const Path& path : paths) {
-        if (path.config.variant >= 2 && m > 64) continue;  // same kernel as v1 past 64 (sliced)
+        // small_m: the same kernel as v1 past 64 (sliced); tiled runs at every m.
+        if (path.path == cuda::W4A16Path::small_m && path.config.variant >= 2 && m > 64) continue;
         const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, path.path),
                                       cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4);
-        cuda::DeviceMemory workspace(bytes);
-        cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+        // The tiled split-K runs ask for more splits than its heuristic's bound: room for 5.
+        const size_t launch_bytes =
+            path.path != cuda::W4A16Path::tiled
+                ? bytes
+                : std::max(bytes, cuda::w4a16_workspace_bytes(1, s.n, s.k, cuda::W4A16Path::tiled) +
+                                      static_cast<size_t>(5 * m * s.n) * sizeof(float));
+        cuda::DeviceMemory workspace(launch_bytes);
+        cuda::w4a16_workspace_init(workspace.get(), launch_bytes, nullptr);
         auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
         if (path.path == cuda::W4A16Path::small_m)
           cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
                                    path.config);
+        else if (path.path == cuda::W4A16Path::tiled)
+          cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), launch_bytes,
+                                 nullptr, path.tiled);
         else
           cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
                            path.path);
@@ -617,10 +640,16 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                      std::string(path.name) + " m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
                          std::to_string(s.k) + " g" + std::to_string(s.group));
         // A second launch on the same workspace: split-K counters were left at zero.
-        if (path.path == cuda::W4A16Path::small_m && m <= 16) {
+        const bool rerun = (path.path == cuda::W4A16Path::small_m && m <= 16) ||
+                           (path.path == cuda::W4A16Path::tiled && m <= 128);
+        if (rerun) {
           auto d_y2 = poisoned(static_cast<size_t>(m * ldy) * 2);
-          cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), bytes, nullptr,
-                                   path.config);
+          if (path.path == cuda::W4A16Path::small_m)
+            cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), bytes,
+                                     nullptr, path.config);
+          else
+            cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), launch_bytes,
+                                   nullptr, path.tiled);
           const std::vector<f16> again = download<f16>(d_y2, static_cast<size_t>(m * ldy));
           const std::vector<f16> first = to_f16(y);
           for (int64_t t = 0; t < m; ++t)
@@ -640,22 +669,60 @@ TEST_F(Gpu, W4A16WorkspaceIsSharedAcrossPaths) {
   const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, 64);
   DeviceW4 w(qspec::gemm::pack_w4a16(weight));
   qspec::cuda::Blas blas;
-  const int64_t big_m = 200;
-  const size_t bytes = std::max(cuda::w4a16_workspace_bytes(big_m, n, k), cuda::w4a16_workspace_bytes(1, n, k));
+  const int64_t big_m = 200, tiled_m = 40;
+  const size_t bytes = std::max({cuda::w4a16_workspace_bytes(big_m, n, k), cuda::w4a16_workspace_bytes(1, n, k),
+                                 cuda::w4a16_workspace_bytes(tiled_m, n, k, cuda::W4A16Path::tiled),
+                                 cuda::w4a16_workspace_bytes(1, n, k, cuda::W4A16Path::tiled) +
+                                     static_cast<size_t>(3 * tiled_m * n) * sizeof(float)});
   auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(big_m * k))));
   auto run_split = [&](const cuda::DeviceMemory& workspace) {
     auto d_y = poisoned(static_cast<size_t>(n) * 2);
     cuda::w4a16_gemm_small_m(d_x.as<f16>(), 1, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr, {1, 2});
     return download<f16>(d_y, static_cast<size_t>(n));
   };
+  // The tiled kernel's split-K uses the same counters (row tile x M tile) and partials region.
+  auto run_tiled_split = [&](const cuda::DeviceMemory& workspace) {
+    auto d_y = poisoned(static_cast<size_t>(tiled_m * n) * 2);
+    cuda::w4a16_gemm_tiled(d_x.as<f16>(), tiled_m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
+                           {1, 3});
+    return download<f16>(d_y, static_cast<size_t>(tiled_m * n));
+  };
   cuda::DeviceMemory fresh(bytes), shared(bytes);
   cuda::w4a16_workspace_init(fresh.get(), bytes, nullptr);
   cuda::w4a16_workspace_init(shared.get(), bytes, nullptr);
   const std::vector<f16> expected = run_split(fresh);
+  const std::vector<f16> expected_tiled = run_tiled_split(fresh);
   auto d_big = poisoned(static_cast<size_t>(big_m * n) * 2);
   ASSERT_EQ(cuda::w4a16_choose_path(big_m, n, k), cuda::W4A16Path::dequant_cublas);
   cuda::w4a16_gemm(blas, d_x.as<f16>(), big_m, k, w.view, d_big.as<f16>(), n, shared.get(), bytes, nullptr);
-  for (int repeat = 0; repeat < 3; ++repeat) ASSERT_EQ(run_split(shared), expected) << "launch " << repeat;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    ASSERT_EQ(run_split(shared), expected) << "launch " << repeat;
+    ASSERT_EQ(run_tiled_split(shared), expected_tiled) << "tiled launch " << repeat;
+  }
+}
+
+// The tiled kernel computes the small-M kernel's function in the same order (per pair: k tile
+// 0 then 1; each group in f32, scaled in f32 at its end), so without split-K the bits agree.
+TEST_F(Gpu, W4A16TiledMatchesSmallMBitwise) {
+  for (auto [n, k, group] : {std::tuple{4097, 4096, 128}, {1000, 160, 32}, {256, 704, 64}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    for (int64_t m : {1, 17, 64, 100}) {
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+      auto run = [&](bool tiled, int tile) {
+        auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        if (tiled)
+          cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, nullptr, 0, nullptr, {tile, 1});
+        else
+          cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, nullptr, 0, nullptr, {1, 1});
+        return download<f16>(d_y, static_cast<size_t>(m * n));
+      };
+      const std::vector<f16> expected = run(false, 0);
+      for (int tile = 1; tile <= cuda::kW4A16TiledTiles; ++tile)
+        ASSERT_EQ(run(true, tile), expected) << "tile " << cuda::w4a16_tiled_tile_name(tile) << " m" << m << " n" << n
+                                             << " k" << k << " g" << group;
+    }
+  }
 }
 
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
