@@ -10,9 +10,12 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);  // w4a16_gemm.cu
 void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream) {
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
   QSPEC_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "cuda::w4a16_dequantize: out must be 16-byte aligned");
-  const int64_t items = static_cast<int64_t>(layout.row_blocks) * (layout.full_chunks + layout.tail);
-  const int64_t blocks = std::min<int64_t>((items + 7) / 8, static_cast<int64_t>(multiprocessor_count()) * 16);
-  kernels::w4a16_dequant_kernel<<<static_cast<unsigned>(blocks), 256, 0, as_stream(stream)>>>(
+  // One block per (row block, 1024-k tile): 8 warps x 2 chunks (kernels/w4a16_dequant.cuh).
+  constexpr int kTileChunks = 16, kWarps = 8;
+  const int64_t chunks = layout.full_chunks + layout.tail;
+  const int64_t blocks = static_cast<int64_t>(layout.row_blocks) * ((chunks + kTileChunks - 1) / kTileChunks);
+  QSPEC_CHECK(blocks < (1ll << 31), "cuda::w4a16_dequantize: matrix too large");
+  kernels::w4a16_dequant_kernel<kTileChunks, kWarps><<<static_cast<unsigned>(blocks), kWarps * 32, 0, as_stream(stream)>>>(
       layout, static_cast<int>(w.group), reinterpret_cast<__half*>(out));
   QSPEC_CUDA_CHECK_LAUNCH("w4a16_dequant_kernel");
 }

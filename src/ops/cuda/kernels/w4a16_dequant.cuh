@@ -5,49 +5,85 @@
 
 namespace qspec::cuda::kernels {
 
-// One warp per (row block, chunk), grid-stride. Lane 4g+t writes 8 consecutive values of rows
-// g and g + 8 per k pair (16-byte stores). out = f16(code * scale), correctly rounded.
-__global__ void w4a16_dequant_kernel(const W4A16Layout w, int group, __half* __restrict__ out) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int chunks = w.full_chunks + w.tail;
-  const int64_t items = static_cast<int64_t>(w.row_blocks) * chunks;
-  const int pairs_per_group = group / 32;
-  for (int64_t item = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; item < items;
-       item += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
-    const int rb = static_cast<int>(item / chunks), chunk = static_cast<int>(item % chunks);
-    const uint8_t* base = w.codes + static_cast<int64_t>(rb) * w.k * 8 + static_cast<int64_t>(chunk) * 512;
-    uint32_t words[4];
-    int pairs;
-    if (chunk < w.full_chunks) {
-      const uint4 v = load_stream_16(base + lane * 16);
-      words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
-      pairs = 2;
+// One block per (row block, TILE_CHUNKS x 64 k): a pure streaming kernel (n k / 2 bytes in,
+// 2 n k out), so it is built for bytes in flight and whole-line writes:
+//  - each warp issues the loads of all its CPW chunks (16 bytes a lane each) and their scales
+//    before using any, so a multiprocessor keeps ~6 blocks x 8 KB of codes in flight;
+//  - the packed layout gives lane 4g+t 8 values of rows g and g + 8 per k pair, so a direct
+//    store would touch 16 rows (8 KB apart for k 4096) per warp; instead the tile is
+//    dequantized into shared memory and written back row by row, 512 contiguous bytes per warp
+//    store. Rows are padded by 64 bytes (stride = 64 mod 128 bytes), so the 16-byte
+//    shared stores of rows g, g + 1 land in distinct bank groups.
+// out = f16(code * scale), correctly rounded (code is an exact f16 integer).
+template <int TILE_CHUNKS, int WARPS>
+__global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16Layout w, int group,
+                                                                    __half* __restrict__ out) {
+  constexpr int CPW = TILE_CHUNKS / WARPS;  // chunks per warp
+  static_assert(TILE_CHUNKS % WARPS == 0, "whole chunks per warp");
+  constexpr int TILE_K = TILE_CHUNKS * 64;
+  constexpr int ROW_HALVES = TILE_K + 32;
+  constexpr int THREADS = WARPS * 32;
+  __shared__ __align__(16) __half tile[16 * ROW_HALVES];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int chunks = w.full_chunks + w.tail, k_tiles = (chunks + TILE_CHUNKS - 1) / TILE_CHUNKS;
+  const int rb = static_cast<int>(blockIdx.x / k_tiles), chunk0 = static_cast<int>(blockIdx.x % k_tiles) * TILE_CHUNKS;
+  const int pairs = 2 * w.full_chunks + w.tail, pairs_per_group = group / 32;
+  const uint8_t* codes = w.codes + static_cast<int64_t>(rb) * w.k * 8;
+  const uint32_t* scales = w.scales + static_cast<int64_t>(rb) * w.groups * 8 + g;
+
+  uint4 q[CPW];
+  uint32_t s[CPW][2];
+#pragma unroll
+  for (int i = 0; i < CPW; ++i) {
+    const int c = chunk0 + warp * CPW + i;
+    if (c < w.full_chunks) {
+      q[i] = load_stream_16(codes + static_cast<int64_t>(c) * 512 + lane * 16);
+    } else if (c < chunks) {  // k % 64 == 32: the last chunk holds one pair, 8 bytes a lane
+      const uint2 v = load_stream_8(codes + static_cast<int64_t>(c) * 512 + lane * 8);
+      q[i] = make_uint4(v.x, v.y, 0u, 0u);
     } else {
-      const uint2 v = load_stream_8(base + lane * 8);
-      words[0] = v.x, words[1] = v.y, words[2] = words[3] = 0;
-      pairs = 1;
+      q[i] = make_uint4(0u, 0u, 0u, 0u);
     }
-    for (int hp = 0; hp < pairs; ++hp) {
-      const int pair = 2 * chunk + hp;
-      const uint32_t scale_word = __ldg(w.scales + (static_cast<int64_t>(rb) * w.groups + pair / pairs_per_group) * 8 + g);
-      const __half2 pair_scale = *reinterpret_cast<const __half2*>(&scale_word);
+#pragma unroll
+    for (int hp = 0; hp < 2; ++hp) {
+      const int pair = 2 * c + hp;
+      s[i][hp] = pair < pairs ? __ldg(scales + (pair / pairs_per_group) * 8) : 0u;
+    }
+  }
+
+  auto scaled = [](uint32_t v, __half2 scale) {
+    __half2 r = __hmul2(*reinterpret_cast<__half2*>(&v), scale);
+    return *reinterpret_cast<uint32_t*>(&r);
+  };
+#pragma unroll
+  for (int i = 0; i < CPW; ++i)
+#pragma unroll
+    for (int hp = 0; hp < 2; ++hp) {
+      const __half2 pair_scale = *reinterpret_cast<const __half2*>(&s[i][hp]);
       const __half2 s_low = __low2half2(pair_scale), s_high = __high2half2(pair_scale);
       uint32_t a[4], b[4];
-      dequant_int4x8(words[2 * hp], a);
-      dequant_int4x8(words[2 * hp + 1], b);
-      auto scaled = [](uint32_t v, __half2 s) {
-        __half2 r = __hmul2(*reinterpret_cast<__half2*>(&v), s);
-        return *reinterpret_cast<uint32_t*>(&r);
-      };
-      const int row0 = rb * 16 + g, row1 = row0 + 8;
-      const int64_t col = static_cast<int64_t>(pair) * 32 + t * 8;
-      if (row0 < w.n)
-        *reinterpret_cast<uint4*>(out + row0 * static_cast<int64_t>(w.k) + col) =
-            make_uint4(scaled(a[0], s_low), scaled(a[2], s_low), scaled(b[0], s_low), scaled(b[2], s_low));
-      if (row1 < w.n)
-        *reinterpret_cast<uint4*>(out + row1 * static_cast<int64_t>(w.k) + col) =
-            make_uint4(scaled(a[1], s_high), scaled(a[3], s_high), scaled(b[1], s_high), scaled(b[3], s_high));
+      dequant_int4x8(hp ? q[i].z : q[i].x, a);
+      dequant_int4x8(hp ? q[i].w : q[i].y, b);
+      const int col = ((warp * CPW + i) * 2 + hp) * 32 + t * 8;
+      *reinterpret_cast<uint4*>(tile + g * ROW_HALVES + col) =
+          make_uint4(scaled(a[0], s_low), scaled(a[2], s_low), scaled(b[0], s_low), scaled(b[2], s_low));
+      *reinterpret_cast<uint4*>(tile + (g + 8) * ROW_HALVES + col) =
+          make_uint4(scaled(a[1], s_high), scaled(a[3], s_high), scaled(b[1], s_high), scaled(b[3], s_high));
     }
+  __syncthreads();
+
+  // Write back: 16 rows x TILE_K halves, 16 bytes a thread, consecutive threads along a row.
+  const int k0 = chunk0 * 64, k_valid = min(TILE_K, w.k - k0);
+  constexpr int PIECES_PER_ROW = TILE_K / 8;
+#pragma unroll
+  for (int it = 0; it < 16 * PIECES_PER_ROW / THREADS; ++it) {
+    const int i = it * THREADS + threadIdx.x;
+    const int r = i / PIECES_PER_ROW, piece = i % PIECES_PER_ROW;
+    const int row = rb * 16 + r;
+    if (row < w.n && piece * 8 < k_valid)
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * w.k + k0 + piece * 8) =
+          *reinterpret_cast<const uint4*>(tile + r * ROW_HALVES + piece * 8);
   }
 }
 
