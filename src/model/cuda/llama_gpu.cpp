@@ -232,9 +232,14 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   for (const Layer& layer : layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       if (linear->quantized)
-        for (int64_t m : {int64_t{1}, std::min<int64_t>(max_step_tokens, 64), max_step_tokens})
-          gemm_workspace_bytes = std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k));
-  attention_workspace_bytes = cuda::attention_workspace_bytes(max_step_tokens, c.num_heads, c.head_dim, max_context);
+        for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}, int64_t{256},
+                          int64_t{512}, max_step_tokens})
+          if (m <= max_step_tokens)
+            gemm_workspace_bytes = std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k));
+  // Split-K attention partials for decode and verify batches; a long prefill plans fewer splits
+  // to fit (it fills the GPU without them).
+  attention_workspace_bytes = cuda::attention_workspace_bytes(
+      std::min<int64_t>(max_step_tokens, std::max<int64_t>(max_seqs * 8, 256)), c.num_heads, c.head_dim, max_context);
   const size_t needed = 2 * static_cast<size_t>(c.num_layers) * pool_bytes + activation_bytes + logit_bytes +
                         gemm_workspace_bytes + attention_workspace_bytes +
                         static_cast<size_t>(max_seqs + max_step_tokens) * static_cast<size_t>(blocks_per_seq) * 4;
