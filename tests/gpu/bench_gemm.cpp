@@ -171,7 +171,8 @@ int main(int argc, char** argv) {
       const size_t small_ws = cuda::w4a16_workspace_bytes(64, shape.n, shape.k, cuda::W4A16Path::small_m);
       size_t tiled_ws = 0;
       for (int64_t m : ms) tiled_ws = std::max(tiled_ws, cuda::w4a16_workspace_bytes(m, shape.n, shape.k, cuda::W4A16Path::tiled));
-      cuda::DeviceMemory small_workspace(small_ws), tiled_workspace(tiled_ws), dequant_workspace(w16_bytes);
+      const size_t dequant_ws = cuda::w4a16_workspace_bytes(1, shape.n, shape.k, cuda::W4A16Path::dequant_cublas);
+      cuda::DeviceMemory small_workspace(small_ws), tiled_workspace(tiled_ws), dequant_workspace(dequant_ws);
       cuda::w4a16_workspace_init(small_workspace.get(), small_ws, stream);
       cuda::w4a16_workspace_init(tiled_workspace.get(), tiled_ws, stream);
       cuda::stream_synchronize(stream);
@@ -256,7 +257,7 @@ int main(int argc, char** argv) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 cuda::w4a16_gemm(blas, x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                 dequant_workspace.get(), w16_bytes, s, cuda::W4A16Path::dequant_cublas);
+                                 dequant_workspace.get(), dequant_ws, s, cuda::W4A16Path::dequant_cublas);
               },
               w4_batch, warmup, reps, stream);
           report("w4a16_dequant_cublas", t, static_cast<double>(w4_bytes), w4_batch);

@@ -29,12 +29,18 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
 
 }  // namespace detail
 
-// Measured crossover (docs/perf-notes.md): the small-M kernel up to this many tokens.
-static constexpr int64_t kSmallMMax = 64;
-// The tiled kernel for kSmallMMax < m <= kTiledMaxM. 0 = off (automatic never takes it) until
-// the H100 numbers (qspec_gpu_bench rows w4a16_tiled_*) set both crossovers; kSmallMMax
-// likely drops then too (the tiled kernel should win from m ~ 32).
-static constexpr int64_t kTiledMaxM = 0;
+// Crossovers of `automatic` (docs/perf-notes.md has the H100 numbers behind them): the small-M
+// kernel up to kSmallMMax tokens, the tiled kernel up to kTiledMaxM, dequantize + cuBLAS beyond.
+// A build may set them (-DQSPEC_W4A16_SMALL_M_MAX=, -DQSPEC_W4A16_TILED_M_MAX=) to try others;
+// ADAngel's tuner (issue 6) replaces both with a measured per-shape policy.
+#ifndef QSPEC_W4A16_SMALL_M_MAX
+#define QSPEC_W4A16_SMALL_M_MAX 64
+#endif
+#ifndef QSPEC_W4A16_TILED_M_MAX
+#define QSPEC_W4A16_TILED_M_MAX 0
+#endif
+static constexpr int64_t kSmallMMax = QSPEC_W4A16_SMALL_M_MAX;
+static constexpr int64_t kTiledMaxM = QSPEC_W4A16_TILED_M_MAX;
 
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
   if (m <= kSmallMMax) return W4A16Path::small_m;
