@@ -32,12 +32,15 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
 // Crossovers of `automatic` (docs/perf-notes.md has the H100 numbers behind them): the small-M
 // kernel up to kSmallMMax tokens, the tiled kernel up to kTiledMaxM, dequantize + cuBLAS beyond.
 // A build may set them (-DQSPEC_W4A16_SMALL_M_MAX=, -DQSPEC_W4A16_TILED_M_MAX=) to try others;
-// ADAngel's tuner (issue 6) replaces both with a measured per-shape policy.
+// ADAngel's tuner (issue 6) replaces both with a measured per-shape policy. H100, Llama-3-8B
+// layer GEMMs summed (tools/pick_w4a16_crossover.py, bench/results/gpu-w4a16-gemm-h100-tiled.json):
+// small-M wins at m <= 8 (70 vs 82 us), tiled at 16..128 (81 vs 112 us at 16, 131 vs 351 at 64),
+// dequantize + cuBLAS from 256 (394 vs 400 us).
 #ifndef QSPEC_W4A16_SMALL_M_MAX
-#define QSPEC_W4A16_SMALL_M_MAX 64
+#define QSPEC_W4A16_SMALL_M_MAX 8
 #endif
 #ifndef QSPEC_W4A16_TILED_M_MAX
-#define QSPEC_W4A16_TILED_M_MAX 0
+#define QSPEC_W4A16_TILED_M_MAX 128
 #endif
 static constexpr int64_t kSmallMMax = QSPEC_W4A16_SMALL_M_MAX;
 static constexpr int64_t kTiledMaxM = QSPEC_W4A16_TILED_M_MAX;
