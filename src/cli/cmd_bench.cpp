@@ -41,6 +41,7 @@ struct BenchArgs {
   int64_t steps = 64;
   std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
   bool no_graphs = false;
+  bool no_pdl = false;
   bool profile_step = false;
 };
 
@@ -65,6 +66,7 @@ void run_gpu(const BenchArgs& args) {
   options.steps = args.steps;
   options.prompt_lengths = args.prompt_lengths;
   options.cuda_graphs = !args.no_graphs;
+  options.programmatic_launch = !args.no_pdl;
   options.profile_step = args.profile_step;
   options.command_line = args.command_line;
   options.commit = git_commit();
@@ -212,6 +214,8 @@ void register_bench(CLI::App& app) {
   command->add_option("--prompt-lengths", args->prompt_lengths, "cuda: prompts for time-to-first-token")
       ->delimiter(',')->capture_default_str();
   command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
+  command->add_flag("--no-pdl", args->no_pdl,
+                    "cuda: fully serialized kernel launches (no programmatic dependent launch), to measure its worth");
   command->add_flag("--profile-step", args->profile_step,
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();

@@ -14,6 +14,7 @@
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/device_info.h"
+#include "ops/cuda/ops.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer.h"
@@ -225,6 +226,32 @@ TEST(GpuModel, GraphsAndPlainLaunchesAgree) {
   for (const auto& prompt : prompts) EXPECT_EQ(alone(with_graphs, prompt, 48), alone(plain, prompt, 48));
   EXPECT_GT(with_graphs.graphs_captured(), 0);
   EXPECT_EQ(plain.graphs_captured(), 0);
+}
+
+// Programmatic dependent launch lets each kernel start while its predecessor drains; every
+// kernel waits before reading, so outputs are bitwise those of fully serialized launches.
+TEST(GpuModel, ProgrammaticDependentLaunchChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const auto prompts = question_prompts(*tokenizer, 4);
+  qspec::GpuLlamaOptions options;
+  options.max_context = 512;
+  qspec::cuda::set_pdl_enabled(true);
+  const bool pdl_available = qspec::cuda::pdl_enabled();  // false below sm_90
+  qspec::GpuLlama overlapped(*model, qspec::parse_run_mode("w4a16"), options);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& prompt : prompts) expected.push_back(alone(overlapped, prompt, 48));
+  const std::vector<float> overlapped_logits = overlapped.logits();
+  qspec::cuda::set_pdl_enabled(false);
+  qspec::GpuLlama serial(*model, qspec::parse_run_mode("w4a16"), options);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(alone(serial, prompts[i], 48), expected[i]) << "prompt " << i;
+  const std::vector<float> serial_logits = serial.logits();
+  qspec::cuda::set_pdl_enabled(true);
+  ASSERT_EQ(serial_logits.size(), overlapped_logits.size());
+  for (size_t i = 0; i < serial_logits.size(); ++i)
+    ASSERT_EQ(serial_logits[i], overlapped_logits[i]) << "logit " << i << (pdl_available ? "" : " (no PDL here)");
 }
 
 // Synthetic full-size shapes load and step (the benchmark's model), and one too large for the

@@ -155,6 +155,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
     ~StreamGuard() { cuda::destroy_stream(stream); }
   } guard{stream};
 
+  cuda::set_pdl_enabled(options.programmatic_launch);
   const Ceilings ceilings = options.profile_step ? Ceilings{1e12, 1e15} : measure_ceilings(stream);
   std::printf("GPU %s | model %s | copy %.0f GB/s (read + write) | cuBLAS f16 %.0f TFLOP/s\n",
               cuda::device_name().c_str(), model_name.c_str(), ceilings.copy_bytes_per_s / 1e9,
@@ -167,6 +168,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"context", options.context},
                            {"steps", options.steps},
                            {"cuda_graphs", options.cuda_graphs},
+                           {"programmatic_dependent_launch", cuda::pdl_enabled()},
                            {"copy_bytes_per_second", ceilings.copy_bytes_per_s},
                            {"gemm_flops_per_second", ceilings.gemm_flops_per_s},
                            {"modes", nlohmann::json::object()}};
@@ -194,6 +196,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                   static_cast<double>(gpu->weight_bytes()) / 1e9,
                   static_cast<double>(gpu->kv_bytes_per_position()) / 1e3,
                   options.cuda_graphs ? "CUDA graphs" : "plain launches");
+      std::printf("kernel launches: %s\n", cuda::pdl_enabled() ? "programmatic dependent launch (overlapped)"
+                                                                : "fully serialized (no PDL)");
       std::printf("%6s %10s %12s %12s %10s %9s %12s %9s\n", "batch", "step ms", "tokens/s", "roofline ms", "of roof",
                   "bound", "GEMM sum ms", "step/sum");
       for (int64_t batch : options.batch_sizes) {

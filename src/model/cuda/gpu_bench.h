@@ -26,6 +26,7 @@ struct GpuBenchOptions {
   int64_t steps = 64;      // timed decode steps per batch size (after warm-up)
   std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
   bool cuda_graphs = true;
+  bool programmatic_launch = true;  // programmatic dependent launch (sm_90+); false: --no-pdl
   // Profile mode: per mode and batch size, warm up, then run one decode step between
   // profiler_start/stop (for `ncu --profile-from-start off`); nothing is timed.
   bool profile_step = false;

@@ -9,7 +9,11 @@ void launch_argmax(const T* logits, int64_t rows, int64_t vocab, int32_t* ids, v
   QSPEC_CHECK(rows >= 0 && vocab > 0 && vocab < (1ll << 31), "cuda::argmax: bad shape rows ", rows, " vocab ", vocab);
   if (rows == 0) return;
   QSPEC_CHECK(rows < (1ll << 31), "cuda::argmax: too many rows (", rows, ")");
-  kernels::argmax_kernel<T><<<static_cast<unsigned>(rows), 1024, 0, as_stream(stream)>>>(logits, vocab, ids);
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = vocab % kVec == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>(rows)), block(1024);
+  if (vec) launch_pdl(kernels::argmax_kernel<T, kVec>, grid, block, 0, as_stream(stream), logits, vocab, ids);
+  else launch_pdl(kernels::argmax_kernel<T, 1>, grid, block, 0, as_stream(stream), logits, vocab, ids);
   QSPEC_CUDA_CHECK_LAUNCH("argmax_kernel");
 }
 }  // namespace

@@ -15,9 +15,9 @@ void launch_attention_combine(const void* workspace, int64_t splits, int64_t row
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {
   const auto* part_o = static_cast<const float*>(workspace);
   const auto* part_ml = reinterpret_cast<const float2*>(part_o + splits * rows * head_dim);
-  kernels::attention_combine_kernel<<<static_cast<unsigned>(rows), static_cast<int>(std::min<int64_t>(head_dim, 128)), 0,
-                                      stream>>>(part_o, part_ml, static_cast<int>(splits), rows,
-                                                static_cast<int>(num_heads), static_cast<int>(head_dim), out, out_stride);
+  const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(std::min<int64_t>(head_dim, 128)));
+  launch_pdl(kernels::attention_combine_kernel, grid, block, 0, stream, part_o, part_ml, static_cast<int>(splits), rows,
+             static_cast<int>(num_heads), static_cast<int>(head_dim), out, out_stride);
   QSPEC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
 }
 }  // namespace detail

@@ -166,11 +166,36 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Launch with programmatic stream serialization: the kernel may start while the previous
-// kernel on the stream drains, so it must wait for it (griddepcontrol.wait,
-// kernels/w4a16_common.cuh) before reading that kernel's outputs or writing global memory.
-template <typename Kernel, typename Params>
-void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Params& params) {
+// Programmatic dependent launch (PDL, sm_90+). A kernel launched with launch_pdl may start
+// while the previous kernel on the stream drains: it must call grid_dependency_wait() before it
+// reads that kernel's outputs or writes global memory (loads of constant data, such as weights,
+// may come first). grid_launch_dependents() lets the next kernel launch early; every kernel
+// launched with launch_pdl calls both, so the chain stays ordered: a kernel's wait returns when
+// its predecessor has completed, which that predecessor only did after its own wait. Both are
+// no-ops when the launch did not set the attribute (and on sm_80, which has no PDL).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+// The prologue of a small kernel that reads its predecessor's output from its first instruction.
+__device__ __forceinline__ void pdl_prologue() {
+  grid_dependency_wait();
+  grid_launch_dependents();
+}
+
+// Whether launch_pdl sets the attribute: sm_90 or newer, and QSPEC_NO_PDL unset (the switch the
+// benchmarks use to measure what PDL is worth in the same run). Read once (runtime.cu).
+bool pdl_enabled();
+
+template <typename... KernelArgs, typename... Args>
+void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
@@ -180,8 +205,8 @@ void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t 
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = 1;
-  QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // Streaming 16-byte load for data read exactly once (packed weights): not kept in L1.

@@ -15,9 +15,11 @@ void embedding(const int32_t* ids, int64_t tokens, const f16_bits* table, int64_
   const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, vec ? dim / 8 : dim)));
   if (vec)
-    kernels::embedding_kernel<8><<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(ids, t, vocab, dim, o);
+    launch_pdl(kernels::embedding_kernel<8>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
+        ids, t, vocab, dim, o);
   else
-    kernels::embedding_kernel<1><<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(ids, t, vocab, dim, o);
+    launch_pdl(kernels::embedding_kernel<1>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
+        ids, t, vocab, dim, o);
   QSPEC_CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 

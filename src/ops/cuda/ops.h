@@ -52,6 +52,11 @@ void stream_synchronize(void* stream);
 int multiprocessor_count();
 int compute_capability();  // major * 10 + minor of the current device
 size_t l2_cache_bytes();
+// Whether kernels launch with programmatic dependent launch: sm_90+, and QSPEC_NO_PDL unset
+// unless set_pdl_enabled overrode it (tests and benchmarks compare both in one process; graphs
+// keep the setting they were captured with).
+bool pdl_enabled();
+void set_pdl_enabled(bool enabled);
 
 // Deterministic pseudo-random device data (synthetic weights for benchmarks): uniform u32
 // words, and f16 values uniform in [lo, hi).

@@ -14,12 +14,11 @@ void launch_attention_combine(const void* workspace, int64_t splits, int64_t row
 namespace {
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
-  switch (heads_per_block) {
-    case 1: kernels::paged_attention_decode_kernel<D, 1><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
-    case 2: kernels::paged_attention_decode_kernel<D, 2><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
-    case 4: kernels::paged_attention_decode_kernel<D, 4><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
-    default: kernels::paged_attention_decode_kernel<D, 8><<<grid, kernels::kDecodeWarps * 32, 0, stream>>>(params); break;
-  }
+  auto* kernel = heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
+                 : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
+                 : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
+                                        : kernels::paged_attention_decode_kernel<D, 8>;
+  launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
 }
 }  // namespace

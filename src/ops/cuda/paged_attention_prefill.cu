@@ -21,7 +21,7 @@ void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStrea
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     configured = true;
   }
-  kernels::paged_attention_prefill_kernel<D><<<grid, 128, bytes, stream>>>(params);
+  launch_pdl(kernels::paged_attention_prefill_kernel<D>, dim3(grid), dim3(128), bytes, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_prefill_kernel");
 }
 }  // namespace

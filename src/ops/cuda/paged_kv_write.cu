@@ -22,10 +22,10 @@ void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, co
   auto* kp = reinterpret_cast<__half*>(kv.k_pool);
   auto* vp = reinterpret_cast<__half*>(kv.v_pool);
   if (vec)
-    kernels::paged_kv_write_kernel<8><<<grid, threads, 0, as_stream(stream)>>>(
+    launch_pdl(kernels::paged_kv_write_kernel<8>, dim3(grid), dim3(threads), 0, as_stream(stream),
         kh, vh, row_stride, batch.query_start, batch.positions, kv.block_tables, kv.max_blocks_per_seq, width, kp, vp);
   else
-    kernels::paged_kv_write_kernel<1><<<grid, threads, 0, as_stream(stream)>>>(
+    launch_pdl(kernels::paged_kv_write_kernel<1>, dim3(grid), dim3(threads), 0, as_stream(stream),
         kh, vh, row_stride, batch.query_start, batch.positions, kv.block_tables, kv.max_blocks_per_seq, width, kp, vp);
   QSPEC_CUDA_CHECK_LAUNCH("paged_kv_write_kernel");
 }

@@ -16,9 +16,11 @@ void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t
   const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (work + 31) / 32 * 32)));
   const unsigned grid = static_cast<unsigned>(rows);
   if (vec)
-    kernels::rmsnorm_kernel<8, FUSED><<<grid, threads, 0, as_stream(stream)>>>(x, delta, weight, dim, eps, y);
+    launch_pdl(kernels::rmsnorm_kernel<8, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
+        x, delta, weight, dim, eps, y);
   else
-    kernels::rmsnorm_kernel<1, FUSED><<<grid, threads, 0, as_stream(stream)>>>(x, delta, weight, dim, eps, y);
+    launch_pdl(kernels::rmsnorm_kernel<1, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
+        x, delta, weight, dim, eps, y);
   QSPEC_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }
 }  // namespace

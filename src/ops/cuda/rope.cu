@@ -13,7 +13,7 @@ void rope(f16_bits* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t 
   QSPEC_CHECK(tokens < (1ll << 31), "cuda::rope: too many tokens (", tokens, ")");
   const int64_t work = heads * head_dim / 2;
   const int threads = static_cast<int>(std::min<int64_t>(512, (work + 31) / 32 * 32));
-  kernels::rope_kernel<<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(
+  launch_pdl(kernels::rope_kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
       reinterpret_cast<__half*>(x), heads, head_dim, row_stride, positions, inv_freq, attention_scaling);
   QSPEC_CUDA_CHECK_LAUNCH("rope_kernel");
 }

@@ -2,6 +2,9 @@
 // plain C++ facade of ops/cuda/ops.h.
 #include <cuda_profiler_api.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -24,6 +27,22 @@ const cudaDeviceProp& current_device_properties() {
   }
   return *cache[device];
 }
+
+namespace {
+// -1: follow QSPEC_NO_PDL; 0 / 1: set by set_pdl_enabled.
+std::atomic<int> pdl_override{-1};
+}  // namespace
+
+bool pdl_enabled() {
+  static const bool disabled_by_env = [] {
+    const char* value = std::getenv("QSPEC_NO_PDL");
+    return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  const int forced = pdl_override.load(std::memory_order_relaxed);
+  const bool wanted = forced >= 0 ? forced == 1 : !disabled_by_env;
+  return wanted && current_device_properties().major >= 9;
+}
+void set_pdl_enabled(bool enabled) { pdl_override.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 
 DeviceMemory::DeviceMemory(size_t bytes) {
   if (bytes == 0) return;

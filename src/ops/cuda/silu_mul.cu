@@ -17,9 +17,11 @@ void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t co
   const auto* u = reinterpret_cast<const __half*>(up);
   auto* o = reinterpret_cast<__half*>(out);
   if (vec)
-    kernels::silu_mul_kernel<8><<<grid, 256, 0, as_stream(stream)>>>(g, u, rows, cols, in_stride, o);
+    launch_pdl(kernels::silu_mul_kernel<8>, dim3(grid), dim3(256), 0, as_stream(stream),
+        g, u, rows, cols, in_stride, o);
   else
-    kernels::silu_mul_kernel<1><<<grid, 256, 0, as_stream(stream)>>>(g, u, rows, cols, in_stride, o);
+    launch_pdl(kernels::silu_mul_kernel<1>, dim3(grid), dim3(256), 0, as_stream(stream),
+        g, u, rows, cols, in_stride, o);
   QSPEC_CUDA_CHECK_LAUNCH("silu_mul_kernel");
 }
 

@@ -10,6 +10,7 @@ namespace qspec::cuda::kernels {
 __global__ void attention_combine_kernel(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                                          int splits, int64_t rows, int num_heads, int head_dim,
                                          __half* __restrict__ out, int64_t out_stride) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   const int64_t row = blockIdx.x;
   float global_max = -INFINITY;
   for (int s = 0; s < splits; ++s) {

@@ -10,6 +10,7 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 template <int VEC>
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,
                                 int64_t cols, int64_t in_stride, __half* __restrict__ out) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   const int64_t per_row = cols / VEC, total = rows * per_row;
   for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < total;
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -30,6 +31,7 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
 
 template <int VEC>
 __global__ void add_kernel(const __half* a, const __half* b, int64_t count, __half* out) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < count / VEC;
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if constexpr (VEC == 8) {

@@ -8,6 +8,7 @@ namespace qspec::cuda::kernels {
 template <int VEC>
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const __half* __restrict__ table, int64_t vocab,
                                  int64_t dim, __half* __restrict__ out) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
   const int64_t token = blockIdx.x;
   const int32_t id = ids[token];

@@ -31,6 +31,7 @@ inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared
 // D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
 template <int D, int GM>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kernel(const DecodeParams p) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;

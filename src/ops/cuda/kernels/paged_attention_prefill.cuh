@@ -49,6 +49,7 @@ struct PrefillSmem {
 
 template <int D>
 __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const PrefillParams p) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   using Smem = PrefillSmem<D>;
   constexpr int C = Smem::kChunks;
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -10,6 +10,7 @@ __global__ void paged_kv_write_kernel(const __half* __restrict__ k, const __half
                                       const int32_t* __restrict__ query_start, const int32_t* __restrict__ positions,
                                       const int32_t* __restrict__ block_tables, int64_t max_blocks, int64_t width,
                                       __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
   const int seq = blockIdx.y;
   const int64_t token = query_start[seq] + blockIdx.x;

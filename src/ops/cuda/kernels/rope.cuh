@@ -8,6 +8,7 @@ namespace qspec::cuda::kernels {
 __global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t row_stride,
                             const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
                             float attention_scaling) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   const int64_t token = blockIdx.x, half = head_dim / 2;
   const float position = static_cast<float>(positions[token]);
   __half* row = x + token * row_stride;

@@ -18,6 +18,7 @@ namespace qspec::cuda::kernels {
 template <int TILE_CHUNKS, int WARPS>
 __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16Layout w, int group,
                                                                     __half* __restrict__ out) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
   constexpr int CPW = TILE_CHUNKS / WARPS;  // chunks per warp
   static_assert(TILE_CHUNKS % WARPS == 0, "whole chunks per warp");
   constexpr int TILE_K = TILE_CHUNKS * 64;
