@@ -33,6 +33,15 @@ struct EngineOptions {
   size_t kv_memory_bytes = size_t{1} << 30;  // cap for the automatic kv_blocks
   int64_t activation_group_size = 0;  // int4 activations: 0 = the int4 weights' group size
   int64_t max_waiting = 0;         // queued requests beyond which submit throws QueueFull; 0: no bound
+  // Where the forward passes run: "cpu", or "cuda" (builds with the CUDA backend). On the GPU
+  // the engine runs one mode, gpu_mode ("" = w4a16 when the model has 4-bit weights, else
+  // w16a16); requests for other modes (and qspec, until the draft modes are on the GPU) are
+  // refused at submit. Each of the max_batch_size sequences gets a GPU cache slot of
+  // gpu_max_context positions (0: the model's context); weights and cache are sized and
+  // checked against the GPU's free memory when the engine is built.
+  std::string device = "cpu";
+  std::string gpu_mode;
+  int64_t gpu_max_context = 0;
 };
 
 // A request. mode "qspec" drafts `gamma` tokens in `draft` and verifies them in `verify`; any

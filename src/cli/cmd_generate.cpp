@@ -34,6 +34,7 @@ struct GenerateArgs {
   int64_t max_gamma = 8;
   bool no_kv_overwrite = false;
   std::vector<std::string> stop;
+  std::string device = "cpu";
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -74,6 +75,12 @@ void run_generate(const GenerateArgs& args) {
   // One request through the continuous-batching engine: the same path the server takes.
   EngineOptions engine_options;
   engine_options.max_batch_size = 1;
+  if (args.device == "cuda") {
+    QSPEC_CHECK(args.mode == "w4a16" || args.mode == "w16a16", "generate: --device cuda runs --mode w4a16 or w16a16 (",
+                args.mode, " is not on the GPU yet)");
+    engine_options.device = "cuda";
+    engine_options.gpu_mode = args.mode;
+  }
   Engine engine(*model, tokenizer.get(), engine_options);
   Request request;
   request.prompt = tokenizer->encode(prompt, add_bos);
@@ -165,6 +172,9 @@ void register_generate(CLI::App& app) {
   command->add_flag("--adaptive-gamma", args->adaptive_gamma,
                     "--mode qspec: move gamma with the recent acceptance (1..--max-gamma)");
   command->add_option("--max-gamma", args->max_gamma, "--mode qspec: upper bound of adaptive gamma")
+      ->capture_default_str();
+  command->add_option("--device", args->device, "Where the model runs: cpu, or cuda (modes w4a16 and w16a16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   command->add_option("--stop", args->stop, "Stop string (repeatable): the output ends before it");
   command->add_flag("--no-kv-overwrite", args->no_kv_overwrite,

@@ -75,6 +75,12 @@ void run_serve(const ServeArgs& args) {
   options.http_threads = args.http_threads;
   options.engine = args.engine;
   options.engine.max_waiting = args.max_queue;
+  if (options.engine.device == "cuda") {
+    // The GPU engine runs one mode, the default's: requests for another get a 400.
+    QSPEC_CHECK(args.mode == "w4a16" || args.mode == "w16a16", "serve: --device cuda runs --mode w4a16 or w16a16 (",
+                args.mode, " is not on the GPU yet)");
+    options.engine.gpu_mode = args.mode;
+  }
   options.chat_template = load_server_chat_template(args.model_dir, args.chat_template);
   if (!options.chat_template)
     std::fprintf(stderr, "[qspec] %s has no chat template: /v1/chat/completions answers 400 (--chat-template FILE)\n",
@@ -162,6 +168,13 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->add_option("--kv-blocks", args->engine.kv_blocks, "KV cache blocks (0: automatic)")->capture_default_str();
+  command->add_option("--device", args->engine.device, "Where the model runs: cpu, or cuda (modes w4a16 and w16a16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  command->add_option("--gpu-max-context", args->engine.gpu_max_context,
+                      "cuda: positions each sequence's GPU cache slot holds (0: the model's context)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   command->add_option("--http-threads", args->http_threads, "HTTP worker threads (open connections served at once)")
       ->check(CLI::Range(2, 4096))
       ->capture_default_str();

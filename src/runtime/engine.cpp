@@ -25,6 +25,9 @@
 #include <unordered_set>
 
 #include "model/llama.h"
+#ifdef QSPEC_HAVE_CUDA
+#include "model/cuda/llama_gpu.h"
+#endif
 #include "runtime/kv_cache.h"
 #include "runtime/qspec.h"
 #include "runtime/sampler.h"
@@ -154,8 +157,23 @@ struct Engine::Impl {
 
   int64_t activation_group_size = quant::kDefaultGroupSize;
 
+  // device "cuda": the GPU model, its mode, and which request holds each of its cache slots.
+  bool on_gpu = false;
+  std::string gpu_mode_name;
+  int64_t context_limit = 0;  // positions a sequence may hold: the model's, or the GPU slot's
+#ifdef QSPEC_HAVE_CUDA
+  std::unique_ptr<GpuLlama> gpu;
+  std::vector<RequestId> gpu_slot_owner;  // 0: free
+#endif
+
   Impl(const LlamaModel& m, const Tokenizer* t, const EngineOptions& o)
-      : model(m), tokenizer(t), options(o), pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o), o.kv_block_size) {
+      : model(m),
+        tokenizer(t),
+        options(o),
+        pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o), o.kv_block_size,
+             /*with_storage=*/o.device != "cuda") {
+    context_limit = model.config().max_position_embeddings;
+    if (options.device == "cuda") start_gpu();
     // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
     // may name more, e.g. an instruct model's end-of-turn token).
     if (tokenizer) eos_ids = tokenizer->eos_ids;
@@ -185,12 +203,41 @@ struct Engine::Impl {
     QSPEC_CHECK(o.prefill_chunk >= 1, "engine: prefill_chunk must be >= 1, got ", o.prefill_chunk);
     QSPEC_CHECK(o.kv_block_size >= 1, "engine: kv_block_size must be >= 1, got ", o.kv_block_size);
     QSPEC_CHECK(o.kv_blocks >= 0, "engine: kv_blocks must be >= 0, got ", o.kv_blocks);
+    QSPEC_CHECK(o.device == "cpu" || o.device == "cuda", "engine: device must be cpu or cuda, got '", o.device, "'");
     if (o.kv_blocks > 0) return o.kv_blocks;
     const ModelConfig& c = model.config();
     const int64_t per_sequence = (c.max_position_embeddings + o.kv_block_size - 1) / o.kv_block_size + 1;
+    // On the GPU the pool only counts blocks (each sequence's rows live in its GPU slot).
+    if (o.device == "cuda") return o.max_batch_size * per_sequence;
     const size_t block_bytes = 2 * static_cast<size_t>(c.num_layers * o.kv_block_size * c.kv_dim()) * sizeof(float);
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(o.kv_memory_bytes / block_bytes));
     return std::min(o.max_batch_size * per_sequence, cap);
+  }
+
+  // ---- the GPU model (device "cuda") ----
+
+  void start_gpu() {
+#ifdef QSPEC_HAVE_CUDA
+    on_gpu = true;
+    gpu_mode_name = !options.gpu_mode.empty() ? options.gpu_mode
+                    : model.has_quantized_weights() ? "w4a16"
+                                                     : "w16a16";
+    const int64_t model_context = model.config().max_position_embeddings;
+    QSPEC_CHECK(options.gpu_max_context >= 0 && options.gpu_max_context <= model_context,
+                "engine: gpu_max_context must be in 0..", model_context, ", got ", options.gpu_max_context);
+    context_limit = options.gpu_max_context > 0 ? options.gpu_max_context : model_context;
+    GpuLlamaOptions gpu_options;
+    gpu_options.max_seqs = options.max_batch_size;
+    gpu_options.max_context = context_limit;
+    gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
+    gpu_options.max_logit_rows = options.max_batch_size;
+    // Throws (naming what is missing: a GPU, sm_80, memory, a supported model) before any request.
+    gpu = std::make_unique<GpuLlama>(model, runnable_mode(gpu_mode_name, "gpu_mode"), gpu_options);
+    gpu_slot_owner.assign(static_cast<size_t>(options.max_batch_size), 0);
+#else
+    fail("engine: device cuda: this qspec was built without the CUDA backend (configure with -DQSPEC_CUDA=ON on a "
+         "machine with the CUDA toolkit)");
+#endif
   }
 
   // ---- submission ----
@@ -203,8 +250,9 @@ struct Engine::Impl {
     for (int32_t id : request.prompt)
       QSPEC_CHECK(id >= 0 && id < c.vocab_size, "request: prompt token id ", id, " is outside the vocabulary [0, ",
                   c.vocab_size, ")");
-    QSPEC_CHECK(prompt < c.max_position_embeddings, "request: the prompt has ", prompt,
-                " tokens; the model's context is ", c.max_position_embeddings, " tokens");
+    QSPEC_CHECK(prompt < context_limit, "request: the prompt has ", prompt, " tokens; the ",
+                on_gpu && context_limit < c.max_position_embeddings ? "GPU cache's" : "model's", " context is ",
+                context_limit, " tokens");
     QSPEC_CHECK(request.max_new_tokens >= 1, "request: max_new_tokens must be >= 1, got ", request.max_new_tokens);
     for (const std::string& stop : request.stop) QSPEC_CHECK(!stop.empty(), "request: an empty stop string");
     QSPEC_CHECK(request.stop.empty() || tokenizer, "request: stop strings need a tokenizer");
@@ -222,7 +270,7 @@ struct Engine::Impl {
       seq->mode = runnable_mode(request.mode, "mode");
     }
     seq->sampler.emplace(request.sampling);
-    seq->budget = std::min<int64_t>(request.max_new_tokens, c.max_position_embeddings - prompt);
+    seq->budget = std::min<int64_t>(request.max_new_tokens, context_limit - prompt);
     seq->budget_reason = seq->budget < request.max_new_tokens ? "context" : "length";
     seq->gamma = seq->qspec ? request.gamma : 0;
     const int64_t max_gamma = seq->qspec ? (request.adaptive_gamma ? request.max_gamma : request.gamma) : 0;
@@ -257,6 +305,9 @@ struct Engine::Impl {
                 " needs 16-bit weights; the model holds only 4-bit weights");
     QSPEC_CHECK(!mode.activations.arc || model.has_arc(), "request: ", field, " ", name,
                 " needs an ARC-calibrated checkpoint (qspec quantize --arc)");
+    QSPEC_CHECK(!on_gpu || gpu_mode_name.empty() || mode.name == gpu_mode_name, "request: ", field, " ", name,
+                ": this engine runs on the GPU in mode ", gpu_mode_name,
+                " only (low-precision activation modes and qspec are not on the GPU yet)");
     return mode;
   }
 
@@ -496,6 +547,10 @@ struct Engine::Impl {
         chunks.push_back(chunk);
       }
       const auto start = Clock::now();
+      if (on_gpu) {
+        run_target_on_gpu(group, chunks);
+        continue;
+      }
       model.forward_batch(chunks, logits, group.front()->seq->mode);
       ++totals.forward_passes;
       const double elapsed = seconds_between(start, Clock::now());
@@ -514,6 +569,69 @@ struct Engine::Impl {
       }
     }
   }
+
+  // The GPU pass of one mode's group (no qspec cycles: their draft modes are refused on the GPU).
+  // Each sequence runs in its own cache slot; the GPU returns the argmax id of each run's last
+  // token, which is the next token of a greedy request without a repetition penalty (the argmax
+  // of the same f16 logits the CPU would sample from); other requests get their logit rows.
+  void run_target_on_gpu(const std::vector<Unit*>& group, const std::vector<SequenceChunk>& chunks) {
+#ifdef QSPEC_HAVE_CUDA
+    std::vector<GpuLlama::Run> runs;
+    runs.reserve(group.size());
+    bool need_logits = false;
+    for (size_t g = 0; g < group.size(); ++g) {
+      Unit& unit = *group[g];
+      QSPEC_CHECK(unit.kind != Unit::Kind::cycle, "engine: qspec cycles do not run on the GPU yet");
+      const int64_t slot = gpu_slot(*unit.seq, unit.base);
+      gpu->truncate(slot, unit.base);  // rows past base (a preempted sequence's) are rewritten
+      runs.push_back(GpuLlama::Run{slot, unit.target_tokens});
+      const SamplingParams& sampling = unit.seq->request.sampling;
+      if (chunks[g].logits == SequenceChunk::Logits::last && !(sampling.greedy() && sampling.repetition_penalty == 1.0f))
+        need_logits = true;
+    }
+    const std::vector<int32_t> ids = gpu->step(runs);
+    ++totals.forward_passes;
+    const std::vector<float> logits = need_logits ? gpu->step_logits() : std::vector<float>{};
+    const int64_t vocab = model.config().vocab_size;
+    for (size_t g = 0; g < group.size(); ++g) {
+      Unit& unit = *group[g];
+      Sequence& seq = *unit.seq;
+      if (chunks[g].logits != SequenceChunk::Logits::last) {
+        seq.kv.set_length(unit.base + unit.count, pool);
+        continue;
+      }
+      const SamplingParams& sampling = seq.request.sampling;
+      if (sampling.greedy() && sampling.repetition_penalty == 1.0f) {
+        seq.kv.set_length(unit.base + unit.count, pool);
+        emit(seq, ids[g]);
+      } else {
+        commit_token(unit, std::span<const float>(logits.data() + static_cast<int64_t>(g) * vocab,
+                                                  static_cast<size_t>(vocab)));
+      }
+    }
+#else
+    (void)group;
+    (void)chunks;
+#endif
+  }
+
+#ifdef QSPEC_HAVE_CUDA
+  // The GPU cache slot of a sequence: the one it holds, else a free one (a slot whose request is
+  // no longer running), which it may only take at position 0.
+  int64_t gpu_slot(const Sequence& seq, int64_t base) {
+    for (size_t s = 0; s < gpu_slot_owner.size(); ++s)
+      if (gpu_slot_owner[s] == seq.id) return static_cast<int64_t>(s);
+    std::unordered_set<RequestId> alive;
+    for (const auto& r : running) alive.insert(r->id);
+    for (size_t s = 0; s < gpu_slot_owner.size(); ++s)
+      if (gpu_slot_owner[s] == 0 || alive.count(gpu_slot_owner[s]) == 0) {
+        QSPEC_CHECK(base == 0, "engine: request ", seq.id, " lost its GPU cache slot at position ", base);
+        gpu_slot_owner[s] = seq.id;
+        return static_cast<int64_t>(s);
+      }
+    fail("engine: every GPU cache slot is taken (", gpu_slot_owner.size(), " slots)");
+  }
+#endif
 
   // A prompt's last chunk or a decode token: the next token from the last logit row.
   void commit_token(Unit& unit, std::span<const float> row) {

@@ -4,8 +4,8 @@
 
 namespace qspec {
 
-KvBlockPool::KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size)
-    : kv_dim_(kv_dim), num_blocks_(num_blocks), block_size_(block_size) {
+KvBlockPool::KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size, bool with_storage)
+    : kv_dim_(kv_dim), num_blocks_(num_blocks), block_size_(block_size), with_storage_(with_storage) {
   QSPEC_CHECK(layers > 0 && kv_dim > 0, "KV pool: bad shape (", layers, " layers, kv_dim ", kv_dim, ")");
   QSPEC_CHECK(num_blocks > 0, "KV pool: needs at least one block, got ", num_blocks);
   QSPEC_CHECK(block_size > 0, "KV pool: block size must be positive, got ", block_size);
@@ -13,8 +13,10 @@ KvBlockPool::KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int
   keys_.resize(static_cast<size_t>(layers));
   values_.resize(static_cast<size_t>(layers));
   for (int64_t l = 0; l < layers; ++l) {
-    keys_[l].assign(floats, 0.0f);
-    values_[l].assign(floats, 0.0f);
+    if (with_storage) {
+      keys_[l].assign(floats, 0.0f);
+      values_[l].assign(floats, 0.0f);
+    }
     key_pointers_.push_back(keys_[l].data());
     value_pointers_.push_back(values_[l].data());
   }
@@ -24,6 +26,7 @@ KvBlockPool::KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int
 }
 
 size_t KvBlockPool::bytes() const {
+  if (!with_storage_) return 0;
   return 2 * keys_.size() * static_cast<size_t>(num_blocks_ * block_size_ * kv_dim_) * sizeof(float);
 }
 

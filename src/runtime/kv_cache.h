@@ -15,8 +15,11 @@ class KvBlockPool {
  public:
   static constexpr int64_t kDefaultBlockSize = 16;
 
-  // layers x num_blocks x block_size rows of kv_dim f32 keys and values.
-  KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size = kDefaultBlockSize);
+  // layers x num_blocks x block_size rows of kv_dim f32 keys and values. Without storage the
+  // pool only does the block accounting (the GPU engine: the rows live in the GPU's cache) and
+  // key_pools() / value_pools() hold null pointers.
+  KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size = kDefaultBlockSize,
+              bool with_storage = true);
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
@@ -36,6 +39,7 @@ class KvBlockPool {
 
  private:
   int64_t kv_dim_, num_blocks_, block_size_;
+  bool with_storage_ = true;
   std::vector<std::vector<float>> keys_, values_;  // [layer][num_blocks * block_size * kv_dim]
   std::vector<float*> key_pointers_, value_pointers_;
   std::vector<int32_t> free_;      // a stack: the most recently freed block is reused first

@@ -121,6 +121,15 @@ TEST(PagedKv, PoolAllocatesReleasesAndRefusesMisuse) {
   for (int i = 0; i < 4; ++i) pool.allocate();
   EXPECT_THROW(pool.allocate(), qspec::Error);
   EXPECT_THROW(qspec::KvBlockPool(2, 8, 0, 16), qspec::Error);
+  // Accounting only (the GPU engine's pool): the same block bookkeeping, no rows on the host.
+  qspec::KvBlockPool counting(2, 8, 4, 16, /*with_storage=*/false);
+  EXPECT_EQ(counting.bytes(), 0u);
+  EXPECT_EQ(counting.key_pools()[1], nullptr);
+  qspec::SequenceKv c;
+  ASSERT_TRUE(c.reserve(counting, 40));
+  EXPECT_EQ(counting.used_blocks(), 3);
+  c.release(counting);
+  EXPECT_EQ(counting.free_blocks(), 4);
 }
 
 // Several sequences in one batched pass over scattered paged blocks give exactly the logits
@@ -485,6 +494,29 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
   } catch (const qspec::Error& e) {
     EXPECT_NE(std::string(e.what()).find("KV rows"), std::string::npos) << e.what();
   }
+}
+
+// The device option: unknown devices, and cuda in a build without the CUDA backend, fail when
+// the engine is built (the GPU engine itself is tested under the gpu label).
+TEST(Engine, DeviceOptionIsCheckedAtConstruction) {
+  Fixture& f = fixture();
+  qspec::EngineOptions options;
+  options.device = "tpu";
+  try {
+    qspec::Engine engine(*f.model, f.tokenizer.get(), options);
+    ADD_FAILURE() << "device tpu accepted";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu or cuda"), std::string::npos) << e.what();
+  }
+#ifndef QSPEC_HAVE_CUDA
+  options.device = "cuda";
+  try {
+    qspec::Engine engine(*f.model, f.tokenizer.get(), options);
+    ADD_FAILURE() << "device cuda accepted without the CUDA backend";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without the CUDA backend"), std::string::npos) << e.what();
+  }
+#endif
 }
 
 // The background thread: requests from several threads, streamed back, drained on stop.

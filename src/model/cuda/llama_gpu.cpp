@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "base/dtype.h"
 #include "gemm/w4a16_pack.h"
@@ -149,15 +150,17 @@ struct GpuLlama::State {
   std::vector<Layer> layers;
   std::vector<DeviceMemory> k_pools, v_pools;
   DeviceMemory block_tables;  // [max_seqs, blocks_per_seq]: sequence s owns blocks s * blocks_per_seq ...
-  DeviceMemory run_tables;    // [max_step_tokens, blocks_per_seq]: rows of the runs of a step in any order
-  // Step inputs, one device buffer filled by one copy: ids | positions | query_start | context_lens | logit_rows.
+  // Step inputs, one device buffer filled by one copy: ids | positions | query_start | context_lens |
+  // logit_rows | run tables. The run tables ([runs, blocks_per_seq], the block-table rows of the
+  // step's runs in run order) are sent only when run r is not sequence r.
   DeviceMemory inputs;
   cuda::PinnedMemory host_inputs, host_ids;
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
   size_t gemm_workspace_bytes = 0, attention_workspace_bytes = 0;
   int64_t last_logit_rows = 0;
-  std::map<std::pair<int64_t, int64_t>, cuda::Graph> decode_graphs;  // (batch, context bucket)
+  // (batch, context bucket, whether run r is sequence r): graphs read the block tables there.
+  std::map<std::tuple<int64_t, int64_t, bool>, cuda::Graph> decode_graphs;
 
   ~State() {
     decode_graphs.clear();
@@ -170,7 +173,10 @@ struct GpuLlama::State {
   int32_t* input_query_start() const { return input_positions() + max_step_tokens; }
   int32_t* input_context_lens() const { return input_query_start() + max_step_tokens + 1; }
   int32_t* input_logit_rows() const { return input_context_lens() + max_step_tokens; }
-  size_t input_words() const { return static_cast<size_t>(4 * max_step_tokens + 1 + max_logit_rows); }
+  int32_t* input_tables() const { return input_logit_rows() + max_logit_rows; }
+  size_t table_offset_words() const { return static_cast<size_t>(4 * max_step_tokens + 1 + max_logit_rows); }
+  int64_t max_runs() const { return std::min(max_seqs, max_step_tokens); }
+  size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
     if (linear.quantized) {
@@ -256,7 +262,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   std::vector<int32_t> table(static_cast<size_t>(max_seqs * blocks_per_seq));
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
   block_tables = upload(table, "block tables");
-  run_tables = allocate(t * static_cast<size_t>(blocks_per_seq) * 4, "step block tables");
   inputs = allocate(input_words() * 4, "step inputs");
   host_inputs = cuda::PinnedMemory(input_words() * 4);
   host_ids = cuda::PinnedMemory(static_cast<size_t>(max_logit_rows) * 4);
@@ -512,20 +517,23 @@ std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) 
     logit_row_ids[r] = static_cast<int32_t>(t - 1);
   }
   const bool gather = logit_rows != tokens;
-  cuda::copy_to_device_async(s.inputs.get(), host, s.input_words() * 4, s.stream);
+  size_t input_words = s.table_offset_words();
   const int32_t* tables = s.block_tables.as<int32_t>();
   if (!identity_tables) {
+    // Sequence s owns blocks s * blocks_per_seq ...: run r's table row follows from its sequence.
+    int32_t* run_tables = host + s.table_offset_words();
     for (int64_t r = 0; r < num_runs; ++r)
-      cuda::copy_device_to_device(s.run_tables.as<int32_t>() + r * s.blocks_per_seq,
-                                  s.block_tables.as<int32_t>() + runs[static_cast<size_t>(r)].seq * s.blocks_per_seq,
-                                  static_cast<size_t>(s.blocks_per_seq) * 4, s.stream);
-    tables = s.run_tables.as<int32_t>();
+      for (int64_t b = 0; b < s.blocks_per_seq; ++b)
+        run_tables[r * s.blocks_per_seq + b] = static_cast<int32_t>(runs[static_cast<size_t>(r)].seq * s.blocks_per_seq + b);
+    input_words += static_cast<size_t>(num_runs * s.blocks_per_seq);
+    tables = s.input_tables();
   }
+  cuda::copy_to_device_async(s.inputs.get(), host, input_words * 4, s.stream);
 
-  if (decode && identity_tables && s.cuda_graphs) {
+  if (decode && s.cuda_graphs) {
     // Decode: replay the graph of this batch size and context bucket (captured on first use).
     const int64_t bucket = context_bucket(max_context_in_step, s.max_context);
-    auto key = std::make_pair(num_runs, bucket);
+    auto key = std::make_tuple(num_runs, bucket, identity_tables);
     auto found = s.decode_graphs.find(key);
     if (found == s.decode_graphs.end()) {
       cuda::Graph graph = cuda::Graph::capture(s.stream, [&] {
@@ -556,6 +564,16 @@ std::vector<float> GpuLlama::logits() const {
   cuda::copy_to_host(bits.data(), s.logits.get(), bits.size() * 2);
   std::vector<float> out(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) out[i] = f16_to_f32(bits[i]);
+  return out;
+}
+
+std::vector<float> GpuLlama::step_logits() const {
+  const State& s = *state_;
+  const size_t count = static_cast<size_t>(s.last_logit_rows * s.config.vocab_size);
+  std::vector<f16_bits> bits(count);
+  if (count > 0) cuda::copy_to_host(bits.data(), s.logits.get(), count * 2);
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = f16_to_f32(bits[i]);
   return out;
 }
 
@@ -593,7 +611,7 @@ size_t GpuLlama::kv_bytes_per_position() const {
 size_t GpuLlama::device_bytes() const {
   const State& s = *state_;
   size_t total = weight_bytes() + s.embedding.bytes() + s.inv_freq.bytes();
-  for (const DeviceMemory* m : {&s.block_tables, &s.run_tables, &s.inputs, &s.x, &s.normed, &s.qkv, &s.attn, &s.proj,
+  for (const DeviceMemory* m : {&s.block_tables, &s.inputs, &s.x, &s.normed, &s.qkv, &s.attn, &s.proj,
                                 &s.gate_up, &s.act, &s.gathered, &s.logits, &s.out_ids, &s.gemm_workspace,
                                 &s.attention_workspace})
     total += m->bytes();

@@ -63,6 +63,9 @@ class GpuLlama {
   // Single sequence 0 (the first version's API): returns the id after the last token.
   int32_t forward(std::span<const int32_t> tokens);
   std::vector<float> logits() const;  // the last step's first logits row, as f32
+  // Every logits row of the last step (the rows step() returned ids for, in that order), as f32:
+  // what a sampler needs beyond greedy.
+  std::vector<float> step_logits() const;
 
   int64_t length(int64_t seq = 0) const;
   // Forgets positions >= length (QSpec rollback: the next step overwrites their K/V).

@@ -1,0 +1,191 @@
+// The continuous-batching engine with its forward passes on the GPU (EngineOptions::device
+// "cuda"): the same scheduler, sampling and streaming as on the CPU, with the model, its paged
+// KV cache and the greedy argmax on the GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "ops/cuda/device_info.h"
+#include "qspec/engine.h"
+#include "qspec/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+const std::string kModelDir = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+
+void require_gpu() { ASSERT_GT(qspec::cuda::device_count(), 0) << "no CUDA GPU visible: the gpu tests need one"; }
+
+struct Outputs {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> finish_reasons;
+};
+
+// Submits every request at once and steps the engine until all have finished.
+Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& requests) {
+  Outputs out;
+  out.ids.resize(requests.size());
+  out.finish_reasons.resize(requests.size());
+  std::map<qspec::RequestId, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const qspec::RequestId id = engine.submit(requests[i], [&out, &index](const qspec::TokenEvent& event) {
+      const size_t at = index.at(event.id);
+      out.ids[at].insert(out.ids[at].end(), event.tokens.begin(), event.tokens.end());
+      if (event.finished) out.finish_reasons[at] = event.finish_reason + (event.error.empty() ? "" : ": " + event.error);
+    });
+    index[id] = i;
+  }
+  engine.run_until_idle();
+  return out;
+}
+
+std::vector<std::vector<int32_t>> question_prompts(const qspec::Tokenizer& tokenizer, int count) {
+  std::ifstream file(kModelDir + "/eval_problems.jsonl");
+  std::vector<std::vector<int32_t>> prompts;
+  std::string line;
+  while (static_cast<int>(prompts.size()) < count && std::getline(file, line)) {
+    if (line.empty()) continue;
+    const nlohmann::json problem = nlohmann::json::parse(line);
+    prompts.push_back(tokenizer.encode("Question: " + problem["question"].get<std::string>() + "\nAnswer:"));
+  }
+  return prompts;
+}
+
+}  // namespace
+
+// Greedy W4A16 through the GPU engine, many requests at once (continuous batching, chunked
+// prefill beside decode tokens, slots refilled as requests finish), equals the CPU's W4A16
+// greedy output: all 400 eval problems against QSPEC_GPU_REFERENCE (saved by `qspec eval qspec
+// --save-reference`), else a subset against the CPU engine run here.
+TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  std::vector<std::vector<int32_t>> prompts, references;
+  int64_t max_tokens = 96;
+  const char* path = std::getenv("QSPEC_GPU_REFERENCE");
+  if (path != nullptr && *path != '\0') {
+    std::ifstream file(path);
+    ASSERT_TRUE(file.good()) << path;
+    const nlohmann::json saved = nlohmann::json::parse(file);
+    prompts = saved["prompts"].get<std::vector<std::vector<int32_t>>>();
+    references = saved["outputs"].get<std::vector<std::vector<int32_t>>>();
+    max_tokens = saved["max_tokens"].get<int64_t>();
+  } else {
+    prompts = question_prompts(*tokenizer, 24);
+  }
+  std::vector<qspec::Request> requests;
+  for (const auto& prompt : prompts) {
+    qspec::Request request;
+    request.prompt = prompt;
+    request.max_new_tokens = max_tokens;
+    request.mode = "w4a16";
+    requests.push_back(request);
+  }
+  qspec::EngineOptions options;
+  options.max_batch_size = 16;
+  options.max_batch_tokens = 192;
+  options.prefill_chunk = 48;  // prompts take several steps, beside other requests' decode tokens
+  options.device = "cuda";
+  options.gpu_max_context = 512;
+  qspec::Engine gpu_engine(*model, tokenizer.get(), options);
+  const Outputs gpu = run_all(gpu_engine, requests);
+  if (references.empty()) {
+    options.device = "cpu";
+    qspec::Engine cpu_engine(*model, tokenizer.get(), options);
+    references = run_all(cpu_engine, requests).ids;
+  }
+  ASSERT_EQ(references.size(), prompts.size());
+  size_t identical = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(gpu.finish_reasons[i] == "eos" || gpu.finish_reasons[i] == "length") << gpu.finish_reasons[i];
+    if (gpu.ids[i] == references[i]) ++identical;
+    EXPECT_EQ(gpu.ids[i], references[i]) << "problem " << i;
+  }
+  const qspec::EngineMetrics metrics = gpu_engine.metrics();
+  std::printf("  GPU engine W4A16 greedy == CPU greedy on %zu / %zu problems (%lld steps, batch up to 16)\n", identical,
+              prompts.size(), static_cast<long long>(metrics.steps));
+  EXPECT_GT(metrics.steps, 0);
+  EXPECT_LT(metrics.steps, static_cast<int64_t>(prompts.size()) * max_tokens) << "requests ran one at a time";
+}
+
+// Sampled requests, a repetition penalty (logit rows come back from the GPU), determinism by
+// seed, and the requests the GPU engine cannot run refused at submit with the reason.
+TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  qspec::EngineOptions options;
+  options.max_batch_size = 4;
+  options.device = "cuda";
+  options.gpu_max_context = 256;
+  qspec::Engine engine(*model, tokenizer.get(), options);
+  const auto prompts = question_prompts(*tokenizer, 3);
+  std::vector<qspec::Request> requests;
+  for (int repeat = 0; repeat < 2; ++repeat)
+    for (const auto& prompt : prompts) {
+      qspec::Request request;
+      request.prompt = prompt;
+      request.max_new_tokens = 40;
+      request.ignore_eos = true;
+      request.sampling.temperature = 0.8f;
+      request.sampling.top_p = 0.95f;
+      request.sampling.repetition_penalty = 1.1f;
+      request.sampling.seed = 7;
+      requests.push_back(request);
+    }
+  const Outputs out = run_all(engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(out.finish_reasons[i], "length");
+    ASSERT_EQ(out.ids[i].size(), 40u);
+    for (int32_t id : out.ids[i]) ASSERT_TRUE(id >= 0 && id < model->config().vocab_size) << id;
+  }
+  // The same prompt and seed give the same tokens, whatever else shares the batch.
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(out.ids[i], out.ids[i + prompts.size()]) << "prompt " << i;
+
+  auto refused = [&](qspec::Request request, const std::string& expected) {
+    try {
+      engine.submit(std::move(request), [](const qspec::TokenEvent&) {});
+      ADD_FAILURE() << "accepted a request the GPU engine cannot run (" << expected << ")";
+    } catch (const qspec::Error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  };
+  qspec::Request qspec_request;
+  qspec_request.prompt = prompts[0];
+  qspec_request.mode = "qspec";
+  refused(qspec_request, "GPU");
+  qspec::Request other_mode;
+  other_mode.prompt = prompts[0];
+  other_mode.mode = "w4a8";
+  refused(other_mode, "GPU");
+  qspec::Request too_long;
+  too_long.prompt.assign(300, prompts[0][0]);
+  too_long.mode = "w4a16";
+  refused(too_long, "context is 256");
+}
+
+// An engine on a device that is not there, or a mode the GPU does not run, fails when it is
+// built, not at the first request.
+TEST(GpuEngine, BadDeviceOptionsFailAtConstruction) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  qspec::EngineOptions options;
+  options.device = "tpu";
+  EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
+  options.device = "cuda";
+  options.gpu_mode = "w4a4-nvfp4";
+  EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
+  options.gpu_mode = "";
+  options.gpu_max_context = model->config().max_position_embeddings + 1;
+  EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
+}
