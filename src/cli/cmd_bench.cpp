@@ -40,12 +40,16 @@ struct BenchArgs {
   int64_t context = 512;
   int64_t steps = 64;
   std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
+  std::vector<std::string> workloads;
+  std::string workloads_file = "bench/workloads.json";
+  int64_t requests_per_slot = 4;
   bool no_graphs = false;
   bool no_pdl = false;
   bool profile_step = false;
 };
 
-void write_record(const nlohmann::json& record, const std::string& out_dir, const std::string& file_name) {
+[[maybe_unused]] void write_record(const nlohmann::json& record, const std::string& out_dir,
+                                   const std::string& file_name) {
   if (out_dir.empty()) return;
   std::filesystem::create_directories(out_dir);
   const std::string path = out_dir + "/" + file_name;
@@ -65,6 +69,9 @@ void run_gpu(const BenchArgs& args) {
   options.context = args.context;
   options.steps = args.steps;
   options.prompt_lengths = args.prompt_lengths;
+  options.workloads = args.workloads;
+  options.workloads_file = args.workloads_file;
+  options.requests_per_slot = args.requests_per_slot;
   options.cuda_graphs = !args.no_graphs;
   options.programmatic_launch = !args.no_pdl;
   options.profile_step = args.profile_step;
@@ -213,6 +220,14 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   command->add_option("--prompt-lengths", args->prompt_lengths, "cuda: prompts for time-to-first-token")
       ->delimiter(',')->capture_default_str();
+  command->add_option("--workloads", args->workloads,
+                      "cuda: dataset workloads served with continuous batching (gsm8k, humaneval, mbpp, mt-bench)")
+      ->delimiter(',');
+  command->add_option("--workloads-file", args->workloads_file, "cuda: prompt/output lengths per dataset")
+      ->capture_default_str();
+  command->add_option("--requests-per-slot", args->requests_per_slot, "cuda: a workload serves batch x this many requests")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
   command->add_flag("--no-pdl", args->no_pdl,
                     "cuda: fully serialized kernel launches (no programmatic dependent launch), to measure its worth");

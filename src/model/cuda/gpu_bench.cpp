@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <random>
 
@@ -133,6 +134,120 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
 
 }  // namespace
 
+// One dataset workload at every batch size (see gpu_bench.h). Graphs for k = 1..B sequences in
+// slot order are captured before the clock starts; other orders (slots freed at the tail of a
+// run) are captured when first met, inside the timed run.
+nlohmann::json run_workload(const GpuBenchOptions& options, const LlamaModel* checkpoint, const ModelConfig& config,
+                            const RunMode& mode, const std::string& name) {
+  std::ifstream file(options.workloads_file);
+  QSPEC_CHECK(file.good(), options.workloads_file, ": cannot open the workloads file (tools/make_workloads.py)");
+  nlohmann::json all;
+  try {
+    all = nlohmann::json::parse(file);
+  } catch (const nlohmann::json::exception& e) {
+    fail(options.workloads_file, ": not JSON: ", e.what());
+  }
+  QSPEC_CHECK(all.contains("workloads") && all["workloads"].contains(name), options.workloads_file,
+              ": no workload '", name, "'");
+  std::vector<std::pair<int64_t, int64_t>> requests;  // (prompt, output) tokens
+  for (const auto& r : all["workloads"][name]["requests"]) requests.emplace_back(r[0].get<int64_t>(), r[1].get<int64_t>());
+  QSPEC_CHECK(!requests.empty(), options.workloads_file, ": workload '", name, "' has no requests");
+  const int64_t max_batch = *std::max_element(options.batch_sizes.begin(), options.batch_sizes.end());
+  int64_t longest = 0, longest_prompt = 0;
+  for (auto [p, o] : requests) {
+    longest = std::max(longest, p + o);
+    longest_prompt = std::max(longest_prompt, p);
+  }
+  QSPEC_CHECK(longest <= config.max_position_embeddings, "workload ", name, ": a request needs ", longest,
+              " positions; the model holds ", config.max_position_embeddings);
+  GpuLlamaOptions gpu_options;
+  gpu_options.max_seqs = max_batch;
+  gpu_options.max_context = longest;
+  gpu_options.max_step_tokens = std::max(longest_prompt, max_batch);
+  gpu_options.max_logit_rows = max_batch;
+  gpu_options.cuda_graphs = options.cuda_graphs;
+  auto gpu = make_model(options, checkpoint, config, mode, gpu_options);
+  std::mt19937 generator(11);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::printf("\n%s workload %s (%s): B slots serve B x %lld requests\n", mode.name.c_str(), name.c_str(),
+              all["workloads"][name].value("source", "").c_str(), static_cast<long long>(options.requests_per_slot));
+  std::printf("%6s %9s %9s %10s %12s %11s %11s %12s\n", "batch", "requests", "out tok", "seconds", "out tok/s",
+              "prefill s", "decode s", "mean decode B");
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t batch : options.batch_sizes) {
+    // Warm-up: the decode graphs of 1..B sequences in slot order at every context bucket.
+    std::vector<int32_t> ones(static_cast<size_t>(batch), 1);
+    for (int64_t k = 1; k <= batch; ++k)
+      for (int64_t bucket = 256;; bucket *= 2) {  // GpuLlama's context buckets: 256, 512, ...
+        std::vector<GpuLlama::Run> runs;
+        for (int64_t s = 0; s < k; ++s) {
+          gpu->truncate(s, std::min(bucket, longest) - 1);
+          runs.push_back({s, std::span<const int32_t>(&ones[static_cast<size_t>(s)], 1)});
+        }
+        gpu->step(runs);
+        if (bucket >= longest) break;
+      }
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(requests.size()), batch * options.requests_per_slot);
+    std::vector<int64_t> remaining(static_cast<size_t>(batch), 0);  // output tokens still to decode; 0: free
+    std::vector<int32_t> next_token(static_cast<size_t>(batch), 0);
+    int64_t next = 0, output_tokens = 0, decode_steps = 0, decode_rows = 0;
+    double prefill_seconds = 0, decode_seconds = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      for (int64_t s = 0; s < batch && next < count; ++s) {
+        if (remaining[static_cast<size_t>(s)] > 0) continue;
+        const auto [prompt_tokens, out_tokens] = requests[static_cast<size_t>(next++)];
+        std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
+        for (int32_t& id : prompt) id = token(generator);
+        gpu->truncate(s, 0);
+        const GpuLlama::Run run{s, prompt};
+        const auto prefill_start = std::chrono::steady_clock::now();
+        next_token[static_cast<size_t>(s)] = gpu->step(std::span<const GpuLlama::Run>(&run, 1)).front();
+        prefill_seconds += seconds_since(prefill_start);
+        ++output_tokens;  // the prompt's step gives the first output token
+        remaining[static_cast<size_t>(s)] = out_tokens - 1;
+      }
+      std::vector<GpuLlama::Run> runs;
+      for (int64_t s = 0; s < batch; ++s)
+        if (remaining[static_cast<size_t>(s)] > 0)
+          runs.push_back({s, std::span<const int32_t>(&next_token[static_cast<size_t>(s)], 1)});
+      if (runs.empty()) {
+        if (next >= count) break;
+        continue;
+      }
+      const auto decode_start = std::chrono::steady_clock::now();
+      const std::vector<int32_t> ids = gpu->step(runs);
+      decode_seconds += seconds_since(decode_start);
+      ++decode_steps;
+      decode_rows += static_cast<int64_t>(runs.size());
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const auto s = static_cast<size_t>(runs[r].seq);
+        next_token[s] = ids[r];
+        --remaining[s];
+        ++output_tokens;
+      }
+    }
+    const double seconds = seconds_since(start);
+    const double mean_batch = decode_steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(decode_steps) : 0;
+    std::printf("%6lld %9lld %9lld %10.3f %12.0f %11.3f %11.3f %12.1f\n", static_cast<long long>(batch),
+                static_cast<long long>(count), static_cast<long long>(output_tokens), seconds,
+                static_cast<double>(output_tokens) / seconds, prefill_seconds, decode_seconds, mean_batch);
+    rows.push_back({{"batch", batch},
+                    {"requests", count},
+                    {"output_tokens", output_tokens},
+                    {"seconds", seconds},
+                    {"output_tokens_per_second", static_cast<double>(output_tokens) / seconds},
+                    {"prefill_seconds", prefill_seconds},
+                    {"decode_seconds", decode_seconds},
+                    {"decode_steps", decode_steps},
+                    {"mean_decode_batch", mean_batch}});
+  }
+  return {{"source", all["workloads"][name].value("source", "")},
+          {"length_method", "tokens = ceil(characters / " + std::to_string(all.value("chars_per_token", 4.0)) + ")"},
+          {"requests_per_slot", options.requests_per_slot},
+          {"rows", rows}};
+}
+
 nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
   QSPEC_CHECK(options.model_dir.empty() != options.synthetic.empty(),
               "bench --device cuda: give a model directory or --synthetic NAME (one of them)");
@@ -255,6 +370,11 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
       mode_record["weight_bytes"] = gpu->weight_bytes();
       mode_record["graphs_captured"] = gpu->graphs_captured();
     }
+
+    // ---- dataset workloads ----
+    if (!options.profile_step)
+      for (const std::string& workload : options.workloads)
+        mode_record["workloads"][workload] = run_workload(options, checkpoint.get(), config, mode, workload);
 
     // ---- time to first token ----
     if (options.profile_step) {

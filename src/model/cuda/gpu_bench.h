@@ -9,6 +9,10 @@
 // copy, bytes read + written; cuBLAS f16 8192^3). Baselines in the same run: the sum of the
 // step's GEMMs timed alone (cuBLAS f16 for w16a16, the W4A16 kernels for w4a16).
 // TTFT: one sequence, prompt of P tokens in one step.
+// Workloads (the paper's Tables 4 and 6): requests with the prompt and output lengths of a
+// dataset (bench/workloads.json, tools/make_workloads.py) served by B slots, continuous
+// batching: a free slot takes the next request (its prompt in one prefill step), every active
+// slot decodes one token per step; output tokens / wall time, prefill and decode time apart.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -25,6 +29,9 @@ struct GpuBenchOptions {
   int64_t context = 512;   // cached positions per sequence when decode steps are timed
   int64_t steps = 64;      // timed decode steps per batch size (after warm-up)
   std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
+  std::vector<std::string> workloads;  // names in workloads_file: gsm8k, humaneval, mbpp, mt-bench
+  std::string workloads_file = "bench/workloads.json";
+  int64_t requests_per_slot = 4;  // a workload run serves batch x this many requests (its first ones)
   bool cuda_graphs = true;
   bool programmatic_launch = true;  // programmatic dependent launch (sm_90+); false: --no-pdl
   // Profile mode: per mode and batch size, warm up, then run one decode step between
