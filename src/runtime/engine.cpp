@@ -24,6 +24,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "base/thread_pool.h"
 #include "model/llama.h"
 #ifdef QSPEC_HAVE_CUDA
 #include "model/cuda/llama_gpu.h"
@@ -592,22 +593,29 @@ struct Engine::Impl {
     const std::vector<int32_t> ids = gpu->step(runs);
     ++totals.forward_passes;
     const std::vector<float> logits = need_logits ? gpu->step_logits() : std::vector<float>{};
+    // Sampled rows draw in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms
+    // of filtering), then every token is emitted in order on this thread.
     const int64_t vocab = model.config().vocab_size;
+    std::vector<int32_t> next(ids.begin(), ids.end());
+    std::vector<size_t> sampled;
+    for (size_t g = 0; g < group.size(); ++g) {
+      const SamplingParams& sampling = group[g]->seq->request.sampling;
+      if (chunks[g].logits == SequenceChunk::Logits::last && !(sampling.greedy() && sampling.repetition_penalty == 1.0f))
+        sampled.push_back(g);
+    }
+    ThreadPool::global().parallel_for(sampled.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        const size_t g = sampled[i];
+        Sequence& seq = *group[g]->seq;
+        const std::span<const float> row(logits.data() + static_cast<int64_t>(g) * vocab, static_cast<size_t>(vocab));
+        next[g] = seq.sampler->sample(row, seq.tokens);
+      }
+    });
     for (size_t g = 0; g < group.size(); ++g) {
       Unit& unit = *group[g];
       Sequence& seq = *unit.seq;
-      if (chunks[g].logits != SequenceChunk::Logits::last) {
-        seq.kv.set_length(unit.base + unit.count, pool);
-        continue;
-      }
-      const SamplingParams& sampling = seq.request.sampling;
-      if (sampling.greedy() && sampling.repetition_penalty == 1.0f) {
-        seq.kv.set_length(unit.base + unit.count, pool);
-        emit(seq, ids[g]);
-      } else {
-        commit_token(unit, std::span<const float>(logits.data() + static_cast<int64_t>(g) * vocab,
-                                                  static_cast<size_t>(vocab)));
-      }
+      seq.kv.set_length(unit.base + unit.count, pool);
+      if (chunks[g].logits == SequenceChunk::Logits::last) emit(seq, next[g]);
     }
 #else
     (void)group;

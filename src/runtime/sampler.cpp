@@ -42,8 +42,20 @@ std::vector<float> penalised(std::span<const float> logits, std::span<const int3
 }
 }  // namespace
 
+// The candidates in the order the filters walk them: score descending, lower id first on ties
+// (what a stable sort by score gives), without sorting the whole vocabulary: top_k selects its
+// k first; top_p and min_p only look at the head of the order, which is found by a weight
+// threshold (every token below it ranks after every token at or above it) lowered until the
+// head holds the mass the filters need. A 128k vocabulary then costs O(V) plus the sort of a
+// few hundred candidates, not a stable sort of all of it (~30 ms a token).
 std::vector<float> Sampler::probabilities(std::span<const float> logits, std::span<const int32_t> history) const {
-  std::vector<float> scores = penalised(logits, history, params_.repetition_penalty);
+  // No copy of the row without a penalty (a 128k row is half a megabyte of fresh pages a call).
+  std::vector<float> penalised_scores;
+  std::span<const float> scores = logits;
+  if (params_.repetition_penalty != 1.0f) {
+    penalised_scores = penalised(logits, history, params_.repetition_penalty);
+    scores = penalised_scores;
+  }
   for (float score : scores) QSPEC_CHECK(!std::isnan(score), "sampler: NaN in logits");
   const size_t vocab = scores.size();
   std::vector<float> probs(vocab, 0.0f);
@@ -51,20 +63,59 @@ std::vector<float> Sampler::probabilities(std::span<const float> logits, std::sp
     probs[argmax(scores)] = 1.0f;
     return probs;
   }
-  // Candidates sorted by score, highest first (stable: lower id first on ties).
-  std::vector<int32_t> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
-  size_t keep = vocab;
-  if (params_.top_k > 0) keep = std::min<size_t>(keep, static_cast<size_t>(params_.top_k));
-  // Softmax over the kept candidates at the temperature (double for stable sums).
-  const double top = scores[order[0]] / params_.temperature;
-  std::vector<double> weights(keep);
-  double total = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    weights[i] = std::exp(scores[order[i]] / params_.temperature - top);
-    total += weights[i];
+  auto ranks_before = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  const int32_t best = argmax(scores);
+  const double top = scores[best] / params_.temperature;
+  auto weight_of = [&](int32_t id) { return std::exp(scores[id] / params_.temperature - top); };
+
+  std::vector<int32_t> order;    // the head of the candidate order (or all of the top_k)
+  std::vector<double> weights;   // their softmax weights at the temperature, in that order
+  double total = 0;              // the weight of every candidate (top_k's, or the vocabulary's)
+  const bool use_top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab;
+  if (use_top_k) {
+    order.resize(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    const auto kth = order.begin() + params_.top_k;
+    std::nth_element(order.begin(), kth - 1, order.end(), ranks_before);
+    order.resize(static_cast<size_t>(params_.top_k));
+    std::sort(order.begin(), order.end(), ranks_before);
+    for (int32_t id : order) weights.push_back(weight_of(id));
+    for (double w : weights) total += w;
+  } else {
+    // Each token's weight, kept (as float) in probs until the probabilities overwrite it.
+    for (size_t id = 0; id < vocab; ++id) {
+      const double w = weight_of(static_cast<int32_t>(id));
+      total += w;
+      probs[id] = static_cast<float>(w);
+    }
+    if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+      // Every token stays: no order needed.
+      for (size_t id = 0; id < vocab; ++id) probs[id] = static_cast<float>(probs[id] / total);
+      return probs;
+    }
+    const std::vector<float>& all = probs;
+    // The head: tokens of weight >= threshold (the top token has weight 1), enough of them to
+    // reach top_p of the mass and to hold every token min_p keeps.
+    // (A hair more than top_p of it: the head is summed from float weights, the walk below from
+    // double quotients.)
+    const double needed = params_.top_p < 1.0f ? params_.top_p * total * (1.0 + 1e-6) : 0.0;
+    double threshold = params_.min_p > 0.0f ? std::min(1e-4, static_cast<double>(params_.min_p)) : 1e-4;
+    while (true) {
+      order.clear();
+      double head_mass = 0;
+      for (size_t id = 0; id < vocab; ++id)
+        if (all[id] >= threshold) {
+          order.push_back(static_cast<int32_t>(id));
+          head_mass += all[id];
+        }
+      if (head_mass >= needed || threshold == 0.0 || order.size() == vocab) break;
+      threshold = threshold < 1e-30 ? 0.0 : threshold * 1e-4;
+    }
+    std::sort(order.begin(), order.end(), ranks_before);
+    for (int32_t id : order) weights.push_back(weight_of(id));  // exact (double) for the filters
+    std::fill(probs.begin(), probs.end(), 0.0f);
   }
+  size_t keep = order.size();
   if (params_.top_p < 1.0f) {
     // Smallest prefix whose mass reaches top_p (at least one token).
     double mass = 0;

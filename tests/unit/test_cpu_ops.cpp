@@ -2,7 +2,9 @@
 // poisoned outputs so an unwritten element fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "base/thread_pool.h"
@@ -183,6 +185,65 @@ TEST(Sampler, GreedyAndFilters) {
   params = {};
   params.repetition_penalty = 4.0f;  // token 1 (3.0) becomes 0.75: token 3 wins
   EXPECT_EQ(qspec::Sampler(params).sample(logits, std::vector<int32_t>{1}), 3);
+}
+
+namespace {
+// The filters by their definition: a stable sort of the whole vocabulary by score, then top_k,
+// the softmax at the temperature, the top_p prefix, the min_p floor (the sampler finds the same
+// head without sorting everything).
+std::vector<float> reference_probabilities(const std::vector<float>& scores, const qspec::SamplingParams& p) {
+  const size_t vocab = scores.size();
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  size_t keep = p.top_k > 0 ? std::min<size_t>(vocab, static_cast<size_t>(p.top_k)) : vocab;
+  const double top = scores[order[0]] / p.temperature;
+  std::vector<double> w(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += w[i] = std::exp(scores[order[i]] / p.temperature - top);
+  if (p.top_p < 1.0f) {
+    double mass = 0;
+    for (size_t i = 0; i < keep; ++i)
+      if ((mass += w[i] / total) >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+  }
+  if (p.min_p > 0.0f) {
+    size_t cut = 1;
+    while (cut < keep && w[cut] >= p.min_p * w[0]) ++cut;
+    keep = cut;
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += w[i];
+  std::vector<float> probs(vocab, 0.0f);
+  for (size_t i = 0; i < keep; ++i) probs[order[i]] = static_cast<float>(w[i] / kept);
+  return probs;
+}
+}  // namespace
+
+// The sampler's filters against their definition on large random vocabularies (ties included):
+// the same support, probabilities equal to float rounding (sums run in another order).
+TEST(Sampler, FastFiltersMatchTheFullSortDefinition) {
+  std::mt19937 generator(5);
+  for (int trial = 0; trial < 40; ++trial) {
+    const size_t vocab = trial % 2 == 0 ? 32000 : 1000 + static_cast<size_t>(trial) * 37;
+    std::normal_distribution<float> normal(0.0f, 1.0f + static_cast<float>(trial % 5));
+    std::vector<float> logits(vocab);
+    for (float& v : logits) v = std::round(normal(generator) * 8.0f) / 8.0f;  // many exact ties
+    qspec::SamplingParams params;
+    params.temperature = 0.3f + 0.2f * static_cast<float>(trial % 6);
+    params.top_k = trial % 4 == 1 ? 1 + trial * 7 : 0;
+    params.top_p = trial % 3 == 0 ? 1.0f : 0.5f + 0.1f * static_cast<float>(trial % 5);
+    params.min_p = trial % 5 == 2 ? 0.05f : 0.0f;
+    const std::vector<float> fast = qspec::Sampler(params).probabilities(logits, {});
+    const std::vector<float> expected = reference_probabilities(logits, params);
+    ASSERT_EQ(fast.size(), expected.size());
+    for (size_t i = 0; i < vocab; ++i) {
+      ASSERT_EQ(fast[i] > 0.0f, expected[i] > 0.0f) << "trial " << trial << " token " << i;
+      ASSERT_NEAR(fast[i], expected[i], 1e-6f * std::max(1.0f, expected[i])) << "trial " << trial << " token " << i;
+    }
+  }
 }
 
 TEST(Sampler, SeededDrawsAreReproducibleAndFollowTheDistribution) {
