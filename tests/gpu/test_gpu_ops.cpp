@@ -229,6 +229,67 @@ TEST_F(Gpu, RopeMatchesCpuInsideStridedRows) {
   }
 }
 
+// The fused RoPE + KV write (the model's path) gives bitwise what rope then paged_kv_write give,
+// on several sequences of several tokens in scattered pool blocks (both ops are checked
+// against the CPU above and below); the v heads and the rest of the pool stay untouched.
+TEST_F(Gpu, RopeKvWriteEqualsRopeThenKvWriteBitwise) {
+  for (auto [heads, kv_heads, head_dim, vectorized] :
+       {std::tuple{8, 2, 64, true}, {32, 8, 128, true}, {4, 4, 32, true}, {3, 1, 6, false}}) {
+    const std::vector<int64_t> run_lengths = {1, 5, 17};
+    const std::vector<int64_t> run_starts = {40, 0, 3};  // cached positions before each run
+    const int64_t seqs = static_cast<int64_t>(run_lengths.size()), max_blocks = 8, kv_width = kv_heads * head_dim;
+    const int64_t stride = heads * head_dim + 2 * kv_width + (vectorized ? 8 : 3);
+    std::vector<int32_t> query_start{0}, positions;
+    for (int64_t s = 0; s < seqs; ++s) {
+      for (int64_t i = 0; i < run_lengths[s]; ++i) positions.push_back(static_cast<int32_t>(run_starts[s] + i));
+      query_start.push_back(static_cast<int32_t>(positions.size()));
+    }
+    const int64_t tokens = static_cast<int64_t>(positions.size());
+    std::vector<int32_t> tables(static_cast<size_t>(seqs * max_blocks));
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng());
+    const size_t pool_halves = static_cast<size_t>(seqs * max_blocks * 16 * kv_width);
+    std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / head_dim);
+    const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(tokens * stride)));
+    auto d_tables = upload(tables);
+    auto d_start = upload(query_start);
+    auto d_positions = upload(positions);
+    auto d_inv = upload(inv_freq);
+    std::vector<f16> results[2][3];  // [separate, fused][qkv, k pool, v pool]
+    for (int fused = 0; fused < 2; ++fused) {
+      auto d_qkv = upload(qkv);
+      auto d_k = poisoned(pool_halves * 2);
+      auto d_v = poisoned(pool_halves * 2);
+      cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), max_blocks};
+      cuda::QueryBatch batch{seqs, tokens, d_start.as<int32_t>(), d_positions.as<int32_t>(), 17, 57};
+      f16* x = d_qkv.as<f16>();
+      if (fused) {
+        cuda::rope_kv_write(x, stride, heads, kv_heads, head_dim, batch, d_inv.as<float>(), 1.1f, kv, nullptr);
+      } else {
+        cuda::rope(x, tokens, heads + kv_heads, head_dim, stride, d_positions.as<int32_t>(), d_inv.as<float>(), 1.1f,
+                   nullptr);
+        cuda::paged_kv_write(x + heads * head_dim, x + heads * head_dim + kv_width, stride, batch, kv, kv_heads,
+                             head_dim, nullptr);
+      }
+      results[fused][0] = download<f16>(d_qkv, qkv.size());
+      results[fused][1] = download<f16>(d_k, pool_halves);
+      results[fused][2] = download<f16>(d_v, pool_halves);
+    }
+    const std::string name = shape_name({heads, kv_heads, head_dim});
+    for (int part = 0; part < 3; ++part) {
+      ASSERT_EQ(results[0][part].size(), results[1][part].size());
+      for (size_t i = 0; i < results[0][part].size(); ++i)
+        ASSERT_EQ(results[1][part][i], results[0][part][i]) << name << " part " << part << " at " << i;
+    }
+    // v heads unchanged by the rotation; the written pool rows hold the rotated k.
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = heads * head_dim + kv_width; i < heads * head_dim + 2 * kv_width; ++i)
+        ASSERT_EQ(results[1][0][t * stride + i], qkv[t * stride + i]) << name << " v changed";
+    EXPECT_NE(results[1][0], qkv) << name << ": nothing was rotated";
+  }
+}
+
 TEST_F(Gpu, SiluMulMatchesCpuFusedAndSeparate) {
   for (auto [rows, cols] : {std::pair{1, 8}, {3, 13}, {19, 704}, {4, 14336}, {2, 1}}) {
     for (bool fused : {true, false}) {

@@ -406,7 +406,7 @@ GpuLlama::~GpuLlama() = default;
 void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_query_len, int64_t max_context_in_step,
                                       bool decode, const int32_t* tables, int64_t logit_rows, bool gather) {
   const ModelConfig& c = config;
-  const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate_size,
+  const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), inter = c.intermediate_size,
                 width = qkv_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
@@ -433,11 +433,9 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     gemm(layer.qkv, norm_out, tokens, qkv_out);
-    // q and k heads sit side by side in a qkv row: one RoPE launch rotates both.
-    cuda::rope(qkv_out, tokens, c.num_heads + c.num_kv_heads, c.head_dim, width, input_positions(),
-               inv_freq.as<float>(), rope_scaling, stream);
-    cuda::paged_kv_write(qkv_out + q_dim, qkv_out + q_dim + kv_dim, width, batch, kv, c.num_kv_heads, c.head_dim,
-                         stream);
+    // RoPE on the q and k heads of the qkv rows, and the rotated k with v into the cache: one launch.
+    cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
+                        rope_scaling, kv, stream);
     if (decode)
       cuda::paged_attention_decode(qkv_out, width, runs, input_context_lens(), max_context_in_step, kv, shape, attn_out,
                                    q_dim, attention_workspace.get(), attention_workspace_bytes, stream);

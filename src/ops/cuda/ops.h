@@ -233,6 +233,13 @@ struct QueryBatch {
 void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, const QueryBatch& batch,
                     const PagedKv& kv, int64_t num_kv_heads, int64_t head_dim, void* stream);
 
+// rope on the q and k heads of fused qkv rows ([tokens, row_stride]: num_heads q heads, then
+// num_kv_heads k heads, then the v heads), then paged_kv_write of the rotated k and the v: one
+// launch where the two ops take two, bitwise the same results (the model's per-layer path).
+void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                   const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
+                   void* stream);
+
 // Scratch for split-K attention (partial outputs + softmax statistics), bytes for `rows`
 // = tokens * num_heads query rows. The launchers need at least this much workspace when they
 // split (they decide; pass the size from here for the largest batch you run).

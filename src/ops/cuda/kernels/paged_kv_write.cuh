@@ -4,6 +4,28 @@
 
 namespace qspec::cuda::kernels {
 
+// Copies one token's K and V rows (width values) to pool row `row` (threads of the block over
+// width / VEC).
+template <int VEC>
+__device__ __forceinline__ void kv_row_write(const __half* k, const __half* v, int64_t row, int64_t width,
+                                             __half* k_pool, __half* v_pool) {
+  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
+  const Vec* k_src = reinterpret_cast<const Vec*>(k);
+  const Vec* v_src = reinterpret_cast<const Vec*>(v);
+  Vec* k_dst = reinterpret_cast<Vec*>(k_pool + row * width);
+  Vec* v_dst = reinterpret_cast<Vec*>(v_pool + row * width);
+  for (int64_t i = threadIdx.x; i < width / VEC; i += blockDim.x) {
+    k_dst[i] = k_src[i];
+    v_dst[i] = v_src[i];
+  }
+}
+
+// The pool row of position `position` of sequence `seq` (16 positions a block).
+__device__ __forceinline__ int64_t kv_pool_row(const int32_t* block_tables, int64_t max_blocks, int seq,
+                                               int32_t position) {
+  return static_cast<int64_t>(block_tables[seq * max_blocks + position / 16]) * 16 + position % 16;
+}
+
 // grid (max_query_len, num_seqs); threads over the row's width / VEC.
 template <int VEC>
 __global__ void paged_kv_write_kernel(const __half* __restrict__ k, const __half* __restrict__ v, int64_t row_stride,
@@ -11,21 +33,11 @@ __global__ void paged_kv_write_kernel(const __half* __restrict__ k, const __half
                                       const int32_t* __restrict__ block_tables, int64_t max_blocks, int64_t width,
                                       __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
   pdl_prologue();  // launched with launch_pdl (common.h)
-  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
   const int seq = blockIdx.y;
   const int64_t token = query_start[seq] + blockIdx.x;
   if (token >= query_start[seq + 1]) return;
-  const int32_t position = positions[token];
-  const int64_t block = block_tables[seq * max_blocks + position / 16];
-  const int64_t row = block * 16 + position % 16;
-  const Vec* k_src = reinterpret_cast<const Vec*>(k + token * row_stride);
-  const Vec* v_src = reinterpret_cast<const Vec*>(v + token * row_stride);
-  Vec* k_dst = reinterpret_cast<Vec*>(k_pool + row * width);
-  Vec* v_dst = reinterpret_cast<Vec*>(v_pool + row * width);
-  for (int64_t i = threadIdx.x; i < width / VEC; i += blockDim.x) {
-    k_dst[i] = k_src[i];
-    v_dst[i] = v_src[i];
-  }
+  const int64_t row = kv_pool_row(block_tables, max_blocks, seq, positions[token]);
+  kv_row_write<VEC>(k + token * row_stride, v + token * row_stride, row, width, k_pool, v_pool);
 }
 
 }  // namespace qspec::cuda::kernels

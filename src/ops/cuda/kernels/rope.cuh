@@ -4,14 +4,10 @@
 
 namespace qspec::cuda::kernels {
 
-// One block per token; threads over (head, i < head_dim / 2).
-__global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t row_stride,
-                            const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
-                            float attention_scaling) {
-  pdl_prologue();  // launched with launch_pdl (common.h)
-  const int64_t token = blockIdx.x, half = head_dim / 2;
-  const float position = static_cast<float>(positions[token]);
-  __half* row = x + token * row_stride;
+// Rotates the `heads` heads of one token's row (threads of the block over (head, i < head_dim / 2)).
+__device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t head_dim, float position,
+                                         const float* __restrict__ inv_freq, float attention_scaling) {
+  const int64_t half = head_dim / 2;
   for (int64_t item = threadIdx.x; item < heads * half; item += blockDim.x) {
     const int64_t head = item / half, i = item % half;
     // f32 angle as on the CPU, then accurate sincosf (no fast-math: angles reach thousands).
@@ -25,6 +21,15 @@ __global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t 
     pair[0] = __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
     pair[half] = __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
   }
+}
+
+// One block per token.
+__global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t row_stride,
+                            const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
+                            float attention_scaling) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  const int64_t token = blockIdx.x;
+  rope_row(x + token * row_stride, heads, head_dim, static_cast<float>(positions[token]), inv_freq, attention_scaling);
 }
 
 }  // namespace qspec::cuda::kernels

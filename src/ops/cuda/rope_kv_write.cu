@@ -1,0 +1,44 @@
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/rope_kv_write.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+
+void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                   const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
+                   void* stream) {
+  const int64_t width = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
+  QSPEC_CHECK(num_heads > 0 && num_kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0 &&
+                  row_stride >= q_dim + 2 * width,
+              "cuda::rope_kv_write: bad shape heads ", num_heads, " kv_heads ", num_kv_heads, " head_dim ", head_dim,
+              " row_stride ", row_stride);
+  QSPEC_CHECK(batch.num_seqs >= 0 && batch.num_seqs < 65536 && batch.max_query_len >= 0,
+              "cuda::rope_kv_write: bad batch (", batch.num_seqs, " sequences, max_query_len ", batch.max_query_len,
+              ")");
+  if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = width % 8 == 0 && q_dim % 8 == 0 && row_stride % 8 == 0 && aligned(qkv) && aligned(kv.k_pool) &&
+                   aligned(kv.v_pool);
+  kernels::RopeKvWriteParams params{};
+  params.qkv = reinterpret_cast<__half*>(qkv);
+  params.row_stride = row_stride;
+  params.num_heads = num_heads;
+  params.num_kv_heads = num_kv_heads;
+  params.head_dim = head_dim;
+  params.query_start = batch.query_start;
+  params.positions = batch.positions;
+  params.inv_freq = inv_freq;
+  params.attention_scaling = attention_scaling;
+  params.block_tables = kv.block_tables;
+  params.max_blocks = kv.max_blocks_per_seq;
+  params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
+  params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
+  const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs));
+  const int64_t work = std::max((num_heads + num_kv_heads) * head_dim / 2, vec ? width / 8 : width);
+  const dim3 block(static_cast<unsigned>(std::min<int64_t>(512, (work + 31) / 32 * 32)));
+  if (vec) launch_pdl(kernels::rope_kv_write_kernel<8>, grid, block, 0, as_stream(stream), params);
+  else launch_pdl(kernels::rope_kv_write_kernel<1>, grid, block, 0, as_stream(stream), params);
+  QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_kernel");
+}
+
+}  // namespace qspec::cuda
