@@ -23,8 +23,9 @@ __device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t hea
   }
 }
 
-// One block per token.
-__global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t row_stride,
+// One block per token. Static: this header is included by rope.cu and rope_kv_write.cu (a
+// non-template kernel defined in both would clash at link time).
+static __global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, int64_t row_stride,
                             const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
                             float attention_scaling) {
   pdl_prologue();  // launched with launch_pdl (common.h)
