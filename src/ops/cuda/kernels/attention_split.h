@@ -10,7 +10,13 @@ namespace qspec::cuda::detail {
 inline constexpr int64_t kMaxAttentionSplits = 32;
 // 64 keys a split at least: a batch-1 decode over 1k positions then runs 16 splits x 8 KV heads
 // = 128 blocks instead of 32 (ncu on the H100: 18 us a layer at 4 splits, latency-bound).
+// QSPEC_ATTENTION_KEYS_PER_SPLIT (a multiple of 16) overrides it at build time, for sweeps.
+#ifdef QSPEC_ATTENTION_KEYS_PER_SPLIT
+inline constexpr int64_t kKeysPerSplitMin = QSPEC_ATTENTION_KEYS_PER_SPLIT;
+#else
 inline constexpr int64_t kKeysPerSplitMin = 64;
+#endif
+static_assert(kKeysPerSplitMin >= 16 && kKeysPerSplitMin % 16 == 0, "keys per split: a multiple of 16");
 
 // The most splits any launch plans for a context of max_context keys.
 inline int64_t max_attention_splits(int64_t max_context) {
