@@ -9,7 +9,7 @@
 // the median over 25 replays, divided by the launches in the graph.
 //
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
-//        [--variants 1,3] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
+//        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
 // --variants: small-M kernel variants (m <= 128); --tiles: tiled kernel tiles (every m; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> variants = {1, 2, 3, 4};
+  std::vector<int> x_stagings = {0};  // --x-staging 1,2: x through shared memory / from global
   std::vector<int> tiles = {1, 2, 3, 4};
   std::vector<int64_t> split_list = {0};  // 0: the launcher's heuristic
   auto parse_list = [](const std::string& text) {
@@ -79,7 +80,10 @@ int main(int argc, char** argv) {
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
     else if (arg == "--splits" && i + 1 < argc) split_list = parse_list(argv[++i]);
-    else if (arg == "--variants" && i + 1 < argc) {
+    else if (arg == "--x-staging" && i + 1 < argc) {
+      x_stagings.clear();
+      for (int64_t v : parse_list(argv[++i])) x_stagings.push_back(static_cast<int>(v));
+    } else if (arg == "--variants" && i + 1 < argc) {
       variants.clear();
       for (int64_t v : parse_list(argv[++i])) variants.push_back(static_cast<int>(v));
     }
@@ -209,9 +213,11 @@ int main(int argc, char** argv) {
         const int w4_batch = std::max(8, w4_copies), w16_batch = std::max(8, w16_copies);
         if (m <= 128) {
           for (int variant : variants)
-          for (int64_t splits : split_list) {
+          for (int64_t splits : split_list)
+          for (int staging : x_stagings) {
             if (variant >= 2 && m > 32) continue;  // m > 32 always runs the 8-warp kernel
-            const cuda::W4A16SmallMConfig config{variant, static_cast<int>(splits)};
+            if (variant >= 3 && staging != 0) continue;  // the ring kernels always stage x
+            const cuda::W4A16SmallMConfig config{variant, static_cast<int>(splits), staging};
             if (profile) {
               for (int i = 0; i < 2; ++i)
                 cuda::w4a16_gemm_small_m(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
@@ -227,7 +233,8 @@ int main(int argc, char** argv) {
                 },
                 w4_batch, warmup, reps, stream);
             report((m > 32 ? std::string("w4a16_small_m") : "w4a16_small_m_v" + std::to_string(variant)) +
-                       (splits > 0 ? "_s" + std::to_string(splits) : ""),
+                       (splits > 0 ? "_s" + std::to_string(splits) : "") +
+                       (staging == 1 ? "_xs" : staging == 2 ? "_xg" : ""),
                    t,
                    static_cast<double>(w4_bytes), w4_batch);
           }

@@ -18,6 +18,12 @@ namespace {
 
 // Largest x slice variants 1/2 stage in shared memory (beyond: x from global memory).
 constexpr size_t kXSharedMax = 96 * 1024;
+// Whether x_staging 0 stages x in shared memory. QSPEC_W4A16_STAGE_X=0/1 at build time for sweeps.
+#ifdef QSPEC_W4A16_STAGE_X
+constexpr bool kW4A16StageXByDefault = QSPEC_W4A16_STAGE_X != 0;
+#else
+constexpr bool kW4A16StageXByDefault = true;
+#endif
 
 template <int MT, int RPW, int G, int DEPTH, int WARPS>
 void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
@@ -187,7 +193,10 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
                                  : nullptr;
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
     const int v = mt == 8 || variant > 2 ? 2 : variant;
-    {
+    QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",
+                config.x_staging);
+    const bool stage_x = config.x_staging == 1 || (config.x_staging == 0 && kW4A16StageXByDefault);
+    if (stage_x) {
       // x in shared memory: the longest k range of a split (+ the tail pair), 16 bytes of padding.
       const int64_t range = ((layout.full_chunks + splits - 1) / splits) * 64 + (layout.tail ? 32 : 0);
       const int64_t stride = range + 8;
