@@ -295,8 +295,9 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
 // x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the
 // shared-memory cp.async ring, 8 stages of 2 chunks / 4 stages of 4, for m <= 32 a launch) and
 // the split-K override (0 = heuristic). docs/perf-notes.md has their timings.
-// x_staging (variants 1 / 2): 0 = the default (docs/perf-notes.md), 1 = the block copies its
-// k range of x into shared memory first, 2 = x straight from global memory (through L1).
+// x_staging (variants 1 / 2): 0 = the default (shared memory beyond 8 tokens a launch slice,
+// docs/perf-notes.md), 1 = the block copies its k range of x into shared memory first, 2 = x
+// straight from global memory (through L1).
 struct W4A16SmallMConfig {
   int variant = 0;
   int splits = 0;

@@ -18,12 +18,18 @@ namespace {
 
 // Largest x slice variants 1/2 stage in shared memory (beyond: x from global memory).
 constexpr size_t kXSharedMax = 96 * 1024;
-// Whether x_staging 0 stages x in shared memory. QSPEC_W4A16_STAGE_X=0/1 at build time for sweeps.
+// Whether x_staging 0 stages x in shared memory: for slices of more than 8 tokens (ncu: the loop
+// then waited on an L2 load of x every k pair); up to 8 tokens x comes from global memory through
+// L1, 1-5 % faster (H100 GEMM bench, m = 1..8: the staging adds a round trip and a barrier before
+// the first mma). QSPEC_W4A16_STAGE_X=0/1 at build time forces one way, for sweeps.
+bool stage_x_by_default(int64_t slice) {
 #ifdef QSPEC_W4A16_STAGE_X
-constexpr bool kW4A16StageXByDefault = QSPEC_W4A16_STAGE_X != 0;
+  (void)slice;
+  return QSPEC_W4A16_STAGE_X != 0;
 #else
-constexpr bool kW4A16StageXByDefault = true;
+  return slice > 8;
 #endif
+}
 
 template <int MT, int RPW, int G, int DEPTH, int WARPS>
 void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
@@ -195,7 +201,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     const int v = mt == 8 || variant > 2 ? 2 : variant;
     QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",
                 config.x_staging);
-    const bool stage_x = config.x_staging == 1 || (config.x_staging == 0 && kW4A16StageXByDefault);
+    const bool stage_x = config.x_staging == 1 || (config.x_staging == 0 && stage_x_by_default(slice));
     if (stage_x) {
       // x in shared memory: the longest k range of a split (+ the tail pair), 16 bytes of padding.
       const int64_t range = ((layout.full_chunks + splits - 1) / splits) * 64 + (layout.tail ? 32 : 0);
