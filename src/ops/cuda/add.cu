@@ -7,11 +7,10 @@ namespace qspec::cuda {
 void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, void* stream) {
   QSPEC_CHECK(count >= 0, "cuda::add: negative count ", count);
   if (count == 0) return;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const auto* x = reinterpret_cast<const __half*>(a);
   const auto* y = reinterpret_cast<const __half*>(b);
   auto* o = reinterpret_cast<__half*>(out);
-  const bool vec = aligned(a) && aligned(b) && aligned(out);
+  const bool vec = is_aligned_16(a) && is_aligned_16(b) && is_aligned_16(out);
   const int64_t vec_count = vec ? count / 8 * 8 : 0;
   if (vec_count > 0) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>((vec_count / 8 + 255) / 256, multiprocessor_count() * 16));

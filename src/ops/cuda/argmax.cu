@@ -10,7 +10,7 @@ void launch_argmax(const T* logits, int64_t rows, int64_t vocab, int32_t* ids, v
   if (rows == 0) return;
   QSPEC_CHECK(rows < (1ll << 31), "cuda::argmax: too many rows (", rows, ")");
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = vocab % kVec == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  const bool vec = vocab % kVec == 0 && is_aligned_16(logits);
   const dim3 grid(static_cast<unsigned>(rows)), block(1024);
   if (vec) launch_pdl(kernels::argmax_kernel<T, kVec>, grid, block, 0, as_stream(stream), logits, vocab, ids);
   else launch_pdl(kernels::argmax_kernel<T, 1>, grid, block, 0, as_stream(stream), logits, vocab, ids);

@@ -166,6 +166,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Whether a pointer allows 16-byte vector loads and stores (the launchers' test for the VEC = 8
+// kernel variants).
+inline bool is_aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched with launch_pdl may start
 // while the previous kernel on the stream drains: it must call grid_dependency_wait() before it
 // reads that kernel's outputs or writes global memory (loads of constant data, such as weights,

@@ -12,7 +12,7 @@ void embedding(const int32_t* ids, int64_t tokens, const f16_bits* table, int64_
   QSPEC_CHECK(tokens < (1ll << 31), "cuda::embedding: too many tokens (", tokens, ")");
   const auto* t = reinterpret_cast<const __half*>(table);
   auto* o = reinterpret_cast<__half*>(out);
-  const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool vec = dim % 8 == 0 && is_aligned_16(table) && is_aligned_16(out);
   const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, vec ? dim / 8 : dim)));
   if (vec)
     launch_pdl(kernels::embedding_kernel<8>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),

@@ -12,9 +12,8 @@ void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, co
   QSPEC_CHECK(batch.num_seqs >= 0 && batch.num_seqs < 65536 && batch.max_query_len >= 0,
               "cuda::paged_kv_write: bad batch (", batch.num_seqs, " sequences, max_query_len ", batch.max_query_len, ")");
   if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = width % 8 == 0 && row_stride % 8 == 0 && aligned(k) && aligned(v) && aligned(kv.k_pool) &&
-                   aligned(kv.v_pool);
+  const bool vec = width % 8 == 0 && row_stride % 8 == 0 && is_aligned_16(k) && is_aligned_16(v) &&
+                   is_aligned_16(kv.k_pool) && is_aligned_16(kv.v_pool);
   const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs));
   const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, vec ? width / 8 : width)));
   const auto* kh = reinterpret_cast<const __half*>(k);

@@ -10,8 +10,8 @@ void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t
   QSPEC_CHECK(rows >= 0 && dim > 0, "cuda::rmsnorm: bad shape rows ", rows, " dim ", dim);
   if (rows == 0) return;
   QSPEC_CHECK(rows < (1ll << 31), "cuda::rmsnorm: too many rows (", rows, ")");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = dim % 8 == 0 && aligned(x) && aligned(y) && aligned(weight) && (!FUSED || aligned(delta));
+  const bool vec = dim % 8 == 0 && is_aligned_16(x) && is_aligned_16(y) && is_aligned_16(weight) &&
+                   (!FUSED || is_aligned_16(delta));
   const int64_t work = vec ? dim / 8 : dim;
   const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (work + 31) / 32 * 32)));
   const unsigned grid = static_cast<unsigned>(rows);

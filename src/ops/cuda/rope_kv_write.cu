@@ -16,9 +16,8 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
               "cuda::rope_kv_write: bad batch (", batch.num_seqs, " sequences, max_query_len ", batch.max_query_len,
               ")");
   if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = width % 8 == 0 && q_dim % 8 == 0 && row_stride % 8 == 0 && aligned(qkv) && aligned(kv.k_pool) &&
-                   aligned(kv.v_pool);
+  const bool vec = width % 8 == 0 && q_dim % 8 == 0 && row_stride % 8 == 0 && is_aligned_16(qkv) &&
+                   is_aligned_16(kv.k_pool) && is_aligned_16(kv.v_pool);
   kernels::RopeKvWriteParams params{};
   params.qkv = reinterpret_cast<__half*>(qkv);
   params.row_stride = row_stride;

@@ -9,8 +9,8 @@ void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t co
   QSPEC_CHECK(rows >= 0 && cols > 0 && in_stride >= cols, "cuda::silu_mul: bad shape rows ", rows, " cols ", cols,
               " in_stride ", in_stride);
   if (rows == 0) return;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = cols % 8 == 0 && in_stride % 8 == 0 && aligned(gate) && aligned(up) && aligned(out);
+  const bool vec =
+      cols % 8 == 0 && in_stride % 8 == 0 && is_aligned_16(gate) && is_aligned_16(up) && is_aligned_16(out);
   const int64_t work = rows * (vec ? cols / 8 : cols);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, multiprocessor_count() * 16));
   const auto* g = reinterpret_cast<const __half*>(gate);
