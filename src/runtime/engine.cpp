@@ -223,6 +223,8 @@ struct Engine::Impl {
     gpu_mode_name = !options.gpu_mode.empty() ? options.gpu_mode
                     : model.has_quantized_weights() ? "w4a16"
                                                      : "w16a16";
+    QSPEC_CHECK(gpu_mode_name == "w4a16" || gpu_mode_name == "w16a16",
+                "engine: device cuda runs mode w4a16 or w16a16 (", gpu_mode_name, " is not on the GPU yet)");
     const int64_t model_context = model.config().max_position_embeddings;
     QSPEC_CHECK(options.gpu_max_context >= 0 && options.gpu_max_context <= model_context,
                 "engine: gpu_max_context must be in 0..", model_context, ", got ", options.gpu_max_context);
