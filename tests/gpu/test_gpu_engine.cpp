@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_model_fixture.h"
 #include "model/llama.h"
 #include "ops/cuda/device_info.h"
 #include "qspec/engine.h"
@@ -18,9 +19,9 @@
 
 namespace {
 
-const std::string kModelDir = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
-
-void require_gpu() { ASSERT_GT(qspec::cuda::device_count(), 0) << "no CUDA GPU visible: the gpu tests need one"; }
+using qspec_gpu_test::kModelDir;
+using qspec_gpu_test::question_prompts;
+using qspec_gpu_test::require_gpu;
 
 struct Outputs {
   std::vector<std::vector<int32_t>> ids;
@@ -43,18 +44,6 @@ Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& reques
   }
   engine.run_until_idle();
   return out;
-}
-
-std::vector<std::vector<int32_t>> question_prompts(const qspec::Tokenizer& tokenizer, int count) {
-  std::ifstream file(kModelDir + "/eval_problems.jsonl");
-  std::vector<std::vector<int32_t>> prompts;
-  std::string line;
-  while (static_cast<int>(prompts.size()) < count && std::getline(file, line)) {
-    if (line.empty()) continue;
-    const nlohmann::json problem = nlohmann::json::parse(line);
-    prompts.push_back(tokenizer.encode("Question: " + problem["question"].get<std::string>() + "\nAnswer:"));
-  }
-  return prompts;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "gpu_model_fixture.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/device_info.h"
@@ -21,9 +22,9 @@
 
 namespace {
 
-const std::string kModelDir = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
-
-void require_gpu() { ASSERT_GT(qspec::cuda::device_count(), 0) << "no CUDA GPU visible: the gpu tests need one"; }
+using qspec_gpu_test::kModelDir;
+using qspec_gpu_test::question_prompts;
+using qspec_gpu_test::require_gpu;
 
 std::string describe(const std::vector<int32_t>& ids) {
   std::string s;
@@ -104,18 +105,6 @@ TEST(GpuModel, W4A16GreedyIdsMatchTheCpu) {
 }
 
 namespace {
-
-std::vector<std::vector<int32_t>> question_prompts(const qspec::Tokenizer& tokenizer, int count) {
-  std::ifstream file(kModelDir + "/eval_problems.jsonl");
-  std::vector<std::vector<int32_t>> prompts;
-  std::string line;
-  while (static_cast<int>(prompts.size()) < count && std::getline(file, line)) {
-    if (line.empty()) continue;
-    const nlohmann::json problem = nlohmann::json::parse(line);
-    prompts.push_back(tokenizer.encode("Question: " + problem["question"].get<std::string>() + "\nAnswer:"));
-  }
-  return prompts;
-}
 
 // Greedy ids of one sequence at a time, no eos stop (sequence 0 of `gpu`).
 std::vector<int32_t> alone(qspec::GpuLlama& gpu, const std::vector<int32_t>& prompt, int64_t new_tokens) {
