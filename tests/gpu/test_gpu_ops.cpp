@@ -432,13 +432,21 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
       auto d_k = upload(pool.k_pool);
       auto d_v = upload(pool.v_pool);
       const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
-      auto d_workspace = poisoned(workspace_bytes);
+      auto d_workspace = poisoned(workspace_bytes);  // partials poisoned, counters zeroed:
+      cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
       auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
       cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
       qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
       cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
                                    d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
-      const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(seqs * q_width)));
+      const std::vector<f16> first = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
+      // Again on the same workspace (as graph replays do): the split merge relies on the first
+      // launch leaving its arrival counters at zero, and must give the same bits.
+      auto d_out_again = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+      cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                   d_out_again.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+      ASSERT_EQ(download<f16>(d_out_again, first.size()), first) << "decode relaunch " << case_name(c);
+      const std::vector<float> got = from_f16(first);
       std::vector<float> expected(got.size());
       for (int64_t s = 0; s < seqs; ++s) {
         const int32_t position = static_cast<int32_t>(contexts[s] - 1);
@@ -520,6 +528,7 @@ TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
       }
       const size_t workspace_bytes = cuda::attention_workspace_bytes(tokens, c.heads, c.head_dim, max_context);
       auto d_workspace = poisoned(workspace_bytes);
+      cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
       auto d_out = poisoned(static_cast<size_t>(tokens * q_width) * 2);
       qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
       cuda::paged_attention_prefill(q, stride, batch, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),
@@ -558,6 +567,7 @@ TEST_F(Gpu, PagedPrefillHandles4096QueryTokens) {
   cuda::QueryBatch batch{1, n, d_start.as<int32_t>(), d_positions.as<int32_t>(), n, n};
   const size_t workspace_bytes = cuda::attention_workspace_bytes(n, c.heads, c.head_dim, n);
   auto d_workspace = poisoned(workspace_bytes);
+  cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
   auto d_out = poisoned(static_cast<size_t>(n * q_width) * 2);
   qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, 0};
   cuda::paged_attention_prefill(d_q.as<f16>(), q_width, batch, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),

@@ -281,6 +281,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
     cuda::w4a16_workspace_init(gemm_workspace.get(), gemm_workspace_bytes, stream);
   }
   attention_workspace = allocate(attention_workspace_bytes, "attention workspace");
+  cuda::attention_workspace_init(attention_workspace.get(), attention_workspace_bytes, stream);
   cuda::stream_synchronize(stream);
 }
 

@@ -6,14 +6,21 @@
 namespace qspec::cuda {
 
 size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head_dim, int64_t max_context) {
-  return detail::attention_partial_bytes(detail::max_attention_splits(max_context), tokens * num_heads, head_dim);
+  return detail::kAttentionCounterBytes +
+         detail::attention_partial_bytes(detail::max_attention_splits(max_context), tokens * num_heads, head_dim);
+}
+
+void attention_workspace_init(void* workspace, size_t bytes, void* stream) {
+  if (workspace != nullptr && bytes > 0)
+    QSPEC_CUDA_CHECK(
+        cudaMemsetAsync(workspace, 0, std::min(bytes, detail::kAttentionCounterBytes), as_stream(stream)));
 }
 
 namespace detail {
-// Used by the decode and prefill launchers after a split launch.
+// Used by the prefill launcher after a split launch (decode merges in its last block).
 void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {
-  const auto* part_o = static_cast<const float*>(workspace);
+  const auto* part_o = reinterpret_cast<const float*>(static_cast<const char*>(workspace) + kAttentionCounterBytes);
   const auto* part_ml = reinterpret_cast<const float2*>(part_o + splits * rows * head_dim);
   const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(std::min<int64_t>(head_dim, 128)));
   launch_pdl(kernels::attention_combine_kernel, grid, block, 0, stream, part_o, part_ml, static_cast<int>(splits), rows,

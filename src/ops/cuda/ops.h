@@ -244,6 +244,9 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
 // = tokens * num_heads query rows. The launchers need at least this much workspace when they
 // split (they decide; pass the size from here for the largest batch you run).
 size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head_dim, int64_t max_context);
+// Zeroes the workspace's arrival counters: once after allocating it (the launches leave them
+// zero), before the first attention launch that uses it.
+void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 
 // Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
 // out_stride apart), sequence s attends to its context_lens[s] cached positions (the query

@@ -6,11 +6,6 @@
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
-namespace detail {
-void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
-                              int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream);
-}
-
 namespace {
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
@@ -62,17 +57,20 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
   params.splits = static_cast<int>(splits);
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;
+  // Split-K: the last block of each (sequence, head group) merges the partials. Splits only
+  // happen below 2 blocks a multiprocessor, far fewer groups than there are counters.
   if (splits > 1) {
-    params.part_o = static_cast<float*>(workspace);
+    QSPEC_CHECK(num_seqs * KV * head_chunks <= detail::kAttentionCounters,
+                "cuda::paged_attention_decode: too many blocks to split (", num_seqs * KV * head_chunks, ")");
+    params.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kAttentionCounterBytes);
     params.part_ml = reinterpret_cast<float2*>(params.part_o + splits * rows * D);
+    params.counters = static_cast<unsigned*>(workspace);
   }
   const dim3 grid(static_cast<unsigned>(KV * head_chunks), static_cast<unsigned>(num_seqs), static_cast<unsigned>(splits));
   cudaStream_t s = as_stream(stream);
   if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
   else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
   else launch_decode_d<128>(params, heads_per_block, grid, s);
-  if (splits > 1)
-    detail::launch_attention_combine(workspace, splits, rows, H, D, reinterpret_cast<__half*>(out), out_stride, s);
 }
 
 }  // namespace qspec::cuda

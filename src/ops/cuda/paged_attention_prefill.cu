@@ -71,7 +71,7 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;
   if (splits > 1) {
-    params.part_o = static_cast<float*>(workspace);
+    params.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kAttentionCounterBytes);
     params.part_ml = reinterpret_cast<float2*>(params.part_o + splits * rows * D);
   }
   const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch.num_seqs),

@@ -8,6 +8,11 @@
 namespace qspec::cuda::detail {
 
 inline constexpr int64_t kMaxAttentionSplits = 32;
+// The workspace starts with arrival counters (zeroed once by attention_workspace_init; each
+// launch leaves them zero): split-K decode merges its partials in the block of each
+// (sequence, head group) that finishes last. Partials follow at this offset.
+inline constexpr size_t kAttentionCounterBytes = 64 * 1024;
+inline constexpr int64_t kAttentionCounters = kAttentionCounterBytes / 4;
 // 64 keys a split at least: a batch-1 decode over 1k positions then runs 16 splits x 8 KV heads
 // = 128 blocks instead of 32 (ncu on the H100: 18 us a layer at 4 splits, latency-bound).
 // QSPEC_ATTENTION_KEYS_PER_SPLIT (a multiple of 16) overrides it at build time, for sweeps.
@@ -33,7 +38,8 @@ inline size_t attention_partial_bytes(int64_t splits, int64_t rows, int64_t head
 inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t rows, int64_t head_dim,
                            size_t workspace_bytes) {
   int64_t splits = std::min(max_attention_splits(keys), std::max<int64_t>(1, (2 * sms + blocks - 1) / std::max<int64_t>(blocks, 1)));
-  while (splits > 1 && attention_partial_bytes(splits, rows, head_dim) > workspace_bytes) --splits;
+  while (splits > 1 && kAttentionCounterBytes + attention_partial_bytes(splits, rows, head_dim) > workspace_bytes)
+    --splits;
   return std::max<int64_t>(splits, 1);
 }
 

@@ -3,6 +3,7 @@
 // are read once per block with 16-byte loads, scores and softmax in f32 (log2 domain).
 #pragma once
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/attention_combine.cuh"
 
 namespace qspec::cuda::kernels {
 
@@ -23,9 +24,34 @@ struct DecodeParams {
   int64_t out_stride;
   float* part_o;       // splits > 1: [splits][num_seqs * num_heads][D]
   float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
+  unsigned* counters;  // splits > 1: one per (sequence, blockIdx.x), zero before and after a launch
 };
 
 inline constexpr int kDecodeWarps = 4;
+
+// Split-K: after a block wrote its partials, the last of the `splits` blocks of its (sequence,
+// head group) to arrive merges them into out (the split-K GEMM's fix-up, here for attention): one
+// launch and one dependent round trip fewer a layer than a combine kernel after.
+template <int D>
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int head0, int heads_here) {
+  if (p.splits <= 1) return;
+  __shared__ unsigned last_block;
+  __threadfence();  // this block's partials are visible before its arrival is
+  __syncthreads();
+  unsigned* counter = p.counters + static_cast<int64_t>(seq) * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) last_block = atomicAdd(counter, 1u) == static_cast<unsigned>(p.splits - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int g = warp; g < heads_here; g += kDecodeWarps) {  // a warp a head
+    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
+    combine_attention_row(p.part_o, p.part_ml, p.splits, rows, row, D, p.out + seq * p.out_stride + (head0 + g) * D,
+                          lane, 32);
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
+}
 inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared memory
 
 // D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
@@ -64,6 +90,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
         p.out[seq * p.out_stride + (head0 + i / D) * D + i % D] = __float2half(0.0f);
       }
     }
+    merge_splits<D>(p, seq, head0, heads_here);
     return;
   }
 
@@ -210,6 +237,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
       p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(o / running_sum[g]);
     }
   }
+  merge_splits<D>(p, seq, head0, heads_here);
 }
 
 }  // namespace qspec::cuda::kernels

@@ -6,7 +6,9 @@
 namespace qspec::cuda::kernels {
 
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
-// VEC 8: 16-byte accesses (dim % 8 == 0), else 1.
+// VEC 8: 16-byte accesses (dim % 8 == 0), else 1. A thread's first 8 values stay in registers
+// across the reduction and their weights are loaded before it (the launcher gives every thread
+// one vector up to dim 8192): the second pass then waits on no memory.
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
@@ -14,9 +16,13 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   __half* x = residual_or_x + row * dim;
+  __half* out = y + row * dim;
   float sum_squares = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim / VEC; i += blockDim.x) {
-    if constexpr (VEC == 8) {
+  if constexpr (VEC == 8) {
+    const int64_t vectors = dim / 8;
+    const bool has_first = threadIdx.x < vectors;
+    float first[8] = {}, first_weight[8] = {};
+    for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
       float v[8];
       half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
       if constexpr (FUSED) {
@@ -28,22 +34,26 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
-    } else {
-      float v = __half2float(x[i]);
-      if constexpr (FUSED) {
-        const __half r = __float2half_rn(v + __half2float(delta[row * dim + i]));
-        x[i] = r;
-        v = __half2float(r);
+      if (i == threadIdx.x) {
+        const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
+        const float4 w1 = reinterpret_cast<const float4*>(weight)[2 * i + 1];
+        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          first[e] = v[e];
+          first_weight[e] = w[e];
+        }
       }
-      sum_squares += v * v;
     }
-  }
-  sum_squares = block_sum(sum_squares, scratch);
-  // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight.
-  const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
-  __half* out = y + row * dim;
-  for (int64_t i = threadIdx.x; i < dim / VEC; i += blockDim.x) {
-    if constexpr (VEC == 8) {
+    sum_squares = block_sum(sum_squares, scratch);
+    // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight.
+    const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+    if (has_first) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) first[e] = (first[e] * inverse_rms) * first_weight[e];
+      reinterpret_cast<uint4*>(out)[threadIdx.x] = float8_to_half(first);
+    }
+    for (int64_t i = threadIdx.x + blockDim.x; i < vectors; i += blockDim.x) {
       float v[8];
       half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
       const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
@@ -52,9 +62,21 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
       reinterpret_cast<uint4*>(out)[i] = float8_to_half(v);
-    } else {
-      out[i] = __float2half_rn((__half2float(x[i]) * inverse_rms) * weight[i]);
     }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      float v = __half2float(x[i]);
+      if constexpr (FUSED) {
+        const __half r = __float2half_rn(v + __half2float(delta[row * dim + i]));
+        x[i] = r;
+        v = __half2float(r);
+      }
+      sum_squares += v * v;
+    }
+    sum_squares = block_sum(sum_squares, scratch);
+    const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+      out[i] = __float2half_rn((__half2float(x[i]) * inverse_rms) * weight[i]);
   }
 }
 

@@ -5,8 +5,11 @@
 namespace qspec::cuda::kernels {
 
 // Rotates the `heads` heads of one token's row (threads of the block over (head, i < head_dim / 2)).
+// With k_out, heads from `first_k_head` on are also stored there (head - first_k_head) * head_dim
+// apart: rope_kv_write writes the rotated K to the cache without a barrier and a re-read.
 __device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t head_dim, float position,
-                                         const float* __restrict__ inv_freq, float attention_scaling) {
+                                         const float* __restrict__ inv_freq, float attention_scaling,
+                                         int64_t first_k_head = 0, __half* __restrict__ k_out = nullptr) {
   const int64_t half = head_dim / 2;
   for (int64_t item = threadIdx.x; item < heads * half; item += blockDim.x) {
     const int64_t head = item / half, i = item % half;
@@ -18,8 +21,15 @@ __device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t hea
     sine = __fmul_rn(sine, attention_scaling);
     __half* pair = row + head * head_dim + i;
     const float first = __half2float(pair[0]), second = __half2float(pair[half]);
-    pair[0] = __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
-    pair[half] = __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+    const __half rotated_first = __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
+    const __half rotated_second = __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+    pair[0] = rotated_first;
+    pair[half] = rotated_second;
+    if (k_out != nullptr && head >= first_k_head) {
+      __half* k_pair = k_out + (head - first_k_head) * head_dim + i;
+      k_pair[0] = rotated_first;
+      k_pair[half] = rotated_second;
+    }
   }
 }
 

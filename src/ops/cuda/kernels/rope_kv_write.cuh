@@ -23,21 +23,25 @@ struct RopeKvWriteParams {
   __half* v_pool;
 };
 
-// grid (max_query_len, num_seqs): one block per token.
+// grid (max_query_len, num_seqs): one block per token. V is copied as it is while q and k are
+// rotated; each rotated k pair goes to the row and the cache from the thread that computed it,
+// so no barrier and no re-read separate the two (a dependent round trip fewer).
 template <int VEC>
 __global__ void rope_kv_write_kernel(const RopeKvWriteParams p) {
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int seq = blockIdx.y;
   const int64_t token = p.query_start[seq] + blockIdx.x;
-  if (token >= p.query_start[seq + 1]) return;  // the whole block: no barrier is skipped by part of it
+  if (token >= p.query_start[seq + 1]) return;
   const int32_t position = p.positions[token];
-  __half* row = p.qkv + token * p.row_stride;
-  rope_row(row, p.num_heads + p.num_kv_heads, p.head_dim, static_cast<float>(position), p.inv_freq,
-           p.attention_scaling);
-  __syncthreads();  // the rotated k halves were written by other threads
   const int64_t width = p.num_kv_heads * p.head_dim, q_dim = p.num_heads * p.head_dim;
-  kv_row_write<VEC>(row + q_dim, row + q_dim + width, kv_pool_row(p.block_tables, p.max_blocks, seq, position), width,
-                    p.k_pool, p.v_pool);
+  const int64_t pool_row = kv_pool_row(p.block_tables, p.max_blocks, seq, position);
+  __half* row = p.qkv + token * p.row_stride;
+  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
+  const Vec* v_src = reinterpret_cast<const Vec*>(row + q_dim + width);
+  Vec* v_dst = reinterpret_cast<Vec*>(p.v_pool + pool_row * width);
+  for (int64_t i = threadIdx.x; i < width / VEC; i += blockDim.x) v_dst[i] = v_src[i];
+  rope_row(row, p.num_heads + p.num_kv_heads, p.head_dim, static_cast<float>(position), p.inv_freq,
+           p.attention_scaling, p.num_heads, p.k_pool + pool_row * width);
 }
 
 }  // namespace qspec::cuda::kernels
