@@ -22,9 +22,14 @@ void launch_attention_combine(const void* workspace, int64_t splits, int64_t row
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {
   const auto* part_o = reinterpret_cast<const float*>(static_cast<const char*>(workspace) + kAttentionCounterBytes);
   const auto* part_ml = reinterpret_cast<const float2*>(part_o + splits * rows * head_dim);
-  const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(std::min<int64_t>(head_dim, 128)));
-  launch_pdl(kernels::attention_combine_kernel, grid, block, 0, stream, part_o, part_ml, static_cast<int>(splits), rows,
-             static_cast<int>(num_heads), static_cast<int>(head_dim), out, out_stride);
+  QSPEC_CHECK(splits <= kernels::kCombineMaxSplits && (head_dim == 32 || head_dim == 64 || head_dim == 128),
+              "attention combine: ", splits, " splits, head_dim ", head_dim);
+  const dim3 grid(static_cast<unsigned>((rows + 3) / 4)), block(128);
+  auto* kernel = head_dim == 32   ? kernels::attention_combine_kernel<32>
+                 : head_dim == 64 ? kernels::attention_combine_kernel<64>
+                                  : kernels::attention_combine_kernel<128>;
+  launch_pdl(kernel, grid, block, 0, stream, part_o, part_ml, static_cast<int>(splits), rows,
+             static_cast<int>(num_heads), out, out_stride);
   QSPEC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
 }
 }  // namespace detail

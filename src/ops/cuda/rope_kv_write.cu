@@ -32,9 +32,13 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
   params.max_blocks = kv.max_blocks_per_seq;
   params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
   params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
-  const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs));
+  // One rotation (and at most one V vector) a thread: 256-thread blocks, as many a token as that takes.
   const int64_t work = std::max((num_heads + num_kv_heads) * head_dim / 2, vec ? width / 8 : width);
-  const dim3 block(static_cast<unsigned>(std::min<int64_t>(512, (work + 31) / 32 * 32)));
+  const int64_t threads = std::min<int64_t>(256, (work + 31) / 32 * 32);
+  const int64_t parts = std::min<int64_t>((work + threads - 1) / threads, 64);
+  const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs),
+                  static_cast<unsigned>(parts));
+  const dim3 block(static_cast<unsigned>(threads));
   if (vec) launch_pdl(kernels::rope_kv_write_kernel<8>, grid, block, 0, as_stream(stream), params);
   else launch_pdl(kernels::rope_kv_write_kernel<1>, grid, block, 0, as_stream(stream), params);
   QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_kernel");

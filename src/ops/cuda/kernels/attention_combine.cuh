@@ -4,46 +4,67 @@
 
 namespace qspec::cuda::kernels {
 
+inline constexpr int kCombineMaxSplits = 32;  // a lane per split (attention_split.h caps splits at 32)
+
 // Partials of split s, query row r (= token * num_heads + head): o at part_o[(s * rows + r) * D],
 // (m, l) at part_ml[s * rows + r], m in log2 units, o unnormalised. An empty split has l = 0.
-// The threads of a block (thread, threads) share row `row`'s head_dim outputs. Loads go through
-// L2 (__ldcg): the decode kernel calls this in the block that finished last, right after other
-// blocks wrote the partials. One function for both callers keeps their results bitwise equal.
+// Called by a whole warp for one row; lane d % 32 owns outputs d. Latency-bound (every load is
+// an L2 round trip), so the statistics come in one load a lane and the o loads of 4 splits are
+// in flight at once; the sums still run in split order. Loads go through L2 (__ldcg): the decode
+// kernel calls this in its last block, right after other blocks wrote the partials.
+template <int D>
 __device__ __forceinline__ void combine_attention_row(const float* __restrict__ part_o,
                                                       const float2* __restrict__ part_ml, int splits, int64_t rows,
-                                                      int64_t row, int head_dim, __half* __restrict__ out_row,
-                                                      int thread, int threads) {
-  float global_max = -INFINITY;
-  for (int s = 0; s < splits; ++s) {
-    const float2 ml = __ldcg(part_ml + s * rows + row);
-    if (ml.y > 0.0f) global_max = fmaxf(global_max, ml.x);
-  }
+                                                      int64_t row, __half* __restrict__ out_row) {
+  constexpr int kPerLane = D / 32;
+  const int lane = threadIdx.x & 31;
+  const float2 ml = lane < splits ? __ldcg(part_ml + lane * rows + row) : make_float2(-INFINITY, 0.0f);
+  float global_max = ml.y > 0.0f ? ml.x : -INFINITY;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    global_max = fmaxf(global_max, __shfl_xor_sync(0xffffffffu, global_max, offset));
+  const bool used = ml.y > 0.0f;  // lane s: split s has keys
+  const float weight = used ? exp2f(ml.x - global_max) : 0.0f;
+  const unsigned used_mask = __ballot_sync(0xffffffffu, used);
   float denominator = 0.0f;
   for (int s = 0; s < splits; ++s) {
-    const float2 ml = __ldcg(part_ml + s * rows + row);
-    if (ml.y > 0.0f) denominator += ml.y * exp2f(ml.x - global_max);
+    const float l_weighted = __shfl_sync(0xffffffffu, ml.y * weight, s);
+    if (used_mask >> s & 1u) denominator += l_weighted;
   }
-  for (int d = thread; d < head_dim; d += threads) {
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float2 ml = __ldcg(part_ml + s * rows + row);
-      if (ml.y > 0.0f) sum += __ldcg(part_o + (s * rows + row) * head_dim + d) * exp2f(ml.x - global_max);
+  float sum[kPerLane] = {};
+  for (int s0 = 0; s0 < splits; s0 += 4) {
+    float o[4][kPerLane];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j)
+        o[u][j] = s0 + u < splits ? __ldcg(part_o + ((s0 + u) * rows + row) * D + j * 32 + lane) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int s = s0 + u;
+      const float w = __shfl_sync(0xffffffffu, weight, s & 31);
+      if (s < splits && (used_mask >> s & 1u))
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) sum[j] += o[u][j] * w;
     }
-    out_row[d] = __float2half_rn(denominator > 0.0f ? sum / denominator : 0.0f);
   }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    out_row[j * 32 + lane] = __float2half_rn(denominator > 0.0f ? sum[j] / denominator : 0.0f);
 }
 
-// One block per row, threads over head_dim (the prefill path; decode merges in its last block).
-// Static: the decode kernel's header includes this one for combine_attention_row (a non-template
+// A warp per row, 4 rows a block (the prefill path; decode merges in its last block). Static:
+// the decode kernel's header includes this one for combine_attention_row (a non-template
 // kernel defined in two .cu files would clash at link time).
+template <int D>
 static __global__ void attention_combine_kernel(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
-                                         int splits, int64_t rows, int num_heads, int head_dim,
-                                         __half* __restrict__ out, int64_t out_stride) {
+                                                int splits, int64_t rows, int num_heads, __half* __restrict__ out,
+                                                int64_t out_stride) {
   pdl_prologue();  // launched with launch_pdl (common.h)
-  const int64_t row = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (row >= rows) return;
   const int64_t token = row / num_heads, head = row % num_heads;
-  combine_attention_row(part_o, part_ml, splits, rows, row, head_dim, out + token * out_stride + head * head_dim,
-                        threadIdx.x, blockDim.x);
+  combine_attention_row<D>(part_o, part_ml, splits, rows, row, out + token * out_stride + head * D);
 }
 
 }  // namespace qspec::cuda::kernels

@@ -44,11 +44,9 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int
   if (!last_block) return;
   __threadfence();
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int g = warp; g < heads_here; g += kDecodeWarps) {  // a warp a head
+  for (int g = threadIdx.x >> 5; g < heads_here; g += kDecodeWarps) {  // a warp a head
     const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
-    combine_attention_row(p.part_o, p.part_ml, p.splits, rows, row, D, p.out + seq * p.out_stride + (head0 + g) * D,
-                          lane, 32);
+    combine_attention_row<D>(p.part_o, p.part_ml, p.splits, rows, row, p.out + seq * p.out_stride + (head0 + g) * D);
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }

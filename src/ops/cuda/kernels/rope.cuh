@@ -4,14 +4,16 @@
 
 namespace qspec::cuda::kernels {
 
-// Rotates the `heads` heads of one token's row (threads of the block over (head, i < head_dim / 2)).
-// With k_out, heads from `first_k_head` on are also stored there (head - first_k_head) * head_dim
-// apart: rope_kv_write writes the rotated K to the cache without a barrier and a re-read.
+// Rotates the `heads` heads of one token's row: items (head, i < head_dim / 2) from `first_item`
+// on, `stride` apart, from thread `thread` (the whole row: threadIdx.x, blockDim.x). With k_out,
+// heads from `first_k_head` on are also stored there (head - first_k_head) * head_dim apart:
+// rope_kv_write writes the rotated K to the cache without a barrier and a re-read.
 __device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t head_dim, float position,
                                          const float* __restrict__ inv_freq, float attention_scaling,
-                                         int64_t first_k_head = 0, __half* __restrict__ k_out = nullptr) {
+                                         int64_t first_item, int64_t stride, int64_t first_k_head = 0,
+                                         __half* __restrict__ k_out = nullptr) {
   const int64_t half = head_dim / 2;
-  for (int64_t item = threadIdx.x; item < heads * half; item += blockDim.x) {
+  for (int64_t item = first_item; item < heads * half; item += stride) {
     const int64_t head = item / half, i = item % half;
     // f32 angle as on the CPU, then accurate sincosf (no fast-math: angles reach thousands).
     const float angle = __fmul_rn(position, inv_freq[i]);
@@ -40,7 +42,8 @@ static __global__ void rope_kernel(__half* x, int64_t heads, int64_t head_dim, i
                             float attention_scaling) {
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int64_t token = blockIdx.x;
-  rope_row(x + token * row_stride, heads, head_dim, static_cast<float>(positions[token]), inv_freq, attention_scaling);
+  rope_row(x + token * row_stride, heads, head_dim, static_cast<float>(positions[token]), inv_freq, attention_scaling,
+           threadIdx.x, blockDim.x);
 }
 
 }  // namespace qspec::cuda::kernels

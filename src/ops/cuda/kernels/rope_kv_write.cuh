@@ -23,9 +23,10 @@ struct RopeKvWriteParams {
   __half* v_pool;
 };
 
-// grid (max_query_len, num_seqs): one block per token. V is copied as it is while q and k are
-// rotated; each rotated k pair goes to the row and the cache from the thread that computed it,
-// so no barrier and no re-read separate the two (a dependent round trip fewer).
+// grid (max_query_len, num_seqs, parts): a token's row is spread over `parts` blocks (one item
+// a thread: at batch 1 a single block looped over the 40 heads, one dependent load per turn).
+// V is copied as it is while q and k are rotated; each rotated k pair goes to the row and the
+// cache from the thread that computed it, so no barrier and no re-read separate the two.
 template <int VEC>
 __global__ void rope_kv_write_kernel(const RopeKvWriteParams p) {
   pdl_prologue();  // launched with launch_pdl (common.h)
@@ -36,12 +37,14 @@ __global__ void rope_kv_write_kernel(const RopeKvWriteParams p) {
   const int64_t width = p.num_kv_heads * p.head_dim, q_dim = p.num_heads * p.head_dim;
   const int64_t pool_row = kv_pool_row(p.block_tables, p.max_blocks, seq, position);
   __half* row = p.qkv + token * p.row_stride;
+  const int64_t thread = static_cast<int64_t>(blockIdx.z) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.z) * blockDim.x;
   using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
   const Vec* v_src = reinterpret_cast<const Vec*>(row + q_dim + width);
   Vec* v_dst = reinterpret_cast<Vec*>(p.v_pool + pool_row * width);
-  for (int64_t i = threadIdx.x; i < width / VEC; i += blockDim.x) v_dst[i] = v_src[i];
+  for (int64_t i = thread; i < width / VEC; i += threads) v_dst[i] = v_src[i];
   rope_row(row, p.num_heads + p.num_kv_heads, p.head_dim, static_cast<float>(position), p.inv_freq,
-           p.attention_scaling, p.num_heads, p.k_pool + pool_row * width);
+           p.attention_scaling, thread, threads, p.num_heads, p.k_pool + pool_row * width);
 }
 
 }  // namespace qspec::cuda::kernels
