@@ -1,7 +1,6 @@
 #include "model/cuda/llama_gpu.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -53,21 +52,6 @@ struct Linear {
   bool quantized = false;
 
   size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }
-
-  // The first `cap` bytes of the weights (codes, then scales; or the f16 matrix) for L2.
-  cuda::L2Prefetch prefetch(size_t cap) const {
-    cuda::L2Prefetch p;
-    if (quantized) {
-      p.ptr[0] = codes.get();
-      p.bytes[0] = std::min(codes.bytes(), cap);
-      p.ptr[1] = scales.get();
-      p.bytes[1] = std::min(scales.bytes(), cap - p.bytes[0]);
-    } else {
-      p.ptr[0] = w16.get();
-      p.bytes[0] = std::min(w16.bytes(), cap);
-    }
-    return p;
-  }
 };
 
 Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::string& name) {
@@ -158,7 +142,6 @@ struct GpuLlama::State {
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true;
-  bool l2_prefetch = true;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -242,8 +225,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::min(max_logit_rows, max_step_tokens);
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
-  const char* no_prefetch = std::getenv("QSPEC_NO_L2_PREFETCH");
-  l2_prefetch = options.l2_prefetch && !(no_prefetch != nullptr && std::string(no_prefetch) == "1");
   blocks_per_seq = (max_context + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
 
   // Everything below must fit next to the weights: check before allocating (a clear error at
@@ -444,25 +425,18 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* proj_out = proj.as<f16_bits>();
   auto* gate_up_out = gate_up.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
-  // Each small kernel prefetches the weights of the GEMM after it into L2 (at most 24 MB of
-  // them, half the H100's L2): HBM streams weights while those kernels run.
-  constexpr size_t kPrefetchCap = 24u << 20;
-  auto prefetch = [&](const Linear& next) { return l2_prefetch ? next.prefetch(kPrefetchCap) : cuda::L2Prefetch{}; };
 
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
-    if (l == 0)
-      cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream, prefetch(layer.qkv));
-    else
-      cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream,
-                        prefetch(layer.qkv));
+    if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+    else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     gemm(layer.qkv, norm_out, tokens, qkv_out);
     // RoPE on the q and k heads of the qkv rows, and the rotated k with v into the cache: one launch.
     cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
-                        rope_scaling, kv, stream, prefetch(layer.o));
+                        rope_scaling, kv, stream);
     if (decode)
       cuda::paged_attention_decode(qkv_out, width, runs, input_context_lens(), max_context_in_step, kv, shape, attn_out,
                                    q_dim, attention_workspace.get(), attention_workspace_bytes, stream);
@@ -471,14 +445,13 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
                                     attention_workspace_bytes, stream);
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
-    cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream,
-                      prefetch(layer.gate_up));
+    cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     gemm(layer.gate_up, norm_out, tokens, gate_up_out);
-    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream, prefetch(layer.down));
+    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
     gemm(layer.down, act_out, tokens, proj_out);
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
-  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream, prefetch(lm_head));
+  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
   const f16_bits* rows = norm_out;
   if (gather) {
     // The embedding gather with the normed activations as its table picks the runs' last rows.

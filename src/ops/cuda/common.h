@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <utility>
 
-#include "ops/cuda/l2_prefetch.h"
 #include "qspec/error.h"
 
 namespace qspec::cuda {
@@ -192,33 +191,6 @@ __device__ __forceinline__ void grid_launch_dependents() {
 __device__ __forceinline__ void pdl_prologue() {
   grid_dependency_wait();
   grid_launch_dependents();
-}
-
-// Issues a kernel's L2Prefetch (l2_prefetch.h) as 64 KB bulk prefetches spread over the grid's
-// threads: fire and forget (cp.async.bulk.prefetch.L2, sm_90; a no-op before). Constant data
-// only, so kernels issue it before grid_dependency_wait.
-__device__ __forceinline__ void issue_l2_prefetch(const L2Prefetch& prefetch) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr size_t kPiece = 64 * 1024;
-  const size_t threads = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x;
-  const size_t block = (static_cast<size_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  const size_t thread = block * blockDim.x + threadIdx.x;
-#pragma unroll
-  for (int r = 0; r < L2Prefetch::kRanges; ++r) {
-    const size_t pieces = (prefetch.bytes[r] + kPiece - 1) / kPiece;
-    for (size_t piece = thread; piece < pieces; piece += threads) {
-      const size_t offset = piece * kPiece;
-      const unsigned size = static_cast<unsigned>(min(kPiece, prefetch.bytes[r] - offset)) & ~15u;
-      if (size == 0) continue;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(static_cast<const char*>(prefetch.ptr[r]) +
-                                                                          offset),
-                   "r"(size)
-                   : "memory");
-    }
-  }
-#else
-  (void)prefetch;
-#endif
 }
 
 // Whether launch_pdl sets the attribute: sm_90 or newer, and QSPEC_NO_PDL unset (the switch the

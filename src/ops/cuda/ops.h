@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "ops/cuda/l2_prefetch.h"
 #include "ops/attention.h"  // AttentionShape, shared with cpu::attention
 
 namespace qspec::cuda {
@@ -174,12 +173,11 @@ void embedding(const int32_t* ids, int64_t tokens, const f16_bits* table, int64_
 // y = x / sqrt(mean(x^2) + eps) * weight per row: x, y f16 [rows, dim]; weight f32 [dim];
 // statistics in f32 (cpu::rmsnorm). y may alias x.
 void rmsnorm(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, f16_bits* y,
-             void* stream, const L2Prefetch& prefetch = {});
+             void* stream);
 // Fused residual add + RMSNorm: residual = f16(residual + delta) (stored back), then
 // y = rmsnorm(residual). One pass over both inputs.
-// `prefetch` (here and in silu_mul, rope_kv_write): weights for L2 to fetch meanwhile.
 void add_rmsnorm(f16_bits* residual, const f16_bits* delta, const float* weight, int64_t rows, int64_t dim,
-                 float eps, f16_bits* y, void* stream, const L2Prefetch& prefetch = {});
+                 float eps, f16_bits* y, void* stream);
 
 // Rotary embedding in place, cpu::rope's convention (rotate_half: pair (i, i + head_dim/2)
 // rotated by positions[t] * inv_freq[i], cos and sin times attention_scaling). x: f16
@@ -191,7 +189,7 @@ void rope(f16_bits* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t 
 // out[r, i] = silu(gate[r, i]) * up[r, i] for i < cols, gate/up rows `in_stride` apart (a fused
 // gate_up row: gate = row, up = row + cols, in_stride = 2 * cols); out [rows, cols] f16.
 void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
-              f16_bits* out, void* stream, const L2Prefetch& prefetch = {});
+              f16_bits* out, void* stream);
 
 // out = a + b elementwise (f16, f32 add, one rounding). out may alias a or b.
 void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, void* stream);
@@ -240,7 +238,7 @@ void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, co
 // launch where the two ops take two, bitwise the same results (the model's per-layer path).
 void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                    const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
-                   void* stream, const L2Prefetch& prefetch = {});
+                   void* stream);
 
 // Scratch for split-K attention (partial outputs + softmax statistics), bytes for `rows`
 // = tokens * num_heads query rows. The launchers need at least this much workspace when they

@@ -6,7 +6,7 @@ namespace qspec::cuda {
 namespace {
 template <bool FUSED>
 void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t rows, int64_t dim, float eps,
-                    __half* y, void* stream, const L2Prefetch& prefetch) {
+                    __half* y, void* stream) {
   QSPEC_CHECK(rows >= 0 && dim > 0, "cuda::rmsnorm: bad shape rows ", rows, " dim ", dim);
   if (rows == 0) return;
   QSPEC_CHECK(rows < (1ll << 31), "cuda::rmsnorm: too many rows (", rows, ")");
@@ -17,28 +17,27 @@ void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t
   const unsigned grid = static_cast<unsigned>(rows);
   if (vec)
     launch_pdl(kernels::rmsnorm_kernel<8, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
-        x, delta, weight, dim, eps, y, prefetch);
+        x, delta, weight, dim, eps, y);
   else
     launch_pdl(kernels::rmsnorm_kernel<1, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
-        x, delta, weight, dim, eps, y, prefetch);
+        x, delta, weight, dim, eps, y);
   QSPEC_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }
 }  // namespace
 
-void rmsnorm(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, f16_bits* y, void* stream,
-             const L2Prefetch& prefetch) {
+void rmsnorm(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, f16_bits* y, void* stream) {
   // The plain variant only reads x (FUSED = false never writes through it).
   launch_rmsnorm<false>(const_cast<__half*>(reinterpret_cast<const __half*>(x)), nullptr, weight, rows, dim, eps,
-                        reinterpret_cast<__half*>(y), stream, prefetch);
+                        reinterpret_cast<__half*>(y), stream);
 }
 
 void add_rmsnorm(f16_bits* residual, const f16_bits* delta, const float* weight, int64_t rows, int64_t dim, float eps,
-                 f16_bits* y, void* stream, const L2Prefetch& prefetch) {
+                 f16_bits* y, void* stream) {
   QSPEC_CHECK(static_cast<const void*>(y) != static_cast<const void*>(residual) &&
                   static_cast<const void*>(y) != static_cast<const void*>(delta),
               "cuda::add_rmsnorm: y must not alias residual or delta");
   launch_rmsnorm<true>(reinterpret_cast<__half*>(residual), reinterpret_cast<const __half*>(delta), weight, rows, dim,
-                       eps, reinterpret_cast<__half*>(y), stream, prefetch);
+                       eps, reinterpret_cast<__half*>(y), stream);
 }
 
 }  // namespace qspec::cuda

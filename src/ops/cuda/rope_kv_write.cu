@@ -6,7 +6,7 @@ namespace qspec::cuda {
 
 void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                    const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
-                   void* stream, const L2Prefetch& prefetch) {
+                   void* stream) {
   const int64_t width = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
   QSPEC_CHECK(num_heads > 0 && num_kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0 &&
                   row_stride >= q_dim + 2 * width,
@@ -32,7 +32,6 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
   params.max_blocks = kv.max_blocks_per_seq;
   params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
   params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
-  params.prefetch = prefetch;
   // One rotation (and at most one V vector) a thread: 256-thread blocks, as many a token as that takes.
   const int64_t work = std::max((num_heads + num_kv_heads) * head_dim / 2, vec ? width / 8 : width);
   const int64_t threads = std::min<int64_t>(256, (work + 31) / 32 * 32);

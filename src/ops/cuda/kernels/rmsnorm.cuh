@@ -11,9 +11,7 @@ namespace qspec::cuda::kernels {
 // one vector up to dim 8192): the second pass then waits on no memory.
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
-                               const float* __restrict__ weight, int64_t dim, float eps, __half* y,
-                               const L2Prefetch prefetch) {
-  issue_l2_prefetch(prefetch);
+                               const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
   pdl_prologue();  // launched with launch_pdl (common.h)
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;

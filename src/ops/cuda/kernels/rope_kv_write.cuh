@@ -21,7 +21,6 @@ struct RopeKvWriteParams {
   int64_t max_blocks;
   __half* k_pool;
   __half* v_pool;
-  L2Prefetch prefetch;
 };
 
 // grid (max_query_len, num_seqs, parts): a token's row is spread over `parts` blocks (one item
@@ -30,7 +29,6 @@ struct RopeKvWriteParams {
 // cache from the thread that computed it, so no barrier and no re-read separate the two.
 template <int VEC>
 __global__ void rope_kv_write_kernel(const RopeKvWriteParams p) {
-  issue_l2_prefetch(p.prefetch);
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int seq = blockIdx.y;
   const int64_t token = p.query_start[seq] + blockIdx.x;
