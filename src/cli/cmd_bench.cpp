@@ -45,7 +45,6 @@ struct BenchArgs {
   int64_t requests_per_slot = 4;
   bool no_graphs = false;
   bool no_pdl = false;
-  bool no_l2_prefetch = false;
   bool profile_step = false;
 };
 
@@ -75,7 +74,6 @@ void run_gpu(const BenchArgs& args) {
   options.requests_per_slot = args.requests_per_slot;
   options.cuda_graphs = !args.no_graphs;
   options.programmatic_launch = !args.no_pdl;
-  options.l2_prefetch = !args.no_l2_prefetch;
   options.profile_step = args.profile_step;
   options.command_line = args.command_line;
   options.commit = git_commit();
@@ -233,8 +231,6 @@ void register_bench(CLI::App& app) {
   command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
   command->add_flag("--no-pdl", args->no_pdl,
                     "cuda: fully serialized kernel launches (no programmatic dependent launch), to measure its worth");
-  command->add_flag("--no-l2-prefetch", args->no_l2_prefetch,
-                    "cuda: the W4A16 GEMMs do not prefetch the next GEMM's weights into L2, to measure its worth");
   command->add_flag("--profile-step", args->profile_step,
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();

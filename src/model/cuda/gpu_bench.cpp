@@ -166,7 +166,6 @@ nlohmann::json run_workload(const GpuBenchOptions& options, const LlamaModel* ch
   gpu_options.max_step_tokens = std::max(longest_prompt, max_batch);
   gpu_options.max_logit_rows = max_batch;
   gpu_options.cuda_graphs = options.cuda_graphs;
-  gpu_options.l2_prefetch = options.l2_prefetch;
   auto gpu = make_model(options, checkpoint, config, mode, gpu_options);
   std::mt19937 generator(11);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
@@ -285,7 +284,6 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"steps", options.steps},
                            {"cuda_graphs", options.cuda_graphs},
                            {"programmatic_dependent_launch", cuda::pdl_enabled()},
-                           {"l2_prefetch", options.l2_prefetch},
                            {"copy_bytes_per_second", ceilings.copy_bytes_per_s},
                            {"gemm_flops_per_second", ceilings.gemm_flops_per_s},
                            {"modes", nlohmann::json::object()}};
@@ -308,7 +306,6 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
       gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
       gpu_options.max_logit_rows = max_batch;
       gpu_options.cuda_graphs = options.cuda_graphs;
-      gpu_options.l2_prefetch = options.l2_prefetch;
       auto gpu = make_model(options, checkpoint.get(), config, mode, gpu_options);
       std::printf("\n%s decode: weights %.2f GB read per step, %.1f KB of K/V per position; %s\n", mode_name.c_str(),
                   static_cast<double>(gpu->weight_bytes()) / 1e9,
@@ -394,7 +391,6 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
       gpu_options.max_context = longest;
       gpu_options.max_step_tokens = longest;
       gpu_options.max_logit_rows = 1;
-      gpu_options.l2_prefetch = options.l2_prefetch;
       auto gpu = make_model(options, checkpoint.get(), config, mode, gpu_options);
       std::printf("\n%s time to first token (one sequence, whole prompt in one step)\n", mode_name.c_str());
       std::printf("%8s %10s %12s %12s %10s\n", "prompt", "TTFT ms", "prompt t/s", "roofline ms", "of roof");

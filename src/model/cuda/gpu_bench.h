@@ -34,7 +34,6 @@ struct GpuBenchOptions {
   int64_t requests_per_slot = 4;  // a workload run serves batch x this many requests (its first ones)
   bool cuda_graphs = true;
   bool programmatic_launch = true;  // programmatic dependent launch (sm_90+); false: --no-pdl
-  bool l2_prefetch = true;          // W4A16 GEMMs prefetch the next GEMM's weights; false: --no-l2-prefetch
   // Profile mode: per mode and batch size, warm up, then run one decode step between
   // profiler_start/stop (for `ncu --profile-from-start off`); nothing is timed.
   bool profile_step = false;

@@ -1,7 +1,6 @@
 #include "model/cuda/llama_gpu.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -53,21 +52,6 @@ struct Linear {
   bool quantized = false;
 
   size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }
-
-  // The first `cap` bytes of the weights (codes, then scales; or the f16 matrix) for L2.
-  cuda::L2Prefetch prefetch(size_t cap) const {
-    cuda::L2Prefetch p;
-    if (quantized) {
-      p.ptr[0] = codes.get();
-      p.bytes[0] = std::min(codes.bytes(), cap);
-      p.ptr[1] = scales.get();
-      p.bytes[1] = std::min(scales.bytes(), cap - p.bytes[0]);
-    } else {
-      p.ptr[0] = w16.get();
-      p.bytes[0] = std::min(w16.bytes(), cap);
-    }
-    return p;
-  }
 };
 
 Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::string& name) {
@@ -158,7 +142,6 @@ struct GpuLlama::State {
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true;
-  bool l2_prefetch = true;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -195,16 +178,10 @@ struct GpuLlama::State {
   int64_t max_runs() const { return std::min(max_seqs, max_step_tokens); }
   size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
-  // `next`: the GEMM after this one, whose weights the W4A16 small-M kernel's blocks ask L2 to
-  // fetch as they finish (at most 24 MB, half the H100's L2), so HBM keeps streaming through the
-  // small kernels in between.
-  void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y, const Linear* next = nullptr) {
-    constexpr size_t kPrefetchCap = 24u << 20;
+  void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
     if (linear.quantized) {
-      const cuda::L2Prefetch next_weights =
-          l2_prefetch && next != nullptr ? next->prefetch(kPrefetchCap) : cuda::L2Prefetch{};
       cuda::w4a16_gemm(*blas, x_in, m, linear.k, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
-                       stream, cuda::W4A16Path::automatic, next_weights);
+                       stream);
     } else {
       cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
     }
@@ -248,8 +225,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::min(max_logit_rows, max_step_tokens);
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
-  const char* no_prefetch = std::getenv("QSPEC_NO_L2_PREFETCH");
-  l2_prefetch = options.l2_prefetch && !(no_prefetch != nullptr && std::string(no_prefetch) == "1");
   blocks_per_seq = (max_context + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
 
   // Everything below must fit next to the weights: check before allocating (a clear error at
@@ -458,7 +433,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
     if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
     else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-    gemm(layer.qkv, norm_out, tokens, qkv_out, &layer.o);
+    gemm(layer.qkv, norm_out, tokens, qkv_out);
     // RoPE on the q and k heads of the qkv rows, and the rotated k with v into the cache: one launch.
     cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
                         rope_scaling, kv, stream);
@@ -468,12 +443,12 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     else
       cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
                                     attention_workspace_bytes, stream);
-    gemm(layer.o, attn_out, tokens, proj_out, &layer.gate_up);
+    gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
     cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-    gemm(layer.gate_up, norm_out, tokens, gate_up_out, &layer.down);
+    gemm(layer.gate_up, norm_out, tokens, gate_up_out);
     cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
-    gemm(layer.down, act_out, tokens, proj_out, l + 1 < layers.size() ? &layers[l + 1].qkv : &lm_head);
+    gemm(layer.down, act_out, tokens, proj_out);
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
   cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);

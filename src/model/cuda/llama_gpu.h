@@ -28,9 +28,6 @@ struct GpuLlamaOptions {
   int64_t max_step_tokens = 0;  // tokens per step (0: max(max_context, max_seqs)); prefill chunks beyond split
   int64_t max_logit_rows = 0;   // rows of logits a step may return (0: max_seqs * 8, room for verify runs)
   bool cuda_graphs = true;      // decode steps replay captured graphs
-  // The W4A16 small-M GEMMs ask L2 to prefetch the next GEMM's weights as their blocks finish
-  // (sm_90; off with QSPEC_NO_L2_PREFETCH=1 as well, for A/B runs).
-  bool l2_prefetch = true;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".

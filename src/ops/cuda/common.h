@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <utility>
 
-#include "ops/cuda/l2_prefetch.h"
 #include "qspec/error.h"
 
 namespace qspec::cuda {
@@ -192,33 +191,6 @@ __device__ __forceinline__ void grid_launch_dependents() {
 __device__ __forceinline__ void pdl_prologue() {
   grid_dependency_wait();
   grid_launch_dependents();
-}
-
-// Issues an L2Prefetch as 64 KB bulk prefetches, piece b of each range from block b (and every
-// gridDim-th after): called by one thread of every block of a wide grid, so the copy engines of
-// all SMs share the work (from a 1-16 block kernel it was ~3x slower than no prefetch at all:
-// perf-notes). Fire and forget (cp.async.bulk.prefetch.L2, sm_90; a no-op before).
-__device__ __forceinline__ void issue_l2_prefetch(const L2Prefetch& prefetch) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr size_t kPiece = 64 * 1024;
-  const size_t blocks = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z;
-  const size_t block = (static_cast<size_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-#pragma unroll
-  for (int r = 0; r < L2Prefetch::kRanges; ++r) {
-    const size_t pieces = (prefetch.bytes[r] + kPiece - 1) / kPiece;
-    for (size_t piece = block; piece < pieces; piece += blocks) {
-      const size_t offset = piece * kPiece;
-      const unsigned size = static_cast<unsigned>(min(kPiece, prefetch.bytes[r] - offset)) & ~15u;
-      if (size > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(static_cast<const char*>(prefetch.ptr[r]) +
-                                                                            offset),
-                     "r"(size)
-                     : "memory");
-    }
-  }
-#else
-  (void)prefetch;
-#endif
 }
 
 // Whether launch_pdl sets the attribute: sm_90 or newer, and QSPEC_NO_PDL unset (the switch the

@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "ops/cuda/l2_prefetch.h"
 #include "ops/attention.h"  // AttentionShape, shared with cpu::attention
 
 namespace qspec::cuda {
@@ -293,7 +292,7 @@ W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
 // (rows ldy apart), f32 accumulation.
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                W4A16Path path = W4A16Path::automatic, const L2Prefetch& next_weights = {});
+                W4A16Path path = W4A16Path::automatic);
 
 // Tuning knob for benchmarks: the small-M kernel variant (0 = the default, variant 1; 1 = 4 warps
 // x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the
@@ -306,9 +305,6 @@ struct W4A16SmallMConfig {
   int variant = 0;
   int splits = 0;
   int x_staging = 0;
-  // Weights for L2 to fetch as the blocks finish (the next GEMM's; variants 1/2): HBM then
-  // streams through the small kernels between the two GEMMs. w4a16_gemm's `next_weights`.
-  L2Prefetch next_weights;
 };
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,

@@ -66,13 +66,10 @@ void w4a16_workspace_init(void* workspace, size_t bytes, void* stream) {
 }
 
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
-                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path,
-                const L2Prefetch& next_weights) {
+                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
   if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w.n, w.k);
   if (path == W4A16Path::small_m) {
-    W4A16SmallMConfig config;
-    config.next_weights = next_weights;
-    w4a16_gemm_small_m(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
+    w4a16_gemm_small_m(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
     return;
   }
   if (path == W4A16Path::tiled) {

@@ -197,7 +197,6 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     params.counters = static_cast<unsigned*>(workspace);
     params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
                                  : nullptr;
-    if (m0 + slice >= m) params.next_weights = config.next_weights;  // from the last slice's blocks
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
     const int v = mt == 8 || variant > 2 ? 2 : variant;
     QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",

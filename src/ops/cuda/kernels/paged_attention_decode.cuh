@@ -59,7 +59,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;
-  constexpr int U = 8;           // steps in flight (8: 64 keys a pass for D = 128; 4 left HBM idle)
+  constexpr int U = 4;           // steps in flight
   __shared__ float logits[GM][kDecodeChunk];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];

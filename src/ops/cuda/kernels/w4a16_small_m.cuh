@@ -28,7 +28,6 @@ struct W4A16SmallMParams {
   // > 0: the block first copies its k range of x (min(m, 8 MT) rows) into dynamic shared memory,
   // rows xs_stride halves apart, so the main loop never waits on a global x load (variant 1/2).
   int xs_stride;
-  L2Prefetch next_weights;  // issued by each block once its own weights are in (common.h)
 };
 
 template <int MT, int RPW, int G, int DEPTH, int WARPS>
@@ -166,8 +165,6 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
       flush(r, __ldg(s_base[r] + (pair / PPG) * 8));
     }
   }
-
-  if (threadIdx.x == 0) issue_l2_prefetch(p.next_weights);
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
 #pragma unroll
