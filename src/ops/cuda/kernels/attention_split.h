@@ -33,11 +33,20 @@ inline size_t attention_partial_bytes(int64_t splits, int64_t rows, int64_t head
   return static_cast<size_t>(splits * rows * head_dim) * sizeof(float) + static_cast<size_t>(splits * rows) * 8;
 }
 
+// Split-K fills the GPU to this many blocks a multiprocessor (QSPEC_ATTENTION_BLOCKS_PER_SM at
+// build time overrides it, for sweeps).
+#ifdef QSPEC_ATTENTION_BLOCKS_PER_SM
+inline constexpr int64_t kAttentionBlocksPerSm = QSPEC_ATTENTION_BLOCKS_PER_SM;
+#else
+inline constexpr int64_t kAttentionBlocksPerSm = 2;
+#endif
+
 // Splits for `blocks` independent blocks over `keys` keys on `sms` multiprocessors, limited by
 // what the workspace holds for `rows` query rows.
 inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t rows, int64_t head_dim,
                            size_t workspace_bytes) {
-  int64_t splits = std::min(max_attention_splits(keys), std::max<int64_t>(1, (2 * sms + blocks - 1) / std::max<int64_t>(blocks, 1)));
+  const int64_t target = kAttentionBlocksPerSm * sms;
+  int64_t splits = std::min(max_attention_splits(keys), std::max<int64_t>(1, (target + blocks - 1) / std::max<int64_t>(blocks, 1)));
   while (splits > 1 && kAttentionCounterBytes + attention_partial_bytes(splits, rows, head_dim) > workspace_bytes)
     --splits;
   return std::max<int64_t>(splits, 1);
