@@ -581,7 +581,7 @@ struct Engine::Impl {
 #ifdef QSPEC_HAVE_CUDA
     std::vector<GpuLlama::Run> runs;
     runs.reserve(group.size());
-    bool need_logits = false;
+    std::vector<size_t> sampled;  // runs whose next token is drawn from their logit row
     for (size_t g = 0; g < group.size(); ++g) {
       Unit& unit = *group[g];
       QSPEC_CHECK(unit.kind != Unit::Kind::cycle, "engine: qspec cycles do not run on the GPU yet");
@@ -590,21 +590,15 @@ struct Engine::Impl {
       runs.push_back(GpuLlama::Run{slot, unit.target_tokens});
       const SamplingParams& sampling = unit.seq->request.sampling;
       if (chunks[g].logits == SequenceChunk::Logits::last && !(sampling.greedy() && sampling.repetition_penalty == 1.0f))
-        need_logits = true;
+        sampled.push_back(g);
     }
     const std::vector<int32_t> ids = gpu->step(runs);
     ++totals.forward_passes;
-    const std::vector<float> logits = need_logits ? gpu->step_logits() : std::vector<float>{};
+    const std::vector<float> logits = sampled.empty() ? std::vector<float>{} : gpu->step_logits();
     // Sampled rows draw in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms
     // of filtering), then every token is emitted in order on this thread.
     const int64_t vocab = model.config().vocab_size;
     std::vector<int32_t> next(ids.begin(), ids.end());
-    std::vector<size_t> sampled;
-    for (size_t g = 0; g < group.size(); ++g) {
-      const SamplingParams& sampling = group[g]->seq->request.sampling;
-      if (chunks[g].logits == SequenceChunk::Logits::last && !(sampling.greedy() && sampling.repetition_penalty == 1.0f))
-        sampled.push_back(g);
-    }
     ThreadPool::global().parallel_for(sampled.size(), 1, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         const size_t g = sampled[i];

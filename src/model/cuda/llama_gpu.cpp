@@ -557,23 +557,24 @@ int32_t GpuLlama::forward(std::span<const int32_t> tokens) {
   return step(std::span<const Run>(&run, 1)).front();
 }
 
-std::vector<float> GpuLlama::logits() const {
-  const State& s = *state_;
-  std::vector<f16_bits> bits(static_cast<size_t>(s.config.vocab_size));
-  cuda::copy_to_host(bits.data(), s.logits.get(), bits.size() * 2);
-  std::vector<float> out(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) out[i] = f16_to_f32(bits[i]);
-  return out;
-}
-
-std::vector<float> GpuLlama::step_logits() const {
-  const State& s = *state_;
-  const size_t count = static_cast<size_t>(s.last_logit_rows * s.config.vocab_size);
+namespace {
+// The first `rows` logit rows of the last step, f16 on the device, as f32.
+std::vector<float> copy_logit_rows(const DeviceMemory& logits, int64_t rows, int64_t vocab) {
+  const size_t count = static_cast<size_t>(rows * vocab);
   std::vector<f16_bits> bits(count);
-  if (count > 0) cuda::copy_to_host(bits.data(), s.logits.get(), count * 2);
+  if (count > 0) cuda::copy_to_host(bits.data(), logits.get(), count * 2);
   std::vector<float> out(count);
   for (size_t i = 0; i < count; ++i) out[i] = f16_to_f32(bits[i]);
   return out;
+}
+}  // namespace
+
+std::vector<float> GpuLlama::logits() const {
+  return copy_logit_rows(state_->logits, 1, state_->config.vocab_size);
+}
+
+std::vector<float> GpuLlama::step_logits() const {
+  return copy_logit_rows(state_->logits, state_->last_logit_rows, state_->config.vocab_size);
 }
 
 int64_t GpuLlama::length(int64_t seq) const {
