@@ -18,10 +18,10 @@ void attention_workspace_init(void* workspace, size_t bytes, void* stream) {
 
 namespace detail {
 // Used by the prefill launcher after a split launch (decode merges in its last block).
-void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
+void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {
-  const auto* part_o = reinterpret_cast<const float*>(static_cast<const char*>(workspace) + kAttentionCounterBytes);
-  const auto* part_ml = reinterpret_cast<const float2*>(part_o + splits * rows * head_dim);
+  const float* part_o = attention_partial_o(workspace);
+  const auto* part_ml = reinterpret_cast<const float2*>(attention_partial_ml(workspace, splits, rows, head_dim));
   QSPEC_CHECK(splits <= kernels::kCombineMaxSplits && (head_dim == 32 || head_dim == 64 || head_dim == 128),
               "attention combine: ", splits, " splits, head_dim ", head_dim);
   const dim3 grid(static_cast<unsigned>((rows + 3) / 4)), block(128);

@@ -62,8 +62,8 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
   if (splits > 1) {
     QSPEC_CHECK(num_seqs * KV * head_chunks <= detail::kAttentionCounters,
                 "cuda::paged_attention_decode: too many blocks to split (", num_seqs * KV * head_chunks, ")");
-    params.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kAttentionCounterBytes);
-    params.part_ml = reinterpret_cast<float2*>(params.part_o + splits * rows * D);
+    params.part_o = detail::attention_partial_o(workspace);
+    params.part_ml = reinterpret_cast<float2*>(detail::attention_partial_ml(workspace, splits, rows, D));
     params.counters = static_cast<unsigned*>(workspace);
   }
   const dim3 grid(static_cast<unsigned>(KV * head_chunks), static_cast<unsigned>(num_seqs), static_cast<unsigned>(splits));

@@ -7,7 +7,7 @@
 
 namespace qspec::cuda {
 namespace detail {
-void launch_attention_combine(const void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
+void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream);
 }
 
@@ -71,8 +71,8 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;
   if (splits > 1) {
-    params.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kAttentionCounterBytes);
-    params.part_ml = reinterpret_cast<float2*>(params.part_o + splits * rows * D);
+    params.part_o = detail::attention_partial_o(workspace);
+    params.part_ml = reinterpret_cast<float2*>(detail::attention_partial_ml(workspace, splits, rows, D));
   }
   const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch.num_seqs),
                   static_cast<unsigned>(KV * splits));

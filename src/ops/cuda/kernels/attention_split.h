@@ -33,6 +33,15 @@ inline size_t attention_partial_bytes(int64_t splits, int64_t rows, int64_t head
   return static_cast<size_t>(splits * rows * head_dim) * sizeof(float) + static_cast<size_t>(splits * rows) * 8;
 }
 
+// Where split-K partials live in a workspace: o [splits][rows][head_dim] f32 after the counters,
+// then (m, l) [splits][rows] as float pairs (float2 in the kernels).
+inline float* attention_partial_o(void* workspace) {
+  return reinterpret_cast<float*>(static_cast<char*>(workspace) + kAttentionCounterBytes);
+}
+inline float* attention_partial_ml(void* workspace, int64_t splits, int64_t rows, int64_t head_dim) {
+  return attention_partial_o(workspace) + splits * rows * head_dim;
+}
+
 // Split-K fills the GPU to this many blocks a multiprocessor (QSPEC_ATTENTION_BLOCKS_PER_SM at
 // build time overrides it, for sweeps).
 #ifdef QSPEC_ATTENTION_BLOCKS_PER_SM

@@ -4,20 +4,23 @@
 
 namespace qspec::cuda::kernels {
 
+// Copies `width` values from src to dst, VEC at a time: pieces from `first` on, `stride` apart.
+template <int VEC>
+__device__ __forceinline__ void copy_row(const __half* src, __half* dst, int64_t width, int64_t first,
+                                         int64_t stride) {
+  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
+  const Vec* from = reinterpret_cast<const Vec*>(src);
+  Vec* to = reinterpret_cast<Vec*>(dst);
+  for (int64_t i = first; i < width / VEC; i += stride) to[i] = from[i];
+}
+
 // Copies one token's K and V rows (width values) to pool row `row` (threads of the block over
 // width / VEC).
 template <int VEC>
 __device__ __forceinline__ void kv_row_write(const __half* k, const __half* v, int64_t row, int64_t width,
                                              __half* k_pool, __half* v_pool) {
-  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
-  const Vec* k_src = reinterpret_cast<const Vec*>(k);
-  const Vec* v_src = reinterpret_cast<const Vec*>(v);
-  Vec* k_dst = reinterpret_cast<Vec*>(k_pool + row * width);
-  Vec* v_dst = reinterpret_cast<Vec*>(v_pool + row * width);
-  for (int64_t i = threadIdx.x; i < width / VEC; i += blockDim.x) {
-    k_dst[i] = k_src[i];
-    v_dst[i] = v_src[i];
-  }
+  copy_row<VEC>(k, k_pool + row * width, width, threadIdx.x, blockDim.x);
+  copy_row<VEC>(v, v_pool + row * width, width, threadIdx.x, blockDim.x);
 }
 
 // The pool row of position `position` of sequence `seq` (16 positions a block).

@@ -9,6 +9,13 @@ namespace qspec::cuda::kernels {
 // VEC 8: 16-byte accesses (dim % 8 == 0), else 1. A thread's first 8 values stay in registers
 // across the reduction and their weights are loaded before it (the launcher gives every thread
 // one vector up to dim 8192): the second pass then waits on no memory.
+// The 8 f32 weights of vector i.
+__device__ __forceinline__ void load_weights8(const float* __restrict__ weight, int64_t i, float (&w)[8]) {
+  const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
+  const float4 w1 = reinterpret_cast<const float4*>(weight)[2 * i + 1];
+  w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+}
+
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
@@ -35,14 +42,9 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
       if (i == threadIdx.x) {
-        const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
-        const float4 w1 = reinterpret_cast<const float4*>(weight)[2 * i + 1];
-        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        load_weights8(weight, i, first_weight);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          first[e] = v[e];
-          first_weight[e] = w[e];
-        }
+        for (int e = 0; e < 8; ++e) first[e] = v[e];
       }
     }
     sum_squares = block_sum(sum_squares, scratch);
@@ -56,9 +58,8 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
     for (int64_t i = threadIdx.x + blockDim.x; i < vectors; i += blockDim.x) {
       float v[8];
       half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
-      const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
-      const float4 w1 = reinterpret_cast<const float4*>(weight)[2 * i + 1];
-      const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      float w[8];
+      load_weights8(weight, i, w);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
       reinterpret_cast<uint4*>(out)[i] = float8_to_half(v);

@@ -39,10 +39,7 @@ __global__ void rope_kv_write_kernel(const RopeKvWriteParams p) {
   __half* row = p.qkv + token * p.row_stride;
   const int64_t thread = static_cast<int64_t>(blockIdx.z) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.z) * blockDim.x;
-  using Vec = typename std::conditional<VEC == 8, uint4, __half>::type;
-  const Vec* v_src = reinterpret_cast<const Vec*>(row + q_dim + width);
-  Vec* v_dst = reinterpret_cast<Vec*>(p.v_pool + pool_row * width);
-  for (int64_t i = thread; i < width / VEC; i += threads) v_dst[i] = v_src[i];
+  copy_row<VEC>(row + q_dim + width, p.v_pool + pool_row * width, width, thread, threads);
   rope_row(row, p.num_heads + p.num_kv_heads, p.head_dim, static_cast<float>(position), p.inv_freq,
            p.attention_scaling, thread, threads, p.num_heads, p.k_pool + pool_row * width);
 }
