@@ -35,8 +35,9 @@ struct EngineOptions {
   int64_t max_waiting = 0;         // queued requests beyond which submit throws QueueFull; 0: no bound
   // Where the forward passes run: "cpu", or "cuda" (builds with the CUDA backend). On the GPU
   // the engine runs one mode, gpu_mode ("" = w4a16 when the model has 4-bit weights, else
-  // w16a16); requests for other modes (and qspec, until the draft modes are on the GPU) are
-  // refused at submit. Each of the max_batch_size sequences gets a GPU cache slot of
+  // w16a16); requests for other modes are refused at submit, except QSpec requests that
+  // verify in that mode (4-bit) and draft in w4a8 (the other draft modes are not on the GPU
+  // yet; nor is the kv_overwrite-off ablation). Each of the max_batch_size sequences gets a GPU cache slot of
   // gpu_max_context positions (0: the model's context); weights and cache are sized and
   // checked against the GPU's free memory when the engine is built.
   std::string device = "cpu";

@@ -212,7 +212,7 @@ void register_bench(CLI::App& app) {
   command->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   command->add_option("--synthetic", args->synthetic,
                       "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
-  command->add_option("--modes", args->modes, "cuda: modes (w16a16, w4a16)")->delimiter(',')->capture_default_str();
+  command->add_option("--modes", args->modes, "cuda: modes (w16a16, w4a16, w4a8)")->delimiter(',')->capture_default_str();
   command->add_option("--batch-sizes", args->batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
   command->add_option("--context", args->context, "cuda: cached positions per sequence during decode steps")
       ->check(CLI::PositiveNumber)->capture_default_str();

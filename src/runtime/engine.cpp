@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <unordered_set>
 
@@ -223,8 +224,8 @@ struct Engine::Impl {
     gpu_mode_name = !options.gpu_mode.empty() ? options.gpu_mode
                     : model.has_quantized_weights() ? "w4a16"
                                                      : "w16a16";
-    QSPEC_CHECK(gpu_mode_name == "w4a16" || gpu_mode_name == "w16a16",
-                "engine: device cuda runs mode w4a16 or w16a16 (", gpu_mode_name, " is not on the GPU yet)");
+    QSPEC_CHECK(gpu_mode_name == "w4a16" || gpu_mode_name == "w16a16" || gpu_mode_name == "w4a8",
+                "engine: device cuda runs mode w4a16, w4a8 or w16a16 (", gpu_mode_name, " is not on the GPU yet)");
     const int64_t model_context = model.config().max_position_embeddings;
     QSPEC_CHECK(options.gpu_max_context >= 0 && options.gpu_max_context <= model_context,
                 "engine: gpu_max_context must be in 0..", model_context, ", got ", options.gpu_max_context);
@@ -233,7 +234,8 @@ struct Engine::Impl {
     gpu_options.max_seqs = options.max_batch_size;
     gpu_options.max_context = context_limit;
     gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
-    gpu_options.max_logit_rows = options.max_batch_size;
+    // QSpec verify runs return a logit row per token: gamma + 1 <= 17 a sequence.
+    gpu_options.max_logit_rows = options.max_batch_size * 17;
     // Throws (naming what is missing: a GPU, sm_80, memory, a supported model) before any request.
     gpu = std::make_unique<GpuLlama>(model, runnable_mode(gpu_mode_name, "gpu_mode"), gpu_options);
     gpu_slot_owner.assign(static_cast<size_t>(options.max_batch_size), 0);
@@ -268,6 +270,8 @@ struct Engine::Impl {
       QSPEC_CHECK(request.gamma >= 1 && request.gamma <= 16, "request: gamma must be in 1..16, got ", request.gamma);
       QSPEC_CHECK(!request.adaptive_gamma || (request.max_gamma >= request.gamma && request.max_gamma <= 16),
                   "request: max_gamma must be in gamma..16, got ", request.max_gamma);
+      QSPEC_CHECK(!on_gpu || request.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) does not "
+                  "run on the GPU");
       seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
     } else {
       seq->mode = runnable_mode(request.mode, "mode");
@@ -308,9 +312,12 @@ struct Engine::Impl {
                 " needs 16-bit weights; the model holds only 4-bit weights");
     QSPEC_CHECK(!mode.activations.arc || model.has_arc(), "request: ", field, " ", name,
                 " needs an ARC-calibrated checkpoint (qspec quantize --arc)");
-    QSPEC_CHECK(!on_gpu || gpu_mode_name.empty() || mode.name == gpu_mode_name, "request: ", field, " ", name,
-                ": this engine runs on the GPU in mode ", gpu_mode_name,
-                " only (low-precision activation modes and qspec are not on the GPU yet)");
+    // On the GPU: the engine's mode, and QSpec drafts in w4a8 over a 4-bit model's weights.
+    const bool gpu_draft = std::string_view(field) == "draft" && mode.name == "w4a8" && gpu_mode_name != "w16a16";
+    QSPEC_CHECK(!on_gpu || gpu_mode_name.empty() || mode.name == gpu_mode_name || gpu_draft, "request: ", field, " ",
+                name, ": this engine runs on the GPU in mode ", gpu_mode_name,
+                gpu_mode_name == "w16a16" ? " only" : " only, with w4a8 as QSpec's draft mode",
+                " (the other low-precision activation modes are not on the GPU yet)");
     return mode;
   }
 
@@ -451,6 +458,10 @@ struct Engine::Impl {
     std::vector<float> logits;
     for (auto& [name, group] : by_mode) {
       const RunMode& draft = group.front()->seq->draft;
+      if (on_gpu) {
+        run_drafts_on_gpu(group);
+        continue;
+      }
       const auto start = Clock::now();
       for (Unit* unit : group) unit->draft_probs.resize(static_cast<size_t>(unit->gamma));
       std::vector<int32_t> inputs(group.size());
@@ -573,43 +584,140 @@ struct Engine::Impl {
     }
   }
 
-  // The GPU pass of one mode's group (no qspec cycles: their draft modes are refused on the GPU).
-  // Each sequence runs in its own cache slot; the GPU returns the argmax id of each run's last
-  // token, which is the next token of a greedy request without a repetition penalty (the argmax
-  // of the same f16 logits the CPU would sample from); other requests get their logit rows.
+  // Whether a sequence's next token is the argmax of its logits (what the GPU returns as ids):
+  // greedy without a repetition penalty. Others draw from their logit rows on the host.
+  static bool gpu_argmax_suffices(const Sequence& seq) {
+    const SamplingParams& sampling = seq.request.sampling;
+    return sampling.greedy() && sampling.repetition_penalty == 1.0f;
+  }
+
+  // QSpec drafts on the GPU (w4a8: int8 activations over the verify's 4-bit weights and KV
+  // cache): step i runs every unit still drafting, one token each, through the decode graphs.
+  // Greedy drafts are the GPU's argmax ids; sampled drafts are picked on the host from the
+  // logit rows as on the CPU.
+  void run_drafts_on_gpu(const std::vector<Unit*>& group) {
+#ifdef QSPEC_HAVE_CUDA
+    const int64_t vocab = model.config().vocab_size;
+    const auto start = Clock::now();
+    for (Unit* unit : group) unit->draft_probs.resize(static_cast<size_t>(unit->gamma));
+    std::vector<int32_t> inputs(group.size());
+    std::vector<int64_t> draft_steps(group.size(), 0);
+    gpu->set_activations(GpuActivations::int8);
+    for (int64_t i = 0;; ++i) {
+      std::vector<GpuLlama::Run> runs;
+      std::vector<Unit*> active;
+      bool any_sampled = false;
+      for (size_t g = 0; g < group.size(); ++g) {
+        Unit* unit = group[g];
+        if (i >= unit->gamma || unit->draft_ended) continue;
+        inputs[g] = i == 0 ? unit->seq->tokens.back() : unit->drafts.back();
+        const int64_t slot = gpu_slot(*unit->seq, unit->base);
+        if (i == 0) gpu->truncate(slot, unit->base);  // the last cycle's verify rows past base go
+        runs.push_back(GpuLlama::Run{slot, std::span<const int32_t>(&inputs[g], 1)});
+        active.push_back(unit);
+        any_sampled = any_sampled || !gpu_argmax_suffices(*unit->seq);
+        ++draft_steps[g];
+      }
+      if (runs.empty()) break;
+      std::vector<int32_t> ids;
+      try {
+        ids = gpu->step(runs);
+      } catch (...) {
+        gpu->set_activations(GpuActivations::f16);
+        throw;
+      }
+      ++totals.forward_passes;
+      const std::vector<float> logits = any_sampled ? gpu->step_logits() : std::vector<float>{};
+      for (size_t a = 0; a < active.size(); ++a) {
+        Unit* unit = active[a];
+        Sequence& seq = *unit->seq;
+        int32_t d = ids[a];
+        if (!gpu_argmax_suffices(seq)) {
+          const std::span<const float> row(logits.data() + static_cast<int64_t>(a) * vocab, static_cast<size_t>(vocab));
+          const size_t committed = seq.tokens.size();
+          seq.tokens.insert(seq.tokens.end(), unit->drafts.begin(), unit->drafts.end());
+          d = seq.acceptor->pick(row, seq.tokens, &unit->draft_probs[static_cast<size_t>(i)]);
+          seq.tokens.resize(committed);
+        }
+        unit->drafts.push_back(d);
+        if (is_eos(seq, d)) unit->draft_ended = true;
+      }
+    }
+    gpu->set_activations(GpuActivations::f16);
+    const double elapsed = seconds_between(start, Clock::now());
+    for (size_t g = 0; g < group.size(); ++g) {
+      QSpecMetrics& m = group[g]->seq->metrics.qspec;
+      m.draft_seconds += elapsed;
+      m.draft_steps += draft_steps[g];
+    }
+#else
+    (void)group;
+#endif
+  }
+
+  // The GPU pass of one mode's group. Each sequence runs in its own cache slot; the GPU returns
+  // the argmax id after each run's last token (after every token of a QSpec verify run), which
+  // is the next token of a greedy request without a repetition penalty (the argmax of the same
+  // f16 logits the CPU would sample from); other requests get their logit rows. A verify run
+  // rewrites the K/V its drafts wrote (the slot is truncated to the cycle's base first).
   void run_target_on_gpu(const std::vector<Unit*>& group, const std::vector<SequenceChunk>& chunks) {
 #ifdef QSPEC_HAVE_CUDA
+    const auto start = Clock::now();
     std::vector<GpuLlama::Run> runs;
     runs.reserve(group.size());
-    std::vector<size_t> sampled;  // runs whose next token is drawn from their logit row
+    std::vector<int64_t> first_row(group.size());  // each run's first id / logit row
+    std::vector<size_t> sampled;  // plain runs whose next token is drawn from their logit row
+    bool need_logits = false;
+    int64_t rows = 0;
     for (size_t g = 0; g < group.size(); ++g) {
       Unit& unit = *group[g];
-      QSPEC_CHECK(unit.kind != Unit::Kind::cycle, "engine: qspec cycles do not run on the GPU yet");
+      const bool cycle = unit.kind == Unit::Kind::cycle;
       const int64_t slot = gpu_slot(*unit.seq, unit.base);
-      gpu->truncate(slot, unit.base);  // rows past base (a preempted sequence's) are rewritten
-      runs.push_back(GpuLlama::Run{slot, unit.target_tokens});
-      const SamplingParams& sampling = unit.seq->request.sampling;
-      if (chunks[g].logits == SequenceChunk::Logits::last && !(sampling.greedy() && sampling.repetition_penalty == 1.0f))
-        sampled.push_back(g);
+      gpu->truncate(slot, unit.base);  // rows past base (a preempted sequence's, or drafts) are rewritten
+      runs.push_back(GpuLlama::Run{slot, unit.target_tokens, cycle});
+      first_row[g] = rows;
+      rows += cycle ? static_cast<int64_t>(unit.target_tokens.size()) : 1;
+      const bool host_pick = !gpu_argmax_suffices(*unit.seq);
+      if (cycle) need_logits = need_logits || host_pick;
+      else if (chunks[g].logits == SequenceChunk::Logits::last && host_pick) sampled.push_back(g);
     }
+    gpu->set_activations(gpu_mode_name == "w4a8" ? GpuActivations::int8 : GpuActivations::f16);
     const std::vector<int32_t> ids = gpu->step(runs);
     ++totals.forward_passes;
-    const std::vector<float> logits = sampled.empty() ? std::vector<float>{} : gpu->step_logits();
+    need_logits = need_logits || !sampled.empty();
+    const std::vector<float> logits = need_logits ? gpu->step_logits() : std::vector<float>{};
+    const double elapsed = seconds_between(start, Clock::now());
     // Sampled rows draw in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms
     // of filtering), then every token is emitted in order on this thread.
     const int64_t vocab = model.config().vocab_size;
-    std::vector<int32_t> next(ids.begin(), ids.end());
+    std::vector<int32_t> next(group.size());
+    for (size_t g = 0; g < group.size(); ++g) next[g] = ids[static_cast<size_t>(first_row[g])];
     ThreadPool::global().parallel_for(sampled.size(), 1, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         const size_t g = sampled[i];
         Sequence& seq = *group[g]->seq;
-        const std::span<const float> row(logits.data() + static_cast<int64_t>(g) * vocab, static_cast<size_t>(vocab));
+        const std::span<const float> row(logits.data() + first_row[g] * vocab, static_cast<size_t>(vocab));
         next[g] = seq.sampler->sample(row, seq.tokens);
       }
     });
     for (size_t g = 0; g < group.size(); ++g) {
       Unit& unit = *group[g];
       Sequence& seq = *unit.seq;
+      if (unit.kind == Unit::Kind::cycle) {
+        if (!gpu_argmax_suffices(seq)) {
+          commit_cycle(unit, logits.data() + first_row[g] * vocab, elapsed);
+        } else {
+          // Greedy acceptance from the ids: the leading drafts equal to the verify's argmax.
+          QSpecAcceptor::Outcome outcome;
+          const int32_t* verify = ids.data() + first_row[g];
+          while (outcome.accepted < static_cast<int64_t>(unit.drafts.size()) &&
+                 unit.drafts[static_cast<size_t>(outcome.accepted)] == verify[outcome.accepted])
+            ++outcome.accepted;
+          outcome.next = verify[outcome.accepted];
+          commit_cycle(unit, outcome, elapsed);
+        }
+        continue;
+      }
       seq.kv.set_length(unit.base + unit.count, pool);
       if (chunks[g].logits == SequenceChunk::Logits::last) emit(seq, next[g]);
     }
@@ -648,9 +756,14 @@ struct Engine::Impl {
 
   void commit_cycle(Unit& unit, const float* verify_logits, double verify_seconds) {
     Sequence& seq = *unit.seq;
+    commit_cycle(unit,
+                 seq.acceptor->accept(unit.drafts, unit.draft_probs, verify_logits, model.config().vocab_size, seq.tokens),
+                 verify_seconds);
+  }
+
+  void commit_cycle(Unit& unit, const QSpecAcceptor::Outcome& outcome, double verify_seconds) {
+    Sequence& seq = *unit.seq;
     const int64_t drafted = static_cast<int64_t>(unit.drafts.size());
-    const QSpecAcceptor::Outcome outcome =
-        seq.acceptor->accept(unit.drafts, unit.draft_probs, verify_logits, model.config().vocab_size, seq.tokens);
     QSpecMetrics& m = seq.metrics.qspec;
     ++m.cycles;
     m.drafted += drafted;

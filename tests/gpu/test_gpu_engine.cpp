@@ -46,6 +46,39 @@ Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& reques
   return out;
 }
 
+// The W4A16 greedy references: all 400 eval problems from QSPEC_GPU_REFERENCE (saved by `qspec
+// eval qspec --save-reference`), else `fallback` question prompts with no references (the
+// caller computes them).
+struct Reference {
+  std::vector<std::vector<int32_t>> prompts, outputs;
+  int64_t max_tokens = 96;
+};
+Reference load_reference(const qspec::Tokenizer& tokenizer, int fallback) {
+  Reference reference;
+  const char* path = std::getenv("QSPEC_GPU_REFERENCE");
+  if (path != nullptr && *path != '\0') {
+    std::ifstream file(path);
+    if (!file.good()) throw qspec::Error(std::string("cannot read QSPEC_GPU_REFERENCE ") + path);
+    const nlohmann::json saved = nlohmann::json::parse(file);
+    reference.prompts = saved["prompts"].get<std::vector<std::vector<int32_t>>>();
+    reference.outputs = saved["outputs"].get<std::vector<std::vector<int32_t>>>();
+    reference.max_tokens = saved["max_tokens"].get<int64_t>();
+  } else {
+    reference.prompts = question_prompts(tokenizer, fallback);
+  }
+  return reference;
+}
+
+qspec::EngineOptions batching_options() {
+  qspec::EngineOptions options;
+  options.max_batch_size = 16;
+  options.max_batch_tokens = 192;
+  options.prefill_chunk = 48;  // prompts take several steps, beside other requests' decode tokens
+  options.device = "cuda";
+  options.gpu_max_context = 512;
+  return options;
+}
+
 }  // namespace
 
 // Greedy W4A16 through the GPU engine, many requests at once (continuous batching, chunked
@@ -57,19 +90,10 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
   auto model = qspec::LlamaModel::load(kModelDir);
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
   model->quantize_weights(qspec::quant::Format::int4);
-  std::vector<std::vector<int32_t>> prompts, references;
-  int64_t max_tokens = 96;
-  const char* path = std::getenv("QSPEC_GPU_REFERENCE");
-  if (path != nullptr && *path != '\0') {
-    std::ifstream file(path);
-    ASSERT_TRUE(file.good()) << path;
-    const nlohmann::json saved = nlohmann::json::parse(file);
-    prompts = saved["prompts"].get<std::vector<std::vector<int32_t>>>();
-    references = saved["outputs"].get<std::vector<std::vector<int32_t>>>();
-    max_tokens = saved["max_tokens"].get<int64_t>();
-  } else {
-    prompts = question_prompts(*tokenizer, 24);
-  }
+  const Reference reference = load_reference(*tokenizer, 24);
+  const auto& prompts = reference.prompts;
+  std::vector<std::vector<int32_t>> references = reference.outputs;
+  const int64_t max_tokens = reference.max_tokens;
   std::vector<qspec::Request> requests;
   for (const auto& prompt : prompts) {
     qspec::Request request;
@@ -78,12 +102,7 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
     request.mode = "w4a16";
     requests.push_back(request);
   }
-  qspec::EngineOptions options;
-  options.max_batch_size = 16;
-  options.max_batch_tokens = 192;
-  options.prefill_chunk = 48;  // prompts take several steps, beside other requests' decode tokens
-  options.device = "cuda";
-  options.gpu_max_context = 512;
+  qspec::EngineOptions options = batching_options();
   qspec::Engine gpu_engine(*model, tokenizer.get(), options);
   const Outputs gpu = run_all(gpu_engine, requests);
   if (references.empty()) {
@@ -103,6 +122,59 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
               prompts.size(), static_cast<long long>(metrics.steps));
   EXPECT_GT(metrics.steps, 0);
   EXPECT_LT(metrics.steps, static_cast<int64_t>(prompts.size()) * max_tokens) << "requests ran one at a time";
+}
+
+// QSpec on the GPU: w4a8 drafts (int8 activations, the s8-mma GEMM) over the same 4-bit weights
+// and KV cache, W4A16 verify runs of gamma + 1 tokens that overwrite the drafts' K/V, greedy
+// acceptance from the GPU's argmax ids, under continuous batching beside prompt chunks. The
+// output must equal W4A16 greedy decoding: the same references as the test above (all 400
+// problems with QSPEC_GPU_REFERENCE), gamma 1..6 across the requests, some adaptive.
+TEST(GpuEngine, GreedyQSpecW4A8DraftsEqualW4A16UnderContinuousBatching) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const Reference reference = load_reference(*tokenizer, 24);
+  std::vector<std::vector<int32_t>> references = reference.outputs;
+  std::vector<qspec::Request> requests;
+  for (size_t i = 0; i < reference.prompts.size(); ++i) {
+    qspec::Request request;
+    request.prompt = reference.prompts[i];
+    request.max_new_tokens = reference.max_tokens;
+    request.mode = "qspec";
+    request.draft = "w4a8";
+    request.verify = "w4a16";
+    request.gamma = 1 + static_cast<int64_t>(i % 6);
+    request.adaptive_gamma = i % 5 == 4;
+    request.max_gamma = 8;
+    requests.push_back(request);
+  }
+  qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
+  const Outputs gpu = run_all(gpu_engine, requests);
+  if (references.empty()) {
+    qspec::EngineOptions cpu_options = batching_options();
+    cpu_options.device = "cpu";
+    qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
+    std::vector<qspec::Request> plain = requests;
+    for (qspec::Request& request : plain) request.mode = "w4a16";
+    references = run_all(cpu_engine, plain).ids;
+  }
+  ASSERT_EQ(references.size(), requests.size());
+  size_t identical = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(gpu.finish_reasons[i] == "eos" || gpu.finish_reasons[i] == "length") << gpu.finish_reasons[i];
+    if (gpu.ids[i] == references[i]) ++identical;
+    EXPECT_EQ(gpu.ids[i], references[i]) << "problem " << i << " gamma " << requests[i].gamma;
+  }
+  const qspec::EngineMetrics metrics = gpu_engine.metrics();
+  const qspec::QSpecMetrics& q = metrics.qspec;
+  std::printf("  GPU engine QSpec (w4a8 drafts, gamma 1..6) == W4A16 greedy on %zu / %zu problems; %lld cycles, "
+              "accepted %lld / %lld drafts (%.1f%%), %lld steps\n",
+              identical, requests.size(), static_cast<long long>(q.cycles), static_cast<long long>(q.accepted),
+              static_cast<long long>(q.drafted), q.drafted > 0 ? 100.0 * q.accepted / q.drafted : 0.0,
+              static_cast<long long>(metrics.steps));
+  EXPECT_GT(q.cycles, 0);
+  EXPECT_GT(q.accepted, 0) << "no draft was ever accepted: the w4a8 drafts are not the model's";
 }
 
 // Sampled requests, a repetition penalty (logit rows come back from the GPU), determinism by
@@ -148,9 +220,12 @@ TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
       EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
     }
   };
-  qspec::Request qspec_request;
+  qspec::Request qspec_request;  // the default draft w4a4-nvfp4 is not on the GPU (w4a8 is)
   qspec_request.prompt = prompts[0];
   qspec_request.mode = "qspec";
+  refused(qspec_request, "GPU");
+  qspec_request.draft = "w4a8";
+  qspec_request.kv_overwrite = false;
   refused(qspec_request, "GPU");
   qspec::Request other_mode;
   other_mode.prompt = prompts[0];

@@ -276,7 +276,8 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   // No 4-bit weights yet, an activation mode not on the GPU, a cache beyond the context.
   EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a16"), 64), qspec::Error);
   model->quantize_weights(qspec::quant::Format::int4);
-  EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a8"), 64), qspec::Error);
+  EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a4-nvfp4"), 64), qspec::Error);
+  EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a8-fp8"), 64), qspec::Error);
   EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w16a16"), model->config().max_position_embeddings + 1),
                qspec::Error);
   // A full cache and a bad token id throw before any launch.
@@ -286,4 +287,6 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   const std::vector<int32_t> bad = {static_cast<int32_t>(model->config().vocab_size)};
   EXPECT_THROW(gpu.forward(bad), qspec::Error);
   EXPECT_EQ(gpu.length(), 0);
+  // int8 activations need the 4-bit weights.
+  EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
 }

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -836,4 +837,128 @@ TEST_F(Gpu, LinearW16MatchesCpuInF16AndBf16) {
                    std::string(bf16 ? "bf16 " : "f16 ") + shape_name({m, n, k}));
     }
   }
+}
+
+// ---- W4A8: int8 activations on the packed 4-bit weights --------------------------------------
+
+// The quantizer is the CPU's int8 activation row quantizer bit for bit (codes and f32 scale),
+// over odd row counts, strided rows, a zero row and rows with outliers; a row with a NaN or an
+// infinity gets a NaN scale and leaves the other rows alone.
+TEST_F(Gpu, QuantizeInt8RowsEqualsTheCpuQuantizerBitwise) {
+  using qspec::quant::Format;
+  using qspec::quant::Role;
+  for (auto [rows, k] : {std::tuple{1, 8}, {3, 96}, {17, 4096}, {64, 14336}, {5, 704}}) {
+    const int64_t ldx = k + 8, ldc = k + 16;
+    std::vector<float> x = random_f16_values(static_cast<size_t>(rows * ldx), 2.0f);
+    for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(i)] = 0.0f;  // row 0: all zero (k = 8: the only row)
+    if (rows > 2) x[static_cast<size_t>(2 * ldx + k / 3)] = 3000.0f;  // an outlier channel
+    if (rows > 3) x[static_cast<size_t>(3 * ldx + 1)] = -0.0f;
+    auto d_x = upload(to_f16(x));
+    auto d_codes = poisoned(static_cast<size_t>(rows * ldc));
+    auto d_scales = poisoned(static_cast<size_t>(rows) * 4);
+    cuda::quantize_int8_rows(d_x.as<f16>(), rows, k, ldx, d_codes.as<int8_t>(), ldc, d_scales.as<float>(), nullptr);
+    const std::vector<uint8_t> codes = download<uint8_t>(d_codes, static_cast<size_t>(rows * ldc));
+    const std::vector<float> scales = download<float>(d_scales, static_cast<size_t>(rows));
+    const auto format = qspec::quant::make_row_format(Format::int8, Role::activation, k);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<uint8_t> expected_codes(static_cast<size_t>(format.code_bytes()));
+      float expected_scale = 0;
+      qspec::quant::quantize_row(format, x.data() + r * ldx, expected_codes.data(),
+                                 reinterpret_cast<uint8_t*>(&expected_scale));
+      ASSERT_EQ(std::memcmp(&scales[static_cast<size_t>(r)], &expected_scale, 4), 0)
+          << shape_name({rows, k}) << " row " << r << ": scale " << scales[static_cast<size_t>(r)] << " vs "
+          << expected_scale;
+      for (int64_t i = 0; i < k; ++i)
+        ASSERT_EQ(codes[static_cast<size_t>(r * ldc + i)], expected_codes[static_cast<size_t>(i)])
+            << shape_name({rows, k}) << " row " << r << " col " << i;
+    }
+    if (rows >= 3) {
+      std::vector<float> bad = x;
+      bad[static_cast<size_t>(1 * ldx + k - 1)] = std::numeric_limits<float>::quiet_NaN();
+      bad[static_cast<size_t>(2 * ldx)] = std::numeric_limits<float>::infinity();
+      auto d_bad = upload(to_f16(bad));
+      cuda::quantize_int8_rows(d_bad.as<f16>(), rows, k, ldx, d_codes.as<int8_t>(), ldc, d_scales.as<float>(),
+                               nullptr);
+      const std::vector<float> bad_scales = download<float>(d_scales, static_cast<size_t>(rows));
+      EXPECT_TRUE(std::isnan(bad_scales[1]) && std::isnan(bad_scales[2])) << shape_name({rows, k});
+      EXPECT_EQ(bad_scales[0], scales[0]);
+      for (int64_t r = 3; r < rows; ++r) EXPECT_EQ(bad_scales[static_cast<size_t>(r)], scales[static_cast<size_t>(r)]);
+    }
+  }
+  EXPECT_THROW(cuda::quantize_int8_rows(nullptr, 1, 12, 16, nullptr, 16, nullptr, nullptr), qspec::Error);
+}
+
+// W4A8 against the CPU: the same 4-bit weights (cpu::quantized_linear) times the int8
+// activations dequantized (cpu::apply_activation_mode, int8): equal up to f32 summation order
+// and the f16 output rounding (bound 2e-3, as W4A16). The GPU's own quantizer feeds the GEMM
+// (its codes equal the CPU's, previous test). Variants, split-K, x staging and slices past 64.
+TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
+  using qspec::quant::Format;
+  struct Shape {
+    int64_t n, k;
+    Format format;
+    int64_t group;
+  };
+  const std::vector<Shape> shapes = {{256, 256, Format::int4, 64},  {33, 96, Format::int4, 32},
+                                     {4097, 4096, Format::int4, 128}, {1000, 160, Format::int4, 32},
+                                     {7, 384, Format::int4_channel, 128}, {129, 1024, Format::int4, 256},
+                                     {1408, 14336, Format::int4, 128}};
+  qspec::ActivationMode int8_mode;
+  int8_mode.kind = qspec::ActivationMode::Kind::quantized;
+  int8_mode.format = Format::int8;
+  for (const Shape& s : shapes) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, s.format, s.group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    for (int64_t m : {1, 2, 5, 8, 9, 16, 17, 33, 64, 65, 130}) {
+      const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + 3;
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      std::vector<float> x_dense(static_cast<size_t>(m * s.k));
+      for (int64_t t = 0; t < m; ++t)
+        std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
+      qspec::cpu::apply_activation_mode(int8_mode, x_dense.data(), m, s.k);
+      std::vector<float> expected(static_cast<size_t>(m * s.n));
+      qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+      auto d_x = upload(to_f16(x));
+      auto d_q = poisoned(static_cast<size_t>(m * ldq));
+      auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+      cuda::quantize_int8_rows(d_x.as<f16>(), m, s.k, ldx, d_q.as<int8_t>(), ldq, d_scales.as<float>(), nullptr);
+      struct Variant {
+        const char* name;
+        cuda::W4A16SmallMConfig config;
+      };
+      for (const Variant& v : {Variant{"v1", {1, 0}}, Variant{"v2", {2, 0}}, Variant{"v1 split3", {1, 3}},
+                               Variant{"v1 x shared", {1, 0, 1}}, Variant{"v2 x global split3", {2, 3, 2}},
+                               Variant{"automatic", {}}}) {
+        const size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4;
+        cuda::DeviceMemory workspace(bytes);
+        cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+        const std::string what = std::string("w4a8 ") + v.name + " m" + std::to_string(m) + " n" +
+                                 std::to_string(s.n) + " k" + std::to_string(s.k) + " g" + std::to_string(s.group);
+        std::vector<f16> first;
+        for (int launch = 0; launch < 2; ++launch) {  // the second on the same workspace: counters back at zero
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          cuda::w4a8_gemm(d_q.as<int8_t>(), d_scales.as<float>(), m, ldq, w.view, d_y.as<f16>(), ldy, workspace.get(),
+                          bytes, nullptr, v.config);
+          const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
+          if (launch == 1) {
+            ASSERT_EQ(y, first) << what << " is not deterministic";
+            break;
+          }
+          first = y;
+          std::vector<float> got(expected.size());
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
+          EXPECT_CLOSE(got, expected, 2e-3, what);
+          for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
+            for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+        }
+      }
+    }
+  }
+  cuda::W4A16Weights none{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 128, 128};
+  EXPECT_THROW(cuda::w4a8_gemm(reinterpret_cast<int8_t*>(256), nullptr, 1, 136, none, nullptr, 16, nullptr, 0, nullptr),
+               qspec::Error);  // ldx not a multiple of 16, and no scales
+  EXPECT_THROW(cuda::w4a8_gemm(reinterpret_cast<int8_t*>(256), reinterpret_cast<float*>(256), 1, 128, none, nullptr, 16,
+                               nullptr, 0, nullptr, {3, 0}),
+               qspec::Error);  // the stream variants are f16 only
 }

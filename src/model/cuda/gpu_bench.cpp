@@ -74,7 +74,10 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
 
 // Each GEMM of a step alone (graph replays), summed over the step: the baseline a forward pass
 // is compared with (everything else it does, and the gaps between kernels, is the difference).
-double gemm_sum_ms(const ModelConfig& c, bool quantized, int64_t m, void* stream, nlohmann::json& detail) {
+// int8 activations (w4a8): each GEMM with its activation quantization, as the model runs it.
+double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* stream, nlohmann::json& detail) {
+  const bool quantized = mode.quantized_weights;
+  const bool int8 = mode.activations.kind == ActivationMode::Kind::quantized;
   cuda::Blas blas;
   double total = 0;
   for (const GemmShape& shape : step_gemms(c)) {
@@ -89,13 +92,24 @@ double gemm_sum_ms(const ModelConfig& c, bool quantized, int64_t m, void* stream
       cuda::fill_random_u32(codes.as<uint32_t>(), codes.bytes() / 4, 10, stream);
       cuda::fill_random_f16(scales.as<f16_bits>(), scales.bytes() / 2, 0.001f, 0.002f, 11, stream);
       const cuda::W4A16Weights view{codes.get(), scales.get(), shape.n, shape.k, group};
-      const size_t workspace_bytes = cuda::w4a16_workspace_bytes(m, shape.n, shape.k);
+      const size_t workspace_bytes =
+          std::max(cuda::w4a16_workspace_bytes(m, shape.n, shape.k),
+                   cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), shape.n, shape.k, cuda::W4A16Path::small_m));
       DeviceMemory workspace(workspace_bytes);
       cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
+      const int64_t ldq = (shape.k + 15) / 16 * 16;
+      DeviceMemory codes8(static_cast<size_t>(m * ldq)), scales8(static_cast<size_t>(m) * 4);
       ms = median_ms(cuda::time_replays(
           [&](void* s, int) {
-            cuda::w4a16_gemm(blas, x.as<f16_bits>(), m, shape.k, view, y.as<f16_bits>(), shape.n, workspace.get(),
-                             workspace_bytes, s);
+            if (int8) {
+              cuda::quantize_int8_rows(x.as<f16_bits>(), m, shape.k, shape.k, codes8.as<int8_t>(), ldq,
+                                       scales8.as<float>(), s);
+              cuda::w4a8_gemm(codes8.as<int8_t>(), scales8.as<float>(), m, ldq, view, y.as<f16_bits>(), shape.n,
+                              workspace.get(), workspace_bytes, s);
+            } else {
+              cuda::w4a16_gemm(blas, x.as<f16_bits>(), m, shape.k, view, y.as<f16_bits>(), shape.n, workspace.get(),
+                               workspace_bytes, s);
+            }
           },
           10, 3, 10, stream));
     } else {
@@ -352,7 +366,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
         const double compute_ms = flops / ceilings.gemm_flops_per_s * 1e3;
         const double roofline_ms = std::max(memory_ms, compute_ms);
         nlohmann::json gemms = nlohmann::json::object();
-        const double gemm_ms = gemm_sum_ms(config, mode.quantized_weights, batch, stream, gemms);
+        const double gemm_ms = gemm_sum_ms(config, mode, batch, stream, gemms);
         std::printf("%6lld %10.3f %12.0f %12.3f %9.1f%% %9s %12.3f %9.3f\n", static_cast<long long>(batch), step_ms,
                     static_cast<double>(batch) / (step_ms * 1e-3), roofline_ms, 100.0 * roofline_ms / step_ms,
                     memory_ms >= compute_ms ? "memory" : "compute", gemm_ms, step_ms / gemm_ms);

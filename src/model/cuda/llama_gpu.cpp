@@ -139,6 +139,7 @@ int64_t context_bucket(int64_t context, int64_t max_context) {
 struct GpuLlama::State {
   ModelConfig config;
   bool quantized = false;
+  GpuActivations activations = GpuActivations::f16;
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true;
@@ -157,10 +158,15 @@ struct GpuLlama::State {
   cuda::PinnedMemory host_inputs, host_ids;
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
+  // int8 activation codes of a 4-bit GEMM's input (rows x_codes_stride bytes apart) and their
+  // token scales: W4A8 steps only.
+  DeviceMemory x_codes, x_scales;
+  int64_t x_codes_stride = 0;
   size_t gemm_workspace_bytes = 0, attention_workspace_bytes = 0;
   int64_t last_logit_rows = 0;
-  // (batch, context bucket, whether run r is sequence r): graphs read the block tables there.
-  std::map<std::tuple<int64_t, int64_t, bool>, cuda::Graph> decode_graphs;
+  // (batch, context bucket, whether run r is sequence r, activations): graphs read the block
+  // tables there.
+  std::map<std::tuple<int64_t, int64_t, bool, GpuActivations>, cuda::Graph> decode_graphs;
 
   ~State() {
     decode_graphs.clear();
@@ -179,7 +185,12 @@ struct GpuLlama::State {
   size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
-    if (linear.quantized) {
+    if (linear.quantized && activations == GpuActivations::int8) {
+      cuda::quantize_int8_rows(x_in, m, linear.k, linear.k, x_codes.as<int8_t>(), x_codes_stride, x_scales.as<float>(),
+                               stream);
+      cuda::w4a8_gemm(x_codes.as<int8_t>(), x_scales.as<float>(), m, x_codes_stride, linear.view, y, linear.n,
+                      gemm_workspace.get(), gemm_workspace_bytes, stream);
+    } else if (linear.quantized) {
       cuda::w4a16_gemm(*blas, x_in, m, linear.k, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
                        stream);
     } else {
@@ -203,8 +214,8 @@ void check_supported(const ModelConfig& c, const RunMode& mode) {
   QSPEC_CHECK(cuda::device_count() > 0, "GPU model: no CUDA GPU is visible");
   QSPEC_CHECK(cuda::compute_capability() >= 80, "GPU model: ", cuda::device_name(), " is sm_",
               cuda::compute_capability(), "; the CUDA backend needs sm_80 or newer");
-  QSPEC_CHECK(mode.name == "w16a16" || mode.name == "w4a16", "GPU model: mode ", mode.name,
-              " is not on the GPU yet (w16a16, w4a16)");
+  QSPEC_CHECK(mode.name == "w16a16" || mode.name == "w4a16" || mode.name == "w4a8", "GPU model: mode ", mode.name,
+              " is not on the GPU yet (w16a16, w4a16, w4a8)");
   QSPEC_CHECK(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128, "GPU model: head_dim ", c.head_dim,
               " (the attention kernels take 32, 64, 128)");
   QSPEC_CHECK(c.hidden_size % 8 == 0 && c.intermediate_size % 8 == 0 && c.q_dim() % 8 == 0 && c.kv_dim() % 8 == 0,
@@ -235,6 +246,9 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   const size_t activation_bytes =
       t * 2 * static_cast<size_t>(2 * c.hidden_size + qkv_width() + c.q_dim() + c.hidden_size + 3 * c.intermediate_size);
   const size_t logit_bytes = static_cast<size_t>(max_logit_rows) * static_cast<size_t>(c.vocab_size + c.hidden_size) * 2;
+  // The widest 4-bit GEMM input (int8 codes), rows padded to 16 bytes.
+  if (quantized) x_codes_stride = (std::max(c.hidden_size, c.intermediate_size) + 15) / 16 * 16;
+  const size_t code_bytes = t * static_cast<size_t>(x_codes_stride + 4);
   for (const Layer& layer : layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       if (linear->quantized)
@@ -246,7 +260,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   // to fit (it fills the GPU without them).
   attention_workspace_bytes = cuda::attention_workspace_bytes(
       std::min<int64_t>(max_step_tokens, std::max<int64_t>(max_seqs * 8, 256)), c.num_heads, c.head_dim, max_context);
-  const size_t needed = 2 * static_cast<size_t>(c.num_layers) * pool_bytes + activation_bytes + logit_bytes +
+  const size_t needed = 2 * static_cast<size_t>(c.num_layers) * pool_bytes + activation_bytes + logit_bytes + code_bytes +
                         gemm_workspace_bytes + attention_workspace_bytes +
                         static_cast<size_t>(max_seqs + max_step_tokens) * static_cast<size_t>(blocks_per_seq) * 4;
   const cuda::MemoryInfo memory = cuda::memory_info();
@@ -276,6 +290,10 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   gathered = allocate(static_cast<size_t>(max_logit_rows * c.hidden_size) * 2, "activations");
   logits = allocate(static_cast<size_t>(max_logit_rows * c.vocab_size) * 2, "logits");
   out_ids = allocate(static_cast<size_t>(max_logit_rows) * 4, "ids");
+  if (quantized) {
+    x_codes = allocate(t * static_cast<size_t>(x_codes_stride), "int8 activations");
+    x_scales = allocate(t * 4, "int8 activation scales");
+  }
   if (gemm_workspace_bytes > 0) {
     gemm_workspace = allocate(gemm_workspace_bytes, "GEMM workspace");
     cuda::w4a16_workspace_init(gemm_workspace.get(), gemm_workspace_bytes, stream);
@@ -300,8 +318,9 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   State& s = *state_;
   s.config = c;
   s.quantized = mode.quantized_weights;
+  s.activations = mode.activations.kind == ActivationMode::Kind::quantized ? GpuActivations::int8 : GpuActivations::f16;
   if (s.quantized) {
-    QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode w4a16 needs 4-bit weights (quantize the model first)");
+    QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
     QSPEC_CHECK(!model.has_arc(), "GPU model: ARC-calibrated weights (reordered inputs) are not on the GPU yet");
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
@@ -358,6 +377,7 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   State& s = *gpu->state_;
   s.config = c;
   s.quantized = mode.quantized_weights;
+  s.activations = mode.activations.kind == ActivationMode::Kind::quantized ? GpuActivations::int8 : GpuActivations::f16;
   if (c.attention_bias || c.attention_output_bias || c.mlp_bias)
     s.model_note = "synthetic: linear biases omitted (a few vectors; the GPU path has no bias add yet)";
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
@@ -491,7 +511,9 @@ std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) 
   }
   QSPEC_CHECK(tokens <= s.max_step_tokens, "GPU step: ", tokens, " tokens exceed the step capacity of ",
               s.max_step_tokens, " (split the prefill into chunks)");
-  const int64_t logit_rows = all_tokens || decode ? tokens : num_runs;
+  int64_t logit_rows = 0;
+  for (const Run& run : runs)
+    logit_rows += all_tokens || run.all_logits || decode ? static_cast<int64_t>(run.tokens.size()) : 1;
   QSPEC_CHECK(logit_rows <= s.max_logit_rows, "GPU step: ", logit_rows, " rows of logits exceed the capacity of ",
               s.max_logit_rows);
 
@@ -502,18 +524,19 @@ std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) 
   int32_t* query_start = positions + s.max_step_tokens;
   int32_t* context_lens = query_start + s.max_step_tokens + 1;
   int32_t* logit_row_ids = context_lens + s.max_step_tokens;
-  int64_t t = 0;
+  int64_t t = 0, logit_row = 0;
   query_start[0] = 0;
   for (int64_t r = 0; r < num_runs; ++r) {
     const Run& run = runs[static_cast<size_t>(r)];
     const int64_t length = lengths_[static_cast<size_t>(run.seq)];
+    const bool every_token = all_tokens || run.all_logits;
     for (size_t i = 0; i < run.tokens.size(); ++i, ++t) {
       ids[t] = run.tokens[i];
       positions[t] = static_cast<int32_t>(length + static_cast<int64_t>(i));
+      if (every_token || i + 1 == run.tokens.size()) logit_row_ids[logit_row++] = static_cast<int32_t>(t);
     }
     query_start[r + 1] = static_cast<int32_t>(t);
     context_lens[r] = static_cast<int32_t>(length + static_cast<int64_t>(run.tokens.size()));
-    logit_row_ids[r] = static_cast<int32_t>(t - 1);
   }
   const bool gather = logit_rows != tokens;
   size_t input_words = s.table_offset_words();
@@ -532,7 +555,7 @@ std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) 
   if (decode && s.cuda_graphs) {
     // Decode: replay the graph of this batch size and context bucket (captured on first use).
     const int64_t bucket = context_bucket(max_context_in_step, s.max_context);
-    auto key = std::make_tuple(num_runs, bucket, identity_tables);
+    auto key = std::make_tuple(num_runs, bucket, identity_tables, s.activations);
     auto found = s.decode_graphs.find(key);
     if (found == s.decode_graphs.end()) {
       cuda::Graph graph = cuda::Graph::capture(s.stream, [&] {
@@ -576,6 +599,14 @@ std::vector<float> GpuLlama::logits() const {
 std::vector<float> GpuLlama::step_logits() const {
   return copy_logit_rows(state_->logits, state_->last_logit_rows, state_->config.vocab_size);
 }
+
+void GpuLlama::set_activations(GpuActivations activations) {
+  QSPEC_CHECK(activations == GpuActivations::f16 || state_->quantized,
+              "GPU model: int8 activations need 4-bit weights (this model runs w16a16)");
+  state_->activations = activations;
+}
+
+GpuActivations GpuLlama::activations() const { return state_->activations; }
 
 int64_t GpuLlama::length(int64_t seq) const {
   QSPEC_CHECK(seq >= 0 && seq < max_seqs(), "GPU model: sequence ", seq, " outside 0..", max_seqs() - 1);

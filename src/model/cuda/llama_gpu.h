@@ -8,7 +8,11 @@
 // replay a CUDA graph captured once per (B, context bucket): one launch, no host work per layer.
 // Its reference is LlamaModel::forward (CPU, f32).
 //
-// Scope: modes w16a16 and w4a16; no biases, no Hadamard rotation, no ARC reordering (each
+// Modes w16a16, w4a16 and w4a8 (per-token int8 activations on the same 4-bit weights, the
+// s8-mma kernel; the lm_head stays f16 as in every mode). A 4-bit model switches activation
+// precision between steps (set_activations): QSpec drafts in int8 and verifies in f16 over one
+// weight set and one KV cache.
+// Scope: no biases, no Hadamard rotation, no ARC reordering (each
 // rejected at construction with a qspec::Error naming it). Synthetic models (random weights
 // drawn on the GPU, for benchmarks at full-size shapes) may omit q/k/v biases: they say so.
 #pragma once
@@ -34,6 +38,9 @@ struct GpuLlamaOptions {
 ModelConfig synthetic_model_config(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 
+// Activation precision of the 4-bit GEMMs in a step.
+enum class GpuActivations { f16, int8 };
+
 class GpuLlama {
  public:
   // Uploads the weights `mode` needs. Throws (at load, never mid-request) without a GPU, below
@@ -54,10 +61,12 @@ class GpuLlama {
   struct Run {
     int64_t seq = 0;
     std::span<const int32_t> tokens;
+    bool all_logits = false;  // ids (and logit rows) after every token of the run: a QSpec verify
   };
   // Runs every run in one forward pass (one GEMM per projection over all their tokens) and
   // appends their K/V. Returns greedy (argmax) ids: per run, the id after its last token, or,
-  // with all_tokens, the id after each of its tokens (QSpec verify), runs in order.
+  // for runs with all_logits (every run with all_tokens), the id after each of its tokens
+  // (QSpec verify), runs in order.
   std::vector<int32_t> step(std::span<const Run> runs, bool all_tokens = false);
 
   // Single sequence 0 (the first version's API): returns the id after the last token.
@@ -66,6 +75,11 @@ class GpuLlama {
   // Every logits row of the last step (the rows step() returned ids for, in that order), as f32:
   // what a sampler needs beyond greedy.
   std::vector<float> step_logits() const;
+
+  // Activation precision of the following steps (4-bit models only; the constructor's mode sets
+  // the first: int8 for w4a8, f16 otherwise). Decode graphs are kept per precision.
+  void set_activations(GpuActivations activations);
+  GpuActivations activations() const;
 
   int64_t length(int64_t seq = 0) const;
   // Forgets positions >= length (QSpec rollback: the next step overwrites their K/V).

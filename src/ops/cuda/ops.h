@@ -323,6 +323,26 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
 // The packed weights dequantized to f16 [n, k] row-major (the cuBLAS path's first half).
 void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 
+// ---- low-precision activations (W4A8) --------------------------------------------------
+
+// Per-token int8 quantization of f16 rows: quant::quantize_row(int8, activation) bit for bit on
+// the f32 value of each element (scale = amax / 127 in f32, codes clamp(rint(x / scale)) in
+// [-127, 127]; a zero row: scale 0, codes 0). codes: [rows, k] int8, rows ldc bytes apart;
+// scales: f32 [rows]. k, ldx, ldc multiples of 8. A row holding a NaN or an infinity gets a NaN
+// scale (no throw from inside a graph; its GEMM outputs are then NaN, never argmax's pick).
+void quantize_int8_rows(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, int8_t* codes, int64_t ldc,
+                        float* scales, void* stream);
+
+// W4A8: y[m, n] = f16(s_x[m] * sum over groups of s_w[n, group] * (sum over the group of
+// q_x[m, k] q_w[n, k])): the W4A16 packed weights (one 4-bit weight set for both modes),
+// int8 activation codes (rows ldx bytes apart, ldx % 16 == 0, 16-byte aligned) with their
+// token scales; each group's integer sum exact on s8 mma (s32), the rest in f32. The small-M
+// kernel of w4a16_gemm_small_m (variants 1 / 2 of W4A16SmallMConfig; the same workspace,
+// w4a16_workspace_bytes(m, n, k, W4A16Path::small_m)), in slices of 64 tokens.
+void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
+               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+               const W4A16SmallMConfig& config = {});
+
 enum class Dtype16 { f16, bf16 };
 // W16A16: y[m, n] = x[m, k] * W[n, k]^T through cuBLAS (cublasGemmEx, f32 compute), x, W and
 // y all in `dtype`, rows k / k / n apart.

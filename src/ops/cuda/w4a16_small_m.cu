@@ -31,37 +31,83 @@ bool stage_x_by_default(int64_t slice) {
 #endif
 }
 
-template <int MT, int RPW, int G, int DEPTH, int WARPS>
+template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
 void launch(const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
-  auto* kernel = kernels::w4a16_small_m_kernel<MT, RPW, G, DEPTH, WARPS>;
+  auto* kernel = kernels::w4_small_m_kernel<Act, MT, RPW, G, DEPTH, WARPS>;
   static const bool configured = [&] {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSharedMax));
     return true;
   }();
   (void)configured;
   size_t smem = 0;
-  if (params.xs_stride > 0) smem = static_cast<size_t>(std::min(params.m, MT * 8)) * params.xs_stride * 2;
+  if (params.xs_stride > 0)
+    smem = static_cast<size_t>(std::min(params.m, MT * 8)) * params.xs_stride * sizeof(typename Act::Elem);
   launch_pdl(kernel, grid, dim3(WARPS * 32), smem, stream, params);
-  QSPEC_CUDA_CHECK_LAUNCH("w4a16_small_m_kernel");
+  QSPEC_CUDA_CHECK_LAUNCH("w4_small_m_kernel");
 }
 
-template <int MT, int G>
+template <class Act, int MT, int G>
 void launch_variant(int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
   if constexpr (MT == 8) {
-    launch<8, 1, G, 4, 8>(params, grid, stream);  // 8 n-tiles: one row block per warp only
+    launch<Act, 8, 1, G, 4, 8>(params, grid, stream);  // 8 n-tiles: one row block per warp only
   } else {
-    if (variant == 1) launch<MT, 2, G, 4, 4>(params, grid, stream);
-    else launch<MT, 1, G, 8, 8>(params, grid, stream);
+    if (variant == 1) launch<Act, MT, 2, G, 4, 4>(params, grid, stream);
+    else launch<Act, MT, 1, G, 8, 8>(params, grid, stream);
   }
 }
 
-template <int G>
+template <class Act, int G>
 void launch_group(int mt, int variant, const kernels::W4A16SmallMParams& params, dim3 grid, cudaStream_t stream) {
   switch (mt) {
-    case 1: launch_variant<1, G>(variant, params, grid, stream); break;
-    case 2: launch_variant<2, G>(variant, params, grid, stream); break;
-    case 4: launch_variant<4, G>(variant, params, grid, stream); break;
-    default: launch_variant<8, G>(variant, params, grid, stream); break;
+    case 1: launch_variant<Act, 1, G>(variant, params, grid, stream); break;
+    case 2: launch_variant<Act, 2, G>(variant, params, grid, stream); break;
+    case 4: launch_variant<Act, 4, G>(variant, params, grid, stream); break;
+    default: launch_variant<Act, 8, G>(variant, params, grid, stream); break;
+  }
+}
+
+// One launch of the register-ring kernel (variants 1 / 2) for a slice of at most 64 tokens:
+// split-K and x staging planned here for both activation types. params: w, x / xq / x_scales,
+// ldx, y, ldy, m set by the caller.
+template <class Act>
+void launch_register_ring(kernels::W4A16SmallMParams params, int variant, const W4A16SmallMConfig& config,
+                          int64_t row_tiles, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  const kernels::W4A16Layout& layout = params.w;
+  const int64_t slice = params.m;
+  const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
+  const int sms = multiprocessor_count();
+  // Split-K: enough blocks for ~3 per multiprocessor, within the traffic bound, the chunk
+  // count and the workspace.
+  int64_t splits = config.splits > 0
+                       ? config.splits
+                       : std::min<int64_t>((3 * sms + row_tiles - 1) / row_tiles,
+                                           detail::w4a16_max_splits(slice, layout.k));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
+  while (splits > 1 && (workspace == nullptr ||
+                        detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * layout.n) * sizeof(float) >
+                            workspace_bytes))
+    --splits;
+  params.splits = static_cast<int>(splits);
+  params.counters = static_cast<unsigned*>(workspace);
+  params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
+                               : nullptr;
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
+  const int v = mt == 8 || variant > 2 ? 2 : variant;
+  QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",
+              config.x_staging);
+  const bool stage_x = config.x_staging == 1 || (config.x_staging == 0 && stage_x_by_default(slice));
+  if (stage_x) {
+    // x in shared memory: the longest k range of a split (+ the tail pair), 16 bytes of padding.
+    constexpr int64_t kElem = sizeof(typename Act::Elem);
+    const int64_t range = ((layout.full_chunks + splits - 1) / splits) * 64 + (layout.tail ? 32 : 0);
+    const int64_t stride = range + 16 / kElem;
+    const int64_t rows = std::min<int64_t>(slice, mt * 8);
+    params.xs_stride = static_cast<size_t>(rows * stride * kElem) <= kXSharedMax ? static_cast<int>(stride) : 0;
+  }
+  switch (layout.k / layout.groups) {
+    case 32: launch_group<Act, 32>(mt, v, params, grid, s); break;
+    case 64: launch_group<Act, 64>(mt, v, params, grid, s); break;
+    default: launch_group<Act, 128>(mt, v, params, grid, s); break;
   }
 }
 
@@ -176,16 +222,6 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
                     dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), s);
       continue;
     }
-    // Split-K: enough blocks for ~3 per multiprocessor, within the traffic bound, the chunk
-    // count and the workspace.
-    int64_t splits = config.splits > 0
-                         ? config.splits
-                         : std::min<int64_t>((3 * sms + row_tiles - 1) / row_tiles, detail::w4a16_max_splits(slice, w.k));
-    splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
-    while (splits > 1 && (workspace == nullptr ||
-                          detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * w.n) * sizeof(float) >
-                              workspace_bytes))
-      --splits;
     kernels::W4A16SmallMParams params{};
     params.w = layout;
     params.x = xh + m0 * ldx;
@@ -193,27 +229,35 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     params.y = yh + m0 * ldy;
     params.ldy = ldy;
     params.m = static_cast<int>(slice);
-    params.splits = static_cast<int>(splits);
-    params.counters = static_cast<unsigned*>(workspace);
-    params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
-                                 : nullptr;
-    const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
-    const int v = mt == 8 || variant > 2 ? 2 : variant;
-    QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",
-                config.x_staging);
-    const bool stage_x = config.x_staging == 1 || (config.x_staging == 0 && stage_x_by_default(slice));
-    if (stage_x) {
-      // x in shared memory: the longest k range of a split (+ the tail pair), 16 bytes of padding.
-      const int64_t range = ((layout.full_chunks + splits - 1) / splits) * 64 + (layout.tail ? 32 : 0);
-      const int64_t stride = range + 8;
-      const int64_t rows = std::min<int64_t>(slice, mt * 8);
-      params.xs_stride = static_cast<size_t>(rows * stride * 2) <= kXSharedMax ? static_cast<int>(stride) : 0;
-    }
-    switch (w.group) {
-      case 32: launch_group<32>(mt, v, params, grid, s); break;
-      case 64: launch_group<64>(mt, v, params, grid, s); break;
-      default: launch_group<128>(mt, v, params, grid, s); break;
-    }
+    launch_register_ring<kernels::ActF16>(params, variant, config, row_tiles, workspace, workspace_bytes, s);
+  }
+}
+
+void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
+               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config) {
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  QSPEC_CHECK(m >= 0 && ldx >= w.k && ldx % 16 == 0 && ldy >= w.n && is_aligned_16(xq),
+              "cuda::w4a8_gemm: x must be 16-byte aligned with ldx >= k and ldx % 16 == 0, ldy >= n (m ", m,
+              ", ldx ", ldx, ", ldy ", ldy, ")");
+  if (m == 0) return;
+  QSPEC_CHECK(x_scales != nullptr, "cuda::w4a8_gemm: no token scales");
+  const int64_t row_tiles = (w.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a8_gemm: n too large");
+  const int variant = config.variant != 0 ? config.variant : 1;
+  QSPEC_CHECK(variant == 1 || variant == 2, "cuda::w4a8_gemm: small-M variant ", variant,
+              " does not exist for int8 activations (1 or 2)");
+  auto* yh = reinterpret_cast<__half*>(y);
+  for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
+    kernels::W4A16SmallMParams params{};
+    params.w = layout;
+    params.xq = xq + m0 * ldx;
+    params.x_scales = x_scales + m0;
+    params.ldx = ldx;
+    params.y = yh + m0 * ldy;
+    params.ldy = ldy;
+    params.m = static_cast<int>(std::min(detail::kW4A16MaxSliceM, m - m0));
+    launch_register_ring<kernels::ActS8>(params, variant, config, row_tiles, workspace, workspace_bytes,
+                                         as_stream(stream));
   }
 }
 

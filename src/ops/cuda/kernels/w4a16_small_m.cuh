@@ -1,23 +1,27 @@
-// W4A16 GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (gemm/w4a16_pack.h).
-// Computed as y^T = W x^T on mma.sync m16n8k16: 16 weight rows are A, 8 tokens are B.
+// W4A16 / W4A8 GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (gemm/w4a16_pack.h)
+// and x f16 (Act = ActF16) or per-token int8 (ActS8, kernels/w4_activation.cuh).
+// Computed as y^T = W x^T on mma.sync: 16 weight rows are A, 8 tokens are B.
 // Each warp streams RPW row blocks of packed weights from global memory straight into
 // registers (16-byte loads, DEPTH chunks in flight, no shared memory: each weight is used by
-// one warp only), dequantizes them with lop3 into exact f16 integers, and accumulates each
-// k group in f32 before scaling it by the group's scale in f32 (so the f16 weights are never
-// rounded). The warps of a block share a k range, so they read the same x (16-byte loads,
+// one warp only), unpacks them into exact f16 (or int8) integers, and accumulates each k
+// group in f32 (s32) before scaling it by the group's scale in f32 (so the weights are never
+// rounded); int8 rows are scaled by their token scale at the end. The warps of a block share a k range, so they read the same x (16-byte loads,
 // served by L1). Split-K over blocks when there are few row tiles: partials in f32, and the
 // last block of a row tile (atomic counter) sums them in split order and writes y.
 // Programmatic dependent launch as in w4a16_stream.cuh: the first weight loads are issued
 // before waiting for the previous kernel.
 #pragma once
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 
 namespace qspec::cuda::kernels {
 
 struct W4A16SmallMParams {
   W4A16Layout w;
-  const __half* x;
+  const __half* x;       // ActF16
+  const int8_t* xq;      // ActS8: codes, rows ldx bytes apart
+  const float* x_scales; // ActS8: one f32 scale per token
   int64_t ldx;
   __half* y;
   int64_t ldy;
@@ -26,12 +30,15 @@ struct W4A16SmallMParams {
   float* partials;     // [splits][m][n] when splits > 1
   unsigned* counters;  // [row tiles], zero between launches
   // > 0: the block first copies its k range of x (min(m, 8 MT) rows) into dynamic shared memory,
-  // rows xs_stride halves apart, so the main loop never waits on a global x load (variant 1/2).
+  // rows xs_stride elements apart, so the main loop never waits on a global x load (variant 1/2).
   int xs_stride;
 };
 
-template <int MT, int RPW, int G, int DEPTH, int WARPS>
-__global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16SmallMParams p) {
+template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
+__global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16SmallMParams p) {
+  using Elem = typename Act::Elem;
+  using Frag = typename Act::Frag;
+  using GroupAcc = typename Act::GroupAcc;
   constexpr int PPG = G / 32;           // k pairs (32 values) per scale group
   constexpr int SPC = G == 32 ? 2 : 1;  // scale words per chunk
   constexpr int ROWS = WARPS * RPW * 16;
@@ -51,40 +58,43 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
     w_base[r] = p.w.codes + rb * block_bytes + lane * 16;
     s_base[r] = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8 + g;
   }
-  const __half* x_row[MT];
+  const Elem* x = nullptr;
+  if constexpr (Act::kTokenScale) x = p.xq;
+  else x = p.x;
+  const Elem* x_row[MT];
 #pragma unroll
-  for (int nt = 0; nt < MT; ++nt) x_row[nt] = p.x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.ldx + t * 8;
+  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.ldx + t * 8;
 
-  float acc[RPW][MT][4], gacc[RPW][MT][4];
+  float acc[RPW][MT][4];
+  GroupAcc gacc[RPW][MT][4];
 #pragma unroll
   for (int r = 0; r < RPW; ++r)
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][nt][e] = gacc[r][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) {
+        acc[r][nt][e] = 0.0f;
+        gacc[r][nt][e] = 0;
+      }
 
   // Scale group q of row set r into acc, clear the group accumulators.
   auto flush = [&](int r, uint32_t scale_word) {
     const float2 s = unpack_half2(scale_word);
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) {
-      acc[r][nt][0] = fmaf(s.x, gacc[r][nt][0], acc[r][nt][0]);
-      acc[r][nt][1] = fmaf(s.x, gacc[r][nt][1], acc[r][nt][1]);
-      acc[r][nt][2] = fmaf(s.y, gacc[r][nt][2], acc[r][nt][2]);
-      acc[r][nt][3] = fmaf(s.y, gacc[r][nt][3], acc[r][nt][3]);
+      acc[r][nt][0] = fmaf(s.x, Act::to_float(gacc[r][nt][0]), acc[r][nt][0]);
+      acc[r][nt][1] = fmaf(s.x, Act::to_float(gacc[r][nt][1]), acc[r][nt][1]);
+      acc[r][nt][2] = fmaf(s.y, Act::to_float(gacc[r][nt][2]), acc[r][nt][2]);
+      acc[r][nt][3] = fmaf(s.y, Act::to_float(gacc[r][nt][3]), acc[r][nt][3]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0;
     }
   };
-  // One k pair (two k tiles) of row set r: words w0 (tile 0), w1 (tile 1).
-  auto pair_mma = [&](int r, uint32_t w0, uint32_t w1, const uint4 (&xf)[MT]) {
-    uint32_t a[4];
-    dequant_int4x8(w0, a);
+  // One k pair (32 k values) of row set r: words w0, w1.
+  auto pair_mma = [&](int r, uint32_t w0, uint32_t w1, const Frag (&xf)[MT]) {
+    const typename Act::Weights a = Act::unpack(w0, w1);
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) mma_f16_16816(gacc[r][nt], a, xf[nt].x, xf[nt].y);
-    dequant_int4x8(w1, a);
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt) mma_f16_16816(gacc[r][nt], a, xf[nt].z, xf[nt].w);
+    for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[r][nt], a, xf[nt]);
   };
 
   const int chunks = chunk_end - chunk_begin;
@@ -104,16 +114,18 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
     if (i < chunks) fetch(i, chunk_begin + i);
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
-  extern __shared__ __align__(16) __half x_shared[];
+  extern __shared__ __align__(16) uint8_t x_shared_bytes[];
+  Elem* x_shared = reinterpret_cast<Elem*>(x_shared_bytes);
   const bool x_in_smem = p.xs_stride > 0;
   const int k_begin = chunk_begin * 64;
   int xs_row[MT];
   if (x_in_smem) {
-    const int x_rows = min(p.m, MT * 8), pieces_per_row = (pair_end * 32 - k_begin) / 8;
+    constexpr int kPiece = 16 / sizeof(Elem);  // elements per 16-byte copy
+    const int x_rows = min(p.m, MT * 8), pieces_per_row = (pair_end * 32 - k_begin) / kPiece;
     for (int i = threadIdx.x; i < x_rows * pieces_per_row; i += WARPS * 32) {
       const int row = i / pieces_per_row, piece = i % pieces_per_row;
-      *reinterpret_cast<uint4*>(x_shared + row * p.xs_stride + piece * 8) =
-          __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(row) * p.ldx + k_begin + piece * 8));
+      *reinterpret_cast<uint4*>(x_shared + row * p.xs_stride + piece * kPiece) =
+          __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * p.ldx + k_begin + piece * kPiece));
     }
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) xs_row[nt] = min(nt * 8 + g, x_rows - 1) * p.xs_stride + t * 8 - k_begin;
@@ -138,11 +150,10 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pair = 2 * chunk + hp;
-          uint4 xf[MT];
+          Frag xf[MT];
 #pragma unroll
           for (int nt = 0; nt < MT; ++nt)
-            xf[nt] = x_in_smem ? *reinterpret_cast<const uint4*>(x_shared + xs_row[nt] + pair * 32)
-                               : __ldg(reinterpret_cast<const uint4*>(x_row[nt] + pair * 32));
+            xf[nt] = x_in_smem ? Act::load_shared(x_shared + xs_row[nt] + pair * 32) : Act::load(x_row[nt] + pair * 32);
 #pragma unroll
           for (int r = 0; r < RPW; ++r) pair_mma(r, hp ? w[r].z : w[r].x, hp ? w[r].w : w[r].y, xf);
           if ((pair + 1) % PPG == 0 || pair + 1 == pair_end) {
@@ -155,9 +166,9 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
   }
   if (do_tail) {
     const int pair = 2 * p.w.full_chunks;
-    uint4 xf[MT];
+    Frag xf[MT];
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) xf[nt] = __ldg(reinterpret_cast<const uint4*>(x_row[nt] + pair * 32));
+    for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const uint2 w = load_stream_8(w_base[r] - lane * 16 + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
@@ -167,6 +178,20 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_small_m_kernel(const W4A16Sm
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
+  if constexpr (Act::kTokenScale) {
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) {
+      const float s0 = __ldg(p.x_scales + min(nt * 8 + 2 * t, p.m - 1));
+      const float s1 = __ldg(p.x_scales + min(nt * 8 + 2 * t + 1, p.m - 1));
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        acc[r][nt][0] *= s0;
+        acc[r][nt][1] *= s1;
+        acc[r][nt][2] *= s0;
+        acc[r][nt][3] *= s1;
+      }
+    }
+  }
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = tile * WARPS * RPW + warp * RPW + r;
