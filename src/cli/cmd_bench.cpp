@@ -46,6 +46,8 @@ struct BenchArgs {
   bool no_graphs = false;
   bool no_pdl = false;
   bool profile_step = false;
+  std::vector<int64_t> qspec_gammas;
+  double accept_rate = 1.0;
 };
 
 [[maybe_unused]] void write_record(const nlohmann::json& record, const std::string& out_dir,
@@ -75,6 +77,8 @@ void run_gpu(const BenchArgs& args) {
   options.cuda_graphs = !args.no_graphs;
   options.programmatic_launch = !args.no_pdl;
   options.profile_step = args.profile_step;
+  options.qspec_gammas = args.qspec_gammas;
+  options.accept_rate = args.accept_rate;
   options.command_line = args.command_line;
   options.commit = git_commit();
   const nlohmann::json record = run_gpu_bench(options);
@@ -224,6 +228,14 @@ void register_bench(CLI::App& app) {
                       "cuda: dataset workloads served with continuous batching (gsm8k, humaneval, mbpp, mt-bench)")
       ->delimiter(',');
   command->add_option("--workloads-file", args->workloads_file, "cuda: prompt/output lengths per dataset")
+      ->capture_default_str();
+  command->add_option("--qspec-gammas", args->qspec_gammas,
+                      "cuda, mode w4a16: time QSpec cycles (w4a8 drafts + W4A16 verify) for these draft lengths")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 7));
+  command->add_option("--accept-rate", args->accept_rate,
+                      "cuda: per-token draft acceptance for the QSpec tokens/s (1 = every draft kept)")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   command->add_option("--requests-per-slot", args->requests_per_slot, "cuda: a workload serves batch x this many requests")
       ->check(CLI::PositiveNumber)

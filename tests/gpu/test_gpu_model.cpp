@@ -290,3 +290,41 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   // int8 activations need the 4-bit weights.
   EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
 }
+
+// A W4A16 model switched to int8 activations computes exactly what a W4A8 model computes
+// (prefill and graph-replayed decode steps, bitwise logits), and its f16 steps differ from them:
+// the QSpec drafts really run in int8 over the verify's weights and cache.
+TEST(GpuModel, Int8ActivationStepsEqualTheW4A8ModeAndDifferFromF16) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const std::vector<int32_t> prompt = question_prompts(*tokenizer, 1).front();
+  qspec::GpuLlamaOptions options;
+  options.max_seqs = 1;
+  options.max_context = 256;
+  qspec::GpuLlama switched(*model, qspec::parse_run_mode("w4a16"), options);
+  qspec::GpuLlama w4a8(*model, qspec::parse_run_mode("w4a8"), options);
+  ASSERT_EQ(switched.activations(), qspec::GpuActivations::f16);
+  ASSERT_EQ(w4a8.activations(), qspec::GpuActivations::int8);
+  const int32_t f16_first = switched.forward(prompt);
+  const std::vector<float> f16_logits = switched.logits();
+  switched.reset();
+  switched.set_activations(qspec::GpuActivations::int8);
+  int32_t a = switched.forward(prompt), b = w4a8.forward(prompt);
+  ASSERT_EQ(switched.logits(), w4a8.logits()) << "prefill";
+  EXPECT_NE(switched.logits(), f16_logits) << "int8 activations gave the f16 logits";
+  (void)f16_first;
+  for (int step = 0; step < 4; ++step) {  // decode steps replay graphs (one per precision)
+    ASSERT_EQ(a, b);
+    const std::vector<int32_t> next_a = {a}, next_b = {b};
+    a = switched.forward(next_a);
+    b = w4a8.forward(next_b);
+    ASSERT_EQ(switched.logits(), w4a8.logits()) << "decode step " << step;
+  }
+  switched.set_activations(qspec::GpuActivations::f16);
+  const std::vector<int32_t> next = {a};
+  switched.forward(next);
+  w4a8.forward(next);
+  EXPECT_NE(switched.logits(), w4a8.logits()) << "the f16 decode graph was not used after switching back";
+}

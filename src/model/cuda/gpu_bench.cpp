@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -130,6 +131,89 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// QSpec cycles on a W4A16 model: per batch and gamma, `steps` cycles of gamma w4a8 draft steps
+// (decode graphs, int8 activations) and one W4A16 verify step over gamma + 1 tokens a sequence,
+// each sequence reset to options.context first (the decode table's context). Host-timed as the
+// engine calls them (inputs, launch, ids back, sync), medians per phase.
+nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, const ModelConfig& config,
+                                const nlohmann::json& decode_rows, const Ceilings& ceilings) {
+  nlohmann::json out = nlohmann::json::array();
+  const double alpha = options.accept_rate;
+  std::printf("\nQSpec cycles: w4a8 drafts + W4A16 verify; %s\n",
+              alpha >= 1.0 ? "every draft accepted (upper bound: random weights have no real acceptance)"
+                           : "tokens per cycle from --accept-rate (random weights have no real acceptance)");
+  std::printf("accept rate %.3f | roofline: weights once per pass (+ K/V), over the copy bandwidth\n", alpha);
+  std::printf("%6s %6s %10s %10s %10s %8s %10s %12s %12s %9s %9s\n", "batch", "gamma", "draft ms", "verify ms",
+              "cycle ms", "draft%", "tok/cycle", "tokens/s", "w4a16 tok/s", "speed-up", "verify/roof");
+  const int64_t max_gamma = *std::max_element(options.qspec_gammas.begin(), options.qspec_gammas.end());
+  for (int64_t batch : options.batch_sizes) {
+    if (batch * (max_gamma + 1) > gpu.max_seqs() * 8) continue;  // the model's logit rows
+    double w4a16_step_ms = 0;
+    for (const auto& row : decode_rows)
+      if (row["batch"].get<int64_t>() == batch) w4a16_step_ms = row["step_ms"].get<double>();
+    for (int64_t gamma : options.qspec_gammas) {
+      std::vector<int32_t> draft_tokens(static_cast<size_t>(batch)), verify_tokens(static_cast<size_t>(batch * (gamma + 1)));
+      for (size_t i = 0; i < verify_tokens.size(); ++i) verify_tokens[i] = static_cast<int32_t>((700 + 13 * i) % config.vocab_size);
+      std::vector<GpuLlama::Run> draft_runs(static_cast<size_t>(batch)), verify_runs(static_cast<size_t>(batch));
+      for (int64_t s = 0; s < batch; ++s) {
+        draft_tokens[static_cast<size_t>(s)] = verify_tokens[static_cast<size_t>(s * (gamma + 1))];
+        draft_runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&draft_tokens[static_cast<size_t>(s)], 1)};
+        verify_runs[static_cast<size_t>(s)] = {
+            s, std::span<const int32_t>(verify_tokens.data() + s * (gamma + 1), static_cast<size_t>(gamma + 1)), true};
+      }
+      std::vector<double> draft_seconds, verify_seconds;
+      for (int64_t i = 0; i < options.steps / 4 + 3; ++i) {
+        for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
+        gpu.set_activations(GpuActivations::int8);
+        auto start = std::chrono::steady_clock::now();
+        for (int64_t d = 0; d < gamma; ++d) {
+          const std::vector<int32_t> ids = gpu.step(draft_runs);
+          for (int64_t s = 0; s < batch; ++s) draft_tokens[static_cast<size_t>(s)] = ids[static_cast<size_t>(s)];
+        }
+        const double draft = seconds_since(start);
+        for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
+        gpu.set_activations(GpuActivations::f16);
+        start = std::chrono::steady_clock::now();
+        gpu.step(verify_runs);
+        const double verify = seconds_since(start);
+        if (i >= 3) {  // the first cycles capture graphs
+          draft_seconds.push_back(draft);
+          verify_seconds.push_back(verify);
+        }
+      }
+      const double draft_ms = median(draft_seconds) * 1e3, verify_ms = median(verify_seconds) * 1e3;
+      const double cycle_ms = draft_ms + verify_ms;
+      // Expected tokens a cycle: accepted prefix + the verify's token, sum of alpha^i for i <= gamma.
+      double tokens_per_cycle = 0;
+      for (int64_t i = 0; i <= gamma; ++i) tokens_per_cycle += std::pow(alpha, static_cast<double>(i));
+      const double tokens_per_second = static_cast<double>(batch) * tokens_per_cycle / (cycle_ms * 1e-3);
+      const double w4a16_tps = w4a16_step_ms > 0 ? static_cast<double>(batch) / (w4a16_step_ms * 1e-3) : 0;
+      const double context = static_cast<double>(options.context) + static_cast<double>(gamma);
+      const double verify_floor_ms = (static_cast<double>(gpu.weight_bytes()) +
+                                      static_cast<double>(batch) * context * static_cast<double>(gpu.kv_bytes_per_position())) /
+                                     ceilings.copy_bytes_per_s * 1e3;
+      std::printf("%6lld %6lld %10.3f %10.3f %10.3f %7.1f%% %10.2f %12.0f %12.0f %8.3fx %8.1f%%\n",
+                  static_cast<long long>(batch), static_cast<long long>(gamma), draft_ms, verify_ms, cycle_ms,
+                  100.0 * draft_ms / cycle_ms, tokens_per_cycle, tokens_per_second, w4a16_tps,
+                  w4a16_tps > 0 ? tokens_per_second / w4a16_tps : 0.0, 100.0 * verify_floor_ms / verify_ms);
+      out.push_back({{"batch", batch},
+                     {"gamma", gamma},
+                     {"accept_rate", alpha},
+                     {"draft_ms", draft_ms},
+                     {"draft_step_ms", draft_ms / static_cast<double>(gamma)},
+                     {"verify_ms", verify_ms},
+                     {"cycle_ms", cycle_ms},
+                     {"tokens_per_cycle", tokens_per_cycle},
+                     {"tokens_per_second", tokens_per_second},
+                     {"w4a16_tokens_per_second", w4a16_tps},
+                     {"speedup_vs_w4a16", w4a16_tps > 0 ? tokens_per_second / w4a16_tps : 0.0},
+                     {"verify_memory_floor_ms", verify_floor_ms}});
+    }
+  }
+  gpu.set_activations(GpuActivations::f16);
+  return out;
 }
 
 // Multiply-adds of the weights per token (the embedding is a gather, not a GEMM).
@@ -319,6 +403,10 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                   options.context, " + --steps ", options.steps, " exceed the model's context");
       gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
       gpu_options.max_logit_rows = max_batch;
+      if (!options.qspec_gammas.empty()) {  // verify steps: gamma + 1 <= 8 tokens and logit rows a sequence
+        gpu_options.max_step_tokens = std::max<int64_t>(max_batch * 8, 16);
+        gpu_options.max_logit_rows = max_batch * 8;
+      }
       gpu_options.cuda_graphs = options.cuda_graphs;
       auto gpu = make_model(options, checkpoint.get(), config, mode, gpu_options);
       std::printf("\n%s decode: weights %.2f GB read per step, %.1f KB of K/V per position; %s\n", mode_name.c_str(),
@@ -383,6 +471,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
       }
       mode_record["weight_bytes"] = gpu->weight_bytes();
       mode_record["graphs_captured"] = gpu->graphs_captured();
+      if (mode_name == "w4a16" && !options.qspec_gammas.empty() && !options.profile_step)
+        mode_record["qspec"] = run_qspec_cycles(options, *gpu, config, mode_record["decode"], ceilings);
     }
 
     // ---- dataset workloads ----

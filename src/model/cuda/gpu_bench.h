@@ -9,6 +9,8 @@
 // copy, bytes read + written; cuBLAS f16 8192^3). Baselines in the same run: the sum of the
 // step's GEMMs timed alone (cuBLAS f16 for w16a16, the W4A16 kernels for w4a16).
 // TTFT: one sequence, prompt of P tokens in one step.
+// QSpec (--qspec-gammas): draft / verify time split per cycle (the paper's Fig. 4), tokens/s
+// next to the W4A16 decode of the same batch measured in the same run, each phase's roofline.
 // Workloads (the paper's Tables 4 and 6): requests with the prompt and output lengths of a
 // dataset (bench/workloads.json, tools/make_workloads.py) served by B slots, continuous
 // batching: a free slot takes the next request (its prompt in one prefill step), every active
@@ -37,6 +39,13 @@ struct GpuBenchOptions {
   // Profile mode: per mode and batch size, warm up, then run one decode step between
   // profiler_start/stop (for `ncu --profile-from-start off`); nothing is timed.
   bool profile_step = false;
+  // QSpec cycles (mode w4a16 only): per batch size and gamma, gamma w4a8 draft steps then one
+  // W4A16 verify step of gamma + 1 tokens a sequence (all-token logits), timed as the engine
+  // runs them. Acceptance is meaningless on random weights: tokens per cycle follow from
+  // accept_rate, the probability that a draft token is accepted given its predecessors were
+  // (1.0 = the upper bound, every draft kept), and the output says which was used.
+  std::vector<int64_t> qspec_gammas;
+  double accept_rate = 1.0;
   std::string command_line;
   std::string commit;
 };
