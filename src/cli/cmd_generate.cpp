@@ -77,7 +77,8 @@ void run_generate(const GenerateArgs& args) {
   engine_options.max_batch_size = 1;
   if (args.device == "cuda") {
     engine_options.device = "cuda";
-    engine_options.gpu_mode = args.mode;  // the engine refuses modes the GPU does not run
+    // The engine refuses modes the GPU does not run; QSpec verifies in w4a16 (drafts: w4a8).
+    engine_options.gpu_mode = use_qspec ? "w4a16" : args.mode;
   }
   Engine engine(*model, tokenizer.get(), engine_options);
   Request request;
@@ -171,7 +172,7 @@ void register_generate(CLI::App& app) {
                     "--mode qspec: move gamma with the recent acceptance (1..--max-gamma)");
   command->add_option("--max-gamma", args->max_gamma, "--mode qspec: upper bound of adaptive gamma")
       ->capture_default_str();
-  command->add_option("--device", args->device, "Where the model runs: cpu, or cuda (modes w4a16 and w16a16)")
+  command->add_option("--device", args->device, "Where the model runs: cpu, or cuda (modes w4a16, w4a8, w16a16, and qspec with --draft w4a8)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   command->add_option("--stop", args->stop, "Stop string (repeatable): the output ends before it");

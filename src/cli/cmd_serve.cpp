@@ -77,7 +77,8 @@ void run_serve(const ServeArgs& args) {
   options.engine.max_waiting = args.max_queue;
   // The GPU engine runs one mode, the default's (the engine refuses one the GPU does not run);
   // requests for another get a 400.
-  if (options.engine.device == "cuda") options.engine.gpu_mode = args.mode;
+  // QSpec requests verify in w4a16 there and draft in w4a8.
+  if (options.engine.device == "cuda") options.engine.gpu_mode = args.mode == "qspec" ? "w4a16" : args.mode;
   options.chat_template = load_server_chat_template(args.model_dir, args.chat_template);
   if (!options.chat_template)
     std::fprintf(stderr, "[qspec] %s has no chat template: /v1/chat/completions answers 400 (--chat-template FILE)\n",
@@ -165,7 +166,7 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->add_option("--kv-blocks", args->engine.kv_blocks, "KV cache blocks (0: automatic)")->capture_default_str();
-  command->add_option("--device", args->engine.device, "Where the model runs: cpu, or cuda (modes w4a16 and w16a16)")
+  command->add_option("--device", args->engine.device, "Where the model runs: cpu, or cuda (modes w4a16, w4a8, w16a16, and qspec with --draft w4a8)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   command->add_option("--gpu-max-context", args->engine.gpu_max_context,
