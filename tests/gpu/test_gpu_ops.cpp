@@ -925,11 +925,19 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
       struct Variant {
         const char* name;
         cuda::W4A16SmallMConfig config;
+        cuda::W4A16TiledConfig tiled{-1, 0};  // tile >= 0: the tiled kernel
       };
       for (const Variant& v : {Variant{"v1", {1, 0}}, Variant{"v2", {2, 0}}, Variant{"v1 split3", {1, 3}},
                                Variant{"v1 x shared", {1, 0, 1}}, Variant{"v2 x global split3", {2, 3, 2}},
-                               Variant{"automatic", {}}}) {
-        const size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4;
+                               Variant{"automatic", {}}, Variant{"tiled auto", {}, {0, 0}},
+                               Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x64", {}, {2, 1}},
+                               Variant{"tiled 256x32 split5", {}, {3, 5}}, Variant{"tiled 128x128", {}, {4, 1}}}) {
+        const bool tiled = v.tiled.tile >= 0;
+        const bool automatic = !tiled && v.config.variant == 0;
+        // Room for the tiled runs' forced splits (beyond their heuristic's bound).
+        const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4,
+                                      cuda::w4a16_workspace_bytes(1, s.n, s.k, cuda::W4A16Path::tiled) +
+                                          static_cast<size_t>(5 * m * s.n) * sizeof(float));
         cuda::DeviceMemory workspace(bytes);
         cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
         const std::string what = std::string("w4a8 ") + v.name + " m" + std::to_string(m) + " n" +
@@ -937,8 +945,15 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
         std::vector<f16> first;
         for (int launch = 0; launch < 2; ++launch) {  // the second on the same workspace: counters back at zero
           auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
-          cuda::w4a8_gemm(d_q.as<int8_t>(), d_scales.as<float>(), m, ldq, w.view, d_y.as<f16>(), ldy, workspace.get(),
-                          bytes, nullptr, v.config);
+          if (tiled)
+            cuda::w4a8_gemm_tiled(d_q.as<int8_t>(), d_scales.as<float>(), m, ldq, w.view, d_y.as<f16>(), ldy,
+                                  workspace.get(), bytes, nullptr, v.tiled);
+          else if (automatic)
+            cuda::w4a8_gemm(d_q.as<int8_t>(), d_scales.as<float>(), m, ldq, w.view, d_y.as<f16>(), ldy,
+                            workspace.get(), bytes, nullptr);
+          else
+            cuda::w4a8_gemm_small_m(d_q.as<int8_t>(), d_scales.as<float>(), m, ldq, w.view, d_y.as<f16>(), ldy,
+                                    workspace.get(), bytes, nullptr, v.config);
           const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
           if (launch == 1) {
             ASSERT_EQ(y, first) << what << " is not deterministic";
@@ -958,7 +973,13 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
   cuda::W4A16Weights none{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 128, 128};
   EXPECT_THROW(cuda::w4a8_gemm(reinterpret_cast<int8_t*>(256), nullptr, 1, 136, none, nullptr, 16, nullptr, 0, nullptr),
                qspec::Error);  // ldx not a multiple of 16, and no scales
-  EXPECT_THROW(cuda::w4a8_gemm(reinterpret_cast<int8_t*>(256), reinterpret_cast<float*>(256), 1, 128, none, nullptr, 16,
-                               nullptr, 0, nullptr, {3, 0}),
+  EXPECT_THROW(cuda::w4a8_gemm_small_m(reinterpret_cast<int8_t*>(256), reinterpret_cast<float*>(256), 1, 128, none,
+                                       nullptr, 16, nullptr, 0, nullptr, {3, 0}),
                qspec::Error);  // the stream variants are f16 only
+  EXPECT_THROW(cuda::w4a8_gemm(reinterpret_cast<int8_t*>(256), reinterpret_cast<float*>(256), 1, 128, none, nullptr, 16,
+                               nullptr, 0, nullptr, cuda::W4A16Path::dequant_cublas),
+               qspec::Error);  // no cuBLAS path for int8
+  EXPECT_THROW(cuda::w4a8_gemm_tiled(reinterpret_cast<int8_t*>(256), nullptr, 4, 128, none, nullptr, 16, nullptr, 0,
+                                     nullptr),
+               qspec::Error);  // no scales
 }

@@ -336,12 +336,21 @@ void quantize_int8_rows(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx,
 // W4A8: y[m, n] = f16(s_x[m] * sum over groups of s_w[n, group] * (sum over the group of
 // q_x[m, k] q_w[n, k])): the W4A16 packed weights (one 4-bit weight set for both modes),
 // int8 activation codes (rows ldx bytes apart, ldx % 16 == 0, 16-byte aligned) with their
-// token scales; each group's integer sum exact on s8 mma (s32), the rest in f32. The small-M
-// kernel of w4a16_gemm_small_m (variants 1 / 2 of W4A16SmallMConfig; the same workspace,
-// w4a16_workspace_bytes(m, n, k, W4A16Path::small_m)), in slices of 64 tokens.
+// token scales; each group's integer sum exact on s8 mma (s32), the rest in f32. The kernels
+// of the W4A16 paths with int8 operands: automatic takes small_m up to 8 tokens and tiled
+// beyond (there is no dequantize + cuBLAS path for int8); the workspace is the W4A16 path's
+// (w4a16_workspace_bytes with that path).
 void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-               const W4A16SmallMConfig& config = {});
+               W4A16Path path = W4A16Path::automatic);
+// The small-M kernel (variants 1 / 2 of W4A16SmallMConfig), in slices of 64 tokens.
+void w4a8_gemm_small_m(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                       f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                       const W4A16SmallMConfig& config = {});
+// The tiled kernel (every tile of W4A16TiledConfig), any m.
+void w4a8_gemm_tiled(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                     f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                     const W4A16TiledConfig& config = {});
 
 enum class Dtype16 { f16, bf16 };
 // W16A16: y[m, n] = x[m, k] * W[n, k]^T through cuBLAS (cublasGemmEx, f32 compute), x, W and

@@ -65,6 +65,16 @@ void w4a16_workspace_init(void* workspace, size_t bytes, void* stream) {
     QSPEC_CUDA_CHECK(cudaMemsetAsync(workspace, 0, std::min(bytes, detail::kW4A16CounterBytes), as_stream(stream)));
 }
 
+void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
+               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
+  if (path == W4A16Path::automatic) path = m <= kSmallMMax ? W4A16Path::small_m : W4A16Path::tiled;
+  QSPEC_CHECK(path != W4A16Path::dequant_cublas, "cuda::w4a8_gemm: int8 activations have no dequantize + cuBLAS path");
+  if (path == W4A16Path::small_m)
+    w4a8_gemm_small_m(xq, x_scales, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
+  else
+    w4a8_gemm_tiled(xq, x_scales, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
+}
+
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
   if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w.n, w.k);

@@ -233,11 +233,12 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
   }
 }
 
-void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
-               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config) {
+void w4a8_gemm_small_m(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                       f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                       const W4A16SmallMConfig& config) {
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
   QSPEC_CHECK(m >= 0 && ldx >= w.k && ldx % 16 == 0 && ldy >= w.n && is_aligned_16(xq),
-              "cuda::w4a8_gemm: x must be 16-byte aligned with ldx >= k and ldx % 16 == 0, ldy >= n (m ", m,
+              "cuda::w4a8_gemm_small_m: x must be 16-byte aligned with ldx >= k and ldx % 16 == 0, ldy >= n (m ", m,
               ", ldx ", ldx, ", ldy ", ldy, ")");
   if (m == 0) return;
   QSPEC_CHECK(x_scales != nullptr, "cuda::w4a8_gemm: no token scales");

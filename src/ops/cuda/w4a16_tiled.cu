@@ -28,20 +28,20 @@ struct TiledKernel {
   void (*launch)(const kernels::W4A16TiledParams&, dim3, cudaStream_t);
 };
 
-template <class Tile, int G>
+template <class Act, class Tile, int G>
 struct TiledLauncher {
   static constexpr int kSmemBytes = Tile::template smem_bytes<G>();
   // Once per process: opt in to the shared memory, then ask how many blocks fit.
   static int configure() {
-    auto* kernel = kernels::w4a16_tiled_kernel<Tile, G>;
+    auto* kernel = kernels::w4_tiled_kernel<Act, Tile, G>;
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     int blocks = 0;
     QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tile::kThreads, kSmemBytes));
     return std::max(blocks, 1);
   }
   static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
-    launch_pdl(kernels::w4a16_tiled_kernel<Tile, G>, grid, dim3(Tile::kThreads), kSmemBytes, stream, params);
-    QSPEC_CUDA_CHECK_LAUNCH("w4a16_tiled_kernel");
+    launch_pdl(kernels::w4_tiled_kernel<Act, Tile, G>, grid, dim3(Tile::kThreads), kSmemBytes, stream, params);
+    QSPEC_CUDA_CHECK_LAUNCH("w4_tiled_kernel");
   }
   static TiledKernel get() {
     static const int blocks_per_sm = configure();
@@ -49,21 +49,22 @@ struct TiledLauncher {
   }
 };
 
-template <class Tile>
+template <class Act, class Tile>
 TiledKernel tiled_kernel_for_group(int64_t group) {
   switch (group) {
-    case 32: return TiledLauncher<Tile, 32>::get();
-    case 64: return TiledLauncher<Tile, 64>::get();
-    default: return TiledLauncher<Tile, 128>::get();
+    case 32: return TiledLauncher<Act, Tile, 32>::get();
+    case 64: return TiledLauncher<Act, Tile, 64>::get();
+    default: return TiledLauncher<Act, Tile, 128>::get();
   }
 }
 
+template <class Act>
 TiledKernel tiled_kernel(int tile, int64_t group) {
   switch (tile) {
-    case 1: return tiled_kernel_for_group<Tile256x64>(group);
-    case 2: return tiled_kernel_for_group<Tile128x64>(group);
-    case 3: return tiled_kernel_for_group<Tile256x32>(group);
-    default: return tiled_kernel_for_group<Tile128x128>(group);
+    case 1: return tiled_kernel_for_group<Act, Tile256x64>(group);
+    case 2: return tiled_kernel_for_group<Act, Tile128x64>(group);
+    case 3: return tiled_kernel_for_group<Act, Tile256x32>(group);
+    default: return tiled_kernel_for_group<Act, Tile128x128>(group);
   }
 }
 
@@ -83,20 +84,21 @@ std::string w4a16_tiled_tile_name(int tile) {
   }
 }
 
-void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
-                      void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
+namespace {
+
+// Plans and launches the tiled kernel for either activation type; params: x / xq / x_scales
+// and ldx set by the caller.
+template <class Act>
+void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                  void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 8 == 0 && ldy >= w.n &&
-                  reinterpret_cast<uintptr_t>(x) % 16 == 0,
-              "cuda::w4a16_gemm_tiled: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
-              ", ldx ", ldx, ", ldy ", ldy, ")");
   QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
               "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned (cp.async)");
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
   if (m == 0) return;
   const int tile = config.tile != 0 ? config.tile : default_tile(m);
-  const TiledKernel kernel = tiled_kernel(tile, w.group);
+  const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
   const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
   QSPEC_CHECK(row_tiles <= 65535, "cuda::w4a16_gemm_tiled: n ", w.n, " too large");
   const int64_t blocks = m_tiles * row_tiles;
@@ -115,10 +117,7 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
                                                     workspace_bytes))
     --splits;
 
-  kernels::W4A16TiledParams params{};
   params.w = layout;
-  params.x = reinterpret_cast<const __half*>(x);
-  params.ldx = ldx;
   params.y = reinterpret_cast<__half*>(y);
   params.ldy = ldy;
   params.m = static_cast<int>(m);
@@ -130,6 +129,34 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
   kernel.launch(params, dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(row_tiles),
                              static_cast<unsigned>(splits)),
                 as_stream(stream));
+}
+
+}  // namespace
+
+void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                      void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
+  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 8 == 0 && ldy >= w.n &&
+                  reinterpret_cast<uintptr_t>(x) % 16 == 0,
+              "cuda::w4a16_gemm_tiled: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
+              ", ldx ", ldx, ", ldy ", ldy, ")");
+  kernels::W4A16TiledParams params{};
+  params.x = reinterpret_cast<const __half*>(x);
+  params.ldx = ldx;
+  launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+}
+
+void w4a8_gemm_tiled(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                     f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                     const W4A16TiledConfig& config) {
+  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 16 == 0 && ldy >= w.n && is_aligned_16(xq),
+              "cuda::w4a8_gemm_tiled: x must be 16-byte aligned with ldx >= k and ldx % 16 == 0, ldy >= n (m ", m,
+              ", ldx ", ldx, ", ldy ", ldy, ")");
+  QSPEC_CHECK(m == 0 || x_scales != nullptr, "cuda::w4a8_gemm_tiled: no token scales");
+  kernels::W4A16TiledParams params{};
+  params.xq = xq;
+  params.x_scales = x_scales;
+  params.ldx = ldx;
+  launch_tiled<kernels::ActS8>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
 }
 
 }  // namespace qspec::cuda

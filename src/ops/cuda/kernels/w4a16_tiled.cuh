@@ -1,7 +1,9 @@
-// W4A16 GEMM for tens to hundreds of tokens: y[m, n] = x[m, k] W[n, k]^T with W int4
-// (gemm/w4a16_pack.h). Same math as w4a16_small_m.cuh, bit for bit: y^T = W x^T on mma.sync
-// m16n8k16 (16 weight rows are A, 8 tokens are B), weights dequantized with lop3 into exact f16
-// integers, each scale group accumulated in f32 and then scaled by the group's scale in f32.
+// W4A16 / W4A8 GEMM for tens to hundreds of tokens: y[m, n] = x[m, k] W[n, k]^T with W int4
+// (gemm/w4a16_pack.h) and x f16 (Act = ActF16) or per-token int8 (ActS8,
+// kernels/w4_activation.cuh). Same math as w4a16_small_m.cuh, bit for bit: y^T = W x^T on
+// mma.sync (16 weight rows are A, 8 tokens are B), weights unpacked into exact f16 (int8)
+// integers, each scale group accumulated in f32 (s32) and then scaled by the group's scale in
+// f32; int8 rows by their token scale at the end.
 //
 // Tiling: a block owns kRows = WARPS x RPW x 16 weight rows and kTokens = MT x 8 tokens (grid:
 // x = M tile, y = row tile, z = K split). M tiles are the fastest grid dimension, so the blocks
@@ -19,22 +21,26 @@
 // per-stage barrier that x needs anyway orders the slot reuse).
 //
 // Why no ldmatrix for x: the packed k order (gemm/w4a16_pack.h) makes lane 4g+t's B fragments
-// of both k tiles of a pair the 8 consecutive values x[g][32P + 8t ..], i.e. one 16-byte shared
-// load, as many instructions as ldmatrix.x4 (which would deliver pairs 2t, 2t+1: the unpermuted
-// order). x rows are 64 CH halves (a multiple of 128 bytes) and unpadded; the 16-byte pieces of
-// odd rows are XOR-swizzled by 4 (piece p stored at p ^ 4), so the 8 lanes of each quarter warp
-// (rows g, g + 1; pieces 4hp + t) hit 8 distinct 16-byte bank groups.
+// of a pair the 8 consecutive values x[g][32P + 8t ..], i.e. one 16-byte (f16) or 8-byte (int8)
+// shared load, as many instructions as ldmatrix.x4 (which would deliver pairs 2t, 2t+1: the
+// unpermuted order). x rows are 64 CH values (a multiple of 128 bytes) and unpadded; their 16-byte
+// pieces are XOR-swizzled (piece p of row r stored at p ^ x_swizzle(r)): f16 odd rows by 4, so
+// the 8 lanes of each quarter warp (rows g, g + 1; pieces 4hp + t) hit 8 distinct 16-byte bank
+// groups; int8 rows r by 2 (r & 3), so each half warp (rows g..g+3, pieces 2hp, 2hp + 1) covers
+// all 32 banks.
 //
 // Programmatic dependent launch: the weight and scale loads of the first STAGES - 1 stages are
 // issued before griddepcontrol.wait; x and every global write come after it.
 #pragma once
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 
 namespace qspec::cuda::kernels {
 
 // Tile shape: MT n-tiles of 8 tokens, RPW row blocks of 16 rows per warp, WARPS warps, CH
-// chunks of 64 k per stage, STAGES ring slots, MIN_BLOCKS for __launch_bounds__.
+// chunks of 64 k per stage, STAGES ring slots, MIN_BLOCKS for __launch_bounds__. kXBytes is
+// the f16 slab; an int8 slab takes half of it (the stage layout keeps the f16 size).
 template <int MT_, int RPW_, int WARPS_, int CH_, int STAGES_, int MIN_BLOCKS_>
 struct W4A16TileShape {
   static constexpr int MT = MT_, RPW = RPW_, WARPS = WARPS_, CH = CH_, STAGES = STAGES_;
@@ -57,7 +63,9 @@ struct W4A16TileShape {
 
 struct W4A16TiledParams {
   W4A16Layout w;
-  const __half* x;
+  const __half* x;        // ActF16
+  const int8_t* xq;       // ActS8: codes, rows ldx bytes apart
+  const float* x_scales;  // ActS8: one f32 scale per token
   int64_t ldx;
   __half* y;
   int64_t ldy;
@@ -70,10 +78,20 @@ struct W4A16TiledParams {
   unsigned* counters;  // [row tiles * m_tiles], zero between launches
 };
 
-template <class Tile, int G>
-__global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_kernel(const W4A16TiledParams p) {
+// The stored 16-byte piece of logical piece p in x slab row r (see the header comment).
+template <class Act>
+__device__ __forceinline__ int x_swizzle(int r) {
+  if constexpr (Act::kTokenScale) return (r & 3) << 1;
+  else return (r & 1) << 2;
+}
+
+template <class Act, class Tile, int G>
+__global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_kernel(const W4A16TiledParams p) {
+  using Elem = typename Act::Elem;
+  using GroupAcc = typename Act::GroupAcc;
   constexpr int MT = Tile::MT, RPW = Tile::RPW, CH = Tile::CH, STAGES = Tile::STAGES;
-  constexpr int THREADS = Tile::kThreads, TOKENS = Tile::kTokens, XH = Tile::kXRowHalves;
+  constexpr int THREADS = Tile::kThreads, TOKENS = Tile::kTokens, XH = Tile::kXRowHalves;  // XH: values a row
+  constexpr int PIECE = 16 / static_cast<int>(sizeof(Elem));  // values a 16-byte piece
   constexpr int PPG = G / 32;                // k pairs (32 values) per scale group
   constexpr int GC = G >= 64 ? G / 64 : 1;   // chunks per group (a group of 32 is half a chunk)
   static_assert(CH % GC == 0, "a stage holds whole scale groups");
@@ -105,7 +123,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
   auto w_smem = [&](int slot, int r, int ch) {
     return smem + slot * STAGE_BYTES + ((warp * RPW + r) * CH + ch) * 512 + lane * 16;
   };
-  auto x_smem = [&](int slot) { return reinterpret_cast<__half*>(smem + slot * STAGE_BYTES + Tile::kWBytes); };
+  auto x_smem = [&](int slot) { return reinterpret_cast<Elem*>(smem + slot * STAGE_BYTES + Tile::kWBytes); };
   auto s_smem = [&](int slot, int r) {
     return reinterpret_cast<uint32_t*>(smem + slot * STAGE_BYTES + Tile::kWBytes + Tile::kXBytes) +
            (warp * RPW + r) * NG * 8;
@@ -139,44 +157,52 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
     }
   };
   // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
-  // zero-filled, nothing read), odd rows swizzled. Thread i copies piece i % PIECES_PER_ROW of
-  // rows i / PIECES_PER_ROW + ROW_STEP j: the piece and the row parity (so the swizzle) are fixed.
-  constexpr int PIECES_PER_ROW = CH * 8, ROW_STEP = THREADS / PIECES_PER_ROW;
-  static_assert(THREADS % PIECES_PER_ROW == 0 && ROW_STEP % 2 == 0 && TOKENS % ROW_STEP == 0,
-                "x slab copy: every thread keeps one piece column and row parity");
+  // zero-filled, nothing read), rows swizzled. Thread i copies piece i % PIECES_PER_ROW of rows
+  // i / PIECES_PER_ROW + ROW_STEP j: the piece and the row's swizzle are fixed.
+  constexpr int PIECES_PER_ROW = XH / PIECE, PIECES_PER_CHUNK = 64 / PIECE, ROW_STEP = THREADS / PIECES_PER_ROW;
+  static_assert(THREADS % PIECES_PER_ROW == 0 && ROW_STEP % 4 == 0 && TOKENS % ROW_STEP == 0,
+                "x slab copy: every thread keeps one piece column and row swizzle");
+  static_assert(PIECES_PER_ROW >= 8, "the int8 swizzle needs 8 pieces a row (CH >= 2)");
+  const Elem* x_base = nullptr;
+  if constexpr (Act::kTokenScale) x_base = p.xq;
+  else x_base = p.x;
   const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
-  const __half* x_src0 = p.x + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * p.ldx + x_piece * 8;
-  const int x_dst0 = x_row0 * XH + (x_piece ^ ((x_row0 & 1) << 2)) * 8;
+  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * p.ldx + x_piece * PIECE;
+  const int x_dst0 = x_row0 * XH + (x_piece ^ x_swizzle<Act>(x_row0)) * PIECE;
   auto load_x = [&](int slot, int st) {
     const int c0 = chunk_begin + st * CH;
-    const bool k_valid = c0 + x_piece / 8 < chunk_end;
-    __half* xs = x_smem(slot);
+    const bool k_valid = c0 + x_piece / PIECES_PER_CHUNK < chunk_end;
+    Elem* xs = x_smem(slot);
 #pragma unroll
     for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
       const bool valid = k_valid && x_row0 + j * ROW_STEP < tile_m;
-      const __half* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * p.ldx + c0 * 64 : p.x;
+      const Elem* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * p.ldx + c0 * 64 : x_base;
       cp_async_16(smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
     }
   };
 
-  float acc[RPW][MT][4], gacc[RPW][MT][4];
+  float acc[RPW][MT][4];
+  GroupAcc gacc[RPW][MT][4];
 #pragma unroll
   for (int r = 0; r < RPW; ++r)
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][nt][e] = gacc[r][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) {
+        acc[r][nt][e] = 0.0f;
+        gacc[r][nt][e] = 0;
+      }
   // Scale the group accumulators of row set r into acc (f32), clear them.
   auto flush = [&](int r, uint32_t scale_word) {
     const float2 s = unpack_half2(scale_word);
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) {
-      acc[r][nt][0] = fmaf(s.x, gacc[r][nt][0], acc[r][nt][0]);
-      acc[r][nt][1] = fmaf(s.x, gacc[r][nt][1], acc[r][nt][1]);
-      acc[r][nt][2] = fmaf(s.y, gacc[r][nt][2], acc[r][nt][2]);
-      acc[r][nt][3] = fmaf(s.y, gacc[r][nt][3], acc[r][nt][3]);
+      acc[r][nt][0] = fmaf(s.x, Act::to_float(gacc[r][nt][0]), acc[r][nt][0]);
+      acc[r][nt][1] = fmaf(s.x, Act::to_float(gacc[r][nt][1]), acc[r][nt][1]);
+      acc[r][nt][2] = fmaf(s.y, Act::to_float(gacc[r][nt][2]), acc[r][nt][2]);
+      acc[r][nt][3] = fmaf(s.y, Act::to_float(gacc[r][nt][3]), acc[r][nt][3]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0;
     }
   };
 
@@ -196,8 +222,12 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
     cp_async_commit();
   }
 
-  // This lane's x offsets (halves) for n-tile 0 of pair hp of a chunk: row g, piece 4 hp + t, swizzled.
-  const int x_lane[2] = {g * XH + ((4 * 0 + t) ^ ((g & 1) << 2)) * 8, g * XH + ((4 * 1 + t) ^ ((g & 1) << 2)) * 8};
+  // This lane's x offset (values) for n-tile 0 of pair hp of chunk ch of a stage: row g, the
+  // piece holding values 64 ch + 32 hp + 8 t, swizzled (n-tiles are 8 rows apart: same swizzle).
+  auto x_lane = [&](int ch, int hp) {
+    const int value = ch * 64 + hp * 32 + t * 8;
+    return g * XH + ((value / PIECE) ^ x_swizzle<Act>(g)) * PIECE + value % PIECE;
+  };
 
   for (int st = 0; st < stages; ++st) {
     cp_async_wait<STAGES - 2>();
@@ -211,7 +241,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
 
     const int slot = st % STAGES;
     const int c0 = chunk_begin + st * CH;
-    const __half* xs = x_smem(slot);
+    const Elem* xs = x_smem(slot);
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
       const int c = c0 + ch;
@@ -221,20 +251,15 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
       for (int r = 0; r < RPW; ++r) wq[r] = *reinterpret_cast<const uint4*>(w_smem(slot, r, ch));
 #pragma unroll
       for (int hp = 0; hp < 2; ++hp) {
-        uint32_t a[RPW][2][4];
+        typename Act::Weights a[RPW];
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-          dequant_int4x8(hp ? wq[r].z : wq[r].x, a[r][0]);
-          dequant_int4x8(hp ? wq[r].w : wq[r].y, a[r][1]);
-        }
+        for (int r = 0; r < RPW; ++r) a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
+        const int x_off = x_lane(ch, hp);
 #pragma unroll
         for (int nt = 0; nt < MT; ++nt) {
-          const uint4 xf = *reinterpret_cast<const uint4*>(xs + x_lane[hp] + nt * 8 * XH + ch * 64);
+          const typename Act::Frag xf = Act::load_shared(xs + x_off + nt * 8 * XH);
 #pragma unroll
-          for (int r = 0; r < RPW; ++r) {
-            mma_f16_16816(gacc[r][nt], a[r][0], xf.x, xf.y);
-            mma_f16_16816(gacc[r][nt], a[r][1], xf.z, xf.w);
-          }
+          for (int r = 0; r < RPW; ++r) Act::mma(gacc[r][nt], a[r], xf);
         }
         if ((2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
 #pragma unroll
@@ -247,22 +272,18 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
 
   if (do_tail) {  // k % 64 == 32: the last pair, straight from global memory
     const int pair = 2 * p.w.full_chunks;
-    uint32_t a[RPW][2][4];
+    typename Act::Weights a[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const uint2 wq = load_stream_8(w_block[r] + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
-      dequant_int4x8(wq.x, a[r][0]);
-      dequant_int4x8(wq.y, a[r][1]);
+      a[r] = Act::unpack(wq.x, wq.y);
     }
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) {
       const int token = m0 + min(nt * 8 + g, tile_m - 1);
-      const uint4 xf = __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(token) * p.ldx + pair * 32 + t * 8));
+      const typename Act::Frag xf = Act::load(x_base + static_cast<int64_t>(token) * p.ldx + pair * 32 + t * 8);
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        mma_f16_16816(gacc[r][nt], a[r][0], xf.x, xf.y);
-        mma_f16_16816(gacc[r][nt], a[r][1], xf.z, xf.w);
-      }
+      for (int r = 0; r < RPW; ++r) Act::mma(gacc[r][nt], a[r], xf);
     }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g));
@@ -271,6 +292,20 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4a16_tiled_
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens m0 + (nt*8 + 2t, + 1).
   // This M tile's partials, [splits][tile_m][n].
   float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
+  if constexpr (Act::kTokenScale) {
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) {
+      const float s0 = __ldg(p.x_scales + m0 + min(nt * 8 + 2 * t, tile_m - 1));
+      const float s1 = __ldg(p.x_scales + m0 + min(nt * 8 + 2 * t + 1, tile_m - 1));
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        acc[r][nt][0] *= s0;
+        acc[r][nt][1] *= s1;
+        acc[r][nt][2] *= s0;
+        acc[r][nt][3] *= s1;
+      }
+    }
+  }
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = (row_tile * Tile::WARPS + warp) * RPW + r;
