@@ -888,6 +888,50 @@ TEST_F(Gpu, QuantizeInt8RowsEqualsTheCpuQuantizerBitwise) {
   EXPECT_THROW(cuda::quantize_int8_rows(nullptr, 1, 12, 16, nullptr, 16, nullptr, nullptr), qspec::Error);
 }
 
+// The fused norm + quantization (the W4A8 model's qkv and gate_up inputs) is the two ops in
+// sequence, bit for bit: codes, scales and the residual written back.
+TEST_F(Gpu, RmsNormInt8EqualsRmsNormThenQuantizeBitwise) {
+  for (auto [rows, dim] : {std::tuple{1, 64}, {5, 4096}, {33, 5120}, {3, 14336}}) {
+    const int64_t ldc = dim + 16;
+    const std::vector<float> x = random_f16_values(static_cast<size_t>(rows * dim), 3.0f);
+    const std::vector<float> delta = random_f16_values(static_cast<size_t>(rows * dim));
+    std::vector<float> weight = random_f16_values(static_cast<size_t>(dim));
+    for (float& w : weight) w = 1.0f + 0.25f * w;
+    auto d_weight = upload(weight);
+    auto d_delta = upload(to_f16(delta));
+    for (bool fused_add : {false, true}) {
+      auto d_x_ref = upload(to_f16(x)), d_x = upload(to_f16(x));
+      auto d_normed = poisoned(static_cast<size_t>(rows * dim) * 2);
+      auto d_codes_ref = poisoned(static_cast<size_t>(rows * ldc)), d_codes = poisoned(static_cast<size_t>(rows * ldc));
+      auto d_scales_ref = poisoned(static_cast<size_t>(rows) * 4), d_scales = poisoned(static_cast<size_t>(rows) * 4);
+      if (fused_add) {
+        cuda::add_rmsnorm(d_x_ref.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f,
+                          d_normed.as<f16>(), nullptr);
+        cuda::add_rmsnorm_int8(d_x.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f,
+                               d_codes.as<int8_t>(), ldc, d_scales.as<float>(), nullptr);
+      } else {
+        cuda::rmsnorm(d_x_ref.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_normed.as<f16>(), nullptr);
+        cuda::rmsnorm_int8(d_x.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_codes.as<int8_t>(), ldc,
+                           d_scales.as<float>(), nullptr);
+      }
+      cuda::quantize_int8_rows(d_normed.as<f16>(), rows, dim, dim, d_codes_ref.as<int8_t>(), ldc,
+                               d_scales_ref.as<float>(), nullptr);
+      const std::string what = shape_name({rows, dim}) + (fused_add ? " add_rmsnorm" : " rmsnorm");
+      const auto codes_ref = download<uint8_t>(d_codes_ref, static_cast<size_t>(rows * ldc));
+      const auto codes = download<uint8_t>(d_codes, static_cast<size_t>(rows * ldc));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < dim; ++i)
+          ASSERT_EQ(codes[static_cast<size_t>(r * ldc + i)], codes_ref[static_cast<size_t>(r * ldc + i)])
+              << what << " row " << r << " col " << i;
+      const auto scales_ref = download<uint32_t>(d_scales_ref, static_cast<size_t>(rows));
+      ASSERT_EQ(download<uint32_t>(d_scales, static_cast<size_t>(rows)), scales_ref) << what;
+      for (uint32_t bits : scales_ref) ASSERT_NE(bits, 0xffffffffu) << what << ": unwritten scale";
+      ASSERT_EQ(download<f16>(d_x, static_cast<size_t>(rows * dim)), download<f16>(d_x_ref, static_cast<size_t>(rows * dim)))
+          << what << ": residual";
+    }
+  }
+}
+
 // W4A8 against the CPU: the same 4-bit weights (cpu::quantized_linear) times the int8
 // activations dequantized (cpu::apply_activation_mode, int8): equal up to f32 summation order
 // and the f16 output rounding (bound 2e-3, as W4A16). The GPU's own quantizer feeds the GEMM

@@ -184,12 +184,17 @@ struct GpuLlama::State {
   int64_t max_runs() const { return std::min(max_seqs, max_step_tokens); }
   size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
+  bool int8_step() const { return quantized && activations == GpuActivations::int8; }
+  // The W4A8 GEMM on activations already quantized into x_codes / x_scales.
+  void gemm_int8(const Linear& linear, int64_t m, f16_bits* y) {
+    cuda::w4a8_gemm(x_codes.as<int8_t>(), x_scales.as<float>(), m, x_codes_stride, linear.view, y, linear.n,
+                    gemm_workspace.get(), gemm_workspace_bytes, stream);
+  }
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
     if (linear.quantized && activations == GpuActivations::int8) {
       cuda::quantize_int8_rows(x_in, m, linear.k, linear.k, x_codes.as<int8_t>(), x_codes_stride, x_scales.as<float>(),
                                stream);
-      cuda::w4a8_gemm(x_codes.as<int8_t>(), x_scales.as<float>(), m, x_codes_stride, linear.view, y, linear.n,
-                      gemm_workspace.get(), gemm_workspace_bytes, stream);
+      gemm_int8(linear, m, y);
     } else if (linear.quantized) {
       cuda::w4a16_gemm(*blas, x_in, m, linear.k, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
                        stream);
@@ -445,15 +450,28 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* proj_out = proj.as<f16_bits>();
   auto* gate_up_out = gate_up.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
+  const bool int8 = int8_step();
+  auto* codes = x_codes.as<int8_t>();
+  auto* code_scales = x_scales.as<float>();
+  const int64_t code_stride = x_codes_stride;
 
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
-    // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
-    if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-    else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-    gemm(layer.qkv, norm_out, tokens, qkv_out);
+    // Attention block; the previous layer's MLP residual is added in the same pass as this norm
+    // (int8 steps: which also quantizes its output for the W4A8 GEMM).
+    if (int8) {
+      if (l == 0) cuda::rmsnorm_int8(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, codes, code_stride,
+                                     code_scales, stream);
+      else cuda::add_rmsnorm_int8(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, codes,
+                                  code_stride, code_scales, stream);
+      gemm_int8(layer.qkv, tokens, qkv_out);
+    } else {
+      if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      gemm(layer.qkv, norm_out, tokens, qkv_out);
+    }
     // RoPE on the q and k heads of the qkv rows, and the rotated k with v into the cache: one launch.
     cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
                         rope_scaling, kv, stream);
@@ -465,8 +483,14 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
                                     attention_workspace_bytes, stream);
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
-    cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-    gemm(layer.gate_up, norm_out, tokens, gate_up_out);
+    if (int8) {
+      cuda::add_rmsnorm_int8(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, codes, code_stride,
+                             code_scales, stream);
+      gemm_int8(layer.gate_up, tokens, gate_up_out);
+    } else {
+      cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      gemm(layer.gate_up, norm_out, tokens, gate_up_out);
+    }
     cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
     gemm(layer.down, act_out, tokens, proj_out);
   }

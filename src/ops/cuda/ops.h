@@ -333,6 +333,13 @@ void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 void quantize_int8_rows(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, int8_t* codes, int64_t ldc,
                         float* scales, void* stream);
 
+// rmsnorm / add_rmsnorm whose f16 output goes straight into quantize_int8_rows (the f16 row is
+// never written): bitwise the two ops in sequence. dim, ldc multiples of 8.
+void rmsnorm_int8(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, int8_t* codes,
+                  int64_t ldc, float* scales, void* stream);
+void add_rmsnorm_int8(f16_bits* residual, const f16_bits* delta, const float* weight, int64_t rows, int64_t dim,
+                      float eps, int8_t* codes, int64_t ldc, float* scales, void* stream);
+
 // W4A8: y[m, n] = f16(s_x[m] * sum over groups of s_w[n, group] * (sum over the group of
 // q_x[m, k] q_w[n, k])): the W4A16 packed weights (one 4-bit weight set for both modes),
 // int8 activation codes (rows ldx bytes apart, ldx % 16 == 0, 16-byte aligned) with their

@@ -14,7 +14,7 @@ void quantize_int8_rows(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx,
   if (rows == 0) return;
   QSPEC_CHECK(rows < (1ll << 31), "cuda::quantize_int8_rows: too many rows (", rows, ")");
   const int threads = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(32, (k / 8 + 31) / 32 * 32)));
-  launch_pdl(kernels::quantize_int8_rows_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
+  launch_pdl(kernels::quantize_int8_rows_kernel<8>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
              as_stream(stream), reinterpret_cast<const __half*>(x), ldx, k, codes, ldc, scales);
   QSPEC_CUDA_CHECK_LAUNCH("quantize_int8_rows_kernel");
 }

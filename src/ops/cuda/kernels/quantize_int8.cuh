@@ -23,13 +23,16 @@ __device__ __forceinline__ uint32_t quantize_int8x4(const float* v, float scale)
 }
 
 // k % 8 == 0; x rows ldx halves apart, codes rows ldc bytes apart (both 16-byte / 8-byte aligned).
+// VEC: values a load (8; a template so that this header can be included by several .cu files).
+template <int VEC>
 __global__ void quantize_int8_rows_kernel(const __half* __restrict__ x, int64_t ldx, int64_t k,
                                           int8_t* __restrict__ codes, int64_t ldc, float* __restrict__ scales) {
   pdl_prologue();  // launched with launch_pdl (common.h)
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const uint4* in = reinterpret_cast<const uint4*>(x + row * ldx);
-  const int64_t vectors = k / 8;
+  static_assert(VEC == 8, "16-byte loads of 8 halves");
+  const int64_t vectors = k / VEC;
   float amax = 0.0f;
   bool finite = true;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {

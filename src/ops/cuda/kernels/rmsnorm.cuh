@@ -1,6 +1,7 @@
 // RMSNorm (and the fused residual add + RMSNorm) on f16 rows with f32 statistics.
 #pragma once
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/quantize_int8.cuh"
 #include "ops/cuda/kernels/reduce.cuh"
 
 namespace qspec::cuda::kernels {
@@ -78,6 +79,67 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
     const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
       out[i] = __float2half_rn((__half2float(x[i]) * inverse_rms) * weight[i]);
+  }
+}
+
+// RMSNorm (FUSED: with the residual add) whose output goes straight to per-token int8 codes:
+// exactly rmsnorm_kernel's f16 output quantized by quantize_int8_rows (kernels/quantize_int8.cuh),
+// without writing or re-reading the f16 row (the W4A8 GEMM's input). VEC 8 only (dim % 8 == 0).
+// The normalized values are computed twice (amax pass, codes pass) from the stored row:
+// deterministic, so both passes see the same f16 values.
+template <bool FUSED>
+__global__ void rmsnorm_int8_kernel(__half* residual_or_x, const __half* __restrict__ delta,
+                                    const float* __restrict__ weight, int64_t dim, float eps,
+                                    int8_t* __restrict__ codes, int64_t ldc, float* __restrict__ scales) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  __half* x = residual_or_x + row * dim;
+  const int64_t vectors = dim / 8;
+  float sum_squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
+    if constexpr (FUSED) {
+      float d[8];
+      half8_to_float(reinterpret_cast<const uint4*>(delta + row * dim)[i], d);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
+      reinterpret_cast<uint4*>(x)[i] = float8_to_half(v);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
+  }
+  sum_squares = block_sum(sum_squares, scratch);
+  const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+  // The f16 outputs rmsnorm_kernel would write, as f32.
+  auto normalized = [&](int64_t i, float (&v)[8]) {
+    half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
+    float w[8];
+    load_weights8(weight, i, w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn((v[e] * inverse_rms) * w[e]));
+  };
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    normalized(i, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      amax = fmaxf(amax, fabsf(v[e]));
+      finite = finite && isfinite(v[e]);
+    }
+  }
+  const bool all_finite = __syncthreads_and(finite);
+  amax = block_max(amax, scratch);
+  const float scale = all_finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
+  if (threadIdx.x == 0) scales[row] = scale;
+  uint2* out = reinterpret_cast<uint2*>(codes + row * ldc);
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    normalized(i, v);
+    out[i] = make_uint2(quantize_int8x4(v, scale), quantize_int8x4(v + 4, scale));
   }
 }
 
