@@ -22,6 +22,35 @@ __device__ __forceinline__ uint32_t quantize_int8x4(const float* v, float scale)
   return packed;
 }
 
+// One row quantized by one block: load(i, v) yields the row's 8-value vector i (called twice a
+// vector: the amax pass and the codes pass, so it must give the same values both times).
+// Writes vectors x 8 codes and the row's scale (a NaN scale when a value is not finite).
+template <class Load>
+__device__ __forceinline__ void quantize_int8_row(const Load& load, int64_t vectors, int8_t* __restrict__ codes,
+                                                  float* __restrict__ scale_out, float* scratch) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    load(i, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      amax = fmaxf(amax, fabsf(v[e]));
+      finite = finite && isfinite(v[e]);
+    }
+  }
+  const bool all_finite = __syncthreads_and(finite);
+  amax = block_max(amax, scratch);
+  const float scale = all_finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
+  if (threadIdx.x == 0) *scale_out = scale;
+  uint2* out = reinterpret_cast<uint2*>(codes);
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    load(i, v);
+    out[i] = make_uint2(quantize_int8x4(v, scale), quantize_int8x4(v + 4, scale));
+  }
+}
+
 // k % 8 == 0; x rows ldx halves apart, codes rows ldc bytes apart (both 16-byte / 8-byte aligned).
 // VEC: values a load (8; a template so that this header can be included by several .cu files).
 template <int VEC>
@@ -32,28 +61,8 @@ __global__ void quantize_int8_rows_kernel(const __half* __restrict__ x, int64_t 
   const int64_t row = blockIdx.x;
   const uint4* in = reinterpret_cast<const uint4*>(x + row * ldx);
   static_assert(VEC == 8, "16-byte loads of 8 halves");
-  const int64_t vectors = k / VEC;
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    float v[8];
-    half8_to_float(in[i], v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      amax = fmaxf(amax, fabsf(v[e]));
-      finite = finite && isfinite(v[e]);
-    }
-  }
-  const bool all_finite = __syncthreads_and(finite);
-  amax = block_max(amax, scratch);
-  const float scale = all_finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
-  if (threadIdx.x == 0) scales[row] = scale;
-  uint2* out = reinterpret_cast<uint2*>(codes + row * ldc);
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    float v[8];
-    half8_to_float(in[i], v);
-    out[i] = make_uint2(quantize_int8x4(v, scale), quantize_int8x4(v + 4, scale));
-  }
+  quantize_int8_row([&](int64_t i, float (&v)[8]) { half8_to_float(in[i], v); }, k / VEC, codes + row * ldc,
+                    scales + row, scratch);
 }
 
 }  // namespace qspec::cuda::kernels

@@ -17,6 +17,20 @@ __device__ __forceinline__ void load_weights8(const float* __restrict__ weight, 
   w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
 }
 
+// Vector i of the row as f32; FUSED: residual + delta rounded to f16, stored back to the residual.
+template <bool FUSED>
+__device__ __forceinline__ void load_residual8(__half* x, const __half* __restrict__ delta_row, int64_t i,
+                                               float (&v)[8]) {
+  half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
+  if constexpr (FUSED) {
+    float d[8];
+    half8_to_float(reinterpret_cast<const uint4*>(delta_row)[i], d);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
+    reinterpret_cast<uint4*>(x)[i] = float8_to_half(v);
+  }
+}
+
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
@@ -32,14 +46,7 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
     float first[8] = {}, first_weight[8] = {};
     for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
       float v[8];
-      half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
-      if constexpr (FUSED) {
-        float d[8];
-        half8_to_float(reinterpret_cast<const uint4*>(delta + row * dim)[i], d);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
-        reinterpret_cast<uint4*>(x)[i] = float8_to_half(v);
-      }
+      load_residual8<FUSED>(x, FUSED ? delta + row * dim : nullptr, i, v);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
       if (i == threadIdx.x) {
@@ -99,14 +106,7 @@ __global__ void rmsnorm_int8_kernel(__half* residual_or_x, const __half* __restr
   float sum_squares = 0.0f;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
     float v[8];
-    half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
-    if constexpr (FUSED) {
-      float d[8];
-      half8_to_float(reinterpret_cast<const uint4*>(delta + row * dim)[i], d);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
-      reinterpret_cast<uint4*>(x)[i] = float8_to_half(v);
-    }
+    load_residual8<FUSED>(x, FUSED ? delta + row * dim : nullptr, i, v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
   }
@@ -120,27 +120,7 @@ __global__ void rmsnorm_int8_kernel(__half* residual_or_x, const __half* __restr
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn((v[e] * inverse_rms) * w[e]));
   };
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    float v[8];
-    normalized(i, v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      amax = fmaxf(amax, fabsf(v[e]));
-      finite = finite && isfinite(v[e]);
-    }
-  }
-  const bool all_finite = __syncthreads_and(finite);
-  amax = block_max(amax, scratch);
-  const float scale = all_finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
-  if (threadIdx.x == 0) scales[row] = scale;
-  uint2* out = reinterpret_cast<uint2*>(codes + row * ldc);
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    float v[8];
-    normalized(i, v);
-    out[i] = make_uint2(quantize_int8x4(v, scale), quantize_int8x4(v + 4, scale));
-  }
+  quantize_int8_row(normalized, vectors, codes + row * ldc, scales + row, scratch);
 }
 
 }  // namespace qspec::cuda::kernels

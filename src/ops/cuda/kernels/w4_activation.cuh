@@ -82,4 +82,26 @@ struct ActS8 {
   __device__ static __forceinline__ float to_float(GroupAcc v) { return static_cast<float>(v); }
 };
 
+// The W4A8 epilogue: a thread's accumulators (n-tile nt: tokens nt*8 + 2t, + 1, for rows g and
+// g + 8) times their tokens' scales: tile tokens from first_token, last_token the tile's last
+// valid one (rows past it are clamped, their outputs dropped). No-op for f16.
+template <class Act, int RPW, int MT>
+__device__ __forceinline__ void apply_token_scales(float (&acc)[RPW][MT][4], const float* __restrict__ x_scales,
+                                                   int first_token, int t, int last_token) {
+  if constexpr (Act::kTokenScale) {
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) {
+      const float s0 = __ldg(x_scales + first_token + min(nt * 8 + 2 * t, last_token));
+      const float s1 = __ldg(x_scales + first_token + min(nt * 8 + 2 * t + 1, last_token));
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        acc[r][nt][0] *= s0;
+        acc[r][nt][1] *= s1;
+        acc[r][nt][2] *= s0;
+        acc[r][nt][3] *= s1;
+      }
+    }
+  }
+}
+
 }  // namespace qspec::cuda::kernels

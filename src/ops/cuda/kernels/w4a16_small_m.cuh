@@ -178,20 +178,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
-  if constexpr (Act::kTokenScale) {
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt) {
-      const float s0 = __ldg(p.x_scales + min(nt * 8 + 2 * t, p.m - 1));
-      const float s1 = __ldg(p.x_scales + min(nt * 8 + 2 * t + 1, p.m - 1));
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        acc[r][nt][0] *= s0;
-        acc[r][nt][1] *= s1;
-        acc[r][nt][2] *= s0;
-        acc[r][nt][3] *= s1;
-      }
-    }
-  }
+  apply_token_scales<Act>(acc, p.x_scales, 0, t, p.m - 1);
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = tile * WARPS * RPW + warp * RPW + r;

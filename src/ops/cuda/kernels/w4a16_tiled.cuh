@@ -292,20 +292,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens m0 + (nt*8 + 2t, + 1).
   // This M tile's partials, [splits][tile_m][n].
   float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
-  if constexpr (Act::kTokenScale) {
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt) {
-      const float s0 = __ldg(p.x_scales + m0 + min(nt * 8 + 2 * t, tile_m - 1));
-      const float s1 = __ldg(p.x_scales + m0 + min(nt * 8 + 2 * t + 1, tile_m - 1));
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        acc[r][nt][0] *= s0;
-        acc[r][nt][1] *= s1;
-        acc[r][nt][2] *= s0;
-        acc[r][nt][3] *= s1;
-      }
-    }
-  }
+  apply_token_scales<Act>(acc, p.x_scales, m0, t, tile_m - 1);
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = (row_tile * Tile::WARPS + warp) * RPW + r;
