@@ -932,36 +932,6 @@ TEST_F(Gpu, RmsNormInt8EqualsRmsNormThenQuantizeBitwise) {
   }
 }
 
-// The fused SwiGLU + quantization (the W4A8 model's down input) is silu_mul then
-// quantize_int8_rows, bit for bit, inside fused gate|up rows.
-TEST_F(Gpu, SiluMulInt8EqualsSiluMulThenQuantizeBitwise) {
-  for (auto [rows, cols] : {std::tuple{1, 64}, {7, 1408}, {33, 14336}}) {
-    const int64_t stride = 2 * cols, ldc = cols + 16;
-    const std::vector<float> gate_up = random_f16_values(static_cast<size_t>(rows * stride), 2.0f);
-    auto d_gate_up = upload(to_f16(gate_up));
-    const f16* gate = d_gate_up.as<f16>();
-    const f16* up = gate + cols;
-    auto d_act = poisoned(static_cast<size_t>(rows * cols) * 2);
-    auto d_codes_ref = poisoned(static_cast<size_t>(rows * ldc)), d_codes = poisoned(static_cast<size_t>(rows * ldc));
-    auto d_scales_ref = poisoned(static_cast<size_t>(rows) * 4), d_scales = poisoned(static_cast<size_t>(rows) * 4);
-    cuda::silu_mul(gate, up, rows, cols, stride, d_act.as<f16>(), nullptr);
-    cuda::quantize_int8_rows(d_act.as<f16>(), rows, cols, cols, d_codes_ref.as<int8_t>(), ldc, d_scales_ref.as<float>(),
-                             nullptr);
-    cuda::silu_mul_int8(gate, up, rows, cols, stride, d_codes.as<int8_t>(), ldc, d_scales.as<float>(), nullptr);
-    const std::string what = shape_name({rows, cols});
-    const auto codes_ref = download<uint8_t>(d_codes_ref, static_cast<size_t>(rows * ldc));
-    const auto codes = download<uint8_t>(d_codes, static_cast<size_t>(rows * ldc));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < cols; ++i)
-        ASSERT_EQ(codes[static_cast<size_t>(r * ldc + i)], codes_ref[static_cast<size_t>(r * ldc + i)])
-            << what << " row " << r << " col " << i;
-    const auto scales_ref = download<uint32_t>(d_scales_ref, static_cast<size_t>(rows));
-    ASSERT_EQ(download<uint32_t>(d_scales, static_cast<size_t>(rows)), scales_ref) << what;
-    for (uint32_t bits : scales_ref) ASSERT_NE(bits, 0xffffffffu) << what << ": unwritten scale";
-  }
-  EXPECT_THROW(cuda::silu_mul_int8(nullptr, nullptr, 1, 12, 24, nullptr, 16, nullptr, nullptr), qspec::Error);
-}
-
 // W4A8 against the CPU: the same 4-bit weights (cpu::quantized_linear) times the int8
 // activations dequantized (cpu::apply_activation_mode, int8): equal up to f32 summation order
 // and the f16 output rounding (bound 2e-3, as W4A16). The GPU's own quantizer feeds the GEMM

@@ -491,14 +491,8 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
       cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
       gemm(layer.gate_up, norm_out, tokens, gate_up_out);
     }
-    if (int8) {
-      cuda::silu_mul_int8(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, codes, code_stride, code_scales,
-                          stream);
-      gemm_int8(layer.down, tokens, proj_out);
-    } else {
-      cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
-      gemm(layer.down, act_out, tokens, proj_out);
-    }
+    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
+    gemm(layer.down, act_out, tokens, proj_out);
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
   cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);

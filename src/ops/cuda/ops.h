@@ -333,10 +333,6 @@ void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 void quantize_int8_rows(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, int8_t* codes, int64_t ldc,
                         float* scales, void* stream);
 
-// silu_mul whose f16 output goes straight into quantize_int8_rows (the f16 row is never
-// written): bitwise the two ops in sequence. cols, in_stride, ldc multiples of 8.
-void silu_mul_int8(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
-                   int8_t* codes, int64_t ldc, float* scales, void* stream);
 // rmsnorm / add_rmsnorm whose f16 output goes straight into quantize_int8_rows (the f16 row is
 // never written): bitwise the two ops in sequence. dim, ldc multiples of 8.
 void rmsnorm_int8(const f16_bits* x, const float* weight, int64_t rows, int64_t dim, float eps, int8_t* codes,

@@ -1,7 +1,6 @@
 // SwiGLU (silu(gate) * up) and the residual add on f16 tensors.
 #pragma once
 #include "ops/cuda/common.h"
-#include "ops/cuda/kernels/quantize_int8.cuh"
 
 namespace qspec::cuda::kernels {
 
@@ -28,29 +27,6 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
           __float2half_rn(silu(__half2float(gate[r * in_stride + c])) * __half2float(up[r * in_stride + c]));
     }
   }
-}
-
-// silu_mul whose f16 output goes straight to per-token int8 codes (the W4A8 down projection's
-// input): one block per row, exactly silu_mul_kernel<8>'s f16 values quantized by
-// quantize_int8_row (computed twice, amax pass and codes pass: the same values both times).
-template <int VEC>
-__global__ void silu_mul_int8_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t cols,
-                                     int64_t in_stride, int8_t* __restrict__ codes, int64_t ldc,
-                                     float* __restrict__ scales) {
-  pdl_prologue();  // launched with launch_pdl (common.h)
-  static_assert(VEC == 8, "16-byte loads of 8 halves");
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
-  const __half* g_row = gate + row * in_stride;
-  const __half* u_row = up + row * in_stride;
-  auto values = [&](int64_t i, float (&v)[8]) {
-    float u[8];
-    half8_to_float(reinterpret_cast<const uint4*>(g_row)[i], v);
-    half8_to_float(reinterpret_cast<const uint4*>(u_row)[i], u);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(silu(v[e]) * u[e]));
-  };
-  quantize_int8_row(values, cols / VEC, codes + row * ldc, scales + row, scratch);
 }
 
 template <int VEC>
