@@ -47,6 +47,7 @@ struct BenchArgs {
   bool no_pdl = false;
   bool profile_step = false;
   std::vector<int64_t> qspec_gammas;
+  std::vector<std::string> qspec_drafts = {"w4a8"};
   double accept_rate = 1.0;
 };
 
@@ -78,6 +79,7 @@ void run_gpu(const BenchArgs& args) {
   options.programmatic_launch = !args.no_pdl;
   options.profile_step = args.profile_step;
   options.qspec_gammas = args.qspec_gammas;
+  options.qspec_drafts = args.qspec_drafts;
   options.accept_rate = args.accept_rate;
   options.command_line = args.command_line;
   options.commit = git_commit();
@@ -216,7 +218,8 @@ void register_bench(CLI::App& app) {
   command->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   command->add_option("--synthetic", args->synthetic,
                       "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
-  command->add_option("--modes", args->modes, "cuda: modes (w16a16, w4a16, w4a8)")->delimiter(',')->capture_default_str();
+  command->add_option("--modes", args->modes,
+                      "cuda: modes (w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")->delimiter(',')->capture_default_str();
   command->add_option("--batch-sizes", args->batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
   command->add_option("--context", args->context, "cuda: cached positions per sequence during decode steps")
       ->check(CLI::PositiveNumber)->capture_default_str();
@@ -230,9 +233,13 @@ void register_bench(CLI::App& app) {
   command->add_option("--workloads-file", args->workloads_file, "cuda: prompt/output lengths per dataset")
       ->capture_default_str();
   command->add_option("--qspec-gammas", args->qspec_gammas,
-                      "cuda, mode w4a16: time QSpec cycles (w4a8 drafts + W4A16 verify) for these draft lengths")
+                      "cuda, mode w4a16: time QSpec cycles (drafts + W4A16 verify) for these draft lengths")
       ->delimiter(',')
       ->check(CLI::Range(1, 7));
+  command->add_option("--qspec-drafts", args->qspec_drafts,
+                      "cuda: draft modes of the QSpec cycles (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")
+      ->delimiter(',')
+      ->capture_default_str();
   command->add_option("--accept-rate", args->accept_rate,
                       "cuda: per-token draft acceptance for the QSpec tokens/s (1 = every draft kept)")
       ->check(CLI::Range(0.0, 1.0))

@@ -162,6 +162,9 @@ struct Engine::Impl {
   // device "cuda": the GPU model, its mode, and which request holds each of its cache slots.
   bool on_gpu = false;
   std::string gpu_mode_name;
+#ifdef QSPEC_HAVE_CUDA
+  GpuActivations gpu_mode_activations = GpuActivations::f16;
+#endif
   int64_t context_limit = 0;  // positions a sequence may hold: the model's, or the GPU slot's
 #ifdef QSPEC_HAVE_CUDA
   std::unique_ptr<GpuLlama> gpu;
@@ -224,8 +227,7 @@ struct Engine::Impl {
     gpu_mode_name = !options.gpu_mode.empty() ? options.gpu_mode
                     : model.has_quantized_weights() ? "w4a16"
                                                      : "w16a16";
-    QSPEC_CHECK(gpu_mode_name == "w4a16" || gpu_mode_name == "w16a16" || gpu_mode_name == "w4a8",
-                "engine: device cuda runs mode w4a16, w4a8 or w16a16 (", gpu_mode_name, " is not on the GPU yet)");
+    gpu_mode_activations = gpu_activations(runnable_mode(gpu_mode_name, "gpu_mode"));  // throws for modes not on the GPU
     const int64_t model_context = model.config().max_position_embeddings;
     QSPEC_CHECK(options.gpu_max_context >= 0 && options.gpu_max_context <= model_context,
                 "engine: gpu_max_context must be in 0..", model_context, ", got ", options.gpu_max_context);
@@ -312,13 +314,31 @@ struct Engine::Impl {
                 " needs 16-bit weights; the model holds only 4-bit weights");
     QSPEC_CHECK(!mode.activations.arc || model.has_arc(), "request: ", field, " ", name,
                 " needs an ARC-calibrated checkpoint (qspec quantize --arc)");
-    // On the GPU: the engine's mode, and QSpec drafts in w4a8 over a 4-bit model's weights.
-    const bool gpu_draft = std::string_view(field) == "draft" && mode.name == "w4a8" && gpu_mode_name != "w16a16";
+    // On the GPU: the engine's mode, and QSpec drafts in a low-precision activation mode the GPU
+    // runs over a 4-bit model's weights.
+    const bool gpu_draft = std::string_view(field) == "draft" && gpu_mode_name != "w16a16" && gpu_runs_draft(mode);
     QSPEC_CHECK(!on_gpu || gpu_mode_name.empty() || mode.name == gpu_mode_name || gpu_draft, "request: ", field, " ",
                 name, ": this engine runs on the GPU in mode ", gpu_mode_name,
-                gpu_mode_name == "w16a16" ? " only" : " only, with w4a8 as QSpec's draft mode",
-                " (the other low-precision activation modes are not on the GPU yet)");
+                gpu_mode_name == "w16a16" ? " only"
+                                          : " only, with QSpec drafts in w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4 or "
+                                            "w4a4-mxfp4 (ARC drafts are not on the GPU yet)");
     return mode;
+  }
+
+  // Whether the GPU model can draft in `mode` (a low-precision activation mode without ARC).
+  static bool gpu_runs_draft(const RunMode& mode) {
+#ifdef QSPEC_HAVE_CUDA
+    if (!mode.quantized_weights || mode.activations.kind != ActivationMode::Kind::quantized) return false;
+    try {
+      (void)gpu_activations(mode);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+#else
+    (void)mode;
+    return false;
+#endif
   }
 
   // ---- one step ----
@@ -483,25 +503,37 @@ struct Engine::Impl {
         ++totals.forward_passes;
         for (size_t a = 0; a < active.size(); ++a) {
           Unit* unit = active[a];
-          Sequence& seq = *unit->seq;
-          const std::span<const float> row(logits.data() + static_cast<int64_t>(a) * vocab, static_cast<size_t>(vocab));
-          // The draft's repetition-penalty context: committed tokens and the drafts so far.
-          const size_t committed = seq.tokens.size();
-          seq.tokens.insert(seq.tokens.end(), unit->drafts.begin(), unit->drafts.end());
-          const int32_t d = seq.acceptor->pick(row, seq.tokens, &unit->draft_probs[static_cast<size_t>(i)]);
-          seq.tokens.resize(committed);
+          const int32_t d = pick_draft(
+              *unit, std::span<const float>(logits.data() + static_cast<int64_t>(a) * vocab, static_cast<size_t>(vocab)),
+              i);
           unit->drafts.push_back(d);
-          if (is_eos(seq, d)) unit->draft_ended = true;
+          if (is_eos(*unit->seq, d)) unit->draft_ended = true;
         }
       }
-      const double elapsed = seconds_between(start, Clock::now());
-      for (size_t g = 0; g < group.size(); ++g) {
-        Unit* unit = group[g];
-        QSpecMetrics& m = unit->seq->metrics.qspec;
-        m.draft_seconds += elapsed;
-        m.draft_steps += draft_steps[g];
+      record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
+      for (Unit* unit : group)
         if (!unit->seq->request.kv_overwrite) save_draft_rows(*unit);
-      }
+    }
+  }
+
+  // Draft i of a unit from its logit row: the acceptor's pick, with the committed tokens and the
+  // drafts so far as its repetition-penalty context.
+  static int32_t pick_draft(Unit& unit, std::span<const float> row, int64_t i) {
+    Sequence& seq = *unit.seq;
+    const size_t committed = seq.tokens.size();
+    seq.tokens.insert(seq.tokens.end(), unit.drafts.begin(), unit.drafts.end());
+    const int32_t d = seq.acceptor->pick(row, seq.tokens, &unit.draft_probs[static_cast<size_t>(i)]);
+    seq.tokens.resize(committed);
+    return d;
+  }
+
+  // A draft pass's time (shared by its units) and each unit's draft steps, into their metrics.
+  static void record_draft_metrics(const std::vector<Unit*>& group, const std::vector<int64_t>& draft_steps,
+                                   double elapsed) {
+    for (size_t g = 0; g < group.size(); ++g) {
+      QSpecMetrics& m = group[g]->seq->metrics.qspec;
+      m.draft_seconds += elapsed;
+      m.draft_steps += draft_steps[g];
     }
   }
 
@@ -591,7 +623,7 @@ struct Engine::Impl {
     return sampling.greedy() && sampling.repetition_penalty == 1.0f;
   }
 
-  // QSpec drafts on the GPU (w4a8: int8 activations over the verify's 4-bit weights and KV
+  // QSpec drafts on the GPU (low-precision activations over the verify's 4-bit weights and KV
   // cache): step i runs every unit still drafting, one token each, through the decode graphs.
   // Greedy drafts are the GPU's argmax ids; sampled drafts are picked on the host from the
   // logit rows as on the CPU.
@@ -602,7 +634,7 @@ struct Engine::Impl {
     for (Unit* unit : group) unit->draft_probs.resize(static_cast<size_t>(unit->gamma));
     std::vector<int32_t> inputs(group.size());
     std::vector<int64_t> draft_steps(group.size(), 0);
-    gpu->set_activations(GpuActivations::int8);
+    gpu->set_activations(gpu_activations(group.front()->seq->draft));
     for (int64_t i = 0;; ++i) {
       std::vector<GpuLlama::Run> runs;
       std::vector<Unit*> active;
@@ -623,7 +655,7 @@ struct Engine::Impl {
       try {
         ids = gpu->step(runs);
       } catch (...) {
-        gpu->set_activations(GpuActivations::f16);
+        gpu->set_activations(gpu_mode_activations);
         throw;
       }
       ++totals.forward_passes;
@@ -632,24 +664,15 @@ struct Engine::Impl {
         Unit* unit = active[a];
         Sequence& seq = *unit->seq;
         int32_t d = ids[a];
-        if (!gpu_argmax_suffices(seq)) {
-          const std::span<const float> row(logits.data() + static_cast<int64_t>(a) * vocab, static_cast<size_t>(vocab));
-          const size_t committed = seq.tokens.size();
-          seq.tokens.insert(seq.tokens.end(), unit->drafts.begin(), unit->drafts.end());
-          d = seq.acceptor->pick(row, seq.tokens, &unit->draft_probs[static_cast<size_t>(i)]);
-          seq.tokens.resize(committed);
-        }
+        if (!gpu_argmax_suffices(seq))
+          d = pick_draft(*unit, std::span<const float>(logits.data() + static_cast<int64_t>(a) * vocab,
+                                                       static_cast<size_t>(vocab)), i);
         unit->drafts.push_back(d);
         if (is_eos(seq, d)) unit->draft_ended = true;
       }
     }
-    gpu->set_activations(GpuActivations::f16);
-    const double elapsed = seconds_between(start, Clock::now());
-    for (size_t g = 0; g < group.size(); ++g) {
-      QSpecMetrics& m = group[g]->seq->metrics.qspec;
-      m.draft_seconds += elapsed;
-      m.draft_steps += draft_steps[g];
-    }
+    gpu->set_activations(gpu_mode_activations);
+    record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
 #else
     (void)group;
 #endif
@@ -681,7 +704,7 @@ struct Engine::Impl {
       if (cycle) need_logits = need_logits || host_pick;
       else if (chunks[g].logits == SequenceChunk::Logits::last && host_pick) sampled.push_back(g);
     }
-    gpu->set_activations(gpu_mode_name == "w4a8" ? GpuActivations::int8 : GpuActivations::f16);
+    gpu->set_activations(gpu_mode_activations);
     const std::vector<int32_t> ids = gpu->step(runs);
     ++totals.forward_passes;
     need_logits = need_logits || !sampled.empty();

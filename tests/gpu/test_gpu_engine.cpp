@@ -3,6 +3,8 @@
 // KV cache and the greedy argmax on the GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -129,7 +131,11 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
 // acceptance from the GPU's argmax ids, under continuous batching beside prompt chunks. The
 // output must equal W4A16 greedy decoding: the same references as the test above (all 400
 // problems with QSPEC_GPU_REFERENCE), gamma 1..6 across the requests, some adaptive.
-TEST(GpuEngine, GreedyQSpecW4A8DraftsEqualW4A16UnderContinuousBatching) {
+class GpuEngineDrafts : public testing::TestWithParam<const char*> {};
+
+// Every draft mode the GPU runs: greedy QSpec output is W4A16's, token for token.
+TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
+  const std::string draft = GetParam();
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   auto model = qspec::LlamaModel::load(kModelDir);
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
@@ -142,7 +148,7 @@ TEST(GpuEngine, GreedyQSpecW4A8DraftsEqualW4A16UnderContinuousBatching) {
     request.prompt = reference.prompts[i];
     request.max_new_tokens = reference.max_tokens;
     request.mode = "qspec";
-    request.draft = "w4a8";
+    request.draft = draft;
     request.verify = "w4a16";
     request.gamma = 1 + static_cast<int64_t>(i % 6);
     request.adaptive_gamma = i % 5 == 4;
@@ -168,14 +174,22 @@ TEST(GpuEngine, GreedyQSpecW4A8DraftsEqualW4A16UnderContinuousBatching) {
   }
   const qspec::EngineMetrics metrics = gpu_engine.metrics();
   const qspec::QSpecMetrics& q = metrics.qspec;
-  std::printf("  GPU engine QSpec (w4a8 drafts, gamma 1..6) == W4A16 greedy on %zu / %zu problems; %lld cycles, "
+  std::printf("  GPU engine QSpec (%s drafts, gamma 1..6) == W4A16 greedy on %zu / %zu problems; %lld cycles, "
               "accepted %lld / %lld drafts (%.1f%%), %lld steps\n",
-              identical, requests.size(), static_cast<long long>(q.cycles), static_cast<long long>(q.accepted),
+              draft.c_str(), identical, requests.size(), static_cast<long long>(q.cycles), static_cast<long long>(q.accepted),
               static_cast<long long>(q.drafted), q.drafted > 0 ? 100.0 * q.accepted / q.drafted : 0.0,
               static_cast<long long>(metrics.steps));
   EXPECT_GT(q.cycles, 0);
-  EXPECT_GT(q.accepted, 0) << "no draft was ever accepted: the w4a8 drafts are not the model's";
+  EXPECT_GT(q.accepted, 0) << "no draft was ever accepted: the " << draft << " drafts are not the model's";
 }
+
+INSTANTIATE_TEST_SUITE_P(DraftModes, GpuEngineDrafts,
+                         testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"),
+                         [](const testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // Sampled requests, a repetition penalty (logit rows come back from the GPU), determinism by
 // seed, and the requests the GPU engine cannot run refused at submit with the reason.
@@ -220,10 +234,11 @@ TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
       EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
     }
   };
-  qspec::Request qspec_request;  // the default draft w4a4-nvfp4 is not on the GPU (w4a8 is)
+  qspec::Request qspec_request;  // ARC drafts need an ARC-calibrated model (and are not on the GPU)
   qspec_request.prompt = prompts[0];
   qspec_request.mode = "qspec";
-  refused(qspec_request, "GPU");
+  qspec_request.draft = "w4a4-nvfp4-arc";
+  refused(qspec_request, "ARC");
   qspec_request.draft = "w4a8";
   qspec_request.kv_overwrite = false;
   refused(qspec_request, "GPU");
@@ -247,7 +262,9 @@ TEST(GpuEngine, BadDeviceOptionsFailAtConstruction) {
   options.device = "tpu";
   EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
   options.device = "cuda";
-  options.gpu_mode = "w4a4-nvfp4";
+  options.gpu_mode = "w4a4-nvfp4-arc";
+  EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
+  options.gpu_mode = "w8a8";
   EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
   options.gpu_mode = "";
   options.gpu_max_context = model->config().max_position_embeddings + 1;

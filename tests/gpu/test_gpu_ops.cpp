@@ -1027,3 +1027,189 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
                                      nullptr),
                qspec::Error);  // no scales
 }
+
+// ---- W4A4 / W4A8-fp8 activations: quantizer and GEMMs ----------------------------------------
+
+namespace {
+
+struct ActivationCase {
+  qspec::quant::Format format;
+  int64_t group;  // int4 only
+  std::string name() const {
+    return std::string(qspec::quant::format_name(format)) +
+           (format == qspec::quant::Format::int4 ? " g" + std::to_string(group) : "");
+  }
+};
+
+// What the GEMMs see of quantized activations, as f32: int4 code x group scale, or f16 value x
+// token scale (cuda::QuantizedActivations).
+std::vector<float> gpu_dequantized(const cuda::QuantizedActivations& q, int64_t rows, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(rows * k));
+  cuda::synchronize();
+  if (q.format == qspec::quant::Format::int4) {
+    std::vector<int8_t> codes(static_cast<size_t>(rows * q.ldx));
+    std::vector<float> scales(static_cast<size_t>(rows * q.scale_ld));
+    cuda::copy_to_host(codes.data(), q.values, codes.size());
+    cuda::copy_to_host(scales.data(), q.scales, scales.size() * 4);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        out[static_cast<size_t>(r * k + i)] =
+            static_cast<float>(codes[static_cast<size_t>(r * q.ldx + i)]) * scales[static_cast<size_t>(r * q.scale_ld + i / q.group)];
+  } else {
+    std::vector<f16> values(static_cast<size_t>(rows * q.ldx));
+    std::vector<float> scales(static_cast<size_t>(rows));
+    cuda::copy_to_host(values.data(), q.values, values.size() * 2);
+    cuda::copy_to_host(scales.data(), q.scales, scales.size() * 4);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        out[static_cast<size_t>(r * k + i)] =
+            qspec::f16_to_f32(values[static_cast<size_t>(r * q.ldx + i)]) * scales[static_cast<size_t>(r)];
+  }
+  return out;
+}
+
+}  // namespace
+
+// The GPU quantizers of every 4-bit / fp8 activation format give the CPU's dequantized values
+// bit for bit (codes and scales as the GEMMs consume them; the sign of zero included): random
+// rows, an all-zero row, an outlier channel, a block 2^-30 below the rest (mxfp4's per-token
+// power of two), and a NaN / infinity row (NaN scales, nothing thrown inside a graph).
+TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
+  using qspec::quant::Format;
+  using qspec::quant::Role;
+  const std::vector<ActivationCase> cases = {{Format::int4, 32},  {Format::int4, 64}, {Format::int4, 128},
+                                             {Format::fp8, 0},    {Format::nvfp4, 0}, {Format::mxfp4, 0}};
+  for (const ActivationCase& c : cases)
+    for (auto [rows, k] : {std::tuple{1, 64}, {6, 256}, {17, 4096}, {5, 704}, {64, 14336}}) {
+      if (c.format == Format::int4 && k % c.group != 0) continue;
+      const std::string what = c.name() + " " + shape_name({rows, k});
+      const int64_t ldx = k + 8, ldv = k + 16, scale_ld = c.format == Format::int4 ? k / c.group + 1 : 0;
+      std::vector<float> x = random_f16_values(static_cast<size_t>(rows * ldx), 2.0f);
+      if (rows > 1) std::fill(x.begin() + ldx, x.begin() + ldx + k, 0.0f);  // row 1: all zero
+      if (rows > 2) x[static_cast<size_t>(2 * ldx + k / 3)] = 3000.0f;       // an outlier channel
+      if (rows > 3) {
+        x[static_cast<size_t>(3 * ldx + 1)] = -0.0f;
+        for (int64_t i = 32; i < 64; ++i) x[static_cast<size_t>(3 * ldx + i)] *= 0x1p-30f;  // a tiny block
+      }
+      auto d_x = upload(to_f16(x));
+      const bool f16_values = cuda::quantized_activations_use_f16(c.format);
+      auto d_values = poisoned(static_cast<size_t>(rows * ldv) * (f16_values ? 2 : 1));
+      auto d_scales = poisoned(static_cast<size_t>(rows * std::max<int64_t>(1, scale_ld)) * 4);
+      const cuda::QuantizedActivations q =
+          cuda::quantize_activations(c.format, c.group, d_x.as<f16>(), rows, k, ldx, d_values.get(), ldv,
+                                     d_scales.as<float>(), scale_ld, nullptr);
+      ASSERT_EQ(q.values, d_values.get());
+      const std::vector<float> got = gpu_dequantized(q, rows, k);
+      const auto format = qspec::quant::make_row_format(c.format, Role::activation, k, c.group > 0 ? c.group : 128);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> expected(x.begin() + r * ldx, x.begin() + r * ldx + k);
+        qspec::quant::fake_quantize_row(format, expected.data());
+        for (int64_t i = 0; i < k; ++i) {
+          const float g = got[static_cast<size_t>(r * k + i)], e = expected[static_cast<size_t>(i)];
+          ASSERT_EQ(std::memcmp(&g, &e, 4), 0) << what << " row " << r << " col " << i << ": " << g << " vs " << e
+                                               << " (input " << x[static_cast<size_t>(r * ldx + i)] << ")";
+        }
+      }
+      if (rows >= 3) {
+        std::vector<float> bad = x;
+        bad[static_cast<size_t>(ldx + k - 1)] = std::numeric_limits<float>::quiet_NaN();
+        bad[static_cast<size_t>(2 * ldx)] = -std::numeric_limits<float>::infinity();
+        auto d_bad = upload(to_f16(bad));
+        const cuda::QuantizedActivations qb =
+            cuda::quantize_activations(c.format, c.group, d_bad.as<f16>(), rows, k, ldx, d_values.get(), ldv,
+                                       d_scales.as<float>(), scale_ld, nullptr);
+        const std::vector<float> bad_got = gpu_dequantized(qb, rows, k);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < k; ++i) {
+            const float v = bad_got[static_cast<size_t>(r * k + i)];
+            if (r == 1 || r == 2)
+              ASSERT_TRUE(std::isnan(v)) << what << ": row " << r << " with a NaN / inf input must give NaN";
+            else
+              ASSERT_EQ(std::memcmp(&v, &got[static_cast<size_t>(r * k + i)], 4), 0) << what << " row " << r;
+          }
+      }
+    }
+  // Bad shapes are refused with the reason.
+  EXPECT_THROW(cuda::quantize_activations(Format::int4, 48, nullptr, 1, 96, 96, nullptr, 96, nullptr, 2, nullptr),
+               qspec::Error);  // group not a power of two
+  EXPECT_THROW(cuda::quantize_activations(Format::nvfp4, 0, nullptr, 1, 40, 40, nullptr, 40, nullptr, 0, nullptr),
+               qspec::Error);  // k not a multiple of 16
+  EXPECT_THROW(cuda::quantize_activations(Format::int4_channel, 0, nullptr, 1, 64, 64, nullptr, 64, nullptr, 0, nullptr),
+               qspec::Error);  // a weight format
+}
+
+// The 4-bit-weight GEMMs on W4A4 (int4 groups on s8 mma; nvfp4 / mxfp4 emulated on f16 mma) and
+// W4A8-fp8 activations against the CPU: the same 4-bit weights (cpu::quantized_linear) times the
+// activations fake-quantized by the CPU (cpu::apply_activation_mode): equal up to f32 summation
+// order and the f16 output rounding (bound 2e-3, as W4A16). Small-M and tiled kernels, split-K,
+// slices past 64 tokens, int4 activation groups wider than the weight group.
+TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
+  using qspec::quant::Format;
+  struct Shape {
+    int64_t n, k, weight_group, int4_group;
+  };
+  const std::vector<Shape> shapes = {{256, 256, 64, 64}, {33, 96, 32, 32}, {4097, 4096, 128, 128},
+                                     {1000, 256, 64, 128}, {1408, 14336, 128, 128}};
+  for (const Shape& s : shapes) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, s.weight_group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    for (const ActivationCase& c : {ActivationCase{Format::int4, s.int4_group}, ActivationCase{Format::fp8, 0},
+                                    ActivationCase{Format::nvfp4, 0}, ActivationCase{Format::mxfp4, 0}}) {
+      if ((c.format == Format::nvfp4 && s.k % 16 != 0) || (c.format == Format::mxfp4 && s.k % 32 != 0)) continue;
+      qspec::ActivationMode mode;
+      mode.kind = qspec::ActivationMode::Kind::quantized;
+      mode.format = c.format;
+      mode.group_size = c.format == Format::int4 ? c.group : 128;
+      for (int64_t m : {1, 5, 8, 9, 33, 130}) {
+        const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
+        const int64_t scale_ld = c.format == Format::int4 ? s.k / c.group : 0;
+        const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+        std::vector<float> x_dense(static_cast<size_t>(m * s.k));
+        for (int64_t t = 0; t < m; ++t)
+          std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
+        qspec::cpu::apply_activation_mode(mode, x_dense.data(), m, s.k);
+        std::vector<float> expected(static_cast<size_t>(m * s.n));
+        qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+        auto d_x = upload(to_f16(x));
+        auto d_values = poisoned(static_cast<size_t>(m * ldv) * 2);
+        auto d_scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)) * 4);
+        const cuda::QuantizedActivations q = cuda::quantize_activations(
+            c.format, c.group, d_x.as<f16>(), m, s.k, ldx, d_values.get(), ldv, d_scales.as<float>(), scale_ld, nullptr);
+        struct Variant {
+          const char* name;
+          cuda::W4A16SmallMConfig config;
+          cuda::W4A16TiledConfig tiled{-1, 0};
+        };
+        for (const Variant& v : {Variant{"automatic", {}}, Variant{"v1 split3", {1, 3}},
+                                 Variant{"v2 x shared", {2, 0, 1}}, Variant{"tiled auto", {}, {0, 0}},
+                                 Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x128", {}, {4, 1}}}) {
+          const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4,
+                                        cuda::w4a16_workspace_bytes(1, s.n, s.k, cuda::W4A16Path::tiled) +
+                                            static_cast<size_t>(5 * m * s.n) * sizeof(float));
+          cuda::DeviceMemory workspace(bytes);
+          cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          if (v.tiled.tile >= 0)
+            cuda::w4_quantized_gemm_tiled(q, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr, v.tiled);
+          else if (v.config.variant == 0)
+            cuda::w4_quantized_gemm(q, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
+          else
+            cuda::w4_quantized_gemm_small_m(q, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
+                                            v.config);
+          const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
+          std::vector<float> got(expected.size());
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
+          EXPECT_CLOSE(got, expected, 2e-3,
+                       c.name() + " " + v.name + " " + shape_name({m, s.n, s.k}) + " wg" + std::to_string(s.weight_group));
+        }
+      }
+    }
+  }
+  // int4 activation groups narrower than the weight group are refused.
+  const qspec::QuantizedMatrix weight = random_quantized(16, 256, Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  cuda::DeviceMemory values(16 * 256), scales(16 * 8 * 4), y(16 * 16 * 2);
+  const cuda::QuantizedActivations narrow{Format::int4, values.get(), 256, scales.as<float>(), 8, 32};
+  EXPECT_THROW(cuda::w4_quantized_gemm(narrow, 1, w.view, y.as<f16>(), 16, nullptr, 0, nullptr), qspec::Error);
+}

@@ -75,10 +75,11 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
 
 // Each GEMM of a step alone (graph replays), summed over the step: the baseline a forward pass
 // is compared with (everything else it does, and the gaps between kernels, is the difference).
-// int8 activations (w4a8): each GEMM with its activation quantization, as the model runs it.
+// Quantized activations (w4a8, w4a4-*, w4a8-fp8): each GEMM with its activation quantization,
+// as the model runs it.
 double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* stream, nlohmann::json& detail) {
   const bool quantized = mode.quantized_weights;
-  const bool int8 = mode.activations.kind == ActivationMode::Kind::quantized;
+  const bool low_precision = mode.activations.kind == ActivationMode::Kind::quantized;
   cuda::Blas blas;
   double total = 0;
   for (const GemmShape& shape : step_gemms(c)) {
@@ -98,15 +99,16 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
                    cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), shape.n, shape.k, cuda::W4A16Path::small_m));
       DeviceMemory workspace(workspace_bytes);
       cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
-      const int64_t ldq = (shape.k + 15) / 16 * 16;
-      DeviceMemory codes8(static_cast<size_t>(m * ldq)), scales8(static_cast<size_t>(m) * 4);
+      const int64_t ldq = (shape.k + 15) / 16 * 16, act_group = mode.activations.group_size;
+      const int64_t scale_ld = std::max<int64_t>(1, shape.k / act_group);
+      DeviceMemory values(static_cast<size_t>(m * ldq) * 2), act_scales(static_cast<size_t>(m * scale_ld) * 4);
       ms = median_ms(cuda::time_replays(
           [&](void* s, int) {
-            if (int8) {
-              cuda::quantize_int8_rows(x.as<f16_bits>(), m, shape.k, shape.k, codes8.as<int8_t>(), ldq,
-                                       scales8.as<float>(), s);
-              cuda::w4a8_gemm(codes8.as<int8_t>(), scales8.as<float>(), m, ldq, view, y.as<f16_bits>(), shape.n,
-                              workspace.get(), workspace_bytes, s);
+            if (low_precision) {
+              const cuda::QuantizedActivations xq =
+                  cuda::quantize_activations(mode.activations.format, act_group, x.as<f16_bits>(), m, shape.k, shape.k,
+                                             values.get(), ldq, act_scales.as<float>(), scale_ld, s);
+              cuda::w4_quantized_gemm(xq, m, view, y.as<f16_bits>(), shape.n, workspace.get(), workspace_bytes, s);
             } else {
               cuda::w4a16_gemm(blas, x.as<f16_bits>(), m, shape.k, view, y.as<f16_bits>(), shape.n, workspace.get(),
                                workspace_bytes, s);
@@ -133,83 +135,88 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// QSpec cycles on a W4A16 model: per batch and gamma, `steps` cycles of gamma w4a8 draft steps
-// (decode graphs, int8 activations) and one W4A16 verify step over gamma + 1 tokens a sequence,
+// QSpec cycles on a W4A16 model: per draft mode, batch and gamma, `steps` cycles of gamma draft
+// steps (decode graphs, the draft mode's activations) and one W4A16 verify step over gamma + 1 tokens a sequence,
 // each sequence reset to options.context first (the decode table's context). Host-timed as the
 // engine calls them (inputs, launch, ids back, sync), medians per phase.
 nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, const ModelConfig& config,
                                 const nlohmann::json& decode_rows, const Ceilings& ceilings) {
   nlohmann::json out = nlohmann::json::array();
-  const double alpha = options.accept_rate;
-  std::printf("\nQSpec cycles: w4a8 drafts + W4A16 verify; %s\n",
-              alpha >= 1.0 ? "every draft accepted (upper bound: random weights have no real acceptance)"
-                           : "tokens per cycle from --accept-rate (random weights have no real acceptance)");
-  std::printf("accept rate %.3f | roofline: weights once per pass (+ K/V), over the copy bandwidth\n", alpha);
-  std::printf("%6s %6s %10s %10s %10s %8s %10s %12s %12s %9s %9s\n", "batch", "gamma", "draft ms", "verify ms",
-              "cycle ms", "draft%", "tok/cycle", "tokens/s", "w4a16 tok/s", "speed-up", "verify/roof");
-  const int64_t max_gamma = *std::max_element(options.qspec_gammas.begin(), options.qspec_gammas.end());
-  for (int64_t batch : options.batch_sizes) {
-    if (batch * (max_gamma + 1) > gpu.max_seqs() * 8) continue;  // the model's logit rows
-    double w4a16_step_ms = 0;
-    for (const auto& row : decode_rows)
-      if (row["batch"].get<int64_t>() == batch) w4a16_step_ms = row["step_ms"].get<double>();
-    for (int64_t gamma : options.qspec_gammas) {
-      std::vector<int32_t> draft_tokens(static_cast<size_t>(batch)), verify_tokens(static_cast<size_t>(batch * (gamma + 1)));
-      for (size_t i = 0; i < verify_tokens.size(); ++i) verify_tokens[i] = static_cast<int32_t>((700 + 13 * i) % config.vocab_size);
-      std::vector<GpuLlama::Run> draft_runs(static_cast<size_t>(batch)), verify_runs(static_cast<size_t>(batch));
-      for (int64_t s = 0; s < batch; ++s) {
-        draft_tokens[static_cast<size_t>(s)] = verify_tokens[static_cast<size_t>(s * (gamma + 1))];
-        draft_runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&draft_tokens[static_cast<size_t>(s)], 1)};
-        verify_runs[static_cast<size_t>(s)] = {
-            s, std::span<const int32_t>(verify_tokens.data() + s * (gamma + 1), static_cast<size_t>(gamma + 1)), true};
-      }
-      std::vector<double> draft_seconds, verify_seconds;
-      for (int64_t i = 0; i < options.steps / 4 + 3; ++i) {
-        for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
-        gpu.set_activations(GpuActivations::int8);
-        auto start = std::chrono::steady_clock::now();
-        for (int64_t d = 0; d < gamma; ++d) {
-          const std::vector<int32_t> ids = gpu.step(draft_runs);
-          for (int64_t s = 0; s < batch; ++s) draft_tokens[static_cast<size_t>(s)] = ids[static_cast<size_t>(s)];
+  for (const std::string& draft_name : options.qspec_drafts) {
+    RunMode draft_mode = parse_run_mode(draft_name);
+    const GpuActivations draft_activations = gpu_activations(draft_mode);
+    QSPEC_CHECK(draft_activations != GpuActivations::f16, "bench: --qspec-drafts ", draft_name,
+                " is not a low-precision activation mode");
+    const double alpha = options.accept_rate;
+    std::printf("\nQSpec cycles: %s drafts + W4A16 verify; %s\n", draft_name.c_str(),
+                alpha >= 1.0 ? "every draft accepted (upper bound: random weights have no real acceptance)"
+                             : "tokens per cycle from --accept-rate (random weights have no real acceptance)");
+    std::printf("accept rate %.3f | roofline: weights once per pass (+ K/V), over the copy bandwidth\n", alpha);
+    std::printf("%6s %6s %10s %10s %10s %8s %10s %12s %12s %9s %9s\n", "batch", "gamma", "draft ms", "verify ms",
+                "cycle ms", "draft%", "tok/cycle", "tokens/s", "w4a16 tok/s", "speed-up", "verify/roof");
+    for (int64_t batch : options.batch_sizes) {
+      double w4a16_step_ms = 0;
+      for (const auto& row : decode_rows)
+        if (row["batch"].get<int64_t>() == batch) w4a16_step_ms = row["step_ms"].get<double>();
+      for (int64_t gamma : options.qspec_gammas) {
+        std::vector<int32_t> draft_tokens(static_cast<size_t>(batch)), verify_tokens(static_cast<size_t>(batch * (gamma + 1)));
+        for (size_t i = 0; i < verify_tokens.size(); ++i) verify_tokens[i] = static_cast<int32_t>((700 + 13 * i) % config.vocab_size);
+        std::vector<GpuLlama::Run> draft_runs(static_cast<size_t>(batch)), verify_runs(static_cast<size_t>(batch));
+        for (int64_t s = 0; s < batch; ++s) {
+          draft_tokens[static_cast<size_t>(s)] = verify_tokens[static_cast<size_t>(s * (gamma + 1))];
+          draft_runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&draft_tokens[static_cast<size_t>(s)], 1)};
+          verify_runs[static_cast<size_t>(s)] = {
+              s, std::span<const int32_t>(verify_tokens.data() + s * (gamma + 1), static_cast<size_t>(gamma + 1)), true};
         }
-        const double draft = seconds_since(start);
-        for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
-        gpu.set_activations(GpuActivations::f16);
-        start = std::chrono::steady_clock::now();
-        gpu.step(verify_runs);
-        const double verify = seconds_since(start);
-        if (i >= 3) {  // the first cycles capture graphs
-          draft_seconds.push_back(draft);
-          verify_seconds.push_back(verify);
+        std::vector<double> draft_seconds, verify_seconds;
+        for (int64_t i = 0; i < options.steps / 4 + 3; ++i) {
+          for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
+          gpu.set_activations(draft_activations);
+          auto start = std::chrono::steady_clock::now();
+          for (int64_t d = 0; d < gamma; ++d) {
+            const std::vector<int32_t> ids = gpu.step(draft_runs);
+            for (int64_t s = 0; s < batch; ++s) draft_tokens[static_cast<size_t>(s)] = ids[static_cast<size_t>(s)];
+          }
+          const double draft = seconds_since(start);
+          for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
+          gpu.set_activations(GpuActivations::f16);
+          start = std::chrono::steady_clock::now();
+          gpu.step(verify_runs);
+          const double verify = seconds_since(start);
+          if (i >= 3) {  // the first cycles capture graphs
+            draft_seconds.push_back(draft);
+            verify_seconds.push_back(verify);
+          }
         }
+        const double draft_ms = median(draft_seconds) * 1e3, verify_ms = median(verify_seconds) * 1e3;
+        const double cycle_ms = draft_ms + verify_ms;
+        // Expected tokens a cycle: accepted prefix + the verify's token, sum of alpha^i for i <= gamma.
+        double tokens_per_cycle = 0;
+        for (int64_t i = 0; i <= gamma; ++i) tokens_per_cycle += std::pow(alpha, static_cast<double>(i));
+        const double tokens_per_second = static_cast<double>(batch) * tokens_per_cycle / (cycle_ms * 1e-3);
+        const double w4a16_tps = w4a16_step_ms > 0 ? static_cast<double>(batch) / (w4a16_step_ms * 1e-3) : 0;
+        const double context = static_cast<double>(options.context) + static_cast<double>(gamma);
+        const double verify_floor_ms = (static_cast<double>(gpu.weight_bytes()) +
+                                        static_cast<double>(batch) * context * static_cast<double>(gpu.kv_bytes_per_position())) /
+                                       ceilings.copy_bytes_per_s * 1e3;
+        std::printf("%6lld %6lld %10.3f %10.3f %10.3f %7.1f%% %10.2f %12.0f %12.0f %8.3fx %8.1f%%\n",
+                    static_cast<long long>(batch), static_cast<long long>(gamma), draft_ms, verify_ms, cycle_ms,
+                    100.0 * draft_ms / cycle_ms, tokens_per_cycle, tokens_per_second, w4a16_tps,
+                    w4a16_tps > 0 ? tokens_per_second / w4a16_tps : 0.0, 100.0 * verify_floor_ms / verify_ms);
+        out.push_back({{"draft", draft_name},
+                       {"batch", batch},
+                       {"gamma", gamma},
+                       {"accept_rate", alpha},
+                       {"draft_ms", draft_ms},
+                       {"draft_step_ms", draft_ms / static_cast<double>(gamma)},
+                       {"verify_ms", verify_ms},
+                       {"cycle_ms", cycle_ms},
+                       {"tokens_per_cycle", tokens_per_cycle},
+                       {"tokens_per_second", tokens_per_second},
+                       {"w4a16_tokens_per_second", w4a16_tps},
+                       {"speedup_vs_w4a16", w4a16_tps > 0 ? tokens_per_second / w4a16_tps : 0.0},
+                       {"verify_memory_floor_ms", verify_floor_ms}});
       }
-      const double draft_ms = median(draft_seconds) * 1e3, verify_ms = median(verify_seconds) * 1e3;
-      const double cycle_ms = draft_ms + verify_ms;
-      // Expected tokens a cycle: accepted prefix + the verify's token, sum of alpha^i for i <= gamma.
-      double tokens_per_cycle = 0;
-      for (int64_t i = 0; i <= gamma; ++i) tokens_per_cycle += std::pow(alpha, static_cast<double>(i));
-      const double tokens_per_second = static_cast<double>(batch) * tokens_per_cycle / (cycle_ms * 1e-3);
-      const double w4a16_tps = w4a16_step_ms > 0 ? static_cast<double>(batch) / (w4a16_step_ms * 1e-3) : 0;
-      const double context = static_cast<double>(options.context) + static_cast<double>(gamma);
-      const double verify_floor_ms = (static_cast<double>(gpu.weight_bytes()) +
-                                      static_cast<double>(batch) * context * static_cast<double>(gpu.kv_bytes_per_position())) /
-                                     ceilings.copy_bytes_per_s * 1e3;
-      std::printf("%6lld %6lld %10.3f %10.3f %10.3f %7.1f%% %10.2f %12.0f %12.0f %8.3fx %8.1f%%\n",
-                  static_cast<long long>(batch), static_cast<long long>(gamma), draft_ms, verify_ms, cycle_ms,
-                  100.0 * draft_ms / cycle_ms, tokens_per_cycle, tokens_per_second, w4a16_tps,
-                  w4a16_tps > 0 ? tokens_per_second / w4a16_tps : 0.0, 100.0 * verify_floor_ms / verify_ms);
-      out.push_back({{"batch", batch},
-                     {"gamma", gamma},
-                     {"accept_rate", alpha},
-                     {"draft_ms", draft_ms},
-                     {"draft_step_ms", draft_ms / static_cast<double>(gamma)},
-                     {"verify_ms", verify_ms},
-                     {"cycle_ms", cycle_ms},
-                     {"tokens_per_cycle", tokens_per_cycle},
-                     {"tokens_per_second", tokens_per_second},
-                     {"w4a16_tokens_per_second", w4a16_tps},
-                     {"speedup_vs_w4a16", w4a16_tps > 0 ? tokens_per_second / w4a16_tps : 0.0},
-                     {"verify_memory_floor_ms", verify_floor_ms}});
     }
   }
   gpu.set_activations(GpuActivations::f16);

@@ -39,12 +39,13 @@ struct GpuBenchOptions {
   // Profile mode: per mode and batch size, warm up, then run one decode step between
   // profiler_start/stop (for `ncu --profile-from-start off`); nothing is timed.
   bool profile_step = false;
-  // QSpec cycles (mode w4a16 only): per batch size and gamma, gamma w4a8 draft steps then one
+  // QSpec cycles (mode w4a16 only): per draft mode, batch size and gamma, gamma draft steps then one
   // W4A16 verify step of gamma + 1 tokens a sequence (all-token logits), timed as the engine
   // runs them. Acceptance is meaningless on random weights: tokens per cycle follow from
   // accept_rate, the probability that a draft token is accepted given its predecessors were
   // (1.0 = the upper bound, every draft kept), and the output says which was used.
   std::vector<int64_t> qspec_gammas;
+  std::vector<std::string> qspec_drafts = {"w4a8"};  // draft modes timed (each a low-precision activation mode)
   double accept_rate = 1.0;
   std::string command_line;
   std::string commit;

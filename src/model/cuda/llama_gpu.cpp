@@ -158,10 +158,12 @@ struct GpuLlama::State {
   cuda::PinnedMemory host_inputs, host_ids;
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
-  // int8 activation codes of a 4-bit GEMM's input (rows x_codes_stride bytes apart) and their
-  // token scales: W4A8 steps only.
+  // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
+  // elements apart) and their token or group scales (rows x_scales_stride apart): low-precision
+  // steps only.
   DeviceMemory x_codes, x_scales;
-  int64_t x_codes_stride = 0;
+  int64_t x_codes_stride = 0, x_scales_stride = 1;
+  int64_t activation_group = 0;  // int4 activations: k values a scale covers
   size_t gemm_workspace_bytes = 0, attention_workspace_bytes = 0;
   int64_t last_logit_rows = 0;
   // (batch, context bucket, whether run r is sequence r, activations): graphs read the block
@@ -185,24 +187,61 @@ struct GpuLlama::State {
   size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
   bool int8_step() const { return quantized && activations == GpuActivations::int8; }
-  // The W4A8 GEMM on activations already quantized into x_codes / x_scales.
-  void gemm_int8(const Linear& linear, int64_t m, f16_bits* y) {
-    cuda::w4a8_gemm(x_codes.as<int8_t>(), x_scales.as<float>(), m, x_codes_stride, linear.view, y, linear.n,
-                    gemm_workspace.get(), gemm_workspace_bytes, stream);
+  quant::Format activation_format() const {
+    switch (activations) {
+      case GpuActivations::int8: return quant::Format::int8;
+      case GpuActivations::int4: return quant::Format::int4;
+      case GpuActivations::fp8: return quant::Format::fp8;
+      case GpuActivations::nvfp4: return quant::Format::nvfp4;
+      case GpuActivations::mxfp4: return quant::Format::mxfp4;
+      case GpuActivations::f16: break;
+    }
+    fail("GPU model: f16 activations are not quantized");
+  }
+  void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
+    cuda::w4_quantized_gemm(xq, m, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes, stream);
   }
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
-    if (linear.quantized && activations == GpuActivations::int8) {
-      cuda::quantize_int8_rows(x_in, m, linear.k, linear.k, x_codes.as<int8_t>(), x_codes_stride, x_scales.as<float>(),
-                               stream);
-      gemm_int8(linear, m, y);
-    } else if (linear.quantized) {
+    if (!linear.quantized) {
+      cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
+    } else if (activations == GpuActivations::f16) {
       cuda::w4a16_gemm(*blas, x_in, m, linear.k, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
                        stream);
     } else {
-      cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
+      const cuda::QuantizedActivations xq =
+          cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, linear.k, x_codes.get(),
+                                     x_codes_stride, x_scales.as<float>(), x_scales_stride, stream);
+      quantized_gemm(xq, linear, m, y);
     }
   }
+  // residual += delta (when there is one), normed = rmsnorm(residual) (f16 into normed_out), then
+  // the GEMM; int8 steps quantize inside the norm (the f16 row is never written).
+  void norm_then_gemm(f16_bits* residual, const f16_bits* delta, const DeviceMemory& norm, const Linear& linear,
+                      int64_t tokens, f16_bits* normed_out, f16_bits* y) {
+    const int64_t hidden = config.hidden_size;
+    const float eps = static_cast<float>(config.rms_norm_eps);
+    if (int8_step()) {
+      auto* codes = x_codes.as<int8_t>();
+      auto* scales = x_scales.as<float>();
+      if (delta == nullptr)
+        cuda::rmsnorm_int8(residual, norm.as<float>(), tokens, hidden, eps, codes, x_codes_stride, scales, stream);
+      else
+        cuda::add_rmsnorm_int8(residual, delta, norm.as<float>(), tokens, hidden, eps, codes, x_codes_stride, scales,
+                               stream);
+      quantized_gemm(cuda::int8_activations(codes, scales, x_codes_stride), linear, tokens, y);
+      return;
+    }
+    if (delta == nullptr) cuda::rmsnorm(residual, norm.as<float>(), tokens, hidden, eps, normed_out, stream);
+    else cuda::add_rmsnorm(residual, delta, norm.as<float>(), tokens, hidden, eps, normed_out, stream);
+    gemm(linear, normed_out, tokens, y);
+  }
 
+  // The constructor's mode: weights, first activation precision, int4 activation group.
+  void set_mode(const RunMode& mode) {
+    quantized = mode.quantized_weights;
+    activations = gpu_activations(mode);
+    activation_group = quantized ? mode.activations.group_size : 0;
+  }
   void allocate_runtime(const GpuLlamaOptions& options);
   // Enqueues the forward pass of a step whose inputs are on the device. `tables`: the runs'
   // block-table rows. logit_rows: how many rows get logits (gathered at input_logit_rows unless
@@ -219,8 +258,7 @@ void check_supported(const ModelConfig& c, const RunMode& mode) {
   QSPEC_CHECK(cuda::device_count() > 0, "GPU model: no CUDA GPU is visible");
   QSPEC_CHECK(cuda::compute_capability() >= 80, "GPU model: ", cuda::device_name(), " is sm_",
               cuda::compute_capability(), "; the CUDA backend needs sm_80 or newer");
-  QSPEC_CHECK(mode.name == "w16a16" || mode.name == "w4a16" || mode.name == "w4a8", "GPU model: mode ", mode.name,
-              " is not on the GPU yet (w16a16, w4a16, w4a8)");
+  (void)gpu_activations(mode);  // throws for modes the GPU does not run
   QSPEC_CHECK(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128, "GPU model: head_dim ", c.head_dim,
               " (the attention kernels take 32, 64, 128)");
   QSPEC_CHECK(c.hidden_size % 8 == 0 && c.intermediate_size % 8 == 0 && c.q_dim() % 8 == 0 && c.kv_dim() % 8 == 0,
@@ -228,6 +266,26 @@ void check_supported(const ModelConfig& c, const RunMode& mode) {
 }
 
 }  // namespace
+
+GpuActivations gpu_activations(const RunMode& mode) {
+  const ActivationMode& a = mode.activations;
+  if (!mode.quantized_weights || a.kind != ActivationMode::Kind::quantized) {
+    QSPEC_CHECK(mode.name == "w16a16" || mode.name == "w4a16", "GPU model: mode ", mode.name, " is not on the GPU");
+    return GpuActivations::f16;
+  }
+  QSPEC_CHECK(!a.arc, "GPU model: mode ", mode.name,
+              " (ARC residual channels) is not on the GPU yet; the GPU runs w16a16, w4a16, w4a8, w4a8-fp8, w4a4, "
+              "w4a4-int4, w4a4-nvfp4, w4a4-mxfp4");
+  switch (a.format) {
+    case quant::Format::int8: return GpuActivations::int8;
+    case quant::Format::int4: return GpuActivations::int4;
+    case quant::Format::fp8: return GpuActivations::fp8;
+    case quant::Format::nvfp4: return GpuActivations::nvfp4;
+    case quant::Format::mxfp4: return GpuActivations::mxfp4;
+    default: break;
+  }
+  fail("GPU model: mode ", mode.name, " has no GPU activation path");
+}
 
 void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   const ModelConfig& c = config;
@@ -251,9 +309,14 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   const size_t activation_bytes =
       t * 2 * static_cast<size_t>(2 * c.hidden_size + qkv_width() + c.q_dim() + c.hidden_size + 3 * c.intermediate_size);
   const size_t logit_bytes = static_cast<size_t>(max_logit_rows) * static_cast<size_t>(c.vocab_size + c.hidden_size) * 2;
-  // The widest 4-bit GEMM input (int8 codes), rows padded to 16 bytes.
-  if (quantized) x_codes_stride = (std::max(c.hidden_size, c.intermediate_size) + 15) / 16 * 16;
-  const size_t code_bytes = t * static_cast<size_t>(x_codes_stride + 4);
+  // The widest 4-bit GEMM input (int8 codes or f16 values), rows padded to 16 elements; int4
+  // group scales for the widest input.
+  const int64_t widest = std::max(c.hidden_size, c.intermediate_size);
+  if (quantized) {
+    x_codes_stride = (widest + 15) / 16 * 16;
+    x_scales_stride = activation_group > 0 ? std::max<int64_t>(1, widest / activation_group) : 1;
+  }
+  const size_t code_bytes = t * static_cast<size_t>(2 * x_codes_stride + 4 * x_scales_stride);
   for (const Layer& layer : layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       if (linear->quantized)
@@ -296,8 +359,8 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   logits = allocate(static_cast<size_t>(max_logit_rows * c.vocab_size) * 2, "logits");
   out_ids = allocate(static_cast<size_t>(max_logit_rows) * 4, "ids");
   if (quantized) {
-    x_codes = allocate(t * static_cast<size_t>(x_codes_stride), "int8 activations");
-    x_scales = allocate(t * 4, "int8 activation scales");
+    x_codes = allocate(t * static_cast<size_t>(2 * x_codes_stride), "quantized activations");
+    x_scales = allocate(t * static_cast<size_t>(4 * x_scales_stride), "activation scales");
   }
   if (gemm_workspace_bytes > 0) {
     gemm_workspace = allocate(gemm_workspace_bytes, "GEMM workspace");
@@ -322,8 +385,7 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
               " outside 1..", c.max_position_embeddings);
   State& s = *state_;
   s.config = c;
-  s.quantized = mode.quantized_weights;
-  s.activations = mode.activations.kind == ActivationMode::Kind::quantized ? GpuActivations::int8 : GpuActivations::f16;
+  s.set_mode(mode);
   if (s.quantized) {
     QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
     QSPEC_CHECK(!model.has_arc(), "GPU model: ARC-calibrated weights (reordered inputs) are not on the GPU yet");
@@ -371,6 +433,7 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   }
   s.allocate_runtime(options);
   lengths_.assign(static_cast<size_t>(s.max_seqs), 0);
+  set_activations(s.activations);  // validates an int4 group against the weights
 }
 
 std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const RunMode& mode,
@@ -381,8 +444,7 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   gpu->state_ = std::make_unique<State>();
   State& s = *gpu->state_;
   s.config = c;
-  s.quantized = mode.quantized_weights;
-  s.activations = mode.activations.kind == ActivationMode::Kind::quantized ? GpuActivations::int8 : GpuActivations::f16;
+  s.set_mode(mode);
   if (c.attention_bias || c.attention_output_bias || c.mlp_bias)
     s.model_note = "synthetic: linear biases omitted (a few vectors; the GPU path has no bias add yet)";
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
@@ -422,6 +484,7 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   }
   cuda::stream_synchronize(s.stream);
   gpu->lengths_.assign(static_cast<size_t>(s.max_seqs), 0);
+  gpu->set_activations(s.activations);
   return gpu;
 }
 
@@ -450,28 +513,13 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* proj_out = proj.as<f16_bits>();
   auto* gate_up_out = gate_up.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
-  const bool int8 = int8_step();
-  auto* codes = x_codes.as<int8_t>();
-  auto* code_scales = x_scales.as<float>();
-  const int64_t code_stride = x_codes_stride;
 
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
-    // Attention block; the previous layer's MLP residual is added in the same pass as this norm
-    // (int8 steps: which also quantizes its output for the W4A8 GEMM).
-    if (int8) {
-      if (l == 0) cuda::rmsnorm_int8(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, codes, code_stride,
-                                     code_scales, stream);
-      else cuda::add_rmsnorm_int8(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, codes,
-                                  code_stride, code_scales, stream);
-      gemm_int8(layer.qkv, tokens, qkv_out);
-    } else {
-      if (l == 0) cuda::rmsnorm(xs, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-      else cuda::add_rmsnorm(xs, proj_out, layer.attention_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-      gemm(layer.qkv, norm_out, tokens, qkv_out);
-    }
+    // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
+    norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
     // RoPE on the q and k heads of the qkv rows, and the rotated k with v into the cache: one launch.
     cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
                         rope_scaling, kv, stream);
@@ -483,14 +531,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
                                     attention_workspace_bytes, stream);
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
-    if (int8) {
-      cuda::add_rmsnorm_int8(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, codes, code_stride,
-                             code_scales, stream);
-      gemm_int8(layer.gate_up, tokens, gate_up_out);
-    } else {
-      cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-      gemm(layer.gate_up, norm_out, tokens, gate_up_out);
-    }
+    norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
     cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
     gemm(layer.down, act_out, tokens, proj_out);
   }
@@ -625,9 +666,17 @@ std::vector<float> GpuLlama::step_logits() const {
 }
 
 void GpuLlama::set_activations(GpuActivations activations) {
-  QSPEC_CHECK(activations == GpuActivations::f16 || state_->quantized,
-              "GPU model: int8 activations need 4-bit weights (this model runs w16a16)");
-  state_->activations = activations;
+  State& s = *state_;
+  QSPEC_CHECK(activations == GpuActivations::f16 || s.quantized,
+              "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
+  if (activations == GpuActivations::int4)
+    for (const Layer& layer : s.layers)
+      for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+        QSPEC_CHECK(s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
+                        linear->k % s.activation_group == 0,
+                    "GPU model: int4 activation groups of ", s.activation_group,
+                    " must be a multiple of the weight group ", linear->view.group, " and divide k ", linear->k);
+  s.activations = activations;
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }

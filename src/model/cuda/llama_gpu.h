@@ -8,11 +8,13 @@
 // replay a CUDA graph captured once per (B, context bucket): one launch, no host work per layer.
 // Its reference is LlamaModel::forward (CPU, f32).
 //
-// Modes w16a16, w4a16 and w4a8 (per-token int8 activations on the same 4-bit weights, the
-// s8-mma kernel; the lm_head stays f16 as in every mode). A 4-bit model switches activation
-// precision between steps (set_activations): QSpec drafts in int8 and verifies in f16 over one
-// weight set and one KV cache.
-// Scope: no biases, no Hadamard rotation, no ARC reordering (each
+// Modes w16a16, w4a16 and the low-precision activations on the same 4-bit weights: w4a8 (per-token
+// int8, s8 mma), w4a4 / w4a4-int4 (int4 groups, s8 mma), w4a8-fp8, w4a4-nvfp4, w4a4-mxfp4
+// (emulated exactly on f16 mma); quantized values bitwise the CPU's (ops/cuda/ops.h
+// quantize_activations); the lm_head stays f16 in every mode. A 4-bit model switches activation
+// precision between steps (set_activations): QSpec drafts in a low precision and verifies in f16
+// over one weight set and one KV cache.
+// Scope: no biases, no Hadamard rotation, no ARC reordering or residual channels (each
 // rejected at construction with a qspec::Error naming it). Synthetic models (random weights
 // drawn on the GPU, for benchmarks at full-size shapes) may omit q/k/v biases: they say so.
 #pragma once
@@ -39,7 +41,10 @@ ModelConfig synthetic_model_config(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 
 // Activation precision of the 4-bit GEMMs in a step.
-enum class GpuActivations { f16, int8 };
+enum class GpuActivations { f16, int8, int4, fp8, nvfp4, mxfp4 };
+// The precision of a run mode's activations on a 4-bit model (f16 for w4a16 and w16a16); throws
+// for modes the GPU does not run (ARC).
+GpuActivations gpu_activations(const RunMode& mode);
 
 class GpuLlama {
  public:
@@ -77,7 +82,8 @@ class GpuLlama {
   std::vector<float> step_logits() const;
 
   // Activation precision of the following steps (4-bit models only; the constructor's mode sets
-  // the first: int8 for w4a8, f16 otherwise). Decode graphs are kept per precision.
+  // the first, gpu_activations(mode)). int4 uses the constructor mode's activation group size.
+  // Decode graphs are kept per precision.
   void set_activations(GpuActivations activations);
   GpuActivations activations() const;
 

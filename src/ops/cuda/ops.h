@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/attention.h"  // AttentionShape, shared with cpu::attention
+#include "quant/formats.h"  // quant::Format of quantized activations
 
 namespace qspec::cuda {
 
@@ -340,24 +341,74 @@ void rmsnorm_int8(const f16_bits* x, const float* weight, int64_t rows, int64_t 
 void add_rmsnorm_int8(f16_bits* residual, const f16_bits* delta, const float* weight, int64_t rows, int64_t dim,
                       float eps, int8_t* codes, int64_t ldc, float* scales, void* stream);
 
-// W4A8: y[m, n] = f16(s_x[m] * sum over groups of s_w[n, group] * (sum over the group of
-// q_x[m, k] q_w[n, k])): the W4A16 packed weights (one 4-bit weight set for both modes),
-// int8 activation codes (rows ldx bytes apart, ldx % 16 == 0, 16-byte aligned) with their
-// token scales; each group's integer sum exact on s8 mma (s32), the rest in f32. The kernels
-// of the W4A16 paths with int8 operands: automatic takes small_m up to 8 tokens and tiled
-// beyond (there is no dequantize + cuBLAS path for int8); the workspace is the W4A16 path's
-// (w4a16_workspace_bytes with that path).
-void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
-               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-               W4A16Path path = W4A16Path::automatic);
+// Quantized activations as the 4-bit-weight GEMMs read them (quantize_activations writes them):
+//   int8          int8 codes, one f32 scale per token (W4A8).
+//   int4          int4 codes in int8 bytes, one f32 scale per token and group of `group` k values
+//                 (scales [rows][scale_ld]); group must be a multiple of the weight group (W4A4).
+//   fp8 / nvfp4 / mxfp4  f16 values that are exactly element x block scale (divided by a power
+//                 of two for mxfp4), one f32 scale per token that makes them the CPU's
+//                 dequantized values: fp8 amax / 448, nvfp4 the token's tensor scale, mxfp4 a
+//                 power of two (W4A8-fp8, W4A4-nvfp4 / mxfp4 emulated on f16 mma).
+// values: rows ldx elements apart, 16-byte aligned, ldx % 16 == 0 (int8 bytes) or % 8 == 0 (f16).
+struct QuantizedActivations {
+  quant::Format format = quant::Format::int8;
+  const void* values = nullptr;
+  int64_t ldx = 0;
+  const float* scales = nullptr;
+  int64_t scale_ld = 0;  // int4: scales a token row
+  int64_t group = 0;     // int4: k values a scale covers
+};
+bool quantized_activations_use_f16(quant::Format format);  // fp8, nvfp4, mxfp4
+
+// Per-token quantization of f16 rows [rows, k] (ldx apart) in `format` (int8, int4 with groups of
+// `group`, fp8, nvfp4, mxfp4): quant::quantize_row(format, activation) bit for bit on the f32 value
+// of each element, written as QuantizedActivations (values rows ldv elements apart, scales for int4
+// rows scale_ld apart; the result's fields are filled in out). A row holding a NaN or an infinity
+// gets NaN scales (no throw inside a graph; its outputs are then NaN, never argmax's pick).
+// Exactness note for mxfp4: a value is exact in f16 when its block's shared exponent is at most 36
+// below the row's largest (smaller blocks round in f16; they lie below f32 resolution of the row).
+QuantizedActivations quantize_activations(quant::Format format, int64_t group, const f16_bits* x, int64_t rows,
+                                          int64_t k, int64_t ldx, void* values, int64_t ldv, float* scales,
+                                          int64_t scale_ld, void* stream);
+
+// y[m, n] = f16(sum over groups of s_w[n, group] * s_x * (sum over the group of x[m, k] q_w[n, k]))
+// with the W4A16 packed weights (one 4-bit weight set for every mode) and quantized activations:
+// each group's sum exact on s8 mma (s32) for int8 / int4 codes, f32 on f16 mma for the f16
+// values; s_x the token or group scale. The kernels of the W4A16 paths: automatic takes small_m
+// up to 8 tokens and tiled beyond (there is no dequantize + cuBLAS path); the workspace is the
+// W4A16 path's (w4a16_workspace_bytes with that path).
+void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                       void* workspace, size_t workspace_bytes, void* stream, W4A16Path path = W4A16Path::automatic);
 // The small-M kernel (variants 1 / 2 of W4A16SmallMConfig), in slices of 64 tokens.
-void w4a8_gemm_small_m(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
-                       f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                       const W4A16SmallMConfig& config = {});
+void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                               const W4A16SmallMConfig& config = {});
 // The tiled kernel (every tile of W4A16TiledConfig), any m.
-void w4a8_gemm_tiled(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
-                     f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                     const W4A16TiledConfig& config = {});
+void w4_quantized_gemm_tiled(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                             int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                             const W4A16TiledConfig& config = {});
+
+// W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
+inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {
+  return QuantizedActivations{quant::Format::int8, xq, ldx, x_scales, 0, 0};
+}
+inline void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                      f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                      W4A16Path path = W4A16Path::automatic) {
+  w4_quantized_gemm(int8_activations(xq, x_scales, ldx), m, w, y, ldy, workspace, workspace_bytes, stream, path);
+}
+inline void w4a8_gemm_small_m(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                              f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                              const W4A16SmallMConfig& config = {}) {
+  w4_quantized_gemm_small_m(int8_activations(xq, x_scales, ldx), m, w, y, ldy, workspace, workspace_bytes, stream,
+                            config);
+}
+inline void w4a8_gemm_tiled(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
+                            f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                            const W4A16TiledConfig& config = {}) {
+  w4_quantized_gemm_tiled(int8_activations(xq, x_scales, ldx), m, w, y, ldy, workspace, workspace_bytes, stream,
+                          config);
+}
 
 enum class Dtype16 { f16, bf16 };
 // W16A16: y[m, n] = x[m, k] * W[n, k]^T through cuBLAS (cublasGemmEx, f32 compute), x, W and

@@ -1,5 +1,6 @@
 // W4A16 dispatch: the small-M tensor-core kernel, or dequantize to f16 + cuBLAS.
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/ops.h"
@@ -27,7 +28,40 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
   return layout;
 }
 
+kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
+                                        const char* who) {
+  const bool f16 = quantized_activations_use_f16(x.format);
+  QSPEC_CHECK(x.format == quant::Format::int8 || x.format == quant::Format::int4 || f16, who, ": ",
+              kernels::format_label(x.format), " is not an activation format of the quantized GEMMs");
+  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && x.ldx >= w.k && x.ldx % (f16 ? 8 : 16) == 0 && is_aligned_16(x.values),
+              who, ": x must be 16-byte aligned with ldx >= k and ldx % ", f16 ? 8 : 16, " == 0 (m ", m, ", ldx ",
+              x.ldx, ")");
+  QSPEC_CHECK(m == 0 || x.scales != nullptr, who, ": no activation scales");
+  kernels::ActivationRows rows{x.values, x.ldx, x.scales, 0, 0};
+  if (x.format == quant::Format::int4) {
+    QSPEC_CHECK(x.group > 0 && x.group % w.group == 0 && w.k % x.group == 0 && x.scale_ld >= w.k / x.group, who,
+                ": int4 activation groups of ", x.group, " (", x.scale_ld, " scales a row) must be a multiple of the ",
+                "weight group ", w.group, " and divide k ", w.k);
+    rows.scale_ld = x.scale_ld;
+    rows.group = static_cast<int>(x.group);
+  }
+  return rows;
+}
+
+kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, quant::Format format,
+                                             int64_t first_token) {
+  kernels::ActivationRows out = rows;
+  const size_t elem = quantized_activations_use_f16(format) ? 2 : 1;
+  out.x = static_cast<const char*>(rows.x) + static_cast<size_t>(first_token * rows.ldx) * elem;
+  out.scales = rows.scales + first_token * (format == quant::Format::int4 ? rows.scale_ld : 1);
+  return out;
+}
+
 }  // namespace detail
+
+bool quantized_activations_use_f16(quant::Format format) {
+  return format == quant::Format::fp8 || format == quant::Format::nvfp4 || format == quant::Format::mxfp4;
+}
 
 // Crossovers of `automatic` (docs/perf-notes.md has the H100 numbers behind them): the small-M
 // kernel up to kSmallMMax tokens, the tiled kernel up to kTiledMaxM, dequantize + cuBLAS beyond.
@@ -65,14 +99,15 @@ void w4a16_workspace_init(void* workspace, size_t bytes, void* stream) {
     QSPEC_CUDA_CHECK(cudaMemsetAsync(workspace, 0, std::min(bytes, detail::kW4A16CounterBytes), as_stream(stream)));
 }
 
-void w4a8_gemm(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
-               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
+void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                       void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
   if (path == W4A16Path::automatic) path = m <= kSmallMMax ? W4A16Path::small_m : W4A16Path::tiled;
-  QSPEC_CHECK(path != W4A16Path::dequant_cublas, "cuda::w4a8_gemm: int8 activations have no dequantize + cuBLAS path");
+  QSPEC_CHECK(path != W4A16Path::dequant_cublas,
+              "cuda::w4_quantized_gemm: quantized activations have no dequantize + cuBLAS path");
   if (path == W4A16Path::small_m)
-    w4a8_gemm_small_m(xq, x_scales, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
+    w4_quantized_gemm_small_m(x, m, w, y, ldy, workspace, workspace_bytes, stream);
   else
-    w4a8_gemm_tiled(xq, x_scales, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
+    w4_quantized_gemm_tiled(x, m, w, y, ldy, workspace, workspace_bytes, stream);
 }
 
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,

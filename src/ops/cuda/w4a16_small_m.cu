@@ -5,9 +5,13 @@
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
-namespace detail {
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);  // w4a16_gemm.cu
-}
+namespace detail {  // w4a16_gemm.cu
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);
+kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
+                                        const char* who);
+kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, quant::Format format,
+                                             int64_t first_token);
+}  // namespace detail
 
 namespace {
 
@@ -67,12 +71,15 @@ void launch_group(int mt, int variant, const kernels::W4A16SmallMParams& params,
 }
 
 // One launch of the register-ring kernel (variants 1 / 2) for a slice of at most 64 tokens:
-// split-K and x staging planned here for both activation types. params: w, x / xq / x_scales,
-// ldx, y, ldy, m set by the caller.
+// split-K and x staging planned here for every activation policy. params: w, a, y, ldy, m set by
+// the caller.
 template <class Act>
 void launch_register_ring(kernels::W4A16SmallMParams params, int variant, const W4A16SmallMConfig& config,
-                          int64_t row_tiles, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+                          void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
+  const int64_t row_tiles = (layout.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n ", layout.n,
+              " too large");
   const int64_t slice = params.m;
   const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
   const int sms = multiprocessor_count();
@@ -178,8 +185,6 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
               "cuda::w4a16_gemm: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
               ", ldx ", ldx, ", ldy ", ldy, ")");
   if (m == 0) return;
-  const int64_t row_tiles = (w.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n too large");
   const bool scales_16 = reinterpret_cast<uintptr_t>(w.scales) % 16 == 0;
   const int variant = config.variant != 0 ? config.variant : scales_16 ? detail::kW4A16DefaultVariant : 1;
   QSPEC_CHECK(variant >= 1 && variant <= 4, "cuda::w4a16_gemm: unknown small-M variant ", variant);
@@ -209,8 +214,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
                                 workspace_bytes))
         --splits;
       params.w = layout;
-      params.x = xh + m0 * ldx;
-      params.ldx = ldx;
+      params.a = kernels::ActivationRows{xh + m0 * ldx, ldx, nullptr, 0, 0};
       params.y = yh + m0 * ldy;
       params.ldy = ldy;
       params.m = static_cast<int>(slice);
@@ -224,42 +228,37 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     }
     kernels::W4A16SmallMParams params{};
     params.w = layout;
-    params.x = xh + m0 * ldx;
-    params.ldx = ldx;
+    params.a = kernels::ActivationRows{xh + m0 * ldx, ldx, nullptr, 0, 0};
     params.y = yh + m0 * ldy;
     params.ldy = ldy;
     params.m = static_cast<int>(slice);
-    launch_register_ring<kernels::ActF16>(params, variant, config, row_tiles, workspace, workspace_bytes, s);
+    launch_register_ring<kernels::ActF16>(params, variant, config, workspace, workspace_bytes, s);
   }
 }
 
-void w4a8_gemm_small_m(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
-                       f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                       const W4A16SmallMConfig& config) {
+void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                               const W4A16SmallMConfig& config) {
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  QSPEC_CHECK(m >= 0 && ldx >= w.k && ldx % 16 == 0 && ldy >= w.n && is_aligned_16(xq),
-              "cuda::w4a8_gemm_small_m: x must be 16-byte aligned with ldx >= k and ldx % 16 == 0, ldy >= n (m ", m,
-              ", ldx ", ldx, ", ldy ", ldy, ")");
+  const kernels::ActivationRows rows = detail::activation_rows(x, m, w, "cuda::w4_quantized_gemm_small_m");
+  QSPEC_CHECK(ldy >= w.n, "cuda::w4_quantized_gemm_small_m: ldy ", ldy, " < n ", w.n);
   if (m == 0) return;
-  QSPEC_CHECK(x_scales != nullptr, "cuda::w4a8_gemm: no token scales");
-  const int64_t row_tiles = (w.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a8_gemm: n too large");
   const int variant = config.variant != 0 ? config.variant : 1;
-  QSPEC_CHECK(variant == 1 || variant == 2, "cuda::w4a8_gemm: small-M variant ", variant,
-              " does not exist for int8 activations (1 or 2)");
+  QSPEC_CHECK(variant == 1 || variant == 2, "cuda::w4_quantized_gemm_small_m: small-M variant ", variant,
+              " does not exist for quantized activations (1 or 2)");
   auto* yh = reinterpret_cast<__half*>(y);
-  for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
-    kernels::W4A16SmallMParams params{};
-    params.w = layout;
-    params.xq = xq + m0 * ldx;
-    params.x_scales = x_scales + m0;
-    params.ldx = ldx;
-    params.y = yh + m0 * ldy;
-    params.ldy = ldy;
-    params.m = static_cast<int>(std::min(detail::kW4A16MaxSliceM, m - m0));
-    launch_register_ring<kernels::ActS8>(params, variant, config, row_tiles, workspace, workspace_bytes,
-                                         as_stream(stream));
-  }
+  kernels::with_activation_policy(x.format, [&](auto policy) {
+    using Act = decltype(policy);
+    for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
+      kernels::W4A16SmallMParams params{};
+      params.w = layout;
+      params.a = detail::activation_rows_from(rows, x.format, m0);
+      params.y = yh + m0 * ldy;
+      params.ldy = ldy;
+      params.m = static_cast<int>(std::min(detail::kW4A16MaxSliceM, m - m0));
+      launch_register_ring<Act>(params, variant, config, workspace, workspace_bytes, as_stream(stream));
+    }
+  });
 }
 
 }  // namespace qspec::cuda

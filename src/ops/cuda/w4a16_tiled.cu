@@ -6,9 +6,11 @@
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
-namespace detail {
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);  // w4a16_gemm.cu
-}
+namespace detail {  // w4a16_gemm.cu
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);
+kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
+                                        const char* who);
+}  // namespace detail
 
 namespace {
 
@@ -86,8 +88,7 @@ std::string w4a16_tiled_tile_name(int tile) {
 
 namespace {
 
-// Plans and launches the tiled kernel for either activation type; params: x / xq / x_scales
-// and ldx set by the caller.
+// Plans and launches the tiled kernel for any activation policy; params.a set by the caller.
 template <class Act>
 void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                   void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
@@ -140,23 +141,19 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
               "cuda::w4a16_gemm_tiled: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
               ", ldx ", ldx, ", ldy ", ldy, ")");
   kernels::W4A16TiledParams params{};
-  params.x = reinterpret_cast<const __half*>(x);
-  params.ldx = ldx;
+  params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
   launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
 }
 
-void w4a8_gemm_tiled(const int8_t* xq, const float* x_scales, int64_t m, int64_t ldx, const W4A16Weights& w,
-                     f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                     const W4A16TiledConfig& config) {
-  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 16 == 0 && ldy >= w.n && is_aligned_16(xq),
-              "cuda::w4a8_gemm_tiled: x must be 16-byte aligned with ldx >= k and ldx % 16 == 0, ldy >= n (m ", m,
-              ", ldx ", ldx, ", ldy ", ldy, ")");
-  QSPEC_CHECK(m == 0 || x_scales != nullptr, "cuda::w4a8_gemm_tiled: no token scales");
+void w4_quantized_gemm_tiled(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                             int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                             const W4A16TiledConfig& config) {
   kernels::W4A16TiledParams params{};
-  params.xq = xq;
-  params.x_scales = x_scales;
-  params.ldx = ldx;
-  launch_tiled<kernels::ActS8>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+  params.a = detail::activation_rows(x, m, w, "cuda::w4_quantized_gemm_tiled");
+  QSPEC_CHECK(ldy >= w.n, "cuda::w4_quantized_gemm_tiled: ldy ", ldy, " < n ", w.n);
+  kernels::with_activation_policy(x.format, [&](auto policy) {
+    launch_tiled<decltype(policy)>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+  });
 }
 
 }  // namespace qspec::cuda

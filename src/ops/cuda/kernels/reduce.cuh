@@ -4,38 +4,37 @@
 
 namespace qspec::cuda::kernels {
 
-__device__ __forceinline__ float warp_sum(float value) {
+struct SumOp {
+  __device__ static float apply(float a, float b) { return a + b; }
+  static constexpr float kIdentity = 0.0f;
+};
+struct MaxOp {
+  __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+  static constexpr float kIdentity = -INFINITY;
+};
+
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float value) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) value = Op::apply(value, __shfl_xor_sync(0xffffffffu, value, offset));
   return value;
 }
 
-// Sum over the block; every thread gets the result. scratch: 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float value, float* scratch) {
+// Reduction over the block; every thread gets the result. scratch: 32 floats of shared memory.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float value, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  value = warp_sum(value);
+  value = warp_reduce<Op>(value);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = value;
   __syncthreads();
-  value = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(value);
+  value = lane < warps ? scratch[lane] : Op::kIdentity;
+  return warp_reduce<Op>(value);
 }
 
-__device__ __forceinline__ float warp_max(float value) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
-
-// Maximum over the block; every thread gets the result. scratch: 32 floats of shared memory.
-__device__ __forceinline__ float block_max(float value, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  value = warp_max(value);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  value = lane < warps ? scratch[lane] : -INFINITY;
-  return warp_max(value);
-}
+__device__ __forceinline__ float warp_sum(float value) { return warp_reduce<SumOp>(value); }
+__device__ __forceinline__ float warp_max(float value) { return warp_reduce<MaxOp>(value); }
+__device__ __forceinline__ float block_sum(float value, float* scratch) { return block_reduce<SumOp>(value, scratch); }
+__device__ __forceinline__ float block_max(float value, float* scratch) { return block_reduce<MaxOp>(value, scratch); }
 
 }  // namespace qspec::cuda::kernels

@@ -1,21 +1,33 @@
-// How activations meet the packed 4-bit weights (gemm/w4a16_pack.h) in the small-M kernel: one
-// policy per activation type, so the weight streaming, split-K and fix-up code exists once.
+// How activations meet the packed 4-bit weights (gemm/w4a16_pack.h) in the small-M and tiled
+// kernels: one policy per activation type, so the weight streaming, split-K and fix-up code
+// exists once.
 //
-// Both policies consume one packed k pair (32 k values, two 32-bit words w0 / w1 per lane) per
-// call and read the same x elements: lane 4g + t's B fragment is the 8 consecutive values of
+// Every policy consumes one packed k pair (32 k values, two 32-bit words w0 / w1 per lane) per
+// call and reads the same x elements: lane 4g + t's B fragment is the 8 consecutive values of
 // token g at k = 32P + 8t (16 bytes of f16, 8 bytes of int8). What differs:
-//   ActF16  (W4A16) two mma.m16n8k16 f16 -> f32; nibbles become exact f16 integers (lop3).
-//   ActS8   (W4A8)  one mma.m16n8k32 s8 -> s32; nibbles become int8 bytes. The packed k order
-//           maps onto the s8 fragment without reshuffling x: A register j of the s8 mma
-//           (rows g / g + 8, k 4t..4t+3 / 16 + 4t..) is, for word w_j>>1, its even / odd
-//           nibbles = rows g / g + 8 at physical k p..p+3 (p = 32P + 8t + 4 (j >> 1)), stored
+//   f16 elements (ActF16, ActF16Scaled): two mma.m16n8k16 f16 -> f32; nibbles become exact f16
+//           integers (lop3).
+//   int8 elements (ActS8, ActS8Grouped): one mma.m16n8k32 s8 -> s32; nibbles become int8 bytes.
+//           The packed k order maps onto the s8 fragment without reshuffling x: A register j of
+//           the s8 mma (rows g / g + 8, k 4t..4t+3 / 16 + 4t..) is, for word w_j>>1, its even /
+//           odd nibbles = rows g / g + 8 at physical k p..p+3 (p = 32P + 8t + 4 (j >> 1)), stored
 //           in the order p, p+2, p+1, p+3 and put back in order with one byte permute.
+// and which scales the activations carry:
+//   ActF16        none (W4A16).
+//   ActF16Scaled  one f32 scale per token, applied to the finished row: fp8 / nvfp4 / mxfp4
+//                 activations emulated exactly on f16 mma (kernels/quantize_activations.cuh
+//                 writes element x block scale, exact in f16, and the token's power of two or
+//                 tensor scale).
+//   ActS8         one f32 scale per token (W4A8 int8), applied to the finished row.
+//   ActS8Grouped  one f32 scale per token and activation group (W4A4 int4 codes in int8 bytes),
+//                 applied with the weight group scale when a group is flushed; an activation
+//                 group spans whole weight groups.
 // A scale group's integer sum is exact in s32 (128 products of at most 8 x 127), then scaled
-// by the weight group scale in f32 like the f16 path's group sums; the token scale multiplies
-// the finished row (epilogue).
+// by the weight group scale in f32 like the f16 path's group sums.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_common.cuh"
+#include "quant/formats.h"
 
 namespace qspec::cuda::kernels {
 
@@ -40,6 +52,7 @@ struct ActF16 {
   using Frag = uint4;      // 8 halves
   using GroupAcc = float;  // a scale group's sum
   static constexpr bool kTokenScale = false;
+  static constexpr bool kGroupScale = false;
   struct Weights {
     uint32_t a[2][4];  // the two k16 tiles of the pair
   };
@@ -58,11 +71,16 @@ struct ActF16 {
   __device__ static __forceinline__ float to_float(GroupAcc v) { return v; }
 };
 
+struct ActF16Scaled : ActF16 {
+  static constexpr bool kTokenScale = true;
+};
+
 struct ActS8 {
   using Elem = int8_t;
   using Frag = uint2;    // 8 int8 values
   using GroupAcc = int;  // exact
   static constexpr bool kTokenScale = true;
+  static constexpr bool kGroupScale = false;
   struct Weights {
     uint32_t a[4];
   };
@@ -82,9 +100,72 @@ struct ActS8 {
   __device__ static __forceinline__ float to_float(GroupAcc v) { return static_cast<float>(v); }
 };
 
-// The W4A8 epilogue: a thread's accumulators (n-tile nt: tokens nt*8 + 2t, + 1, for rows g and
+struct ActS8Grouped : ActS8 {
+  static constexpr bool kTokenScale = false;
+  static constexpr bool kGroupScale = true;
+};
+
+// Where a GEMM's activation rows and scales are (the kernels' parameter structs share these).
+struct ActivationRows {
+  const void* x;          // f16 values or int8 codes, rows ldx elements apart
+  int64_t ldx;
+  const float* scales;    // kTokenScale: [m]; kGroupScale: [m][scale_ld]
+  int64_t scale_ld;       // kGroupScale: scales a token row
+  int group;              // kGroupScale: k values an activation group covers (a multiple of the weight group)
+};
+
+template <class Act>
+__device__ __forceinline__ const typename Act::Elem* activation_values(const ActivationRows& a) {
+  return static_cast<const typename Act::Elem*>(a.x);
+}
+
+// Closes scale group `group` (of G k values) of one row set: acc += s_w * s_x * (group sum),
+// clears the group sums. s_w: the weight scale pair of rows g / g + 8; s_x (ActS8Grouped only):
+// the activation group scale of each token this thread holds (tile tokens from first_token,
+// nt * 8 + 2t and + 1, clamped to last_token).
+template <class Act, int G, int MT>
+__device__ __forceinline__ void flush_group(float (&acc)[MT][4], typename Act::GroupAcc (&gacc)[MT][4],
+                                            uint32_t scale_word, const ActivationRows& a, int group,
+                                            int first_token, int t, int last_token) {
+  const float2 s = unpack_half2(scale_word);
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) {
+    float s00 = s.x, s01 = s.x, s10 = s.y, s11 = s.y;
+    if constexpr (Act::kGroupScale) {
+      const float* column = a.scales + (group * G) / a.group;
+      const float x0 = __ldg(column + (first_token + min(nt * 8 + 2 * t, last_token)) * a.scale_ld);
+      const float x1 = __ldg(column + (first_token + min(nt * 8 + 2 * t + 1, last_token)) * a.scale_ld);
+      s00 = s.x * x0;
+      s01 = s.x * x1;
+      s10 = s.y * x0;
+      s11 = s.y * x1;
+    }
+    acc[nt][0] = fmaf(s00, Act::to_float(gacc[nt][0]), acc[nt][0]);
+    acc[nt][1] = fmaf(s01, Act::to_float(gacc[nt][1]), acc[nt][1]);
+    acc[nt][2] = fmaf(s10, Act::to_float(gacc[nt][2]), acc[nt][2]);
+    acc[nt][3] = fmaf(s11, Act::to_float(gacc[nt][3]), acc[nt][3]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) gacc[nt][e] = 0;
+  }
+}
+
+// Zeroes a kernel's f32 totals and group sums.
+template <class Act, int RPW, int MT>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[RPW][MT][4], typename Act::GroupAcc (&gacc)[RPW][MT][4]) {
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[r][nt][e] = 0.0f;
+        gacc[r][nt][e] = 0;
+      }
+}
+
+// The token-scale epilogue: a thread's accumulators (n-tile nt: tokens nt*8 + 2t, + 1, for rows g and
 // g + 8) times their tokens' scales: tile tokens from first_token, last_token the tile's last
-// valid one (rows past it are clamped, their outputs dropped). No-op for f16.
+// valid one (rows past it are clamped, their outputs dropped). No-op without token scales.
 template <class Act, int RPW, int MT>
 __device__ __forceinline__ void apply_token_scales(float (&acc)[RPW][MT][4], const float* __restrict__ x_scales,
                                                    int first_token, int t, int last_token) {
@@ -102,6 +183,34 @@ __device__ __forceinline__ void apply_token_scales(float (&acc)[RPW][MT][4], con
       }
     }
   }
+}
+
+// A format's name for messages (quant::format_name lives in qspec_core, which links after this
+// library).
+inline const char* format_label(quant::Format format) {
+  switch (format) {
+    case quant::Format::int4: return "int4";
+    case quant::Format::int4_channel: return "int4-channel";
+    case quant::Format::nvfp4: return "nvfp4";
+    case quant::Format::mxfp4: return "mxfp4";
+    case quant::Format::int8: return "int8";
+    case quant::Format::fp8: return "fp8";
+  }
+  return "unknown";
+}
+
+// Host side: calls fn(Policy{}) with the policy that reads activations quantized in `format`.
+template <class Fn>
+void with_activation_policy(quant::Format format, Fn&& fn) {
+  switch (format) {
+    case quant::Format::int8: fn(ActS8{}); return;
+    case quant::Format::int4: fn(ActS8Grouped{}); return;
+    case quant::Format::fp8:
+    case quant::Format::nvfp4:
+    case quant::Format::mxfp4: fn(ActF16Scaled{}); return;
+    default: break;
+  }
+  fail("4-bit GEMM: ", format_label(format), " is not an activation format of the quantized GEMMs");
 }
 
 }  // namespace qspec::cuda::kernels

@@ -1,11 +1,13 @@
-// W4A16 / W4A8 GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (gemm/w4a16_pack.h)
-// and x f16 (Act = ActF16) or per-token int8 (ActS8, kernels/w4_activation.cuh).
+// 4-bit-weight GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (gemm/w4a16_pack.h)
+// and x f16 (Act = ActF16), emulated fp8 / fp4 in f16 (ActF16Scaled), per-token int8 (ActS8) or
+// grouped int4 (ActS8Grouped): kernels/w4_activation.cuh.
 // Computed as y^T = W x^T on mma.sync: 16 weight rows are A, 8 tokens are B.
 // Each warp streams RPW row blocks of packed weights from global memory straight into
 // registers (16-byte loads, DEPTH chunks in flight, no shared memory: each weight is used by
 // one warp only), unpacks them into exact f16 (or int8) integers, and accumulates each k
 // group in f32 (s32) before scaling it by the group's scale in f32 (so the weights are never
-// rounded); int8 rows are scaled by their token scale at the end. The warps of a block share a k range, so they read the same x (16-byte loads,
+// rounded; int4 activation groups scale there too); rows with a token scale are scaled at the
+// end. The warps of a block share a k range, so they read the same x (16-byte loads,
 // served by L1). Split-K over blocks when there are few row tiles: partials in f32, and the
 // last block of a row tile (atomic counter) sums them in split order and writes y.
 // Programmatic dependent launch as in w4a16_stream.cuh: the first weight loads are issued
@@ -19,10 +21,7 @@ namespace qspec::cuda::kernels {
 
 struct W4A16SmallMParams {
   W4A16Layout w;
-  const __half* x;       // ActF16
-  const int8_t* xq;      // ActS8: codes, rows ldx bytes apart
-  const float* x_scales; // ActS8: one f32 scale per token
-  int64_t ldx;
+  ActivationRows a;
   __half* y;
   int64_t ldy;
   int m;           // tokens, 1 .. 8 * MT
@@ -58,37 +57,18 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
     w_base[r] = p.w.codes + rb * block_bytes + lane * 16;
     s_base[r] = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8 + g;
   }
-  const Elem* x = nullptr;
-  if constexpr (Act::kTokenScale) x = p.xq;
-  else x = p.x;
+  const Elem* x = activation_values<Act>(p.a);
+  const int64_t ldx = p.a.ldx;
   const Elem* x_row[MT];
 #pragma unroll
-  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.ldx + t * 8;
+  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * ldx + t * 8;
 
   float acc[RPW][MT][4];
   GroupAcc gacc[RPW][MT][4];
-#pragma unroll
-  for (int r = 0; r < RPW; ++r)
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[r][nt][e] = 0.0f;
-        gacc[r][nt][e] = 0;
-      }
-
-  // Scale group q of row set r into acc, clear the group accumulators.
-  auto flush = [&](int r, uint32_t scale_word) {
-    const float2 s = unpack_half2(scale_word);
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt) {
-      acc[r][nt][0] = fmaf(s.x, Act::to_float(gacc[r][nt][0]), acc[r][nt][0]);
-      acc[r][nt][1] = fmaf(s.x, Act::to_float(gacc[r][nt][1]), acc[r][nt][1]);
-      acc[r][nt][2] = fmaf(s.y, Act::to_float(gacc[r][nt][2]), acc[r][nt][2]);
-      acc[r][nt][3] = fmaf(s.y, Act::to_float(gacc[r][nt][3]), acc[r][nt][3]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0;
-    }
+  zero_accumulators<Act>(acc, gacc);
+  // Scale group `group` of row set r into acc, clear the group accumulators.
+  auto flush = [&](int r, uint32_t scale_word, int group) {
+    flush_group<Act, G>(acc[r], gacc[r], scale_word, p.a, group, 0, t, p.m - 1);
   };
   // One k pair (32 k values) of row set r: words w0, w1.
   auto pair_mma = [&](int r, uint32_t w0, uint32_t w1, const Frag (&xf)[MT]) {
@@ -125,7 +105,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
     for (int i = threadIdx.x; i < x_rows * pieces_per_row; i += WARPS * 32) {
       const int row = i / pieces_per_row, piece = i % pieces_per_row;
       *reinterpret_cast<uint4*>(x_shared + row * p.xs_stride + piece * kPiece) =
-          __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * p.ldx + k_begin + piece * kPiece));
+          __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * ldx + k_begin + piece * kPiece));
     }
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) xs_row[nt] = min(nt * 8 + g, x_rows - 1) * p.xs_stride + t * 8 - k_begin;
@@ -158,7 +138,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
           for (int r = 0; r < RPW; ++r) pair_mma(r, hp ? w[r].z : w[r].x, hp ? w[r].w : w[r].y, xf);
           if ((pair + 1) % PPG == 0 || pair + 1 == pair_end) {
 #pragma unroll
-            for (int r = 0; r < RPW; ++r) flush(r, s[r][SPC == 2 ? hp : 0]);
+            for (int r = 0; r < RPW; ++r) flush(r, s[r][SPC == 2 ? hp : 0], pair / PPG);
           }
         }
       }
@@ -173,12 +153,12 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
     for (int r = 0; r < RPW; ++r) {
       const uint2 w = load_stream_8(w_base[r] - lane * 16 + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
       pair_mma(r, w.x, w.y, xf);
-      flush(r, __ldg(s_base[r] + (pair / PPG) * 8));
+      flush(r, __ldg(s_base[r] + (pair / PPG) * 8), pair / PPG);
     }
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
-  apply_token_scales<Act>(acc, p.x_scales, 0, t, p.m - 1);
+  apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = tile * WARPS * RPW + warp * RPW + r;

@@ -90,7 +90,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
     for (int i = threadIdx.x; i < pieces; i += WARPS * 32) {
       const int row = i / (CH * 8), piece = i % (CH * 8);
       const bool valid = c0 + piece / 8 < chunk_end;
-      const __half* src = p.x + static_cast<int64_t>(row) * p.ldx + static_cast<int64_t>(valid ? c0 : chunk_begin) * 64 +
+      const __half* src = static_cast<const __half*>(p.a.x) + static_cast<int64_t>(row) * p.a.ldx + static_cast<int64_t>(valid ? c0 : chunk_begin) * 64 +
                           (valid ? piece * 8 : 0);
       __half* dst = x_smem(slot) + row * XS + piece * 8;
       if (async) {
@@ -184,7 +184,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
     uint4 xf[MT];
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
-      xf[nt] = __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.ldx +
+      xf[nt] = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(p.a.x) + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.a.ldx +
                                                     pair * 32 + t * 8));
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
     pair_mma(w.x, w.y, xf);

@@ -1,9 +1,8 @@
-// W4A16 / W4A8 GEMM for tens to hundreds of tokens: y[m, n] = x[m, k] W[n, k]^T with W int4
-// (gemm/w4a16_pack.h) and x f16 (Act = ActF16) or per-token int8 (ActS8,
-// kernels/w4_activation.cuh). Same math as w4a16_small_m.cuh, bit for bit: y^T = W x^T on
-// mma.sync (16 weight rows are A, 8 tokens are B), weights unpacked into exact f16 (int8)
-// integers, each scale group accumulated in f32 (s32) and then scaled by the group's scale in
-// f32; int8 rows by their token scale at the end.
+// 4-bit-weight GEMM for tens to hundreds of tokens: y[m, n] = x[m, k] W[n, k]^T with W int4
+// (gemm/w4a16_pack.h) and x in any activation policy of kernels/w4_activation.cuh. Same math as
+// w4a16_small_m.cuh, bit for bit: y^T = W x^T on mma.sync (16 weight rows are A, 8 tokens are
+// B), weights unpacked into exact f16 (int8) integers, each scale group accumulated in f32 (s32)
+// and then scaled by the group's scale in f32; token scales at the end.
 //
 // Tiling: a block owns kRows = WARPS x RPW x 16 weight rows and kTokens = MT x 8 tokens (grid:
 // x = M tile, y = row tile, z = K split). M tiles are the fastest grid dimension, so the blocks
@@ -63,10 +62,7 @@ struct W4A16TileShape {
 
 struct W4A16TiledParams {
   W4A16Layout w;
-  const __half* x;        // ActF16
-  const int8_t* xq;       // ActS8: codes, rows ldx bytes apart
-  const float* x_scales;  // ActS8: one f32 scale per token
-  int64_t ldx;
+  ActivationRows a;
   __half* y;
   int64_t ldy;
   int m;        // tokens (any m >= 1: gridDim.x = m_tiles)
@@ -81,7 +77,7 @@ struct W4A16TiledParams {
 // The stored 16-byte piece of logical piece p in x slab row r (see the header comment).
 template <class Act>
 __device__ __forceinline__ int x_swizzle(int r) {
-  if constexpr (Act::kTokenScale) return (r & 3) << 1;
+  if constexpr (sizeof(typename Act::Elem) == 1) return (r & 3) << 1;
   else return (r & 1) << 2;
 }
 
@@ -163,11 +159,10 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   static_assert(THREADS % PIECES_PER_ROW == 0 && ROW_STEP % 4 == 0 && TOKENS % ROW_STEP == 0,
                 "x slab copy: every thread keeps one piece column and row swizzle");
   static_assert(PIECES_PER_ROW >= 8, "the int8 swizzle needs 8 pieces a row (CH >= 2)");
-  const Elem* x_base = nullptr;
-  if constexpr (Act::kTokenScale) x_base = p.xq;
-  else x_base = p.x;
+  const Elem* x_base = activation_values<Act>(p.a);
+  const int64_t ldx = p.a.ldx;
   const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
-  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * p.ldx + x_piece * PIECE;
+  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * ldx + x_piece * PIECE;
   const int x_dst0 = x_row0 * XH + (x_piece ^ x_swizzle<Act>(x_row0)) * PIECE;
   auto load_x = [&](int slot, int st) {
     const int c0 = chunk_begin + st * CH;
@@ -176,34 +171,17 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 #pragma unroll
     for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
       const bool valid = k_valid && x_row0 + j * ROW_STEP < tile_m;
-      const Elem* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * p.ldx + c0 * 64 : x_base;
+      const Elem* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * ldx + c0 * 64 : x_base;
       cp_async_16(smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
     }
   };
 
   float acc[RPW][MT][4];
   GroupAcc gacc[RPW][MT][4];
-#pragma unroll
-  for (int r = 0; r < RPW; ++r)
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[r][nt][e] = 0.0f;
-        gacc[r][nt][e] = 0;
-      }
-  // Scale the group accumulators of row set r into acc (f32), clear them.
-  auto flush = [&](int r, uint32_t scale_word) {
-    const float2 s = unpack_half2(scale_word);
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt) {
-      acc[r][nt][0] = fmaf(s.x, Act::to_float(gacc[r][nt][0]), acc[r][nt][0]);
-      acc[r][nt][1] = fmaf(s.x, Act::to_float(gacc[r][nt][1]), acc[r][nt][1]);
-      acc[r][nt][2] = fmaf(s.y, Act::to_float(gacc[r][nt][2]), acc[r][nt][2]);
-      acc[r][nt][3] = fmaf(s.y, Act::to_float(gacc[r][nt][3]), acc[r][nt][3]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) gacc[r][nt][e] = 0;
-    }
+  zero_accumulators<Act>(acc, gacc);
+  // Scale group `group` of row set r into acc (f32), clear the group accumulators.
+  auto flush = [&](int r, uint32_t scale_word, int group) {
+    flush_group<Act, G>(acc[r], gacc[r], scale_word, p.a, group, m0, t, tile_m - 1);
   };
 
   grid_launch_dependents();
@@ -263,7 +241,8 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
         }
         if ((2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
 #pragma unroll
-          for (int r = 0; r < RPW; ++r) flush(r, s_smem(slot, r)[((2 * ch + hp) / PPG) * 8 + g]);
+          for (int r = 0; r < RPW; ++r)
+            flush(r, s_smem(slot, r)[((2 * ch + hp) / PPG) * 8 + g], (2 * c + hp) / PPG);
         }
       }
     }
@@ -281,18 +260,18 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) {
       const int token = m0 + min(nt * 8 + g, tile_m - 1);
-      const typename Act::Frag xf = Act::load(x_base + static_cast<int64_t>(token) * p.ldx + pair * 32 + t * 8);
+      const typename Act::Frag xf = Act::load(x_base + static_cast<int64_t>(token) * ldx + pair * 32 + t * 8);
 #pragma unroll
       for (int r = 0; r < RPW; ++r) Act::mma(gacc[r][nt], a[r], xf);
     }
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g));
+    for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g), pair / PPG);
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens m0 + (nt*8 + 2t, + 1).
   // This M tile's partials, [splits][tile_m][n].
   float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
-  apply_token_scales<Act>(acc, p.x_scales, m0, t, tile_m - 1);
+  apply_token_scales<Act>(acc, p.a.scales, m0, t, tile_m - 1);
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = (row_tile * Tile::WARPS + warp) * RPW + r;
