@@ -178,7 +178,6 @@ struct Engine::Impl {
         pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o), o.kv_block_size,
              /*with_storage=*/o.device != "cuda") {
     context_limit = model.config().max_position_embeddings;
-    if (options.device == "cuda") start_gpu();
     // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
     // may name more, e.g. an instruct model's end-of-turn token).
     if (tokenizer) eos_ids = tokenizer->eos_ids;
@@ -197,6 +196,7 @@ struct Engine::Impl {
         // only int4 activation modes need it; they will say so
       }
     }
+    if (options.device == "cuda") start_gpu();  // after the group size: the GPU's int4 drafts use it
     totals.kv_blocks_total = pool.num_blocks();
     totals.batch_size_histogram.assign(static_cast<size_t>(options.max_batch_size + 1), 0);
     published = totals;

@@ -276,8 +276,14 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   // No 4-bit weights yet, an activation mode not on the GPU, a cache beyond the context.
   EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a16"), 64), qspec::Error);
   model->quantize_weights(qspec::quant::Format::int4);
-  EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a4-nvfp4"), 64), qspec::Error);
-  EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a8-fp8"), 64), qspec::Error);
+  EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w4a4-nvfp4-arc"), 64), qspec::Error);  // ARC
+  // int4 activation groups of 128 on weights in groups of 64 with k = 704: refused with the reason.
+  try {
+    qspec::GpuLlama(*model, qspec::parse_run_mode("w4a4-int4"), 64);
+    ADD_FAILURE() << "int4 activation groups that do not divide k were accepted";
+  } catch (const qspec::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("activation groups of 128"), std::string::npos) << error.what();
+  }
   EXPECT_THROW(qspec::GpuLlama(*model, qspec::parse_run_mode("w16a16"), model->config().max_position_embeddings + 1),
                qspec::Error);
   // A full cache and a bad token id throw before any launch.
@@ -291,10 +297,10 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
 }
 
-// A W4A16 model switched to int8 activations computes exactly what a W4A8 model computes
-// (prefill and graph-replayed decode steps, bitwise logits), and its f16 steps differ from them:
-// the QSpec drafts really run in int8 over the verify's weights and cache.
-TEST(GpuModel, Int8ActivationStepsEqualTheW4A8ModeAndDifferFromF16) {
+// A W4A16 model switched to low-precision activations computes exactly what a model built in that
+// mode computes (prefill and graph-replayed decode steps, bitwise logits), and its f16 steps differ
+// from them: the QSpec drafts really run in the draft precision over the verify's weights and cache.
+TEST(GpuModel, LowPrecisionActivationStepsEqualTheirModeAndDifferFromF16) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   auto model = qspec::LlamaModel::load(kModelDir);
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
@@ -303,28 +309,39 @@ TEST(GpuModel, Int8ActivationStepsEqualTheW4A8ModeAndDifferFromF16) {
   qspec::GpuLlamaOptions options;
   options.max_seqs = 1;
   options.max_context = 256;
-  qspec::GpuLlama switched(*model, qspec::parse_run_mode("w4a16"), options);
-  qspec::GpuLlama w4a8(*model, qspec::parse_run_mode("w4a8"), options);
-  ASSERT_EQ(switched.activations(), qspec::GpuActivations::f16);
-  ASSERT_EQ(w4a8.activations(), qspec::GpuActivations::int8);
-  const int32_t f16_first = switched.forward(prompt);
-  const std::vector<float> f16_logits = switched.logits();
-  switched.reset();
-  switched.set_activations(qspec::GpuActivations::int8);
-  int32_t a = switched.forward(prompt), b = w4a8.forward(prompt);
-  ASSERT_EQ(switched.logits(), w4a8.logits()) << "prefill";
-  EXPECT_NE(switched.logits(), f16_logits) << "int8 activations gave the f16 logits";
-  (void)f16_first;
-  for (int step = 0; step < 4; ++step) {  // decode steps replay graphs (one per precision)
-    ASSERT_EQ(a, b);
-    const std::vector<int32_t> next_a = {a}, next_b = {b};
-    a = switched.forward(next_a);
-    b = w4a8.forward(next_b);
-    ASSERT_EQ(switched.logits(), w4a8.logits()) << "decode step " << step;
+  auto mode = [&](const char* name) {
+    qspec::RunMode m = qspec::parse_run_mode(name);
+    m.activations.group_size = 64;  // the weights' group (k = 704)
+    return m;
+  };
+  for (auto [name, activations] : {std::pair{"w4a8", qspec::GpuActivations::int8},
+                                   {"w4a8-fp8", qspec::GpuActivations::fp8},
+                                   {"w4a4-int4", qspec::GpuActivations::int4},
+                                   {"w4a4-nvfp4", qspec::GpuActivations::nvfp4},
+                                   {"w4a4-mxfp4", qspec::GpuActivations::mxfp4}}) {
+    SCOPED_TRACE(name);
+    qspec::GpuLlama switched(*model, mode("w4a16"), options);
+    qspec::GpuLlama fixed(*model, mode(name), options);
+    ASSERT_EQ(switched.activations(), qspec::GpuActivations::f16);
+    ASSERT_EQ(fixed.activations(), activations);
+    switched.forward(prompt);
+    const std::vector<float> f16_logits = switched.logits();
+    switched.reset();
+    switched.set_activations(activations);
+    int32_t a = switched.forward(prompt), b = fixed.forward(prompt);
+    ASSERT_EQ(switched.logits(), fixed.logits()) << "prefill";
+    EXPECT_NE(switched.logits(), f16_logits) << name << " activations gave the f16 logits";
+    for (int step = 0; step < 4; ++step) {  // decode steps replay graphs (one per precision)
+      ASSERT_EQ(a, b);
+      const std::vector<int32_t> next_a = {a}, next_b = {b};
+      a = switched.forward(next_a);
+      b = fixed.forward(next_b);
+      ASSERT_EQ(switched.logits(), fixed.logits()) << "decode step " << step;
+    }
+    switched.set_activations(qspec::GpuActivations::f16);
+    const std::vector<int32_t> next = {a};
+    switched.forward(next);
+    fixed.forward(next);
+    EXPECT_NE(switched.logits(), fixed.logits()) << "the f16 decode graph was not used after switching back";
   }
-  switched.set_activations(qspec::GpuActivations::f16);
-  const std::vector<int32_t> next = {a};
-  switched.forward(next);
-  w4a8.forward(next);
-  EXPECT_NE(switched.logits(), w4a8.logits()) << "the f16 decode graph was not used after switching back";
 }

@@ -1072,8 +1072,8 @@ std::vector<float> gpu_dequantized(const cuda::QuantizedActivations& q, int64_t 
 
 // The GPU quantizers of every 4-bit / fp8 activation format give the CPU's dequantized values
 // bit for bit (codes and scales as the GEMMs consume them; the sign of zero included): random
-// rows, an all-zero row, an outlier channel, a block 2^-30 below the rest (mxfp4's per-token
-// power of two), and a NaN / infinity row (NaN scales, nothing thrown inside a graph).
+// rows, an all-zero row, an outlier channel, a block 2^-34 below the row's largest value (mxfp4's
+// per-token power of two), and a NaN / infinity row (NaN scales, nothing thrown inside a graph).
 TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
   using qspec::quant::Format;
   using qspec::quant::Role;
@@ -1089,8 +1089,10 @@ TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
       if (rows > 2) x[static_cast<size_t>(2 * ldx + k / 3)] = 3000.0f;       // an outlier channel
       if (rows > 3) {
         x[static_cast<size_t>(3 * ldx + 1)] = -0.0f;
-        for (int64_t i = 32; i < 64; ++i) x[static_cast<size_t>(3 * ldx + i)] *= 0x1p-30f;  // a tiny block
+        for (int64_t i = 32; i < 64; ++i) x[static_cast<size_t>(3 * ldx + i)] *= 0x1p-20f;  // a tiny block
+        x[static_cast<size_t>(3 * ldx + 100)] = 20000.0f;  // 2^34 above it (mxfp4: the token's power of two)
       }
+      x = from_f16(to_f16(x));  // what the GPU reads (the tiny block keeps few bits)
       auto d_x = upload(to_f16(x));
       const bool f16_values = cuda::quantized_activations_use_f16(c.format);
       auto d_values = poisoned(static_cast<size_t>(rows * ldv) * (f16_values ? 2 : 1));
