@@ -320,12 +320,12 @@ struct Engine::Impl {
     QSPEC_CHECK(!on_gpu || gpu_mode_name.empty() || mode.name == gpu_mode_name || gpu_draft, "request: ", field, " ",
                 name, ": this engine runs on the GPU in mode ", gpu_mode_name,
                 gpu_mode_name == "w16a16" ? " only"
-                                          : " only, with QSpec drafts in w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4 or "
-                                            "w4a4-mxfp4 (ARC drafts are not on the GPU yet)");
+                                          : " only, with QSpec drafts in a low-precision activation mode (w4a8*, "
+                                            "w4a4*)");
     return mode;
   }
 
-  // Whether the GPU model can draft in `mode` (a low-precision activation mode without ARC).
+  // Whether the GPU model can draft in `mode` (a low-precision activation mode).
   static bool gpu_runs_draft(const RunMode& mode) {
 #ifdef QSPEC_HAVE_CUDA
     if (!mode.quantized_weights || mode.activations.kind != ActivationMode::Kind::quantized) return false;

@@ -14,6 +14,7 @@
 
 #include "gpu_model_fixture.h"
 #include "model/llama.h"
+#include "model/quantize.h"
 #include "ops/cuda/device_info.h"
 #include "qspec/engine.h"
 #include "qspec/error.h"
@@ -269,4 +270,67 @@ TEST(GpuEngine, BadDeviceOptionsFailAtConstruction) {
   options.gpu_mode = "";
   options.gpu_max_context = model->config().max_position_embeddings + 1;
   EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
+}
+
+// An ARC-calibrated checkpoint (RTN int4 + ARCQuant: reordered inputs, augmented columns) on the
+// GPU: its W4A16 greedy output equals the CPU's on the same checkpoint, and greedy QSpec with
+// every ARC draft mode (residual channels quantized into the augmented columns), a plain 4-bit
+// draft and the int8 draft (reordered, zero augmented columns) equals it too, under continuous
+// batching. The eval problems of QSPEC_GPU_REFERENCE (all 400 on the device), else 24.
+TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  qspec::CalibrationSet calibration;
+  calibration.source = "eval questions";
+  for (const auto& prompt : question_prompts(*tokenizer, 16)) {
+    calibration.sequences.push_back(prompt);
+    calibration.tokens += static_cast<int64_t>(prompt.size());
+  }
+  qspec::QuantizeOptions quantize;
+  quantize.format = qspec::quant::Format::int4;
+  quantize.arc = true;
+  qspec::quantize_model(*model, quantize, &calibration);
+  ASSERT_TRUE(model->has_arc());
+  const Reference reference = load_reference(*tokenizer, 24);
+  std::vector<qspec::Request> plain;
+  for (const auto& prompt : reference.prompts) {
+    qspec::Request request;
+    request.prompt = prompt;
+    request.max_new_tokens = reference.max_tokens;
+    request.mode = "w4a16";
+    plain.push_back(request);
+  }
+  qspec::EngineOptions cpu_options = batching_options();
+  cpu_options.device = "cpu";
+  qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
+  const std::vector<std::vector<int32_t>> expected = run_all(cpu_engine, plain).ids;
+
+  qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
+  auto check = [&](const std::vector<qspec::Request>& requests, const std::string& what) {
+    const Outputs gpu = run_all(gpu_engine, requests);
+    size_t identical = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (gpu.ids[i] == expected[i]) ++identical;
+      EXPECT_EQ(gpu.ids[i], expected[i]) << what << " problem " << i;
+    }
+    std::printf("  ARC checkpoint, GPU %s == CPU W4A16 greedy on %zu / %zu problems\n", what.c_str(), identical,
+                requests.size());
+  };
+  check(plain, "w4a16");
+  for (const char* draft : {"w4a4-int4-arc", "w4a4-nvfp4-arc", "w4a4-mxfp4-arc", "w4a4-nvfp4", "w4a8"}) {
+    std::vector<qspec::Request> requests = plain;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].mode = "qspec";
+      requests[i].draft = draft;
+      requests[i].verify = "w4a16";
+      requests[i].gamma = 1 + static_cast<int64_t>(i % 6);
+    }
+    const qspec::QSpecMetrics before = gpu_engine.metrics().qspec;
+    check(requests, std::string("QSpec (") + draft + " drafts)");
+    const qspec::QSpecMetrics after = gpu_engine.metrics().qspec;
+    EXPECT_GT(after.accepted, before.accepted) << draft << ": no draft accepted";
+    std::printf("    %s: accepted %lld / %lld drafts\n", draft, static_cast<long long>(after.accepted - before.accepted),
+                static_cast<long long>(after.drafted - before.drafted));
+  }
 }

@@ -1215,3 +1215,69 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
   const cuda::QuantizedActivations narrow{Format::int4, values.get(), 256, scales.as<float>(), 8, 32};
   EXPECT_THROW(cuda::w4_quantized_gemm(narrow, 1, w.view, y.as<f16>(), 16, nullptr, 0, nullptr), qspec::Error);
 }
+
+// ARCQuant on the GPU: the channel reorder is an exact gather with zero augmented columns, and
+// the quantizer's residual channels equal quant::arc_fake_quantize_row (concatenated layout: Q(X)
+// for the k reordered channels, zeros, then Q(R) for the last S) bit for bit.
+TEST_F(Gpu, ArcReorderAndResidualQuantizationEqualTheCpu) {
+  using qspec::quant::Format;
+  struct Case {
+    Format format;
+    int64_t group, k, outliers, tail;
+  };
+  for (const Case& c : {Case{Format::int4, 64, 256, 64, 64}, Case{Format::int4, 32, 704, 96, 128},
+                        Case{Format::nvfp4, 0, 256, 32, 64}, Case{Format::nvfp4, 0, 4096, 160, 256},
+                        Case{Format::mxfp4, 0, 704, 64, 64}, Case{Format::mxfp4, 0, 4096, 256, 256}}) {
+    const int64_t rows = 7, width = c.k + c.tail, ldx = c.k + 8, ldr = width + 8, ldv = width + 16;
+    const std::string what = std::string(qspec::quant::format_name(c.format)) + " k" + std::to_string(c.k) + " S" +
+                             std::to_string(c.outliers);
+    std::vector<float> x = random_f16_values(static_cast<size_t>(rows * ldx), 1.0f);
+    for (int64_t r = 0; r < rows; ++r)  // outlier channels, which the reorder moves to the end
+      for (int64_t i = 0; i < c.k; i += 37) x[static_cast<size_t>(r * ldx + i)] *= 40.0f;
+    x = from_f16(to_f16(x));
+    std::vector<int32_t> order(static_cast<size_t>(c.k));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng());
+    auto d_x = upload(to_f16(x));
+    auto d_order = upload(order);
+    auto d_reordered = poisoned(static_cast<size_t>(rows * ldr) * 2);
+    cuda::gather_columns(d_x.as<f16>(), rows, c.k, ldx, d_order.as<int32_t>(), width, d_reordered.as<f16>(), ldr,
+                         nullptr);
+    const std::vector<float> reordered = from_f16(download<f16>(d_reordered, static_cast<size_t>(rows * ldr)));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < width; ++j)
+        ASSERT_EQ(reordered[static_cast<size_t>(r * ldr + j)],
+                  j < c.k ? x[static_cast<size_t>(r * ldx + order[static_cast<size_t>(j)])] : 0.0f)
+            << what << " gather row " << r << " col " << j;
+    const int64_t scale_ld = c.format == Format::int4 ? width / c.group : 0;
+    auto d_values = poisoned(static_cast<size_t>(rows * ldv) * 2);
+    auto d_scales = poisoned(static_cast<size_t>(rows * std::max<int64_t>(1, scale_ld)) * 4);
+    const cuda::QuantizedActivations q =
+        cuda::quantize_activations(c.format, c.group, d_reordered.as<f16>(), rows, width, ldr, d_values.get(), ldv,
+                                   d_scales.as<float>(), scale_ld, nullptr, {c.k, c.outliers});
+    const std::vector<float> got = gpu_dequantized(q, rows, width);
+    const qspec::quant::ArcRow arc = qspec::quant::make_arc_row(c.format, c.k, c.outliers,
+                                                                qspec::quant::ArcLayout::concatenated,
+                                                                c.group > 0 ? c.group : 128);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> augmented(static_cast<size_t>(c.k + c.outliers));
+      qspec::quant::arc_fake_quantize_row(arc, reordered.data() + r * ldr, augmented.data());
+      for (int64_t j = 0; j < width; ++j) {
+        const float expected = j < c.k ? augmented[static_cast<size_t>(j)]
+                               : j >= width - c.outliers ? augmented[static_cast<size_t>(c.k + j - (width - c.outliers))]
+                                                         : 0.0f;
+        const float g = got[static_cast<size_t>(r * width + j)];
+        ASSERT_EQ(std::memcmp(&g, &expected, 4), 0) << what << " row " << r << " col " << j << ": " << g << " vs "
+                                                     << expected;
+      }
+    }
+  }
+  EXPECT_THROW(cuda::quantize_activations(Format::nvfp4, 0, reinterpret_cast<f16*>(256), 1, 96, 96,
+                                          reinterpret_cast<void*>(256), 96, reinterpret_cast<float*>(256), 0, nullptr,
+                                          {64, 24}),
+               qspec::Error);  // S not a multiple of the block
+  EXPECT_THROW(cuda::quantize_activations(Format::fp8, 0, reinterpret_cast<f16*>(256), 1, 96, 96,
+                                          reinterpret_cast<void*>(256), 96, reinterpret_cast<float*>(256), 0, nullptr,
+                                          {64, 32}),
+               qspec::Error);  // ARC needs a 4-bit block format
+}

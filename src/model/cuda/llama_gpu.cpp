@@ -44,12 +44,17 @@ void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
 
 // One projection on the device: f16 weights (cuBLAS) or packed 4-bit weights. Fused
 // projections (q|k|v, gate|up) are their parts' rows stacked.
+// On an ARC-calibrated model a 4-bit projection's input is reordered (site.order) and k counts
+// the augmented columns too: the input has in_k = k - site.tail channels.
 struct Linear {
-  int64_t n = 0, k = 0;
+  int64_t n = 0, k = 0, in_k = 0;
   DeviceMemory w16;            // f16 [n, k] (W16A16)
   DeviceMemory codes, scales;  // gemm/w4a16_pack.h layout (W4A16)
   cuda::W4A16Weights view{};
   bool quantized = false;
+  ArcSite site;         // the input's ARC calibration (uncalibrated: no reorder, no tail)
+  DeviceMemory order;   // site.order on the device (int32 [in_k])
+  bool reordered() const { return site.calibrated(); }
 
   size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }
 };
@@ -65,12 +70,14 @@ Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::
   host.reserve(static_cast<size_t>(linear.n * linear.k));
   for (const WeightMatrix* part : parts) append_f16(*part, host);
   linear.w16 = upload(host, name);
+  linear.in_k = linear.k;
   return linear;
 }
 
 // Packed rows come in blocks of 16, so parts stack by concatenating their packed bytes when
 // each has a multiple of 16 rows (true of every Llama/Qwen/Mistral shape).
-Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const std::string& name) {
+Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const std::string& name,
+                   const ArcSite& site = {}) {
   Linear linear;
   linear.quantized = true;
   std::vector<uint8_t> codes;
@@ -93,6 +100,13 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
   linear.codes = upload(codes, name + " codes");
   linear.scales = upload(scales, name + " scales");
   linear.view = {linear.codes.get(), linear.scales.get(), linear.n, linear.k, group};
+  linear.in_k = linear.k - site.tail;
+  if (site.calibrated()) {
+    QSPEC_CHECK(static_cast<int64_t>(site.order.size()) == linear.in_k && linear.in_k % 8 == 0, "GPU model: ", name,
+                ": ARC channel order of ", site.order.size(), " for ", linear.in_k, " input channels (a multiple of 8)");
+    linear.site = site;
+    linear.order = upload(site.order, name + " channel order");
+  }
   return linear;
 }
 
@@ -102,6 +116,7 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
   Linear linear;
   linear.n = n;
   linear.k = k;
+  linear.in_k = k;
   linear.quantized = quantized;
   if (!quantized) {
     linear.w16 = allocate(static_cast<size_t>(n * k) * 2, "synthetic weights");
@@ -163,6 +178,9 @@ struct GpuLlama::State {
   // steps only.
   DeviceMemory x_codes, x_scales;
   int64_t x_codes_stride = 0, x_scales_stride = 1;
+  // ARC-calibrated models: a projection's input reordered, augmented columns zero (f16, rows
+  // x_codes_stride apart).
+  DeviceMemory x_reordered;
   int64_t activation_group = 0;  // int4 activations: k values a scale covers
   size_t gemm_workspace_bytes = 0, attention_workspace_bytes = 0;
   int64_t last_logit_rows = 0;
@@ -187,13 +205,20 @@ struct GpuLlama::State {
   size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
   bool int8_step() const { return quantized && activations == GpuActivations::int8; }
+  bool arc_step() const {
+    return activations == GpuActivations::int4_arc || activations == GpuActivations::nvfp4_arc ||
+           activations == GpuActivations::mxfp4_arc;
+  }
   quant::Format activation_format() const {
     switch (activations) {
       case GpuActivations::int8: return quant::Format::int8;
-      case GpuActivations::int4: return quant::Format::int4;
+      case GpuActivations::int4:
+      case GpuActivations::int4_arc: return quant::Format::int4;
       case GpuActivations::fp8: return quant::Format::fp8;
-      case GpuActivations::nvfp4: return quant::Format::nvfp4;
-      case GpuActivations::mxfp4: return quant::Format::mxfp4;
+      case GpuActivations::nvfp4:
+      case GpuActivations::nvfp4_arc: return quant::Format::nvfp4;
+      case GpuActivations::mxfp4:
+      case GpuActivations::mxfp4_arc: return quant::Format::mxfp4;
       case GpuActivations::f16: break;
     }
     fail("GPU model: f16 activations are not quantized");
@@ -201,18 +226,30 @@ struct GpuLlama::State {
   void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
     cuda::w4_quantized_gemm(xq, m, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes, stream);
   }
+  // x_in: m rows of linear.in_k values, contiguous.
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
     if (!linear.quantized) {
       cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
-    } else if (activations == GpuActivations::f16) {
-      cuda::w4a16_gemm(*blas, x_in, m, linear.k, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
-                       stream);
-    } else {
-      const cuda::QuantizedActivations xq =
-          cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, linear.k, x_codes.get(),
-                                     x_codes_stride, x_scales.as<float>(), x_scales_stride, stream);
-      quantized_gemm(xq, linear, m, y);
+      return;
     }
+    int64_t ldx = linear.in_k;
+    cuda::ArcResidual arc;
+    if (linear.reordered()) {  // ARC: reorder, augmented columns zero (the residuals' when an ARC step)
+      cuda::gather_columns(x_in, m, linear.in_k, linear.in_k, linear.order.as<int32_t>(), linear.k,
+                           x_reordered.as<f16_bits>(), x_codes_stride, stream);
+      x_in = x_reordered.as<f16_bits>();
+      ldx = x_codes_stride;
+      if (arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
+    }
+    if (activations == GpuActivations::f16) {
+      cuda::w4a16_gemm(*blas, x_in, m, ldx, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
+                       stream);
+      return;
+    }
+    const cuda::QuantizedActivations xq =
+        cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, ldx, x_codes.get(),
+                                   x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc);
+    quantized_gemm(xq, linear, m, y);
   }
   // residual += delta (when there is one), normed = rmsnorm(residual) (f16 into normed_out), then
   // the GEMM; int8 steps quantize inside the norm (the f16 row is never written).
@@ -220,7 +257,7 @@ struct GpuLlama::State {
                       int64_t tokens, f16_bits* normed_out, f16_bits* y) {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
-    if (int8_step()) {
+    if (int8_step() && !linear.reordered()) {
       auto* codes = x_codes.as<int8_t>();
       auto* scales = x_scales.as<float>();
       if (delta == nullptr)
@@ -273,15 +310,12 @@ GpuActivations gpu_activations(const RunMode& mode) {
     QSPEC_CHECK(mode.name == "w16a16" || mode.name == "w4a16", "GPU model: mode ", mode.name, " is not on the GPU");
     return GpuActivations::f16;
   }
-  QSPEC_CHECK(!a.arc, "GPU model: mode ", mode.name,
-              " (ARC residual channels) is not on the GPU yet; the GPU runs w16a16, w4a16, w4a8, w4a8-fp8, w4a4, "
-              "w4a4-int4, w4a4-nvfp4, w4a4-mxfp4");
   switch (a.format) {
     case quant::Format::int8: return GpuActivations::int8;
-    case quant::Format::int4: return GpuActivations::int4;
+    case quant::Format::int4: return a.arc ? GpuActivations::int4_arc : GpuActivations::int4;
     case quant::Format::fp8: return GpuActivations::fp8;
-    case quant::Format::nvfp4: return GpuActivations::nvfp4;
-    case quant::Format::mxfp4: return GpuActivations::mxfp4;
+    case quant::Format::nvfp4: return a.arc ? GpuActivations::nvfp4_arc : GpuActivations::nvfp4;
+    case quant::Format::mxfp4: return a.arc ? GpuActivations::mxfp4_arc : GpuActivations::mxfp4;
     default: break;
   }
   fail("GPU model: mode ", mode.name, " has no GPU activation path");
@@ -311,12 +345,14 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   const size_t logit_bytes = static_cast<size_t>(max_logit_rows) * static_cast<size_t>(c.vocab_size + c.hidden_size) * 2;
   // The widest 4-bit GEMM input (int8 codes or f16 values), rows padded to 16 elements; int4
   // group scales for the widest input.
-  const int64_t widest = std::max(c.hidden_size, c.intermediate_size);
+  int64_t widest = std::max(c.hidden_size, c.intermediate_size);
+  for (const Layer& layer : layers)
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) widest = std::max(widest, linear->k);
   if (quantized) {
     x_codes_stride = (widest + 15) / 16 * 16;
     x_scales_stride = activation_group > 0 ? std::max<int64_t>(1, widest / activation_group) : 1;
   }
-  const size_t code_bytes = t * static_cast<size_t>(2 * x_codes_stride + 4 * x_scales_stride);
+  const size_t code_bytes = t * static_cast<size_t>(4 * x_codes_stride + 4 * x_scales_stride);
   for (const Layer& layer : layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       if (linear->quantized)
@@ -361,6 +397,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   if (quantized) {
     x_codes = allocate(t * static_cast<size_t>(2 * x_codes_stride), "quantized activations");
     x_scales = allocate(t * static_cast<size_t>(4 * x_scales_stride), "activation scales");
+    x_reordered = allocate(t * static_cast<size_t>(2 * x_codes_stride), "reordered activations");
   }
   if (gemm_workspace_bytes > 0) {
     gemm_workspace = allocate(gemm_workspace_bytes, "GEMM workspace");
@@ -388,7 +425,6 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   s.set_mode(mode);
   if (s.quantized) {
     QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
-    QSPEC_CHECK(!model.has_arc(), "GPU model: ARC-calibrated weights (reordered inputs) are not on the GPU yet");
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
   }
@@ -419,10 +455,11 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
     layer.mlp_norm = upload(w.mlp_norm, "layer norm");
     if (s.quantized) {
       const QuantizedLayerWeights& qw = model.quantized_layers()[static_cast<size_t>(l)];
-      layer.qkv = make_linear({&qw.q_proj, &qw.k_proj, &qw.v_proj}, "qkv_proj");
-      layer.o = make_linear({&qw.o_proj}, "o_proj");
-      layer.gate_up = make_linear({&qw.gate_proj, &qw.up_proj}, "gate_up_proj");
-      layer.down = make_linear({&qw.down_proj}, "down_proj");
+      auto site = [&](LinearSite s) -> const ArcSite& { return qw.sites[static_cast<int>(s)]; };
+      layer.qkv = make_linear({&qw.q_proj, &qw.k_proj, &qw.v_proj}, "qkv_proj", site(LinearSite::attention_in));
+      layer.o = make_linear({&qw.o_proj}, "o_proj", site(LinearSite::attention_out));
+      layer.gate_up = make_linear({&qw.gate_proj, &qw.up_proj}, "gate_up_proj", site(LinearSite::mlp_in));
+      layer.down = make_linear({&qw.down_proj}, "down_proj", site(LinearSite::mlp_out));
     } else {
       layer.qkv = make_linear({&w.q_proj, &w.k_proj, &w.v_proj}, "qkv_proj");
       layer.o = make_linear({&w.o_proj}, "o_proj");
@@ -669,14 +706,22 @@ void GpuLlama::set_activations(GpuActivations activations) {
   State& s = *state_;
   QSPEC_CHECK(activations == GpuActivations::f16 || s.quantized,
               "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
-  if (activations == GpuActivations::int4)
-    for (const Layer& layer : s.layers)
-      for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-        QSPEC_CHECK(s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
-                        linear->k % s.activation_group == 0,
-                    "GPU model: int4 activation groups of ", s.activation_group,
-                    " must be a multiple of the weight group ", linear->view.group, " and divide k ", linear->k);
+  const GpuActivations previous = s.activations;
   s.activations = activations;
+  const bool int4 = activations == GpuActivations::int4 || activations == GpuActivations::int4_arc;
+  for (const Layer& layer : s.layers)
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+      if (int4 && !(s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
+                    linear->k % s.activation_group == 0 && linear->in_k % s.activation_group == 0)) {
+        s.activations = previous;
+        fail("GPU model: int4 activation groups of ", s.activation_group, " must be a multiple of the weight group ",
+             linear->view.group, " and divide k ", linear->in_k, " (and ", linear->k, " with augmented columns)");
+      }
+      if (s.arc_step() && !linear->reordered()) {
+        s.activations = previous;
+        fail("GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
+      }
+    }
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }

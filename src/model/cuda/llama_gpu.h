@@ -14,7 +14,10 @@
 // quantize_activations); the lm_head stays f16 in every mode. A 4-bit model switches activation
 // precision between steps (set_activations): QSpec drafts in a low precision and verifies in f16
 // over one weight set and one KV cache.
-// Scope: no biases, no Hadamard rotation, no ARC reordering or residual channels (each
+// ARC-calibrated checkpoints run in every mode: each projection's input is reordered into its
+// augmented width (ops.h gather_columns), and the *-arc modes quantize the outlier channels'
+// residuals into the augmented columns (ops.h quantize_activations), as LlamaModel::site_input.
+// Scope: no biases, no Hadamard rotation (each
 // rejected at construction with a qspec::Error naming it). Synthetic models (random weights
 // drawn on the GPU, for benchmarks at full-size shapes) may omit q/k/v biases: they say so.
 #pragma once
@@ -41,9 +44,10 @@ ModelConfig synthetic_model_config(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 
 // Activation precision of the 4-bit GEMMs in a step.
-enum class GpuActivations { f16, int8, int4, fp8, nvfp4, mxfp4 };
+// The *_arc ones (ARC-calibrated models only) add ARCQuant's residual channels.
+enum class GpuActivations { f16, int8, int4, fp8, nvfp4, mxfp4, int4_arc, nvfp4_arc, mxfp4_arc };
 // The precision of a run mode's activations on a 4-bit model (f16 for w4a16 and w16a16); throws
-// for modes the GPU does not run (ARC).
+// for modes the GPU does not run.
 GpuActivations gpu_activations(const RunMode& mode);
 
 class GpuLlama {

@@ -367,9 +367,22 @@ bool quantized_activations_use_f16(quant::Format format);  // fp8, nvfp4, mxfp4
 // gets NaN scales (no throw inside a graph; its outputs are then NaN, never argmax's pick).
 // Exactness note for mxfp4: a value is exact in f16 when its block's shared exponent is at most 36
 // below the row's largest (smaller blocks round in f16; they lie below f32 resolution of the row).
+// ARCQuant (arc.outliers = S > 0; int4, nvfp4, mxfp4): x holds reordered rows of arc.k channels
+// (gather_columns), k is the augmented width, and the last S values of each output row are the
+// quantized residuals of channels arc.k - S .. arc.k - 1: quant::arc_quantize_row (concatenated
+// layout) with zeros between, bit for bit.
+struct ArcResidual {
+  int64_t k = 0;
+  int64_t outliers = 0;
+};
 QuantizedActivations quantize_activations(quant::Format format, int64_t group, const f16_bits* x, int64_t rows,
                                           int64_t k, int64_t ldx, void* values, int64_t ldv, float* scales,
-                                          int64_t scale_ld, void* stream);
+                                          int64_t scale_ld, void* stream, const ArcResidual& arc = {});
+
+// ARCQuant's channel reorder: out[r, j] = x[r, order[j]] for j < k, 0 for k <= j < width (the
+// augmented columns a site's weights carry), f16 rows (x ldx, out ldo apart). order: k device int32.
+void gather_columns(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, const int32_t* order, int64_t width,
+                    f16_bits* out, int64_t ldo, void* stream);
 
 // y[m, n] = f16(sum over groups of s_w[n, group] * s_x * (sum over the group of x[m, k] q_w[n, k]))
 // with the W4A16 packed weights (one 4-bit weight set for every mode) and quantized activations:

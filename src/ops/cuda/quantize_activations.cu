@@ -9,26 +9,31 @@ namespace qspec::cuda {
 
 namespace {
 
-template <quant::Format F, int VPB>
-void launch_rows(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, void* values, int64_t ldv, float* scales,
-                 int64_t scale_ld, void* stream) {
-  const int threads = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(32, (k / 8 + 31) / 32 * 32)));
-  launch_pdl(kernels::quantize_block_rows_kernel<F, VPB>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
-             as_stream(stream), reinterpret_cast<const __half*>(x), ldx, k, values, ldv, scales, scale_ld);
-  QSPEC_CUDA_CHECK_LAUNCH("quantize_block_rows_kernel");
-}
+struct RowsLaunch {
+  const f16_bits* x;
+  int64_t rows, k, ldx;
+  void* values;
+  int64_t ldv;
+  float* scales;
+  int64_t scale_ld;
+  ArcResidual arc;
+  void* stream;
+};
 
-template <int VPB>
-void launch_int4(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, void* values, int64_t ldv, float* scales,
-                 int64_t scale_ld, void* stream) {
-  launch_rows<quant::Format::int4, VPB>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream);
+template <quant::Format F, int VPB>
+void launch_rows(const RowsLaunch& l) {
+  const int threads = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(32, (l.k / 8 + 31) / 32 * 32)));
+  launch_pdl(kernels::quantize_block_rows_kernel<F, VPB>, dim3(static_cast<unsigned>(l.rows)), dim3(threads), 0,
+             as_stream(l.stream), reinterpret_cast<const __half*>(l.x), l.ldx, l.k, l.values, l.ldv, l.scales,
+             l.scale_ld, l.arc.k, l.arc.outliers);
+  QSPEC_CUDA_CHECK_LAUNCH("quantize_block_rows_kernel");
 }
 
 }  // namespace
 
 QuantizedActivations quantize_activations(quant::Format format, int64_t group, const f16_bits* x, int64_t rows,
                                           int64_t k, int64_t ldx, void* values, int64_t ldv, float* scales,
-                                          int64_t scale_ld, void* stream) {
+                                          int64_t scale_ld, void* stream, const ArcResidual& arc) {
   const char* who = "cuda::quantize_activations";
   const bool f16 = quantized_activations_use_f16(format);
   QSPEC_CHECK(f16 || format == quant::Format::int8 || format == quant::Format::int4, who, ": ",
@@ -42,6 +47,13 @@ QuantizedActivations quantize_activations(quant::Format format, int64_t group, c
   QSPEC_CHECK(block > 0 && k % block == 0, who, ": k ", k, " is not a multiple of the ", kernels::format_label(format),
               " block ", block);
   QSPEC_CHECK(is_aligned_16(x) && is_aligned_16(values), who, ": x and values must be 16-byte aligned");
+  if (arc.outliers > 0)
+    QSPEC_CHECK((format == quant::Format::int4 || format == quant::Format::nvfp4 || format == quant::Format::mxfp4) &&
+                    arc.outliers % block == 0 && arc.k % block == 0 && arc.outliers <= arc.k &&
+                    arc.k + arc.outliers <= k,
+                who, ": ARC residual channels S ", arc.outliers, " of ", arc.k, " input channels in a row of ", k,
+                " (", kernels::format_label(format), ", block ", block,
+                "): S and the channels must be multiples of the block and the residuals fit after them");
   QuantizedActivations out{format, values, ldv, scales, 0, 0};
   if (format == quant::Format::int4) {
     QSPEC_CHECK(group >= 8 && group <= 256 && (group & (group - 1)) == 0 && scale_ld >= k / group, who,
@@ -50,21 +62,21 @@ QuantizedActivations quantize_activations(quant::Format format, int64_t group, c
     out.group = group;
   }
   if (rows == 0) return out;
+  const RowsLaunch l{x, rows, k, ldx, values, ldv, scales, scale_ld, arc, stream};
+  using quant::Format;
   switch (format) {
-    case quant::Format::int8:
-      quantize_int8_rows(x, rows, k, ldx, static_cast<int8_t*>(values), ldv, scales, stream);
-      break;
-    case quant::Format::fp8: launch_rows<quant::Format::fp8, 1>(x, rows, k, ldx, values, ldv, scales, 0, stream); break;
-    case quant::Format::nvfp4: launch_rows<quant::Format::nvfp4, 2>(x, rows, k, ldx, values, ldv, scales, 0, stream); break;
-    case quant::Format::mxfp4: launch_rows<quant::Format::mxfp4, 4>(x, rows, k, ldx, values, ldv, scales, 0, stream); break;
+    case Format::int8: quantize_int8_rows(x, rows, k, ldx, static_cast<int8_t*>(values), ldv, scales, stream); break;
+    case Format::fp8: launch_rows<Format::fp8, 1>(l); break;
+    case Format::nvfp4: launch_rows<Format::nvfp4, 2>(l); break;
+    case Format::mxfp4: launch_rows<Format::mxfp4, 4>(l); break;
     default:
       switch (group) {
-        case 8: launch_int4<1>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream); break;
-        case 16: launch_int4<2>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream); break;
-        case 32: launch_int4<4>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream); break;
-        case 64: launch_int4<8>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream); break;
-        case 128: launch_int4<16>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream); break;
-        default: launch_int4<32>(x, rows, k, ldx, values, ldv, scales, scale_ld, stream); break;
+        case 8: launch_rows<Format::int4, 1>(l); break;
+        case 16: launch_rows<Format::int4, 2>(l); break;
+        case 32: launch_rows<Format::int4, 4>(l); break;
+        case 64: launch_rows<Format::int4, 8>(l); break;
+        case 128: launch_rows<Format::int4, 16>(l); break;
+        default: launch_rows<Format::int4, 32>(l); break;
       }
   }
   return out;

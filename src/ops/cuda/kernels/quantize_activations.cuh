@@ -10,6 +10,11 @@
 //          below f16's 65504; exact down to blocks 36 binades below the row's largest), token
 //          scale 2^E.
 // So f32(value) x token scale is the CPU's dequantized value, exactly (tests/gpu compares bits).
+// ARCQuant (quant::arc_quantize_row, concatenated layout): with S = arc_outliers > 0 the last S
+// output positions hold the quantized residual R = X_o - dequant(Q(X_o)) of input channels
+// arc_k - S .. arc_k - 1 (a multiple of the block, so residual blocks map one to one onto the
+// outlier blocks), quantized in the same format (nvfp4 under the token's tensor scale of X). The
+// input row is the reordered row (ops.h gather_columns: zeros past arc_k).
 // One block per row; thread i handles the 8-value vectors i, i + blockDim.x, ... (a multiple of
 // 32 threads), so the VPB vectors of a scale block sit in VPB adjacent lanes of one warp and
 // their amax is a shuffle reduction. A row with a NaN or infinity gets NaN scales and zero values.
@@ -21,19 +26,110 @@
 
 namespace qspec::cuda::kernels {
 
+// One format's block rule on the device (formats.cpp's codecs): scale from a block amax, the
+// element's code, its dequantized value (exactly the CPU's decode), and what the GEMM reads.
+// `row` carries the per-token quantities (fp8 / nvfp4 token scale, mxfp4's E).
+struct RowScale {
+  float token_scale;
+  int offset;  // mxfp4: E
+};
+
+template <quant::Format F>
+struct DeviceCodec;
+
+template <>
+struct DeviceCodec<quant::Format::int4> {
+  struct Block {
+    float scale;
+  };
+  __device__ static Block from_amax(float amax, const RowScale&) { return {__fdiv_rn(amax, 7.0f)}; }
+  __device__ static float encode(float x, const Block& b) {  // the code as a float in [-8, 7]
+    return b.scale == 0.0f ? 0.0f : fminf(fmaxf(rintf(__fdiv_rn(x, b.scale)), -8.0f), 7.0f);
+  }
+  __device__ static float decode(float code, const Block& b, const RowScale&) { return __fmul_rn(code, b.scale); }
+};
+
+template <>
+struct DeviceCodec<quant::Format::fp8> {
+  struct Block {
+    float scale;
+  };
+  __device__ static Block from_amax(float, const RowScale& row) { return {row.token_scale}; }
+  __device__ static float encode(float x, const Block& b) {  // the E4M3 value (signed zero when s = 0)
+    return b.scale == 0.0f ? copysignf(0.0f, x) : e4m3_decode(e4m3_encode(__fdiv_rn(x, b.scale)));
+  }
+  __device__ static float decode(float code, const Block& b, const RowScale&) { return __fmul_rn(code, b.scale); }
+  __device__ static float gemm_value(float code, const Block&, const RowScale&) { return code; }
+};
+
+template <>
+struct DeviceCodec<quant::Format::nvfp4> {
+  struct Block {
+    float value, divisor;  // the E4M3 block scale's value, value x tensor scale
+  };
+  __device__ static Block from_amax(float amax, const RowScale& row) {
+    if (row.token_scale == 0.0f) return {0.0f, 0.0f};
+    const float value = e4m3_decode(e4m3_encode(__fdiv_rn(amax, __fmul_rn(6.0f, row.token_scale))));
+    return {value, __fmul_rn(value, row.token_scale)};
+  }
+  __device__ static float encode(float x, const Block& b) {  // the E2M1 value
+    return b.divisor == 0.0f ? copysignf(0.0f, x) : e2m1_decode(e2m1_encode(__fdiv_rn(x, b.divisor)));
+  }
+  __device__ static float decode(float code, const Block& b, const RowScale& row) {
+    return __fmul_rn(__fmul_rn(code, b.value), row.token_scale);
+  }
+  __device__ static float gemm_value(float code, const Block& b, const RowScale&) { return __fmul_rn(code, b.value); }
+};
+
+template <>
+struct DeviceCodec<quant::Format::mxfp4> {
+  struct Block {
+    int exponent;
+  };
+  __device__ static Block from_amax(float amax, const RowScale&) {
+    return {amax == 0.0f ? -127 : min(max(floor_log2(amax) - 2, -127), 127)};
+  }
+  __device__ static float encode(float x, const Block& b) {  // the E2M1 value
+    return e2m1_decode(e2m1_encode(__fmul_rn(x, power_of_two(-b.exponent))));
+  }
+  __device__ static float decode(float code, const Block& b, const RowScale&) {
+    return __fmul_rn(code, power_of_two(b.exponent));
+  }
+  __device__ static float gemm_value(float code, const Block& b, const RowScale& row) {
+    const int shift = b.exponent - row.offset;  // <= 13
+    return shift >= -149 ? __fmul_rn(code, power_of_two(shift)) : 0.0f;
+  }
+};
+
+template <int VPB>
+__device__ __forceinline__ float block_abs_max8(const float (&v)[8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+  for (int offset = 1; offset < VPB; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  return amax;
+}
+
 // VPB: 8-value vectors per scale block (1 for fp8, whose only scale is the row's).
+// k: output values a row (the augmented width with ARC); the input row has at least k values.
 template <quant::Format F, int VPB>
 __global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t ldx, int64_t k, void* __restrict__ values,
-                                           int64_t ldv, float* __restrict__ scales, int64_t scale_ld) {
+                                           int64_t ldv, float* __restrict__ scales, int64_t scale_ld, int64_t arc_k,
+                                           int64_t arc_outliers) {
   static_assert(VPB >= 1 && VPB <= 32 && (VPB & (VPB - 1)) == 0, "a scale block is 1..32 vectors, a power of two");
+  using Codec = DeviceCodec<F>;
   pdl_prologue();  // launched with launch_pdl (common.h)
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x, vectors = k / 8;
   const uint4* in = reinterpret_cast<const uint4*>(x + row * ldx);
+  // Output vectors from residual_begin on hold residuals of input vectors from source_begin on.
+  const int64_t residual_begin = arc_outliers > 0 ? (k - arc_outliers) / 8 : vectors;
+  const int64_t source_begin = (arc_k - arc_outliers) / 8;
 
   float amax = 0.0f;
   bool finite = true;
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+  for (int64_t i = threadIdx.x; i < min(vectors, residual_begin); i += blockDim.x) {
     float v[8];
     half8_to_float(in[i], v);
 #pragma unroll
@@ -46,74 +142,50 @@ __global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t
   amax = block_max(amax, scratch);
   const float nan = __uint_as_float(0x7fc00000u);
 
-  // Row-level scales.
-  float token_scale = 1.0f;
-  int row_offset = 0;  // mxfp4: E
-  if constexpr (F == quant::Format::fp8) token_scale = __fdiv_rn(amax, 448.0f);
-  if constexpr (F == quant::Format::nvfp4) token_scale = __fdiv_rn(amax, 2688.0f);  // 448 x 6, as the CPU folds it
+  RowScale row_scale{1.0f, 0};
+  if constexpr (F == quant::Format::fp8) row_scale.token_scale = __fdiv_rn(amax, 448.0f);
+  if constexpr (F == quant::Format::nvfp4) row_scale.token_scale = __fdiv_rn(amax, 2688.0f);  // 448 x 6, as the CPU folds it
   if constexpr (F == quant::Format::mxfp4) {
-    const int e_row = amax == 0.0f ? -127 : min(max(floor_log2(amax) - 2, -127), 127);
-    row_offset = e_row - 13;
-    token_scale = power_of_two(row_offset);
+    row_scale.offset = DeviceCodec<F>::from_amax(amax, row_scale).exponent - 13;
+    row_scale.token_scale = power_of_two(row_scale.offset);
   }
   if constexpr (F != quant::Format::int4) {
-    if (threadIdx.x == 0) scales[row] = all_finite ? token_scale : nan;
+    if (threadIdx.x == 0) scales[row] = all_finite ? row_scale.token_scale : nan;
   }
 
   for (int64_t base = 0; base < vectors; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
     const bool valid = i < vectors;  // whole scale blocks are valid or not (VPB divides 32)
+    const bool residual = i >= residual_begin;  // whole scale blocks too (S is a multiple of the block)
     float v[8];
-    if (valid) half8_to_float(in[i], v);
+    if (valid) half8_to_float(in[residual ? source_begin + (i - residual_begin) : i], v);
     else
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-    float block_amax = 0.0f;
+    const typename Codec::Block primary = Codec::from_amax(block_abs_max8<VPB>(v), row_scale);
+    // Residual lanes: replace v by R = v - dequant(Q(v)) and take R's block scale (every lane
+    // shuffles, so the reduction stays warp-uniform).
+    float r[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) block_amax = fmaxf(block_amax, fabsf(v[e]));
-#pragma unroll
-    for (int offset = 1; offset < VPB; offset <<= 1)
-      block_amax = fmaxf(block_amax, __shfl_xor_sync(0xffffffffu, block_amax, offset));
+    for (int e = 0; e < 8; ++e) r[e] = residual ? __fsub_rn(v[e], Codec::decode(Codec::encode(v[e], primary), primary, row_scale)) : 0.0f;
+    const typename Codec::Block residual_block = Codec::from_amax(block_abs_max8<VPB>(r), row_scale);
     if (!valid) continue;
+    const typename Codec::Block& block = residual ? residual_block : primary;
+    const float(&src)[8] = residual ? r : v;
 
     if constexpr (F == quant::Format::int4) {
-      const float s = __fdiv_rn(block_amax, 7.0f);
       uint32_t packed[2] = {0, 0};
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float q = s == 0.0f || !all_finite ? 0.0f : fminf(fmaxf(rintf(__fdiv_rn(v[e], s)), -8.0f), 7.0f);
+        const float q = all_finite ? Codec::encode(src[e], block) : 0.0f;
         packed[e / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (e % 4));
       }
       reinterpret_cast<uint2*>(static_cast<int8_t*>(values) + row * ldv)[i] = make_uint2(packed[0], packed[1]);
-      if (i % VPB == 0) scales[row * scale_ld + i / VPB] = all_finite ? s : nan;
+      if (i % VPB == 0) scales[row * scale_ld + i / VPB] = all_finite ? block.scale : nan;
     } else {
       float out[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = 0.0f;
-      if (all_finite) {
-        if constexpr (F == quant::Format::fp8) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            out[e] = token_scale == 0.0f ? copysignf(0.0f, v[e]) : e4m3_decode(e4m3_encode(__fdiv_rn(v[e], token_scale)));
-        } else if constexpr (F == quant::Format::nvfp4) {
-          float block_value = 0.0f, divisor = 0.0f;
-          if (token_scale != 0.0f) {
-            block_value = e4m3_decode(e4m3_encode(__fdiv_rn(block_amax, __fmul_rn(6.0f, token_scale))));
-            divisor = __fmul_rn(block_value, token_scale);
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            out[e] = divisor == 0.0f ? copysignf(0.0f, v[e])
-                                     : __fmul_rn(e2m1_decode(e2m1_encode(__fdiv_rn(v[e], divisor))), block_value);
-        } else {  // mxfp4
-          const int e_block = block_amax == 0.0f ? -127 : min(max(floor_log2(block_amax) - 2, -127), 127);
-          const float multiplier = power_of_two(-e_block);
-          const int shift = e_block - row_offset;  // <= 13
-          const float relative = shift >= -149 ? power_of_two(shift) : 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) out[e] = __fmul_rn(e2m1_decode(e2m1_encode(__fmul_rn(v[e], multiplier))), relative);
-        }
-      }
+      for (int e = 0; e < 8; ++e) out[e] = all_finite ? Codec::gemm_value(Codec::encode(src[e], block), block, row_scale) : 0.0f;
       reinterpret_cast<uint4*>(static_cast<__half*>(values) + row * ldv)[i] = float8_to_half(out);
     }
   }
