@@ -49,6 +49,7 @@ struct BenchArgs {
   std::vector<int64_t> qspec_gammas;
   std::vector<std::string> qspec_drafts = {"w4a8"};
   double accept_rate = 1.0;
+  std::string accept_trace;
 };
 
 [[maybe_unused]] void write_record(const nlohmann::json& record, const std::string& out_dir,
@@ -81,6 +82,7 @@ void run_gpu(const BenchArgs& args) {
   options.qspec_gammas = args.qspec_gammas;
   options.qspec_drafts = args.qspec_drafts;
   options.accept_rate = args.accept_rate;
+  options.accept_trace = args.accept_trace;
   options.command_line = args.command_line;
   options.commit = git_commit();
   const nlohmann::json record = run_gpu_bench(options);
@@ -240,6 +242,10 @@ void register_bench(CLI::App& app) {
                       "cuda: draft modes of the QSpec cycles (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")
       ->delimiter(',')
       ->capture_default_str();
+  command->add_option("--accept-trace", args->accept_trace,
+                      "cuda: tokens per QSpec cycle from the accepted lengths a real checkpoint recorded (a `qspec "
+                      "eval qspec` result JSON, e.g. bench/results/qspec-acceptance-smollm2.json)")
+      ->check(CLI::ExistingFile);
   command->add_option("--accept-rate", args->accept_rate,
                       "cuda: per-token draft acceptance for the QSpec tokens/s (1 = every draft kept)")
       ->check(CLI::Range(0.0, 1.0))

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "model/cuda/llama_gpu.h"
@@ -139,19 +141,72 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // steps (decode graphs, the draft mode's activations) and one W4A16 verify step over gamma + 1 tokens a sequence,
 // each sequence reset to options.context first (the decode table's context). Host-timed as the
 // engine calls them (inputs, launch, ids back, sync), medians per phase.
+// Accepted-length histograms of a real QSpec run (GpuBenchOptions::accept_trace), summed per
+// (draft, gamma) over its results with KV overwrite on.
+struct AcceptTrace {
+  std::string source, model;
+  std::map<std::pair<std::string, int64_t>, std::vector<int64_t>> histograms;
+
+  static AcceptTrace load(const std::string& path) {
+    AcceptTrace trace;
+    trace.source = path;
+    std::ifstream file(path);
+    QSPEC_CHECK(file.good(), "bench: cannot read --accept-trace ", path);
+    nlohmann::json saved;
+    try {
+      saved = nlohmann::json::parse(file);
+    } catch (const nlohmann::json::exception& e) {
+      fail("bench: --accept-trace ", path, " is not JSON: ", e.what());
+    }
+    QSPEC_CHECK(saved.is_object() && saved.contains("results") && saved["results"].is_array(), "bench: --accept-trace ",
+                path, ": expected a `qspec eval qspec` result (an object with a results array)");
+    trace.model = saved.value("model", std::string("?"));
+    for (const auto& r : saved["results"]) {
+      QSPEC_CHECK(r.contains("draft") && r.contains("gamma") && r.contains("accepted_histogram"), "bench: --accept-trace ",
+                  path, ": a result without draft, gamma or accepted_histogram");
+      if (!r.value("kv_overwrite", true)) continue;
+      std::vector<int64_t>& sum = trace.histograms[{r["draft"].get<std::string>(), r["gamma"].get<int64_t>()}];
+      const auto histogram = r["accepted_histogram"].get<std::vector<int64_t>>();
+      if (sum.size() < histogram.size()) sum.resize(histogram.size(), 0);
+      for (size_t i = 0; i < histogram.size(); ++i) sum[i] += histogram[i];
+    }
+    return trace;
+  }
+  // Mean accepted drafts + 1 (the verify's own token) over the recorded cycles; 0 if none.
+  double tokens_per_cycle(const std::string& draft, int64_t gamma, int64_t* cycles) const {
+    const auto it = histograms.find({draft, gamma});
+    *cycles = 0;
+    if (it == histograms.end()) return 0.0;
+    double tokens = 0;
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      *cycles += it->second[i];
+      tokens += static_cast<double>(it->second[i]) * static_cast<double>(i + 1);
+    }
+    return *cycles > 0 ? tokens / static_cast<double>(*cycles) : 0.0;
+  }
+};
+
 nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, const ModelConfig& config,
                                 const nlohmann::json& decode_rows, const Ceilings& ceilings) {
   nlohmann::json out = nlohmann::json::array();
+  std::optional<AcceptTrace> trace;
+  if (!options.accept_trace.empty()) trace = AcceptTrace::load(options.accept_trace);
   for (const std::string& draft_name : options.qspec_drafts) {
     RunMode draft_mode = parse_run_mode(draft_name);
     const GpuActivations draft_activations = gpu_activations(draft_mode);
     QSPEC_CHECK(draft_activations != GpuActivations::f16, "bench: --qspec-drafts ", draft_name,
                 " is not a low-precision activation mode");
     const double alpha = options.accept_rate;
-    std::printf("\nQSpec cycles: %s drafts + W4A16 verify; %s\n", draft_name.c_str(),
-                alpha >= 1.0 ? "every draft accepted (upper bound: random weights have no real acceptance)"
-                             : "tokens per cycle from --accept-rate (random weights have no real acceptance)");
-    std::printf("accept rate %.3f | roofline: weights once per pass (+ K/V), over the copy bandwidth\n", alpha);
+    if (trace)
+      std::printf("\nQSpec cycles: %s drafts + W4A16 verify; tokens per cycle replayed from the accepted lengths of "
+                  "%s (model %s; random weights have no acceptance of their own)\n",
+                  draft_name.c_str(), trace->source.c_str(), trace->model.c_str());
+    else
+      std::printf("\nQSpec cycles: %s drafts + W4A16 verify; %s\naccept rate %.3f\n", draft_name.c_str(),
+                  alpha >= 1.0 ? "every draft accepted (upper bound: random weights have no real acceptance)"
+                               : "tokens per cycle from --accept-rate (random weights have no real acceptance)",
+                  alpha);
+    std::printf("roofline: weights once per pass (+ K/V), over the copy bandwidth\n");
     std::printf("%6s %6s %10s %10s %10s %8s %10s %12s %12s %9s %9s\n", "batch", "gamma", "draft ms", "verify ms",
                 "cycle ms", "draft%", "tok/cycle", "tokens/s", "w4a16 tok/s", "speed-up", "verify/roof");
     for (int64_t batch : options.batch_sizes) {
@@ -159,6 +214,21 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
       for (const auto& row : decode_rows)
         if (row["batch"].get<int64_t>() == batch) w4a16_step_ms = row["step_ms"].get<double>();
       for (int64_t gamma : options.qspec_gammas) {
+        // Expected tokens a cycle: accepted prefix + the verify's token: recorded, or sum of alpha^i
+        // for i <= gamma.
+        double tokens_per_cycle = 0;
+        int64_t trace_cycles = 0;
+        if (trace) {
+          tokens_per_cycle = trace->tokens_per_cycle(draft_name, gamma, &trace_cycles);
+          if (trace_cycles == 0) {
+            std::printf("%6lld %6lld   (no %s cycles at gamma %lld in the trace: not timed)\n",
+                        static_cast<long long>(batch), static_cast<long long>(gamma), draft_name.c_str(),
+                        static_cast<long long>(gamma));
+            continue;
+          }
+        } else {
+          for (int64_t i = 0; i <= gamma; ++i) tokens_per_cycle += std::pow(alpha, static_cast<double>(i));
+        }
         std::vector<int32_t> draft_tokens(static_cast<size_t>(batch)), verify_tokens(static_cast<size_t>(batch * (gamma + 1)));
         for (size_t i = 0; i < verify_tokens.size(); ++i) verify_tokens[i] = static_cast<int32_t>((700 + 13 * i) % config.vocab_size);
         std::vector<GpuLlama::Run> draft_runs(static_cast<size_t>(batch)), verify_runs(static_cast<size_t>(batch));
@@ -190,9 +260,6 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
         }
         const double draft_ms = median(draft_seconds) * 1e3, verify_ms = median(verify_seconds) * 1e3;
         const double cycle_ms = draft_ms + verify_ms;
-        // Expected tokens a cycle: accepted prefix + the verify's token, sum of alpha^i for i <= gamma.
-        double tokens_per_cycle = 0;
-        for (int64_t i = 0; i <= gamma; ++i) tokens_per_cycle += std::pow(alpha, static_cast<double>(i));
         const double tokens_per_second = static_cast<double>(batch) * tokens_per_cycle / (cycle_ms * 1e-3);
         const double w4a16_tps = w4a16_step_ms > 0 ? static_cast<double>(batch) / (w4a16_step_ms * 1e-3) : 0;
         const double context = static_cast<double>(options.context) + static_cast<double>(gamma);
@@ -206,7 +273,9 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
         out.push_back({{"draft", draft_name},
                        {"batch", batch},
                        {"gamma", gamma},
-                       {"accept_rate", alpha},
+                       {"accept_rate", trace ? nlohmann::json() : nlohmann::json(alpha)},
+                       {"accept_trace", trace ? nlohmann::json(trace->source) : nlohmann::json()},
+                       {"trace_cycles", trace_cycles},
                        {"draft_ms", draft_ms},
                        {"draft_step_ms", draft_ms / static_cast<double>(gamma)},
                        {"verify_ms", verify_ms},

@@ -47,6 +47,11 @@ struct GpuBenchOptions {
   std::vector<int64_t> qspec_gammas;
   std::vector<std::string> qspec_drafts = {"w4a8"};  // draft modes timed (each a low-precision activation mode)
   double accept_rate = 1.0;
+  // Accepted lengths recorded on a real checkpoint (a `qspec eval qspec` result JSON, or
+  // tools/qspec_grid.py's: results with draft, gamma, kv_overwrite and accepted_histogram): when
+  // set, each (draft, gamma) row's tokens per cycle are the recorded mean accepted + 1 instead of
+  // accept_rate's, and rows without a recording say so.
+  std::string accept_trace;
   std::string command_line;
   std::string commit;
 };
