@@ -730,14 +730,8 @@ struct Engine::Impl {
         if (!gpu_argmax_suffices(seq)) {
           commit_cycle(unit, logits.data() + first_row[g] * vocab, elapsed);
         } else {
-          // Greedy acceptance from the ids: the leading drafts equal to the verify's argmax.
-          QSpecAcceptor::Outcome outcome;
-          const int32_t* verify = ids.data() + first_row[g];
-          while (outcome.accepted < static_cast<int64_t>(unit.drafts.size()) &&
-                 unit.drafts[static_cast<size_t>(outcome.accepted)] == verify[outcome.accepted])
-            ++outcome.accepted;
-          outcome.next = verify[outcome.accepted];
-          commit_cycle(unit, outcome, elapsed);
+          const std::span<const int32_t> verify_ids(ids.data() + first_row[g], unit.drafts.size() + 1);
+          commit_cycle(unit, QSpecAcceptor::accept_greedy(unit.drafts, verify_ids), elapsed);
         }
         continue;
       }

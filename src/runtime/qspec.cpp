@@ -73,6 +73,18 @@ int32_t QSpecAcceptor::pick(std::span<const float> row, std::span<const int32_t>
   return draw_from(*probs, uniform(generator_));
 }
 
+QSpecAcceptor::Outcome QSpecAcceptor::accept_greedy(std::span<const int32_t> drafts,
+                                                    std::span<const int32_t> verify_ids) {
+  QSPEC_CHECK(verify_ids.size() == drafts.size() + 1, "QSpec: ", verify_ids.size(), " verify ids for ", drafts.size(),
+              " drafts (expected one more)");
+  Outcome outcome;
+  while (outcome.accepted < static_cast<int64_t>(drafts.size()) &&
+         drafts[static_cast<size_t>(outcome.accepted)] == verify_ids[static_cast<size_t>(outcome.accepted)])
+    ++outcome.accepted;
+  outcome.next = verify_ids[static_cast<size_t>(outcome.accepted)];
+  return outcome;
+}
+
 QSpecAcceptor::Outcome QSpecAcceptor::accept(std::span<const int32_t> drafts,
                                              const std::vector<std::vector<float>>& draft_probs,
                                              const float* verify_logits, int64_t vocab,

@@ -58,6 +58,10 @@ class QSpecAcceptor {
   // is used as scratch and restored.
   Outcome accept(std::span<const int32_t> drafts, const std::vector<std::vector<float>>& draft_probs,
                  const float* verify_logits, int64_t vocab, std::vector<int32_t>& history);
+  // Greedy acceptance from the verify's argmax ids (verify_ids[i]: the token after d_{i-1}, so
+  // drafts.size() + 1 of them): the leading drafts equal to them, then the verify's token. What
+  // accept() gives for greedy requests without a repetition penalty, from ids alone (the GPU's).
+  static Outcome accept_greedy(std::span<const int32_t> drafts, std::span<const int32_t> verify_ids);
 
  private:
   bool greedy_;

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "model/llama.h"
+#include "qspec/error.h"
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
 #include "runtime/sampler.h"
@@ -327,4 +328,39 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
   std::printf("2%% shifted: chi2 %.2f (critical %.2f)\n", shifted_chi2, shifted_critical);
   std::printf("chi2 %.2f (df %.0f, critical %.2f), rejected %lld/%d, draft TV %.3f\n", chi2, df, critical,
               static_cast<long long>(rejected), runs, total_variation);
+}
+
+// Greedy acceptance from argmax ids (the GPU engine's) is accept() on the logit rows those ids
+// are the argmax of: random drafts against random rows, every accepted count, and the bonus token
+// when every draft is kept.
+TEST(QSpec, GreedyAcceptanceFromIdsEqualsAcceptOnTheirRows) {
+  std::mt19937 rng(123);
+  const int64_t vocab = 11;
+  qspec::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t drafted = 1 + rng() % 6;
+    std::vector<float> rows((drafted + 1) * vocab);
+    std::vector<int32_t> argmax(drafted + 1);
+    for (size_t i = 0; i <= drafted; ++i) {
+      for (int64_t v = 0; v < vocab; ++v) rows[i * vocab + v] = static_cast<float>(rng() % 1000) / 100.0f;
+      argmax[i] = static_cast<int32_t>(std::max_element(rows.begin() + i * vocab, rows.begin() + (i + 1) * vocab) -
+                                       (rows.begin() + i * vocab));
+      const float top = rows[i * vocab + argmax[i]];
+      rows[i * vocab + argmax[i]] = top + 1.0f;  // a unique maximum
+    }
+    std::vector<int32_t> drafts(drafted);
+    const size_t agree = rng() % (drafted + 1);  // the first `agree` drafts are the argmax
+    for (size_t i = 0; i < drafted; ++i)
+      drafts[i] = i < agree ? argmax[i] : static_cast<int32_t>((argmax[i] + 1 + rng() % (vocab - 1)) % vocab);
+    qspec::QSpecAcceptor acceptor(greedy);
+    std::vector<int32_t> history = {1, 2, 3};
+    const auto from_rows = acceptor.accept(drafts, {}, rows.data(), vocab, history);
+    const auto from_ids = qspec::QSpecAcceptor::accept_greedy(drafts, argmax);
+    ASSERT_EQ(from_ids.accepted, static_cast<int64_t>(agree)) << "trial " << trial;
+    ASSERT_EQ(from_ids.accepted, from_rows.accepted) << "trial " << trial;
+    ASSERT_EQ(from_ids.next, from_rows.next) << "trial " << trial;
+  }
+  const std::vector<int32_t> two = {1, 2};
+  EXPECT_THROW(qspec::QSpecAcceptor::accept_greedy(two, two), qspec::Error);  // one verify id short
 }

@@ -6,10 +6,6 @@
 
 namespace qspec::cuda::kernels {
 
-// One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
-// VEC 8: 16-byte accesses (dim % 8 == 0), else 1. A thread's first 8 values stay in registers
-// across the reduction and their weights are loaded before it (the launcher gives every thread
-// one vector up to dim 8192): the second pass then waits on no memory.
 // The 8 f32 weights of vector i.
 __device__ __forceinline__ void load_weights8(const float* __restrict__ weight, int64_t i, float (&w)[8]) {
   const float4 w0 = reinterpret_cast<const float4*>(weight)[2 * i];
@@ -31,6 +27,10 @@ __device__ __forceinline__ void load_residual8(__half* x, const __half* __restri
   }
 }
 
+// One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
+// VEC 8: 16-byte accesses (dim % 8 == 0), else 1. A thread's first 8 values stay in registers
+// across the reduction and their weights are loaded before it (the launcher gives every thread
+// one vector up to dim 8192): the second pass then waits on no memory.
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
