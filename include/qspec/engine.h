@@ -36,13 +36,16 @@ struct EngineOptions {
   // Where the forward passes run: "cpu", or "cuda" (builds with the CUDA backend). On the GPU
   // the engine runs one mode, gpu_mode ("" = w4a16 when the model has 4-bit weights, else
   // w16a16); requests for other modes are refused at submit, except QSpec requests that
-  // verify in that mode (4-bit) and draft in w4a8 (the other draft modes are not on the GPU
-  // yet; nor is the kv_overwrite-off ablation). Each of the max_batch_size sequences gets a GPU cache slot of
-  // gpu_max_context positions (0: the model's context); weights and cache are sized and
-  // checked against the GPU's free memory when the engine is built.
+  // verify in that mode (4-bit) and draft in a low-precision activation mode (the
+  // kv_overwrite-off ablation is CPU-only). Each of the max_batch_size sequences gets a GPU
+  // cache slot of gpu_max_context positions (0: the model's context); weights and cache are
+  // sized and checked against the GPU's free memory when the engine is built.
   std::string device = "cpu";
   std::string gpu_mode;
   int64_t gpu_max_context = 0;
+  // A GEMM policy map made by `qspec tune` on this GPU (ADAngel's dispatcher picks each 4-bit
+  // GEMM's kernel from it); "": the kernels' built-in crossovers.
+  std::string gpu_gemm_policy;
 };
 
 // A request. mode "qspec" drafts `gamma` tokens in `draft` and verifies them in `verify`; any

@@ -50,6 +50,7 @@ struct BenchArgs {
   std::vector<std::string> qspec_drafts = {"w4a8"};
   double accept_rate = 1.0;
   std::string accept_trace;
+  std::string gemm_policy;
 };
 
 [[maybe_unused]] void write_record(const nlohmann::json& record, const std::string& out_dir,
@@ -83,6 +84,7 @@ void run_gpu(const BenchArgs& args) {
   options.qspec_drafts = args.qspec_drafts;
   options.accept_rate = args.accept_rate;
   options.accept_trace = args.accept_trace;
+  options.gemm_policy = args.gemm_policy;
   options.command_line = args.command_line;
   options.commit = git_commit();
   const nlohmann::json record = run_gpu_bench(options);
@@ -242,6 +244,9 @@ void register_bench(CLI::App& app) {
                       "cuda: draft modes of the QSpec cycles (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")
       ->delimiter(',')
       ->capture_default_str();
+  command->add_option("--gemm-policy", args->gemm_policy,
+                      "cuda: the 4-bit GEMMs follow this policy map (qspec tune); default: the built-in crossovers")
+      ->check(CLI::ExistingFile);
   command->add_option("--accept-trace", args->accept_trace,
                       "cuda: tokens per QSpec cycle from the accepted lengths a real checkpoint recorded (a `qspec "
                       "eval qspec` result JSON, e.g. bench/results/qspec-acceptance-smollm2.json)")

@@ -35,6 +35,7 @@ struct GenerateArgs {
   bool no_kv_overwrite = false;
   std::vector<std::string> stop;
   std::string device = "cpu";
+  std::string gemm_policy;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -79,6 +80,7 @@ void run_generate(const GenerateArgs& args) {
     engine_options.device = "cuda";
     // The engine refuses modes the GPU does not run; QSpec verifies in w4a16 (drafts: w4a8).
     engine_options.gpu_mode = use_qspec ? "w4a16" : args.mode;
+    engine_options.gpu_gemm_policy = args.gemm_policy;
   }
   Engine engine(*model, tokenizer.get(), engine_options);
   Request request;
@@ -172,7 +174,10 @@ void register_generate(CLI::App& app) {
                     "--mode qspec: move gamma with the recent acceptance (1..--max-gamma)");
   command->add_option("--max-gamma", args->max_gamma, "--mode qspec: upper bound of adaptive gamma")
       ->capture_default_str();
-  command->add_option("--device", args->device, "Where the model runs: cpu, or cuda (modes w4a16, w4a8, w16a16, and qspec with --draft w4a8)")
+  command->add_option("--gemm-policy", args->gemm_policy,
+                      "cuda: a GEMM policy map from `qspec tune` on this GPU (default: built-in crossovers)")
+      ->check(CLI::ExistingFile);
+  command->add_option("--device", args->device, "Where the model runs: cpu, or cuda (modes w16a16, w4a16, w4a8*, w4a4*, and qspec with a w4a8* / w4a4* draft)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   command->add_option("--stop", args->stop, "Stop string (repeatable): the output ends before it");

@@ -166,13 +166,16 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->add_option("--kv-blocks", args->engine.kv_blocks, "KV cache blocks (0: automatic)")->capture_default_str();
-  command->add_option("--device", args->engine.device, "Where the model runs: cpu, or cuda (modes w4a16, w4a8, w16a16, and qspec with --draft w4a8)")
+  command->add_option("--device", args->engine.device, "Where the model runs: cpu, or cuda (modes w16a16, w4a16, w4a8*, w4a4*, and qspec with a w4a8* / w4a4* draft)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   command->add_option("--gpu-max-context", args->engine.gpu_max_context,
                       "cuda: positions each sequence's GPU cache slot holds (0: the model's context)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command->add_option("--gemm-policy", args->engine.gpu_gemm_policy,
+                      "cuda: a GEMM policy map from `qspec tune` on this GPU (default: built-in crossovers)")
+      ->check(CLI::ExistingFile);
   command->add_option("--http-threads", args->http_threads, "HTTP worker threads (open connections served at once)")
       ->check(CLI::Range(2, 4096))
       ->capture_default_str();

@@ -19,6 +19,7 @@ void register_bench(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_tune(CLI::App& app);
 
 // Makes a loaded model ready to run `modes`: when a mode needs 4-bit weights and the
 // checkpoint has none, quantizes them now (RTN, `weights` format, "" = int4); a qspec 4-bit

@@ -238,6 +238,8 @@ struct Engine::Impl {
     gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
     // QSpec verify runs return a logit row per token: gamma + 1 <= 17 a sequence.
     gpu_options.max_logit_rows = options.max_batch_size * 17;
+    if (!options.gpu_gemm_policy.empty())
+      gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gpu_gemm_policy));
     // Throws (naming what is missing: a GPU, sm_80, memory, a supported model) before any request.
     gpu = std::make_unique<GpuLlama>(model, runnable_mode(gpu_mode_name, "gpu_mode"), gpu_options);
     gpu_slot_owner.assign(static_cast<size_t>(options.max_batch_size), 0);

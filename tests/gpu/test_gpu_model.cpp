@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_model_fixture.h"
+#include "model/cuda/gemm_dispatch.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/device_info.h"
@@ -344,4 +345,58 @@ TEST(GpuModel, LowPrecisionActivationStepsEqualTheirModeAndDifferFromF16) {
     fixed.forward(next);
     EXPECT_NE(switched.logits(), fixed.logits()) << "the f16 decode graph was not used after switching back";
   }
+}
+
+// ADAngel on the GPU: the tuner times every strategy on the bundled model's shapes and writes a
+// map covering each (activations, n, k); a model run under that map, and under hand-made maps
+// that force each strategy everywhere, decodes the same greedy tokens as the built-in crossovers
+// (every strategy is the same exact-weights f32-accumulating GEMM); a map tuned on another GPU
+// is refused at load.
+TEST(GpuModel, GemmPolicyMapsDriveTheGemmsAndKeepTheOutput) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const qspec::ModelConfig& c = model->config();
+  const int64_t group = model->quantization().group_size;
+  qspec::TuneOptions tune;
+  tune.shapes = {{"qkv", c.q_dim() + 2 * c.kv_dim(), c.hidden_size, group},
+                 {"o", c.hidden_size, c.q_dim(), group},
+                 {"gate_up", 2 * c.intermediate_size, c.hidden_size, group},
+                 {"down", c.hidden_size, c.intermediate_size, group}};
+  tune.m_values = {1, 3, 8, 16, 40, 128, 300};
+  tune.reps = 3;
+  nlohmann::json record;
+  const qspec::gemm::PolicyMap tuned = qspec::tune_w4_policy(tune, &record);
+  EXPECT_EQ(tuned.gpu, qspec::cuda::device_name());
+  EXPECT_EQ(tuned.shapes(), 8u);  // 4 shapes x (f16, int8)
+  EXPECT_EQ(record["timings"].size(), 4u * 2u * tune.m_values.size());
+  for (const auto& s : tune.shapes) {
+    EXPECT_TRUE(tuned.contains("f16", s.n, s.k)) << s.name;
+    EXPECT_TRUE(tuned.contains("int8", s.n, s.k)) << s.name;
+  }
+
+  const auto prompts = question_prompts(*tokenizer, 3);
+  auto decode = [&](std::shared_ptr<const qspec::gemm::PolicyMap> policy, const char* mode) {
+    qspec::GpuLlamaOptions options;
+    options.max_seqs = 1;
+    options.max_context = 256;
+    options.gemm_policy = std::move(policy);
+    qspec::GpuLlama gpu(*model, qspec::parse_run_mode(mode), options);
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& prompt : prompts) out.push_back(qspec::gpu_greedy_generate(gpu, prompt, 24, {}));
+    return out;
+  };
+  for (const char* mode : {"w4a16", "w4a8"}) {
+    const auto reference = decode(nullptr, mode);
+    EXPECT_EQ(decode(std::make_shared<const qspec::gemm::PolicyMap>(tuned), mode), reference) << mode << " tuned map";
+    for (qspec::gemm::Strategy strategy : qspec::gemm::strategies_for(mode == std::string("w4a16") ? "f16" : "int8")) {
+      auto forced = std::make_shared<qspec::gemm::PolicyMap>();
+      for (const auto& s : tune.shapes) forced->set(mode == std::string("w4a16") ? "f16" : "int8", s.n, s.k, s.group, {{1, strategy}});
+      EXPECT_EQ(decode(forced, mode), reference) << mode << " forced " << qspec::gemm::strategy_name(strategy);
+    }
+  }
+  auto foreign = std::make_shared<qspec::gemm::PolicyMap>(tuned);
+  foreign->gpu = "NVIDIA B200";
+  EXPECT_THROW(decode(foreign, "w4a16"), qspec::Error);
 }

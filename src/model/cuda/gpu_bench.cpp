@@ -301,7 +301,9 @@ double gemm_flops_per_token(const ModelConfig& c) {
 }
 
 std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const LlamaModel* checkpoint,
-                                     const ModelConfig& config, const RunMode& mode, const GpuLlamaOptions& gpu_options) {
+                                     const ModelConfig& config, const RunMode& mode, GpuLlamaOptions gpu_options) {
+  if (!options.gemm_policy.empty())
+    gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gemm_policy));
   if (checkpoint != nullptr) return std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options);
   return GpuLlama::synthetic(config, mode, gpu_options, 1);
 }
@@ -453,6 +455,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"gpu", cuda::device_name()},
                            {"model", model_name},
                            {"commit", options.commit},
+                           {"gemm_policy", options.gemm_policy.empty() ? std::string("built-in crossovers") : options.gemm_policy},
                            {"command", options.command_line},
                            {"context", options.context},
                            {"steps", options.steps},

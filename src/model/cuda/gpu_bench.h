@@ -52,6 +52,7 @@ struct GpuBenchOptions {
   // set, each (draft, gamma) row's tokens per cycle are the recorded mean accepted + 1 instead of
   // accept_rate's, and rows without a recording say so.
   std::string accept_trace;
+  std::string gemm_policy;  // a policy map (qspec tune) for the 4-bit GEMMs; "" = built-in crossovers
   std::string command_line;
   std::string commit;
 };

@@ -7,6 +7,7 @@
 
 #include "base/dtype.h"
 #include "gemm/w4a16_pack.h"
+#include "model/cuda/gemm_dispatch.h"
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"
@@ -223,8 +224,13 @@ struct GpuLlama::State {
     }
     fail("GPU model: f16 activations are not quantized");
   }
+  std::shared_ptr<const gemm::PolicyMap> gemm_policy;  // null: the kernels' own crossovers
+  void w4_gemm(const W4GemmInput& input, const Linear& linear, int64_t m, f16_bits* y) {
+    dispatch_w4_gemm(gemm_policy.get(), *blas, input, m, linear.view, y, linear.n, gemm_workspace.get(),
+                     gemm_workspace_bytes, stream);
+  }
   void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
-    cuda::w4_quantized_gemm(xq, m, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes, stream);
+    w4_gemm(W4GemmInput{nullptr, 0, &xq}, linear, m, y);
   }
   // x_in: m rows of linear.in_k values, contiguous.
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
@@ -242,8 +248,7 @@ struct GpuLlama::State {
       if (arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
     }
     if (activations == GpuActivations::f16) {
-      cuda::w4a16_gemm(*blas, x_in, m, ldx, linear.view, y, linear.n, gemm_workspace.get(), gemm_workspace_bytes,
-                       stream);
+      w4_gemm(W4GemmInput{x_in, ldx, nullptr}, linear, m, y);
       return;
     }
     const cuda::QuantizedActivations xq =
@@ -333,6 +338,10 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::min(max_logit_rows, max_step_tokens);
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
+  gemm_policy = options.gemm_policy;
+  if (gemm_policy && !gemm_policy->gpu.empty())
+    QSPEC_CHECK(gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
+                gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
   blocks_per_seq = (max_context + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
 
   // Everything below must fit next to the weights: check before allocating (a clear error at
@@ -359,7 +368,10 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
         for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}, int64_t{256},
                           int64_t{512}, max_step_tokens})
           if (m <= max_step_tokens)
-            gemm_workspace_bytes = std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k));
+            for (auto path : {cuda::W4A16Path::automatic, cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
+              if (path == cuda::W4A16Path::automatic || (gemm_policy && m <= 512))  // a map may pick any kernel
+                gemm_workspace_bytes =
+                    std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k, path));
   // Split-K attention partials for decode and verify batches; a long prefill plans fewer splits
   // to fit (it fills the GPU without them).
   attention_workspace_bytes = cuda::attention_workspace_bytes(

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm/policy_map.h"
 #include "model/llama.h"
 
 namespace qspec {
@@ -37,6 +38,10 @@ struct GpuLlamaOptions {
   int64_t max_step_tokens = 0;  // tokens per step (0: max(max_context, max_seqs)); prefill chunks beyond split
   int64_t max_logit_rows = 0;   // rows of logits a step may return (0: max_seqs * 8, room for verify runs)
   bool cuda_graphs = true;      // decode steps replay captured graphs
+  // ADAngel's policy map for the 4-bit GEMMs (gemm/policy_map.h, made by `qspec tune` on this
+  // GPU): every 4-bit GEMM runs the strategy it picks for its (activations, n, k, m). Null: the
+  // kernels' built-in crossovers.
+  std::shared_ptr<const gemm::PolicyMap> gemm_policy;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".

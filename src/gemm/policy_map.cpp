@@ -1,0 +1,145 @@
+#include "gemm/policy_map.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "qspec/error.h"
+
+namespace qspec::gemm {
+
+namespace {
+constexpr std::string_view kNames[kStrategies] = {"small_m_v1",   "small_m_v2",   "small_m_v3",
+                                                  "small_m_v4",   "tiled_256x64", "tiled_128x64",
+                                                  "tiled_256x32", "tiled_128x128", "dequant_cublas"};
+constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
+
+bool known_activations(std::string_view activations) {
+  for (std::string_view a : kActivations)
+    if (a == activations) return true;
+  return false;
+}
+}  // namespace
+
+std::string_view strategy_name(Strategy strategy) { return kNames[static_cast<int>(strategy)]; }
+
+Strategy parse_strategy(std::string_view name) {
+  for (int i = 0; i < kStrategies; ++i)
+    if (kNames[i] == name) return static_cast<Strategy>(i);
+  std::string known;
+  for (std::string_view n : kNames) known += (known.empty() ? "" : ", ") + std::string(n);
+  fail("unknown GEMM strategy '", name, "' (known: ", known, ")");
+}
+
+bool strategy_supports(Strategy strategy, std::string_view activations) {
+  if (activations == "f16") return true;
+  return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;
+}
+
+std::vector<Strategy> strategies_for(std::string_view activations) {
+  QSPEC_CHECK(known_activations(activations), "GEMM policy: unknown activations '", activations,
+              "' (f16, int8, int4, fp8, nvfp4, mxfp4)");
+  std::vector<Strategy> out;
+  for (int i = 0; i < kStrategies; ++i)
+    if (strategy_supports(static_cast<Strategy>(i), activations)) out.push_back(static_cast<Strategy>(i));
+  return out;
+}
+
+Strategy rule_based_strategy(std::string_view activations, int64_t m) {
+  if (m <= 8) return Strategy::small_m_v1;
+  if (activations == "f16" && m > 128) return Strategy::dequant_cublas;
+  return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
+}
+
+void PolicyMap::set(std::string_view activations, int64_t n, int64_t k, int64_t group, std::vector<PolicyRange> ranges) {
+  QSPEC_CHECK(known_activations(activations), "GEMM policy: unknown activations '", activations, "'");
+  QSPEC_CHECK(n > 0 && k > 0 && group > 0, "GEMM policy: bad shape n ", n, " k ", k, " group ", group);
+  QSPEC_CHECK(!ranges.empty(), "GEMM policy: ", activations, " ", n, "x", k, ": no ranges");
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    QSPEC_CHECK(ranges[i].max_m >= 1 && (i == 0 || ranges[i].max_m > ranges[i - 1].max_m), "GEMM policy: ",
+                activations, " ", n, "x", k, ": range max_m values must increase from 1 (", ranges[i].max_m, ")");
+    QSPEC_CHECK(strategy_supports(ranges[i].strategy, activations), "GEMM policy: ", activations, " ", n, "x", k,
+                ": strategy ", strategy_name(ranges[i].strategy), " does not run ", activations, " activations");
+  }
+  Entry entry{std::string(activations), n, k, group, std::move(ranges), {}};
+  entry.by_m.resize(static_cast<size_t>(kDenseM + 1));
+  size_t r = 0;
+  for (int64_t m = 1; m <= kDenseM; ++m) {
+    while (r + 1 < entry.ranges.size() && m > entry.ranges[r].max_m) ++r;
+    entry.by_m[static_cast<size_t>(m)] = entry.ranges[r].strategy;
+  }
+  entry.by_m[0] = entry.by_m[1];
+  entries_[{std::string(activations), n, k}] = std::move(entry);
+}
+
+Strategy PolicyMap::lookup(std::string_view activations, int64_t n, int64_t k, int64_t m) const {
+  const auto it = entries_.find({std::string(activations), n, k});
+  if (it == entries_.end()) return rule_based_strategy(activations, m);
+  const Entry& e = it->second;
+  return m <= kDenseM ? e.by_m[static_cast<size_t>(std::max<int64_t>(m, 0))] : e.ranges.back().strategy;
+}
+
+bool PolicyMap::contains(std::string_view activations, int64_t n, int64_t k) const {
+  return entries_.count({std::string(activations), n, k}) > 0;
+}
+
+std::string PolicyMap::to_json() const {
+  nlohmann::json out = {{"format", "qspec-gemm-policy"}, {"version", 1}, {"gpu", gpu}, {"commit", commit},
+                        {"command", command}, {"entries", nlohmann::json::array()}};
+  for (const auto& [key, e] : entries_) {
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const PolicyRange& r : e.ranges) ranges.push_back({{"max_m", r.max_m}, {"strategy", strategy_name(r.strategy)}});
+    out["entries"].push_back({{"activations", e.activations}, {"n", e.n}, {"k", e.k}, {"group", e.group}, {"ranges", ranges}});
+  }
+  return out.dump(1);
+}
+
+PolicyMap PolicyMap::from_json(std::string_view text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": not JSON (", e.what(), ")");
+  }
+  QSPEC_CHECK(j.is_object() && j.value("format", "") == "qspec-gemm-policy", source,
+              ": not a qspec GEMM policy map (\"format\": \"qspec-gemm-policy\")");
+  QSPEC_CHECK(j.value("version", 0) == 1, source, ": policy map version ", j.value("version", 0), " (this qspec reads 1)");
+  PolicyMap map;
+  map.gpu = j.value("gpu", "");
+  map.commit = j.value("commit", "");
+  map.command = j.value("command", "");
+  QSPEC_CHECK(j.contains("entries") && j["entries"].is_array(), source, ": no entries array");
+  size_t index = 0;
+  for (const auto& e : j["entries"]) {
+    const std::string where = source + ": entries[" + std::to_string(index++) + "]";
+    try {
+      std::vector<PolicyRange> ranges;
+      for (const auto& r : e.at("ranges"))
+        ranges.push_back({r.at("max_m").get<int64_t>(), parse_strategy(r.at("strategy").get<std::string>())});
+      map.set(e.at("activations").get<std::string>(), e.at("n").get<int64_t>(), e.at("k").get<int64_t>(),
+              e.at("group").get<int64_t>(), std::move(ranges));
+    } catch (const nlohmann::json::exception& ex) {
+      fail(where, ": ", ex.what());
+    } catch (const Error& ex) {
+      fail(where, ": ", ex.what());
+    }
+  }
+  return map;
+}
+
+PolicyMap PolicyMap::load(const std::string& path) {
+  std::ifstream file(path);
+  QSPEC_CHECK(file.good(), "cannot read GEMM policy map ", path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return from_json(text.str(), path);
+}
+
+void PolicyMap::save(const std::string& path) const {
+  std::ofstream file(path);
+  QSPEC_CHECK(file.good(), "cannot write GEMM policy map ", path);
+  file << to_json() << "\n";
+  QSPEC_CHECK(file.good(), "writing GEMM policy map ", path, " failed");
+}
+
+}  // namespace qspec::gemm

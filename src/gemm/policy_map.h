@@ -1,0 +1,87 @@
+// ADAngel's policy map for the 4-bit-weight GEMMs (issue 6): for each GEMM shape a model runs
+// (activation kind, N, K) and every token count M, the strategy (kernel and tile) that a tuner
+// measured fastest on this GPU; a dispatcher looks it up per call in O(1). Strategies are the
+// kernels of ops/cuda/ops.h (all "Padding" in DPR terms: 4-bit weights unpacked in registers to
+// the activation's mma type): the small-M register-ring kernel (variants 1, 2) and cp.async-ring
+// kernel (3, 4; f16 only), the tiled kernel's four tiles, and dequantize + cuBLAS (f16 only).
+// Host code only (no CUDA): the map is JSON, tested on the CPU; model/cuda/gemm_dispatch.h
+// launches what it picks.
+//
+// JSON: {"format": "qspec-gemm-policy", "version": 1, "gpu": "...", "commit": "...", "command":
+// "...", "entries": [{"activations": "f16", "n": 6144, "k": 4096, "group": 128,
+// "ranges": [{"max_m": 8, "strategy": "small_m_v1"}, ...]}]}: ranges sorted by max_m, the last
+// one covering every larger M.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+namespace qspec::gemm {
+
+enum class Strategy : uint8_t {
+  small_m_v1,
+  small_m_v2,
+  small_m_v3,
+  small_m_v4,
+  tiled_256x64,
+  tiled_128x64,
+  tiled_256x32,
+  tiled_128x128,
+  dequant_cublas,
+};
+inline constexpr int kStrategies = 9;
+
+std::string_view strategy_name(Strategy strategy);
+// Throws qspec::Error naming the known strategies.
+Strategy parse_strategy(std::string_view name);
+
+// "f16" (W4A16) or a quantized activation format ("int8", "int4", "fp8", "nvfp4", "mxfp4").
+// f16 runs every strategy; quantized activations the register-ring and tiled kernels only.
+std::vector<Strategy> strategies_for(std::string_view activations);
+bool strategy_supports(Strategy strategy, std::string_view activations);
+
+// The documented default without a measured map (the crossovers measured on the H100 before
+// the tuner existed, docs/perf-notes.md): small-M variant 1 up to 8 tokens; then the tiled
+// kernel (256x32 up to 32 tokens, 256x64 beyond) up to 128 tokens for f16 and at every M for
+// quantized activations; dequantize + cuBLAS beyond 128 for f16.
+Strategy rule_based_strategy(std::string_view activations, int64_t m);
+
+struct PolicyRange {
+  int64_t max_m;
+  Strategy strategy;
+};
+
+class PolicyMap {
+ public:
+  std::string gpu, commit, command;
+
+  // Installs the ranges of one shape (sorted by max_m, increasing; strategies valid for the
+  // activations); throws qspec::Error otherwise.
+  void set(std::string_view activations, int64_t n, int64_t k, int64_t group, std::vector<PolicyRange> ranges);
+  // The measured strategy, or rule_based_strategy for a shape the map does not hold. O(1): a
+  // hash of the shape, then a table indexed by M (M beyond the table: the last range).
+  Strategy lookup(std::string_view activations, int64_t n, int64_t k, int64_t m) const;
+  bool contains(std::string_view activations, int64_t n, int64_t k) const;
+  size_t shapes() const { return entries_.size(); }
+
+  std::string to_json() const;
+  // Throws qspec::Error naming `source` and the field at fault.
+  static PolicyMap from_json(std::string_view text, const std::string& source);
+  static PolicyMap load(const std::string& path);
+  void save(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string activations;
+    int64_t n, k, group;
+    std::vector<PolicyRange> ranges;
+    std::vector<Strategy> by_m;  // index m (1..kDenseM), then ranges.back()
+  };
+  static constexpr int64_t kDenseM = 4096;
+  std::map<std::tuple<std::string, int64_t, int64_t>, Entry> entries_;
+};
+
+}  // namespace qspec::gemm

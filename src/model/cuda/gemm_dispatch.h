@@ -1,0 +1,57 @@
+// ADAngel's dispatcher and tuner for the 4-bit-weight GEMMs (CUDA builds only; the policy map
+// itself is gemm/policy_map.h). run_w4_gemm launches one strategy; dispatch_w4_gemm looks the
+// strategy up in a map (O(1)) and launches it; tune_w4_policy times every strategy on a model's
+// GEMM shapes over a sweep of M and writes the map.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gemm/policy_map.h"
+#include "ops/cuda/ops.h"
+
+namespace qspec {
+
+// A GEMM's activations: f16 rows (x, ldx) or quantized ones (ops.h QuantizedActivations).
+struct W4GemmInput {
+  const cuda::f16_bits* x = nullptr;
+  int64_t ldx = 0;
+  const cuda::QuantizedActivations* quantized = nullptr;
+  // "f16" or the quantized format's name, as the policy map keys it.
+  std::string activations() const;
+};
+
+// One strategy. dequant_cublas needs w4a16_workspace_bytes(m, n, k, dequant_cublas) of workspace;
+// with less it runs the tiled 256x64 kernel instead (the only fallback).
+void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
+                 const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes,
+                 void* stream);
+// The map's strategy for (activations, n, k, m); without a map (nullptr) the kernels' own
+// `automatic` paths, exactly as before the dispatcher existed.
+void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
+                      const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
+                      size_t workspace_bytes, void* stream);
+
+struct GemmShape4 {
+  std::string name;
+  int64_t n, k, group;
+};
+struct TuneOptions {
+  std::vector<GemmShape4> shapes;
+  std::vector<std::string> activations = {"f16", "int8"};
+  std::vector<int64_t> m_values;  // empty: default_tune_m_values()
+  int reps = 15;
+  // Progress: (done, total) units of (shape, activations, M).
+  std::function<void(size_t, size_t)> progress;
+};
+// 1..64 densely (every decode batch and small QSpec verify), every batch x (gamma + 1) up to 512
+// for batches 1..64 and gamma 1..7, then steps to 4096 (prefill).
+std::vector<int64_t> default_tune_m_values();
+// Times every strategy (median of reps graph replays, weights round-robin over copies that
+// exceed the L2) and returns the map (ranges merged: the winner at each sampled M covers the M
+// values above the previous sample). `record` receives every timing (us) for bench/results.
+gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* record);
+
+}  // namespace qspec
