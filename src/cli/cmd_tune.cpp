@@ -32,6 +32,7 @@ struct TuneArgs {
   std::vector<std::string> activations = {"f16", "int8"};
   std::vector<int64_t> m_values;
   int reps = 15;
+  double min_gain = 0.03;
   std::string out;
   std::string record_dir = "bench/results";
   int64_t group = 0;
@@ -69,6 +70,7 @@ void run_tune(const TuneArgs& args) {
   for (const std::string& a : options.activations) (void)gemm::strategies_for(a);  // validates the names
   options.m_values = args.m_values;
   options.reps = args.reps;
+  options.min_gain = args.min_gain;
   ProgressBar bar("tune");
   options.progress = [&](size_t done, size_t total) { bar.update(done, total); };
   nlohmann::json record = {{"benchmark", "qspec tune"}, {"model", name}, {"command", command_line()},
@@ -164,6 +166,10 @@ void register_tune(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::Range(1, 65536));
   command->add_option("--reps", args->reps, "graph replays per timing (median)")->check(CLI::Range(3, 1000))->capture_default_str();
+  command->add_option("--min-gain", args->min_gain,
+                      "a strategy replaces the rule-based default only when this much faster (0.03 = 3 %)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   command->add_option("--group", args->group, "int4 weight group (default: the model's)");
   command->add_option("-o,--out", args->out, "policy map file (default bench/policies/GPU-MODEL.json)");
   command->add_option("--record-dir", args->record_dir, "where the timing record goes")->capture_default_str();

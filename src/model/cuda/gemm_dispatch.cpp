@@ -136,6 +136,13 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
             best = strategy;
           }
         }
+        // Hysteresis: the rule-based default stays unless another strategy beats it by more than
+        // options.min_gain (isolated timings within a few percent flip between runs, and a GEMM inside
+        // a decode step overlaps its neighbours, which the isolated timing does not see).
+        const gemm::Strategy rule = gemm::rule_based_strategy(activations, m);
+        const std::string rule_name(gemm::strategy_name(rule));
+        if (best != rule && times.contains(rule_name) && times[rule_name].get<double>() <= best_us * (1.0 + options.min_gain))
+          best = rule;
         if (!ranges.empty() && ranges.back().strategy == best) ranges.back().max_m = m;
         else ranges.push_back({m, best});
         if (record)

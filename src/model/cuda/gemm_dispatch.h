@@ -43,6 +43,8 @@ struct TuneOptions {
   std::vector<std::string> activations = {"f16", "int8"};
   std::vector<int64_t> m_values;  // empty: default_tune_m_values()
   int reps = 15;
+  // A strategy replaces the rule-based default at an M only when it is this much faster there.
+  double min_gain = 0.03;
   // Progress: (done, total) units of (shape, activations, M).
   std::function<void(size_t, size_t)> progress;
 };
@@ -51,7 +53,8 @@ struct TuneOptions {
 std::vector<int64_t> default_tune_m_values();
 // Times every strategy (median of reps graph replays, weights round-robin over copies that
 // exceed the L2) and returns the map (ranges merged: the winner at each sampled M covers the M
-// values above the previous sample). `record` receives every timing (us) for bench/results.
+// values above the previous sample; the rule-based default keeps M values where no strategy
+// beats it by min_gain). `record` receives every timing (us) for bench/results.
 gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* record);
 
 }  // namespace qspec
