@@ -91,7 +91,6 @@ void run_tune(const TuneArgs& args) {
   record["lookup_ns"] = lookup_ns;
 
   std::printf("\n%s on %s: strategy per M (first M of each range)\n", name.c_str(), map.gpu.c_str());
-  for (const auto& t : record["timings"]) (void)t;
   for (const auto& shape : options.shapes)
     for (const std::string& a : options.activations) {
       std::printf("  %-8s %-5s n %6lld k %6lld:", shape.name.c_str(), a.c_str(), static_cast<long long>(shape.n),
