@@ -1,6 +1,9 @@
 #include "gemm/policy_map.h"
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -14,11 +17,12 @@ constexpr std::string_view kNames[kStrategies] = {"small_m_v1",   "small_m_v2", 
                                                   "tiled_256x32", "tiled_128x128", "dequant_cublas"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
-bool known_activations(std::string_view activations) {
-  for (std::string_view a : kActivations)
-    if (a == activations) return true;
-  return false;
+int activations_index(std::string_view activations) {
+  for (int i = 0; i < static_cast<int>(std::size(kActivations)); ++i)
+    if (kActivations[i] == activations) return i;
+  return -1;
 }
+bool known_activations(std::string_view activations) { return activations_index(activations) >= 0; }
 }  // namespace
 
 std::string_view strategy_name(Strategy strategy) { return kNames[static_cast<int>(strategy)]; }
@@ -51,9 +55,16 @@ Strategy rule_based_strategy(std::string_view activations, int64_t m) {
   return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
 }
 
+int64_t PolicyMap::key(std::string_view activations, int64_t n, int64_t k) {
+  const int index = activations_index(activations);
+  if (index < 0 || n <= 0 || k <= 0 || n >= (int64_t{1} << 28) || k >= (int64_t{1} << 28)) return -1;
+  return (static_cast<int64_t>(index) << 56) | (n << 28) | k;
+}
+
 void PolicyMap::set(std::string_view activations, int64_t n, int64_t k, int64_t group, std::vector<PolicyRange> ranges) {
   QSPEC_CHECK(known_activations(activations), "GEMM policy: unknown activations '", activations, "'");
-  QSPEC_CHECK(n > 0 && k > 0 && group > 0, "GEMM policy: bad shape n ", n, " k ", k, " group ", group);
+  QSPEC_CHECK(n > 0 && k > 0 && group > 0 && key(activations, n, k) >= 0, "GEMM policy: bad shape n ", n, " k ", k,
+              " group ", group);
   QSPEC_CHECK(!ranges.empty(), "GEMM policy: ", activations, " ", n, "x", k, ": no ranges");
   for (size_t i = 0; i < ranges.size(); ++i) {
     QSPEC_CHECK(ranges[i].max_m >= 1 && (i == 0 || ranges[i].max_m > ranges[i - 1].max_m), "GEMM policy: ",
@@ -69,24 +80,31 @@ void PolicyMap::set(std::string_view activations, int64_t n, int64_t k, int64_t 
     entry.by_m[static_cast<size_t>(m)] = entry.ranges[r].strategy;
   }
   entry.by_m[0] = entry.by_m[1];
-  entries_[{std::string(activations), n, k}] = std::move(entry);
+  entries_[key(activations, n, k)] = std::move(entry);
 }
 
 Strategy PolicyMap::lookup(std::string_view activations, int64_t n, int64_t k, int64_t m) const {
-  const auto it = entries_.find({std::string(activations), n, k});
+  const auto it = entries_.find(key(activations, n, k));
   if (it == entries_.end()) return rule_based_strategy(activations, m);
   const Entry& e = it->second;
   return m <= kDenseM ? e.by_m[static_cast<size_t>(std::max<int64_t>(m, 0))] : e.ranges.back().strategy;
 }
 
 bool PolicyMap::contains(std::string_view activations, int64_t n, int64_t k) const {
-  return entries_.count({std::string(activations), n, k}) > 0;
+  return entries_.count(key(activations, n, k)) > 0;
 }
 
 std::string PolicyMap::to_json() const {
   nlohmann::json out = {{"format", "qspec-gemm-policy"}, {"version", 1}, {"gpu", gpu}, {"commit", commit},
                         {"command", command}, {"entries", nlohmann::json::array()}};
-  for (const auto& [key, e] : entries_) {
+  // In a stable order (the hash map's is not): activations, n, k.
+  std::vector<const Entry*> sorted;
+  for (const auto& item : entries_) sorted.push_back(&item.second);
+  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
+    return std::tie(a->activations, a->n, a->k) < std::tie(b->activations, b->n, b->k);
+  });
+  for (const Entry* entry : sorted) {
+    const Entry& e = *entry;
     nlohmann::json ranges = nlohmann::json::array();
     for (const PolicyRange& r : e.ranges) ranges.push_back({{"max_m", r.max_m}, {"strategy", strategy_name(r.strategy)}});
     out["entries"].push_back({{"activations", e.activations}, {"n", e.n}, {"k", e.k}, {"group", e.group}, {"ranges", ranges}});

@@ -13,10 +13,9 @@
 // one covering every larger M.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
 #include <string_view>
-#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace qspec::gemm {
@@ -81,7 +80,9 @@ class PolicyMap {
     std::vector<Strategy> by_m;  // index m (1..kDenseM), then ranges.back()
   };
   static constexpr int64_t kDenseM = 4096;
-  std::map<std::tuple<std::string, int64_t, int64_t>, Entry> entries_;
+  // (activations index, n, k) packed into one word: no allocation a lookup; -1 when unknown.
+  static int64_t key(std::string_view activations, int64_t n, int64_t k);
+  std::unordered_map<int64_t, Entry> entries_;
 };
 
 }  // namespace qspec::gemm

@@ -602,6 +602,18 @@ qspec::QuantizedMatrix random_quantized(int64_t n, int64_t k, qspec::quant::Form
   return qspec::quantize_rtn(matrix, format, group);
 }
 
+// The CPU reference of a 4-bit GEMM on activations in `mode`: x's m rows (ldx apart, k used)
+// quantized per token by cpu::apply_activation_mode, times the dequantized weights.
+std::vector<float> cpu_quantized_linear(const std::vector<float>& x, int64_t m, int64_t ldx, int64_t k,
+                                        const qspec::ActivationMode& mode, const qspec::QuantizedMatrix& weight) {
+  std::vector<float> x_dense(static_cast<size_t>(m * k));
+  for (int64_t t = 0; t < m; ++t) std::copy(x.begin() + t * ldx, x.begin() + t * ldx + k, x_dense.begin() + t * k);
+  qspec::cpu::apply_activation_mode(mode, x_dense.data(), m, k);
+  std::vector<float> y(static_cast<size_t>(m * weight.rows));
+  qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, y.data());
+  return y;
+}
+
 struct DeviceW4 {
   cuda::DeviceMemory codes, scales;
   cuda::W4A16Weights view;
@@ -956,12 +968,7 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
     for (int64_t m : {1, 2, 5, 8, 9, 16, 17, 33, 64, 65, 130}) {
       const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + 3;
       const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
-      std::vector<float> x_dense(static_cast<size_t>(m * s.k));
-      for (int64_t t = 0; t < m; ++t)
-        std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
-      qspec::cpu::apply_activation_mode(int8_mode, x_dense.data(), m, s.k);
-      std::vector<float> expected(static_cast<size_t>(m * s.n));
-      qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, int8_mode, weight);
       auto d_x = upload(to_f16(x));
       auto d_q = poisoned(static_cast<size_t>(m * ldq));
       auto d_scales = poisoned(static_cast<size_t>(m) * 4);
@@ -1166,12 +1173,7 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
         const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
         const int64_t scale_ld = c.format == Format::int4 ? s.k / c.group : 0;
         const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
-        std::vector<float> x_dense(static_cast<size_t>(m * s.k));
-        for (int64_t t = 0; t < m; ++t)
-          std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
-        qspec::cpu::apply_activation_mode(mode, x_dense.data(), m, s.k);
-        std::vector<float> expected(static_cast<size_t>(m * s.n));
-        qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+        const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, mode, weight);
         auto d_x = upload(to_f16(x));
         auto d_values = poisoned(static_cast<size_t>(m * ldv) * 2);
         auto d_scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)) * 4);

@@ -8,8 +8,8 @@
 
 namespace qspec {
 
-std::string W4GemmInput::activations() const {
-  return quantized == nullptr ? std::string("f16") : std::string(quant::format_name(quantized->format));
+std::string_view W4GemmInput::activations() const {
+  return quantized == nullptr ? std::string_view("f16") : quant::format_name(quantized->format);
 }
 
 void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,

@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gemm/policy_map.h"
@@ -20,7 +21,7 @@ struct W4GemmInput {
   int64_t ldx = 0;
   const cuda::QuantizedActivations* quantized = nullptr;
   // "f16" or the quantized format's name, as the policy map keys it.
-  std::string activations() const;
+  std::string_view activations() const;
 };
 
 // One strategy. dequant_cublas needs w4a16_workspace_bytes(m, n, k, dequant_cublas) of workspace;

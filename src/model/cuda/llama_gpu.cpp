@@ -355,13 +355,18 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   // The widest 4-bit GEMM input (int8 codes or f16 values), rows padded to 16 elements; int4
   // group scales for the widest input.
   int64_t widest = std::max(c.hidden_size, c.intermediate_size);
+  bool reordered_inputs = false;  // an ARC-calibrated model: inputs are gathered into x_reordered
   for (const Layer& layer : layers)
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) widest = std::max(widest, linear->k);
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+      widest = std::max(widest, linear->k);
+      reordered_inputs = reordered_inputs || linear->reordered();
+    }
   if (quantized) {
     x_codes_stride = (widest + 15) / 16 * 16;
     x_scales_stride = activation_group > 0 ? std::max<int64_t>(1, widest / activation_group) : 1;
   }
-  const size_t code_bytes = t * static_cast<size_t>(4 * x_codes_stride + 4 * x_scales_stride);
+  const size_t code_bytes =
+      t * static_cast<size_t>((reordered_inputs ? 4 : 2) * x_codes_stride + 4 * x_scales_stride);
   for (const Layer& layer : layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       if (linear->quantized)
@@ -409,7 +414,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   if (quantized) {
     x_codes = allocate(t * static_cast<size_t>(2 * x_codes_stride), "quantized activations");
     x_scales = allocate(t * static_cast<size_t>(4 * x_scales_stride), "activation scales");
-    x_reordered = allocate(t * static_cast<size_t>(2 * x_codes_stride), "reordered activations");
+    if (reordered_inputs) x_reordered = allocate(t * static_cast<size_t>(2 * x_codes_stride), "reordered activations");
   }
   if (gemm_workspace_bytes > 0) {
     gemm_workspace = allocate(gemm_workspace_bytes, "GEMM workspace");

@@ -127,19 +127,9 @@ __global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t
   const int64_t residual_begin = arc_outliers > 0 ? (k - arc_outliers) / 8 : vectors;
   const int64_t source_begin = (arc_k - arc_outliers) / 8;
 
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = threadIdx.x; i < min(vectors, residual_begin); i += blockDim.x) {
-    float v[8];
-    half8_to_float(in[i], v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      amax = fmaxf(amax, fabsf(v[e]));
-      finite = finite && isfinite(v[e]);
-    }
-  }
-  const bool all_finite = __syncthreads_and(finite);
-  amax = block_max(amax, scratch);
+  bool all_finite = true;
+  const float amax = row_abs_max([&](int64_t i, float (&v)[8]) { half8_to_float(in[i], v); },
+                                 min(vectors, residual_begin), scratch, &all_finite);
   const float nan = __uint_as_float(0x7fc00000u);
 
   RowScale row_scale{1.0f, 0};

@@ -28,19 +28,8 @@ __device__ __forceinline__ uint32_t quantize_int8x4(const float* v, float scale)
 template <class Load>
 __device__ __forceinline__ void quantize_int8_row(const Load& load, int64_t vectors, int8_t* __restrict__ codes,
                                                   float* __restrict__ scale_out, float* scratch) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    float v[8];
-    load(i, v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      amax = fmaxf(amax, fabsf(v[e]));
-      finite = finite && isfinite(v[e]);
-    }
-  }
-  const bool all_finite = __syncthreads_and(finite);
-  amax = block_max(amax, scratch);
+  bool all_finite = true;
+  const float amax = row_abs_max(load, vectors, scratch, &all_finite);
   const float scale = all_finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
   if (threadIdx.x == 0) *scale_out = scale;
   uint2* out = reinterpret_cast<uint2*>(codes);

@@ -37,4 +37,23 @@ __device__ __forceinline__ float warp_max(float value) { return warp_reduce<MaxO
 __device__ __forceinline__ float block_sum(float value, float* scratch) { return block_reduce<SumOp>(value, scratch); }
 __device__ __forceinline__ float block_max(float value, float* scratch) { return block_reduce<MaxOp>(value, scratch); }
 
+// The largest |value| over a row of `vectors` 8-value vectors (load(i, v) yields vector i), and
+// whether every value is finite; every thread of the block gets both (the quantizers' first pass).
+template <class Load>
+__device__ __forceinline__ float row_abs_max(const Load& load, int64_t vectors, float* scratch, bool* all_finite) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    load(i, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      amax = fmaxf(amax, fabsf(v[e]));
+      finite = finite && isfinite(v[e]);
+    }
+  }
+  *all_finite = __syncthreads_and(finite);
+  return block_max(amax, scratch);
+}
+
 }  // namespace qspec::cuda::kernels
