@@ -51,6 +51,8 @@ struct BenchArgs {
   double accept_rate = 1.0;
   std::string accept_trace;
   std::string gemm_policy;
+  std::vector<std::string> gemm_ablation;
+  int ablation_repeats = 2;
 };
 
 [[maybe_unused]] void write_record(const nlohmann::json& record, const std::string& out_dir,
@@ -85,6 +87,8 @@ void run_gpu(const BenchArgs& args) {
   options.accept_rate = args.accept_rate;
   options.accept_trace = args.accept_trace;
   options.gemm_policy = args.gemm_policy;
+  options.gemm_ablation = args.gemm_ablation;
+  options.ablation_repeats = args.ablation_repeats;
   options.command_line = args.command_line;
   options.commit = git_commit();
   const nlohmann::json record = run_gpu_bench(options);
@@ -93,7 +97,8 @@ void run_gpu(const BenchArgs& args) {
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
   std::string gpu = record["gpu"].get<std::string>();
   for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
-  write_record(record, args.out_dir, "gpu-decode-" + name + "-" + gpu + ".json");
+  write_record(record, args.out_dir,
+               (args.gemm_ablation.empty() ? "gpu-decode-" : "gemm-ablation-") + name + "-" + gpu + ".json");
 #else
   fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");
 #endif
@@ -247,6 +252,15 @@ void register_bench(CLI::App& app) {
   command->add_option("--gemm-policy", args->gemm_policy,
                       "cuda: the 4-bit GEMMs follow this policy map (qspec tune); default: the built-in crossovers")
       ->check(CLI::ExistingFile);
+  command->add_option("--gemm-ablation", args->gemm_ablation,
+                      "cuda: ADAngel ablation instead of the usual tables: each GEMM policy in turn (builtin, "
+                      "paper-rule, forced:STRATEGY, or a map file), decode steps at --batch-sizes and TTFT at "
+                      "--prompt-lengths")
+      ->delimiter(',');
+  command->add_option("--ablation-repeats", args->ablation_repeats,
+                      "cuda: rounds of --gemm-ablation (policy order reversed on odd rounds)")
+      ->check(CLI::Range(1, 20))
+      ->capture_default_str();
   command->add_option("--accept-trace", args->accept_trace,
                       "cuda: tokens per QSpec cycle from the accepted lengths a real checkpoint recorded (a `qspec "
                       "eval qspec` result JSON, e.g. bench/results/qspec-acceptance-smollm2.json)")

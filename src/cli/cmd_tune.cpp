@@ -37,6 +37,7 @@ struct TuneArgs {
   std::string record_dir = "bench/results";
   int64_t group = 0;
   bool check = false;
+  std::string without_split_bitwise_out;
 };
 
 std::string slug(std::string text) {
@@ -133,6 +134,15 @@ void run_tune(const TuneArgs& args) {
     record["check"] = {{"points", points}, {"agree", agree}, {"worst_loss", worst_loss}};
   }
 
+  if (!args.without_split_bitwise_out.empty()) {  // the ablation's reduced set, from the same timings
+    gemm::PolicyMap reduced = gemm::PolicyMap::from_timings(
+        record.dump(), {gemm::Strategy::split_small_m, gemm::Strategy::bitwise_b1}, options.min_gain, "tune record");
+    reduced.gpu = map.gpu;
+    reduced.commit = map.commit;
+    reduced.command = map.command + " (strategy set without split_small_m and bitwise_b1)";
+    reduced.save(args.without_split_bitwise_out);
+    std::printf("wrote %s (without Split and Bitwise)\n", args.without_split_bitwise_out.c_str());
+  }
   const std::string out = args.out.empty() ? "bench/policies/" + slug(map.gpu) + "-" + name + ".json" : args.out;
   if (std::filesystem::path(out).has_parent_path()) std::filesystem::create_directories(std::filesystem::path(out).parent_path());
   map.save(out);
@@ -171,6 +181,8 @@ void register_tune(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--group", args->group, "int4 weight group (default: the model's)");
   command->add_option("-o,--out", args->out, "policy map file (default bench/policies/GPU-MODEL.json)");
+  command->add_option("--without-split-bitwise", args->without_split_bitwise_out,
+                      "also write the map of the same timings without the Split and Bitwise strategies (ablation)");
   command->add_option("--record-dir", args->record_dir, "where the timing record goes")->capture_default_str();
   command->add_flag("--check", args->check, "rerun a sample of the points and report disagreement");
   command->callback([args] { run_tune(*args); });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <tuple>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,9 +13,9 @@
 namespace qspec::gemm {
 
 namespace {
-constexpr std::string_view kNames[kStrategies] = {"small_m_v1",   "small_m_v2",   "small_m_v3",
-                                                  "small_m_v4",   "tiled_256x64", "tiled_128x64",
-                                                  "tiled_256x32", "tiled_128x128", "dequant_cublas"};
+constexpr std::string_view kNames[kStrategies] = {
+    "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
+    "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -36,6 +37,8 @@ Strategy parse_strategy(std::string_view name) {
 }
 
 bool strategy_supports(Strategy strategy, std::string_view activations) {
+  if (strategy == Strategy::split_small_m) return activations == "int8";
+  if (strategy == Strategy::bitwise_b1) return activations == "int8" || activations == "int4";
   if (activations == "f16") return true;
   return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;
 }
@@ -55,6 +58,92 @@ Strategy rule_based_strategy(std::string_view activations, int64_t m) {
   return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
 }
 
+Strategy paper_rule_strategy(std::string_view activations, int64_t m) {
+  if (m <= 8) return activations == "int8" || activations == "int4" ? Strategy::bitwise_b1 : Strategy::small_m_v1;
+  return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
+}
+
+PolicyMap PolicyMap::forced(Strategy strategy) {
+  PolicyMap map;
+  map.kind_ = Kind::forced;
+  map.forced_ = strategy;
+  return map;
+}
+
+PolicyMap PolicyMap::paper_rule() {
+  PolicyMap map;
+  map.kind_ = Kind::paper_rule;
+  return map;
+}
+
+std::string PolicyMap::label() const {
+  switch (kind_) {
+    case Kind::forced: return "forced:" + std::string(strategy_name(forced_));
+    case Kind::paper_rule: return "paper-rule";
+    case Kind::measured: break;
+  }
+  return "";
+}
+
+PolicyMap PolicyMap::from_timings(const std::string& timings_json, const std::vector<Strategy>& excluded,
+                                  double min_gain, const std::string& source) {
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(timings_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": not JSON (", e.what(), ")");
+  }
+  QSPEC_CHECK(record.is_object() && record.contains("timings") && record["timings"].is_array(), source,
+              ": no \"timings\" array (a qspec tune --record-dir file)");
+  struct Shape {
+    int64_t group;
+    std::vector<PolicyRange> ranges;
+  };
+  std::map<std::tuple<std::string, int64_t, int64_t>, Shape> shapes;
+  size_t index = 0;
+  for (const auto& point : record["timings"]) {
+    const std::string where = source + ": timings[" + std::to_string(index++) + "]";
+    try {
+      const std::string activations = point.at("activations").get<std::string>();
+      const int64_t n = point.at("n").get<int64_t>(), k = point.at("k").get<int64_t>(), m = point.at("m").get<int64_t>();
+      const int64_t group = point.value("group", int64_t{128});
+      const Strategy rule = rule_based_strategy(activations, m);
+      double best_us = 0, rule_us = 0;
+      Strategy best = rule;
+      for (const auto& [name, us_value] : point.at("us").items()) {
+        const Strategy strategy = parse_strategy(name);
+        const double us = us_value.get<double>();
+        if (strategy == rule) rule_us = us;
+        if (std::find(excluded.begin(), excluded.end(), strategy) != excluded.end()) continue;
+        if (best_us == 0 || us < best_us) {
+          best_us = us;
+          best = strategy;
+        }
+      }
+      QSPEC_CHECK(best_us > 0, "no timing of an allowed strategy");
+      // Hysteresis (see TuneOptions::min_gain): isolated timings within a few percent flip between
+      // runs, and inside a decode step a GEMM overlaps its neighbours.
+      if (best != rule && rule_us > 0 && rule_us <= best_us * (1.0 + min_gain)) best = rule;
+      Shape& shape = shapes[{activations, n, k}];
+      shape.group = group;
+      QSPEC_CHECK(shape.ranges.empty() || m > shape.ranges.back().max_m, "M values must increase per shape (", m, ")");
+      if (!shape.ranges.empty() && shape.ranges.back().strategy == best) shape.ranges.back().max_m = m;
+      else shape.ranges.push_back({m, best});
+    } catch (const nlohmann::json::exception& e) {
+      fail(where, ": ", e.what());
+    } catch (const Error& e) {
+      fail(where, ": ", e.what());
+    }
+  }
+  PolicyMap map;
+  map.gpu = record.value("gpu", "");
+  map.commit = record.value("commit", "");
+  map.command = record.value("command", "");
+  for (auto& [key_value, shape] : shapes)
+    map.set(std::get<0>(key_value), std::get<1>(key_value), std::get<2>(key_value), shape.group, std::move(shape.ranges));
+  return map;
+}
+
 int64_t PolicyMap::key(std::string_view activations, int64_t n, int64_t k) {
   const int index = activations_index(activations);
   if (index < 0 || n <= 0 || k <= 0 || n >= (int64_t{1} << 28) || k >= (int64_t{1} << 28)) return -1;
@@ -71,6 +160,8 @@ void PolicyMap::set(std::string_view activations, int64_t n, int64_t k, int64_t 
                 activations, " ", n, "x", k, ": range max_m values must increase from 1 (", ranges[i].max_m, ")");
     QSPEC_CHECK(strategy_supports(ranges[i].strategy, activations), "GEMM policy: ", activations, " ", n, "x", k,
                 ": strategy ", strategy_name(ranges[i].strategy), " does not run ", activations, " activations");
+    QSPEC_CHECK(ranges[i].strategy != Strategy::bitwise_b1 || (group == 128 && k % 128 == 0), "GEMM policy: ",
+                activations, " ", n, "x", k, ": strategy bitwise_b1 needs weight groups of 128 (group ", group, ")");
   }
   Entry entry{std::string(activations), n, k, group, std::move(ranges), {}};
   entry.by_m.resize(static_cast<size_t>(kDenseM + 1));
@@ -84,10 +175,23 @@ void PolicyMap::set(std::string_view activations, int64_t n, int64_t k, int64_t 
 }
 
 Strategy PolicyMap::lookup(std::string_view activations, int64_t n, int64_t k, int64_t m) const {
+  if (kind_ == Kind::forced)
+    return strategy_supports(forced_, activations) ? forced_ : rule_based_strategy(activations, m);
+  if (kind_ == Kind::paper_rule) return paper_rule_strategy(activations, m);
   const auto it = entries_.find(key(activations, n, k));
   if (it == entries_.end()) return rule_based_strategy(activations, m);
   const Entry& e = it->second;
   return m <= kDenseM ? e.by_m[static_cast<size_t>(std::max<int64_t>(m, 0))] : e.ranges.back().strategy;
+}
+
+bool PolicyMap::uses(Strategy strategy, int64_t n, int64_t k) const {
+  if (kind_ == Kind::forced) return forced_ == strategy;
+  if (kind_ == Kind::paper_rule) return strategy == Strategy::bitwise_b1;
+  for (const auto& [key_value, entry] : entries_)
+    if (entry.n == n && entry.k == k)
+      for (const PolicyRange& range : entry.ranges)
+        if (range.strategy == strategy) return true;
+  return false;
 }
 
 bool PolicyMap::contains(std::string_view activations, int64_t n, int64_t k) const {

@@ -1,9 +1,11 @@
 // ADAngel's policy map for the 4-bit-weight GEMMs (issue 6): for each GEMM shape a model runs
 // (activation kind, N, K) and every token count M, the strategy (kernel and tile) that a tuner
 // measured fastest on this GPU; a dispatcher looks it up per call in O(1). Strategies are the
-// kernels of ops/cuda/ops.h (all "Padding" in DPR terms: 4-bit weights unpacked in registers to
-// the activation's mma type): the small-M register-ring kernel (variants 1, 2) and cp.async-ring
-// kernel (3, 4; f16 only), the tiled kernel's four tiles, and dequantize + cuBLAS (f16 only).
+// kernels of ops/cuda/ops.h. In DPR terms (gemm/dpr.h) most are Padding (4-bit weights unpacked in
+// registers to the activation's mma type): the small-M register-ring kernel (variants 1, 2) and
+// cp.async-ring kernel (3, 4; f16 only), the tiled kernel's four tiles, and dequantize + cuBLAS
+// (f16 only); for integer activations also Split (int8 as two 4-bit halves on s8) and Bitwise
+// (1-bit planes on b1 and.popc, over a bit-plane copy of the weights, groups of 128).
 // Host code only (no CUDA): the map is JSON, tested on the CPU; model/cuda/gemm_dispatch.h
 // launches what it picks.
 //
@@ -30,15 +32,18 @@ enum class Strategy : uint8_t {
   tiled_256x32,
   tiled_128x128,
   dequant_cublas,
+  split_small_m,  // int8 only: DPR Split, activations {4, 4} on two s8 mma (small-M kernel, variant 1)
+  bitwise_b1,     // int8 / int4, weight groups of 128: DPR Bitwise, 1-bit planes on b1 mma and.popc
 };
-inline constexpr int kStrategies = 9;
+inline constexpr int kStrategies = 11;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.
 Strategy parse_strategy(std::string_view name);
 
 // "f16" (W4A16) or a quantized activation format ("int8", "int4", "fp8", "nvfp4", "mxfp4").
-// f16 runs every strategy; quantized activations the register-ring and tiled kernels only.
+// f16 runs the Padding strategies (small-M, tiled, dequantize + cuBLAS); quantized activations the
+// register-ring and tiled kernels; integer ones also Bitwise (int8, int4) and Split (int8).
 std::vector<Strategy> strategies_for(std::string_view activations);
 bool strategy_supports(Strategy strategy, std::string_view activations);
 
@@ -47,6 +52,12 @@ bool strategy_supports(Strategy strategy, std::string_view activations);
 // kernel (256x32 up to 32 tokens, 256x64 beyond) up to 128 tokens for f16 and at every M for
 // quantized activations; dequantize + cuBLAS beyond 128 for f16.
 Strategy rule_based_strategy(std::string_view activations, int64_t m);
+
+// The rule of issue 6 / the ADAngel paper, without measurements: M <= 8 Bitwise (integer
+// activations; the small-M Padding kernel otherwise), M <= 64 Padding (Split is never
+// hardware-aligned on sm_90: its 4-bit halves are promoted to s8), Padding beyond (the tiled
+// kernel; f16 also stays on Padding: the rule has no cuBLAS). The ablation's "rule-based map".
+Strategy paper_rule_strategy(std::string_view activations, int64_t m);
 
 struct PolicyRange {
   int64_t max_m;
@@ -57,6 +68,19 @@ class PolicyMap {
  public:
   std::string gpu, commit, command;
 
+  // A map that runs one strategy for every GEMM it supports (rule_based_strategy elsewhere): the
+  // ablation's static strategies.
+  static PolicyMap forced(Strategy strategy);
+  // paper_rule_strategy for every GEMM.
+  static PolicyMap paper_rule();
+  // The map a tuning record implies (tune_w4_policy's "timings": per shape, activations and M
+  // the median microseconds of each strategy): per M the fastest strategy not in `excluded`; the
+  // rule-based default keeps an M unless another strategy beats it by more than min_gain.
+  static PolicyMap from_timings(const std::string& timings_json, const std::vector<Strategy>& excluded,
+                                double min_gain, const std::string& source);
+  // "forced:NAME", "paper-rule", or "" for a measured map.
+  std::string label() const;
+
   // Installs the ranges of one shape (sorted by max_m, increasing; strategies valid for the
   // activations); throws qspec::Error otherwise.
   void set(std::string_view activations, int64_t n, int64_t k, int64_t group, std::vector<PolicyRange> ranges);
@@ -64,6 +88,9 @@ class PolicyMap {
   // hash of the shape, then a table indexed by M (M beyond the table: the last range).
   Strategy lookup(std::string_view activations, int64_t n, int64_t k, int64_t m) const;
   bool contains(std::string_view activations, int64_t n, int64_t k) const;
+  // Whether any activations' entry for (n, k) picks `strategy` at some M (a model prepares the
+  // bit-plane weight copy only for the shapes whose entries use bitwise_b1).
+  bool uses(Strategy strategy, int64_t n, int64_t k) const;
   size_t shapes() const { return entries_.size(); }
 
   std::string to_json() const;
@@ -80,6 +107,9 @@ class PolicyMap {
     std::vector<Strategy> by_m;  // index m (1..kDenseM), then ranges.back()
   };
   static constexpr int64_t kDenseM = 4096;
+  enum class Kind : uint8_t { measured, forced, paper_rule };
+  Kind kind_ = Kind::measured;
+  Strategy forced_ = Strategy::small_m_v1;
   // (activations index, n, k) packed into one word: no allocation a lookup; -1 when unknown.
   static int64_t key(std::string_view activations, int64_t n, int64_t k);
   std::unordered_map<int64_t, Entry> entries_;

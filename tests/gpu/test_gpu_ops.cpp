@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "gemm/dpr.h"
+#include "gemm/w4_bitplanes.h"
 #include "gemm/w4a16_pack.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -1216,6 +1218,90 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
   cuda::DeviceMemory values(16 * 256), scales(16 * 8 * 4), y(16 * 16 * 2);
   const cuda::QuantizedActivations narrow{Format::int4, values.get(), 256, scales.as<float>(), 8, 32};
   EXPECT_THROW(cuda::w4_quantized_gemm(narrow, 1, w.view, y.as<f16>(), 16, nullptr, 0, nullptr), qspec::Error);
+}
+
+// ADAngel's DPR strategies on the GPU (issue 6): the bit-plane weight copy made on the GPU equals
+// the host's pack_w4_bitplanes byte for byte; Bitwise (b1 and.popc) and Split (int8 as two
+// 4-bit halves on s8) match the generic CPU DPR reference of their partition (gemm/dpr.h) and
+// the engine's quantized_linear; Split's output is bitwise the Padding kernel's (same integer sums).
+TEST_F(Gpu, DprStrategiesMatchTheCpuReference) {
+  using qspec::quant::Format;
+  struct Shape {
+    int64_t n, k;
+  };
+  for (const Shape& s : {Shape{33, 384}, Shape{1000, 256}, Shape{4097, 4096}, Shape{1408, 14336}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, 128);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    DeviceW4 w(packed);
+    const std::vector<uint8_t> host_planes = qspec::gemm::pack_w4_bitplanes(packed);
+    auto d_planes = poisoned(host_planes.size());
+    cuda::w4_bitplanes_from_packed(w.view, d_planes.get(), nullptr);
+    ASSERT_EQ(download<uint8_t>(d_planes, host_planes.size()), host_planes) << "bit planes " << shape_name({s.n, s.k});
+    cuda::W4A16Weights view = w.view;
+    view.bitplanes = d_planes.get();
+    for (Format format : {Format::int8, Format::int4}) {
+      const int64_t group = format == Format::int4 ? 128 : 0, scale_ld = format == Format::int4 ? s.k / 128 : 0;
+      const int bits = format == Format::int8 ? 8 : 4;
+      qspec::ActivationMode mode;
+      mode.kind = qspec::ActivationMode::Kind::quantized;
+      mode.format = format;
+      mode.group_size = 128;
+      for (int64_t m : {1, 2, 3, 5, 8, 9, 17}) {
+        const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
+        const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+        const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, mode, weight);
+        auto d_x = upload(to_f16(x));
+        auto d_values = poisoned(static_cast<size_t>(m * ldv));
+        auto d_scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)) * 4);
+        const cuda::QuantizedActivations q = cuda::quantize_activations(
+            format, group, d_x.as<f16>(), m, s.k, ldx, d_values.get(), ldv, d_scales.as<float>(), scale_ld, nullptr);
+        // The DPR reference on the very codes and scales the GPU quantizer wrote (bitwise the CPU's).
+        const std::vector<int8_t> codes = download<int8_t>(d_values, static_cast<size_t>(m * ldv));
+        const std::vector<float> scales = download<float>(d_scales, static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)));
+        std::vector<int32_t> x_codes(static_cast<size_t>(m * s.k));
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t i = 0; i < s.k; ++i) x_codes[static_cast<size_t>(t * s.k + i)] = codes[static_cast<size_t>(t * ldv + i)];
+        const int64_t x_group = format == Format::int8 ? s.k : 128;
+        const size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m);
+        cuda::DeviceMemory workspace(bytes);
+        cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+        auto run = [&](const char* strategy) {
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          if (std::string(strategy) == "bitwise")
+            cuda::w4_quantized_gemm_bitwise(q, m, view, view.bitplanes, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
+          else
+            cuda::w4_quantized_gemm_small_m(q, m, view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
+                                            cuda::W4A16SmallMConfig{1, 0, 0, std::string(strategy) == "split"});
+          const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
+          std::vector<float> got(expected.size());
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
+          return got;
+        };
+        const std::string what = std::string(qspec::quant::format_name(format)) + " " + shape_name({m, s.n, s.k});
+        for (const char* strategy : {"bitwise", "split"}) {
+          if (std::string(strategy) == "split" && format != Format::int8) continue;
+          const std::vector<float> got = run(strategy);
+          const std::vector<float> dpr = qspec::gemm::dpr::quantized_gemm(
+              qspec::gemm::dpr::w4_strategy(strategy, bits), x_codes.data(), scales.data(), x_group, m, weight);
+          EXPECT_CLOSE(got, dpr, 2e-3, std::string(strategy) + " vs DPR " + what);
+          EXPECT_CLOSE(got, expected, 2e-3, std::string(strategy) + " vs quantized_linear " + what);
+        }
+        if (format == Format::int8) {
+          EXPECT_EQ(run("split"), run("padding")) << "split == padding bitwise " << what;
+        }
+      }
+    }
+  }
+  // Shapes Bitwise cannot run are refused with the reason.
+  const qspec::QuantizedMatrix narrow = random_quantized(16, 256, Format::int4, 64);
+  DeviceW4 w64(qspec::gemm::pack_w4a16(narrow));
+  EXPECT_FALSE(cuda::w4_bitwise_supports(w64.view, Format::int8));
+  cuda::DeviceMemory planes(4096), values(16 * 256), scales(64), y(16 * 16 * 2);
+  EXPECT_THROW(cuda::w4_bitplanes_from_packed(w64.view, planes.get(), nullptr), qspec::Error);
+  EXPECT_THROW(cuda::w4_quantized_gemm_bitwise(cuda::int8_activations(values.as<int8_t>(), scales.as<float>(), 256), 1,
+                                               w64.view, planes.get(), y.as<f16>(), 16, nullptr, 0, nullptr),
+               qspec::Error);
 }
 
 // ARCQuant on the GPU: the channel reorder is an exact gather with zero augmented columns, and

@@ -81,3 +81,54 @@ TEST(PolicyMap, RejectsBadMapsWithTheFieldAtFault) {
   EXPECT_THROW(PolicyMap::load("/nonexistent/policy.json"), qspec::Error);
   EXPECT_THROW(qspec::gemm::strategies_for("bf16"), qspec::Error);
 }
+
+TEST(PolicyMap, ForcedAndPaperRuleMaps) {
+  using qspec::gemm::PolicyMap;
+  const PolicyMap bitwise = PolicyMap::forced(Strategy::bitwise_b1);
+  EXPECT_EQ(bitwise.lookup("int8", 4096, 4096, 1), Strategy::bitwise_b1);
+  EXPECT_EQ(bitwise.lookup("int4", 4096, 4096, 300), Strategy::bitwise_b1);
+  // Activations it cannot run take the built-in default.
+  EXPECT_EQ(bitwise.lookup("f16", 4096, 4096, 300), qspec::gemm::rule_based_strategy("f16", 300));
+  EXPECT_TRUE(bitwise.uses(Strategy::bitwise_b1, 1, 1));
+  EXPECT_EQ(bitwise.label(), "forced:bitwise_b1");
+  const PolicyMap split = PolicyMap::forced(Strategy::split_small_m);
+  EXPECT_EQ(split.lookup("int8", 8, 8, 5), Strategy::split_small_m);
+  EXPECT_EQ(split.lookup("int4", 8, 8, 5), qspec::gemm::rule_based_strategy("int4", 5));
+  const PolicyMap rule = PolicyMap::paper_rule();
+  EXPECT_EQ(rule.lookup("int8", 8, 8, 8), Strategy::bitwise_b1);
+  EXPECT_EQ(rule.lookup("f16", 8, 8, 8), Strategy::small_m_v1);
+  EXPECT_EQ(rule.lookup("int8", 8, 8, 9), Strategy::tiled_256x32);
+  EXPECT_EQ(rule.lookup("f16", 8, 8, 1000), Strategy::tiled_256x64);
+  EXPECT_EQ(rule.label(), "paper-rule");
+  EXPECT_FALSE(PolicyMap().uses(Strategy::bitwise_b1, 8, 8));
+}
+
+TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "f16"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "int4"));
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "int4"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "nvfp4"));
+  PolicyMap map;
+  EXPECT_THROW(map.set("int8", 4096, 4096, 64, {{8, Strategy::bitwise_b1}}), qspec::Error);
+  EXPECT_THROW(map.set("f16", 4096, 4096, 128, {{8, Strategy::split_small_m}}), qspec::Error);
+  map.set("int8", 4096, 4096, 128, {{8, Strategy::bitwise_b1}, {64, Strategy::tiled_256x32}});
+  EXPECT_TRUE(map.uses(Strategy::bitwise_b1, 4096, 4096));
+  EXPECT_FALSE(map.uses(Strategy::bitwise_b1, 4096, 14336));
+}
+
+TEST(PolicyMap, BuildsFromTimingsWithHysteresisAndExclusions) {
+  const std::string record = R"({"gpu": "G", "timings": [
+    {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 1, "us": {"small_m_v1": 10.0, "bitwise_b1": 9.0}},
+    {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 2, "us": {"small_m_v1": 10.0, "bitwise_b1": 9.9}},
+    {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 40, "us": {"tiled_256x64": 20.0, "tiled_128x64": 15.0}}]})";
+  const PolicyMap all = PolicyMap::from_timings(record, {}, 0.03, "record");
+  EXPECT_EQ(all.gpu, "G");
+  EXPECT_EQ(all.lookup("int8", 4096, 4096, 1), Strategy::bitwise_b1);    // 11 % faster than the rule
+  EXPECT_EQ(all.lookup("int8", 4096, 4096, 2), Strategy::small_m_v1);    // within 3 %: the rule stays
+  EXPECT_EQ(all.lookup("int8", 4096, 4096, 30), Strategy::tiled_128x64);  // the next sample's winner covers M 3..40
+  const PolicyMap without = PolicyMap::from_timings(record, {Strategy::bitwise_b1}, 0.03, "record");
+  EXPECT_EQ(without.lookup("int8", 4096, 4096, 1), Strategy::small_m_v1);
+  EXPECT_FALSE(without.uses(Strategy::bitwise_b1, 4096, 4096));
+  EXPECT_THROW(PolicyMap::from_timings("{", {}, 0.03, "record"), qspec::Error);
+  EXPECT_THROW(PolicyMap::from_timings(R"({"timings": [{"activations": "int8"}]})", {}, 0.03, "record"), qspec::Error);
+}

@@ -43,6 +43,13 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::dequant_cublas:
       cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, cuda::W4A16Path::dequant_cublas);
       return;
+    case Strategy::split_small_m:
+      cuda::w4_quantized_gemm_small_m(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream,
+                                      cuda::W4A16SmallMConfig{1, 0, 0, true});
+      return;
+    case Strategy::bitwise_b1:
+      cuda::w4_quantized_gemm_bitwise(*x.quantized, m, w, w.bitplanes, y, ldy, workspace, workspace_bytes, stream);
+      return;
   }
 }
 
@@ -50,7 +57,13 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream) {
   if (policy != nullptr) {
-    run_w4_gemm(policy->lookup(x.activations(), w.n, w.k, m), blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
+    gemm::Strategy strategy = policy->lookup(x.activations(), w.n, w.k, m);
+    // Bitwise needs the weights' bit-plane copy (GpuLlama makes it for the shapes a measured map
+    // sends there); a static or rule-based map may ask for it where it cannot run: the default.
+    if (strategy == gemm::Strategy::bitwise_b1 &&
+        (w.bitplanes == nullptr || x.quantized == nullptr || !cuda::w4_bitwise_supports(w, x.quantized->format)))
+      strategy = gemm::rule_based_strategy(x.activations(), m);
+    run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
     cuda::w4_quantized_gemm(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else {
@@ -74,18 +87,19 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
   const int64_t max_m = *std::max_element(m_values.begin(), m_values.end());
   void* stream = cuda::create_stream();
   cuda::Blas blas;
-  gemm::PolicyMap map;
-  map.gpu = cuda::device_name();
+  nlohmann::json local_record;
+  nlohmann::json& out = record != nullptr ? *record : local_record;
+  out["gpu"] = cuda::device_name();
+  out["timings"] = nlohmann::json::array();
   const size_t total = options.shapes.size() * options.activations.size() * m_values.size();
   size_t done = 0;
-  if (record) (*record)["timings"] = nlohmann::json::array();
   for (const GemmShape4& shape : options.shapes) {
     // Random packed weights, enough copies that a round robin streams them from HBM (> 2 x L2).
     const int64_t row_blocks = (shape.n + 15) / 16;
     const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
     const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / shape.group) * 16) * 2;
     const int copies = static_cast<int>(std::clamp<size_t>((size_t{120} << 20) / (code_bytes + scale_bytes) + 1, 1, 16));
-    std::vector<cuda::DeviceMemory> codes, scales;
+    std::vector<cuda::DeviceMemory> codes, scales, planes;
     std::vector<cuda::W4A16Weights> views;
     for (int c = 0; c < copies; ++c) {
       codes.emplace_back(code_bytes);
@@ -93,9 +107,18 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
       cuda::fill_random_u32(codes.back().as<uint32_t>(), code_bytes / 4, 100 + c, stream);
       cuda::fill_random_f16(scales.back().as<cuda::f16_bits>(), scale_bytes / 2, 0.001f, 0.002f, 200 + c, stream);
       views.push_back({codes.back().get(), scales.back().get(), shape.n, shape.k, shape.group});
+      if (cuda::w4_bitwise_supports(views.back(), quant::Format::int8)) {  // the Bitwise strategy's copy
+        planes.emplace_back(code_bytes);
+        cuda::w4_bitplanes_from_packed(views.back(), planes.back().get(), stream);
+        views.back().bitplanes = planes.back().get();
+      }
     }
     cuda::DeviceMemory x(static_cast<size_t>(max_m * shape.k) * 2), y(static_cast<size_t>(max_m * shape.n) * 2);
+    cuda::DeviceMemory normed(static_cast<size_t>(max_m * shape.k) * 2);
     cuda::fill_random_f16(x.as<cuda::f16_bits>(), static_cast<size_t>(max_m * shape.k), -1.0f, 1.0f, 9, stream);
+    const std::vector<float> ones(static_cast<size_t>(shape.k), 1.0f);
+    cuda::DeviceMemory norm_weight(ones.size() * 4);
+    cuda::copy_to_device(norm_weight.get(), ones.data(), ones.size() * 4);
     const int64_t ldq = (shape.k + 15) / 16 * 16, scale_ld = std::max<int64_t>(1, shape.k / shape.group);
     cuda::DeviceMemory values(static_cast<size_t>(max_m * ldq) * 2), act_scales(static_cast<size_t>(max_m * scale_ld) * 4);
     size_t workspace_bytes = cuda::w4a16_workspace_bytes(max_m, shape.n, shape.k, cuda::W4A16Path::dequant_cublas);
@@ -105,56 +128,59 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
     cuda::DeviceMemory workspace(workspace_bytes);
     cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
     for (const std::string& activations : options.activations) {
-      std::vector<gemm::PolicyRange> ranges;
+      const bool quantized = activations != "f16";
+      const quant::Format format = quantized ? quant::parse_format(activations) : quant::Format::int8;
       for (int64_t m : m_values) {
         cuda::QuantizedActivations q;
-        W4GemmInput input{x.as<cuda::f16_bits>(), shape.k, nullptr};
-        if (activations != "f16") {
-          q = cuda::quantize_activations(quant::parse_format(activations), shape.group, x.as<cuda::f16_bits>(), m,
-                                         shape.k, shape.k, values.get(), ldq, act_scales.as<float>(), scale_ld, stream);
+        W4GemmInput input{normed.as<cuda::f16_bits>(), shape.k, nullptr};
+        if (quantized) {
+          q = cuda::quantize_activations(format, shape.group, x.as<cuda::f16_bits>(), m, shape.k, shape.k, values.get(),
+                                         ldq, act_scales.as<float>(), scale_ld, stream);
           input.quantized = &q;
         }
-        double best_us = 0;
-        gemm::Strategy best = gemm::Strategy::small_m_v1;
         nlohmann::json times = nlohmann::json::object();
         for (gemm::Strategy strategy : gemm::strategies_for(activations)) {
-          if (strategy == gemm::Strategy::small_m_v3 || strategy == gemm::Strategy::small_m_v4)
+          using gemm::Strategy;
+          if (strategy == Strategy::small_m_v3 || strategy == Strategy::small_m_v4)
             if (m > 32) continue;  // the cp.async ring kernel runs 32 tokens a launch: sliced beyond, never a win
-          if ((strategy == gemm::Strategy::small_m_v1 || strategy == gemm::Strategy::small_m_v2) && m > 256) continue;
+          if ((strategy == Strategy::small_m_v1 || strategy == Strategy::small_m_v2 || strategy == Strategy::split_small_m) &&
+              m > 256)
+            continue;
+          if (strategy == Strategy::bitwise_b1 && (m > 16 || views[0].bitplanes == nullptr)) continue;  // 8 tokens a launch
+          // Each GEMM is timed behind the kernel that feeds it in a decode step (the activation
+          // quantizer, or an RMSNorm for f16), as the step launches them: under programmatic
+          // dependent launch a GEMM's prologue overlaps its predecessor, which back-to-back
+          // launches of the GEMM alone do not show.
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
+                if (quantized)
+                  cuda::quantize_activations(format, shape.group, x.as<cuda::f16_bits>(), m, shape.k, shape.k,
+                                             values.get(), ldq, act_scales.as<float>(), scale_ld, s);
+                else
+                  cuda::rmsnorm(x.as<cuda::f16_bits>(), norm_weight.as<float>(), m, shape.k, 1e-5f,
+                                normed.as<cuda::f16_bits>(), s);
                 run_w4_gemm(strategy, blas, input, m, views[static_cast<size_t>(i % copies)], y.as<cuda::f16_bits>(),
                             shape.n, workspace.get(), workspace_bytes, s);
               },
               std::max(copies, 4), 2, options.reps, stream);
           std::vector<float> ms = t.ms;
           std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-          const double us = 1e3 * ms[ms.size() / 2];
-          times[std::string(gemm::strategy_name(strategy))] = us;
-          if (best_us == 0 || us < best_us) {
-            best_us = us;
-            best = strategy;
-          }
+          times[std::string(gemm::strategy_name(strategy))] = 1e3 * ms[ms.size() / 2];
         }
-        // Hysteresis: the rule-based default stays unless another strategy beats it by more than
-        // options.min_gain (isolated timings within a few percent flip between runs, and a GEMM inside
-        // a decode step overlaps its neighbours, which the isolated timing does not see).
-        const gemm::Strategy rule = gemm::rule_based_strategy(activations, m);
-        const std::string rule_name(gemm::strategy_name(rule));
-        if (best != rule && times.contains(rule_name) && times[rule_name].get<double>() <= best_us * (1.0 + options.min_gain))
-          best = rule;
-        if (!ranges.empty() && ranges.back().strategy == best) ranges.back().max_m = m;
-        else ranges.push_back({m, best});
-        if (record)
-          (*record)["timings"].push_back({{"shape", shape.name}, {"n", shape.n}, {"k", shape.k}, {"activations", activations},
-                                          {"m", m}, {"us", times}, {"best", gemm::strategy_name(best)}});
+        out["timings"].push_back({{"shape", shape.name}, {"n", shape.n}, {"k", shape.k}, {"group", shape.group},
+                                  {"activations", activations}, {"m", m}, {"us", times}});
         if (options.progress) options.progress(++done, total);
       }
-      map.set(activations, shape.n, shape.k, shape.group, std::move(ranges));
     }
   }
   cuda::stream_synchronize(stream);
   cuda::destroy_stream(stream);
+  gemm::PolicyMap map = gemm::PolicyMap::from_timings(out.dump(), {}, options.min_gain, "tune");
+  map.gpu = cuda::device_name();
+  // Each point's pick, for the record.
+  for (auto& point : out["timings"])
+    point["best"] = gemm::strategy_name(map.lookup(point["activations"].get<std::string>(), point["n"].get<int64_t>(),
+                                                   point["k"].get<int64_t>(), point["m"].get<int64_t>()));
   return map;
 }
 

@@ -308,6 +308,136 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
   return GpuLlama::synthetic(config, mode, gpu_options, 1);
 }
 
+// A policy spec of --gemm-ablation: "builtin" (null), "paper-rule", "forced:STRATEGY" or a file.
+std::shared_ptr<const gemm::PolicyMap> ablation_policy(const std::string& spec) {
+  if (spec == "builtin") return nullptr;
+  if (spec == "paper-rule") return std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::paper_rule());
+  if (spec.rfind("forced:", 0) == 0)
+    return std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::forced(gemm::parse_strategy(spec.substr(7))));
+  return std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(spec));
+}
+
+// Whether a forced strategy runs this mode's activations at all (else its column says n/a).
+bool ablation_applies(const std::string& spec, const RunMode& mode) {
+  if (spec.rfind("forced:", 0) != 0) return true;
+  const gemm::Strategy strategy = gemm::parse_strategy(spec.substr(7));
+  const std::string activations =
+      mode.activations.kind == ActivationMode::Kind::quantized ? quant::format_name(mode.activations.format) : "f16";
+  return gemm::strategy_supports(strategy, activations);
+}
+
+nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaModel* checkpoint, const ModelConfig& config) {
+  QSPEC_CHECK(options.ablation_repeats >= 1, "bench: --ablation-repeats must be >= 1");
+  std::vector<std::shared_ptr<const gemm::PolicyMap>> policies;
+  for (const std::string& spec : options.gemm_ablation) policies.push_back(ablation_policy(spec));
+  const int64_t max_batch = *std::max_element(options.batch_sizes.begin(), options.batch_sizes.end());
+  std::vector<int64_t> lengths;
+  for (int64_t p : options.prompt_lengths)
+    if (p <= config.max_position_embeddings) lengths.push_back(p);
+  const int64_t longest = lengths.empty() ? 1 : *std::max_element(lengths.begin(), lengths.end());
+  nlohmann::json out = nlohmann::json::object();
+  for (const std::string& mode_name : options.modes) {
+    const RunMode mode = parse_run_mode(mode_name);
+    QSPEC_CHECK(mode.quantized_weights, "bench --gemm-ablation: mode ", mode_name, " has no 4-bit GEMMs");
+    GpuLlamaOptions gpu_options;
+    gpu_options.max_seqs = max_batch;
+    gpu_options.max_context = std::min<int64_t>(std::max(options.context + options.steps + 8, longest),
+                                                config.max_position_embeddings);
+    gpu_options.max_step_tokens = std::max<int64_t>({max_batch, longest, 16});
+    gpu_options.max_logit_rows = max_batch;
+    gpu_options.cuda_graphs = options.cuda_graphs;
+    auto gpu = make_model(options, checkpoint, config, mode, gpu_options);
+    const size_t points = options.batch_sizes.size() + lengths.size();
+    // ms[policy][point]: decode step at each batch, then TTFT at each length; summed over rounds.
+    std::vector<std::vector<double>> ms(policies.size(), std::vector<double>(points, 0.0));
+    std::vector<std::vector<std::vector<double>>> rounds(policies.size(), std::vector<std::vector<double>>(points));
+    std::mt19937 generator(7);
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t length : lengths) {
+      prompts.emplace_back(static_cast<size_t>(length));
+      for (int32_t& id : prompts.back()) id = token(generator);
+    }
+    for (int round = 0; round < options.ablation_repeats; ++round)
+      for (size_t i = 0; i < policies.size(); ++i) {
+        const size_t p = round % 2 == 0 ? i : policies.size() - 1 - i;
+        if (!ablation_applies(options.gemm_ablation[p], mode)) continue;
+        gpu->set_gemm_policy(policies[p]);
+        size_t point = 0;
+        for (int64_t batch : options.batch_sizes) {
+          std::vector<int32_t> tokens(static_cast<size_t>(batch));
+          std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
+          for (int64_t s = 0; s < batch; ++s) {
+            tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
+            runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
+          }
+          for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
+          for (int w = 0; w < 3; ++w) gpu->step(runs);  // the first captures the graph
+          for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
+          std::vector<double> step_seconds;
+          for (int64_t step = 0; step < options.steps; ++step) {
+            const auto start = std::chrono::steady_clock::now();
+            gpu->step(runs);
+            step_seconds.push_back(seconds_since(start));
+          }
+          rounds[p][point++].push_back(median(step_seconds) * 1e3);
+        }
+        for (const std::vector<int32_t>& prompt : prompts) {
+          std::vector<double> seconds;
+          for (int repeat = 0; repeat < 4; ++repeat) {
+            gpu->reset(0);
+            const auto start = std::chrono::steady_clock::now();
+            gpu->forward(prompt);
+            if (repeat > 0) seconds.push_back(seconds_since(start));
+          }
+          rounds[p][point++].push_back(median(seconds) * 1e3);
+        }
+      }
+    gpu->set_gemm_policy(nullptr);
+    // Table: a row per point, a column per policy (ms, mean over rounds; n/a where a forced
+    // strategy cannot run this mode), then the best forced strategy and each policy's ratio to it.
+    std::printf("\n%s GEMM policy ablation (ms; decode step at context %lld, TTFT one prompt; mean of %d rounds)\n",
+                mode_name.c_str(), static_cast<long long>(options.context), options.ablation_repeats);
+    std::printf("%-12s", "point");
+    for (const std::string& spec : options.gemm_ablation)
+      std::printf(" %14s", spec.size() > 14 ? spec.substr(spec.size() - 14).c_str() : spec.c_str());
+    std::printf(" %14s\n", "best forced");
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t point = 0; point < points; ++point) {
+      const bool decode = point < options.batch_sizes.size();
+      const int64_t value = decode ? options.batch_sizes[point] : lengths[point - options.batch_sizes.size()];
+      char label[32];
+      std::snprintf(label, sizeof(label), "%s %lld", decode ? "decode B" : "TTFT P", static_cast<long long>(value));
+      std::printf("%-12s", label);
+      nlohmann::json row = {{"kind", decode ? "decode" : "ttft"}, {decode ? "batch" : "prompt_tokens", value},
+                            {"ms", nlohmann::json::object()}, {"rounds_ms", nlohmann::json::object()}};
+      double best_forced = 0;
+      std::string best_forced_name;
+      for (size_t p = 0; p < policies.size(); ++p) {
+        const std::vector<double>& r = rounds[p][point];
+        if (r.empty()) {
+          std::printf(" %14s", "n/a");
+          continue;
+        }
+        double mean = 0;
+        for (double v : r) mean += v / static_cast<double>(r.size());
+        std::printf(" %14.3f", mean);
+        row["ms"][options.gemm_ablation[p]] = mean;
+        row["rounds_ms"][options.gemm_ablation[p]] = r;
+        if (options.gemm_ablation[p].rfind("forced:", 0) == 0 && (best_forced == 0 || mean < best_forced)) {
+          best_forced = mean;
+          best_forced_name = options.gemm_ablation[p].substr(7);
+        }
+      }
+      std::printf(" %14s\n", best_forced_name.c_str());
+      if (best_forced > 0) row["best_forced"] = {{"strategy", best_forced_name}, {"ms", best_forced}};
+      rows.push_back(row);
+    }
+    out[mode_name] = rows;
+  }
+  return out;
+}
+
 }  // namespace
 
 // One dataset workload at every batch size (see gpu_bench.h). Graphs for k = 1..B sequences in
@@ -464,6 +594,11 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"copy_bytes_per_second", ceilings.copy_bytes_per_s},
                            {"gemm_flops_per_second", ceilings.gemm_flops_per_s},
                            {"modes", nlohmann::json::object()}};
+  if (!options.gemm_ablation.empty()) {
+    record["gemm_ablation"] = run_gemm_ablation(options, checkpoint.get(), config);
+    record["gemm_ablation_policies"] = options.gemm_ablation;
+    return record;
+  }
   const int64_t max_batch = *std::max_element(options.batch_sizes.begin(), options.batch_sizes.end());
   const double flops_per_token = gemm_flops_per_token(config);
 

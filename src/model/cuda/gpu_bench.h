@@ -53,6 +53,12 @@ struct GpuBenchOptions {
   // accept_rate's, and rows without a recording say so.
   std::string accept_trace;
   std::string gemm_policy;  // a policy map (qspec tune) for the 4-bit GEMMs; "" = built-in crossovers
+  // ADAngel's ablation (issue 6, the paper's Fig. 12) instead of the tables above: per mode one
+  // model, each GEMM policy in turn ("builtin" = the kernels' crossovers, "paper-rule",
+  // "forced:STRATEGY", or a map file), decode steps at every batch size and TTFT at every prompt
+  // length; ablation_repeats rounds, the policy order reversed on odd rounds; per point the mean.
+  std::vector<std::string> gemm_ablation;
+  int ablation_repeats = 2;
   std::string command_line;
   std::string commit;
 };

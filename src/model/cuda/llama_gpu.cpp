@@ -51,13 +51,14 @@ struct Linear {
   int64_t n = 0, k = 0, in_k = 0;
   DeviceMemory w16;            // f16 [n, k] (W16A16)
   DeviceMemory codes, scales;  // gemm/w4a16_pack.h layout (W4A16)
+  DeviceMemory bitplanes;      // gemm/w4_bitplanes.h copy, only where the GEMM policy runs Bitwise
   cuda::W4A16Weights view{};
   bool quantized = false;
   ArcSite site;         // the input's ARC calibration (uncalibrated: no reorder, no tail)
   DeviceMemory order;   // site.order on the device (int32 [in_k])
   bool reordered() const { return site.calibrated(); }
 
-  size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }
+  size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }  // what a step reads
 };
 
 Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::string& name) {
@@ -225,6 +226,28 @@ struct GpuLlama::State {
     fail("GPU model: f16 activations are not quantized");
   }
   std::shared_ptr<const gemm::PolicyMap> gemm_policy;  // null: the kernels' own crossovers
+  // Installs a policy map: checks its GPU, makes the bit-plane weight copy of each shape whose
+  // entries run Bitwise (frees the others), drops captured graphs (they baked in the old picks).
+  void apply_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
+    if (policy && !policy->gpu.empty())
+      QSPEC_CHECK(policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ", policy->gpu,
+                  ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
+    decode_graphs.clear();
+    gemm_policy = std::move(policy);
+    for (Layer& layer : layers)
+      for (Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+        const bool wanted = linear->quantized && gemm_policy && gemm_policy->uses(gemm::Strategy::bitwise_b1, linear->n, linear->k) &&
+                            cuda::w4_bitwise_supports(linear->view, quant::Format::int8);
+        if (!wanted) {
+          linear->bitplanes = DeviceMemory();
+        } else if (linear->bitplanes.get() == nullptr) {
+          linear->bitplanes = allocate(linear->codes.bytes(), "bit-plane weights (GEMM policy: Bitwise)");
+          cuda::w4_bitplanes_from_packed(linear->view, linear->bitplanes.get(), stream);
+        }
+        linear->view.bitplanes = linear->bitplanes.get();
+      }
+    cuda::stream_synchronize(stream);
+  }
   void w4_gemm(const W4GemmInput& input, const Linear& linear, int64_t m, f16_bits* y) {
     dispatch_w4_gemm(gemm_policy.get(), *blas, input, m, linear.view, y, linear.n, gemm_workspace.get(),
                      gemm_workspace_bytes, stream);
@@ -338,10 +361,9 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::min(max_logit_rows, max_step_tokens);
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
-  gemm_policy = options.gemm_policy;
-  if (gemm_policy && !gemm_policy->gpu.empty())
-    QSPEC_CHECK(gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
-                gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
+  if (options.gemm_policy && !options.gemm_policy->gpu.empty())
+    QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
+                options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
   blocks_per_seq = (max_context + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
 
   // Everything below must fit next to the weights: check before allocating (a clear error at
@@ -374,7 +396,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
                           int64_t{512}, max_step_tokens})
           if (m <= max_step_tokens)
             for (auto path : {cuda::W4A16Path::automatic, cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
-              if (path == cuda::W4A16Path::automatic || (gemm_policy && m <= 512))  // a map may pick any kernel
+              if (path == cuda::W4A16Path::automatic || m <= 512)  // a policy map (set now or later) may pick any kernel
                 gemm_workspace_bytes =
                     std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k, path));
   // Split-K attention partials for decode and verify batches; a long prefill plans fewer splits
@@ -423,6 +445,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   attention_workspace = allocate(attention_workspace_bytes, "attention workspace");
   cuda::attention_workspace_init(attention_workspace.get(), attention_workspace_bytes, stream);
   cuda::stream_synchronize(stream);
+  apply_gemm_policy(options.gemm_policy);
 }
 
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tokens)
@@ -758,6 +781,10 @@ void GpuLlama::truncate(int64_t seq, int64_t new_length) {
 
 const ModelConfig& GpuLlama::config() const { return state_->config; }
 int64_t GpuLlama::max_context() const { return state_->max_context; }
+void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
+  state_->apply_gemm_policy(std::move(policy));
+}
+
 int64_t GpuLlama::graphs_captured() const { return static_cast<int64_t>(state_->decode_graphs.size()); }
 
 size_t GpuLlama::weight_bytes() const {

@@ -96,6 +96,11 @@ class GpuLlama {
   void set_activations(GpuActivations activations);
   GpuActivations activations() const;
 
+  // Replaces the GEMM policy map (GpuLlamaOptions::gemm_policy; null = built-in crossovers):
+  // captured graphs are dropped, Bitwise's bit-plane weight copies made or freed. Throws for a
+  // map tuned on another GPU.
+  void set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy);
+
   int64_t length(int64_t seq = 0) const;
   // Forgets positions >= length (QSpec rollback: the next step overwrites their K/V).
   void truncate(int64_t seq, int64_t length);

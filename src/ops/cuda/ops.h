@@ -275,6 +275,8 @@ struct W4A16Weights {
   const void* scales = nullptr;  // packed f16 scale pairs, ceil(n/16) * (k/group) * 8 * 4 bytes
   int64_t n = 0, k = 0;
   int64_t group = 0;  // 32, 64 or 128
+  // Optional bit-plane copy of the codes (gemm/w4_bitplanes.h) for the Bitwise strategy.
+  const void* bitplanes = nullptr;
 };
 
 // small_m: kernels/w4a16_small_m.cuh (few tokens); tiled: kernels/w4a16_tiled.cuh (tens to
@@ -306,6 +308,9 @@ struct W4A16SmallMConfig {
   int variant = 0;
   int splits = 0;
   int x_staging = 0;
+  // int8 activations only: ADAngel's Split strategy (kernels/w4_activation.cuh ActS8Split), the
+  // same output at twice the mma work.
+  bool split_activations = false;
 };
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
@@ -400,6 +405,15 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
 void w4_quantized_gemm_tiled(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                              int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                              const W4A16TiledConfig& config = {});
+
+// ADAngel's Bitwise strategy (kernels/w4_bitwise.cuh): int8 or int4 activations, weight groups of
+// 128, k % 128 == 0 (w4_bitwise_supports), over the weights' bit-plane copy (gemm/w4_bitplanes.h;
+// gemm::bitplane_bytes(n, k) bytes, made by w4_bitplanes_from_packed). Any m, in slices of 8 tokens;
+// the workspace is the small-M path's.
+bool w4_bitwise_supports(const W4A16Weights& w, quant::Format format);
+void w4_bitplanes_from_packed(const W4A16Weights& w, void* bitplanes, void* stream);
+void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const void* bitplanes,
+                               f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream);
 
 // W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
 inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {

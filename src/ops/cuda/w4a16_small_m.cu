@@ -246,8 +246,11 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
   const int variant = config.variant != 0 ? config.variant : 1;
   QSPEC_CHECK(variant == 1 || variant == 2, "cuda::w4_quantized_gemm_small_m: small-M variant ", variant,
               " does not exist for quantized activations (1 or 2)");
+  QSPEC_CHECK(!config.split_activations || x.format == quant::Format::int8,
+              "cuda::w4_quantized_gemm_small_m: the Split strategy takes int8 activations, not ",
+              kernels::format_label(x.format));
   auto* yh = reinterpret_cast<__half*>(y);
-  kernels::with_activation_policy(x.format, [&](auto policy) {
+  auto run = [&](auto policy) {
     using Act = decltype(policy);
     for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
       kernels::W4A16SmallMParams params{};
@@ -258,7 +261,9 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
       params.m = static_cast<int>(std::min(detail::kW4A16MaxSliceM, m - m0));
       launch_register_ring<Act>(params, variant, config, workspace, workspace_bytes, as_stream(stream));
     }
-  });
+  };
+  if (config.split_activations) run(kernels::ActS8Split{});
+  else kernels::with_activation_policy(x.format, run);
 }
 
 }  // namespace qspec::cuda

@@ -105,6 +105,46 @@ struct ActS8Grouped : ActS8 {
   static constexpr bool kGroupScale = true;
 };
 
+// Split (ADAngel DPR, issue 6): int8 activations partitioned {4, 4}: x = 16 hi + lo with hi the
+// signed high nibble and lo the unsigned low one, each promoted to s8 (Hopper has no native s4
+// mma), two mma a k pair, reconstructed as 16 P_hi + P_lo when the group is flushed. The integer
+// sums are exactly ActS8's (so is the output); the cost is twice the mma work, which is why Split
+// is dominated on sm_90 (docs/perf-notes.md measures it).
+struct ActS8Split : ActS8 {
+  using Frag = uint4;  // hi.x, hi.y, lo.x, lo.y
+  struct GroupAcc {
+    int hi = 0, lo = 0;
+    __device__ GroupAcc& operator=(int v) {
+      hi = lo = v;
+      return *this;
+    }
+  };
+  __device__ static __forceinline__ Frag split(uint2 v) {
+    // Per byte: hi = sign-extended bits 4..7 ((n ^ 8) - 8 without borrows, as int4_bytes_to_s8),
+    // lo = bits 0..3.
+    auto high = [](uint32_t q) {
+      const uint32_t n = ((q >> 4) & 0x0f0f0f0fu) ^ 0x08080808u;
+      return ((n | 0x80808080u) - 0x08080808u) ^ 0x80808080u;
+    };
+    return make_uint4(high(v.x), high(v.y), v.x & 0x0f0f0f0fu, v.y & 0x0f0f0f0fu);
+  }
+  __device__ static __forceinline__ Frag load(const Elem* p) { return split(__ldg(reinterpret_cast<const uint2*>(p))); }
+  __device__ static __forceinline__ Frag load_shared(const Elem* p) {
+    return split(*reinterpret_cast<const uint2*>(p));
+  }
+  __device__ static __forceinline__ void mma(GroupAcc (&d)[4], const Weights& w, const Frag& x) {
+    int hi[4] = {d[0].hi, d[1].hi, d[2].hi, d[3].hi}, lo[4] = {d[0].lo, d[1].lo, d[2].lo, d[3].lo};
+    mma_s8_16832(hi, w.a, x.x, x.y);
+    mma_s8_16832(lo, w.a, x.z, x.w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      d[e].hi = hi[e];
+      d[e].lo = lo[e];
+    }
+  }
+  __device__ static __forceinline__ float to_float(GroupAcc v) { return static_cast<float>(16 * v.hi + v.lo); }
+};
+
 // Where a GEMM's activation rows and scales are (the kernels' parameter structs share these).
 struct ActivationRows {
   const void* x;          // f16 values or int8 codes, rows ldx elements apart
