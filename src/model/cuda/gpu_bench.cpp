@@ -322,7 +322,7 @@ bool ablation_applies(const std::string& spec, const RunMode& mode) {
   if (spec.rfind("forced:", 0) != 0) return true;
   const gemm::Strategy strategy = gemm::parse_strategy(spec.substr(7));
   const std::string activations =
-      mode.activations.kind == ActivationMode::Kind::quantized ? quant::format_name(mode.activations.format) : "f16";
+      mode.activations.kind == ActivationMode::Kind::quantized ? std::string(quant::format_name(mode.activations.format)) : "f16";
   return gemm::strategy_supports(strategy, activations);
 }
 
