@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_CUDA
 #include "model/cuda/gemm_dispatch.h"
+#include "model/cuda/gpu_bench.h"
 #include "model/cuda/llama_gpu.h"
 #endif
 
@@ -38,6 +40,8 @@ struct TuneArgs {
   int64_t group = 0;
   bool check = false;
   std::string without_split_bitwise_out;
+  std::vector<int64_t> refine_steps;
+  std::string from_record;
 };
 
 std::string slug(std::string text) {
@@ -45,7 +49,32 @@ std::string slug(std::string text) {
   return text;
 }
 
+// --from-record: the maps a tuning record implies, on any machine (no GPU): another --min-gain,
+// or the reduced set of the ablation.
+void maps_from_record(const TuneArgs& args) {
+  std::ifstream file(args.from_record);
+  QSPEC_CHECK(file.good(), "tune --from-record: cannot read ", args.from_record);
+  std::stringstream text;
+  text << file.rdbuf();
+  gemm::PolicyMap map = gemm::PolicyMap::from_timings(text.str(), {}, args.min_gain, args.from_record);
+  QSPEC_CHECK(!args.out.empty(), "tune --from-record: give -o FILE");
+  map.command = command_line();
+  map.save(args.out);
+  std::printf("wrote %s (%zu shapes)\n", args.out.c_str(), map.shapes());
+  if (!args.without_split_bitwise_out.empty()) {
+    gemm::PolicyMap reduced = gemm::PolicyMap::from_timings(
+        text.str(), {gemm::Strategy::split_small_m, gemm::Strategy::bitwise_b1}, args.min_gain, args.from_record);
+    reduced.command = command_line() + " (strategy set without split_small_m and bitwise_b1)";
+    reduced.save(args.without_split_bitwise_out);
+    std::printf("wrote %s (without Split and Bitwise)\n", args.without_split_bitwise_out.c_str());
+  }
+}
+
 void run_tune(const TuneArgs& args) {
+  if (!args.from_record.empty()) {
+    maps_from_record(args);
+    return;
+  }
 #ifdef QSPEC_HAVE_CUDA
   QSPEC_CHECK(args.model_dir.empty() != args.synthetic.empty(), "tune: give a model directory or --synthetic NAME");
   ModelConfig config;
@@ -134,9 +163,32 @@ void run_tune(const TuneArgs& args) {
     record["check"] = {{"points", points}, {"agree", agree}, {"worst_loss", worst_loss}};
   }
 
+  if (!args.refine_steps.empty()) {  // tuning inside the captured decode step
+    StepRefineOptions refine;
+    refine.model_dir = args.model_dir;
+    refine.synthetic = args.synthetic;
+    refine.batches = args.refine_steps;
+    refine.modes.clear();
+    for (const std::string& a : options.activations) {
+      if (a == "f16") refine.modes.push_back("w4a16");
+      else if (a == "int8") refine.modes.push_back("w4a8");
+    }
+    map = refine_policy_in_decode_steps(map, refine, &record);
+    map.gpu = cuda::device_name();
+    map.commit = git_commit();
+    map.command = command_line();
+  }
   if (!args.without_split_bitwise_out.empty()) {  // the ablation's reduced set, from the same timings
     gemm::PolicyMap reduced = gemm::PolicyMap::from_timings(
         record.dump(), {gemm::Strategy::split_small_m, gemm::Strategy::bitwise_b1}, options.min_gain, "tune record");
+    // The step-level picks carry over where they are in the reduced set.
+    if (record.contains("step_refinement"))
+      for (const auto& r : record["step_refinement"]) {
+        const std::string taken = r["taken"].get<std::string>();
+        if (taken == "map" || taken == "split_small_m" || taken == "bitwise_b1") continue;
+        reduced.override_at(r["mode"].get<std::string>() == "w4a16" ? "f16" : "int8", r["batch"].get<int64_t>(),
+                            gemm::parse_strategy(taken));
+      }
     reduced.gpu = map.gpu;
     reduced.commit = map.commit;
     reduced.command = map.command + " (strategy set without split_small_m and bitwise_b1)";
@@ -183,6 +235,14 @@ void register_tune(CLI::App& app) {
   command->add_option("-o,--out", args->out, "policy map file (default bench/policies/GPU-MODEL.json)");
   command->add_option("--without-split-bitwise", args->without_split_bitwise_out,
                       "also write the map of the same timings without the Split and Bitwise strategies (ablation)");
+  command->add_option("--refine-steps", args->refine_steps,
+                      "then tune inside whole decode steps at these batch sizes (w4a16 for f16, w4a8 for int8): "
+                      "the map and every static strategy at M = B, the fastest kept")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  command->add_option("--from-record", args->from_record,
+                      "no GPU: write the map (-o) a tuning record implies (--min-gain, --without-split-bitwise)")
+      ->check(CLI::ExistingFile);
   command->add_option("--record-dir", args->record_dir, "where the timing record goes")->capture_default_str();
   command->add_flag("--check", args->check, "rerun a sample of the points and report disagreement");
   command->callback([args] { run_tune(*args); });

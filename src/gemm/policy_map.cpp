@@ -184,6 +184,24 @@ Strategy PolicyMap::lookup(std::string_view activations, int64_t n, int64_t k, i
   return m <= kDenseM ? e.by_m[static_cast<size_t>(std::max<int64_t>(m, 0))] : e.ranges.back().strategy;
 }
 
+void PolicyMap::override_at(std::string_view activations, int64_t m, Strategy strategy) {
+  if (kind_ != Kind::measured || m < 1 || m > kDenseM || !strategy_supports(strategy, activations)) return;
+  for (auto& [key_value, entry] : entries_) {
+    if (entry.activations != activations) continue;
+    if (strategy == Strategy::bitwise_b1 && (entry.group != 128 || entry.k % 128 != 0)) continue;
+    entry.by_m[static_cast<size_t>(m)] = strategy;
+    entry.by_m[0] = entry.by_m[1];
+    // The ranges again from the dense table (the last one keeps covering every M beyond it).
+    std::vector<PolicyRange> ranges;
+    for (int64_t i = 1; i <= kDenseM; ++i) {
+      const Strategy s = entry.by_m[static_cast<size_t>(i)];
+      if (!ranges.empty() && ranges.back().strategy == s) ranges.back().max_m = i;
+      else ranges.push_back({i, s});
+    }
+    entry.ranges = std::move(ranges);
+  }
+}
+
 bool PolicyMap::uses(Strategy strategy, int64_t n, int64_t k) const {
   if (kind_ == Kind::forced) return forced_ == strategy;
   if (kind_ == Kind::paper_rule) return strategy == Strategy::bitwise_b1;

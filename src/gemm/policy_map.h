@@ -78,6 +78,9 @@ class PolicyMap {
   // rule-based default keeps an M unless another strategy beats it by more than min_gain.
   static PolicyMap from_timings(const std::string& timings_json, const std::vector<Strategy>& excluded,
                                 double min_gain, const std::string& source);
+  // Sets the strategy at exactly M = m for every shape of `activations` that can run it (a step-level
+  // refinement: the tuner measured whole decode steps of m tokens); no-op for forced / rule maps.
+  void override_at(std::string_view activations, int64_t m, Strategy strategy);
   // "forced:NAME", "paper-rule", or "" for a measured map.
   std::string label() const;
 

@@ -132,3 +132,21 @@ TEST(PolicyMap, BuildsFromTimingsWithHysteresisAndExclusions) {
   EXPECT_THROW(PolicyMap::from_timings("{", {}, 0.03, "record"), qspec::Error);
   EXPECT_THROW(PolicyMap::from_timings(R"({"timings": [{"activations": "int8"}]})", {}, 0.03, "record"), qspec::Error);
 }
+
+TEST(PolicyMap, OverridesOneTokenCount) {
+  PolicyMap map;
+  map.set("int8", 4096, 4096, 128, {{8, Strategy::small_m_v1}, {64, Strategy::tiled_256x32}});
+  map.set("int8", 4096, 14336, 64, {{8, Strategy::small_m_v1}, {64, Strategy::tiled_256x32}});
+  map.set("f16", 4096, 4096, 128, {{8, Strategy::small_m_v1}});
+  map.override_at("int8", 1, Strategy::bitwise_b1);
+  EXPECT_EQ(map.lookup("int8", 4096, 4096, 1), Strategy::bitwise_b1);
+  EXPECT_EQ(map.lookup("int8", 4096, 14336, 1), Strategy::small_m_v1);  // group 64: Bitwise cannot run there
+  EXPECT_EQ(map.lookup("int8", 4096, 4096, 2), Strategy::small_m_v1);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 1), Strategy::small_m_v1);
+  map.override_at("int8", 8, Strategy::tiled_256x32);
+  EXPECT_EQ(map.lookup("int8", 4096, 14336, 8), Strategy::tiled_256x32);
+  EXPECT_EQ(map.lookup("int8", 4096, 14336, 7), Strategy::small_m_v1);
+  EXPECT_EQ(map.lookup("int8", 4096, 14336, 100000), Strategy::tiled_256x32);
+  const PolicyMap back = PolicyMap::from_json(map.to_json(), "test");
+  for (int64_t m = 1; m <= 100; ++m) EXPECT_EQ(back.lookup("int8", 4096, 4096, m), map.lookup("int8", 4096, 4096, m)) << m;
+}

@@ -308,6 +308,27 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
   return GpuLlama::synthetic(config, mode, gpu_options, 1);
 }
 
+// Median milliseconds of `steps` decode steps of `batch` sequences at `context` positions (after
+// three warm-up steps, the first of which captures the graph).
+double decode_step_ms(GpuLlama& gpu, const ModelConfig& config, int64_t batch, int64_t context, int64_t steps) {
+  std::vector<int32_t> tokens(static_cast<size_t>(batch));
+  std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
+  for (int64_t s = 0; s < batch; ++s) {
+    tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
+    runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
+  }
+  for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, context);
+  for (int w = 0; w < 3; ++w) gpu.step(runs);
+  for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, context);
+  std::vector<double> step_seconds;
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    gpu.step(runs);
+    step_seconds.push_back(seconds_since(start));
+  }
+  return median(step_seconds) * 1e3;
+}
+
 // A policy spec of --gemm-ablation: "builtin" (null), "paper-rule", "forced:STRATEGY" or a file.
 std::shared_ptr<const gemm::PolicyMap> ablation_policy(const std::string& spec) {
   if (spec == "builtin") return nullptr;
@@ -365,22 +386,7 @@ nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaMode
         gpu->set_gemm_policy(policies[p]);
         size_t point = 0;
         for (int64_t batch : options.batch_sizes) {
-          std::vector<int32_t> tokens(static_cast<size_t>(batch));
-          std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
-          for (int64_t s = 0; s < batch; ++s) {
-            tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
-            runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
-          }
-          for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
-          for (int w = 0; w < 3; ++w) gpu->step(runs);  // the first captures the graph
-          for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
-          std::vector<double> step_seconds;
-          for (int64_t step = 0; step < options.steps; ++step) {
-            const auto start = std::chrono::steady_clock::now();
-            gpu->step(runs);
-            step_seconds.push_back(seconds_since(start));
-          }
-          rounds[p][point++].push_back(median(step_seconds) * 1e3);
+          rounds[p][point++].push_back(decode_step_ms(*gpu, config, batch, options.context, options.steps));
         }
         for (const std::vector<int32_t>& prompt : prompts) {
           std::vector<double> seconds;
@@ -439,6 +445,69 @@ nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaMode
 }
 
 }  // namespace
+
+gemm::PolicyMap refine_policy_in_decode_steps(const gemm::PolicyMap& map, const StepRefineOptions& options,
+                                              nlohmann::json* record) {
+  QSPEC_CHECK(options.model_dir.empty() != options.synthetic.empty(), "tune --refine-steps: a model or --synthetic");
+  QSPEC_CHECK(!options.batches.empty() && options.steps > 0, "tune --refine-steps: needs batch sizes and steps");
+  std::unique_ptr<LlamaModel> checkpoint;
+  ModelConfig config;
+  if (!options.model_dir.empty()) {
+    checkpoint = LlamaModel::load(options.model_dir);
+    config = checkpoint->config();
+  } else {
+    config = synthetic_model_config(options.synthetic);
+  }
+  gemm::PolicyMap refined = map;
+  const int64_t max_batch = *std::max_element(options.batches.begin(), options.batches.end());
+  if (record) (*record)["step_refinement"] = nlohmann::json::array();
+  for (const std::string& mode_name : options.modes) {
+    const RunMode mode = parse_run_mode(mode_name);
+    QSPEC_CHECK(mode.quantized_weights, "tune --refine-steps: mode ", mode_name, " has no 4-bit GEMMs");
+    const std::string activations =
+        mode.activations.kind == ActivationMode::Kind::quantized ? std::string(quant::format_name(mode.activations.format)) : "f16";
+    if (checkpoint && !checkpoint->has_quantized_weights()) checkpoint->quantize_weights(quant::Format::int4);
+    GpuLlamaOptions gpu_options;
+    gpu_options.max_seqs = max_batch;
+    gpu_options.max_context = std::min<int64_t>(options.context + 8, config.max_position_embeddings);
+    gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
+    gpu_options.max_logit_rows = max_batch;
+    std::unique_ptr<GpuLlama> gpu = checkpoint ? std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options)
+                                               : GpuLlama::synthetic(config, mode, gpu_options, 1);
+    for (int64_t batch : options.batches) {
+      // Candidates: the map as it stands, then each static strategy at M = batch.
+      std::vector<std::pair<std::string, std::shared_ptr<const gemm::PolicyMap>>> candidates;
+      candidates.emplace_back("map", std::make_shared<const gemm::PolicyMap>(refined));
+      for (gemm::Strategy strategy : gemm::strategies_for(activations)) {
+        gemm::PolicyMap candidate = refined;
+        candidate.override_at(activations, batch, strategy);
+        candidates.emplace_back(std::string(gemm::strategy_name(strategy)), std::make_shared<const gemm::PolicyMap>(candidate));
+      }
+      std::vector<double> ms(candidates.size(), 0.0);
+      for (int round = 0; round < 2; ++round)
+        for (size_t i = 0; i < candidates.size(); ++i) {
+          const size_t c = round == 0 ? i : candidates.size() - 1 - i;
+          gpu->set_gemm_policy(candidates[c].second);
+          ms[c] += decode_step_ms(*gpu, config, batch, options.context, options.steps) / 2.0;
+        }
+      size_t best = 0;
+      for (size_t c = 1; c < ms.size(); ++c)
+        if (ms[c] < ms[best]) best = c;
+      const bool changed = best != 0 && ms[best] * (1.0 + options.min_gain) < ms[0];
+      if (changed) refined.override_at(activations, batch, gemm::parse_strategy(candidates[best].first));
+      std::printf("refine %-6s B %3lld: map %.3f ms, best %s %.3f ms%s\n", mode_name.c_str(),
+                  static_cast<long long>(batch), ms[0], candidates[best].first.c_str(), ms[best],
+                  changed ? " (taken)" : "");
+      if (record) {
+        nlohmann::json times = nlohmann::json::object();
+        for (size_t c = 0; c < candidates.size(); ++c) times[candidates[c].first] = ms[c];
+        (*record)["step_refinement"].push_back({{"mode", mode_name}, {"batch", batch}, {"step_ms", times},
+                                                {"taken", changed ? candidates[best].first : std::string("map")}});
+      }
+    }
+  }
+  return refined;
+}
 
 // One dataset workload at every batch size (see gpu_bench.h). Graphs for k = 1..B sequences in
 // slot order are captured before the clock starts; other orders (slots freed at the tail of a

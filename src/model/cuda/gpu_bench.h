@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "gemm/policy_map.h"
+
 namespace qspec {
 
 struct GpuBenchOptions {
@@ -65,5 +67,23 @@ struct GpuBenchOptions {
 
 // Runs the benchmark, prints its tables, returns the JSON record.
 nlohmann::json run_gpu_bench(const GpuBenchOptions& options);
+
+// ADAngel's tuning inside the captured decode step (qspec tune --refine-steps): isolated GEMM
+// timings miss how a kernel overlaps its neighbours under programmatic dependent launch, so for
+// each decode batch B in `batches` and each mode (w4a16 for the map's f16 entries, w4a8 for
+// int8) the map as tuned and every static strategy at M = B (all shapes) run whole decode steps
+// (graph replays at `context` cached positions, median of `steps`, two rounds in alternating
+// order); the fastest becomes the pick at M = B when it beats the map's by more than min_gain.
+// The model: model_dir (a checkpoint) or synthetic (a name of synthetic_model_config).
+struct StepRefineOptions {
+  std::string model_dir, synthetic;
+  std::vector<std::string> modes = {"w4a16", "w4a8"};
+  std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64};
+  int64_t context = 512;
+  int64_t steps = 32;
+  double min_gain = 0.005;
+};
+gemm::PolicyMap refine_policy_in_decode_steps(const gemm::PolicyMap& map, const StepRefineOptions& options,
+                                              nlohmann::json* record);
 
 }  // namespace qspec
