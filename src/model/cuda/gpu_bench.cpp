@@ -469,7 +469,7 @@ gemm::PolicyMap refine_policy_in_decode_steps(const gemm::PolicyMap& map, const 
     if (checkpoint && !checkpoint->has_quantized_weights()) checkpoint->quantize_weights(quant::Format::int4);
     GpuLlamaOptions gpu_options;
     gpu_options.max_seqs = max_batch;
-    gpu_options.max_context = std::min<int64_t>(options.context + 8, config.max_position_embeddings);
+    gpu_options.max_context = std::min<int64_t>(options.context + options.steps + 8, config.max_position_embeddings);
     gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
     gpu_options.max_logit_rows = max_batch;
     std::unique_ptr<GpuLlama> gpu = checkpoint ? std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options)
