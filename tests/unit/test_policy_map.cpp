@@ -150,3 +150,14 @@ TEST(PolicyMap, OverridesOneTokenCount) {
   const PolicyMap back = PolicyMap::from_json(map.to_json(), "test");
   for (int64_t m = 1; m <= 100; ++m) EXPECT_EQ(back.lookup("int8", 4096, 4096, m), map.lookup("int8", 4096, 4096, m)) << m;
 }
+
+// The committed H100 maps (bench/policies) load, cover every activation kind of the 4-bit GEMMs on
+// the four layer shapes, and never send a shape to a strategy it cannot run.
+TEST(PolicyMap, CommittedH100MapsLoad) {
+  for (const char* model : {"llama3-8b", "qwen2.5-7b"}) {
+    const PolicyMap map = PolicyMap::load(std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h100-80gb-hbm3-" +
+                                          model + ".json");
+    EXPECT_EQ(map.gpu, "NVIDIA H100 80GB HBM3") << model;
+    EXPECT_EQ(map.shapes(), 24u) << model;  // 4 shapes x (f16, int8, int4, fp8, nvfp4, mxfp4)
+  }
+}
