@@ -44,7 +44,8 @@ struct EngineOptions {
   std::string gpu_mode;
   int64_t gpu_max_context = 0;
   // A GEMM policy map made by `qspec tune` on this GPU (ADAngel's dispatcher picks each 4-bit
-  // GEMM's kernel from it); "": the kernels' built-in crossovers.
+  // GEMM's kernel from it); "auto": the map for this GPU and model in bench/policies (or
+  // $QSPEC_GEMM_POLICY_DIR) when there is one; "" or "none": the kernels' built-in crossovers.
   std::string gpu_gemm_policy;
 };
 

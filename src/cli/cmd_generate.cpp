@@ -35,7 +35,7 @@ struct GenerateArgs {
   bool no_kv_overwrite = false;
   std::vector<std::string> stop;
   std::string device = "cpu";
-  std::string gemm_policy;
+  std::string gemm_policy = "auto";
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -175,8 +175,10 @@ void register_generate(CLI::App& app) {
   command->add_option("--max-gamma", args->max_gamma, "--mode qspec: upper bound of adaptive gamma")
       ->capture_default_str();
   command->add_option("--gemm-policy", args->gemm_policy,
-                      "cuda: a GEMM policy map from `qspec tune` on this GPU (default: built-in crossovers)")
-      ->check(CLI::ExistingFile);
+                      "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "
+                      "(or $QSPEC_GEMM_POLICY_DIR) for this GPU and model, if any; none: built-in crossovers")
+      ->check(CLI::IsMember({"auto", "none"}) | CLI::ExistingFile)
+      ->capture_default_str();
   command->add_option("--device", args->device, "Where the model runs: cpu, or cuda (modes w16a16, w4a16, w4a8*, w4a4*, and qspec with a w4a8* / w4a4* draft)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

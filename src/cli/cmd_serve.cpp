@@ -173,9 +173,12 @@ void register_serve(CLI::App& app) {
                       "cuda: positions each sequence's GPU cache slot holds (0: the model's context)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  args->engine.gpu_gemm_policy = "auto";
   command->add_option("--gemm-policy", args->engine.gpu_gemm_policy,
-                      "cuda: a GEMM policy map from `qspec tune` on this GPU (default: built-in crossovers)")
-      ->check(CLI::ExistingFile);
+                      "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "
+                      "(or $QSPEC_GEMM_POLICY_DIR) for this GPU and model, if any; none: built-in crossovers")
+      ->check(CLI::IsMember({"auto", "none"}) | CLI::ExistingFile)
+      ->capture_default_str();
   command->add_option("--http-threads", args->http_threads, "HTTP worker threads (open connections served at once)")
       ->check(CLI::Range(2, 4096))
       ->capture_default_str();

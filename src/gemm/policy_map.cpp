@@ -1,6 +1,8 @@
 #include "gemm/policy_map.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -280,6 +282,41 @@ void PolicyMap::save(const std::string& path) const {
   QSPEC_CHECK(file.good(), "cannot write GEMM policy map ", path);
   file << to_json() << "\n";
   QSPEC_CHECK(file.good(), "writing GEMM policy map ", path, " failed");
+}
+
+std::vector<std::string> default_policy_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("QSPEC_GEMM_POLICY_DIR"); env != nullptr && *env != '\0') dirs.emplace_back(env);
+  dirs.emplace_back("bench/policies");
+#ifdef QSPEC_POLICY_DIR
+  dirs.emplace_back(QSPEC_POLICY_DIR);
+#endif
+  return dirs;
+}
+
+std::string find_policy_map(const std::vector<std::string>& dirs, const std::string& gpu,
+                            const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  namespace fs = std::filesystem;
+  for (const std::string& dir : dirs) {
+    std::error_code error;
+    if (!fs::is_directory(dir, error)) continue;
+    std::vector<fs::path> files;
+    for (const auto& item : fs::directory_iterator(dir, error))
+      if (item.path().extension() == ".json") files.push_back(item.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& file : files) {
+      try {
+        const PolicyMap map = PolicyMap::load(file.string());
+        if (map.gpu != gpu) continue;
+        bool covers = true;
+        for (const auto& [n, k] : shapes) covers = covers && map.contains("f16", n, k);
+        if (covers) return file.string();
+      } catch (const Error&) {
+        continue;  // not a policy map
+      }
+    }
+  }
+  return "";
 }
 
 }  // namespace qspec::gemm

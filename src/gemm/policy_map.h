@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace qspec::gemm {
@@ -117,5 +118,13 @@ class PolicyMap {
   static int64_t key(std::string_view activations, int64_t n, int64_t k);
   std::unordered_map<int64_t, Entry> entries_;
 };
+
+// Where `--gemm-policy auto` looks for maps, in order: $QSPEC_GEMM_POLICY_DIR, ./bench/policies,
+// and the bench/policies of the source tree qspec was built from.
+std::vector<std::string> default_policy_dirs();
+// The first map (*.json, by file name, directories in order) tuned on `gpu` whose f16 entries hold
+// every (n, k) of `shapes`; "" when there is none. Other JSON files and unreadable maps are skipped.
+std::string find_policy_map(const std::vector<std::string>& dirs, const std::string& gpu,
+                            const std::vector<std::pair<int64_t, int64_t>>& shapes);
 
 }  // namespace qspec::gemm

@@ -14,6 +14,7 @@
 #include "qspec/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -238,10 +239,18 @@ struct Engine::Impl {
     gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
     // QSpec verify runs return a logit row per token: gamma + 1 <= 17 a sequence.
     gpu_options.max_logit_rows = options.max_batch_size * 17;
-    if (!options.gpu_gemm_policy.empty())
+    // "auto": a map tuned on this GPU for this model's shapes when bench/policies has one; "none"
+    // or "": the built-in crossovers; anything else: a map file.
+    if (options.gpu_gemm_policy == "auto")
+      gpu_options.auto_gemm_policy = true;
+    else if (!options.gpu_gemm_policy.empty() && options.gpu_gemm_policy != "none")
       gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gpu_gemm_policy));
     // Throws (naming what is missing: a GPU, sm_80, memory, a supported model) before any request.
     gpu = std::make_unique<GpuLlama>(model, runnable_mode(gpu_mode_name, "gpu_mode"), gpu_options);
+    if (options.gpu_gemm_policy == "auto")
+      std::fprintf(stderr, "qspec: GEMM policy: %s\n",
+                   gpu->gemm_policy_source().empty() ? "built-in crossovers (no map for this GPU and model)"
+                                                     : gpu->gemm_policy_source().c_str());
     gpu_slot_owner.assign(static_cast<size_t>(options.max_batch_size), 0);
 #else
     fail("engine: device cuda: this qspec was built without the CUDA backend (configure with -DQSPEC_CUDA=ON on a "

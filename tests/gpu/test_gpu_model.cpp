@@ -6,6 +6,8 @@
 // comparison runs (default 40; 400 for the full check of the issue).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -403,4 +405,26 @@ TEST(GpuModel, GemmPolicyMapsDriveTheGemmsAndKeepTheOutput) {
   auto foreign = std::make_shared<qspec::gemm::PolicyMap>(tuned);
   foreign->gpu = "NVIDIA B200";
   EXPECT_THROW(decode(foreign, "w4a16"), qspec::Error);
+
+  // --gemm-policy auto: the map tuned here is found for this model in $QSPEC_GEMM_POLICY_DIR; a
+  // directory holding only another GPU's map leaves the built-in crossovers.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "qspec-gpu-policies";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  foreign->save((dir / "a-foreign.json").string());
+  auto auto_source = [&] {
+    qspec::GpuLlamaOptions options;
+    options.max_seqs = 1;
+    options.max_context = 64;
+    options.auto_gemm_policy = true;
+    const qspec::GpuLlama gpu(*model, qspec::parse_run_mode("w4a16"), options);
+    return gpu.gemm_policy_source();
+  };
+  ::setenv("QSPEC_GEMM_POLICY_DIR", dir.c_str(), 1);
+  EXPECT_EQ(auto_source(), "");
+  tuned.save((dir / "b-tuned.json").string());
+  EXPECT_EQ(auto_source(), (dir / "b-tuned.json").string());
+  ::unsetenv("QSPEC_GEMM_POLICY_DIR");
+  fs::remove_all(dir);
 }

@@ -2,7 +2,11 @@
 // and clear errors for bad maps. The GPU side (tuner, dispatcher) is in tests/gpu.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <unistd.h>
+#include <vector>
 
 #include "gemm/policy_map.h"
 #include "qspec/error.h"
@@ -160,4 +164,34 @@ TEST(PolicyMap, CommittedH100MapsLoad) {
     EXPECT_EQ(map.gpu, "NVIDIA H100 80GB HBM3") << model;
     EXPECT_EQ(map.shapes(), 24u) << model;  // 4 shapes x (f16, int8, int4, fp8, nvfp4, mxfp4)
   }
+}
+
+// `--gemm-policy auto`: the first map tuned on this GPU whose f16 entries cover every shape of the
+// model; maps of other GPUs, maps missing a shape and JSON that is no map are passed over.
+TEST(PolicyMap, FindsTheMapForThisGpuAndModel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("qspec-policies-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& gpu, std::vector<std::pair<int64_t, int64_t>> shapes) {
+    PolicyMap map;
+    map.gpu = gpu;
+    for (auto [n, k] : shapes) map.set("f16", n, k, 128, {{8, Strategy::small_m_v1}});
+    map.save((dir / name).string());
+  };
+  write("a-other-gpu.json", "NVIDIA B200", {{6144, 4096}, {4096, 4096}});
+  write("b-missing-shape.json", "NVIDIA H100 80GB HBM3", {{6144, 4096}});
+  write("c-match.json", "NVIDIA H100 80GB HBM3", {{6144, 4096}, {4096, 4096}, {1, 1}});
+  write("d-also-match.json", "NVIDIA H100 80GB HBM3", {{6144, 4096}, {4096, 4096}});
+  std::ofstream(dir / "0-not-a-map.json") << "{\"hello\": 1}";
+  const std::vector<std::pair<int64_t, int64_t>> model = {{6144, 4096}, {4096, 4096}};
+  EXPECT_EQ(qspec::gemm::find_policy_map({"/no/such/dir", dir.string()}, "NVIDIA H100 80GB HBM3", model),
+            (dir / "c-match.json").string());
+  EXPECT_EQ(qspec::gemm::find_policy_map({dir.string()}, "NVIDIA A100", model), "");
+  EXPECT_EQ(qspec::gemm::find_policy_map({dir.string()}, "NVIDIA H100 80GB HBM3", {{5, 5}}), "");
+  fs::remove_all(dir);
+  // The committed maps are found for their models from the source tree.
+  EXPECT_EQ(qspec::gemm::find_policy_map({std::string(QSPEC_SOURCE_DIR) + "/bench/policies"}, "NVIDIA H100 80GB HBM3",
+                                         {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}}),
+            std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h100-80gb-hbm3-llama3-8b.json");
 }

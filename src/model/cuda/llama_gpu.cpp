@@ -226,6 +226,7 @@ struct GpuLlama::State {
     fail("GPU model: f16 activations are not quantized");
   }
   std::shared_ptr<const gemm::PolicyMap> gemm_policy;  // null: the kernels' own crossovers
+  std::string gemm_policy_source;
   // Installs a policy map: checks its GPU, makes the bit-plane weight copy of each shape whose
   // entries run Bitwise (frees the others), drops captured graphs (they baked in the old picks).
   void apply_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
@@ -445,7 +446,20 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   attention_workspace = allocate(attention_workspace_bytes, "attention workspace");
   cuda::attention_workspace_init(attention_workspace.get(), attention_workspace_bytes, stream);
   cuda::stream_synchronize(stream);
-  apply_gemm_policy(options.gemm_policy);
+  std::shared_ptr<const gemm::PolicyMap> policy = options.gemm_policy;
+  gemm_policy_source = policy ? "given" : "";
+  if (!policy && options.auto_gemm_policy && quantized) {
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const Layer& layer : layers)
+      for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+        if (linear->quantized) shapes.emplace_back(linear->n, linear->k);
+    const std::string found = gemm::find_policy_map(gemm::default_policy_dirs(), cuda::device_name(), shapes);
+    if (!found.empty()) {
+      policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(found));
+      gemm_policy_source = found;
+    }
+  }
+  apply_gemm_policy(std::move(policy));
 }
 
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tokens)
@@ -782,8 +796,11 @@ void GpuLlama::truncate(int64_t seq, int64_t new_length) {
 const ModelConfig& GpuLlama::config() const { return state_->config; }
 int64_t GpuLlama::max_context() const { return state_->max_context; }
 void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
+  state_->gemm_policy_source = policy ? "given" : "";
   state_->apply_gemm_policy(std::move(policy));
 }
+
+const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
 
 int64_t GpuLlama::graphs_captured() const { return static_cast<int64_t>(state_->decode_graphs.size()); }
 

@@ -42,6 +42,9 @@ struct GpuLlamaOptions {
   // GPU): every 4-bit GEMM runs the strategy it picks for its (activations, n, k, m). Null: the
   // kernels' built-in crossovers.
   std::shared_ptr<const gemm::PolicyMap> gemm_policy;
+  // Without gemm_policy: look for a map tuned on this GPU that covers this model's GEMM shapes
+  // (gemm::find_policy_map over gemm::default_policy_dirs) and use it when there is one.
+  bool auto_gemm_policy = false;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
@@ -114,6 +117,9 @@ class GpuLlama {
   size_t weight_bytes() const;  // what one decode step reads of weights (lm_head included, embedding not)
   size_t kv_bytes_per_position() const;  // K + V of one position, all layers
   int64_t graphs_captured() const;
+  // Where the GEMM policy came from: the map file auto_gemm_policy found, "given" for
+  // GpuLlamaOptions::gemm_policy / set_gemm_policy, "" for the built-in crossovers.
+  const std::string& gemm_policy_source() const;
 
  private:
   GpuLlama() = default;
