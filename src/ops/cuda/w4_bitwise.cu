@@ -5,15 +5,9 @@
 #include "ops/cuda/kernels/w4_bitwise.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/w4_detail.h"
 
 namespace qspec::cuda {
-namespace detail {  // w4a16_gemm.cu
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);
-kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
-                                        const char* who);
-kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, quant::Format format,
-                                             int64_t first_token);
-}  // namespace detail
 
 namespace {
 

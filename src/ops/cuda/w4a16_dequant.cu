@@ -1,12 +1,9 @@
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_dequant.cuh"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/w4_detail.h"
 
 namespace qspec::cuda {
-namespace detail {
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);  // w4a16_gemm.cu
-}
-
 void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream) {
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
   QSPEC_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "cuda::w4a16_dequantize: out must be 16-byte aligned");

@@ -4,6 +4,7 @@
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/w4_detail.h"
 
 namespace qspec::cuda {
 namespace detail {

@@ -4,14 +4,9 @@
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/kernels/w4a16_tiled.cuh"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/w4_detail.h"
 
 namespace qspec::cuda {
-namespace detail {  // w4a16_gemm.cu
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);
-kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
-                                        const char* who);
-}  // namespace detail
-
 namespace {
 
 // The tiles (W4A16TiledConfig::tile), as <MT, RPW, WARPS, CH, STAGES, MIN_BLOCKS>: every one

@@ -43,6 +43,14 @@ __device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) {
   }
 }
 
+// The split-K tail every 4-bit kernel shares, called by all threads of a block once it has
+// written its partials: the last block of output tile `counter` to arrive (atomic counter) sums
+// every split's partials in split order into y (splitk_fixup) and resets the counter for the
+// next launch; the other blocks return.
+template <int THREADS>
+__device__ __forceinline__ void splitk_finish(unsigned* counters, int counter, int splits, const float* partials,
+                                              __half* y, int64_t ldy, int m, int n, int row_begin, int tile_rows);
+
 // Split-K fix-up by the last block of a row tile: y[token, row] = f16(sum over splits, in
 // split order) of partials[(split * m + token) * n + row] for rows row_begin .. + tile_rows.
 // Latency-bound (every partial is an L2 read), so each thread keeps 2 items x 4 splits of
@@ -138,6 +146,20 @@ __device__ __forceinline__ void splitk_fixup(const float* __restrict__ partials,
       y[static_cast<int64_t>(item / tile_rows) * ldy + row_begin + item % tile_rows] = __float2half_rn(sum[b]);
     }
   }
+}
+
+template <int THREADS>
+__device__ __forceinline__ void splitk_finish(unsigned* counters, int counter, int splits, const float* partials,
+                                              __half* y, int64_t ldy, int m, int n, int row_begin, int tile_rows) {
+  __shared__ unsigned last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&counters[counter], 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  splitk_fixup<THREADS>(partials, y, ldy, m, n, splits, row_begin, tile_rows);
+  if (threadIdx.x == 0) counters[counter] = 0;  // ready for the next launch
 }
 
 }  // namespace qspec::cuda::kernels

@@ -209,16 +209,9 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
   }
   if (p.splits == 1) return;
 
-  __shared__ unsigned last_block;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[tile], 1u) == static_cast<unsigned>(p.splits - 1);
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  const int row_begin = tile * Shape::kRows, tile_rows = min(Shape::kRows, p.w.n - row_begin);
-  splitk_fixup<WARPS * 32>(p.partials, p.y, p.ldy, p.m, p.w.n, p.splits, row_begin, tile_rows);
-  if (threadIdx.x == 0) p.counters[tile] = 0;  // ready for the next launch
+  const int row_begin = tile * Shape::kRows;
+  splitk_finish<WARPS * 32>(p.counters, tile, p.splits, p.partials, p.y, p.ldy, p.m, p.w.n, row_begin,
+                            min(Shape::kRows, p.w.n - row_begin));
 }
 
 }  // namespace qspec::cuda::kernels

@@ -292,18 +292,10 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   if (p.splits == 1) return;
 
   // Split-K fix-up: the last block to finish this (row tile, M tile) sums the partials in split order.
-  const int counter = row_tile * p.m_tiles + m_tile;
-  __shared__ unsigned last_block;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[counter], 1u) == static_cast<unsigned>(p.splits - 1);
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  const int row_begin = row_tile * Tile::kRows, tile_rows = min(Tile::kRows, p.w.n - row_begin);
-  splitk_fixup<THREADS>(partials, p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, p.splits, row_begin,
-                        tile_rows);
-  if (threadIdx.x == 0) p.counters[counter] = 0;  // ready for the next launch
+  const int row_begin = row_tile * Tile::kRows;
+  splitk_finish<THREADS>(p.counters, row_tile * p.m_tiles + m_tile, p.splits, partials,
+                         p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, row_begin,
+                         min(Tile::kRows, p.w.n - row_begin));
 }
 
 }  // namespace qspec::cuda::kernels
