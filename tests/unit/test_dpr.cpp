@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "random_weights.h"
 #include "gemm/dpr.h"
 #include "qspec/error.h"
 
@@ -37,18 +38,7 @@ std::vector<int32_t> operand_values(std::mt19937& rng, const dpr::Operand& op, s
   return values;
 }
 
-qspec::QuantizedMatrix random_int4_matrix(std::mt19937& rng, int64_t rows, int64_t cols, int64_t group) {
-  std::normal_distribution<float> normal(0.0f, 0.05f);
-  qspec::WeightMatrix matrix;
-  matrix.name = "test.weight";
-  matrix.dtype = qspec::DType::F32;
-  matrix.rows = rows;
-  matrix.cols = cols;
-  matrix.owned.resize(static_cast<size_t>(rows * cols));
-  for (float& v : matrix.owned) v = normal(rng);
-  matrix.data = matrix.owned.data();
-  return qspec::quantize_rtn(matrix, qspec::quant::Format::int4, group);
-}
+using qspec::test::random_int4_matrix;
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "random_weights.h"
 #include "gemm/w4_bitplanes.h"
 #include "gemm/w4a16_pack.h"
 #include "qspec/error.h"
@@ -14,16 +15,7 @@ namespace {
 
 qspec::QuantizedMatrix random_int4(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
   std::mt19937 generator(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  qspec::WeightMatrix matrix;
-  matrix.name = "bitplanes.weight";
-  matrix.dtype = qspec::DType::F32;
-  matrix.rows = rows;
-  matrix.cols = cols;
-  matrix.owned.resize(static_cast<size_t>(rows * cols));
-  for (float& v : matrix.owned) v = normal(generator);
-  matrix.data = matrix.owned.data();
-  return qspec::quantize_rtn(matrix, qspec::quant::Format::int4, group);
+  return qspec::test::random_int4_matrix(generator, rows, cols, group, 1.0f);
 }
 
 }  // namespace

@@ -104,10 +104,7 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
           .bytes();
     };
     while (static_cast<size_t>(smem_for(splits)) > kSmemMax && splits < groups) ++splits;
-    while (splits > 1 && (workspace == nullptr ||
-                          detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * w.n) * sizeof(float) >
-                              workspace_bytes))
-      --splits;
+    splits = detail::splits_that_fit(splits, slice, w.n, workspace, workspace_bytes);
     QSPEC_CHECK(static_cast<size_t>(smem_for(splits)) <= kSmemMax, who, ": k ", w.k,
                 " needs more split-K workspace than given (", workspace_bytes, " bytes)");
     kernels::W4A16SmallMParams params{};
@@ -118,8 +115,7 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
     params.m = static_cast<int>(slice);
     params.splits = static_cast<int>(splits);
     params.counters = static_cast<unsigned*>(workspace);
-    params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
-                                 : nullptr;
+    params.partials = detail::splitk_partials(workspace, splits);
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
     const size_t smem = static_cast<size_t>(smem_for(splits));
     if (act_bits == 8) launch_tiles<8>(tiles, params, grid, smem, s);

@@ -84,14 +84,10 @@ void launch_register_ring(kernels::W4A16SmallMParams params, int variant, const 
                        : std::min<int64_t>((3 * sms + row_tiles - 1) / row_tiles,
                                            detail::w4a16_max_splits(slice, layout.k));
   splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
-  while (splits > 1 && (workspace == nullptr ||
-                        detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * layout.n) * sizeof(float) >
-                            workspace_bytes))
-    --splits;
+  splits = detail::splits_that_fit(splits, slice, layout.n, workspace, workspace_bytes);
   params.splits = static_cast<int>(splits);
   params.counters = static_cast<unsigned*>(workspace);
-  params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
-                               : nullptr;
+  params.partials = detail::splitk_partials(workspace, splits);
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
   const int v = mt == 8 || variant > 2 ? 2 : variant;
   QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",
@@ -203,10 +199,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
                                          : std::min<int64_t>(static_cast<int64_t>(per_sm) * sms / tiles,
                                                              detail::w4a16_max_splits(slice, w.k));
       splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
-      while (splits > 1 && (workspace == nullptr ||
-                            detail::kW4A16CounterBytes + static_cast<size_t>(splits * slice * w.n) * sizeof(float) >
-                                workspace_bytes))
-        --splits;
+      splits = detail::splits_that_fit(splits, slice, w.n, workspace, workspace_bytes);
       params.w = layout;
       params.a = kernels::ActivationRows{xh + m0 * ldx, ldx, nullptr, 0, 0};
       params.y = yh + m0 * ldy;
@@ -214,8 +207,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       params.m = static_cast<int>(slice);
       params.splits = static_cast<int>(splits);
       params.counters = static_cast<unsigned*>(workspace);
-      params.partials = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes)
-                                   : nullptr;
+      params.partials = detail::splitk_partials(workspace, splits);
       stream_launch(static_cast<int>(w.group), mt, variant, params,
                     dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), s);
       continue;

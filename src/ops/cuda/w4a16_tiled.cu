@@ -108,10 +108,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   const int64_t group_units = layout.full_chunks / std::max<int64_t>(1, w.group / 64);
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
   if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
-  while (splits > 1 && (workspace == nullptr || detail::kW4A16CounterBytes +
-                                                        static_cast<size_t>(splits * m * w.n) * sizeof(float) >
-                                                    workspace_bytes))
-    --splits;
+  splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
 
   params.w = layout;
   params.y = reinterpret_cast<__half*>(y);
@@ -120,8 +117,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   params.m_tiles = static_cast<int>(m_tiles);
   params.splits = static_cast<int>(splits);
   params.counters = static_cast<unsigned*>(workspace);
-  params.partials =
-      splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes) : nullptr;
+  params.partials = detail::splitk_partials(workspace, splits);
   kernel.launch(params, dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(row_tiles),
                              static_cast<unsigned>(splits)),
                 as_stream(stream));

@@ -158,8 +158,9 @@ __global__ __launch_bounds__(WARPS * 32) void w4_bitwise_kernel(const W4A16Small
     }
   }
 
-  // Lanes of one (quad row, token): int8 every lane with the same g / 4 (lane bit 4); int4 also
-  // the same t / 2 (lane bit 1).
+  // Lanes of one (quad row, token) add their partials (int8: every lane with the same g / 4, lane
+  // bit 4; int4 also the same t / 2, lane bit 1); one lane of each writes the sum.
+  const bool writer = (g & 3) == 0 && (t & 1) == 0 && (ACT_BITS == 4 || t == 0) && tile * WARPS + warp < p.w.row_blocks;
 #pragma unroll
   for (int q = 0; q < 4; ++q)
 #pragma unroll
@@ -171,25 +172,13 @@ __global__ __launch_bounds__(WARPS * 32) void w4_bitwise_kernel(const W4A16Small
         if (ACT_BITS == 8) v += __shfl_xor_sync(0xffffffffu, v, 2);
         v += __shfl_xor_sync(0xffffffffu, v, 4);
         v += __shfl_xor_sync(0xffffffffu, v, 8);
-        acc[q][tt][h] = v;
+        const int row = rb * 16 + 4 * q + 2 * h + (g >> 2);
+        const int token = tt * TPT + token_in_tile;
+        if (!writer || row >= p.w.n || token >= p.m) continue;
+        if (ACT_BITS == 8) v *= __ldg(p.a.scales + token);
+        if (p.splits == 1) p.y[static_cast<int64_t>(token) * p.ldy + row] = __float2half_rn(v);
+        else p.partials[(static_cast<int64_t>(split) * p.m + token) * p.w.n + row] = v;
       }
-  const bool writer = (g & 3) == 0 && (t & 1) == 0 && (ACT_BITS == 4 || t == 0);
-  if (writer && tile * WARPS + warp < p.w.row_blocks) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int tt = 0; tt < TILES; ++tt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = rb * 16 + 4 * q + 2 * h + (g >> 2);
-          const int token = tt * TPT + token_in_tile;
-          if (row >= p.w.n || token >= p.m) continue;
-          float v = acc[q][tt][h];
-          if (ACT_BITS == 8) v *= __ldg(p.a.scales + token);
-          if (p.splits == 1) p.y[static_cast<int64_t>(token) * p.ldy + row] = __float2half_rn(v);
-          else p.partials[(static_cast<int64_t>(split) * p.m + token) * p.w.n + row] = v;
-        }
-  }
   if (p.splits == 1) return;
 
   const int row_begin = tile * ROWS;

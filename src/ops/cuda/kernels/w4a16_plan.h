@@ -22,6 +22,20 @@ inline int64_t w4a16_max_splits(int64_t m, int64_t k) {
   return std::min({by_chunks, by_partials, kW4A16MaxSplits});
 }
 
+// The most split-K partitions, at most `splits`, whose f32 partials (splits x m x n, after the
+// counters) the workspace holds; 1 without a workspace.
+inline int64_t splits_that_fit(int64_t splits, int64_t m, int64_t n, const void* workspace, size_t workspace_bytes) {
+  while (splits > 1 && (workspace == nullptr ||
+                        kW4A16CounterBytes + static_cast<size_t>(splits * m * n) * sizeof(float) > workspace_bytes))
+    --splits;
+  return splits;
+}
+
+// Where the split-K partials start in the workspace (after the counters); null for one split.
+inline float* splitk_partials(void* workspace, int64_t splits) {
+  return splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + kW4A16CounterBytes) : nullptr;
+}
+
 inline size_t w4a16_small_m_workspace(int64_t m, int64_t n, int64_t k) {
   const int64_t slice = std::min(m, kW4A16MaxSliceM);
   return kW4A16CounterBytes + static_cast<size_t>(w4a16_max_splits(slice, k) * slice * n) * sizeof(float);
