@@ -35,8 +35,9 @@ enum class Strategy : uint8_t {
   dequant_cublas,
   split_small_m,  // int8 only: DPR Split, activations {4, 4} on two s8 mma (small-M kernel, variant 1)
   bitwise_b1,     // int8 / int4, weight groups of 128: DPR Bitwise, 1-bit planes on b1 mma and.popc
+  s8_wide_128x128,  // int8, k % 128 == 0: weights unpacked once per 128 x 128 block (large M, compute-bound)
 };
-inline constexpr int kStrategies = 11;
+inline constexpr int kStrategies = 12;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.

@@ -10,10 +10,14 @@
 //
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
 //        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
+//        [--int8]
 // --variants: small-M kernel variants (m <= 128); --tiles: tiled kernel tiles (every m; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
+// --int8: W4A8 instead (int8 activations quantized on the GPU, the tiled kernel's tiles), with
+// the measured mma.sync peaks (s8, f16) and cuBLAS's plain int8 GEMM (int8 weights, int32 out) as
+// the baseline; rows report TOP/s and the fraction of the s8 peak (the large-M, compute-bound view).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,7 +58,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string out_path = argv[1];
-  bool quick = false, baselines = true, profile = false;
+  bool quick = false, baselines = true, profile = false, int8 = false;
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> variants = {1, 2, 3, 4};
@@ -77,6 +82,7 @@ int main(int argc, char** argv) {
     if (arg == "--quick") quick = true;
     else if (arg == "--no-baselines") baselines = false;
     else if (arg == "--profile") profile = true;
+    else if (arg == "--int8") int8 = true;
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
     else if (arg == "--splits" && i + 1 < argc) split_list = parse_list(argv[++i]);
@@ -133,6 +139,12 @@ int main(int argc, char** argv) {
                   reps, memcpy_gbps, kernel_copy_gbps, read_gbps, copy_gbps);
     }
 
+    double s8_peak = 0, f16_peak = 0;
+    if (int8) {
+      s8_peak = cuda::mma_sync_peak_tops(cuda::MmaType::s8, stream);
+      f16_peak = cuda::mma_sync_peak_tops(cuda::MmaType::f16, stream);
+      std::printf("mma.sync peak: s8 %.0f TOP/s, f16 %.0f TFLOP/s\n", s8_peak, f16_peak);
+    }
     const std::vector<Shape> shapes = {{"qkv", 4096 + 2 * 1024, 4096},
                                        {"o", 4096, 4096},
                                        {"gate_up", 2 * 14336, 4096},
@@ -179,11 +191,25 @@ int main(int argc, char** argv) {
       cuda::DeviceMemory small_workspace(small_ws), tiled_workspace(tiled_ws), dequant_workspace(dequant_ws);
       cuda::w4a16_workspace_init(small_workspace.get(), small_ws, stream);
       cuda::w4a16_workspace_init(tiled_workspace.get(), tiled_ws, stream);
+      // --int8: the activations as int8 codes + token scales (quantized once), int8 weights and
+      // an int32 output for cuBLAS's int8 GEMM.
+      std::optional<cuda::DeviceMemory> xq, x_scales, w8, y32;
+      if (int8) {
+        xq.emplace(static_cast<size_t>(max_m * shape.k));
+        x_scales.emplace(static_cast<size_t>(max_m) * 4);
+        cuda::quantize_int8_rows(x.as<uint16_t>(), max_m, shape.k, shape.k, xq->as<int8_t>(), shape.k,
+                                 x_scales->as<float>(), stream);
+        if (baselines) {
+          w8.emplace(static_cast<size_t>(shape.n * shape.k));
+          cuda::fill_random_u32(w8->as<uint32_t>(), static_cast<size_t>(shape.n * shape.k) / 4, 400, stream);
+          y32.emplace(static_cast<size_t>(max_m * shape.n) * 4);
+        }
+      }
       cuda::stream_synchronize(stream);
 
       for (int64_t m : ms) {
         const double flops = 2.0 * m * shape.n * shape.k;
-        const double io_bytes = static_cast<double>(m * shape.k * 2 + m * shape.n * 2);
+        const double io_bytes = static_cast<double>(m * shape.k * (int8 ? 1 : 2) + m * shape.n * 2);
         auto report = [&](const std::string& path, const cuda::ReplayTimes& t, double weight_bytes, int batch) {
           const double seconds = median(t.ms) * 1e-3;
           const double bytes = weight_bytes + io_bytes;
@@ -193,6 +219,10 @@ int main(int argc, char** argv) {
                       t.graph ? "yes" : "no");
           std::vector<float> sorted = t.ms;
           std::sort(sorted.begin(), sorted.end());
+          const double tops = flops / seconds / 1e12;
+          const double peak = int8 ? s8_peak : 0.0;
+          if (peak > 0) std::printf("%-8s %5s %-24s %10s %9s %7s %8.1f%% of the s8 mma.sync peak\n", "", "", "", "", "",
+                                    "", 100.0 * tops / peak);
           results.push_back({{"shape", shape.name},
                              {"n", shape.n},
                              {"k", shape.k},
@@ -207,10 +237,42 @@ int main(int argc, char** argv) {
                              {"fraction_of_copy_bw", gbps / copy_gbps},
                              {"tflops", flops / seconds / 1e12},
                              {"graph", t.graph},
+                             {"fraction_of_s8_mma_peak", peak > 0 ? nlohmann::json(tops / peak) : nlohmann::json()},
                              {"launches_per_replay", batch}});
           std::fflush(stdout);
         };
         const int w4_batch = std::max(8, w4_copies), w16_batch = std::max(8, w16_copies);
+        if (int8) {
+          const cuda::QuantizedActivations xa = cuda::int8_activations(xq->as<int8_t>(), x_scales->as<float>(), shape.k);
+          for (int tile : tiles) {
+            const cuda::W4A16TiledConfig config{tile, 0};
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4_quantized_gemm_tiled(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                tiled_workspace.get(), tiled_ws, s, config);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a8_tiled_" + cuda::w4a16_tiled_tile_name(tile), t, static_cast<double>(w4_bytes), w4_batch);
+          }
+          if (cuda::w4_s8_wide_supports(views[0], qspec::quant::Format::int8)) {
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4_quantized_gemm_s8_wide(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a8_s8_wide_128x128", t, static_cast<double>(w4_bytes), w4_batch);
+          }
+          if (baselines) {
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int) {
+                  cuda::gemm_s8_cublas(blas, xq->as<int8_t>(), m, shape.k, w8->as<int8_t>(), shape.n,
+                                       y32->as<int32_t>(), s);
+                },
+                8, warmup, reps, stream);
+            report("cublas_s8_int32_out", t, static_cast<double>(shape.n * shape.k), 8);
+          }
+          continue;
+        }
         if (m <= 128) {
           for (int variant : variants)
           for (int64_t splits : split_list)
@@ -282,7 +344,9 @@ int main(int argc, char** argv) {
     }
     cuda::destroy_stream(stream);
 
-    nlohmann::json record = {{"benchmark", "w4a16_gemm"},
+    nlohmann::json record = {{"benchmark", int8 ? "w4a8_gemm" : "w4a16_gemm"},
+                             {"s8_mma_sync_peak_tops", int8 ? nlohmann::json(s8_peak) : nlohmann::json()},
+                             {"f16_mma_sync_peak_tflops", int8 ? nlohmann::json(f16_peak) : nlohmann::json()},
                              {"gpu", gpu},
                              {"commit", commit},
                              {"command", command},

@@ -1037,6 +1037,117 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
                qspec::Error);  // no scales
 }
 
+// The s8 kernels keep each group sum in s32 started at the bits of 1.5 * 2^23 and read it as an
+// f32 (w4_activation.cuh: exact while |sum| < 2^22). Here every product of a group has the
+// largest magnitude the codes allow (weights +-7 or -8, activations +-127), with both signs, so
+// the sums sit at their extremes: the result must still equal the CPU's exact sums.
+TEST_F(Gpu, W4A8GroupSumsAtTheirExtremesAreExact) {
+  const int64_t n = 48, k = 4096;
+  qspec::WeightMatrix matrix;
+  matrix.name = "gpu.extreme";
+  matrix.dtype = qspec::DType::F32;
+  matrix.rows = n;
+  matrix.cols = k;
+  matrix.owned.resize(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) matrix.owned[r * k + c] = (r % 3 == 0 ? -0.05f : 0.05f) * (r % 2 ? 1.0f : 0.5f);
+  matrix.data = matrix.owned.data();
+  const qspec::QuantizedMatrix weight = qspec::quantize_rtn(matrix, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  qspec::ActivationMode int8_mode;
+  int8_mode.kind = qspec::ActivationMode::Kind::quantized;
+  int8_mode.format = qspec::quant::Format::int8;
+  for (int64_t m : {1, 8, 64, 200}) {
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t c = 0; c < k; ++c) x[t * k + c] = t % 2 ? -1.0f : 1.0f;  // codes +-127
+    const std::vector<float> expected = cpu_quantized_linear(x, m, k, k, int8_mode, weight);
+    auto d_x = upload(to_f16(x));
+    auto d_q = poisoned(static_cast<size_t>(m * k));
+    auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+    cuda::quantize_int8_rows(d_x.as<f16>(), m, k, k, d_q.as<int8_t>(), k, d_scales.as<float>(), nullptr);
+    const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled) +
+                         cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
+    cuda::DeviceMemory workspace(bytes);
+    cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+    for (int tile = 0; tile <= 5; ++tile) {  // 0: small-M, 1..4: tiled, 5: the wide kernel (sums 16 x)
+      auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+      if (tile == 5)
+        cuda::w4_quantized_gemm_s8_wide(cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), k), m, w.view,
+                                        d_y.as<f16>(), n, nullptr);
+      else if (tile == 0)
+        cuda::w4a8_gemm_small_m(d_q.as<int8_t>(), d_scales.as<float>(), m, k, w.view, d_y.as<f16>(), n,
+                                workspace.get(), bytes, nullptr);
+      else
+        cuda::w4a8_gemm_tiled(d_q.as<int8_t>(), d_scales.as<float>(), m, k, w.view, d_y.as<f16>(), n,
+                              workspace.get(), bytes, nullptr, {tile, 0});
+      const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * n));
+      std::vector<float> got(y.size());
+      for (size_t i = 0; i < y.size(); ++i) got[i] = qspec::f16_to_f32(y[i]);
+      // Every sum is exact on both sides, so only the f16 output rounding and f32 summation
+      // order across 32 groups of equal terms remain.
+      EXPECT_CLOSE(got, expected, 1e-3, "extreme group sums, m " + std::to_string(m) + " tile " + std::to_string(tile));
+    }
+  }
+}
+
+// The large-M W4A8 kernel (weights unpacked once per block, sums 16 x) against the CPU and,
+// bit for bit, against the tiled kernel without split-K (same sums, same group order): odd n and
+// m (partial row and token tiles, warps with no tokens), every weight group, k of one stage.
+TEST_F(Gpu, W4A8WideKernelEqualsTiledBitwiseAndMatchesCpu) {
+  using qspec::quant::Format;
+  struct Shape {
+    int64_t n, k, group;
+  };
+  qspec::ActivationMode int8_mode;
+  int8_mode.kind = qspec::ActivationMode::Kind::quantized;
+  int8_mode.format = Format::int8;
+  for (const Shape& s : {Shape{4097, 4096, 128}, Shape{136, 128, 32}, Shape{300, 384, 64}, Shape{1408, 14336, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, s.group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    ASSERT_TRUE(cuda::w4_s8_wide_supports(w.view, Format::int8));
+    for (int64_t m : {1, 7, 64, 65, 129, 300}) {
+      if (s.k > 4096 && m > 65) continue;  // the CPU reference's time
+      const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + 3;
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, int8_mode, weight);
+      auto d_x = upload(to_f16(x));
+      auto d_q = poisoned(static_cast<size_t>(m * ldq));
+      auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+      cuda::quantize_int8_rows(d_x.as<f16>(), m, s.k, ldx, d_q.as<int8_t>(), ldq, d_scales.as<float>(), nullptr);
+      const cuda::QuantizedActivations xa = cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), ldq);
+      const std::string what = "s8 wide m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
+                               std::to_string(s.k) + " g" + std::to_string(s.group);
+      auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_s8_wide(xa, m, w.view, d_y.as<f16>(), ldy, nullptr);
+      const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      auto d_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
+      ASSERT_EQ(y, download<f16>(d_ref, static_cast<size_t>(m * ldy))) << what << ": not the tiled kernel's bits";
+      std::vector<float> got(expected.size());
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
+      EXPECT_CLOSE(got, expected, 2e-3, what);
+      for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
+        for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+    }
+  }
+  // Refused: k not a multiple of 128, non-int8 activations.
+  const qspec::QuantizedMatrix odd = random_quantized(16, 96, Format::int4, 32);
+  DeviceW4 w_odd(qspec::gemm::pack_w4a16(odd));
+  EXPECT_FALSE(cuda::w4_s8_wide_supports(w_odd.view, Format::int8));
+  auto d_q = poisoned(256);
+  auto d_scales = poisoned(16);
+  auto d_y = poisoned(64);
+  EXPECT_THROW(cuda::w4_quantized_gemm_s8_wide(cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), 96), 1,
+                                               w_odd.view, d_y.as<f16>(), 16, nullptr),
+               qspec::Error);
+  EXPECT_FALSE(cuda::w4_s8_wide_supports(w_odd.view, Format::int4));
+}
+
 // ---- W4A4 / W4A8-fp8 activations: quantizer and GEMMs ----------------------------------------
 
 namespace {

@@ -112,7 +112,12 @@ TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "int4"));
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "int4"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "nvfp4"));
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "int8"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "int4"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "f16"));
   PolicyMap map;
+  EXPECT_THROW(map.set("int8", 4096, 4160, 64, {{1, Strategy::small_m_v1}, {1024, Strategy::s8_wide_128x128}}),
+               qspec::Error);  // k % 128 != 0
   EXPECT_THROW(map.set("int8", 4096, 4096, 64, {{8, Strategy::bitwise_b1}}), qspec::Error);
   EXPECT_THROW(map.set("f16", 4096, 4096, 128, {{8, Strategy::split_small_m}}), qspec::Error);
   map.set("int8", 4096, 4096, 128, {{8, Strategy::bitwise_b1}, {64, Strategy::tiled_256x32}});

@@ -50,6 +50,9 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::bitwise_b1:
       cuda::w4_quantized_gemm_bitwise(*x.quantized, m, w, w.bitplanes, y, ldy, workspace, workspace_bytes, stream);
       return;
+    case Strategy::s8_wide_128x128:
+      cuda::w4_quantized_gemm_s8_wide(*x.quantized, m, w, y, ldy, stream);
+      return;
   }
 }
 
@@ -62,6 +65,10 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     // sends there); a static or rule-based map may ask for it where it cannot run: the default.
     if (strategy == gemm::Strategy::bitwise_b1 &&
         (w.bitplanes == nullptr || x.quantized == nullptr || !cuda::w4_bitwise_supports(w, x.quantized->format)))
+      strategy = gemm::rule_based_strategy(x.activations(), m);
+    // The wide kernel needs k % 128 == 0 (a forced map may ask for it on any shape).
+    if (strategy == gemm::Strategy::s8_wide_128x128 &&
+        (x.quantized == nullptr || !cuda::w4_s8_wide_supports(w, x.quantized->format)))
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
@@ -147,6 +154,8 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
               m > 256)
             continue;
           if (strategy == Strategy::bitwise_b1 && (m > 16 || views[0].bitplanes == nullptr)) continue;  // 8 tokens a launch
+          if (strategy == Strategy::s8_wide_128x128 && (m < 32 || !cuda::w4_s8_wide_supports(views[0], format)))
+            continue;  // a 128-token tile: built for large M
           // Each GEMM is timed behind the kernel that feeds it in a decode step (the activation
           // quantizer, or an RMSNorm for f16), as the step launches them: under programmatic
           // dependent launch a GEMM's prologue overlaps its predecessor, which back-to-back

@@ -329,6 +329,20 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
 // The packed weights dequantized to f16 [n, k] row-major (the cuBLAS path's first half).
 void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 
+// ---- tensor-core ceilings (benchmarks) ----------------------------------------------------
+
+// The measured mma.sync throughput of one operand type over the whole GPU, TOP/s (s8:
+// m16n8k32 s8 -> s32; f16: m16n8k16 f16 -> f32), from a kernel that keeps 8 independent mma
+// chains a warp and 8 blocks of 256 threads a multiprocessor busy; median of 9 timed launches.
+enum class MmaType { s8, f16 };
+double mma_sync_peak_tops(MmaType type, void* stream);
+
+// cuBLAS's int8 GEMM, c[m, n] = a[m, k] b[n, k]^T in int32 (row-major, k % 4 == 0): the library
+// baseline of the W4A8 GEMM at large M (it has no group scales, so it bounds what an int8
+// tensor-core GEMM of the shape costs on this GPU).
+void gemm_s8_cublas(const Blas& blas, const int8_t* a, int64_t m, int64_t k, const int8_t* b, int64_t n, int32_t* c,
+                    void* stream);
+
 // ---- low-precision activations (W4A8) --------------------------------------------------
 
 // Per-token int8 quantization of f16 rows: quant::quantize_row(int8, activation) bit for bit on
@@ -414,6 +428,13 @@ bool w4_bitwise_supports(const W4A16Weights& w, quant::Format format);
 void w4_bitplanes_from_packed(const W4A16Weights& w, void* bitplanes, void* stream);
 void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const void* bitplanes,
                                f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream);
+
+// W4A8 for many tokens (kernels/w4_s8_wide.cuh): int8 activations, k % 128 == 0, weight groups
+// of 32 / 64 / 128 (w4_s8_wide_supports); the weights unpacked once per 128 x 128 block into
+// shared memory. Any m (no split-K, no workspace); bitwise the tiled kernel without split-K.
+bool w4_s8_wide_supports(const W4A16Weights& w, quant::Format format);
+void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                               int64_t ldy, void* stream);
 
 // W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
 inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {

@@ -38,6 +38,16 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint32_t (&a)[4]
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// d = a b + c (every accumulator starts at c): the first mma of a scale group, so the group sums
+// need no separate reset.
+__device__ __forceinline__ void mma_s8_16832_from(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                                  int c) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
+}
 
 // Four offset-binary nibbles, one per byte (bits 0..3 of each byte, u = 0..15), to int8 u - 8
 // with the bytes reordered (0, 2, 1, 3). Per byte (0x80 | u) - 8 never borrows from the next
@@ -68,6 +78,10 @@ struct ActF16 {
     mma_f16_16816(d, w.a[0], x.x, x.y);
     mma_f16_16816(d, w.a[1], x.z, x.w);
   }
+  // The first mma of a scale group (the sums were reset by the last flush; the s8 policy folds
+  // the reset into the mma instead).
+  __device__ static __forceinline__ void mma_first(GroupAcc (&d)[4], const Weights& w, const Frag& x) { mma(d, w, x); }
+  __device__ static __forceinline__ GroupAcc group_zero() { return 0.0f; }
   __device__ static __forceinline__ float to_float(GroupAcc v) { return v; }
 };
 
@@ -97,7 +111,19 @@ struct ActS8 {
   __device__ static __forceinline__ void mma(GroupAcc (&d)[4], const Weights& w, const Frag& x) {
     mma_s8_16832(d, w.a, x.x, x.y);
   }
-  __device__ static __forceinline__ float to_float(GroupAcc v) { return static_cast<float>(v); }
+  // Why the group sums start at a bias instead of 0: converting an s32 sum to f32 (I2F) runs at a
+  // quarter of the FP32 rate on sm_90 and was the tiled kernel's limit at large M (one conversion
+  // per accumulator per group: 8 pipe cycles a warp, more than the mma it follows). A sum that
+  // starts at the bit pattern of 1.5 * 2^23 stays a float of that binade while |sum| < 2^22 (a
+  // group sum is at most 128 x 8 x 128 = 2^17), so the float is exactly 1.5 * 2^23 + sum and one
+  // full-rate subtraction gives the sum exactly: the same f32 as static_cast<float>(sum).
+  static constexpr int kGroupBias = 0x4B400000;       // bits of 12582912.0f = 1.5 * 2^23
+  static constexpr float kGroupBiasValue = 12582912.0f;
+  __device__ static __forceinline__ GroupAcc group_zero() { return kGroupBias; }
+  __device__ static __forceinline__ void mma_first(GroupAcc (&d)[4], const Weights& w, const Frag& x) {
+    mma_s8_16832_from(d, w.a, x.x, x.y, kGroupBias);
+  }
+  __device__ static __forceinline__ float to_float(GroupAcc v) { return __int_as_float(v) - kGroupBiasValue; }
 };
 
 struct ActS8Grouped : ActS8 {
@@ -114,11 +140,9 @@ struct ActS8Split : ActS8 {
   using Frag = uint4;  // hi.x, hi.y, lo.x, lo.y
   struct GroupAcc {
     int hi = 0, lo = 0;
-    __device__ GroupAcc& operator=(int v) {
-      hi = lo = v;
-      return *this;
-    }
   };
+  __device__ static __forceinline__ GroupAcc group_zero() { return GroupAcc{}; }
+  __device__ static __forceinline__ void mma_first(GroupAcc (&d)[4], const Weights& w, const Frag& x) { mma(d, w, x); }
   __device__ static __forceinline__ Frag split(uint2 v) {
     // Per byte: hi = sign-extended bits 4..7 ((n ^ 8) - 8 without borrows, as int4_bytes_to_s8),
     // lo = bits 0..3.
@@ -185,7 +209,7 @@ __device__ __forceinline__ void flush_group(float (&acc)[MT][4], typename Act::G
     acc[nt][2] = fmaf(s10, Act::to_float(gacc[nt][2]), acc[nt][2]);
     acc[nt][3] = fmaf(s11, Act::to_float(gacc[nt][3]), acc[nt][3]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) gacc[nt][e] = 0;
+    for (int e = 0; e < 4; ++e) gacc[nt][e] = Act::group_zero();
   }
 }
 
@@ -199,7 +223,7 @@ __device__ __forceinline__ void zero_accumulators(float (&acc)[RPW][MT][4], type
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         acc[r][nt][e] = 0.0f;
-        gacc[r][nt][e] = 0;
+        gacc[r][nt][e] = Act::group_zero();
       }
 }
 

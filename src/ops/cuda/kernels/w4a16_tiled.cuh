@@ -237,7 +237,10 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
         for (int nt = 0; nt < MT; ++nt) {
           const typename Act::Frag xf = Act::load_shared(xs + x_off + nt * 8 * XH);
 #pragma unroll
-          for (int r = 0; r < RPW; ++r) Act::mma(gacc[r][nt], a[r], xf);
+          for (int r = 0; r < RPW; ++r) {
+            if ((2 * ch + hp) % PPG == 0) Act::mma_first(gacc[r][nt], a[r], xf);  // static: a group starts
+            else Act::mma(gacc[r][nt], a[r], xf);
+          }
         }
         if ((2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
 #pragma unroll

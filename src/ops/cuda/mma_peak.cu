@@ -1,0 +1,88 @@
+// Tensor-core ceilings for the roofline of compute-bound kernels, measured rather than taken
+// from a data sheet: the mma.sync throughput of the operand types the GEMMs use, and cuBLAS's
+// plain int8 GEMM (the library baseline the W4A8 kernel is compared with at large M).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4_activation.cuh"
+#include "ops/cuda/ops.h"
+
+namespace qspec::cuda {
+namespace {
+
+constexpr int kPeakChains = 8;  // independent accumulators a warp: enough to cover the mma latency
+
+// Every warp issues `iterations` x kPeakChains mma on register operands. The operands depend on
+// the thread (nothing folds) and the sums go to `sink` only when an impossible value appears,
+// so the mma stay live without a store per warp.
+template <bool S8>
+__global__ __launch_bounds__(256) void mma_peak_kernel(int iterations, uint32_t* sink) {
+  const uint32_t seed = threadIdx.x * 0x9e3779b9u + blockIdx.x;
+  uint32_t a[4] = {seed, seed ^ 0x55555555u, seed + 7u, seed * 3u};
+  const uint32_t b0 = seed ^ 0x0f0f0f0fu, b1 = seed + 0x01010101u;
+  if constexpr (S8) {
+    int acc[kPeakChains][4] = {};
+    for (int i = 0; i < iterations; ++i)
+#pragma unroll
+      for (int c = 0; c < kPeakChains; ++c) kernels::mma_s8_16832(acc[c], a, b0, b1);
+    int x = 0;
+#pragma unroll
+    for (int c = 0; c < kPeakChains; ++c) x ^= acc[c][0] ^ acc[c][1] ^ acc[c][2] ^ acc[c][3];
+    if (x == 0x7fffffff) *sink = static_cast<uint32_t>(x);
+  } else {
+    // f16 operands kept finite and small: a = b = 2^-14-ish patterns would be denormal; use ~1.
+    for (uint32_t& v : a) v = (v & 0x03ff03ffu) | 0x3c003c00u;
+    const uint32_t h0 = (b0 & 0x03ff03ffu) | 0x3c003c00u, h1 = (b1 & 0x03ff03ffu) | 0x3c003c00u;
+    float acc[kPeakChains][4] = {};
+    for (int i = 0; i < iterations; ++i)
+#pragma unroll
+      for (int c = 0; c < kPeakChains; ++c) mma_f16_16816(acc[c], a, h0, h1);
+    float x = 0;
+#pragma unroll
+    for (int c = 0; c < kPeakChains; ++c) x += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    if (x == -1.0f) *sink = 1;
+  }
+}
+
+}  // namespace
+
+double mma_sync_peak_tops(MmaType type, void* stream_handle) {
+  cudaStream_t stream = as_stream(stream_handle);
+  DeviceMemory sink(16);
+  const bool s8 = type == MmaType::s8;
+  const int blocks = multiprocessor_count() * 8, threads = 256, iterations = 4096;
+  auto launch = [&] {
+    if (s8) mma_peak_kernel<true><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
+    else mma_peak_kernel<false><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
+    QSPEC_CUDA_CHECK_LAUNCH("mma_peak_kernel");
+  };
+  launch();  // warm-up (clocks up)
+  const ReplayTimes t = time_replays([&](void*, int) { launch(); }, 1, 2, 9, stream_handle);
+  std::vector<float> ms = t.ms;
+  std::sort(ms.begin(), ms.end());
+  const double seconds = ms[ms.size() / 2] * 1e-3;
+  // m16n8k32 s8: 16 * 8 * 32 multiply-adds; m16n8k16 f16: 16 * 8 * 16. Two ops each.
+  const double ops_per_mma = s8 ? 2.0 * 16 * 8 * 32 : 2.0 * 16 * 8 * 16;
+  const double mmas = static_cast<double>(blocks) * (threads / 32) * iterations * kPeakChains;
+  return mmas * ops_per_mma / seconds / 1e12;
+}
+
+void gemm_s8_cublas(const Blas& blas, const int8_t* a, int64_t m, int64_t k, const int8_t* b, int64_t n, int32_t* c,
+                    void* stream) {
+  QSPEC_CHECK(m > 0 && n > 0 && k > 0 && m < (1ll << 31) && n < (1ll << 31) && k < (1ll << 31) && k % 4 == 0,
+              "cuda::gemm_s8_cublas: bad shape m ", m, " n ", n, " k ", k, " (k % 4 == 0)");
+  cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
+  QSPEC_CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
+  const int32_t alpha = 1, beta = 0;
+  // Row-major c[m, n] = a[m, k] b[n, k]^T is column-major c^T (n x m) = b (k x n)^T a^T: the
+  // "TN" form cuBLAS's int8 tensor-core kernels need.
+  QSPEC_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                  static_cast<int>(k), &alpha, b, CUDA_R_8I, static_cast<int>(k), a, CUDA_R_8I,
+                                  static_cast<int>(k), &beta, c, CUDA_R_32I, static_cast<int>(n), CUBLAS_COMPUTE_32I,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace qspec::cuda
