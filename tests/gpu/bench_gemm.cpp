@@ -254,13 +254,15 @@ int main(int argc, char** argv) {
                 w4_batch, warmup, reps, stream);
             report("w4a8_tiled_" + cuda::w4a16_tiled_tile_name(tile), t, static_cast<double>(w4_bytes), w4_batch);
           }
-          if (cuda::w4_s8_wide_supports(views[0], qspec::quant::Format::int8)) {
+          for (int wide_tile : {1, 2}) {
+            if (!cuda::w4_s8_wide_supports(views[0], qspec::quant::Format::int8)) break;
             const cuda::ReplayTimes t = cuda::time_replays(
                 [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_s8_wide(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s);
+                  cuda::w4_quantized_gemm_s8_wide(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, wide_tile);
                 },
                 w4_batch, warmup, reps, stream);
-            report("w4a8_s8_wide_128x128", t, static_cast<double>(w4_bytes), w4_batch);
+            report(wide_tile == 1 ? "w4a8_s8_wide_128x128" : "w4a8_s8_wide_128x64", t, static_cast<double>(w4_bytes),
+                   w4_batch);
           }
           if (baselines) {
             const cuda::ReplayTimes t = cuda::time_replays(

@@ -1116,10 +1116,12 @@ TEST_F(Gpu, W4A8WideKernelEqualsTiledBitwiseAndMatchesCpu) {
       auto d_scales = poisoned(static_cast<size_t>(m) * 4);
       cuda::quantize_int8_rows(d_x.as<f16>(), m, s.k, ldx, d_q.as<int8_t>(), ldq, d_scales.as<float>(), nullptr);
       const cuda::QuantizedActivations xa = cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), ldq);
-      const std::string what = "s8 wide m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
+      const std::string base_what = "s8 wide m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
                                std::to_string(s.k) + " g" + std::to_string(s.group);
+      for (int tile : {1, 2}) {
+      const std::string what = base_what + " tile " + std::to_string(tile);
       auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
-      cuda::w4_quantized_gemm_s8_wide(xa, m, w.view, d_y.as<f16>(), ldy, nullptr);
+      cuda::w4_quantized_gemm_s8_wide(xa, m, w.view, d_y.as<f16>(), ldy, nullptr, tile);
       const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
@@ -1133,6 +1135,7 @@ TEST_F(Gpu, W4A8WideKernelEqualsTiledBitwiseAndMatchesCpu) {
       EXPECT_CLOSE(got, expected, 2e-3, what);
       for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
         for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+      }
     }
   }
   // Refused: k not a multiple of 128, non-int8 activations.

@@ -430,11 +430,12 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
                                f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes, void* stream);
 
 // W4A8 for many tokens (kernels/w4_s8_wide.cuh): int8 activations, k % 128 == 0, weight groups
-// of 32 / 64 / 128 (w4_s8_wide_supports); the weights unpacked once per 128 x 128 block into
-// shared memory. Any m (no split-K, no workspace); bitwise the tiled kernel without split-K.
+// of 32 / 64 / 128 (w4_s8_wide_supports); the weights unpacked once per block into shared
+// memory. tile 1: 128 rows x 128 tokens a block; 2: 128 x 64, two blocks a multiprocessor. Any m
+// (no split-K, no workspace); bitwise the tiled kernel without split-K.
 bool w4_s8_wide_supports(const W4A16Weights& w, quant::Format format);
 void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
-                               int64_t ldy, void* stream);
+                               int64_t ldy, void* stream, int tile = 1);
 
 // W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
 inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {

@@ -36,16 +36,20 @@
 
 namespace qspec::cuda::kernels {
 
+// MT n-tiles of 8 tokens a warp (8: 128 x 128 blocks, one a multiprocessor; 4: 128 x 64 blocks
+// with half the accumulators, two a multiprocessor), STAGES ring slots.
+template <int MT_, int STAGES_, int MIN_BLOCKS_>
 struct W4S8WideTile {
   static constexpr int kRowWarps = 4, kTokenWarps = 2;
-  static constexpr int RPW = 2, MT = 8;                   // a warp: 2 row blocks x 8 n-tiles
+  static constexpr int RPW = 2, MT = MT_;                 // a warp: 2 row blocks x MT n-tiles
+  static constexpr int kMinBlocks = MIN_BLOCKS_;
   static constexpr int kThreads = 32 * kRowWarps * kTokenWarps;
   static constexpr int kRowBlocks = kRowWarps * RPW;      // 8 x 16 = 128 rows
   static constexpr int kRows = kRowBlocks * 16;
-  static constexpr int kTokens = kTokenWarps * MT * 8;    // 128
+  static constexpr int kTokens = kTokenWarps * MT * 8;
   static constexpr int kStageK = 128;
   static constexpr int kPairs = kStageK / 32;             // 4 k pairs a stage
-  static constexpr int STAGES = 4;
+  static constexpr int STAGES = STAGES_;
   static constexpr int kWBytes = kRowBlocks * 2 * 512;    // packed: 2 chunks of 512 B a row block
   static constexpr int kXBytes = kTokens * kStageK;       // int8
   template <int G>
@@ -74,9 +78,8 @@ __device__ __forceinline__ uint32_t high_nibbles_x16(uint32_t w) {
   return __byte_perm((w & 0xf0f0f0f0u) ^ 0x80808080u, 0, 0x3120);
 }
 
-template <int G>
-__global__ __launch_bounds__(W4S8WideTile::kThreads, 1) void w4_s8_wide_kernel(const W4S8WideParams p) {
-  using T = W4S8WideTile;
+template <class T, int G>
+__global__ __launch_bounds__(T::kThreads, T::kMinBlocks) void w4_s8_wide_kernel(const W4S8WideParams p) {
   constexpr int STAGES = T::STAGES, PAIRS = T::kPairs, MT = T::MT, RPW = T::RPW;
   constexpr int PPG = G / 32;                 // k pairs a scale group
   constexpr int GPS = T::kStageK / G;         // scale groups a stage
@@ -89,7 +92,7 @@ __global__ __launch_bounds__(W4S8WideTile::kThreads, 1) void w4_s8_wide_kernel(c
   const int m0 = blockIdx.x * T::kTokens, row_tile = blockIdx.y;
   const int stages = p.w.k / T::kStageK;
   const int block_tokens = min(T::kTokens, p.m - m0);
-  // This warp's tokens: m0 + warp_tokens * 64 + [0, warp_m); warp_m <= 0: none (the warp still
+  // This warp's tokens: m0 + warp_tokens * MT * 8 + [0, warp_m); warp_m <= 0: none (the warp still
   // takes part in the loads, the unpack and the barriers).
   const int warp_first = m0 + warp_tokens * MT * 8, warp_m = min(MT * 8, p.m - warp_first);
 
