@@ -18,7 +18,7 @@ namespace {
 constexpr std::string_view kNames[kStrategies] = {
     "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
     "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-    "s8_wide_128x128"};
+    "s8_wide_128x128", "s8_wgmma_128x128"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -42,7 +42,7 @@ Strategy parse_strategy(std::string_view name) {
 bool strategy_supports(Strategy strategy, std::string_view activations) {
   if (strategy == Strategy::split_small_m) return activations == "int8";
   if (strategy == Strategy::bitwise_b1) return activations == "int8" || activations == "int4";
-  if (strategy == Strategy::s8_wide_128x128) return activations == "int8";
+  if (strategy == Strategy::s8_wide_128x128 || strategy == Strategy::s8_wgmma_128x128) return activations == "int8";
   if (activations == "f16") return true;
   return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;
 }
@@ -59,6 +59,10 @@ std::vector<Strategy> strategies_for(std::string_view activations) {
 Strategy rule_based_strategy(std::string_view activations, int64_t m) {
   if (m <= 8) return Strategy::small_m_v1;
   if (activations == "f16" && m > 128) return Strategy::dequant_cublas;
+  // Measured on the H100 (docs/perf-notes.md, "W4A8 GEMM at large M"): from 1024 tokens the
+  // wgmma kernel, unpack included, beats the tiled one (1.2-1.6x); the dispatcher falls back to
+  // the tiled kernel where it cannot run (not sm_90a, groups other than 128, no workspace).
+  if (activations == "int8" && m >= 1024) return Strategy::s8_wgmma_128x128;
   return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
 }
 
@@ -168,6 +172,9 @@ void PolicyMap::set(std::string_view activations, int64_t n, int64_t k, int64_t 
                 activations, " ", n, "x", k, ": strategy bitwise_b1 needs weight groups of 128 (group ", group, ")");
     QSPEC_CHECK(ranges[i].strategy != Strategy::s8_wide_128x128 || k % 128 == 0, "GEMM policy: ", activations, " ", n,
                 "x", k, ": strategy s8_wide_128x128 needs k % 128 == 0");
+    QSPEC_CHECK(ranges[i].strategy != Strategy::s8_wgmma_128x128 || (group == 128 && k % 128 == 0), "GEMM policy: ",
+                activations, " ", n, "x", k, ": strategy s8_wgmma_128x128 needs weight groups of 128 (group ", group,
+                ") and k % 128 == 0");
   }
   Entry entry{std::string(activations), n, k, group, std::move(ranges), {}};
   entry.by_m.resize(static_cast<size_t>(kDenseM + 1));
@@ -196,6 +203,7 @@ void PolicyMap::override_at(std::string_view activations, int64_t m, Strategy st
     if (entry.activations != activations) continue;
     if (strategy == Strategy::bitwise_b1 && (entry.group != 128 || entry.k % 128 != 0)) continue;
     if (strategy == Strategy::s8_wide_128x128 && entry.k % 128 != 0) continue;
+    if (strategy == Strategy::s8_wgmma_128x128 && (entry.group != 128 || entry.k % 128 != 0)) continue;
     entry.by_m[static_cast<size_t>(m)] = strategy;
     entry.by_m[0] = entry.by_m[1];
     // The ranges again from the dense table (the last one keeps covering every M beyond it).

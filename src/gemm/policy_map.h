@@ -36,8 +36,9 @@ enum class Strategy : uint8_t {
   split_small_m,  // int8 only: DPR Split, activations {4, 4} on two s8 mma (small-M kernel, variant 1)
   bitwise_b1,     // int8 / int4, weight groups of 128: DPR Bitwise, 1-bit planes on b1 mma and.popc
   s8_wide_128x128,  // int8, k % 128 == 0: weights unpacked once per 128 x 128 block (large M, compute-bound)
+  s8_wgmma_128x128,  // int8, k % 128 == 0, groups of 128, sm_90a: weights unpacked to int8 scratch, wgmma (large M)
 };
-inline constexpr int kStrategies = 12;
+inline constexpr int kStrategies = 13;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.

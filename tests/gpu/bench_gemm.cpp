@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   bool quick = false, baselines = true, profile = false, int8 = false;
   std::string shape_filter;
   std::vector<int64_t> ms_override;
+  std::vector<int> wgmma_variants = {0};  // --wgmma-variants: the wgmma GEMM tiles timed alone
   std::vector<int> variants = {1, 2, 3, 4};
   std::vector<int> x_stagings = {0};  // --x-staging 1,2: x through shared memory / from global
   std::vector<int> tiles = {1, 2, 3, 4};
@@ -85,6 +86,10 @@ int main(int argc, char** argv) {
     else if (arg == "--int8") int8 = true;
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
+    else if (arg == "--wgmma-variants" && i + 1 < argc) {
+      wgmma_variants.clear();
+      for (int64_t v : parse_list(argv[++i])) wgmma_variants.push_back(static_cast<int>(v));
+    }
     else if (arg == "--splits" && i + 1 < argc) split_list = parse_list(argv[++i]);
     else if (arg == "--x-staging" && i + 1 < argc) {
       x_stagings.clear();
@@ -139,11 +144,13 @@ int main(int argc, char** argv) {
                   reps, memcpy_gbps, kernel_copy_gbps, read_gbps, copy_gbps);
     }
 
-    double s8_peak = 0, f16_peak = 0;
+    double s8_peak = 0, f16_peak = 0, wgmma_peak = 0;
     if (int8) {
       s8_peak = cuda::mma_sync_peak_tops(cuda::MmaType::s8, stream);
       f16_peak = cuda::mma_sync_peak_tops(cuda::MmaType::f16, stream);
-      std::printf("mma.sync peak: s8 %.0f TOP/s, f16 %.0f TFLOP/s\n", s8_peak, f16_peak);
+      if (cuda::compute_capability() == 90) wgmma_peak = cuda::wgmma_s8_peak_tops(stream);
+      std::printf("mma.sync peak: s8 %.0f TOP/s, f16 %.0f TFLOP/s; wgmma s8 peak %.0f TOP/s\n", s8_peak, f16_peak,
+                  wgmma_peak);
     }
     const std::vector<Shape> shapes = {{"qkv", 4096 + 2 * 1024, 4096},
                                        {"o", 4096, 4096},
@@ -193,12 +200,19 @@ int main(int argc, char** argv) {
       cuda::w4a16_workspace_init(tiled_workspace.get(), tiled_ws, stream);
       // --int8: the activations as int8 codes + token scales (quantized once), int8 weights and
       // an int32 output for cuBLAS's int8 GEMM.
-      std::optional<cuda::DeviceMemory> xq, x_scales, w8, y32;
+      std::optional<cuda::DeviceMemory> xq, x_scales, w8, y32, wgmma_workspace, w8_unpacked;
+      const size_t wgmma_ws = cuda::w4_s8_wgmma_workspace_bytes(shape.n, shape.k);
       if (int8) {
         xq.emplace(static_cast<size_t>(max_m * shape.k));
         x_scales.emplace(static_cast<size_t>(max_m) * 4);
         cuda::quantize_int8_rows(x.as<uint16_t>(), max_m, shape.k, shape.k, xq->as<int8_t>(), shape.k,
                                  x_scales->as<float>(), stream);
+        if (cuda::w4_s8_wgmma_supports(views[0], qspec::quant::Format::int8)) {
+          wgmma_workspace.emplace(wgmma_ws);
+          cuda::w4a16_workspace_init(wgmma_workspace->get(), wgmma_ws, stream);
+          w8_unpacked.emplace(static_cast<size_t>(row_blocks * 16 * shape.k));
+          cuda::w4_unpack_s8(views[0], w8_unpacked->as<int8_t>(), stream);
+        }
         if (baselines) {
           w8.emplace(static_cast<size_t>(shape.n * shape.k));
           cuda::fill_random_u32(w8->as<uint32_t>(), static_cast<size_t>(shape.n * shape.k) / 4, 400, stream);
@@ -221,8 +235,9 @@ int main(int argc, char** argv) {
           std::sort(sorted.begin(), sorted.end());
           const double tops = flops / seconds / 1e12;
           const double peak = int8 ? s8_peak : 0.0;
-          if (peak > 0) std::printf("%-8s %5s %-24s %10s %9s %7s %8.1f%% of the s8 mma.sync peak\n", "", "", "", "", "",
-                                    "", 100.0 * tops / peak);
+          if (peak > 0) std::printf("%-8s %5s %-24s %10s %9s %7s %8.1f%% of the s8 mma.sync peak, %.1f%% of wgmma's\n",
+                                    "", "", "", "", "", "", 100.0 * tops / peak,
+                                    wgmma_peak > 0 ? 100.0 * tops / wgmma_peak : 0.0);
           results.push_back({{"shape", shape.name},
                              {"n", shape.n},
                              {"k", shape.k},
@@ -238,6 +253,8 @@ int main(int argc, char** argv) {
                              {"tflops", flops / seconds / 1e12},
                              {"graph", t.graph},
                              {"fraction_of_s8_mma_peak", peak > 0 ? nlohmann::json(tops / peak) : nlohmann::json()},
+                             {"fraction_of_s8_wgmma_peak",
+                              int8 && wgmma_peak > 0 ? nlohmann::json(tops / wgmma_peak) : nlohmann::json()},
                              {"launches_per_replay", batch}});
           std::fflush(stdout);
         };
@@ -263,6 +280,28 @@ int main(int argc, char** argv) {
                 w4_batch, warmup, reps, stream);
             report(wide_tile == 1 ? "w4a8_s8_wide_128x128" : "w4a8_s8_wide_128x64", t, static_cast<double>(w4_bytes),
                    w4_batch);
+          }
+          if (wgmma_workspace) {
+            // As dispatched (s8_wgmma_128x128): the unpack of the int4 weights to int8, then the GEMM.
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4_quantized_gemm_s8_wgmma(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                   wgmma_workspace->get(), wgmma_ws, s);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a8_s8_wgmma_128x128", t, static_cast<double>(w4_bytes), w4_batch);
+            // The GEMM alone on weights unpacked once (the int8 weights are read, n x k bytes), each
+            // variant with --wgmma-variants.
+            for (int variant : wgmma_variants) {
+              const cuda::ReplayTimes g = cuda::time_replays(
+                  [&](void* s, int) {
+                    cuda::w4_s8_gemm_unpacked(xa, m, views[0], w8_unpacked->as<int8_t>(), y.as<uint16_t>(), shape.n, s,
+                                              variant);
+                  },
+                  8, warmup, reps, stream);
+              report("w4a8_s8_wgmma_gemm_only" + (variant ? "_v" + std::to_string(variant) : std::string()), g,
+                     static_cast<double>(shape.n * shape.k), 8);
+            }
           }
           if (baselines) {
             const cuda::ReplayTimes t = cuda::time_replays(
@@ -349,6 +388,7 @@ int main(int argc, char** argv) {
     nlohmann::json record = {{"benchmark", int8 ? "w4a8_gemm" : "w4a16_gemm"},
                              {"s8_mma_sync_peak_tops", int8 ? nlohmann::json(s8_peak) : nlohmann::json()},
                              {"f16_mma_sync_peak_tflops", int8 ? nlohmann::json(f16_peak) : nlohmann::json()},
+                             {"s8_wgmma_peak_tops", int8 && wgmma_peak > 0 ? nlohmann::json(wgmma_peak) : nlohmann::json()},
                              {"gpu", gpu},
                              {"commit", commit},
                              {"command", command},

@@ -1067,12 +1067,18 @@ TEST_F(Gpu, W4A8GroupSumsAtTheirExtremesAreExact) {
     auto d_scales = poisoned(static_cast<size_t>(m) * 4);
     cuda::quantize_int8_rows(d_x.as<f16>(), m, k, k, d_q.as<int8_t>(), k, d_scales.as<float>(), nullptr);
     const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled) +
-                         cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
+                         cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m) +
+                         cuda::w4_s8_wgmma_workspace_bytes(n, k);
     cuda::DeviceMemory workspace(bytes);
     cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-    for (int tile = 0; tile <= 5; ++tile) {  // 0: small-M, 1..4: tiled, 5: the wide kernel (sums 16 x)
+    // 0: small-M, 1..4: tiled, 5: the wide kernel (sums 16 x), 6: wgmma (sm_90a)
+    for (int tile = 0; tile <= 6; ++tile) {
+      if (tile == 6 && !cuda::w4_s8_wgmma_supports(w.view, qspec::quant::Format::int8)) continue;
       auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
-      if (tile == 5)
+      if (tile == 6)
+        cuda::w4_quantized_gemm_s8_wgmma(cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), k), m, w.view,
+                                         d_y.as<f16>(), n, workspace.get(), bytes, nullptr);
+      else if (tile == 5)
         cuda::w4_quantized_gemm_s8_wide(cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), k), m, w.view,
                                         d_y.as<f16>(), n, nullptr);
       else if (tile == 0)
@@ -1149,6 +1155,87 @@ TEST_F(Gpu, W4A8WideKernelEqualsTiledBitwiseAndMatchesCpu) {
                                                w_odd.view, d_y.as<f16>(), 16, nullptr),
                qspec::Error);
   EXPECT_FALSE(cuda::w4_s8_wide_supports(w_odd.view, Format::int4));
+}
+
+// The wgmma W4A8 kernel (weights unpacked to int8 in the workspace, 128 x 128 tiles, double-
+// buffered group sums) against the CPU and, bit for bit, against the tiled kernel without
+// split-K: odd n and m (partial row and token tiles), k of one stage (the odd-stage tail), of
+// three, of 112 (Llama-3-8B's down projection), an unaligned ldy (the scalar store path).
+TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
+  using qspec::quant::Format;
+  if (cuda::compute_capability() != 90) GTEST_SKIP() << "wgmma: compute capability 9.0 only";
+  struct Shape {
+    int64_t n, k, ldy_pad;
+  };
+  qspec::ActivationMode int8_mode;
+  int8_mode.kind = qspec::ActivationMode::Kind::quantized;
+  int8_mode.format = Format::int8;
+  for (const Shape& s : {Shape{4097, 4096, 3}, Shape{136, 128, 8}, Shape{300, 384, 0}, Shape{1408, 14336, 8}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, 128);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    ASSERT_TRUE(cuda::w4_s8_wgmma_supports(w.view, Format::int8));
+    for (int64_t m : {1, 7, 128, 129, 300}) {
+      if (s.k > 4096 && m > 129) continue;  // the CPU reference's time
+      const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + s.ldy_pad;
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, int8_mode, weight);
+      auto d_x = upload(to_f16(x));
+      auto d_q = poisoned(static_cast<size_t>(m * ldq));
+      auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+      cuda::quantize_int8_rows(d_x.as<f16>(), m, s.k, ldx, d_q.as<int8_t>(), ldq, d_scales.as<float>(), nullptr);
+      const cuda::QuantizedActivations xa = cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), ldq);
+      const std::string what = "s8 wgmma m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
+                               std::to_string(s.k) + " ldy " + std::to_string(ldy);
+      const size_t bytes = std::max(cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k),
+                                    cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled));
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_s8_wgmma(xa, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
+      const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
+      auto d_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
+      const std::vector<f16> ref = download<f16>(d_ref, static_cast<size_t>(m * ldy));
+      size_t mismatches = 0;
+      for (size_t i = 0; i < y.size(); ++i) mismatches += y[i] != ref[i];
+      ASSERT_EQ(mismatches, 0u) << what << ": not the tiled kernel's bits";
+      std::vector<float> got(expected.size());
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
+      EXPECT_CLOSE(got, expected, 2e-3, what);
+      for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
+        for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+    }
+  }
+  // The unpacked weights: u - 8 of every nibble, row-major, against the CPU's codes.
+  {
+    const qspec::QuantizedMatrix weight = random_quantized(40, 256, Format::int4, 128);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    auto d_w8 = poisoned(48 * 256);
+    cuda::w4_unpack_s8(w.view, d_w8.as<int8_t>(), nullptr);
+    const std::vector<int8_t> w8 = download<int8_t>(d_w8, 48 * 256);
+    for (int64_t r = 0; r < 40; ++r)
+      for (int64_t c = 0; c < 256; ++c)
+        ASSERT_EQ(static_cast<float>(w8[r * 256 + c]),
+                  qspec::quant::element_value(weight.format, weight.codes.data() + r * weight.format.code_bytes(), c))
+            << "unpacked weight row " << r << " col " << c;
+  }
+  // Refused: weight groups other than 128, k % 128 != 0, non-int8 activations, no workspace.
+  const qspec::QuantizedMatrix g64 = random_quantized(16, 256, Format::int4, 64);
+  DeviceW4 w_g64(qspec::gemm::pack_w4a16(g64));
+  EXPECT_FALSE(cuda::w4_s8_wgmma_supports(w_g64.view, Format::int8));
+  const qspec::QuantizedMatrix odd = random_quantized(16, 192, Format::int4, 64);
+  DeviceW4 w_odd(qspec::gemm::pack_w4a16(odd));
+  EXPECT_FALSE(cuda::w4_s8_wgmma_supports(w_odd.view, Format::int8));
+  const qspec::QuantizedMatrix g128 = random_quantized(16, 256, Format::int4, 128);
+  DeviceW4 w_g128(qspec::gemm::pack_w4a16(g128));
+  EXPECT_FALSE(cuda::w4_s8_wgmma_supports(w_g128.view, Format::int4));
+  auto d_q = poisoned(512);
+  auto d_scales = poisoned(16);
+  auto d_y = poisoned(64);
+  const cuda::QuantizedActivations xa = cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), 256);
+  EXPECT_THROW(cuda::w4_quantized_gemm_s8_wgmma(xa, 1, w_g64.view, d_y.as<f16>(), 16, nullptr, 0, nullptr), qspec::Error);
+  EXPECT_THROW(cuda::w4_quantized_gemm_s8_wgmma(xa, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, 0, nullptr), qspec::Error);
 }
 
 // ---- W4A4 / W4A8-fp8 activations: quantizer and GEMMs ----------------------------------------

@@ -35,7 +35,9 @@ TEST(PolicyMap, LooksUpRangesAndFallsBackToTheRule) {
   }
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 8), Strategy::small_m_v1);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 129), Strategy::dequant_cublas);
-  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 4096), Strategy::tiled_256x64);  // no cuBLAS path for int8
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 1023), Strategy::tiled_256x64);  // no cuBLAS path for int8
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 4096), Strategy::s8_wgmma_128x128);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int4", 4096), Strategy::tiled_256x64);
 }
 
 TEST(PolicyMap, RoundTripsThroughJson) {
@@ -115,7 +117,17 @@ TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "int8"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "int4"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "f16"));
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "int8"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "int4"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "fp8"));
+  EXPECT_EQ(qspec::gemm::parse_strategy("s8_wgmma_128x128"), Strategy::s8_wgmma_128x128);
   PolicyMap map;
+  EXPECT_THROW(map.set("int8", 4096, 4096, 64, {{1, Strategy::small_m_v1}, {1024, Strategy::s8_wgmma_128x128}}),
+               qspec::Error);  // weight groups of 64
+  EXPECT_THROW(map.set("int8", 4096, 4160, 128, {{1, Strategy::small_m_v1}, {1024, Strategy::s8_wgmma_128x128}}),
+               qspec::Error);  // k % 128 != 0
+  map.set("int8", 4096, 4096, 128, {{64, Strategy::tiled_128x64}, {4096, Strategy::s8_wgmma_128x128}});
+  EXPECT_EQ(map.lookup("int8", 4096, 4096, 2048), Strategy::s8_wgmma_128x128);
   EXPECT_THROW(map.set("int8", 4096, 4160, 64, {{1, Strategy::small_m_v1}, {1024, Strategy::s8_wide_128x128}}),
                qspec::Error);  // k % 128 != 0
   EXPECT_THROW(map.set("int8", 4096, 4096, 64, {{8, Strategy::bitwise_b1}}), qspec::Error);

@@ -21,6 +21,11 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
   if (strategy == Strategy::dequant_cublas &&
       workspace_bytes < cuda::w4a16_workspace_bytes(m, w.n, w.k, cuda::W4A16Path::dequant_cublas))
     strategy = Strategy::tiled_256x64;
+  // The wgmma kernel's int8 weights live in the workspace; without room (or off sm_90a), the
+  // tiled kernel computes the same bits.
+  if (strategy == Strategy::s8_wgmma_128x128 &&
+      (workspace_bytes < cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k) || !cuda::w4_s8_wgmma_supports(w, x.quantized->format)))
+    strategy = Strategy::tiled_128x64;
   switch (strategy) {
     case Strategy::small_m_v1:
     case Strategy::small_m_v2:
@@ -53,6 +58,9 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::s8_wide_128x128:
       cuda::w4_quantized_gemm_s8_wide(*x.quantized, m, w, y, ldy, stream);
       return;
+    case Strategy::s8_wgmma_128x128:
+      cuda::w4_quantized_gemm_s8_wgmma(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
+      return;
   }
 }
 
@@ -69,6 +77,9 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     // The wide kernel needs k % 128 == 0 (a forced map may ask for it on any shape).
     if (strategy == gemm::Strategy::s8_wide_128x128 &&
         (x.quantized == nullptr || !cuda::w4_s8_wide_supports(w, x.quantized->format)))
+      strategy = gemm::rule_based_strategy(x.activations(), m);
+    if (strategy == gemm::Strategy::s8_wgmma_128x128 &&
+        (x.quantized == nullptr || !cuda::w4_s8_wgmma_supports(w, x.quantized->format)))
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
@@ -156,6 +167,10 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
           if (strategy == Strategy::bitwise_b1 && (m > 16 || views[0].bitplanes == nullptr)) continue;  // 8 tokens a launch
           if (strategy == Strategy::s8_wide_128x128 && (m < 32 || !cuda::w4_s8_wide_supports(views[0], format)))
             continue;  // a 128-token tile: built for large M
+          if (strategy == Strategy::s8_wgmma_128x128 &&
+              (m < 128 || !cuda::w4_s8_wgmma_supports(views[0], format) ||
+               workspace_bytes < cuda::w4_s8_wgmma_workspace_bytes(shape.n, shape.k)))
+            continue;  // unpacks the whole weight matrix a call: large M only
           // Each GEMM is timed behind the kernel that feeds it in a decode step (the activation
           // quantizer, or an RMSNorm for f16), as the step launches them: under programmatic
           // dependent launch a GEMM's prologue overlaps its predecessor, which back-to-back

@@ -336,6 +336,9 @@ void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 // chains a warp and 8 blocks of 256 threads a multiprocessor busy; median of 9 timed launches.
 enum class MmaType { s8, f16 };
 double mma_sync_peak_tops(MmaType type, void* stream);
+// The same for Hopper's warpgroup mma (m64n128k32 s8 -> s32, operands in shared memory, two
+// warpgroups a block, two blocks a multiprocessor). sm_90a builds on compute capability 9.0 only.
+double wgmma_s8_peak_tops(void* stream);
 
 // cuBLAS's int8 GEMM, c[m, n] = a[m, k] b[n, k]^T in int32 (row-major, k % 4 == 0): the library
 // baseline of the W4A8 GEMM at large M (it has no group scales, so it bounds what an int8
@@ -436,6 +439,23 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
 bool w4_s8_wide_supports(const W4A16Weights& w, quant::Format format);
 void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                int64_t ldy, void* stream, int tile = 1);
+
+// W4A8 for many tokens on Hopper's warpgroup mma (kernels/w4_s8_wgmma.cuh): the packed weights
+// are unpacked to int8 in the workspace (w4_s8_wgmma_workspace_bytes: the split-K counters, then
+// n x k bytes), then one 128 x 128-tile wgmma GEMM. Needs the sm_90a build on a compute
+// capability 9.0 GPU, int8 activations, k % 128 == 0 and weight groups of 128
+// (w4_s8_wgmma_supports). Bit for bit the tiled kernel's output without split-K.
+bool w4_s8_wgmma_supports(const W4A16Weights& w, quant::Format format);
+size_t w4_s8_wgmma_workspace_bytes(int64_t n, int64_t k);
+void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream);
+// Its two halves (benchmarks time the GEMM alone): the weights as int8 u - 8, [ceil(n / 16) * 16][k]
+// row-major; the GEMM on them. variant (benchmarks): 0 = the default; 1..kW4S8WgmmaVariants =
+// (ring stages, groups an unrolled iteration) of (5, 2), (5, 4), (5, 8), (4, 4), (6, 4).
+inline constexpr int kW4S8WgmmaVariants = 5;
+void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream);
+void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
+                         int64_t ldy, void* stream, int variant = 0);
 
 // W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
 inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {

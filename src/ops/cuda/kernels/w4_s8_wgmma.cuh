@@ -1,0 +1,230 @@
+// W4A8 GEMM for many tokens on Hopper's warpgroup mma: y[m, n] = x[m, k] W[n, k]^T with W int4
+// (gemm/w4a16_pack.h, weight groups of 128) and x int8 codes with a scale per token. Same math as
+// the tiled kernel's ActS8 policy, bit for bit: each group's sum exact in s32, scaled by its
+// weight group scale in f32 (fma, groups in k order), token scales at the end, f16 out.
+//
+// Two kernels:
+//   w4_unpack_s8_kernel  the packed weights (fragment order) to plain int8 u - 8, row-major
+//                        [row_blocks * 16][k]: 1 byte a weight in a scratch buffer, written once
+//                        per GEMM (the W4A16 large-M path dequantizes to f16 for cuBLAS the same
+//                        way). At M >= 1024 it is a few percent of the GEMM.
+//   w4_s8_wgmma_kernel   a block owns 128 weight rows x 128 tokens: two warpgroups of 64 rows,
+//                        each issuing m64n128k32 wgmma from shared memory. A stage is one weight
+//                        group (128 k, one 128-byte swizzle row) of both operands, 32 KB, in a
+//                        kStages-deep cp.async ring.
+//
+// Why the group sums do not stall the tensor cores: every group ends with a scaling of its 64
+// sums a thread (IADD + FADD + FFMA each: the biased-float conversion of w4_activation.cuh,
+// full-rate instead of I2F's quarter rate). The sums are double-buffered: group s's four wgmma
+// are issued into one set, then the thread waits only for group s - 1's (wgmma.wait_group 1)
+// and scales that set while group s runs. So shared memory slot s - 2 is the one refilled at
+// stage s (the prefetch distance is kStages - 2).
+//
+// Requirements (cuda::w4_s8_wgmma_supports): sm_90a code running, int8 activations, k % 128 == 0,
+// weight groups of 128.
+#pragma once
+#include <cuda.h>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4_activation.cuh"
+#include "ops/cuda/kernels/w4a16_common.cuh"
+#include "ops/cuda/kernels/wgmma.cuh"
+
+namespace qspec::cuda::kernels {
+
+// STAGES ring slots; UNROLL groups an iteration of the main loop (see there).
+template <int STAGES, int UNROLL>
+struct W4S8WgmmaTile {
+  static constexpr int kRows = 128;     // two warpgroups x 64 weight rows
+  static constexpr int kTokens = 128;   // the wgmma's n
+  static constexpr int kStageK = 128;   // one weight group = one 128-byte swizzle row
+  static constexpr int kStages = STAGES;
+  static constexpr int kUnroll = UNROLL;
+  static constexpr int kThreads = 256;
+  static constexpr int kABytes = kRows * kStageK;
+  static constexpr int kBBytes = kTokens * kStageK;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kOutPitch = kRows + 8;  // f16 output tile [token][row], padded (no bank conflicts)
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the ring to 1024
+  static_assert(kABytes == 128 * 128 && kBBytes == 128 * 128, "one 128 x 128-byte box each");
+  static_assert(kTokens * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the ring");
+};
+
+struct W4S8WgmmaParams {
+  const uint32_t* scales;    // the packed f16 scale pairs [row_blocks][groups][8]
+  int n, k, rows, groups;
+  ActivationRows a;          // int8 codes, token scales
+  __half* y;
+  int64_t ldy;
+  int m;
+  bool vector_store;         // y 16-byte aligned and ldy % 8 == 0
+};
+
+// One thread a 16-byte piece of the packed weights (row block rb, 64-k chunk c, lane 4g + t):
+// words 0 / 1 hold pair 2c, words 2 / 3 pair 2c + 1; a pair's two words are rows g and g + 8 at
+// physical k 32P + 8t .. + 7 (int4_bytes_to_s8 of the even / odd nibbles puts them in order).
+__global__ void w4_unpack_s8_kernel(const W4A16Layout w, int8_t* __restrict__ out) {
+  grid_dependency_wait();  // the previous GEMM may still read `out`
+  grid_launch_dependents();
+  const int64_t pieces = static_cast<int64_t>(w.row_blocks) * w.full_chunks * 32;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pieces;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int lane = static_cast<int>(i % 32), g = lane >> 2, t = lane & 3;
+    const int64_t chunk = (i / 32) % w.full_chunks, rb = i / 32 / w.full_chunks;
+    const uint4 q = load_stream_16(w.codes + rb * w.k * 8 + chunk * 512 + lane * 16);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w0 = h ? q.z : q.x, w1 = h ? q.w : q.y;
+      const int64_t k0 = (2 * chunk + h) * 32 + 8 * t;
+      int8_t* row_g = out + (rb * 16 + g) * w.k + k0;
+      *reinterpret_cast<uint2*>(row_g) = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
+      *reinterpret_cast<uint2*>(row_g + 8 * static_cast<int64_t>(w.k)) =
+          make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+    }
+  }
+}
+
+// w_map: the unpacked weights [rows][k] int8 (w4_unpack_s8_kernel), x_map: the activation codes
+// [m][k] (rows ldx apart); both 2D tensor maps of 128 x 128-byte boxes, 128-byte swizzle.
+template <class T>
+__global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __grid_constant__ CUtensorMap w_map,
+                                                                     const __grid_constant__ CUtensorMap x_map,
+                                                                     const W4S8WgmmaParams p) {
+#if QSPEC_WGMMA
+  constexpr int kAhead = T::kStages - 2;  // prefetch distance (see the header comment)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  __shared__ uint64_t stage_full[T::kStages];  // completes when a slot's two boxes have landed
+
+  const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.x * T::kTokens, row0 = blockIdx.y * T::kRows;
+  const int stages = p.k / T::kStageK;
+  const int block_tokens = min(T::kTokens, p.m - m0);
+
+  auto a_tile = [&](int slot) { return ring + slot * T::kStageBytes; };
+  auto b_tile = [&](int slot) { return ring + slot * T::kStageBytes + T::kABytes; };
+  // Stage st into `slot` (one thread): the weight box (rows past the matrix arrive as zeros,
+  // their outputs are dropped) and the token box (tokens past m: zeros), in the 128-byte
+  // swizzled layout the wgmma descriptors read.
+  auto load_stage = [&](int slot, int st) {
+    mbarrier_arrive_expect_tx(&stage_full[slot], T::kStageBytes);
+    tma_load_2d(a_tile(slot), &w_map, st * T::kStageK, row0, &stage_full[slot]);
+    tma_load_2d(b_tile(slot), &x_map, st * T::kStageK, m0, &stage_full[slot]);
+  };
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) mbarrier_init(&stage_full[i], 1);
+    fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
+  }
+  __syncthreads();
+
+  // This thread's rows: row block (row0 + 64 warpgroup + 16 warp) / 16, rows g and g + 8.
+  const int row_block = min((row0 + warpgroup * 64 + warp * 16) / 16, (p.rows / 16) - 1);
+  const uint32_t* const scale_words = p.scales + static_cast<int64_t>(row_block) * p.groups * 8 + g;
+
+  float total[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+  int sums[2][64];
+
+  // Scales group `group`'s sums into the totals (exact s32 -> f32 via the float bias).
+  auto scale_group = [&](int (&d)[64], uint32_t scale_word) {
+    const float2 s = unpack_half2(scale_word);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const float sum = __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
+      total[i] = fmaf((i & 2) ? s.y : s.x, sum, total[i]);
+    }
+  };
+
+  grid_dependency_wait();  // the weights' unpack (and the activations) come from earlier kernels
+  grid_launch_dependents();
+  if (tid == 0)
+    for (int st = 0; st < kAhead && st < stages; ++st) load_stage(st, st);
+
+  // Stage st: wait for its data, refill the slot freed two stages ago, issue the group's four
+  // wgmma into sums[B]; returns the group's scale pair.
+  auto issue_stage = [&](auto buffer, int st) {
+    constexpr int B = decltype(buffer)::value;
+    const uint32_t scale_word = __ldg(scale_words + st * 8);
+    const int slot = st % T::kStages;
+    __syncthreads();  // every warpgroup is done with stage st - 2 (it waited for its wgmma)
+    if (tid == 0 && st + kAhead < stages) load_stage((st + kAhead) % T::kStages, st + kAhead);
+    mbarrier_wait(&stage_full[slot], (st / T::kStages) & 1);  // stage st is in shared memory
+    const uint64_t a_desc = wgmma_descriptor_128b(a_tile(slot) + warpgroup * 64 * 128);
+    const uint64_t b_desc = wgmma_descriptor_128b(b_tile(slot));
+    wgmma_fence();
+    wgmma_fence_operands(sums[B]);
+#pragma unroll
+    for (int kk = 0; kk < T::kStageK / 32; ++kk)  // +32 bytes = +2 in the descriptor's 16-byte units
+      wgmma_s8_m64n128k32(sums[B], a_desc + 2 * kk, b_desc + 2 * kk, kk);
+    wgmma_commit();
+    return scale_word;
+  };
+  // UNROLL groups an iteration, issued one after the other: each group's sums are scaled while
+  // the next group's wgmma run (the two sum buffers alternate), except the iteration's last,
+  // scaled after a full wait. Nothing may be in flight across the loop's back edge: ptxas
+  // serializes every wgmma (C7514), or waits for all of them (C7517), when accumulators are read
+  // while a group issued in an earlier iteration may still run. So (UNROLL - 1) / UNROLL of the
+  // scaling overlaps this warpgroup's own wgmma; the rest overlaps the other warpgroup's.
+  int st = 0;
+  for (; st + T::kUnroll <= stages; st += T::kUnroll) {
+    uint32_t group_scale[T::kUnroll];
+#pragma unroll
+    for (int j = 0; j < T::kUnroll; ++j) {
+      if (j % 2 == 0) group_scale[j] = issue_stage(std::integral_constant<int, 0>{}, st + j);
+      else group_scale[j] = issue_stage(std::integral_constant<int, 1>{}, st + j);
+      if (j > 0) {
+        wgmma_wait<1>();
+        wgmma_fence_operands(sums[(j - 1) % 2]);
+        scale_group(sums[(j - 1) % 2], group_scale[j - 1]);
+      }
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(sums[(T::kUnroll - 1) % 2]);
+    scale_group(sums[(T::kUnroll - 1) % 2], group_scale[T::kUnroll - 1]);
+  }
+  for (; st < stages; ++st) {  // the stages short of a whole iteration, one at a time
+    const uint32_t scale_word = issue_stage(std::integral_constant<int, 0>{}, st);
+    wgmma_wait<0>();
+    wgmma_fence_operands(sums[0]);
+    scale_group(sums[0], scale_word);
+  }
+  __syncthreads();  // the ring becomes the output tile (every copy landed: each was waited for)
+
+  // Token scales, then the f16 tile [token][row] in shared memory, then 16-byte stores.
+  __half* const out_tile = reinterpret_cast<__half*>(ring);
+  const int local_row = warpgroup * 64 + warp * 16 + g;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int token = 8 * i + 2 * t;
+    const float s0 = __ldg(p.a.scales + m0 + min(token, block_tokens - 1));
+    const float s1 = __ldg(p.a.scales + m0 + min(token + 1, block_tokens - 1));
+    out_tile[token * T::kOutPitch + local_row] = __float2half_rn(total[4 * i + 0] * s0);
+    out_tile[(token + 1) * T::kOutPitch + local_row] = __float2half_rn(total[4 * i + 1] * s1);
+    out_tile[token * T::kOutPitch + local_row + 8] = __float2half_rn(total[4 * i + 2] * s0);
+    out_tile[(token + 1) * T::kOutPitch + local_row + 8] = __float2half_rn(total[4 * i + 3] * s1);
+  }
+  __syncthreads();
+  constexpr int kPieces = T::kTokens * T::kRows / 8;  // 8 f16 a piece
+#pragma unroll
+  for (int j = 0; j < kPieces / T::kThreads; ++j) {
+    const int i = tid + j * T::kThreads, token = i / (T::kRows / 8), col = (i % (T::kRows / 8)) * 8;
+    if (token >= block_tokens) continue;
+    const int row = row0 + col;
+    __half* dst = p.y + static_cast<int64_t>(m0 + token) * p.ldy + row;
+    const __half* src = out_tile + token * T::kOutPitch + col;
+    if (p.vector_store && row + 8 <= p.n) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && row + e < p.n; ++e) dst[e] = src[e];
+    }
+  }
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+}  // namespace qspec::cuda::kernels

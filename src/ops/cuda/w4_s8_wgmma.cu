@@ -1,0 +1,153 @@
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/w4_s8_wgmma.cuh"
+#include "ops/cuda/kernels/w4a16_plan.h"
+#include "ops/cuda/ops.h"
+#include "ops/cuda/w4_detail.h"
+
+namespace qspec::cuda {
+namespace {
+
+// The default tile (variant 0) and the ones benchmarks compare (w4_s8_gemm_unpacked's variant).
+using Tile = kernels::W4S8WgmmaTile<5, 2>;
+template <int V> struct Variant;
+template <> struct Variant<1> { using T = kernels::W4S8WgmmaTile<5, 2>; };
+template <> struct Variant<2> { using T = kernels::W4S8WgmmaTile<5, 4>; };
+template <> struct Variant<3> { using T = kernels::W4S8WgmmaTile<5, 8>; };
+template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<4, 4>; };
+template <> struct Variant<5> { using T = kernels::W4S8WgmmaTile<6, 4>; };
+
+// cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* pointer = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    QSPEC_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &pointer, 12000, cudaEnableDefault,
+                                                      &status));
+    QSPEC_CHECK(status == cudaDriverEntryPointSuccess && pointer != nullptr,
+                "cuda: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12 or newer)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(pointer);
+  }();
+  return fn;
+}
+
+// A row-major int8 matrix [rows][cols] (rows `pitch` bytes apart) as 128 x 128-byte boxes in the
+// 128-byte swizzle the wgmma descriptors expect; out-of-range rows read as zeros.
+CUtensorMap int8_box_map(const void* base, int64_t rows, int64_t cols, int64_t pitch, const char* who) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(pitch)};
+  const cuuint32_t box[2] = {128, 128}, element_strides[2] = {1, 1};
+  const CUresult result = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
+                                         box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QSPEC_CHECK(result == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(result),
+              ") for a ", rows, " x ", cols, " int8 matrix, pitch ", pitch);
+  return map;
+}
+
+template <class T>
+void launch_tile(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
+                 int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
+  static const bool configured = [] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::w4_s8_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          T::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(kernels::w4_s8_wgmma_kernel<T>, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)),
+             dim3(T::kThreads), T::kSmemBytes, stream, w_map, x_map, params);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_kernel");
+}
+
+// Whether the wgmma kernel that would run on this device is the sm_90a build (the sm_80 pass
+// compiles it to a trap; an sm_90a binary runs only on compute capability 9.0).
+bool wgmma_kernel_runs_here() {
+  static const bool runs = [] {
+    if (compute_capability() != 90) return false;
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, kernels::w4_s8_wgmma_kernel<Tile>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.binaryVersion == 90;
+  }();
+  return runs;
+}
+
+}  // namespace
+
+bool w4_s8_wgmma_supports(const W4A16Weights& w, quant::Format format) {
+  return format == quant::Format::int8 && w.k % Tile::kStageK == 0 && w.group == 128 && wgmma_kernel_runs_here();
+}
+
+size_t w4_s8_wgmma_workspace_bytes(int64_t n, int64_t k) {
+  return detail::kW4A16CounterBytes + static_cast<size_t>((n + 15) / 16) * 16 * static_cast<size_t>(k);
+}
+
+void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream) {
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  QSPEC_CHECK(layout.tail == 0 && is_aligned_16(out), "cuda::w4_unpack_s8: needs k % 64 == 0 (k ", w.k,
+              ") and a 16-byte aligned output");
+  const int64_t pieces = static_cast<int64_t>(layout.row_blocks) * layout.full_chunks * 32;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((pieces + threads - 1) / threads, int64_t{multiprocessor_count()} * 16);
+  if (blocks == 0) return;
+  launch_pdl(kernels::w4_unpack_s8_kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0, as_stream(stream),
+             layout, out);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_unpack_s8_kernel");
+}
+
+void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
+                         int64_t ldy, void* stream, int variant) {
+  const char* who = "cuda::w4_s8_gemm_unpacked";
+  QSPEC_CHECK(variant >= 0 && variant <= kW4S8WgmmaVariants, who, ": unknown variant ", variant);
+  QSPEC_CHECK(w4_s8_wgmma_supports(w, x.format), who, ": needs an sm_90a GPU and build, int8 activations (got ",
+              kernels::format_label(x.format), "), k % 128 == 0 and weight groups of 128 (k ", w.k, ", group ", w.group,
+              ")");
+  const kernels::ActivationRows rows = detail::activation_rows(x, m, w, who);
+  QSPEC_CHECK(ldy >= w.n, who, ": ldy ", ldy, " < n ", w.n);
+  QSPEC_CHECK(w8 != nullptr && is_aligned_16(w8), who, ": the unpacked weights must be 16-byte aligned");
+  if (m == 0) return;
+  kernels::W4S8WgmmaParams params{};
+  params.scales = static_cast<const uint32_t*>(w.scales);
+  params.n = static_cast<int>(w.n);
+  params.k = static_cast<int>(w.k);
+  params.rows = static_cast<int>((w.n + 15) / 16 * 16);
+  params.groups = static_cast<int>(w.k / w.group);
+  params.a = rows;
+  params.y = reinterpret_cast<__half*>(y);
+  params.ldy = ldy;
+  params.m = static_cast<int>(m);
+  params.vector_store = is_aligned_16(y) && ldy % 8 == 0;
+  const int64_t token_tiles = ceil_div(m, Tile::kTokens), row_tiles = ceil_div(w.n, Tile::kRows);
+  QSPEC_CHECK(row_tiles <= 65535, who, ": n ", w.n, " too large");
+  const CUtensorMap w_map = int8_box_map(w8, params.rows, w.k, w.k, who);
+  const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
+  switch (variant) {
+    case 1: launch_tile<Variant<1>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 2: launch_tile<Variant<2>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 3: launch_tile<Variant<3>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 4: launch_tile<Variant<4>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 5: launch_tile<Variant<5>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    default: launch_tile<Tile>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+  }
+}
+
+void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream) {
+  const char* who = "cuda::w4_quantized_gemm_s8_wgmma";
+  const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
+  QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
+              " bytes of workspace (the int8 weights), got ", workspace_bytes);
+  if (m == 0) return;
+  // After the split-K counters, which the small-M and tiled kernels expect zero.
+  auto* w8 = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
+  w4_unpack_s8(w, w8, stream);
+  w4_s8_gemm_unpacked(x, m, w, w8, y, ldy, stream);
+}
+
+}  // namespace qspec::cuda
