@@ -15,9 +15,8 @@ using Tile = kernels::W4S8WgmmaTile<5, 2>;
 template <int V> struct Variant;
 template <> struct Variant<1> { using T = kernels::W4S8WgmmaTile<5, 2>; };
 template <> struct Variant<2> { using T = kernels::W4S8WgmmaTile<5, 4>; };
-template <> struct Variant<3> { using T = kernels::W4S8WgmmaTile<5, 8>; };
-template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<4, 4>; };
-template <> struct Variant<5> { using T = kernels::W4S8WgmmaTile<6, 4>; };
+template <> struct Variant<3> { using T = kernels::W4S8WgmmaTile<4, 4>; };
+template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<6, 4>; };
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -132,7 +131,6 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
     case 2: launch_tile<Variant<2>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     case 3: launch_tile<Variant<3>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     case 4: launch_tile<Variant<4>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
-    case 5: launch_tile<Variant<5>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     default: launch_tile<Tile>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
   }
 }

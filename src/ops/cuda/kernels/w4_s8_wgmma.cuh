@@ -7,18 +7,20 @@
 //   w4_unpack_s8_kernel  the packed weights (fragment order) to plain int8 u - 8, row-major
 //                        [row_blocks * 16][k]: 1 byte a weight in a scratch buffer, written once
 //                        per GEMM (the W4A16 large-M path dequantizes to f16 for cuBLAS the same
-//                        way). At M >= 1024 it is a few percent of the GEMM.
+//                        way). It costs 5-15 % of the GEMM at 1024-4096 tokens (perf-notes).
 //   w4_s8_wgmma_kernel   a block owns 128 weight rows x 128 tokens: two warpgroups of 64 rows,
 //                        each issuing m64n128k32 wgmma from shared memory. A stage is one weight
-//                        group (128 k, one 128-byte swizzle row) of both operands, 32 KB, in a
-//                        kStages-deep cp.async ring.
+//                        group (128 k = one 128-byte swizzle row) of both operands, 32 KB, brought
+//                        by the copy engine (TMA: one thread, two boxes, an mbarrier a slot) into
+//                        a kStages-deep ring, already in the swizzled layout wgmma reads.
 //
-// Why the group sums do not stall the tensor cores: every group ends with a scaling of its 64
-// sums a thread (IADD + FADD + FFMA each: the biased-float conversion of w4_activation.cuh,
-// full-rate instead of I2F's quarter rate). The sums are double-buffered: group s's four wgmma
-// are issued into one set, then the thread waits only for group s - 1's (wgmma.wait_group 1)
-// and scales that set while group s runs. So shared memory slot s - 2 is the one refilled at
-// stage s (the prefetch distance is kStages - 2).
+// Where the time goes: every group ends with a scaling of its 64 sums a thread (IADD + FADD +
+// FFMA each: the biased-float conversion of w4_activation.cuh, full rate instead of I2F's quarter
+// rate), about 3/4 of the issue slots the tensor cores leave at their peak. So the sums are
+// double-buffered: a group's four wgmma are issued into one buffer, then the warpgroup waits only
+// for the previous group (wgmma.wait_group 1) and scales it while the new one runs. Slot s - 2 is
+// the one refilled at stage s (the prefetch distance is kStages - 2). Loading through TMA instead
+// of per-thread cp.async took a third of the instructions away (perf-notes).
 //
 // Requirements (cuda::w4_s8_wgmma_supports): sm_90a code running, int8 activations, k % 128 == 0,
 // weight groups of 128.
