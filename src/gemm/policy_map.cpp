@@ -59,10 +59,11 @@ std::vector<Strategy> strategies_for(std::string_view activations) {
 Strategy rule_based_strategy(std::string_view activations, int64_t m) {
   if (m <= 8) return Strategy::small_m_v1;
   if (activations == "f16" && m > 128) return Strategy::dequant_cublas;
-  // Measured on the H100 (docs/perf-notes.md, "W4A8 GEMM at large M"): from 1024 tokens the
-  // wgmma kernel, unpack included, beats the tiled one (1.2-1.6x); the dispatcher falls back to
-  // the tiled kernel where it cannot run (not sm_90a, groups other than 128, no workspace).
-  if (activations == "int8" && m >= 1024) return Strategy::s8_wgmma_128x128;
+  // Measured on the H100 (docs/perf-notes.md, "W4A8 GEMM at large M on wgmma"): from 384-512
+  // tokens on every Llama-3-8B / Qwen2.5-7B shape the wgmma kernel, unpack included, beats the
+  // tiled one (1.1-1.8x); the dispatcher falls back to the tiled kernel where it cannot run (not
+  // sm_90a, groups other than 128, no workspace room).
+  if (activations == "int8" && m >= 512) return Strategy::s8_wgmma_128x128;
   return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
 }
 

@@ -35,7 +35,8 @@ TEST(PolicyMap, LooksUpRangesAndFallsBackToTheRule) {
   }
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 8), Strategy::small_m_v1);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 129), Strategy::dequant_cublas);
-  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 1023), Strategy::tiled_256x64);  // no cuBLAS path for int8
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 511), Strategy::tiled_256x64);  // no cuBLAS path for int8
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 512), Strategy::s8_wgmma_128x128);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 4096), Strategy::s8_wgmma_128x128);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int4", 4096), Strategy::tiled_256x64);
 }
