@@ -646,6 +646,11 @@ struct Engine::Impl {
     std::vector<int32_t> inputs(group.size());
     std::vector<int64_t> draft_steps(group.size(), 0);
     gpu->set_activations(gpu_activations(group.front()->seq->draft));
+    if (draft_chain_on_gpu(group, inputs, draft_steps)) {
+      gpu->set_activations(gpu_mode_activations);
+      record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
+      return;
+    }
     for (int64_t i = 0;; ++i) {
       std::vector<GpuLlama::Run> runs;
       std::vector<Unit*> active;
@@ -688,6 +693,47 @@ struct Engine::Impl {
     (void)group;
 #endif
   }
+
+#ifdef QSPEC_HAVE_CUDA
+  // Greedy drafts of one gamma for every unit: one GpuLlama::draft_chain (the next input of each
+  // step is the last step's argmax, on the device; the host reads the ids once). Drafts past an
+  // eos id are dropped, as the step-by-step loop never drafts them (their K/V rows lie inside
+  // the cycle's reservation and the verify rewrites them). False: not applicable, nothing ran.
+  bool draft_chain_on_gpu(const std::vector<Unit*>& group, std::vector<int32_t>& inputs,
+                          std::vector<int64_t>& draft_steps) {
+    const int64_t gamma = group.front()->gamma;
+    if (gamma < 2 || gamma > GpuLlama::kMaxChainSteps) return false;
+    for (const Unit* unit : group)
+      if (unit->gamma != gamma || unit->draft_ended || !gpu_argmax_suffices(*unit->seq)) return false;
+    std::vector<GpuLlama::Run> runs;
+    for (size_t g = 0; g < group.size(); ++g) {
+      Unit* unit = group[g];
+      inputs[g] = unit->seq->tokens.back();
+      const int64_t slot = gpu_slot(*unit->seq, unit->base);
+      gpu->truncate(slot, unit->base);  // the last cycle's verify rows past base go
+      runs.push_back(GpuLlama::Run{slot, std::span<const int32_t>(&inputs[g], 1)});
+    }
+    std::vector<int32_t> ids;
+    try {
+      ids = gpu->draft_chain(runs, gamma);
+    } catch (...) {
+      gpu->set_activations(gpu_mode_activations);
+      throw;
+    }
+    totals.forward_passes += gamma;
+    const size_t n = group.size();
+    for (size_t g = 0; g < n; ++g) {
+      Unit* unit = group[g];
+      for (int64_t i = 0; i < gamma && !unit->draft_ended; ++i) {
+        const int32_t d = ids[static_cast<size_t>(i) * n + g];
+        unit->drafts.push_back(d);
+        ++draft_steps[g];
+        if (is_eos(*unit->seq, d)) unit->draft_ended = true;
+      }
+    }
+    return true;
+  }
+#endif
 
   // The GPU pass of one mode's group. Each sequence runs in its own cache slot; the GPU returns
   // the argmax id after each run's last token (after every token of a QSpec verify run), which

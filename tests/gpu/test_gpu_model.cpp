@@ -203,6 +203,74 @@ TEST(GpuModel, MultiTokenVerifyMatchesDecodeAndRollsBack) {
   }
 }
 
+// Greedy drafts chained on the device (GpuLlama::draft_chain: each step's input is the last
+// step's argmax, one host read at the end) equal step() fed those ids one at a time, in W4A8 and
+// W4A16, with graphs and without, for runs in order and reversed (gathered block tables); the
+// K/V they leave is the same (the next steps agree), and bad calls are refused.
+TEST(GpuModel, DraftChainsEqualStepByStepDecoding) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const int seqs = 5;
+  const int64_t gamma = 6;
+  const auto prompts = question_prompts(*tokenizer, seqs);
+  for (const char* mode_name : {"w4a8", "w4a16"}) {
+    for (bool graphs : {true, false}) {
+      qspec::GpuLlamaOptions options;
+      options.max_seqs = seqs;
+      options.max_context = 512;
+      options.cuda_graphs = graphs;
+      qspec::GpuLlama gpu(*model, qspec::parse_run_mode(mode_name), options);
+      for (bool reversed : {false, true}) {
+        const std::string what = std::string(mode_name) + (graphs ? " graphs" : " plain") + (reversed ? " reversed" : "");
+        // Prefill every sequence, then gamma steps fed back one at a time (the reference).
+        auto prefill = [&] {
+          for (int s = 0; s < seqs; ++s) gpu.reset(s);
+          std::vector<qspec::GpuLlama::Run> runs;
+          for (int i = 0; i < seqs; ++i) {
+            const int s = reversed ? seqs - 1 - i : i;
+            runs.push_back({s, prompts[static_cast<size_t>(s)]});
+          }
+          return std::make_pair(runs, gpu.step(runs));
+        };
+        auto [runs, first] = prefill();
+        std::vector<int32_t> inputs = first;
+        std::vector<int32_t> expected;
+        for (int64_t i = 0; i < gamma; ++i) {
+          for (int r = 0; r < seqs; ++r) runs[static_cast<size_t>(r)].tokens = std::span(&inputs[static_cast<size_t>(r)], 1);
+          inputs = gpu.step(runs);
+          expected.insert(expected.end(), inputs.begin(), inputs.end());
+        }
+        for (int r = 0; r < seqs; ++r) runs[static_cast<size_t>(r)].tokens = std::span(&inputs[static_cast<size_t>(r)], 1);
+        const std::vector<int32_t> expected_next = gpu.step(runs);  // one more step after the drafts
+        // The chain from the same state.
+        auto [chain_runs, chain_first] = prefill();
+        ASSERT_EQ(chain_first, first) << what;
+        std::vector<int32_t> chain_inputs = chain_first;
+        for (int r = 0; r < seqs; ++r)
+          chain_runs[static_cast<size_t>(r)].tokens = std::span(&chain_inputs[static_cast<size_t>(r)], 1);
+        const std::vector<int32_t> got = gpu.draft_chain(chain_runs, gamma);
+        EXPECT_EQ(got, expected) << what;
+        for (int s = 0; s < seqs; ++s)
+          EXPECT_EQ(gpu.length(s), static_cast<int64_t>(prompts[static_cast<size_t>(s)].size()) + gamma) << what;
+        std::vector<int32_t> last(got.end() - seqs, got.end());
+        for (int r = 0; r < seqs; ++r) chain_runs[static_cast<size_t>(r)].tokens = std::span(&last[static_cast<size_t>(r)], 1);
+        EXPECT_EQ(gpu.step(chain_runs), expected_next) << what << ": the K/V the chain left";
+      }
+      // Refused: a run of two tokens, too many steps, a chain past the cache.
+      gpu.reset(0);
+      const std::vector<int32_t> two = {1, 2};
+      const qspec::GpuLlama::Run pair{0, two};
+      EXPECT_THROW(gpu.draft_chain(std::span(&pair, 1), 2), qspec::Error);
+      const qspec::GpuLlama::Run one{0, std::span(two.data(), 1)};
+      EXPECT_THROW(gpu.draft_chain(std::span(&one, 1), qspec::GpuLlama::kMaxChainSteps + 1), qspec::Error);
+      gpu.truncate(0, 510);
+      EXPECT_THROW(gpu.draft_chain(std::span(&one, 1), 3), qspec::Error);
+    }
+  }
+}
+
 // Decode steps give the same ids with and without CUDA graphs.
 TEST(GpuModel, GraphsAndPlainLaunchesAgree) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());

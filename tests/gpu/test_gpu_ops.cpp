@@ -331,6 +331,35 @@ TEST_F(Gpu, AddIsExactF16OfTheF32Sum) {
   }
 }
 
+// The draft chain's input update against its CPU statement on random inputs: ids and the chain
+// row take out_ids, positions and context lengths advance by one; without `advance` only the
+// chain row is written; nothing past `runs` is touched.
+TEST_F(Gpu, AdvanceDecodeInputsFeedsEachRunItsOwnId) {
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int32_t> value(0, 1 << 20);
+  for (int64_t runs : {1, 7, 300}) {
+    for (bool advance : {true, false}) {
+      const int64_t n = runs + 5;  // 5 sentinels past the runs
+      std::vector<int32_t> out(n), ids(n), positions(n), lens(n), chain(n, -1);
+      for (auto* v : {&out, &ids, &positions, &lens})
+        for (int32_t& x : *v) x = value(rng);
+      auto d_out = upload(out), d_ids = upload(ids), d_pos = upload(positions), d_lens = upload(lens), d_chain = upload(chain);
+      cuda::advance_decode_inputs(d_out.as<int32_t>(), runs, d_ids.as<int32_t>(), d_pos.as<int32_t>(),
+                                  d_lens.as<int32_t>(), d_chain.as<int32_t>(), advance, nullptr);
+      const size_t count = static_cast<size_t>(n);
+      const auto got_ids = download<int32_t>(d_ids, count), got_pos = download<int32_t>(d_pos, count),
+                 got_lens = download<int32_t>(d_lens, count), got_chain = download<int32_t>(d_chain, count);
+      for (int64_t r = 0; r < n; ++r) {
+        const bool in = r < runs;
+        ASSERT_EQ(got_chain[r], in ? out[r] : -1) << r;
+        ASSERT_EQ(got_ids[r], in && advance ? out[r] : ids[r]) << r;
+        ASSERT_EQ(got_pos[r], in && advance ? positions[r] + 1 : positions[r]) << r;
+        ASSERT_EQ(got_lens[r], in && advance ? lens[r] + 1 : lens[r]) << r;
+      }
+    }
+  }
+}
+
 TEST_F(Gpu, ArgmaxPicksTheLowestIdOnTies) {
   for (auto [rows, vocab] : {std::pair{1, 1}, {4, 477}, {3, 128256}, {2, 32000}}) {
     std::vector<float> logits = random_f16_values(static_cast<size_t>(rows * vocab), 4.0f);

@@ -172,7 +172,8 @@ struct GpuLlama::State {
   // logit_rows | run tables. The run tables ([runs, blocks_per_seq], the block-table rows of the
   // step's runs in run order) are sent only when run r is not sequence r.
   DeviceMemory inputs;
-  cuda::PinnedMemory host_inputs, host_ids;
+  cuda::PinnedMemory host_inputs, host_ids, host_chain_ids;
+  DeviceMemory chain_ids;  // a draft chain's ids, [step][run]
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
@@ -309,6 +310,23 @@ struct GpuLlama::State {
     activation_group = quantized ? mode.activations.group_size : 0;
   }
   void allocate_runtime(const GpuLlamaOptions& options);
+  // A decode step (one token a run, inputs on the device): the graph of this batch size and
+  // context bucket, captured on first use, or the kernels themselves without graphs.
+  void enqueue_decode(int64_t runs, int64_t max_context_in_step, bool identity_tables, const int32_t* tables) {
+    if (!cuda_graphs) {
+      enqueue_forward(runs, runs, 1, max_context_in_step, true, tables, runs, false);
+      return;
+    }
+    const int64_t bucket = context_bucket(max_context_in_step, max_context);
+    auto key = std::make_tuple(runs, bucket, identity_tables, activations);
+    auto found = decode_graphs.find(key);
+    if (found == decode_graphs.end()) {
+      cuda::Graph graph =
+          cuda::Graph::capture(stream, [&] { enqueue_forward(runs, runs, 1, bucket, true, tables, runs, false); });
+      found = decode_graphs.emplace(key, std::move(graph)).first;
+    }
+    found->second.launch(stream);
+  }
   // Enqueues the forward pass of a step whose inputs are on the device. `tables`: the runs'
   // block-table rows. logit_rows: how many rows get logits (gathered at input_logit_rows unless
   // they are every token). Ends with the argmax ids in out_ids.
@@ -423,6 +441,8 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   inputs = allocate(input_words() * 4, "step inputs");
   host_inputs = cuda::PinnedMemory(input_words() * 4);
   host_ids = cuda::PinnedMemory(static_cast<size_t>(max_logit_rows) * 4);
+  host_chain_ids = cuda::PinnedMemory(static_cast<size_t>(max_runs() * GpuLlama::kMaxChainSteps) * 4);
+  chain_ids = allocate(static_cast<size_t>(max_runs() * GpuLlama::kMaxChainSteps) * 4, "draft chain ids");
 
   x = allocate(t * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
@@ -640,6 +660,54 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
 
 std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) {
   State& s = *state_;
+  const int64_t logit_rows = enqueue_step(runs, all_tokens);
+  cuda::copy_to_host_async(s.host_ids.as<void>(), s.out_ids.get(), static_cast<size_t>(logit_rows) * 4, s.stream);
+  cuda::stream_synchronize(s.stream);
+  s.last_logit_rows = logit_rows;
+  const int32_t* out = s.host_ids.as<int32_t>();
+  return std::vector<int32_t>(out, out + logit_rows);
+}
+
+std::vector<int32_t> GpuLlama::draft_chain(std::span<const Run> runs, int64_t steps) {
+  State& s = *state_;
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
+  QSPEC_CHECK(steps >= 1 && steps <= kMaxChainSteps, "GPU draft chain: ", steps, " steps outside 1..", kMaxChainSteps);
+  QSPEC_CHECK(num_runs > 0 && num_runs <= s.max_runs(), "GPU draft chain: ", num_runs, " runs outside 1..",
+              s.max_runs());
+  for (const Run& run : runs) {
+    QSPEC_CHECK(run.tokens.size() == 1 && !run.all_logits, "GPU draft chain: a run starts from exactly one token");
+    QSPEC_CHECK(run.seq >= 0 && run.seq < s.max_seqs && lengths_[static_cast<size_t>(run.seq)] + steps <= s.max_context,
+                "GPU draft chain: sequence ", run.seq, " cannot hold ", steps, " more positions");
+  }
+  // Step 0 from the host's tokens; each later one from the step before, on the device.
+  enqueue_step(runs, false);
+  bool identity_tables = true;
+  int64_t max_length = 0;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    identity_tables = identity_tables && runs[static_cast<size_t>(r)].seq == r;
+    max_length = std::max(max_length, lengths_[static_cast<size_t>(runs[static_cast<size_t>(r)].seq)]);
+  }
+  const int32_t* tables = identity_tables ? s.block_tables.as<int32_t>() : s.input_tables();
+  int32_t* chain = s.chain_ids.as<int32_t>();
+  for (int64_t i = 1; i < steps; ++i) {
+    cuda::advance_decode_inputs(s.out_ids.as<int32_t>(), num_runs, s.input_ids(), s.input_positions(),
+                                s.input_context_lens(), chain + (i - 1) * num_runs, true, s.stream);
+    s.enqueue_decode(num_runs, max_length + 1, identity_tables, tables);
+    for (const Run& run : runs) ++lengths_[static_cast<size_t>(run.seq)];
+    ++max_length;
+  }
+  cuda::advance_decode_inputs(s.out_ids.as<int32_t>(), num_runs, s.input_ids(), s.input_positions(),
+                              s.input_context_lens(), chain + (steps - 1) * num_runs, false, s.stream);
+  const size_t count = static_cast<size_t>(steps * num_runs);
+  cuda::copy_to_host_async(s.host_chain_ids.as<void>(), s.chain_ids.get(), count * 4, s.stream);
+  cuda::stream_synchronize(s.stream);
+  s.last_logit_rows = num_runs;  // the last step's logit rows
+  const int32_t* out = s.host_chain_ids.as<int32_t>();
+  return std::vector<int32_t>(out, out + count);
+}
+
+int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
+  State& s = *state_;
   const ModelConfig& c = s.config;
   const int64_t num_runs = static_cast<int64_t>(runs.size());
   QSPEC_CHECK(num_runs > 0, "GPU step: no runs");
@@ -708,27 +776,10 @@ std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) 
   }
   cuda::copy_to_device_async(s.inputs.get(), host, input_words * 4, s.stream);
 
-  if (decode && s.cuda_graphs) {
-    // Decode: replay the graph of this batch size and context bucket (captured on first use).
-    const int64_t bucket = context_bucket(max_context_in_step, s.max_context);
-    auto key = std::make_tuple(num_runs, bucket, identity_tables, s.activations);
-    auto found = s.decode_graphs.find(key);
-    if (found == s.decode_graphs.end()) {
-      cuda::Graph graph = cuda::Graph::capture(s.stream, [&] {
-        s.enqueue_forward(tokens, num_runs, 1, bucket, true, tables, logit_rows, false);
-      });
-      found = s.decode_graphs.emplace(key, std::move(graph)).first;
-    }
-    found->second.launch(s.stream);
-  } else {
-    s.enqueue_forward(tokens, num_runs, max_query_len, max_context_in_step, decode, tables, logit_rows, gather);
-  }
-  cuda::copy_to_host_async(s.host_ids.as<void>(), s.out_ids.get(), static_cast<size_t>(logit_rows) * 4, s.stream);
-  cuda::stream_synchronize(s.stream);
-  s.last_logit_rows = logit_rows;
+  if (decode) s.enqueue_decode(num_runs, max_context_in_step, identity_tables, tables);
+  else s.enqueue_forward(tokens, num_runs, max_query_len, max_context_in_step, decode, tables, logit_rows, gather);
   for (const Run& run : runs) lengths_[static_cast<size_t>(run.seq)] += static_cast<int64_t>(run.tokens.size());
-  const int32_t* out = s.host_ids.as<int32_t>();
-  return std::vector<int32_t>(out, out + logit_rows);
+  return logit_rows;
 }
 
 int32_t GpuLlama::forward(std::span<const int32_t> tokens) {

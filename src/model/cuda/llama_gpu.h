@@ -85,6 +85,12 @@ class GpuLlama {
   // for runs with all_logits (every run with all_tokens), the id after each of its tokens
   // (QSpec verify), runs in order.
   std::vector<int32_t> step(std::span<const Run> runs, bool all_tokens = false);
+  // Greedy QSpec drafts without a host round trip a step: `steps` decode steps where each run
+  // (one token: its first input) is fed its own argmax id of the step before, on the device.
+  // The host reads every id once, at the end: [step][run], runs in order. The same ids and K/V
+  // as `steps` calls of step() fed those ids.
+  static constexpr int64_t kMaxChainSteps = 16;
+  std::vector<int32_t> draft_chain(std::span<const Run> runs, int64_t steps);
 
   // Single sequence 0 (the first version's API): returns the id after the last token.
   int32_t forward(std::span<const int32_t> tokens);
@@ -123,6 +129,9 @@ class GpuLlama {
 
  private:
   GpuLlama() = default;
+  // step() up to the forward pass, queued: validates, copies the inputs, advances the lengths;
+  // returns the number of id / logit rows the pass leaves in out_ids.
+  int64_t enqueue_step(std::span<const Run> runs, bool all_tokens);
   struct State;
   std::unique_ptr<State> state_;
   std::vector<int64_t> lengths_;

@@ -200,6 +200,12 @@ void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, voi
 void argmax_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
 void argmax_f16(const f16_bits* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
 
+// A chained greedy decode step's inputs from the last one's outputs, on the device (QSpec drafts
+// without a host round trip): for r < runs, chain_ids[r] = out_ids[r]; with `advance` also
+// ids[r] = out_ids[r], positions[r] += 1, context_lens[r] += 1 (one token a run).
+void advance_decode_inputs(const int32_t* out_ids, int64_t runs, int32_t* ids, int32_t* positions,
+                           int32_t* context_lens, int32_t* chain_ids, bool advance, void* stream);
+
 // ---- paged attention ------------------------------------------------------------------
 
 // K/V pool of one layer: f16 [num_blocks, kKvBlockSize, num_kv_heads * head_dim]. Position p
