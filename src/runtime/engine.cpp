@@ -124,6 +124,9 @@ struct Unit {
   std::vector<int32_t> drafts;
   std::vector<std::vector<float>> draft_probs;
   bool draft_ended = false;  // an eos draft ends the draft
+  // GPU greedy drafts still on the device (GpuLlama::draft_chain_async): `drafts` holds gamma
+  // placeholders until the verify step reads them back with its ids.
+  int64_t chain_offset = -1, chain_stride = 0;
   std::vector<std::vector<float>> saved_keys, saved_values;  // no-overwrite ablation: draft rows
   std::vector<int32_t> target_tokens;
 };
@@ -487,6 +490,9 @@ struct Engine::Impl {
     const int64_t vocab = model.config().vocab_size;
     std::vector<SequenceChunk> chunks;
     std::vector<float> logits;
+#ifdef QSPEC_HAVE_CUDA
+    if (on_gpu && !by_mode.empty()) gpu->begin_chains();
+#endif
     for (auto& [name, group] : by_mode) {
       const RunMode& draft = group.front()->seq->draft;
       if (on_gpu) {
@@ -695,10 +701,10 @@ struct Engine::Impl {
   }
 
 #ifdef QSPEC_HAVE_CUDA
-  // Greedy drafts of one gamma for every unit: one GpuLlama::draft_chain (the next input of each
-  // step is the last step's argmax, on the device; the host reads the ids once). Drafts past an
-  // eos id are dropped, as the step-by-step loop never drafts them (their K/V rows lie inside
-  // the cycle's reservation and the verify rewrites them). False: not applicable, nothing ran.
+  // Greedy drafts of one gamma for every unit: one GpuLlama::draft_chain_async (the next input
+  // of each step is the last step's argmax, on the device). The drafts stay there: the verify
+  // step reads them on the device and returns them with its ids, so the host reads once a cycle
+  // (run_target_on_gpu). False: not applicable, nothing ran.
   bool draft_chain_on_gpu(const std::vector<Unit*>& group, std::vector<int32_t>& inputs,
                           std::vector<int64_t>& draft_steps) {
     const int64_t gamma = group.front()->gamma;
@@ -713,25 +719,38 @@ struct Engine::Impl {
       gpu->truncate(slot, unit->base);  // the last cycle's verify rows past base go
       runs.push_back(GpuLlama::Run{slot, std::span<const int32_t>(&inputs[g], 1)});
     }
-    std::vector<int32_t> ids;
+    int64_t offset = 0;
     try {
-      ids = gpu->draft_chain(runs, gamma);
+      offset = gpu->draft_chain_async(runs, gamma);
     } catch (...) {
       gpu->set_activations(gpu_mode_activations);
       throw;
     }
     totals.forward_passes += gamma;
-    const size_t n = group.size();
-    for (size_t g = 0; g < n; ++g) {
-      Unit* unit = group[g];
-      for (int64_t i = 0; i < gamma && !unit->draft_ended; ++i) {
-        const int32_t d = ids[static_cast<size_t>(i) * n + g];
-        unit->drafts.push_back(d);
-        ++draft_steps[g];
-        if (is_eos(*unit->seq, d)) unit->draft_ended = true;
-      }
+    const int64_t n = static_cast<int64_t>(group.size());
+    for (int64_t g = 0; g < n; ++g) {
+      Unit* unit = group[static_cast<size_t>(g)];
+      unit->chain_offset = offset + g;
+      unit->chain_stride = n;
+      unit->drafts.assign(static_cast<size_t>(gamma), unit->seq->tokens.back());  // placeholders (valid ids)
+      draft_steps[static_cast<size_t>(g)] = gamma;
     }
     return true;
+  }
+
+  // A unit's device drafts from the ids its verify step read back; drafts past an eos id are
+  // dropped, as the step-by-step loop never drafts them (their K/V rows lie inside the cycle's
+  // reservation, and the verify's ids before them do not depend on them).
+  void take_chain_drafts(Unit& unit) {
+    const std::vector<int32_t>& chain = gpu->last_chain_ids();
+    const int64_t gamma = static_cast<int64_t>(unit.drafts.size());
+    unit.drafts.clear();
+    for (int64_t i = 0; i < gamma && !unit.draft_ended; ++i) {
+      const int32_t d = chain[static_cast<size_t>(unit.chain_offset + i * unit.chain_stride)];
+      unit.drafts.push_back(d);
+      if (is_eos(*unit.seq, d)) unit.draft_ended = true;
+    }
+    unit.chain_offset = -1;
   }
 #endif
 
@@ -754,7 +773,8 @@ struct Engine::Impl {
       const bool cycle = unit.kind == Unit::Kind::cycle;
       const int64_t slot = gpu_slot(*unit.seq, unit.base);
       gpu->truncate(slot, unit.base);  // rows past base (a preempted sequence's, or drafts) are rewritten
-      runs.push_back(GpuLlama::Run{slot, unit.target_tokens, cycle});
+      runs.push_back(GpuLlama::Run{slot, unit.target_tokens, cycle, cycle ? unit.chain_offset : -1,
+                                   cycle ? unit.chain_stride : 0});
       first_row[g] = rows;
       rows += cycle ? static_cast<int64_t>(unit.target_tokens.size()) : 1;
       const bool host_pick = !gpu_argmax_suffices(*unit.seq);
@@ -784,6 +804,7 @@ struct Engine::Impl {
       Unit& unit = *group[g];
       Sequence& seq = *unit.seq;
       if (unit.kind == Unit::Kind::cycle) {
+        if (unit.chain_offset >= 0) take_chain_drafts(unit);
         if (!gpu_argmax_suffices(seq)) {
           commit_cycle(unit, logits.data() + first_row[g] * vocab, elapsed);
         } else {

@@ -257,6 +257,40 @@ TEST(GpuModel, DraftChainsEqualStepByStepDecoding) {
         std::vector<int32_t> last(got.end() - seqs, got.end());
         for (int r = 0; r < seqs; ++r) chain_runs[static_cast<size_t>(r)].tokens = std::span(&last[static_cast<size_t>(r)], 1);
         EXPECT_EQ(gpu.step(chain_runs), expected_next) << what << ": the K/V the chain left";
+
+        // A verify whose drafts stay on the device (placeholders + chain offsets) returns the ids
+        // of a verify given the drafts, and the drafts with them.
+        auto verify_from = [&](const std::vector<int32_t>& heads, const std::vector<int32_t>& drafts, int64_t offset) {
+          std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(seqs));
+          std::vector<qspec::GpuLlama::Run> verify;
+          for (int r = 0; r < seqs; ++r) {
+            const int s = runs[static_cast<size_t>(r)].seq;
+            gpu.truncate(s, static_cast<int64_t>(prompts[static_cast<size_t>(s)].size()));
+            auto& t = tokens[static_cast<size_t>(r)];
+            t.push_back(heads[static_cast<size_t>(r)]);
+            for (int64_t i = 0; i < gamma; ++i)
+              t.push_back(offset >= 0 ? heads[static_cast<size_t>(r)] : drafts[static_cast<size_t>(i * seqs + r)]);
+            qspec::GpuLlama::Run run{s, t, true};
+            if (offset >= 0) {
+              run.chain_offset = offset + r;
+              run.chain_stride = seqs;
+            }
+            verify.push_back(run);
+          }
+          return gpu.step(verify);
+        };
+        auto [runs_a, heads_a] = prefill();
+        for (int r = 0; r < seqs; ++r) runs_a[static_cast<size_t>(r)].tokens = std::span(&heads_a[static_cast<size_t>(r)], 1);
+        const std::vector<int32_t> drafts = gpu.draft_chain(runs_a, gamma);
+        const std::vector<int32_t> with_drafts = verify_from(heads_a, drafts, -1);
+        auto [runs_b, heads_b] = prefill();
+        gpu.begin_chains();
+        std::vector<qspec::GpuLlama::Run> heads_runs = runs_b;
+        for (int r = 0; r < seqs; ++r) heads_runs[static_cast<size_t>(r)].tokens = std::span(&heads_b[static_cast<size_t>(r)], 1);
+        const int64_t offset = gpu.draft_chain_async(heads_runs, gamma);
+        EXPECT_EQ(offset, 0) << what;
+        EXPECT_EQ(verify_from(heads_b, {}, offset), with_drafts) << what << ": verify from device drafts";
+        EXPECT_EQ(gpu.last_chain_ids(), drafts) << what << ": the drafts read back with the verify";
       }
       // Refused: a run of two tokens, too many steps, a chain past the cache.
       gpu.reset(0);

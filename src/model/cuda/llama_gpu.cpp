@@ -172,8 +172,11 @@ struct GpuLlama::State {
   // logit_rows | run tables. The run tables ([runs, blocks_per_seq], the block-table rows of the
   // step's runs in run order) are sent only when run r is not sequence r.
   DeviceMemory inputs;
-  cuda::PinnedMemory host_inputs, host_ids, host_chain_ids;
-  DeviceMemory chain_ids;  // a draft chain's ids, [step][run]
+  cuda::PinnedMemory host_inputs, host_ids, host_chain_ids, host_chain_scatter;
+  DeviceMemory chain_ids;      // this engine step's draft chains: chain c's ids [step][run] from its offset
+  DeviceMemory chain_scatter;  // a verify step's (first token, offset, stride, count) per run
+  int64_t chain_used = 0;
+  cuda::StreamFence inputs_copied;  // the last copy out of host_inputs / host_chain_scatter has run
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
@@ -443,6 +446,8 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   host_ids = cuda::PinnedMemory(static_cast<size_t>(max_logit_rows) * 4);
   host_chain_ids = cuda::PinnedMemory(static_cast<size_t>(max_runs() * GpuLlama::kMaxChainSteps) * 4);
   chain_ids = allocate(static_cast<size_t>(max_runs() * GpuLlama::kMaxChainSteps) * 4, "draft chain ids");
+  host_chain_scatter = cuda::PinnedMemory(static_cast<size_t>(max_runs()) * 16);
+  chain_scatter = allocate(static_cast<size_t>(max_runs()) * 16, "draft chain scatter");
 
   x = allocate(t * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
@@ -662,23 +667,49 @@ std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) 
   State& s = *state_;
   const int64_t logit_rows = enqueue_step(runs, all_tokens);
   cuda::copy_to_host_async(s.host_ids.as<void>(), s.out_ids.get(), static_cast<size_t>(logit_rows) * 4, s.stream);
+  bool verifies_chain = false;
+  for (const Run& run : runs) verifies_chain = verifies_chain || run.chain_offset >= 0;
+  if (verifies_chain)  // the drafts come back with the verify ids: one read a QSpec cycle
+    cuda::copy_to_host_async(s.host_chain_ids.as<void>(), s.chain_ids.get(), static_cast<size_t>(s.chain_used) * 4,
+                             s.stream);
   cuda::stream_synchronize(s.stream);
+  if (verifies_chain) {
+    const int32_t* chain = s.host_chain_ids.as<int32_t>();
+    last_chain_ids_.assign(chain, chain + s.chain_used);
+  }
   s.last_logit_rows = logit_rows;
   const int32_t* out = s.host_ids.as<int32_t>();
   return std::vector<int32_t>(out, out + logit_rows);
 }
 
+void GpuLlama::begin_chains() { state_->chain_used = 0; }
+
 std::vector<int32_t> GpuLlama::draft_chain(std::span<const Run> runs, int64_t steps) {
+  State& s = *state_;
+  begin_chains();
+  const int64_t offset = draft_chain_async(runs, steps);
+  const size_t count = static_cast<size_t>(steps) * runs.size();
+  cuda::copy_to_host_async(s.host_chain_ids.as<void>(), s.chain_ids.as<int32_t>() + offset, count * 4, s.stream);
+  cuda::stream_synchronize(s.stream);
+  const int32_t* out = s.host_chain_ids.as<int32_t>();
+  return std::vector<int32_t>(out, out + count);
+}
+
+int64_t GpuLlama::draft_chain_async(std::span<const Run> runs, int64_t steps) {
   State& s = *state_;
   const int64_t num_runs = static_cast<int64_t>(runs.size());
   QSPEC_CHECK(steps >= 1 && steps <= kMaxChainSteps, "GPU draft chain: ", steps, " steps outside 1..", kMaxChainSteps);
   QSPEC_CHECK(num_runs > 0 && num_runs <= s.max_runs(), "GPU draft chain: ", num_runs, " runs outside 1..",
               s.max_runs());
   for (const Run& run : runs) {
-    QSPEC_CHECK(run.tokens.size() == 1 && !run.all_logits, "GPU draft chain: a run starts from exactly one token");
+    QSPEC_CHECK(run.tokens.size() == 1 && !run.all_logits && run.chain_offset < 0,
+                "GPU draft chain: a run starts from exactly one token");
     QSPEC_CHECK(run.seq >= 0 && run.seq < s.max_seqs && lengths_[static_cast<size_t>(run.seq)] + steps <= s.max_context,
                 "GPU draft chain: sequence ", run.seq, " cannot hold ", steps, " more positions");
   }
+  const int64_t offset = s.chain_used;
+  QSPEC_CHECK(offset + steps * num_runs <= s.max_runs() * kMaxChainSteps, "GPU draft chain: this engine step's chains ",
+              "exceed ", s.max_runs() * kMaxChainSteps, " ids");
   // Step 0 from the host's tokens; each later one from the step before, on the device.
   enqueue_step(runs, false);
   bool identity_tables = true;
@@ -688,7 +719,7 @@ std::vector<int32_t> GpuLlama::draft_chain(std::span<const Run> runs, int64_t st
     max_length = std::max(max_length, lengths_[static_cast<size_t>(runs[static_cast<size_t>(r)].seq)]);
   }
   const int32_t* tables = identity_tables ? s.block_tables.as<int32_t>() : s.input_tables();
-  int32_t* chain = s.chain_ids.as<int32_t>();
+  int32_t* chain = s.chain_ids.as<int32_t>() + offset;
   for (int64_t i = 1; i < steps; ++i) {
     cuda::advance_decode_inputs(s.out_ids.as<int32_t>(), num_runs, s.input_ids(), s.input_positions(),
                                 s.input_context_lens(), chain + (i - 1) * num_runs, true, s.stream);
@@ -698,12 +729,9 @@ std::vector<int32_t> GpuLlama::draft_chain(std::span<const Run> runs, int64_t st
   }
   cuda::advance_decode_inputs(s.out_ids.as<int32_t>(), num_runs, s.input_ids(), s.input_positions(),
                               s.input_context_lens(), chain + (steps - 1) * num_runs, false, s.stream);
-  const size_t count = static_cast<size_t>(steps * num_runs);
-  cuda::copy_to_host_async(s.host_chain_ids.as<void>(), s.chain_ids.get(), count * 4, s.stream);
-  cuda::stream_synchronize(s.stream);
   s.last_logit_rows = num_runs;  // the last step's logit rows
-  const int32_t* out = s.host_chain_ids.as<int32_t>();
-  return std::vector<int32_t>(out, out + count);
+  s.chain_used = offset + steps * num_runs;
+  return offset;
 }
 
 int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
@@ -741,7 +769,9 @@ int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
   QSPEC_CHECK(logit_rows <= s.max_logit_rows, "GPU step: ", logit_rows, " rows of logits exceed the capacity of ",
               s.max_logit_rows);
 
-  // Inputs: one pinned buffer, one copy.
+  // Inputs: one pinned buffer, one copy. A draft chain queues steps without waiting for them:
+  // the buffer is rewritten only once the last copy out of it has run.
+  s.inputs_copied.wait();
   int32_t* host = s.host_inputs.as<int32_t>();
   int32_t* ids = host;
   int32_t* positions = host + s.max_step_tokens;
@@ -775,6 +805,27 @@ int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
     tables = s.input_tables();
   }
   cuda::copy_to_device_async(s.inputs.get(), host, input_words * 4, s.stream);
+  // Verify runs whose drafts are still on the device: their placeholders are overwritten there.
+  int32_t* scatter = s.host_chain_scatter.as<int32_t>();
+  int64_t entries = 0;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const Run& run = runs[static_cast<size_t>(r)];
+    if (run.chain_offset < 0) continue;
+    const int64_t drafts = static_cast<int64_t>(run.tokens.size()) - 1;
+    QSPEC_CHECK(drafts >= 1 && run.chain_stride >= 1 && run.chain_offset + (drafts - 1) * run.chain_stride < s.chain_used,
+                "GPU step: run ", r, " reads drafts outside this engine step's chains");
+    scatter[4 * entries + 0] = query_start[r] + 1;
+    scatter[4 * entries + 1] = static_cast<int32_t>(run.chain_offset);
+    scatter[4 * entries + 2] = static_cast<int32_t>(run.chain_stride);
+    scatter[4 * entries + 3] = static_cast<int32_t>(drafts);
+    ++entries;
+  }
+  if (entries > 0) {
+    cuda::copy_to_device_async(s.chain_scatter.get(), scatter, static_cast<size_t>(entries) * 16, s.stream);
+    cuda::scatter_chain_drafts(s.chain_ids.as<int32_t>(), s.chain_scatter.as<int32_t>(), entries, s.input_ids(),
+                               s.stream);
+  }
+  s.inputs_copied.record(s.stream);
 
   if (decode) s.enqueue_decode(num_runs, max_context_in_step, identity_tables, tables);
   else s.enqueue_forward(tokens, num_runs, max_query_len, max_context_in_step, decode, tables, logit_rows, gather);

@@ -79,6 +79,11 @@ class GpuLlama {
     int64_t seq = 0;
     std::span<const int32_t> tokens;
     bool all_logits = false;  // ids (and logit rows) after every token of the run: a QSpec verify
+    // >= 0: tokens[1 ..] are placeholders for drafts still on the device, tokens[1 + i] =
+    // chain id chain_offset + i * chain_stride of this engine step's draft chains
+    // (draft_chain_async); the step reads them there, and returns them with its ids.
+    int64_t chain_offset = -1;
+    int64_t chain_stride = 0;
   };
   // Runs every run in one forward pass (one GEMM per projection over all their tokens) and
   // appends their K/V. Returns greedy (argmax) ids: per run, the id after its last token, or,
@@ -91,6 +96,13 @@ class GpuLlama {
   // as `steps` calls of step() fed those ids.
   static constexpr int64_t kMaxChainSteps = 16;
   std::vector<int32_t> draft_chain(std::span<const Run> runs, int64_t steps);
+  // The same, left on the device for a verify step (Run::chain_offset): nothing is read back.
+  // Returns the chain's offset: run r's draft i is chain id offset + i * runs.size() + r.
+  // Chains accumulate until begin_chains() (one engine step's draft groups).
+  int64_t draft_chain_async(std::span<const Run> runs, int64_t steps);
+  void begin_chains();
+  // Every chain id of this engine step, as read back by the last step() that verified some.
+  const std::vector<int32_t>& last_chain_ids() const { return last_chain_ids_; }
 
   // Single sequence 0 (the first version's API): returns the id after the last token.
   int32_t forward(std::span<const int32_t> tokens);
@@ -135,6 +147,7 @@ class GpuLlama {
   struct State;
   std::unique_ptr<State> state_;
   std::vector<int64_t> lengths_;
+  std::vector<int32_t> last_chain_ids_;
 };
 
 // Greedy decoding of sequence 0: prompt, then up to max_new_tokens ids (stops after an eos id,

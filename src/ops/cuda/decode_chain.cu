@@ -23,7 +23,25 @@ __global__ void advance_decode_inputs_kernel(const int32_t* __restrict__ out_ids
   }
 }
 
+// Entry e = (first token, chain offset, chain stride, count): ids[first + i] = chain[offset + i
+// stride] for i < count. A block an entry.
+__global__ void scatter_chain_drafts_kernel(const int32_t* __restrict__ chain, const int32_t* __restrict__ entries,
+                                            int32_t* ids) {
+  pdl_prologue();
+  const int32_t* e = entries + 4 * blockIdx.x;
+  const int32_t first = e[0], offset = e[1], stride = e[2], count = e[3];
+  for (int i = threadIdx.x; i < count; i += blockDim.x) ids[first + i] = chain[offset + i * stride];
+}
+
 }  // namespace
+
+void scatter_chain_drafts(const int32_t* chain, const int32_t* entries, int64_t count, int32_t* ids, void* stream) {
+  QSPEC_CHECK(count >= 0 && count < (1ll << 31), "cuda::scatter_chain_drafts: bad entry count ", count);
+  if (count == 0) return;
+  launch_pdl(scatter_chain_drafts_kernel, dim3(static_cast<unsigned>(count)), dim3(32), 0, as_stream(stream), chain,
+             entries, ids);
+  QSPEC_CUDA_CHECK_LAUNCH("scatter_chain_drafts_kernel");
+}
 
 void advance_decode_inputs(const int32_t* out_ids, int64_t runs, int32_t* ids, int32_t* positions,
                            int32_t* context_lens, int32_t* chain_ids, bool advance, void* stream) {

@@ -134,6 +134,22 @@ class PinnedMemory {
 void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes, void* stream);
 void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes, void* stream);
 
+// A point of a stream the host can wait for (a CUDA event without timing): what lets the host
+// reuse a pinned staging buffer once the copy out of it has run, without waiting for the work
+// queued after that copy.
+class StreamFence {
+ public:
+  StreamFence();
+  ~StreamFence();
+  StreamFence(const StreamFence&) = delete;
+  StreamFence& operator=(const StreamFence&) = delete;
+  void record(void* stream);
+  void wait();  // returns at once before the first record
+
+ private:
+  void* event_ = nullptr;
+};
+
 // Elapsed device time between two points of a stream (CUDA events), for benchmarks.
 class EventTimer {
  public:
@@ -205,6 +221,10 @@ void argmax_f16(const f16_bits* logits, int64_t rows, int64_t vocab, int32_t* id
 // ids[r] = out_ids[r], positions[r] += 1, context_lens[r] += 1 (one token a run).
 void advance_decode_inputs(const int32_t* out_ids, int64_t runs, int32_t* ids, int32_t* positions,
                            int32_t* context_lens, int32_t* chain_ids, bool advance, void* stream);
+// A verify step's draft tokens from the device (QSpec without a host read between drafting and
+// verifying): for each of `count` entries (first, offset, stride, n) of `entries` (int32 x 4, on
+// the device), ids[first + i] = chain[offset + i * stride] for i < n.
+void scatter_chain_drafts(const int32_t* chain, const int32_t* entries, int64_t count, int32_t* ids, void* stream);
 
 // ---- paged attention ------------------------------------------------------------------
 

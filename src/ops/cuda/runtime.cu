@@ -222,6 +222,19 @@ void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes, vo
   QSPEC_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)));
 }
 
+StreamFence::StreamFence() {
+  cudaEvent_t event = nullptr;
+  QSPEC_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  event_ = event;
+}
+StreamFence::~StreamFence() {
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+void StreamFence::record(void* stream) {
+  QSPEC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_stream(stream)));
+}
+void StreamFence::wait() { QSPEC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+
 EventTimer::EventTimer() {
   cudaEvent_t a = nullptr, b = nullptr;
   QSPEC_CUDA_CHECK(cudaEventCreate(&a));
