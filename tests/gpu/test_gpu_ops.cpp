@@ -1228,6 +1228,14 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       size_t mismatches = 0;
       for (size_t i = 0; i < y.size(); ++i) mismatches += y[i] != ref[i];
       ASSERT_EQ(mismatches, 0u) << what << ": not the tiled kernel's bits";
+      // Every benchmark variant (ring depth, unroll, I2F share) on the weights unpacked above.
+      auto* w8 = reinterpret_cast<int8_t*>(static_cast<char*>(workspace.get()) + 256 * 1024);
+      cuda::w4_unpack_s8(w.view, w8, nullptr);  // again: the tiled kernel shared the workspace
+      for (int variant = 1; variant <= cuda::kW4S8WgmmaVariants; ++variant) {
+        auto d_v = poisoned(static_cast<size_t>(m * ldy) * 2);
+        cuda::w4_s8_gemm_unpacked(xa, m, w.view, w8, d_v.as<f16>(), ldy, nullptr, variant);
+        EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(m * ldy)), ref) << what << " variant " << variant;
+      }
       std::vector<float> got(expected.size());
       for (int64_t t = 0; t < m; ++t)
         for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);

@@ -477,8 +477,9 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
                                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream);
 // Its two halves (benchmarks time the GEMM alone): the weights as int8 u - 8, [ceil(n / 16) * 16][k]
 // row-major; the GEMM on them. variant (benchmarks): 0 = the default, (5 ring stages, 2 groups an
-// unrolled iteration); 1..kW4S8WgmmaVariants = (5, 2), (5, 4), (4, 4), (6, 4). The unroll of 4
-// spills (255 registers) and runs 10-15 % slower (docs/perf-notes.md); (5, 8) serialized the wgmma.
+// unrolled iteration, 3 of every 8 group sums converted by I2F); 1..kW4S8WgmmaVariants = (5, 2, no
+// I2F), (5, 4, none), (5, 2, 2 of 8), (5, 2, 3 of 8). The unroll of 4 spills (255 registers) and runs 10-15 % slower
+// (docs/perf-notes.md); (5, 8) serialized the wgmma.
 inline constexpr int kW4S8WgmmaVariants = 4;
 void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream);
 void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,

@@ -35,13 +35,17 @@
 namespace qspec::cuda::kernels {
 
 // STAGES ring slots; UNROLL groups an iteration of the main loop (see there).
-template <int STAGES, int UNROLL>
+// I2F_OF_8: how many of every 8 sums are converted by I2F (its own pipe, a quarter of the FP32
+// rate, one instruction) instead of IADD + FADD (full rate, two issue slots): issue slots are
+// this kernel's limit, the conversion pipe is idle otherwise.
+template <int STAGES, int UNROLL, int I2F_OF_8 = 0>
 struct W4S8WgmmaTile {
   static constexpr int kRows = 128;     // two warpgroups x 64 weight rows
   static constexpr int kTokens = 128;   // the wgmma's n
   static constexpr int kStageK = 128;   // one weight group = one 128-byte swizzle row
   static constexpr int kStages = STAGES;
   static constexpr int kUnroll = UNROLL;
+  static constexpr int kI2fOf8 = I2F_OF_8;
   static constexpr int kThreads = 256;
   static constexpr int kABytes = kRows * kStageK;
   static constexpr int kBBytes = kTokens * kStageK;
@@ -135,7 +139,9 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
     const float2 s = unpack_half2(scale_word);
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      const float sum = __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
+      // Both exact (|sum| < 2^22): the same f32.
+      const float sum = (i % 8) < T::kI2fOf8 ? __int2float_rn(d[i])
+                                               : __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
       total[i] = fmaf((i & 2) ? s.y : s.x, sum, total[i]);
     }
   };
