@@ -15,8 +15,9 @@
 //                        a kStages-deep ring, already in the swizzled layout wgmma reads.
 //
 // Where the time goes: every group ends with a scaling of its 64 sums a thread (IADD + FADD +
-// FFMA each: the biased-float conversion of w4_activation.cuh, full rate instead of I2F's quarter
-// rate), about 3/4 of the issue slots the tensor cores leave at their peak. So the sums are
+// FFMA each: the biased-float conversion of w4_activation.cuh, full rate; 3 of every 8 by I2F
+// instead, one issue slot on the otherwise idle conversion pipe, I2F_OF_8), about 3/4 of the
+// issue slots the tensor cores leave at their peak. So the sums are
 // double-buffered: a group's four wgmma are issued into one buffer, then the warpgroup waits only
 // for the previous group (wgmma.wait_group 1) and scales it while the new one runs. Slot s - 2 is
 // the one refilled at stage s (the prefetch distance is kStages - 2). Loading through TMA instead
