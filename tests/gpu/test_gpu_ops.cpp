@@ -1126,6 +1126,22 @@ TEST_F(Gpu, W4A8GroupSumsAtTheirExtremesAreExact) {
   }
 }
 
+namespace {
+
+// A GEMM's f16 output rows (ldy apart) against the CPU's (n apart), within 2e-3; the padding
+// between rows must keep its poison.
+void expect_gemm_rows(const std::vector<f16>& y, const std::vector<float>& expected, int64_t m, int64_t n, int64_t ldy,
+                      const std::string& what) {
+  std::vector<float> got(expected.size());
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t i = 0; i < n; ++i) got[t * n + i] = qspec::f16_to_f32(y[t * ldy + i]);
+  EXPECT_CLOSE(got, expected, 2e-3, what);
+  for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
+    for (int64_t i = n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+}
+
+}  // namespace
+
 // The large-M W4A8 kernel (weights unpacked once per block, sums 16 x) against the CPU and,
 // bit for bit, against the tiled kernel without split-K (same sums, same group order): odd n and
 // m (partial row and token tiles, warps with no tokens), every weight group, k of one stage.
@@ -1164,12 +1180,7 @@ TEST_F(Gpu, W4A8WideKernelEqualsTiledBitwiseAndMatchesCpu) {
       auto d_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
       cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
       ASSERT_EQ(y, download<f16>(d_ref, static_cast<size_t>(m * ldy))) << what << ": not the tiled kernel's bits";
-      std::vector<float> got(expected.size());
-      for (int64_t t = 0; t < m; ++t)
-        for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
-      EXPECT_CLOSE(got, expected, 2e-3, what);
-      for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
-        for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(y, expected, m, s.n, ldy, what));
       }
     }
   }
@@ -1229,19 +1240,14 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       for (size_t i = 0; i < y.size(); ++i) mismatches += y[i] != ref[i];
       ASSERT_EQ(mismatches, 0u) << what << ": not the tiled kernel's bits";
       // Every benchmark variant (ring depth, unroll, I2F share) on the weights unpacked above.
-      auto* w8 = reinterpret_cast<int8_t*>(static_cast<char*>(workspace.get()) + 256 * 1024);
-      cuda::w4_unpack_s8(w.view, w8, nullptr);  // again: the tiled kernel shared the workspace
+      cuda::DeviceMemory w8(static_cast<size_t>((s.n + 15) / 16 * 16 * s.k));
+      cuda::w4_unpack_s8(w.view, w8.as<int8_t>(), nullptr);
       for (int variant = 1; variant <= cuda::kW4S8WgmmaVariants; ++variant) {
         auto d_v = poisoned(static_cast<size_t>(m * ldy) * 2);
-        cuda::w4_s8_gemm_unpacked(xa, m, w.view, w8, d_v.as<f16>(), ldy, nullptr, variant);
+        cuda::w4_s8_gemm_unpacked(xa, m, w.view, w8.as<int8_t>(), d_v.as<f16>(), ldy, nullptr, variant);
         EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(m * ldy)), ref) << what << " variant " << variant;
       }
-      std::vector<float> got(expected.size());
-      for (int64_t t = 0; t < m; ++t)
-        for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
-      EXPECT_CLOSE(got, expected, 2e-3, what);
-      for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
-        for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(y, expected, m, s.n, ldy, what));
     }
   }
   // The unpacked weights: u - 8 of every nibble, row-major, against the CPU's codes.

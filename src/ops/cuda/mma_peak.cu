@@ -78,6 +78,16 @@ __global__ __launch_bounds__(256) void wgmma_peak_kernel(int iterations, uint32_
   if (x == 0x7fffffff) *sink = static_cast<uint32_t>(x);
 }
 
+// Median seconds of 9 timed runs of `launch` (after one warm-up run that brings the clocks up).
+template <class Launch>
+double median_launch_seconds(Launch&& launch, void* stream) {
+  launch();
+  const ReplayTimes t = time_replays([&](void*, int) { launch(); }, 1, 2, 9, stream);
+  std::vector<float> ms = t.ms;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e-3;
+}
+
 }  // namespace
 
 double wgmma_s8_peak_tops(void* stream_handle) {
@@ -90,11 +100,7 @@ double wgmma_s8_peak_tops(void* stream_handle) {
     wgmma_peak_kernel<<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
     QSPEC_CUDA_CHECK_LAUNCH("wgmma_peak_kernel");
   };
-  launch();
-  const ReplayTimes t = time_replays([&](void*, int) { launch(); }, 1, 2, 9, stream_handle);
-  std::vector<float> ms = t.ms;
-  std::sort(ms.begin(), ms.end());
-  const double seconds = ms[ms.size() / 2] * 1e-3;
+  const double seconds = median_launch_seconds(launch, stream_handle);
   const double wgmmas = static_cast<double>(blocks) * 2 * iterations * 4;
   return wgmmas * 2.0 * 64 * 128 * 32 / seconds / 1e12;
 }
@@ -109,11 +115,7 @@ double mma_sync_peak_tops(MmaType type, void* stream_handle) {
     else mma_peak_kernel<false><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
     QSPEC_CUDA_CHECK_LAUNCH("mma_peak_kernel");
   };
-  launch();  // warm-up (clocks up)
-  const ReplayTimes t = time_replays([&](void*, int) { launch(); }, 1, 2, 9, stream_handle);
-  std::vector<float> ms = t.ms;
-  std::sort(ms.begin(), ms.end());
-  const double seconds = ms[ms.size() / 2] * 1e-3;
+  const double seconds = median_launch_seconds(launch, stream_handle);
   // m16n8k32 s8: 16 * 8 * 32 multiply-adds; m16n8k16 f16: 16 * 8 * 16. Two ops each.
   const double ops_per_mma = s8 ? 2.0 * 16 * 8 * 32 : 2.0 * 16 * 8 * 16;
   const double mmas = static_cast<double>(blocks) * (threads / 32) * iterations * kPeakChains;
