@@ -18,6 +18,9 @@
 // --int8: W4A8 instead (int8 activations quantized on the GPU, the tiled kernel's tiles), with
 // the measured mma.sync peaks (s8, f16) and cuBLAS's plain int8 GEMM (int8 weights, int32 out) as
 // the baseline; rows report TOP/s and the fraction of the s8 peak (the large-M, compute-bound view).
+// The same run times W4A8-fp8: as f16 values on f16 mma (w4a8fp8_tiled_*, w4a8fp8_small_m), as
+// e4m3 codes on e4m3 mma.sync (w4a8fp8_e4m3_*) and on e4m3 wgmma (w4a8fp8_wgmma_*), and the
+// W4A16 tiled kernel (w4a16_tiled_*).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -144,13 +147,14 @@ int main(int argc, char** argv) {
                   reps, memcpy_gbps, kernel_copy_gbps, read_gbps, copy_gbps);
     }
 
-    double s8_peak = 0, f16_peak = 0, wgmma_peak = 0;
+    double s8_peak = 0, f16_peak = 0, e4m3_peak = 0, wgmma_peak = 0;
     if (int8) {
       s8_peak = cuda::mma_sync_peak_tops(cuda::MmaType::s8, stream);
       f16_peak = cuda::mma_sync_peak_tops(cuda::MmaType::f16, stream);
+      if (cuda::compute_capability() >= 89) e4m3_peak = cuda::mma_sync_peak_tops(cuda::MmaType::e4m3, stream);
       if (cuda::compute_capability() == 90) wgmma_peak = cuda::wgmma_s8_peak_tops(stream);
-      std::printf("mma.sync peak: s8 %.0f TOP/s, f16 %.0f TFLOP/s; wgmma s8 peak %.0f TOP/s\n", s8_peak, f16_peak,
-                  wgmma_peak);
+      std::printf("mma.sync peak: s8 %.0f TOP/s, f16 %.0f TFLOP/s, e4m3 %.0f TFLOP/s; wgmma s8 peak %.0f TOP/s\n",
+                  s8_peak, f16_peak, e4m3_peak, wgmma_peak);
     }
     const std::vector<Shape> shapes = {{"qkv", 4096 + 2 * 1024, 4096},
                                        {"o", 4096, 4096},
@@ -200,18 +204,25 @@ int main(int argc, char** argv) {
       cuda::w4a16_workspace_init(tiled_workspace.get(), tiled_ws, stream);
       // --int8: the activations as int8 codes + token scales (quantized once), int8 weights and
       // an int32 output for cuBLAS's int8 GEMM.
-      std::optional<cuda::DeviceMemory> xq, x_scales, w8, y32, wgmma_workspace, w8_unpacked;
+      std::optional<cuda::DeviceMemory> xq, x_scales, w8, y32, wgmma_workspace, w8_unpacked, xf8, xf8_scales,
+          e4m3_unpacked, xf16_values, xf16_scales;
       const size_t wgmma_ws = cuda::w4_s8_wgmma_workspace_bytes(shape.n, shape.k);
       if (int8) {
         xq.emplace(static_cast<size_t>(max_m * shape.k));
         x_scales.emplace(static_cast<size_t>(max_m) * 4);
         cuda::quantize_int8_rows(x.as<uint16_t>(), max_m, shape.k, shape.k, xq->as<int8_t>(), shape.k,
                                  x_scales->as<float>(), stream);
+        xf8.emplace(static_cast<size_t>(max_m * shape.k));
+        xf8_scales.emplace(static_cast<size_t>(max_m) * 4);
+        xf16_values.emplace(static_cast<size_t>(max_m * shape.k) * 2);
+        xf16_scales.emplace(static_cast<size_t>(max_m) * 4);
         if (cuda::w4_s8_wgmma_supports(views[0], qspec::quant::Format::int8)) {
           wgmma_workspace.emplace(wgmma_ws);
           cuda::w4a16_workspace_init(wgmma_workspace->get(), wgmma_ws, stream);
           w8_unpacked.emplace(static_cast<size_t>(row_blocks * 16 * shape.k));
           cuda::w4_unpack_s8(views[0], w8_unpacked->as<int8_t>(), stream);
+          e4m3_unpacked.emplace(static_cast<size_t>(row_blocks * 16 * shape.k));
+          cuda::w4_unpack_e4m3(views[0], e4m3_unpacked->as<uint8_t>(), stream);
         }
         if (baselines) {
           w8.emplace(static_cast<size_t>(shape.n * shape.k));
@@ -235,9 +246,16 @@ int main(int argc, char** argv) {
           std::sort(sorted.begin(), sorted.end());
           const double tops = flops / seconds / 1e12;
           const double peak = int8 ? s8_peak : 0.0;
-          if (peak > 0) std::printf("%-8s %5s %-24s %10s %9s %7s %8.1f%% of the s8 mma.sync peak, %.1f%% of wgmma's\n",
-                                    "", "", "", "", "", "", 100.0 * tops / peak,
-                                    wgmma_peak > 0 ? 100.0 * tops / wgmma_peak : 0.0);
+          // The row's own operand type: e4m3 for the fp8 rows, f16 for the W4A16 rows, else s8.
+          // (fp8 as f16 values runs f16 mma: rows w4a8fp8_tiled_*, w4a8fp8_small_m.)
+          const bool fp8_row = path.rfind("w4a8fp8_e4m3", 0) == 0 || path.rfind("w4a8fp8_wgmma", 0) == 0;
+          const bool f16_row = path.rfind("w4a16", 0) == 0 || (path.rfind("w4a8fp8", 0) == 0 && !fp8_row);
+          const double own_peak = !int8 ? 0.0 : fp8_row ? e4m3_peak : f16_row ? f16_peak : s8_peak;
+          const char* own_type = fp8_row ? "e4m3" : f16_row ? "f16" : "s8";
+          if (peak > 0)
+            std::printf("%-8s %5s %-24s %10s %9s %7s %8.1f%% of the s8 mma.sync peak, %.1f%% of wgmma's, %.1f%% of %s mma.sync's\n",
+                        "", "", "", "", "", "", 100.0 * tops / peak, wgmma_peak > 0 ? 100.0 * tops / wgmma_peak : 0.0,
+                        own_peak > 0 ? 100.0 * tops / own_peak : 0.0, own_type);
           results.push_back({{"shape", shape.name},
                              {"n", shape.n},
                              {"k", shape.k},
@@ -253,6 +271,8 @@ int main(int argc, char** argv) {
                              {"tflops", flops / seconds / 1e12},
                              {"graph", t.graph},
                              {"fraction_of_s8_mma_peak", peak > 0 ? nlohmann::json(tops / peak) : nlohmann::json()},
+                             {"own_mma_type", own_type},
+                             {"fraction_of_own_mma_peak", own_peak > 0 ? nlohmann::json(tops / own_peak) : nlohmann::json()},
                              {"fraction_of_s8_wgmma_peak",
                               int8 && wgmma_peak > 0 ? nlohmann::json(tops / wgmma_peak) : nlohmann::json()},
                              {"launches_per_replay", batch}});
@@ -261,6 +281,15 @@ int main(int argc, char** argv) {
         const int w4_batch = std::max(8, w4_copies), w16_batch = std::max(8, w16_copies);
         if (int8) {
           const cuda::QuantizedActivations xa = cuda::int8_activations(xq->as<int8_t>(), x_scales->as<float>(), shape.k);
+          // W4A8-fp8: as e4m3 codes (xf: the wgmma kernel's operand; on the tiled kernel e4m3
+          // mma.sync, w4a8fp8_e4m3_*) and as f16 values (xf16: f16 mma, w4a8fp8_*), with the W4A16
+          // kernel (f16 mma) beside them.
+          const cuda::QuantizedActivations xf = cuda::quantize_activations(
+              qspec::quant::Format::fp8, 0, x.as<uint16_t>(), max_m, shape.k, shape.k, xf8->get(), shape.k,
+              xf8_scales->as<float>(), 0, stream, {}, true);
+          const cuda::QuantizedActivations xf16 = cuda::quantize_activations(
+              qspec::quant::Format::fp8, 0, x.as<uint16_t>(), max_m, shape.k, shape.k, xf16_values->get(), shape.k,
+              xf16_scales->as<float>(), 0, stream);
           for (int tile : tiles) {
             const cuda::W4A16TiledConfig config{tile, 0};
             const cuda::ReplayTimes t = cuda::time_replays(
@@ -270,6 +299,40 @@ int main(int argc, char** argv) {
                 },
                 w4_batch, warmup, reps, stream);
             report("w4a8_tiled_" + cuda::w4a16_tiled_tile_name(tile), t, static_cast<double>(w4_bytes), w4_batch);
+            const cuda::ReplayTimes f = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4_quantized_gemm_tiled(xf, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                tiled_workspace.get(), tiled_ws, s, config);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a8fp8_e4m3_tiled_" + cuda::w4a16_tiled_tile_name(tile), f, static_cast<double>(w4_bytes),
+                   w4_batch);
+            const cuda::ReplayTimes f16v = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4_quantized_gemm_tiled(xf16, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                tiled_workspace.get(), tiled_ws, s, config);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a8fp8_tiled_" + cuda::w4a16_tiled_tile_name(tile), f16v, static_cast<double>(w4_bytes), w4_batch);
+            const cuda::ReplayTimes h = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
+                                         shape.n, tiled_workspace.get(), tiled_ws, s, config);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile), h, static_cast<double>(w4_bytes), w4_batch);
+          }
+          if (m <= 64) {  // the small-M kernel (decode sizes): int8, fp8 as e4m3 codes, fp8 as f16 values
+            for (const auto* act : {&xa, &xf, &xf16}) {
+              const cuda::ReplayTimes t = cuda::time_replays(
+                  [&](void* s, int i) {
+                    cuda::w4_quantized_gemm_small_m(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                    small_workspace.get(), small_ws, s);
+                  },
+                  w4_batch, warmup, reps, stream);
+              report(act == &xa ? "w4a8_small_m" : act == &xf ? "w4a8fp8_e4m3_small_m" : "w4a8fp8_small_m", t,
+                     static_cast<double>(w4_bytes), w4_batch);
+            }
           }
           for (int wide_tile : {1, 2}) {
             if (!cuda::w4_s8_wide_supports(views[0], qspec::quant::Format::int8)) break;
@@ -302,6 +365,21 @@ int main(int argc, char** argv) {
               report("w4a8_s8_wgmma_gemm_only" + (variant ? "_v" + std::to_string(variant) : std::string()), g,
                      static_cast<double>(shape.n * shape.k), 8);
             }
+            // W4A8-fp8 on the same kernel (e4m3 wgmma): as dispatched, and the GEMM alone.
+            const cuda::ReplayTimes f = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w4_quantized_gemm_s8_wgmma(xf, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                   wgmma_workspace->get(), wgmma_ws, s);
+                },
+                w4_batch, warmup, reps, stream);
+            report("w4a8fp8_wgmma_128x128", f, static_cast<double>(w4_bytes), w4_batch);
+            const cuda::ReplayTimes fg = cuda::time_replays(
+                [&](void* s, int) {
+                  cuda::w4_s8_gemm_unpacked(xf, m, views[0], e4m3_unpacked->as<int8_t>(), y.as<uint16_t>(), shape.n,
+                                            s);
+                },
+                8, warmup, reps, stream);
+            report("w4a8fp8_wgmma_gemm_only", fg, static_cast<double>(shape.n * shape.k), 8);
           }
           if (baselines) {
             const cuda::ReplayTimes t = cuda::time_replays(
@@ -388,6 +466,7 @@ int main(int argc, char** argv) {
     nlohmann::json record = {{"benchmark", int8 ? "w4a8_gemm" : "w4a16_gemm"},
                              {"s8_mma_sync_peak_tops", int8 ? nlohmann::json(s8_peak) : nlohmann::json()},
                              {"f16_mma_sync_peak_tflops", int8 ? nlohmann::json(f16_peak) : nlohmann::json()},
+                             {"e4m3_mma_sync_peak_tflops", int8 && e4m3_peak > 0 ? nlohmann::json(e4m3_peak) : nlohmann::json()},
                              {"s8_wgmma_peak_tops", int8 && wgmma_peak > 0 ? nlohmann::json(wgmma_peak) : nlohmann::json()},
                              {"gpu", gpu},
                              {"commit", commit},

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -29,6 +30,7 @@
 #include "gemm/dpr.h"
 #include "gemm/w4_bitplanes.h"
 #include "gemm/w4a16_pack.h"
+#include "model/cuda/gemm_dispatch.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cuda/device_info.h"
@@ -1281,21 +1283,148 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
   EXPECT_THROW(cuda::w4_quantized_gemm_s8_wgmma(xa, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, 0, nullptr), qspec::Error);
 }
 
+// W4A8-fp8 on the wgmma kernel (e4m3 x e4m3 -> f32 group sums, the weights unpacked to e4m3
+// codes) against the CPU (within 2e-3, as every GEMM) and beside the tiled kernel's e4m3 mma.sync
+// (the same f32 products; only the tensor cores' summation order may differ): the unpacked codes
+// are the CPU's e4m3 of every weight, odd n and m, ldy padding kept.
+TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
+  using qspec::quant::Format;
+  if (cuda::compute_capability() != 90) GTEST_SKIP() << "wgmma: compute capability 9.0 only";
+  struct Shape {
+    int64_t n, k, ldy_pad;
+  };
+  qspec::ActivationMode fp8_mode;
+  fp8_mode.kind = qspec::ActivationMode::Kind::quantized;
+  fp8_mode.format = Format::fp8;
+  size_t outputs = 0, same_bits = 0;
+  for (const Shape& s : {Shape{4097, 4096, 3}, Shape{136, 128, 8}, Shape{300, 384, 0}, Shape{1408, 14336, 8}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, 128);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    ASSERT_TRUE(cuda::w4_s8_wgmma_supports(w.view, Format::fp8));
+    for (int64_t m : {1, 7, 128, 129, 300}) {
+      if (s.k > 4096 && m > 129) continue;  // the CPU reference's time
+      const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + s.ldy_pad;
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, fp8_mode, weight);
+      auto d_x = upload(to_f16(x));
+      auto d_q = poisoned(static_cast<size_t>(m * ldq));
+      auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+      const cuda::QuantizedActivations xa = cuda::quantize_activations(
+          Format::fp8, 0, d_x.as<f16>(), m, s.k, ldx, d_q.get(), ldq, d_scales.as<float>(), 0, nullptr, {}, true);
+      const std::string what = "fp8 wgmma m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
+                               std::to_string(s.k) + " ldy " + std::to_string(ldy);
+      const size_t bytes = std::max(cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k),
+                                    cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled));
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_s8_wgmma(xa, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
+      const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
+      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(y, expected, m, s.n, ldy, what));
+      auto d_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
+      const std::vector<f16> ref = download<f16>(d_ref, static_cast<size_t>(m * ldy));
+      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(ref, expected, m, s.n, ldy, what + " (tiled)"));
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t i = 0; i < s.n; ++i) {
+          ++outputs;
+          same_bits += y[t * ldy + i] == ref[t * ldy + i];
+        }
+    }
+  }
+  std::printf("  fp8 wgmma: %zu of %zu outputs bitwise the tiled kernel's\n", same_bits, outputs);
+  // The unpacked weights: the e4m3 code of every weight, row-major.
+  {
+    const qspec::QuantizedMatrix weight = random_quantized(40, 256, Format::int4, 128);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    auto d_w8 = poisoned(48 * 256);
+    cuda::w4_unpack_e4m3(w.view, d_w8.as<uint8_t>(), nullptr);
+    const std::vector<uint8_t> w8 = download<uint8_t>(d_w8, 48 * 256);
+    for (int64_t r = 0; r < 40; ++r)
+      for (int64_t c = 0; c < 256; ++c)
+        ASSERT_EQ(w8[r * 256 + c], qspec::quant::f32_to_e4m3(qspec::quant::element_value(
+                                       weight.format, weight.codes.data() + r * weight.format.code_bytes(), c)))
+            << "unpacked e4m3 weight row " << r << " col " << c;
+  }
+  // Benchmark variants are int8 only.
+  const qspec::QuantizedMatrix g128 = random_quantized(16, 256, Format::int4, 128);
+  DeviceW4 w_g128(qspec::gemm::pack_w4a16(g128));
+  auto d_q = poisoned(512), d_scales = poisoned(16), d_w8 = poisoned(16 * 256), d_y = poisoned(64);
+  const cuda::QuantizedActivations xf{Format::fp8, d_q.get(), 256, d_scales.as<float>(), 0, 0, true};
+  EXPECT_THROW(cuda::w4_s8_gemm_unpacked(xf, 1, w_g128.view, d_w8.as<int8_t>(), d_y.as<f16>(), 16, nullptr, 1),
+               qspec::Error);
+  // fp8 as f16 values is not what the wgmma kernel reads.
+  const cuda::QuantizedActivations xf16{Format::fp8, d_q.get(), 256, d_scales.as<float>(), 0, 0, false};
+  EXPECT_THROW(cuda::w4_s8_gemm_unpacked(xf16, 1, w_g128.view, d_w8.as<int8_t>(), d_y.as<f16>(), 16, nullptr),
+               qspec::Error);
+}
+
+// How the engine feeds fp8 GEMMs (GpuLlama::fp8_codes_for): a map that sends an fp8 GEMM to the
+// wgmma kernel gets e4m3 codes (w4_fp8_gemm_takes_e4m3), and the dispatcher runs them there;
+// everywhere else (small M, other strategies, no map, no workspace) f16 values, and f16 values the
+// map sends to wgmma take the tiled kernel instead. Every route matches the CPU.
+TEST_F(Gpu, Fp8GemmsTakeE4m3CodesExactlyWhereTheyRunOnWgmma) {
+  using qspec::quant::Format;
+  if (cuda::compute_capability() != 90) GTEST_SKIP() << "wgmma: compute capability 9.0 only";
+  const int64_t n = 520, k = 1024, ldq = k + 16;
+  const qspec::QuantizedMatrix weight = random_quantized(n, k, Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  qspec::ActivationMode fp8_mode;
+  fp8_mode.kind = qspec::ActivationMode::Kind::quantized;
+  fp8_mode.format = Format::fp8;
+  const qspec::gemm::PolicyMap forced = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::s8_wgmma_128x128);
+  const qspec::gemm::PolicyMap rules;  // rule-based: wgmma from 512 tokens
+  const size_t bytes = std::max(cuda::w4_s8_wgmma_workspace_bytes(n, k),
+                                cuda::w4a16_workspace_bytes(600, n, k, cuda::W4A16Path::tiled));
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  cuda::Blas blas;
+  EXPECT_TRUE(qspec::w4_fp8_gemm_takes_e4m3(&forced, w.view, 200, bytes));
+  EXPECT_TRUE(qspec::w4_fp8_gemm_takes_e4m3(&rules, w.view, 600, bytes));
+  EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(&rules, w.view, 200, bytes));
+  EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(nullptr, w.view, 600, bytes));
+  EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(&forced, w.view, 600, 1024));  // no room for the unpacked weights
+  const qspec::QuantizedMatrix g64 = random_quantized(n, k, Format::int4, 64);
+  DeviceW4 w64(qspec::gemm::pack_w4a16(g64));
+  EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(&forced, w64.view, 600, bytes));  // the kernel needs groups of 128
+  for (int64_t m : {200, 600}) {
+    const std::vector<float> x = random_f16_values(static_cast<size_t>(m * k));
+    const std::vector<float> expected = cpu_quantized_linear(x, m, k, k, fp8_mode, weight);
+    auto d_x = upload(to_f16(x));
+    for (const qspec::gemm::PolicyMap* policy : {&forced, &rules}) {
+      for (bool codes : {false, true}) {
+        auto d_q = poisoned(static_cast<size_t>(m * ldq) * 2);
+        auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+        const cuda::QuantizedActivations xq = cuda::quantize_activations(
+            Format::fp8, 0, d_x.as<f16>(), m, k, k, d_q.get(), ldq, d_scales.as<float>(), 0, nullptr, {}, codes);
+        auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        qspec::dispatch_w4_gemm(policy, blas, qspec::W4GemmInput{nullptr, 0, &xq}, m, w.view, d_y.as<f16>(), n,
+                                workspace.get(), bytes, nullptr);
+        const std::string what = std::string(policy == &forced ? "forced wgmma" : "rules") + " m" +
+                                 std::to_string(m) + (codes ? " e4m3 codes" : " f16 values");
+        ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(download<f16>(d_y, static_cast<size_t>(m * n)), expected, m, n, n, what));
+      }
+    }
+  }
+}
+
 // ---- W4A4 / W4A8-fp8 activations: quantizer and GEMMs ----------------------------------------
 
 namespace {
 
 struct ActivationCase {
   qspec::quant::Format format;
-  int64_t group;  // int4 only
+  int64_t group;      // int4 only
+  bool e4m3 = false;  // fp8 only: e4m3 codes instead of f16 values
   std::string name() const {
     return std::string(qspec::quant::format_name(format)) +
-           (format == qspec::quant::Format::int4 ? " g" + std::to_string(group) : "");
+           (format == qspec::quant::Format::int4 ? " g" + std::to_string(group) : "") + (e4m3 ? " e4m3" : "");
   }
+  bool f16_values() const { return cuda::quantized_activations_use_f16(format) && !e4m3; }
 };
 
-// What the GEMMs see of quantized activations, as f32: int4 code x group scale, or f16 value x
-// token scale (cuda::QuantizedActivations).
+// What the GEMMs see of quantized activations, as f32: int4 code x group scale, e4m3 code x token
+// scale, or f16 value x token scale (cuda::QuantizedActivations).
 std::vector<float> gpu_dequantized(const cuda::QuantizedActivations& q, int64_t rows, int64_t k) {
   std::vector<float> out(static_cast<size_t>(rows * k));
   cuda::synchronize();
@@ -1308,6 +1437,15 @@ std::vector<float> gpu_dequantized(const cuda::QuantizedActivations& q, int64_t 
       for (int64_t i = 0; i < k; ++i)
         out[static_cast<size_t>(r * k + i)] =
             static_cast<float>(codes[static_cast<size_t>(r * q.ldx + i)]) * scales[static_cast<size_t>(r * q.scale_ld + i / q.group)];
+  } else if (q.format == qspec::quant::Format::fp8 && q.e4m3) {  // e4m3 codes
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * q.ldx));
+    std::vector<float> scales(static_cast<size_t>(rows));
+    cuda::copy_to_host(codes.data(), q.values, codes.size());
+    cuda::copy_to_host(scales.data(), q.scales, scales.size() * 4);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        out[static_cast<size_t>(r * k + i)] =
+            qspec::quant::e4m3_to_f32(codes[static_cast<size_t>(r * q.ldx + i)]) * scales[static_cast<size_t>(r)];
   } else {
     std::vector<f16> values(static_cast<size_t>(rows * q.ldx));
     std::vector<float> scales(static_cast<size_t>(rows));
@@ -1330,8 +1468,9 @@ std::vector<float> gpu_dequantized(const cuda::QuantizedActivations& q, int64_t 
 TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
   using qspec::quant::Format;
   using qspec::quant::Role;
-  const std::vector<ActivationCase> cases = {{Format::int4, 32},  {Format::int4, 64}, {Format::int4, 128},
-                                             {Format::fp8, 0},    {Format::nvfp4, 0}, {Format::mxfp4, 0}};
+  const std::vector<ActivationCase> cases = {{Format::int4, 32}, {Format::int4, 64},    {Format::int4, 128},
+                                             {Format::fp8, 0},   {Format::fp8, 0, true}, {Format::nvfp4, 0},
+                                             {Format::mxfp4, 0}};
   for (const ActivationCase& c : cases)
     for (auto [rows, k] : {std::tuple{1, 64}, {6, 256}, {17, 4096}, {5, 704}, {64, 14336}}) {
       if (c.format == Format::int4 && k % c.group != 0) continue;
@@ -1347,13 +1486,13 @@ TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
       }
       x = from_f16(to_f16(x));  // what the GPU reads (the tiny block keeps few bits)
       auto d_x = upload(to_f16(x));
-      const bool f16_values = cuda::quantized_activations_use_f16(c.format);
-      auto d_values = poisoned(static_cast<size_t>(rows * ldv) * (f16_values ? 2 : 1));
+      auto d_values = poisoned(static_cast<size_t>(rows * ldv) * (c.f16_values() ? 2 : 1));
       auto d_scales = poisoned(static_cast<size_t>(rows * std::max<int64_t>(1, scale_ld)) * 4);
       const cuda::QuantizedActivations q =
           cuda::quantize_activations(c.format, c.group, d_x.as<f16>(), rows, k, ldx, d_values.get(), ldv,
-                                     d_scales.as<float>(), scale_ld, nullptr);
+                                     d_scales.as<float>(), scale_ld, nullptr, {}, c.e4m3);
       ASSERT_EQ(q.values, d_values.get());
+      ASSERT_EQ(q.e4m3, c.e4m3);
       const std::vector<float> got = gpu_dequantized(q, rows, k);
       const auto format = qspec::quant::make_row_format(c.format, Role::activation, k, c.group > 0 ? c.group : 128);
       for (int64_t r = 0; r < rows; ++r) {
@@ -1372,7 +1511,7 @@ TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
         auto d_bad = upload(to_f16(bad));
         const cuda::QuantizedActivations qb =
             cuda::quantize_activations(c.format, c.group, d_bad.as<f16>(), rows, k, ldx, d_values.get(), ldv,
-                                       d_scales.as<float>(), scale_ld, nullptr);
+                                       d_scales.as<float>(), scale_ld, nullptr, {}, c.e4m3);
         const std::vector<float> bad_got = gpu_dequantized(qb, rows, k);
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t i = 0; i < k; ++i) {
@@ -1391,6 +1530,10 @@ TEST_F(Gpu, QuantizeActivationsEqualsTheCpuQuantizerBitwise) {
                qspec::Error);  // k not a multiple of 16
   EXPECT_THROW(cuda::quantize_activations(Format::int4_channel, 0, nullptr, 1, 64, 64, nullptr, 64, nullptr, 0, nullptr),
                qspec::Error);  // a weight format
+  EXPECT_THROW(cuda::quantize_activations(Format::nvfp4, 0, reinterpret_cast<f16*>(256), 1, 64, 64,
+                                          reinterpret_cast<void*>(256), 64, reinterpret_cast<float*>(256), 0, nullptr,
+                                          {}, true),
+               qspec::Error);  // e4m3 codes are fp8's
 }
 
 // The 4-bit-weight GEMMs on W4A4 (int4 groups on s8 mma; nvfp4 / mxfp4 emulated on f16 mma) and
@@ -1409,7 +1552,8 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
     const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, s.weight_group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     for (const ActivationCase& c : {ActivationCase{Format::int4, s.int4_group}, ActivationCase{Format::fp8, 0},
-                                    ActivationCase{Format::nvfp4, 0}, ActivationCase{Format::mxfp4, 0}}) {
+                                    ActivationCase{Format::fp8, 0, true}, ActivationCase{Format::nvfp4, 0},
+                                    ActivationCase{Format::mxfp4, 0}}) {
       if ((c.format == Format::nvfp4 && s.k % 16 != 0) || (c.format == Format::mxfp4 && s.k % 32 != 0)) continue;
       qspec::ActivationMode mode;
       mode.kind = qspec::ActivationMode::Kind::quantized;
@@ -1423,8 +1567,9 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
         auto d_x = upload(to_f16(x));
         auto d_values = poisoned(static_cast<size_t>(m * ldv) * 2);
         auto d_scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)) * 4);
-        const cuda::QuantizedActivations q = cuda::quantize_activations(
-            c.format, c.group, d_x.as<f16>(), m, s.k, ldx, d_values.get(), ldv, d_scales.as<float>(), scale_ld, nullptr);
+        const cuda::QuantizedActivations q =
+            cuda::quantize_activations(c.format, c.group, d_x.as<f16>(), m, s.k, ldx, d_values.get(), ldv,
+                                       d_scales.as<float>(), scale_ld, nullptr, {}, c.e4m3);
         struct Variant {
           const char* name;
           cuda::W4A16SmallMConfig config;
@@ -1612,4 +1757,132 @@ TEST_F(Gpu, ArcReorderAndResidualQuantizationEqualTheCpu) {
                                           reinterpret_cast<void*>(256), 96, reinterpret_cast<float*>(256), 0, nullptr,
                                           {64, 32}),
                qspec::Error);  // ARC needs a 4-bit block format
+}
+
+// The fused quantizer in front of the 4-bit GEMMs (cuda::rmsnorm_quantize: residual add, RMSNorm,
+// ARC reorder, primary + residual quantization in one launch) is the unfused chain bit for bit:
+// [add_]rmsnorm -> gather_columns -> quantize_activations, for every activation format, with and
+// without the residual add, the reorder and the ARC residuals: values (bytes), scales and the
+// residual written back; a NaN row gives NaN scales in both.
+TEST_F(Gpu, RmsnormQuantizeEqualsTheUnfusedChainBitwise) {
+  using qspec::quant::Format;
+  struct Case {
+    Format format;
+    int64_t group;  // int4
+    bool reorder;
+    int64_t tail, outliers;  // augmented columns, ARC residuals among them (reorder only)
+    bool e4m3 = false;       // fp8 as e4m3 codes
+  };
+  const std::vector<Case> cases = {
+      {Format::int8, 0, false, 0, 0},    {Format::int8, 0, true, 64, 0},      {Format::fp8, 0, false, 0, 0},
+      {Format::fp8, 0, true, 32, 0},     {Format::fp8, 0, false, 0, 0, true}, {Format::fp8, 0, true, 32, 0, true},
+      {Format::int4, 32, false, 0, 0},   {Format::int4, 128, true, 128, 128}, {Format::nvfp4, 0, false, 0, 0},
+      {Format::nvfp4, 0, true, 64, 32},  {Format::mxfp4, 0, false, 0, 0},    {Format::mxfp4, 0, true, 256, 256}};
+  for (const Case& c : cases)
+    for (auto [rows, dim] : {std::tuple{1, 256}, {5, 4096}, {17, 1024}, {3, 8192}}) {
+      const int64_t k = dim + c.tail, ldv = k + 16, ldr = k + 8;
+      const int64_t scale_ld = c.format == Format::int4 ? k / c.group + 1 : 0;
+      const bool f16_values = cuda::quantized_activations_use_f16(c.format) && !c.e4m3;
+      const cuda::ArcResidual arc{c.outliers > 0 ? dim : 0, c.outliers};
+      std::vector<float> x = random_f16_values(static_cast<size_t>(rows * dim), 3.0f);
+      for (int64_t r = 0; r < rows; ++r)  // outlier channels
+        for (int64_t i = 0; i < dim; i += 41) x[static_cast<size_t>(r * dim + i)] *= 30.0f;
+      const std::vector<float> delta = random_f16_values(static_cast<size_t>(rows * dim));
+      std::vector<float> weight = random_f16_values(static_cast<size_t>(dim));
+      for (float& w : weight) w = 1.0f + 0.25f * w;
+      std::vector<int32_t> order(static_cast<size_t>(dim));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng());
+      auto d_weight = upload(weight);
+      auto d_delta = upload(to_f16(delta));
+      auto d_order = upload(order);
+      for (bool add : {false, true})
+        for (bool nan_row : {false, true}) {
+          std::vector<float> x_in = x;
+          if (nan_row && rows > 1) x_in[static_cast<size_t>(dim + dim / 2)] = std::numeric_limits<float>::quiet_NaN();
+          if (nan_row && rows == 1) continue;
+          const std::string what = std::string(qspec::quant::format_name(c.format)) +
+                                   (c.format == Format::int4 ? " g" + std::to_string(c.group) : "") +
+                                   (c.e4m3 ? " e4m3" : "") + (c.reorder ? " reorder" : "") +
+                                   (c.outliers ? " S" + std::to_string(c.outliers) : "") +
+                                   (add ? " add" : "") + (nan_row ? " nan" : "") + " " + shape_name({rows, dim});
+          auto d_x_ref = upload(to_f16(x_in)), d_x = upload(to_f16(x_in));
+          auto d_normed = poisoned(static_cast<size_t>(rows * dim) * 2);
+          auto d_reordered = poisoned(static_cast<size_t>(rows * ldr) * 2);
+          const size_t value_bytes = static_cast<size_t>(rows * ldv) * (f16_values ? 2 : 1);
+          const size_t scale_bytes = static_cast<size_t>(rows * std::max<int64_t>(1, scale_ld)) * 4;
+          auto d_values_ref = poisoned(value_bytes), d_values = poisoned(value_bytes);
+          auto d_scales_ref = poisoned(scale_bytes), d_scales = poisoned(scale_bytes);
+          // The chain.
+          if (add)
+            cuda::add_rmsnorm(d_x_ref.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f,
+                              d_normed.as<f16>(), nullptr);
+          else
+            cuda::rmsnorm(d_x_ref.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_normed.as<f16>(), nullptr);
+          const f16* chain_in = d_normed.as<f16>();
+          int64_t chain_ld = dim;
+          if (c.reorder) {
+            cuda::gather_columns(d_normed.as<f16>(), rows, dim, dim, d_order.as<int32_t>(), k, d_reordered.as<f16>(),
+                                 ldr, nullptr);
+            chain_in = d_reordered.as<f16>();
+            chain_ld = ldr;
+          }
+          cuda::quantize_activations(c.format, c.group, chain_in, rows, k, chain_ld, d_values_ref.get(), ldv,
+                                     d_scales_ref.as<float>(), scale_ld, nullptr, arc, c.e4m3);
+          // The fused kernel.
+          const cuda::QuantizedActivations q = cuda::rmsnorm_quantize(
+              c.format, c.group, d_x.as<f16>(), add ? d_delta.as<f16>() : nullptr, d_weight.as<float>(), rows, dim,
+              1e-5f, c.reorder ? d_order.as<int32_t>() : nullptr, k, d_values.get(), ldv, d_scales.as<float>(),
+              scale_ld, nullptr, arc, c.e4m3);
+          ASSERT_EQ(q.values, d_values.get());
+          ASSERT_EQ(q.format, c.format);
+          ASSERT_EQ(q.e4m3, c.e4m3);
+          const size_t elem = f16_values ? 2 : 1;
+          const auto values_ref = download<uint8_t>(d_values_ref, value_bytes);
+          const auto values = download<uint8_t>(d_values, value_bytes);
+          for (int64_t r = 0; r < rows; ++r)
+            for (size_t b = 0; b < static_cast<size_t>(k) * elem; ++b) {
+              const size_t at = static_cast<size_t>(r * ldv) * elem + b;
+              ASSERT_EQ(values[at], values_ref[at]) << what << " row " << r << " byte " << b;
+            }
+          // Row padding keeps its poison (nothing written past k).
+          if (rows > 0) EXPECT_EQ(values[static_cast<size_t>(k) * elem], 0xff) << what;
+          const auto scales_ref = download<uint32_t>(d_scales_ref, scale_bytes / 4);
+          const auto scales = download<uint32_t>(d_scales, scale_bytes / 4);
+          const int64_t scales_a_row = c.format == Format::int4 ? k / c.group : 1;
+          const int64_t scale_stride = c.format == Format::int4 ? scale_ld : 1;
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < scales_a_row; ++i) {
+              const size_t at = static_cast<size_t>(r * scale_stride + i);
+              ASSERT_EQ(scales[at], scales_ref[at]) << what << " scale row " << r << " " << i;
+              ASSERT_NE(scales[at], 0xffffffffu) << what << ": unwritten scale";
+            }
+          if (nan_row) {
+            float s1;
+            std::memcpy(&s1, &scales[static_cast<size_t>(scale_stride)], 4);
+            EXPECT_TRUE(std::isnan(s1)) << what << ": the NaN row's scale";
+          }
+          ASSERT_EQ(download<f16>(d_x, static_cast<size_t>(rows * dim)),
+                    download<f16>(d_x_ref, static_cast<size_t>(rows * dim)))
+              << what << ": residual";
+        }
+    }
+  // Bad calls are refused with the reason.
+  auto* p = reinterpret_cast<f16*>(256);
+  auto* w = reinterpret_cast<float*>(256);
+  auto* values = reinterpret_cast<void*>(512);
+  EXPECT_THROW(cuda::rmsnorm_quantize(Format::fp8, 0, p, nullptr, w, 1, 100, 1e-5f, nullptr, 100, values, 112, w, 0,
+                                      nullptr),
+               qspec::Error);  // dim not a multiple of 8
+  EXPECT_THROW(cuda::rmsnorm_quantize(Format::fp8, 0, p, nullptr, w, 1, 96, 1e-5f, nullptr, 128, values, 128, w, 0,
+                                      nullptr),
+               qspec::Error);  // k != dim without a channel order
+  EXPECT_THROW(cuda::rmsnorm_quantize(Format::nvfp4, 0, p, nullptr, w, 1, 96, 1e-5f, nullptr, 96, values, 112, w, 0,
+                                      nullptr, {96, 32}),
+               qspec::Error);  // ARC residuals without the order
+  EXPECT_THROW(cuda::rmsnorm_quantize(Format::int8, 0, p, nullptr, w, 1, 32768, 1e-5f, nullptr, 32768, values, 32768,
+                                      w, 0, nullptr),
+               qspec::Error);  // a row too wide for shared memory
+  EXPECT_THROW(cuda::rmsnorm_quantize(Format::int8, 0, p, nullptr, w, 1, 96, 1e-5f, nullptr, 96, p, 96, w, 0, nullptr),
+               qspec::Error);  // values alias the residual
 }

@@ -38,6 +38,9 @@ TEST(PolicyMap, LooksUpRangesAndFallsBackToTheRule) {
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 511), Strategy::tiled_256x64);  // no cuBLAS path for int8
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 512), Strategy::s8_wgmma_128x128);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 4096), Strategy::s8_wgmma_128x128);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("fp8", 1024), Strategy::s8_wgmma_128x128);
+  EXPECT_NE(qspec::gemm::rule_based_strategy("fp8", 256), Strategy::s8_wgmma_128x128);
+  EXPECT_NE(qspec::gemm::rule_based_strategy("nvfp4", 1024), Strategy::s8_wgmma_128x128);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int4", 4096), Strategy::tiled_256x64);
 }
 
@@ -120,7 +123,8 @@ TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "f16"));
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "int8"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "int4"));
-  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "fp8"));
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::s8_wgmma_128x128, "fp8"));  // e4m3 wgmma
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::s8_wide_128x128, "fp8"));
   EXPECT_EQ(qspec::gemm::parse_strategy("s8_wgmma_128x128"), Strategy::s8_wgmma_128x128);
   PolicyMap map;
   EXPECT_THROW(map.set("int8", 4096, 4096, 64, {{1, Strategy::small_m_v1}, {1024, Strategy::s8_wgmma_128x128}}),

@@ -12,6 +12,25 @@ std::string_view W4GemmInput::activations() const {
   return quantized == nullptr ? std::string_view("f16") : quant::format_name(quantized->format);
 }
 
+namespace {
+
+// Whether the wgmma strategy can take this GEMM: the kernel runs here on these weights, the
+// workspace holds the unpacked weights, and fp8 activations come as e4m3 codes.
+bool wgmma_runs(const W4GemmInput& x, const cuda::W4A16Weights& w, size_t workspace_bytes) {
+  return x.quantized != nullptr && cuda::w4_s8_wgmma_supports(w, x.quantized->format) &&
+         workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k) &&
+         (x.quantized->format != quant::Format::fp8 || x.quantized->e4m3);
+}
+
+}  // namespace
+
+bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
+                            size_t workspace_bytes) {
+  if (policy == nullptr || policy->lookup("fp8", w.n, w.k, m) != gemm::Strategy::s8_wgmma_128x128) return false;
+  return cuda::w4_s8_wgmma_supports(w, quant::Format::fp8) &&
+         workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k);
+}
+
 void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
                  const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes,
                  void* stream) {
@@ -23,9 +42,7 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     strategy = Strategy::tiled_256x64;
   // The wgmma kernel's int8 weights live in the workspace; without room (or off sm_90a), the
   // tiled kernel computes the same bits.
-  if (strategy == Strategy::s8_wgmma_128x128 &&
-      (workspace_bytes < cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k) || !cuda::w4_s8_wgmma_supports(w, x.quantized->format)))
-    strategy = Strategy::tiled_128x64;
+  if (strategy == Strategy::s8_wgmma_128x128 && !wgmma_runs(x, w, workspace_bytes)) strategy = Strategy::tiled_128x64;
   switch (strategy) {
     case Strategy::small_m_v1:
     case Strategy::small_m_v2:
@@ -78,8 +95,7 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     if (strategy == gemm::Strategy::s8_wide_128x128 &&
         (x.quantized == nullptr || !cuda::w4_s8_wide_supports(w, x.quantized->format)))
       strategy = gemm::rule_based_strategy(x.activations(), m);
-    if (strategy == gemm::Strategy::s8_wgmma_128x128 &&
-        (x.quantized == nullptr || !cuda::w4_s8_wgmma_supports(w, x.quantized->format)))
+    if (strategy == gemm::Strategy::s8_wgmma_128x128 && !wgmma_runs(x, w, workspace_bytes))
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
@@ -175,16 +191,23 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
           // quantizer, or an RMSNorm for f16), as the step launches them: under programmatic
           // dependent launch a GEMM's prologue overlaps its predecessor, which back-to-back
           // launches of the GEMM alone do not show.
+          // fp8 reaches the wgmma kernel as e4m3 codes, every other kernel as f16 values (the
+          // engine quantizes each GEMM's input for the kernel it runs: w4_fp8_gemm_takes_e4m3).
+          const bool e4m3_codes = format == quant::Format::fp8 && strategy == Strategy::s8_wgmma_128x128;
+          cuda::QuantizedActivations q_codes = q;
+          q_codes.e4m3 = e4m3_codes;
+          W4GemmInput strategy_input = input;
+          if (quantized) strategy_input.quantized = &q_codes;
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 if (quantized)
                   cuda::quantize_activations(format, shape.group, x.as<cuda::f16_bits>(), m, shape.k, shape.k,
-                                             values.get(), ldq, act_scales.as<float>(), scale_ld, s);
+                                             values.get(), ldq, act_scales.as<float>(), scale_ld, s, {}, e4m3_codes);
                 else
                   cuda::rmsnorm(x.as<cuda::f16_bits>(), norm_weight.as<float>(), m, shape.k, 1e-5f,
                                 normed.as<cuda::f16_bits>(), s);
-                run_w4_gemm(strategy, blas, input, m, views[static_cast<size_t>(i % copies)], y.as<cuda::f16_bits>(),
-                            shape.n, workspace.get(), workspace_bytes, s);
+                run_w4_gemm(strategy, blas, strategy_input, m, views[static_cast<size_t>(i % copies)],
+                            y.as<cuda::f16_bits>(), shape.n, workspace.get(), workspace_bytes, s);
               },
               std::max(copies, 4), 2, options.reps, stream);
           std::vector<float> ms = t.ms;

@@ -35,6 +35,12 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream);
 
+// Whether a GEMM of m tokens with fp8 activations runs on the wgmma kernel under `policy` (the
+// map's pick, the kernel runs here, the workspace holds its weights): then its activations must
+// be e4m3 codes (QuantizedActivations::e4m3), everywhere else f16 values (faster on f16 mma).
+bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
+                            size_t workspace_bytes);
+
 struct GemmShape4 {
   std::string name;
   int64_t n, k, group;

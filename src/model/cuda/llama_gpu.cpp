@@ -257,6 +257,11 @@ struct GpuLlama::State {
     dispatch_w4_gemm(gemm_policy.get(), *blas, input, m, linear.view, y, linear.n, gemm_workspace.get(),
                      gemm_workspace_bytes, stream);
   }
+  // fp8 activations go to the wgmma kernel as e4m3 codes, to every other kernel as f16 values.
+  bool fp8_codes_for(const Linear& linear, int64_t m) const {
+    return activations == GpuActivations::fp8 &&
+           w4_fp8_gemm_takes_e4m3(gemm_policy.get(), linear.view, m, gemm_workspace_bytes);
+  }
   void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
     w4_gemm(W4GemmInput{nullptr, 0, &xq}, linear, m, y);
   }
@@ -281,15 +286,27 @@ struct GpuLlama::State {
     }
     const cuda::QuantizedActivations xq =
         cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, ldx, x_codes.get(),
-                                   x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc);
+                                   x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc,
+                                   fp8_codes_for(linear, m));
     quantized_gemm(xq, linear, m, y);
   }
   // residual += delta (when there is one), normed = rmsnorm(residual) (f16 into normed_out), then
-  // the GEMM; int8 steps quantize inside the norm (the f16 row is never written).
+  // the GEMM; steps with quantized activations quantize inside the norm (the f16 row is never
+  // written): the reorder and ARC residuals of a calibrated site included (cuda::rmsnorm_quantize).
   void norm_then_gemm(f16_bits* residual, const f16_bits* delta, const DeviceMemory& norm, const Linear& linear,
                       int64_t tokens, f16_bits* normed_out, f16_bits* y) {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
+    if (linear.quantized && activations != GpuActivations::f16 && !(int8_step() && !linear.reordered())) {
+      cuda::ArcResidual arc;
+      if (linear.reordered() && arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
+      const cuda::QuantizedActivations xq = cuda::rmsnorm_quantize(
+          activation_format(), activation_group, residual, delta, norm.as<float>(), tokens, hidden, eps,
+          linear.reordered() ? linear.order.as<int32_t>() : nullptr, linear.reordered() ? linear.k : hidden,
+          x_codes.get(), x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc, fp8_codes_for(linear, tokens));
+      quantized_gemm(xq, linear, tokens, y);
+      return;
+    }
     if (int8_step() && !linear.reordered()) {
       auto* codes = x_codes.as<int8_t>();
       auto* scales = x_scales.as<float>();

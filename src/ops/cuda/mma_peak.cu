@@ -19,12 +19,24 @@ constexpr int kPeakChains = 8;  // independent accumulators a warp: enough to co
 // Every warp issues `iterations` x kPeakChains mma on register operands. The operands depend on
 // the thread (nothing folds) and the sums go to `sink` only when an impossible value appears,
 // so the mma stay live without a store per warp.
-template <bool S8>
+template <MmaType TYPE>
 __global__ __launch_bounds__(256) void mma_peak_kernel(int iterations, uint32_t* sink) {
   const uint32_t seed = threadIdx.x * 0x9e3779b9u + blockIdx.x;
   uint32_t a[4] = {seed, seed ^ 0x55555555u, seed + 7u, seed * 3u};
   const uint32_t b0 = seed ^ 0x0f0f0f0fu, b1 = seed + 0x01010101u;
-  if constexpr (S8) {
+  if constexpr (TYPE == MmaType::e4m3) {
+    // e4m3 bytes with exponent fields below 8: finite, never NaN.
+    for (uint32_t& v : a) v &= 0x3f3f3f3fu;
+    const uint32_t e0 = b0 & 0x3f3f3f3fu, e1 = b1 & 0x3f3f3f3fu;
+    float acc[kPeakChains][4] = {};
+    for (int i = 0; i < iterations; ++i)
+#pragma unroll
+      for (int c = 0; c < kPeakChains; ++c) kernels::mma_e4m3_16832(acc[c], a, e0, e1);
+    float x = 0;
+#pragma unroll
+    for (int c = 0; c < kPeakChains; ++c) x += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    if (x == -1.0f) *sink = 1;
+  } else if constexpr (TYPE == MmaType::s8) {
     int acc[kPeakChains][4] = {};
     for (int i = 0; i < iterations; ++i)
 #pragma unroll
@@ -108,16 +120,20 @@ double wgmma_s8_peak_tops(void* stream_handle) {
 double mma_sync_peak_tops(MmaType type, void* stream_handle) {
   cudaStream_t stream = as_stream(stream_handle);
   DeviceMemory sink(16);
-  const bool s8 = type == MmaType::s8;
+  QSPEC_CHECK(type != MmaType::e4m3 || compute_capability() >= 89,
+              "cuda::mma_sync_peak_tops: e4m3 mma needs compute capability 8.9 or newer (this GPU: ",
+              compute_capability(), ")");
   const int blocks = multiprocessor_count() * 8, threads = 256, iterations = 4096;
   auto launch = [&] {
-    if (s8) mma_peak_kernel<true><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
-    else mma_peak_kernel<false><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
+    if (type == MmaType::s8) mma_peak_kernel<MmaType::s8><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
+    else if (type == MmaType::e4m3)
+      mma_peak_kernel<MmaType::e4m3><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
+    else mma_peak_kernel<MmaType::f16><<<blocks, threads, 0, stream>>>(iterations, sink.as<uint32_t>());
     QSPEC_CUDA_CHECK_LAUNCH("mma_peak_kernel");
   };
   const double seconds = median_launch_seconds(launch, stream_handle);
-  // m16n8k32 s8: 16 * 8 * 32 multiply-adds; m16n8k16 f16: 16 * 8 * 16. Two ops each.
-  const double ops_per_mma = s8 ? 2.0 * 16 * 8 * 32 : 2.0 * 16 * 8 * 16;
+  // m16n8k32 s8 / e4m3: 16 * 8 * 32 multiply-adds; m16n8k16 f16: 16 * 8 * 16. Two ops each.
+  const double ops_per_mma = type == MmaType::f16 ? 2.0 * 16 * 8 * 16 : 2.0 * 16 * 8 * 32;
   const double mmas = static_cast<double>(blocks) * (threads / 32) * iterations * kPeakChains;
   return mmas * ops_per_mma / seconds / 1e12;
 }

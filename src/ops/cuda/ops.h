@@ -360,7 +360,7 @@ void w4a16_dequantize(const W4A16Weights& w, f16_bits* out, void* stream);
 // The measured mma.sync throughput of one operand type over the whole GPU, TOP/s (s8:
 // m16n8k32 s8 -> s32; f16: m16n8k16 f16 -> f32), from a kernel that keeps 8 independent mma
 // chains a warp and 8 blocks of 256 threads a multiprocessor busy; median of 9 timed launches.
-enum class MmaType { s8, f16 };
+enum class MmaType { s8, f16, e4m3 };  // e4m3: m16n8k32 e4m3 -> f32, compute capability 8.9+
 double mma_sync_peak_tops(MmaType type, void* stream);
 // The same for Hopper's warpgroup mma (m64n128k32 s8 -> s32, operands in shared memory, two
 // warpgroups a block, two blocks a multiprocessor). sm_90a builds on compute capability 9.0 only.
@@ -405,8 +405,15 @@ struct QuantizedActivations {
   const float* scales = nullptr;
   int64_t scale_ld = 0;  // int4: scales a token row
   int64_t group = 0;     // int4: k values a scale covers
+  // fp8 only: the values are e4m3 codes (1 byte; what the wgmma kernel reads) instead of their
+  // f16 values (exact; what the f16-mma kernels read fastest: decode and verify sizes).
+  bool e4m3 = false;
 };
-bool quantized_activations_use_f16(quant::Format format);  // fp8, nvfp4, mxfp4
+bool quantized_activations_use_f16(quant::Format format);  // fp8 (unless e4m3 codes), nvfp4, mxfp4
+// Whether x's values are f16 (else one byte each: int8 / int4 codes, e4m3 codes).
+inline bool quantized_values_are_f16(const QuantizedActivations& x) {
+  return quantized_activations_use_f16(x.format) && !x.e4m3;
+}
 
 // Per-token quantization of f16 rows [rows, k] (ldx apart) in `format` (int8, int4 with groups of
 // `group`, fp8, nvfp4, mxfp4): quant::quantize_row(format, activation) bit for bit on the f32 value
@@ -423,19 +430,36 @@ struct ArcResidual {
   int64_t k = 0;
   int64_t outliers = 0;
 };
+// e4m3_codes (fp8 only): write e4m3 codes, one byte each, instead of f16 values.
 QuantizedActivations quantize_activations(quant::Format format, int64_t group, const f16_bits* x, int64_t rows,
                                           int64_t k, int64_t ldx, void* values, int64_t ldv, float* scales,
-                                          int64_t scale_ld, void* stream, const ArcResidual& arc = {});
+                                          int64_t scale_ld, void* stream, const ArcResidual& arc = {},
+                                          bool e4m3_codes = false);
 
 // ARCQuant's channel reorder: out[r, j] = x[r, order[j]] for j < k, 0 for k <= j < width (the
 // augmented columns a site's weights carry), f16 rows (x ldx, out ldo apart). order: k device int32.
 void gather_columns(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, const int32_t* order, int64_t width,
                     f16_bits* out, int64_t ldo, void* stream);
 
+// The fused activation quantizer of a 4-bit GEMM's input (kernels/rmsnorm_quantize.cuh): residual
+// += delta (when delta is not null; stored back), RMSNorm with `weight` rounded to f16, ARCQuant's
+// channel reorder (when order is not null: the GEMM's input row is out[j] = normed[order[j]] for
+// j < dim, zeros up to k), and the quantization of that row in `format` with the ARC residuals
+// (arc.outliers > 0, arc.k = dim), in one launch that writes no f16 row. Bit for bit
+// [add_]rmsnorm, then gather_columns, then quantize_activations (every format of the latter, int8
+// included; ARC as there). dim % 8 == 0, dim <= 24576 (the normalized row is staged in shared
+// memory). rows x k values ldv elements apart; the result as quantize_activations returns it.
+QuantizedActivations rmsnorm_quantize(quant::Format format, int64_t group, f16_bits* residual, const f16_bits* delta,
+                                      const float* weight, int64_t rows, int64_t dim, float eps, const int32_t* order,
+                                      int64_t k, void* values, int64_t ldv, float* scales, int64_t scale_ld,
+                                      void* stream, const ArcResidual& arc = {}, bool e4m3_codes = false);
+
 // y[m, n] = f16(sum over groups of s_w[n, group] * s_x * (sum over the group of x[m, k] q_w[n, k]))
 // with the W4A16 packed weights (one 4-bit weight set for every mode) and quantized activations:
 // each group's sum exact on s8 mma (s32) for int8 / int4 codes, f32 on f16 mma for the f16
-// values; s_x the token or group scale. The kernels of the W4A16 paths: automatic takes small_m
+// values (fp8, nvfp4, mxfp4), f32 on e4m3 mma for fp8's e4m3 codes (f16 mma before sm_89; on
+// Hopper the weights' e4m3 conversion makes this slower than the f16 values: docs/perf-notes.md);
+// s_x the token or group scale. The kernels of the W4A16 paths: automatic takes small_m
 // up to 8 tokens and tiled beyond (there is no dequantize + cuBLAS path); the workspace is the
 // W4A16 path's (w4a16_workspace_bytes with that path).
 void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
@@ -469,8 +493,11 @@ void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W
 // W4A8 for many tokens on Hopper's warpgroup mma (kernels/w4_s8_wgmma.cuh): the packed weights
 // are unpacked to int8 in the workspace (w4_s8_wgmma_workspace_bytes: the split-K counters, then
 // n x k bytes), then one 128 x 128-tile wgmma GEMM. Needs the sm_90a build on a compute
-// capability 9.0 GPU, int8 activations, k % 128 == 0 and weight groups of 128
-// (w4_s8_wgmma_supports). Bit for bit the tiled kernel's output without split-K.
+// capability 9.0 GPU, int8 or fp8 activations, k % 128 == 0 and weight groups of 128
+// (w4_s8_wgmma_supports). int8: bit for bit the tiled kernel's output without split-K. fp8
+// (W4A8-fp8, as e4m3 codes: QuantizedActivations::e4m3): the weights unpacked to e4m3 codes and
+// e4m3 wgmma with f32 group sums (equal to the tiled kernel's up to the tensor cores' f32
+// summation order).
 bool w4_s8_wgmma_supports(const W4A16Weights& w, quant::Format format);
 size_t w4_s8_wgmma_workspace_bytes(int64_t n, int64_t k);
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
@@ -482,6 +509,9 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
 // (docs/perf-notes.md); (5, 8) serialized the wgmma.
 inline constexpr int kW4S8WgmmaVariants = 4;
 void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream);
+// The same as e4m3 codes of u - 8 (for fp8 activations; same layout).
+void w4_unpack_e4m3(const W4A16Weights& w, uint8_t* out, void* stream);
+// w8: w4_unpack_s8's output for int8 activations, w4_unpack_e4m3's for fp8 (variant 0 only).
 void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
                          int64_t ldy, void* stream, int variant = 0);
 

@@ -109,7 +109,7 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
                 " needs more split-K workspace than given (", workspace_bytes, " bytes)");
     kernels::W4A16SmallMParams params{};
     params.w = layout;
-    params.a = detail::activation_rows_from(rows, x.format, m0);
+    params.a = detail::activation_rows_from(rows, x, m0);
     params.y = yh + m0 * ldy;
     params.ldy = ldy;
     params.m = static_cast<int>(slice);

@@ -14,7 +14,7 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);
 kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
                                         const char* who);
 // `rows` advanced to token first_token.
-kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, quant::Format format,
+kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, const QuantizedActivations& x,
                                              int64_t first_token);
 
 }  // namespace qspec::cuda::detail

@@ -48,18 +48,40 @@ CUtensorMap int8_box_map(const void* base, int64_t rows, int64_t cols, int64_t p
   return map;
 }
 
-template <class T>
+template <class T, bool E4M3>
 void launch_tile(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
                  int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
-  static const bool configured = [] {
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::w4_s8_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          T::kSmemBytes));
+  auto* kernel = kernels::w4_s8_wgmma_kernel<T, E4M3>;
+  static const bool configured = [&] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     return true;
   }();
   (void)configured;
-  launch_pdl(kernels::w4_s8_wgmma_kernel<T>, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)),
-             dim3(T::kThreads), T::kSmemBytes, stream, w_map, x_map, params);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
+             T::kSmemBytes, stream, w_map, x_map, params);
   QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_kernel");
+}
+
+template <class T>
+void launch_tile(bool e4m3, const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
+                 int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
+  if (e4m3) launch_tile<T, true>(w_map, x_map, params, token_tiles, row_tiles, stream);
+  else launch_tile<T, false>(w_map, x_map, params, token_tiles, row_tiles, stream);
+}
+
+// The packed weights as 8-bit operands: int8 u - 8, or (E4M3) its e4m3 code.
+template <bool E4M3>
+void unpack_a8(const W4A16Weights& w, int8_t* out, void* stream, const char* who) {
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  QSPEC_CHECK(layout.tail == 0 && is_aligned_16(out), who, ": needs k % 64 == 0 (k ", w.k,
+              ") and a 16-byte aligned output");
+  const int64_t pieces = static_cast<int64_t>(layout.row_blocks) * layout.full_chunks * 32;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((pieces + threads - 1) / threads, int64_t{multiprocessor_count()} * 16);
+  if (blocks == 0) return;
+  launch_pdl(kernels::w4_unpack_a8_kernel<E4M3>, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0,
+             as_stream(stream), layout, out);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_unpack_a8_kernel");
 }
 
 // Whether the wgmma kernel that would run on this device is the sm_90a build (the sm_80 pass
@@ -80,7 +102,8 @@ bool wgmma_kernel_runs_here() {
 }  // namespace
 
 bool w4_s8_wgmma_supports(const W4A16Weights& w, quant::Format format) {
-  return format == quant::Format::int8 && w.k % Tile::kStageK == 0 && w.group == 128 && wgmma_kernel_runs_here();
+  return (format == quant::Format::int8 || format == quant::Format::fp8) && w.k % Tile::kStageK == 0 &&
+         w.group == 128 && wgmma_kernel_runs_here();
 }
 
 size_t w4_s8_wgmma_workspace_bytes(int64_t n, int64_t k) {
@@ -88,23 +111,18 @@ size_t w4_s8_wgmma_workspace_bytes(int64_t n, int64_t k) {
 }
 
 void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream) {
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  QSPEC_CHECK(layout.tail == 0 && is_aligned_16(out), "cuda::w4_unpack_s8: needs k % 64 == 0 (k ", w.k,
-              ") and a 16-byte aligned output");
-  const int64_t pieces = static_cast<int64_t>(layout.row_blocks) * layout.full_chunks * 32;
-  const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((pieces + threads - 1) / threads, int64_t{multiprocessor_count()} * 16);
-  if (blocks == 0) return;
-  launch_pdl(kernels::w4_unpack_s8_kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0, as_stream(stream),
-             layout, out);
-  QSPEC_CUDA_CHECK_LAUNCH("w4_unpack_s8_kernel");
+  unpack_a8<false>(w, out, stream, "cuda::w4_unpack_s8");
+}
+
+void w4_unpack_e4m3(const W4A16Weights& w, uint8_t* out, void* stream) {
+  unpack_a8<true>(w, reinterpret_cast<int8_t*>(out), stream, "cuda::w4_unpack_e4m3");
 }
 
 void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
                          int64_t ldy, void* stream, int variant) {
   const char* who = "cuda::w4_s8_gemm_unpacked";
   QSPEC_CHECK(variant >= 0 && variant <= kW4S8WgmmaVariants, who, ": unknown variant ", variant);
-  QSPEC_CHECK(w4_s8_wgmma_supports(w, x.format), who, ": needs an sm_90a GPU and build, int8 activations (got ",
+  QSPEC_CHECK(w4_s8_wgmma_supports(w, x.format), who, ": needs an sm_90a GPU and build, int8 or fp8 activations (got ",
               kernels::format_label(x.format), "), k % 128 == 0 and weight groups of 128 (k ", w.k, ", group ", w.group,
               ")");
   const kernels::ActivationRows rows = detail::activation_rows(x, m, w, who);
@@ -126,12 +144,16 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
   QSPEC_CHECK(row_tiles <= 65535, who, ": n ", w.n, " too large");
   const CUtensorMap w_map = int8_box_map(w8, params.rows, w.k, w.k, who);
   const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
+  const bool e4m3 = x.format == quant::Format::fp8;
+  QSPEC_CHECK(!e4m3 || variant == 0, who, ": fp8 runs the default tile only (variant ", variant, ")");
+  QSPEC_CHECK(!e4m3 || x.e4m3, who,
+              ": fp8 activations must be e4m3 codes here (quantize_activations with e4m3_codes), not f16 values");
   switch (variant) {
-    case 1: launch_tile<Variant<1>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
-    case 2: launch_tile<Variant<2>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
-    case 3: launch_tile<Variant<3>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
-    case 4: launch_tile<Variant<4>::T>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
-    default: launch_tile<Tile>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 1: launch_tile<Variant<1>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 2: launch_tile<Variant<2>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 3: launch_tile<Variant<3>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 4: launch_tile<Variant<4>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    default: launch_tile<Tile>(e4m3, w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
   }
 }
 
@@ -144,7 +166,8 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
   if (m == 0) return;
   // After the split-K counters, which the small-M and tiled kernels expect zero.
   auto* w8 = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
-  w4_unpack_s8(w, w8, stream);
+  if (x.format == quant::Format::fp8) w4_unpack_e4m3(w, reinterpret_cast<uint8_t*>(w8), stream);
+  else w4_unpack_s8(w, w8, stream);
   w4_s8_gemm_unpacked(x, m, w, w8, y, ldy, stream);
 }
 

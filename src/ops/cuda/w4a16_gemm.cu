@@ -31,8 +31,10 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
 
 kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
                                         const char* who) {
-  const bool f16 = quantized_activations_use_f16(x.format);
-  QSPEC_CHECK(x.format == quant::Format::int8 || x.format == quant::Format::int4 || f16, who, ": ",
+  const bool f16 = quantized_values_are_f16(x);
+  QSPEC_CHECK(x.format == quant::Format::int8 || x.format == quant::Format::int4 || x.format == quant::Format::fp8 ||
+                  quantized_activations_use_f16(x.format),
+              who, ": ",
               kernels::format_label(x.format), " is not an activation format of the quantized GEMMs");
   QSPEC_CHECK(m >= 0 && m < (1ll << 31) && x.ldx >= w.k && x.ldx % (f16 ? 8 : 16) == 0 && is_aligned_16(x.values),
               who, ": x must be 16-byte aligned with ldx >= k and ldx % ", f16 ? 8 : 16, " == 0 (m ", m, ", ldx ",
@@ -49,12 +51,12 @@ kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m
   return rows;
 }
 
-kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, quant::Format format,
+kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, const QuantizedActivations& x,
                                              int64_t first_token) {
   kernels::ActivationRows out = rows;
-  const size_t elem = quantized_activations_use_f16(format) ? 2 : 1;
+  const size_t elem = quantized_values_are_f16(x) ? 2 : 1;
   out.x = static_cast<const char*>(rows.x) + static_cast<size_t>(first_token * rows.ldx) * elem;
-  out.scales = rows.scales + first_token * (format == quant::Format::int4 ? rows.scale_ld : 1);
+  out.scales = rows.scales + first_token * (x.format == quant::Format::int4 ? rows.scale_ld : 1);
   return out;
 }
 

@@ -241,7 +241,7 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
     for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
       kernels::W4A16SmallMParams params{};
       params.w = layout;
-      params.a = detail::activation_rows_from(rows, x.format, m0);
+      params.a = detail::activation_rows_from(rows, x, m0);
       params.y = yh + m0 * ldy;
       params.ldy = ldy;
       params.m = static_cast<int>(std::min(detail::kW4A16MaxSliceM, m - m0));
@@ -249,7 +249,7 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
     }
   };
   if (config.split_activations) run(kernels::ActS8Split{});
-  else kernels::with_activation_policy(x.format, run);
+  else kernels::with_activation_policy(x.format, x.e4m3, run);
 }
 
 }  // namespace qspec::cuda

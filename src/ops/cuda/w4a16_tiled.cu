@@ -142,7 +142,7 @@ void w4_quantized_gemm_tiled(const QuantizedActivations& x, int64_t m, const W4A
   kernels::W4A16TiledParams params{};
   params.a = detail::activation_rows(x, m, w, "cuda::w4_quantized_gemm_tiled");
   QSPEC_CHECK(ldy >= w.n, "cuda::w4_quantized_gemm_tiled: ldy ", ldy, " < n ", w.n);
-  kernels::with_activation_policy(x.format, [&](auto policy) {
+  kernels::with_activation_policy(x.format, x.e4m3, [&](auto policy) {
     launch_tiled<decltype(policy)>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
   });
 }

@@ -3,13 +3,14 @@
 // quant/formats.h, the codecs of fp_codecs.cuh), written the way the 4-bit GEMMs read it
 // (ops.h QuantizedActivations):
 //   int4   codes as int8 bytes, s = amax / 7 per group of GROUP values (f32 scales [row][scale_ld]);
-//   fp8    f16 values e4m3(x / s), token scale s = amax / 448;
+//   fp8    f16 values e4m3(x / s), or (CODES) their e4m3 codes as bytes; token scale s = amax / 448;
 //   nvfp4  f16 values e2m1 x e4m3 block scale (exact in f16: at most 6 significant bits, within
 //          2^-10 .. 2688), token scale = the token's tensor scale amax / 2688;
 //   mxfp4  f16 values e2m1 x 2^(e_block - E) with E = e_row - 13 (so the largest is 6 x 2^13,
 //          below f16's 65504; exact down to blocks 36 binades below the row's largest), token
 //          scale 2^E.
-// So f32(value) x token scale is the CPU's dequantized value, exactly (tests/gpu compares bits).
+// So f32(value) x token scale is the CPU's dequantized value, exactly (tests/gpu compares bits;
+// fp8: e4m3_decode(code) x s).
 // ARCQuant (quant::arc_quantize_row, concatenated layout): with S = arc_outliers > 0 the last S
 // output positions hold the quantized residual R = X_o - dequant(Q(X_o)) of input channels
 // arc_k - S .. arc_k - 1 (a multiple of the block, so residual blocks map one to one onto the
@@ -111,25 +112,26 @@ __device__ __forceinline__ float block_abs_max8(const float (&v)[8]) {
   return amax;
 }
 
+// One row quantized by one block (a multiple of 32 threads): load(i, v) yields the input row's
+// 8-value vector i (called for the amax pass and again for the codes, so it must give the same
+// values both times; vectors past the input give zeros if the loader says so). k: output values
+// (the augmented width with ARC). values_row: the row's output; scales_row: the token's scale
+// (int4: the row's group scales). scratch: 32 floats of shared memory.
 // VPB: 8-value vectors per scale block (1 for fp8, whose only scale is the row's).
-// k: output values a row (the augmented width with ARC); the input row has at least k values.
-template <quant::Format F, int VPB>
-__global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t ldx, int64_t k, void* __restrict__ values,
-                                           int64_t ldv, float* __restrict__ scales, int64_t scale_ld, int64_t arc_k,
-                                           int64_t arc_outliers) {
+// CODES (fp8 only): e4m3 codes, one byte each, instead of f16 values.
+template <quant::Format F, int VPB, bool CODES, class Load>
+__device__ __forceinline__ void quantize_block_row(const Load& load, int64_t k, void* __restrict__ values_row,
+                                                   float* __restrict__ scales_row, int64_t arc_k,
+                                                   int64_t arc_outliers, float* scratch) {
   static_assert(VPB >= 1 && VPB <= 32 && (VPB & (VPB - 1)) == 0, "a scale block is 1..32 vectors, a power of two");
   using Codec = DeviceCodec<F>;
-  pdl_prologue();  // launched with launch_pdl (common.h)
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x, vectors = k / 8;
-  const uint4* in = reinterpret_cast<const uint4*>(x + row * ldx);
+  const int64_t vectors = k / 8;
   // Output vectors from residual_begin on hold residuals of input vectors from source_begin on.
   const int64_t residual_begin = arc_outliers > 0 ? (k - arc_outliers) / 8 : vectors;
   const int64_t source_begin = (arc_k - arc_outliers) / 8;
 
   bool all_finite = true;
-  const float amax = row_abs_max([&](int64_t i, float (&v)[8]) { half8_to_float(in[i], v); },
-                                 min(vectors, residual_begin), scratch, &all_finite);
+  const float amax = row_abs_max(load, min(vectors, residual_begin), scratch, &all_finite);
   const float nan = __uint_as_float(0x7fc00000u);
 
   RowScale row_scale{1.0f, 0};
@@ -140,7 +142,7 @@ __global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t
     row_scale.token_scale = power_of_two(row_scale.offset);
   }
   if constexpr (F != quant::Format::int4) {
-    if (threadIdx.x == 0) scales[row] = all_finite ? row_scale.token_scale : nan;
+    if (threadIdx.x == 0) *scales_row = all_finite ? row_scale.token_scale : nan;
   }
 
   for (int64_t base = 0; base < vectors; base += blockDim.x) {
@@ -148,7 +150,7 @@ __global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t
     const bool valid = i < vectors;  // whole scale blocks are valid or not (VPB divides 32)
     const bool residual = i >= residual_begin;  // whole scale blocks too (S is a multiple of the block)
     float v[8];
-    if (valid) half8_to_float(in[residual ? source_begin + (i - residual_begin) : i], v);
+    if (valid) load(residual ? source_begin + (i - residual_begin) : i, v);
     else
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = 0.0f;
@@ -170,15 +172,47 @@ __global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t
         const float q = all_finite ? Codec::encode(src[e], block) : 0.0f;
         packed[e / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (e % 4));
       }
-      reinterpret_cast<uint2*>(static_cast<int8_t*>(values) + row * ldv)[i] = make_uint2(packed[0], packed[1]);
-      if (i % VPB == 0) scales[row * scale_ld + i / VPB] = all_finite ? block.scale : nan;
+      reinterpret_cast<uint2*>(values_row)[i] = make_uint2(packed[0], packed[1]);
+      if (i % VPB == 0) scales_row[i / VPB] = all_finite ? block.scale : nan;
+    } else if constexpr (F == quant::Format::fp8 && CODES) {
+      // e4m3 codes (the wgmma kernel's operand): the code of x / s, signed zero when s = 0.
+      uint32_t packed[2] = {0, 0};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const uint32_t code = !all_finite ? 0u
+                              : block.scale == 0.0f ? (__float_as_uint(src[e]) >> 24) & 0x80u
+                                                    : e4m3_encode(__fdiv_rn(src[e], block.scale));
+        packed[e / 4] |= code << (8 * (e % 4));
+      }
+      reinterpret_cast<uint2*>(values_row)[i] = make_uint2(packed[0], packed[1]);
     } else {
       float out[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) out[e] = all_finite ? Codec::gemm_value(Codec::encode(src[e], block), block, row_scale) : 0.0f;
-      reinterpret_cast<uint4*>(static_cast<__half*>(values) + row * ldv)[i] = float8_to_half(out);
+      reinterpret_cast<uint4*>(values_row)[i] = float8_to_half(out);
     }
   }
+}
+
+// Element size of the quantized values a format's GEMMs read (f16 values for fp8 without CODES
+// and the emulated fp4 formats; int8 / int4 / e4m3 codes one byte).
+template <quant::Format F, bool CODES>
+constexpr int quantized_value_bytes() {
+  return F == quant::Format::nvfp4 || F == quant::Format::mxfp4 || (F == quant::Format::fp8 && !CODES) ? 2 : 1;
+}
+
+// f16 rows [rows][ldx] -> quantized rows; one block a row.
+template <quant::Format F, int VPB, bool CODES>
+__global__ void quantize_block_rows_kernel(const __half* __restrict__ x, int64_t ldx, int64_t k, void* __restrict__ values,
+                                           int64_t ldv, float* __restrict__ scales, int64_t scale_ld, int64_t arc_k,
+                                           int64_t arc_outliers) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const uint4* in = reinterpret_cast<const uint4*>(x + row * ldx);
+  quantize_block_row<F, VPB, CODES>([&](int64_t i, float (&v)[8]) { half8_to_float(in[i], v); }, k,
+                             static_cast<char*>(values) + row * ldv * quantized_value_bytes<F, CODES>(),
+                             scales + row * (F == quant::Format::int4 ? scale_ld : 1), arc_k, arc_outliers, scratch);
 }
 
 }  // namespace qspec::cuda::kernels

@@ -7,7 +7,8 @@
 // token g at k = 32P + 8t (16 bytes of f16, 8 bytes of int8). What differs:
 //   f16 elements (ActF16, ActF16Scaled): two mma.m16n8k16 f16 -> f32; nibbles become exact f16
 //           integers (lop3).
-//   int8 elements (ActS8, ActS8Grouped): one mma.m16n8k32 s8 -> s32; nibbles become int8 bytes.
+//   int8 elements (ActS8, ActS8Grouped, and ActE4M3's e4m3 bytes): one mma.m16n8k32 s8 -> s32
+//           (e4m3 -> f32); nibbles become int8 (e4m3) bytes.
 //           The packed k order maps onto the s8 fragment without reshuffling x: A register j of
 //           the s8 mma (rows g / g + 8, k 4t..4t+3 / 16 + 4t..) is, for word w_j>>1, its even /
 //           odd nibbles = rows g / g + 8 at physical k p..p+3 (p = 32P + 8t + 4 (j >> 1)), stored
@@ -18,6 +19,11 @@
 //                 activations emulated exactly on f16 mma (kernels/quantize_activations.cuh
 //                 writes element x block scale, exact in f16, and the token's power of two or
 //                 tensor scale).
+//   ActE4M3       one f32 scale per token (W4A8-fp8 as e4m3 codes, s = amax / 448), applied to
+//                 the finished row; each group's sum in f32 on e4m3 mma. On the H100 this runs
+//                 slower than fp8 as f16 values on f16 mma (the weights' conversion to e4m3 costs
+//                 more issue slots than the faster mma saves; docs/perf-notes.md), so the engine
+//                 writes e4m3 codes only for the wgmma kernel (kernels/w4_s8_wgmma.cuh).
 //   ActS8         one f32 scale per token (W4A8 int8), applied to the finished row.
 //   ActS8Grouped  one f32 scale per token and activation group (W4A4 int4 codes in int8 bytes),
 //                 applied with the weight group scale when a group is flushed; an activation
@@ -129,6 +135,108 @@ struct ActS8 {
 struct ActS8Grouped : ActS8 {
   static constexpr bool kTokenScale = false;
   static constexpr bool kGroupScale = true;
+};
+
+// W4A8-fp8 (ActE4M3): e4m3 activation codes (the s8 fragment layout: the same bytes as ActS8) on
+// mma.m16n8k32 e4m3 -> f32 from sm_89 on. The weight nibbles become exact e4m3 integers -8..7
+// through two prmt table lookups (int4_word_to_e4m3), in the bytes ActS8's permute gives. Every
+// product of an e4m3 integer and an e4m3 value is exact in f32; the group's sum is f32 (the
+// tensor core's accumulation order), scaled by the weight group scale when the group is flushed.
+// Before sm_89 (A100: no e4m3 mma) the codes are widened to f16 (exact: an e4m3 value is an f16
+// value x 2^8, which the bits of the f16 exponent field absorb) and run on f16 mma like ActF16.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define QSPEC_E4M3_MMA 1
+#endif
+
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef QSPEC_E4M3_MMA
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)d, (void)a, (void)b0, (void)b1;
+  __trap();  // never called: ActE4M3 takes the f16 path below sm_89
+#endif
+}
+
+// PTX prmt in its default mode: byte i of the result is byte (sel_i & 7) of {b, a}, or, when
+// bit 3 of sel_i is set, that byte's sign bit replicated (0x00 / 0xff).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// The e4m3 codes of u - 8 for the four offset-binary nibbles u in the low 16 bits of `nibbles`
+// (result byte i from nibble i), two 8-entry tables looked up with prmt: u < 8 (bit 3 clear)
+// reads e4m3(u - 8) from the first, u >= 8 (bit 3 flipped clear) reads e4m3(u - 8) from the
+// second; `high` (0xff where u >= 8) picks per byte. Exact, integer pipe only (a cvt from f16
+// runs at a quarter of the rate: measured 1.8x slower on the H100).
+__device__ __forceinline__ uint32_t nibbles_to_e4m3x4(uint32_t nibbles, uint32_t high) {
+  const uint32_t negative = prmt(0xcaccced0u, 0xb8c0c4c8u, nibbles);            // -8 -7 -6 -5 | -4 -3 -2 -1
+  const uint32_t positive = prmt(0x44403800u, 0x4e4c4a48u, nibbles ^ 0x8888u);  //  0  1  2  3 |  4  5  6  7
+  return (positive & high) | (negative & ~high);
+}
+
+// One packed word (8 nibbles: even ones row g, odd ones row g + 8, gemm/w4a16_pack.h) -> the two
+// e4m3 A registers of one k16 half of the pair, in ActS8's byte order: row g (n0, n4, n2, n6),
+// row g + 8 (n1, n5, n3, n7).
+__device__ __forceinline__ void int4_word_to_e4m3(uint32_t w, uint32_t& row_g, uint32_t& row_g8) {
+  const uint32_t shifted = w << 4;  // nibble i's bit 3 at a byte's sign bit: even nibbles here, odd ones in w
+  const uint32_t lo = nibbles_to_e4m3x4(w, prmt(shifted, w, 0xd9c8u));         // n0 n1 n2 n3
+  const uint32_t hi = nibbles_to_e4m3x4(w >> 16, prmt(shifted, w, 0xfbeau));   // n4 n5 n6 n7
+  row_g = prmt(lo, hi, 0x6240u);
+  row_g8 = prmt(lo, hi, 0x7351u);
+}
+
+// Two e4m3 bytes (bits 0..7, 8..15 of `bytes` selected by prmt selector `sel`) -> f16x2, exact:
+// the byte placed in the high byte of each half, its exponent and mantissa shifted right by one
+// into the f16 fields (the sign stays), times 2^8 (e4m3's bias 7 against f16's 15). NaN codes
+// never reach a GEMM (a non-finite row has zero codes and a NaN scale).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t bytes, uint32_t sel) {
+  const uint32_t placed = __byte_perm(bytes, 0, sel);  // (0, b0, 0, b1)
+  const uint32_t bits = ((placed >> 1) & 0x3f803f80u) | (placed & 0x80008000u);
+  constexpr uint32_t kTwoTo8 = 0x5c005c00u;  // f16x2 (256, 256)
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), *reinterpret_cast<const __half2*>(&kTwoTo8));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+struct ActE4M3 {
+  using Elem = int8_t;     // e4m3 codes
+  using Frag = uint2;      // 8 codes
+  using GroupAcc = float;  // a scale group's sum
+  static constexpr bool kTokenScale = true;
+  static constexpr bool kGroupScale = false;
+  struct Weights {
+    uint32_t a[2][4];  // e4m3 mma: a[0] (the s8 layout); f16 mma: the two k16 tiles of the pair
+  };
+  __device__ static __forceinline__ Frag load(const Elem* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+  __device__ static __forceinline__ Frag load_shared(const Elem* p) { return *reinterpret_cast<const uint2*>(p); }
+  __device__ static __forceinline__ Weights unpack(uint32_t w0, uint32_t w1) {
+    Weights w;
+#ifdef QSPEC_E4M3_MMA
+    int4_word_to_e4m3(w0, w.a[0][0], w.a[0][1]);  // rows g / g + 8, k 4t..4t+3
+    int4_word_to_e4m3(w1, w.a[0][2], w.a[0][3]);  // rows g / g + 8, k 16+4t..16+4t+3
+#else
+    dequant_int4x8(w0, w.a[0]);
+    dequant_int4x8(w1, w.a[1]);
+#endif
+    return w;
+  }
+  __device__ static __forceinline__ void mma(GroupAcc (&d)[4], const Weights& w, const Frag& x) {
+#ifdef QSPEC_E4M3_MMA
+    mma_e4m3_16832(d, w.a[0], x.x, x.y);
+#else
+    // The 8 codes as ActF16's fragment: halves in k order.
+    mma_f16_16816(d, w.a[0], e4m3x2_to_f16x2(x.x, 0x1404), e4m3x2_to_f16x2(x.x, 0x3424));
+    mma_f16_16816(d, w.a[1], e4m3x2_to_f16x2(x.y, 0x1404), e4m3x2_to_f16x2(x.y, 0x3424));
+#endif
+  }
+  __device__ static __forceinline__ void mma_first(GroupAcc (&d)[4], const Weights& w, const Frag& x) { mma(d, w, x); }
+  __device__ static __forceinline__ GroupAcc group_zero() { return 0.0f; }
+  __device__ static __forceinline__ float to_float(GroupAcc v) { return v; }
 };
 
 // Split (ADAngel DPR, issue 6): int8 activations partitioned {4, 4}: x = 16 hi + lo with hi the
@@ -263,13 +371,17 @@ inline const char* format_label(quant::Format format) {
   return "unknown";
 }
 
-// Host side: calls fn(Policy{}) with the policy that reads activations quantized in `format`.
+// Host side: calls fn(Policy{}) with the policy that reads activations quantized in `format`
+// (e4m3: fp8 as e4m3 codes rather than f16 values).
 template <class Fn>
-void with_activation_policy(quant::Format format, Fn&& fn) {
+void with_activation_policy(quant::Format format, bool e4m3, Fn&& fn) {
   switch (format) {
     case quant::Format::int8: fn(ActS8{}); return;
     case quant::Format::int4: fn(ActS8Grouped{}); return;
     case quant::Format::fp8:
+      if (e4m3) fn(ActE4M3{});
+      else fn(ActF16Scaled{});
+      return;
     case quant::Format::nvfp4:
     case quant::Format::mxfp4: fn(ActF16Scaled{}); return;
     default: break;

@@ -23,10 +23,15 @@
 // the one refilled at stage s (the prefetch distance is kStages - 2). Loading through TMA instead
 // of per-thread cp.async took a third of the instructions away (perf-notes).
 //
-// Requirements (cuda::w4_s8_wgmma_supports): sm_90a code running, int8 activations, k % 128 == 0,
-// weight groups of 128.
+// W4A8-fp8 runs the same kernels on e4m3 codes (E4M3 = true): the unpack writes e4m3 codes of
+// u - 8, the wgmma is e4m3 x e4m3 -> f32, and a group's sums need no conversion.
+//
+// Requirements (cuda::w4_s8_wgmma_supports): sm_90a code running, int8 or fp8 activations,
+// k % 128 == 0, weight groups of 128.
 #pragma once
 #include <cuda.h>
+
+#include <type_traits>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
@@ -70,7 +75,10 @@ struct W4S8WgmmaParams {
 // One thread a 16-byte piece of the packed weights (row block rb, 64-k chunk c, lane 4g + t):
 // words 0 / 1 hold pair 2c, words 2 / 3 pair 2c + 1; a pair's two words are rows g and g + 8 at
 // physical k 32P + 8t .. + 7 (int4_bytes_to_s8 of the even / odd nibbles puts them in order).
-__global__ void w4_unpack_s8_kernel(const W4A16Layout w, int8_t* __restrict__ out) {
+// E4M3: the bytes are the e4m3 codes of u - 8 instead (int4_word_to_e4m3, the same byte order),
+// for the W4A8-fp8 GEMM.
+template <bool E4M3>
+__global__ void w4_unpack_a8_kernel(const W4A16Layout w, int8_t* __restrict__ out) {
   grid_dependency_wait();  // the previous GEMM may still read `out`
   grid_launch_dependents();
   const int64_t pieces = static_cast<int64_t>(w.row_blocks) * w.full_chunks * 32;
@@ -84,16 +92,25 @@ __global__ void w4_unpack_s8_kernel(const W4A16Layout w, int8_t* __restrict__ ou
       const uint32_t w0 = h ? q.z : q.x, w1 = h ? q.w : q.y;
       const int64_t k0 = (2 * chunk + h) * 32 + 8 * t;
       int8_t* row_g = out + (rb * 16 + g) * w.k + k0;
-      *reinterpret_cast<uint2*>(row_g) = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
-      *reinterpret_cast<uint2*>(row_g + 8 * static_cast<int64_t>(w.k)) =
-          make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+      uint2 even, odd;  // rows g and g + 8
+      if constexpr (E4M3) {
+        int4_word_to_e4m3(w0, even.x, odd.x);
+        int4_word_to_e4m3(w1, even.y, odd.y);
+      } else {
+        even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
+        odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+      }
+      *reinterpret_cast<uint2*>(row_g) = even;
+      *reinterpret_cast<uint2*>(row_g + 8 * static_cast<int64_t>(w.k)) = odd;
     }
   }
 }
 
-// w_map: the unpacked weights [rows][k] int8 (w4_unpack_s8_kernel), x_map: the activation codes
+// w_map: the unpacked weights [rows][k] int8 (w4_unpack_a8_kernel), x_map: the activation codes
 // [m][k] (rows ldx apart); both 2D tensor maps of 128 x 128-byte boxes, 128-byte swizzle.
-template <class T>
+// E4M3 (W4A8-fp8): both operands e4m3 codes, each group's sums f32 straight from the wgmma (no
+// conversion: the scaling is one FFMA a sum), the same tile, ring and epilogue.
+template <class T, bool E4M3 = false>
 __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __grid_constant__ CUtensorMap w_map,
                                                                      const __grid_constant__ CUtensorMap x_map,
                                                                      const W4S8WgmmaParams p) {
@@ -133,16 +150,21 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
   float total[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) total[i] = 0.0f;
-  int sums[2][64];
+  using Sum = std::conditional_t<E4M3, float, int>;
+  Sum sums[2][64];
 
-  // Scales group `group`'s sums into the totals (exact s32 -> f32 via the float bias).
-  auto scale_group = [&](int (&d)[64], uint32_t scale_word) {
+  // Scales group `group`'s sums into the totals (s8: exact s32 -> f32 via the float bias).
+  auto scale_group = [&](Sum (&d)[64], uint32_t scale_word) {
     const float2 s = unpack_half2(scale_word);
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      // Both exact (|sum| < 2^22): the same f32.
-      const float sum = (i % 8) < T::kI2fOf8 ? __int2float_rn(d[i])
-                                               : __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
+      float sum;
+      if constexpr (E4M3) {
+        sum = d[i];
+      } else {  // both exact (|sum| < 2^22): the same f32
+        sum = (i % 8) < T::kI2fOf8 ? __int2float_rn(d[i])
+                                   : __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
+      }
       total[i] = fmaf((i & 2) ? s.y : s.x, sum, total[i]);
     }
   };
@@ -167,7 +189,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
     wgmma_fence_operands(sums[B]);
 #pragma unroll
     for (int kk = 0; kk < T::kStageK / 32; ++kk)  // +32 bytes = +2 in the descriptor's 16-byte units
-      wgmma_s8_m64n128k32(sums[B], a_desc + 2 * kk, b_desc + 2 * kk, kk);
+      if constexpr (E4M3) wgmma_e4m3_m64n128k32(sums[B], a_desc + 2 * kk, b_desc + 2 * kk, kk);
+      else wgmma_s8_m64n128k32(sums[B], a_desc + 2 * kk, b_desc + 2 * kk, kk);
     wgmma_commit();
     return scale_word;
   };

@@ -1,6 +1,6 @@
 // Hopper warpgroup mma (wgmma, sm_90a only) for the int8 GEMM at large M: the shared-memory
 // operand descriptor of the 128-byte swizzled K-major layout, the fences, and the one shape the
-// kernels use (m64n128k32, s8 x s8 -> s32).
+// kernels use (m64n128k32, s8 x s8 -> s32 and e4m3 x e4m3 -> f32).
 //
 // Why wgmma: on sm_90 mma.sync runs at about half the tensor cores' rate (measured: s8 mma.sync
 // 1290 TOP/s on the H100, cuBLAS's int8 GEMM, which uses wgmma, 1590), and a kernel on mma.sync
@@ -78,6 +78,10 @@ __device__ __forceinline__ void wgmma_fence_operands(int (&d)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
 // ---- the bulk tensor copy engine (TMA) and the shared-memory barriers it completes ----------
 
@@ -145,5 +149,34 @@ __device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], uint64_t a_des
   __trap();
 #endif
 }
+
+// The same for e4m3 operands (bytes in the same layout) and f32 accumulators (operand scales +1).
+__device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+#if QSPEC_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+#else
+  (void)d;
+  (void)a_desc;
+  (void)b_desc;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
 
 }  // namespace qspec::cuda::kernels

@@ -1,0 +1,115 @@
+// The fused activation quantizer in front of a 4-bit GEMM (ops.h rmsnorm_quantize): residual add,
+// RMSNorm, ARCQuant's channel reorder, primary and residual quantization in one launch, one block
+// a token row. Bit for bit the chain it replaces ([add_]rmsnorm -> gather_columns ->
+// quantize_activations), because every step is that chain's own code:
+//   1. residual (+ delta, rounded to f16 and stored back) and the sum of squares, with the thread
+//      count and per-thread order of rmsnorm_kernel (so the f32 sum, and inverse_rms, are its);
+//   2. the normalized row f16((x * inverse_rms) * w), as rmsnorm_kernel writes it, into shared
+//      memory instead of global memory (dim halves);
+//   3. quantize_block_row / quantize_int8_row over the GEMM's input row, read from shared memory:
+//      out[j] = normed[order[j]] for j < dim and zero up to k when reordering (gather_columns),
+//      normed[j] otherwise.
+// What it saves against the chain: two or three launches and the f16 row's round trips through
+// L2 (write, read by the reorder, write, read by the quantizer) per token row.
+#pragma once
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/quantize_activations.cuh"
+#include "ops/cuda/kernels/quantize_int8.cuh"
+#include "ops/cuda/kernels/reduce.cuh"
+#include "ops/cuda/kernels/rmsnorm.cuh"
+
+namespace qspec::cuda::kernels {
+
+struct RmsnormQuantizeParams {
+  __half* residual;        // [rows][dim], updated in place when delta is set
+  const __half* delta;     // [rows][dim] or null
+  const float* weight;     // [dim]
+  int64_t dim;
+  float eps;
+  const int32_t* order;    // [dim] or null (REORDER)
+  int64_t k;               // output values a row (>= dim when reordering, else dim)
+  void* values;            // rows ldv elements apart
+  int64_t ldv;
+  float* scales;           // [rows] (int4: [rows][scale_ld])
+  int64_t scale_ld;
+  int64_t arc_k, arc_outliers;
+};
+
+template <quant::Format F, int VPB, bool ADD, bool REORDER, bool CODES>
+__global__ void rmsnorm_quantize_kernel(const RmsnormQuantizeParams p) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  __shared__ float scratch[32];
+  extern __shared__ __align__(16) uint8_t normed_bytes[];
+  __half* normed = reinterpret_cast<__half*>(normed_bytes);
+  const int64_t row = blockIdx.x, dim = p.dim, vectors = dim / 8;
+  __half* x = p.residual + row * dim;
+
+  // As rmsnorm_kernel: a thread's first vector (its only one up to dim 8192) stays in registers
+  // across the reduction with its weights loaded before it, so the normalizing pass waits on no
+  // memory (re-reading the residual just stored costs a dependent round trip a block).
+  const bool has_first = threadIdx.x < vectors;
+  float first[8] = {}, first_weight[8] = {};
+  float sum_squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    load_residual8<ADD>(x, ADD ? p.delta + row * dim : nullptr, i, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
+    if (i == threadIdx.x) {
+      load_weights8(p.weight, i, first_weight);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) first[e] = v[e];
+    }
+  }
+  sum_squares = block_sum(sum_squares, scratch);
+  // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight, rounded to f16.
+  const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + p.eps);
+  if (has_first) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) first[e] = (first[e] * inverse_rms) * first_weight[e];
+    reinterpret_cast<uint4*>(normed)[threadIdx.x] = float8_to_half(first);
+  }
+  for (int64_t i = threadIdx.x + blockDim.x; i < vectors; i += blockDim.x) {
+    float v[8], w[8];
+    half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
+    load_weights8(p.weight, i, w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
+    reinterpret_cast<uint4*>(normed)[i] = float8_to_half(v);
+  }
+  __syncthreads();
+
+  // Vector i of the GEMM's input row (zeros past the normalized channels).
+  auto load = [&](int64_t i, float (&v)[8]) {
+    if constexpr (REORDER) {
+      const int64_t first = 8 * i;
+      if (first + 8 <= dim) {
+        const int4 o0 = __ldg(reinterpret_cast<const int4*>(p.order + first));
+        const int4 o1 = __ldg(reinterpret_cast<const int4*>(p.order + first + 4));
+        const int o[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = __half2float(normed[o[e]]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = first + e < dim ? __half2float(normed[__ldg(p.order + first + e)]) : 0.0f;
+      }
+    } else {
+      if (i < vectors) {
+        half8_to_float(reinterpret_cast<const uint4*>(normed)[i], v);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+      }
+    }
+  };
+  if constexpr (F == quant::Format::int8) {
+    quantize_int8_row(load, p.k / 8, static_cast<int8_t*>(p.values) + row * p.ldv, p.scales + row, scratch);
+  } else {
+    quantize_block_row<F, VPB, CODES>(load, p.k,
+                                      static_cast<char*>(p.values) + row * p.ldv * quantized_value_bytes<F, CODES>(),
+                               p.scales + row * (F == quant::Format::int4 ? p.scale_ld : 1), p.arc_k, p.arc_outliers,
+                               scratch);
+  }
+}
+
+}  // namespace qspec::cuda::kernels
