@@ -297,16 +297,6 @@ struct GpuLlama::State {
                       int64_t tokens, f16_bits* normed_out, f16_bits* y) {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
-    if (linear.quantized && activations != GpuActivations::f16 && !(int8_step() && !linear.reordered())) {
-      cuda::ArcResidual arc;
-      if (linear.reordered() && arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
-      const cuda::QuantizedActivations xq = cuda::rmsnorm_quantize(
-          activation_format(), activation_group, residual, delta, norm.as<float>(), tokens, hidden, eps,
-          linear.reordered() ? linear.order.as<int32_t>() : nullptr, linear.reordered() ? linear.k : hidden,
-          x_codes.get(), x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc, fp8_codes_for(linear, tokens));
-      quantized_gemm(xq, linear, tokens, y);
-      return;
-    }
     if (int8_step() && !linear.reordered()) {
       auto* codes = x_codes.as<int8_t>();
       auto* scales = x_scales.as<float>();
@@ -316,6 +306,17 @@ struct GpuLlama::State {
         cuda::add_rmsnorm_int8(residual, delta, norm.as<float>(), tokens, hidden, eps, codes, x_codes_stride, scales,
                                stream);
       quantized_gemm(cuda::int8_activations(codes, scales, x_codes_stride), linear, tokens, y);
+      return;
+    }
+    if (linear.quantized && activations != GpuActivations::f16) {  // every other format, and ARC sites
+      cuda::ArcResidual arc;
+      if (linear.reordered() && arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
+      const cuda::QuantizedActivations xq = cuda::rmsnorm_quantize(
+          activation_format(), activation_group, residual, delta, norm.as<float>(), tokens, hidden, eps,
+          linear.reordered() ? linear.order.as<int32_t>() : nullptr, linear.reordered() ? linear.k : hidden,
+          x_codes.get(), x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc,
+          fp8_codes_for(linear, tokens));
+      quantized_gemm(xq, linear, tokens, y);
       return;
     }
     if (delta == nullptr) cuda::rmsnorm(residual, norm.as<float>(), tokens, hidden, eps, normed_out, stream);

@@ -172,8 +172,9 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // The e4m3 codes of u - 8 for the four offset-binary nibbles u in the low 16 bits of `nibbles`
 // (result byte i from nibble i), two 8-entry tables looked up with prmt: u < 8 (bit 3 clear)
 // reads e4m3(u - 8) from the first, u >= 8 (bit 3 flipped clear) reads e4m3(u - 8) from the
-// second; `high` (0xff where u >= 8) picks per byte. Exact, integer pipe only (a cvt from f16
-// runs at a quarter of the rate: measured 1.8x slower on the H100).
+// second; `high` (0xff where u >= 8) picks per byte. Exact, integer instructions only (14 a
+// packed word). In the mma.sync kernels this measured no faster than cvt.e4m3x2.f16x2 after the
+// f16 dequantization (perf-notes); the wgmma path's unpack kernel uses it, memory-bound either way.
 __device__ __forceinline__ uint32_t nibbles_to_e4m3x4(uint32_t nibbles, uint32_t high) {
   const uint32_t negative = prmt(0xcaccced0u, 0xb8c0c4c8u, nibbles);            // -8 -7 -6 -5 | -4 -3 -2 -1
   const uint32_t positive = prmt(0x44403800u, 0x4e4c4a48u, nibbles ^ 0x8888u);  //  0  1  2  3 |  4  5  6  7
