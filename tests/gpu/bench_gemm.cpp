@@ -290,69 +290,47 @@ int main(int argc, char** argv) {
           const cuda::QuantizedActivations xf16 = cuda::quantize_activations(
               qspec::quant::Format::fp8, 0, x.as<uint16_t>(), max_m, shape.k, shape.k, xf16_values->get(), shape.k,
               xf16_scales->as<float>(), 0, stream);
+          // One W4 launch a graph entry, round-robin over the weight copies, reported under `path`.
+          auto time_w4 = [&](const std::string& path, auto&& launch) {
+            report(path, cuda::time_replays(launch, w4_batch, warmup, reps, stream), static_cast<double>(w4_bytes),
+                   w4_batch);
+          };
+          const std::pair<const cuda::QuantizedActivations*, const char*> quantized_inputs[] = {
+              {&xa, "w4a8"}, {&xf, "w4a8fp8_e4m3"}, {&xf16, "w4a8fp8"}};
           for (int tile : tiles) {
             const cuda::W4A16TiledConfig config{tile, 0};
-            const cuda::ReplayTimes t = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_tiled(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                                tiled_workspace.get(), tiled_ws, s, config);
-                },
-                w4_batch, warmup, reps, stream);
-            report("w4a8_tiled_" + cuda::w4a16_tiled_tile_name(tile), t, static_cast<double>(w4_bytes), w4_batch);
-            const cuda::ReplayTimes f = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_tiled(xf, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                                tiled_workspace.get(), tiled_ws, s, config);
-                },
-                w4_batch, warmup, reps, stream);
-            report("w4a8fp8_e4m3_tiled_" + cuda::w4a16_tiled_tile_name(tile), f, static_cast<double>(w4_bytes),
-                   w4_batch);
-            const cuda::ReplayTimes f16v = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_tiled(xf16, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                                tiled_workspace.get(), tiled_ws, s, config);
-                },
-                w4_batch, warmup, reps, stream);
-            report("w4a8fp8_tiled_" + cuda::w4a16_tiled_tile_name(tile), f16v, static_cast<double>(w4_bytes), w4_batch);
-            const cuda::ReplayTimes h = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
-                                         shape.n, tiled_workspace.get(), tiled_ws, s, config);
-                },
-                w4_batch, warmup, reps, stream);
-            report("w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile), h, static_cast<double>(w4_bytes), w4_batch);
+            const std::string tile_name = cuda::w4a16_tiled_tile_name(tile);
+            for (const auto& [act, name] : quantized_inputs)
+              time_w4(std::string(name) + "_tiled_" + tile_name, [&](void* s, int i) {
+                cuda::w4_quantized_gemm_tiled(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                              tiled_workspace.get(), tiled_ws, s, config);
+              });
+            time_w4("w4a16_tiled_" + tile_name, [&](void* s, int i) {
+              cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                     tiled_workspace.get(), tiled_ws, s, config);
+            });
           }
-          if (m <= 64) {  // the small-M kernel (decode sizes): int8, fp8 as e4m3 codes, fp8 as f16 values
-            for (const auto* act : {&xa, &xf, &xf16}) {
-              const cuda::ReplayTimes t = cuda::time_replays(
-                  [&](void* s, int i) {
-                    cuda::w4_quantized_gemm_small_m(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                                    small_workspace.get(), small_ws, s);
-                  },
-                  w4_batch, warmup, reps, stream);
-              report(act == &xa ? "w4a8_small_m" : act == &xf ? "w4a8fp8_e4m3_small_m" : "w4a8fp8_small_m", t,
-                     static_cast<double>(w4_bytes), w4_batch);
-            }
-          }
+          if (m <= 64)  // the small-M kernel (decode sizes)
+            for (const auto& [act, name] : quantized_inputs)
+              time_w4(std::string(name) + "_small_m", [&](void* s, int i) {
+                cuda::w4_quantized_gemm_small_m(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                small_workspace.get(), small_ws, s);
+              });
           for (int wide_tile : {1, 2}) {
             if (!cuda::w4_s8_wide_supports(views[0], qspec::quant::Format::int8)) break;
-            const cuda::ReplayTimes t = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_s8_wide(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, wide_tile);
-                },
-                w4_batch, warmup, reps, stream);
-            report(wide_tile == 1 ? "w4a8_s8_wide_128x128" : "w4a8_s8_wide_128x64", t, static_cast<double>(w4_bytes),
-                   w4_batch);
+            time_w4(wide_tile == 1 ? "w4a8_s8_wide_128x128" : "w4a8_s8_wide_128x64", [&](void* s, int i) {
+              cuda::w4_quantized_gemm_s8_wide(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, wide_tile);
+            });
           }
           if (wgmma_workspace) {
-            // As dispatched (s8_wgmma_128x128): the unpack of the int4 weights to int8, then the GEMM.
-            const cuda::ReplayTimes t = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_s8_wgmma(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                                   wgmma_workspace->get(), wgmma_ws, s);
-                },
-                w4_batch, warmup, reps, stream);
-            report("w4a8_s8_wgmma_128x128", t, static_cast<double>(w4_bytes), w4_batch);
+            // As dispatched (s8_wgmma_128x128): the unpack of the int4 weights to int8 (fp8: to e4m3
+            // codes, e4m3 wgmma), then the GEMM.
+            for (const auto& [act, name] :
+                 {std::pair{&xa, "w4a8_s8_wgmma_128x128"}, std::pair{&xf, "w4a8fp8_wgmma_128x128"}})
+              time_w4(name, [&](void* s, int i) {
+                cuda::w4_quantized_gemm_s8_wgmma(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                                 wgmma_workspace->get(), wgmma_ws, s);
+              });
             // The GEMM alone on weights unpacked once (the int8 weights are read, n x k bytes), each
             // variant with --wgmma-variants.
             for (int variant : wgmma_variants) {
@@ -365,14 +343,7 @@ int main(int argc, char** argv) {
               report("w4a8_s8_wgmma_gemm_only" + (variant ? "_v" + std::to_string(variant) : std::string()), g,
                      static_cast<double>(shape.n * shape.k), 8);
             }
-            // W4A8-fp8 on the same kernel (e4m3 wgmma): as dispatched, and the GEMM alone.
-            const cuda::ReplayTimes f = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4_quantized_gemm_s8_wgmma(xf, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                                   wgmma_workspace->get(), wgmma_ws, s);
-                },
-                w4_batch, warmup, reps, stream);
-            report("w4a8fp8_wgmma_128x128", f, static_cast<double>(w4_bytes), w4_batch);
+            // W4A8-fp8's GEMM alone, on weights unpacked once to e4m3 codes.
             const cuda::ReplayTimes fg = cuda::time_replays(
                 [&](void* s, int) {
                   cuda::w4_s8_gemm_unpacked(xf, m, views[0], e4m3_unpacked->as<int8_t>(), y.as<uint16_t>(), shape.n,

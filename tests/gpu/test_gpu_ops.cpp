@@ -1199,35 +1199,50 @@ TEST_F(Gpu, W4A8WideKernelEqualsTiledBitwiseAndMatchesCpu) {
   EXPECT_FALSE(cuda::w4_s8_wide_supports(w_odd.view, Format::int4));
 }
 
-// The wgmma W4A8 kernel (weights unpacked to int8 in the workspace, 128 x 128 tiles, double-
-// buffered group sums) against the CPU and, bit for bit, against the tiled kernel without
-// split-K: odd n and m (partial row and token tiles), k of one stage (the odd-stage tail), of
-// three, of 112 (Llama-3-8B's down projection), an unaligned ldy (the scalar store path).
-TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
-  using qspec::quant::Format;
-  if (cuda::compute_capability() != 90) GTEST_SKIP() << "wgmma: compute capability 9.0 only";
+namespace {
+
+// One case of the wgmma kernel tests: the packed weights, the GEMM's shape, the GPU-quantized activations
+// and the CPU's output, and what the wgmma kernel (as dispatched: unpack, then GEMM) and the tiled
+// kernel (128x64, no split-K) computed from them.
+struct WgmmaCase {
+  const DeviceW4& w;
+  int64_t m, n, k, ldy;
+  const cuda::QuantizedActivations& x;
+  const std::vector<float>& expected;
+  const std::vector<f16>& y;
+  const std::vector<f16>& tiled;
+  const std::string& what;
+};
+
+// Runs check(WgmmaCase) over the wgmma tests' cases: odd n and m (partial row and token tiles), k
+// of one stage (the odd-stage tail), of three and of 112 (Llama-3-8B's down projection), an ldy
+// that is not a multiple of 8 (the scalar store path); activations in `format` (int8, or fp8 as
+// e4m3 codes, the wgmma kernel's operands) and the CPU's quantized linear in that mode.
+template <class Check>
+void for_each_wgmma_case(qspec::quant::Format format, Check&& check) {
   struct Shape {
     int64_t n, k, ldy_pad;
   };
-  qspec::ActivationMode int8_mode;
-  int8_mode.kind = qspec::ActivationMode::Kind::quantized;
-  int8_mode.format = Format::int8;
+  qspec::ActivationMode mode;
+  mode.kind = qspec::ActivationMode::Kind::quantized;
+  mode.format = format;
   for (const Shape& s : {Shape{4097, 4096, 3}, Shape{136, 128, 8}, Shape{300, 384, 0}, Shape{1408, 14336, 8}}) {
-    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, 128);
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, qspec::quant::Format::int4, 128);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
-    ASSERT_TRUE(cuda::w4_s8_wgmma_supports(w.view, Format::int8));
+    ASSERT_TRUE(cuda::w4_s8_wgmma_supports(w.view, format));
     for (int64_t m : {1, 7, 128, 129, 300}) {
       if (s.k > 4096 && m > 129) continue;  // the CPU reference's time
       const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + s.ldy_pad;
       const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
-      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, int8_mode, weight);
+      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, mode, weight);
       auto d_x = upload(to_f16(x));
       auto d_q = poisoned(static_cast<size_t>(m * ldq));
       auto d_scales = poisoned(static_cast<size_t>(m) * 4);
-      cuda::quantize_int8_rows(d_x.as<f16>(), m, s.k, ldx, d_q.as<int8_t>(), ldq, d_scales.as<float>(), nullptr);
-      const cuda::QuantizedActivations xa = cuda::int8_activations(d_q.as<int8_t>(), d_scales.as<float>(), ldq);
-      const std::string what = "s8 wgmma m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
-                               std::to_string(s.k) + " ldy " + std::to_string(ldy);
+      const cuda::QuantizedActivations xa =
+          cuda::quantize_activations(format, 0, d_x.as<f16>(), m, s.k, ldx, d_q.get(), ldq, d_scales.as<float>(), 0,
+                                     nullptr, {}, format == qspec::quant::Format::fp8);
+      const std::string what = std::string(qspec::quant::format_name(format)) + " wgmma m" + std::to_string(m) +
+                               " n" + std::to_string(s.n) + " k" + std::to_string(s.k) + " ldy " + std::to_string(ldy);
       const size_t bytes = std::max(cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k),
                                     cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled));
       cuda::DeviceMemory workspace(bytes);
@@ -1235,23 +1250,36 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
       cuda::w4_quantized_gemm_s8_wgmma(xa, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
       const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
-      auto d_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
-      cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
-      const std::vector<f16> ref = download<f16>(d_ref, static_cast<size_t>(m * ldy));
-      size_t mismatches = 0;
-      for (size_t i = 0; i < y.size(); ++i) mismatches += y[i] != ref[i];
-      ASSERT_EQ(mismatches, 0u) << what << ": not the tiled kernel's bits";
-      // Every benchmark variant (ring depth, unroll, I2F share) on the weights unpacked above.
-      cuda::DeviceMemory w8(static_cast<size_t>((s.n + 15) / 16 * 16 * s.k));
-      cuda::w4_unpack_s8(w.view, w8.as<int8_t>(), nullptr);
-      for (int variant = 1; variant <= cuda::kW4S8WgmmaVariants; ++variant) {
-        auto d_v = poisoned(static_cast<size_t>(m * ldy) * 2);
-        cuda::w4_s8_gemm_unpacked(xa, m, w.view, w8.as<int8_t>(), d_v.as<f16>(), ldy, nullptr, variant);
-        EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(m * ldy)), ref) << what << " variant " << variant;
-      }
-      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(y, expected, m, s.n, ldy, what));
+      auto d_tiled = poisoned(static_cast<size_t>(m * ldy) * 2);
+      cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_tiled.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
+      const std::vector<f16> tiled = download<f16>(d_tiled, static_cast<size_t>(m * ldy));
+      ASSERT_NO_FATAL_FAILURE(check(WgmmaCase{w, m, s.n, s.k, ldy, xa, expected, y, tiled, what}));
     }
   }
+}
+
+}  // namespace
+
+// The wgmma W4A8 kernel (weights unpacked to int8 in the workspace, 128 x 128 tiles, double-
+// buffered group sums) against the CPU and, bit for bit, against the tiled kernel without
+// split-K, over for_each_wgmma_case's shapes; every benchmark variant too.
+TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
+  using qspec::quant::Format;
+  if (cuda::compute_capability() != 90) GTEST_SKIP() << "wgmma: compute capability 9.0 only";
+  for_each_wgmma_case(Format::int8, [](const WgmmaCase& c) {
+    size_t mismatches = 0;
+    for (size_t i = 0; i < c.y.size(); ++i) mismatches += c.y[i] != c.tiled[i];
+    ASSERT_EQ(mismatches, 0u) << c.what << ": not the tiled kernel's bits";
+    // Every benchmark variant (ring depth, unroll, I2F share) on the weights unpacked here.
+    cuda::DeviceMemory w8(static_cast<size_t>((c.n + 15) / 16 * 16 * c.k));
+    cuda::w4_unpack_s8(c.w.view, w8.as<int8_t>(), nullptr);
+    for (int variant = 1; variant <= cuda::kW4S8WgmmaVariants; ++variant) {
+      auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+      cuda::w4_s8_gemm_unpacked(c.x, c.m, c.w.view, w8.as<int8_t>(), d_v.as<f16>(), c.ldy, nullptr, variant);
+      EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled) << c.what << " variant " << variant;
+    }
+    ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
+  });
   // The unpacked weights: u - 8 of every nibble, row-major, against the CPU's codes.
   {
     const qspec::QuantizedMatrix weight = random_quantized(40, 256, Format::int4, 128);
@@ -1290,48 +1318,16 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
 TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
   using qspec::quant::Format;
   if (cuda::compute_capability() != 90) GTEST_SKIP() << "wgmma: compute capability 9.0 only";
-  struct Shape {
-    int64_t n, k, ldy_pad;
-  };
-  qspec::ActivationMode fp8_mode;
-  fp8_mode.kind = qspec::ActivationMode::Kind::quantized;
-  fp8_mode.format = Format::fp8;
   size_t outputs = 0, same_bits = 0;
-  for (const Shape& s : {Shape{4097, 4096, 3}, Shape{136, 128, 8}, Shape{300, 384, 0}, Shape{1408, 14336, 8}}) {
-    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, Format::int4, 128);
-    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
-    ASSERT_TRUE(cuda::w4_s8_wgmma_supports(w.view, Format::fp8));
-    for (int64_t m : {1, 7, 128, 129, 300}) {
-      if (s.k > 4096 && m > 129) continue;  // the CPU reference's time
-      const int64_t ldx = s.k + 8, ldq = s.k + 16, ldy = s.n + s.ldy_pad;
-      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
-      const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, fp8_mode, weight);
-      auto d_x = upload(to_f16(x));
-      auto d_q = poisoned(static_cast<size_t>(m * ldq));
-      auto d_scales = poisoned(static_cast<size_t>(m) * 4);
-      const cuda::QuantizedActivations xa = cuda::quantize_activations(
-          Format::fp8, 0, d_x.as<f16>(), m, s.k, ldx, d_q.get(), ldq, d_scales.as<float>(), 0, nullptr, {}, true);
-      const std::string what = "fp8 wgmma m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" +
-                               std::to_string(s.k) + " ldy " + std::to_string(ldy);
-      const size_t bytes = std::max(cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k),
-                                    cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled));
-      cuda::DeviceMemory workspace(bytes);
-      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
-      cuda::w4_quantized_gemm_s8_wgmma(xa, m, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
-      const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
-      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(y, expected, m, s.n, ldy, what));
-      auto d_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
-      cuda::w4_quantized_gemm_tiled(xa, m, w.view, d_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr, {2, 1});
-      const std::vector<f16> ref = download<f16>(d_ref, static_cast<size_t>(m * ldy));
-      ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(ref, expected, m, s.n, ldy, what + " (tiled)"));
-      for (int64_t t = 0; t < m; ++t)
-        for (int64_t i = 0; i < s.n; ++i) {
-          ++outputs;
-          same_bits += y[t * ldy + i] == ref[t * ldy + i];
-        }
-    }
-  }
+  for_each_wgmma_case(Format::fp8, [&](const WgmmaCase& c) {
+    ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
+    ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.tiled, c.expected, c.m, c.n, c.ldy, c.what + " (tiled)"));
+    for (int64_t t = 0; t < c.m; ++t)
+      for (int64_t i = 0; i < c.n; ++i) {
+        ++outputs;
+        same_bits += c.y[t * c.ldy + i] == c.tiled[t * c.ldy + i];
+      }
+  });
   std::printf("  fp8 wgmma: %zu of %zu outputs bitwise the tiled kernel's\n", same_bits, outputs);
   // The unpacked weights: the e4m3 code of every weight, row-major.
   {

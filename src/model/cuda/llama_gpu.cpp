@@ -257,6 +257,12 @@ struct GpuLlama::State {
     dispatch_w4_gemm(gemm_policy.get(), *blas, input, m, linear.view, y, linear.n, gemm_workspace.get(),
                      gemm_workspace_bytes, stream);
   }
+  // The ARC residual channels a calibrated site's quantized input carries in an ARC step (none
+  // otherwise: the augmented columns stay zero).
+  cuda::ArcResidual arc_residual(const Linear& linear) const {
+    if (!linear.reordered() || !arc_step()) return {};
+    return {linear.in_k, linear.site.outliers(activation_format())};
+  }
   // fp8 activations go to the wgmma kernel as e4m3 codes, to every other kernel as f16 values.
   bool fp8_codes_for(const Linear& linear, int64_t m) const {
     return activations == GpuActivations::fp8 &&
@@ -272,13 +278,11 @@ struct GpuLlama::State {
       return;
     }
     int64_t ldx = linear.in_k;
-    cuda::ArcResidual arc;
     if (linear.reordered()) {  // ARC: reorder, augmented columns zero (the residuals' when an ARC step)
       cuda::gather_columns(x_in, m, linear.in_k, linear.in_k, linear.order.as<int32_t>(), linear.k,
                            x_reordered.as<f16_bits>(), x_codes_stride, stream);
       x_in = x_reordered.as<f16_bits>();
       ldx = x_codes_stride;
-      if (arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
     }
     if (activations == GpuActivations::f16) {
       w4_gemm(W4GemmInput{x_in, ldx, nullptr}, linear, m, y);
@@ -286,7 +290,7 @@ struct GpuLlama::State {
     }
     const cuda::QuantizedActivations xq =
         cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, ldx, x_codes.get(),
-                                   x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc,
+                                   x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc_residual(linear),
                                    fp8_codes_for(linear, m));
     quantized_gemm(xq, linear, m, y);
   }
@@ -309,12 +313,10 @@ struct GpuLlama::State {
       return;
     }
     if (linear.quantized && activations != GpuActivations::f16) {  // every other format, and ARC sites
-      cuda::ArcResidual arc;
-      if (linear.reordered() && arc_step()) arc = {linear.in_k, linear.site.outliers(activation_format())};
       const cuda::QuantizedActivations xq = cuda::rmsnorm_quantize(
           activation_format(), activation_group, residual, delta, norm.as<float>(), tokens, hidden, eps,
           linear.reordered() ? linear.order.as<int32_t>() : nullptr, linear.reordered() ? linear.k : hidden,
-          x_codes.get(), x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc,
+          x_codes.get(), x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc_residual(linear),
           fp8_codes_for(linear, tokens));
       quantized_gemm(xq, linear, tokens, y);
       return;

@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/common.h"
@@ -15,6 +16,23 @@ namespace qspec::cuda {
 namespace {
 
 constexpr int kPeakChains = 8;  // independent accumulators a warp: enough to cover the mma latency
+
+// kPeakChains independent accumulators a thread, each fed `iterations` mma by mma(acc); their sums
+// reach `sink` only when an impossible value appears (int: xor, float: sum).
+template <class Acc, class Mma>
+__device__ __forceinline__ void mma_chains(int iterations, uint32_t* sink, Mma&& mma) {
+  Acc acc[kPeakChains][4] = {};
+  for (int i = 0; i < iterations; ++i)
+#pragma unroll
+    for (int c = 0; c < kPeakChains; ++c) mma(acc[c]);
+  Acc x = 0;
+#pragma unroll
+  for (int c = 0; c < kPeakChains; ++c) {
+    if constexpr (std::is_integral_v<Acc>) x ^= acc[c][0] ^ acc[c][1] ^ acc[c][2] ^ acc[c][3];
+    else x += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  }
+  if (x == (std::is_integral_v<Acc> ? Acc(0x7fffffff) : Acc(-1))) *sink = 1;
+}
 
 // Every warp issues `iterations` x kPeakChains mma on register operands. The operands depend on
 // the thread (nothing folds) and the sums go to `sink` only when an impossible value appears,
@@ -28,35 +46,14 @@ __global__ __launch_bounds__(256) void mma_peak_kernel(int iterations, uint32_t*
     // e4m3 bytes with exponent fields below 8: finite, never NaN.
     for (uint32_t& v : a) v &= 0x3f3f3f3fu;
     const uint32_t e0 = b0 & 0x3f3f3f3fu, e1 = b1 & 0x3f3f3f3fu;
-    float acc[kPeakChains][4] = {};
-    for (int i = 0; i < iterations; ++i)
-#pragma unroll
-      for (int c = 0; c < kPeakChains; ++c) kernels::mma_e4m3_16832(acc[c], a, e0, e1);
-    float x = 0;
-#pragma unroll
-    for (int c = 0; c < kPeakChains; ++c) x += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
-    if (x == -1.0f) *sink = 1;
+    mma_chains<float>(iterations, sink, [&](float (&d)[4]) { kernels::mma_e4m3_16832(d, a, e0, e1); });
   } else if constexpr (TYPE == MmaType::s8) {
-    int acc[kPeakChains][4] = {};
-    for (int i = 0; i < iterations; ++i)
-#pragma unroll
-      for (int c = 0; c < kPeakChains; ++c) kernels::mma_s8_16832(acc[c], a, b0, b1);
-    int x = 0;
-#pragma unroll
-    for (int c = 0; c < kPeakChains; ++c) x ^= acc[c][0] ^ acc[c][1] ^ acc[c][2] ^ acc[c][3];
-    if (x == 0x7fffffff) *sink = static_cast<uint32_t>(x);
+    mma_chains<int>(iterations, sink, [&](int (&d)[4]) { kernels::mma_s8_16832(d, a, b0, b1); });
   } else {
     // f16 operands kept finite and small: a = b = 2^-14-ish patterns would be denormal; use ~1.
     for (uint32_t& v : a) v = (v & 0x03ff03ffu) | 0x3c003c00u;
     const uint32_t h0 = (b0 & 0x03ff03ffu) | 0x3c003c00u, h1 = (b1 & 0x03ff03ffu) | 0x3c003c00u;
-    float acc[kPeakChains][4] = {};
-    for (int i = 0; i < iterations; ++i)
-#pragma unroll
-      for (int c = 0; c < kPeakChains; ++c) mma_f16_16816(acc[c], a, h0, h1);
-    float x = 0;
-#pragma unroll
-    for (int c = 0; c < kPeakChains; ++c) x += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
-    if (x == -1.0f) *sink = 1;
+    mma_chains<float>(iterations, sink, [&](float (&d)[4]) { mma_f16_16816(d, a, h0, h1); });
   }
 }
 

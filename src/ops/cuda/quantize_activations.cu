@@ -103,8 +103,7 @@ struct FusedLaunch {
   template <Format F, int VPB, bool ADD, bool REORDER, bool CODES>
   void launch() const {
     // rmsnorm_kernel's thread count, so the sum of squares is its sum.
-    const int threads =
-        static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (params.dim / 8 + 31) / 32 * 32)));
+    const int threads = kernels::rmsnorm_block_threads(params.dim / 8);
     launch_pdl(kernels::rmsnorm_quantize_kernel<F, VPB, ADD, REORDER, CODES>, dim3(static_cast<unsigned>(rows)),
                dim3(threads), static_cast<size_t>(params.dim) * 2, as_stream(stream), params);
     QSPEC_CUDA_CHECK_LAUNCH("rmsnorm_quantize_kernel");

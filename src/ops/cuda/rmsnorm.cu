@@ -13,7 +13,7 @@ void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t
   const bool vec = dim % 8 == 0 && is_aligned_16(x) && is_aligned_16(y) && is_aligned_16(weight) &&
                    (!FUSED || is_aligned_16(delta));
   const int64_t work = vec ? dim / 8 : dim;
-  const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (work + 31) / 32 * 32)));
+  const int threads = kernels::rmsnorm_block_threads(work);
   const unsigned grid = static_cast<unsigned>(rows);
   if (vec)
     launch_pdl(kernels::rmsnorm_kernel<8, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
@@ -33,7 +33,7 @@ void launch_rmsnorm_int8(__half* x, const __half* delta, const float* weight, in
               "cuda::rmsnorm_int8: x, delta and weight must be 16-byte and codes 8-byte aligned");
   if (rows == 0) return;
   QSPEC_CHECK(rows < (1ll << 31), "cuda::rmsnorm_int8: too many rows (", rows, ")");
-  const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (dim / 8 + 31) / 32 * 32)));
+  const int threads = kernels::rmsnorm_block_threads(dim / 8);
   launch_pdl(kernels::rmsnorm_int8_kernel<FUSED>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
              as_stream(stream), x, delta, weight, dim, eps, codes, ldc, scales);
   QSPEC_CUDA_CHECK_LAUNCH("rmsnorm_int8_kernel");

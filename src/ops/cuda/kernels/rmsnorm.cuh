@@ -1,10 +1,20 @@
 // RMSNorm (and the fused residual add + RMSNorm) on f16 rows with f32 statistics.
 #pragma once
+#include <algorithm>
+#include <cstdint>
+
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/quantize_int8.cuh"
 #include "ops/cuda/kernels/reduce.cuh"
 
 namespace qspec::cuda::kernels {
+
+// Threads of a row's block for `work` vectors (or values): one each, a whole number of warps,
+// 32..1024. The f32 sum of squares depends on it, so every kernel that must reproduce
+// rmsnorm_kernel's output bit for bit (rmsnorm_int8_kernel, rmsnorm_quantize_kernel) launches with it.
+inline int rmsnorm_block_threads(int64_t work) {
+  return static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (work + 31) / 32 * 32)));
+}
 
 // The 8 f32 weights of vector i.
 __device__ __forceinline__ void load_weights8(const float* __restrict__ weight, int64_t i, float (&w)[8]) {
@@ -27,10 +37,52 @@ __device__ __forceinline__ void load_residual8(__half* x, const __half* __restri
   }
 }
 
+// The RMSNorm of one row in 16-byte vectors (dim % 8 == 0) by one block; FUSED: residual =
+// f16(residual + delta) first, stored back. store(i, v) receives the f16 output vector i. A
+// thread's first 8 values stay in registers across the reduction and their weights are loaded
+// before it (launched with rmsnorm_block_threads, every thread has one vector up to dim 8192):
+// the second pass then waits on no memory. rmsnorm_kernel writes the vectors to global memory,
+// rmsnorm_quantize_kernel to shared memory: the same f16 values.
+template <bool FUSED, class Store>
+__device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict__ delta_row,
+                                             const float* __restrict__ weight, int64_t dim, float eps,
+                                             float* scratch, const Store& store) {
+  const int64_t vectors = dim / 8;
+  const bool has_first = threadIdx.x < vectors;
+  float first[8] = {}, first_weight[8] = {};
+  float sum_squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    load_residual8<FUSED>(x, delta_row, i, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
+    if (i == threadIdx.x) {
+      load_weights8(weight, i, first_weight);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) first[e] = v[e];
+    }
+  }
+  sum_squares = block_sum(sum_squares, scratch);
+  // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight.
+  const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+  if (has_first) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) first[e] = (first[e] * inverse_rms) * first_weight[e];
+    store(static_cast<int64_t>(threadIdx.x), float8_to_half(first));
+  }
+  for (int64_t i = threadIdx.x + blockDim.x; i < vectors; i += blockDim.x) {
+    float v[8];
+    half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
+    float w[8];
+    load_weights8(weight, i, w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
+    store(i, float8_to_half(v));
+  }
+}
+
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
-// VEC 8: 16-byte accesses (dim % 8 == 0), else 1. A thread's first 8 values stay in registers
-// across the reduction and their weights are loaded before it (the launcher gives every thread
-// one vector up to dim 8192): the second pass then waits on no memory.
+// VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1.
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
@@ -39,40 +91,11 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
   const int64_t row = blockIdx.x;
   __half* x = residual_or_x + row * dim;
   __half* out = y + row * dim;
-  float sum_squares = 0.0f;
   if constexpr (VEC == 8) {
-    const int64_t vectors = dim / 8;
-    const bool has_first = threadIdx.x < vectors;
-    float first[8] = {}, first_weight[8] = {};
-    for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-      float v[8];
-      load_residual8<FUSED>(x, FUSED ? delta + row * dim : nullptr, i, v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
-      if (i == threadIdx.x) {
-        load_weights8(weight, i, first_weight);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) first[e] = v[e];
-      }
-    }
-    sum_squares = block_sum(sum_squares, scratch);
-    // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight.
-    const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
-    if (has_first) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) first[e] = (first[e] * inverse_rms) * first_weight[e];
-      reinterpret_cast<uint4*>(out)[threadIdx.x] = float8_to_half(first);
-    }
-    for (int64_t i = threadIdx.x + blockDim.x; i < vectors; i += blockDim.x) {
-      float v[8];
-      half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
-      float w[8];
-      load_weights8(weight, i, w);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
-      reinterpret_cast<uint4*>(out)[i] = float8_to_half(v);
-    }
+    rmsnorm_row8<FUSED>(x, FUSED ? delta + row * dim : nullptr, weight, dim, eps, scratch,
+                        [&](int64_t i, uint4 v) { reinterpret_cast<uint4*>(out)[i] = v; });
   } else {
+    float sum_squares = 0.0f;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
       float v = __half2float(x[i]);
       if constexpr (FUSED) {

@@ -44,39 +44,9 @@ __global__ void rmsnorm_quantize_kernel(const RmsnormQuantizeParams p) {
   const int64_t row = blockIdx.x, dim = p.dim, vectors = dim / 8;
   __half* x = p.residual + row * dim;
 
-  // As rmsnorm_kernel: a thread's first vector (its only one up to dim 8192) stays in registers
-  // across the reduction with its weights loaded before it, so the normalizing pass waits on no
-  // memory (re-reading the residual just stored costs a dependent round trip a block).
-  const bool has_first = threadIdx.x < vectors;
-  float first[8] = {}, first_weight[8] = {};
-  float sum_squares = 0.0f;
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    float v[8];
-    load_residual8<ADD>(x, ADD ? p.delta + row * dim : nullptr, i, v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
-    if (i == threadIdx.x) {
-      load_weights8(p.weight, i, first_weight);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) first[e] = v[e];
-    }
-  }
-  sum_squares = block_sum(sum_squares, scratch);
-  // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight, rounded to f16.
-  const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + p.eps);
-  if (has_first) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) first[e] = (first[e] * inverse_rms) * first_weight[e];
-    reinterpret_cast<uint4*>(normed)[threadIdx.x] = float8_to_half(first);
-  }
-  for (int64_t i = threadIdx.x + blockDim.x; i < vectors; i += blockDim.x) {
-    float v[8], w[8];
-    half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);  // this thread's own (stored) values
-    load_weights8(p.weight, i, w);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
-    reinterpret_cast<uint4*>(normed)[i] = float8_to_half(v);
-  }
+  // rmsnorm_kernel's own row pass (so the same f16 values), into shared memory.
+  rmsnorm_row8<ADD>(x, ADD ? p.delta + row * dim : nullptr, p.weight, dim, p.eps, scratch,
+                    [&](int64_t i, uint4 v) { reinterpret_cast<uint4*>(normed)[i] = v; });
   __syncthreads();
 
   // Vector i of the GEMM's input row (zeros past the normalized channels).
