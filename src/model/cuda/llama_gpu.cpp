@@ -668,7 +668,9 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
     norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
-    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream);
+    const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 && !layer.down.reordered();
+    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
+                   down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other);
     gemm(layer.down, act_out, tokens, proj_out);
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.

@@ -203,10 +203,15 @@ void add_rmsnorm(f16_bits* residual, const f16_bits* delta, const float* weight,
 void rope(f16_bits* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
           const int32_t* positions, const float* inv_freq, float attention_scaling, void* stream);
 
+// What the caller launches next on the stream, when that changes how a small kernel is best
+// launched: before a W4A16 GEMM it lets the GEMM launch before it waits on its own predecessor
+// (pdl_prologue in common.h), so the GEMM's weight loads start earlier. Outputs are the same.
+enum class NextKernel { other, w4a16_gemm };
+
 // out[r, i] = silu(gate[r, i]) * up[r, i] for i < cols, gate/up rows `in_stride` apart (a fused
 // gate_up row: gate = row, up = row + cols, in_stride = 2 * cols); out [rows, cols] f16.
 void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
-              f16_bits* out, void* stream);
+              f16_bits* out, void* stream, NextKernel next = NextKernel::other);
 
 // out = a + b elementwise (f16, f32 add, one rounding). out may alias a or b.
 void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, void* stream);

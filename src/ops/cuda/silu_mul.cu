@@ -5,7 +5,7 @@
 namespace qspec::cuda {
 
 void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride, f16_bits* out,
-              void* stream) {
+              void* stream, NextKernel next) {
   QSPEC_CHECK(rows >= 0 && cols > 0 && in_stride >= cols, "cuda::silu_mul: bad shape rows ", rows, " cols ", cols,
               " in_stride ", in_stride);
   if (rows == 0) return;
@@ -18,10 +18,10 @@ void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t co
   auto* o = reinterpret_cast<__half*>(out);
   if (vec)
     launch_pdl(kernels::silu_mul_kernel<8>, dim3(grid), dim3(256), 0, as_stream(stream),
-        g, u, rows, cols, in_stride, o);
+        g, u, rows, cols, in_stride, o, next == NextKernel::w4a16_gemm);
   else
     launch_pdl(kernels::silu_mul_kernel<1>, dim3(grid), dim3(256), 0, as_stream(stream),
-        g, u, rows, cols, in_stride, o);
+        g, u, rows, cols, in_stride, o, next == NextKernel::w4a16_gemm);
   QSPEC_CUDA_CHECK_LAUNCH("silu_mul_kernel");
 }
 

@@ -9,8 +9,8 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 // Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8.
 template <int VEC>
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,
-                                int64_t cols, int64_t in_stride, __half* __restrict__ out) {
-  pdl_prologue();  // launched with launch_pdl (common.h)
+                                int64_t cols, int64_t in_stride, __half* __restrict__ out, bool release_first) {
+  pdl_prologue(release_first);  // launched with launch_pdl (common.h)
   const int64_t per_row = cols / VEC, total = rows * per_row;
   for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < total;
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {

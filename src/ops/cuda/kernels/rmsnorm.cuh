@@ -86,7 +86,7 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
-  pdl_prologue();  // launched with launch_pdl (common.h)
+  pdl_prologue(/*release_first=*/true);  // launched with launch_pdl; its consumer is a GEMM (common.h)
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   __half* x = residual_or_x + row * dim;
