@@ -7,6 +7,13 @@ Run on the GPU machine:
   nsys export --type sqlite -o step.sqlite step.nsys-rep
   tools/nsys_timeline.py step.sqlite
 
+On the device machine nsys is the one inside Nsight Compute
+(/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys). It ends the application when the
+capture range ends (exit status 143, expected) and leaves a .qdstrm, because its importer
+(host/linux-desktop-glibc_2_11_3-x64/QdstrmImporter) misses libdw.so.1 there: copy libdw.so.1
+(Debian libdw1) with its libelf/libbz2/liblzma into a folder that travels, and run
+`LD_LIBRARY_PATH=that/folder QdstrmImporter -i step.qdstrm` to get step.nsys-rep.
+
 Prints, per kernel name: launches, summed duration, and the summed "exposed" time (the part of
 the step during which this kernel was the oldest one running), and the step's idle time (no
 kernel running). With programmatic dependent launch a kernel's blocks may be resident (and
