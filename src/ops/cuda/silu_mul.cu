@@ -16,12 +16,13 @@ void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t co
   const auto* g = reinterpret_cast<const __half*>(gate);
   const auto* u = reinterpret_cast<const __half*>(up);
   auto* o = reinterpret_cast<__half*>(out);
+  const bool release_first = next == NextKernel::w4a16_gemm;  // pdl_prologue (common.h)
   if (vec)
     launch_pdl(kernels::silu_mul_kernel<8>, dim3(grid), dim3(256), 0, as_stream(stream),
-        g, u, rows, cols, in_stride, o, next == NextKernel::w4a16_gemm);
+        g, u, rows, cols, in_stride, o, release_first);
   else
     launch_pdl(kernels::silu_mul_kernel<1>, dim3(grid), dim3(256), 0, as_stream(stream),
-        g, u, rows, cols, in_stride, o, next == NextKernel::w4a16_gemm);
+        g, u, rows, cols, in_stride, o, release_first);
   QSPEC_CUDA_CHECK_LAUNCH("silu_mul_kernel");
 }
 
