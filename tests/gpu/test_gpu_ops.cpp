@@ -724,6 +724,8 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  {"small_m v3 split5", cuda::W4A16Path::small_m, {3, 5}, 2e-3},
                                  {"small_m v4", cuda::W4A16Path::small_m, {4, 0}, 2e-3},
                                  {"small_m v4 split2", cuda::W4A16Path::small_m, {4, 2}, 2e-3},
+                                 {"small_m v5", cuda::W4A16Path::small_m, {5, 0}, 2e-3},
+                                 {"small_m v5 split3", cuda::W4A16Path::small_m, {5, 3}, 2e-3},
                                  tiled("tiled auto", 0, 0),
                                  tiled("tiled 256x64", 1, 1),
                                  tiled("tiled 256x64 split3", 1, 3),
@@ -847,6 +849,40 @@ TEST_F(Gpu, W4A16TiledMatchesSmallMBitwise) {
       for (int tile = 1; tile <= cuda::kW4A16TiledTiles; ++tile)
         ASSERT_EQ(run(true, tile), expected) << "tile " << cuda::w4a16_tiled_tile_name(tile) << " m" << m << " n" << n
                                              << " k" << k << " g" << group;
+    }
+  }
+}
+
+// The preload kernel (variant 5: bulk copies into per-warp shared-memory rings) gives the
+// register-ring kernel's bits for the same split count: rings that hold the whole split and
+// rings that wrap many times (k 14336 in one split), odd n, k with a half chunk at the end,
+// groups of 32 / 64 / 128, slices of 1-16 tokens and a 17-token call (two slices).
+TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: variant 5 runs on sm_90a only (this GPU is sm_%d)\n", qspec::cuda::compute_capability());
+    return;
+  }
+  for (auto [n, k, group] : {std::tuple{4097, 4096, 128}, {300, 14336, 128}, {1000, 160, 32}, {256, 704, 64},
+                             {33, 96, 32}, {6144, 4096, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    ASSERT_TRUE(cuda::w4a16_preload_supported(w.view)) << "sm_90 device, aligned weights: variant 5 must run";
+    for (int64_t m : {1, 3, 8, 9, 16, 17}) {
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m) * 4;
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      auto run = [&](int variant, int splits) {
+        auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
+                                 {variant, splits, 2});
+        return download<f16>(d_y, static_cast<size_t>(m * n));
+      };
+      for (int splits : {1, 3, 8}) {
+        const std::vector<f16> expected = run(1, splits);
+        ASSERT_EQ(run(5, splits), expected) << "splits " << splits << " m" << m << " n" << n << " k" << k << " g" << group;
+        ASSERT_EQ(run(5, splits), expected) << "again (counters reset): splits " << splits << " m" << m << " n" << n;
+      }
     }
   }
 }

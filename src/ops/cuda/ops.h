@@ -331,7 +331,9 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
 // Tuning knob for benchmarks: the small-M kernel variant (0 = the default, variant 1; 1 = 4 warps
 // x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the
 // shared-memory cp.async ring, 8 stages of 2 chunks / 4 stages of 4, for m <= 32 a launch) and
-// the split-K override (0 = heuristic). docs/perf-notes.md has their timings.
+// the split-K override (0 = heuristic); 5 = the bulk-copy preload kernel (sm_90a, slices of up to
+// 16 tokens; beyond, variant 1): each warp's weights through a shared-memory ring as deep as its
+// split, all requested before the programmatic-launch wait. docs/perf-notes.md has the timings.
 // x_staging (variants 1 / 2): 0 = the default (shared memory beyond 8 tokens a launch slice,
 // docs/perf-notes.md), 1 = the block copies its k range of x into shared memory first, 2 = x
 // straight from global memory (through L1).
@@ -343,6 +345,8 @@ struct W4A16SmallMConfig {
   // same output at twice the mma work.
   bool split_activations = false;
 };
+// Whether small-M variant 5 (preload) can run these weights on this device and build.
+bool w4a16_preload_supported(const W4A16Weights& w);
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                         const W4A16SmallMConfig& config = {});

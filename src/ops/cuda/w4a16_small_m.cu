@@ -1,5 +1,8 @@
+#include <cstdlib>
+
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
+#include "ops/cuda/kernels/w4a16_preload.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"
 #include "ops/cuda/kernels/w4a16_stream.cuh"
 #include "ops/cuda/ops.h"
@@ -89,7 +92,8 @@ void launch_register_ring(kernels::W4A16SmallMParams params, int variant, const 
   params.counters = static_cast<unsigned*>(workspace);
   params.partials = detail::splitk_partials(workspace, splits);
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
-  const int v = mt == 8 || variant > 2 ? 2 : variant;
+  // Variant 5 runs here beyond 16 tokens a slice, as the default variant 1.
+  const int v = mt == 8 || (variant > 2 && variant != 5) ? 2 : variant == 5 ? 1 : variant;
   QSPEC_CHECK(config.x_staging >= 0 && config.x_staging <= 2, "cuda::w4a16_gemm: unknown x staging ",
               config.x_staging);
   const bool stage_x = config.x_staging == 1 || (config.x_staging == 0 && stage_x_by_default(slice));
@@ -166,7 +170,114 @@ void stream_launch(int group, int mt, int variant, const kernels::W4A16SmallMPar
   }
 }
 
+// ---- variant 5: the bulk-copy preload kernel (kernels/w4a16_preload.cuh), m <= 16 a launch ----
+
+// Shared memory a preload block may take for its rings. Two blocks a multiprocessor then fit
+// (228 KB), so qkv, o and down (32-48 row tiles) get 5-8 splits in one wave and their whole
+// split in flight before the dependency wait. QSPEC_W4A16_PRELOAD_KB overrides it (sweeps).
+constexpr size_t kPreloadBlockBytesDefault = 100 * 1024;
+
+// Benchmark knobs read once from the environment (as QSPEC_NO_PDL), so one build can time the
+// alternatives in one run: QSPEC_W4A16_VARIANT (the small-M variant `automatic` and variant 0
+// take) and QSPEC_W4A16_PRELOAD_KB (variant 5's ring budget a block). Unset: the defaults.
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  QSPEC_CHECK(end != value && *end == '\0' && parsed >= lo && parsed <= hi, name, "=", value, ": expected an integer in [",
+              lo, ", ", hi, "]");
+  return static_cast<int>(parsed);
+}
+int default_variant() {
+  static const int variant = env_int("QSPEC_W4A16_VARIANT", detail::kW4A16DefaultVariant, 1, 5);
+  return variant;
+}
+size_t preload_block_bytes() {
+  static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
+  return bytes;
+}
+
+// Whether the preload kernel that would run here is the sm_90a build (elsewhere it is a trap).
+bool preload_kernel_runs_here() {
+  static const bool runs = [] {
+    if (compute_capability() != 90) return false;
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, kernels::w4_preload_kernel<kernels::ActF16, 1, 128>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.binaryVersion == 90;
+  }();
+  return runs;
+}
+
+template <class Act, int MT, int G>
+void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, cudaStream_t stream) {
+  using Shape = kernels::W4A16PreloadShape<G>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G>;
+  static const bool configured = [&] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(current_device_properties().sharedMemPerBlockOptin)));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
+}
+
+template <int G>
+int preload_ring_slots(int64_t chunks_per_split) {
+  using Shape = kernels::W4A16PreloadShape<G>;
+  const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + Shape::kSlotChunks - 1) / Shape::kSlotChunks);
+  const int64_t room = std::max<size_t>(1, preload_block_bytes() / Shape::smem_bytes(1));
+  return static_cast<int>(std::min(wanted, room));
+}
+
+// One launch of the preload kernel for a slice of at most 16 tokens: one wave of blocks (two a
+// multiprocessor), split-K over the rest, each warp's ring as deep as its split or the budget.
+template <class Act>
+void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& config, void* workspace,
+                    size_t workspace_bytes, cudaStream_t s) {
+  const kernels::W4A16Layout& layout = params.w;
+  const int64_t row_tiles = (layout.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n ", layout.n,
+              " too large");
+  const int64_t slice = params.m;
+  const int sms = multiprocessor_count();
+  const int64_t per_sm = std::clamp<int64_t>(
+      static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1, 2);
+  int64_t splits = config.splits > 0 ? config.splits
+                                     : std::min<int64_t>(std::max<int64_t>(1, per_sm * sms / row_tiles),
+                                                         detail::w4a16_max_splits(slice, layout.k));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
+  splits = detail::splits_that_fit(splits, slice, layout.n, workspace, workspace_bytes);
+  params.splits = static_cast<int>(splits);
+  params.counters = static_cast<unsigned*>(workspace);
+  params.partials = detail::splitk_partials(workspace, splits);
+  params.xs_stride = 0;
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
+  const int64_t chunks_per_split = (layout.full_chunks + splits - 1) / splits;
+  const bool two_tiles = slice > 8;
+  auto run = [&](auto group) {
+    constexpr int G = decltype(group)::value;
+    const int ring = preload_ring_slots<G>(chunks_per_split);
+    if (two_tiles) preload_launch<Act, 2, G>(params, grid, ring, s);
+    else preload_launch<Act, 1, G>(params, grid, ring, s);
+  };
+  switch (layout.k / layout.groups) {
+    case 32: run(std::integral_constant<int, 32>{}); break;
+    case 64: run(std::integral_constant<int, 64>{}); break;
+    default: run(std::integral_constant<int, 128>{}); break;
+  }
+}
+
 }  // namespace
+
+bool w4a16_preload_supported(const W4A16Weights& w) {
+  return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&
+         preload_kernel_runs_here();
+}
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                         void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config) {
@@ -176,10 +287,13 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
               ", ldx ", ldx, ", ldy ", ldy, ")");
   if (m == 0) return;
   const bool scales_16 = reinterpret_cast<uintptr_t>(w.scales) % 16 == 0;
-  const int variant = config.variant != 0 ? config.variant : scales_16 ? detail::kW4A16DefaultVariant : 1;
-  QSPEC_CHECK(variant >= 1 && variant <= 4, "cuda::w4a16_gemm: unknown small-M variant ", variant);
-  QSPEC_CHECK(variant < 3 || scales_16,
+  int variant = config.variant != 0 ? config.variant : scales_16 ? default_variant() : 1;
+  if (config.variant == 0 && variant == 5 && !w4a16_preload_supported(w)) variant = 1;
+  QSPEC_CHECK(variant >= 1 && variant <= 5, "cuda::w4a16_gemm: unknown small-M variant ", variant);
+  QSPEC_CHECK(variant < 3 || variant == 5 || scales_16,
               "cuda::w4a16_gemm: variants 3 and 4 need 16-byte aligned scales");
+  QSPEC_CHECK(variant != 5 || w4a16_preload_supported(w),
+              "cuda::w4a16_gemm: variant 5 (preload) needs an sm_90a GPU and build and 16-byte aligned weights");
   const int sms = multiprocessor_count();
   cudaStream_t s = as_stream(stream);
   const auto* xh = reinterpret_cast<const __half*>(x);
@@ -187,7 +301,17 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
   for (int64_t m0 = 0; m0 < m; m0 += detail::kW4A16MaxSliceM) {
     const int64_t slice = std::min(detail::kW4A16MaxSliceM, m - m0);
     const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
-    if (variant >= 3 && mt <= 4) {
+    if (variant == 5 && mt <= 2) {
+      kernels::W4A16SmallMParams params{};
+      params.w = layout;
+      params.a = kernels::ActivationRows{xh + m0 * ldx, ldx, nullptr, 0, 0};
+      params.y = yh + m0 * ldy;
+      params.ldy = ldy;
+      params.m = static_cast<int>(slice);
+      launch_preload<kernels::ActF16>(params, config, workspace, workspace_bytes, s);
+      continue;
+    }
+    if (variant >= 3 && variant <= 4 && mt <= 4) {
       // The ring kernel: 64 rows a block; enough blocks to fill every multiprocessor's slots.
       const int64_t tiles = (w.n + 63) / 64;
       QSPEC_CHECK(tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n too large");
