@@ -217,8 +217,12 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
   using Shape = kernels::W4A16PreloadShape<G>;
   auto* kernel = kernels::w4_preload_kernel<Act, MT, G>;
   static const bool configured = [&] {
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(current_device_properties().sharedMemPerBlockOptin)));
+    // The opt-in limit less the kernel's static shared memory (the split-K flag).
+    cudaFuncAttributes attributes{};
+    QSPEC_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(current_device_properties().sharedMemPerBlockOptin - attributes.sharedSizeBytes)));
     return true;
   }();
   (void)configured;
