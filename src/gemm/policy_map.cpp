@@ -18,7 +18,7 @@ namespace {
 constexpr std::string_view kNames[kStrategies] = {
     "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
     "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-    "s8_wide_128x128", "s8_wgmma_128x128"};
+    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -45,6 +45,7 @@ bool strategy_supports(Strategy strategy, std::string_view activations) {
   if (strategy == Strategy::s8_wide_128x128) return activations == "int8";
   // The wgmma kernel's operands are 8-bit: int8 codes, or e4m3 codes with the weights unpacked to e4m3.
   if (strategy == Strategy::s8_wgmma_128x128) return activations == "int8" || activations == "fp8";
+  if (strategy == Strategy::small_m_v5) return activations == "f16";
   if (activations == "f16") return true;
   return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;
 }
@@ -59,7 +60,8 @@ std::vector<Strategy> strategies_for(std::string_view activations) {
 }
 
 Strategy rule_based_strategy(std::string_view activations, int64_t m) {
-  if (m <= 8) return Strategy::small_m_v1;
+  // f16: the preload kernel (the dispatcher runs variant 1 where it cannot: not sm_90a).
+  if (m <= 8) return activations == "f16" ? Strategy::small_m_v5 : Strategy::small_m_v1;
   if (activations == "f16" && m > 128) return Strategy::dequant_cublas;
   // Measured on the H100 (docs/perf-notes.md, "W4A8 GEMM at large M on wgmma"): from 384-512
   // tokens on every Llama-3-8B / Qwen2.5-7B shape the wgmma kernel, unpack included, beats the

@@ -37,8 +37,9 @@ enum class Strategy : uint8_t {
   bitwise_b1,     // int8 / int4, weight groups of 128: DPR Bitwise, 1-bit planes on b1 mma and.popc
   s8_wide_128x128,  // int8, k % 128 == 0: weights unpacked once per 128 x 128 block (large M, compute-bound)
   s8_wgmma_128x128,  // int8, k % 128 == 0, groups of 128, sm_90a: weights unpacked to int8 scratch, wgmma (large M)
+  small_m_v5,        // f16, up to 16 tokens a launch: the preload kernel (bulk copies into shared memory, sm_90a)
 };
-inline constexpr int kStrategies = 13;
+inline constexpr int kStrategies = 14;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.

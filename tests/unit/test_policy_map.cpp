@@ -33,7 +33,9 @@ TEST(PolicyMap, LooksUpRangesAndFallsBackToTheRule) {
     EXPECT_EQ(map.lookup("int8", 6144, 4096, m), qspec::gemm::rule_based_strategy("int8", m)) << m;
     EXPECT_EQ(map.lookup("f16", 4096, 4096, m), qspec::gemm::rule_based_strategy("f16", m)) << m;
   }
-  EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 8), Strategy::small_m_v1);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 8), Strategy::small_m_v5);   // the preload kernel
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("nvfp4", 8), Strategy::small_m_v1);  // v5 is f16 only
+  EXPECT_EQ(qspec::gemm::parse_strategy("small_m_v5"), Strategy::small_m_v5);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 129), Strategy::dequant_cublas);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 511), Strategy::tiled_256x64);  // no cuBLAS path for int8
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 512), Strategy::s8_wgmma_128x128);
@@ -115,6 +117,8 @@ TEST(PolicyMap, ForcedAndPaperRuleMaps) {
 
 TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "f16"));
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::small_m_v5, "f16"));
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::small_m_v5, "int8"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "int4"));
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "int4"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "nvfp4"));

@@ -53,6 +53,12 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
       else cuda::w4a16_gemm_small_m(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
       return;
     }
+    case Strategy::small_m_v5: {
+      // f16 only (strategy_supports); variant 1 where the preload kernel cannot run (not sm_90a).
+      const cuda::W4A16SmallMConfig config{cuda::w4a16_preload_supported(w) ? 5 : 1, 0, 0};
+      cuda::w4a16_gemm_small_m(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
+      return;
+    }
     case Strategy::tiled_256x64:
     case Strategy::tiled_128x64:
     case Strategy::tiled_256x32:
@@ -180,6 +186,7 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
           if ((strategy == Strategy::small_m_v1 || strategy == Strategy::small_m_v2 || strategy == Strategy::split_small_m) &&
               m > 256)
             continue;
+          if (strategy == Strategy::small_m_v5 && m > 16) continue;  // 16 tokens a launch: variant 1 beyond
           if (strategy == Strategy::bitwise_b1 && (m > 16 || views[0].bitplanes == nullptr)) continue;  // 8 tokens a launch
           if (strategy == Strategy::s8_wide_128x128 && (m < 32 || !cuda::w4_s8_wide_supports(views[0], format)))
             continue;  // a 128-token tile: built for large M

@@ -10,8 +10,10 @@ namespace qspec::cuda::detail {
 inline constexpr int64_t kW4A16TileRows = 128;    // rows per block for every variant
 inline constexpr int64_t kW4A16MaxSliceM = 64;    // tokens per launch (8 mma n-tiles)
 inline constexpr int64_t kW4A16MaxSplits = 64;
-// The small-M variant `automatic` and variant 0 take (docs/perf-notes.md: measured fastest).
-inline constexpr int kW4A16DefaultVariant = 1;
+// The small-M variant `automatic` and variant 0 take for f16 activations (docs/perf-notes.md:
+// measured fastest in the decode step): 5, the preload kernel, where it runs (sm_90a, 16-byte
+// aligned weights, up to 16 tokens a slice), variant 1 elsewhere.
+inline constexpr int kW4A16DefaultVariant = 5;
 inline constexpr size_t kW4A16CounterBytes = 256 * 1024;  // counters region (64k row tiles)
 
 // Upper bound on split-K for this shape: at least 4 chunks (256 k) per split, and the f32
