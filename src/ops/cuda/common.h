@@ -206,6 +206,11 @@ __device__ __forceinline__ void pdl_prologue(bool release_first = false) {
 // Whether launch_pdl sets the attribute: sm_90 or newer, and QSPEC_NO_PDL unset (the switch the
 // benchmarks use to measure what PDL is worth in the same run). Read once (runtime.cu).
 bool pdl_enabled();
+// The shared-memory carveout (percent of the maximum, cudaLaunchAttributePreferredSharedMemoryCarveout)
+// launch_pdl asks for, from QSPEC_SMEM_CARVEOUT; -1 (unset): no preference, the driver's choice.
+// A benchmark knob: a multiprocessor changes its L1 / shared split only when idle, so kernels
+// that want different splits may not overlap under programmatic dependent launch.
+int smem_carveout_percent();
 
 template <typename... KernelArgs, typename... Args>
 void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -215,11 +220,18 @@ void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t sme
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (pdl_enabled()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (const int carveout = smem_carveout_percent(); carveout >= 0) {
+    attributes[count].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attributes[count++].val.sharedMemCarveout = static_cast<unsigned>(carveout);
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
   QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
