@@ -14,6 +14,8 @@ namespace {
 
 // Variants (all 128 rows per block): 1 = 4 warps x 2 row blocks, 4 chunks in flight per
 // warp; 2 = 8 warps x 1 row block, 8 chunks in flight (4 for 8 n-tiles, to stay in registers).
+// Variant 5 (the default where it runs, up to 16 tokens a slice) is the preload kernel below:
+// 8 warps x 1 row block, weights through per-warp shared-memory rings filled by bulk copies.
 // Launched with programmatic stream serialization (launch_pdl, common.h): the kernel may start
 // while the previous kernel on the stream drains (it waits for it before reading x).
 

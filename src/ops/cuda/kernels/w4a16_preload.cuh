@@ -10,9 +10,10 @@
 // most of its bytes after the wait. Here each warp owns a ring of R slots of 4 chunks (2 KB of
 // codes and the group scales they need) in shared memory; one lane issues a slot's copies, so a
 // ring as deep as shared memory allows costs no registers and a few instructions. The launcher
-// sizes the grid to one wave and R to the whole split where it fits: the attention-sized GEMMs
-// (qkv, o) then have every weight byte requested before they wait, and the large ones the first
-// 100 KB a block.
+// sizes the grid to one wave (two blocks a multiprocessor) and R from a shared-memory budget:
+// 2 slots by default, which is o's whole split. Deeper rings (to the whole split of qkv and
+// down) were measured slower, in the decode step and alone (docs/perf-notes.md, "The preload
+// kernel"); the gain over variant 1 is the bulk copies, not the depth.
 //
 // Per warp, no block-wide synchronization: slot i of the warp's split lives in ring slot i % R
 // and completes phase (i / R) & 1 of that slot's mbarrier. After reading a slot into registers
