@@ -182,7 +182,8 @@ constexpr size_t kPreloadBlockBytesDefault = 48 * 1024;
 
 // Benchmark knobs read once from the environment (as QSPEC_NO_PDL), so one build can time the
 // alternatives in one run: QSPEC_W4A16_VARIANT (the small-M variant `automatic` and variant 0
-// take) and QSPEC_W4A16_PRELOAD_KB (variant 5's ring budget a block). Unset: the defaults.
+// take), QSPEC_W4A16_PRELOAD_KB (variant 5's ring budget a block) and
+// QSPEC_W4A16_PRELOAD_SLOT_CHUNKS (chunks a ring slot carries, 1-4). Unset: the defaults.
 int env_int(const char* name, int fallback, int lo, int hi) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
@@ -195,6 +196,11 @@ int env_int(const char* name, int fallback, int lo, int hi) {
 int default_variant() {
   static const int variant = env_int("QSPEC_W4A16_VARIANT", detail::kW4A16DefaultVariant, 1, 5);
   return variant;
+}
+int preload_slot_chunks() {
+  static const int chunks = env_int("QSPEC_W4A16_PRELOAD_SLOT_CHUNKS", kernels::W4A16PreloadShape<128>::kSlotChunks, 1,
+                                    kernels::W4A16PreloadShape<128>::kSlotChunks);
+  return chunks;
 }
 size_t preload_block_bytes() {
   static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
@@ -229,14 +235,16 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots);
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
+             preload_slot_chunks());
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
 template <int G>
 int preload_ring_slots(int64_t chunks_per_split) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + Shape::kSlotChunks - 1) / Shape::kSlotChunks);
+  const int64_t chunks = preload_slot_chunks();
+  const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + chunks - 1) / chunks);
   const int64_t room = std::max<size_t>(1, preload_block_bytes() / Shape::smem_bytes(1));
   return static_cast<int>(std::min(wanted, room));
 }

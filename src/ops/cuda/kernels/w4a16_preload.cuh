@@ -57,7 +57,8 @@ struct W4A16PreloadShape {
 
 template <class Act, int MT, int G>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_kernel(const W4A16SmallMParams p,
-                                                                                        const int ring_slots) {
+                                                                                        const int ring_slots,
+                                                                                        const int slot_chunks) {
 #if QSPEC_WGMMA
   using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
@@ -73,7 +74,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
   const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.w.full_chunks / p.splits);
   const bool do_tail = p.w.tail && split == p.splits - 1;
   const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
-  const int slots = (chunk_end - chunk_begin + SC - 1) / SC;
+  // A slot holds up to SC chunks; slot_chunks (1..SC) of them are used (a benchmark knob).
+  const int sc = slot_chunks;
+  const int slots = (chunk_end - chunk_begin + sc - 1) / sc;
   const int R = ring_slots;
 
   const int rb = min(tile * WARPS + warp, p.w.row_blocks - 1);
@@ -83,15 +86,15 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(WARPS) * R * Shape::kSlotBytes) + warp * R;
 
   // Slot i of this warp's split: its chunks and the scale groups they touch.
-  auto slot_chunks = [&](int i, int& c0, int& nc, int& g0, int& ng) {
-    c0 = chunk_begin + i * SC;
-    nc = min(SC, chunk_end - c0);
+  auto slot_range = [&](int i, int& c0, int& nc, int& g0, int& ng) {
+    c0 = chunk_begin + i * sc;
+    nc = min(sc, chunk_end - c0);
     g0 = (2 * c0) / PPG;
     ng = (2 * (c0 + nc) - 1) / PPG - g0 + 1;
   };
   auto issue = [&](int i) {  // lane 0 only
     int c0, nc, g0, ng;
-    slot_chunks(i, c0, nc, g0, ng);
+    slot_range(i, c0, nc, g0, ng);
     uint8_t* slot = ring + (i % R) * Shape::kSlotBytes;
     uint64_t* barrier = barriers + i % R;
     mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32));
@@ -124,7 +127,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
 
   for (int i = 0; i < slots; ++i) {
     int c0, nc, g0, ng;
-    slot_chunks(i, c0, nc, g0, ng);
+    slot_range(i, c0, nc, g0, ng);
     // x of the slot's pairs first: independent of the copy, so its L2 round trip overlaps the wait.
     Frag xf[2 * SC][MT];
 #pragma unroll
