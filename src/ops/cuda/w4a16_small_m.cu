@@ -198,7 +198,8 @@ int default_variant() {
   return variant;
 }
 int preload_slot_chunks() {
-  static const int chunks = env_int("QSPEC_W4A16_PRELOAD_SLOT_CHUNKS", 4, 1, 8);  // capped by the kernel's slot
+  static const int chunks = env_int("QSPEC_W4A16_PRELOAD_SLOT_CHUNKS", kernels::W4A16PreloadShape<128>::kSlotChunks, 1,
+                                    kernels::W4A16PreloadShape<128>::kSlotChunks);
   return chunks;
 }
 size_t preload_block_bytes() {
@@ -222,7 +223,7 @@ bool preload_kernel_runs_here() {
 
 template <class Act, int MT, int G>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, cudaStream_t stream) {
-  using Shape = kernels::W4A16PreloadShape<G, MT>;
+  using Shape = kernels::W4A16PreloadShape<G>;
   auto* kernel = kernels::w4_preload_kernel<Act, MT, G>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
@@ -239,10 +240,10 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
-template <int G, int MT>
+template <int G>
 int preload_ring_slots(int64_t chunks_per_split) {
-  using Shape = kernels::W4A16PreloadShape<G, MT>;
-  const int64_t chunks = std::min(preload_slot_chunks(), Shape::kSlotChunks);
+  using Shape = kernels::W4A16PreloadShape<G>;
+  const int64_t chunks = preload_slot_chunks();
   const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + chunks - 1) / chunks);
   const int64_t room = std::max<size_t>(1, preload_block_bytes() / Shape::smem_bytes(1));
   return static_cast<int>(std::min(wanted, room));
@@ -275,8 +276,9 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
   const bool two_tiles = slice > 8;
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
-    if (two_tiles) preload_launch<Act, 2, G>(params, grid, preload_ring_slots<G, 2>(chunks_per_split), s);
-    else preload_launch<Act, 1, G>(params, grid, preload_ring_slots<G, 1>(chunks_per_split), s);
+    const int ring = preload_ring_slots<G>(chunks_per_split);
+    if (two_tiles) preload_launch<Act, 2, G>(params, grid, ring, s);
+    else preload_launch<Act, 1, G>(params, grid, ring, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;

@@ -42,12 +42,10 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
-// MT n-tiles of 8 tokens: a slot of up to 8 chunks (4 KB of codes a warp) for one tile, 4 for two
-// (the x fragments of a slot's pairs are held in registers while its copy lands).
-template <int G, int MT>
+template <int G>
 struct W4A16PreloadShape {
   static constexpr int kWarps = 8;                     // 128 rows a block (kW4A16TileRows)
-  static constexpr int kSlotChunks = MT == 1 ? 8 : 4;  // 64 k values a chunk, 512 bytes a warp
+  static constexpr int kSlotChunks = 4;                // 256 k values, 2 KB of codes a warp slot
   static constexpr int kPairsPerGroup = G / 32;
   static constexpr int kSlotGroups = kSlotChunks * 64 / G + 1;  // a slot may straddle groups
   static constexpr int kSlotBytes = kSlotChunks * 512 + (kSlotGroups * 32 + 15) / 16 * 16;
@@ -58,11 +56,11 @@ struct W4A16PreloadShape {
 };
 
 template <class Act, int MT, int G>
-__global__ __launch_bounds__(W4A16PreloadShape<G, MT>::kWarps * 32, 2) void w4_preload_kernel(const W4A16SmallMParams p,
+__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_kernel(const W4A16SmallMParams p,
                                                                                         const int ring_slots,
                                                                                         const int slot_chunks) {
 #if QSPEC_WGMMA
-  using Shape = W4A16PreloadShape<G, MT>;
+  using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
   using Frag = typename Act::Frag;
   using GroupAcc = typename Act::GroupAcc;
@@ -77,7 +75,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G, MT>::kWarps * 32, 2) void w4_p
   const bool do_tail = p.w.tail && split == p.splits - 1;
   const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
   // A slot holds up to SC chunks; slot_chunks (1..SC) of them are used (a benchmark knob).
-  const int sc = min(slot_chunks, SC);
+  const int sc = slot_chunks;
   const int slots = (chunk_end - chunk_begin + sc - 1) / sc;
   const int R = ring_slots;
 
