@@ -174,11 +174,12 @@ void stream_launch(int group, int mt, int variant, const kernels::W4A16SmallMPar
 
 // ---- variant 5: the bulk-copy preload kernel (kernels/w4a16_preload.cuh), m <= 16 a launch ----
 
-// Shared memory a preload block may take for its rings: 48 KB is two slots (8 chunks) a warp.
-// Measured in the Llama-3-8B decode step (docs/perf-notes.md): deeper rings (3, 4, 5 and 11
-// slots) were slower at every batch of 1-8, 11 slots by 25 %; the whole split of o (8 chunks a
-// warp at 8 splits) still fits. QSPEC_W4A16_PRELOAD_KB overrides it (sweeps).
-constexpr size_t kPreloadBlockBytesDefault = 48 * 1024;
+// Shared memory a preload block may take for its rings: 24 KB is one slot (4 chunks, 2 KB) a
+// warp. Measured in the Llama-3-8B decode step (docs/perf-notes.md): every deeper ring (2, 3,
+// 4, 5 and 11 slots) was slower at every batch of 1-8, 11 slots by 30 %, and so were smaller
+// slots; larger ones cost registers (8-chunk slots: 123 instead of 98) and more than they gave.
+// QSPEC_W4A16_PRELOAD_KB overrides it (sweeps).
+constexpr size_t kPreloadBlockBytesDefault = 24 * 1024;
 
 // Benchmark knobs read once from the environment (as QSPEC_NO_PDL), so one build can time the
 // alternatives in one run: QSPEC_W4A16_VARIANT (the small-M variant `automatic` and variant 0
