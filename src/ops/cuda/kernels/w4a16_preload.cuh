@@ -3,17 +3,14 @@
 // fix-up), with the packed weights brought into shared memory by the bulk copy engine
 // (cp.async.bulk, sm_90) instead of 16-byte register loads.
 //
-// Why: in a decode step most GEMMs start while the kernel before them (attention, RMSNorm, the
-// SwiGLU) still runs, and under programmatic dependent launch a GEMM may load weights before
-// griddepcontrol.wait. The register-ring kernel can only have its ring's depth in flight then
-// (4 chunks a warp); the HBM is mostly idle behind the small kernels and the GEMM still streams
-// most of its bytes after the wait. Here each warp owns a ring of R slots of 4 chunks (2 KB of
-// codes and the group scales they need) in shared memory; one lane issues a slot's copies, so a
-// ring as deep as shared memory allows costs no registers and a few instructions. The launcher
-// sizes the grid to one wave (two blocks a multiprocessor) and R from a shared-memory budget:
-// 2 slots by default, which is o's whole split. Deeper rings (to the whole split of qkv and
-// down) were measured slower, in the decode step and alone (docs/perf-notes.md, "The preload
-// kernel"); the gain over variant 1 is the bulk copies, not the depth.
+// Each warp owns a ring of R slots of up to 4 chunks (2 KB of codes and the group scales they
+// need) in shared memory; one lane issues a slot's copies, so a slot costs no registers and a
+// few instructions, and the first R slots are requested before griddepcontrol.wait (weights do
+// not depend on the previous kernel). It was written to request a GEMM's whole split during the
+// kernels before it; measured in the decode step (docs/perf-notes.md, "The preload kernel"),
+// deeper rings and smaller slots were slower, so the launcher defaults to one slot a warp, one
+// wave of two blocks a multiprocessor. What it gains over variant 1 (6 % of the batch-1 step)
+// comes from few large copies a warp and few registers a thread (98), not from depth.
 //
 // Per warp, no block-wide synchronization: slot i of the warp's split lives in ring slot i % R
 // and completes phase (i / R) & 1 of that slot's mbarrier. After reading a slot into registers
