@@ -11,7 +11,7 @@
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
 //        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
 //        [--int8]
-// --variants: small-M kernel variants (m <= 128); --tiles: tiled kernel tiles (every m; 0 = the
+// --variants: small-M kernel variants (m <= 128; 5, the preload kernel, m <= 16 on sm_90a); --tiles: tiled kernel tiles (every m; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> wgmma_variants = {0};  // --wgmma-variants: the wgmma GEMM tiles timed alone
-  std::vector<int> variants = {1, 2, 3, 4};
+  std::vector<int> variants = {1, 2, 3, 4, 5};
   std::vector<int> x_stagings = {0};  // --x-staging 1,2: x through shared memory / from global
   std::vector<int> tiles = {1, 2, 3, 4};
   std::vector<int64_t> split_list = {0};  // 0: the launcher's heuristic
@@ -368,6 +368,7 @@ int main(int argc, char** argv) {
           for (int64_t splits : split_list)
           for (int staging : x_stagings) {
             if (variant >= 2 && m > 32) continue;  // m > 32 always runs the 8-warp kernel
+            if (variant == 5 && (m > 16 || !cuda::w4a16_preload_supported(views[0]))) continue;  // else variant 1
             if (variant >= 3 && staging != 0) continue;  // the ring kernels always stage x
             const cuda::W4A16SmallMConfig config{variant, static_cast<int>(splits), staging};
             if (profile) {
