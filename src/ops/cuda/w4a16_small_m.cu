@@ -184,7 +184,8 @@ constexpr size_t kPreloadBlockBytesDefault = 24 * 1024;
 // Benchmark knobs read once from the environment (as QSPEC_NO_PDL), so one build can time the
 // alternatives in one run: QSPEC_W4A16_VARIANT (the small-M variant `automatic` and variant 0
 // take), QSPEC_W4A16_PRELOAD_KB (variant 5's ring budget a block) and
-// QSPEC_W4A16_PRELOAD_SLOT_CHUNKS (chunks a ring slot carries, 1-4). Unset: the defaults.
+// QSPEC_W4A16_PRELOAD_SLOT_CHUNKS (chunks a ring slot carries, 1-4), QSPEC_W4A16_PRELOAD_BLOCKS
+// (blocks a multiprocessor the split count plans for). Unset: the defaults.
 int env_int(const char* name, int fallback, int lo, int hi) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
@@ -202,6 +203,11 @@ int preload_slot_chunks() {
   static const int chunks = env_int("QSPEC_W4A16_PRELOAD_SLOT_CHUNKS", kernels::W4A16PreloadShape<128>::kSlotChunks, 1,
                                     kernels::W4A16PreloadShape<128>::kSlotChunks);
   return chunks;
+}
+// Blocks a multiprocessor the split-K heuristic plans for (the split count; 2 fit by registers).
+int preload_blocks_per_sm() {
+  static const int blocks = env_int("QSPEC_W4A16_PRELOAD_BLOCKS", 2, 1, 8);
+  return blocks;
 }
 size_t preload_block_bytes() {
   static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
@@ -262,7 +268,8 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
   const int64_t slice = params.m;
   const int sms = multiprocessor_count();
   const int64_t per_sm = std::clamp<int64_t>(
-      static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1, 2);
+      static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1,
+      preload_blocks_per_sm());
   int64_t splits = config.splits > 0 ? config.splits
                                      : std::min<int64_t>(std::max<int64_t>(1, per_sm * sms / row_tiles),
                                                          detail::w4a16_max_splits(slice, layout.k));
