@@ -20,7 +20,10 @@
 // the baseline; rows report TOP/s and the fraction of the s8 peak (the large-M, compute-bound view).
 // The same run times W4A8-fp8: as f16 values on f16 mma (w4a8fp8_tiled_*, w4a8fp8_small_m), as
 // e4m3 codes on e4m3 mma.sync (w4a8fp8_e4m3_*) and on e4m3 wgmma (w4a8fp8_wgmma_*), and the
-// W4A16 tiled kernel (w4a16_tiled_*).
+// W4A16 tiled kernel (w4a16_tiled_*). On sm_90a the wgmma GEMM as dispatched
+// (w4a8_s8_wgmma_128x128: the fused kernel, unpack inside), the unpack kernel + GEMM it replaced
+// (w4a8_s8_wgmma_unpack_kernel), --fused-variants (w4a8_s8_wgmma_fused_v*) and the GEMM alone on
+// weights unpacked once (--wgmma-variants).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> wgmma_variants = {0};  // --wgmma-variants: the wgmma GEMM tiles timed alone
+  std::vector<int> fused_variants;        // --fused-variants: the fused wgmma kernel's other tiles
   std::vector<int> variants = {1, 2, 3, 4, 5};
   std::vector<int> x_stagings = {0};  // --x-staging 1,2: x through shared memory / from global
   std::vector<int> tiles = {1, 2, 3, 4};
@@ -89,7 +93,10 @@ int main(int argc, char** argv) {
     else if (arg == "--int8") int8 = true;
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
-    else if (arg == "--wgmma-variants" && i + 1 < argc) {
+    else if (arg == "--fused-variants" && i + 1 < argc) {
+      fused_variants.clear();
+      for (int64_t v : parse_list(argv[++i])) fused_variants.push_back(static_cast<int>(v));
+    } else if (arg == "--wgmma-variants" && i + 1 < argc) {
       wgmma_variants.clear();
       for (int64_t v : parse_list(argv[++i])) wgmma_variants.push_back(static_cast<int>(v));
     }
@@ -330,6 +337,18 @@ int main(int argc, char** argv) {
               time_w4(name, [&](void* s, int i) {
                 cuda::w4_quantized_gemm_s8_wgmma(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
                                                  wgmma_workspace->get(), wgmma_ws, s);
+              });
+            // The unpack kernel, then the GEMM (what ran before the fused kernel, and still runs with
+            // QSPEC_W4S8_UNPACK_KERNEL=1): the A/B of the unpack inside the kernel.
+            time_w4("w4a8_s8_wgmma_unpack_kernel", [&](void* s, int i) {
+              cuda::w4_unpack_s8(views[i % w4_copies], w8_unpacked->as<int8_t>(), s);
+              cuda::w4_s8_gemm_unpacked(xa, m, views[i % w4_copies], w8_unpacked->as<int8_t>(), y.as<uint16_t>(),
+                                        shape.n, s);
+            });
+            // The fused kernel's benchmark variants (variant 0 is the dispatched entry above).
+            for (int variant : fused_variants)
+              time_w4("w4a8_s8_wgmma_fused_v" + std::to_string(variant), [&](void* s, int i) {
+                cuda::w4_s8_gemm_fused(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, variant);
               });
             // The GEMM alone on weights unpacked once (the int8 weights are read, n x k bytes), each
             // variant with --wgmma-variants.

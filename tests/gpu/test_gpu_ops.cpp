@@ -1320,6 +1320,12 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       cuda::w4_s8_gemm_unpacked(c.x, c.m, c.w.view, w8.as<int8_t>(), d_v.as<f16>(), c.ldy, nullptr, variant);
       EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled) << c.what << " variant " << variant;
     }
+    // The fused kernel (the unpack in a producer warpgroup), every variant: the same bits.
+    for (int variant = 0; variant <= cuda::kW4S8FusedVariants; ++variant) {
+      auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+      cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
+      EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled) << c.what << " fused variant " << variant;
+    }
     ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
   });
   // The unpacked weights: u - 8 of every nibble, row-major, against the CPU's codes.
@@ -1364,6 +1370,19 @@ TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
   for_each_wgmma_case(Format::fp8, [&](const WgmmaCase& c) {
     ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
     ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.tiled, c.expected, c.m, c.n, c.ldy, c.what + " (tiled)"));
+    // The unpack kernel + GEMM and the fused kernel (both its fp8 variants) give the same bits:
+    // the same e4m3 operands in the same wgmma order.
+    cuda::DeviceMemory w8(static_cast<size_t>((c.n + 15) / 16 * 16 * c.k));
+    cuda::w4_unpack_e4m3(c.w.view, w8.as<uint8_t>(), nullptr);
+    auto d_unpacked = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+    cuda::w4_s8_gemm_unpacked(c.x, c.m, c.w.view, w8.as<int8_t>(), d_unpacked.as<f16>(), c.ldy, nullptr);
+    const std::vector<f16> unpacked = download<f16>(d_unpacked, static_cast<size_t>(c.m * c.ldy));
+    ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(unpacked, c.expected, c.m, c.n, c.ldy, c.what + " (unpack + GEMM)"));
+    for (int variant = 0; variant <= 1; ++variant) {
+      auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+      cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
+      EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), unpacked) << c.what << " fused variant " << variant;
+    }
     for (int64_t t = 0; t < c.m; ++t)
       for (int64_t i = 0; i < c.n; ++i) {
         ++outputs;
@@ -1394,6 +1413,10 @@ TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
   // fp8 as f16 values is not what the wgmma kernel reads.
   const cuda::QuantizedActivations xf16{Format::fp8, d_q.get(), 256, d_scales.as<float>(), 0, 0, false};
   EXPECT_THROW(cuda::w4_s8_gemm_unpacked(xf16, 1, w_g128.view, d_w8.as<int8_t>(), d_y.as<f16>(), 16, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4_s8_gemm_fused(xf16, 1, w_g128.view, d_y.as<f16>(), 16, nullptr), qspec::Error);
+  EXPECT_THROW(cuda::w4_s8_gemm_fused(xf, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, 2), qspec::Error);
+  EXPECT_THROW(cuda::w4_s8_gemm_fused(xf, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, cuda::kW4S8FusedVariants + 1),
                qspec::Error);
 }
 

@@ -524,6 +524,13 @@ void w4_unpack_e4m3(const W4A16Weights& w, uint8_t* out, void* stream);
 // w8: w4_unpack_s8's output for int8 activations, w4_unpack_e4m3's for fp8 (variant 0 only).
 void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
                          int64_t ldy, void* stream, int variant = 0);
+// The same GEMM with the unpack inside (kernels/w4_s8_wgmma_fused.cuh: a producer warpgroup turns
+// the packed weights into the int8 / e4m3 tile in shared memory): no scratch buffer, the same bits.
+// variant (benchmarks): 0 = (5 stages, 2 groups an iteration, 3 of 8 sums by I2F);
+// 1 = the same with the mma warpgroups a stage out of step; 2 = 4 stages; 3 = no I2F (int8 only).
+inline constexpr int kW4S8FusedVariants = 3;
+void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                      void* stream, int variant = 0);
 
 // W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
 inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {

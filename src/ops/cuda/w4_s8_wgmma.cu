@@ -3,6 +3,7 @@
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_s8_wgmma.cuh"
+#include "ops/cuda/kernels/w4_s8_wgmma_fused.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/ops.h"
 #include "ops/cuda/w4_detail.h"
@@ -17,6 +18,13 @@ template <> struct Variant<1> { using T = kernels::W4S8WgmmaTile<5, 2, 0>; };
 template <> struct Variant<2> { using T = kernels::W4S8WgmmaTile<5, 4>; };
 template <> struct Variant<3> { using T = kernels::W4S8WgmmaTile<5, 2, 2>; };
 template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<5, 2, 3>; };
+
+// The fused kernel (unpack in the producer warpgroup): the default tile and the benchmarks' variants.
+using FusedTile = kernels::W4S8FusedTile<5, 2, 3, false>;
+template <int V> struct FusedVariant;
+template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<5, 2, 3, true>; };
+template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<4, 2, 3, false>; };
+template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<5, 2, 0, false>; };
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -69,6 +77,20 @@ void launch_tile(bool e4m3, const CUtensorMap& w_map, const CUtensorMap& x_map, 
   else launch_tile<T, false>(w_map, x_map, params, token_tiles, row_tiles, stream);
 }
 
+template <class T, bool E4M3>
+void launch_fused(const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params, int64_t token_tiles,
+                  int64_t row_tiles, cudaStream_t stream) {
+  auto* kernel = kernels::w4_s8_wgmma_fused_kernel<T, E4M3>;
+  static const bool configured = [&] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
+             T::kSmemBytes, stream, x_map, params);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_fused_kernel");
+}
+
 // The packed weights as 8-bit operands: int8 u - 8, or (E4M3) its e4m3 code.
 template <bool E4M3>
 void unpack_a8(const W4A16Weights& w, int8_t* out, void* stream, const char* who) {
@@ -118,18 +140,21 @@ void w4_unpack_e4m3(const W4A16Weights& w, uint8_t* out, void* stream) {
   unpack_a8<true>(w, reinterpret_cast<int8_t*>(out), stream, "cuda::w4_unpack_e4m3");
 }
 
-void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
-                         int64_t ldy, void* stream, int variant) {
-  const char* who = "cuda::w4_s8_gemm_unpacked";
-  QSPEC_CHECK(variant >= 0 && variant <= kW4S8WgmmaVariants, who, ": unknown variant ", variant);
+namespace {
+
+// The checks and kernel parameters both wgmma GEMMs share.
+kernels::W4S8WgmmaParams wgmma_params(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                                      int64_t ldy, const char* who) {
   QSPEC_CHECK(w4_s8_wgmma_supports(w, x.format), who, ": needs an sm_90a GPU and build, int8 or fp8 activations (got ",
               kernels::format_label(x.format), "), k % 128 == 0 and weight groups of 128 (k ", w.k, ", group ", w.group,
               ")");
   const kernels::ActivationRows rows = detail::activation_rows(x, m, w, who);
   QSPEC_CHECK(ldy >= w.n, who, ": ldy ", ldy, " < n ", w.n);
-  QSPEC_CHECK(w8 != nullptr && is_aligned_16(w8), who, ": the unpacked weights must be 16-byte aligned");
-  if (m == 0) return;
+  QSPEC_CHECK(x.format != quant::Format::fp8 || x.e4m3, who,
+              ": fp8 activations must be e4m3 codes here (quantize_activations with e4m3_codes), not f16 values");
+  QSPEC_CHECK(ceil_div(w.n, int64_t{128}) <= 65535, who, ": n ", w.n, " too large");
   kernels::W4S8WgmmaParams params{};
+  params.codes = static_cast<const uint8_t*>(w.codes);
   params.scales = static_cast<const uint32_t*>(w.scales);
   params.n = static_cast<int>(w.n);
   params.k = static_cast<int>(w.k);
@@ -140,14 +165,23 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
   params.ldy = ldy;
   params.m = static_cast<int>(m);
   params.vector_store = is_aligned_16(y) && ldy % 8 == 0;
+  return params;
+}
+
+}  // namespace
+
+void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
+                         int64_t ldy, void* stream, int variant) {
+  const char* who = "cuda::w4_s8_gemm_unpacked";
+  QSPEC_CHECK(variant >= 0 && variant <= kW4S8WgmmaVariants, who, ": unknown variant ", variant);
+  const kernels::W4S8WgmmaParams params = wgmma_params(x, m, w, y, ldy, who);
+  QSPEC_CHECK(w8 != nullptr && is_aligned_16(w8), who, ": the unpacked weights must be 16-byte aligned");
+  if (m == 0) return;
   const int64_t token_tiles = ceil_div(m, Tile::kTokens), row_tiles = ceil_div(w.n, Tile::kRows);
-  QSPEC_CHECK(row_tiles <= 65535, who, ": n ", w.n, " too large");
   const CUtensorMap w_map = int8_box_map(w8, params.rows, w.k, w.k, who);
   const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
   const bool e4m3 = x.format == quant::Format::fp8;
   QSPEC_CHECK(!e4m3 || variant == 0, who, ": fp8 runs the default tile only (variant ", variant, ")");
-  QSPEC_CHECK(!e4m3 || x.e4m3, who,
-              ": fp8 activations must be e4m3 codes here (quantize_activations with e4m3_codes), not f16 values");
   switch (variant) {
     case 1: launch_tile<Variant<1>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     case 2: launch_tile<Variant<2>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
@@ -157,13 +191,45 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
   }
 }
 
+void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                      void* stream, int variant) {
+  const char* who = "cuda::w4_s8_gemm_fused";
+  QSPEC_CHECK(variant >= 0 && variant <= kW4S8FusedVariants, who, ": unknown variant ", variant);
+  const kernels::W4S8WgmmaParams params = wgmma_params(x, m, w, y, ldy, who);
+  QSPEC_CHECK(is_aligned_16(w.codes), who, ": the packed weights must be 16-byte aligned (bulk copies)");
+  if (m == 0) return;
+  const int64_t token_tiles = ceil_div(m, FusedTile::kTokens), row_tiles = ceil_div(w.n, FusedTile::kRows);
+  const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
+  const cudaStream_t s = as_stream(stream);
+  const bool e4m3 = x.format == quant::Format::fp8;
+  switch (variant) {
+    case 1:
+      if (e4m3) launch_fused<FusedVariant<1>::T, true>(x_map, params, token_tiles, row_tiles, s);
+      else launch_fused<FusedVariant<1>::T, false>(x_map, params, token_tiles, row_tiles, s);
+      break;
+    case 2: QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only"); launch_fused<FusedVariant<2>::T, false>(x_map, params, token_tiles, row_tiles, s); break;
+    case 3: QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only"); launch_fused<FusedVariant<3>::T, false>(x_map, params, token_tiles, row_tiles, s); break;
+    default:
+      if (e4m3) launch_fused<FusedTile, true>(x_map, params, token_tiles, row_tiles, s);
+      else launch_fused<FusedTile, false>(x_map, params, token_tiles, row_tiles, s);
+      break;
+  }
+}
+
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream) {
   const char* who = "cuda::w4_quantized_gemm_s8_wgmma";
+  // QSPEC_W4S8_UNPACK_KERNEL=1 (a benchmark knob): the separate unpack kernel into the workspace,
+  // then the GEMM, instead of the fused kernel.
+  static const bool unpack_kernel = detail::env_int("QSPEC_W4S8_UNPACK_KERNEL", 0, 0, 1) == 1;
   const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
               " bytes of workspace (the int8 weights), got ", workspace_bytes);
   if (m == 0) return;
+  if (!unpack_kernel) {
+    w4_s8_gemm_fused(x, m, w, y, ldy, stream);
+    return;
+  }
   // After the split-K counters, which the small-M and tiled kernels expect zero.
   auto* w8 = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
   if (x.format == quant::Format::fp8) w4_unpack_e4m3(w, reinterpret_cast<uint8_t*>(w8), stream);

@@ -53,6 +53,7 @@ struct W4S8WgmmaTile {
   static constexpr int kUnroll = UNROLL;
   static constexpr int kI2fOf8 = I2F_OF_8;
   static constexpr int kThreads = 256;
+  static constexpr int kMmaThreads = 256;  // the threads that run the epilogue
   static constexpr int kABytes = kRows * kStageK;
   static constexpr int kBBytes = kTokens * kStageK;
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -63,6 +64,7 @@ struct W4S8WgmmaTile {
 };
 
 struct W4S8WgmmaParams {
+  const uint8_t* codes;      // the packed weights [row_blocks][k * 8 bytes] (the fused kernel's)
   const uint32_t* scales;    // the packed f16 scale pairs [row_blocks][groups][8]
   int n, k, rows, groups;
   ActivationRows a;          // int8 codes, token scales
@@ -106,6 +108,61 @@ __global__ void w4_unpack_a8_kernel(const W4A16Layout w, int8_t* __restrict__ ou
   }
 }
 
+// Scales one group's sums d into the totals (s8: exact s32 -> f32; the first I2F_OF_8 of every
+// 8 by I2F, the rest by the float bias; e4m3: the sums are f32 already), in the tiled kernel's
+// fma order: bitwise its totals.
+template <int I2F_OF_8, class Sum>
+__device__ __forceinline__ void w4_s8_scale_group(float (&total)[64], const Sum (&d)[64], uint32_t scale_word) {
+  const float2 s = unpack_half2(scale_word);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    float sum;
+    if constexpr (std::is_same_v<Sum, float>) {
+      sum = d[i];
+    } else {  // both exact (|sum| < 2^22): the same f32
+      sum = (i % 8) < I2F_OF_8 ? __int2float_rn(d[i]) : __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
+    }
+    total[i] = fmaf((i & 2) ? s.y : s.x, sum, total[i]);
+  }
+}
+
+// The epilogue of both wgmma kernels: token scales, the f16 tile [token][row] in shared memory
+// (`tile`, the drained ring), then 16-byte stores of the block's rows. local_row: this thread's
+// row g in the block (rows local_row and local_row + 8); sync(): a barrier over the T::kThreads
+// threads that run the epilogue, numbered by tid.
+template <class T, class Params, class Sync>
+__device__ __forceinline__ void w4_s8_store_tile(const float (&total)[64], uint8_t* tile, const Params& p, int local_row,
+                                                 int t, int tid, Sync&& sync) {
+  const int m0 = blockIdx.x * T::kTokens, row0 = blockIdx.y * T::kRows;
+  const int block_tokens = min(T::kTokens, p.m - m0);
+  __half* const out_tile = reinterpret_cast<__half*>(tile);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int token = 8 * i + 2 * t;
+    const float s0 = __ldg(p.a.scales + m0 + min(token, block_tokens - 1));
+    const float s1 = __ldg(p.a.scales + m0 + min(token + 1, block_tokens - 1));
+    out_tile[token * T::kOutPitch + local_row] = __float2half_rn(total[4 * i + 0] * s0);
+    out_tile[(token + 1) * T::kOutPitch + local_row] = __float2half_rn(total[4 * i + 1] * s1);
+    out_tile[token * T::kOutPitch + local_row + 8] = __float2half_rn(total[4 * i + 2] * s0);
+    out_tile[(token + 1) * T::kOutPitch + local_row + 8] = __float2half_rn(total[4 * i + 3] * s1);
+  }
+  sync();
+  constexpr int kPieces = T::kTokens * T::kRows / 8;  // 8 f16 a piece
+#pragma unroll
+  for (int j = 0; j < kPieces / T::kMmaThreads; ++j) {
+    const int i = tid + j * T::kMmaThreads, token = i / (T::kRows / 8), col = (i % (T::kRows / 8)) * 8;
+    if (token >= block_tokens) continue;
+    const int row = row0 + col;
+    __half* dst = p.y + static_cast<int64_t>(m0 + token) * p.ldy + row;
+    const __half* src = out_tile + token * T::kOutPitch + col;
+    if (p.vector_store && row + 8 <= p.n) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && row + e < p.n; ++e) dst[e] = src[e];
+    }
+  }
+}
+
 // w_map: the unpacked weights [rows][k] int8 (w4_unpack_a8_kernel), x_map: the activation codes
 // [m][k] (rows ldx apart); both 2D tensor maps of 128 x 128-byte boxes, 128-byte swizzle.
 // E4M3 (W4A8-fp8): both operands e4m3 codes, each group's sums f32 straight from the wgmma (no
@@ -124,7 +181,6 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * T::kTokens, row0 = blockIdx.y * T::kRows;
   const int stages = p.k / T::kStageK;
-  const int block_tokens = min(T::kTokens, p.m - m0);
 
   auto a_tile = [&](int slot) { return ring + slot * T::kStageBytes; };
   auto b_tile = [&](int slot) { return ring + slot * T::kStageBytes + T::kABytes; };
@@ -153,20 +209,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
   using Sum = std::conditional_t<E4M3, float, int>;
   Sum sums[2][64];
 
-  // Scales group `group`'s sums into the totals (s8: exact s32 -> f32 via the float bias).
   auto scale_group = [&](Sum (&d)[64], uint32_t scale_word) {
-    const float2 s = unpack_half2(scale_word);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      float sum;
-      if constexpr (E4M3) {
-        sum = d[i];
-      } else {  // both exact (|sum| < 2^22): the same f32
-        sum = (i % 8) < T::kI2fOf8 ? __int2float_rn(d[i])
-                                   : __int_as_float(d[i] + ActS8::kGroupBias) - ActS8::kGroupBiasValue;
-      }
-      total[i] = fmaf((i & 2) ? s.y : s.x, sum, total[i]);
-    }
+    w4_s8_scale_group<T::kI2fOf8>(total, d, scale_word);
   };
 
   grid_dependency_wait();  // the weights' unpack (and the activations) come from earlier kernels
@@ -225,34 +269,7 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
   }
   __syncthreads();  // the ring becomes the output tile (every copy landed: each was waited for)
 
-  // Token scales, then the f16 tile [token][row] in shared memory, then 16-byte stores.
-  __half* const out_tile = reinterpret_cast<__half*>(ring);
-  const int local_row = warpgroup * 64 + warp * 16 + g;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int token = 8 * i + 2 * t;
-    const float s0 = __ldg(p.a.scales + m0 + min(token, block_tokens - 1));
-    const float s1 = __ldg(p.a.scales + m0 + min(token + 1, block_tokens - 1));
-    out_tile[token * T::kOutPitch + local_row] = __float2half_rn(total[4 * i + 0] * s0);
-    out_tile[(token + 1) * T::kOutPitch + local_row] = __float2half_rn(total[4 * i + 1] * s1);
-    out_tile[token * T::kOutPitch + local_row + 8] = __float2half_rn(total[4 * i + 2] * s0);
-    out_tile[(token + 1) * T::kOutPitch + local_row + 8] = __float2half_rn(total[4 * i + 3] * s1);
-  }
-  __syncthreads();
-  constexpr int kPieces = T::kTokens * T::kRows / 8;  // 8 f16 a piece
-#pragma unroll
-  for (int j = 0; j < kPieces / T::kThreads; ++j) {
-    const int i = tid + j * T::kThreads, token = i / (T::kRows / 8), col = (i % (T::kRows / 8)) * 8;
-    if (token >= block_tokens) continue;
-    const int row = row0 + col;
-    __half* dst = p.y + static_cast<int64_t>(m0 + token) * p.ldy + row;
-    const __half* src = out_tile + token * T::kOutPitch + col;
-    if (p.vector_store && row + 8 <= p.n) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < 8 && row + e < p.n; ++e) dst[e] = src[e];
-    }
-  }
+  w4_s8_store_tile<T>(total, ring, p, warpgroup * 64 + warp * 16 + g, t, tid, [] { __syncthreads(); });
 #else
   (void)p;
   __trap();

@@ -28,17 +28,6 @@
 
 namespace qspec::cuda::kernels {
 
-// A 1D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
-// into shared memory; completion counts the bytes on `barrier`.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
-#if QSPEC_WGMMA
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_address(dst)),
-               "l"(src), "r"(bytes), "r"(smem_address(barrier))
-               : "memory");
-#endif
-}
-
 template <int G>
 struct W4A16PreloadShape {
   static constexpr int kWarps = 8;                     // 128 rows a block (kW4A16TileRows)

@@ -120,6 +120,43 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, i
 #endif
 }
 
+// A 1D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
+// into shared memory; completion counts the bytes on `barrier`.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
+#if QSPEC_WGMMA
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(barrier))
+               : "memory");
+#endif
+}
+// A plain arrival (release: this thread's earlier shared-memory accesses happen before the
+// phase completes for whoever waits on it).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+#if QSPEC_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(barrier)) : "memory");
+#endif
+}
+// Hands registers between the warpgroups of a block (every thread of the warpgroup executes
+// it): a producer warpgroup that needs few gives them to the mma warpgroups.
+template <int REGISTERS>
+__device__ __forceinline__ void warpgroup_registers_decrease() {
+#if QSPEC_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+#endif
+}
+template <int REGISTERS>
+__device__ __forceinline__ void warpgroup_registers_increase() {
+#if QSPEC_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+#endif
+}
+// A barrier among `threads` threads of the block (a multiple of 32) on hardware barrier `id`
+// (0 is __syncthreads'): for a subset of warps while the others run on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // The 64 accumulator registers of an m64n128 wgmma, for the asm of both operand types (the
 // register list of the instruction text, and the operands, C the constraint: "+r" or "+f").
 #define QSPEC_WGMMA_D64_TEXT                                                                             \
