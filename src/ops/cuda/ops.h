@@ -526,8 +526,9 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
                          int64_t ldy, void* stream, int variant = 0);
 // The same GEMM with the unpack inside (kernels/w4_s8_wgmma_fused.cuh: a producer warpgroup turns
 // the packed weights into the int8 / e4m3 tile in shared memory): no scratch buffer, the same bits.
-// variant (benchmarks): 0 = (5 stages, 2 groups an iteration, 3 of 8 sums by I2F);
-// 1 = the same with the mma warpgroups a stage out of step; 2 = 4 stages; 3 = no I2F (int8 only).
+// variant (benchmarks): 0 = (4 operand slots, 8 packed-weight slots, 2 groups an iteration, 3 of 8
+// sums by I2F); 1 = the same with the mma warpgroups a stage out of step; 2 = 5 operand and 6
+// packed slots; 3 = no I2F (int8 only).
 inline constexpr int kW4S8FusedVariants = 3;
 void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                       void* stream, int variant = 0);

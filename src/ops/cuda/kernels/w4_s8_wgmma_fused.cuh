@@ -6,28 +6,31 @@
 //   warpgroups 0, 1 (mma)       64 weight rows each: wait for a stage's two operand tiles, issue its
 //                               four m64n128k32 wgmma, scale the previous group's sums meanwhile
 //                               (the double-buffered sums of w4_s8_wgmma_kernel), release the slot.
-//   warpgroup 2 (producer)      one thread issues the copies: the stage's packed weights (8 row
+//   warpgroup 2 (producer)      one thread issues the copies: a stage's packed weights (8 row
 //                               blocks x 1 KB, contiguous in the packed layout: 1D bulk copies) and
-//                               the token box (TMA, 128-byte swizzle); all 128 threads then turn
-//                               the packed bytes into the int8 (or e4m3) weight tile, in the
-//                               swizzled layout the wgmma descriptor reads, and arrive.
+//                               its token box (TMA, 128-byte swizzle); all 128 threads turn the
+//                               packed bytes into the int8 (or e4m3) weight tile, in the swizzled
+//                               layout the wgmma descriptor reads, and arrive.
 // The producer needs few registers and gives them to the mma warpgroups (setmaxnreg): 384 threads
 // would otherwise leave 168 a thread, and the mma warps hold 192 accumulators.
 //
-// Ring slot s (stage st = s mod STAGES) has four mbarriers:
-//   packed_full  the packed bytes landed (the producer waits on it);
+// Two rings. The operand ring (STAGES slots of a weight tile and a token tile) has per slot:
 //   tokens_full  the token box landed (the mma warps wait on it);
-//   weights_full all 128 producer threads wrote the weight tile (they fence.proxy.async first, so
-//                the wgmma's async-proxy reads see their generic-proxy stores);
-//   slot_free    each of the 8 mma warps finished the stage's wgmma (wgmma.wait_group), so the
-//                copies and the unpack of stage st + STAGES may overwrite the slot.
-// The copies of stage st + STAGES - 2 are issued while stage st is unpacked: two stages of slack for
-// the slowest mma warpgroup, STAGES - 2 for the copies to land. The two mma warpgroups run
-// independently (no block barrier in the loop), so one's scaling can overlap the other's wgmma;
-// STAGGER starts warpgroup 1 one stage out of step with warpgroup 0's unrolled pairs.
+//   weights_full all 128 producer threads wrote the weight tile (each fences the async proxy
+//                first, so the wgmma's reads see their generic-proxy stores);
+//   slot_free    each of the 8 mma warps finished the stage's wgmma (wgmma.wait_group): the
+//                token copy and the unpack of stage st + STAGES may overwrite the slot.
+// The packed ring (PACKED slots of 8 KB, packed_full a slot) only feeds the producer, which frees
+// a slot itself once its threads have read it: the weight copies run PACKED stages ahead of the
+// unpack whatever the mma warps do, and the unpack up to STAGES - 1 stages ahead of the wgmma.
+// (A first version kept the packed bytes in the operand ring, copied STAGES - 2 stages ahead: the
+// unpack of each stage then waited for a release at the end of the previous pair of groups and
+// sat on the mma warps' critical path: 2x slower than the unpack kernel + GEMM.)
+// The two mma warpgroups run independently (no block barrier in the loop), so one's scaling can
+// overlap the other's wgmma; STAGGER starts warpgroup 1 one stage out of step.
 //
-// The packed weights need nothing from the previous kernel: the first stages' copies, and their
-// unpack, are issued before griddepcontrol.wait.
+// The packed weights need nothing from the previous kernel: the first PACKED stages' copies are
+// issued before griddepcontrol.wait.
 #pragma once
 #include <cuda.h>
 
@@ -35,24 +38,26 @@
 
 namespace qspec::cuda::kernels {
 
-template <int STAGES, int UNROLL, int I2F_OF_8, bool STAGGER>
+template <int STAGES, int PACKED, int UNROLL, int I2F_OF_8, bool STAGGER>
 struct W4S8FusedTile {
   static constexpr int kRows = 128, kTokens = 128, kStageK = 128;
-  static constexpr int kStages = STAGES;
+  static constexpr int kStages = STAGES;         // operand ring slots
+  static constexpr int kPackedStages = PACKED;   // packed-weight ring slots
   static constexpr int kUnroll = UNROLL;
   static constexpr int kI2fOf8 = I2F_OF_8;
   static constexpr bool kStagger = STAGGER;
   static constexpr int kMmaThreads = 256;  // warpgroups 0 and 1
   static constexpr int kThreads = 384;     // + the producer warpgroup
-  static constexpr int kMmaRegisters = 232, kProducerRegisters = 40;  // 2 x 128 x 232 + 128 x 40 <= 64 K
+  static constexpr int kMmaRegisters = 216, kProducerRegisters = 64;  // 2 x 128 x 216 + 128 x 64 <= 64 K
   static constexpr int kABytes = kRows * kStageK;    // the int8 weight tile
   static constexpr int kBBytes = kTokens * kStageK;  // the token tile
+  static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kPackedBytes = kRows / 16 * 1024;  // 8 row blocks x 2 chunks x 512 bytes
-  static constexpr int kStageBytes = kABytes + kBBytes + kPackedBytes;
   static constexpr int kOutPitch = kRows + 8;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
-  static_assert(kTokens * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the ring");
+  static constexpr int kSmemBytes = kStages * kStageBytes + kPackedStages * kPackedBytes + 1024;
+  static_assert(kTokens * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the operand ring");
   static_assert(2 * 128 * kMmaRegisters + 128 * kProducerRegisters <= 65536, "the register file");
+  static_assert(kSmemBytes + 64 * (2 * kStages + kPackedStages) <= 227 * 1024, "shared memory");
 };
 
 // x_map: the activation codes [m][k] (rows ldx apart), 128 x 128-byte boxes, 128-byte swizzle.
@@ -61,21 +66,21 @@ template <class T, bool E4M3 = false>
 __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const __grid_constant__ CUtensorMap x_map,
                                                                            const W4S8WgmmaParams p) {
 #if QSPEC_WGMMA
-  constexpr int S = T::kStages, kAhead = T::kStages - 2;
+  constexpr int S = T::kStages, P = T::kPackedStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  __shared__ uint64_t packed_full[S], tokens_full[S], weights_full[S], slot_free[S];
+  __shared__ uint64_t packed_full[P], tokens_full[S], weights_full[S], slot_free[S];
 
   const int tid = threadIdx.x, warpgroup = tid >> 7;
   const int m0 = blockIdx.x * T::kTokens, row0 = blockIdx.y * T::kRows;
   const int stages = p.k / T::kStageK;
   auto a_tile = [&](int slot) { return ring + slot * T::kStageBytes; };
   auto b_tile = [&](int slot) { return ring + slot * T::kStageBytes + T::kABytes; };
-  auto packed_tile = [&](int slot) { return ring + slot * T::kStageBytes + T::kABytes + T::kBBytes; };
+  auto packed_tile = [&](int slot) { return ring + S * T::kStageBytes + slot * T::kPackedBytes; };
 
   if (tid == 0) {
+    for (int i = 0; i < P; ++i) mbarrier_init(&packed_full[i], 1);
     for (int i = 0; i < S; ++i) {
-      mbarrier_init(&packed_full[i], 1);
       mbarrier_init(&tokens_full[i], 1);
       mbarrier_init(&weights_full[i], 128);
       mbarrier_init(&slot_free[i], 8);
@@ -94,7 +99,7 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
     // Row blocks past the matrix are not copied: their weight rows are garbage, and so are
     // the outputs they feed, which the epilogue drops.
     auto load_weights = [&](int st) {
-      const int slot = st % S;
+      const int slot = st % P;
       mbarrier_arrive_expect_tx(&packed_full[slot], block_row_blocks * 1024);
       for (int r = 0; r < block_row_blocks; ++r)
         bulk_copy_to_shared(packed_tile(slot) + r * 1024, codes + static_cast<int64_t>(r) * p.k * 8 + st * 1024, 1024,
@@ -106,35 +111,38 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
       tma_load_2d(b_tile(slot), &x_map, st * T::kStageK, m0, &tokens_full[slot]);
     };
     if (ptid == 0)
-      for (int st = 0; st < kAhead && st < stages; ++st) load_weights(st);
+      for (int st = 0; st < P && st < stages; ++st) load_weights(st);
     grid_dependency_wait();  // the activations come from the previous kernel
     grid_launch_dependents();
-    if (ptid == 0)
-      for (int st = 0; st < kAhead && st < stages; ++st) load_tokens(st);
 
     for (int st = 0; st < stages; ++st) {
-      const int slot = st % S;
-      if (ptid == 0 && st + kAhead < stages) {
-        const int next = st + kAhead;
-        if (next >= S) mbarrier_wait(&slot_free[next % S], (next / S - 1) & 1);  // stage next - S done
-        load_weights(next);
-        load_tokens(next);
-      }
-      // The slot was freed before its copy was issued, so the weight tile may be overwritten
-      // once the copy has landed.
-      mbarrier_wait(&packed_full[slot], (st / S) & 1);
-      const uint8_t* const packed = packed_tile(slot);
-      uint8_t* const tile = a_tile(slot);
+      const int slot = st % S, packed_slot = st % P;
+      // Every producer thread writes the weight tile: each waits until the mma warps are done
+      // with the slot's previous stage.
+      if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);
+      if (ptid == 0) load_tokens(st);
+      mbarrier_wait(&packed_full[packed_slot], (st / P) & 1);
+      const uint32_t packed = smem_address(packed_tile(packed_slot)), tile = smem_address(a_tile(slot));
+      constexpr int kPieces = T::kPackedBytes / 16 / 128;  // 16-byte pieces a thread
+      uint4 q[kPieces];
 #pragma unroll
-      for (int j = 0; j < T::kPackedBytes / 16 / 128; ++j) {
+      for (int j = 0; j < kPieces; ++j) q[j] = load_shared_16(packed + (ptid + 128 * j) * 16);  // all in flight
+      // Every producer thread has read the packed slot: refill it with stage st + P (the reads,
+      // generic proxy, ordered before the copy engine's writes by the barrier and the fence).
+      named_barrier_sync(2, 128);
+      if (ptid == 0 && st + P < stages) {
+        fence_proxy_async_shared();
+        load_weights(st + P);
+      }
+#pragma unroll
+      for (int j = 0; j < kPieces; ++j) {
         // Piece i (16 bytes): row block i / 64, chunk (i / 32) % 2, lane i % 32 = 4g + t;
         // w4_unpack_a8_kernel's mapping, into the swizzled tile instead of global memory.
         const int i = ptid + 128 * j, lane = i & 31, chunk = (i >> 5) & 1, g = lane >> 2, t = lane & 3;
         const int row = (i >> 6) * 16 + g;
-        const uint4 q = *reinterpret_cast<const uint4*>(packed + i * 16);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t w0 = h ? q.z : q.x, w1 = h ? q.w : q.y;
+          const uint32_t w0 = h ? q[j].z : q[j].x, w1 = h ? q[j].w : q[j].y;
           const int k0 = (2 * chunk + h) * 32 + 8 * t;
           uint2 even, odd;  // rows g and g + 8
           if constexpr (E4M3) {
@@ -144,8 +152,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
             even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
             odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
           }
-          *reinterpret_cast<uint2*>(tile + swizzled_offset(row, k0)) = even;
-          *reinterpret_cast<uint2*>(tile + swizzled_offset(row + 8, k0)) = odd;
+          store_shared_8(tile + swizzled_offset(row, k0), even);
+          store_shared_8(tile + swizzled_offset(row + 8, k0), odd);
         }
       }
       fence_proxy_async_shared();  // the stores, seen by the wgmma (async proxy)

@@ -151,6 +151,17 @@ __device__ __forceinline__ void warpgroup_registers_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
 #endif
 }
+// Shared-memory accesses by 32-bit shared address (ld.shared / st.shared): a pointer the compiler
+// cannot prove to be shared (the ring aligned by integer arithmetic) would become generic loads and
+// stores, and fence.proxy.async after them a full memory barrier.
+__device__ __forceinline__ uint4 load_shared_16(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address));
+  return v;
+}
+__device__ __forceinline__ void store_shared_8(uint32_t address, uint2 v) {
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(address), "r"(v.x), "r"(v.y) : "memory");
+}
 // A barrier among `threads` threads of the block (a multiple of 32) on hardware barrier `id`
 // (0 is __syncthreads'): for a subset of warps while the others run on.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
