@@ -24,7 +24,7 @@ template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<5, 2, 3>; };
 using FusedTile = kernels::W4S8FusedTile<4, 8, 2, 3, false>;
 template <int V> struct FusedVariant;
 template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, true>; };
-template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<5, 6, 2, 3, false>; };
+template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<5, 8, 2, 3, false>; };
 template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<4, 8, 2, 0, false>; };
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).

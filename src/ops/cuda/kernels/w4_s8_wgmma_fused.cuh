@@ -6,26 +6,28 @@
 //   warpgroups 0, 1 (mma)       64 weight rows each: wait for a stage's two operand tiles, issue its
 //                               four m64n128k32 wgmma, scale the previous group's sums meanwhile
 //                               (the double-buffered sums of w4_s8_wgmma_kernel), release the slot.
-//   warpgroup 2 (producer)      one thread issues the copies: a stage's packed weights (8 row
-//                               blocks x 1 KB, contiguous in the packed layout: 1D bulk copies) and
-//                               its token box (TMA, 128-byte swizzle); all 128 threads turn the
-//                               packed bytes into the int8 (or e4m3) weight tile, in the swizzled
-//                               layout the wgmma descriptor reads, and arrive.
+//   warpgroup 2 (producer)      four warps, each owning every fourth stage: its lane 0 issues the
+//                               copies (the stage's packed weights, 8 row blocks x 1 KB contiguous
+//                               in the packed layout: 1D bulk copies; its token box: TMA, 128-byte
+//                               swizzle), its 32 lanes turn the packed bytes into the int8 (or
+//                               e4m3) weight tile, in the swizzled layout the wgmma descriptor
+//                               reads, and arrive.
 // The producer needs few registers and gives them to the mma warpgroups (setmaxnreg): 384 threads
 // would otherwise leave 168 a thread, and the mma warps hold 192 accumulators.
 //
 // Two rings. The operand ring (STAGES slots of a weight tile and a token tile) has per slot:
 //   tokens_full  the token box landed (the mma warps wait on it);
-//   weights_full all 128 producer threads wrote the weight tile (each fences the async proxy
-//                first, so the wgmma's reads see their generic-proxy stores);
+//   weights_full the 32 lanes of the stage's producer warp wrote the weight tile (each fences the
+//                async proxy first, so the wgmma's reads see their generic-proxy stores);
 //   slot_free    each of the 8 mma warps finished the stage's wgmma (wgmma.wait_group): the
 //                token copy and the unpack of stage st + STAGES may overwrite the slot.
-// The packed ring (PACKED slots of 8 KB, packed_full a slot) only feeds the producer, which frees
-// a slot itself once its threads have read it: the weight copies run PACKED stages ahead of the
-// unpack whatever the mma warps do, and the unpack up to STAGES - 1 stages ahead of the wgmma.
-// (A first version kept the packed bytes in the operand ring, copied STAGES - 2 stages ahead: the
-// unpack of each stage then waited for a release at the end of the previous pair of groups and
-// sat on the mma warps' critical path: 2x slower than the unpack kernel + GEMM.)
+// The packed ring (PACKED slots of 8 KB, packed_full a slot, PACKED / 4 a producer warp) only feeds
+// the producer, whose warp frees a slot itself once its lanes have read it: the weight copies run
+// PACKED stages ahead of the unpack whatever the mma warps do, and the unpack up to STAGES - 1
+// stages ahead of the wgmma. Measured before (perf-notes): the packed bytes in the operand ring,
+// copied STAGES - 2 stages ahead, put each stage's unpack on the mma warps' critical path (2.8x
+// the unpack kernel + GEMM); one ring of their own but all four warps on every stage, with a
+// barrier between the loads and the refill, 1.6x: a chain of latencies a stage.
 // The two mma warpgroups run independently (no block barrier in the loop), so one's scaling can
 // overlap the other's wgmma; STAGGER starts warpgroup 1 one stage out of step.
 //
@@ -66,7 +68,8 @@ template <class T, bool E4M3 = false>
 __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const __grid_constant__ CUtensorMap x_map,
                                                                            const W4S8WgmmaParams p) {
 #if QSPEC_WGMMA
-  constexpr int S = T::kStages, P = T::kPackedStages;
+  constexpr int S = T::kStages, P = T::kPackedStages, kProducerWarps = 4;
+  static_assert(P % kProducerWarps == 0, "a packed slot belongs to one producer warp");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   __shared__ uint64_t packed_full[P], tokens_full[S], weights_full[S], slot_free[S];
@@ -82,7 +85,7 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
     for (int i = 0; i < P; ++i) mbarrier_init(&packed_full[i], 1);
     for (int i = 0; i < S; ++i) {
       mbarrier_init(&tokens_full[i], 1);
-      mbarrier_init(&weights_full[i], 128);
+      mbarrier_init(&weights_full[i], 32);  // the lanes of the stage's producer warp
       mbarrier_init(&slot_free[i], 8);
     }
     fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
@@ -110,54 +113,60 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
       mbarrier_arrive_expect_tx(&tokens_full[slot], T::kBBytes);
       tma_load_2d(b_tile(slot), &x_map, st * T::kStageK, m0, &tokens_full[slot]);
     };
-    if (ptid == 0)
-      for (int st = 0; st < P && st < stages; ++st) load_weights(st);
+    // Producer warp w owns stages w, w + 4, w + 8, ...: its operand slots and packed slots are
+    // its own (S and P multiples of 4 or not: a slot is freed by the mma warps, a packed slot by
+    // the warp itself), and its per-stage chain (wait, 16 loads, unpack, fence, arrive) runs
+    // beside the other three warps' instead of one barrier-bound chain for all four.
+    const int producer_warp = ptid >> 5, producer_lane = ptid & 31;
+    if (producer_lane == 0)
+      for (int st = producer_warp; st < P && st < stages; st += kProducerWarps) load_weights(st);
     grid_dependency_wait();  // the activations come from the previous kernel
     grid_launch_dependents();
 
-    for (int st = 0; st < stages; ++st) {
+    for (int st = producer_warp; st < stages; st += kProducerWarps) {
       const int slot = st % S, packed_slot = st % P;
-      // Every producer thread writes the weight tile: each waits until the mma warps are done
-      // with the slot's previous stage.
-      if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);
-      if (ptid == 0) load_tokens(st);
+      if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);  // the mma warps are done with it
+      if (producer_lane == 0) load_tokens(st);
       mbarrier_wait(&packed_full[packed_slot], (st / P) & 1);
       const uint32_t packed = smem_address(packed_tile(packed_slot)), tile = smem_address(a_tile(slot));
-      constexpr int kPieces = T::kPackedBytes / 16 / 128;  // 16-byte pieces a thread
-      uint4 q[kPieces];
+      // Piece i (16 bytes) = 32 j + lane: row block j / 2, chunk j % 2, lane 4g + t of the packed
+      // layout (w4_unpack_a8_kernel's mapping, into the swizzled tile instead of global memory).
+      constexpr int kPieces = T::kPackedBytes / 16 / 32, kBatch = 4;  // a lane's pieces, loads in flight
+      const int g = producer_lane >> 2, t = producer_lane & 3;
+#pragma unroll 1
+      for (int j0 = 0; j0 < kPieces; j0 += kBatch) {  // not unrolled: the 64 registers
+        uint4 q[kBatch];
 #pragma unroll
-      for (int j = 0; j < kPieces; ++j) q[j] = load_shared_16(packed + (ptid + 128 * j) * 16);  // all in flight
-      // Every producer thread has read the packed slot: refill it with stage st + P (the reads,
-      // generic proxy, ordered before the copy engine's writes by the barrier and the fence).
-      named_barrier_sync(2, 128);
-      if (ptid == 0 && st + P < stages) {
-        fence_proxy_async_shared();
-        load_weights(st + P);
-      }
+        for (int u = 0; u < kBatch; ++u) q[u] = load_shared_16(packed + (32 * (j0 + u) + producer_lane) * 16);
 #pragma unroll
-      for (int j = 0; j < kPieces; ++j) {
-        // Piece i (16 bytes): row block i / 64, chunk (i / 32) % 2, lane i % 32 = 4g + t;
-        // w4_unpack_a8_kernel's mapping, into the swizzled tile instead of global memory.
-        const int i = ptid + 128 * j, lane = i & 31, chunk = (i >> 5) & 1, g = lane >> 2, t = lane & 3;
-        const int row = (i >> 6) * 16 + g;
+        for (int u = 0; u < kBatch; ++u) {
+          const int j = j0 + u, chunk = j & 1, row = (j >> 1) * 16 + g;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t w0 = h ? q[j].z : q[j].x, w1 = h ? q[j].w : q[j].y;
-          const int k0 = (2 * chunk + h) * 32 + 8 * t;
-          uint2 even, odd;  // rows g and g + 8
-          if constexpr (E4M3) {
-            int4_word_to_e4m3(w0, even.x, odd.x);
-            int4_word_to_e4m3(w1, even.y, odd.y);
-          } else {
-            even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
-            odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t w0 = h ? q[u].z : q[u].x, w1 = h ? q[u].w : q[u].y;
+            const int k0 = (2 * chunk + h) * 32 + 8 * t;
+            uint2 even, odd;  // rows g and g + 8
+            if constexpr (E4M3) {
+              int4_word_to_e4m3(w0, even.x, odd.x);
+              int4_word_to_e4m3(w1, even.y, odd.y);
+            } else {
+              even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
+              odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+            }
+            store_shared_8(tile + swizzled_offset(row, k0), even);
+            store_shared_8(tile + swizzled_offset(row + 8, k0), odd);
           }
-          store_shared_8(tile + swizzled_offset(row, k0), even);
-          store_shared_8(tile + swizzled_offset(row + 8, k0), odd);
         }
       }
       fence_proxy_async_shared();  // the stores, seen by the wgmma (async proxy)
       mbarrier_arrive(&weights_full[slot]);
+      // Every lane has read the packed slot: refill it with stage st + P (the generic-proxy reads
+      // ordered before the copy engine's writes by __syncwarp and the fence).
+      __syncwarp();
+      if (producer_lane == 0 && st + P < stages) {
+        fence_proxy_async_shared();
+        load_weights(st + P);
+      }
     }
     return;
   }
