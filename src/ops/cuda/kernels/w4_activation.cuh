@@ -63,6 +63,18 @@ __device__ __forceinline__ uint32_t int4_bytes_to_s8(uint32_t nibble_bytes) {
   return __byte_perm((biased - 0x08080808u) ^ 0x80808080u, 0, 0x3120);
 }
 
+// 16 (u - 8) of the low (even) / high (odd) nibble of each byte, as int8, in int4_bytes_to_s8's
+// byte order: the nibble xor 8 (u - 8 in 4-bit two's complement) moved to the top of its byte is
+// its value times 16. Two or three instructions for four weights instead of four or five; the
+// sums come out 16 x (|sum| <= 2^21, still exact through the float bias), and a scale / 16 (exact)
+// gives the same fma.
+__device__ __forceinline__ uint32_t int4_low_nibbles_to_s8_x16(uint32_t nibble_bytes) {
+  return __byte_perm(((nibble_bytes << 4) ^ 0x88888888u) & 0xf0f0f0f0u, 0, 0x3120);
+}
+__device__ __forceinline__ uint32_t int4_high_nibbles_to_s8_x16(uint32_t nibble_bytes) {
+  return __byte_perm((nibble_bytes ^ 0x88888888u) & 0xf0f0f0f0u, 0, 0x3120);
+}
+
 struct ActF16 {
   using Elem = __half;
   using Frag = uint4;      // 8 halves

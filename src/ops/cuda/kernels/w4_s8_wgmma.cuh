@@ -111,9 +111,14 @@ __global__ void w4_unpack_a8_kernel(const W4A16Layout w, int8_t* __restrict__ ou
 // Scales one group's sums d into the totals (s8: exact s32 -> f32; the first I2F_OF_8 of every
 // 8 by I2F, the rest by the float bias; e4m3: the sums are f32 already), in the tiled kernel's
 // fma order: bitwise its totals.
+// weight_factor: a power of two the weights were stored times (the fused kernel's 16 (u - 8)):
+// its inverse scales the f16 scale exactly, so the fma is the same.
 template <int I2F_OF_8, class Sum>
-__device__ __forceinline__ void w4_s8_scale_group(float (&total)[64], const Sum (&d)[64], uint32_t scale_word) {
-  const float2 s = unpack_half2(scale_word);
+__device__ __forceinline__ void w4_s8_scale_group(float (&total)[64], const Sum (&d)[64], uint32_t scale_word,
+                                                  float inverse_weight_factor = 1.0f) {
+  float2 s = unpack_half2(scale_word);
+  s.x *= inverse_weight_factor;
+  s.y *= inverse_weight_factor;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     float sum;

@@ -149,9 +149,9 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
             if constexpr (E4M3) {
               int4_word_to_e4m3(w0, even.x, odd.x);
               int4_word_to_e4m3(w1, even.y, odd.y);
-            } else {
-              even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
-              odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+            } else {  // 16 (u - 8): see kInverseWeightFactor
+              even = make_uint2(int4_low_nibbles_to_s8_x16(w0), int4_low_nibbles_to_s8_x16(w1));
+              odd = make_uint2(int4_high_nibbles_to_s8_x16(w0), int4_high_nibbles_to_s8_x16(w1));
             }
             store_shared_8(tile + swizzled_offset(row, k0), even);
             store_shared_8(tile + swizzled_offset(row + 8, k0), odd);
@@ -207,7 +207,13 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&slot_free[st % S]);
   };
-  auto scale = [&](Sum(&d)[64], uint32_t scale_word) { w4_s8_scale_group<T::kI2fOf8>(total, d, scale_word); };
+  // int8: the producer stores 16 (u - 8) (half the unpack instructions of u - 8, the producer's
+  // issue slots being what the mma warps lose); the sums are 16 x, the scales / 16, the fma the
+  // same (w4_s8_scale_group). e4m3: the codes of u - 8.
+  constexpr float kInverseWeightFactor = E4M3 ? 1.0f : 0.0625f;
+  auto scale = [&](Sum(&d)[64], uint32_t scale_word) {
+    w4_s8_scale_group<T::kI2fOf8>(total, d, scale_word, kInverseWeightFactor);
+  };
 
   // The loop of w4_s8_wgmma_kernel (see there for why UNROLL groups an iteration).
   int st = 0;
