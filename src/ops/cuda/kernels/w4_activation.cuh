@@ -63,16 +63,19 @@ __device__ __forceinline__ uint32_t int4_bytes_to_s8(uint32_t nibble_bytes) {
   return __byte_perm((biased - 0x08080808u) ^ 0x80808080u, 0, 0x3120);
 }
 
-// 16 (u - 8) of the low (even) / high (odd) nibble of each byte, as int8, in int4_bytes_to_s8's
-// byte order: the nibble xor 8 (u - 8 in 4-bit two's complement) moved to the top of its byte is
-// its value times 16. Two or three instructions for four weights instead of four or five; the
-// sums come out 16 x (|sum| <= 2^21, still exact through the float bias), and a scale / 16 (exact)
-// gives the same fma.
-__device__ __forceinline__ uint32_t int4_low_nibbles_to_s8_x16(uint32_t nibble_bytes) {
-  return __byte_perm(((nibble_bytes << 4) ^ 0x88888888u) & 0xf0f0f0f0u, 0, 0x3120);
-}
-__device__ __forceinline__ uint32_t int4_high_nibbles_to_s8_x16(uint32_t nibble_bytes) {
-  return __byte_perm((nibble_bytes ^ 0x88888888u) & 0xf0f0f0f0u, 0, 0x3120);
+// 16 (u - 8) of the low (even) and high (odd) nibble of each byte of w, as int8, in
+// int4_bytes_to_s8's byte order (its permute first: bytes move whole, so it commutes with the
+// nibble arithmetic): the nibble xor 8 (u - 8 in 4-bit two's complement) at the top of its byte
+// is its value times 16. Four instructions for eight weights instead of nine; the sums come out
+// 16 x (|sum| <= 2^21, still exact through the float bias), and a scale / 16 (exact) gives the
+// same fma.
+// flip / keep: 0x88888888 and 0xf0f0f0f0 in registers (one lop3 can take only one immediate, and
+// the compiler otherwise splits (x ^ flip) & keep in two).
+__device__ __forceinline__ void int4_word_to_s8_x16(uint32_t nibble_bytes, uint32_t flip, uint32_t keep, uint32_t& low,
+                                                    uint32_t& high) {
+  const uint32_t permuted = __byte_perm(nibble_bytes, 0, 0x3120);
+  asm("lop3.b32 %0, %1, %2, %3, 0x28;\n" : "=r"(low) : "r"(permuted << 4), "r"(flip), "r"(keep));  // (a ^ b) & c
+  asm("lop3.b32 %0, %1, %2, %3, 0x28;\n" : "=r"(high) : "r"(permuted), "r"(flip), "r"(keep));
 }
 
 struct ActF16 {

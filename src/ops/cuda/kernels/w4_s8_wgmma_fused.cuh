@@ -118,6 +118,16 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
     // the warp itself), and its per-stage chain (wait, 16 loads, unpack, fence, arrive) runs
     // beside the other three warps' instead of one barrier-bound chain for all four.
     const int producer_warp = ptid >> 5, producer_lane = ptid & 31;
+    const uint32_t flip = 0x88888888u, keep = 0xf0f0f0f0u;  // int4_word_to_s8_x16's masks
+    uint32_t store_offset[2][2];  // [chunk][h]: this lane's byte offsets in a row block of the tile
+    {
+      const int g = producer_lane >> 2, t = producer_lane & 3;
+#pragma unroll
+      for (int chunk = 0; chunk < 2; ++chunk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          store_offset[chunk][h] = static_cast<uint32_t>(swizzled_offset(g, (2 * chunk + h) * 32 + 8 * t));
+    }
     if (producer_lane == 0)
       for (int st = producer_warp; st < P && st < stages; st += kProducerWarps) load_weights(st);
     grid_dependency_wait();  // the activations come from the previous kernel
@@ -131,30 +141,34 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
       const uint32_t packed = smem_address(packed_tile(packed_slot)), tile = smem_address(a_tile(slot));
       // Piece i (16 bytes) = 32 j + lane: row block j / 2, chunk j % 2, lane 4g + t of the packed
       // layout (w4_unpack_a8_kernel's mapping, into the swizzled tile instead of global memory).
+      // Its words 2h, 2h + 1 hold rows g and g + 8 at k0 = (2 chunk + h) 32 + 8t, stored at
+      // row 128 + (((k0 / 16) ^ row) % 8) 16 + k0 % 16 (swizzled_offset): with row % 8 = g that is
+      // row_block 2048 + store_offset[chunk][h] (+ 1024 for row g + 8).
       constexpr int kPieces = T::kPackedBytes / 16 / 32, kBatch = 4;  // a lane's pieces, loads in flight
-      const int g = producer_lane >> 2, t = producer_lane & 3;
 #pragma unroll 1
       for (int j0 = 0; j0 < kPieces; j0 += kBatch) {  // not unrolled: the 64 registers
         uint4 q[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) q[u] = load_shared_16(packed + (32 * (j0 + u) + producer_lane) * 16);
+        uint32_t store_at[2][2];  // the batch's first row block; + 2048 a row block, + 1024 for row g + 8
+#pragma unroll
+        for (int c = 0; c < 4; ++c) store_at[c / 2][c % 2] = tile + (j0 / 2) * 2048 + store_offset[c / 2][c % 2];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int j = j0 + u, chunk = j & 1, row = (j >> 1) * 16 + g;
+          const int chunk = u & 1, rows = (u / 2) * 2048;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t w0 = h ? q[u].z : q[u].x, w1 = h ? q[u].w : q[u].y;
-            const int k0 = (2 * chunk + h) * 32 + 8 * t;
             uint2 even, odd;  // rows g and g + 8
             if constexpr (E4M3) {
               int4_word_to_e4m3(w0, even.x, odd.x);
               int4_word_to_e4m3(w1, even.y, odd.y);
             } else {  // 16 (u - 8): see kInverseWeightFactor
-              even = make_uint2(int4_low_nibbles_to_s8_x16(w0), int4_low_nibbles_to_s8_x16(w1));
-              odd = make_uint2(int4_high_nibbles_to_s8_x16(w0), int4_high_nibbles_to_s8_x16(w1));
+              int4_word_to_s8_x16(w0, flip, keep, even.x, odd.x);
+              int4_word_to_s8_x16(w1, flip, keep, even.y, odd.y);
             }
-            store_shared_8(tile + swizzled_offset(row, k0), even);
-            store_shared_8(tile + swizzled_offset(row + 8, k0), odd);
+            store_shared_8(store_at[chunk][h] + rows, even);
+            store_shared_8(store_at[chunk][h] + rows + 1024, odd);
           }
         }
       }
