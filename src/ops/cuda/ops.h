@@ -527,8 +527,8 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
 // The same GEMM with the unpack inside (kernels/w4_s8_wgmma_fused.cuh: a producer warpgroup turns
 // the packed weights into the int8 / e4m3 tile in shared memory): no scratch buffer, the same bits.
 // variant (benchmarks): 0 = (4 operand slots, 8 packed-weight slots, 2 groups an iteration, 3 of 8
-// sums by I2F); 1 = the same with the mma warpgroups a stage out of step; 2 = 5 operand and 8
-// packed slots; 3 = no I2F (int8 only).
+// sums by I2F, 8 pieces a producer lane in flight); 1 = 4 pieces in flight; 2 = the mma
+// warpgroups a stage out of step (int8 only); 3 = 5 operand slots (int8 only).
 inline constexpr int kW4S8FusedVariants = 3;
 void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                       void* stream, int variant = 0);

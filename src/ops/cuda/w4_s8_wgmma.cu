@@ -20,12 +20,12 @@ template <> struct Variant<3> { using T = kernels::W4S8WgmmaTile<5, 2, 2>; };
 template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<5, 2, 3>; };
 
 // The fused kernel (unpack in the producer warpgroup): the default tile and the benchmarks' variants.
-// (operand slots, packed slots, groups an iteration, I2F of 8, stagger)
-using FusedTile = kernels::W4S8FusedTile<4, 8, 2, 3, false>;
+// (operand slots, packed slots, groups an iteration, I2F of 8, stagger, producer batch)
+using FusedTile = kernels::W4S8FusedTile<4, 8, 2, 3, false, 8>;
 template <int V> struct FusedVariant;
-template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, true>; };
-template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<5, 8, 2, 3, false>; };
-template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<4, 8, 2, 0, false>; };
+template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, false, 4>; };
+template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, true, 8>; };
+template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<5, 8, 2, 3, false, 8>; };
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {

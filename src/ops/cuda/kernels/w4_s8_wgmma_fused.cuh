@@ -40,8 +40,11 @@
 
 namespace qspec::cuda::kernels {
 
-template <int STAGES, int PACKED, int UNROLL, int I2F_OF_8, bool STAGGER>
+// BATCH: 16-byte pieces a producer lane loads before converting them (its instruction-level
+// parallelism: one warp unpacks a whole stage).
+template <int STAGES, int PACKED, int UNROLL, int I2F_OF_8, bool STAGGER, int BATCH>
 struct W4S8FusedTile {
+  static constexpr int kProducerBatch = BATCH;
   static constexpr int kRows = 128, kTokens = 128, kStageK = 128;
   static constexpr int kStages = STAGES;         // operand ring slots
   static constexpr int kPackedStages = PACKED;   // packed-weight ring slots
@@ -144,8 +147,9 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
       // Its words 2h, 2h + 1 hold rows g and g + 8 at k0 = (2 chunk + h) 32 + 8t, stored at
       // row 128 + (((k0 / 16) ^ row) % 8) 16 + k0 % 16 (swizzled_offset): with row % 8 = g that is
       // row_block 2048 + store_offset[chunk][h] (+ 1024 for row g + 8).
-      constexpr int kPieces = T::kPackedBytes / 16 / 32, kBatch = 4;  // a lane's pieces, loads in flight
+      constexpr int kPieces = T::kPackedBytes / 16 / 32, kBatch = T::kProducerBatch;  // a lane's pieces, loads in flight
 #pragma unroll 1
+      static_assert(kPieces % kBatch == 0 && kBatch % 2 == 0, "whole row blocks a batch");
       for (int j0 = 0; j0 < kPieces; j0 += kBatch) {  // not unrolled: the 64 registers
         uint4 q[kBatch];
 #pragma unroll
