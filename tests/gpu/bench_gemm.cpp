@@ -21,9 +21,10 @@
 // The same run times W4A8-fp8: as f16 values on f16 mma (w4a8fp8_tiled_*, w4a8fp8_small_m), as
 // e4m3 codes on e4m3 mma.sync (w4a8fp8_e4m3_*) and on e4m3 wgmma (w4a8fp8_wgmma_*), and the
 // W4A16 tiled kernel (w4a16_tiled_*). On sm_90a the wgmma GEMM as dispatched
-// (w4a8_s8_wgmma_128x128: the fused kernel, unpack inside), the unpack kernel + GEMM it replaced
-// (w4a8_s8_wgmma_unpack_kernel), --fused-variants (w4a8_s8_wgmma_fused_v*) and the GEMM alone on
-// weights unpacked once (--wgmma-variants).
+// (w4a8_s8_wgmma_128x128: the unpack kernel, then the GEMM; the fused kernel with
+// QSPEC_W4S8_FUSED=1), the unpack kernel + GEMM explicitly (w4a8_s8_wgmma_unpack_kernel), the fused
+// kernel (w4a8_s8_wgmma_fused_v0 and --fused-variants) and the GEMM alone on weights unpacked once
+// (--wgmma-variants).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -338,15 +339,19 @@ int main(int argc, char** argv) {
                 cuda::w4_quantized_gemm_s8_wgmma(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
                                                  wgmma_workspace->get(), wgmma_ws, s);
               });
-            // The unpack kernel, then the GEMM (what ran before the fused kernel, and still runs with
-            // QSPEC_W4S8_UNPACK_KERNEL=1): the A/B of the unpack inside the kernel.
+            // The unpack kernel, then the GEMM (the dispatched path, written out): the A/B of the
+            // unpack inside the kernel.
             time_w4("w4a8_s8_wgmma_unpack_kernel", [&](void* s, int i) {
               cuda::w4_unpack_s8(views[i % w4_copies], w8_unpacked->as<int8_t>(), s);
               cuda::w4_s8_gemm_unpacked(xa, m, views[i % w4_copies], w8_unpacked->as<int8_t>(), y.as<uint16_t>(),
                                         shape.n, s);
             });
-            // The fused kernel's benchmark variants (variant 0 is the dispatched entry above).
-            for (int variant : fused_variants)
+            // The fused kernel (unpack inside): the default tile and --fused-variants.
+            for (int variant : [&] {
+                   std::vector<int> all{0};
+                   all.insert(all.end(), fused_variants.begin(), fused_variants.end());
+                   return all;
+                 }())
               time_w4("w4a8_s8_wgmma_fused_v" + std::to_string(variant), [&](void* s, int i) {
                 cuda::w4_s8_gemm_fused(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, variant);
               });

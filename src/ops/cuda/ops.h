@@ -525,9 +525,11 @@ void w4_unpack_e4m3(const W4A16Weights& w, uint8_t* out, void* stream);
 void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, const int8_t* w8, f16_bits* y,
                          int64_t ldy, void* stream, int variant = 0);
 // The same GEMM with the unpack inside (kernels/w4_s8_wgmma_fused.cuh: a producer warpgroup turns
-// the packed weights into the int8 / e4m3 tile in shared memory): no scratch buffer, the same bits.
+// the packed weights into the int8 / e4m3 tile in shared memory): no scratch buffer, the same bits;
+// measured slower than the unpack kernel + GEMM, so w4_quantized_gemm_s8_wgmma runs it only with
+// QSPEC_W4S8_FUSED=1.
 // variant (benchmarks): 0 = (4 operand slots, 8 packed-weight slots, 2 groups an iteration, 3 of 8
-// sums by I2F, 8 pieces a producer lane in flight); 1 = 4 pieces in flight; 2 = the mma
+// sums by I2F, 4 pieces a producer lane in flight); 1 = 2 pieces in flight; 2 = the mma
 // warpgroups a stage out of step (int8 only); 3 = 5 operand slots (int8 only).
 inline constexpr int kW4S8FusedVariants = 3;
 void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,

@@ -21,11 +21,11 @@ template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<5, 2, 3>; };
 
 // The fused kernel (unpack in the producer warpgroup): the default tile and the benchmarks' variants.
 // (operand slots, packed slots, groups an iteration, I2F of 8, stagger, producer batch)
-using FusedTile = kernels::W4S8FusedTile<4, 8, 2, 3, false, 8>;
+using FusedTile = kernels::W4S8FusedTile<4, 8, 2, 3, false, 4>;
 template <int V> struct FusedVariant;
-template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, false, 4>; };
-template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, true, 8>; };
-template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<5, 8, 2, 3, false, 8>; };
+template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, false, 2>; };
+template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, true, 4>; };
+template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<5, 8, 2, 3, false, 4>; };
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -220,9 +220,10 @@ void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weigh
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream) {
   const char* who = "cuda::w4_quantized_gemm_s8_wgmma";
-  // QSPEC_W4S8_UNPACK_KERNEL=1 (a benchmark knob): the separate unpack kernel into the workspace,
-  // then the GEMM, instead of the fused kernel.
-  static const bool unpack_kernel = detail::env_int("QSPEC_W4S8_UNPACK_KERNEL", 0, 0, 1) == 1;
+  // The unpack kernel into the workspace, then the GEMM: 1.07-1.15x faster than the fused kernel
+  // on every Llama-3-8B shape at 1024-4096 tokens (docs/perf-notes.md). QSPEC_W4S8_FUSED=1 (a
+  // benchmark knob) dispatches the fused kernel instead.
+  static const bool unpack_kernel = detail::env_int("QSPEC_W4S8_FUSED", 0, 0, 1) == 0;
   const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
               " bytes of workspace (the int8 weights), got ", workspace_bytes);

@@ -122,9 +122,17 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
     // beside the other three warps' instead of one barrier-bound chain for all four.
     const int producer_warp = ptid >> 5, producer_lane = ptid & 31;
     const uint32_t flip = 0x88888888u, keep = 0xf0f0f0f0u;  // int4_word_to_s8_x16's masks
+    // Which packed lane (4g + t) this lane converts: a permutation chosen for the shared-memory
+    // wavefronts. An 8-byte store is served a half-warp at a time: with the natural order (lanes
+    // 4g + t, g 0..3 in a half) its 16 stores hit 4 of the 8 16-byte pieces of a swizzled row
+    // group twice (2 wavefronts instead of 1: ncu counted 18 % of all wavefronts excess). Here a
+    // half-warp takes g 0..7 with t / 2 = (g / 2 % 2) xor half, so its pieces (k0 / 16) ^ g are
+    // all distinct, and each quarter-warp's 16-byte loads still fall in 8 distinct bank groups.
+    const int g = (producer_lane & 15) >> 1;
+    const int t = 2 * (((g >> 1) & 1) ^ (producer_lane >> 4)) + (producer_lane & 1);
+    const int packed_lane = 4 * g + t;
     uint32_t store_offset[2][2];  // [chunk][h]: this lane's byte offsets in a row block of the tile
     {
-      const int g = producer_lane >> 2, t = producer_lane & 3;
 #pragma unroll
       for (int chunk = 0; chunk < 2; ++chunk)
 #pragma unroll
@@ -153,7 +161,7 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
       for (int j0 = 0; j0 < kPieces; j0 += kBatch) {  // not unrolled: the 64 registers
         uint4 q[kBatch];
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) q[u] = load_shared_16(packed + (32 * (j0 + u) + producer_lane) * 16);
+        for (int u = 0; u < kBatch; ++u) q[u] = load_shared_16(packed + (32 * (j0 + u) + packed_lane) * 16);
         uint32_t store_at[2][2];  // the batch's first row block; + 2048 a row block, + 1024 for row g + 8
 #pragma unroll
         for (int c = 0; c < 4; ++c) store_at[c / 2][c % 2] = tile + (j0 / 2) * 2048 + store_offset[c / 2][c % 2];
