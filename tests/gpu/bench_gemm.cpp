@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> wgmma_variants = {0};  // --wgmma-variants: the wgmma GEMM tiles timed alone
-  std::vector<int> fused_variants;        // --fused-variants: the fused wgmma kernel's other tiles
+  std::vector<int> fused_variants = {0};  // the fused wgmma kernel's tiles: 0 and --fused-variants
   std::vector<int> variants = {1, 2, 3, 4, 5};
   std::vector<int> x_stagings = {0};  // --x-staging 1,2: x through shared memory / from global
   std::vector<int> tiles = {1, 2, 3, 4};
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
     else if (arg == "--fused-variants" && i + 1 < argc) {
-      fused_variants.clear();
+      fused_variants.assign(1, 0);
       for (int64_t v : parse_list(argv[++i])) fused_variants.push_back(static_cast<int>(v));
     } else if (arg == "--wgmma-variants" && i + 1 < argc) {
       wgmma_variants.clear();
@@ -347,11 +347,7 @@ int main(int argc, char** argv) {
                                         shape.n, s);
             });
             // The fused kernel (unpack inside): the default tile and --fused-variants.
-            for (int variant : [&] {
-                   std::vector<int> all{0};
-                   all.insert(all.end(), fused_variants.begin(), fused_variants.end());
-                   return all;
-                 }())
+            for (int variant : fused_variants)
               time_w4("w4a8_s8_wgmma_fused_v" + std::to_string(variant), [&](void* s, int i) {
                 cuda::w4_s8_gemm_fused(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, variant);
               });

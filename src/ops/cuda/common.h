@@ -211,6 +211,9 @@ bool pdl_enabled();
 // A benchmark knob: a multiprocessor changes its L1 / shared split only when idle, so kernels
 // that want different splits may not overlap under programmatic dependent launch.
 int smem_carveout_percent();
+// A benchmark knob read from the environment (the caller keeps it in a static): `fallback` when
+// unset or empty, else an integer in [lo, hi], or an error naming the variable (runtime.cu).
+int env_int(const char* name, int fallback, int lo, int hi);
 
 template <typename... KernelArgs, typename... Args>
 void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

@@ -42,16 +42,17 @@ bool pdl_enabled() {
   const bool wanted = forced >= 0 ? forced == 1 : !disabled_by_env;
   return wanted && current_device_properties().major >= 9;
 }
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  QSPEC_CHECK(end != value && *end == '\0' && parsed >= lo && parsed <= hi, name, "=", value, ": expected an integer in [",
+              lo, ", ", hi, "]");
+  return static_cast<int>(parsed);
+}
 int smem_carveout_percent() {
-  static const int percent = [] {
-    const char* value = std::getenv("QSPEC_SMEM_CARVEOUT");
-    if (value == nullptr || *value == '\0') return -1;
-    char* end = nullptr;
-    const long parsed = std::strtol(value, &end, 10);
-    QSPEC_CHECK(end != value && *end == '\0' && parsed >= 0 && parsed <= 100, "QSPEC_SMEM_CARVEOUT=", value,
-                ": expected a percentage 0..100");
-    return static_cast<int>(parsed);
-  }();
+  static const int percent = env_int("QSPEC_SMEM_CARVEOUT", -1, 0, 100);  // -1: unset
   return percent;
 }
 void set_pdl_enabled(bool enabled) { pdl_override.store(enabled ? 1 : 0, std::memory_order_relaxed); }

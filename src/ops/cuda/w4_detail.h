@@ -16,8 +16,5 @@ kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m
 // `rows` advanced to token first_token.
 kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, const QuantizedActivations& x,
                                              int64_t first_token);
-// A benchmark knob read from the environment (the caller keeps it in a static): `fallback` when
-// unset or empty, else an integer in [lo, hi], or an error naming the variable (w4a16_small_m.cu).
-int env_int(const char* name, int fallback, int lo, int hi);
 
 }  // namespace qspec::cuda::detail

@@ -208,8 +208,14 @@ void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weigh
       if (e4m3) launch_fused<FusedVariant<1>::T, true>(x_map, params, token_tiles, row_tiles, s);
       else launch_fused<FusedVariant<1>::T, false>(x_map, params, token_tiles, row_tiles, s);
       break;
-    case 2: QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only"); launch_fused<FusedVariant<2>::T, false>(x_map, params, token_tiles, row_tiles, s); break;
-    case 3: QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only"); launch_fused<FusedVariant<3>::T, false>(x_map, params, token_tiles, row_tiles, s); break;
+    case 2:
+      QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only");
+      launch_fused<FusedVariant<2>::T, false>(x_map, params, token_tiles, row_tiles, s);
+      break;
+    case 3:
+      QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only");
+      launch_fused<FusedVariant<3>::T, false>(x_map, params, token_tiles, row_tiles, s);
+      break;
     default:
       if (e4m3) launch_fused<FusedTile, true>(x_map, params, token_tiles, row_tiles, s);
       else launch_fused<FusedTile, false>(x_map, params, token_tiles, row_tiles, s);
@@ -223,12 +229,12 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
   // The unpack kernel into the workspace, then the GEMM: 1.07-1.15x faster than the fused kernel
   // on every Llama-3-8B shape at 1024-4096 tokens (docs/perf-notes.md). QSPEC_W4S8_FUSED=1 (a
   // benchmark knob) dispatches the fused kernel instead.
-  static const bool unpack_kernel = detail::env_int("QSPEC_W4S8_FUSED", 0, 0, 1) == 0;
+  static const bool fused = env_int("QSPEC_W4S8_FUSED", 0, 0, 1) == 1;
   const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
               " bytes of workspace (the int8 weights), got ", workspace_bytes);
   if (m == 0) return;
-  if (!unpack_kernel) {
+  if (fused) {
     w4_s8_gemm_fused(x, m, w, y, ldy, stream);
     return;
   }

@@ -187,21 +187,21 @@ constexpr size_t kPreloadBlockBytesDefault = 24 * 1024;
 // QSPEC_W4A16_PRELOAD_SLOT_CHUNKS (chunks a ring slot carries, 1-4), QSPEC_W4A16_PRELOAD_BLOCKS
 // (blocks a multiprocessor the split count plans for). Unset: the defaults.
 int default_variant() {
-  static const int variant = detail::env_int("QSPEC_W4A16_VARIANT", detail::kW4A16DefaultVariant, 1, 5);
+  static const int variant = env_int("QSPEC_W4A16_VARIANT", detail::kW4A16DefaultVariant, 1, 5);
   return variant;
 }
 int preload_slot_chunks() {
-  static const int chunks = detail::env_int("QSPEC_W4A16_PRELOAD_SLOT_CHUNKS", kernels::W4A16PreloadShape<128>::kSlotChunks, 1,
-                                    kernels::W4A16PreloadShape<128>::kSlotChunks);
+  static const int chunks = env_int("QSPEC_W4A16_PRELOAD_SLOT_CHUNKS", kernels::W4A16PreloadShape<128>::kSlotChunks, 1,
+                            kernels::W4A16PreloadShape<128>::kSlotChunks);
   return chunks;
 }
 // Blocks a multiprocessor the split-K heuristic plans for (the split count; 2 fit by registers).
 int preload_blocks_per_sm() {
-  static const int blocks = detail::env_int("QSPEC_W4A16_PRELOAD_BLOCKS", 2, 1, 8);
+  static const int blocks = env_int("QSPEC_W4A16_PRELOAD_BLOCKS", 2, 1, 8);
   return blocks;
 }
 size_t preload_block_bytes() {
-  static const size_t bytes = static_cast<size_t>(detail::env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
+  static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
   return bytes;
 }
 
@@ -287,16 +287,6 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
 }
 
 }  // namespace
-
-int detail::env_int(const char* name, int fallback, int lo, int hi) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const long parsed = std::strtol(value, &end, 10);
-  QSPEC_CHECK(end != value && *end == '\0' && parsed >= lo && parsed <= hi, name, "=", value, ": expected an integer in [",
-              lo, ", ", hi, "]");
-  return static_cast<int>(parsed);
-}
 
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&

@@ -53,7 +53,7 @@ struct W4S8WgmmaTile {
   static constexpr int kUnroll = UNROLL;
   static constexpr int kI2fOf8 = I2F_OF_8;
   static constexpr int kThreads = 256;
-  static constexpr int kMmaThreads = 256;  // the threads that run the epilogue
+  static constexpr int kMmaThreads = kThreads;  // the threads that run the epilogue: all of them
   static constexpr int kABytes = kRows * kStageK;
   static constexpr int kBBytes = kTokens * kStageK;
   static constexpr int kStageBytes = kABytes + kBBytes;
