@@ -23,8 +23,9 @@
 // W4A16 tiled kernel (w4a16_tiled_*). On sm_90a the wgmma GEMM as dispatched
 // (w4a8_s8_wgmma_128x128: the unpack kernel, then the GEMM; the fused kernel with
 // QSPEC_W4S8_FUSED=1), the unpack kernel + GEMM explicitly (w4a8_s8_wgmma_unpack_kernel), the fused
-// kernel (w4a8_s8_wgmma_fused_v0 and --fused-variants) and the GEMM alone on weights unpacked once
-// (--wgmma-variants).
+// kernel (w4a8_s8_wgmma_fused_v0 and --fused-variants), the cooperative kernel (the unpack spread
+// over the GEMM's blocks: w4a8_s8_wgmma_coop, w4a8fp8_wgmma_coop) and the GEMM alone on
+// weights unpacked once (--wgmma-variants).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -351,6 +352,18 @@ int main(int argc, char** argv) {
               time_w4("w4a8_s8_wgmma_fused_v" + std::to_string(variant), [&](void* s, int i) {
                 cuda::w4_s8_gemm_fused(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, variant);
               });
+            // The cooperative kernel (the GEMM's blocks unpack into the workspace as they go), on int8
+            // and on fp8 (e4m3 codes).
+            if (cuda::w4_s8_cooperative_supports(views[0])) {
+              time_w4("w4a8_s8_wgmma_coop", [&](void* s, int i) {
+                cuda::w4_s8_gemm_cooperative(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                             wgmma_workspace->get(), wgmma_ws, s);
+              });
+              time_w4("w4a8fp8_wgmma_coop", [&](void* s, int i) {
+                cuda::w4_s8_gemm_cooperative(xf, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                             wgmma_workspace->get(), wgmma_ws, s);
+              });
+            }
             // The GEMM alone on weights unpacked once (the int8 weights are read, n x k bytes), each
             // variant with --wgmma-variants.
             for (int variant : wgmma_variants) {

@@ -1326,6 +1326,21 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
       EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled) << c.what << " fused variant " << variant;
     }
+    // The cooperative kernel (the blocks unpack into the workspace as they go), launched three
+    // times on one workspace: the stage flags must be back to zero after each launch.
+    {
+      const size_t bytes = cuda::w4_s8_wgmma_workspace_bytes(c.n, c.k);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      for (int launch = 0; launch < 3; ++launch) {
+        auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+        cuda::w4_s8_gemm_cooperative(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, workspace.get(), bytes, nullptr);
+        EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled)
+            << c.what << " cooperative, launch " << launch;
+      }
+      const std::vector<int32_t> flags = download<int32_t>(workspace, 4096);
+      EXPECT_EQ(std::count(flags.begin(), flags.end(), 0), 4096) << c.what << ": stage flags left set";
+    }
     ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
   });
   // The unpacked weights: u - 8 of every nibble, row-major, against the CPU's codes.
@@ -1382,6 +1397,17 @@ TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
       auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
       cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
       EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), unpacked) << c.what << " fused variant " << variant;
+    }
+    {  // The cooperative kernel on e4m3 (variant 0), twice on one workspace (its flags reset).
+      const size_t bytes = cuda::w4_s8_wgmma_workspace_bytes(c.n, c.k);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      for (int launch = 0; launch < 2; ++launch) {
+        auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+        cuda::w4_s8_gemm_cooperative(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, workspace.get(), bytes, nullptr);
+        EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), unpacked)
+            << c.what << " cooperative, launch " << launch;
+      }
     }
     for (int64_t t = 0; t < c.m; ++t)
       for (int64_t i = 0; i < c.n; ++i) {
@@ -1443,7 +1469,9 @@ TEST_F(Gpu, Fp8GemmsTakeE4m3CodesExactlyWhereTheyRunOnWgmma) {
   EXPECT_TRUE(qspec::w4_fp8_gemm_takes_e4m3(&forced, w.view, 200, bytes));
   EXPECT_TRUE(qspec::w4_fp8_gemm_takes_e4m3(&rules, w.view, 600, bytes));
   EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(&rules, w.view, 200, bytes));
-  EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(nullptr, w.view, 600, bytes));
+  // No map: the rule-based default's choice (dispatch_w4_gemm runs the wgmma kernel there too).
+  EXPECT_TRUE(qspec::w4_fp8_gemm_takes_e4m3(nullptr, w.view, 600, bytes));
+  EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(nullptr, w.view, 200, bytes));
   EXPECT_FALSE(qspec::w4_fp8_gemm_takes_e4m3(&forced, w.view, 600, 1024));  // no room for the unpacked weights
   const qspec::QuantizedMatrix g64 = random_quantized(n, k, Format::int4, 64);
   DeviceW4 w64(qspec::gemm::pack_w4a16(g64));
@@ -1452,7 +1480,7 @@ TEST_F(Gpu, Fp8GemmsTakeE4m3CodesExactlyWhereTheyRunOnWgmma) {
     const std::vector<float> x = random_f16_values(static_cast<size_t>(m * k));
     const std::vector<float> expected = cpu_quantized_linear(x, m, k, k, fp8_mode, weight);
     auto d_x = upload(to_f16(x));
-    for (const qspec::gemm::PolicyMap* policy : {&forced, &rules}) {
+    for (const qspec::gemm::PolicyMap* policy : {&forced, &rules, static_cast<const qspec::gemm::PolicyMap*>(nullptr)}) {
       for (bool codes : {false, true}) {
         auto d_q = poisoned(static_cast<size_t>(m * ldq) * 2);
         auto d_scales = poisoned(static_cast<size_t>(m) * 4);
@@ -1461,7 +1489,7 @@ TEST_F(Gpu, Fp8GemmsTakeE4m3CodesExactlyWhereTheyRunOnWgmma) {
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
         qspec::dispatch_w4_gemm(policy, blas, qspec::W4GemmInput{nullptr, 0, &xq}, m, w.view, d_y.as<f16>(), n,
                                 workspace.get(), bytes, nullptr);
-        const std::string what = std::string(policy == &forced ? "forced wgmma" : "rules") + " m" +
+        const std::string what = std::string(policy == &forced ? "forced wgmma" : policy ? "rules" : "no map") + " m" +
                                  std::to_string(m) + (codes ? " e4m3 codes" : " f16 values");
         ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(download<f16>(d_y, static_cast<size_t>(m * n)), expected, m, n, n, what));
       }

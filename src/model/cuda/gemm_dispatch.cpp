@@ -26,7 +26,8 @@ bool wgmma_runs(const W4GemmInput& x, const cuda::W4A16Weights& w, size_t worksp
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes) {
-  if (policy == nullptr || policy->lookup("fp8", w.n, w.k, m) != gemm::Strategy::s8_wgmma_128x128) return false;
+  const gemm::Strategy strategy = policy != nullptr ? policy->lookup("fp8", w.n, w.k, m) : gemm::rule_based_strategy("fp8", m);
+  if (strategy != gemm::Strategy::s8_wgmma_128x128) return false;
   return cuda::w4_s8_wgmma_supports(w, quant::Format::fp8) &&
          workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k);
 }
@@ -105,7 +106,14 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
-    cuda::w4_quantized_gemm(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
+    // No map: the rule-based default's large-M choice, the wgmma kernel, where it runs (what
+    // a map built without measurements would name; w4_fp8_gemm_takes_e4m3 agrees for fp8); the
+    // built-in crossovers of the small-M and tiled kernels elsewhere.
+    if (gemm::rule_based_strategy(x.activations(), m) == gemm::Strategy::s8_wgmma_128x128 &&
+        wgmma_runs(x, w, workspace_bytes))
+      cuda::w4_quantized_gemm_s8_wgmma(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
+    else
+      cuda::w4_quantized_gemm(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else {
     cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream);
   }

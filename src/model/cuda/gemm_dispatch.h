@@ -30,13 +30,16 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
                  const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace, size_t workspace_bytes,
                  void* stream);
 // The map's strategy for (activations, n, k, m); without a map (nullptr) the kernels' own
-// `automatic` paths, exactly as before the dispatcher existed.
+// `automatic` paths, except that quantized activations go to the wgmma kernel where the
+// rule-based default names it (int8 / fp8 from 512 tokens) and it runs here: the default
+// engine, bench and tests run the large-M kernel a map would.
 void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream);
 
 // Whether a GEMM of m tokens with fp8 activations runs on the wgmma kernel under `policy` (the
-// map's pick, the kernel runs here, the workspace holds its weights): then its activations must
+// map's pick, rule_based_strategy's without a map; the kernel runs here, the workspace holds its
+// weights): then its activations must
 // be e4m3 codes (QuantizedActivations::e4m3), everywhere else f16 values (faster on f16 mma).
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes);

@@ -516,8 +516,9 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
 // row-major; the GEMM on them. variant (benchmarks): 0 = the default, (5 ring stages, 2 groups an
 // unrolled iteration, 3 of every 8 group sums converted by I2F); 1..kW4S8WgmmaVariants = (5, 2, no
 // I2F), (5, 4, none), (5, 2, 2 of 8), (5, 2, 3 of 8). The unroll of 4 spills (255 registers) and runs 10-15 % slower
-// (docs/perf-notes.md); (5, 8) serialized the wgmma.
-inline constexpr int kW4S8WgmmaVariants = 4;
+// (docs/perf-notes.md); (5, 8) serialized the wgmma. 5: the fused kernel's warp-specialized loop (a
+// producer warpgroup for the copies, no block barrier a stage) on these weights: measured equal.
+inline constexpr int kW4S8WgmmaVariants = 5;
 void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream);
 // The same as e4m3 codes of u - 8 (for fp8 activations; same layout).
 void w4_unpack_e4m3(const W4A16Weights& w, uint8_t* out, void* stream);
@@ -534,6 +535,17 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
 inline constexpr int kW4S8FusedVariants = 3;
 void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                       void* stream, int variant = 0);
+// The same GEMM with the unpack spread over the GEMM's own blocks: the blocks of a row tile unpack
+// its weights into the workspace (w4_s8_wgmma_workspace_bytes, as the unpack kernel's) once,
+// stage by stage, each stage by the first block to claim it, and read them by TMA when its flag
+// says it is there (kernels/w4_s8_wgmma_fused.cuh, kSourceCooperative): the same bits, no separate
+// unpack launch, the unpack overlapped with the mma. The flags live in the workspace's counters
+// (w4_s8_cooperative_supports: ceil(n / 128) (k / 128 + 1) ints must fit). Measured slower than
+// the unpack kernel + GEMM (each block waits for its row tile's first stages; perf-notes), so
+// w4_quantized_gemm_s8_wgmma runs it only with QSPEC_W4S8_COOPERATIVE=1.
+bool w4_s8_cooperative_supports(const W4A16Weights& w);
+void w4_s8_gemm_cooperative(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                            void* workspace, size_t workspace_bytes, void* stream);
 
 // W4A8 (int8 codes rows ldx bytes apart, token scales): w4_quantized_gemm* with format int8.
 inline QuantizedActivations int8_activations(const int8_t* xq, const float* x_scales, int64_t ldx) {

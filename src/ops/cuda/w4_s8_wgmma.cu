@@ -18,6 +18,9 @@ template <> struct Variant<1> { using T = kernels::W4S8WgmmaTile<5, 2, 0>; };
 template <> struct Variant<2> { using T = kernels::W4S8WgmmaTile<5, 4>; };
 template <> struct Variant<3> { using T = kernels::W4S8WgmmaTile<5, 2, 2>; };
 template <> struct Variant<4> { using T = kernels::W4S8WgmmaTile<5, 2, 3>; };
+// 5: the fused kernel's warp-specialized loop on the unpacked weights (a producer warpgroup issues
+// the TMA, the mma warpgroups decoupled by mbarriers, no block barrier a stage): measured equal.
+template <> struct Variant<5> { using T = kernels::W4S8FusedTile<5, 0, 2, 3, false, 4, kernels::kSourceUnpackedTma>; };
 
 // The fused kernel (unpack in the producer warpgroup): the default tile and the benchmarks' variants.
 // (operand slots, packed slots, groups an iteration, I2F of 8, stagger, producer batch)
@@ -26,6 +29,10 @@ template <int V> struct FusedVariant;
 template <> struct FusedVariant<1> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, false, 2>; };
 template <> struct FusedVariant<2> { using T = kernels::W4S8FusedTile<4, 8, 2, 3, true, 4>; };
 template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<5, 8, 2, 3, false, 4>; };
+
+// The cooperative kernel (the row tile's blocks unpack its weights into the workspace together,
+// during the GEMM). Ring slots and stagger measured alike (5 / 6 slots, staggered: ±1.5 %).
+using CooperativeTile = kernels::W4S8FusedTile<5, 0, 2, 3, false, 4, kernels::kSourceCooperative>;
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -79,8 +86,8 @@ void launch_tile(bool e4m3, const CUtensorMap& w_map, const CUtensorMap& x_map, 
 }
 
 template <class T, bool E4M3>
-void launch_fused(const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params, int64_t token_tiles,
-                  int64_t row_tiles, cudaStream_t stream) {
+void launch_fused(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
+                  int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
   auto* kernel = kernels::w4_s8_wgmma_fused_kernel<T, E4M3>;
   static const bool configured = [&] {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
@@ -88,7 +95,7 @@ void launch_fused(const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& para
   }();
   (void)configured;
   launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
-             T::kSmemBytes, stream, x_map, params);
+             T::kSmemBytes, stream, w_map, x_map, params);
   QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_fused_kernel");
 }
 
@@ -188,6 +195,7 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
     case 2: launch_tile<Variant<2>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     case 3: launch_tile<Variant<3>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     case 4: launch_tile<Variant<4>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
+    case 5: launch_fused<Variant<5>::T, false>(w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
     default: launch_tile<Tile>(e4m3, w_map, x_map, params, token_tiles, row_tiles, as_stream(stream)); break;
   }
 }
@@ -205,22 +213,50 @@ void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weigh
   const bool e4m3 = x.format == quant::Format::fp8;
   switch (variant) {
     case 1:
-      if (e4m3) launch_fused<FusedVariant<1>::T, true>(x_map, params, token_tiles, row_tiles, s);
-      else launch_fused<FusedVariant<1>::T, false>(x_map, params, token_tiles, row_tiles, s);
+      if (e4m3) launch_fused<FusedVariant<1>::T, true>(x_map, x_map, params, token_tiles, row_tiles, s);
+      else launch_fused<FusedVariant<1>::T, false>(x_map, x_map, params, token_tiles, row_tiles, s);
       break;
     case 2:
       QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only");
-      launch_fused<FusedVariant<2>::T, false>(x_map, params, token_tiles, row_tiles, s);
+      launch_fused<FusedVariant<2>::T, false>(x_map, x_map, params, token_tiles, row_tiles, s);
       break;
     case 3:
       QSPEC_CHECK(!e4m3, who, ": fp8 runs variants 0 and 1 only");
-      launch_fused<FusedVariant<3>::T, false>(x_map, params, token_tiles, row_tiles, s);
+      launch_fused<FusedVariant<3>::T, false>(x_map, x_map, params, token_tiles, row_tiles, s);
       break;
     default:
-      if (e4m3) launch_fused<FusedTile, true>(x_map, params, token_tiles, row_tiles, s);
-      else launch_fused<FusedTile, false>(x_map, params, token_tiles, row_tiles, s);
+      if (e4m3) launch_fused<FusedTile, true>(x_map, x_map, params, token_tiles, row_tiles, s);
+      else launch_fused<FusedTile, false>(x_map, x_map, params, token_tiles, row_tiles, s);
       break;
   }
+}
+
+void w4_s8_gemm_cooperative(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                            void* workspace, size_t workspace_bytes, void* stream) {
+  const char* who = "cuda::w4_s8_gemm_cooperative";
+  kernels::W4S8WgmmaParams params = wgmma_params(x, m, w, y, ldy, who);
+  const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
+  QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
+              " bytes of workspace (the int8 weights), got ", workspace_bytes);
+  QSPEC_CHECK(w4_s8_cooperative_supports(w), who, ": ", ceil_div(w.n, int64_t{128}), " row tiles x ", w.k / 128,
+              " stages of flags do not fit the workspace's counters");
+  if (m == 0) return;
+  const int64_t token_tiles = ceil_div(m, CooperativeTile::kTokens), row_tiles = ceil_div(w.n, CooperativeTile::kRows);
+  // The flags in the counter region (zero between launches, as the split-K counters), the
+  // unpacked weights after it.
+  params.stage_flags = static_cast<int*>(workspace);
+  params.unpacked = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
+  const CUtensorMap w_map = int8_box_map(params.unpacked, params.rows, w.k, w.k, who);
+  const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
+  const cudaStream_t s = as_stream(stream);
+  const bool e4m3 = x.format == quant::Format::fp8;
+  if (e4m3) launch_fused<CooperativeTile, true>(w_map, x_map, params, token_tiles, row_tiles, s);
+  else launch_fused<CooperativeTile, false>(w_map, x_map, params, token_tiles, row_tiles, s);
+}
+
+bool w4_s8_cooperative_supports(const W4A16Weights& w) {
+  const int64_t row_tiles = ceil_div(w.n, int64_t{128}), stages = w.k / 128;
+  return row_tiles * (stages + 1) * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes);
 }
 
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
@@ -230,12 +266,17 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
   // on every Llama-3-8B shape at 1024-4096 tokens (docs/perf-notes.md). QSPEC_W4S8_FUSED=1 (a
   // benchmark knob) dispatches the fused kernel instead.
   static const bool fused = env_int("QSPEC_W4S8_FUSED", 0, 0, 1) == 1;
+  static const bool cooperative = env_int("QSPEC_W4S8_COOPERATIVE", 0, 0, 1) == 1;
   const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
               " bytes of workspace (the int8 weights), got ", workspace_bytes);
   if (m == 0) return;
   if (fused) {
     w4_s8_gemm_fused(x, m, w, y, ldy, stream);
+    return;
+  }
+  if (cooperative && w4_s8_cooperative_supports(w)) {
+    w4_s8_gemm_cooperative(x, m, w, y, ldy, workspace, workspace_bytes, stream);
     return;
   }
   // After the split-K counters, which the small-M and tiled kernels expect zero.

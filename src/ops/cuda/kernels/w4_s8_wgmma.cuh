@@ -72,6 +72,10 @@ struct W4S8WgmmaParams {
   int64_t ldy;
   int m;
   bool vector_store;         // y 16-byte aligned and ldy % 8 == 0
+  // The cooperative kernel only: the unpacked weights [rows][k] it writes (w_map reads them) and
+  // its stage flags [row tiles][stages] + an arrival counter a row tile, zero between launches.
+  int8_t* unpacked;
+  int* stage_flags;
 };
 
 // One thread a 16-byte piece of the packed weights (row block rb, 64-k chunk c, lane 4g + t):
@@ -79,6 +83,29 @@ struct W4S8WgmmaParams {
 // physical k 32P + 8t .. + 7 (int4_bytes_to_s8 of the even / odd nibbles puts them in order).
 // E4M3: the bytes are the e4m3 codes of u - 8 instead (int4_word_to_e4m3, the same byte order),
 // for the W4A8-fp8 GEMM.
+// One 16-byte piece q of the packed weights (row block rb, 64-k chunk, lane 4g + t) into the
+// row-major 8-bit matrix `out` [rows][k]: 8 bytes of rows g and g + 8 for each of its two pairs.
+template <bool E4M3>
+__device__ __forceinline__ void w4_unpack_piece(uint4 q, int lane, int64_t rb, int64_t chunk, int64_t k, int8_t* out) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t w0 = h ? q.z : q.x, w1 = h ? q.w : q.y;
+    const int64_t k0 = (2 * chunk + h) * 32 + 8 * t;
+    int8_t* row_g = out + (rb * 16 + g) * k + k0;
+    uint2 even, odd;  // rows g and g + 8
+    if constexpr (E4M3) {
+      int4_word_to_e4m3(w0, even.x, odd.x);
+      int4_word_to_e4m3(w1, even.y, odd.y);
+    } else {
+      even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
+      odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
+    }
+    *reinterpret_cast<uint2*>(row_g) = even;
+    *reinterpret_cast<uint2*>(row_g + 8 * k) = odd;
+  }
+}
+
 template <bool E4M3>
 __global__ void w4_unpack_a8_kernel(const W4A16Layout w, int8_t* __restrict__ out) {
   grid_dependency_wait();  // the previous GEMM may still read `out`
@@ -86,25 +113,9 @@ __global__ void w4_unpack_a8_kernel(const W4A16Layout w, int8_t* __restrict__ ou
   const int64_t pieces = static_cast<int64_t>(w.row_blocks) * w.full_chunks * 32;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pieces;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int lane = static_cast<int>(i % 32), g = lane >> 2, t = lane & 3;
+    const int lane = static_cast<int>(i % 32);
     const int64_t chunk = (i / 32) % w.full_chunks, rb = i / 32 / w.full_chunks;
-    const uint4 q = load_stream_16(w.codes + rb * w.k * 8 + chunk * 512 + lane * 16);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t w0 = h ? q.z : q.x, w1 = h ? q.w : q.y;
-      const int64_t k0 = (2 * chunk + h) * 32 + 8 * t;
-      int8_t* row_g = out + (rb * 16 + g) * w.k + k0;
-      uint2 even, odd;  // rows g and g + 8
-      if constexpr (E4M3) {
-        int4_word_to_e4m3(w0, even.x, odd.x);
-        int4_word_to_e4m3(w1, even.y, odd.y);
-      } else {
-        even = make_uint2(int4_bytes_to_s8(w0), int4_bytes_to_s8(w1));
-        odd = make_uint2(int4_bytes_to_s8(w0 >> 4), int4_bytes_to_s8(w1 >> 4));
-      }
-      *reinterpret_cast<uint2*>(row_g) = even;
-      *reinterpret_cast<uint2*>(row_g + 8 * static_cast<int64_t>(w.k)) = odd;
-    }
+    w4_unpack_piece<E4M3>(load_stream_16(w.codes + rb * w.k * 8 + chunk * 512 + lane * 16), lane, rb, chunk, w.k, out);
   }
 }
 

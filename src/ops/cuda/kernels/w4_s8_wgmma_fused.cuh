@@ -42,8 +42,20 @@ namespace qspec::cuda::kernels {
 
 // BATCH: 16-byte pieces a producer lane loads before converting them (its instruction-level
 // parallelism: one warp unpacks a whole stage).
-template <int STAGES, int PACKED, int UNROLL, int I2F_OF_8, bool STAGGER, int BATCH>
+// SOURCE, where the weight tile comes from:
+//   kSourceUnpackInProducer  the producer unpacks the packed weights into the swizzled tile (above);
+//   kSourceUnpackedTma       already unpacked (w4_unpack_a8_kernel's int8 u - 8 or e4m3 codes), a TMA
+//                      box like the tokens': the same warp-specialized loop as a GEMM over the
+//                      unpack kernel's output;
+//   kSourceCooperative       the blocks of a row tile unpack its weights into global memory together,
+//                      once, each stage by whichever block claims it first (stage flags), while
+//                      the GEMM runs; every block then reads the stage by TMA as kUnpackedTma.
+// PACKED (the producer's packed ring) must be 0 unless the producer unpacks.
+enum W4S8WeightSource { kSourceUnpackInProducer = 0, kSourceUnpackedTma = 1, kSourceCooperative = 2 };
+template <int STAGES, int PACKED, int UNROLL, int I2F_OF_8, bool STAGGER, int BATCH, int SOURCE = kSourceUnpackInProducer>
 struct W4S8FusedTile {
+  static constexpr bool kUnpacked = SOURCE != kSourceUnpackInProducer;  // the weight tile comes by TMA
+  static constexpr bool kCooperative = SOURCE == kSourceCooperative;
   static constexpr int kProducerBatch = BATCH;
   static constexpr int kRows = 128, kTokens = 128, kStageK = 128;
   static constexpr int kStages = STAGES;         // operand ring slots
@@ -53,7 +65,9 @@ struct W4S8FusedTile {
   static constexpr bool kStagger = STAGGER;
   static constexpr int kMmaThreads = 256;  // warpgroups 0 and 1
   static constexpr int kThreads = 384;     // + the producer warpgroup
-  static constexpr int kMmaRegisters = 216, kProducerRegisters = 64;  // 2 x 128 x 216 + 128 x 64 <= 64 K
+  // 2 x 128 x 216 + 128 x 64 <= 64 K; the cooperative producer holds a stage's loads: 208 / 88.
+  static constexpr int kMmaRegisters = SOURCE == kSourceCooperative ? 208 : 216;
+  static constexpr int kProducerRegisters = SOURCE == kSourceCooperative ? 88 : 64;
   static constexpr int kABytes = kRows * kStageK;    // the int8 weight tile
   static constexpr int kBBytes = kTokens * kStageK;  // the token tile
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -63,19 +77,155 @@ struct W4S8FusedTile {
   static_assert(kTokens * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the operand ring");
   static_assert(2 * 128 * kMmaRegisters + 128 * kProducerRegisters <= 65536, "the register file");
   static_assert(kSmemBytes + 64 * (2 * kStages + kPackedStages) <= 227 * 1024, "shared memory");
+  static_assert(kUnpacked == (PACKED == 0), "a packed ring exactly when the producer unpacks");
 };
 
+// The producer warpgroup of the cooperative kernel. Warp 0's lane 0 feeds the ring: for each
+// stage, once its flag says the row tile's weights are in p.unpacked, the weight and token boxes
+// by TMA. Warps 1-3 unpack: a warp claims a stage (flag 0 -> 1, atomicCAS), unpacks its 128 rows
+// x 128 k into p.unpacked and releases it (flag 2). Each block first claims the stages it owns
+// (stage % blocks of the row = its token tile), then sweeps every stage, so a stage whose owner is
+// late or not resident yet is unpacked by whoever gets there first: a waiting block never depends
+// on a block that is not running. The last block of the row tile to finish zeroes its flags for
+// the next launch.
+template <class T, bool E4M3>
+__device__ __forceinline__ void w4_s8_cooperative_producer(const CUtensorMap& w_map, const CUtensorMap& x_map,
+                                                           const W4S8WgmmaParams& p, uint8_t* ring,
+                                                           uint64_t* tokens_full, uint64_t* slot_free, int stages,
+                                                           int m0, int row0) {
+  constexpr int S = T::kStages;
+  const int ptid = threadIdx.x - T::kMmaThreads, producer_warp = ptid >> 5, lane = ptid & 31;
+  const int row_tile = blockIdx.y, token_tile = blockIdx.x, tiles = gridDim.x;
+  int* const flags = p.stage_flags + static_cast<int64_t>(row_tile) * stages;
+  int* const arrivals = p.stage_flags + static_cast<int64_t>(gridDim.y) * stages + row_tile;
+  if (producer_warp == 0) {
+    grid_dependency_wait();  // the flags and the activations belong to the previous kernels until then
+    grid_launch_dependents();
+    if (lane == 0) {
+      // A flag read is an L2 round trip (~1 us), longer than a stage's mma: the flags are read
+      // kFlagsAhead at a time (relaxed, in flight together), the run of released stages from st
+      // on remembered, and one acquire fence a batch orders the copies after them.
+      constexpr int kFlagsAhead = 8;
+      int ready = 0;  // stages [0, ready) are in p.unpacked
+      for (int st = 0; st < stages; ++st) {
+        const int slot = st % S;
+        if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);
+        while (ready <= st) {
+          int flag[kFlagsAhead];
+#pragma unroll
+          for (int i = 0; i < kFlagsAhead; ++i) flag[i] = st + i < stages ? load_relaxed_gpu(flags + st + i) : 2;
+          int run = 0;
+#pragma unroll
+          for (int i = 0; i < kFlagsAhead; ++i) run += (run == i && flag[i] == 2);
+          if (run > 0) {
+            ready = st + run;
+            __threadfence();             // acquire: the stages' bytes before the copies that read them
+            fence_proxy_async_global();  // the unpacked stages, seen by the copy engine
+          } else {
+            __nanosleep(64);
+          }
+        }
+        uint8_t* const tile = ring + slot * T::kStageBytes;
+        mbarrier_arrive_expect_tx(&tokens_full[slot], T::kStageBytes);
+        tma_load_2d(tile, &w_map, st * T::kStageK, row0, &tokens_full[slot]);
+        tma_load_2d(tile + T::kABytes, &x_map, st * T::kStageK, m0, &tokens_full[slot]);
+      }
+    }
+  } else {
+    // Warps 1-3 unpack one stage at a time together (96 threads, 6 of its 512 pieces each, all
+    // loads in flight at once: a stage's unpack is one load round trip, not sixteen, so the row
+    // tile's first stages are ready soon after its blocks start).
+    constexpr int kUnpackThreads = 96, kStagePieces = T::kRows / 16 * 2 * 32;
+    constexpr int kPerThread = (kStagePieces + kUnpackThreads - 1) / kUnpackThreads;
+    __shared__ int claimed;
+    const int utid = ptid - 32;
+    const int first_block = row0 / 16;
+    const int row_blocks = min(T::kRows / 16, p.rows / 16 - first_block);  // past the matrix: not written
+    const uint8_t* const codes = p.codes + static_cast<int64_t>(first_block) * p.k * 8;
+    int8_t* const out = p.unpacked + static_cast<int64_t>(first_block) * 16 * p.k;
+    uint4 q[kPerThread];
+    // Piece i of stage st: lane i % 32 of row block i / 64, chunk 2 st + i / 32 % 2.
+    auto load_stage = [&](int st) {
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int i = utid + kUnpackThreads * j;
+        if (i < kStagePieces && i / 64 < row_blocks)
+          q[j] = load_stream_16(codes + static_cast<int64_t>(i / 64) * p.k * 8 + (2 * st + i / 32 % 2) * 512 + (i % 32) * 16);
+      }
+    };
+    auto store_stage = [&](int st) {
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int i = utid + kUnpackThreads * j;
+        if (i < kStagePieces && i / 64 < row_blocks) w4_unpack_piece<E4M3>(q[j], i % 32, i / 64, 2 * st + i / 32 % 2, p.k, out);
+      }
+      fence_proxy_async_global();         // this thread's stores, for the copy engine's reads
+      named_barrier_sync(3, kUnpackThreads);
+      if (utid == 0) {
+        __threadfence();
+        store_release_gpu(flags + st, 2);
+      }
+    };
+    auto claim = [&](int st) {  // flag 0 -> 1, decided by one thread for the 96
+      if (utid == 0) claimed = atomicCAS(flags + st, 0, 1) == 0;
+      named_barrier_sync(3, kUnpackThreads);
+      const bool mine = claimed;
+      named_barrier_sync(3, kUnpackThreads);  // everyone has read it before the next claim
+      return mine;
+    };
+    // The first own stage's packed bytes need nothing from the previous kernel: in flight before
+    // the dependency wait (the claim and the stores must wait: the previous GEMM may still use
+    // the flags and the unpacked buffer).
+    if (token_tile < stages) load_stage(token_tile);
+    grid_dependency_wait();
+    grid_launch_dependents();
+    for (int st = token_tile; st < stages; st += tiles) {
+      if (!claim(st)) continue;
+      if (st != token_tile) load_stage(st);
+      store_stage(st);
+    }
+    // The sweep: stages still unclaimed (their owner late or not resident), read 8 flags at a
+    // time so a row whose stages are all taken costs a few round trips.
+    for (int st0 = 0; st0 < stages; st0 += 8) {
+      int unclaimed = 0;  // bit i: stage st0 + i looked free
+      if (utid == 0)
+        for (int i = 0; i < 8 && st0 + i < stages; ++i) unclaimed |= (load_relaxed_gpu(flags + st0 + i) == 0) << i;
+      if (utid == 0) claimed = unclaimed;
+      named_barrier_sync(3, kUnpackThreads);
+      unclaimed = claimed;
+      named_barrier_sync(3, kUnpackThreads);
+      for (int i = 0; i < 8; ++i)
+        if ((unclaimed >> i & 1) && claim(st0 + i)) {
+          load_stage(st0 + i);
+          store_stage(st0 + i);
+        }
+    }
+  }
+  // Every flag of the row tile this block will read or write is behind it: count it out.
+  named_barrier_sync(2, 128);
+  if (ptid == 0) {
+    __threadfence();
+    if (atomicAdd(arrivals, 1) == tiles - 1) {  // every block of the row tile is past its flags
+      for (int st = 0; st < stages; ++st) flags[st] = 0;
+      *arrivals = 0;
+      __threadfence();
+    }
+  }
+}
+
 // x_map: the activation codes [m][k] (rows ldx apart), 128 x 128-byte boxes, 128-byte swizzle.
-// p.codes: the packed weights. Requirements as w4_s8_wgmma_kernel's.
+// p.codes: the packed weights. w_map (T::kUnpacked only): the unpacked weights [rows][k], the
+// same boxes. Requirements as w4_s8_wgmma_kernel's.
 template <class T, bool E4M3 = false>
-__global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const __grid_constant__ CUtensorMap x_map,
+__global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const __grid_constant__ CUtensorMap w_map,
+                                                                           const __grid_constant__ CUtensorMap x_map,
                                                                            const W4S8WgmmaParams p) {
 #if QSPEC_WGMMA
   constexpr int S = T::kStages, P = T::kPackedStages, kProducerWarps = 4;
   static_assert(P % kProducerWarps == 0, "a packed slot belongs to one producer warp");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  __shared__ uint64_t packed_full[P], tokens_full[S], weights_full[S], slot_free[S];
+  __shared__ uint64_t packed_full[P > 0 ? P : 1], tokens_full[S], weights_full[S], slot_free[S];
 
   const int tid = threadIdx.x, warpgroup = tid >> 7;
   const int m0 = blockIdx.x * T::kTokens, row0 = blockIdx.y * T::kRows;
@@ -95,9 +245,29 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
   }
   __syncthreads();
 
-  if (warpgroup == 2) {
+  if (warpgroup == 2) warpgroup_registers_decrease<T::kProducerRegisters>();
+  if constexpr (T::kCooperative) {
+    if (warpgroup == 2) {
+      w4_s8_cooperative_producer<T, E4M3>(w_map, x_map, p, ring, tokens_full, slot_free, stages, m0, row0);
+      return;
+    }
+  } else if constexpr (T::kUnpacked) {
+    // ---- producer, weights unpacked: one thread issues both boxes of every stage ----
+    if (warpgroup == 2) {
+    if (tid != T::kMmaThreads) return;
+    grid_dependency_wait();  // the unpacked weights and the activations come from earlier kernels
+    grid_launch_dependents();
+    for (int st = 0; st < stages; ++st) {
+      const int slot = st % S;
+      if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);
+      mbarrier_arrive_expect_tx(&tokens_full[slot], T::kStageBytes);
+      tma_load_2d(a_tile(slot), &w_map, st * T::kStageK, row0, &tokens_full[slot]);
+      tma_load_2d(b_tile(slot), &x_map, st * T::kStageK, m0, &tokens_full[slot]);
+    }
+    return;
+    }
+  } else if (warpgroup == 2) {
     // ---- producer ----
-    warpgroup_registers_decrease<T::kProducerRegisters>();
     const int ptid = tid - T::kMmaThreads;
     const int first_block = row0 / 16;
     const int block_row_blocks = min(T::kRows / 16, p.rows / 16 - first_block);
@@ -156,8 +326,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
       // row 128 + (((k0 / 16) ^ row) % 8) 16 + k0 % 16 (swizzled_offset): with row % 8 = g that is
       // row_block 2048 + store_offset[chunk][h] (+ 1024 for row g + 8).
       constexpr int kPieces = T::kPackedBytes / 16 / 32, kBatch = T::kProducerBatch;  // a lane's pieces, loads in flight
-#pragma unroll 1
       static_assert(kPieces % kBatch == 0 && kBatch % 2 == 0, "whole row blocks a batch");
+#pragma unroll 1
       for (int j0 = 0; j0 < kPieces; j0 += kBatch) {  // not unrolled: the 64 registers
         uint4 q[kBatch];
 #pragma unroll
@@ -215,8 +385,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
     constexpr int B = decltype(buffer)::value;
     const uint32_t scale_word = __ldg(scale_words + st * 8);
     const int slot = st % S;
-    mbarrier_wait(&weights_full[slot], (st / S) & 1);
-    mbarrier_wait(&tokens_full[slot], (st / S) & 1);
+    if constexpr (!T::kUnpacked) mbarrier_wait(&weights_full[slot], (st / S) & 1);
+    mbarrier_wait(&tokens_full[slot], (st / S) & 1);  // (unpacked: both boxes)
     const uint64_t a_desc = wgmma_descriptor_128b(a_tile(slot) + warpgroup * 64 * 128);
     const uint64_t b_desc = wgmma_descriptor_128b(b_tile(slot));
     wgmma_fence();
@@ -236,7 +406,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
   // int8: the producer stores 16 (u - 8) (half the unpack instructions of u - 8, the producer's
   // issue slots being what the mma warps lose); the sums are 16 x, the scales / 16, the fma the
   // same (w4_s8_scale_group). e4m3: the codes of u - 8.
-  constexpr float kInverseWeightFactor = E4M3 ? 1.0f : 0.0625f;
+  // Unpacked: the unpack kernel's u - 8.
+  constexpr float kInverseWeightFactor = E4M3 || T::kUnpacked ? 1.0f : 0.0625f;
   auto scale = [&](Sum(&d)[64], uint32_t scale_word) {
     w4_s8_scale_group<T::kI2fOf8>(total, d, scale_word, kInverseWeightFactor);
   };

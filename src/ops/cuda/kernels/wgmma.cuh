@@ -63,6 +63,24 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// Generic-proxy global stores ordered with the copy engine's (TMA's) global reads: the writer's
+// side before its release, the reader's after its acquire.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if QSPEC_WGMMA
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+// A flag another block releases (store_release_gpu); a __threadfence after observing it
+// orders what follows (acquire).
+__device__ __forceinline__ int load_relaxed_gpu(const int* address) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(address) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release_gpu(int* address, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(address), "r"(v) : "memory");
+}
+
 // Shared memory written through the generic proxy (ordinary stores, cp.async) and read next by
 // wgmma (the async proxy) needs this fence in each writing thread before the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() {
