@@ -539,8 +539,9 @@ void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weigh
 // its weights into the workspace (w4_s8_wgmma_workspace_bytes, as the unpack kernel's) once,
 // stage by stage, each stage by the first block to claim it, and read them by TMA when its flag
 // says it is there (kernels/w4_s8_wgmma_fused.cuh, kSourceCooperative): the same bits, no separate
-// unpack launch, the unpack overlapped with the mma. The flags live in the workspace's counters
-// (w4_s8_cooperative_supports: ceil(n / 128) (k / 128 + 1) ints must fit). Measured slower than
+// unpack launch, the unpack overlapped with the mma. The flags live in the second half of the
+// workspace's counter region and hold launch epochs (w4_s8_cooperative_supports: ceil(n / 128)
+// (k / 128) flags must fit). Measured slower than
 // the unpack kernel + GEMM (each block waits for its row tile's first stages; perf-notes), so
 // w4_quantized_gemm_s8_wgmma runs it only with QSPEC_W4S8_COOPERATIVE=1.
 bool w4_s8_cooperative_supports(const W4A16Weights& w);

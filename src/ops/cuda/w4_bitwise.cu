@@ -82,7 +82,7 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
   layout.codes = static_cast<const uint8_t*>(bitplanes);
   const int act_bits = x.format == quant::Format::int8 ? 8 : 4;
   const int64_t row_tiles = (layout.row_blocks + kWarps - 1) / kWarps;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), who, ": n ", w.n, " too large");
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), who, ": n ", w.n, " too large");
   const int64_t groups = w.k / gemm::kBitplaneGroup;
   const int sms = multiprocessor_count();
   cudaStream_t s = as_stream(stream);

@@ -239,13 +239,15 @@ void w4_s8_gemm_cooperative(const QuantizedActivations& x, int64_t m, const W4A1
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
               " bytes of workspace (the int8 weights), got ", workspace_bytes);
   QSPEC_CHECK(w4_s8_cooperative_supports(w), who, ": ", ceil_div(w.n, int64_t{128}), " row tiles x ", w.k / 128,
-              " stages of flags do not fit the workspace's counters");
+              " stages of flags do not fit the workspace's flag region (", kernels::kW4S8CooperativeFlagCapacity, ")");
   if (m == 0) return;
   const int64_t token_tiles = ceil_div(m, CooperativeTile::kTokens), row_tiles = ceil_div(w.n, CooperativeTile::kRows);
-  // The flags in the counter region (zero between launches, as the split-K counters), the
-  // unpacked weights after it.
-  params.stage_flags = static_cast<int*>(workspace);
+  // The flags in the counter region's second half (epochs, kernels/w4_s8_wgmma_fused.cuh), the
+  // unpacked weights after the region, where the unpack kernel puts them.
+  params.stage_flags = reinterpret_cast<int*>(static_cast<char*>(workspace) + detail::kW4S8CooperativeFlagsOffset);
   params.unpacked = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
+  // A block unpacks its stages of the row tile a wave ahead as well (the row tiles a wave holds).
+  params.lookahead_rows = static_cast<int>(ceil_div(int64_t{multiprocessor_count()}, token_tiles));
   const CUtensorMap w_map = int8_box_map(params.unpacked, params.rows, w.k, w.k, who);
   const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
   const cudaStream_t s = as_stream(stream);
@@ -256,7 +258,7 @@ void w4_s8_gemm_cooperative(const QuantizedActivations& x, int64_t m, const W4A1
 
 bool w4_s8_cooperative_supports(const W4A16Weights& w) {
   const int64_t row_tiles = ceil_div(w.n, int64_t{128}), stages = w.k / 128;
-  return row_tiles * (stages + 1) * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes);
+  return row_tiles * stages <= kernels::kW4S8CooperativeFlagCapacity;
 }
 
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,

@@ -77,7 +77,7 @@ void launch_register_ring(kernels::W4A16SmallMParams params, int variant, const 
                           void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   const int64_t row_tiles = (layout.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n ", layout.n,
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), "cuda::w4a16_gemm: n ", layout.n,
               " too large");
   const int64_t slice = params.m;
   const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
@@ -254,7 +254,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
                     size_t workspace_bytes, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   const int64_t row_tiles = (layout.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16CounterBytes), "cuda::w4a16_gemm: n ", layout.n,
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), "cuda::w4a16_gemm: n ", layout.n,
               " too large");
   const int64_t slice = params.m;
   const int sms = multiprocessor_count();

@@ -36,6 +36,7 @@
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
+#include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/kernels/wgmma.cuh"
 
 namespace qspec::cuda::kernels {
@@ -63,6 +64,11 @@ struct W4S8WgmmaTile {
   static_assert(kTokens * kOutPitch * 2 <= kStages * kStageBytes, "the output tile reuses the ring");
 };
 
+// The cooperative kernel's flag region (w4a16_plan.h: the counter region's second half): the
+// epoch, the grid's arrival counter, then this many stage flags.
+inline constexpr int kW4S8CooperativeFlagCapacity =
+    static_cast<int>((detail::kW4A16CounterBytes - detail::kW4S8CooperativeFlagsOffset) / 4) - 2;
+
 struct W4S8WgmmaParams {
   const uint8_t* codes;      // the packed weights [row_blocks][k * 8 bytes] (the fused kernel's)
   const uint32_t* scales;    // the packed f16 scale pairs [row_blocks][groups][8]
@@ -72,10 +78,12 @@ struct W4S8WgmmaParams {
   int64_t ldy;
   int m;
   bool vector_store;         // y 16-byte aligned and ldy % 8 == 0
-  // The cooperative kernel only: the unpacked weights [rows][k] it writes (w_map reads them) and
-  // its stage flags [row tiles][stages] + an arrival counter a row tile, zero between launches.
+  // The cooperative kernel only: the unpacked weights [rows][k] it writes (w_map reads them); its
+  // flag region: [0] the launch epoch, [1] the grid's arrival counter, then a flag a (row tile,
+  // stage); and how many row tiles ahead a block unpacks (about the row tiles a wave holds).
   int8_t* unpacked;
   int* stage_flags;
+  int lookahead_rows;
 };
 
 // One thread a 16-byte piece of the packed weights (row block rb, 64-k chunk c, lane 4g + t):

@@ -65,9 +65,9 @@ struct W4S8FusedTile {
   static constexpr bool kStagger = STAGGER;
   static constexpr int kMmaThreads = 256;  // warpgroups 0 and 1
   static constexpr int kThreads = 384;     // + the producer warpgroup
-  // 2 x 128 x 216 + 128 x 64 <= 64 K; the cooperative producer holds a stage's loads: 208 / 88.
-  static constexpr int kMmaRegisters = SOURCE == kSourceCooperative ? 208 : 216;
-  static constexpr int kProducerRegisters = SOURCE == kSourceCooperative ? 88 : 64;
+  // 2 x 128 x 216 + 128 x 64 <= 64 K; the cooperative producer holds a stage's loads: 200 / 104.
+  static constexpr int kMmaRegisters = SOURCE == kSourceCooperative ? 200 : 216;
+  static constexpr int kProducerRegisters = SOURCE == kSourceCooperative ? 104 : 64;
   static constexpr int kABytes = kRows * kStageK;    // the int8 weight tile
   static constexpr int kBBytes = kTokens * kStageK;  // the token tile
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -82,29 +82,42 @@ struct W4S8FusedTile {
 
 // The producer warpgroup of the cooperative kernel. Warp 0's lane 0 feeds the ring: for each
 // stage, once its flag says the row tile's weights are in p.unpacked, the weight and token boxes
-// by TMA. Warps 1-3 unpack: a warp claims a stage (flag 0 -> 1, atomicCAS), unpacks its 128 rows
-// x 128 k into p.unpacked and releases it (flag 2). Each block first claims the stages it owns
-// (stage % blocks of the row = its token tile), then sweeps every stage, so a stage whose owner is
-// late or not resident yet is unpacked by whoever gets there first: a waiting block never depends
-// on a block that is not running. The last block of the row tile to finish zeroes its flags for
-// the next launch.
+// by TMA. Warps 1-3 unpack, 96 threads a stage: a stage is claimed by atomicCAS on its flag,
+// unpacked into p.unpacked, released. Flags hold launch epochs: in launch E a stage is claimed at
+// 2E + 1 and ready at 2E + 2, and anything lower is a free stage (left by an earlier launch), so
+// no flag is ever reset; the grid's last block advances the epoch. A block claims, in order:
+//   its own stages (stage % blocks of the row = its token tile) of its row tile;
+//   the same stages of row tile + lookahead_rows: blocks start one at a time as earlier ones
+//     finish, so a row's first blocks would otherwise find its stages not yet unpacked and wait;
+//     unpacked a wave ahead, they are ready when that row starts;
+//   a sweep of every stage of its row still free (an owner late or not resident).
+// A block only ever waits on a stage some running block has claimed: no deadlock.
 template <class T, bool E4M3>
 __device__ __forceinline__ void w4_s8_cooperative_producer(const CUtensorMap& w_map, const CUtensorMap& x_map,
                                                            const W4S8WgmmaParams& p, uint8_t* ring,
                                                            uint64_t* tokens_full, uint64_t* slot_free, int stages,
                                                            int m0, int row0) {
   constexpr int S = T::kStages;
+  constexpr int kEpochWrap = 1 << 29;  // flags stay below 2^30 + 2
   const int ptid = threadIdx.x - T::kMmaThreads, producer_warp = ptid >> 5, lane = ptid & 31;
   const int row_tile = blockIdx.y, token_tile = blockIdx.x, tiles = gridDim.x;
-  int* const flags = p.stage_flags + static_cast<int64_t>(row_tile) * stages;
-  int* const arrivals = p.stage_flags + static_cast<int64_t>(gridDim.y) * stages + row_tile;
-  if (producer_warp == 0) {
-    grid_dependency_wait();  // the flags and the activations belong to the previous kernels until then
+  int* const epoch_word = p.stage_flags;
+  int* const grid_arrivals = p.stage_flags + 1;
+  auto flag_of = [&](int row, int st) { return p.stage_flags + 2 + static_cast<int64_t>(row) * stages + st; };
+  // The previous kernel (perhaps a cooperative GEMM on the same flags and buffer) is complete
+  // after the wait: the epoch is this launch's.
+  int epoch = 0;
+  auto read_epoch = [&] {
+    grid_dependency_wait();
     grid_launch_dependents();
+    epoch = load_relaxed_gpu(epoch_word);
+  };
+  if (producer_warp == 0) {
+    read_epoch();
+    const int ready_value = 2 * epoch + 2;
     if (lane == 0) {
-      // A flag read is an L2 round trip (~1 us), longer than a stage's mma: the flags are read
-      // kFlagsAhead at a time (relaxed, in flight together), the run of released stages from st
-      // on remembered, and one acquire fence a batch orders the copies after them.
+      // A flag read is an L2 round trip: read kFlagsAhead at a time (relaxed, in flight
+      // together), remember the run of ready stages, one acquire fence a batch.
       constexpr int kFlagsAhead = 8;
       int ready = 0;  // stages [0, ready) are in p.unpacked
       for (int st = 0; st < stages; ++st) {
@@ -113,10 +126,11 @@ __device__ __forceinline__ void w4_s8_cooperative_producer(const CUtensorMap& w_
         while (ready <= st) {
           int flag[kFlagsAhead];
 #pragma unroll
-          for (int i = 0; i < kFlagsAhead; ++i) flag[i] = st + i < stages ? load_relaxed_gpu(flags + st + i) : 2;
+          for (int i = 0; i < kFlagsAhead; ++i)
+            flag[i] = st + i < stages ? load_relaxed_gpu(flag_of(row_tile, st + i)) : ready_value;
           int run = 0;
 #pragma unroll
-          for (int i = 0; i < kFlagsAhead; ++i) run += (run == i && flag[i] == 2);
+          for (int i = 0; i < kFlagsAhead; ++i) run += (run == i && flag[i] == ready_value);
           if (run > 0) {
             ready = st + run;
             __threadfence();             // acquire: the stages' bytes before the copies that read them
@@ -132,20 +146,17 @@ __device__ __forceinline__ void w4_s8_cooperative_producer(const CUtensorMap& w_
       }
     }
   } else {
-    // Warps 1-3 unpack one stage at a time together (96 threads, 6 of its 512 pieces each, all
-    // loads in flight at once: a stage's unpack is one load round trip, not sixteen, so the row
-    // tile's first stages are ready soon after its blocks start).
+    // 96 threads a stage, 6 of its 512 pieces each, all loads in flight at once.
     constexpr int kUnpackThreads = 96, kStagePieces = T::kRows / 16 * 2 * 32;
     constexpr int kPerThread = (kStagePieces + kUnpackThreads - 1) / kUnpackThreads;
-    __shared__ int claimed;
+    __shared__ int shared_word;
     const int utid = ptid - 32;
-    const int first_block = row0 / 16;
-    const int row_blocks = min(T::kRows / 16, p.rows / 16 - first_block);  // past the matrix: not written
-    const uint8_t* const codes = p.codes + static_cast<int64_t>(first_block) * p.k * 8;
-    int8_t* const out = p.unpacked + static_cast<int64_t>(first_block) * 16 * p.k;
     uint4 q[kPerThread];
-    // Piece i of stage st: lane i % 32 of row block i / 64, chunk 2 st + i / 32 % 2.
-    auto load_stage = [&](int st) {
+    // Piece i of stage st of row tile `row`: lane i % 32 of row block i / 64, chunk 2 st + i / 32 % 2.
+    auto row_blocks_of = [&](int row) { return min(T::kRows / 16, p.rows / 16 - row * (T::kRows / 16)); };
+    auto load_stage = [&](int row, int st) {
+      const uint8_t* const codes = p.codes + static_cast<int64_t>(row) * (T::kRows / 16) * p.k * 8;
+      const int row_blocks = row_blocks_of(row);  // past the matrix: not written
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) {
         const int i = utid + kUnpackThreads * j;
@@ -153,61 +164,79 @@ __device__ __forceinline__ void w4_s8_cooperative_producer(const CUtensorMap& w_
           q[j] = load_stream_16(codes + static_cast<int64_t>(i / 64) * p.k * 8 + (2 * st + i / 32 % 2) * 512 + (i % 32) * 16);
       }
     };
-    auto store_stage = [&](int st) {
+    auto store_stage = [&](int row, int st) {
+      int8_t* const out = p.unpacked + static_cast<int64_t>(row) * T::kRows * p.k;
+      const int row_blocks = row_blocks_of(row);
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) {
         const int i = utid + kUnpackThreads * j;
         if (i < kStagePieces && i / 64 < row_blocks) w4_unpack_piece<E4M3>(q[j], i % 32, i / 64, 2 * st + i / 32 % 2, p.k, out);
       }
-      fence_proxy_async_global();         // this thread's stores, for the copy engine's reads
+      fence_proxy_async_global();  // this thread's stores, for the copy engine's reads
       named_barrier_sync(3, kUnpackThreads);
       if (utid == 0) {
         __threadfence();
-        store_release_gpu(flags + st, 2);
+        store_release_gpu(flag_of(row, st), 2 * epoch + 2);
       }
     };
-    auto claim = [&](int st) {  // flag 0 -> 1, decided by one thread for the 96
-      if (utid == 0) claimed = atomicCAS(flags + st, 0, 1) == 0;
+    // One thread decides for the 96 (flag below 2E + 1: free; claimed by compare-and-swap).
+    auto claim = [&](int row, int st) {
+      if (utid == 0) {
+        int* const flag = flag_of(row, st);
+        const int seen = load_relaxed_gpu(flag);
+        shared_word = seen < 2 * epoch + 1 && atomicCAS(flag, seen, 2 * epoch + 1) == seen;
+      }
       named_barrier_sync(3, kUnpackThreads);
-      const bool mine = claimed;
+      const bool mine = shared_word != 0;
       named_barrier_sync(3, kUnpackThreads);  // everyone has read it before the next claim
       return mine;
     };
     // The first own stage's packed bytes need nothing from the previous kernel: in flight before
-    // the dependency wait (the claim and the stores must wait: the previous GEMM may still use
-    // the flags and the unpacked buffer).
-    if (token_tile < stages) load_stage(token_tile);
-    grid_dependency_wait();
-    grid_launch_dependents();
+    // the dependency wait (claims and stores wait: the previous GEMM may use the flags and buffer).
+    if (token_tile < stages) load_stage(row_tile, token_tile);
+    read_epoch();
     for (int st = token_tile; st < stages; st += tiles) {
-      if (!claim(st)) continue;
-      if (st != token_tile) load_stage(st);
-      store_stage(st);
+      if (!claim(row_tile, st)) continue;
+      if (st != token_tile) load_stage(row_tile, st);
+      store_stage(row_tile, st);
     }
-    // The sweep: stages still unclaimed (their owner late or not resident), read 8 flags at a
-    // time so a row whose stages are all taken costs a few round trips.
+    const int ahead = row_tile + p.lookahead_rows;
+    if (p.lookahead_rows > 0 && ahead < static_cast<int>(gridDim.y))
+      for (int st = token_tile; st < stages; st += tiles)
+        if (claim(ahead, st)) {
+          load_stage(ahead, st);
+          store_stage(ahead, st);
+        }
+    // The sweep, 8 flags read at a time, so a row whose stages are all taken costs a few round trips.
     for (int st0 = 0; st0 < stages; st0 += 8) {
-      int unclaimed = 0;  // bit i: stage st0 + i looked free
-      if (utid == 0)
-        for (int i = 0; i < 8 && st0 + i < stages; ++i) unclaimed |= (load_relaxed_gpu(flags + st0 + i) == 0) << i;
-      if (utid == 0) claimed = unclaimed;
+      if (utid == 0) {
+        int free_stages = 0;  // bit i: stage st0 + i looked free
+        for (int i = 0; i < 8 && st0 + i < stages; ++i)
+          free_stages |= (load_relaxed_gpu(flag_of(row_tile, st0 + i)) < 2 * epoch + 1) << i;
+        shared_word = free_stages;
+      }
       named_barrier_sync(3, kUnpackThreads);
-      unclaimed = claimed;
+      const int free_stages = shared_word;
       named_barrier_sync(3, kUnpackThreads);
       for (int i = 0; i < 8; ++i)
-        if ((unclaimed >> i & 1) && claim(st0 + i)) {
-          load_stage(st0 + i);
-          store_stage(st0 + i);
+        if ((free_stages >> i & 1) && claim(row_tile, st0 + i)) {
+          load_stage(row_tile, st0 + i);
+          store_stage(row_tile, st0 + i);
         }
     }
   }
-  // Every flag of the row tile this block will read or write is behind it: count it out.
+  // This block is done with every flag: the grid's last block starts the next epoch.
   named_barrier_sync(2, 128);
   if (ptid == 0) {
     __threadfence();
-    if (atomicAdd(arrivals, 1) == tiles - 1) {  // every block of the row tile is past its flags
-      for (int st = 0; st < stages; ++st) flags[st] = 0;
-      *arrivals = 0;
+    if (atomicAdd(grid_arrivals, 1) == static_cast<int>(gridDim.x * gridDim.y) - 1) {
+      *grid_arrivals = 0;
+      if (epoch + 1 < kEpochWrap) {
+        *epoch_word = epoch + 1;
+      } else {  // before the flags would overflow: all free again at epoch 0 (nobody reads them now)
+        for (int i = 0; i < kW4S8CooperativeFlagCapacity; ++i) p.stage_flags[2 + i] = 0;
+        *epoch_word = 0;
+      }
       __threadfence();
     }
   }

@@ -14,7 +14,11 @@ inline constexpr int64_t kW4A16MaxSplits = 64;
 // measured fastest in the decode step): 5, the preload kernel, where it runs (sm_90a, 16-byte
 // aligned weights, up to 16 tokens a slice), variant 1 elsewhere.
 inline constexpr int kW4A16DefaultVariant = 5;
-inline constexpr size_t kW4A16CounterBytes = 256 * 1024;  // counters region (64k row tiles)
+inline constexpr size_t kW4A16CounterBytes = 256 * 1024;  // counters region, zeroed by w4a16_workspace_init
+// Its first half: the split-K arrival counters (32k row tiles), zero between launches. The second
+// half: the cooperative wgmma kernel's stage flags, which hold launch epochs (not zero).
+inline constexpr size_t kW4A16SplitKCounterBytes = kW4A16CounterBytes / 2;
+inline constexpr size_t kW4S8CooperativeFlagsOffset = kW4A16SplitKCounterBytes;
 
 // Upper bound on split-K for this shape: at least 4 chunks (256 k) per split, and the f32
 // partials (splits x m x n x 8 bytes of traffic) at most ~1/4 of the weight bytes (n k / 2).
