@@ -1300,6 +1300,26 @@ void for_each_wgmma_case(qspec::quant::Format format, Check&& check) {
   }
 }
 
+// The cooperative kernel (the blocks unpack into the workspace as they go) on one case, launched
+// three times on one workspace: each launch gives `expected` bit for bit (its stage flags read as
+// free to the next: epochs), the split-K half of the counter region stays zero, the epoch counts
+// the launches and the grid's arrival counter is back at zero.
+void expect_cooperative_launches(const WgmmaCase& c, const std::vector<f16>& expected) {
+  const size_t bytes = cuda::w4_s8_wgmma_workspace_bytes(c.n, c.k);
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  constexpr int kLaunches = 3;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+    cuda::w4_s8_gemm_cooperative(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, workspace.get(), bytes, nullptr);
+    EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), expected) << c.what << " cooperative, launch " << launch;
+  }
+  const std::vector<int32_t> counters = download<int32_t>(workspace, 65536);  // the 256 KB region
+  EXPECT_EQ(std::count(counters.begin(), counters.begin() + 32768, 0), 32768) << c.what << ": split-K counters touched";
+  EXPECT_EQ(counters[32768], kLaunches) << c.what << ": launch epoch";
+  EXPECT_EQ(counters[32769], 0) << c.what << ": grid arrivals";
+}
+
 }  // namespace
 
 // The wgmma W4A8 kernel (weights unpacked to int8 in the workspace, 128 x 128 tiles, double-
@@ -1326,25 +1346,7 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
       EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled) << c.what << " fused variant " << variant;
     }
-    // The cooperative kernel (the blocks unpack into the workspace as they go), launched three
-    // times on one workspace: each launch's stage flags must read as free to the next (epochs).
-    {
-      const size_t bytes = cuda::w4_s8_wgmma_workspace_bytes(c.n, c.k);
-      cuda::DeviceMemory workspace(bytes);
-      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      for (int launch = 0; launch < 3; ++launch) {
-        auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
-        cuda::w4_s8_gemm_cooperative(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, workspace.get(), bytes, nullptr);
-        EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled)
-            << c.what << " cooperative, launch " << launch;
-      }
-      // The counter region (256 KB): the split-K half still zero, then the epoch (one a launch)
-      // and the grid's arrival counter back at zero.
-      const std::vector<int32_t> counters = download<int32_t>(workspace, 65536);
-      EXPECT_EQ(std::count(counters.begin(), counters.begin() + 32768, 0), 32768) << c.what << ": split-K counters touched";
-      EXPECT_EQ(counters[32768], 3) << c.what << ": launch epoch";
-      EXPECT_EQ(counters[32769], 0) << c.what << ": grid arrivals";
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_cooperative_launches(c, c.tiled));
     ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
   });
   // The unpacked weights: u - 8 of every nibble, row-major, against the CPU's codes.
@@ -1402,17 +1404,7 @@ TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
       cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
       EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), unpacked) << c.what << " fused variant " << variant;
     }
-    {  // The cooperative kernel on e4m3 (variant 0), twice on one workspace (its flags reset).
-      const size_t bytes = cuda::w4_s8_wgmma_workspace_bytes(c.n, c.k);
-      cuda::DeviceMemory workspace(bytes);
-      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      for (int launch = 0; launch < 2; ++launch) {
-        auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
-        cuda::w4_s8_gemm_cooperative(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, workspace.get(), bytes, nullptr);
-        EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), unpacked)
-            << c.what << " cooperative, launch " << launch;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_cooperative_launches(c, unpacked));
     for (int64_t t = 0; t < c.m; ++t)
       for (int64_t i = 0; i < c.n; ++i) {
         ++outputs;

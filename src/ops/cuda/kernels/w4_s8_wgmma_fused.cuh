@@ -33,6 +33,12 @@
 //
 // The packed weights need nothing from the previous kernel: the first PACKED stages' copies are
 // issued before griddepcontrol.wait.
+//
+// The same loop serves two more weight sources (W4S8FusedTile's SOURCE, below): weights the unpack
+// kernel already wrote (a TMA box like the tokens'), and the cooperative unpack, where the blocks
+// of a row tile write those weights themselves, once, while the GEMM runs
+// (w4_s8_cooperative_producer). All three give the same bits; none beats the unpack kernel +
+// w4_s8_wgmma_kernel at 1024-4096 tokens (docs/perf-notes.md), so they run only when asked for.
 #pragma once
 #include <cuda.h>
 
@@ -283,17 +289,17 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
   } else if constexpr (T::kUnpacked) {
     // ---- producer, weights unpacked: one thread issues both boxes of every stage ----
     if (warpgroup == 2) {
-    if (tid != T::kMmaThreads) return;
-    grid_dependency_wait();  // the unpacked weights and the activations come from earlier kernels
-    grid_launch_dependents();
-    for (int st = 0; st < stages; ++st) {
-      const int slot = st % S;
-      if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);
-      mbarrier_arrive_expect_tx(&tokens_full[slot], T::kStageBytes);
-      tma_load_2d(a_tile(slot), &w_map, st * T::kStageK, row0, &tokens_full[slot]);
-      tma_load_2d(b_tile(slot), &x_map, st * T::kStageK, m0, &tokens_full[slot]);
-    }
-    return;
+      if (tid != T::kMmaThreads) return;
+      grid_dependency_wait();  // the unpacked weights and the activations come from earlier kernels
+      grid_launch_dependents();
+      for (int st = 0; st < stages; ++st) {
+        const int slot = st % S;
+        if (st >= S) mbarrier_wait(&slot_free[slot], (st / S - 1) & 1);
+        mbarrier_arrive_expect_tx(&tokens_full[slot], T::kStageBytes);
+        tma_load_2d(a_tile(slot), &w_map, st * T::kStageK, row0, &tokens_full[slot]);
+        tma_load_2d(b_tile(slot), &x_map, st * T::kStageK, m0, &tokens_full[slot]);
+      }
+      return;
     }
   } else if (warpgroup == 2) {
     // ---- producer ----
