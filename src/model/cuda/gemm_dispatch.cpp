@@ -26,7 +26,8 @@ bool wgmma_runs(const W4GemmInput& x, const cuda::W4A16Weights& w, size_t worksp
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes) {
-  const gemm::Strategy strategy = policy != nullptr ? policy->lookup("fp8", w.n, w.k, m) : gemm::rule_based_strategy("fp8", m);
+  const gemm::Strategy strategy =
+      policy != nullptr ? policy->lookup("fp8", w.n, w.k, m) : gemm::rule_based_strategy("fp8", m);
   if (strategy != gemm::Strategy::s8_wgmma_128x128) return false;
   return cuda::w4_s8_wgmma_supports(w, quant::Format::fp8) &&
          workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k);

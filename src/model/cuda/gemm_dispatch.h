@@ -39,8 +39,8 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
 
 // Whether a GEMM of m tokens with fp8 activations runs on the wgmma kernel under `policy` (the
 // map's pick, rule_based_strategy's without a map; the kernel runs here, the workspace holds its
-// weights): then its activations must
-// be e4m3 codes (QuantizedActivations::e4m3), everywhere else f16 values (faster on f16 mma).
+// weights): then its activations must be e4m3 codes (QuantizedActivations::e4m3), everywhere
+// else f16 values (faster on f16 mma).
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes);
 

@@ -129,6 +129,12 @@ bool wgmma_kernel_runs_here() {
   return runs;
 }
 
+// Where the unpacked weights live in a wgmma workspace: after the counter region (its split-K
+// half the small-M and tiled kernels expect zero), for the unpack kernel and the cooperative one.
+int8_t* unpacked_weights_in(void* workspace) {
+  return reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
+}
+
 }  // namespace
 
 bool w4_s8_wgmma_supports(const W4A16Weights& w, quant::Format format) {
@@ -243,9 +249,9 @@ void w4_s8_gemm_cooperative(const QuantizedActivations& x, int64_t m, const W4A1
   if (m == 0) return;
   const int64_t token_tiles = ceil_div(m, CooperativeTile::kTokens), row_tiles = ceil_div(w.n, CooperativeTile::kRows);
   // The flags in the counter region's second half (epochs, kernels/w4_s8_wgmma_fused.cuh), the
-  // unpacked weights after the region, where the unpack kernel puts them.
+  // unpacked weights where the unpack kernel puts them.
   params.stage_flags = reinterpret_cast<int*>(static_cast<char*>(workspace) + detail::kW4S8CooperativeFlagsOffset);
-  params.unpacked = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
+  params.unpacked = unpacked_weights_in(workspace);
   // A block unpacks its stages of the row tile a wave ahead as well (the row tiles a wave holds).
   params.lookahead_rows = static_cast<int>(ceil_div(int64_t{multiprocessor_count()}, token_tiles));
   const CUtensorMap w_map = int8_box_map(params.unpacked, params.rows, w.k, w.k, who);
@@ -281,8 +287,7 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
     w4_s8_gemm_cooperative(x, m, w, y, ldy, workspace, workspace_bytes, stream);
     return;
   }
-  // After the split-K counters, which the small-M and tiled kernels expect zero.
-  auto* w8 = reinterpret_cast<int8_t*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
+  int8_t* const w8 = unpacked_weights_in(workspace);
   if (x.format == quant::Format::fp8) w4_unpack_e4m3(w, reinterpret_cast<uint8_t*>(w8), stream);
   else w4_unpack_s8(w, w8, stream);
   w4_s8_gemm_unpacked(x, m, w, w8, y, ldy, stream);
