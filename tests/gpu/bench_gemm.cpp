@@ -24,8 +24,9 @@
 // (w4a8_s8_wgmma_128x128: the unpack kernel, then the GEMM; the fused kernel with
 // QSPEC_W4S8_FUSED=1), the unpack kernel + GEMM explicitly (w4a8_s8_wgmma_unpack_kernel), the fused
 // kernel (w4a8_s8_wgmma_fused_v0 and --fused-variants), the cooperative kernel (the unpack spread
-// over the GEMM's blocks: w4a8_s8_wgmma_coop, w4a8fp8_wgmma_coop) and the GEMM alone on
-// weights unpacked once (--wgmma-variants).
+// over the GEMM's blocks: w4a8_s8_wgmma_coop, w4a8fp8_wgmma_coop), the register-A kernel (A
+// fragments unpacked in the mma threads: w4a8_s8_wgmma_rs_v0 and --register-variants) and the GEMM
+// alone on weights unpacked once (--wgmma-variants).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ms_override;
   std::vector<int> wgmma_variants = {0};  // --wgmma-variants: the wgmma GEMM tiles timed alone
   std::vector<int> fused_variants = {0};  // the fused wgmma kernel's tiles: 0 and --fused-variants
+  std::vector<int> register_variants = {0};  // the register-A wgmma kernel's: 0 and --register-variants
   std::vector<int> variants = {1, 2, 3, 4, 5};
   std::vector<int> x_stagings = {0};  // --x-staging 1,2: x through shared memory / from global
   std::vector<int> tiles = {1, 2, 3, 4};
@@ -98,6 +100,9 @@ int main(int argc, char** argv) {
     else if (arg == "--fused-variants" && i + 1 < argc) {
       fused_variants.assign(1, 0);
       for (int64_t v : parse_list(argv[++i])) fused_variants.push_back(static_cast<int>(v));
+    } else if (arg == "--register-variants" && i + 1 < argc) {
+      register_variants.assign(1, 0);
+      for (int64_t v : parse_list(argv[++i])) register_variants.push_back(static_cast<int>(v));
     } else if (arg == "--wgmma-variants" && i + 1 < argc) {
       wgmma_variants.clear();
       for (int64_t v : parse_list(argv[++i])) wgmma_variants.push_back(static_cast<int>(v));
@@ -351,6 +356,11 @@ int main(int argc, char** argv) {
             for (int variant : fused_variants)
               time_w4("w4a8_s8_wgmma_fused_v" + std::to_string(variant), [&](void* s, int i) {
                 cuda::w4_s8_gemm_fused(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, variant);
+              });
+            // The register-A kernel: the default tile and --register-variants.
+            for (int variant : register_variants)
+              time_w4("w4a8_s8_wgmma_rs_v" + std::to_string(variant), [&](void* s, int i) {
+                cuda::w4_s8_gemm_registers(xa, m, views[i % w4_copies], y.as<uint16_t>(), shape.n, s, variant);
               });
             // The cooperative kernel (the GEMM's blocks unpack into the workspace as they go), on int8
             // and on fp8 (e4m3 codes).

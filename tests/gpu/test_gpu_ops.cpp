@@ -1346,6 +1346,13 @@ TEST_F(Gpu, W4A8WgmmaKernelEqualsTiledBitwiseAndMatchesCpu) {
       cuda::w4_s8_gemm_fused(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
       EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled) << c.what << " fused variant " << variant;
     }
+    // The register-A kernel (A fragments unpacked in the mma threads), every variant.
+    for (int variant = 0; variant <= cuda::kW4S8RegisterVariants; ++variant) {
+      auto d_v = poisoned(static_cast<size_t>(c.m * c.ldy) * 2);
+      cuda::w4_s8_gemm_registers(c.x, c.m, c.w.view, d_v.as<f16>(), c.ldy, nullptr, variant);
+      EXPECT_EQ(download<f16>(d_v, static_cast<size_t>(c.m * c.ldy)), c.tiled)
+          << c.what << " register-A variant " << variant;
+    }
     ASSERT_NO_FATAL_FAILURE(expect_cooperative_launches(c, c.tiled));
     ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(c.y, c.expected, c.m, c.n, c.ldy, c.what));
   });
@@ -1437,6 +1444,11 @@ TEST_F(Gpu, W4A8Fp8WgmmaMatchesTheCpu) {
   EXPECT_THROW(cuda::w4_s8_gemm_unpacked(xf16, 1, w_g128.view, d_w8.as<int8_t>(), d_y.as<f16>(), 16, nullptr),
                qspec::Error);
   EXPECT_THROW(cuda::w4_s8_gemm_fused(xf16, 1, w_g128.view, d_y.as<f16>(), 16, nullptr), qspec::Error);
+  EXPECT_THROW(cuda::w4_s8_gemm_registers(xf, 1, w_g128.view, d_y.as<f16>(), 16, nullptr), qspec::Error);
+  EXPECT_THROW(cuda::w4_s8_gemm_registers(xf16, 1, w_g128.view, d_y.as<f16>(), 16, nullptr), qspec::Error);
+  EXPECT_THROW(
+      cuda::w4_s8_gemm_registers(xf, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, cuda::kW4S8RegisterVariants + 1),
+      qspec::Error);
   EXPECT_THROW(cuda::w4_s8_gemm_fused(xf, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, 2), qspec::Error);
   EXPECT_THROW(cuda::w4_s8_gemm_fused(xf, 1, w_g128.view, d_y.as<f16>(), 16, nullptr, cuda::kW4S8FusedVariants + 1),
                qspec::Error);

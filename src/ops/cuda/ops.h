@@ -500,9 +500,12 @@ bool w4_s8_wide_supports(const W4A16Weights& w, quant::Format format);
 void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                int64_t ldy, void* stream, int tile = 1);
 
-// W4A8 for many tokens on Hopper's warpgroup mma (kernels/w4_s8_wgmma.cuh): the packed weights
-// are unpacked to int8 in the workspace (w4_s8_wgmma_workspace_bytes: the split-K counters, then
-// n x k bytes), then one 128 x 128-tile wgmma GEMM. Needs the sm_90a build on a compute
+// W4A8 for many tokens on Hopper's warpgroup mma, 128 x 128 tiles. int8: the register-A kernel
+// (w4_s8_gemm_registers below: the packed weights unpacked in the mma threads' registers; 1.15-1.24x
+// the unpack kernel + GEMM at 1024 tokens, docs/perf-notes.md), or with QSPEC_W4S8_REGISTERS=0
+// (a benchmark knob) and for fp8 (kernels/w4_s8_wgmma.cuh): the packed weights unpacked to 8 bits
+// in the workspace (w4_s8_wgmma_workspace_bytes: the split-K counters, then n x k bytes), then the
+// GEMM on them. The workspace is required either way. Needs the sm_90a build on a compute
 // capability 9.0 GPU, int8 or fp8 activations, k % 128 == 0 and weight groups of 128
 // (w4_s8_wgmma_supports). int8: bit for bit the tiled kernel's output without split-K. fp8
 // (W4A8-fp8, as e4m3 codes: QuantizedActivations::e4m3): the weights unpacked to e4m3 codes and
@@ -535,6 +538,15 @@ void w4_s8_gemm_unpacked(const QuantizedActivations& x, int64_t m, const W4A16We
 inline constexpr int kW4S8FusedVariants = 3;
 void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                       void* stream, int variant = 0);
+// The same GEMM with the weights' A fragments built in registers (kernels/w4_s8_wgmma_rs.cuh: the
+// packed weights by TMA into shared memory, each mma thread unpacks its own fragment, wgmma with
+// A from registers): no scratch buffer, no int8 weight tile, the same bits; int8 activations only.
+// variant (benchmarks): 0 = (4 ring stages of 24 KB, 2 groups an iteration, 3 of 8 sums by I2F);
+// 1 / 2 / 3 = 3 / 5 / 6 stages; 4 / 5 / 6 = 4 / 2 / 0 of 8 sums by I2F (4 groups an iteration
+// spills: 255 registers).
+inline constexpr int kW4S8RegisterVariants = 6;
+void w4_s8_gemm_registers(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                          void* stream, int variant = 0);
 // The same GEMM with the unpack spread over the GEMM's own blocks: the blocks of a row tile unpack
 // its weights into the workspace (w4_s8_wgmma_workspace_bytes, as the unpack kernel's) once,
 // stage by stage, each stage by the first block to claim it, and read them by TMA when its flag

@@ -4,6 +4,7 @@
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_s8_wgmma.cuh"
 #include "ops/cuda/kernels/w4_s8_wgmma_fused.cuh"
+#include "ops/cuda/kernels/w4_s8_wgmma_rs.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/ops.h"
 #include "ops/cuda/w4_detail.h"
@@ -34,6 +35,17 @@ template <> struct FusedVariant<3> { using T = kernels::W4S8FusedTile<5, 8, 2, 3
 // during the GEMM). Ring slots and stagger measured alike (5 / 6 slots, staggered: ±1.5 %).
 using CooperativeTile = kernels::W4S8FusedTile<5, 0, 2, 3, false, 4, kernels::kSourceCooperative>;
 
+// The register-A kernel (packed weights by TMA, A fragments unpacked in the mma threads): the
+// default and the benchmarks' variants. (ring stages of 24 KB, groups an iteration, I2F of 8)
+using RegisterTile = kernels::W4S8RegisterTile<4, 2, 3>;
+template <int V> struct RegisterVariant;
+template <> struct RegisterVariant<1> { using T = kernels::W4S8RegisterTile<3, 2, 3>; };
+template <> struct RegisterVariant<2> { using T = kernels::W4S8RegisterTile<5, 2, 3>; };
+template <> struct RegisterVariant<3> { using T = kernels::W4S8RegisterTile<6, 2, 3>; };
+template <> struct RegisterVariant<4> { using T = kernels::W4S8RegisterTile<4, 2, 4>; };
+template <> struct RegisterVariant<5> { using T = kernels::W4S8RegisterTile<4, 2, 2>; };
+template <> struct RegisterVariant<6> { using T = kernels::W4S8RegisterTile<4, 2, 0>; };
+
 // cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -62,6 +74,37 @@ CUtensorMap int8_box_map(const void* base, int64_t rows, int64_t cols, int64_t p
   QSPEC_CHECK(result == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(result),
               ") for a ", rows, " x ", cols, " int8 matrix, pitch ", pitch);
   return map;
+}
+
+// The packed weights (gemm/w4a16_pack.h: [row blocks][k * 8 bytes]) as 128-byte rows, k / 16 of
+// them a row block, in boxes of one stage (8 rows) of 8 row blocks, 128-byte swizzle; row blocks
+// past the matrix read as zeros.
+CUtensorMap packed_stage_map(const void* codes, int64_t row_blocks, int64_t k, const char* who) {
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(k / 16), static_cast<cuuint64_t>(row_blocks)};
+  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(k * 8)};
+  const cuuint32_t box[3] = {128, 8, 8}, element_strides[3] = {1, 1, 1};
+  const CUresult result = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(codes), dims,
+                                         strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QSPEC_CHECK(result == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(result),
+              ") for packed weights of ", row_blocks, " row blocks, k ", k);
+  return map;
+}
+
+template <class T>
+void launch_registers(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
+                      int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
+  auto* kernel = kernels::w4_s8_wgmma_rs_kernel<T>;
+  static const bool configured = [&] {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
+             T::kSmemBytes, stream, w_map, x_map, params);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_rs_kernel");
 }
 
 template <class T, bool E4M3>
@@ -237,6 +280,30 @@ void w4_s8_gemm_fused(const QuantizedActivations& x, int64_t m, const W4A16Weigh
   }
 }
 
+void w4_s8_gemm_registers(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                          void* stream, int variant) {
+  const char* who = "cuda::w4_s8_gemm_registers";
+  QSPEC_CHECK(variant >= 0 && variant <= kW4S8RegisterVariants, who, ": unknown variant ", variant);
+  const kernels::W4S8WgmmaParams params = wgmma_params(x, m, w, y, ldy, who);
+  QSPEC_CHECK(x.format == quant::Format::int8, who, ": int8 activations only (got ", kernels::format_label(x.format),
+              ")");
+  QSPEC_CHECK(is_aligned_16(w.codes), who, ": the packed weights must be 16-byte aligned (TMA)");
+  if (m == 0) return;
+  const int64_t token_tiles = ceil_div(m, RegisterTile::kTokens), row_tiles = ceil_div(w.n, RegisterTile::kRows);
+  const CUtensorMap w_map = packed_stage_map(w.codes, params.rows / 16, w.k, who);
+  const CUtensorMap x_map = int8_box_map(x.values, m, w.k, x.ldx, who);
+  const cudaStream_t s = as_stream(stream);
+  switch (variant) {
+    case 1: launch_registers<RegisterVariant<1>::T>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+    case 2: launch_registers<RegisterVariant<2>::T>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+    case 3: launch_registers<RegisterVariant<3>::T>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+    case 4: launch_registers<RegisterVariant<4>::T>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+    case 5: launch_registers<RegisterVariant<5>::T>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+    case 6: launch_registers<RegisterVariant<6>::T>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+    default: launch_registers<RegisterTile>(w_map, x_map, params, token_tiles, row_tiles, s); break;
+  }
+}
+
 void w4_s8_gemm_cooperative(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                             void* workspace, size_t workspace_bytes, void* stream) {
   const char* who = "cuda::w4_s8_gemm_cooperative";
@@ -270,17 +337,23 @@ bool w4_s8_cooperative_supports(const W4A16Weights& w) {
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream) {
   const char* who = "cuda::w4_quantized_gemm_s8_wgmma";
-  // The unpack kernel into the workspace, then the GEMM: 1.07-1.15x faster than the fused kernel
-  // on every Llama-3-8B shape at 1024-4096 tokens (docs/perf-notes.md). QSPEC_W4S8_FUSED=1 (a
-  // benchmark knob) dispatches the fused kernel instead.
+  // int8: the register-A kernel (no unpack kernel, no scratch weights; docs/perf-notes.md). fp8,
+  // or int8 with QSPEC_W4S8_REGISTERS=0: the unpack kernel into the workspace, then the GEMM
+  // (1.07-1.15x faster than the fused kernel). QSPEC_W4S8_FUSED=1 / QSPEC_W4S8_COOPERATIVE=1
+  // (benchmark knobs) dispatch the fused or the cooperative kernel instead.
   static const bool fused = env_int("QSPEC_W4S8_FUSED", 0, 0, 1) == 1;
   static const bool cooperative = env_int("QSPEC_W4S8_COOPERATIVE", 0, 0, 1) == 1;
+  static const bool registers = env_int("QSPEC_W4S8_REGISTERS", 1, 0, 1) == 1;
   const size_t needed = w4_s8_wgmma_workspace_bytes(w.n, w.k);
   QSPEC_CHECK(workspace != nullptr && workspace_bytes >= needed, who, ": needs ", needed,
               " bytes of workspace (the int8 weights), got ", workspace_bytes);
   if (m == 0) return;
   if (fused) {
     w4_s8_gemm_fused(x, m, w, y, ldy, stream);
+    return;
+  }
+  if (registers && x.format == quant::Format::int8 && !cooperative) {
+    w4_s8_gemm_registers(x, m, w, y, ldy, stream);
     return;
   }
   if (cooperative && w4_s8_cooperative_supports(w)) {

@@ -71,11 +71,17 @@ __device__ __forceinline__ uint32_t int4_bytes_to_s8(uint32_t nibble_bytes) {
 // same fma.
 // flip / keep: 0x88888888 and 0xf0f0f0f0 in registers (one lop3 can take only one immediate, and
 // the compiler otherwise splits (x ^ flip) & keep in two).
-__device__ __forceinline__ void int4_word_to_s8_x16(uint32_t nibble_bytes, uint32_t flip, uint32_t keep, uint32_t& low,
-                                                    uint32_t& high) {
-  const uint32_t permuted = __byte_perm(nibble_bytes, 0, 0x3120);
+// int4_words_to_s8_x16: the same for the word byte_perm(a, b, selector) picks (0x3120: a, 0x7564:
+// b), which folds a choice between two words into the permute.
+__device__ __forceinline__ void int4_words_to_s8_x16(uint32_t a, uint32_t b, uint32_t selector, uint32_t flip,
+                                                     uint32_t keep, uint32_t& low, uint32_t& high) {
+  const uint32_t permuted = __byte_perm(a, b, selector);
   asm("lop3.b32 %0, %1, %2, %3, 0x28;\n" : "=r"(low) : "r"(permuted << 4), "r"(flip), "r"(keep));  // (a ^ b) & c
   asm("lop3.b32 %0, %1, %2, %3, 0x28;\n" : "=r"(high) : "r"(permuted), "r"(flip), "r"(keep));
+}
+__device__ __forceinline__ void int4_word_to_s8_x16(uint32_t nibble_bytes, uint32_t flip, uint32_t keep, uint32_t& low,
+                                                    uint32_t& high) {
+  int4_words_to_s8_x16(nibble_bytes, 0, 0x3120, flip, keep, low, high);
 }
 
 struct ActF16 {

@@ -7,7 +7,8 @@
 //   w4_unpack_s8_kernel  the packed weights (fragment order) to plain int8 u - 8, row-major
 //                        [row_blocks * 16][k]: 1 byte a weight in a scratch buffer, written once
 //                        per GEMM (the W4A16 large-M path dequantizes to f16 for cuBLAS the same
-//                        way). It costs 5-15 % of the GEMM at 1024-4096 tokens (perf-notes).
+//                        way). It costs 5-15 % of the GEMM at 1024-4096 tokens (perf-notes),
+//                        so int8 now runs w4_s8_wgmma_rs.cuh instead (no unpack); fp8 runs these.
 //   w4_s8_wgmma_kernel   a block owns 128 weight rows x 128 tokens: two warpgroups of 64 rows,
 //                        each issuing m64n128k32 wgmma from shared memory. A stage is one weight
 //                        group (128 k = one 128-byte swizzle row) of both operands, 32 KB, brought

@@ -39,6 +39,8 @@
 // of a row tile write those weights themselves, once, while the GEMM runs
 // (w4_s8_cooperative_producer). All three give the same bits; none beats the unpack kernel +
 // w4_s8_wgmma_kernel at 1024-4096 tokens (docs/perf-notes.md), so they run only when asked for.
+// (For int8 the register-A kernel, w4_s8_wgmma_rs.cuh, which keeps no int8 weight tile at all,
+// beats all of them and is the default.)
 #pragma once
 #include <cuda.h>
 

@@ -138,6 +138,18 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, i
 #endif
 }
 
+// A 3D box of a tensor map (coordinates: innermost first) into shared memory, as tma_load_2d.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* tensor_map, int c0, int c1, int c2,
+                                            uint64_t* barrier) {
+#if QSPEC_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_address(dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(barrier))
+      : "memory");
+#endif
+}
+
 // A 1D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
 // into shared memory; completion counts the bytes on `barrier`.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
@@ -212,6 +224,26 @@ __device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], uint64_t a_des
 #else
   (void)d;
   (void)a_desc;
+  (void)b_desc;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
+// The same with a from registers (the A fragment of mma.m16n8k32 for each warp's 16 rows: a[0] row
+// g k 4t..4t+3, a[1] row g + 8, a[2] / a[3] k 16 + 4t..): the registers must stay unchanged until
+// the wgmma is waited for.
+__device__ __forceinline__ void wgmma_s8_m64n128k32_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
+                                                       int accumulate) {
+#if QSPEC_WGMMA
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " QSPEC_WGMMA_D64_TEXT
+               "{%64, %65, %66, %67}, %68, p;\n}\n"
+               : QSPEC_WGMMA_D64_OPERANDS("+r")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+#else
+  (void)d;
+  (void)a;
   (void)b_desc;
   (void)accumulate;
   __trap();
