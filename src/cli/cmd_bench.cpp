@@ -51,6 +51,7 @@ struct BenchArgs {
   double accept_rate = 1.0;
   std::string accept_trace;
   std::string gemm_policy;
+  int64_t synthetic_arc_channels = 128;  // ARC modes on --synthetic models
   std::vector<std::string> gemm_ablation;
   int ablation_repeats = 2;
 };
@@ -87,6 +88,7 @@ void run_gpu(const BenchArgs& args) {
   options.accept_rate = args.accept_rate;
   options.accept_trace = args.accept_trace;
   options.gemm_policy = args.gemm_policy;
+  options.synthetic_arc_channels = args.synthetic_arc_channels;
   options.gemm_ablation = args.gemm_ablation;
   options.ablation_repeats = args.ablation_repeats;
   options.command_line = args.command_line;
@@ -228,7 +230,15 @@ void register_bench(CLI::App& app) {
   command->add_option("--synthetic", args->synthetic,
                       "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
   command->add_option("--modes", args->modes,
-                      "cuda: modes (w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")->delimiter(',')->capture_default_str();
+                      "cuda: modes (w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4, and "
+                      "w4a4-int4-arc, w4a4-nvfp4-arc, w4a4-mxfp4-arc on ARC checkpoints or --synthetic)")
+      ->delimiter(',')
+      ->capture_default_str();
+  command->add_option("--synthetic-arc-channels", args->synthetic_arc_channels,
+                      "cuda, --synthetic: ARC residual channels a site for the ARC modes (random channel orders; "
+                      "other modes run without ARC)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   command->add_option("--batch-sizes", args->batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
   command->add_option("--context", args->context, "cuda: cached positions per sequence during decode steps")
       ->check(CLI::PositiveNumber)->capture_default_str();

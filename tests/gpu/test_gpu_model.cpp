@@ -364,6 +364,30 @@ TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {
   EXPECT_LT(id, config.vocab_size);
   const std::vector<float> logits = gpu->logits();
   for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << "synthetic weights must keep the logits finite";
+  // Plain synthetic weights carry no ARC calibration: ARC activations are refused.
+  EXPECT_THROW(gpu->set_activations(qspec::GpuActivations::nvfp4_arc), qspec::Error);
+  gpu.reset();
+  {
+    // ARC-calibrated synthetic weights (the benchmark's ARC modes): an ARC step and a W4A16 step on
+    // the reordered, augmented weights stay finite; channel counts the formats cannot use are refused.
+    qspec::GpuLlamaOptions arc_options = options;
+    arc_options.synthetic_arc_channels = 128;
+    auto arc = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a4-nvfp4-arc"), arc_options);
+    EXPECT_EQ(arc->activations(), qspec::GpuActivations::nvfp4_arc);
+    for (qspec::GpuActivations activations : {qspec::GpuActivations::nvfp4_arc, qspec::GpuActivations::f16}) {
+      arc->set_activations(activations);
+      arc->reset();
+      const int32_t arc_id = arc->forward(prompt);
+      EXPECT_GE(arc_id, 0);
+      EXPECT_LT(arc_id, config.vocab_size);
+      for (float v : arc->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic ARC weights, activations "
+                                                                  << static_cast<int>(activations);
+    }
+    arc.reset();
+    arc_options.synthetic_arc_channels = 100;  // not a multiple of the mxfp4 block
+    EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a4-nvfp4-arc"), arc_options),
+                 qspec::Error);
+  }
   options.max_seqs = 4096;
   options.max_context = 8192;  // 4096 x 8192 positions x 128 KiB: far beyond any GPU
   try {

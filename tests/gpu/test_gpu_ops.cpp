@@ -1861,6 +1861,91 @@ TEST_F(Gpu, ArcReorderAndResidualQuantizationEqualTheCpu) {
 // [add_]rmsnorm -> gather_columns -> quantize_activations, for every activation format, with and
 // without the residual add, the reorder and the ARC residuals: values (bytes), scales and the
 // residual written back; a NaN row gives NaN scales in both.
+// The reorder + quantizer of an ARC model's o and down inputs in one launch against its two ops,
+// bit for bit: every activation format, ARC residuals, padded input rows, a NaN row.
+TEST_F(Gpu, GatherQuantizeEqualsGatherThenQuantizeBitwise) {
+  using qspec::quant::Format;
+  struct Case {
+    Format format;
+    int64_t group;           // int4
+    int64_t tail, outliers;  // augmented columns, ARC residuals among them
+    bool e4m3 = false;
+  };
+  const std::vector<Case> cases = {{Format::int8, 0, 64, 0},     {Format::fp8, 0, 32, 0},
+                                   {Format::fp8, 0, 32, 0, true}, {Format::int4, 128, 128, 128},
+                                   {Format::int4, 32, 0, 0},      {Format::nvfp4, 0, 64, 32},
+                                   {Format::mxfp4, 0, 256, 256}};
+  for (const Case& c : cases)
+    for (auto [rows, dim] : {std::tuple{1, 256}, {5, 4096}, {17, 1024}, {2, 14336}}) {
+      const int64_t k = dim + c.tail, ldx = dim + 24, ldv = k + 16, ldr = k + 8;
+      const int64_t scale_ld = c.format == Format::int4 ? k / c.group + 1 : 0;
+      const bool f16_values = cuda::quantized_activations_use_f16(c.format) && !c.e4m3;
+      const cuda::ArcResidual arc{c.outliers > 0 ? dim : 0, c.outliers};
+      std::vector<float> x = random_f16_values(static_cast<size_t>(rows * ldx), 3.0f);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < dim; i += 37) x[static_cast<size_t>(r * ldx + i)] *= 30.0f;  // outlier channels
+      if (rows > 1) x[static_cast<size_t>(ldx + dim / 3)] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<int32_t> order(static_cast<size_t>(dim));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng());
+      auto d_x = upload(to_f16(x));
+      auto d_order = upload(order);
+      const std::string what = std::string(qspec::quant::format_name(c.format)) + (c.e4m3 ? " e4m3" : "") +
+                               (c.outliers ? " S" + std::to_string(c.outliers) : "") + " " + shape_name({rows, dim});
+      const size_t value_bytes = static_cast<size_t>(rows * ldv) * (f16_values ? 2 : 1);
+      const size_t scale_bytes = static_cast<size_t>(rows * std::max<int64_t>(1, scale_ld)) * 4;
+      auto d_reordered = poisoned(static_cast<size_t>(rows * ldr) * 2);
+      auto d_values_ref = poisoned(value_bytes), d_values = poisoned(value_bytes);
+      auto d_scales_ref = poisoned(scale_bytes), d_scales = poisoned(scale_bytes);
+      cuda::gather_columns(d_x.as<f16>(), rows, dim, ldx, d_order.as<int32_t>(), k, d_reordered.as<f16>(), ldr, nullptr);
+      cuda::quantize_activations(c.format, c.group, d_reordered.as<f16>(), rows, k, ldr, d_values_ref.get(), ldv,
+                                 d_scales_ref.as<float>(), scale_ld, nullptr, arc, c.e4m3);
+      const cuda::QuantizedActivations q =
+          cuda::gather_quantize(c.format, c.group, d_x.as<f16>(), rows, dim, ldx, d_order.as<int32_t>(), k,
+                                d_values.get(), ldv, d_scales.as<float>(), scale_ld, nullptr, arc, c.e4m3);
+      ASSERT_EQ(q.values, d_values.get());
+      ASSERT_EQ(q.e4m3, c.e4m3);
+      const size_t elem = f16_values ? 2 : 1;
+      const auto values_ref = download<uint8_t>(d_values_ref, value_bytes);
+      const auto values = download<uint8_t>(d_values, value_bytes);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (size_t b = 0; b < static_cast<size_t>(k) * elem; ++b) {
+          const size_t at = static_cast<size_t>(r * ldv) * elem + b;
+          ASSERT_EQ(values[at], values_ref[at]) << what << " row " << r << " byte " << b;
+        }
+        EXPECT_EQ(values[static_cast<size_t>(r * ldv + k) * elem], 0xff) << what << ": wrote past k";
+      }
+      const auto scales_ref = download<uint32_t>(d_scales_ref, scale_bytes / 4);
+      const auto scales = download<uint32_t>(d_scales, scale_bytes / 4);
+      const int64_t scales_a_row = c.format == Format::int4 ? k / c.group : 1;
+      const int64_t scale_stride = c.format == Format::int4 ? scale_ld : 1;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < scales_a_row; ++i) {
+          const size_t at = static_cast<size_t>(r * scale_stride + i);
+          ASSERT_EQ(scales[at], scales_ref[at]) << what << " scale row " << r << " " << i;
+          ASSERT_NE(scales[at], 0xffffffffu) << what << ": unwritten scale";
+        }
+    }
+  // Refused: no order, k < dim, residuals of another width, values aliasing x.
+  auto d_x = upload(to_f16(random_f16_values(256)));
+  std::vector<int32_t> identity(256);
+  std::iota(identity.begin(), identity.end(), 0);
+  auto d_order = upload(identity);
+  auto d_values = poisoned(512), d_scales = poisoned(16);
+  EXPECT_THROW(cuda::gather_quantize(Format::int8, 0, d_x.as<f16>(), 1, 256, 256, nullptr, 256, d_values.get(), 256,
+                                     d_scales.as<float>(), 0, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::gather_quantize(Format::int8, 0, d_x.as<f16>(), 1, 256, 256, d_order.as<int32_t>(), 128,
+                                     d_values.get(), 256, d_scales.as<float>(), 0, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::gather_quantize(Format::nvfp4, 0, d_x.as<f16>(), 1, 256, 256, d_order.as<int32_t>(), 256,
+                                     d_values.get(), 256, d_scales.as<float>(), 0, nullptr, cuda::ArcResidual{128, 32}),
+               qspec::Error);
+  EXPECT_THROW(cuda::gather_quantize(Format::fp8, 0, d_x.as<f16>(), 1, 256, 256, d_order.as<int32_t>(), 256,
+                                     d_x.get(), 256, d_scales.as<float>(), 0, nullptr),
+               qspec::Error);
+}
+
 TEST_F(Gpu, RmsnormQuantizeEqualsTheUnfusedChainBitwise) {
   using qspec::quant::Format;
   struct Case {

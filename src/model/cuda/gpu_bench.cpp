@@ -325,11 +325,24 @@ double gemm_flops_per_token(const ModelConfig& c) {
   return total;
 }
 
+// Whether a run of `mode` steps with ARC activations: an ARC mode, or w4a16 verifying ARC drafts.
+bool runs_arc_activations(const GpuBenchOptions& options, const RunMode& mode) {
+  if (mode.activations.arc) return true;
+  if (options.qspec_gammas.empty() || mode.name != "w4a16") return false;
+  return std::any_of(options.qspec_drafts.begin(), options.qspec_drafts.end(),
+                     [](const std::string& draft) { return parse_run_mode(draft).activations.arc; });
+}
+
 std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const LlamaModel* checkpoint,
                                      const ModelConfig& config, const RunMode& mode, GpuLlamaOptions gpu_options) {
   if (!options.gemm_policy.empty())
     gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gemm_policy));
   if (checkpoint != nullptr) return std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options);
+  if (runs_arc_activations(options, mode)) {
+    QSPEC_CHECK(options.synthetic_arc_channels > 0, "bench: ", mode.name,
+                " on a synthetic model needs --synthetic-arc-channels > 0 (the residual channels a site)");
+    gpu_options.synthetic_arc_channels = options.synthetic_arc_channels;
+  }
   return GpuLlama::synthetic(config, mode, gpu_options, 1);
 }
 
@@ -687,6 +700,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"programmatic_dependent_launch", cuda::pdl_enabled()},
                            {"copy_bytes_per_second", ceilings.copy_bytes_per_s},
                            {"gemm_flops_per_second", ceilings.gemm_flops_per_s},
+                           {"synthetic_arc_channels",
+                            options.synthetic.empty() ? nlohmann::json() : nlohmann::json(options.synthetic_arc_channels)},
                            {"modes", nlohmann::json::object()}};
   if (!options.gemm_ablation.empty()) {
     record["gemm_ablation"] = run_gemm_ablation(options, checkpoint.get(), config);
@@ -721,6 +736,9 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                   static_cast<double>(gpu->weight_bytes()) / 1e9,
                   static_cast<double>(gpu->kv_bytes_per_position()) / 1e3,
                   options.cuda_graphs ? "CUDA graphs" : "plain launches");
+      if (checkpoint == nullptr && runs_arc_activations(options, mode))
+        std::printf("synthetic ARC calibration: %lld residual channels a site, random channel orders\n",
+                    static_cast<long long>(options.synthetic_arc_channels));
       std::printf("kernel launches: %s\n", cuda::pdl_enabled() ? "programmatic dependent launch (overlapped)"
                                                                 : "fully serialized (no PDL)");
       std::printf("%6s %10s %12s %12s %10s %9s %12s %9s\n", "batch", "step ms", "tokens/s", "roofline ms", "of roof",

@@ -55,6 +55,10 @@ struct GpuBenchOptions {
   // accept_rate's, and rows without a recording say so.
   std::string accept_trace;
   std::string gemm_policy;  // a policy map (qspec tune) for the 4-bit GEMMs; "" = built-in crossovers
+  // Synthetic models run ARC activation modes (w4a4-*-arc, as a mode or as a QSpec draft) on
+  // weights ARC-calibrated with this many residual channels a site (GpuLlamaOptions::
+  // synthetic_arc_channels), every other mode on plain weights: ARC on / off side by side.
+  int64_t synthetic_arc_channels = 128;
   // ADAngel's ablation (issue 6, the paper's Fig. 12) instead of the tables above: per mode one
   // model, each GEMM policy in turn ("builtin" = the kernels' crossovers, "paper-rule",
   // "forced:STRATEGY", or a map file), decode steps at every batch size and TTFT at every prompt

@@ -1,8 +1,11 @@
 #include "model/cuda/llama_gpu.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
+#include <random>
 #include <tuple>
 
 #include "base/dtype.h"
@@ -112,6 +115,23 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
   return linear;
 }
 
+// From how many rows the reorder and quantizer of an ARC site run as one launch
+// (cuda::gather_quantize) instead of two: measured 6 % faster TTFT at 1024 tokens, and -4 to +3 %
+// on decode steps of 1-64 rows, where one block a row is a longer chain than the two launches
+// PDL overlaps (docs/perf-notes.md). QSPEC_GATHER_QUANTIZE_MIN_ROWS, a benchmark knob.
+int64_t gather_quantize_min_rows() {
+  static const int64_t rows = [] {
+    const char* text = std::getenv("QSPEC_GATHER_QUANTIZE_MIN_ROWS");
+    if (text == nullptr || *text == '\0') return int64_t{128};
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    QSPEC_CHECK(end != text && *end == '\0' && value >= 1, "QSPEC_GATHER_QUANTIZE_MIN_ROWS: '", text,
+                "' is not a positive integer");
+    return static_cast<int64_t>(value);
+  }();
+  return rows;
+}
+
 // Random weights of the same layout, drawn on the GPU. Scales / values keep each output near
 // unit size for unit-size inputs (k terms of ~4.6 scale or ~0.017), so 32+ layers stay finite.
 Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream) {
@@ -135,6 +155,31 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
   const float scale = 1.0f / (4.6f * static_cast<float>(std::max<int64_t>(1, static_cast<int64_t>(std::sqrt(k)))));
   cuda::fill_random_f16(linear.scales.as<f16_bits>(), scale_halves, 0.5f * scale, 1.5f * scale, seed + 1, stream);
   linear.view = {linear.codes.get(), linear.scales.get(), n, k, group};
+  return linear;
+}
+
+// A synthetic ARC calibration of a site with k input channels: a random channel order (the
+// reorder's gather pattern of a real calibration) and `outliers` residual channels for every
+// 4-bit format, in a tail rounded up to the weight group.
+ArcSite synthetic_arc_site(int64_t k, int64_t outliers, int64_t weight_group, uint64_t seed) {
+  QSPEC_CHECK(outliers > 0 && outliers % 32 == 0 && outliers <= k / 4, "GPU model: synthetic ARC channels ", outliers,
+              " must be a positive multiple of 32 (the mxfp4 block) and at most k / 4 (k ", k, ")");
+  ArcSite site;
+  site.order.resize(static_cast<size_t>(k));
+  std::iota(site.order.begin(), site.order.end(), 0);
+  std::shuffle(site.order.begin(), site.order.end(), std::mt19937_64(seed));
+  site.tail = (outliers + weight_group - 1) / weight_group * weight_group;
+  site.outliers_int4 = site.outliers_nvfp4 = site.outliers_mxfp4 = outliers;
+  return site;
+}
+
+// make_synthetic_linear with that calibration: k + tail packed columns, the order on the device.
+Linear make_synthetic_arc_linear(int64_t n, const ArcSite& site, uint64_t seed, void* stream) {
+  const int64_t in_k = static_cast<int64_t>(site.order.size());
+  Linear linear = make_synthetic_linear(n, in_k + site.tail, true, seed, stream);
+  linear.in_k = in_k;
+  linear.site = site;
+  linear.order = upload(site.order, "synthetic channel order");
   return linear;
 }
 
@@ -277,8 +322,17 @@ struct GpuLlama::State {
       cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
       return;
     }
+    if (linear.reordered() && activations != GpuActivations::f16 && m >= gather_quantize_min_rows()) {
+      // ARC: reorder and quantize in one launch
+      quantized_gemm(cuda::gather_quantize(activation_format(), activation_group, x_in, m, linear.in_k, linear.in_k,
+                                           linear.order.as<int32_t>(), linear.k, x_codes.get(), x_codes_stride,
+                                           x_scales.as<float>(), x_scales_stride, stream, arc_residual(linear),
+                                           fp8_codes_for(linear, m)),
+                     linear, m, y);
+      return;
+    }
     int64_t ldx = linear.in_k;
-    if (linear.reordered()) {  // ARC: reorder, augmented columns zero (the residuals' when an ARC step)
+    if (linear.reordered()) {  // ARC (f16 activations): reorder, augmented columns zero
       cuda::gather_columns(x_in, m, linear.in_k, linear.in_k, linear.order.as<int32_t>(), linear.k,
                            x_reordered.as<f16_bits>(), x_codes_stride, stream);
       x_in = x_reordered.as<f16_bits>();
@@ -508,7 +562,11 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
 }
 
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tokens)
-    : GpuLlama(model, mode, GpuLlamaOptions{1, max_tokens, 0, 0, true}) {}
+    : GpuLlama(model, mode, [&] {
+        GpuLlamaOptions options;
+        options.max_context = max_tokens;
+        return options;
+      }()) {}
 
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaOptions& options)
     : state_(std::make_unique<State>()) {
@@ -605,10 +663,25 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
     Layer layer;
     layer.attention_norm = upload(ones, "layer norm");
     layer.mlp_norm = upload(ones, "layer norm");
-    layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream);
-    layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream);
-    layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream);
-    layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream);
+    if (s.quantized && options.synthetic_arc_channels > 0) {
+      // One calibration a site, shared by the projections it feeds (qkv, gate_up), as in a checkpoint.
+      const int64_t arc = options.synthetic_arc_channels, group = 128;
+      layer.qkv = make_synthetic_arc_linear(c.q_dim() + 2 * c.kv_dim(),
+                                            synthetic_arc_site(hidden, arc, group, layer_seed + 5), layer_seed + 1,
+                                            s.stream);
+      layer.o = make_synthetic_arc_linear(hidden, synthetic_arc_site(c.q_dim(), arc, group, layer_seed + 6),
+                                          layer_seed + 2, s.stream);
+      layer.gate_up = make_synthetic_arc_linear(2 * c.intermediate_size,
+                                                synthetic_arc_site(hidden, arc, group, layer_seed + 7), layer_seed + 3,
+                                                s.stream);
+      layer.down = make_synthetic_arc_linear(hidden, synthetic_arc_site(c.intermediate_size, arc, group, layer_seed + 8),
+                                             layer_seed + 4, s.stream);
+    } else {
+      layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream);
+      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream);
+      layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream);
+      layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream);
+    }
     s.layers.push_back(std::move(layer));
   }
   s.allocate_runtime(options);

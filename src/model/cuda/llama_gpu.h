@@ -38,6 +38,10 @@ struct GpuLlamaOptions {
   int64_t max_step_tokens = 0;  // tokens per step (0: max(max_context, max_seqs)); prefill chunks beyond split
   int64_t max_logit_rows = 0;   // rows of logits a step may return (0: max_seqs * 8, room for verify runs)
   bool cuda_graphs = true;      // decode steps replay captured graphs
+  // Synthetic models only (GpuLlama::synthetic): > 0 makes every 4-bit projection ARC-calibrated
+  // with this many residual channels for each 4-bit format (a random channel order a site, the
+  // augmented tail S rounded up to the weight group), so ARC steps can be timed at full size.
+  int64_t synthetic_arc_channels = 0;
   // ADAngel's policy map for the 4-bit GEMMs (gemm/policy_map.h, made by `qspec tune` on this
   // GPU): every 4-bit GEMM runs the strategy it picks for its (activations, n, k, m). Null: the
   // kernels' built-in crossovers.

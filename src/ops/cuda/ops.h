@@ -451,6 +451,15 @@ QuantizedActivations quantize_activations(quant::Format format, int64_t group, c
 void gather_columns(const f16_bits* x, int64_t rows, int64_t k, int64_t ldx, const int32_t* order, int64_t width,
                     f16_bits* out, int64_t ldo, void* stream);
 
+// gather_columns then quantize_activations in one launch (kernels/rmsnorm_quantize.cuh): row r of
+// the GEMM's input is x[r, order[j]] for j < dim and zero up to k, quantized in `format` with the
+// ARC residuals (arc.k = dim); no reordered f16 row is written. Bit for bit the two ops. For an
+// ARC model's sites outside a norm (o's and down's inputs). dim % 8 == 0, dim <= 24576.
+QuantizedActivations gather_quantize(quant::Format format, int64_t group, const f16_bits* x, int64_t rows, int64_t dim,
+                                     int64_t ldx, const int32_t* order, int64_t k, void* values, int64_t ldv,
+                                     float* scales, int64_t scale_ld, void* stream, const ArcResidual& arc = {},
+                                     bool e4m3_codes = false);
+
 // The fused activation quantizer of a 4-bit GEMM's input (kernels/rmsnorm_quantize.cuh): residual
 // += delta (when delta is not null; stored back), RMSNorm with `weight` rounded to f16, ARCQuant's
 // channel reorder (when order is not null: the GEMM's input row is out[j] = normed[order[j]] for

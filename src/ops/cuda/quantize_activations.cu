@@ -118,6 +118,20 @@ struct FusedLaunch {
   }
 };
 
+struct GatherLaunch {
+  kernels::RmsnormQuantizeParams params;
+  int64_t rows;
+  void* stream;
+
+  template <Format F, int VPB, bool CODES>
+  void run() const {
+    const int threads = static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(32, (params.k / 8 + 31) / 32 * 32)));
+    launch_pdl(kernels::gather_quantize_kernel<F, VPB, CODES>, dim3(static_cast<unsigned>(rows)), dim3(threads),
+               static_cast<size_t>(params.dim) * 2, as_stream(stream), params);
+    QSPEC_CUDA_CHECK_LAUNCH("gather_quantize_kernel");
+  }
+};
+
 }  // namespace
 
 QuantizedActivations quantize_activations(quant::Format format, int64_t group, const f16_bits* x, int64_t rows,
@@ -157,6 +171,27 @@ QuantizedActivations rmsnorm_quantize(quant::Format format, int64_t group, f16_b
                                         weight, dim, eps, order, k, values, ldv, scales, scale_ld, arc.k,
                                         arc.outliers};
   with_quantized_format(format, group, e4m3_codes, FusedLaunch{params, rows, stream});
+  return out;
+}
+
+QuantizedActivations gather_quantize(quant::Format format, int64_t group, const f16_bits* x, int64_t rows, int64_t dim,
+                                     int64_t ldx, const int32_t* order, int64_t k, void* values, int64_t ldv,
+                                     float* scales, int64_t scale_ld, void* stream, const ArcResidual& arc,
+                                     bool e4m3_codes) {
+  const char* who = "cuda::gather_quantize";
+  const QuantizedActivations out =
+      plan_quantized_rows(who, format, group, rows, k, values, ldv, scales, scale_ld, arc, e4m3_codes);
+  QSPEC_CHECK(dim > 0 && dim % 8 == 0 && dim <= kFusedMaxDim && k >= dim && ldx >= dim && ldx % 8 == 0, who, ": dim ",
+              dim, " (a multiple of 8, at most ", kFusedMaxDim, "), ldx ", ldx, " (>= dim, a multiple of 8) and ", k,
+              " output values a row (>= dim)");
+  QSPEC_CHECK(order != nullptr && is_aligned_16(order) && is_aligned_16(x), who,
+              ": needs a 16-byte aligned channel order and x");
+  QSPEC_CHECK(arc.outliers == 0 || arc.k == dim, who, ": ARC residuals of ", arc.k, " channels for a row of ", dim);
+  QSPEC_CHECK(static_cast<const void*>(values) != static_cast<const void*>(x), who, ": values must not alias x");
+  if (rows == 0) return out;
+  kernels::RmsnormQuantizeParams params{const_cast<__half*>(reinterpret_cast<const __half*>(x)), nullptr, nullptr, dim,
+                                        0.0f, order, k, values, ldv, scales, scale_ld, arc.k, arc.outliers, ldx};
+  with_quantized_format(format, group, e4m3_codes, GatherLaunch{params, rows, stream});
   return out;
 }
 
