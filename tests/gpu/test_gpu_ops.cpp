@@ -320,6 +320,18 @@ TEST_F(Gpu, SiluMulMatchesCpuFusedAndSeparate) {
       cuda::silu_mul(gate, up, rows, cols, stride, d_early.as<f16>(), nullptr, cuda::NextKernel::w4a16_gemm);
       const std::vector<f16> early = download<f16>(d_early, g.size());
       ASSERT_EQ(std::memcmp(early.data(), out.data(), out.size() * sizeof(f16)), 0) << shape_name({rows, cols});
+      // Output rows further apart (an ARC down input with its zero tail): the same values, the
+      // padding untouched.
+      const int64_t out_stride = cols + (cols % 8 == 0 ? 128 : 3);
+      auto d_strided = poisoned(static_cast<size_t>(rows * out_stride) * 2);
+      cuda::silu_mul(gate, up, rows, cols, stride, d_strided.as<f16>(), nullptr, cuda::NextKernel::other, out_stride);
+      const std::vector<uint16_t> strided = download<uint16_t>(d_strided, static_cast<size_t>(rows * out_stride));
+      const auto* packed = reinterpret_cast<const uint16_t*>(out.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < out_stride; ++c)
+          ASSERT_EQ(strided[static_cast<size_t>(r * out_stride + c)],
+                    c < cols ? packed[static_cast<size_t>(r * cols + c)] : uint16_t{0xffff})
+              << "strided silu_mul " << shape_name({rows, cols}) << " row " << r << " col " << c;
     }
   }
 }

@@ -59,6 +59,9 @@ struct Linear {
   bool quantized = false;
   ArcSite site;         // the input's ARC calibration (uncalibrated: no reorder, no tail)
   DeviceMemory order;   // site.order on the device (int32 [in_k])
+  // The site's order is folded into the projection before it (down's into gate_up's rows: SwiGLU
+  // is elementwise), so the input arrives reordered, rows k wide with zeros past in_k: no gather.
+  bool input_ordered = false;
   bool reordered() const { return site.calibrated(); }
 
   size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }  // what a step reads
@@ -77,6 +80,26 @@ Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::
   linear.w16 = upload(host, name);
   linear.in_k = linear.k;
   return linear;
+}
+
+// Rows order[0], order[1], ... of m (each row is quantized on its own, so this is exact).
+QuantizedMatrix permute_rows(const QuantizedMatrix& m, const std::vector<int32_t>& order) {
+  QSPEC_CHECK(static_cast<int64_t>(order.size()) == m.rows, "GPU model: ", m.name, ": a row order of ", order.size(),
+              " for ", m.rows, " rows");
+  QuantizedMatrix out = m;
+  auto permute = [&](const auto& from, auto& to) {
+    if (from.empty()) return;
+    const size_t width = from.size() / static_cast<size_t>(m.rows);
+    for (size_t j = 0; j < order.size(); ++j)
+      std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(order[j]) * width), width,
+                  to.begin() + static_cast<std::ptrdiff_t>(j * width));
+  };
+  permute(m.codes, out.codes);
+  permute(m.scales, out.scales);
+  permute(m.block_scale_values, out.block_scale_values);
+  permute(m.tensor_scale_values, out.tensor_scale_values);
+  permute(m.decoded, out.decoded);
+  return out;
 }
 
 // Packed rows come in blocks of 16, so parts stack by concatenating their packed bytes when
@@ -316,24 +339,40 @@ struct GpuLlama::State {
   void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
     w4_gemm(W4GemmInput{nullptr, 0, &xq}, linear, m, y);
   }
-  // x_in: m rows of linear.in_k values, contiguous.
-  void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y) {
+  // x_in: m rows of linear.in_k values, x_ld apart (0: contiguous); an input_ordered linear's rows
+  // hold its k values (zeros past in_k).
+  void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y, int64_t x_ld = 0) {
+    if (linear.input_ordered) {  // already reordered, zero tail: straight to the GEMM or its quantizer
+      QSPEC_CHECK(x_ld >= linear.k, "GPU model: an input-ordered projection needs rows of ", linear.k, " values");
+      if (activations == GpuActivations::f16) {
+        w4_gemm(W4GemmInput{x_in, x_ld, nullptr}, linear, m, y);
+      } else {
+        quantized_gemm(cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, x_ld,
+                                                  x_codes.get(), x_codes_stride, x_scales.as<float>(),
+                                                  x_scales_stride, stream, arc_residual(linear),
+                                                  fp8_codes_for(linear, m)),
+                       linear, m, y);
+      }
+      return;
+    }
+    if (x_ld == 0) x_ld = linear.in_k;
     if (!linear.quantized) {
+      QSPEC_CHECK(x_ld == linear.k, "GPU model: f16 projections take contiguous rows");
       cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
       return;
     }
     if (linear.reordered() && activations != GpuActivations::f16 && m >= gather_quantize_min_rows()) {
       // ARC: reorder and quantize in one launch
-      quantized_gemm(cuda::gather_quantize(activation_format(), activation_group, x_in, m, linear.in_k, linear.in_k,
+      quantized_gemm(cuda::gather_quantize(activation_format(), activation_group, x_in, m, linear.in_k, x_ld,
                                            linear.order.as<int32_t>(), linear.k, x_codes.get(), x_codes_stride,
                                            x_scales.as<float>(), x_scales_stride, stream, arc_residual(linear),
                                            fp8_codes_for(linear, m)),
                      linear, m, y);
       return;
     }
-    int64_t ldx = linear.in_k;
-    if (linear.reordered()) {  // ARC (f16 activations): reorder, augmented columns zero
-      cuda::gather_columns(x_in, m, linear.in_k, linear.in_k, linear.order.as<int32_t>(), linear.k,
+    int64_t ldx = x_ld;
+    if (linear.reordered()) {  // ARC (f16 activations, or few rows): reorder, augmented columns zero
+      cuda::gather_columns(x_in, m, linear.in_k, x_ld, linear.order.as<int32_t>(), linear.k,
                            x_reordered.as<f16_bits>(), x_codes_stride, stream);
       x_in = x_reordered.as<f16_bits>();
       ldx = x_codes_stride;
@@ -387,6 +426,14 @@ struct GpuLlama::State {
     activation_group = quantized ? mode.activations.group_size : 0;
   }
   void allocate_runtime(const GpuLlamaOptions& options);
+  // Row pitch of the SwiGLU output: the widest down k where down's ARC order is folded into
+  // gate_up (the rows' zero tails are its augmented columns), else the intermediate size.
+  int64_t act_stride() const {
+    int64_t stride = config.intermediate_size;
+    for (const Layer& layer : layers)
+      if (layer.down.input_ordered) stride = std::max(stride, layer.down.k);
+    return stride;
+  }
   // A decode step (one token a run, inputs on the device): the graph of this batch size and
   // context bucket, captured on first use, or the kernels themselves without graphs.
   void enqueue_decode(int64_t runs, int64_t max_context_in_step, bool identity_tables, const int32_t* tables) {
@@ -468,7 +515,8 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
       static_cast<size_t>(max_seqs * blocks_per_seq * cuda::kKvBlockSize) * static_cast<size_t>(c.kv_dim()) * 2;
   const size_t t = static_cast<size_t>(max_step_tokens);
   const size_t activation_bytes =
-      t * 2 * static_cast<size_t>(2 * c.hidden_size + qkv_width() + c.q_dim() + c.hidden_size + 3 * c.intermediate_size);
+      t * 2 * static_cast<size_t>(2 * c.hidden_size + qkv_width() + c.q_dim() + c.hidden_size + 2 * c.intermediate_size +
+                                  act_stride());
   const size_t logit_bytes = static_cast<size_t>(max_logit_rows) * static_cast<size_t>(c.vocab_size + c.hidden_size) * 2;
   // The widest 4-bit GEMM input (int8 codes or f16 values), rows padded to 16 elements; int4
   // group scales for the widest input.
@@ -529,7 +577,8 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   attn = allocate(t * c.q_dim() * 2, "activations");
   proj = allocate(t * c.hidden_size * 2, "activations");
   gate_up = allocate(t * 2 * c.intermediate_size * 2, "activations");
-  act = allocate(t * c.intermediate_size * 2, "activations");
+  act = allocate(t * static_cast<size_t>(act_stride()) * 2, "activations");
+  if (act_stride() > c.intermediate_size) cuda::fill_bytes(act.get(), 0, act.bytes(), stream);  // zero tails
   gathered = allocate(static_cast<size_t>(max_logit_rows * c.hidden_size) * 2, "activations");
   logits = allocate(static_cast<size_t>(max_logit_rows * c.vocab_size) * 2, "logits");
   out_ids = allocate(static_cast<size_t>(max_logit_rows) * 4, "ids");
@@ -615,8 +664,18 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
       auto site = [&](LinearSite s) -> const ArcSite& { return qw.sites[static_cast<int>(s)]; };
       layer.qkv = make_linear({&qw.q_proj, &qw.k_proj, &qw.v_proj}, "qkv_proj", site(LinearSite::attention_in));
       layer.o = make_linear({&qw.o_proj}, "o_proj", site(LinearSite::attention_out));
-      layer.gate_up = make_linear({&qw.gate_proj, &qw.up_proj}, "gate_up_proj", site(LinearSite::mlp_in));
-      layer.down = make_linear({&qw.down_proj}, "down_proj", site(LinearSite::mlp_out));
+      const ArcSite& down_site = site(LinearSite::mlp_out);
+      if (down_site.calibrated()) {
+        // down's channel order folded into gate_proj / up_proj's rows: SwiGLU then yields the
+        // reordered input itself (bit for bit the gather of the unpermuted one).
+        const QuantizedMatrix gate = permute_rows(qw.gate_proj, down_site.order);
+        const QuantizedMatrix up = permute_rows(qw.up_proj, down_site.order);
+        layer.gate_up = make_linear({&gate, &up}, "gate_up_proj", site(LinearSite::mlp_in));
+      } else {
+        layer.gate_up = make_linear({&qw.gate_proj, &qw.up_proj}, "gate_up_proj", site(LinearSite::mlp_in));
+      }
+      layer.down = make_linear({&qw.down_proj}, "down_proj", down_site);
+      layer.down.input_ordered = down_site.calibrated();
     } else {
       layer.qkv = make_linear({&w.q_proj, &w.k_proj, &w.v_proj}, "qkv_proj");
       layer.o = make_linear({&w.o_proj}, "o_proj");
@@ -676,6 +735,7 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
                                                 s.stream);
       layer.down = make_synthetic_arc_linear(hidden, synthetic_arc_site(c.intermediate_size, arc, group, layer_seed + 8),
                                              layer_seed + 4, s.stream);
+      layer.down.input_ordered = true;  // as GpuLlama's constructor folds it into gate_up's (random) rows
     } else {
       layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream);
       layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream);
@@ -741,10 +801,11 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
     norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
-    const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 && !layer.down.reordered();
+    const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
+                                (!layer.down.reordered() || layer.down.input_ordered);
     cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
-                   down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other);
-    gemm(layer.down, act_out, tokens, proj_out);
+                   down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other, act_stride());
+    gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
   cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);

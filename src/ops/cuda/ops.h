@@ -209,9 +209,10 @@ void rope(f16_bits* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t 
 enum class NextKernel { other, w4a16_gemm };
 
 // out[r, i] = silu(gate[r, i]) * up[r, i] for i < cols, gate/up rows `in_stride` apart (a fused
-// gate_up row: gate = row, up = row + cols, in_stride = 2 * cols); out [rows, cols] f16.
+// gate_up row: gate = row, up = row + cols, in_stride = 2 * cols); out rows `out_stride` apart
+// (0: cols; columns cols .. out_stride - 1 are not written), f16.
 void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
-              f16_bits* out, void* stream, NextKernel next = NextKernel::other);
+              f16_bits* out, void* stream, NextKernel next = NextKernel::other, int64_t out_stride = 0);
 
 // out = a + b elementwise (f16, f32 add, one rounding). out may alias a or b.
 void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, void* stream);

@@ -9,7 +9,8 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 // Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8.
 template <int VEC>
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,
-                                int64_t cols, int64_t in_stride, __half* __restrict__ out, bool release_first) {
+                                int64_t cols, int64_t in_stride, __half* __restrict__ out, int64_t out_stride,
+                                bool release_first) {
   pdl_prologue(release_first);  // launched with launch_pdl (common.h)
   const int64_t per_row = cols / VEC, total = rows * per_row;
   for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < total;
@@ -21,9 +22,9 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
       half8_to_float(*reinterpret_cast<const uint4*>(up + r * in_stride + c), u);
 #pragma unroll
       for (int e = 0; e < 8; ++e) g[e] = silu(g[e]) * u[e];
-      *reinterpret_cast<uint4*>(out + r * cols + c) = float8_to_half(g);
+      *reinterpret_cast<uint4*>(out + r * out_stride + c) = float8_to_half(g);
     } else {
-      out[r * cols + c] =
+      out[r * out_stride + c] =
           __float2half_rn(silu(__half2float(gate[r * in_stride + c])) * __half2float(up[r * in_stride + c]));
     }
   }
