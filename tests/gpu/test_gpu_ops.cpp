@@ -1873,6 +1873,32 @@ TEST_F(Gpu, ArcReorderAndResidualQuantizationEqualTheCpu) {
 // [add_]rmsnorm -> gather_columns -> quantize_activations, for every activation format, with and
 // without the residual add, the reorder and the ARC residuals: values (bytes), scales and the
 // residual written back; a NaN row gives NaN scales in both.
+// Two quantizers' outputs bit for bit: each row's k values (elem bytes each, rows ldv apart), the
+// padding after them still poisoned, every scale (scales_a_row a row, scale_stride apart) written
+// and equal. `scales` gets the fused side's scales for further checks.
+void expect_same_quantized_rows(const cuda::DeviceMemory& d_values, const cuda::DeviceMemory& d_values_ref,
+                                const cuda::DeviceMemory& d_scales, const cuda::DeviceMemory& d_scales_ref,
+                                int64_t rows, int64_t k, int64_t ldv, size_t elem, int64_t scales_a_row,
+                                int64_t scale_stride, const std::string& what, std::vector<uint32_t>& scales) {
+  const auto values_ref = download<uint8_t>(d_values_ref, d_values_ref.bytes());
+  const auto values = download<uint8_t>(d_values, d_values.bytes());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (size_t b = 0; b < static_cast<size_t>(k) * elem; ++b) {
+      const size_t at = static_cast<size_t>(r * ldv) * elem + b;
+      ASSERT_EQ(values[at], values_ref[at]) << what << " row " << r << " byte " << b;
+    }
+    ASSERT_EQ(values[static_cast<size_t>(r * ldv + k) * elem], 0xff) << what << ": wrote past k in row " << r;
+  }
+  const auto scales_ref = download<uint32_t>(d_scales_ref, d_scales_ref.bytes() / 4);
+  scales = download<uint32_t>(d_scales, d_scales.bytes() / 4);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < scales_a_row; ++i) {
+      const size_t at = static_cast<size_t>(r * scale_stride + i);
+      ASSERT_EQ(scales[at], scales_ref[at]) << what << " scale row " << r << " " << i;
+      ASSERT_NE(scales[at], 0xffffffffu) << what << ": unwritten scale";
+    }
+}
+
 // The reorder + quantizer of an ARC model's o and down inputs in one launch against its two ops,
 // bit for bit: every activation format, ARC residuals, padded input rows, a NaN row.
 TEST_F(Gpu, GatherQuantizeEqualsGatherThenQuantizeBitwise) {
@@ -1917,26 +1943,10 @@ TEST_F(Gpu, GatherQuantizeEqualsGatherThenQuantizeBitwise) {
                                 d_values.get(), ldv, d_scales.as<float>(), scale_ld, nullptr, arc, c.e4m3);
       ASSERT_EQ(q.values, d_values.get());
       ASSERT_EQ(q.e4m3, c.e4m3);
-      const size_t elem = f16_values ? 2 : 1;
-      const auto values_ref = download<uint8_t>(d_values_ref, value_bytes);
-      const auto values = download<uint8_t>(d_values, value_bytes);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (size_t b = 0; b < static_cast<size_t>(k) * elem; ++b) {
-          const size_t at = static_cast<size_t>(r * ldv) * elem + b;
-          ASSERT_EQ(values[at], values_ref[at]) << what << " row " << r << " byte " << b;
-        }
-        EXPECT_EQ(values[static_cast<size_t>(r * ldv + k) * elem], 0xff) << what << ": wrote past k";
-      }
-      const auto scales_ref = download<uint32_t>(d_scales_ref, scale_bytes / 4);
-      const auto scales = download<uint32_t>(d_scales, scale_bytes / 4);
-      const int64_t scales_a_row = c.format == Format::int4 ? k / c.group : 1;
-      const int64_t scale_stride = c.format == Format::int4 ? scale_ld : 1;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < scales_a_row; ++i) {
-          const size_t at = static_cast<size_t>(r * scale_stride + i);
-          ASSERT_EQ(scales[at], scales_ref[at]) << what << " scale row " << r << " " << i;
-          ASSERT_NE(scales[at], 0xffffffffu) << what << ": unwritten scale";
-        }
+      std::vector<uint32_t> scales;
+      ASSERT_NO_FATAL_FAILURE(expect_same_quantized_rows(
+          d_values, d_values_ref, d_scales, d_scales_ref, rows, k, ldv, f16_values ? 2 : 1,
+          c.format == Format::int4 ? k / c.group : 1, c.format == Format::int4 ? scale_ld : 1, what, scales));
     }
   // Refused: no order, k < dim, residuals of another width, values aliasing x.
   auto d_x = upload(to_f16(random_f16_values(256)));
@@ -2031,26 +2041,12 @@ TEST_F(Gpu, RmsnormQuantizeEqualsTheUnfusedChainBitwise) {
           ASSERT_EQ(q.values, d_values.get());
           ASSERT_EQ(q.format, c.format);
           ASSERT_EQ(q.e4m3, c.e4m3);
-          const size_t elem = f16_values ? 2 : 1;
-          const auto values_ref = download<uint8_t>(d_values_ref, value_bytes);
-          const auto values = download<uint8_t>(d_values, value_bytes);
-          for (int64_t r = 0; r < rows; ++r)
-            for (size_t b = 0; b < static_cast<size_t>(k) * elem; ++b) {
-              const size_t at = static_cast<size_t>(r * ldv) * elem + b;
-              ASSERT_EQ(values[at], values_ref[at]) << what << " row " << r << " byte " << b;
-            }
-          // Row padding keeps its poison (nothing written past k).
-          if (rows > 0) EXPECT_EQ(values[static_cast<size_t>(k) * elem], 0xff) << what;
-          const auto scales_ref = download<uint32_t>(d_scales_ref, scale_bytes / 4);
-          const auto scales = download<uint32_t>(d_scales, scale_bytes / 4);
-          const int64_t scales_a_row = c.format == Format::int4 ? k / c.group : 1;
           const int64_t scale_stride = c.format == Format::int4 ? scale_ld : 1;
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t i = 0; i < scales_a_row; ++i) {
-              const size_t at = static_cast<size_t>(r * scale_stride + i);
-              ASSERT_EQ(scales[at], scales_ref[at]) << what << " scale row " << r << " " << i;
-              ASSERT_NE(scales[at], 0xffffffffu) << what << ": unwritten scale";
-            }
+          std::vector<uint32_t> scales;
+          ASSERT_NO_FATAL_FAILURE(expect_same_quantized_rows(d_values, d_values_ref, d_scales, d_scales_ref, rows, k, ldv,
+                                                             f16_values ? 2 : 1,
+                                                             c.format == Format::int4 ? k / c.group : 1, scale_stride,
+                                                             what, scales));
           if (nan_row) {
             float s1;
             std::memcpy(&s1, &scales[static_cast<size_t>(scale_stride)], 4);

@@ -93,31 +93,33 @@ CUtensorMap packed_stage_map(const void* codes, int64_t row_blocks, int64_t k, c
   return map;
 }
 
-template <class T>
-void launch_registers(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
-                      int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
-  auto* kernel = kernels::w4_s8_wgmma_rs_kernel<T>;
+// One wgmma GEMM launch over (token tiles, row tiles), PDL, with the kernel's dynamic shared memory
+// (the opt-in above 48 KB set once per kernel); the caller checks the launch.
+template <auto KERNEL>
+void launch_grid(int smem_bytes, int threads, const CUtensorMap& w_map, const CUtensorMap& x_map,
+                 const kernels::W4S8WgmmaParams& params, int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
   static const bool configured = [&] {
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     return true;
   }();
   (void)configured;
-  launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
-             T::kSmemBytes, stream, w_map, x_map, params);
+  launch_pdl(KERNEL, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(threads),
+             smem_bytes, stream, w_map, x_map, params);
+}
+
+template <class T>
+void launch_registers(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
+                      int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
+  launch_grid<kernels::w4_s8_wgmma_rs_kernel<T>>(T::kSmemBytes, T::kThreads, w_map, x_map, params, token_tiles,
+                                                 row_tiles, stream);
   QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_rs_kernel");
 }
 
 template <class T, bool E4M3>
 void launch_tile(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
                  int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
-  auto* kernel = kernels::w4_s8_wgmma_kernel<T, E4M3>;
-  static const bool configured = [&] {
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
-             T::kSmemBytes, stream, w_map, x_map, params);
+  launch_grid<kernels::w4_s8_wgmma_kernel<T, E4M3>>(T::kSmemBytes, T::kThreads, w_map, x_map, params, token_tiles,
+                                                    row_tiles, stream);
   QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_kernel");
 }
 
@@ -131,14 +133,8 @@ void launch_tile(bool e4m3, const CUtensorMap& w_map, const CUtensorMap& x_map, 
 template <class T, bool E4M3>
 void launch_fused(const CUtensorMap& w_map, const CUtensorMap& x_map, const kernels::W4S8WgmmaParams& params,
                   int64_t token_tiles, int64_t row_tiles, cudaStream_t stream) {
-  auto* kernel = kernels::w4_s8_wgmma_fused_kernel<T, E4M3>;
-  static const bool configured = [&] {
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  launch_pdl(kernel, dim3(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles)), dim3(T::kThreads),
-             T::kSmemBytes, stream, w_map, x_map, params);
+  launch_grid<kernels::w4_s8_wgmma_fused_kernel<T, E4M3>>(T::kSmemBytes, T::kThreads, w_map, x_map, params,
+                                                          token_tiles, row_tiles, stream);
   QSPEC_CUDA_CHECK_LAUNCH("w4_s8_wgmma_fused_kernel");
 }
 
