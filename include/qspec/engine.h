@@ -47,6 +47,12 @@ struct EngineOptions {
   // GEMM's kernel from it); "auto": the map for this GPU and model in bench/policies (or
   // $QSPEC_GEMM_POLICY_DIR) when there is one; "" or "none": the kernels' built-in crossovers.
   std::string gpu_gemm_policy;
+  // On the GPU, plain requests that sample (temperature, top_k / top_p / min_p, repetition
+  // penalty) draw their tokens on the device from their generator's draws, as the host Sampler
+  // would (cuda::sample_logits_f16): no logit rows cross to the host. false: the rows are copied
+  // and the host samples (the A/B baseline). QSpec cycles that sample stay on the host
+  // (rejection sampling needs both distributions).
+  bool gpu_sampling = true;
 };
 
 // A request. mode "qspec" drafts `gamma` tokens in `draft` and verifies them in `verify`; any

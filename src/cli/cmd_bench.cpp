@@ -46,6 +46,7 @@ struct BenchArgs {
   bool no_graphs = false;
   bool no_pdl = false;
   bool profile_step = false;
+  bool sampling = false;
   std::vector<int64_t> qspec_gammas;
   std::vector<std::string> qspec_drafts = {"w4a8"};
   double accept_rate = 1.0;
@@ -83,6 +84,7 @@ void run_gpu(const BenchArgs& args) {
   options.cuda_graphs = !args.no_graphs;
   options.programmatic_launch = !args.no_pdl;
   options.profile_step = args.profile_step;
+  options.sampling = args.sampling;
   options.qspec_gammas = args.qspec_gammas;
   options.qspec_drafts = args.qspec_drafts;
   options.accept_rate = args.accept_rate;
@@ -285,6 +287,9 @@ void register_bench(CLI::App& app) {
   command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
   command->add_flag("--no-pdl", args->no_pdl,
                     "cuda: fully serialized kernel launches (no programmatic dependent launch), to measure its worth");
+  command->add_flag("--sampling", args->sampling,
+                    "cuda: after each decode batch, time drawing its tokens with sampling filters on the GPU against "
+                    "copying the logit rows to the host sampler");
   command->add_flag("--profile-step", args->profile_step,
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();

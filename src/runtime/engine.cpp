@@ -784,14 +784,18 @@ struct Engine::Impl {
     gpu->set_activations(gpu_mode_activations);
     const std::vector<int32_t> ids = gpu->step(runs);
     ++totals.forward_passes;
+    std::vector<int32_t> next(group.size());
+    for (size_t g = 0; g < group.size(); ++g) next[g] = ids[static_cast<size_t>(first_row[g])];
+    if (options.gpu_sampling && !sampled.empty()) {
+      sample_on_gpu(group, sampled, first_row, next);
+      sampled.clear();
+    }
     need_logits = need_logits || !sampled.empty();
     const std::vector<float> logits = need_logits ? gpu->step_logits() : std::vector<float>{};
     const double elapsed = seconds_between(start, Clock::now());
     // Sampled rows draw in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms
     // of filtering), then every token is emitted in order on this thread.
     const int64_t vocab = model.config().vocab_size;
-    std::vector<int32_t> next(group.size());
-    for (size_t g = 0; g < group.size(); ++g) next[g] = ids[static_cast<size_t>(first_row[g])];
     ThreadPool::global().parallel_for(sampled.size(), 1, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         const size_t g = sampled[i];
@@ -823,6 +827,30 @@ struct Engine::Impl {
   }
 
 #ifdef QSPEC_HAVE_CUDA
+  // The next tokens of plain sampled rows, drawn on the GPU from the last step's logits: each
+  // sequence's generator gives the draw its host Sampler would have used (none when greedy), and
+  // the repetition penalty gets the distinct ids of the prompt and output.
+  void sample_on_gpu(const std::vector<Unit*>& group, const std::vector<size_t>& sampled,
+                     const std::vector<int64_t>& first_row, std::vector<int32_t>& next) {
+    std::vector<GpuLlama::RowSample> rows(sampled.size());
+    std::vector<std::vector<int32_t>> penalised(sampled.size());
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      Sequence& seq = *group[sampled[i]]->seq;
+      GpuLlama::RowSample& row = rows[i];
+      row.row = first_row[sampled[i]];
+      row.params = seq.sampler->params();
+      if (!row.params.greedy()) row.draw = seq.sampler->next_draw();
+      if (row.params.repetition_penalty != 1.0f) {
+        penalised[i] = seq.tokens;
+        std::sort(penalised[i].begin(), penalised[i].end());
+        penalised[i].erase(std::unique(penalised[i].begin(), penalised[i].end()), penalised[i].end());
+        row.penalised_ids = penalised[i];
+      }
+    }
+    const std::vector<int32_t> ids = gpu->sample_rows(rows);
+    for (size_t i = 0; i < sampled.size(); ++i) next[sampled[i]] = ids[i];
+  }
+
   // The GPU cache slot of a sequence: the one it holds, else a free one (a slot whose request is
   // no longer running), which it may only take at position 0.
   int64_t gpu_slot(const Sequence& seq, int64_t base) {

@@ -142,14 +142,22 @@ std::vector<float> Sampler::probabilities(std::span<const float> logits, std::sp
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (params_.greedy()) return sample_with_draw(logits, history, 0.0);
+  return sample_with_draw(logits, history, next_draw());
+}
+
+// 53 random bits -> uniform in [0, 1): the draw is the same on every platform.
+double Sampler::next_draw() { return static_cast<double>(generator_() >> 11) * 0x1.0p-53; }
+
+int32_t Sampler::sample_with_draw(std::span<const float> logits, std::span<const int32_t> history,
+                                  double draw) const {
   if (params_.greedy()) {
     if (params_.repetition_penalty == 1.0f) return argmax(logits);
     std::vector<float> scores = penalised(logits, history, params_.repetition_penalty);
     return argmax(scores);
   }
   std::vector<float> probs = probabilities(logits, history);
-  // 53 random bits -> uniform in [0, 1): the draw is the same on every platform.
-  const double draw = static_cast<double>(generator_() >> 11) * 0x1.0p-53;
+  // The first id (ascending) whose cumulative probability passes the draw.
   double cumulative = 0;
   int32_t last_candidate = 0;
   for (size_t i = 0; i < probs.size(); ++i) {

@@ -15,6 +15,12 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   // `history` holds the prompt and generated ids (for the repetition penalty).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // sample() split in two, for a sampler that runs elsewhere (the GPU's cuda::sample_logits):
+  // the next uniform draw in [0, 1) of this request's generator (what sample() consumes for a
+  // non-greedy token; greedy tokens consume none), and the token that draw picks from a row.
+  double next_draw();
+  int32_t sample_with_draw(std::span<const float> logits, std::span<const int32_t> history, double draw) const;
+  const SamplingParams& params() const { return params_; }
   // The filtered, renormalised distribution the next draw uses (sorted by id); exposed for
   // tests and for rejection sampling later.
   std::vector<float> probabilities(std::span<const float> logits, std::span<const int32_t> history) const;

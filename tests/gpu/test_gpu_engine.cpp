@@ -253,6 +253,48 @@ TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
   refused(too_long, "context is 256");
 }
 
+// Sampling on the GPU (EngineOptions::gpu_sampling, the default) draws the tokens the host's
+// Sampler draws from the same logit rows with the same seeds: two engines, one sampling on the
+// device and one copying the rows to the host, give every request the same tokens, under
+// continuous batching, for every filter (and greedy with a repetition penalty).
+TEST(GpuEngine, SamplingOnTheGpuDrawsWhatTheHostDraws) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const auto prompts = question_prompts(*tokenizer, 6);
+  std::vector<qspec::Request> requests;
+  const std::vector<qspec::SamplingParams> samplings = {
+      {.temperature = 1.0f, .seed = 1},
+      {.temperature = 0.8f, .top_p = 0.95f, .repetition_penalty = 1.1f, .seed = 2},
+      {.temperature = 0.7f, .top_k = 20, .seed = 3},
+      {.temperature = 1.2f, .top_k = 50, .top_p = 0.9f, .min_p = 0.05f, .seed = 4},
+      {.temperature = 0.0f, .repetition_penalty = 1.3f},
+      {.temperature = 1.5f, .min_p = 0.1f, .seed = 5},
+  };
+  for (size_t i = 0; i < 12; ++i) {
+    qspec::Request request;
+    request.prompt = prompts[i % prompts.size()];
+    request.max_new_tokens = 48;
+    request.ignore_eos = true;
+    request.sampling = samplings[i % samplings.size()];
+    request.sampling.seed += 100 * (i / samplings.size());
+    requests.push_back(request);
+  }
+  auto run = [&](bool gpu_sampling) {
+    qspec::EngineOptions options = batching_options();
+    options.max_batch_size = 8;  // 12 requests: slots are refilled as requests finish
+    options.gpu_sampling = gpu_sampling;
+    qspec::Engine engine(*model, tokenizer.get(), options);
+    return run_all(engine, requests);
+  };
+  const Outputs device = run(true), host = run(false);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(device.finish_reasons[i], "length") << i;
+    EXPECT_EQ(device.ids[i], host.ids[i]) << "request " << i << " (sampling " << i % samplings.size() << ")";
+  }
+}
+
 // An engine on a device that is not there, or a mode the GPU does not run, fails when it is
 // built, not at the first request.
 TEST(GpuEngine, BadDeviceOptionsFailAtConstruction) {

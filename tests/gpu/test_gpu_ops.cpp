@@ -408,6 +408,133 @@ TEST_F(Gpu, ArgmaxPicksTheLowestIdOnTies) {
   }
 }
 
+// The GPU sampler against its CPU twin, Sampler::sample_with_draw, on the same f16 rows, draws and
+// histories: every filter (temperature, top_k, top_p, min_p, repetition penalty, alone and
+// together), odd and full vocabularies (16-byte loads and scalar ones), rows with many exact ties
+// (the filters' tie order is lowest id first), peaked and flat rows. The two sum masses
+// differently (fixed point on the GPU, double on the CPU, the CPU's probabilities rounded to
+// float), so a token may differ only where the draw lies within 1e-6 of the boundary between
+// the two tokens' cumulative intervals; such rows are counted and must stay rare. A NaN row gives
+// -1 (the CPU sampler throws), and a second launch draws the same ids.
+TEST_F(Gpu, SampleLogitsMatchesTheCpuSampler) {
+  auto params_of = [](float temperature, int top_k, float top_p, float min_p, float penalty) {
+    qspec::SamplingParams p;
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.repetition_penalty = penalty;
+    return p;
+  };
+  for (int vocab : {477, 32000, 50257, 128256}) {
+    const std::vector<qspec::SamplingParams> cases = {
+        params_of(0.0f, 0, 1.0f, 0.0f, 1.0f),       params_of(0.0f, 0, 1.0f, 0.0f, 1.3f),
+        params_of(1.0f, 0, 1.0f, 0.0f, 1.0f),       params_of(0.7f, 0, 1.0f, 0.05f, 1.0f),
+        params_of(1.0f, 1, 1.0f, 0.0f, 1.0f),       params_of(0.8f, 40, 1.0f, 0.0f, 1.0f),
+        params_of(1.5f, 1000, 1.0f, 0.0f, 1.0f),    params_of(1.0f, vocab + 5, 1.0f, 0.0f, 1.0f),
+        params_of(1.0f, 0, 0.9f, 0.0f, 1.0f),       params_of(0.6f, 0, 0.5f, 0.0f, 1.0f),
+        params_of(0.7f, 50, 0.95f, 0.0f, 1.0f),     params_of(1.0f, 40, 0.9f, 0.02f, 1.2f),
+        params_of(2.0f, 0, 0.99f, 0.0f, 0.8f),      params_of(0.3f, 7, 0.8f, 0.1f, 1.1f),
+    };
+    enum class Shape { normal, ties, peaked };
+    struct RowCase {
+      size_t params;
+      Shape shape;
+    };
+    std::vector<RowCase> row_cases;
+    for (size_t c = 0; c < cases.size(); ++c)
+      for (Shape shape : {Shape::normal, Shape::ties, Shape::peaked})
+        for (int repeat = 0; repeat < 2; ++repeat) row_cases.push_back({c, shape});
+    const int rows = static_cast<int>(row_cases.size()) + 2;  // + a NaN row sampled and one taken greedily
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    std::vector<std::vector<int32_t>> histories(static_cast<size_t>(rows));
+    std::vector<cuda::SampleRowParams> device_params(static_cast<size_t>(rows));
+    std::vector<int32_t> penalty_ids;
+    std::uniform_int_distribution<int> any_id(0, vocab - 1), tie_level(-6, 6);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (int r = 0; r < rows; ++r) {
+      float* row = logits.data() + static_cast<size_t>(r) * vocab;
+      const Shape shape = r < static_cast<int>(row_cases.size()) ? row_cases[static_cast<size_t>(r)].shape : Shape::normal;
+      if (shape == Shape::ties) {
+        for (int i = 0; i < vocab; ++i) row[i] = 0.5f * static_cast<float>(tie_level(rng()));
+      } else {
+        const std::vector<float> values = random_f16_values(static_cast<size_t>(vocab), 3.0f);
+        std::copy(values.begin(), values.end(), row);
+        if (shape == Shape::peaked) row[any_id(rng())] = 14.0f;
+      }
+      // The history: random ids, repeats, and the row's top ids (so the penalty changes the order).
+      std::vector<int32_t>& history = histories[static_cast<size_t>(r)];
+      for (int i = 0; i < 24; ++i) history.push_back(any_id(rng()));
+      history.push_back(history[3]);
+      history.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      cuda::SampleRowParams& p = device_params[static_cast<size_t>(r)];
+      const qspec::SamplingParams sp = r < static_cast<int>(row_cases.size())
+                                           ? cases[row_cases[static_cast<size_t>(r)].params]
+                                           : params_of(r == rows - 2 ? 1.0f : 0.0f, 0, 0.9f, 0.0f, 1.0f);
+      if (r >= static_cast<int>(row_cases.size()))  // not id 0: the CPU's argmax is 0 when row[0] is NaN
+        row[1 + any_id(rng()) % (vocab - 1)] = std::numeric_limits<float>::quiet_NaN();
+      p.row = r;
+      p.temperature = sp.temperature;
+      p.top_k = sp.top_k;
+      p.top_p = sp.top_p;
+      p.min_p = sp.min_p;
+      p.repetition_penalty = sp.repetition_penalty;
+      p.draw = uniform(rng());
+      std::vector<int32_t> distinct = history;
+      std::sort(distinct.begin(), distinct.end());
+      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      p.penalty_offset = static_cast<int32_t>(penalty_ids.size());
+      p.penalty_count = sp.repetition_penalty != 1.0f ? static_cast<int32_t>(distinct.size()) : 0;
+      if (p.penalty_count > 0) penalty_ids.insert(penalty_ids.end(), distinct.begin(), distinct.end());
+    }
+    auto d_logits = upload(to_f16(logits));
+    auto d_params = upload(device_params);
+    auto d_penalty = upload(penalty_ids);
+    std::vector<std::vector<int32_t>> runs;
+    for (int launch = 0; launch < 2; ++launch) {
+      auto d_ids = poisoned(static_cast<size_t>(rows) * 4);
+      cuda::fill_bytes(d_ids.get(), 0x7f, static_cast<size_t>(rows) * 4);  // an id no vocabulary has
+      cuda::sample_logits_f16(d_logits.as<f16>(), vocab, d_params.as<cuda::SampleRowParams>(), rows,
+                              d_penalty.as<int32_t>(), d_ids.as<int32_t>(), nullptr);
+      cuda::synchronize();
+      runs.push_back(download<int32_t>(d_ids, static_cast<size_t>(rows)));
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "vocab " << vocab << ": a second launch drew other ids";
+    const std::vector<int32_t>& ids = runs[0];
+    int near_boundary = 0;
+    for (int r = 0; r < static_cast<int>(row_cases.size()); ++r) {
+      const cuda::SampleRowParams& p = device_params[static_cast<size_t>(r)];
+      const qspec::SamplingParams& sp = cases[row_cases[static_cast<size_t>(r)].params];
+      const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
+      const qspec::Sampler sampler(sp);
+      const int32_t expected = sampler.sample_with_draw(row, histories[static_cast<size_t>(r)], p.draw);
+      const std::string where = "vocab " + std::to_string(vocab) + " row " + std::to_string(r) + " (case " +
+                                std::to_string(row_cases[static_cast<size_t>(r)].params) + ", shape " +
+                                std::to_string(static_cast<int>(row_cases[static_cast<size_t>(r)].shape)) + ")";
+      ASSERT_GE(ids[static_cast<size_t>(r)], 0) << where;
+      ASSERT_LT(ids[static_cast<size_t>(r)], vocab) << where;
+      if (ids[static_cast<size_t>(r)] == expected) continue;
+      ASSERT_FALSE(sp.greedy()) << where << ": greedy picks differ, " << ids[static_cast<size_t>(r)] << " vs " << expected;
+      // Only a draw on the boundary between the two picks' cumulative intervals may differ.
+      const std::vector<float> probs = sampler.probabilities(row, histories[static_cast<size_t>(r)]);
+      const int32_t got = ids[static_cast<size_t>(r)];
+      ASSERT_GT(probs[static_cast<size_t>(got)], 0.0f) << where << ": the GPU picked " << got << ", which the CPU filters out";
+      double before = 0;
+      for (int32_t i = 0; i < got; ++i) before += probs[static_cast<size_t>(i)];
+      const double after = before + probs[static_cast<size_t>(got)];
+      EXPECT_TRUE(std::abs(p.draw - before) < 1e-6 || std::abs(p.draw - after) < 1e-6)
+          << where << ": draw " << p.draw << " picks " << expected << " on the CPU, " << got << " on the GPU, whose interval is ["
+          << before << ", " << after << ")";
+      ++near_boundary;
+    }
+    EXPECT_LE(near_boundary, 2) << "vocab " << vocab;
+    EXPECT_EQ(ids[static_cast<size_t>(rows - 2)], -1) << "vocab " << vocab << ": a sampled NaN row";
+    const std::span<const float> greedy_row(logits.data() + static_cast<size_t>(rows - 1) * vocab,
+                                            static_cast<size_t>(vocab));
+    EXPECT_EQ(ids[static_cast<size_t>(rows - 1)], qspec::Sampler::argmax(greedy_row)) << "vocab " << vocab << ": greedy with a NaN";
+  }
+}
+
 // ---- paged attention -----------------------------------------------------------------------
 
 namespace {

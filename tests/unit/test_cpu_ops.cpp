@@ -187,6 +187,32 @@ TEST(Sampler, GreedyAndFilters) {
   EXPECT_EQ(qspec::Sampler(params).sample(logits, std::vector<int32_t>{1}), 3);
 }
 
+// sample() is next_draw() then sample_with_draw() (the split the GPU sampler uses): the same
+// tokens for the same seed, and greedy tokens consume no draw.
+TEST(Sampler, SampleIsNextDrawThenSampleWithDraw) {
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(1000);
+  qspec::SamplingParams params;
+  params.temperature = 0.9f;
+  params.top_k = 50;
+  params.top_p = 0.9f;
+  params.seed = 5;
+  qspec::Sampler whole(params), split(params);
+  for (int step = 0; step < 50; ++step) {
+    for (float& v : logits) v = normal(generator);
+    const double draw = split.next_draw();
+    ASSERT_GE(draw, 0.0);
+    ASSERT_LT(draw, 1.0);
+    EXPECT_EQ(whole.sample(logits, {}), split.sample_with_draw(logits, {}, draw)) << step;
+  }
+  qspec::SamplingParams greedy;
+  greedy.repetition_penalty = 2.0f;
+  qspec::Sampler greedy_sampler(greedy);
+  EXPECT_EQ(greedy_sampler.sample(logits, std::vector<int32_t>{3}),
+            greedy_sampler.sample_with_draw(logits, std::vector<int32_t>{3}, 0.99));
+}
+
 namespace {
 // The filters by their definition: a stable sort of the whole vocabulary by score, then top_k,
 // the softmax at the temperature, the top_p prefix, the min_p floor (the sampler finds the same

@@ -10,10 +10,12 @@
 #include <optional>
 #include <random>
 
+#include "base/thread_pool.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"
+#include "runtime/sampler.h"
 
 namespace qspec {
 namespace {
@@ -344,6 +346,64 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
     gpu_options.synthetic_arc_channels = options.synthetic_arc_channels;
   }
   return GpuLlama::synthetic(config, mode, gpu_options, 1);
+}
+
+// The B tokens of the decode step just run, drawn with sampling filters: on the GPU
+// (GpuLlama::sample_rows, only ids come back) against the engine's host path (every logit row
+// copied back as f32, Sampler::sample per row on the thread pool). Median of `reps` each; the
+// GPU's floor is one read of the rows (B x vocab f16) at the copy bandwidth.
+nlohmann::json time_sampling(GpuLlama& gpu, const ModelConfig& config, int64_t batch, double copy_bytes_per_s,
+                             int reps) {
+  struct Setting {
+    const char* name;
+    SamplingParams params;
+  };
+  const std::vector<Setting> settings = {
+      {"T=1", {.temperature = 1.0f}},
+      {"T=0.8 top_k=40 top_p=0.95", {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f}},
+      {"T=0.7 top_p=0.9 min_p=0.05 rep=1.1", {.temperature = 0.7f, .top_p = 0.9f, .min_p = 0.05f, .repetition_penalty = 1.1f}},
+  };
+  const int64_t vocab = config.vocab_size;
+  std::vector<int32_t> history(256);
+  for (size_t i = 0; i < history.size(); ++i) history[i] = static_cast<int32_t>((7919 * i) % static_cast<size_t>(vocab));
+  nlohmann::json out = nlohmann::json::array();
+  for (const Setting& setting : settings) {
+    std::vector<Sampler> samplers(static_cast<size_t>(batch), Sampler(setting.params));
+    std::vector<GpuLlama::RowSample> rows(static_cast<size_t>(batch));
+    std::vector<double> host_s, device_s;
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      auto start = std::chrono::steady_clock::now();
+      const std::vector<float> logits = gpu.step_logits();
+      std::vector<int32_t> ids(static_cast<size_t>(batch));
+      ThreadPool::global().parallel_for(static_cast<size_t>(batch), 1, [&](size_t begin, size_t end) {
+        for (size_t r = begin; r < end; ++r)
+          ids[r] = samplers[r].sample(std::span<const float>(logits.data() + r * vocab, static_cast<size_t>(vocab)), history);
+      });
+      if (rep > 0) host_s.push_back(seconds_since(start));
+      for (int64_t r = 0; r < batch; ++r) {
+        GpuLlama::RowSample& row = rows[static_cast<size_t>(r)];
+        row.row = r;
+        row.params = setting.params;
+        row.draw = samplers[static_cast<size_t>(r)].next_draw();
+        row.penalised_ids = history;
+      }
+      start = std::chrono::steady_clock::now();
+      gpu.sample_rows(rows);
+      if (rep > 0) device_s.push_back(seconds_since(start));
+    }
+    const double host_ms = median(host_s) * 1e3, device_ms = median(device_s) * 1e3;
+    const double floor_ms = static_cast<double>(batch * vocab * 2) / copy_bytes_per_s * 1e3;
+    std::printf("%6lld  %-36s %10.3f %10.3f %8.1fx %10.4f %8.1f%%\n", static_cast<long long>(batch), setting.name,
+                host_ms, device_ms, host_ms / device_ms, floor_ms, 100.0 * floor_ms / device_ms);
+    out.push_back({{"batch", batch},
+                   {"setting", setting.name},
+                   {"host_ms", host_ms},
+                   {"gpu_ms", device_ms},
+                   {"speedup", host_ms / device_ms},
+                   {"gpu_floor_ms", floor_ms},
+                   {"gpu_roofline_fraction", floor_ms / device_ms}});
+  }
+  return out;
 }
 
 // Median milliseconds of `steps` decode steps of `batch` sequences at `context` positions (after
@@ -794,6 +854,25 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                                          {"roofline_fraction", roofline_ms / step_ms},
                                          {"gemm_sum_ms", gemm_ms},
                                          {"gemms_alone", gemms}});
+      }
+      if (options.sampling && !options.profile_step) {
+        std::printf("\n%s sampling the decode step's tokens (%lld-entry vocabulary): host = logit rows copied back + "
+                    "Sampler on %zu threads; GPU = sample_rows (ids only)\n",
+                    mode_name.c_str(), static_cast<long long>(config.vocab_size), ThreadPool::global().size());
+        std::printf("%6s  %-36s %10s %10s %9s %10s %9s\n", "batch", "filters", "host ms", "GPU ms", "speed-up",
+                    "floor ms", "of floor");
+        for (int64_t batch : options.batch_sizes) {
+          std::vector<int32_t> tokens(static_cast<size_t>(batch));
+          std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
+          for (int64_t s = 0; s < batch; ++s) {
+            tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
+            runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
+            gpu->truncate(s, options.context);
+          }
+          gpu->step(runs);  // the rows the samplers draw from
+          for (auto& entry : time_sampling(*gpu, config, batch, ceilings.copy_bytes_per_s, 10))
+            mode_record["sampling"].push_back(entry);
+        }
       }
       mode_record["weight_bytes"] = gpu->weight_bytes();
       mode_record["graphs_captured"] = gpu->graphs_captured();

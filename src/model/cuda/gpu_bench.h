@@ -41,6 +41,10 @@ struct GpuBenchOptions {
   // Profile mode: per mode and batch size, warm up, then run one decode step between
   // profiler_start/stop (for `ncu --profile-from-start off`); nothing is timed.
   bool profile_step = false;
+  // Sampling (--sampling): after each decode batch, the time to draw its B tokens with sampling
+  // filters from the step's logits on the GPU (GpuLlama::sample_rows) against the host path
+  // (the rows copied back, Sampler::sample on the thread pool), for a few filter settings.
+  bool sampling = false;
   // QSpec cycles (mode w4a16 only): per draft mode, batch size and gamma, gamma draft steps then one
   // W4A16 verify step of gamma + 1 tokens a sequence (all-token logits), timed as the engine
   // runs them. Acceptance is meaningless on random weights: tokens per cycle follow from

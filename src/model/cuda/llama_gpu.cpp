@@ -1,6 +1,7 @@
 #include "model/cuda/llama_gpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -258,6 +259,8 @@ struct GpuLlama::State {
   int64_t activation_group = 0;  // int4 activations: k values a scale covers
   size_t gemm_workspace_bytes = 0, attention_workspace_bytes = 0;
   int64_t last_logit_rows = 0;
+  // sample_rows: the rows' parameters, their penalised ids and the drawn ids (grown on demand).
+  DeviceMemory sample_params, sample_penalty_ids, sample_ids;
   // (batch, context bucket, whether run r is sequence r, activations): graphs read the block
   // tables there.
   std::map<std::tuple<int64_t, int64_t, bool, GpuActivations>, cuda::Graph> decode_graphs;
@@ -1012,6 +1015,61 @@ std::vector<float> GpuLlama::logits() const {
 
 std::vector<float> GpuLlama::step_logits() const {
   return copy_logit_rows(state_->logits, state_->last_logit_rows, state_->config.vocab_size);
+}
+
+std::vector<int32_t> GpuLlama::sample_rows(std::span<const RowSample> rows) {
+  State& s = *state_;
+  const int64_t vocab = s.config.vocab_size;
+  std::vector<cuda::SampleRowParams> params;
+  std::vector<int32_t> penalty_ids;
+  params.reserve(rows.size());
+  for (const RowSample& r : rows) {
+    QSPEC_CHECK(r.row >= 0 && r.row < s.last_logit_rows, "GPU sampling: row ", r.row, " of a step with ",
+                s.last_logit_rows, " logit rows");
+    const SamplingParams& p = r.params;
+    QSPEC_CHECK(std::isfinite(p.temperature) && p.temperature >= 0 && p.top_k >= 0 && p.top_p > 0 && p.top_p <= 1 &&
+                    p.min_p >= 0 && p.min_p <= 1 && p.repetition_penalty > 0,
+                "GPU sampling: bad sampling parameters (temperature ", p.temperature, ", top_k ", p.top_k, ", top_p ",
+                p.top_p, ", min_p ", p.min_p, ", repetition_penalty ", p.repetition_penalty, ")");
+    QSPEC_CHECK(p.greedy() || (r.draw >= 0 && r.draw < 1), "GPU sampling: draw ", r.draw, " outside [0, 1)");
+    cuda::SampleRowParams row;
+    row.row = static_cast<int32_t>(r.row);
+    row.top_k = p.top_k;
+    row.temperature = p.temperature;
+    row.top_p = p.top_p;
+    row.min_p = p.min_p;
+    row.repetition_penalty = p.repetition_penalty;
+    row.draw = r.draw;
+    row.penalty_offset = static_cast<int32_t>(penalty_ids.size());
+    if (p.repetition_penalty != 1.0f)
+      for (int32_t id : r.penalised_ids)
+        if (id >= 0 && id < vocab) penalty_ids.push_back(id);
+    row.penalty_count = static_cast<int32_t>(penalty_ids.size()) - row.penalty_offset;
+    params.push_back(row);
+  }
+  if (params.empty()) return {};
+  auto fit = [](DeviceMemory& buffer, size_t bytes, const char* name) {
+    if (buffer.bytes() < bytes) buffer = allocate(std::max<size_t>(bytes, 4096), name);
+  };
+  fit(s.sample_params, params.size() * sizeof(cuda::SampleRowParams), "sampling parameters");
+  fit(s.sample_ids, params.size() * 4, "sampled ids");
+  // On the step's stream (non-blocking): ordered before the kernel; the host vectors outlive the
+  // synchronisation below.
+  cuda::copy_to_device_async(s.sample_params.get(), params.data(), params.size() * sizeof(cuda::SampleRowParams),
+                             s.stream);
+  if (!penalty_ids.empty()) {
+    fit(s.sample_penalty_ids, penalty_ids.size() * 4, "penalised ids");
+    cuda::copy_to_device_async(s.sample_penalty_ids.get(), penalty_ids.data(), penalty_ids.size() * 4, s.stream);
+  }
+  cuda::sample_logits_f16(s.logits.as<f16_bits>(), vocab, s.sample_params.as<cuda::SampleRowParams>(),
+                          static_cast<int64_t>(params.size()),
+                          penalty_ids.empty() ? nullptr : s.sample_penalty_ids.as<int32_t>(), s.sample_ids.as<int32_t>(),
+                          s.stream);
+  std::vector<int32_t> ids(params.size());
+  cuda::copy_to_host_async(ids.data(), s.sample_ids.get(), ids.size() * 4, s.stream);
+  cuda::stream_synchronize(s.stream);
+  for (int32_t id : ids) QSPEC_CHECK(id >= 0, "sampler: NaN in logits");
+  return ids;
 }
 
 void GpuLlama::set_activations(GpuActivations activations) {

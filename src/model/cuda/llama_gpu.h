@@ -29,6 +29,7 @@
 
 #include "gemm/policy_map.h"
 #include "model/llama.h"
+#include "qspec/sampling.h"
 
 namespace qspec {
 
@@ -114,6 +115,17 @@ class GpuLlama {
   // Every logits row of the last step (the rows step() returned ids for, in that order), as f32:
   // what a sampler needs beyond greedy.
   std::vector<float> step_logits() const;
+  // Draws tokens from rows of the last step's logits on the device, as Sampler::sample_with_draw
+  // does from the same rows and draws (cuda::sample_logits_f16): only the ids come back, not the
+  // rows (a 128k-entry row is 256 KB). Throws "sampler: NaN in logits" for a row the CPU
+  // sampler would refuse.
+  struct RowSample {
+    int64_t row = 0;  // a row of the last step's logits, in step_logits() order
+    SamplingParams params;
+    double draw = 0;                         // Sampler::next_draw() (unused when greedy)
+    std::span<const int32_t> penalised_ids;  // distinct ids the repetition penalty applies to
+  };
+  std::vector<int32_t> sample_rows(std::span<const RowSample> rows);
 
   // Activation precision of the following steps (4-bit models only; the constructor's mode sets
   // the first, gpu_activations(mode)). int4 uses the constructor mode's activation group size.

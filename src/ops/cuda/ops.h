@@ -222,6 +222,30 @@ void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, voi
 void argmax_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
 void argmax_f16(const f16_bits* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
 
+// Sampling on the device: one logit row's parameters (SamplingParams as plain numbers, plus the
+// request generator's uniform draw in [0, 1), Sampler::next_draw).
+struct SampleRowParams {
+  int32_t row = 0;                 // which row of `logits`
+  int32_t top_k = 0;               // 0 (or >= vocab): off
+  float temperature = 0.0f;        // <= 0: greedy (argmax of the penalised scores)
+  float top_p = 1.0f;              // 1: off
+  float min_p = 0.0f;              // 0: off
+  float repetition_penalty = 1.0f; // 1: off
+  double draw = 0.0;
+  int32_t penalty_offset = 0;      // the row's penalised ids: penalty_ids[offset .. offset + count),
+  int32_t penalty_count = 0;       // distinct, in [0, vocab)
+};
+static_assert(sizeof(SampleRowParams) == 40, "SampleRowParams is copied to the device as is");
+// ids[i] = the token Sampler::sample_with_draw picks from row params[i].row of `logits` (f16
+// [rows, vocab]) with the params' draw: the repetition penalty, temperature, top_k, top_p and
+// min_p filters and the draw over the kept tokens in id order, with ties ranked by lower id.
+// Masses are summed in 2^-44 fixed point (deterministic, whatever the thread order), so a token
+// can differ from the CPU's only where the draw or a filter falls within ~1e-9 of a boundary.
+// A row holding a NaN (not greedy) gives -1, as the CPU sampler refuses it; a row whose maximum
+// is not finite gives its argmax. params, penalty_ids, ids: device. One block a row.
+void sample_logits_f16(const f16_bits* logits, int64_t vocab, const SampleRowParams* params, int64_t count,
+                       const int32_t* penalty_ids, int32_t* ids, void* stream);
+
 // A chained greedy decode step's inputs from the last one's outputs, on the device (QSpec drafts
 // without a host round trip): for r < runs, chain_ids[r] = out_ids[r]; with `advance` also
 // ids[r] = out_ids[r], positions[r] += 1, context_lens[r] += 1 (one token a run).
