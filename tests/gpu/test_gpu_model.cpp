@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "gpu_model_fixture.h"
@@ -319,6 +320,74 @@ TEST(GpuModel, GraphsAndPlainLaunchesAgree) {
   qspec::GpuLlama plain(*model, qspec::parse_run_mode("w4a16"), options);
   for (const auto& prompt : prompts) EXPECT_EQ(alone(with_graphs, prompt, 48), alone(plain, prompt, 48));
   EXPECT_GT(with_graphs.graphs_captured(), 0);
+  EXPECT_EQ(plain.graphs_captured(), 0);
+}
+
+// QSpec verify steps replayed from CUDA graphs (GpuLlamaOptions::verify_graphs) give the logits
+// and ids of plain launches: three runs of 2-6 tokens with all logits, in order and reversed
+// (gathered block tables), with rollbacks, across a context bucket (256 -> 512 positions). The
+// graphs size the attention's split count from the bucket, so logits may differ by rounding
+// only; ids only where the two top logits are that close.
+TEST(GpuModel, VerifyGraphsAgreeWithPlainLaunches) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const int64_t vocab = model->config().vocab_size;
+  qspec::GpuLlamaOptions options;
+  options.max_seqs = 3;
+  options.max_context = 512;
+  options.verify_graphs = true;
+  qspec::GpuLlama graphs(*model, qspec::parse_run_mode("w4a16"), options);
+  options.cuda_graphs = false;  // (and so no verify graphs, whatever QSPEC_VERIFY_GRAPHS says)
+  qspec::GpuLlama plain(*model, qspec::parse_run_mode("w4a16"), options);
+  std::mt19937 generator(3);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  // Prompts continued by random tokens to ~200 positions, prefilled in one step.
+  std::vector<std::vector<int32_t>> prefills = question_prompts(*tokenizer, 3);
+  for (auto& prefill : prefills)
+    while (prefill.size() < 200) prefill.push_back(token(generator));
+  std::vector<qspec::GpuLlama::Run> prefill_runs;
+  for (int64_t s = 0; s < 3; ++s) prefill_runs.push_back({s, prefills[static_cast<size_t>(s)]});
+  EXPECT_EQ(graphs.step(prefill_runs), plain.step(prefill_runs));
+  const int64_t before = graphs.graphs_captured();
+  for (int round = 0; round < 40; ++round) {
+    const int64_t run_tokens = 2 + round % 5;
+    const bool reversed = round % 3 == 1;
+    std::vector<std::vector<int32_t>> inputs(3);
+    std::vector<qspec::GpuLlama::Run> runs;
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < run_tokens; ++i) inputs[static_cast<size_t>(r)].push_back(token(generator));
+      qspec::GpuLlama::Run run{reversed ? 2 - r : r, inputs[static_cast<size_t>(r)]};
+      run.all_logits = true;
+      runs.push_back(run);
+    }
+    const std::vector<int32_t> ids = graphs.step(runs), expected = plain.step(runs);
+    const std::vector<float> logits = graphs.step_logits(), expected_logits = plain.step_logits();
+    ASSERT_EQ(ids.size(), static_cast<size_t>(3 * run_tokens));
+    ASSERT_EQ(logits.size(), expected_logits.size());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(logits[i])) << "round " << round << " logit " << i;
+      diff += (logits[i] - expected_logits[i]) * (logits[i] - expected_logits[i]);
+      norm += expected_logits[i] * expected_logits[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 2e-3) << "round " << round;
+    for (size_t row = 0; row < ids.size(); ++row) {
+      if (ids[row] == expected[row]) continue;
+      const float* plain_row = expected_logits.data() + row * static_cast<size_t>(vocab);
+      EXPECT_LT(std::abs(plain_row[ids[row]] - plain_row[expected[row]]), 1e-2f)
+          << "round " << round << " row " << row << ": ids " << ids[row] << " vs " << expected[row];
+    }
+    // Roll back the last token of every other round (the rejected draft's K/V is rewritten).
+    if (round % 2 == 1)
+      for (int64_t s = 0; s < 3; ++s) {
+        graphs.truncate(s, graphs.length(s) - 1);
+        plain.truncate(s, plain.length(s) - 1);
+      }
+  }
+  EXPECT_GT(graphs.length(0), 256) << "the rounds must cross the 256-position bucket";
+  EXPECT_GE(graphs.graphs_captured() - before, 10) << "verify steps replay graphs (5 run lengths x 2 orders, 2 buckets)";
   EXPECT_EQ(plain.graphs_captured(), 0);
 }
 

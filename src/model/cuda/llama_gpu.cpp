@@ -220,6 +220,22 @@ int64_t context_bucket(int64_t context, int64_t max_context) {
   return std::min(bucket, max_context);
 }
 
+// QSPEC_VERIFY_GRAPHS=1: every model replays verify graphs (GpuLlamaOptions::verify_graphs).
+bool verify_graphs_forced() {
+  static const bool forced = [] {
+    const char* text = std::getenv("QSPEC_VERIFY_GRAPHS");
+    if (text == nullptr || *text == '\0') return false;
+    const std::string value(text);
+    QSPEC_CHECK(value == "0" || value == "1", "QSPEC_VERIFY_GRAPHS: '", value, "' is not 0 or 1");
+    return value == "1";
+  }();
+  return forced;
+}
+
+// A verify step's graph key holds its tokens a run: QSpec verifies at most kMaxChainSteps + 1
+// (a longer uniform multi-token step, such as a perplexity window, runs its kernels directly).
+constexpr int64_t kMaxVerifyGraphTokens = 17;
+
 }  // namespace
 
 struct GpuLlama::State {
@@ -228,7 +244,7 @@ struct GpuLlama::State {
   GpuActivations activations = GpuActivations::f16;
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
-  bool cuda_graphs = true;
+  bool cuda_graphs = true, verify_graphs = false;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -264,9 +280,12 @@ struct GpuLlama::State {
   // (batch, context bucket, whether run r is sequence r, activations): graphs read the block
   // tables there.
   std::map<std::tuple<int64_t, int64_t, bool, GpuActivations>, cuda::Graph> decode_graphs;
+  // (runs, tokens a run, context bucket, whether run r is sequence r, activations): verify steps.
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, GpuActivations>, cuda::Graph> verify_graphs_by_shape;
 
   ~State() {
     decode_graphs.clear();
+    verify_graphs_by_shape.clear();
     if (stream != nullptr) cuda::destroy_stream(stream);
   }
 
@@ -309,6 +328,7 @@ struct GpuLlama::State {
       QSPEC_CHECK(policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ", policy->gpu,
                   ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
     decode_graphs.clear();
+    verify_graphs_by_shape.clear();
     gemm_policy = std::move(policy);
     for (Layer& layer : layers)
       for (Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
@@ -454,6 +474,27 @@ struct GpuLlama::State {
     }
     found->second.launch(stream);
   }
+  // A QSpec verify step (runs of run_tokens tokens each, every token's logits, inputs on the
+  // device): the graph of this shape and context bucket, captured on first use, or the kernels
+  // themselves. The prefill attention takes its split count from the bucket and each query's
+  // keys from its position, as the decode graphs do.
+  void enqueue_verify(int64_t runs, int64_t run_tokens, int64_t max_context_in_step, bool identity_tables,
+                      const int32_t* tables) {
+    const int64_t tokens = runs * run_tokens;
+    if (!verify_graphs || run_tokens > kMaxVerifyGraphTokens) {
+      enqueue_forward(tokens, runs, run_tokens, max_context_in_step, false, tables, tokens, false);
+      return;
+    }
+    const int64_t bucket = context_bucket(max_context_in_step, max_context);
+    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations);
+    auto found = verify_graphs_by_shape.find(key);
+    if (found == verify_graphs_by_shape.end()) {
+      cuda::Graph graph = cuda::Graph::capture(
+          stream, [&] { enqueue_forward(tokens, runs, run_tokens, bucket, false, tables, tokens, false); });
+      found = verify_graphs_by_shape.emplace(key, std::move(graph)).first;
+    }
+    found->second.launch(stream);
+  }
   // Enqueues the forward pass of a step whose inputs are on the device. `tables`: the runs'
   // block-table rows. logit_rows: how many rows get logits (gathered at input_logit_rows unless
   // they are every token). Ends with the argmax ids in out_ids.
@@ -507,6 +548,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::min(max_logit_rows, max_step_tokens);
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
+  verify_graphs = cuda_graphs && (options.verify_graphs || verify_graphs_forced());
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
@@ -986,7 +1028,12 @@ int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
   }
   s.inputs_copied.record(s.stream);
 
+  // A QSpec verify step: every run the same number of tokens, all of their logits.
+  bool verify = !decode;
+  for (const Run& run : runs)
+    verify = verify && run.all_logits && static_cast<int64_t>(run.tokens.size()) == max_query_len;
   if (decode) s.enqueue_decode(num_runs, max_context_in_step, identity_tables, tables);
+  else if (verify) s.enqueue_verify(num_runs, max_query_len, max_context_in_step, identity_tables, tables);
   else s.enqueue_forward(tokens, num_runs, max_query_len, max_context_in_step, decode, tables, logit_rows, gather);
   for (const Run& run : runs) lengths_[static_cast<size_t>(run.seq)] += static_cast<int64_t>(run.tokens.size());
   return logit_rows;
@@ -1118,7 +1165,9 @@ void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
 
 const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
 
-int64_t GpuLlama::graphs_captured() const { return static_cast<int64_t>(state_->decode_graphs.size()); }
+int64_t GpuLlama::graphs_captured() const {
+  return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());
+}
 
 size_t GpuLlama::weight_bytes() const {
   const State& s = *state_;
