@@ -7,6 +7,7 @@
 // is tools/qspec_grid.py's job; its results are in bench/results/qspec-grid-*.json.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -137,6 +138,30 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
               static_cast<long long>(matched), static_cast<long long>(totals.accepted),
               static_cast<long long>(totals.drafted), 100.0 * totals.acceptance_rate());
   EXPECT_EQ(matched, 400);
+}
+
+// tests/data/gsm/w4a16_greedy_reference.json, the W4A16 reference the gpu tests compare the GPU
+// with on all 400 problems (tests/gpu/gpu_model_fixture.h), is what the CPU computes now: the
+// same prompt ids, and each output the first max_tokens (96) of the CPU's greedy W4A16 output.
+// When the CPU's W4A16 numerics change on purpose, regenerate it with the command it records.
+TEST(QSpecGsm, CommittedW4A16ReferenceIsCurrent) {
+  Fixture& f = fixture();
+  std::ifstream file(QSPEC_SOURCE_DIR "/tests/data/gsm/w4a16_greedy_reference.json");
+  ASSERT_TRUE(file.good());
+  const nlohmann::json saved = nlohmann::json::parse(file);
+  const auto prompts = saved.at("prompts").get<std::vector<std::vector<int32_t>>>();
+  const auto outputs = saved.at("outputs").get<std::vector<std::vector<int32_t>>>();
+  const auto max_tokens = saved.at("max_tokens").get<size_t>();
+  ASSERT_EQ(prompts.size(), f.prompts.size());
+  ASSERT_EQ(outputs.size(), f.references.size());
+  ASSERT_LE(max_tokens, static_cast<size_t>(kMaxTokens));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(prompts[i], f.prompts[i]) << "problem " << i;
+    const std::vector<int32_t>& full = f.references[i];
+    const std::vector<int32_t> expected(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(std::min(max_tokens, full.size())));
+    EXPECT_EQ(outputs[i], expected) << "problem " << i << ": the committed reference is stale (regenerate it: "
+                                    << saved.value("command", std::string("qspec eval qspec ... --save-reference")) << ")";
+  }
 }
 
 TEST(QSpecGsm, GreedyEqualsW4A16ForEveryDraftModeAndGammaOnASubset) {

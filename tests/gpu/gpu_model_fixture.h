@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,6 +16,16 @@
 namespace qspec_gpu_test {
 
 inline const std::string kModelDir = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+
+// The CPU's W4A16 greedy outputs of all 400 eval problems (prompt ids and outputs of at most 96
+// tokens), saved by `qspec eval qspec models/gsm-synth-llama --limit 0 -n 96 --drafts w4a8
+// --gammas 1 --batch-sizes 16 --save-reference FILE` and kept current by the CPU test
+// QSpecGsm.CommittedW4A16ReferenceIsCurrent. QSPEC_GPU_REFERENCE names another file; set empty,
+// the tests compute references for a subset on the CPU instead.
+inline std::string gpu_reference_path() {
+  const char* path = std::getenv("QSPEC_GPU_REFERENCE");
+  return path != nullptr ? std::string(path) : QSPEC_SOURCE_DIR "/tests/data/gsm/w4a16_greedy_reference.json";
+}
 
 inline void require_gpu() {
   ASSERT_GT(qspec::cuda::device_count(), 0) << "no CUDA GPU visible: the gpu tests need one";

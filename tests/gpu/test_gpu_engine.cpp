@@ -49,19 +49,19 @@ Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& reques
   return out;
 }
 
-// The W4A16 greedy references: all 400 eval problems from QSPEC_GPU_REFERENCE (saved by `qspec
-// eval qspec --save-reference`), else `fallback` question prompts with no references (the
-// caller computes them).
+// The W4A16 greedy references: all 400 eval problems from the committed CPU reference
+// (gpu_reference_path), else (QSPEC_GPU_REFERENCE set empty) `fallback` question prompts with no
+// references (the caller computes them).
 struct Reference {
   std::vector<std::vector<int32_t>> prompts, outputs;
   int64_t max_tokens = 96;
 };
 Reference load_reference(const qspec::Tokenizer& tokenizer, int fallback) {
   Reference reference;
-  const char* path = std::getenv("QSPEC_GPU_REFERENCE");
-  if (path != nullptr && *path != '\0') {
+  const std::string path = qspec_gpu_test::gpu_reference_path();
+  if (!path.empty()) {
     std::ifstream file(path);
-    if (!file.good()) throw qspec::Error(std::string("cannot read QSPEC_GPU_REFERENCE ") + path);
+    if (!file.good()) throw qspec::Error("cannot read the W4A16 reference " + path);
     const nlohmann::json saved = nlohmann::json::parse(file);
     reference.prompts = saved["prompts"].get<std::vector<std::vector<int32_t>>>();
     reference.outputs = saved["outputs"].get<std::vector<std::vector<int32_t>>>();
@@ -86,7 +86,7 @@ qspec::EngineOptions batching_options() {
 
 // Greedy W4A16 through the GPU engine, many requests at once (continuous batching, chunked
 // prefill beside decode tokens, slots refilled as requests finish), equals the CPU's W4A16
-// greedy output: all 400 eval problems against QSPEC_GPU_REFERENCE (saved by `qspec eval qspec
+// greedy output: all 400 eval problems against the committed CPU reference (saved by `qspec eval qspec
 // --save-reference`), else a subset against the CPU engine run here.
 TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
@@ -131,7 +131,7 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
 // and KV cache, W4A16 verify runs of gamma + 1 tokens that overwrite the drafts' K/V, greedy
 // acceptance from the GPU's argmax ids, under continuous batching beside prompt chunks. The
 // output must equal W4A16 greedy decoding: the same references as the test above (all 400
-// problems with QSPEC_GPU_REFERENCE), gamma 1..6 across the requests, some adaptive.
+// problems with the committed reference), gamma 1..6 across the requests, some adaptive.
 class GpuEngineDrafts : public testing::TestWithParam<const char*> {};
 
 // Every draft mode the GPU runs: greedy QSpec output is W4A16's, token for token.
@@ -318,7 +318,7 @@ TEST(GpuEngine, BadDeviceOptionsFailAtConstruction) {
 // GPU: its W4A16 greedy output equals the CPU's on the same checkpoint, and greedy QSpec with
 // every ARC draft mode (residual channels quantized into the augmented columns), a plain 4-bit
 // draft and the int8 draft (reordered, zero augmented columns) equals it too, under continuous
-// batching. The eval problems of QSPEC_GPU_REFERENCE (all 400 on the device), else 24.
+// batching. The eval problems of the committed reference (all 400), else 24.
 TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   auto model = qspec::LlamaModel::load(kModelDir);
