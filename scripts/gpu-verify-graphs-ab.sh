@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call for what this tree left unrun on a GPU (docs/perf-notes.md, "Verify steps as
+# CUDA graphs"): build, the whole `gpu` label with verify graphs forced on (QSPEC_VERIFY_GRAPHS=1:
+# the new VerifyGraphsAgreeWithPlainLaunches test and every QSpec == W4A16 test over them), then
+# the QSpec cycle benchmark with and without them, alternating, two rounds. Logs and JSON to $OUT.
+# usage (source root, deps bundled by scripts/bundle-deps.sh): scripts/gpu-verify-graphs-ab.sh DEPS [COMMIT]
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+deps=${1:-.deps}
+export QSPEC_COMMIT=${2:-${QSPEC_COMMIT:-unknown}}
+GPU_RUN_STEPS=build scripts/gpu-run.sh "$deps" || exit $?
+start=$(date +%s)
+QSPEC_VERIFY_GRAPHS=1 ./build/tests/qspec_gpu_tests > "$out/gpu_tests.log" 2>&1
+echo "gpu tests (verify graphs on) rc=$? in $(( $(date +%s) - start )) s"
+grep -E "^\[  (FAILED|PASSED) |Failure|identical|400 / 400" "$out/gpu_tests.log" | head -40
+args=(--device cuda --synthetic llama3-8b --modes w4a16 --batch-sizes 1,16,32 --prompt-lengths 128 --steps 32
+      --qspec-gammas 1,2,4 --qspec-drafts w4a8)
+# The device tool returns at most 8 files: one log for every bench run, JSON for round 1 only.
+for round in 1 2; do
+  for graphs in 0 1; do
+    json_dir=""
+    (( round == 1 )) && json_dir="$out/graphs$graphs" && mkdir -p "$json_dir"
+    echo "== round $round, verify graphs $graphs" >> "$out/bench.log"
+    QSPEC_VERIFY_GRAPHS=$graphs timeout 150 ./build/qspec bench "${args[@]}" --out-dir "$json_dir" >> "$out/bench.log" 2>&1
+    echo "== round $round, verify graphs $graphs: rc=$?"
+  done
+done
+grep -E "^== round|^ +[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ " "$out/bench.log"
