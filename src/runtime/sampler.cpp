@@ -98,8 +98,11 @@ std::vector<float> Sampler::probabilities(std::span<const float> logits, std::sp
     // reach top_p of the mass and to hold every token min_p keeps.
     // (A hair more than top_p of it: the head is summed from float weights, the walk below from
     // double quotients.)
+    // With min_p the head is every token min_p can keep (weight >= min_p, less a hair for the
+    // float weights here): whatever top_p would cut further down is cut by min_p anyway, so a
+    // flat row's head stays small instead of growing until it holds top_p of the mass.
     const double needed = params_.top_p < 1.0f ? params_.top_p * total * (1.0 + 1e-6) : 0.0;
-    double threshold = params_.min_p > 0.0f ? std::min(1e-4, static_cast<double>(params_.min_p)) : 1e-4;
+    double threshold = params_.min_p > 0.0f ? static_cast<double>(params_.min_p) * (1.0 - 1e-6) : 1e-4;
     while (true) {
       order.clear();
       double head_mass = 0;
@@ -108,7 +111,7 @@ std::vector<float> Sampler::probabilities(std::span<const float> logits, std::sp
           order.push_back(static_cast<int32_t>(id));
           head_mass += all[id];
         }
-      if (head_mass >= needed || threshold == 0.0 || order.size() == vocab) break;
+      if (params_.min_p > 0.0f || head_mass >= needed || threshold == 0.0 || order.size() == vocab) break;
       threshold = threshold < 1e-30 ? 0.0 : threshold * 1e-4;
     }
     std::sort(order.begin(), order.end(), ranks_before);

@@ -261,7 +261,7 @@ TEST(Sampler, FastFiltersMatchTheFullSortDefinition) {
     params.temperature = 0.3f + 0.2f * static_cast<float>(trial % 6);
     params.top_k = trial % 4 == 1 ? 1 + trial * 7 : 0;
     params.top_p = trial % 3 == 0 ? 1.0f : 0.5f + 0.1f * static_cast<float>(trial % 5);
-    params.min_p = trial % 5 == 2 ? 0.05f : 0.0f;
+    params.min_p = trial % 5 == 2 ? 0.05f : trial % 7 == 3 ? 0.3f : 0.0f;
     const std::vector<float> fast = qspec::Sampler(params).probabilities(logits, {});
     const std::vector<float> expected = reference_probabilities(logits, params);
     ASSERT_EQ(fast.size(), expected.size());
