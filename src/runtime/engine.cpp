@@ -829,23 +829,17 @@ struct Engine::Impl {
 #ifdef QSPEC_HAVE_CUDA
   // The next tokens of plain sampled rows, drawn on the GPU from the last step's logits: each
   // sequence's generator gives the draw its host Sampler would have used (none when greedy), and
-  // the repetition penalty gets the distinct ids of the prompt and output.
+  // the repetition penalty gets the prompt and output ids (the kernel applies each id once).
   void sample_on_gpu(const std::vector<Unit*>& group, const std::vector<size_t>& sampled,
                      const std::vector<int64_t>& first_row, std::vector<int32_t>& next) {
     std::vector<GpuLlama::RowSample> rows(sampled.size());
-    std::vector<std::vector<int32_t>> penalised(sampled.size());
     for (size_t i = 0; i < sampled.size(); ++i) {
       Sequence& seq = *group[sampled[i]]->seq;
       GpuLlama::RowSample& row = rows[i];
       row.row = first_row[sampled[i]];
       row.params = seq.sampler->params();
       if (!row.params.greedy()) row.draw = seq.sampler->next_draw();
-      if (row.params.repetition_penalty != 1.0f) {
-        penalised[i] = seq.tokens;
-        std::sort(penalised[i].begin(), penalised[i].end());
-        penalised[i].erase(std::unique(penalised[i].begin(), penalised[i].end()), penalised[i].end());
-        row.penalised_ids = penalised[i];
-      }
+      row.penalised_ids = seq.tokens;  // read by sample_rows only when the penalty is on
     }
     const std::vector<int32_t> ids = gpu->sample_rows(rows);
     for (size_t i = 0; i < sampled.size(); ++i) next[sampled[i]] = ids[i];

@@ -8,7 +8,9 @@
 
 namespace qspec {
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), generator_(params.seed) {
+Sampler::Sampler(const SamplingParams& params) : params_(params), generator_(params.seed) { check(params); }
+
+void Sampler::check(const SamplingParams& params) {
   QSPEC_CHECK(std::isfinite(params.temperature) && params.temperature >= 0, "temperature must be >= 0, got ",
               params.temperature);
   QSPEC_CHECK(params.top_k >= 0, "top_k must be >= 0, got ", params.top_k);
@@ -94,13 +96,11 @@ std::vector<float> Sampler::probabilities(std::span<const float> logits, std::sp
       return probs;
     }
     const std::vector<float>& all = probs;
-    // The head: tokens of weight >= threshold (the top token has weight 1), enough of them to
-    // reach top_p of the mass and to hold every token min_p keeps.
-    // (A hair more than top_p of it: the head is summed from float weights, the walk below from
-    // double quotients.)
-    // With min_p the head is every token min_p can keep (weight >= min_p, less a hair for the
-    // float weights here): whatever top_p would cut further down is cut by min_p anyway, so a
-    // flat row's head stays small instead of growing until it holds top_p of the mass.
+    // The head: tokens of weight >= threshold (the top token has weight 1). With min_p it is
+    // every token min_p can keep (weight >= min_p, less a hair for the float weights here):
+    // whatever top_p would cut further down is cut by min_p anyway, so a flat row's head stays
+    // small. Without, enough of them to reach top_p of the mass (a hair more than top_p of it:
+    // the head is summed from float weights, the walk below from double quotients).
     const double needed = params_.top_p < 1.0f ? params_.top_p * total * (1.0 + 1e-6) : 0.0;
     double threshold = params_.min_p > 0.0f ? static_cast<double>(params_.min_p) * (1.0 - 1e-6) : 1e-4;
     while (true) {

@@ -12,7 +12,9 @@ namespace qspec {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
+  explicit Sampler(const SamplingParams& params);  // throws for parameters check() refuses
+  // Throws qspec::Error naming the first parameter out of range (what any sampler of them needs).
+  static void check(const SamplingParams& params);
   // `history` holds the prompt and generated ids (for the repetition penalty).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
   // sample() split in two, for a sampler that runs elsewhere (the GPU's cuda::sample_logits):

@@ -348,6 +348,22 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
   return GpuLlama::synthetic(config, mode, gpu_options, 1);
 }
 
+// One decode token for each of `batch` sequences, sequence s feeding (1000 + 17 s) % vocab: the
+// runs a decode-step benchmark steps. Not copyable: the runs point into `tokens`.
+struct DecodeBatch {
+  std::vector<int32_t> tokens;
+  std::vector<GpuLlama::Run> runs;
+  DecodeBatch(const ModelConfig& config, int64_t batch)
+      : tokens(static_cast<size_t>(batch)), runs(static_cast<size_t>(batch)) {
+    for (int64_t s = 0; s < batch; ++s) {
+      tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
+      runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
+    }
+  }
+  DecodeBatch(const DecodeBatch&) = delete;
+  DecodeBatch& operator=(const DecodeBatch&) = delete;
+};
+
 // The B tokens of the decode step just run, drawn with sampling filters: on the GPU
 // (GpuLlama::sample_rows, only ids come back) against the engine's host path (every logit row
 // copied back as f32, Sampler::sample per row on the thread pool). Median of `reps` each; the
@@ -409,12 +425,8 @@ nlohmann::json time_sampling(GpuLlama& gpu, const ModelConfig& config, int64_t b
 // Median milliseconds of `steps` decode steps of `batch` sequences at `context` positions (after
 // three warm-up steps, the first of which captures the graph).
 double decode_step_ms(GpuLlama& gpu, const ModelConfig& config, int64_t batch, int64_t context, int64_t steps) {
-  std::vector<int32_t> tokens(static_cast<size_t>(batch));
-  std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
-  for (int64_t s = 0; s < batch; ++s) {
-    tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
-    runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
-  }
+  const DecodeBatch decode(config, batch);
+  const std::vector<GpuLlama::Run>& runs = decode.runs;
   for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, context);
   for (int w = 0; w < 3; ++w) gpu.step(runs);
   for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, context);
@@ -804,11 +816,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
       std::printf("%6s %10s %12s %12s %10s %9s %12s %9s\n", "batch", "step ms", "tokens/s", "roofline ms", "of roof",
                   "bound", "GEMM sum ms", "step/sum");
       for (int64_t batch : options.batch_sizes) {
-        std::vector<int32_t> tokens(static_cast<size_t>(batch));
-        std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
-        for (int64_t s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
-        for (int64_t s = 0; s < batch; ++s)
-          runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
+        const DecodeBatch decode(config, batch);
+        const std::vector<GpuLlama::Run>& runs = decode.runs;
         auto set_context = [&] {
           for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
         };
@@ -862,14 +871,9 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
         std::printf("%6s  %-36s %10s %10s %9s %10s %9s\n", "batch", "filters", "host ms", "GPU ms", "speed-up",
                     "floor ms", "of floor");
         for (int64_t batch : options.batch_sizes) {
-          std::vector<int32_t> tokens(static_cast<size_t>(batch));
-          std::vector<GpuLlama::Run> runs(static_cast<size_t>(batch));
-          for (int64_t s = 0; s < batch; ++s) {
-            tokens[static_cast<size_t>(s)] = static_cast<int32_t>((1000 + 17 * s) % config.vocab_size);
-            runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&tokens[static_cast<size_t>(s)], 1)};
-            gpu->truncate(s, options.context);
-          }
-          gpu->step(runs);  // the rows the samplers draw from
+          const DecodeBatch decode(config, batch);
+          for (int64_t s = 0; s < batch; ++s) gpu->truncate(s, options.context);
+          gpu->step(decode.runs);  // the rows the samplers draw from
           for (auto& entry : time_sampling(*gpu, config, batch, ceilings.copy_bytes_per_s, 10))
             mode_record["sampling"].push_back(entry);
         }

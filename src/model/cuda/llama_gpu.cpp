@@ -15,6 +15,7 @@
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"
+#include "runtime/sampler.h"
 
 namespace qspec {
 namespace {
@@ -1074,10 +1075,7 @@ std::vector<int32_t> GpuLlama::sample_rows(std::span<const RowSample> rows) {
     QSPEC_CHECK(r.row >= 0 && r.row < s.last_logit_rows, "GPU sampling: row ", r.row, " of a step with ",
                 s.last_logit_rows, " logit rows");
     const SamplingParams& p = r.params;
-    QSPEC_CHECK(std::isfinite(p.temperature) && p.temperature >= 0 && p.top_k >= 0 && p.top_p > 0 && p.top_p <= 1 &&
-                    p.min_p >= 0 && p.min_p <= 1 && p.repetition_penalty > 0,
-                "GPU sampling: bad sampling parameters (temperature ", p.temperature, ", top_k ", p.top_k, ", top_p ",
-                p.top_p, ", min_p ", p.min_p, ", repetition_penalty ", p.repetition_penalty, ")");
+    Sampler::check(p);
     QSPEC_CHECK(p.greedy() || (r.draw >= 0 && r.draw < 1), "GPU sampling: draw ", r.draw, " outside [0, 1)");
     cuda::SampleRowParams row;
     row.row = static_cast<int32_t>(r.row);

@@ -128,7 +128,7 @@ class GpuLlama {
     int64_t row = 0;  // a row of the last step's logits, in step_logits() order
     SamplingParams params;
     double draw = 0;                         // Sampler::next_draw() (unused when greedy)
-    std::span<const int32_t> penalised_ids;  // distinct ids the repetition penalty applies to
+    std::span<const int32_t> penalised_ids;  // ids the repetition penalty applies to, once each (repeats allowed)
   };
   std::vector<int32_t> sample_rows(std::span<const RowSample> rows);
 

@@ -233,7 +233,7 @@ struct SampleRowParams {
   float repetition_penalty = 1.0f; // 1: off
   double draw = 0.0;
   int32_t penalty_offset = 0;      // the row's penalised ids: penalty_ids[offset .. offset + count),
-  int32_t penalty_count = 0;       // distinct, in [0, vocab)
+  int32_t penalty_count = 0;       // in [0, vocab); repeats allowed (a bitmap applies each id once)
 };
 static_assert(sizeof(SampleRowParams) == 40, "SampleRowParams is copied to the device as is");
 // ids[i] = the token Sampler::sample_with_draw picks from row params[i].row of `logits` (f16

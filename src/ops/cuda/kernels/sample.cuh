@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/argmax.cuh"  // argmax_merge: the (value, id) order of the greedy argmax
 
 namespace qspec::cuda::kernels {
 
@@ -274,10 +275,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_logits_kernel(const __h
       nan = true;
       return;
     }
-    if (s > best || (s == best && id < best_id)) {
-      best = s;
-      best_id = id;
-    }
+    argmax_merge(best, best_id, s, id);
     min_key = min(min_key, sample_order_key(s));
   });
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -285,10 +283,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_logits_kernel(const __h
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, best, offset);
     const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-    if (other > best || (other == best && other_id < best_id)) {
-      best = other;
-      best_id = other_id;
-    }
+    argmax_merge(best, best_id, other, other_id);
     min_key = min(min_key, __shfl_xor_sync(0xffffffffu, min_key, offset));
   }
   if (lane == 0) {
@@ -301,10 +296,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_logits_kernel(const __h
   best_id = sh.max_id[0];
   min_key = sh.min_key[0];
   for (int w = 1; w < kSampleWarps; ++w) {
-    if (sh.max_value[w] > best || (sh.max_value[w] == best && sh.max_id[w] < best_id)) {
-      best = sh.max_value[w];
-      best_id = sh.max_id[w];
-    }
+    argmax_merge(best, best_id, sh.max_value[w], sh.max_id[w]);
     min_key = min(min_key, sh.min_key[w]);
   }
   __syncthreads();
