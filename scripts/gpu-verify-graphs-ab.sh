@@ -23,12 +23,12 @@ fi
 args=(--device cuda --synthetic llama3-8b --modes w4a16 --batch-sizes 1,16,32 --prompt-lengths 128 --steps 32
       --qspec-gammas 1,2,4 --qspec-drafts w4a8)
 # The device tool returns at most 8 files: one log for every bench run, JSON for round 1 only.
-for round in 1 2; do
+for round in ${AB_ROUNDS:-1 2}; do
   for graphs in 0 1; do
     json_dir=""
     (( round == 1 )) && json_dir="$out/graphs$graphs" && mkdir -p "$json_dir"
     echo "== round $round, verify graphs $graphs" >> "$out/bench.log"
-    QSPEC_VERIFY_GRAPHS=$graphs timeout 150 ./build/qspec bench "${args[@]}" --out-dir "$json_dir" >> "$out/bench.log" 2>&1
+    QSPEC_VERIFY_GRAPHS=$graphs timeout ${AB_BENCH_TIMEOUT:-150} ./build/qspec bench "${args[@]}" --out-dir "$json_dir" >> "$out/bench.log" 2>&1
     echo "== round $round, verify graphs $graphs: rc=$?"
   done
 done

@@ -344,13 +344,15 @@ TEST(GpuModel, VerifyGraphsAgreeWithPlainLaunches) {
   qspec::GpuLlama plain(*model, qspec::parse_run_mode("w4a16"), options);
   std::mt19937 generator(3);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
-  // Prompts continued by random tokens to ~200 positions, prefilled in one step.
+  // Prompts continued by random tokens to 200 positions, one prefill step each (three would
+  // exceed the step capacity).
   std::vector<std::vector<int32_t>> prefills = question_prompts(*tokenizer, 3);
   for (auto& prefill : prefills)
     while (prefill.size() < 200) prefill.push_back(token(generator));
-  std::vector<qspec::GpuLlama::Run> prefill_runs;
-  for (int64_t s = 0; s < 3; ++s) prefill_runs.push_back({s, prefills[static_cast<size_t>(s)]});
-  EXPECT_EQ(graphs.step(prefill_runs), plain.step(prefill_runs));
+  for (int64_t s = 0; s < 3; ++s) {
+    const std::vector<qspec::GpuLlama::Run> prefill_run{{s, prefills[static_cast<size_t>(s)]}};
+    EXPECT_EQ(graphs.step(prefill_run), plain.step(prefill_run));
+  }
   const int64_t before = graphs.graphs_captured();
   for (int round = 0; round < 40; ++round) {
     const int64_t run_tokens = 2 + round % 5;
