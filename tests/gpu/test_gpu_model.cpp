@@ -9,7 +9,9 @@
 
 #include <filesystem>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -354,6 +356,7 @@ TEST(GpuModel, VerifyGraphsAgreeWithPlainLaunches) {
     EXPECT_EQ(graphs.step(prefill_run), plain.step(prefill_run));
   }
   const int64_t before = graphs.graphs_captured();
+  double worst_relative = 0;
   for (int round = 0; round < 40; ++round) {
     const int64_t run_tokens = 2 + round % 5;
     const bool reversed = round % 3 == 1;
@@ -375,7 +378,12 @@ TEST(GpuModel, VerifyGraphsAgreeWithPlainLaunches) {
       diff += (logits[i] - expected_logits[i]) * (logits[i] - expected_logits[i]);
       norm += expected_logits[i] * expected_logits[i];
     }
-    EXPECT_LT(std::sqrt(diff / norm), 2e-3) << "round " << round;
+    // f16 activations: a different split of the attention sums rounds each layer's output
+    // differently (2^-11 a rounding); seen 2.7e-3 at worst on an H200. Keys at a wrong position
+    // or a stale table would give errors of order 1e-1.
+    const double relative = std::sqrt(diff / norm);
+    worst_relative = std::max(worst_relative, relative);
+    EXPECT_LT(relative, 1e-2) << "round " << round;
     for (size_t row = 0; row < ids.size(); ++row) {
       if (ids[row] == expected[row]) continue;
       const float* plain_row = expected_logits.data() + row * static_cast<size_t>(vocab);
@@ -389,6 +397,8 @@ TEST(GpuModel, VerifyGraphsAgreeWithPlainLaunches) {
         plain.truncate(s, plain.length(s) - 1);
       }
   }
+  std::printf("  verify graphs vs plain launches: worst relative logit difference %.3g over 40 steps\n",
+              worst_relative);
   EXPECT_GT(graphs.length(0), 256) << "the rounds must cross the 256-position bucket";
   EXPECT_GE(graphs.graphs_captured() - before, 10) << "verify steps replay graphs (5 run lengths x 2 orders, 2 buckets)";
   EXPECT_EQ(plain.graphs_captured(), 0);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -221,16 +222,17 @@ int64_t context_bucket(int64_t context, int64_t max_context) {
   return std::min(bucket, max_context);
 }
 
-// QSPEC_VERIFY_GRAPHS=1: every model replays verify graphs (GpuLlamaOptions::verify_graphs).
-bool verify_graphs_forced() {
-  static const bool forced = [] {
+// QSPEC_VERIFY_GRAPHS=0 / 1 turns verify graphs off / on for every model, whatever
+// GpuLlamaOptions::verify_graphs says (the A/B benchmark's switch); unset, the option decides.
+std::optional<bool> verify_graphs_override() {
+  static const std::optional<bool> override_value = []() -> std::optional<bool> {
     const char* text = std::getenv("QSPEC_VERIFY_GRAPHS");
-    if (text == nullptr || *text == '\0') return false;
+    if (text == nullptr || *text == '\0') return std::nullopt;
     const std::string value(text);
     QSPEC_CHECK(value == "0" || value == "1", "QSPEC_VERIFY_GRAPHS: '", value, "' is not 0 or 1");
     return value == "1";
   }();
-  return forced;
+  return override_value;
 }
 
 // A verify step's graph key holds its tokens a run: QSpec verifies at most kMaxChainSteps + 1
@@ -549,7 +551,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::min(max_logit_rows, max_step_tokens);
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
-  verify_graphs = cuda_graphs && (options.verify_graphs || verify_graphs_forced());
+  verify_graphs = cuda_graphs && verify_graphs_override().value_or(options.verify_graphs);
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");

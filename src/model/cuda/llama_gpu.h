@@ -41,9 +41,9 @@ struct GpuLlamaOptions {
   bool cuda_graphs = true;      // decode steps replay captured graphs
   // QSpec verify steps (every run γ + 1 tokens with all logits, nothing else in the step) replay
   // graphs too, one per (runs, tokens a run, context bucket, activations), captured on first use.
-  // Off until it has been measured on a GPU (docs/perf-notes.md, "Verify steps as CUDA graphs");
-  // QSPEC_VERIFY_GRAPHS=1 turns it on for every model (the gpu test label's check of it).
-  bool verify_graphs = false;
+  // 0.11-0.15 ms less a QSpec cycle on an H200 (docs/perf-notes.md, "Verify steps as CUDA
+  // graphs"). QSPEC_VERIFY_GRAPHS=0 / 1 overrides it for every model.
+  bool verify_graphs = true;
   // Synthetic models only (GpuLlama::synthetic): > 0 makes every 4-bit projection ARC-calibrated
   // with this many residual channels for each 4-bit format (a random channel order a site, the
   // augmented tail S rounded up to the weight group), so ARC steps can be timed at full size.
