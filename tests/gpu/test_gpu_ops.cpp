@@ -596,47 +596,54 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
                                             {14, 2, 64, 0},  {9, 3, 64, 0},   {16, 1, 128, 0}, {32, 8, 128, 100},
                                             {8, 8, 32, 4096}};
-  const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513}};
-  for (const AttentionCase& c : cases) {
-    for (const std::vector<int64_t>& contexts : batches) {
-      const int64_t seqs = static_cast<int64_t>(contexts.size());
-      const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
-      const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
-      const int64_t q_width = c.heads * c.head_dim, q_stride = q_width + 8 * 3;  // strided rows
-      const std::vector<float> q = random_f16_values(static_cast<size_t>(seqs * q_stride));
-      std::vector<int32_t> lens(contexts.begin(), contexts.end());
-      auto d_q = upload(to_f16(q));
-      auto d_lens = upload(lens);
-      auto d_tables = upload(pool.block_tables);
-      auto d_k = upload(pool.k_pool);
-      auto d_v = upload(pool.v_pool);
-      const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
-      auto d_workspace = poisoned(workspace_bytes);  // partials poisoned, counters zeroed:
-      cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
-      auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
-      cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
-      qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
-      cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
-                                   d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
-      const std::vector<f16> first = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
-      // Again on the same workspace (as graph replays do): the split merge relies on the first
-      // launch leaving its arrival counters at zero, and must give the same bits.
-      auto d_out_again = poisoned(static_cast<size_t>(seqs * q_width) * 2);
-      cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
-                                   d_out_again.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
-      ASSERT_EQ(download<f16>(d_out_again, first.size()), first) << "decode relaunch " << case_name(c);
-      const std::vector<float> got = from_f16(first);
-      std::vector<float> expected(got.size());
-      for (int64_t s = 0; s < seqs; ++s) {
-        const int32_t position = static_cast<int32_t>(contexts[s] - 1);
-        qspec::cpu::attention(q.data() + s * q_stride, 1, &position, pool.keys[s].data(), pool.values[s].data(), shape,
-                              expected.data() + s * q_width);
+  const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
+                                                     {64}, {65, 128, 129}};
+  // Both decode kernels (the tiles kernel in 32- and 64-key tiles by the heads a block).
+  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
+    cuda::set_decode_attention(kernel);
+    const std::string kernel_name = kernel == cuda::DecodeAttention::tiles ? "tiles " : "chunked ";
+    for (const AttentionCase& c : cases) {
+      for (const std::vector<int64_t>& contexts : batches) {
+        const int64_t seqs = static_cast<int64_t>(contexts.size());
+        const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+        const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+        const int64_t q_width = c.heads * c.head_dim, q_stride = q_width + 8 * 3;  // strided rows
+        const std::vector<float> q = random_f16_values(static_cast<size_t>(seqs * q_stride));
+        std::vector<int32_t> lens(contexts.begin(), contexts.end());
+        auto d_q = upload(to_f16(q));
+        auto d_lens = upload(lens);
+        auto d_tables = upload(pool.block_tables);
+        auto d_k = upload(pool.k_pool);
+        auto d_v = upload(pool.v_pool);
+        const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+        auto d_workspace = poisoned(workspace_bytes);  // partials poisoned, counters zeroed:
+        cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
+        auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+        cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
+        qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+        cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                     d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+        const std::vector<f16> first = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
+        // Again on the same workspace (as graph replays do): the split merge relies on the first
+        // launch leaving its arrival counters at zero, and must give the same bits.
+        auto d_out_again = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+        cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                     d_out_again.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+        ASSERT_EQ(download<f16>(d_out_again, first.size()), first) << kernel_name << "decode relaunch " << case_name(c);
+        const std::vector<float> got = from_f16(first);
+        std::vector<float> expected(got.size());
+        for (int64_t s = 0; s < seqs; ++s) {
+          const int32_t position = static_cast<int32_t>(contexts[s] - 1);
+          qspec::cpu::attention(q.data() + s * q_stride, 1, &position, pool.keys[s].data(), pool.values[s].data(), shape,
+                                expected.data() + s * q_width);
+        }
+        std::string batch_name;
+        for (int64_t ctx : contexts) batch_name += " " + std::to_string(ctx);
+        EXPECT_CLOSE(got, expected, 4e-3, kernel_name + "decode " + case_name(c) + " contexts" + batch_name);
       }
-      std::string batch_name;
-      for (int64_t ctx : contexts) batch_name += " " + std::to_string(ctx);
-      EXPECT_CLOSE(got, expected, 4e-3, "decode " + case_name(c) + " contexts" + batch_name);
     }
   }
+  cuda::set_decode_attention(cuda::DecodeAttention::tiles);
 }
 
 TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {

@@ -305,6 +305,14 @@ size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head
 // zero), before the first attention launch that uses it.
 void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 
+// Which decode attention kernel paged_attention_decode launches: tiles (the default: each
+// block's keys and values of a 64-key tile in flight at once) or chunked (the earlier kernel:
+// keys, then values, 32 at a time). QSPEC_DECODE_ATTENTION=chunked|tiles picks it for a
+// process; set_decode_attention overrides both (tests and benchmarks compare the two in one run).
+enum class DecodeAttention { tiles, chunked };
+DecodeAttention decode_attention();
+void set_decode_attention(DecodeAttention kernel);
+
 // Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
 // out_stride apart), sequence s attends to its context_lens[s] cached positions (the query
 // sits at position context_lens[s] - 1). GQA, head_dim 32/64/128, flash-decoding split-K over

@@ -1,22 +1,50 @@
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_split.h"
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
+#include "ops/cuda/kernels/paged_attention_decode_tiles.cuh"
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
 namespace {
+// -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
+std::atomic<int> decode_attention_override{-1};
+
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
-  auto* kernel = heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
-                 : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
-                 : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
-                                        : kernels::paged_attention_decode_kernel<D, 8>;
+  const bool tiles = decode_attention() == DecodeAttention::tiles;
+  auto* kernel = tiles ? (heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1>
+                          : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2>
+                          : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4>
+                                                 : kernels::paged_attention_decode_tiles_kernel<D, 8>)
+                       : (heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
+                          : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
+                          : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
+                                                 : kernels::paged_attention_decode_kernel<D, 8>);
   launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
 }
 }  // namespace
+
+DecodeAttention decode_attention() {
+  static const DecodeAttention from_env = [] {
+    const char* text = std::getenv("QSPEC_DECODE_ATTENTION");
+    if (text == nullptr || *text == '\0') return DecodeAttention::tiles;
+    const std::string value(text);
+    QSPEC_CHECK(value == "tiles" || value == "chunked", "QSPEC_DECODE_ATTENTION: '", value,
+                "' is not tiles or chunked");
+    return value == "tiles" ? DecodeAttention::tiles : DecodeAttention::chunked;
+  }();
+  const int forced = decode_attention_override.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<DecodeAttention>(forced) : from_env;
+}
+void set_decode_attention(DecodeAttention kernel) {
+  decode_attention_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
 
 void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                             int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
