@@ -2,18 +2,22 @@
 // waits on four dependent memory round trips a 32-key step (the block table, then the keys;
 // the table again, then the values), so a batch-1 split of 64 keys took ~11 us where its bytes
 // need well under 1. Here a block reads its block-table entries before the grid-dependency
-// wait (the host wrote them before the step began, no kernel does), then loads the keys and the
-// values of a whole tile of 64 keys at once into registers: after the wait, one round trip
-// for q and the context length, one for the tile, then arithmetic. Same blocks, same split
-// merge and the same arithmetic order within a key as the chunked kernel; the softmax runs a
-// tile at a time, so its results differ from the chunked kernel's by rounding only.
+// wait (the host wrote them before the step began, no kernel does), then copies the keys and
+// the values of a whole tile of 64 keys at once into shared memory (cp.async, two groups: the
+// scores start when the keys are in): after the wait, one round trip for q and the context
+// length, one for the tile, then arithmetic. Each thread reads back only what it copied, so
+// the copies need no block barrier, and they hold no registers (the first version loaded the
+// tile into registers: 168 a thread, 3 blocks a multiprocessor instead of 4, and a second wave
+// at batch 32-64). Same blocks, same split merge and the same arithmetic order within a key as
+// the chunked kernel; the softmax runs a tile at a time, so its results differ from the chunked
+// kernel's by rounding only.
 #pragma once
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
 
 namespace qspec::cuda::kernels {
 
-// Keys a tile: 64, or 32 for 8 query heads a block (their q and accumulators take 128
-// registers a thread already).
+// Keys a tile: 64 (32 KB of keys and values in shared memory at head_dim 128), 32 for 8 query
+// heads a block (their reduce buffer takes 16 KB; static shared memory stops at 48).
 template <int GM>
 inline constexpr int kDecodeTileKeys = GM >= 8 ? 32 : 64;
 
@@ -26,6 +30,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   constexpr int TILE = kDecodeTileKeys<GM>;
   constexpr int U = TILE / STEP;  // keys a lane loads a tile (K and V each)
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
+  __shared__ __align__(16) __half k_tile[TILE * D];  // the tile's key j at j * D
+  __shared__ __align__(16) __half v_tile[TILE * D];
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
@@ -100,27 +106,33 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
 
   for (int tile_begin = begin; tile_begin < end; tile_begin += TILE) {
-    // 1. This tile's keys and values, all in flight at once; then the next tile's table entries.
-    uint4 keys[U], values[U];
+    // 1. This tile's keys, then its values, all in flight at once (keys past the end are
+    // zero-filled, not read); then the next tile's table entries.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = tile_begin + key_offset(u);
-      if (j < end) {
-        const int64_t slot = (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8;
-        keys[u] = *reinterpret_cast<const uint4*>(p.k_pool + slot);
-        values[u] = *reinterpret_cast<const uint4*>(p.v_pool + slot);
-      } else {
-        keys[u] = make_uint4(0, 0, 0, 0);
-        values[u] = make_uint4(0, 0, 0, 0);
-      }
+      // Past the end: zero-filled from the pool's start (the table entry there may be no block).
+      const int64_t slot =
+          j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
+      cp_async_16(smem_address(k_tile + key_offset(u) * D + li * 8), p.k_pool + slot, j < end ? 16 : 0);
     }
+    cp_async_commit();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = tile_begin + key_offset(u);
+      const int64_t slot =
+          j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
+      cp_async_16(smem_address(v_tile + key_offset(u) * D + li * 8), p.v_pool + slot, j < end ? 16 : 0);
+    }
+    cp_async_commit();
     if (tile_begin + TILE < end) load_blocks(tile_begin + TILE, blocks);
+    cp_async_wait<1>();  // this thread's keys
     // 2. Scores.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = tile_begin + key_offset(u);
       float kf[8];
-      half8_to_float(keys[u], kf);
+      half8_to_float(*reinterpret_cast<const uint4*>(k_tile + key_offset(u) * D + li * 8), kf);
 #pragma unroll
       for (int g = 0; g < GM; ++g) {
         float dot = 0.0f;
@@ -158,7 +170,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       }
     }
     __syncthreads();
-    // 4. acc = acc * alpha + P V over this tile, from the values already in registers.
+    // 4. acc = acc * alpha + P V over this tile (this thread's values arrived by now).
+    cp_async_wait<0>();
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       const float alpha = g < heads_here ? rescale[g] : 0.0f;
@@ -170,7 +183,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       const int j = tile_begin + key_offset(u);
       if (j < end) {
         float vf[8];
-        half8_to_float(values[u], vf);
+        half8_to_float(*reinterpret_cast<const uint4*>(v_tile + key_offset(u) * D + li * 8), vf);
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
           const float weight = g < heads_here ? logits[g][j - tile_begin] : 0.0f;
@@ -179,7 +192,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         }
       }
     }
-    __syncthreads();  // logits are rewritten by the next tile
+    __syncthreads();  // logits are rewritten by the next tile (each thread rewrites only its own tile slots)
   }
 
   // Sum the KPW key lanes of each warp, then the warps through shared memory.
