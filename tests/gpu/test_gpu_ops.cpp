@@ -598,7 +598,7 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
                                             {8, 8, 32, 4096}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
-  // Both decode kernels (the tiles kernel in 32- and 64-key tiles by the heads a block).
+  // Both decode kernels (the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block).
   for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
     cuda::set_decode_attention(kernel);
     const std::string kernel_name = kernel == cuda::DecodeAttention::tiles ? "tiles " : "chunked ";

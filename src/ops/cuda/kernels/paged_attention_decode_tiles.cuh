@@ -1,25 +1,27 @@
 // Paged attention for decode, latency-first: the chunked kernel (paged_attention_decode.cuh)
 // waits on four dependent memory round trips a 32-key step (the block table, then the keys;
 // the table again, then the values), so a batch-1 split of 64 keys took ~11 us where its bytes
-// need well under 1. Here a block reads its block-table entries before the grid-dependency
-// wait (the host wrote them before the step began, no kernel does), then copies the keys and
-// the values of a whole tile of 64 keys at once into shared memory (cp.async, two groups: the
-// scores start when the keys are in): after the wait, one round trip for q and the context
-// length, one for the tile, then arithmetic. Each thread reads back only what it copied, so
-// the copies need no block barrier, and they hold no registers (the first version loaded the
-// tile into registers: 168 a thread, 3 blocks a multiprocessor instead of 4, and a second wave
-// at batch 32-64). Same blocks, same split merge and the same arithmetic order within a key as
-// the chunked kernel; the softmax runs a tile at a time, so its results differ from the chunked
-// kernel's by rounding only.
+// need well under 1. Here a block reads the block-table entries of its first two tiles before
+// the grid-dependency wait (the host writes tables before a step; no kernel does), then after
+// the wait takes one round trip for q and the context length and one for the keys and values
+// of two tiles (cp.async into shared memory, a group a tile), then computes on one tile while
+// the copies of the tile after it are in flight (two stages; a tile is 32 keys at head_dim 128).
+// Each thread reads back only what it copied, so the copies need no block barrier of their
+// own, and they hold no registers (a first version loaded tiles into registers: 168 a thread,
+// 3 blocks a multiprocessor instead of 4, a second wave at batch 32-64). Same blocks, same split
+// merge and the same arithmetic order within a key as the chunked kernel; the softmax runs a
+// tile at a time, so its results differ from the chunked kernel's by rounding only.
 #pragma once
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
 
 namespace qspec::cuda::kernels {
 
-// Keys a tile: 64 (32 KB of keys and values in shared memory at head_dim 128), 32 for 8 query
-// heads a block (their reduce buffer takes 16 KB; static shared memory stops at 48).
-template <int GM>
-inline constexpr int kDecodeTileKeys = GM >= 8 ? 32 : 64;
+// A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block, whose
+// reduce buffer takes 16 KB; static shared memory stops at 48). Two stages: the next tile's
+// copies are in flight while the block computes on this one. Tile keys: 32 at head_dim 128.
+template <int D, int GM>
+inline constexpr int kDecodeTileKeys = (GM >= 8 ? 2048 : 4096) / D;
+inline constexpr int kDecodeStages = 2;
 
 // D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
 template <int D, int GM>
@@ -27,11 +29,11 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;
-  constexpr int TILE = kDecodeTileKeys<GM>;
-  constexpr int U = TILE / STEP;  // keys a lane loads a tile (K and V each)
+  constexpr int TILE = kDecodeTileKeys<D, GM>;
+  constexpr int U = TILE / STEP;  // keys a lane copies a tile (K and V each)
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
-  __shared__ __align__(16) __half k_tile[TILE * D];  // the tile's key j at j * D
-  __shared__ __align__(16) __half v_tile[TILE * D];
+  __shared__ __align__(16) __half k_tiles[kDecodeStages][TILE * D];  // a tile's key j at j * D
+  __shared__ __align__(16) __half v_tiles[kDecodeStages][TILE * D];
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
@@ -55,11 +57,14 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       blocks[u] = __ldg(table + min(static_cast<int64_t>((tile_begin + key_offset(u)) >> 4), p.max_blocks - 1));
   };
 
-  // Without a window the split's first key does not depend on the context: its table entries
-  // load while the previous kernel still runs.
-  int blocks[U];
+  // Without a window the split's first keys do not depend on the context: the table entries of
+  // its first two tiles load while the previous kernel still runs.
+  int blocks0[U], blocks1[U];
   int begin = split * p.split_len;
-  if (p.window == 0) load_blocks(begin, blocks);
+  if (p.window == 0) {
+    load_blocks(begin, blocks0);
+    load_blocks(begin + TILE, blocks1);
+  }
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int context = p.context_lens[seq];
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
@@ -77,9 +82,27 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   }
   if (p.window > 0) {
     begin += max(0, context - p.window);
-    load_blocks(begin, blocks);
+    load_blocks(begin, blocks0);
+    load_blocks(begin + TILE, blocks1);
   }
   const int end = min(context, begin + p.split_len);
+  // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
+  // group (empty past the end; keys past the end are zero-filled from the pool's start, since
+  // the table entry there may be no block).
+  auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
+    if (tile_begin < end) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = tile_begin + key_offset(u);
+        const int64_t at =
+            j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
+        const int bytes = j < end ? 16 : 0;
+        cp_async_16(smem_address(k_tiles[stage] + key_offset(u) * D + li * 8), p.k_pool + at, bytes);
+        cp_async_16(smem_address(v_tiles[stage] + key_offset(u) * D + li * 8), p.v_pool + at, bytes);
+      }
+    }
+    cp_async_commit();
+  };
 
   if (begin >= end) {  // nothing to attend to in this split
     for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
@@ -105,28 +128,14 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
 
-  for (int tile_begin = begin; tile_begin < end; tile_begin += TILE) {
-    // 1. This tile's keys, then its values, all in flight at once (keys past the end are
-    // zero-filled, not read); then the next tile's table entries.
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = tile_begin + key_offset(u);
-      // Past the end: zero-filled from the pool's start (the table entry there may be no block).
-      const int64_t slot =
-          j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
-      cp_async_16(smem_address(k_tile + key_offset(u) * D + li * 8), p.k_pool + slot, j < end ? 16 : 0);
-    }
-    cp_async_commit();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = tile_begin + key_offset(u);
-      const int64_t slot =
-          j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
-      cp_async_16(smem_address(v_tile + key_offset(u) * D + li * 8), p.v_pool + slot, j < end ? 16 : 0);
-    }
-    cp_async_commit();
-    if (tile_begin + TILE < end) load_blocks(tile_begin + TILE, blocks);
-    cp_async_wait<1>();  // this thread's keys
+  issue_tile(begin, 0, blocks0);
+  issue_tile(begin + TILE, 1, blocks1);
+  if (begin + 2 * TILE < end) load_blocks(begin + 2 * TILE, blocks0);  // the table entries of tile 2
+  for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
+    // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
+    cp_async_wait<1>();
+    const __half* k_tile = k_tiles[stage];
+    const __half* v_tile = v_tiles[stage];
     // 2. Scores.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -170,8 +179,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       }
     }
     __syncthreads();
-    // 4. acc = acc * alpha + P V over this tile (this thread's values arrived by now).
-    cp_async_wait<0>();
+    // 4. acc = acc * alpha + P V over this tile.
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       const float alpha = g < heads_here ? rescale[g] : 0.0f;
@@ -192,8 +200,14 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         }
       }
     }
-    __syncthreads();  // logits are rewritten by the next tile (each thread rewrites only its own tile slots)
+    __syncthreads();  // logits are rewritten by the next tile
+    // 5. The tile after next into the stage just read (each thread overwrites only its own
+    // copies, read above; the barrier also keeps the compiler from moving those reads past
+    // the copies), then the table entries of the one after it.
+    issue_tile(tile_begin + 2 * TILE, stage, blocks0);
+    if (tile_begin + 3 * TILE < end) load_blocks(tile_begin + 3 * TILE, blocks0);
   }
+  cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
   // Sum the KPW key lanes of each warp, then the warps through shared memory.
 #pragma unroll
