@@ -379,10 +379,6 @@ struct W4A16SmallMConfig {
   // same output at twice the mma work.
   bool split_activations = false;
 };
-// The preload kernel's split-K (2-8 splits) adds its partials inside thread-block clusters
-// through distributed shared memory (default; QSPEC_W4A16_CLUSTER_SPLITK=0: the global fix-up).
-// Bitwise the same output either way; tests set it to compare the two.
-void set_w4a16_cluster_splitk(bool enabled);
 // Whether small-M variant 5 (preload) can run these weights on this device and build.
 bool w4a16_preload_supported(const W4A16Weights& w);
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,

@@ -1,4 +1,3 @@
-#include <atomic>
 #include <cstdlib>
 
 #include "ops/cuda/common.h"
@@ -220,16 +219,6 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-// Whether split-K of the preload kernel adds its partials inside thread-block clusters (2-8
-// splits) rather than through the global fix-up: QSPEC_W4A16_CLUSTER_SPLITK=0 turns it off (the
-// A/B switch), set_w4a16_cluster_splitk overrides both (tests compare the two).
-std::atomic<int> cluster_splitk_override{-1};
-bool cluster_splitk_enabled() {
-  static const bool from_env = env_int("QSPEC_W4A16_CLUSTER_SPLITK", 1, 0, 1) == 1;
-  const int forced = cluster_splitk_override.load(std::memory_order_relaxed);
-  return forced >= 0 ? forced == 1 : from_env;
-}
-
 template <class Act, int MT, int G>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
@@ -244,11 +233,8 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  // A row tile's splits as one cluster (portable clusters hold up to 8 blocks).
-  const bool cluster_reduce = params.splits >= 2 && params.splits <= 8 && cluster_splitk_enabled();
-  const dim3 cluster(1, cluster_reduce ? grid.y : 1, 1);
-  launch_pdl_in_clusters(cluster, kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params,
-                         ring_slots, preload_slot_chunks(), cluster_reduce);
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
+             preload_slot_chunks());
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
@@ -301,10 +287,6 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
 }
 
 }  // namespace
-
-void set_w4a16_cluster_splitk(bool enabled) {
-  cluster_splitk_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
-}
 
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&

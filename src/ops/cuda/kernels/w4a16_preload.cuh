@@ -18,23 +18,13 @@
 // reads are ordered before the copy engine's writes by __syncwarp and fence.proxy.async).
 //
 // Bitwise the register-ring kernel's output for the same split count: the same mma per k pair,
-// the same group flushes, the same split-K sums (f32, from zero, in split order).
-//
-// Split-K in clusters (cluster_reduce): the launcher makes each row tile's splits one
-// thread-block cluster (2-8 blocks), and the blocks add their partials through distributed
-// shared memory instead of the global fix-up (partials to global memory, a fence, an arrival
-// atomic, then the last block's reads of every partial: three dependent round trips after the
-// mma). Each block leaves its partial tile in its own shared memory, one cluster barrier, then
-// block r sums its share of the tile's outputs over the cluster's blocks in rank (= split) order
-// and writes them, and a second barrier keeps every block's shared memory alive until read.
+// the same group flushes, the same split-K fix-up.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
 #include "ops/cuda/kernels/wgmma.cuh"          // mbarriers, fence_proxy_async_shared, QSPEC_WGMMA
-
-#include <cooperative_groups.h>
 
 namespace qspec::cuda::kernels {
 
@@ -54,8 +44,7 @@ struct W4A16PreloadShape {
 template <class Act, int MT, int G>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_kernel(const W4A16SmallMParams p,
                                                                                         const int ring_slots,
-                                                                                        const int slot_chunks,
-                                                                                        const bool cluster_reduce) {
+                                                                                        const int slot_chunks) {
 #if QSPEC_WGMMA
   using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
@@ -179,38 +168,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
-  if (cluster_reduce) {
-    // The tile's partial [token][128 rows] in f32 over this block's rings (every copy into them
-    // completed: each warp waited on each slot it asked for).
-    constexpr int TILE_ROWS = WARPS * 16;
-    static_assert(MT * 8 * TILE_ROWS * 4 <= WARPS * (Shape::kSlotBytes + 8), "the partial tile fits one ring a warp");
-    float* partial = reinterpret_cast<float*>(smem);
-    __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        partial[(nt * 8 + 2 * t + (e & 1)) * TILE_ROWS + warp * 16 + g + (e >= 2 ? 8 : 0)] = acc[0][nt][e];
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    cluster.sync();
-    const int row_begin = tile * TILE_ROWS, tile_rows = min(TILE_ROWS, p.w.n - row_begin);
-    const int items = p.m * tile_rows;
-    for (int item = split * (WARPS * 32) + threadIdx.x; item < items; item += p.splits * (WARPS * 32)) {
-      const int token = item / tile_rows, row = item % tile_rows;
-      // Every rank's value in flight at once, then the sum in split order.
-      float part[8];
-#pragma unroll
-      for (int s = 0; s < 8; ++s)
-        part[s] = s < p.splits ? cluster.map_shared_rank(partial, s)[token * TILE_ROWS + row] : 0.0f;
-      float sum = 0.0f;
-#pragma unroll
-      for (int s = 0; s < 8; ++s)
-        if (s < p.splits) sum += part[s];
-      p.y[token * p.ldy + row_begin + row] = __float2half_rn(sum);
-    }
-    cluster.sync();  // no block leaves while another reads its partial
-    return;
-  }
   const int my_rb = tile * WARPS + warp;
   if (my_rb < p.w.row_blocks) {
 #pragma unroll
