@@ -52,6 +52,65 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int
 }
 inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared memory
 
+// A split with no keys (past the context, or a window's start): empty partials (zeros when the
+// context is not split), then the merge.
+template <int D>
+__device__ __forceinline__ void finish_empty_split(const DecodeParams& p, int seq, int split, int head0,
+                                                   int heads_here) {
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+  for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
+    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + i / D;
+    if (p.splits > 1) {
+      p.part_o[(split * rows + row) * D + i % D] = 0.0f;
+      if (i % D == 0) p.part_ml[split * rows + row] = make_float2(-INFINITY, 0.0f);
+    } else {
+      p.out[seq * p.out_stride + (head0 + i / D) * D + i % D] = __float2half(0.0f);
+    }
+  }
+  merge_splits<D>(p, seq, head0, heads_here);
+}
+
+// A block's result: each warp's key lanes summed, then the warps through `reduce` in shared
+// memory, written as this split's partials with its (max, sum), or normalised into out when the
+// context is not split; then the merge.
+template <int D, int GM>
+__device__ __forceinline__ void finish_split(const DecodeParams& p, float (&acc)[GM][8],
+                                             float (&reduce)[kDecodeWarps][GM][D], const float* running_max,
+                                             const float* running_sum, int seq, int split, int head0,
+                                             int heads_here) {
+  constexpr int LPK = D / 8;  // lanes per key
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lg = lane / LPK, li = lane % LPK;
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+#pragma unroll
+      for (int offset = LPK; offset < 32; offset <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
+  if (lg == 0) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) reduce[warp][g][li * 8 + e] = acc[g][e];
+  }
+  __syncthreads();
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+  for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) o += reduce[w][g][d];
+    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
+    if (p.splits > 1) {
+      p.part_o[(split * rows + row) * D + d] = o;
+      if (d == 0) p.part_ml[split * rows + row] = make_float2(running_max[g], running_sum[g]);
+    } else {
+      p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(o / running_sum[g]);
+    }
+  }
+  merge_splits<D>(p, seq, head0, heads_here);
+}
+
 // D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
 template <int D, int GM>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kernel(const DecodeParams p) {
@@ -76,19 +135,9 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
   const int end = min(context, begin + p.split_len);
   const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
   const int32_t* table = p.block_tables + seq * p.max_blocks;
-  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
 
   if (begin >= end) {  // nothing to attend to in this split
-    for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
-      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + i / D;
-      if (p.splits > 1) {
-        p.part_o[(split * rows + row) * D + i % D] = 0.0f;
-        if (i % D == 0) p.part_ml[split * rows + row] = make_float2(-INFINITY, 0.0f);
-      } else {
-        p.out[seq * p.out_stride + (head0 + i / D) * D + i % D] = __float2half(0.0f);
-      }
-    }
-    merge_splits<D>(p, seq, head0, heads_here);
+    finish_empty_split<D>(p, seq, split, head0, heads_here);
     return;
   }
 
@@ -208,34 +257,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
     __syncthreads();  // logits are rewritten by the next chunk
   }
 
-  // Sum the KPW key lanes of each warp, then the warps through shared memory.
-#pragma unroll
-  for (int g = 0; g < GM; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-#pragma unroll
-      for (int offset = LPK; offset < 32; offset <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
-  if (lg == 0) {
-#pragma unroll
-    for (int g = 0; g < GM; ++g)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) reduce[warp][g][li * 8 + e] = acc[g][e];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) o += reduce[w][g][d];
-    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
-    if (p.splits > 1) {
-      p.part_o[(split * rows + row) * D + d] = o;
-      if (d == 0) p.part_ml[split * rows + row] = make_float2(running_max[g], running_sum[g]);
-    } else {
-      p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(o / running_sum[g]);
-    }
-  }
-  merge_splits<D>(p, seq, head0, heads_here);
+  finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
 }
 
 }  // namespace qspec::cuda::kernels

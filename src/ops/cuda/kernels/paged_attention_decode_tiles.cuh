@@ -46,7 +46,6 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   const int heads_here = min(GM, p.group - chunk_of_heads * GM);
   const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
   const int32_t* table = p.block_tables + seq * p.max_blocks;
-  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   // Lane's key u of the tile at `tile_begin`: tile_begin + key_offset(u).
   auto key_offset = [&](int u) { return (u * kDecodeWarps + warp) * KPW + lg; };
   // Block-table entries of this lane's keys (clamped into the row: entries past the context
@@ -105,16 +104,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   };
 
   if (begin >= end) {  // nothing to attend to in this split
-    for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
-      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + i / D;
-      if (p.splits > 1) {
-        p.part_o[(split * rows + row) * D + i % D] = 0.0f;
-        if (i % D == 0) p.part_ml[split * rows + row] = make_float2(-INFINITY, 0.0f);
-      } else {
-        p.out[seq * p.out_stride + (head0 + i / D) * D + i % D] = __float2half(0.0f);
-      }
-    }
-    merge_splits<D>(p, seq, head0, heads_here);
+    finish_empty_split<D>(p, seq, split, head0, heads_here);
     return;
   }
 
@@ -209,34 +199,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   }
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
-  // Sum the KPW key lanes of each warp, then the warps through shared memory.
-#pragma unroll
-  for (int g = 0; g < GM; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-#pragma unroll
-      for (int offset = LPK; offset < 32; offset <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
-  if (lg == 0) {
-#pragma unroll
-    for (int g = 0; g < GM; ++g)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) reduce[warp][g][li * 8 + e] = acc[g][e];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) o += reduce[w][g][d];
-    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
-    if (p.splits > 1) {
-      p.part_o[(split * rows + row) * D + d] = o;
-      if (d == 0) p.part_ml[split * rows + row] = make_float2(running_max[g], running_sum[g]);
-    } else {
-      p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(o / running_sum[g]);
-    }
-  }
-  merge_splits<D>(p, seq, head0, heads_here);
+  finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
 }
 
 }  // namespace qspec::cuda::kernels
