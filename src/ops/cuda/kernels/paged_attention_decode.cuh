@@ -52,6 +52,57 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int
 }
 inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared memory
 
+// This lane's slice of each query head the block owns (lanes li of a key hold elements
+// li * 8 .. + 7), pre-scaled into log2 units; zeros for heads past heads_here.
+template <int D, int GM>
+__device__ __forceinline__ void load_scaled_query(const DecodeParams& p, int seq, int head0, int heads_here, int li,
+                                                  float (&qr)[GM][8]) {
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (g < heads_here) {
+      half8_to_float(*reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8), qr[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
+    }
+  }
+}
+
+// Online softmax over the next n scores of each head (logits[g][0 .. n), n >= 1; warp w owns
+// heads w, w + kDecodeWarps, ...): the scores become their weights exp2(score - new max), and
+// each head's running max and sum move on, with rescale[g] the factor for the accumulators
+// (0 on the first pass). Between two block barriers.
+template <int GM, int N>
+__device__ __forceinline__ void update_softmax(float (&logits)[GM][N], int n, int heads_here, float* running_max,
+                                               float* running_sum, float* rescale) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int g = warp; g < heads_here; g += kDecodeWarps) {
+    float pass_max = -INFINITY;
+    for (int i = lane; i < n; i += 32) pass_max = fmaxf(pass_max, logits[g][i]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      pass_max = fmaxf(pass_max, __shfl_xor_sync(0xffffffffu, pass_max, offset));
+    const float old_max = running_max[g];
+    const float new_max = fmaxf(old_max, pass_max);  // finite: the pass has keys
+    float sum = 0.0f;
+    for (int i = lane; i < n; i += 32) {
+      const float e = exp2f(logits[g][i] - new_max);
+      logits[g][i] = e;
+      sum += e;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) {
+      const float alpha = exp2f(old_max - new_max);  // 0 on the first pass
+      rescale[g] = alpha;
+      running_sum[g] = running_sum[g] * alpha + sum;
+      running_max[g] = new_max;
+    }
+  }
+}
+
 // A split with no keys (past the context, or a window's start): empty partials (zeros when the
 // context is not split), then the merge.
 template <int D>
@@ -143,17 +194,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
 
   // This lane's slice of each query head, pre-scaled into log2 units.
   float qr[GM][8];
-#pragma unroll
-  for (int g = 0; g < GM; ++g) {
-    if (g < heads_here) {
-      half8_to_float(*reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8), qr[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] *= p.scale_log2;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
-    }
-  }
+  load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
   if (threadIdx.x < GM) {
     running_max[threadIdx.x] = -INFINITY;
     running_sum[threadIdx.x] = 0.0f;
@@ -196,31 +237,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
       }
     }
     __syncthreads();
-    // 2. softmax statistics per head (warp w owns heads w, w + 4).
-    const int n = chunk_end - chunk_begin;
-    for (int g = warp; g < heads_here; g += kDecodeWarps) {
-      float chunk_max = -INFINITY;
-      for (int i = lane; i < n; i += 32) chunk_max = fmaxf(chunk_max, logits[g][i]);
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1)
-        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
-      const float old_max = running_max[g];
-      const float new_max = fmaxf(old_max, chunk_max);  // finite: the chunk has keys
-      float sum = 0.0f;
-      for (int i = lane; i < n; i += 32) {
-        const float e = exp2f(logits[g][i] - new_max);
-        logits[g][i] = e;
-        sum += e;
-      }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (lane == 0) {
-        const float alpha = exp2f(old_max - new_max);  // 0 on the first chunk
-        rescale[g] = alpha;
-        running_sum[g] = running_sum[g] * alpha + sum;
-        running_max[g] = new_max;
-      }
-    }
+    // 2. softmax statistics per head.
+    update_softmax(logits, chunk_end - chunk_begin, heads_here, running_max, running_sum, rescale);
     __syncthreads();
     // 3. acc = acc * alpha + P V over this chunk.
 #pragma unroll

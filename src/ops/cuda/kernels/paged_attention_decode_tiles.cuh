@@ -68,17 +68,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   const int context = p.context_lens[seq];
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
-#pragma unroll
-  for (int g = 0; g < GM; ++g) {
-    if (g < heads_here) {
-      half8_to_float(*reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8), qr[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] *= p.scale_log2;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
-    }
-  }
+  load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
   if (p.window > 0) {
     begin += max(0, context - p.window);
     load_blocks(begin, blocks0);
@@ -143,31 +133,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       }
     }
     __syncthreads();
-    // 3. Softmax statistics per head (warp w owns heads w, w + 4).
-    const int n = min(end - tile_begin, TILE);
-    for (int g = warp; g < heads_here; g += kDecodeWarps) {
-      float tile_max = -INFINITY;
-      for (int i = lane; i < n; i += 32) tile_max = fmaxf(tile_max, logits[g][i]);
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1)
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
-      const float old_max = running_max[g];
-      const float new_max = fmaxf(old_max, tile_max);  // finite: the tile has keys
-      float sum = 0.0f;
-      for (int i = lane; i < n; i += 32) {
-        const float e = exp2f(logits[g][i] - new_max);
-        logits[g][i] = e;
-        sum += e;
-      }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (lane == 0) {
-        const float alpha = exp2f(old_max - new_max);  // 0 on the first tile
-        rescale[g] = alpha;
-        running_sum[g] = running_sum[g] * alpha + sum;
-        running_max[g] = new_max;
-      }
-    }
+    // 3. Softmax statistics per head.
+    update_softmax(logits, min(end - tile_begin, TILE), heads_here, running_max, running_sum, rescale);
     __syncthreads();
     // 4. acc = acc * alpha + P V over this tile.
 #pragma unroll
