@@ -4,6 +4,7 @@
 # the new VerifyGraphsAgreeWithPlainLaunches test and every QSpec == W4A16 test over them), then
 # the QSpec cycle benchmark with and without them, alternating, two rounds. Logs and JSON to $OUT.
 # usage (source root, deps bundled by scripts/bundle-deps.sh): scripts/gpu-verify-graphs-ab.sh DEPS [COMMIT]
+# env: AB_STEPS (parts), AB_ROUNDS (benchmark rounds, default 2), AB_BENCH_TIMEOUT (seconds a run)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -20,16 +21,6 @@ if [[ $steps == *test* ]]; then
   grep -E "^\[  (FAILED|PASSED) |Failure|identical|400 / 400" "$out/gpu_tests.log" | head -40
 fi
 [[ $steps == *bench* ]] || exit 0
-args=(--device cuda --synthetic llama3-8b --modes w4a16 --batch-sizes 1,16,32 --prompt-lengths 128 --steps 32
-      --qspec-gammas 1,2,4 --qspec-drafts w4a8)
-# The device tool returns at most 8 files: one log for every bench run, JSON for round 1 only.
-for round in ${AB_ROUNDS:-1 2}; do
-  for graphs in 0 1; do
-    json_dir=""
-    (( round == 1 )) && json_dir="$out/graphs$graphs" && mkdir -p "$json_dir"
-    echo "== round $round, verify graphs $graphs" >> "$out/bench.log"
-    QSPEC_VERIFY_GRAPHS=$graphs timeout ${AB_BENCH_TIMEOUT:-150} ./build/qspec bench "${args[@]}" --out-dir "$json_dir" >> "$out/bench.log" 2>&1
-    echo "== round $round, verify graphs $graphs: rc=$?"
-  done
-done
-grep -E "^== round|^ +[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ " "$out/bench.log"
+# The benchmark rounds through the generic A/B script (log and round 1's JSON under $out).
+scripts/gpu-env-ab.sh QSPEC_VERIFY_GRAPHS "0 1" "${AB_ROUNDS:-2}" --synthetic llama3-8b --modes w4a16 \
+  --batch-sizes 1,16,32 --prompt-lengths 128 --steps 32 --qspec-gammas 1,2,4 --qspec-drafts w4a8
