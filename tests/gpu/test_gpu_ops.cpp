@@ -1018,16 +1018,38 @@ TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m) * 4;
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      auto run = [&](int variant, int splits) {
+      auto run = [&](int variant, int splits, int k_slices = 1) {
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        cuda::W4A16SmallMConfig config{variant, splits, 2};
+        config.k_slices = variant == 5 ? k_slices : 0;
         cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
-                                 {variant, splits, 2});
+                                 config);
         return download<f16>(d_y, static_cast<size_t>(m * n));
       };
       for (int splits : {1, 3, 8}) {
         const std::vector<f16> expected = run(1, splits);
         ASSERT_EQ(run(5, splits), expected) << "splits " << splits << " m" << m << " n" << n << " k" << k << " g" << group;
         ASSERT_EQ(run(5, splits), expected) << "again (counters reset): splits " << splits << " m" << m << " n" << n;
+      }
+      if (m > 16) continue;  // variant 5 runs slices of up to 16 tokens (beyond: variant 1)
+      // K slices summed inside the block: the same k partition as that many splits, the same sums.
+      for (int k_slices : {2, 4, 8}) {
+        const std::vector<f16> expected = run(1, k_slices);
+        ASSERT_EQ(run(5, 1, k_slices), expected) << "k slices " << k_slices << " m" << m << " n" << n << " k" << k
+                                                 << " g" << group;
+      }
+      // Slices and splits together (sums nested: slices in the block, then splits): near the
+      // register-ring kernel's k_slices x splits, never NaN, a relaunch bitwise the same.
+      for (auto [k_slices, splits] : {std::pair{2, 3}, {4, 2}, {8, 2}}) {
+        const std::vector<f16> reference = run(1, k_slices * splits);
+        const std::vector<f16> got = run(5, splits, k_slices);
+        ASSERT_EQ(run(5, splits, k_slices), got) << "relaunch: k slices " << k_slices << " splits " << splits;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float a = qspec::f16_to_f32(got[i]), b = qspec::f16_to_f32(reference[i]);
+          ASSERT_FALSE(std::isnan(a)) << i;
+          ASSERT_LE(std::fabs(a - b), 2e-3f * std::fabs(b) + 1e-3f)
+              << "k slices " << k_slices << " splits " << splits << " m" << m << " n" << n << " k" << k << " at " << i;
+        }
       }
     }
   }

@@ -378,6 +378,10 @@ struct W4A16SmallMConfig {
   // int8 activations only: ADAngel's Split strategy (kernels/w4_activation.cuh ActS8Split), the
   // same output at twice the mma work.
   bool split_activations = false;
+  // Variant 5 only: warps of a block that share a row block, each a part of its k range, summed
+  // in shared memory (1, 2, 4 or 8; 0: planned, kernels/w4a16_preload.cuh). Bitwise the
+  // register-ring kernel with k_slices x splits splits when splits is 1.
+  int k_slices = 0;
 };
 // Whether small-M variant 5 (preload) can run these weights on this device and build.
 bool w4a16_preload_supported(const W4A16Weights& w);

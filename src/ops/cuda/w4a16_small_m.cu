@@ -200,6 +200,16 @@ int preload_blocks_per_sm() {
   static const int blocks = env_int("QSPEC_W4A16_PRELOAD_BLOCKS", 2, 1, 8);
   return blocks;
 }
+// K slices a block for the preload kernel (QSPEC_W4A16_PRELOAD_KSLICES: 1, 2, 4 or 8 forces it;
+// 0 or unset: plan_k_slices).
+int preload_k_slices_override() {
+  static const int slices = [] {
+    const int v = env_int("QSPEC_W4A16_PRELOAD_KSLICES", 0, 0, 8);
+    QSPEC_CHECK(v == 0 || v == 1 || v == 2 || v == 4 || v == 8, "QSPEC_W4A16_PRELOAD_KSLICES must be 0, 1, 2, 4 or 8, not ", v);
+    return v;
+  }();
+  return slices;
+}
 size_t preload_block_bytes() {
   static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
   return bytes;
@@ -220,7 +230,8 @@ bool preload_kernel_runs_here() {
 }
 
 template <class Act, int MT, int G>
-void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, cudaStream_t stream) {
+void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
+                    cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
   auto* kernel = kernels::w4_preload_kernel<Act, MT, G>;
   static const bool configured = [&] {
@@ -234,7 +245,7 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
   }();
   (void)configured;
   launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
-             preload_slot_chunks());
+             preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
@@ -247,37 +258,58 @@ int preload_ring_slots(int64_t chunks_per_split) {
   return static_cast<int>(std::min(wanted, room));
 }
 
+// K slices a block (kernels/w4a16_preload.cuh): the most (8, 4, 2) whose blocks still fit in one
+// wave of `block_slots` and leave every warp at least 4 chunks (256 k); 1 where none does (then
+// split-K across blocks fills the GPU, as before).
+int plan_k_slices(int64_t row_blocks, int64_t full_chunks, int64_t block_slots) {
+  constexpr int kWarps = kernels::W4A16PreloadShape<128>::kWarps;
+  for (int slices : {8, 4, 2}) {
+    const int64_t tiles = (row_blocks * slices + kWarps - 1) / kWarps;
+    if (tiles <= block_slots && full_chunks >= 4 * slices) return slices;
+  }
+  return 1;
+}
+
 // One launch of the preload kernel for a slice of at most 16 tokens: one wave of blocks (two a
-// multiprocessor), split-K over the rest, each warp's ring as deep as its split or the budget.
+// multiprocessor), k cut into slices inside a block where row blocks are few (plan_k_slices),
+// split-K across blocks over the rest, each warp's ring as deep as its part of k or the budget.
 template <class Act>
 void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& config, void* workspace,
                     size_t workspace_bytes, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
-  const int64_t row_tiles = (layout.n + detail::kW4A16TileRows - 1) / detail::kW4A16TileRows;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), "cuda::w4a16_gemm: n ", layout.n,
-              " too large");
   const int64_t slice = params.m;
   const int sms = multiprocessor_count();
   const int64_t per_sm = std::clamp<int64_t>(
       static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1,
       preload_blocks_per_sm());
-  int64_t splits = config.splits > 0 ? config.splits
-                                     : std::min<int64_t>(std::max<int64_t>(1, per_sm * sms / row_tiles),
-                                                         detail::w4a16_max_splits(slice, layout.k));
-  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks));
+  QSPEC_CHECK(config.k_slices == 0 || config.k_slices == 1 || config.k_slices == 2 || config.k_slices == 4 ||
+                  config.k_slices == 8,
+              "cuda::w4a16_gemm: k slices must be 1, 2, 4 or 8, not ", config.k_slices);
+  const int k_slices = config.k_slices > 0               ? config.k_slices
+                       : preload_k_slices_override() > 0 ? preload_k_slices_override()
+                                                         : plan_k_slices(layout.row_blocks, layout.full_chunks, per_sm * sms);
+  const int64_t tile_rows = 16 * (kernels::W4A16PreloadShape<128>::kWarps / k_slices);
+  const int64_t row_tiles = (layout.n + tile_rows - 1) / tile_rows;
+  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), "cuda::w4a16_gemm: n ", layout.n,
+              " too large");
+  int64_t splits = config.splits > 0
+                       ? config.splits
+                       : std::min<int64_t>(std::max<int64_t>(1, per_sm * sms / row_tiles),
+                                           std::max<int64_t>(1, detail::w4a16_max_splits(slice, layout.k) / k_slices));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks / k_slices));
   splits = detail::splits_that_fit(splits, slice, layout.n, workspace, workspace_bytes);
   params.splits = static_cast<int>(splits);
   params.counters = static_cast<unsigned*>(workspace);
   params.partials = detail::splitk_partials(workspace, splits);
   params.xs_stride = 0;
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
-  const int64_t chunks_per_split = (layout.full_chunks + splits - 1) / splits;
+  const int64_t chunks_per_part = (layout.full_chunks + splits * k_slices - 1) / (splits * k_slices);
   const bool two_tiles = slice > 8;
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
-    const int ring = preload_ring_slots<G>(chunks_per_split);
-    if (two_tiles) preload_launch<Act, 2, G>(params, grid, ring, s);
-    else preload_launch<Act, 1, G>(params, grid, ring, s);
+    const int ring = preload_ring_slots<G>(chunks_per_part);
+    if (two_tiles) preload_launch<Act, 2, G>(params, grid, ring, k_slices, s);
+    else preload_launch<Act, 1, G>(params, grid, ring, k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;

@@ -17,8 +17,16 @@
 // the warp synchronizes, and its lane 0 refills the slot with slot i + R (the generic-proxy
 // reads are ordered before the copy engine's writes by __syncwarp and fence.proxy.async).
 //
-// Bitwise the register-ring kernel's output for the same split count: the same mma per k pair,
-// the same group flushes, the same split-K fix-up.
+// K slices inside a block (k_slices = 2, 4 or 8): the block's warps share WARPS / k_slices row
+// blocks, each row block's k range cut into k_slices parts, one a warp, and the block sums the
+// parts in shared memory (in k order, as the global fix-up sums splits). Where the row blocks
+// alone fill too few blocks (o and down of Llama-3-8B: 256 row blocks, 32 blocks of 8), this
+// gives the one-wave grid without split-K across blocks, so the GEMM ends without the global
+// fix-up's chain (partials to global memory, fence, arrival atomic, the last block's reads).
+//
+// Bitwise the register-ring kernel's output for the same partition of k: k_slices 1 and S
+// splits, or k_slices S and one split (the same mma per k pair, the same group flushes, the
+// same sums in the same order).
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
@@ -39,12 +47,19 @@ struct W4A16PreloadShape {
   static constexpr size_t smem_bytes(int ring_slots) {
     return static_cast<size_t>(kWarps) * ring_slots * (kSlotBytes + 8);
   }
+  // The k slices' sums reuse the rings (never the mbarriers): every warp's MT x 4 accumulators.
+  template <int MT>
+  static constexpr size_t reduction_bytes() {
+    return static_cast<size_t>(kWarps) * MT * 4 * 32 * sizeof(float);
+  }
+  static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
 };
 
 template <class Act, int MT, int G>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_kernel(const W4A16SmallMParams p,
                                                                                         const int ring_slots,
-                                                                                        const int slot_chunks) {
+                                                                                        const int slot_chunks,
+                                                                                        const int k_slices) {
 #if QSPEC_WGMMA
   using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
@@ -56,16 +71,18 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y;
-  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * p.w.full_chunks / p.splits);
-  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.w.full_chunks / p.splits);
-  const bool do_tail = p.w.tail && split == p.splits - 1;
+  // k_slices warps share a row block; k is cut into splits x k_slices parts, in k order.
+  const int parts = p.splits * k_slices, part = split * k_slices + warp % k_slices;
+  const int chunk_begin = static_cast<int>(static_cast<int64_t>(part) * p.w.full_chunks / parts);
+  const int chunk_end = static_cast<int>(static_cast<int64_t>(part + 1) * p.w.full_chunks / parts);
+  const bool do_tail = p.w.tail && part == parts - 1;
   const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
   // A slot holds up to SC chunks; slot_chunks (1..SC) of them are used (a benchmark knob).
   const int sc = slot_chunks;
   const int slots = (chunk_end - chunk_begin + sc - 1) / sc;
   const int R = ring_slots;
 
-  const int rb = min(tile * WARPS + warp, p.w.row_blocks - 1);
+  const int rb = min(tile * (WARPS / k_slices) + warp / k_slices, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
@@ -168,25 +185,47 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
-  const int my_rb = tile * WARPS + warp;
-  if (my_rb < p.w.row_blocks) {
+  if (k_slices > 1) {
+    // The slices' sums: every warp's accumulators into the rings (each warp has waited for all of
+    // its copies, so no bulk copy is in flight once all are here), then the first warp of each row
+    // block adds its slices in k order, from zero as the global fix-up does.
+    float* sums = reinterpret_cast<float*>(smem);
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sums[((warp * MT + nt) * 4 + e) * 32 + lane] = acc[0][nt][e];
+    __syncthreads();
+    if (warp % k_slices == 0) {
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float sum = 0.f;
+          for (int s = 0; s < k_slices; ++s) sum += sums[(((warp + s) * MT + nt) * 4 + e) * 32 + lane];
+          acc[0][nt][e] = sum;
+        }
+    }
+  }
+  const int out_rb = tile * (WARPS / k_slices) + warp / k_slices;
+  if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = my_rb * 16 + g + (e >= 2 ? 8 : 0);
+        const int row = out_rb * 16 + g + (e >= 2 ? 8 : 0);
         const int token = nt * 8 + 2 * t + (e & 1);
         if (row >= p.w.n || token >= p.m) continue;
         if (p.splits == 1)
           p.y[token * p.ldy + row] = __float2half_rn(acc[0][nt][e]);
         else
-          p.partials[(static_cast<int64_t>(split) * p.m + token) * p.w.n + row] = acc[0][nt][e];
+          p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];
       }
   }
   if (p.splits == 1) return;
-  const int row_begin = tile * WARPS * 16;
+  const int tile_rows = (WARPS / k_slices) * 16, row_begin = tile * tile_rows;
   splitk_finish<WARPS * 32>(p.counters, tile, p.splits, p.partials, p.y, p.ldy, p.m, p.w.n, row_begin,
-                            min(WARPS * 16, p.w.n - row_begin));
+                            min(tile_rows, p.w.n - row_begin));
 #else
   __trap();  // sm_90a only: the launcher checks that this build runs (w4a16_preload_runs_here)
 #endif
