@@ -320,6 +320,11 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
 
 }  // namespace
 
+bool w4a16_l2_prefetch_enabled() {
+  static const bool enabled = env_int("QSPEC_W4A16_L2_PREFETCH", 1, 0, 1) != 0;
+  return enabled;
+}
+
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&
          preload_kernel_runs_here();
@@ -354,6 +359,17 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       params.y = yh + m0 * ldy;
       params.ldy = ldy;
       params.m = static_cast<int>(slice);
+      if (w4a16_l2_prefetch_enabled()) {
+        params.evict_first = 1;
+        for (int r = 0; r < L2Prefetch::kRanges; ++r) {
+          // The first slice asks; the later ones would only repeat it.
+          if (m0 > 0 || w.l2_prefetch.ptr[r] == nullptr) continue;
+          QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.l2_prefetch.ptr[r]) % 16 == 0 && w.l2_prefetch.bytes[r] % 16 == 0,
+                      "cuda::w4a16_gemm: L2 prefetch ranges must be 16-byte aligned multiples of 16 bytes");
+          params.prefetch[r] = static_cast<const uint8_t*>(w.l2_prefetch.ptr[r]);
+          params.prefetch_bytes[r] = w.l2_prefetch.bytes[r];
+        }
+      }
       launch_preload<kernels::ActF16>(params, config, workspace, workspace_bytes, s);
       continue;
     }

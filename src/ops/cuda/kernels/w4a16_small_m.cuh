@@ -31,6 +31,11 @@ struct W4A16SmallMParams {
   // > 0: the block first copies its k range of x (min(m, 8 MT) rows) into dynamic shared memory,
   // rows xs_stride elements apart, so the main loop never waits on a global x load (variant 1/2).
   int xs_stride;
+  // Variant 5 only: ranges to prefetch into the L2 after the wait (bytes 0: none), and whether
+  // its own weight copies carry the evict-first hint.
+  const uint8_t* prefetch[4];
+  uint32_t prefetch_bytes[4];
+  int evict_first;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
