@@ -354,8 +354,8 @@ struct W4A16Weights {
   // ready, streaming its own weights as evict-first meanwhile (w4a16_l2_prefetch_enabled).
   L2Prefetch l2_prefetch{};
 };
-// Whether the preload kernel issues W4A16Weights::l2_prefetch (QSPEC_W4A16_L2_PREFETCH=0 turns
-// it off, and the evict-first hint with it; benchmarks A/B it).
+// Whether the preload kernel uses W4A16Weights::l2_prefetch: only under QSPEC_W4A16_L2_PREFETCH
+// (1-7, the kernel's hint bits: an experiment, off by default; docs/perf-notes.md "L2 prefetch").
 bool w4a16_l2_prefetch_enabled();
 
 // small_m: kernels/w4a16_small_m.cuh (few tokens); tiled: kernels/w4a16_tiled.cuh (tens to

@@ -320,10 +320,13 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
 
 }  // namespace
 
-bool w4a16_l2_prefetch_enabled() {
-  static const bool enabled = env_int("QSPEC_W4A16_L2_PREFETCH", 1, 0, 1) != 0;
-  return enabled;
+// QSPEC_W4A16_L2_PREFETCH: 0 off; else the kernel's l2_hints bits (kernels/w4a16_small_m.cuh:
+// 1 evict-first own copies, 2 bulk prefetch, 4 line prefetch), an A/B knob.
+static int w4a16_l2_hints() {
+  static const int hints = env_int("QSPEC_W4A16_L2_PREFETCH", 0, 0, 7);
+  return hints;
 }
+bool w4a16_l2_prefetch_enabled() { return w4a16_l2_hints() != 0; }
 
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&
@@ -360,7 +363,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       params.ldy = ldy;
       params.m = static_cast<int>(slice);
       if (w4a16_l2_prefetch_enabled()) {
-        params.evict_first = 1;
+        params.l2_hints = w4a16_l2_hints();
         for (int r = 0; r < L2Prefetch::kRanges; ++r) {
           // The first slice asks; the later ones would only repeat it.
           if (m0 > 0 || w.l2_prefetch.ptr[r] == nullptr) continue;
