@@ -539,40 +539,7 @@ GpuActivations gpu_activations(const RunMode& mode) {
   fail("GPU model: mode ", mode.name, " has no GPU activation path");
 }
 
-// L2 prefetch links of the decode step's W4A16 GEMMs (cuda::W4A16Weights::l2_prefetch): gate_up
-// asks for its layer's down weights, down for the next layer's qkv and o, so the GEMMs whose
-// own streaming is shortest (latency-bound: docs/perf-notes.md, "L2 prefetch") find their weights
-// in the L2. Only links whose bytes take at most half the L2 (larger ones would evict each other
-// before use). QSPEC_W4A16_L2_PREFETCH=0 leaves the links unused (the kernel ignores them then).
-static void link_l2_prefetch(std::vector<Layer>& layers) {
-  const size_t budget = cuda::l2_cache_bytes() / 2;
-  auto ranges_of = [budget](std::initializer_list<const Linear*> linears) {
-    cuda::L2Prefetch prefetch;
-    int r = 0;
-    size_t total = 0;
-    for (const Linear* linear : linears) total += linear->codes.bytes() + linear->scales.bytes();
-    if (total > budget) return prefetch;
-    for (const Linear* linear : linears) {
-      if (!linear->quantized) return cuda::L2Prefetch{};
-      for (const DeviceMemory* memory : {&linear->codes, &linear->scales}) {
-        if (r == cuda::L2Prefetch::kRanges || memory->bytes() % 16 != 0 || memory->bytes() >= (size_t{1} << 32))
-          return cuda::L2Prefetch{};
-        prefetch.ptr[r] = memory->get();
-        prefetch.bytes[r++] = static_cast<uint32_t>(memory->bytes());
-      }
-    }
-    return prefetch;
-  };
-  for (size_t l = 0; l < layers.size(); ++l) {
-    Layer& layer = layers[l];
-    if (layer.gate_up.quantized) layer.gate_up.view.l2_prefetch = ranges_of({&layer.down});
-    if (layer.down.quantized && l + 1 < layers.size())
-      layer.down.view.l2_prefetch = ranges_of({&layers[l + 1].qkv, &layers[l + 1].o});
-  }
-}
-
 void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
-  link_l2_prefetch(layers);
   const ModelConfig& c = config;
   max_seqs = options.max_seqs;
   max_context = options.max_context > 0 ? options.max_context : c.max_position_embeddings;

@@ -334,15 +334,6 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
 // ---- GEMMs ----------------------------------------------------------------------------
 
 // 4-bit weights on the device in the layout of gemm/w4a16_pack.h (see there), viewed.
-// Byte ranges of device memory a kernel asks the L2 to fetch while it runs: in a decode step,
-// the weights of the GEMMs that come after it (docs/perf-notes.md, "L2 prefetch"). A hint:
-// results never depend on it. Pointers 16-byte aligned, sizes multiples of 16.
-struct L2Prefetch {
-  static constexpr int kRanges = 4;
-  const void* ptr[kRanges] = {};
-  uint32_t bytes[kRanges] = {};
-};
-
 struct W4A16Weights {
   const void* codes = nullptr;   // packed codes, ceil(n/16) * k * 8 bytes
   const void* scales = nullptr;  // packed f16 scale pairs, ceil(n/16) * (k/group) * 8 * 4 bytes
@@ -350,13 +341,7 @@ struct W4A16Weights {
   int64_t group = 0;  // 32, 64 or 128
   // Optional bit-plane copy of the codes (gemm/w4_bitplanes.h) for the Bitwise strategy.
   const void* bitplanes = nullptr;
-  // Optional: what the preload kernel (small-M variant 5) asks the L2 for once its input is
-  // ready, streaming its own weights as evict-first meanwhile (w4a16_l2_prefetch_enabled).
-  L2Prefetch l2_prefetch{};
 };
-// Whether the preload kernel uses W4A16Weights::l2_prefetch: only under QSPEC_W4A16_L2_PREFETCH
-// (1-7, the kernel's hint bits: an experiment, off by default; docs/perf-notes.md "L2 prefetch").
-bool w4a16_l2_prefetch_enabled();
 
 // small_m: kernels/w4a16_small_m.cuh (few tokens); tiled: kernels/w4a16_tiled.cuh (tens to
 // hundreds of tokens); dequant_cublas: dequantize to f16 scratch, then cuBLAS.

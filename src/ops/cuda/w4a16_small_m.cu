@@ -210,6 +210,12 @@ int preload_k_slices_override() {
   }();
   return slices;
 }
+// Whether the preload kernel's weight copies carry the L2 evict-first hint (QSPEC_W4A16_EVICT_FIRST
+// 0 / 1; default on: docs/perf-notes.md, "L2 hints").
+bool preload_evict_first() {
+  static const bool on = env_int("QSPEC_W4A16_EVICT_FIRST", 1, 0, 1) != 0;
+  return on;
+}
 size_t preload_block_bytes() {
   static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
   return bytes;
@@ -320,14 +326,6 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
 
 }  // namespace
 
-// QSPEC_W4A16_L2_PREFETCH: 0 off; else the kernel's l2_hints bits (kernels/w4a16_small_m.cuh:
-// 1 evict-first own copies, 2 bulk prefetch, 4 line prefetch), an A/B knob.
-static int w4a16_l2_hints() {
-  static const int hints = env_int("QSPEC_W4A16_L2_PREFETCH", 0, 0, 7);
-  return hints;
-}
-bool w4a16_l2_prefetch_enabled() { return w4a16_l2_hints() != 0; }
-
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&
          preload_kernel_runs_here();
@@ -362,17 +360,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       params.y = yh + m0 * ldy;
       params.ldy = ldy;
       params.m = static_cast<int>(slice);
-      if (w4a16_l2_prefetch_enabled()) {
-        params.l2_hints = w4a16_l2_hints();
-        for (int r = 0; r < L2Prefetch::kRanges; ++r) {
-          // The first slice asks; the later ones would only repeat it.
-          if (m0 > 0 || w.l2_prefetch.ptr[r] == nullptr) continue;
-          QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.l2_prefetch.ptr[r]) % 16 == 0 && w.l2_prefetch.bytes[r] % 16 == 0,
-                      "cuda::w4a16_gemm: L2 prefetch ranges must be 16-byte aligned multiples of 16 bytes");
-          params.prefetch[r] = static_cast<const uint8_t*>(w.l2_prefetch.ptr[r]);
-          params.prefetch_bytes[r] = w.l2_prefetch.bytes[r];
-        }
-      }
+      params.evict_first = preload_evict_first() ? 1 : 0;
       launch_preload<kernels::ActF16>(params, config, workspace, workspace_bytes, s);
       continue;
     }

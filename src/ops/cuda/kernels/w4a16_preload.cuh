@@ -95,15 +95,14 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
     g0 = (2 * c0) / PPG;
     ng = (2 * (c0 + nc) - 1) / PPG - g0 + 1;
   };
-  const bool evict_first = (p.l2_hints & kL2EvictFirst) != 0;
-  const uint64_t policy = evict_first ? l2_evict_first_policy() : 0;
+  const uint64_t policy = p.evict_first ? l2_evict_first_policy() : 0;
   auto issue = [&](int i) {  // lane 0 only
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);
     uint8_t* slot = ring + (i % R) * Shape::kSlotBytes;
     uint64_t* barrier = barriers + i % R;
     mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32));
-    if (evict_first) {
+    if (p.evict_first) {
       bulk_copy_to_shared_hinted(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier, policy);
       bulk_copy_to_shared_hinted(slot + SC * 512, s_block + g0 * 8, ng * 32, barrier, policy);
     } else {
@@ -120,27 +119,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
   }
   __syncwarp();
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
-  // The L2 prefetch of later GEMMs' weights: after the wait, so it shares the HBM with this
-  // GEMM's streaming rather than the kernels before it; 32 KB a request, spread over the grid.
-  if (p.l2_hints & (kL2BulkPrefetch | kL2LinePrefetch)) {
-    const bool lines = (p.l2_hints & kL2LinePrefetch) != 0;
-    const uint32_t kPiece = lines ? 128 : 32 * 1024;
-    const int64_t threads = static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x;
-    const int64_t me = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-    int64_t first = 0;  // ranges continue each other's thread order, so no thread takes two pieces early
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t pieces = (p.prefetch_bytes[r] + kPiece - 1) / kPiece;
-      for (int64_t q = me + (me < first ? (first - me + threads - 1) / threads * threads : 0); q < first + pieces;
-           q += threads) {
-        const int64_t offset = (q - first) * kPiece;
-        const int64_t left = static_cast<int64_t>(p.prefetch_bytes[r]) - offset;
-        if (lines) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.prefetch[r] + offset));
-        else bulk_prefetch_l2(p.prefetch[r] + offset, static_cast<uint32_t>(left < kPiece ? left : kPiece));
-      }
-      first += pieces;
-    }
-  }
 
   const Elem* x = activation_values<Act>(p.a);
   const Elem* x_row[MT];

@@ -19,8 +19,6 @@
 
 namespace qspec::cuda::kernels {
 
-inline constexpr int kL2EvictFirst = 1, kL2BulkPrefetch = 2, kL2LinePrefetch = 4;
-
 struct W4A16SmallMParams {
   W4A16Layout w;
   ActivationRows a;
@@ -33,12 +31,8 @@ struct W4A16SmallMParams {
   // > 0: the block first copies its k range of x (min(m, 8 MT) rows) into dynamic shared memory,
   // rows xs_stride elements apart, so the main loop never waits on a global x load (variant 1/2).
   int xs_stride;
-  // Variant 5 only: ranges to prefetch into the L2 after the wait (bytes 0: none) and how
-  // (kL2BulkPrefetch: 32 KB bulk requests; kL2LinePrefetch: prefetch.global.L2 a 128-byte line),
-  // and whether its own weight copies carry the evict-first hint (kL2EvictFirst).
-  const uint8_t* prefetch[4];
-  uint32_t prefetch_bytes[4];
-  int l2_hints;
+  // Variant 5: its weight copies carry the L2 evict-first hint.
+  int evict_first;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>

@@ -160,8 +160,9 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
                : "memory");
 #endif
 }
-// The same copy with an L2 eviction policy (l2_evict_first_policy): streamed weights that no
-// later kernel of the step reads again should leave the L2 before lines prefetched for one.
+// The same copy with an L2 eviction policy (l2_evict_first_policy): weights streamed once a
+// step, marked to leave the L2 before what the step reads again (the KV cache, activations,
+// split-K partials).
 __device__ __forceinline__ void bulk_copy_to_shared_hinted(void* dst, const void* src, uint32_t bytes,
                                                            uint64_t* barrier, uint64_t policy) {
 #if QSPEC_WGMMA
@@ -178,12 +179,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
 #endif
   return policy;
-}
-// Asks the L2 for `bytes` (a multiple of 16, 16-byte aligned) from global memory; no completion.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-#if QSPEC_WGMMA
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
 }
 // A plain arrival (release: this thread's earlier shared-memory accesses happen before the
 // phase completes for whoever waits on it).
