@@ -211,7 +211,8 @@ int preload_k_slices_override() {
   return slices;
 }
 // Whether the preload kernel's weight copies carry the L2 evict-first hint (QSPEC_W4A16_EVICT_FIRST
-// 0 / 1; default on: docs/perf-notes.md, "L2 hints").
+// 0 / 1; default on: docs/perf-notes.md, "K slices inside the W4A16 GEMM's blocks, L2 prefetch,
+// evict-first").
 bool preload_evict_first() {
   static const bool on = env_int("QSPEC_W4A16_EVICT_FIRST", 1, 0, 1) != 0;
   return on;
