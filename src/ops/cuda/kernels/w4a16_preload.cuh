@@ -56,7 +56,7 @@ struct W4A16PreloadShape {
 };
 
 template <class Act, int MT, int G>
-__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_kernel(const W4A16SmallMParams p,
+__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, 2) void w4_preload_kernel(const W4A16SmallMParams p,
                                                                                         const int ring_slots,
                                                                                         const int slot_chunks,
                                                                                         const int k_slices) {
@@ -96,11 +96,13 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
     ng = (2 * (c0 + nc) - 1) / PPG - g0 + 1;
   };
   const uint64_t policy = p.evict_first ? l2_evict_first_policy() : 0;
-  auto issue = [&](int i) {  // lane 0 only
+  // Slot i into ring slot r (= i % R, which the caller tracks: a runtime division costs ~35
+  // instructions, and this kernel is bound by instruction issue on the H200, docs/perf-notes.md).
+  auto issue = [&](int i, int r) {  // lane 0 only
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);
-    uint8_t* slot = ring + (i % R) * Shape::kSlotBytes;
-    uint64_t* barrier = barriers + i % R;
+    uint8_t* slot = ring + r * Shape::kSlotBytes;
+    uint64_t* barrier = barriers + r;
     mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32));
     if (p.evict_first) {
       bulk_copy_to_shared_hinted(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier, policy);
@@ -115,7 +117,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
   if (lane == 0) {
     for (int i = 0; i < R; ++i) mbarrier_init(barriers + i, 1);
     fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
-    for (int i = 0; i < min(R, slots); ++i) issue(i);
+    for (int i = 0; i < min(R, slots); ++i) issue(i, i);
   }
   __syncwarp();
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
@@ -134,6 +136,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
     for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
   };
 
+  static_assert(PPG == 1 || PPG == 2 || PPG == 4, "scale groups of 32, 64 or 128");
+  int r = 0;           // ring slot of slot i (i % R)
+  uint32_t phase = 0;  // its mbarrier phase ((i / R) & 1)
   for (int i = 0; i < slots; ++i) {
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);
@@ -145,8 +150,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
 #pragma unroll
         for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
       }
-    const uint8_t* slot = ring + (i % R) * Shape::kSlotBytes;
-    mbarrier_wait(barriers + i % R, static_cast<uint32_t>((i / R) & 1));
+    const uint8_t* slot = ring + r * Shape::kSlotBytes;
+    mbarrier_wait(barriers + r, phase);
     // The whole slot, also past a short last slot's nc chunks / ng groups (stale, never used):
     // unconditional reads keep the arrays in registers.
     uint4 w[SC];
@@ -159,8 +164,15 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
     __syncwarp();  // every lane has read the slot
     if (lane == 0 && i + R < slots) {
       fence_proxy_async_shared();
-      issue(i + R);
+      issue(i + R, r);
     }
+    if (++r == R) {
+      r = 0;
+      phase ^= 1u;
+    }
+    // Pairs of the slot's first scale group before it (0, or 2 for groups of 128: a slot starts
+    // at an even pair), so each pair's group within the slot is one of two compile-time indices.
+    const int lead = (2 * c0) % PPG;
 #pragma unroll
     for (int ch = 0; ch < SC; ++ch)
       if (ch < nc) {
@@ -168,12 +180,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32) void w4_preload_
         for (int hp = 0; hp < 2; ++hp) {
           const int pair = 2 * (c0 + ch) + hp;
           pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
-          if ((pair + 1) % PPG == 0 || pair + 1 == pair_end) {
-            // scale[pair / PPG - g0] by selects: a runtime index would put the array in local memory.
-            uint32_t group_scale = scale[0];
-#pragma unroll
-            for (int j = 1; j < NG; ++j)
-              if (j == pair / PPG - g0) group_scale = scale[j];
+          if ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end) {
+            // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
+            // the compiler folds back into one) puts the array in local memory.
+            const uint32_t group_scale =
+                lead == 0 ? scale[(2 * ch + hp) / PPG] : scale[min((2 * ch + hp + 2) / PPG, NG - 1)];
             flush_group<Act, G>(acc[0], gacc[0], group_scale, p.a, pair / PPG, 0, t, p.m - 1);
           }
         }
