@@ -200,12 +200,14 @@ int preload_blocks_per_sm() {
   static const int blocks = env_int("QSPEC_W4A16_PRELOAD_BLOCKS", 2, 1, 8);
   return blocks;
 }
+// The k slices a preload block can have: its 8 warps in equal groups.
+bool valid_k_slices(int slices) { return slices == 1 || slices == 2 || slices == 4 || slices == 8; }
 // K slices a block for the preload kernel (QSPEC_W4A16_PRELOAD_KSLICES: 1, 2, 4 or 8 forces it;
 // 0 or unset: plan_k_slices).
 int preload_k_slices_override() {
   static const int slices = [] {
     const int v = env_int("QSPEC_W4A16_PRELOAD_KSLICES", 0, 0, 8);
-    QSPEC_CHECK(v == 0 || v == 1 || v == 2 || v == 4 || v == 8, "QSPEC_W4A16_PRELOAD_KSLICES must be 0, 1, 2, 4 or 8, not ", v);
+    QSPEC_CHECK(v == 0 || valid_k_slices(v), "QSPEC_W4A16_PRELOAD_KSLICES must be 0, 1, 2, 4 or 8, not ", v);
     return v;
   }();
   return slices;
@@ -289,8 +291,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
   const int64_t per_sm = std::clamp<int64_t>(
       static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1,
       preload_blocks_per_sm());
-  QSPEC_CHECK(config.k_slices == 0 || config.k_slices == 1 || config.k_slices == 2 || config.k_slices == 4 ||
-                  config.k_slices == 8,
+  QSPEC_CHECK(config.k_slices == 0 || valid_k_slices(config.k_slices),
               "cuda::w4a16_gemm: k slices must be 1, 2, 4 or 8, not ", config.k_slices);
   const int k_slices = config.k_slices > 0               ? config.k_slices
                        : preload_k_slices_override() > 0 ? preload_k_slices_override()

@@ -98,19 +98,18 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, 2) void w4_prelo
   const uint64_t policy = p.evict_first ? l2_evict_first_policy() : 0;
   // Slot i into ring slot r (= i % R, which the caller tracks: a runtime division costs ~35
   // instructions, and this kernel is bound by instruction issue on the H200, docs/perf-notes.md).
+  auto copy = [&](void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
+    if (p.evict_first) bulk_copy_to_shared_hinted(dst, src, bytes, barrier, policy);
+    else bulk_copy_to_shared(dst, src, bytes, barrier);
+  };
   auto issue = [&](int i, int r) {  // lane 0 only
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);
     uint8_t* slot = ring + r * Shape::kSlotBytes;
     uint64_t* barrier = barriers + r;
     mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32));
-    if (p.evict_first) {
-      bulk_copy_to_shared_hinted(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier, policy);
-      bulk_copy_to_shared_hinted(slot + SC * 512, s_block + g0 * 8, ng * 32, barrier, policy);
-    } else {
-      bulk_copy_to_shared(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier);
-      bulk_copy_to_shared(slot + SC * 512, s_block + g0 * 8, ng * 32, barrier);
-    }
+    copy(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier);
+    copy(slot + SC * 512, s_block + g0 * 8, ng * 32, barrier);
   };
 
   grid_launch_dependents();
