@@ -215,24 +215,16 @@ int smem_carveout_percent();
 // unset or empty, else an integer in [lo, hi], or an error naming the variable (runtime.cu).
 int env_int(const char* name, int fallback, int lo, int hi);
 
-// launch_pdl with the blocks grouped into thread-block clusters of `cluster` blocks (each grid
-// dimension a multiple of the cluster's; sm_90+). A cluster of 1 x 1 x 1 sets no attribute.
 template <typename... KernelArgs, typename... Args>
-void launch_pdl_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        dim3 cluster, Args&&... args) {
+void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[3]{};
+  cudaLaunchAttribute attributes[2]{};
   unsigned count = 0;
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = cluster.x;
-    attributes[count].val.clusterDim.y = cluster.y;
-    attributes[count++].val.clusterDim.z = cluster.z;
-  }
   if (pdl_enabled()) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
@@ -244,11 +236,6 @@ void launch_pdl_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
   config.attrs = attributes;
   config.numAttrs = count;
   QSPEC_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-template <typename... KernelArgs, typename... Args>
-void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  launch_pdl_cluster(kernel, grid, block, smem, stream, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 // Streaming 16-byte load for data read exactly once (packed weights): not kept in L1.

@@ -312,15 +312,6 @@ void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 enum class DecodeAttention { tiles, chunked };
 DecodeAttention decode_attention();
 void set_decode_attention(DecodeAttention kernel);
-// How the context splits of a decode merge (when the context is split, 2 to 8 ways, on sm_90+):
-// global (the last split's block to arrive reads every split's partials back from global
-// memory: a fence, an arrival atomic and two dependent reads) or cluster (a (sequence, head
-// group)'s splits launch as one thread-block cluster and merge through its shared memory).
-// Same results either way. QSPEC_DECODE_MERGE=global|cluster picks it for a process;
-// set_decode_merge overrides both.
-enum class DecodeMerge { global, cluster };
-DecodeMerge decode_merge();
-void set_decode_merge(DecodeMerge merge);
 
 // Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
 // out_stride apart), sequence s attends to its context_lens[s] cached positions (the query

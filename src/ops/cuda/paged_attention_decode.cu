@@ -13,8 +13,6 @@ namespace qspec::cuda {
 namespace {
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
 std::atomic<int> decode_attention_override{-1};
-// -1: follow QSPEC_DECODE_MERGE; else a DecodeMerge set by set_decode_merge.
-std::atomic<int> decode_merge_override{-1};
 
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
@@ -27,9 +25,7 @@ void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, d
                           : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
                           : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
                                                  : kernels::paged_attention_decode_kernel<D, 8>);
-  // The cluster merge launches each (sequence, head group)'s splits as one cluster.
-  const dim3 cluster(1, 1, params.cluster_merge ? grid.z : 1);
-  launch_pdl_cluster(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, cluster, params);
+  launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
 }
 }  // namespace
@@ -49,20 +45,6 @@ DecodeAttention decode_attention() {
 void set_decode_attention(DecodeAttention kernel) {
   decode_attention_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
 }
-
-DecodeMerge decode_merge() {
-  static const DecodeMerge from_env = [] {
-    const char* text = std::getenv("QSPEC_DECODE_MERGE");
-    if (text == nullptr || *text == '\0') return DecodeMerge::global;
-    const std::string value(text);
-    QSPEC_CHECK(value == "global" || value == "cluster", "QSPEC_DECODE_MERGE: '", value,
-                "' is not global or cluster");
-    return value == "cluster" ? DecodeMerge::cluster : DecodeMerge::global;
-  }();
-  const int forced = decode_merge_override.load(std::memory_order_relaxed);
-  return forced >= 0 ? static_cast<DecodeMerge>(forced) : from_env;
-}
-void set_decode_merge(DecodeMerge merge) { decode_merge_override.store(static_cast<int>(merge), std::memory_order_relaxed); }
 
 void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                             int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
@@ -105,9 +87,7 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
   params.out_stride = out_stride;
   // Split-K: the last block of each (sequence, head group) merges the partials. Splits only
   // happen below 2 blocks a multiprocessor, far fewer groups than there are counters.
-  params.cluster_merge = splits > 1 && splits <= kernels::kDecodeMaxClusterSplits &&
-                         decode_merge() == DecodeMerge::cluster && compute_capability() >= 90;
-  if (splits > 1 && !params.cluster_merge) {
+  if (splits > 1) {
     QSPEC_CHECK(num_seqs * KV * head_chunks <= detail::kAttentionCounters,
                 "cuda::paged_attention_decode: too many blocks to split (", num_seqs * KV * head_chunks, ")");
     params.part_o = detail::attention_partial_o(workspace);

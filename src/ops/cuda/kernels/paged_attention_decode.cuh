@@ -2,8 +2,6 @@
 // KV head, up to GM of its query heads, one sequence and one split of the context; K and V
 // are read once per block with 16-byte loads, scores and softmax in f32 (log2 domain).
 #pragma once
-#include <cooperative_groups.h>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_combine.cuh"
 
@@ -27,73 +25,16 @@ struct DecodeParams {
   float* part_o;       // splits > 1: [splits][num_seqs * num_heads][D]
   float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
   unsigned* counters;  // splits > 1: one per (sequence, blockIdx.x), zero before and after a launch
-  // splits > 1 and launched as clusters of (1, 1, splits) blocks: the splits merge through the
-  // cluster's shared memory instead (part_o, part_ml and counters unused).
-  bool cluster_merge;
 };
-
-inline constexpr int kDecodeMaxClusterSplits = 8;  // the portable cluster size
 
 inline constexpr int kDecodeWarps = 4;
 
 // Split-K: after a block wrote its partials, the last of the `splits` blocks of its (sequence,
 // head group) to arrive merges them into out (the split-K GEMM's fix-up, here for attention): one
 // launch and one dependent round trip fewer a layer than a combine kernel after.
-// The same merge with the splits of a (sequence, head group) launched as one thread-block
-// cluster: each block left its unnormalised o in block_o[g * D + d] and its (max, sum) in
-// running_max / running_sum (its shared memory); after a cluster barrier each block merges a
-// share of the outputs, reading every split's partials from the peers' shared memory, with the
-// arithmetic of combine_attention_row in the same split order (so the same results); a second
-// barrier keeps each block's shared memory alive until its peers have read it. No fence, no
-// atomic, no round trip through global memory.
 template <int D>
-__device__ __forceinline__ void merge_splits_in_cluster(const DecodeParams& p, int seq, int head0, int heads_here,
-                                                        float* block_o, float* running_max, float* running_sum) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partials are in its block's shared memory
-  const int splits = p.splits, n = heads_here * D;
-  const int share = (n + splits - 1) / splits;
-  const int first = static_cast<int>(cluster.block_rank()) * share, last = min(n, first + share);
-  for (int i = first + static_cast<int>(threadIdx.x); i < last; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    float m[kDecodeMaxClusterSplits], l[kDecodeMaxClusterSplits], o[kDecodeMaxClusterSplits];
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxClusterSplits; ++s) {
-      if (s < splits) {  // the cluster's block of rank s is split s (cluster dims 1 x 1 x splits)
-        m[s] = *cluster.map_shared_rank(running_max + g, s);
-        l[s] = *cluster.map_shared_rank(running_sum + g, s);
-        o[s] = *cluster.map_shared_rank(block_o + i, s);
-      }
-    }
-    float global_max = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxClusterSplits; ++s)
-      if (s < splits && l[s] > 0.0f) global_max = fmaxf(global_max, m[s]);
-    float denominator = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxClusterSplits; ++s) {
-      if (s < splits && l[s] > 0.0f) {
-        const float weight = exp2f(m[s] - global_max);
-        denominator += __fmul_rn(l[s], weight);  // combine_attention_row: the product, then the sum
-        sum = fmaf(o[s], weight, sum);
-      }
-    }
-    p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(denominator > 0.0f ? sum / denominator : 0.0f);
-  }
-  cluster.sync();  // the peers are done reading this block's shared memory
-}
-
-// block_o, running_max, running_sum: this block's partials in shared memory (the cluster merge
-// reads them; the global merge has them in part_o / part_ml already).
-template <int D>
-__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int head0, int heads_here,
-                                             float* block_o, float* running_max, float* running_sum) {
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int head0, int heads_here) {
   if (p.splits <= 1) return;
-  if (p.cluster_merge) {
-    merge_splits_in_cluster<D>(p, seq, head0, heads_here, block_o, running_max, running_sum);
-    return;
-  }
   __shared__ unsigned last_block;
   __threadfence();  // this block's partials are visible before its arrival is
   __syncthreads();
@@ -166,25 +107,18 @@ __device__ __forceinline__ void update_softmax(float (&logits)[GM][N], int n, in
 // context is not split), then the merge.
 template <int D>
 __device__ __forceinline__ void finish_empty_split(const DecodeParams& p, int seq, int split, int head0,
-                                                   int heads_here, float* block_o, float* running_max,
-                                                   float* running_sum) {
+                                                   int heads_here) {
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   for (int i = threadIdx.x; i < heads_here * D; i += blockDim.x) {
     const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + i / D;
-    if (p.splits > 1 && p.cluster_merge) {
-      block_o[i] = 0.0f;
-      if (i % D == 0) {
-        running_max[i / D] = -INFINITY;
-        running_sum[i / D] = 0.0f;
-      }
-    } else if (p.splits > 1) {
+    if (p.splits > 1) {
       p.part_o[(split * rows + row) * D + i % D] = 0.0f;
       if (i % D == 0) p.part_ml[split * rows + row] = make_float2(-INFINITY, 0.0f);
     } else {
       p.out[seq * p.out_stride + (head0 + i / D) * D + i % D] = __float2half(0.0f);
     }
   }
-  merge_splits<D>(p, seq, head0, heads_here, block_o, running_max, running_sum);
+  merge_splits<D>(p, seq, head0, heads_here);
 }
 
 // A block's result: each warp's key lanes summed, then the warps through `reduce` in shared
@@ -192,8 +126,8 @@ __device__ __forceinline__ void finish_empty_split(const DecodeParams& p, int se
 // context is not split; then the merge.
 template <int D, int GM>
 __device__ __forceinline__ void finish_split(const DecodeParams& p, float (&acc)[GM][8],
-                                             float (&reduce)[kDecodeWarps][GM][D], float* running_max,
-                                             float* running_sum, int seq, int split, int head0,
+                                             float (&reduce)[kDecodeWarps][GM][D], const float* running_max,
+                                             const float* running_sum, int seq, int split, int head0,
                                              int heads_here) {
   constexpr int LPK = D / 8;  // lanes per key
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -218,17 +152,14 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, float (&acc)
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) o += reduce[w][g][d];
     const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
-    if (p.splits > 1 && p.cluster_merge) {
-      // In place: this thread alone reads and writes entry (g, d) of every warp's slice.
-      reduce[0][g][d] = o;
-    } else if (p.splits > 1) {
+    if (p.splits > 1) {
       p.part_o[(split * rows + row) * D + d] = o;
       if (d == 0) p.part_ml[split * rows + row] = make_float2(running_max[g], running_sum[g]);
     } else {
       p.out[seq * p.out_stride + (head0 + g) * D + d] = __float2half_rn(o / running_sum[g]);
     }
   }
-  merge_splits<D>(p, seq, head0, heads_here, &reduce[0][0][0], running_max, running_sum);
+  merge_splits<D>(p, seq, head0, heads_here);
 }
 
 // D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
@@ -257,7 +188,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
   const int32_t* table = p.block_tables + seq * p.max_blocks;
 
   if (begin >= end) {  // nothing to attend to in this split
-    finish_empty_split<D>(p, seq, split, head0, heads_here, &reduce[0][0][0], running_max, running_sum);
+    finish_empty_split<D>(p, seq, split, head0, heads_here);
     return;
   }
 

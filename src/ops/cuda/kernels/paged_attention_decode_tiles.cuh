@@ -94,7 +94,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   };
 
   if (begin >= end) {  // nothing to attend to in this split
-    finish_empty_split<D>(p, seq, split, head0, heads_here, &reduce[0][0][0], running_max, running_sum);
+    finish_empty_split<D>(p, seq, split, head0, heads_here);
     return;
   }
 

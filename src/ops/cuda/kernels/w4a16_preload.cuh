@@ -55,8 +55,14 @@ struct W4A16PreloadShape {
   static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
 };
 
+// Blocks a multiprocessor the register budget is cut for (2: up to 128 registers a thread).
+// QSPEC_W4A16_PRELOAD_MIN_BLOCKS at build time overrides it, for experiments.
+#ifndef QSPEC_W4A16_PRELOAD_MIN_BLOCKS
+#define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
+#endif
+
 template <class Act, int MT, int G>
-__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, 2) void w4_preload_kernel(const W4A16SmallMParams p,
+__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(const W4A16SmallMParams p,
                                                                                         const int ring_slots,
                                                                                         const int slot_chunks,
                                                                                         const int k_slices) {
