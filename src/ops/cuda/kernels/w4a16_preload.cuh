@@ -142,6 +142,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   };
 
   static_assert(PPG == 1 || PPG == 2 || PPG == 4, "scale groups of 32, 64 or 128");
+  static_assert((2 * SC) % PPG == 0, "a whole slot that starts on a group boundary ends on one");
   int r = 0;           // ring slot of slot i (i % R)
   uint32_t phase = 0;  // its mbarrier phase ((i / R) & 1)
   for (int i = 0; i < slots; ++i) {
@@ -178,6 +179,23 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     // Pairs of the slot's first scale group before it (0, or 2 for groups of 128: a slot starts
     // at an even pair), so each pair's group within the slot is one of two compile-time indices.
     const int lead = (2 * c0) % PPG;
+    if (nc == SC && lead == 0) {
+      // A whole slot starting on a group boundary (every slot of a part that starts on one, but a
+      // short last slot): its 2 * SC pairs end on a group boundary too, and the part's last pair
+      // can only be its last, so the group flushes sit at compile-time pairs. The general body
+      // below tests every pair, and a flush it skips still issues (predicated off): ~11
+      // instructions a pair in an issue-bound loop (SASS of the batch-1 instance).
+#pragma unroll
+      for (int ch = 0; ch < SC; ++ch)
+#pragma unroll
+        for (int hp = 0; hp < 2; ++hp) {
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
+          if ((2 * ch + hp + 1) % PPG == 0)
+            flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
+                                p.m - 1);
+        }
+      continue;
+    }
 #pragma unroll
     for (int ch = 0; ch < SC; ++ch)
       if (ch < nc) {
