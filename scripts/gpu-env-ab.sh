@@ -4,6 +4,8 @@
 # $OUT/ab-VAR.log and round 1's JSON to $OUT/VAR-VALUE/. Needs ./build/qspec (scripts/gpu-run.sh
 # builds it).
 # usage: scripts/gpu-env-ab.sh VAR "VALUE1 VALUE2 ..." ROUNDS [qspec bench args...]
+# Export QSPEC_COMMIT (the commit the sources are) first: the JSON records it, and the GPU
+# machine's copy of the tree may carry a stale .git whose HEAD is another commit.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 var=${1:?usage: $0 VAR VALUES ROUNDS [bench args]}

@@ -62,10 +62,8 @@ struct W4A16PreloadShape {
 #endif
 
 template <class Act, int MT, int G>
-__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(const W4A16SmallMParams p,
-                                                                                        const int ring_slots,
-                                                                                        const int slot_chunks,
-                                                                                        const int k_slices) {
+__global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
+    const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
   using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
