@@ -100,12 +100,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     ng = (2 * (c0 + nc) - 1) / PPG - g0 + 1;
   };
   const uint64_t policy = p.evict_first ? l2_evict_first_policy() : 0;
-  // Slot i into ring slot r (= i % R, which the caller tracks: a runtime division costs ~35
-  // instructions, and this kernel is bound by instruction issue on the H200, docs/perf-notes.md).
   auto copy = [&](void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
     if (p.evict_first) bulk_copy_to_shared_hinted(dst, src, bytes, barrier, policy);
     else bulk_copy_to_shared(dst, src, bytes, barrier);
   };
+  // Slot i into ring slot r (= i % R, which the caller tracks: a runtime division costs ~35
+  // instructions, and this kernel is bound by instruction issue on the H200, docs/perf-notes.md).
   auto issue = [&](int i, int r) {  // lane 0 only
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);
