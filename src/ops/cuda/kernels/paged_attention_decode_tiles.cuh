@@ -11,10 +11,42 @@
 // 3 blocks a multiprocessor instead of 4, a second wave at batch 32-64). Same blocks, same split
 // merge and the same arithmetic order within a key as the chunked kernel; the softmax runs a
 // tile at a time, so its results differ from the chunked kernel's by rounding only.
+//
+// RoPE folded in (p.rope_positions set, decode steps): each block rotates its query heads from
+// the unrotated qkv row, and the new token's key and value (this lane's slice of 8 elements: the
+// slice head_dim / 2 away is a second 16-byte load, so no shuffle) with the same arithmetic as
+// rope_kv_write; the block whose split holds the new key stores it and the value into the cache,
+// and every block whose tile holds it puts the thread's own slice into shared memory in place of
+// that key's copy. That drops a launch and its drain from every layer (the rope kernel's ~2 us of
+// a batch-1 layer, docs/perf-notes.md).
 #pragma once
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
+#include "ops/cuda/kernels/paged_kv_write.cuh"  // kv_pool_row
+#include "ops/cuda/kernels/rope.cuh"
 
 namespace qspec::cuda::kernels {
+
+// RoPE on a lane's slice of a head: `own` holds elements li * 8 .. + 7, `partner` the 8 elements
+// head_dim / 2 away; cosine / sine of the slice's 8 pairs. Bitwise rope_row's result.
+template <int D>
+__device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partner, int li, const float (&cosine)[8],
+                                            const float (&sine)[8]) {
+  float x[8], y[8];
+  half8_to_float(own, x);
+  half8_to_float(partner, y);
+  const bool first_half = li < D / 16;  // elements below head_dim / 2: the pair's first
+  uint32_t words[4];
+#pragma unroll
+  for (int e = 0; e < 8; e += 2) {
+    __half r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      r[h] = first_half ? rope_first(x[e + h], y[e + h], cosine[e + h], sine[e + h])
+                        : rope_second(y[e + h], x[e + h], cosine[e + h], sine[e + h]);
+    words[e / 2] = static_cast<uint32_t>(__half_as_ushort(r[0])) | (static_cast<uint32_t>(__half_as_ushort(r[1])) << 16);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
 
 // A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block, whose
 // reduce buffer takes 16 KB; static shared memory stops at 48). Two stages: the next tile's
@@ -64,30 +96,82 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     load_blocks(begin, blocks0);
     load_blocks(begin + TILE, blocks1);
   }
+  const bool rope = p.rope_positions != nullptr;
+  const int half_slice = li % (LPK / 2), partner_li = li ^ (LPK / 2);  // RoPE: pairs i and i + D / 2
+  float inv_freq[8];  // constant (written at load time): read before the wait
+  if (rope) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) inv_freq[e] = __ldg(p.inv_freq + half_slice * 8 + e);
+  }
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int context = p.context_lens[seq];
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
-  load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+  int new_key = -1;  // RoPE folded in: the new token's position, its rotated key and its value
+  uint4 new_k = make_uint4(0, 0, 0, 0), new_v = new_k;
+  if (rope) {
+    const __half* row = p.q + seq * p.q_stride;
+    const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
+    const uint4 k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
+    const uint4 k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
+    new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
+    uint4 q_own[GM], q_partner[GM];
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
+      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
+      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
+    }
+    new_key = p.rope_positions[seq];
+    float cosine[8], sine[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) rope_cos_sin(static_cast<float>(new_key), inv_freq[e], p.attention_scaling, cosine[e], sine[e]);
+    new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
+      half8_to_float(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), qr[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] = g < heads_here ? qr[g][e] * p.scale_log2 : 0.0f;
+    }
+  } else {
+    load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+  }
   if (p.window > 0) {
     begin += max(0, context - p.window);
     load_blocks(begin, blocks0);
     load_blocks(begin + TILE, blocks1);
   }
   const int end = min(context, begin + p.split_len);
+  // The new key's split stores it and its value into the cache (one block of its head chunks;
+  // warp 0's first key lanes, a slice each). No block of this launch reads that slot from global
+  // memory: the tiles that hold it take the registers instead (issue_tile).
+  if (rope && new_key >= begin && new_key < end && chunk_of_heads == 0 && warp == 0 && lg == 0) {
+    const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_key) * kv_stride + kv_head * D + li * 8;
+    *reinterpret_cast<uint4*>(p.k_store + at) = new_k;
+    *reinterpret_cast<uint4*>(p.v_store + at) = new_v;
+  }
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
-  // the table entry there may be no block).
+  // the table entry there may be no block). The new key (RoPE folded in) is stored from this
+  // thread's registers instead: only this thread reads its slots back, so no barrier is needed.
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
     if (tile_begin < end) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
+        __half* k_slot = k_tiles[stage] + key_offset(u) * D + li * 8;
+        __half* v_slot = v_tiles[stage] + key_offset(u) * D + li * 8;
+        if (j == new_key) {
+          *reinterpret_cast<uint4*>(k_slot) = new_k;
+          *reinterpret_cast<uint4*>(v_slot) = new_v;
+          continue;
+        }
         const int64_t at =
             j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
         const int bytes = j < end ? 16 : 0;
-        cp_async_16(smem_address(k_tiles[stage] + key_offset(u) * D + li * 8), p.k_pool + at, bytes);
-        cp_async_16(smem_address(v_tiles[stage] + key_offset(u) * D + li * 8), p.v_pool + at, bytes);
+        cp_async_16(smem_address(k_slot), p.k_pool + at, bytes);
+        cp_async_16(smem_address(v_slot), p.v_pool + at, bytes);
       }
     }
     cp_async_commit();
