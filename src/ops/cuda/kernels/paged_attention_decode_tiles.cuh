@@ -69,6 +69,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
+  __shared__ float rope_cosine[D / 2], rope_sine[D / 2];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane / LPK, li = lane % LPK;
@@ -96,82 +97,31 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     load_blocks(begin, blocks0);
     load_blocks(begin + TILE, blocks1);
   }
-  const bool rope = p.rope_positions != nullptr;
-  const int half_slice = li % (LPK / 2), partner_li = li ^ (LPK / 2);  // RoPE: pairs i and i + D / 2
-  float inv_freq[8];  // constant (written at load time): read before the wait
-  if (rope) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) inv_freq[e] = __ldg(p.inv_freq + half_slice * 8 + e);
-  }
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int context = p.context_lens[seq];
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
-  int new_key = -1;  // RoPE folded in: the new token's position, its rotated key and its value
-  uint4 new_k = make_uint4(0, 0, 0, 0), new_v = new_k;
-  if (rope) {
-    const __half* row = p.q + seq * p.q_stride;
-    const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
-    const uint4 k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
-    const uint4 k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
-    new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
-    uint4 q_own[GM], q_partner[GM];
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
-      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
-      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
-    }
-    new_key = p.rope_positions[seq];
-    float cosine[8], sine[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) rope_cos_sin(static_cast<float>(new_key), inv_freq[e], p.attention_scaling, cosine[e], sine[e]);
-    new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
-      half8_to_float(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), qr[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] = g < heads_here ? qr[g][e] * p.scale_log2 : 0.0f;
-    }
-  } else {
-    load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
-  }
+  const bool rope = p.rope_positions != nullptr;
+  if (!rope) load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
   if (p.window > 0) {
     begin += max(0, context - p.window);
     load_blocks(begin, blocks0);
     load_blocks(begin + TILE, blocks1);
   }
   const int end = min(context, begin + p.split_len);
-  // The new key's split stores it and its value into the cache (one block of its head chunks;
-  // warp 0's first key lanes, a slice each). No block of this launch reads that slot from global
-  // memory: the tiles that hold it take the registers instead (issue_tile).
-  if (rope && new_key >= begin && new_key < end && chunk_of_heads == 0 && warp == 0 && lg == 0) {
-    const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_key) * kv_stride + kv_head * D + li * 8;
-    *reinterpret_cast<uint4*>(p.k_store + at) = new_k;
-    *reinterpret_cast<uint4*>(p.v_store + at) = new_v;
-  }
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
-  // the table entry there may be no block). The new key (RoPE folded in) is stored from this
-  // thread's registers instead: only this thread reads its slots back, so no barrier is needed.
+  // the table entry there may be no block).
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
     if (tile_begin < end) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
-        __half* k_slot = k_tiles[stage] + key_offset(u) * D + li * 8;
-        __half* v_slot = v_tiles[stage] + key_offset(u) * D + li * 8;
-        if (j == new_key) {
-          *reinterpret_cast<uint4*>(k_slot) = new_k;
-          *reinterpret_cast<uint4*>(v_slot) = new_v;
-          continue;
-        }
         const int64_t at =
             j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
         const int bytes = j < end ? 16 : 0;
-        cp_async_16(smem_address(k_slot), p.k_pool + at, bytes);
-        cp_async_16(smem_address(v_slot), p.v_pool + at, bytes);
+        cp_async_16(smem_address(k_tiles[stage] + key_offset(u) * D + li * 8), p.k_pool + at, bytes);
+        cp_async_16(smem_address(v_tiles[stage] + key_offset(u) * D + li * 8), p.v_pool + at, bytes);
       }
     }
     cp_async_commit();
@@ -195,11 +145,74 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   issue_tile(begin, 0, blocks0);
   issue_tile(begin + TILE, 1, blocks1);
   if (begin + 2 * TILE < end) load_blocks(begin + 2 * TILE, blocks0);  // the table entries of tile 2
+
+  // RoPE folded in, while the first tiles' copies fly: the new key's slot in them is stale (the
+  // cache gets the key below), and the thread that copied it overwrites its own copy once the
+  // tile is in (only that thread reads it back, so no barrier). Each pair's angle once a block.
+  int new_key = -1;
+  uint4 new_k = make_uint4(0, 0, 0, 0), new_v = new_k;
+  if (rope) {
+    new_key = p.rope_positions[seq];
+    if (threadIdx.x < D / 2)
+      rope_cos_sin(static_cast<float>(new_key), __ldg(p.inv_freq + threadIdx.x), p.attention_scaling,
+                   rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
+    const __half* row = p.q + seq * p.q_stride;
+    const int partner_li = li ^ (LPK / 2);  // the slice head_dim / 2 away
+    uint4 q_own[GM], q_partner[GM];
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
+      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
+      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
+    }
+    const bool holds_new_key = new_key >= begin && new_key < end;
+    uint4 k_own = new_k, k_partner = new_k;
+    if (holds_new_key) {
+      const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
+      k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
+      k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
+      new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
+    }
+    __syncthreads();  // the angles
+    float cosine[8], sine[8];
+    const int pair0 = (li % (LPK / 2)) * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      cosine[e] = rope_cosine[pair0 + e];
+      sine[e] = rope_sine[pair0 + e];
+    }
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
+      half8_to_float(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), qr[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] = g < heads_here ? qr[g][e] * p.scale_log2 : 0.0f;
+    }
+    if (holds_new_key) {
+      new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
+      // The cache gets it from one block of the head chunks (warp 0's first key lanes, a slice each).
+      if (chunk_of_heads == 0 && warp == 0 && lg == 0) {
+        const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_key) * kv_stride + kv_head * D + li * 8;
+        *reinterpret_cast<uint4*>(p.k_store + at) = new_k;
+        *reinterpret_cast<uint4*>(p.v_store + at) = new_v;
+      }
+    } else {
+      new_key = -1;  // not in this split's tiles
+    }
+  }
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
     // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
     cp_async_wait<1>();
     const __half* k_tile = k_tiles[stage];
     const __half* v_tile = v_tiles[stage];
+    if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (tile_begin + key_offset(u) == new_key) {
+          *reinterpret_cast<uint4*>(k_tiles[stage] + key_offset(u) * D + li * 8) = new_k;
+          *reinterpret_cast<uint4*>(v_tiles[stage] + key_offset(u) * D + li * 8) = new_v;
+        }
+    }
     // 2. Scores.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
