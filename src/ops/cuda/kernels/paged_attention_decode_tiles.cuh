@@ -102,7 +102,27 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
   const bool rope = p.rope_positions != nullptr;
-  if (!rope) load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+  // RoPE folded in: the new token's position, this lane's slices of its query heads, key and value
+  // (and the slices head_dim / 2 away) load beside the context length, unrotated.
+  int new_key = -1;
+  uint4 q_own[GM], q_partner[GM], k_own, k_partner, new_v;
+  if (rope) {
+    new_key = p.rope_positions[seq];
+    const __half* row = p.q + seq * p.q_stride;
+    const int partner_li = li ^ (LPK / 2);
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
+      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
+      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
+    }
+    const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
+    k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
+    k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
+    new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
+  } else {
+    load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+  }
   if (p.window > 0) {
     begin += max(0, context - p.window);
     load_blocks(begin, blocks0);
@@ -149,30 +169,12 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // RoPE folded in, while the first tiles' copies fly: the new key's slot in them is stale (the
   // cache gets the key below), and the thread that copied it overwrites its own copy once the
   // tile is in (only that thread reads it back, so no barrier). Each pair's angle once a block.
-  int new_key = -1;
-  uint4 new_k = make_uint4(0, 0, 0, 0), new_v = new_k;
+  uint4 new_k = make_uint4(0, 0, 0, 0);
   if (rope) {
-    new_key = p.rope_positions[seq];
     if (threadIdx.x < D / 2)
       rope_cos_sin(static_cast<float>(new_key), __ldg(p.inv_freq + threadIdx.x), p.attention_scaling,
                    rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
-    const __half* row = p.q + seq * p.q_stride;
-    const int partner_li = li ^ (LPK / 2);  // the slice head_dim / 2 away
-    uint4 q_own[GM], q_partner[GM];
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
-      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
-      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
-    }
     const bool holds_new_key = new_key >= begin && new_key < end;
-    uint4 k_own = new_k, k_partner = new_k;
-    if (holds_new_key) {
-      const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
-      k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
-      k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
-      new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
-    }
     __syncthreads();  // the angles
     float cosine[8], sine[8];
     const int pair0 = (li % (LPK / 2)) * 8;
