@@ -837,15 +837,18 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
     norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
-    // RoPE on the q and k heads of the qkv rows, and the rotated k with v into the cache: one launch.
-    cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
-                        rope_scaling, kv, stream);
-    if (decode)
-      cuda::paged_attention_decode(qkv_out, width, runs, input_context_lens(), max_context_in_step, kv, shape, attn_out,
-                                   q_dim, attention_workspace.get(), attention_workspace_bytes, stream);
-    else
+    // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
+    // one launch in decode steps, two in the others.
+    if (decode) {
+      cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq.as<float>(), rope_scaling,
+                                        kv, shape, attn_out, q_dim, attention_workspace.get(),
+                                        attention_workspace_bytes, stream);
+    } else {
+      cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
+                          rope_scaling, kv, stream);
       cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
                                     attention_workspace_bytes, stream);
+    }
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
     norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);

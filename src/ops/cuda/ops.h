@@ -322,6 +322,20 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
                             f16_bits* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
                             void* stream);
 
+// Decode with RoPE and the new token's K/V write folded in: bitwise rope_kv_write, then
+// paged_attention_decode on the rotated rows. qkv: each sequence's token as unrotated [q heads,
+// k heads, v heads] rows qkv_stride apart; batch: one token a sequence (query_start[s] = s), at
+// batch.positions[s] = context_lens[s] - 1, batch.max_context the largest context. The tiles
+// kernel does it in one launch and leaves qkv as it was; with the chunked kernel, or
+// QSPEC_DECODE_ROPE=separate, it runs the two launches, which rotate qkv in place.
+void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
+                                 const int32_t* context_lens, const float* inv_freq, float attention_scaling,
+                                 const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream);
+// Whether paged_attention_decode_rope runs one launch: QSPEC_DECODE_ROPE (folded, the default,
+// or separate) and the tiles kernel selected.
+bool decode_rope_folded();
+
 // Multi-query (prefill, QSpec verify): every token of the batch attends causally to its
 // sequence's cache, which must already hold positions 0..max position of the run (write the
 // run's own K/V first with paged_kv_write). FlashAttention-2 tiling on f16 mma.sync; query

@@ -46,9 +46,23 @@ void set_decode_attention(DecodeAttention kernel) {
   decode_attention_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
 }
 
-void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
-                            int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
-                            int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
+bool decode_rope_folded() {
+  static const bool from_env = [] {
+    const char* text = std::getenv("QSPEC_DECODE_ROPE");
+    if (text == nullptr || *text == '\0') return true;
+    const std::string value(text);
+    QSPEC_CHECK(value == "folded" || value == "separate", "QSPEC_DECODE_ROPE: '", value,
+                "' is not folded or separate");
+    return value == "folded";
+  }();
+  return from_env && decode_attention() == DecodeAttention::tiles;
+}
+
+namespace {
+void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
+                   int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
+                   int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream,
+                   const kernels::DecodeParams& rope) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
   QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_decode: head_dim ", D, " (supported: 32, 64, 128)");
   QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0,
@@ -85,6 +99,11 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
   params.splits = static_cast<int>(splits);
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;
+  params.rope_positions = rope.rope_positions;
+  params.inv_freq = rope.inv_freq;
+  params.attention_scaling = rope.attention_scaling;
+  params.k_store = rope.k_store;
+  params.v_store = rope.v_store;
   // Split-K: the last block of each (sequence, head group) merges the partials. Splits only
   // happen below 2 blocks a multiprocessor, far fewer groups than there are counters.
   if (splits > 1) {
@@ -99,6 +118,42 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
   if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
   else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
   else launch_decode_d<128>(params, heads_per_block, grid, s);
+}
+}  // namespace
+
+void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
+                            int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
+                            int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
+  launch_decode(q, q_stride, num_seqs, context_lens, max_context, kv, shape, out, out_stride, workspace,
+                workspace_bytes, stream, kernels::DecodeParams{});
+}
+
+void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
+                                 const int32_t* context_lens, const float* inv_freq, float attention_scaling,
+                                 const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
+  const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
+  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_decode_rope: head_dim ", D,
+              " (supported: 32, 64, 128)");
+  QSPEC_CHECK(batch.num_tokens == batch.num_seqs && batch.max_query_len <= 1,
+              "cuda::paged_attention_decode_rope: a decode batch has one token a sequence (", batch.num_tokens,
+              " tokens, ", batch.num_seqs, " sequences)");
+  QSPEC_CHECK(qkv_stride >= (H + 2 * KV) * D, "cuda::paged_attention_decode_rope: qkv_stride ", qkv_stride,
+              " is narrower than the q, k and v heads (", (H + 2 * KV) * D, ")");
+  if (!decode_rope_folded()) {  // the two launches: RoPE + KV write rotates qkv in place
+    rope_kv_write(qkv, qkv_stride, H, KV, D, batch, inv_freq, attention_scaling, kv, stream);
+    launch_decode(qkv, qkv_stride, batch.num_seqs, context_lens, batch.max_context, kv, shape, out, out_stride,
+                  workspace, workspace_bytes, stream, kernels::DecodeParams{});
+    return;
+  }
+  kernels::DecodeParams rope{};
+  rope.rope_positions = batch.positions;
+  rope.inv_freq = inv_freq;
+  rope.attention_scaling = attention_scaling;
+  rope.k_store = reinterpret_cast<__half*>(kv.k_pool);
+  rope.v_store = reinterpret_cast<__half*>(kv.v_pool);
+  launch_decode(qkv, qkv_stride, batch.num_seqs, context_lens, batch.max_context, kv, shape, out, out_stride,
+                workspace, workspace_bytes, stream, rope);
 }
 
 }  // namespace qspec::cuda

@@ -25,6 +25,14 @@ struct DecodeParams {
   float* part_o;       // splits > 1: [splits][num_seqs * num_heads][D]
   float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
   unsigned* counters;  // splits > 1: one per (sequence, blockIdx.x), zero before and after a launch
+  // RoPE and the new token's K/V store folded in (the tiles kernel only; null: q arrives rotated
+  // and the cache holds the new K/V). q then points at unrotated qkv rows (q heads, k heads, v
+  // heads); sequence s's token sits at rope_positions[s] == context_lens[s] - 1.
+  const int32_t* rope_positions;
+  const float* inv_freq;  // [head_dim / 2]
+  float attention_scaling;
+  __half* k_store;  // k_pool and v_pool, written at the new token's slot
+  __half* v_store;
 };
 
 inline constexpr int kDecodeWarps = 4;

@@ -11,10 +11,42 @@
 // 3 blocks a multiprocessor instead of 4, a second wave at batch 32-64). Same blocks, same split
 // merge and the same arithmetic order within a key as the chunked kernel; the softmax runs a
 // tile at a time, so its results differ from the chunked kernel's by rounding only.
+//
+// RoPE folded in (p.rope_positions set, decode steps): each block rotates its query heads from
+// the unrotated qkv row, and the new token's key and value (this lane's slice of 8 elements: the
+// slice head_dim / 2 away is a second 16-byte load, so no shuffle) with the same arithmetic as
+// rope_kv_write; the block whose split holds the new key stores it and the value into the cache,
+// and every block whose tile holds it puts the thread's own slice into shared memory in place of
+// that key's copy. That drops a launch and its drain from every layer (the rope kernel's ~2 us of
+// a batch-1 layer, docs/perf-notes.md).
 #pragma once
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
+#include "ops/cuda/kernels/paged_kv_write.cuh"  // kv_pool_row
+#include "ops/cuda/kernels/rope.cuh"
 
 namespace qspec::cuda::kernels {
+
+// RoPE on a lane's slice of a head: `own` holds elements li * 8 .. + 7, `partner` the 8 elements
+// head_dim / 2 away; cosine / sine of the slice's 8 pairs. Bitwise rope_row's result.
+template <int D>
+__device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partner, int li, const float (&cosine)[8],
+                                            const float (&sine)[8]) {
+  float x[8], y[8];
+  half8_to_float(own, x);
+  half8_to_float(partner, y);
+  const bool first_half = li < D / 16;  // elements below head_dim / 2: the pair's first
+  uint32_t words[4];
+#pragma unroll
+  for (int e = 0; e < 8; e += 2) {
+    __half r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      r[h] = first_half ? rope_first(x[e + h], y[e + h], cosine[e + h], sine[e + h])
+                        : rope_second(y[e + h], x[e + h], cosine[e + h], sine[e + h]);
+    words[e / 2] = static_cast<uint32_t>(__half_as_ushort(r[0])) | (static_cast<uint32_t>(__half_as_ushort(r[1])) << 16);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
 
 // A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block, whose
 // reduce buffer takes 16 KB; static shared memory stops at 48). Two stages: the next tile's
@@ -37,6 +69,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
+  __shared__ float rope_cosine[D / 2], rope_sine[D / 2];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane / LPK, li = lane % LPK;
@@ -59,22 +92,11 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // Without a window the split's first keys do not depend on the context: the table entries of
   // its first two tiles load while the previous kernel still runs.
   int blocks0[U], blocks1[U];
-  int begin = split * p.split_len;
+  int begin = split * p.split_len, context = 0, end = 0;
   if (p.window == 0) {
     load_blocks(begin, blocks0);
     load_blocks(begin + TILE, blocks1);
   }
-  pdl_prologue();  // launched with launch_pdl (common.h)
-  const int context = p.context_lens[seq];
-  // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
-  float qr[GM][8];
-  load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
-  if (p.window > 0) {
-    begin += max(0, context - p.window);
-    load_blocks(begin, blocks0);
-    load_blocks(begin + TILE, blocks1);
-  }
-  const int end = min(context, begin + p.split_len);
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
   // the table entry there may be no block).
@@ -92,8 +114,54 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     }
     cp_async_commit();
   };
+  auto context_range = [&] {
+    context = p.context_lens[seq];
+    if (p.window > 0) {
+      begin += max(0, context - p.window);
+      load_blocks(begin, blocks0);
+      load_blocks(begin + TILE, blocks1);
+    }
+    end = min(context, begin + p.split_len);
+  };
+  // RoPE folded in: only this launch writes this step's key (below, from registers), so every
+  // key the tiles copy was written by an earlier step, as were the context lengths and tables
+  // (the host's, or the chain's input update, which completes before the step's first layer):
+  // the first two tiles' copies issue before the wait, while the QKV GEMM drains.
+  const bool rope = p.rope_positions != nullptr;
+  if (rope) {
+    context_range();
+    if (begin < end) {
+      issue_tile(begin, 0, blocks0);
+      issue_tile(begin + TILE, 1, blocks1);
+    }
+  }
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
+  float qr[GM][8];
+  // RoPE folded in: the new token's position, this lane's slices of its query heads, key and value
+  // (and the slices head_dim / 2 away), unrotated.
+  int new_key = -1;
+  uint4 q_own[GM], q_partner[GM], k_own, k_partner, new_v;
+  if (rope) {
+    new_key = p.rope_positions[seq];
+    const __half* row = p.q + seq * p.q_stride;
+    const int partner_li = li ^ (LPK / 2);
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
+      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
+      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
+    }
+    const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
+    k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
+    k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
+    new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
+  } else {
+    context_range();
+    load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+  }
 
-  if (begin >= end) {  // nothing to attend to in this split
+  if (begin >= end) {  // nothing to attend to in this split (no copies were issued)
     finish_empty_split<D>(p, seq, split, head0, heads_here);
     return;
   }
@@ -108,14 +176,61 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
 
-  issue_tile(begin, 0, blocks0);
-  issue_tile(begin + TILE, 1, blocks1);
+  if (!rope) {
+    issue_tile(begin, 0, blocks0);
+    issue_tile(begin + TILE, 1, blocks1);
+  }
   if (begin + 2 * TILE < end) load_blocks(begin + 2 * TILE, blocks0);  // the table entries of tile 2
+
+  // RoPE folded in, while the first tiles' copies fly: the new key's slot in them is stale (the
+  // cache gets the key below), and the thread that copied it overwrites its own copy once the
+  // tile is in (only that thread reads it back, so no barrier). Each pair's angle once a block.
+  uint4 new_k = make_uint4(0, 0, 0, 0);
+  if (rope) {
+    if (threadIdx.x < D / 2)
+      rope_cos_sin(static_cast<float>(new_key), __ldg(p.inv_freq + threadIdx.x), p.attention_scaling,
+                   rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
+    const bool holds_new_key = new_key >= begin && new_key < end;
+    __syncthreads();  // the angles
+    float cosine[8], sine[8];
+    const int pair0 = (li % (LPK / 2)) * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      cosine[e] = rope_cosine[pair0 + e];
+      sine[e] = rope_sine[pair0 + e];
+    }
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
+      half8_to_float(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), qr[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qr[g][e] = g < heads_here ? qr[g][e] * p.scale_log2 : 0.0f;
+    }
+    if (holds_new_key) {
+      new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
+      // The cache gets it from one block of the head chunks (warp 0's first key lanes, a slice each).
+      if (chunk_of_heads == 0 && warp == 0 && lg == 0) {
+        const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_key) * kv_stride + kv_head * D + li * 8;
+        *reinterpret_cast<uint4*>(p.k_store + at) = new_k;
+        *reinterpret_cast<uint4*>(p.v_store + at) = new_v;
+      }
+    } else {
+      new_key = -1;  // not in this split's tiles
+    }
+  }
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
     // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
     cp_async_wait<1>();
     const __half* k_tile = k_tiles[stage];
     const __half* v_tile = v_tiles[stage];
+    if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (tile_begin + key_offset(u) == new_key) {
+          *reinterpret_cast<uint4*>(k_tiles[stage] + key_offset(u) * D + li * 8) = new_k;
+          *reinterpret_cast<uint4*>(v_tiles[stage] + key_offset(u) * D + li * 8) = new_v;
+        }
+    }
     // 2. Scores.
 #pragma unroll
     for (int u = 0; u < U; ++u) {

@@ -4,6 +4,23 @@
 
 namespace qspec::cuda::kernels {
 
+// The rotation of pair i at `position`: f32 angle as on the CPU, then accurate sincosf (no
+// fast-math: angles reach thousands), both scaled. Shared with the decode attention that folds
+// RoPE in (paged_attention_decode_tiles.cuh), so the two give the same bits.
+__device__ __forceinline__ void rope_cos_sin(float position, float inv_freq_i, float attention_scaling, float& cosine,
+                                             float& sine) {
+  sincosf(__fmul_rn(position, inv_freq_i), &sine, &cosine);
+  cosine = __fmul_rn(cosine, attention_scaling);
+  sine = __fmul_rn(sine, attention_scaling);
+}
+// A rotated pair (first = element i, second = element i + head_dim / 2), each rounded to f16.
+__device__ __forceinline__ __half rope_first(float first, float second, float cosine, float sine) {
+  return __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
+}
+__device__ __forceinline__ __half rope_second(float first, float second, float cosine, float sine) {
+  return __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+}
+
 // Rotates the `heads` heads of one token's row: items (head, i < head_dim / 2) from `first_item`
 // on, `stride` apart, from thread `thread` (the whole row: threadIdx.x, blockDim.x). With k_out,
 // heads from `first_k_head` on are also stored there (head - first_k_head) * head_dim apart:
@@ -15,16 +32,12 @@ __device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t hea
   const int64_t half = head_dim / 2;
   for (int64_t item = first_item; item < heads * half; item += stride) {
     const int64_t head = item / half, i = item % half;
-    // f32 angle as on the CPU, then accurate sincosf (no fast-math: angles reach thousands).
-    const float angle = __fmul_rn(position, inv_freq[i]);
-    float sine, cosine;
-    sincosf(angle, &sine, &cosine);
-    cosine = __fmul_rn(cosine, attention_scaling);
-    sine = __fmul_rn(sine, attention_scaling);
+    float cosine, sine;
+    rope_cos_sin(position, inv_freq[i], attention_scaling, cosine, sine);
     __half* pair = row + head * head_dim + i;
     const float first = __half2float(pair[0]), second = __half2float(pair[half]);
-    const __half rotated_first = __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
-    const __half rotated_second = __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+    const __half rotated_first = rope_first(first, second, cosine, sine);
+    const __half rotated_second = rope_second(first, second, cosine, sine);
     pair[0] = rotated_first;
     pair[half] = rotated_second;
     if (k_out != nullptr && head >= first_k_head) {
