@@ -153,6 +153,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   // can only be its last, so the group flushes sit at compile-time pairs. Otherwise each pair
   // tests for a flush, and a flush it skips still issues (predicated off): ~11 instructions a
   // pair in an issue-bound loop (SASS of the batch-1 instance).
+  // The slot: its x, the wait, its codes and scales into registers, the refill, its pairs.
   auto run_slot = [&](int i, int c0, int nc, auto whole_tag) {
     constexpr bool whole = decltype(whole_tag)::value;
     // x of the slot's pairs first: independent of the copy, so its L2 round trip overlaps the wait.
@@ -185,29 +186,40 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       r = 0;
       phase ^= 1u;
     }
-    // Pairs of the slot's first scale group before it (0, or 2 for groups of 128: a slot starts
-    // at an even pair), so each pair's group within the slot is one of two compile-time indices.
-    const int lead = whole ? 0 : (2 * c0) % PPG;
+    // The slot's pairs, from registers (whole: compile-time flushes, see above).
+    auto pairs = [&](auto pairs_whole_tag) {
+      constexpr bool whole_pairs = decltype(pairs_whole_tag)::value;
+      // Pairs of the slot's first scale group before it (0, or 2 for groups of 128: a slot starts
+      // at an even pair), so each pair's group within the slot is one of two compile-time indices.
+      const int lead = whole_pairs ? 0 : (2 * c0) % PPG;
 #pragma unroll
-    for (int ch = 0; ch < SC; ++ch)
-      if (whole || ch < nc) {
+      for (int ch = 0; ch < SC; ++ch)
+        if (whole_pairs || ch < nc) {
 #pragma unroll
-        for (int hp = 0; hp < 2; ++hp) {
-          const int pair = 2 * (c0 + ch) + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
-          if (whole ? (2 * ch + hp + 1) % PPG == 0 : ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end)) {
-            // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
-            // the compiler folds back into one) puts the array in local memory.
-            const uint32_t group_scale =
-                lead == 0 ? scale[(2 * ch + hp) / PPG] : scale[min((2 * ch + hp + 2) / PPG, NG - 1)];
-            flush_group<Act, G>(acc[0], gacc[0], group_scale, p.a, pair / PPG, 0, t, p.m - 1);
+          for (int hp = 0; hp < 2; ++hp) {
+            const int pair = 2 * (c0 + ch) + hp;
+            pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
+            if (whole_pairs ? (2 * ch + hp + 1) % PPG == 0
+                            : ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end)) {
+              // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select
+              // chain the compiler folds back into one) puts the array in local memory.
+              const uint32_t group_scale =
+                  lead == 0 ? scale[(2 * ch + hp) / PPG] : scale[min((2 * ch + hp + 2) / PPG, NG - 1)];
+              flush_group<Act, G>(acc[0], gacc[0], group_scale, p.a, pair / PPG, 0, t, p.m - 1);
+            }
           }
         }
-      }
+    };
+    if constexpr (whole) pairs(std::true_type{});
+    else if (MT > 1 && nc == SC && (2 * c0) % PPG == 0) pairs(std::true_type{});
+    else pairs(std::false_type{});
   };
   for (int i = 0; i < slots; ++i) {
     const int c0 = chunk_begin + i * sc, nc = min(sc, chunk_end - c0);
-    if (nc == SC && (2 * c0) % PPG == 0) run_slot(i, c0, nc, std::true_type{});
+    // A whole slot's start is its own copy of the code only at <= 8 tokens: at 9-16 (MT 2) that
+    // copy measured 5-8 % slower GEMMs on the H100 (docs/perf-notes.md), so there the slot starts
+    // with guards and only its pairs take the whole body.
+    if (MT == 1 && nc == SC && (2 * c0) % PPG == 0) run_slot(i, c0, nc, std::true_type{});
     else run_slot(i, c0, nc, std::false_type{});
   }
   if (do_tail) {
