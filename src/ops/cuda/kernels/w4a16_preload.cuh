@@ -28,8 +28,6 @@
 // splits, or k_slices S and one split (the same mma per k pair, the same group flushes, the
 // same sums in the same order).
 #pragma once
-#include <type_traits>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
@@ -98,9 +96,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   auto slot_range = [&](int i, int& c0, int& nc, int& g0, int& ng) {
     c0 = chunk_begin + i * sc;
     nc = min(sc, chunk_end - c0);
-    // Unsigned (c0 >= 0, nc >= 1): the divisions by PPG are single shifts.
-    g0 = static_cast<int>(2u * static_cast<unsigned>(c0) / PPG);
-    ng = static_cast<int>((2u * static_cast<unsigned>(c0 + nc) - 1u) / PPG) - g0 + 1;
+    g0 = (2 * c0) / PPG;
+    ng = (2 * (c0 + nc) - 1) / PPG - g0 + 1;
   };
   const uint64_t policy = p.evict_first ? l2_evict_first_policy() : 0;
   auto copy = [&](void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
@@ -146,26 +143,17 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   static_assert((2 * SC) % PPG == 0, "a whole slot that starts on a group boundary ends on one");
   int r = 0;           // ring slot of slot i (i % R)
   uint32_t phase = 0;  // its mbarrier phase ((i / R) & 1)
-  // One slot: its x, the wait, its codes and scales into registers, the refill, its pairs. A slot
-  // that is whole (SC chunks) and starts on a scale-group boundary (every slot of a part that
-  // starts on one, but a short last slot) runs it with `whole` a compile-time true: its x loads
-  // need no per-chunk guards, its 2 * SC pairs end on a group boundary, and the part's last pair
-  // can only be its last, so the group flushes sit at compile-time pairs. Otherwise each pair
-  // tests for a flush, and a flush it skips still issues (predicated off): ~11 instructions a
-  // pair in an issue-bound loop (SASS of the batch-1 instance).
-  // The slot: its x, the wait, its codes and scales into registers, the refill, its pairs.
-  auto run_slot = [&](int i, int c0, int nc, auto whole_tag) {
-    constexpr bool whole = decltype(whole_tag)::value;
+  for (int i = 0; i < slots; ++i) {
+    int c0, nc, g0, ng;
+    slot_range(i, c0, nc, g0, ng);
     // x of the slot's pairs first: independent of the copy, so its L2 round trip overlaps the wait.
-    // One 64-bit base a token, so the loads take immediate offsets (not an address each).
     Frag xf[2 * SC][MT];
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) {
-      const Elem* x_slot = x_row[nt] + static_cast<int64_t>(c0) * 64;
+    for (int pp = 0; pp < 2 * SC; ++pp)
+      if (pp < 2 * nc) {
 #pragma unroll
-      for (int pp = 0; pp < 2 * SC; ++pp)
-        if (whole || pp < 2 * nc) xf[pp][nt] = Act::load(x_slot + pp * 32);
-    }
+        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
+      }
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
     // The whole slot, also past a short last slot's nc chunks / ng groups (stale, never used):
@@ -186,41 +174,42 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       r = 0;
       phase ^= 1u;
     }
-    // The slot's pairs, from registers (whole: compile-time flushes, see above).
-    auto pairs = [&](auto pairs_whole_tag) {
-      constexpr bool whole_pairs = decltype(pairs_whole_tag)::value;
-      // Pairs of the slot's first scale group before it (0, or 2 for groups of 128: a slot starts
-      // at an even pair), so each pair's group within the slot is one of two compile-time indices.
-      const int lead = whole_pairs ? 0 : (2 * c0) % PPG;
+    // Pairs of the slot's first scale group before it (0, or 2 for groups of 128: a slot starts
+    // at an even pair), so each pair's group within the slot is one of two compile-time indices.
+    const int lead = (2 * c0) % PPG;
+    if (nc == SC && lead == 0) {
+      // A whole slot starting on a group boundary (every slot of a part that starts on one, but a
+      // short last slot): its 2 * SC pairs end on a group boundary too, and the part's last pair
+      // can only be its last, so the group flushes sit at compile-time pairs. The general body
+      // below tests every pair, and a flush it skips still issues (predicated off): ~11
+      // instructions a pair in an issue-bound loop (SASS of the batch-1 instance).
 #pragma unroll
       for (int ch = 0; ch < SC; ++ch)
-        if (whole_pairs || ch < nc) {
 #pragma unroll
-          for (int hp = 0; hp < 2; ++hp) {
-            const int pair = 2 * (c0 + ch) + hp;
-            pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
-            if (whole_pairs ? (2 * ch + hp + 1) % PPG == 0
-                            : ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end)) {
-              // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select
-              // chain the compiler folds back into one) puts the array in local memory.
-              const uint32_t group_scale =
-                  lead == 0 ? scale[(2 * ch + hp) / PPG] : scale[min((2 * ch + hp + 2) / PPG, NG - 1)];
-              flush_group<Act, G>(acc[0], gacc[0], group_scale, p.a, pair / PPG, 0, t, p.m - 1);
-            }
+        for (int hp = 0; hp < 2; ++hp) {
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
+          if ((2 * ch + hp + 1) % PPG == 0)
+            flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
+                                p.m - 1);
+        }
+      continue;
+    }
+#pragma unroll
+    for (int ch = 0; ch < SC; ++ch)
+      if (ch < nc) {
+#pragma unroll
+        for (int hp = 0; hp < 2; ++hp) {
+          const int pair = 2 * (c0 + ch) + hp;
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
+          if ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end) {
+            // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
+            // the compiler folds back into one) puts the array in local memory.
+            const uint32_t group_scale =
+                lead == 0 ? scale[(2 * ch + hp) / PPG] : scale[min((2 * ch + hp + 2) / PPG, NG - 1)];
+            flush_group<Act, G>(acc[0], gacc[0], group_scale, p.a, pair / PPG, 0, t, p.m - 1);
           }
         }
-    };
-    if constexpr (whole) pairs(std::true_type{});
-    else if (MT > 1 && nc == SC && (2 * c0) % PPG == 0) pairs(std::true_type{});
-    else pairs(std::false_type{});
-  };
-  for (int i = 0; i < slots; ++i) {
-    const int c0 = chunk_begin + i * sc, nc = min(sc, chunk_end - c0);
-    // A whole slot's start is its own copy of the code only at <= 8 tokens: at 9-16 (MT 2) that
-    // copy measured 5-8 % slower GEMMs on the H100 (docs/perf-notes.md), so there the slot starts
-    // with guards and only its pairs take the whole body.
-    if (MT == 1 && nc == SC && (2 * c0) % PPG == 0) run_slot(i, c0, nc, std::true_type{});
-    else run_slot(i, c0, nc, std::false_type{});
+      }
   }
   if (do_tail) {
     const int pair = 2 * p.w.full_chunks;
