@@ -327,7 +327,10 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
 // k heads, v heads] rows qkv_stride apart; batch: one token a sequence (query_start[s] = s), at
 // batch.positions[s] = context_lens[s] - 1, batch.max_context the largest context. The tiles
 // kernel does it in one launch and leaves qkv as it was; with the chunked kernel, or
-// QSPEC_DECODE_ROPE=separate, it runs the two launches, which rotate qkv in place.
+// QSPEC_DECODE_ROPE=separate, it runs the two launches, which rotate qkv in place. The one
+// launch reads context_lens, the block tables and the cache's earlier positions before its
+// grid-dependency wait (PDL, common.h): the kernel before it on the stream must not write them
+// (in a decode step the host or the draft chain's input update does, before the first layer).
 void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
                                  const int32_t* context_lens, const float* inv_freq, float attention_scaling,
                                  const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
