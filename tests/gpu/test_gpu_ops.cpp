@@ -650,80 +650,89 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
 // path) gives bitwise what rope_kv_write then paged_attention_decode give: the attention output,
 // and the whole K and V pools, whose new-token slots start as NaN (so the folded kernel must write
 // them and must not read them back). The unrotated qkv rows stay as they were. Then a relaunch
-// on the same workspace and pools (as a graph replay): the same bits.
+// on the same workspace and pools (as a graph replay): the same bits. With the chunked kernel the
+// call takes the two launches (and rotates qkv as they do).
 TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
                                             {16, 1, 128, 0}, {9, 3, 64, 0},   {32, 8, 128, 100}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {64}, {65, 128, 129, 32, 33}};
-  ASSERT_TRUE(cuda::decode_rope_folded()) << "run without QSPEC_DECODE_ROPE=separate / QSPEC_DECODE_ATTENTION=chunked";
-  for (const AttentionCase& c : cases) {
-    for (const std::vector<int64_t>& contexts : batches) {
-      const int64_t seqs = static_cast<int64_t>(contexts.size());
-      const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
-      PagedFixture pool(contexts, c.kv_heads, c.head_dim);
-      std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1)), positions, lens(contexts.begin(), contexts.end());
-      std::iota(query_start.begin(), query_start.end(), 0);
-      for (size_t s = 0; s < contexts.size(); ++s) {
-        const int64_t p = contexts[s] - 1;  // the new token
-        positions.push_back(static_cast<int32_t>(p));
-        const int64_t slot = static_cast<int64_t>(pool.block_tables[s * pool.max_blocks + p / 16]) * 16 + p % 16;
-        for (int64_t i = 0; i < pool.kv_width; ++i) pool.k_pool[slot * pool.kv_width + i] = kNaN16;
-        for (int64_t i = 0; i < pool.kv_width; ++i) pool.v_pool[slot * pool.kv_width + i] = kNaN16;
-      }
-      const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width + 8;
-      const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
-      std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
-      for (int64_t i = 0; i < c.head_dim / 2; ++i)
-        inv_freq[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
-      auto d_tables = upload(pool.block_tables);
-      auto d_lens = upload(lens);
-      auto d_start = upload(query_start);
-      auto d_positions = upload(positions);
-      auto d_inv = upload(inv_freq);
-      const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
-      const qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
-      const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
-      const std::string name = case_name(c) + " contexts " + std::to_string(contexts.front()) + ".. (" +
-                               std::to_string(seqs) + ")";
-      std::vector<f16> results[2][4];  // [separate, folded][out, k pool, v pool, qkv]
-      for (int folded = 0; folded < 2; ++folded) {
-        auto d_qkv = upload(qkv);
-        auto d_k = upload(pool.k_pool);
-        auto d_v = upload(pool.v_pool);
-        auto d_workspace = poisoned(workspace_bytes);
-        cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
-        auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
-        cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
-        auto run = [&](cuda::DeviceMemory& out) {
-          if (folded) {
-            cuda::paged_attention_decode_rope(d_qkv.as<f16>(), stride, batch, d_lens.as<int32_t>(), d_inv.as<float>(),
-                                              1.1f, kv, shape, out.as<f16>(), q_width, d_workspace.get(),
-                                              workspace_bytes, nullptr);
-          } else {
-            cuda::rope_kv_write(d_qkv.as<f16>(), stride, c.heads, c.kv_heads, c.head_dim, batch, d_inv.as<float>(),
-                                1.1f, kv, nullptr);
-            cuda::paged_attention_decode(d_qkv.as<f16>(), stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
-                                         out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
-          }
-        };
-        run(d_out);
-        results[folded][0] = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
-        results[folded][1] = download<f16>(d_k, pool.k_pool.size());
-        results[folded][2] = download<f16>(d_v, pool.v_pool.size());
-        results[folded][3] = download<f16>(d_qkv, qkv.size());
-        if (folded) {
-          auto d_out_again = poisoned(static_cast<size_t>(seqs * q_width) * 2);
-          run(d_out_again);
-          ASSERT_EQ(download<f16>(d_out_again, results[1][0].size()), results[1][0]) << "relaunch " << name;
+  // With the chunked kernel the call runs the two launches itself (rotating qkv in place).
+  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
+    cuda::set_decode_attention(kernel);
+    const bool one_launch = cuda::decode_rope_folded();
+    ASSERT_EQ(one_launch, kernel == cuda::DecodeAttention::tiles) << "run without QSPEC_DECODE_ROPE=separate";
+    for (const AttentionCase& c : cases) {
+      for (const std::vector<int64_t>& contexts : batches) {
+        const int64_t seqs = static_cast<int64_t>(contexts.size());
+        const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+        PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+        std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1)), positions;
+        std::vector<int32_t> lens(contexts.begin(), contexts.end());
+        std::iota(query_start.begin(), query_start.end(), 0);
+        for (size_t s = 0; s < contexts.size(); ++s) {
+          const int64_t p = contexts[s] - 1;  // the new token
+          positions.push_back(static_cast<int32_t>(p));
+          const int64_t slot = static_cast<int64_t>(pool.block_tables[s * pool.max_blocks + p / 16]) * 16 + p % 16;
+          for (int64_t i = 0; i < pool.kv_width; ++i) pool.k_pool[slot * pool.kv_width + i] = kNaN16;
+          for (int64_t i = 0; i < pool.kv_width; ++i) pool.v_pool[slot * pool.kv_width + i] = kNaN16;
         }
+        const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width + 8;
+        const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
+        std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
+        for (int64_t i = 0; i < c.head_dim / 2; ++i)
+          inv_freq[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
+        auto d_tables = upload(pool.block_tables);
+        auto d_lens = upload(lens);
+        auto d_start = upload(query_start);
+        auto d_positions = upload(positions);
+        auto d_inv = upload(inv_freq);
+        const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
+        const qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+        const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+        const std::string name = std::string(one_launch ? "one launch " : "two launches ") + case_name(c) +
+                                 " contexts " + std::to_string(contexts.front()) + ".. (" + std::to_string(seqs) + ")";
+        std::vector<f16> results[2][4];  // [by hand, paged_attention_decode_rope][out, k pool, v pool, qkv]
+        for (int api = 0; api < 2; ++api) {
+          auto d_qkv = upload(qkv);
+          auto d_k = upload(pool.k_pool);
+          auto d_v = upload(pool.v_pool);
+          auto d_workspace = poisoned(workspace_bytes);
+          cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
+          auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+          cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
+          auto run = [&](cuda::DeviceMemory& out) {
+            if (api) {
+              cuda::paged_attention_decode_rope(d_qkv.as<f16>(), stride, batch, d_lens.as<int32_t>(), d_inv.as<float>(),
+                                                1.1f, kv, shape, out.as<f16>(), q_width, d_workspace.get(),
+                                                workspace_bytes, nullptr);
+            } else {
+              cuda::rope_kv_write(d_qkv.as<f16>(), stride, c.heads, c.kv_heads, c.head_dim, batch, d_inv.as<float>(),
+                                  1.1f, kv, nullptr);
+              cuda::paged_attention_decode(d_qkv.as<f16>(), stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                           out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+            }
+          };
+          run(d_out);
+          results[api][0] = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
+          results[api][1] = download<f16>(d_k, pool.k_pool.size());
+          results[api][2] = download<f16>(d_v, pool.v_pool.size());
+          results[api][3] = download<f16>(d_qkv, qkv.size());
+          if (api && one_launch) {  // (two launches would rotate qkv twice)
+            auto d_out_again = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+            run(d_out_again);
+            ASSERT_EQ(download<f16>(d_out_again, results[1][0].size()), results[1][0]) << "relaunch " << name;
+          }
+        }
+        for (const f16 value : results[1][0]) ASSERT_FALSE(std::isnan(qspec::f16_to_f32(value))) << name;
+        for (int part = 0; part < 3; ++part)
+          ASSERT_TRUE(results[1][part] == results[0][part]) << name << ": part " << part << " differs";
+        if (one_launch) ASSERT_EQ(results[1][3], qkv) << name << ": the folded kernel wrote the qkv rows";
+        else ASSERT_EQ(results[1][3], results[0][3]) << name << ": qkv not rotated as rope_kv_write does";
+        ASSERT_NE(results[0][1], pool.k_pool) << name << ": no key was written";
       }
-      for (const f16 value : results[1][0]) ASSERT_FALSE(std::isnan(qspec::f16_to_f32(value))) << name;
-      for (int part = 0; part < 3; ++part)
-        ASSERT_TRUE(results[1][part] == results[0][part]) << name << ": part " << part << " differs";
-      ASSERT_EQ(results[1][3], qkv) << name << ": the folded kernel wrote the qkv rows";
-      ASSERT_NE(results[0][1], pool.k_pool) << name << ": no key was written";
     }
   }
+  cuda::set_decode_attention(cuda::DecodeAttention::tiles);
 }
 
 TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
