@@ -59,16 +59,24 @@ bool decode_rope_folded() {
 }
 
 namespace {
+// Both entry points check first, so the folded call's two-launch fallback never runs
+// rope_kv_write on a shape the attention would refuse.
+void check_decode_shape(const char* op, const cpu::AttentionShape& shape, int64_t q_stride, int64_t out_stride,
+                        int64_t num_seqs, int64_t max_context) {
+  const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
+  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::", op, ": head_dim ", D, " (supported: 32, 64, 128)");
+  QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0, "cuda::", op,
+              ": bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
+  QSPEC_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_context > 0, "cuda::", op, ": bad batch (", num_seqs,
+              " sequences, max_context ", max_context, ")");
+}
+
+// rope.positions null: q arrives rotated and the cache holds the new K/V.
 void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                    int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
                    int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream,
-                   const kernels::DecodeParams& rope) {
+                   const kernels::DecodeRope& rope) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
-  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_decode: head_dim ", D, " (supported: 32, 64, 128)");
-  QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0,
-              "cuda::paged_attention_decode: bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
-  QSPEC_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_context > 0,
-              "cuda::paged_attention_decode: bad batch (", num_seqs, " sequences, max_context ", max_context, ")");
   if (num_seqs == 0) return;
   const int64_t group = H / KV;
   const int heads_per_block = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
@@ -84,8 +92,8 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.q = reinterpret_cast<const __half*>(q);
   params.q_stride = q_stride;
   params.context_lens = context_lens;
-  params.k_pool = reinterpret_cast<const __half*>(kv.k_pool);
-  params.v_pool = reinterpret_cast<const __half*>(kv.v_pool);
+  params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
+  params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
   params.block_tables = kv.block_tables;
   params.max_blocks = kv.max_blocks_per_seq;
   params.num_seqs = static_cast<int>(num_seqs);
@@ -99,11 +107,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.splits = static_cast<int>(splits);
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;
-  params.rope_positions = rope.rope_positions;
-  params.inv_freq = rope.inv_freq;
-  params.attention_scaling = rope.attention_scaling;
-  params.k_store = rope.k_store;
-  params.v_store = rope.v_store;
+  params.rope = rope;
   // Split-K: the last block of each (sequence, head group) merges the partials. Splits only
   // happen below 2 blocks a multiprocessor, far fewer groups than there are counters.
   if (splits > 1) {
@@ -124,8 +128,9 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
 void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                             int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
                             int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
+  check_decode_shape("paged_attention_decode", shape, q_stride, out_stride, num_seqs, max_context);
   launch_decode(q, q_stride, num_seqs, context_lens, max_context, kv, shape, out, out_stride, workspace,
-                workspace_bytes, stream, kernels::DecodeParams{});
+                workspace_bytes, stream, kernels::DecodeRope{});
 }
 
 void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
@@ -133,8 +138,7 @@ void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryB
                                  const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
                                  int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
-  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_decode_rope: head_dim ", D,
-              " (supported: 32, 64, 128)");
+  check_decode_shape("paged_attention_decode_rope", shape, qkv_stride, out_stride, batch.num_seqs, batch.max_context);
   QSPEC_CHECK(batch.num_tokens == batch.num_seqs && batch.max_query_len <= 1,
               "cuda::paged_attention_decode_rope: a decode batch has one token a sequence (", batch.num_tokens,
               " tokens, ", batch.num_seqs, " sequences)");
@@ -143,15 +147,10 @@ void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryB
   if (!decode_rope_folded()) {  // the two launches: RoPE + KV write rotates qkv in place
     rope_kv_write(qkv, qkv_stride, H, KV, D, batch, inv_freq, attention_scaling, kv, stream);
     launch_decode(qkv, qkv_stride, batch.num_seqs, context_lens, batch.max_context, kv, shape, out, out_stride,
-                  workspace, workspace_bytes, stream, kernels::DecodeParams{});
+                  workspace, workspace_bytes, stream, kernels::DecodeRope{});
     return;
   }
-  kernels::DecodeParams rope{};
-  rope.rope_positions = batch.positions;
-  rope.inv_freq = inv_freq;
-  rope.attention_scaling = attention_scaling;
-  rope.k_store = reinterpret_cast<__half*>(kv.k_pool);
-  rope.v_store = reinterpret_cast<__half*>(kv.v_pool);
+  const kernels::DecodeRope rope{batch.positions, inv_freq, attention_scaling};
   launch_decode(qkv, qkv_stride, batch.num_seqs, context_lens, batch.max_context, kv, shape, out, out_stride,
                 workspace, workspace_bytes, stream, rope);
 }

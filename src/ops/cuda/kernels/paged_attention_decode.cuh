@@ -7,12 +7,22 @@
 
 namespace qspec::cuda::kernels {
 
+// RoPE and the new token's K/V store folded into the decode attention (the tiles kernel only;
+// positions null: q arrives rotated and the cache holds the new K/V). q then points at unrotated
+// qkv rows (q heads, k heads, v heads); sequence s's token sits at positions[s] ==
+// context_lens[s] - 1, and its rotated key and its value go into k_pool / v_pool there.
+struct DecodeRope {
+  const int32_t* positions;
+  const float* inv_freq;  // [head_dim / 2]
+  float attention_scaling;
+};
+
 struct DecodeParams {
   const __half* q;
   int64_t q_stride;
   const int32_t* context_lens;
-  const __half* k_pool;
-  const __half* v_pool;
+  __half* k_pool;  // written only with rope folded in, at the new token's slot
+  __half* v_pool;
   const int32_t* block_tables;
   int64_t max_blocks;
   int num_seqs, num_heads, num_kv_heads, group, head_chunks;
@@ -25,14 +35,7 @@ struct DecodeParams {
   float* part_o;       // splits > 1: [splits][num_seqs * num_heads][D]
   float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
   unsigned* counters;  // splits > 1: one per (sequence, blockIdx.x), zero before and after a launch
-  // RoPE and the new token's K/V store folded in (the tiles kernel only; null: q arrives rotated
-  // and the cache holds the new K/V). q then points at unrotated qkv rows (q heads, k heads, v
-  // heads); sequence s's token sits at rope_positions[s] == context_lens[s] - 1.
-  const int32_t* rope_positions;
-  const float* inv_freq;  // [head_dim / 2]
-  float attention_scaling;
-  __half* k_store;  // k_pool and v_pool, written at the new token's slot
-  __half* v_store;
+  DecodeRope rope;
 };
 
 inline constexpr int kDecodeWarps = 4;
@@ -60,6 +63,13 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int
 }
 inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared memory
 
+// A lane's 8 query elements pre-scaled into log2 units, or zeros for a head past the block's.
+__device__ __forceinline__ void scale_query(const uint4& q, bool head_here, float scale_log2, float (&qr)[8]) {
+  half8_to_float(q, qr);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) qr[e] = head_here ? qr[e] * scale_log2 : 0.0f;
+}
+
 // This lane's slice of each query head the block owns (lanes li of a key hold elements
 // li * 8 .. + 7), pre-scaled into log2 units; zeros for heads past heads_here.
 template <int D, int GM>
@@ -67,14 +77,10 @@ __device__ __forceinline__ void load_scaled_query(const DecodeParams& p, int seq
                                                   float (&qr)[GM][8]) {
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
-    if (g < heads_here) {
-      half8_to_float(*reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8), qr[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] *= p.scale_log2;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
-    }
+    const uint4 q = g < heads_here
+                        ? *reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8)
+                        : make_uint4(0, 0, 0, 0);
+    scale_query(q, g < heads_here, p.scale_log2, qr[g]);
   }
 }
 

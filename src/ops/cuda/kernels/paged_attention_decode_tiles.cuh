@@ -12,7 +12,7 @@
 // merge and the same arithmetic order within a key as the chunked kernel; the softmax runs a
 // tile at a time, so its results differ from the chunked kernel's by rounding only.
 //
-// RoPE folded in (p.rope_positions set: decode steps through paged_attention_decode_rope): each
+// RoPE folded in (p.rope.positions set: decode steps through paged_attention_decode_rope): each
 // block rotates its query heads from the unrotated qkv row, and the new token's key (this lane's
 // slice of 8 elements: the slice head_dim / 2 away is a second 16-byte load, so no shuffle), with
 // rope_kv_write's arithmetic. The block whose split holds the new key stores it and its value
@@ -38,17 +38,11 @@ __device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partn
   half8_to_float(own, x);
   half8_to_float(partner, y);
   const bool first_half = li < D / 16;  // elements below head_dim / 2: the pair's first
-  uint32_t words[4];
+  float rotated[8];
 #pragma unroll
-  for (int e = 0; e < 8; e += 2) {
-    __half r[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      r[h] = first_half ? rope_first(x[e + h], y[e + h], cosine[e + h], sine[e + h])
-                        : rope_second(y[e + h], x[e + h], cosine[e + h], sine[e + h]);
-    words[e / 2] = static_cast<uint32_t>(__half_as_ushort(r[0])) | (static_cast<uint32_t>(__half_as_ushort(r[1])) << 16);
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
+  for (int e = 0; e < 8; ++e)
+    rotated[e] = first_half ? rope_first(x[e], y[e], cosine[e], sine[e]) : rope_second(y[e], x[e], cosine[e], sine[e]);
+  return float8_to_half(rotated);
 }
 
 // A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block, whose
@@ -130,7 +124,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // key the tiles copy was written by an earlier step, as were the context lengths and tables
   // (the host's, or the chain's input update, which completes before the step's first layer):
   // the first two tiles' copies issue before the wait, while the QKV GEMM drains.
-  const bool rope = p.rope_positions != nullptr;
+  const bool rope = p.rope.positions != nullptr;
   if (rope) {
     context_range();
     if (begin < end) {
@@ -146,7 +140,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   int new_key = -1;
   uint4 q_own[GM], q_partner[GM], k_own, k_partner, new_v;
   if (rope) {
-    new_key = p.rope_positions[seq];
+    new_key = p.rope.positions[seq];
     const __half* row = p.q + seq * p.q_stride;
     const int partner_li = li ^ (LPK / 2);
 #pragma unroll
@@ -191,7 +185,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   uint4 new_k = make_uint4(0, 0, 0, 0);
   if (rope) {
     if (threadIdx.x < D / 2)
-      rope_cos_sin(static_cast<float>(new_key), __ldg(p.inv_freq + threadIdx.x), p.attention_scaling,
+      rope_cos_sin(static_cast<float>(new_key), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
                    rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
     const bool holds_new_key = new_key >= begin && new_key < end;
     __syncthreads();  // the angles
@@ -205,17 +199,15 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
-      half8_to_float(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), qr[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] = g < heads_here ? qr[g][e] * p.scale_log2 : 0.0f;
+      scale_query(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), g < heads_here, p.scale_log2, qr[g]);
     }
     if (holds_new_key) {
       new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
       // The cache gets it from one block of the head chunks (warp 0's first key lanes, a slice each).
       if (chunk_of_heads == 0 && warp == 0 && lg == 0) {
         const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_key) * kv_stride + kv_head * D + li * 8;
-        *reinterpret_cast<uint4*>(p.k_store + at) = new_k;
-        *reinterpret_cast<uint4*>(p.v_store + at) = new_v;
+        *reinterpret_cast<uint4*>(p.k_pool + at) = new_k;
+        *reinterpret_cast<uint4*>(p.v_pool + at) = new_v;
       }
     } else {
       new_key = -1;  // not in this split's tiles

@@ -13,12 +13,13 @@ __device__ __forceinline__ void rope_cos_sin(float position, float inv_freq_i, f
   cosine = __fmul_rn(cosine, attention_scaling);
   sine = __fmul_rn(sine, attention_scaling);
 }
-// A rotated pair (first = element i, second = element i + head_dim / 2), each rounded to f16.
-__device__ __forceinline__ __half rope_first(float first, float second, float cosine, float sine) {
-  return __float2half_rn(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
+// A rotated pair (first = element i, second = element i + head_dim / 2) in f32; the callers round
+// each to f16 once (__float2half_rn here, float8_to_half's pack in the decode attention: same bits).
+__device__ __forceinline__ float rope_first(float first, float second, float cosine, float sine) {
+  return __fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine));
 }
-__device__ __forceinline__ __half rope_second(float first, float second, float cosine, float sine) {
-  return __float2half_rn(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+__device__ __forceinline__ float rope_second(float first, float second, float cosine, float sine) {
+  return __fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine));
 }
 
 // Rotates the `heads` heads of one token's row: items (head, i < head_dim / 2) from `first_item`
@@ -36,8 +37,8 @@ __device__ __forceinline__ void rope_row(__half* row, int64_t heads, int64_t hea
     rope_cos_sin(position, inv_freq[i], attention_scaling, cosine, sine);
     __half* pair = row + head * head_dim + i;
     const float first = __half2float(pair[0]), second = __half2float(pair[half]);
-    const __half rotated_first = rope_first(first, second, cosine, sine);
-    const __half rotated_second = rope_second(first, second, cosine, sine);
+    const __half rotated_first = __float2half_rn(rope_first(first, second, cosine, sine));
+    const __half rotated_second = __float2half_rn(rope_second(first, second, cosine, sine));
     pair[0] = rotated_first;
     pair[half] = rotated_second;
     if (k_out != nullptr && head >= first_k_head) {
