@@ -430,6 +430,33 @@ TEST(GpuModel, ProgrammaticDependentLaunchChangesNothing) {
     ASSERT_EQ(serial_logits[i], overlapped_logits[i]) << "logit " << i << (pdl_available ? "" : " (no PDL here)");
 }
 
+// SwiGLU in the gate_up GEMM's epilogue changes nothing: the same ids and bitwise the same
+// logits as the GEMM then silu_mul. The bundled model's gate_up plans k slices, so `automatic`
+// leaves it separate; `always` runs the epilogue in every decode step (1-16 tokens) on sm_90a.
+TEST(GpuModel, SwigluInTheGemmEpilogueChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const auto prompts = question_prompts(*tokenizer, 4);
+  qspec::GpuLlamaOptions options;
+  options.max_context = 512;
+  options.swiglu = qspec::GpuLlamaOptions::Swiglu::always;
+  qspec::GpuLlama fused(*model, qspec::parse_run_mode("w4a16"), options);
+  options.swiglu = qspec::GpuLlamaOptions::Swiglu::never;
+  qspec::GpuLlama separate(*model, qspec::parse_run_mode("w4a16"), options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(alone(fused, prompts[i], 48), alone(separate, prompts[i], 48)) << "prompt " << i;
+    const std::vector<float> a = fused.logits(), b = separate.logits();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) ASSERT_EQ(a[j], b[j]) << "prompt " << i << " logit " << j;
+  }
+  EXPECT_EQ(separate.swiglu_epilogue_layers(), 0);
+  if (qspec::cuda::compute_capability() == 90) {
+    EXPECT_GT(fused.swiglu_epilogue_layers(), 0) << "sm_90a: the decode steps' SwiGLU must run in the epilogue";
+  }
+}
+
 // Synthetic full-size shapes load and step (the benchmark's model), and one too large for the
 // card is refused at load time with the sizes in the message.
 TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {

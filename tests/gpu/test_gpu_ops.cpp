@@ -1156,6 +1156,70 @@ TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
   }
 }
 
+// SwiGLU in the preload kernel's epilogue (cuda::w4a16_gemm_swiglu) gives the bits of the same
+// GEMM (variant 5, one split, one k slice) then silu_mul: gate_up shapes of Llama-3-8B and small
+// ones whose last block has fewer than 4 gate row blocks, groups of 32 / 64 / 128, k with a half
+// chunk at the end, 1-16 tokens; act rows wider than n / 2 keep their padding; a relaunch gives the
+// same bits; shapes it cannot run are refused.
+TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
+                qspec::cuda::compute_capability());
+    return;
+  }
+  for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
+                             {2 * 512, 14336, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    const int64_t inter = n / 2, ld_act = inter + 24;
+    for (int64_t m : {1, 2, 7, 8, 9, 16}) {
+      const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + " g" +
+                                std::to_string(group);
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+      cuda::W4A16SmallMConfig one_part{5, 1, 0};
+      one_part.k_slices = 1;
+      cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
+                               one_part);
+      auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);
+      cuda::silu_mul(d_y.as<f16>(), d_y.as<f16>() + inter, m, inter, n, d_expected.as<f16>(), nullptr,
+                     cuda::NextKernel::other, ld_act);
+      const std::vector<uint16_t> expected = download<uint16_t>(d_expected, static_cast<size_t>(m * ld_act));
+      for (int launch = 0; launch < 2; ++launch) {
+        auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
+        cuda::w4a16_gemm_swiglu(d_x.as<f16>(), m, k, w.view, d_act.as<f16>(), ld_act, workspace.get(), bytes, nullptr);
+        const std::vector<uint16_t> got = download<uint16_t>(d_act, static_cast<size_t>(m * ld_act));
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t i = 0; i < ld_act; ++i) {
+            const size_t at = static_cast<size_t>(t * ld_act + i);
+            if (i < inter) {
+              ASSERT_FALSE(std::isnan(qspec::f16_to_f32(got[at]))) << where << " token " << t << " col " << i;
+            }
+            ASSERT_EQ(got[at], expected[at]) << where << " launch " << launch << " token " << t << " col " << i;
+          }
+      }
+    }
+  }
+  // Refused: 17 tokens, n not a multiple of 32, ld_act narrower than n / 2.
+  const qspec::QuantizedMatrix weight = random_quantized(48, 128, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  const qspec::QuantizedMatrix wide = random_quantized(64, 128, qspec::quant::Format::int4, 128);
+  DeviceW4 w64(qspec::gemm::pack_w4a16(wide));
+  auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(17 * 128))));
+  auto d_act = poisoned(static_cast<size_t>(17 * 64) * 2);
+  EXPECT_FALSE(cuda::w4a16_swiglu_fusable(w.view, 1, nullptr, 0));
+  EXPECT_FALSE(cuda::w4a16_swiglu_fusable(w64.view, 17, nullptr, 0));
+  EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 1, 128, w.view, d_act.as<f16>(), 24, nullptr, 0, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 17, 128, w64.view, d_act.as<f16>(), 32, nullptr, 0, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 1, 128, w64.view, d_act.as<f16>(), 31, nullptr, 0, nullptr),
+               qspec::Error);
+}
+
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);

@@ -248,6 +248,8 @@ struct GpuLlama::State {
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true, verify_graphs = false;
+  GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
+  int64_t swiglu_epilogue_layers = 0;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -445,6 +447,28 @@ struct GpuLlama::State {
     gemm(linear, normed_out, tokens, y);
   }
 
+  // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself (cuda::w4a16_gemm_swiglu):
+  // f16 activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher
+  // would run anyway is the preload kernel in one split and one k slice (the policy map's
+  // small_m_v5, or no map and the kernels' own choice). QSPEC_SWIGLU=separate: never (A/B runs).
+  bool swiglu_in_gemm(const Linear& gate_up, int64_t m) const {
+    using Swiglu = GpuLlamaOptions::Swiglu;
+    static const bool separate_by_env = [] {
+      const char* text = std::getenv("QSPEC_SWIGLU");
+      if (text == nullptr || *text == '\0') return false;
+      const std::string value(text);
+      QSPEC_CHECK(value == "fused" || value == "separate", "QSPEC_SWIGLU: '", value, "' is not fused or separate");
+      return value == "separate";
+    }();
+    if (swiglu == Swiglu::never || (swiglu == Swiglu::automatic && separate_by_env)) return false;
+    if (!gate_up.quantized || activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
+        gate_up.in_k != config.hidden_size)
+      return false;
+    if (swiglu == Swiglu::always) return cuda::w4a16_swiglu_runs(gate_up.view, m);
+    if (gemm_policy && gemm_policy->lookup("f16", gate_up.n, gate_up.k, m) != gemm::Strategy::small_m_v5) return false;
+    return cuda::w4a16_swiglu_fusable(gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
+  }
+
   // The constructor's mode: weights, first activation precision, int4 activation group.
   void set_mode(const RunMode& mode) {
     quantized = mode.quantized_weights;
@@ -552,6 +576,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   max_logit_rows = std::max(max_logit_rows, std::min(max_seqs, max_step_tokens));
   cuda_graphs = options.cuda_graphs;
   verify_graphs = cuda_graphs && verify_graphs_override().value_or(options.verify_graphs);
+  swiglu = options.swiglu;
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
@@ -851,11 +876,19 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     }
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
-    norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
-    const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
-                                (!layer.down.reordered() || layer.down.input_ordered);
-    cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
-                   down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other, act_stride());
+    // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
+    if (swiglu_in_gemm(layer.gate_up, tokens)) {
+      ++swiglu_epilogue_layers;
+      cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      cuda::w4a16_gemm_swiglu(norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
+                              gemm_workspace.get(), gemm_workspace_bytes, stream);
+    } else {
+      norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
+      const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
+                                  (!layer.down.reordered() || layer.down.input_ordered);
+      cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
+                     down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other, act_stride());
+    }
     gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
@@ -1167,6 +1200,8 @@ void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
 }
 
 const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
+
+int64_t GpuLlama::swiglu_epilogue_layers() const { return state_->swiglu_epilogue_layers; }
 
 int64_t GpuLlama::graphs_captured() const {
   return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());

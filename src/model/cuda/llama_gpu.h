@@ -55,6 +55,12 @@ struct GpuLlamaOptions {
   // Without gemm_policy: look for a map tuned on this GPU that covers this model's GEMM shapes
   // (gemm::find_policy_map over gemm::default_policy_dirs) and use it when there is one.
   bool auto_gemm_policy = false;
+  // SwiGLU inside the gate_up GEMM's epilogue (cuda::w4a16_gemm_swiglu, W4A16 steps of 1-16
+  // tokens): automatic where the GEMM would run the same kernel and partition anyway
+  // (QSPEC_SWIGLU=separate turns it off, for A/B runs); always wherever the kernel runs (tests:
+  // small models plan other partitions); never: the GEMM, then silu_mul.
+  enum class Swiglu { automatic, always, never };
+  Swiglu swiglu = Swiglu::automatic;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
@@ -156,6 +162,9 @@ class GpuLlama {
   size_t weight_bytes() const;  // what one decode step reads of weights (lm_head included, embedding not)
   size_t kv_bytes_per_position() const;  // K + V of one position, all layers
   int64_t graphs_captured() const;
+  // Layers whose SwiGLU ran in the gate_up GEMM's epilogue, over every forward pass enqueued
+  // (captured into a graph or launched).
+  int64_t swiglu_epilogue_layers() const;
   // Where the GEMM policy came from: the map file auto_gemm_policy found, "given" for
   // GpuLlamaOptions::gemm_policy / set_gemm_policy, "" for the built-in crossovers.
   const std::string& gemm_policy_source() const;

@@ -402,6 +402,17 @@ struct W4A16SmallMConfig {
 };
 // Whether small-M variant 5 (preload) can run these weights on this device and build.
 bool w4a16_preload_supported(const W4A16Weights& w);
+// SwiGLU in the gate_up GEMM's epilogue (kernels/w4a16_preload.cuh, SWIGLU): w holds gate's rows
+// [0, n / 2) then up's [n / 2, n); act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2, act
+// rows ld_act apart (columns past n / 2 untouched), with y = x w^T rounded to f16 as w4a16_gemm
+// stores it: the bits of w4a16_gemm_small_m (variant 5, one split, one k slice) then silu_mul,
+// one launch and no y. It runs 1-16 tokens with n % 32 == 0 where the preload kernel does (sm_90a,
+// w4a16_swiglu_runs); it throws elsewhere. w4a16_swiglu_fusable: it runs, and the automatic path
+// would run these m tokens on the preload kernel in that same partition (so no slower GEMM).
+bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m);
+bool w4a16_swiglu_fusable(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes);
+void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
+                       void* workspace, size_t workspace_bytes, void* stream);
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                         const W4A16SmallMConfig& config = {});

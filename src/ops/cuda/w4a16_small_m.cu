@@ -238,11 +238,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G>
+template <class Act, int MT, int G, bool SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -279,45 +279,56 @@ int plan_k_slices(int64_t row_blocks, int64_t full_chunks, int64_t block_slots) 
   return 1;
 }
 
-// One launch of the preload kernel for a slice of at most 16 tokens: one wave of blocks (two a
-// multiprocessor), k cut into slices inside a block where row blocks are few (plan_k_slices),
-// split-K across blocks over the rest, each warp's ring as deep as its part of k or the budget.
-template <class Act>
-void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& config, void* workspace,
-                    size_t workspace_bytes, cudaStream_t s) {
-  const kernels::W4A16Layout& layout = params.w;
-  const int64_t slice = params.m;
+// The preload kernel's partition of one launch: one wave of blocks (two a multiprocessor), k cut
+// into slices inside a block where row blocks are few (plan_k_slices), split-K across blocks over
+// the rest.
+struct PreloadPlan {
+  int k_slices;
+  int64_t row_tiles, splits;
+};
+PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, const W4A16SmallMConfig& config,
+                         const void* workspace, size_t workspace_bytes) {
   const int sms = multiprocessor_count();
   const int64_t per_sm = std::clamp<int64_t>(
       static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1,
       preload_blocks_per_sm());
   QSPEC_CHECK(config.k_slices == 0 || valid_k_slices(config.k_slices),
               "cuda::w4a16_gemm: k slices must be 1, 2, 4 or 8, not ", config.k_slices);
-  const int k_slices = config.k_slices > 0               ? config.k_slices
-                       : preload_k_slices_override() > 0 ? preload_k_slices_override()
-                                                         : plan_k_slices(layout.row_blocks, layout.full_chunks, per_sm * sms);
-  const int64_t tile_rows = 16 * (kernels::W4A16PreloadShape<128>::kWarps / k_slices);
-  const int64_t row_tiles = (layout.n + tile_rows - 1) / tile_rows;
-  QSPEC_CHECK(row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), "cuda::w4a16_gemm: n ", layout.n,
-              " too large");
+  PreloadPlan plan{};
+  plan.k_slices = config.k_slices > 0               ? config.k_slices
+                  : preload_k_slices_override() > 0 ? preload_k_slices_override()
+                                                    : plan_k_slices(layout.row_blocks, layout.full_chunks, per_sm * sms);
+  const int64_t tile_rows = 16 * (kernels::W4A16PreloadShape<128>::kWarps / plan.k_slices);
+  plan.row_tiles = (layout.n + tile_rows - 1) / tile_rows;
+  QSPEC_CHECK(plan.row_tiles * 4 <= static_cast<int64_t>(detail::kW4A16SplitKCounterBytes), "cuda::w4a16_gemm: n ",
+              layout.n, " too large");
   int64_t splits = config.splits > 0
                        ? config.splits
-                       : std::min<int64_t>(std::max<int64_t>(1, per_sm * sms / row_tiles),
-                                           std::max<int64_t>(1, detail::w4a16_max_splits(slice, layout.k) / k_slices));
-  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks / k_slices));
-  splits = detail::splits_that_fit(splits, slice, layout.n, workspace, workspace_bytes);
-  params.splits = static_cast<int>(splits);
+                       : std::min<int64_t>(std::max<int64_t>(1, per_sm * sms / plan.row_tiles),
+                                           std::max<int64_t>(1, detail::w4a16_max_splits(slice, layout.k) / plan.k_slices));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks / plan.k_slices));
+  plan.splits = detail::splits_that_fit(splits, slice, layout.n, workspace, workspace_bytes);
+  return plan;
+}
+
+// One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
+// its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
+// split and one k slice: w4a16_swiglu_fusable).
+template <class Act, bool SWIGLU = false>
+void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
+  const kernels::W4A16Layout& layout = params.w;
+  params.splits = static_cast<int>(plan.splits);
   params.counters = static_cast<unsigned*>(workspace);
-  params.partials = detail::splitk_partials(workspace, splits);
+  params.partials = detail::splitk_partials(workspace, plan.splits);
   params.xs_stride = 0;
-  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
-  const int64_t chunks_per_part = (layout.full_chunks + splits * k_slices - 1) / (splits * k_slices);
-  const bool two_tiles = slice > 8;
+  const dim3 grid(static_cast<unsigned>(plan.row_tiles), static_cast<unsigned>(plan.splits));
+  const int64_t chunks_per_part = (layout.full_chunks + plan.splits * plan.k_slices - 1) / (plan.splits * plan.k_slices);
+  const bool two_tiles = params.m > 8;
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part);
-    if (two_tiles) preload_launch<Act, 2, G>(params, grid, ring, k_slices, s);
-    else preload_launch<Act, 1, G>(params, grid, ring, k_slices, s);
+    if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
@@ -331,6 +342,38 @@ void launch_preload(kernels::W4A16SmallMParams params, const W4A16SmallMConfig& 
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&
          preload_kernel_runs_here();
+}
+
+bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
+  return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
+}
+
+bool w4a16_swiglu_fusable(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes) {
+  if (!w4a16_swiglu_runs(w, m) || w4a16_choose_path(m, w.n, w.k) != W4A16Path::small_m || default_variant() != 5)
+    return false;
+  const PreloadPlan plan = plan_preload(detail::w4a16_layout(w), m, {}, workspace, workspace_bytes);
+  return plan.k_slices == 1 && plan.splits == 1;
+}
+
+void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
+                       void* workspace, size_t workspace_bytes, void* stream) {
+  QSPEC_CHECK(w4a16_swiglu_runs(w, m), "cuda::w4a16_gemm_swiglu: needs 1-16 tokens (got ", m, "), n % 32 == 0 (got ", w.n,
+              ") and the preload kernel (sm_90a, 16-byte aligned weights)");
+  QSPEC_CHECK(ldx >= w.k && ldx % 8 == 0 && ld_act >= w.n / 2 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+              "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ld_act >= n / 2 (ldx ",
+              ldx, ", ld_act ", ld_act, ")");
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  kernels::W4A16SmallMParams params{};
+  params.w = layout;
+  params.a = kernels::ActivationRows{reinterpret_cast<const __half*>(x), ldx, nullptr, 0, 0};
+  params.y = reinterpret_cast<__half*>(act);
+  params.ldy = ld_act;
+  params.m = static_cast<int>(m);
+  params.evict_first = preload_evict_first() ? 1 : 0;
+  // The epilogue's only partition: one split, one k slice (no partials, no slice sums).
+  const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
+  launch_preload<kernels::ActF16, true>(params, plan_preload(layout, m, one_part, workspace, workspace_bytes),
+                                        workspace, as_stream(stream));
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
@@ -363,7 +406,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       params.ldy = ldy;
       params.m = static_cast<int>(slice);
       params.evict_first = preload_evict_first() ? 1 : 0;
-      launch_preload<kernels::ActF16>(params, config, workspace, workspace_bytes, s);
+      launch_preload<kernels::ActF16>(params, plan_preload(layout, slice, config, workspace, workspace_bytes), workspace, s);
       continue;
     }
     if (variant >= 3 && variant <= 4 && mt <= 4) {

@@ -27,8 +27,16 @@
 // Bitwise the register-ring kernel's output for the same partition of k: k_slices 1 and S
 // splits, or k_slices S and one split (the same mma per k pair, the same group flushes, the
 // same sums in the same order).
+//
+// SwiGLU in the epilogue (SWIGLU, one split, one k slice): the weights are gate_up's, gate rows
+// [0, n / 2) then up rows [n / 2, n). A block's warps 0-3 take 4 gate row blocks and warps 4-7
+// the 4 up row blocks of the same outputs; the up warps hand their sums over in shared memory
+// and the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is
+// rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's then
+// silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
 #pragma once
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/elementwise.cuh"  // silu
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
@@ -61,7 +69,7 @@ struct W4A16PreloadShape {
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-template <class Act, int MT, int G>
+template <class Act, int MT, int G, bool SWIGLU = false>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
@@ -86,7 +94,10 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   const int slots = (chunk_end - chunk_begin + sc - 1) / sc;
   const int R = ring_slots;
 
-  const int rb = min(tile * (WARPS / k_slices) + warp / k_slices, p.w.row_blocks - 1);
+  // SWIGLU: warps 0-3 a gate row block each, warps 4-7 the up row blocks n / 2 rows further on.
+  const int gate_blocks = p.w.row_blocks / 2;
+  const int rb = SWIGLU ? min(tile * (WARPS / 2) + warp % (WARPS / 2), gate_blocks - 1) + (warp < WARPS / 2 ? 0 : gate_blocks)
+                        : min(tile * (WARPS / k_slices) + warp / k_slices, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
@@ -223,6 +234,34 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
+  if constexpr (SWIGLU) {
+    // The up warps' sums into the rings (every warp has waited for all of its copies, so none is
+    // in flight once all are here), then each gate warp pairs its rows with its up warp's.
+    float* up_sums = reinterpret_cast<float*>(smem);
+    __syncthreads();
+    if (warp >= WARPS / 2) {
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) up_sums[(((warp - WARPS / 2) * MT + nt) * 4 + e) * 32 + lane] = acc[0][nt][e];
+    }
+    __syncthreads();
+    const int gate_rb = tile * (WARPS / 2) + warp;
+    if (warp < WARPS / 2 && gate_rb < gate_blocks) {
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
+          const int token = nt * 8 + 2 * t + (e & 1);
+          if (token >= p.m) continue;
+          const float gate = __half2float(__float2half_rn(acc[0][nt][e]));
+          const float up = __half2float(__float2half_rn(up_sums[((warp * MT + nt) * 4 + e) * 32 + lane]));
+          p.y[token * p.ldy + row] = __float2half_rn(silu(gate) * up);
+        }
+    }
+    return;
+  }
   if (k_slices > 1) {
     // The slices' sums: every warp's accumulators into the rings (each warp has waited for all of
     // its copies, so no bulk copy is in flight once all are here), then the first warp of each row
