@@ -1220,6 +1220,101 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
                qspec::Error);
 }
 
+// Add + RMSNorm in the preload kernel's prologue (cuda::w4a16_gemm_norm) gives the bits of
+// add_rmsnorm (or rmsnorm) then the same GEMM (and silu_mul): y, and residual + delta in
+// residual_out, with residual and delta left as they were. k from 128 to 16384 (the norm's block of
+// 32 to 1024 threads, one or two vectors a thread; 704: 88 vectors, a partial warp), groups of 32 /
+// 64 / 128, 1-8 tokens, with and without delta, with and without SwiGLU; refused shapes throw.
+TEST_F(Gpu, W4A16NormPrologueEqualsAddRmsnormThenGemmBitwise) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
+                qspec::cuda::compute_capability());
+    return;
+  }
+  for (auto [n, k, group] : {std::tuple{6144, 4096, 128}, {28672, 4096, 128}, {96, 128, 32}, {640, 704, 64},
+                             {256, 16384, 128}, {1000, 3584, 128}, {1408, 256, 64}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    std::vector<float> norm_weight(static_cast<size_t>(k));
+    for (size_t i = 0; i < norm_weight.size(); ++i) norm_weight[i] = 0.5f + static_cast<float>(i % 7) * 0.125f;
+    auto d_weight = upload(norm_weight);
+    for (int64_t m : {1, 3, 8}) {
+      if (!cuda::w4a16_norm_runs(w.view, m)) continue;  // k 16384 stages 32 KB a token: up to 2 tokens
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m) * 4;
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      const std::vector<f16> residual = to_f16(random_f16_values(static_cast<size_t>(m * k), 4.0f));
+      const std::vector<f16> delta = to_f16(random_f16_values(static_cast<size_t>(m * k), 2.0f));
+      auto d_residual = upload(residual);
+      auto d_delta = upload(delta);
+      for (bool with_delta : {true, false}) {
+        for (bool swiglu : {false, true}) {
+          if (swiglu && !cuda::w4a16_swiglu_runs(w.view, m)) continue;
+          const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
+                                    " g" + std::to_string(group) + (with_delta ? " +delta" : "") +
+                                    (swiglu ? " swiglu" : "");
+          const int64_t ldy = swiglu ? n / 2 : n;
+          // The unfused chain: the norm in place on a copy of residual, then the GEMM (and silu_mul).
+          auto d_ref_residual = upload(residual);
+          auto d_normed = poisoned(static_cast<size_t>(m * k) * 2);
+          if (with_delta)
+            cuda::add_rmsnorm(d_ref_residual.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), m, k, 1e-5f,
+                              d_normed.as<f16>(), nullptr);
+          else
+            cuda::rmsnorm(d_ref_residual.as<f16>(), d_weight.as<float>(), m, k, 1e-5f, d_normed.as<f16>(), nullptr);
+          auto d_expected = poisoned(static_cast<size_t>(m * ldy) * 2);
+          if (swiglu) {
+            cuda::w4a16_gemm_swiglu(d_normed.as<f16>(), m, k, w.view, d_expected.as<f16>(), ldy, workspace.get(), bytes,
+                                    nullptr);
+          } else {
+            cuda::W4A16SmallMConfig preload{5, 0, 0};
+            cuda::w4a16_gemm_small_m(d_normed.as<f16>(), m, k, w.view, d_expected.as<f16>(), ldy, workspace.get(),
+                                     bytes, nullptr, preload);
+          }
+          const std::vector<uint16_t> expected = download<uint16_t>(d_expected, static_cast<size_t>(m * ldy));
+          const std::vector<uint16_t> expected_residual =
+              download<uint16_t>(d_ref_residual, static_cast<size_t>(m * k));
+          for (int launch = 0; launch < 2; ++launch) {
+            auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+            auto d_out = poisoned(static_cast<size_t>(m * k) * 2);
+            const cuda::W4A16NormInput input{d_residual.as<f16>(), with_delta ? d_delta.as<f16>() : nullptr,
+                                             d_weight.as<float>(), 1e-5f, d_out.as<f16>()};
+            cuda::w4a16_gemm_norm(input, m, w.view, d_y.as<f16>(), ldy, swiglu, workspace.get(), bytes, nullptr);
+            const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * ldy));
+            for (size_t i = 0; i < y.size(); ++i) {
+              ASSERT_FALSE(std::isnan(qspec::f16_to_f32(y[i]))) << where << " at " << i;
+              ASSERT_EQ(y[i], expected[i]) << where << " launch " << launch << " at " << i;
+            }
+            const std::vector<uint16_t> out = download<uint16_t>(d_out, static_cast<size_t>(m * k));
+            for (size_t i = 0; i < out.size(); ++i)
+              ASSERT_EQ(out[i], with_delta ? expected_residual[i] : uint16_t{0xffff}) << where << " residual_out " << i;
+          }
+          ASSERT_EQ(download<f16>(d_residual, residual.size()), residual) << where << ": residual was written";
+          ASSERT_EQ(download<f16>(d_delta, delta.size()), delta) << where << ": delta was written";
+        }
+      }
+    }
+  }
+  // Refused: 9 tokens, 8 tokens of 8192 values (128 KB to stage), residual_out aliasing residual.
+  const qspec::QuantizedMatrix weight = random_quantized(64, 256, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  const qspec::QuantizedMatrix wide = random_quantized(64, 8192, qspec::quant::Format::int4, 128);
+  DeviceW4 w_wide(qspec::gemm::pack_w4a16(wide));
+  auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(9 * 256))));
+  auto d_out = poisoned(static_cast<size_t>(9 * 256) * 2);
+  auto d_y = poisoned(static_cast<size_t>(9 * 64) * 2);
+  auto d_weight = upload(std::vector<float>(256, 1.0f));
+  const cuda::W4A16NormInput input{d_x.as<f16>(), d_x.as<f16>(), d_weight.as<float>(), 1e-5f, d_out.as<f16>()};
+  EXPECT_FALSE(cuda::w4a16_norm_runs(w.view, 9));
+  EXPECT_FALSE(cuda::w4a16_norm_runs(w_wide.view, 8));
+  EXPECT_TRUE(cuda::w4a16_norm_runs(w_wide.view, 4));
+  EXPECT_THROW(cuda::w4a16_gemm_norm(input, 9, w.view, d_y.as<f16>(), 64, false, nullptr, 0, nullptr), qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_norm(input, 8, w_wide.view, d_y.as<f16>(), 64, false, nullptr, 0, nullptr), qspec::Error);
+  cuda::W4A16NormInput aliased = input;
+  aliased.residual_out = d_x.as<f16>();
+  EXPECT_THROW(cuda::w4a16_gemm_norm(aliased, 1, w.view, d_y.as<f16>(), 64, false, nullptr, 0, nullptr), qspec::Error);
+}
+
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);
