@@ -457,35 +457,6 @@ TEST(GpuModel, SwigluInTheGemmEpilogueChangesNothing) {
   }
 }
 
-// Add + RMSNorm in the qkv / gate_up GEMMs' prologue changes nothing: the same ids and bitwise the
-// same logits as the norm kernel then the GEMM, with SwiGLU in the epilogue or not (the residual
-// then alternates between two buffers).
-TEST(GpuModel, NormInTheGemmPrologueChangesNothing) {
-  ASSERT_NO_FATAL_FAILURE(require_gpu());
-  auto model = qspec::LlamaModel::load(kModelDir);
-  auto tokenizer = qspec::Tokenizer::load(kModelDir);
-  model->quantize_weights(qspec::quant::Format::int4);
-  const auto prompts = question_prompts(*tokenizer, 4);
-  for (auto swiglu : {qspec::GpuLlamaOptions::Swiglu::always, qspec::GpuLlamaOptions::Swiglu::never}) {
-    qspec::GpuLlamaOptions options;
-    options.max_context = 512;
-    options.swiglu = swiglu;
-    qspec::GpuLlama fused(*model, qspec::parse_run_mode("w4a16"), options);
-    options.norm_in_gemm = false;
-    qspec::GpuLlama separate(*model, qspec::parse_run_mode("w4a16"), options);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_EQ(alone(fused, prompts[i], 48), alone(separate, prompts[i], 48)) << "prompt " << i;
-      const std::vector<float> a = fused.logits(), b = separate.logits();
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t j = 0; j < a.size(); ++j) ASSERT_EQ(a[j], b[j]) << "prompt " << i << " logit " << j;
-    }
-    EXPECT_EQ(separate.norm_in_gemm_layers(), 0);
-    if (qspec::cuda::compute_capability() == 90) {
-      EXPECT_GT(fused.norm_in_gemm_layers(), 0) << "sm_90a: the decode steps' norms must run in the GEMMs";
-    }
-  }
-}
-
 // Synthetic full-size shapes load and step (the benchmark's model), and one too large for the
 // card is refused at load time with the sizes in the message.
 TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {

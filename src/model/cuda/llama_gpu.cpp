@@ -250,8 +250,6 @@ struct GpuLlama::State {
   bool cuda_graphs = true, verify_graphs = false;
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
   int64_t swiglu_epilogue_layers = 0;
-  bool norm_fusion = true;
-  int64_t norm_in_gemm_layers = 0;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -271,9 +269,6 @@ struct GpuLlama::State {
   cuda::StreamFence inputs_copied;  // the last copy out of host_inputs / host_chain_scatter has run
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
-  // The residual's other buffer when a norm runs inside its GEMM (kW4A16NormMaxTokens rows): that
-  // GEMM's blocks all read the residual, so the sum goes here, and the stream alternates.
-  DeviceMemory x_spare;
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
   // elements apart) and their token or group scales (rows x_scales_stride apart): low-precision
   // steps only.
@@ -423,28 +418,8 @@ struct GpuLlama::State {
   // residual += delta (when there is one), normed = rmsnorm(residual) (f16 into normed_out), then
   // the GEMM; steps with quantized activations quantize inside the norm (the f16 row is never
   // written): the reorder and ARC residuals of a calibrated site included (cuda::rmsnorm_quantize).
-  // swiglu: y is act (rows act_stride() apart), silu(gate) * up of linear = gate_up. residual may
-  // move to the other buffer (a norm inside the GEMM cannot write in place).
-  void norm_then_gemm(f16_bits*& residual, const f16_bits* delta, const DeviceMemory& norm, const Linear& linear,
-                      int64_t tokens, f16_bits* normed_out, f16_bits* y, bool swiglu = false) {
-    if (norm_in_gemm(linear, tokens)) {
-      f16_bits* other = residual == x.as<f16_bits>() ? x_spare.as<f16_bits>() : x.as<f16_bits>();
-      const cuda::W4A16NormInput input{residual, delta, norm.as<float>(), static_cast<float>(config.rms_norm_eps),
-                                       delta == nullptr ? nullptr : other};
-      cuda::w4a16_gemm_norm(input, tokens, linear.view, y, swiglu ? act_stride() : linear.n, swiglu,
-                            gemm_workspace.get(), gemm_workspace_bytes, stream);
-      if (delta != nullptr) residual = other;
-      ++norm_in_gemm_layers;
-      return;
-    }
-    if (swiglu) {
-      const int64_t hidden = config.hidden_size;
-      cuda::add_rmsnorm(residual, delta, norm.as<float>(), tokens, hidden, static_cast<float>(config.rms_norm_eps),
-                        normed_out, stream);
-      cuda::w4a16_gemm_swiglu(normed_out, tokens, hidden, linear.view, y, act_stride(), gemm_workspace.get(),
-                              gemm_workspace_bytes, stream);
-      return;
-    }
+  void norm_then_gemm(f16_bits* residual, const f16_bits* delta, const DeviceMemory& norm, const Linear& linear,
+                      int64_t tokens, f16_bits* normed_out, f16_bits* y) {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
     if (int8_step() && !linear.reordered()) {
@@ -492,25 +467,6 @@ struct GpuLlama::State {
     if (swiglu == Swiglu::always) return cuda::w4a16_swiglu_runs(gate_up.view, m);
     if (gemm_policy && gemm_policy->lookup("f16", gate_up.n, gate_up.k, m) != gemm::Strategy::small_m_v5) return false;
     return cuda::w4a16_swiglu_fusable(gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
-  }
-
-  // Whether a norm runs in the prologue of the 4-bit GEMM it feeds (cuda::w4a16_gemm_norm): f16
-  // activations on 4-bit weights in their own order, up to 8 tokens, and the GEMM the dispatcher
-  // would run anyway is the preload kernel (the policy map's small_m_v5, or no map and the
-  // kernels' own choice). GpuLlamaOptions::norm_in_gemm, QSPEC_NORM=separate: off (A/B runs).
-  bool norm_in_gemm(const Linear& linear, int64_t m) const {
-    static const bool separate_by_env = [] {
-      const char* text = std::getenv("QSPEC_NORM");
-      if (text == nullptr || *text == '\0') return false;
-      const std::string value(text);
-      QSPEC_CHECK(value == "fused" || value == "separate", "QSPEC_NORM: '", value, "' is not fused or separate");
-      return value == "separate";
-    }();
-    if (!norm_fusion || separate_by_env || !linear.quantized || activations != GpuActivations::f16 ||
-        linear.reordered() || linear.input_ordered || linear.k != config.hidden_size || x_spare.get() == nullptr)
-      return false;
-    if (gemm_policy && gemm_policy->lookup("f16", linear.n, linear.k, m) != gemm::Strategy::small_m_v5) return false;
-    return cuda::w4a16_norm_fusable(linear.view, m);
   }
 
   // The constructor's mode: weights, first activation precision, int4 activation group.
@@ -621,7 +577,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   cuda_graphs = options.cuda_graphs;
   verify_graphs = cuda_graphs && verify_graphs_override().value_or(options.verify_graphs);
   swiglu = options.swiglu;
-  norm_fusion = options.norm_in_gemm;
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
@@ -691,7 +646,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
 
   x = allocate(t * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
-  if (quantized) x_spare = allocate(static_cast<size_t>(cuda::kW4A16NormMaxTokens * c.hidden_size) * 2, "activations");
   qkv = allocate(t * qkv_width() * 2, "activations");
   attn = allocate(t * c.q_dim() * 2, "activations");
   proj = allocate(t * c.hidden_size * 2, "activations");
@@ -903,12 +857,11 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* act_out = act.as<f16_bits>();
 
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
-  f16_bits* residual = xs;  // or x_spare, after a norm inside a GEMM (norm_then_gemm)
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
-    norm_then_gemm(residual, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
+    norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
     // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
     // one launch in decode steps, two in the others.
     if (decode) {
@@ -926,9 +879,11 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
     if (swiglu_in_gemm(layer.gate_up, tokens)) {
       ++swiglu_epilogue_layers;
-      norm_then_gemm(residual, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, act_out, true);
+      cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      cuda::w4a16_gemm_swiglu(norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
+                              gemm_workspace.get(), gemm_workspace_bytes, stream);
     } else {
-      norm_then_gemm(residual, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
+      norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
                                   (!layer.down.reordered() || layer.down.input_ordered);
       cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
@@ -937,7 +892,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
-  cuda::add_rmsnorm(residual, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
   const f16_bits* rows = norm_out;
   if (gather) {
     // The embedding gather with the normed activations as its table picks the runs' last rows.
@@ -1247,7 +1202,6 @@ void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
 const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
 
 int64_t GpuLlama::swiglu_epilogue_layers() const { return state_->swiglu_epilogue_layers; }
-int64_t GpuLlama::norm_in_gemm_layers() const { return state_->norm_in_gemm_layers; }
 
 int64_t GpuLlama::graphs_captured() const {
   return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());
@@ -1270,7 +1224,7 @@ size_t GpuLlama::kv_bytes_per_position() const {
 size_t GpuLlama::device_bytes() const {
   const State& s = *state_;
   size_t total = weight_bytes() + s.embedding.bytes() + s.inv_freq.bytes();
-  for (const DeviceMemory* m : {&s.block_tables, &s.inputs, &s.x, &s.x_spare, &s.normed, &s.qkv, &s.attn, &s.proj,
+  for (const DeviceMemory* m : {&s.block_tables, &s.inputs, &s.x, &s.normed, &s.qkv, &s.attn, &s.proj,
                                 &s.gate_up, &s.act, &s.gathered, &s.logits, &s.out_ids, &s.gemm_workspace,
                                 &s.attention_workspace})
     total += m->bytes();

@@ -61,9 +61,6 @@ struct GpuLlamaOptions {
   // small models plan other partitions); never: the GEMM, then silu_mul.
   enum class Swiglu { automatic, always, never };
   Swiglu swiglu = Swiglu::automatic;
-  // Add + RMSNorm inside the qkv / gate_up GEMM's prologue (cuda::w4a16_gemm_norm, W4A16 steps of
-  // 1-8 tokens) where the GEMM runs the preload kernel anyway; QSPEC_NORM=separate turns it off.
-  bool norm_in_gemm = true;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
@@ -168,8 +165,6 @@ class GpuLlama {
   // Layers whose SwiGLU ran in the gate_up GEMM's epilogue, over every forward pass enqueued
   // (captured into a graph or launched).
   int64_t swiglu_epilogue_layers() const;
-  // Norms that ran inside the GEMM they feed, counted the same way.
-  int64_t norm_in_gemm_layers() const;
   // Where the GEMM policy came from: the map file auto_gemm_policy found, "given" for
   // GpuLlamaOptions::gemm_policy / set_gemm_policy, "" for the built-in crossovers.
   const std::string& gemm_policy_source() const;

@@ -410,26 +410,6 @@ bool w4a16_preload_supported(const W4A16Weights& w);
 // w4a16_swiglu_runs); it throws elsewhere. w4a16_swiglu_fusable: it runs, and the automatic path
 // would run these m tokens on the preload kernel in that same partition (so no slower GEMM).
 bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m);
-// Add + RMSNorm in the same kernel's prologue (kernels/w4a16_preload.cuh, NORM): the GEMM's x is
-// rmsnorm(residual + delta) * weight (delta null: of residual), made by every block in shared
-// memory: bitwise what cuda::add_rmsnorm / rmsnorm writes, and the GEMM then gives
-// w4a16_gemm_small_m's bits for the same plan (swiglu: as w4a16_gemm_swiglu, y is then act).
-// residual + delta goes to residual_out, another buffer (every block reads residual and delta),
-// rows k apart. It runs up to kW4A16NormMaxTokens tokens, k % 8 == 0, m * k * 2 <= 88 KB (two
-// blocks a multiprocessor), where the preload kernel does (w4a16_norm_runs); it throws elsewhere. w4a16_norm_fusable: it runs and the
-// automatic path would run the preload kernel for these m tokens.
-inline constexpr int64_t kW4A16NormMaxTokens = 8;
-struct W4A16NormInput {
-  const f16_bits* residual = nullptr;  // [m, k]
-  const f16_bits* delta = nullptr;     // [m, k] or null
-  const float* weight = nullptr;       // [k]
-  float eps = 0.0f;
-  f16_bits* residual_out = nullptr;    // [m, k], written when delta is set
-};
-bool w4a16_norm_runs(const W4A16Weights& w, int64_t m);
-bool w4a16_norm_fusable(const W4A16Weights& w, int64_t m);
-void w4a16_gemm_norm(const W4A16NormInput& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy, bool swiglu,
-                     void* workspace, size_t workspace_bytes, void* stream);
 bool w4a16_swiglu_fusable(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes);
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
                        void* workspace, size_t workspace_bytes, void* stream);

@@ -238,11 +238,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU, bool NORM>
+template <class Act, int MT, int G, bool SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
-                    const kernels::PreloadNorm& norm, cudaStream_t stream) {
+                    cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, NORM>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -253,9 +253,8 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  const size_t smem = Shape::smem_bytes(ring_slots) + (NORM ? Shape::norm_bytes(params.m, params.w.k) : 0);
-  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), smem, stream, params, ring_slots, preload_slot_chunks(), k_slices,
-             norm);
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
+             preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
@@ -314,11 +313,9 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
-// split and one k slice: w4a16_swiglu_fusable). NORM: x made from `norm` in the prologue (up to
-// 8 tokens: w4a16_norm_runs).
-template <class Act, bool SWIGLU = false, bool NORM = false>
-void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s,
-                    const kernels::PreloadNorm& norm = {}) {
+// split and one k slice: w4a16_swiglu_fusable).
+template <class Act, bool SWIGLU = false>
+void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   params.splits = static_cast<int>(plan.splits);
   params.counters = static_cast<unsigned*>(workspace);
@@ -330,13 +327,8 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part);
-    if constexpr (NORM) {
-      preload_launch<Act, 1, G, SWIGLU, true>(params, grid, ring, plan.k_slices, norm, s);
-    } else if (two_tiles) {
-      preload_launch<Act, 2, G, SWIGLU, false>(params, grid, ring, plan.k_slices, norm, s);
-    } else {
-      preload_launch<Act, 1, G, SWIGLU, false>(params, grid, ring, plan.k_slices, norm, s);
-    }
+    if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
@@ -382,42 +374,6 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
   const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
   launch_preload<kernels::ActF16, true>(params, plan_preload(layout, m, one_part, workspace, workspace_bytes),
                                         workspace, as_stream(stream));
-}
-
-bool w4a16_norm_runs(const W4A16Weights& w, int64_t m) {
-  return m >= 1 && m <= kW4A16NormMaxTokens && w.k % 8 == 0 && w4a16_preload_supported(w) &&
-         static_cast<size_t>(m * w.k) * 2 <= 88 * 1024;  // two blocks a multiprocessor still fit
-}
-
-bool w4a16_norm_fusable(const W4A16Weights& w, int64_t m) {
-  return w4a16_norm_runs(w, m) && w4a16_choose_path(m, w.n, w.k) == W4A16Path::small_m && default_variant() == 5;
-}
-
-void w4a16_gemm_norm(const W4A16NormInput& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy, bool swiglu,
-                     void* workspace, size_t workspace_bytes, void* stream) {
-  QSPEC_CHECK(w4a16_norm_runs(w, m), "cuda::w4a16_gemm_norm: needs 1-", kW4A16NormMaxTokens, " tokens (got ", m,
-              "), k % 8 == 0 (got ", w.k, "), at most 88 KB of staged rows (", m * w.k * 2,
-              " bytes) and the preload kernel (sm_90a, 16-byte aligned weights)");
-  QSPEC_CHECK(!swiglu || w4a16_swiglu_runs(w, m), "cuda::w4a16_gemm_norm: SwiGLU needs n % 32 == 0 (got ", w.n, ")");
-  QSPEC_CHECK(ldy >= (swiglu ? w.n / 2 : w.n), "cuda::w4a16_gemm_norm: ldy ", ldy, " is narrower than the output");
-  QSPEC_CHECK(x.residual != nullptr && x.weight != nullptr && (x.delta == nullptr || x.residual_out != nullptr),
-              "cuda::w4a16_gemm_norm: residual and weight are required, and residual_out with delta");
-  QSPEC_CHECK(x.residual_out != x.residual && (x.delta == nullptr || x.residual_out != x.delta),
-              "cuda::w4a16_gemm_norm: residual_out must be another buffer (every block reads residual and delta)");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  kernels::W4A16SmallMParams params{};
-  params.w = layout;
-  params.a = kernels::ActivationRows{nullptr, w.k, nullptr, 0, 0};
-  params.y = reinterpret_cast<__half*>(y);
-  params.ldy = ldy;
-  params.m = static_cast<int>(m);
-  params.evict_first = preload_evict_first() ? 1 : 0;
-  const kernels::PreloadNorm norm{reinterpret_cast<const __half*>(x.residual), reinterpret_cast<const __half*>(x.delta),
-                                  x.weight, x.eps, reinterpret_cast<__half*>(x.residual_out)};
-  const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
-  const PreloadPlan plan = plan_preload(layout, m, swiglu ? one_part : W4A16SmallMConfig{}, workspace, workspace_bytes);
-  if (swiglu) launch_preload<kernels::ActF16, true, true>(params, plan, workspace, as_stream(stream), norm);
-  else launch_preload<kernels::ActF16, false, true>(params, plan, workspace, as_stream(stream), norm);
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,

@@ -34,17 +34,9 @@
 // and the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is
 // rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's then
 // silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
-//
-// Add + RMSNorm in the prologue (NORM, up to 8 tokens): x is not read from global memory but made
-// by every block after the grid-dependency wait: residual (+ delta) rounded to f16, normalized,
-// into shared memory, with rmsnorm_kernel's arithmetic and its sum order (the 512-thread block's
-// partial sums and reduction tree, emulated by 256 threads), so the same f16 x. Block (0, 0)
-// writes residual + delta to residual_out: a second buffer, since every block reads residual.
-// The step loses the norm kernel's launch and its boundary before the GEMM.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // silu
-#include "ops/cuda/kernels/rmsnorm.cuh"      // load_weights8, block threads of rmsnorm_kernel
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
@@ -63,8 +55,6 @@ struct W4A16PreloadShape {
   static constexpr size_t smem_bytes(int ring_slots) {
     return static_cast<size_t>(kWarps) * ring_slots * (kSlotBytes + 8);
   }
-  // NORM: the staged x rows and the prologue's 32 floats of sums, after the rings and barriers.
-  static constexpr size_t norm_bytes(int m, int64_t k) { return static_cast<size_t>(m * k) * 2 + 32 * sizeof(float); }
   // The k slices' sums reuse the rings (never the mbarriers): every warp's MT x 4 accumulators.
   template <int MT>
   static constexpr size_t reduction_bytes() {
@@ -73,76 +63,15 @@ struct W4A16PreloadShape {
   static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
 };
 
-// The prologue's input (NORM): x = rmsnorm(residual + delta) * weight, rows of k values.
-struct PreloadNorm {
-  const __half* residual;
-  const __half* delta;  // null: rmsnorm of residual alone, nothing written
-  const float* weight;
-  float eps;
-  __half* residual_out;  // residual + delta (delta non-null), written by block (0, 0)
-};
-
-// rmsnorm_kernel<8, FUSED>'s rows (rmsnorm_row8), m of them, into `staged` (rows dim apart) by this
-// block of any whole number of warps: thread vt of the row kernel's rmsnorm_block_threads(dim / 8)
-// is emulated as lane vt % 32 of warp (vt / 32) % warps, each virtual warp's sum reduced as its
-// own, then the warps' sums as block_sum does: the same f32 statistics, the same f16 values.
-__device__ __forceinline__ void rmsnorm_rows_to_shared(const PreloadNorm& n, int m, int dim, __half* staged,
-                                                       float* scratch, bool write_residual) {
-  const int vectors = dim / 8;
-  const int row_threads = min(1024, max(32, (vectors + 31) / 32 * 32));  // rmsnorm_block_threads
-  const int row_warps = row_threads / 32, warps = blockDim.x / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int row = 0; row < m; ++row) {
-    const __half* x = n.residual + static_cast<int64_t>(row) * dim;
-    const __half* delta = n.delta == nullptr ? nullptr : n.delta + static_cast<int64_t>(row) * dim;
-    __half* out = staged + static_cast<int64_t>(row) * dim;
-    for (int vw = warp; vw < row_warps; vw += warps) {
-      float sum_squares = 0.0f;
-      for (int i = vw * 32 + lane; i < vectors; i += row_threads) {
-        float v[8];
-        half8_to_float(reinterpret_cast<const uint4*>(x)[i], v);
-        if (delta != nullptr) {
-          float d[8];
-          half8_to_float(reinterpret_cast<const uint4*>(delta)[i], d);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
-        }
-        const uint4 packed = float8_to_half(v);
-        reinterpret_cast<uint4*>(out)[i] = packed;
-        if (write_residual && delta != nullptr)
-          reinterpret_cast<uint4*>(n.residual_out + static_cast<int64_t>(row) * dim)[i] = packed;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
-      }
-      sum_squares = warp_sum(sum_squares);
-      if (lane == 0) scratch[vw] = sum_squares;
-    }
-    __syncthreads();
-    const float sum_squares = warp_sum(lane < row_warps ? scratch[lane] : 0.0f);
-    // cpu::rmsnorm: 1 / sqrt(mean + eps) in f32, then (x * inverse_rms) * weight.
-    const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + n.eps);
-    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
-      float v[8], w[8];
-      half8_to_float(reinterpret_cast<const uint4*>(out)[i], v);
-      load_weights8(n.weight, i, w);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms) * w[e];
-      reinterpret_cast<uint4*>(out)[i] = float8_to_half(v);
-    }
-    __syncthreads();  // scratch is read before the next row writes it; the row is whole
-  }
-}
-
 // Blocks a multiprocessor the register budget is cut for (2: up to 128 registers a thread).
 // QSPEC_W4A16_PRELOAD_MIN_BLOCKS at build time overrides it, for experiments.
 #ifndef QSPEC_W4A16_PRELOAD_MIN_BLOCKS
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-template <class Act, int MT, int G, bool SWIGLU = false, bool NORM = false>
+template <class Act, int MT, int G, bool SWIGLU = false>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
-    const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices,
-    const PreloadNorm norm) {
+    const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
   using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
@@ -207,21 +136,10 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   __syncwarp();
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
-  // NORM: x made here into shared memory past the rings and their barriers (16-byte aligned).
   const Elem* x = activation_values<Act>(p.a);
-  int64_t ldx = p.a.ldx;
-  if constexpr (NORM) {
-    static_assert(MT == 1 && sizeof(Elem) == 2, "the norm prologue stages up to 8 f16 rows");
-    __half* staged = reinterpret_cast<__half*>(smem + static_cast<size_t>(WARPS) * R * (Shape::kSlotBytes + 8));
-    float* scratch = reinterpret_cast<float*>(staged + static_cast<int64_t>(p.m) * p.w.k);
-    rmsnorm_rows_to_shared(norm, p.m, p.w.k, staged, scratch, blockIdx.x == 0 && blockIdx.y == 0);
-    x = staged;
-    ldx = p.w.k;
-  }
-  auto load_x = [](const Elem* at) { return NORM ? Act::load_shared(at) : Act::load(at); };
   const Elem* x_row[MT];
 #pragma unroll
-  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * ldx + t * 8;
+  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.a.ldx + t * 8;
 
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
@@ -245,7 +163,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int pp = 0; pp < 2 * SC; ++pp)
       if (pp < 2 * nc) {
 #pragma unroll
-        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = load_x(x_row[nt] + (2 * c0 + pp) * 32);
+        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
       }
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
@@ -308,7 +226,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const int pair = 2 * p.w.full_chunks;
     Frag xf[MT];
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) xf[nt] = load_x(x_row[nt] + pair * 32);
+    for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
     pair_mma(w.x, w.y, xf);
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
