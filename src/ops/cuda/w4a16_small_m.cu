@@ -258,22 +258,11 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
-// A warp's whole part of k in its ring, all requested before the grid-dependency wait, where the
-// part takes at most this many slots (Llama-3-8B's qkv: 4, o: 2; gate_up and down take 16 and 7):
-// the small GEMMs' weights then stream while the kernels before them (norm, attention) leave the
-// memory idle. QSPEC_W4A16_PRELOAD_WHOLE=0 / 1 (A/B runs).
-constexpr int64_t kWholePartSlots = 4;
-bool preload_whole_parts() {
-  static const bool on = env_int("QSPEC_W4A16_PRELOAD_WHOLE", 0, 0, 1) != 0;
-  return on;
-}
-
 template <int G>
 int preload_ring_slots(int64_t chunks_per_split) {
   using Shape = kernels::W4A16PreloadShape<G>;
   const int64_t chunks = preload_slot_chunks();
   const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + chunks - 1) / chunks);
-  if (preload_whole_parts() && wanted <= kWholePartSlots) return static_cast<int>(wanted);
   const int64_t room = std::max<size_t>(1, preload_block_bytes() / Shape::smem_bytes(1));
   return static_cast<int>(std::min(wanted, room));
 }
