@@ -382,8 +382,8 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
 // x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the
 // shared-memory cp.async ring, 8 stages of 2 chunks / 4 stages of 4, for m <= 32 a launch) and
 // the split-K override (0 = heuristic); 5 = the bulk-copy preload kernel (sm_90a, slices of up to
-// 16 tokens; beyond, variant 1): each warp's weights through a one-slot shared-memory ring
-// (QSPEC_W4A16_PRELOAD_KB), the first slot requested before the programmatic-launch wait.
+// 16 tokens; beyond, variant 1): each warp's weights through a shared-memory ring of one slot (two
+// at one token; QSPEC_W4A16_PRELOAD_KB), the first slots requested before the programmatic-launch wait.
 // docs/perf-notes.md has the timings.
 // x_staging (variants 1 / 2): 0 = the default (shared memory beyond 8 tokens a launch slice,
 // docs/perf-notes.md), 1 = the block copies its k range of x into shared memory first, 2 = x

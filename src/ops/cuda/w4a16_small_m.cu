@@ -178,8 +178,12 @@ void stream_launch(int group, int mt, int variant, const kernels::W4A16SmallMPar
 // warp. Measured in the Llama-3-8B decode step (docs/perf-notes.md): every deeper ring (2, 3,
 // 4, 5 and 11 slots) was slower at every batch of 1-8, 11 slots by 30 %, and so were smaller
 // slots; larger ones cost registers (8-chunk slots: 123 instead of 98) and more than they gave.
-// QSPEC_W4A16_PRELOAD_KB overrides it (sweeps).
+// One token is the exception, measured later on the H100 at c1b74cd: two slots a warp (48 KB) made
+// batch-1 steps 1.5 % shorter and batch 2-8 steps 0.6-1.1 % longer
+// (bench/results/gpu-decode-preload-kb-ab-llama3-8b-h100-c1b74cd.log). QSPEC_W4A16_PRELOAD_KB
+// overrides both (sweeps; 0 or unset: these defaults).
 constexpr size_t kPreloadBlockBytesDefault = 24 * 1024;
+constexpr size_t kPreloadBlockBytesOneToken = 48 * 1024;
 
 // Benchmark knobs read once from the environment (as QSPEC_NO_PDL), so one build can time the
 // alternatives in one run: QSPEC_W4A16_VARIANT (the small-M variant `automatic` and variant 0
@@ -219,9 +223,14 @@ bool preload_evict_first() {
   static const bool on = env_int("QSPEC_W4A16_EVICT_FIRST", 1, 0, 1) != 0;
   return on;
 }
-size_t preload_block_bytes() {
-  static const size_t bytes = static_cast<size_t>(env_int("QSPEC_W4A16_PRELOAD_KB", kPreloadBlockBytesDefault / 1024, 8, 227)) * 1024;
-  return bytes;
+size_t preload_block_bytes(int64_t m) {
+  static const int forced_kb = [] {
+    const int kb = env_int("QSPEC_W4A16_PRELOAD_KB", 0, 0, 227);
+    QSPEC_CHECK(kb == 0 || kb >= 8, "QSPEC_W4A16_PRELOAD_KB=", kb, ": 0 (the defaults) or 8-227");
+    return kb;
+  }();
+  if (forced_kb > 0) return static_cast<size_t>(forced_kb) * 1024;
+  return m == 1 ? kPreloadBlockBytesOneToken : kPreloadBlockBytesDefault;
 }
 
 // Whether the preload kernel that would run here is the sm_90a build (elsewhere it is a trap).
@@ -259,11 +268,11 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
 }
 
 template <int G>
-int preload_ring_slots(int64_t chunks_per_split) {
+int preload_ring_slots(int64_t chunks_per_split, int64_t m) {
   using Shape = kernels::W4A16PreloadShape<G>;
   const int64_t chunks = preload_slot_chunks();
   const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + chunks - 1) / chunks);
-  const int64_t room = std::max<size_t>(1, preload_block_bytes() / Shape::smem_bytes(1));
+  const int64_t room = std::max<size_t>(1, preload_block_bytes(m) / Shape::smem_bytes(1));
   return static_cast<int>(std::min(wanted, room));
 }
 
@@ -290,7 +299,7 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
                          const void* workspace, size_t workspace_bytes) {
   const int sms = multiprocessor_count();
   const int64_t per_sm = std::clamp<int64_t>(
-      static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes() + 1024)), 1,
+      static_cast<int64_t>(current_device_properties().sharedMemPerMultiprocessor / (preload_block_bytes(slice) + 1024)), 1,
       preload_blocks_per_sm());
   QSPEC_CHECK(config.k_slices == 0 || valid_k_slices(config.k_slices),
               "cuda::w4a16_gemm: k slices must be 1, 2, 4 or 8, not ", config.k_slices);
@@ -326,7 +335,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   const bool two_tiles = params.m > 8;
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
-    const int ring = preload_ring_slots<G>(chunks_per_part);
+    const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
     if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
     else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };

@@ -8,8 +8,8 @@
 // few instructions, and the first R slots are requested before griddepcontrol.wait (weights do
 // not depend on the previous kernel). It was written to request a GEMM's whole split during the
 // kernels before it; measured in the decode step (docs/perf-notes.md, "The preload kernel"),
-// deeper rings and smaller slots were slower, so the launcher defaults to one slot a warp, one
-// wave of two blocks a multiprocessor. What it gains over variant 1 (6 % of the batch-1 step)
+// deeper rings and smaller slots were slower, so the launcher defaults to one slot a warp (two at
+// one token, measured later: −1.5 % at batch 1 on the H100), one wave of two blocks a multiprocessor. What it gains over variant 1 (6 % of the batch-1 step)
 // comes from few large copies a warp and few registers a thread (98), not from depth.
 //
 // Per warp, no block-wide synchronization: slot i of the warp's split lives in ring slot i % R
