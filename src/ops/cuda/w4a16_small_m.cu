@@ -288,6 +288,20 @@ int plan_k_slices(int64_t row_blocks, int64_t full_chunks, int64_t block_slots) 
   return 1;
 }
 
+// A preload launch's parameters for m f16 rows of x (ldx apart) into y (ldy apart); the launcher
+// fills the partition's fields.
+kernels::W4A16SmallMParams preload_params(const kernels::W4A16Layout& layout, const __half* x, int64_t ldx, __half* y,
+                                          int64_t ldy, int64_t m) {
+  kernels::W4A16SmallMParams params{};
+  params.w = layout;
+  params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
+  params.y = y;
+  params.ldy = ldy;
+  params.m = static_cast<int>(m);
+  params.evict_first = preload_evict_first() ? 1 : 0;
+  return params;
+}
+
 // The preload kernel's partition of one launch: one wave of blocks (two a multiprocessor), k cut
 // into slices inside a block where row blocks are few (plan_k_slices), split-K across blocks over
 // the rest.
@@ -372,17 +386,11 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
               "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ld_act >= n / 2 (ldx ",
               ldx, ", ld_act ", ld_act, ")");
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  kernels::W4A16SmallMParams params{};
-  params.w = layout;
-  params.a = kernels::ActivationRows{reinterpret_cast<const __half*>(x), ldx, nullptr, 0, 0};
-  params.y = reinterpret_cast<__half*>(act);
-  params.ldy = ld_act;
-  params.m = static_cast<int>(m);
-  params.evict_first = preload_evict_first() ? 1 : 0;
   // The epilogue's only partition: one split, one k slice (no partials, no slice sums).
   const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
-  launch_preload<kernels::ActF16, true>(params, plan_preload(layout, m, one_part, workspace, workspace_bytes),
-                                        workspace, as_stream(stream));
+  launch_preload<kernels::ActF16, true>(
+      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m),
+      plan_preload(layout, m, one_part, workspace, workspace_bytes), workspace, as_stream(stream));
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
@@ -408,14 +416,8 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     const int64_t slice = std::min(detail::kW4A16MaxSliceM, m - m0);
     const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
     if (variant == 5 && mt <= 2) {
-      kernels::W4A16SmallMParams params{};
-      params.w = layout;
-      params.a = kernels::ActivationRows{xh + m0 * ldx, ldx, nullptr, 0, 0};
-      params.y = yh + m0 * ldy;
-      params.ldy = ldy;
-      params.m = static_cast<int>(slice);
-      params.evict_first = preload_evict_first() ? 1 : 0;
-      launch_preload<kernels::ActF16>(params, plan_preload(layout, slice, config, workspace, workspace_bytes), workspace, s);
+      launch_preload<kernels::ActF16>(preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice),
+                                      plan_preload(layout, slice, config, workspace, workspace_bytes), workspace, s);
       continue;
     }
     if (variant >= 3 && variant <= 4 && mt <= 4) {
