@@ -598,10 +598,14 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
                                             {8, 8, 32, 4096}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
-  // Both decode kernels (the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block).
-  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
+  // Every decode kernel: the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block,
+  // on tensor cores (mma; head_dim 32 runs the f32 tiles there) and in f32 FMAs; the chunked one.
+  for (const cuda::DecodeAttention kernel :
+       {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
     cuda::set_decode_attention(kernel);
-    const std::string kernel_name = kernel == cuda::DecodeAttention::tiles ? "tiles " : "chunked ";
+    const std::string kernel_name = kernel == cuda::DecodeAttention::mma     ? "mma "
+                                    : kernel == cuda::DecodeAttention::tiles ? "tiles "
+                                                                             : "chunked ";
     for (const AttentionCase& c : cases) {
       for (const std::vector<int64_t>& contexts : batches) {
         const int64_t seqs = static_cast<int64_t>(contexts.size());
@@ -643,7 +647,7 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
       }
     }
   }
-  cuda::set_decode_attention(cuda::DecodeAttention::tiles);
+  cuda::set_decode_attention(cuda::DecodeAttention::automatic);
 }
 
 // Decode with RoPE and the new token's K/V write folded into the attention (the model's decode
@@ -657,10 +661,11 @@ TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
                                             {16, 1, 128, 0}, {9, 3, 64, 0},   {32, 8, 128, 100}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {64}, {65, 128, 129, 32, 33}};
   // With the chunked kernel the call runs the two launches itself (rotating qkv in place).
-  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
+  for (const cuda::DecodeAttention kernel :
+       {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
     cuda::set_decode_attention(kernel);
     const bool one_launch = cuda::decode_rope_folded();
-    ASSERT_EQ(one_launch, kernel == cuda::DecodeAttention::tiles) << "run without QSPEC_DECODE_ROPE=separate";
+    ASSERT_EQ(one_launch, kernel != cuda::DecodeAttention::chunked) << "run without QSPEC_DECODE_ROPE=separate";
     for (const AttentionCase& c : cases) {
       for (const std::vector<int64_t>& contexts : batches) {
         const int64_t seqs = static_cast<int64_t>(contexts.size());
@@ -732,7 +737,7 @@ TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
       }
     }
   }
-  cuda::set_decode_attention(cuda::DecodeAttention::tiles);
+  cuda::set_decode_attention(cuda::DecodeAttention::automatic);
 }
 
 TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {

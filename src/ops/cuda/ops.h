@@ -305,11 +305,14 @@ size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head
 // zero), before the first attention launch that uses it.
 void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 
-// Which decode attention kernel paged_attention_decode launches: tiles (the default: each
-// block's keys and values of a 64-key tile in flight at once) or chunked (the earlier kernel:
-// keys, then values, 32 at a time). QSPEC_DECODE_ATTENTION=chunked|tiles picks it for a
-// process; set_decode_attention overrides both (tests and benchmarks compare the two in one run).
-enum class DecodeAttention { tiles, chunked };
+// Which decode attention kernel paged_attention_decode launches: mma (the tiles kernel with its
+// scores and P V on tensor cores, head_dim 64 and 128; tiles at head_dim 32), tiles (each
+// block's keys and values of two tiles in flight at once, scores and P V in f32 FMAs), chunked
+// (the earlier kernel: keys, then values, 32 at a time) or automatic (the default: mma where a
+// block's split of the context is short, tiles over long ones).
+// QSPEC_DECODE_ATTENTION=automatic|mma|tiles|chunked picks it for a process; set_decode_attention
+// overrides both (tests and benchmarks compare them in one run).
+enum class DecodeAttention { tiles, chunked, mma, automatic };
 DecodeAttention decode_attention();
 void set_decode_attention(DecodeAttention kernel);
 

@@ -14,17 +14,37 @@ namespace {
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
 std::atomic<int> decode_attention_override{-1};
 
+template <int D, bool MMA>
+auto* tiles_kernel(int heads_per_block) {
+  return heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1, MMA>
+         : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2, MMA>
+         : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4, MMA>
+                                : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA>;
+}
+
+// automatic: the tensor-core tiles where a block's split is at most this many keys. Measured on
+// the H100 (docs/perf-notes.md, "Decode attention on tensor cores"): 2-2.5 % shorter W4A16 steps
+// at batch 8-16 (splits of 100-170 keys), 0.9 % longer at batch 64 (whole 512-key contexts a
+// block, where the f32 kernel's three barriers a tile beat the mma kernel's four).
+constexpr int kMmaMaxSplitKeys = 256;
+
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
-  const bool tiles = decode_attention() == DecodeAttention::tiles;
-  auto* kernel = tiles ? (heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1>
-                          : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2>
-                          : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4>
-                                                 : kernels::paged_attention_decode_tiles_kernel<D, 8>)
-                       : (heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
-                          : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
-                          : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
-                                                 : kernels::paged_attention_decode_kernel<D, 8>);
+  DecodeAttention choice = decode_attention();
+  if (choice == DecodeAttention::automatic)
+    choice = params.split_len <= kMmaMaxSplitKeys ? DecodeAttention::mma : DecodeAttention::tiles;
+  void (*kernel)(kernels::DecodeParams) = nullptr;
+  if (choice == DecodeAttention::chunked) {
+    kernel = heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
+             : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
+             : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
+                                    : kernels::paged_attention_decode_kernel<D, 8>;
+  } else if constexpr (D >= 64) {
+    kernel = choice == DecodeAttention::mma ? tiles_kernel<D, true>(heads_per_block)
+                                            : tiles_kernel<D, false>(heads_per_block);
+  } else {
+    kernel = tiles_kernel<D, false>(heads_per_block);  // the tensor-core tiles need head_dim >= 64
+  }
   launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
 }
@@ -33,11 +53,14 @@ void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, d
 DecodeAttention decode_attention() {
   static const DecodeAttention from_env = [] {
     const char* text = std::getenv("QSPEC_DECODE_ATTENTION");
-    if (text == nullptr || *text == '\0') return DecodeAttention::tiles;
+    if (text == nullptr || *text == '\0') return DecodeAttention::automatic;
     const std::string value(text);
-    QSPEC_CHECK(value == "tiles" || value == "chunked", "QSPEC_DECODE_ATTENTION: '", value,
-                "' is not tiles or chunked");
-    return value == "tiles" ? DecodeAttention::tiles : DecodeAttention::chunked;
+    QSPEC_CHECK(value == "automatic" || value == "mma" || value == "tiles" || value == "chunked",
+                "QSPEC_DECODE_ATTENTION: '", value, "' is not automatic, mma, tiles or chunked");
+    return value == "automatic" ? DecodeAttention::automatic
+           : value == "mma"     ? DecodeAttention::mma
+           : value == "tiles"   ? DecodeAttention::tiles
+                                : DecodeAttention::chunked;
   }();
   const int forced = decode_attention_override.load(std::memory_order_relaxed);
   return forced >= 0 ? static_cast<DecodeAttention>(forced) : from_env;
@@ -55,7 +78,7 @@ bool decode_rope_folded() {
                 "' is not folded or separate");
     return value == "folded";
   }();
-  return from_env && decode_attention() == DecodeAttention::tiles;
+  return from_env && decode_attention() != DecodeAttention::chunked;
 }
 
 namespace {

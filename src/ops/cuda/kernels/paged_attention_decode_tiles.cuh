@@ -22,6 +22,16 @@
 // drain. Measured on the H100 (docs/perf-notes.md): the folding alone gained nothing (the
 // rotation's round trips move into this kernel); the early copies make the step 0.8 / 2.5 /
 // 1.6 % shorter at batch 8 / 16 / 64, and batch 1 is unchanged.
+//
+// MMA (DecodeAttention::mma, head_dim 64 / 128): ncu put the f32 kernel at one warp a scheduler
+// issuing every 5.4 cycles, ~970 instructions a warp a 32-key tile (16-lane shuffle sums a key a
+// head, then 8 FMAs a key a head for P V): a chain of instructions, not of bytes. Here the
+// scores are one mma row tile of 16 keys a warp against the 8 query-head columns (D / 16 steps),
+// and P V is V^T (a warp's D / 4 dimensions, ldmatrix.trans) against P^T, with P in two f16
+// parts (hi + lo) so the weights keep ~22 bits: ~455 instructions a tile. Tiles rows are
+// XOR-swizzled for ldmatrix; the query heads go through shared memory in f16 and the scores are
+// scaled after the mma. Each warp's P V accumulators are whole for its dimensions, so the block
+// needs no reduction at the end.
 #pragma once
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
 #include "ops/cuda/kernels/paged_kv_write.cuh"  // kv_pool_row
@@ -52,9 +62,11 @@ template <int D, int GM>
 inline constexpr int kDecodeTileKeys = (GM >= 8 ? 2048 : 4096) / D;
 inline constexpr int kDecodeStages = 2;
 
-// D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
-template <int D, int GM>
+// D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
+// scores and P V on tensor cores (see the top of this file).
+template <int D, int GM, bool MMA = false>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
+  static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 or 128 (8 chunks a key row for the swizzle)");
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;
@@ -67,6 +79,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
   __shared__ float rope_cosine[D / 2], rope_sine[D / 2];
+  // MMA: the block's query heads in f16 (8 rows, the mma's n; zeros past heads_here).
+  __shared__ __align__(16) __half q_heads[MMA ? 8 : 1][MMA ? D : 8];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane / LPK, li = lane % LPK;
@@ -78,6 +92,9 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   const int32_t* table = p.block_tables + seq * p.max_blocks;
   // Lane's key u of the tile at `tile_begin`: tile_begin + key_offset(u).
   auto key_offset = [&](int u) { return (u * kDecodeWarps + warp) * KPW + lg; };
+  // Where a tile row's (key's) 16-byte chunk sits. MMA: XOR-swizzled by the key's low 3 bits, so
+  // the 8 rows an ldmatrix phase reads (8 keys, one chunk) fall in 8 distinct bank groups.
+  auto tile_at = [](int key, int chunk) { return key * D + (MMA ? chunk ^ (key & 7) : chunk) * 8; };
   // Block-table entries of this lane's keys (clamped into the row: entries past the context
   // are read, never used).
   auto load_blocks = [&](int tile_begin, int (&blocks)[U]) {
@@ -105,8 +122,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         const int64_t at =
             j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
         const int bytes = j < end ? 16 : 0;
-        cp_async_16(smem_address(k_tiles[stage] + key_offset(u) * D + li * 8), p.k_pool + at, bytes);
-        cp_async_16(smem_address(v_tiles[stage] + key_offset(u) * D + li * 8), p.v_pool + at, bytes);
+        cp_async_16(smem_address(k_tiles[stage] + tile_at(key_offset(u), li)), p.k_pool + at, bytes);
+        cp_async_16(smem_address(v_tiles[stage] + tile_at(key_offset(u), li)), p.v_pool + at, bytes);
       }
     }
     cp_async_commit();
@@ -124,23 +141,28 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // key the tiles copy was written by an earlier step, as were the context lengths and tables
   // (the host's, or the chain's input update, which completes before the step's first layer):
   // the first two tiles' copies issue before the wait, while the QKV GEMM drains.
+  // The new token's position is the host's (or the input update's) too, so its angles are
+  // computed before the wait as well: each pair's once a block, into shared memory.
   const bool rope = p.rope.positions != nullptr;
+  int new_key = -1;
   if (rope) {
     context_range();
     if (begin < end) {
       issue_tile(begin, 0, blocks0);
       issue_tile(begin + TILE, 1, blocks1);
     }
+    new_key = p.rope.positions[seq];
+    if (threadIdx.x < D / 2)
+      rope_cos_sin(static_cast<float>(new_key), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
+                   rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
   }
   pdl_prologue();  // launched with launch_pdl (common.h)
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
   // RoPE folded in: the new token's position, this lane's slices of its query heads, key and value
   // (and the slices head_dim / 2 away), unrotated.
-  int new_key = -1;
   uint4 q_own[GM], q_partner[GM], k_own, k_partner, new_v;
   if (rope) {
-    new_key = p.rope.positions[seq];
     const __half* row = p.q + seq * p.q_stride;
     const int partner_li = li ^ (LPK / 2);
 #pragma unroll
@@ -155,7 +177,17 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
   } else {
     context_range();
-    load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+    if constexpr (MMA) {
+      if (warp == 0 && lg == 0) {  // the f16 query rows as they are (the scores are scaled instead)
+#pragma unroll
+        for (int g = 0; g < 8; ++g)
+          *reinterpret_cast<uint4*>(&q_heads[g][li * 8]) =
+              g < heads_here ? *reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + g) * D + li * 8)
+                             : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
+    }
   }
 
   if (begin >= end) {  // nothing to attend to in this split (no copies were issued)
@@ -184,9 +216,6 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // tile is in (only that thread reads it back, so no barrier). Each pair's angle once a block.
   uint4 new_k = make_uint4(0, 0, 0, 0);
   if (rope) {
-    if (threadIdx.x < D / 2)
-      rope_cos_sin(static_cast<float>(new_key), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
-                   rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
     const bool holds_new_key = new_key >= begin && new_key < end;
     __syncthreads();  // the angles
     float cosine[8], sine[8];
@@ -199,7 +228,18 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
-      scale_query(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), g < heads_here, p.scale_log2, qr[g]);
+      const uint4 rotated = rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine);
+      if constexpr (MMA) {
+        if (warp == 0 && lg == 0)
+          *reinterpret_cast<uint4*>(&q_heads[g][li * 8]) = g < heads_here ? rotated : make_uint4(0, 0, 0, 0);
+      } else {
+        scale_query(rotated, g < heads_here, p.scale_log2, qr[g]);
+      }
+    }
+    if constexpr (MMA) {
+      if (warp == 0 && lg == 0)
+#pragma unroll
+        for (int g = GM; g < 8; ++g) *reinterpret_cast<uint4*>(&q_heads[g][li * 8]) = make_uint4(0, 0, 0, 0);
     }
     if (holds_new_key) {
       new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
@@ -213,6 +253,23 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       new_key = -1;  // not in this split's tiles
     }
   }
+  // MMA: each tile's scores come from warps 0 .. TILE / 16 - 1, a 16-key mma row tile each against
+  // the 8 query-head columns; P V from every warp, D / 4 dimensions each (16-dim row tiles of
+  // V^T against P^T), with P split into an f16 pair (hi + lo), so the weights keep ~22 bits.
+  constexpr int kSteps = D / 16;         // mma k steps over head_dim
+  constexpr int kScoreWarps = TILE / 16;
+  constexpr int kPvTiles = D / 64;       // 16-dim row tiles a warp in P V
+  const int group_id = lane >> 2, in_group = lane & 3;  // an mma fragment's row, column pair
+  uint32_t q_frag[MMA ? kSteps : 1][2];  // the scores' B fragments: Q^T (dims x heads)
+  float pv[MMA ? kPvTiles : 1][4] = {};   // (dims x heads) accumulators
+  if constexpr (MMA) {
+    __syncthreads();  // q_heads
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      q_frag[ks][0] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][ks * 16 + 2 * in_group]);
+      q_frag[ks][1] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][ks * 16 + 2 * in_group + 8]);
+    }
+  }
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
     // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
     cp_async_wait<1>();
@@ -222,24 +279,44 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (tile_begin + key_offset(u) == new_key) {
-          *reinterpret_cast<uint4*>(k_tiles[stage] + key_offset(u) * D + li * 8) = new_k;
-          *reinterpret_cast<uint4*>(v_tiles[stage] + key_offset(u) * D + li * 8) = new_v;
+          *reinterpret_cast<uint4*>(k_tiles[stage] + tile_at(key_offset(u), li)) = new_k;
+          *reinterpret_cast<uint4*>(v_tiles[stage] + tile_at(key_offset(u), li)) = new_v;
         }
     }
     // 2. Scores.
+    if constexpr (MMA) {
+      __syncthreads();  // every thread's copies (ldmatrix reads rows other threads copied)
+      if (warp < kScoreWarps) {
+        float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int key = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = tile_begin + key_offset(u);
-      float kf[8];
-      half8_to_float(*reinterpret_cast<const uint4*>(k_tile + key_offset(u) * D + li * 8), kf);
+        for (int ks = 0; ks < kSteps; ++ks) {
+          uint32_t a[4];
+          ldmatrix_x4(a, smem_address(k_tile + tile_at(key, ks * 2 + (lane >> 4))));
+          mma_f16_16816(scores, a, q_frag[ks][0], q_frag[ks][1]);
+        }
+        // scores[c]: key warp * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1 for odd c).
 #pragma unroll
-      for (int g = 0; g < GM; ++g) {
-        float dot = 0.0f;
+        for (int c = 0; c < 4; ++c) {
+          const int h = 2 * in_group + (c & 1);
+          if (h < GM) logits[h][warp * 16 + group_id + (c >> 1) * 8] = scores[c] * p.scale_log2;
+        }
+      }
+    } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
+      for (int u = 0; u < U; ++u) {
+        const int j = tile_begin + key_offset(u);
+        float kf[8];
+        half8_to_float(*reinterpret_cast<const uint4*>(k_tile + key_offset(u) * D + li * 8), kf);
 #pragma unroll
-        for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (li == 0 && j < end) logits[g][j - tile_begin] = dot;
+        for (int g = 0; g < GM; ++g) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
+#pragma unroll
+          for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          if (li == 0 && j < end) logits[g][j - tile_begin] = dot;
+        }
       }
     }
     __syncthreads();
@@ -247,23 +324,53 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     update_softmax(logits, min(end - tile_begin, TILE), heads_here, running_max, running_sum, rescale);
     __syncthreads();
     // 4. acc = acc * alpha + P V over this tile.
+    if constexpr (MMA) {
+      const int n = min(end - tile_begin, TILE);  // logits past n are raw scores: weight 0
+      const float alpha0 = 2 * in_group < heads_here ? rescale[2 * in_group] : 0.0f;
+      const float alpha1 = 2 * in_group + 1 < heads_here ? rescale[2 * in_group + 1] : 0.0f;
 #pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      const float alpha = g < heads_here ? rescale[g] : 0.0f;
+      for (int mt = 0; mt < kPvTiles; ++mt) {
+        pv[mt][0] *= alpha0;
+        pv[mt][1] *= alpha1;
+        pv[mt][2] *= alpha0;
+        pv[mt][3] *= alpha1;
+      }
+      auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
-    }
+      for (int ks = 0; ks < TILE / 16; ++ks) {
+        const int k0 = ks * 16 + 2 * in_group;
+        const float w0 = weight(k0), w1 = weight(k0 + 1), w2 = weight(k0 + 8), w3 = weight(k0 + 9);
+        const uint32_t hi0 = pack_half2(w0, w1), hi1 = pack_half2(w2, w3);
+        const float2 r0 = unpack_half2(hi0), r1 = unpack_half2(hi1);
+        const uint32_t lo0 = pack_half2(w0 - r0.x, w1 - r0.y), lo1 = pack_half2(w2 - r1.x, w3 - r1.y);
+        const int key = ks * 16 + (lane & 7) + (lane >> 4) * 8;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = tile_begin + key_offset(u);
-      if (j < end) {
-        float vf[8];
-        half8_to_float(*reinterpret_cast<const uint4*>(v_tile + key_offset(u) * D + li * 8), vf);
+        for (int mt = 0; mt < kPvTiles; ++mt) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, smem_address(v_tile + tile_at(key, (warp * (D / 4) + mt * 16) / 8 + ((lane >> 3) & 1))));
+          mma_f16_16816(pv[mt], a, hi0, hi1);
+          mma_f16_16816(pv[mt], a, lo0, lo1);
+        }
+      }
+    } else {
 #pragma unroll
-        for (int g = 0; g < GM; ++g) {
-          const float weight = g < heads_here ? logits[g][j - tile_begin] : 0.0f;
+      for (int g = 0; g < GM; ++g) {
+        const float alpha = g < heads_here ? rescale[g] : 0.0f;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(weight, vf[e], acc[g][e]);
+        for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = tile_begin + key_offset(u);
+        if (j < end) {
+          float vf[8];
+          half8_to_float(*reinterpret_cast<const uint4*>(v_tile + key_offset(u) * D + li * 8), vf);
+#pragma unroll
+          for (int g = 0; g < GM; ++g) {
+            const float weight = g < heads_here ? logits[g][j - tile_begin] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(weight, vf[e], acc[g][e]);
+          }
         }
       }
     }
@@ -276,7 +383,27 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   }
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
-  finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
+  if constexpr (MMA) {
+    // Each warp's accumulators are whole for its dimensions: written as they are, no reduction.
+    // pv[mt][c]: dimension warp * D / 4 + mt * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1).
+    const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+#pragma unroll
+    for (int mt = 0; mt < kPvTiles; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int h = 2 * in_group + (c & 1), d = warp * (D / 4) + mt * 16 + group_id + (c >> 1) * 8;
+        if (h >= heads_here) continue;
+        const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
+        if (p.splits > 1) p.part_o[(split * rows + row) * D + d] = pv[mt][c];
+        else p.out[seq * p.out_stride + (head0 + h) * D + d] = __float2half_rn(pv[mt][c] / running_sum[h]);
+      }
+    if (p.splits > 1 && threadIdx.x < heads_here)
+      p.part_ml[split * rows + static_cast<int64_t>(seq) * p.num_heads + head0 + threadIdx.x] =
+          make_float2(running_max[threadIdx.x], running_sum[threadIdx.x]);
+    merge_splits<D>(p, seq, head0, heads_here);
+  } else {
+    finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
+  }
 }
 
 }  // namespace qspec::cuda::kernels
