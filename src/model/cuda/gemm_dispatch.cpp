@@ -22,7 +22,24 @@ bool wgmma_runs(const W4GemmInput& x, const cuda::W4A16Weights& w, size_t worksp
          (x.quantized->format != quant::Format::fp8 || x.quantized->e4m3);
 }
 
+// small_m_v5's launch: the preload kernel, or variant 1 where it cannot run (not sm_90a).
+cuda::W4A16SmallMConfig small_m_v5_config(const cuda::W4A16Weights& w) {
+  return cuda::W4A16SmallMConfig{cuda::w4a16_preload_supported(w) ? 5 : 1, 0, 0};
+}
+
 }  // namespace
+
+bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
+                                   const void* workspace, size_t workspace_bytes) {
+  if (!cuda::w4a16_swiglu_runs(w, m)) return false;
+  if (policy != nullptr) {  // run_w4_gemm's small_m_v5 case
+    return policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5 &&
+           cuda::w4a16_small_m_one_preload_part(w, m, small_m_v5_config(w), workspace, workspace_bytes);
+  }
+  // No map: cuda::w4a16_gemm's automatic path, which calls w4a16_gemm_small_m with its defaults.
+  return cuda::w4a16_choose_path(m, w.n, w.k) == cuda::W4A16Path::small_m &&
+         cuda::w4a16_small_m_one_preload_part(w, m, {}, workspace, workspace_bytes);
+}
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes) {
@@ -56,9 +73,8 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
       return;
     }
     case Strategy::small_m_v5: {
-      // f16 only (strategy_supports); variant 1 where the preload kernel cannot run (not sm_90a).
-      const cuda::W4A16SmallMConfig config{cuda::w4a16_preload_supported(w) ? 5 : 1, 0, 0};
-      cuda::w4a16_gemm_small_m(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
+      // f16 only (strategy_supports).
+      cuda::w4a16_gemm_small_m(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, small_m_v5_config(w));
       return;
     }
     case Strategy::tiled_256x64:

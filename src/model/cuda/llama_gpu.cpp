@@ -449,8 +449,8 @@ struct GpuLlama::State {
 
   // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself (cuda::w4a16_gemm_swiglu):
   // f16 activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher
-  // would run anyway is the preload kernel in one split and one k slice (the policy map's
-  // small_m_v5, or no map and the kernels' own choice). QSPEC_SWIGLU=separate: never (A/B runs).
+  // would run anyway is the preload kernel in one split and one k slice
+  // (w4_gemm_takes_swiglu_epilogue). QSPEC_SWIGLU=separate: never (A/B runs).
   bool swiglu_in_gemm(const Linear& gate_up, int64_t m) const {
     using Swiglu = GpuLlamaOptions::Swiglu;
     static const bool separate_by_env = [] {
@@ -465,8 +465,7 @@ struct GpuLlama::State {
         gate_up.in_k != config.hidden_size)
       return false;
     if (swiglu == Swiglu::always) return cuda::w4a16_swiglu_runs(gate_up.view, m);
-    if (gemm_policy && gemm_policy->lookup("f16", gate_up.n, gate_up.k, m) != gemm::Strategy::small_m_v5) return false;
-    return cuda::w4a16_swiglu_fusable(gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
+    return w4_gemm_takes_swiglu_epilogue(gemm_policy.get(), gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
   }
 
   // The constructor's mode: weights, first activation precision, int4 activation group.

@@ -336,7 +336,7 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
-// split and one k slice: w4a16_swiglu_fusable).
+// split and one k slice: w4a16_small_m_one_preload_part).
 template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
@@ -360,6 +360,16 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   }
 }
 
+// The small-M variant a launch with `config` runs: config.variant, else the default variant
+// where the scales are 16-byte aligned (variant 1 elsewhere, and where the preload kernel
+// cannot run).
+int small_m_variant(const W4A16Weights& w, const W4A16SmallMConfig& config) {
+  if (config.variant != 0) return config.variant;
+  if (reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return 1;
+  const int variant = default_variant();
+  return variant == 5 && !w4a16_preload_supported(w) ? 1 : variant;
+}
+
 }  // namespace
 
 bool w4a16_preload_supported(const W4A16Weights& w) {
@@ -371,10 +381,10 @@ bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
   return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
 }
 
-bool w4a16_swiglu_fusable(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes) {
-  if (!w4a16_swiglu_runs(w, m) || w4a16_choose_path(m, w.n, w.k) != W4A16Path::small_m || default_variant() != 5)
-    return false;
-  const PreloadPlan plan = plan_preload(detail::w4a16_layout(w), m, {}, workspace, workspace_bytes);
+bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
+                                    const void* workspace, size_t workspace_bytes) {
+  if (m < 1 || m > 16 || small_m_variant(w, config) != 5) return false;
+  const PreloadPlan plan = plan_preload(detail::w4a16_layout(w), m, config, workspace, workspace_bytes);
   return plan.k_slices == 1 && plan.splits == 1;
 }
 
@@ -401,8 +411,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
               ", ldx ", ldx, ", ldy ", ldy, ")");
   if (m == 0) return;
   const bool scales_16 = reinterpret_cast<uintptr_t>(w.scales) % 16 == 0;
-  int variant = config.variant != 0 ? config.variant : scales_16 ? default_variant() : 1;
-  if (config.variant == 0 && variant == 5 && !w4a16_preload_supported(w)) variant = 1;
+  const int variant = small_m_variant(w, config);
   QSPEC_CHECK(variant >= 1 && variant <= 5, "cuda::w4a16_gemm: unknown small-M variant ", variant);
   QSPEC_CHECK(variant < 3 || variant == 5 || scales_16,
               "cuda::w4a16_gemm: variants 3 and 4 need 16-byte aligned scales");
