@@ -22,12 +22,12 @@ auto* tiles_kernel(int heads_per_block) {
                                 : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA>;
 }
 
-// automatic: the tensor-core tiles where a block's split is at most this many keys (4 tiles).
-// Measured on the H100 (docs/perf-notes.md, "Decode attention on tensor cores"), contexts of
-// 128-176 keys: W4A16 steps 1.5-2.5 % shorter at batch 1-16 (splits of 16-64 keys), the same at
-// batch 32 and 1-2.4 % longer at batch 64 (whole 176-key contexts a block, 512 blocks), where
-// the f32 kernel's three barriers a tile beat the mma kernel's four.
-constexpr int kMmaMaxSplitKeys = 128;
+// automatic: the tensor-core tiles where a block's split is at most this many keys (8 tiles;
+// splits are planned over the batch's max_context). Measured on the H100 (docs/perf-notes.md,
+// "Decode attention on tensor cores"), max_context 512: W4A16 steps 1.5-2.5 % shorter at batch
+// 1-16 (splits of 64-176 keys), the same at batch 32 (256) and 0.9 % longer at batch 64 (512,
+// 512 blocks), where the f32 kernel's three barriers a tile beat the mma kernel's four.
+constexpr int kMmaMaxSplitKeys = 256;
 
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
