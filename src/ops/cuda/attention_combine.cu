@@ -17,6 +17,15 @@ void attention_workspace_init(void* workspace, size_t bytes, void* stream) {
 }
 
 namespace detail {
+int64_t attention_keys_per_split() {
+  static const int64_t keys = [] {
+    const int value = env_int("QSPEC_ATTENTION_KEYS_PER_SPLIT", static_cast<int>(kKeysPerSplitMin), 16, 1024);
+    QSPEC_CHECK(value % 16 == 0, "QSPEC_ATTENTION_KEYS_PER_SPLIT=", value, ": a multiple of 16");
+    return static_cast<int64_t>(value);
+  }();
+  return keys;
+}
+
 // Used by the prefill launcher after a split launch (decode merges in its last block).
 void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {

@@ -8,16 +8,40 @@ inline constexpr int kCombineMaxSplits = 32;  // a lane per split (attention_spl
 
 // Partials of split s, query row r (= token * num_heads + head): o at part_o[(s * rows + r) * D],
 // (m, l) at part_ml[s * rows + r], m in log2 units, o unnormalised. An empty split has l = 0.
-// Called by a whole warp for one row; lane d % 32 owns outputs d. Latency-bound (every load is
-// an L2 round trip), so the statistics come in one load a lane and the o loads of 4 splits are
-// in flight at once; the sums still run in split order. Loads go through L2 (__ldcg): the decode
-// kernel calls this in its last block, right after other blocks wrote the partials.
+// Called by a whole warp for one row; lane i owns outputs i * D / 32 .. + D / 32 - 1 (one vector
+// load a split). Latency-bound (every load is an L2 round trip, right after other blocks wrote
+// the partials), so the statistics' load and the o loads of the first 8 splits are in flight
+// together: one round trip up to 8 splits (the decode kernel at batch 1 runs 9 at 568 keys; 4 a
+// batch, after the statistics, took three). The sums run in split order. Loads go through L2
+// (__ldcg).
 template <int D>
 __device__ __forceinline__ void combine_attention_row(const float* __restrict__ part_o,
                                                       const float2* __restrict__ part_ml, int splits, int64_t rows,
                                                       int64_t row, __half* __restrict__ out_row) {
   constexpr int kPerLane = D / 32;
+  constexpr int kBatch = 8;  // splits whose o loads are in flight at once
   const int lane = threadIdx.x & 31;
+  const float* lane_o = part_o + row * D + lane * kPerLane;  // split s: + s * rows * D
+  float o[kBatch][kPerLane];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const float* at = lane_o + static_cast<int64_t>(s0 + u) * rows * D;
+      if (s0 + u >= splits) {
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) o[u][j] = 0.0f;
+      } else if constexpr (kPerLane == 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(at));
+        o[u][0] = v.x, o[u][1] = v.y, o[u][2] = v.z, o[u][3] = v.w;
+      } else if constexpr (kPerLane == 2) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(at));
+        o[u][0] = v.x, o[u][1] = v.y;
+      } else {
+        o[u][0] = __ldcg(at);
+      }
+    }
+  };
+  load_batch(0);
   const float2 ml = lane < splits ? __ldcg(part_ml + lane * rows + row) : make_float2(-INFINITY, 0.0f);
   float global_max = ml.y > 0.0f ? ml.x : -INFINITY;
 #pragma unroll
@@ -32,15 +56,10 @@ __device__ __forceinline__ void combine_attention_row(const float* __restrict__ 
     if (used_mask >> s & 1u) denominator += l_weighted;
   }
   float sum[kPerLane] = {};
-  for (int s0 = 0; s0 < splits; s0 += 4) {
-    float o[4][kPerLane];
+  for (int s0 = 0; s0 < splits; s0 += kBatch) {
+    if (s0 > 0) load_batch(s0);
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j)
-        o[u][j] = s0 + u < splits ? __ldcg(part_o + ((s0 + u) * rows + row) * D + j * 32 + lane) : 0.0f;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int s = s0 + u;
       const float w = __shfl_sync(0xffffffffu, weight, s & 31);
       if (s < splits && (used_mask >> s & 1u))
@@ -50,7 +69,7 @@ __device__ __forceinline__ void combine_attention_row(const float* __restrict__ 
   }
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j)
-    out_row[j * 32 + lane] = __float2half_rn(denominator > 0.0f ? sum[j] / denominator : 0.0f);
+    out_row[lane * kPerLane + j] = __float2half_rn(denominator > 0.0f ? sum[j] / denominator : 0.0f);
 }
 
 // A warp per row, 4 rows a block (the prefill path; decode merges in its last block). Static:

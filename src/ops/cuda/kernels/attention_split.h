@@ -15,17 +15,15 @@ inline constexpr size_t kAttentionCounterBytes = 64 * 1024;
 inline constexpr int64_t kAttentionCounters = kAttentionCounterBytes / 4;
 // 64 keys a split at least: a batch-1 decode over 1k positions then runs 16 splits x 8 KV heads
 // = 128 blocks instead of 32 (ncu on the H100: 18 us a layer at 4 splits, latency-bound).
-// QSPEC_ATTENTION_KEYS_PER_SPLIT (a multiple of 16) overrides it at build time, for sweeps.
-#ifdef QSPEC_ATTENTION_KEYS_PER_SPLIT
-inline constexpr int64_t kKeysPerSplitMin = QSPEC_ATTENTION_KEYS_PER_SPLIT;
-#else
 inline constexpr int64_t kKeysPerSplitMin = 64;
-#endif
-static_assert(kKeysPerSplitMin >= 16 && kKeysPerSplitMin % 16 == 0, "keys per split: a multiple of 16");
+// kKeysPerSplitMin, or QSPEC_ATTENTION_KEYS_PER_SPLIT (a multiple of 16, 16-1024; read once a
+// process, for sweeps). Defined in attention_combine.cu.
+int64_t attention_keys_per_split();
 
 // The most splits any launch plans for a context of max_context keys.
 inline int64_t max_attention_splits(int64_t max_context) {
-  return std::clamp<int64_t>((max_context + kKeysPerSplitMin - 1) / kKeysPerSplitMin, 1, kMaxAttentionSplits);
+  const int64_t keys = attention_keys_per_split();
+  return std::clamp<int64_t>((max_context + keys - 1) / keys, 1, kMaxAttentionSplits);
 }
 
 inline size_t attention_partial_bytes(int64_t splits, int64_t rows, int64_t head_dim) {

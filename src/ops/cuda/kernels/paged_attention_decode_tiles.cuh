@@ -167,6 +167,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     const int partner_li = li ^ (LPK / 2);
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
+      if (MMA && g % kDecodeWarps != warp) continue;  // MMA: warp w rotates heads w, w + 4
       const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
       q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
       q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
@@ -226,20 +227,21 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       sine[e] = rope_sine[pair0 + e];
     }
 #pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
-      const uint4 rotated = rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine);
+    for (int g = 0; g < 8; ++g) {
       if constexpr (MMA) {
-        if (warp == 0 && lg == 0)
-          *reinterpret_cast<uint4*>(&q_heads[g][li * 8]) = g < heads_here ? rotated : make_uint4(0, 0, 0, 0);
-      } else {
-        scale_query(rotated, g < heads_here, p.scale_log2, qr[g]);
+        // Warp w's first key lanes store heads w, w + 4 (through f16, as rope_kv_write stores q);
+        // rows past heads_here are zeros.
+        if (g % kDecodeWarps != warp || lg != 0) continue;
+        uint4 rotated = make_uint4(0, 0, 0, 0);
+        if (g < GM && g < heads_here) {
+          const int own = min(g, GM - 1);
+          rotated = rope_slice<D>(q_own[own], q_partner[own], li, cosine, sine);
+        }
+        *reinterpret_cast<uint4*>(&q_heads[g][li * 8]) = rotated;
+      } else if (g < GM) {
+        // Through f16, as rope_kv_write stores q and load_scaled_query reads it.
+        scale_query(rope_slice<D>(q_own[g], q_partner[g], li, cosine, sine), g < heads_here, p.scale_log2, qr[g]);
       }
-    }
-    if constexpr (MMA) {
-      if (warp == 0 && lg == 0)
-#pragma unroll
-        for (int g = GM; g < 8; ++g) *reinterpret_cast<uint4*>(&q_heads[g][li * 8]) = make_uint4(0, 0, 0, 0);
     }
     if (holds_new_key) {
       new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
@@ -387,19 +389,32 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     // Each warp's accumulators are whole for its dimensions: written as they are, no reduction.
     // pv[mt][c]: dimension warp * D / 4 + mt * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1).
     const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+    const int64_t row0 = static_cast<int64_t>(seq) * p.num_heads + head0;  // the block's first head's row
+    const int dim0 = warp * (D / 4) + group_id;
+    if (p.splits > 1) {
+      float* part = p.part_o + (split * rows + row0) * D;
 #pragma unroll
-    for (int mt = 0; mt < kPvTiles; ++mt)
+      for (int mt = 0; mt < kPvTiles; ++mt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = 2 * in_group + (c & 1), d = warp * (D / 4) + mt * 16 + group_id + (c >> 1) * 8;
-        if (h >= heads_here) continue;
-        const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
-        if (p.splits > 1) p.part_o[(split * rows + row) * D + d] = pv[mt][c];
-        else p.out[seq * p.out_stride + (head0 + h) * D + d] = __float2half_rn(pv[mt][c] / running_sum[h]);
-      }
-    if (p.splits > 1 && threadIdx.x < heads_here)
-      p.part_ml[split * rows + static_cast<int64_t>(seq) * p.num_heads + head0 + threadIdx.x] =
-          make_float2(running_max[threadIdx.x], running_sum[threadIdx.x]);
+        for (int c = 0; c < 4; ++c) {
+          const int h = 2 * in_group + (c & 1);
+          if (h < heads_here) part[h * D + dim0 + mt * 16 + (c >> 1) * 8] = pv[mt][c];
+        }
+      if (threadIdx.x < heads_here)
+        p.part_ml[split * rows + row0 + threadIdx.x] = make_float2(running_max[threadIdx.x], running_sum[threadIdx.x]);
+    } else {
+      __half* out = p.out + seq * p.out_stride + head0 * D;
+      const float sum0 = 2 * in_group < heads_here ? running_sum[2 * in_group] : 1.0f;
+      const float sum1 = 2 * in_group + 1 < heads_here ? running_sum[2 * in_group + 1] : 1.0f;
+#pragma unroll
+      for (int mt = 0; mt < kPvTiles; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int h = 2 * in_group + (c & 1);
+          if (h < heads_here)
+            out[h * D + dim0 + mt * 16 + (c >> 1) * 8] = __float2half_rn(pv[mt][c] / ((c & 1) ? sum1 : sum0));
+        }
+    }
     merge_splits<D>(p, seq, head0, heads_here);
   } else {
     finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
