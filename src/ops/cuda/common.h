@@ -141,6 +141,16 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Split-K arrival: thread 0 adds to a counter with release and acquire at GPU scope. After a
+// block barrier, its release covers every thread's earlier stores (release is cumulative through
+// bar.sync); a barrier after it extends its acquire to the block. Two fence.sc.gpu around a
+// relaxed atomicAdd did the same at ~2x the cost (the decode attention's merge, H100 probe).
+__device__ __forceinline__ unsigned atomic_add_acq_rel_gpu(unsigned* address, unsigned value) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(address), "r"(value) : "memory");
+  return old;
+}
+
 __device__ __forceinline__ uint32_t smem_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }

@@ -47,13 +47,11 @@ template <int D>
 __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int head0, int heads_here) {
   if (p.splits <= 1) return;
   __shared__ unsigned last_block;
-  __threadfence();  // this block's partials are visible before its arrival is
-  __syncthreads();
+  __syncthreads();  // every thread's partials before thread 0's release (atomic_add_acq_rel_gpu)
   unsigned* counter = p.counters + static_cast<int64_t>(seq) * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) last_block = atomicAdd(counter, 1u) == static_cast<unsigned>(p.splits - 1);
-  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(counter, 1u) == static_cast<unsigned>(p.splits - 1);
+  __syncthreads();  // the acquire, for every thread's reads of the other blocks' partials
   if (!last_block) return;
-  __threadfence();
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   for (int g = threadIdx.x >> 5; g < heads_here; g += kDecodeWarps) {  // a warp a head
     const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;

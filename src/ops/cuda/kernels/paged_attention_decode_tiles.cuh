@@ -263,7 +263,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   constexpr int kPvTiles = D / 64;       // 16-dim row tiles a warp in P V
   const int group_id = lane >> 2, in_group = lane & 3;  // an mma fragment's row, column pair
   uint32_t q_frag[MMA ? kSteps : 1][2];  // the scores' B fragments: Q^T (dims x heads)
-  float pv[MMA ? kPvTiles : 1][4] = {};   // (dims x heads) accumulators
+  float pv[MMA ? kPvTiles : 1][4] = {};   // (dims x heads) accumulators of P's f16 part
+  float pv_lo[MMA ? kPvTiles : 1][4] = {};  // and of its residual (a second chain, summed at the end)
   if constexpr (MMA) {
     __syncthreads();  // q_heads
 #pragma unroll
@@ -289,14 +290,18 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     if constexpr (MMA) {
       __syncthreads();  // every thread's copies (ldmatrix reads rows other threads copied)
       if (warp < kScoreWarps) {
-        float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // Two accumulator chains (even and odd k steps), summed at the end: half the dependent
+        // mma latency.
+        float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f}, scores_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const int key = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int ks = 0; ks < kSteps; ++ks) {
           uint32_t a[4];
           ldmatrix_x4(a, smem_address(k_tile + tile_at(key, ks * 2 + (lane >> 4))));
-          mma_f16_16816(scores, a, q_frag[ks][0], q_frag[ks][1]);
+          mma_f16_16816(ks % 2 ? scores_odd : scores, a, q_frag[ks][0], q_frag[ks][1]);
         }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) scores[c] += scores_odd[c];
         // scores[c]: key warp * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1 for odd c).
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -336,6 +341,10 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         pv[mt][1] *= alpha1;
         pv[mt][2] *= alpha0;
         pv[mt][3] *= alpha1;
+        pv_lo[mt][0] *= alpha0;
+        pv_lo[mt][1] *= alpha1;
+        pv_lo[mt][2] *= alpha0;
+        pv_lo[mt][3] *= alpha1;
       }
       auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
 #pragma unroll
@@ -351,7 +360,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
           uint32_t a[4];
           ldmatrix_x4_trans(a, smem_address(v_tile + tile_at(key, (warp * (D / 4) + mt * 16) / 8 + ((lane >> 3) & 1))));
           mma_f16_16816(pv[mt], a, hi0, hi1);
-          mma_f16_16816(pv[mt], a, lo0, lo1);
+          mma_f16_16816(pv_lo[mt], a, lo0, lo1);
         }
       }
     } else {
@@ -386,6 +395,10 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
   if constexpr (MMA) {
+#pragma unroll
+    for (int mt = 0; mt < kPvTiles; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) pv[mt][c] += pv_lo[mt][c];
     // Each warp's accumulators are whole for its dimensions: written as they are, no reduction.
     // pv[mt][c]: dimension warp * D / 4 + mt * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1).
     const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
