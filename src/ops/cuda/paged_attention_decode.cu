@@ -26,8 +26,8 @@ auto* tiles_kernel(int heads_per_block) {
 // splits are planned over the batch's max_context). Measured on the H100 (docs/perf-notes.md,
 // "Decode attention on tensor cores"), contexts of 512-560 keys, max_context 568: W4A16 steps
 // 1.5-2.5 % shorter at batch 1 / 8 / 16 (splits of 64 / 128 / 192 keys), the same at batch 32
-// (288) and 0.9 % longer at batch 64 (568, 512 blocks), where the f32 kernel's three barriers a
-// tile beat the mma kernel's four.
+// (288) and 0.9 % longer at batch 64 (568, 512 blocks; weak: within one call's noise there), so
+// long splits keep the f32 kernel until a longer-context sweep says otherwise.
 constexpr int kMmaMaxSplitKeys = 256;
 
 template <int D>

@@ -62,6 +62,112 @@ template <int D, int GM>
 inline constexpr int kDecodeTileKeys = (GM >= 8 ? 2048 : 4096) / D;
 inline constexpr int kDecodeStages = 2;
 
+// ---- the tensor-core (MMA) tile steps ----------------------------------------------------
+// Fragment names follow mma.m16n8k16: lane = 4 * group_id + in_group; C element c of a lane is
+// row group_id (+ 8 for c >= 2), column 2 * in_group (+ 1 for odd c).
+
+// Where a tile row's (key's) 16-byte chunk sits: XOR-swizzled by the key's low 3 bits under MMA,
+// so the 8 rows an ldmatrix phase reads (8 keys, one chunk) fall in 8 distinct bank groups.
+template <int D, bool MMA>
+__device__ __forceinline__ int decode_tile_at(int key, int chunk) {
+  return key * D + (MMA ? chunk ^ (key & 7) : chunk) * 8;
+}
+
+// Scores of a 16-key row tile (keys key0 .. key0 + 15 of the tile) against the 8 query-head
+// columns (q_frag: Q^T's B fragments, D / 16 k steps), in two accumulator chains (even and odd k
+// steps: half the dependent mma latency), scaled into log2 units into logits[head][key].
+template <int D, int GM, int TILE>
+__device__ __forceinline__ void mma_tile_scores(const __half* k_tile, int key0, const uint32_t (&q_frag)[D / 16][2],
+                                                float scale_log2, float (&logits)[GM][TILE]) {
+  const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+  float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f}, scores_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int key = key0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, smem_address(k_tile + decode_tile_at<D, true>(key, ks * 2 + (lane >> 4))));
+    mma_f16_16816(ks % 2 ? scores_odd : scores, a, q_frag[ks][0], q_frag[ks][1]);
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int h = 2 * in_group + (c & 1);  // scores[c]: key key0 + group_id (+ 8), head h
+    if (h < GM) logits[h][key0 + group_id + (c >> 1) * 8] = (scores[c] + scores_odd[c]) * scale_log2;
+  }
+}
+
+// acc = acc * alpha + V^T P^T over a tile's first n keys, for this warp's D / 4 dimensions
+// (16-dim row tiles) and the 8 head columns: P (the softmax weights in logits) in two f16 parts,
+// hi into pv and the residual lo into pv_lo (~22 bits of weight; two chains).
+template <int D, int GM, int TILE>
+__device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&logits)[GM][TILE], int n,
+                                            int heads_here, const float* rescale, float (&pv)[D / 64][4],
+                                            float (&pv_lo)[D / 64][4]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+  const float alpha0 = 2 * in_group < heads_here ? rescale[2 * in_group] : 0.0f;
+  const float alpha1 = 2 * in_group + 1 < heads_here ? rescale[2 * in_group + 1] : 0.0f;
+#pragma unroll
+  for (int mt = 0; mt < D / 64; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      pv[mt][c] *= (c & 1) ? alpha1 : alpha0;
+      pv_lo[mt][c] *= (c & 1) ? alpha1 : alpha0;
+    }
+  // P^T's column group_id is head group_id; logits past n are raw scores: weight 0.
+  auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
+#pragma unroll
+  for (int ks = 0; ks < TILE / 16; ++ks) {
+    const int k0 = ks * 16 + 2 * in_group;
+    const float w0 = weight(k0), w1 = weight(k0 + 1), w2 = weight(k0 + 8), w3 = weight(k0 + 9);
+    const uint32_t hi0 = pack_half2(w0, w1), hi1 = pack_half2(w2, w3);
+    const float2 r0 = unpack_half2(hi0), r1 = unpack_half2(hi1);
+    const uint32_t lo0 = pack_half2(w0 - r0.x, w1 - r0.y), lo1 = pack_half2(w2 - r1.x, w3 - r1.y);
+    const int key = ks * 16 + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+    for (int mt = 0; mt < D / 64; ++mt) {
+      const int chunk = (warp * (D / 4) + mt * 16) / 8 + ((lane >> 3) & 1);
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, smem_address(v_tile + decode_tile_at<D, true>(key, chunk)));
+      mma_f16_16816(pv[mt], a, hi0, hi1);
+      mma_f16_16816(pv_lo[mt], a, lo0, lo1);
+    }
+  }
+}
+
+// The MMA block's result (finish_split's twin): each warp's accumulators are whole for its
+// dimensions, so they are written as they are (no reduction) as this split's partials with its
+// (max, sum), or normalised into out when the context is not split; then the merge.
+template <int D>
+__device__ __forceinline__ void finish_split_mma(const DecodeParams& p, const float (&pv)[D / 64][4],
+                                                 const float* running_max, const float* running_sum, int seq,
+                                                 int split, int head0, int heads_here) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+  const int64_t row0 = static_cast<int64_t>(seq) * p.num_heads + head0;  // the block's first head's row
+  // pv[mt][c]: dimension dim0 + mt * 16 (+ 8 for c >= 2), head 2 * in_group (+ 1 for odd c).
+  const int dim0 = warp * (D / 4) + group_id;
+  auto at = [&](int mt, int c) { return (2 * in_group + (c & 1)) * D + dim0 + mt * 16 + (c >> 1) * 8; };
+  if (p.splits > 1) {
+    float* part = p.part_o + (split * rows + row0) * D;
+#pragma unroll
+    for (int mt = 0; mt < D / 64; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (2 * in_group + (c & 1) < heads_here) part[at(mt, c)] = pv[mt][c];
+    if (threadIdx.x < heads_here)
+      p.part_ml[split * rows + row0 + threadIdx.x] = make_float2(running_max[threadIdx.x], running_sum[threadIdx.x]);
+  } else {
+    __half* out = p.out + seq * p.out_stride + head0 * D;
+    const float sum0 = 2 * in_group < heads_here ? running_sum[2 * in_group] : 1.0f;
+    const float sum1 = 2 * in_group + 1 < heads_here ? running_sum[2 * in_group + 1] : 1.0f;
+#pragma unroll
+    for (int mt = 0; mt < D / 64; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (2 * in_group + (c & 1) < heads_here) out[at(mt, c)] = __float2half_rn(pv[mt][c] / ((c & 1) ? sum1 : sum0));
+  }
+  merge_splits<D>(p, seq, head0, heads_here);
+}
+
 // D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
 template <int D, int GM, bool MMA = false>
@@ -92,9 +198,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   const int32_t* table = p.block_tables + seq * p.max_blocks;
   // Lane's key u of the tile at `tile_begin`: tile_begin + key_offset(u).
   auto key_offset = [&](int u) { return (u * kDecodeWarps + warp) * KPW + lg; };
-  // Where a tile row's (key's) 16-byte chunk sits. MMA: XOR-swizzled by the key's low 3 bits, so
-  // the 8 rows an ldmatrix phase reads (8 keys, one chunk) fall in 8 distinct bank groups.
-  auto tile_at = [](int key, int chunk) { return key * D + (MMA ? chunk ^ (key & 7) : chunk) * 8; };
+  auto tile_at = [](int key, int chunk) { return decode_tile_at<D, MMA>(key, chunk); };
   // Block-table entries of this lane's keys (clamped into the row: entries past the context
   // are read, never used).
   auto load_blocks = [&](int tile_begin, int (&blocks)[U]) {
@@ -258,13 +362,13 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // MMA: each tile's scores come from warps 0 .. TILE / 16 - 1, a 16-key mma row tile each against
   // the 8 query-head columns; P V from every warp, D / 4 dimensions each (16-dim row tiles of
   // V^T against P^T), with P split into an f16 pair (hi + lo), so the weights keep ~22 bits.
-  constexpr int kSteps = D / 16;         // mma k steps over head_dim
+  constexpr int kSteps = MMA ? D / 16 : 1;      // mma k steps over head_dim
   constexpr int kScoreWarps = TILE / 16;
-  constexpr int kPvTiles = D / 64;       // 16-dim row tiles a warp in P V
+  constexpr int kPvTiles = MMA ? D / 64 : 1;    // 16-dim row tiles a warp in P V
   const int group_id = lane >> 2, in_group = lane & 3;  // an mma fragment's row, column pair
-  uint32_t q_frag[MMA ? kSteps : 1][2];  // the scores' B fragments: Q^T (dims x heads)
-  float pv[MMA ? kPvTiles : 1][4] = {};   // (dims x heads) accumulators of P's f16 part
-  float pv_lo[MMA ? kPvTiles : 1][4] = {};  // and of its residual (a second chain, summed at the end)
+  uint32_t q_frag[kSteps][2];  // the scores' B fragments: Q^T (dims x heads)
+  float pv[kPvTiles][4] = {};     // (dims x heads) accumulators of P's f16 part
+  float pv_lo[kPvTiles][4] = {};  // and of its residual (a second chain, summed at the end)
   if constexpr (MMA) {
     __syncthreads();  // q_heads
 #pragma unroll
@@ -289,26 +393,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     // 2. Scores.
     if constexpr (MMA) {
       __syncthreads();  // every thread's copies (ldmatrix reads rows other threads copied)
-      if (warp < kScoreWarps) {
-        // Two accumulator chains (even and odd k steps), summed at the end: half the dependent
-        // mma latency.
-        float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f}, scores_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const int key = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int ks = 0; ks < kSteps; ++ks) {
-          uint32_t a[4];
-          ldmatrix_x4(a, smem_address(k_tile + tile_at(key, ks * 2 + (lane >> 4))));
-          mma_f16_16816(ks % 2 ? scores_odd : scores, a, q_frag[ks][0], q_frag[ks][1]);
-        }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) scores[c] += scores_odd[c];
-        // scores[c]: key warp * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1 for odd c).
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int h = 2 * in_group + (c & 1);
-          if (h < GM) logits[h][warp * 16 + group_id + (c >> 1) * 8] = scores[c] * p.scale_log2;
-        }
-      }
+      if (warp < kScoreWarps) mma_tile_scores<D, GM, TILE>(k_tile, warp * 16, q_frag, p.scale_log2, logits);
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -332,37 +417,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     __syncthreads();
     // 4. acc = acc * alpha + P V over this tile.
     if constexpr (MMA) {
-      const int n = min(end - tile_begin, TILE);  // logits past n are raw scores: weight 0
-      const float alpha0 = 2 * in_group < heads_here ? rescale[2 * in_group] : 0.0f;
-      const float alpha1 = 2 * in_group + 1 < heads_here ? rescale[2 * in_group + 1] : 0.0f;
-#pragma unroll
-      for (int mt = 0; mt < kPvTiles; ++mt) {
-        pv[mt][0] *= alpha0;
-        pv[mt][1] *= alpha1;
-        pv[mt][2] *= alpha0;
-        pv[mt][3] *= alpha1;
-        pv_lo[mt][0] *= alpha0;
-        pv_lo[mt][1] *= alpha1;
-        pv_lo[mt][2] *= alpha0;
-        pv_lo[mt][3] *= alpha1;
-      }
-      auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
-#pragma unroll
-      for (int ks = 0; ks < TILE / 16; ++ks) {
-        const int k0 = ks * 16 + 2 * in_group;
-        const float w0 = weight(k0), w1 = weight(k0 + 1), w2 = weight(k0 + 8), w3 = weight(k0 + 9);
-        const uint32_t hi0 = pack_half2(w0, w1), hi1 = pack_half2(w2, w3);
-        const float2 r0 = unpack_half2(hi0), r1 = unpack_half2(hi1);
-        const uint32_t lo0 = pack_half2(w0 - r0.x, w1 - r0.y), lo1 = pack_half2(w2 - r1.x, w3 - r1.y);
-        const int key = ks * 16 + (lane & 7) + (lane >> 4) * 8;
-#pragma unroll
-        for (int mt = 0; mt < kPvTiles; ++mt) {
-          uint32_t a[4];
-          ldmatrix_x4_trans(a, smem_address(v_tile + tile_at(key, (warp * (D / 4) + mt * 16) / 8 + ((lane >> 3) & 1))));
-          mma_f16_16816(pv[mt], a, hi0, hi1);
-          mma_f16_16816(pv_lo[mt], a, lo0, lo1);
-        }
-      }
+      mma_tile_pv<D, GM, TILE>(v_tile, logits, min(end - tile_begin, TILE), heads_here, rescale, pv, pv_lo);
     } else {
 #pragma unroll
       for (int g = 0; g < GM; ++g) {
@@ -399,36 +454,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     for (int mt = 0; mt < kPvTiles; ++mt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) pv[mt][c] += pv_lo[mt][c];
-    // Each warp's accumulators are whole for its dimensions: written as they are, no reduction.
-    // pv[mt][c]: dimension warp * D / 4 + mt * 16 + group_id (+ 8 for c >= 2), head 2 * in_group (+ 1).
-    const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
-    const int64_t row0 = static_cast<int64_t>(seq) * p.num_heads + head0;  // the block's first head's row
-    const int dim0 = warp * (D / 4) + group_id;
-    if (p.splits > 1) {
-      float* part = p.part_o + (split * rows + row0) * D;
-#pragma unroll
-      for (int mt = 0; mt < kPvTiles; ++mt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int h = 2 * in_group + (c & 1);
-          if (h < heads_here) part[h * D + dim0 + mt * 16 + (c >> 1) * 8] = pv[mt][c];
-        }
-      if (threadIdx.x < heads_here)
-        p.part_ml[split * rows + row0 + threadIdx.x] = make_float2(running_max[threadIdx.x], running_sum[threadIdx.x]);
-    } else {
-      __half* out = p.out + seq * p.out_stride + head0 * D;
-      const float sum0 = 2 * in_group < heads_here ? running_sum[2 * in_group] : 1.0f;
-      const float sum1 = 2 * in_group + 1 < heads_here ? running_sum[2 * in_group + 1] : 1.0f;
-#pragma unroll
-      for (int mt = 0; mt < kPvTiles; ++mt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int h = 2 * in_group + (c & 1);
-          if (h < heads_here)
-            out[h * D + dim0 + mt * 16 + (c >> 1) * 8] = __float2half_rn(pv[mt][c] / ((c & 1) ? sum1 : sum0));
-        }
-    }
-    merge_splits<D>(p, seq, head0, heads_here);
+    finish_split_mma<D>(p, pv, running_max, running_sum, seq, split, head0, heads_here);
   } else {
     finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
   }
