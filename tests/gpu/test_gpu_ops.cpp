@@ -1185,8 +1185,9 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
       // Llama-3-8B's gate_up at one token: the dispatcher (no map) runs this very partition.
-      if (n == 28672 && m == 1)
+      if (n == 28672 && m == 1) {
         EXPECT_TRUE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes)) << where;
+      }
       auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
       cuda::W4A16SmallMConfig one_part{5, 1, 0};
       one_part.k_slices = 1;
