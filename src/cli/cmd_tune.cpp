@@ -44,7 +44,7 @@ struct TuneArgs {
   std::string from_record;
 };
 
-std::string slug(std::string text) {
+[[maybe_unused]] std::string slug(std::string text) {  // unused in builds without CUDA
   for (char& ch : text) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
   return text;
 }

@@ -301,7 +301,9 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
     return chi2;
   };
   for (int64_t t = 0; t < vocab; ++t)
-    if (expected[t] == 0) EXPECT_EQ(counts[t], 0) << "token " << t << " has probability 0";
+    if (expected[t] == 0) {
+      EXPECT_EQ(counts[t], 0) << "token " << t << " has probability 0";
+    }
   int categories = 0;
   const double chi2 = chi_square(expected, categories);
   const double df = categories - 1;
