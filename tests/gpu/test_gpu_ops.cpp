@@ -1235,6 +1235,132 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
                qspec::Error);
 }
 
+// The RMSNorm in the preload GEMM's prologue (cuda::w4a16_gemm_norm, and with the SwiGLU
+// epilogue): bit for bit [add_]rmsnorm then the same GEMM, the summed residual stored to
+// residual_out, for 1-8 tokens, several partitions (planned; 3 splits x 2 k slices), and norm
+// dims whose rmsnorm block has 1 to 32 warps.
+TEST_F(Gpu, W4A16NormPrologueEqualsRmsnormThenGemmBitwise) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
+                qspec::cuda::compute_capability());
+    return;
+  }
+  const float eps = 1e-5f;
+  for (auto [n, k, group] : {std::tuple{6144, 4096, 128}, {2 * 1040, 160, 32}, {96, 704, 64}, {2 * 336, 96, 32},
+                             {512, 3584, 128}, {2 * 256, 8192, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    std::vector<float> norm_weight = random_f16_values(static_cast<size_t>(k));
+    for (float& v : norm_weight) v = 1.0f + 0.25f * v;
+    auto d_norm_weight = upload(norm_weight);
+    for (int64_t m : {1, 2, 3, 5, 8}) {
+      // Two blocks a multiprocessor must hold the normalized rows: 8 x 4096 values fit, 8 x 8192 do not.
+      const bool runs = cuda::w4a16_norm_prologue_runs(w.view, m);
+      if (m * k <= 8 * 4096) {
+        ASSERT_TRUE(runs) << "m" << m << " k" << k;
+      }
+      if (m * k == 8 * 8192) {
+        EXPECT_FALSE(runs) << "m" << m << " k" << k;
+      }
+      if (!runs) continue;
+      const size_t values = static_cast<size_t>(m * k);
+      const std::vector<uint16_t> residual = to_f16(random_f16_values(values, 3.0f));
+      const std::vector<uint16_t> delta = to_f16(random_f16_values(values));
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      cuda::W4A16SmallMConfig split_config{5, 3, 0};
+      split_config.k_slices = 2;
+      for (bool with_delta : {false, true})
+        for (const cuda::W4A16SmallMConfig& config : {cuda::W4A16SmallMConfig{5, 0, 0}, split_config}) {
+          const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
+                                    (with_delta ? " delta" : "") + (config.splits == 3 ? " 3x2 parts" : "");
+          // Expected: the norm kernel in place, then the GEMM on its output.
+          auto d_residual_ref = upload(residual), d_delta = upload(delta);
+          auto d_normed = poisoned(values * 2);
+          if (with_delta)
+            cuda::add_rmsnorm(d_residual_ref.as<f16>(), d_delta.as<f16>(), d_norm_weight.as<float>(), m, k, eps,
+                              d_normed.as<f16>(), nullptr);
+          else
+            cuda::rmsnorm(d_residual_ref.as<f16>(), d_norm_weight.as<float>(), m, k, eps, d_normed.as<f16>(), nullptr);
+          auto d_y_ref = poisoned(static_cast<size_t>(m * n) * 2);
+          cuda::w4a16_gemm_small_m(d_normed.as<f16>(), m, k, w.view, d_y_ref.as<f16>(), n, workspace.get(), bytes,
+                                   nullptr, config);
+          const std::vector<uint16_t> y_ref = download<uint16_t>(d_y_ref, static_cast<size_t>(m * n));
+          const std::vector<uint16_t> residual_ref = download<uint16_t>(d_residual_ref, values);
+          for (int launch = 0; launch < 2; ++launch) {
+            auto d_residual = upload(residual);
+            auto d_residual_out = poisoned(values * 2);
+            const cuda::W4A16NormInput norm{d_residual.as<f16>(), with_delta ? d_delta.as<f16>() : nullptr,
+                                            d_norm_weight.as<float>(), eps,
+                                            with_delta ? d_residual_out.as<f16>() : nullptr};
+            auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+            cuda::w4a16_gemm_norm(norm, m, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr, config);
+            const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * n));
+            for (size_t i = 0; i < y.size(); ++i) {
+              ASSERT_FALSE(std::isnan(qspec::f16_to_f32(y[i]))) << where << " y " << i;
+              ASSERT_EQ(y[i], y_ref[i]) << where << " launch " << launch << " y " << i;
+            }
+            ASSERT_EQ(download<uint16_t>(d_residual, values), residual) << where << ": the residual rows are read only";
+            if (with_delta) {
+              ASSERT_EQ(download<uint16_t>(d_residual_out, values), residual_ref) << where << " residual_out";
+            }
+          }
+          // The SwiGLU epilogue with the norm: the bits of the norm then w4a16_gemm_swiglu.
+          if (config.splits != 0 || n % 32 != 0) continue;
+          const int64_t ld_act = n / 2 + 8;
+          auto d_act_ref = poisoned(static_cast<size_t>(m * ld_act) * 2);
+          cuda::w4a16_gemm_swiglu(d_normed.as<f16>(), m, k, w.view, d_act_ref.as<f16>(), ld_act, workspace.get(), bytes,
+                                  nullptr);
+          auto d_residual = upload(residual);
+          auto d_residual_out = poisoned(values * 2);
+          const cuda::W4A16NormInput norm{d_residual.as<f16>(), with_delta ? d_delta.as<f16>() : nullptr,
+                                          d_norm_weight.as<float>(), eps,
+                                          with_delta ? d_residual_out.as<f16>() : nullptr};
+          auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
+          cuda::w4a16_gemm_swiglu(nullptr, m, 0, w.view, d_act.as<f16>(), ld_act, workspace.get(), bytes, nullptr, &norm);
+          ASSERT_EQ(download<uint16_t>(d_act, static_cast<size_t>(m * ld_act)),
+                    download<uint16_t>(d_act_ref, static_cast<size_t>(m * ld_act)))
+              << where << " swiglu";
+          if (with_delta) {
+            ASSERT_EQ(download<uint16_t>(d_residual_out, values), residual_ref) << where << " swiglu residual_out";
+          }
+        }
+    }
+  }
+  // The dispatcher: Llama-3-8B's qkv at 1-8 tokens with no map runs the preload kernel, so the
+  // norm goes in; 9 tokens, a map that picks the tiled kernel, or k % 8 != 0 keep it out.
+  const qspec::QuantizedMatrix qkv = random_quantized(6144, 4096, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(qkv));
+  for (int64_t m : {1, 8}) EXPECT_TRUE(qspec::w4_gemm_takes_norm_prologue(nullptr, w.view, m)) << m;
+  EXPECT_FALSE(qspec::w4_gemm_takes_norm_prologue(nullptr, w.view, 9));
+  const qspec::gemm::PolicyMap preload_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::small_m_v5);
+  const qspec::gemm::PolicyMap tiled_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::tiled_256x64);
+  EXPECT_TRUE(qspec::w4_gemm_takes_norm_prologue(&preload_map, w.view, 4));
+  EXPECT_FALSE(qspec::w4_gemm_takes_norm_prologue(&tiled_map, w.view, 4));
+  const qspec::QuantizedMatrix odd = random_quantized(64, 100, qspec::quant::Format::int4, 32);
+  DeviceW4 w_odd(qspec::gemm::pack_w4a16(odd));
+  EXPECT_FALSE(cuda::w4a16_norm_prologue_runs(w_odd.view, 1)) << "k 100 is not a multiple of 8";
+  // Refused inputs: 9 tokens, residual_out aliasing residual, a delta with nowhere to keep the sums.
+  auto d_rows = upload(to_f16(random_f16_values(static_cast<size_t>(9 * 4096))));
+  auto d_out = poisoned(static_cast<size_t>(9 * 4096) * 2);
+  std::vector<float> ones(4096, 1.0f);
+  auto d_ones = upload(ones);
+  auto d_y = poisoned(static_cast<size_t>(9 * 6144) * 2);
+  const size_t bytes = cuda::w4a16_workspace_bytes(9, 6144, 4096, cuda::W4A16Path::small_m);
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  const cuda::W4A16NormInput plain{d_rows.as<f16>(), nullptr, d_ones.as<float>(), eps, nullptr};
+  EXPECT_THROW(cuda::w4a16_gemm_norm(plain, 9, w.view, d_y.as<f16>(), 6144, workspace.get(), bytes, nullptr),
+               qspec::Error);
+  const cuda::W4A16NormInput aliased{d_rows.as<f16>(), d_out.as<f16>(), d_ones.as<float>(), eps, d_rows.as<f16>()};
+  EXPECT_THROW(cuda::w4a16_gemm_norm(aliased, 1, w.view, d_y.as<f16>(), 6144, workspace.get(), bytes, nullptr),
+               qspec::Error);
+  const cuda::W4A16NormInput lost{d_rows.as<f16>(), d_out.as<f16>(), d_ones.as<float>(), eps, nullptr};
+  EXPECT_THROW(cuda::w4a16_gemm_norm(lost, 1, w.view, d_y.as<f16>(), 6144, workspace.get(), bytes, nullptr),
+               qspec::Error);
+}
+
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);

@@ -81,6 +81,66 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
   }
 }
 
+// rmsnorm_kernel<8, FUSED>'s f16 output for `rows` rows (dim % 8 == 0), computed by the
+// BLOCK_WARPS warps of another kernel's block (a GEMM's prologue: kernels/w4a16_preload.cuh) into
+// shared memory, rows ld_out apart. The bits are rmsnorm_kernel's because the sums are taken in
+// its order: its `norm_threads` threads (rmsnorm_block_threads(dim / 8)) are played as virtual
+// warps, virtual thread j summing vectors j, j + norm_threads, ... as rmsnorm_row8 does, each
+// virtual warp reduced by warp_sum and the warps' sums added as block_reduce adds them.
+// delta (nullable): residual + delta rounded to f16 first; residual_out (nullable, never
+// residual: other blocks read it) receives those sums. scratch: 32 * rows + rows floats.
+template <int BLOCK_WARPS>
+__device__ __forceinline__ void rmsnorm_rows_to_shared(const __half* __restrict__ residual,
+                                                       const __half* __restrict__ delta,
+                                                       const float* __restrict__ weight, __half* residual_out,
+                                                       int rows, int64_t dim, float eps, int norm_threads,
+                                                       __half* out, int64_t ld_out, float* scratch) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t vectors = dim / 8;
+  const int norm_warps = norm_threads / 32;
+  float* inverse_rms = scratch + 32 * rows;
+  // Pass 1: residual (+ delta) into `out` unnormalized, each virtual warp's sum of squares.
+  for (int r = 0; r < rows; ++r)
+    for (int vw = warp; vw < norm_warps; vw += BLOCK_WARPS) {
+      float sum_squares = 0.0f;
+      for (int64_t i = vw * 32 + lane; i < vectors; i += norm_threads) {
+        float v[8];
+        half8_to_float(reinterpret_cast<const uint4*>(residual + r * dim)[i], v);
+        if (delta != nullptr) {
+          float d[8];
+          half8_to_float(reinterpret_cast<const uint4*>(delta + r * dim)[i], d);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
+        const uint4 h = float8_to_half(v);
+        reinterpret_cast<uint4*>(out + r * ld_out)[i] = h;
+        if (residual_out != nullptr) reinterpret_cast<uint4*>(residual_out + r * dim)[i] = h;
+      }
+      sum_squares = warp_sum(sum_squares);
+      if (lane == 0) scratch[32 * r + vw] = sum_squares;
+    }
+  __syncthreads();
+  // block_reduce's second step, a row a warp.
+  for (int r = warp; r < rows; r += BLOCK_WARPS) {
+    const float sum_squares = warp_sum(lane < norm_warps ? scratch[32 * r + lane] : 0.0f);
+    if (lane == 0) inverse_rms[r] = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  // Pass 2: (x * inverse_rms) * weight in place, as rmsnorm_row8 rounds it.
+  for (int r = 0; r < rows; ++r)
+    for (int64_t i = threadIdx.x; i < vectors; i += BLOCK_WARPS * 32) {
+      float v[8], w[8];
+      half8_to_float(reinterpret_cast<const uint4*>(out + r * ld_out)[i], v);
+      load_weights8(weight, i, w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms[r]) * w[e];
+      reinterpret_cast<uint4*>(out + r * ld_out)[i] = float8_to_half(v);
+    }
+  __syncthreads();
+}
+
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
 // VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1.
 template <int VEC, bool FUSED>
