@@ -1329,7 +1329,7 @@ TEST_F(Gpu, W4A16NormPrologueEqualsRmsnormThenGemmBitwise) {
     }
   }
   // The dispatcher: Llama-3-8B's qkv at 1-8 tokens with no map runs the preload kernel, so the
-  // norm goes in; 9 tokens, a map that picks the tiled kernel, or k % 8 != 0 keep it out.
+  // norm goes in; 9 tokens, a map that picks the tiled kernel, or k > 8192 keep it out.
   const qspec::QuantizedMatrix qkv = random_quantized(6144, 4096, qspec::quant::Format::int4, 128);
   DeviceW4 w(qspec::gemm::pack_w4a16(qkv));
   for (int64_t m : {1, 8}) EXPECT_TRUE(qspec::w4_gemm_takes_norm_prologue(nullptr, w.view, m)) << m;
@@ -1338,9 +1338,9 @@ TEST_F(Gpu, W4A16NormPrologueEqualsRmsnormThenGemmBitwise) {
   const qspec::gemm::PolicyMap tiled_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::tiled_256x64);
   EXPECT_TRUE(qspec::w4_gemm_takes_norm_prologue(&preload_map, w.view, 4));
   EXPECT_FALSE(qspec::w4_gemm_takes_norm_prologue(&tiled_map, w.view, 4));
-  const qspec::QuantizedMatrix odd = random_quantized(64, 100, qspec::quant::Format::int4, 32);
-  DeviceW4 w_odd(qspec::gemm::pack_w4a16(odd));
-  EXPECT_FALSE(cuda::w4a16_norm_prologue_runs(w_odd.view, 1)) << "k 100 is not a multiple of 8";
+  const qspec::QuantizedMatrix wide = random_quantized(64, 8192 + 256, qspec::quant::Format::int4, 128);
+  DeviceW4 w_wide(qspec::gemm::pack_w4a16(wide));
+  EXPECT_FALSE(cuda::w4a16_norm_prologue_runs(w_wide.view, 1)) << "norm dims above 8192";
   // Refused inputs: 9 tokens, residual_out aliasing residual, a delta with nowhere to keep the sums.
   auto d_rows = upload(to_f16(random_f16_values(static_cast<size_t>(9 * 4096))));
   auto d_out = poisoned(static_cast<size_t>(9 * 4096) * 2);

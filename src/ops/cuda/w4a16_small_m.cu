@@ -410,7 +410,7 @@ bool w4a16_small_m_runs_preload(const W4A16Weights& w, int64_t m, const W4A16Sma
 
 bool w4a16_norm_prologue_runs(const W4A16Weights& w, int64_t m) {
   using Shape = kernels::W4A16PreloadShape<128>;  // the norm's rows and the ring budget do not depend on G
-  if (m < 1 || m > Shape::kNormMaxTokens || w.k % 8 != 0 || !w4a16_preload_supported(w)) return false;
+  if (m < 1 || m > Shape::kNormMaxTokens || w.k % 8 != 0 || w.k > 8192 || !w4a16_preload_supported(w)) return false;
   const size_t block_bytes = preload_block_bytes(m) + Shape::norm_bytes(static_cast<int>(m), w.k) + 2048;
   const cudaDeviceProp& properties = current_device_properties();
   return block_bytes <= properties.sharedMemPerBlockOptin && 2 * block_bytes <= properties.sharedMemPerMultiprocessor;

@@ -81,34 +81,62 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
   }
 }
 
-// rmsnorm_kernel<8, FUSED>'s f16 output for `rows` rows (dim % 8 == 0), computed by the
-// BLOCK_WARPS warps of another kernel's block (a GEMM's prologue: kernels/w4a16_preload.cuh) into
-// shared memory, rows ld_out apart. The bits are rmsnorm_kernel's because the sums are taken in
-// its order: its `norm_threads` threads (rmsnorm_block_threads(dim / 8)) are played as virtual
-// warps, virtual thread j summing vectors j, j + norm_threads, ... as rmsnorm_row8 does, each
-// virtual warp reduced by warp_sum and the warps' sums added as block_reduce adds them.
-// delta (nullable): residual + delta rounded to f16 first; residual_out (nullable, never
-// residual: other blocks read it) receives those sums. scratch: 32 * rows + rows floats.
+// rmsnorm_kernel<8, FUSED>'s f16 output for `rows` rows (dim % 8 == 0, dim <= 8192), computed by
+// the BLOCK_WARPS warps of another kernel's block (a GEMM's prologue: kernels/w4a16_preload.cuh)
+// into shared memory, rows ld_out apart. The bits are rmsnorm_kernel's because the sums are taken
+// in its order: its `norm_threads` threads (rmsnorm_block_threads(dim / 8), one vector each up to
+// dim 8192) are played as virtual warps, each reduced by warp_sum, and the warps' sums are added
+// as block_reduce adds them. delta (nullable): residual + delta rounded to f16 first;
+// residual_out (nullable, never residual: other blocks read it) receives those sums.
+// NormWeights: the weights of vectors threadIdx.x + j * BLOCK_WARPS * 32 (j < kNormWeightVectors),
+// loaded by rmsnorm_prefetch_weights before the caller's grid-dependency wait.
+// scratch: 33 * rows floats.
+constexpr int kNormWeightVectors = 4;  // 4 x 256 threads x 8 = dims up to 8192
+template <int BLOCK_WARPS>
+__device__ __forceinline__ void rmsnorm_prefetch_weights(const float* __restrict__ weight, int64_t dim,
+                                                         float (&w)[kNormWeightVectors][8]) {
+#pragma unroll
+  for (int j = 0; j < kNormWeightVectors; ++j) {
+    const int64_t i = threadIdx.x + j * BLOCK_WARPS * 32;
+    if (i < dim / 8) load_weights8(weight, i, w[j]);
+  }
+}
 template <int BLOCK_WARPS>
 __device__ __forceinline__ void rmsnorm_rows_to_shared(const __half* __restrict__ residual,
                                                        const __half* __restrict__ delta,
-                                                       const float* __restrict__ weight, __half* residual_out,
-                                                       int rows, int64_t dim, float eps, int norm_threads,
-                                                       __half* out, int64_t ld_out, float* scratch) {
+                                                       const float (&weights)[kNormWeightVectors][8],
+                                                       __half* residual_out, int rows, int64_t dim, float eps,
+                                                       int norm_threads, __half* out, int64_t ld_out, float* scratch) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t vectors = dim / 8;
+  const int vectors = static_cast<int>(dim / 8);
   const int norm_warps = norm_threads / 32;
   float* inverse_rms = scratch + 32 * rows;
-  // Pass 1: residual (+ delta) into `out` unnormalized, each virtual warp's sum of squares.
-  for (int r = 0; r < rows; ++r)
-    for (int vw = warp; vw < norm_warps; vw += BLOCK_WARPS) {
+  // Pass 1: residual (+ delta) into `out` unnormalized, each virtual warp's sum of squares. This
+  // warp's (row, virtual warp) items go KBATCH at a time, their loads issued together.
+  constexpr int KBATCH = 4;
+  const int per_row = (norm_warps - warp + BLOCK_WARPS - 1) / BLOCK_WARPS;
+  const int items = rows * per_row;
+  for (int base = 0; base < items; base += KBATCH) {
+    uint4 loaded[KBATCH], added[KBATCH];
+#pragma unroll
+    for (int u = 0; u < KBATCH; ++u) {
+      const int item = base + u, r = item / per_row, i = (warp + (item % per_row) * BLOCK_WARPS) * 32 + lane;
+      if (item < items && i < vectors) {
+        loaded[u] = reinterpret_cast<const uint4*>(residual + r * dim)[i];
+        if (delta != nullptr) added[u] = reinterpret_cast<const uint4*>(delta + r * dim)[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < KBATCH; ++u) {
+      const int item = base + u, r = item / per_row, vw = warp + (item % per_row) * BLOCK_WARPS, i = vw * 32 + lane;
+      if (item >= items) break;  // uniform across the warp
       float sum_squares = 0.0f;
-      for (int64_t i = vw * 32 + lane; i < vectors; i += norm_threads) {
+      if (i < vectors) {
         float v[8];
-        half8_to_float(reinterpret_cast<const uint4*>(residual + r * dim)[i], v);
+        half8_to_float(loaded[u], v);
         if (delta != nullptr) {
           float d[8];
-          half8_to_float(reinterpret_cast<const uint4*>(delta + r * dim)[i], d);
+          half8_to_float(added[u], d);
 #pragma unroll
           for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + d[e]));
         }
@@ -121,6 +149,7 @@ __device__ __forceinline__ void rmsnorm_rows_to_shared(const __half* __restrict_
       sum_squares = warp_sum(sum_squares);
       if (lane == 0) scratch[32 * r + vw] = sum_squares;
     }
+  }
   __syncthreads();
   // block_reduce's second step, a row a warp.
   for (int r = warp; r < rows; r += BLOCK_WARPS) {
@@ -130,12 +159,14 @@ __device__ __forceinline__ void rmsnorm_rows_to_shared(const __half* __restrict_
   __syncthreads();
   // Pass 2: (x * inverse_rms) * weight in place, as rmsnorm_row8 rounds it.
   for (int r = 0; r < rows; ++r)
-    for (int64_t i = threadIdx.x; i < vectors; i += BLOCK_WARPS * 32) {
-      float v[8], w[8];
-      half8_to_float(reinterpret_cast<const uint4*>(out + r * ld_out)[i], v);
-      load_weights8(weight, i, w);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms[r]) * w[e];
+    for (int j = 0; j < kNormWeightVectors; ++j) {
+      const int i = threadIdx.x + j * BLOCK_WARPS * 32;
+      if (i >= vectors) break;
+      float v[8];
+      half8_to_float(reinterpret_cast<const uint4*>(out + r * ld_out)[i], v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms[r]) * weights[j][e];
       reinterpret_cast<uint4*>(out + r * ld_out)[i] = float8_to_half(v);
     }
   __syncthreads();

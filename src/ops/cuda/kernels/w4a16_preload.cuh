@@ -143,6 +143,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   };
 
   grid_launch_dependents();
+  // NORM: the norm's weights do not depend on the previous kernel either.
+  float norm_weights[NORM ? kNormWeightVectors : 1][8];
+  if constexpr (NORM) rmsnorm_prefetch_weights<WARPS>(p.norm.weight, p.w.k, norm_weights);
   if (lane == 0) {
     for (int i = 0; i < R; ++i) mbarrier_init(barriers + i, 1);
     fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
@@ -159,7 +162,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     __half* normed = reinterpret_cast<__half*>(smem + Shape::smem_bytes(R));
     ldx = Shape::norm_row_stride(p.w.k);
     const bool first_block = blockIdx.x == 0 && blockIdx.y == 0;
-    rmsnorm_rows_to_shared<WARPS>(p.norm.residual, p.norm.delta, p.norm.weight,
+    rmsnorm_rows_to_shared<WARPS>(p.norm.residual, p.norm.delta, norm_weights,
                                   first_block ? p.norm.residual_out : nullptr, p.m, p.w.k, p.norm.eps, p.norm.threads,
                                   normed, ldx, norm_scratch);
     x = normed;
