@@ -457,37 +457,6 @@ TEST(GpuModel, SwigluInTheGemmEpilogueChangesNothing) {
   }
 }
 
-// The RMSNorm inside the qkv and gate_up GEMMs' prologue changes nothing: the same ids and bitwise
-// the same logits as the norm kernel then the GEMM, with the SwiGLU epilogue (its NORM + SWIGLU
-// kernel) and without it. Decode steps of one token run it on sm_90a.
-TEST(GpuModel, NormInTheGemmPrologueChangesNothing) {
-  ASSERT_NO_FATAL_FAILURE(require_gpu());
-  auto model = qspec::LlamaModel::load(kModelDir);
-  auto tokenizer = qspec::Tokenizer::load(kModelDir);
-  model->quantize_weights(qspec::quant::Format::int4);
-  const auto prompts = question_prompts(*tokenizer, 3);
-  qspec::GpuLlamaOptions options;
-  options.max_context = 512;
-  options.norm_in_gemm = qspec::GpuLlamaOptions::NormInGemm::never;
-  qspec::GpuLlama separate(*model, qspec::parse_run_mode("w4a16"), options);
-  options.norm_in_gemm = qspec::GpuLlamaOptions::NormInGemm::automatic;
-  for (auto swiglu : {qspec::GpuLlamaOptions::Swiglu::always, qspec::GpuLlamaOptions::Swiglu::never}) {
-    options.swiglu = swiglu;
-    qspec::GpuLlama fused(*model, qspec::parse_run_mode("w4a16"), options);
-    const std::string where = swiglu == qspec::GpuLlamaOptions::Swiglu::always ? "swiglu epilogue" : "silu_mul";
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_EQ(alone(fused, prompts[i], 40), alone(separate, prompts[i], 40)) << where << " prompt " << i;
-      const std::vector<float> a = fused.logits(), b = separate.logits();
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t j = 0; j < a.size(); ++j) ASSERT_EQ(a[j], b[j]) << where << " prompt " << i << " logit " << j;
-    }
-    if (qspec::cuda::compute_capability() == 90) {
-      EXPECT_GT(fused.norm_prologue_gemms(), 0) << where << ": sm_90a decode steps must run the norm in the GEMM";
-    }
-  }
-  EXPECT_EQ(separate.norm_prologue_gemms(), 0);
-}
-
 // Synthetic full-size shapes load and step (the benchmark's model), and one too large for the
 // card is refused at load time with the sizes in the message.
 TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {

@@ -51,14 +51,6 @@ bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weig
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes);
 
-// Whether dispatch_w4_gemm runs this GEMM of m f16 tokens on the preload kernel (any partition)
-// where its RMSNorm prologue runs (cuda::w4a16_norm_prologue_runs): then dispatch_w4_gemm_norm
-// runs the same kernel and partition with the norm inside, the bits of the norm then the GEMM.
-bool w4_gemm_takes_norm_prologue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m);
-void dispatch_w4_gemm_norm(const gemm::PolicyMap* policy, const cuda::W4A16NormInput& norm, int64_t m,
-                           const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
-                           size_t workspace_bytes, void* stream);
-
 struct GemmShape4 {
   std::string name;
   int64_t n, k, group;

@@ -239,17 +239,6 @@ std::optional<bool> verify_graphs_override() {
 // (a longer uniform multi-token step, such as a perplexity window, runs its kernels directly).
 constexpr int64_t kMaxVerifyGraphTokens = 17;
 
-// Steps of at most this many tokens may run a norm inside the next GEMM (the preload kernel's
-// limit, cuda::w4a16_norm_prologue_runs; x_spare holds this many rows).
-constexpr int64_t kNormInGemmMaxTokens = 8;
-
-// The residual stream's rows in a forward pass. A norm inside a GEMM stores residual + delta to
-// `spare`, since every block of the GEMM reads `rows`; the two then swap.
-struct ResidualRows {
-  f16_bits* rows;
-  f16_bits* spare;
-};
-
 }  // namespace
 
 struct GpuLlama::State {
@@ -261,8 +250,6 @@ struct GpuLlama::State {
   bool cuda_graphs = true, verify_graphs = false;
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
   int64_t swiglu_epilogue_layers = 0;
-  GpuLlamaOptions::NormInGemm norm_in_gemm = GpuLlamaOptions::NormInGemm::automatic;
-  int64_t norm_prologue_gemms = 0;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -280,8 +267,7 @@ struct GpuLlama::State {
   DeviceMemory chain_scatter;  // a verify step's (first token, offset, stride, count) per run
   int64_t chain_used = 0;
   cuda::StreamFence inputs_copied;  // the last copy out of host_inputs / host_chain_scatter has run
-  // x_spare: the residual rows a norm inside a GEMM writes (ResidualRows), for its 1-8 tokens.
-  DeviceMemory x, x_spare, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
+  DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
   // elements apart) and their token or group scales (rows x_scales_stride apart): low-precision
@@ -429,47 +415,13 @@ struct GpuLlama::State {
                                    fp8_codes_for(linear, m));
     quantized_gemm(xq, linear, m, y);
   }
-  // Whether this GEMM of m tokens computes its input's RMSNorm in its prologue
-  // (dispatch_w4_gemm_norm): f16 activations on 4-bit weights in their own order, at most
-  // kNormInGemmMaxTokens (x_spare's rows), and the kernel the dispatcher runs anyway has the
-  // prologue (w4_gemm_takes_norm_prologue).
-  bool norm_in_gemm_runs(const Linear& linear, int64_t m) const {
-    using NormInGemm = GpuLlamaOptions::NormInGemm;
-    static const bool separate_by_env = [] {
-      const char* text = std::getenv("QSPEC_NORM_IN_GEMM");
-      if (text == nullptr || *text == '\0') return false;
-      const std::string value(text);
-      QSPEC_CHECK(value == "fused" || value == "separate", "QSPEC_NORM_IN_GEMM: '", value, "' is not fused or separate");
-      return value == "separate";
-    }();
-    if (norm_in_gemm == NormInGemm::never || separate_by_env || m > kNormInGemmMaxTokens) return false;
-    if (!linear.quantized || activations != GpuActivations::f16 || linear.reordered() || linear.input_ordered ||
-        linear.in_k != config.hidden_size)
-      return false;
-    return w4_gemm_takes_norm_prologue(gemm_policy.get(), linear.view, m);
-  }
-  // The norm a GEMM's prologue computes: rmsnorm(residual.rows (+ delta)); with a delta the sums
-  // go to residual.spare (every block reads rows), and the two swap once the launch is enqueued.
-  cuda::W4A16NormInput norm_input(const ResidualRows& residual, const f16_bits* delta, const DeviceMemory& norm) const {
-    return {residual.rows, delta, norm.as<float>(), static_cast<float>(config.rms_norm_eps),
-            delta != nullptr ? residual.spare : nullptr};
-  }
   // residual += delta (when there is one), normed = rmsnorm(residual) (f16 into normed_out), then
   // the GEMM; steps with quantized activations quantize inside the norm (the f16 row is never
   // written): the reorder and ARC residuals of a calibrated site included (cuda::rmsnorm_quantize).
-  // W4A16 steps of few tokens run the norm in the GEMM's prologue (norm_in_gemm_runs).
-  void norm_then_gemm(ResidualRows& rows, const f16_bits* delta, const DeviceMemory& norm, const Linear& linear,
+  void norm_then_gemm(f16_bits* residual, const f16_bits* delta, const DeviceMemory& norm, const Linear& linear,
                       int64_t tokens, f16_bits* normed_out, f16_bits* y) {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
-    if (norm_in_gemm_runs(linear, tokens)) {
-      ++norm_prologue_gemms;
-      dispatch_w4_gemm_norm(gemm_policy.get(), norm_input(rows, delta, norm), tokens, linear.view, y, linear.n,
-                            gemm_workspace.get(), gemm_workspace_bytes, stream);
-      if (delta != nullptr) std::swap(rows.rows, rows.spare);
-      return;
-    }
-    f16_bits* residual = rows.rows;
     if (int8_step() && !linear.reordered()) {
       auto* codes = x_codes.as<int8_t>();
       auto* scales = x_scales.as<float>();
@@ -624,7 +576,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   cuda_graphs = options.cuda_graphs;
   verify_graphs = cuda_graphs && verify_graphs_override().value_or(options.verify_graphs);
   swiglu = options.swiglu;
-  norm_in_gemm = options.norm_in_gemm;
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
@@ -693,7 +644,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   chain_scatter = allocate(static_cast<size_t>(max_runs()) * 16, "draft chain scatter");
 
   x = allocate(t * c.hidden_size * 2, "activations");
-  x_spare = allocate(std::min<int64_t>(t, kNormInGemmMaxTokens) * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
   qkv = allocate(t * qkv_width() * 2, "activations");
   attn = allocate(t * c.q_dim() * 2, "activations");
@@ -897,7 +847,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   batch.positions = input_positions();
   batch.max_query_len = max_query_len;
   batch.max_context = max_context_in_step;
-  ResidualRows xs{x.as<f16_bits>(), x_spare.as<f16_bits>()};
+  auto* xs = x.as<f16_bits>();
   auto* norm_out = normed.as<f16_bits>();
   auto* qkv_out = qkv.as<f16_bits>();
   auto* attn_out = attn.as<f16_bits>();
@@ -905,7 +855,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* gate_up_out = gate_up.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
 
-  cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs.rows, stream);
+  cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
@@ -928,17 +878,9 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
     if (swiglu_in_gemm(layer.gate_up, tokens)) {
       ++swiglu_epilogue_layers;
-      if (norm_in_gemm_runs(layer.gate_up, tokens)) {
-        ++norm_prologue_gemms;
-        const cuda::W4A16NormInput norm = norm_input(xs, proj_out, layer.mlp_norm);
-        cuda::w4a16_gemm_swiglu(nullptr, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
-                                gemm_workspace.get(), gemm_workspace_bytes, stream, &norm);
-        std::swap(xs.rows, xs.spare);
-      } else {
-        cuda::add_rmsnorm(xs.rows, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-        cuda::w4a16_gemm_swiglu(norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
-                                gemm_workspace.get(), gemm_workspace_bytes, stream);
-      }
+      cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      cuda::w4a16_gemm_swiglu(norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
+                              gemm_workspace.get(), gemm_workspace_bytes, stream);
     } else {
       norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
@@ -949,7 +891,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
-  cuda::add_rmsnorm(xs.rows, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
   const f16_bits* rows = norm_out;
   if (gather) {
     // The embedding gather with the normed activations as its table picks the runs' last rows.
@@ -1259,7 +1201,6 @@ void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
 const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
 
 int64_t GpuLlama::swiglu_epilogue_layers() const { return state_->swiglu_epilogue_layers; }
-int64_t GpuLlama::norm_prologue_gemms() const { return state_->norm_prologue_gemms; }
 
 int64_t GpuLlama::graphs_captured() const {
   return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());
@@ -1282,7 +1223,7 @@ size_t GpuLlama::kv_bytes_per_position() const {
 size_t GpuLlama::device_bytes() const {
   const State& s = *state_;
   size_t total = weight_bytes() + s.embedding.bytes() + s.inv_freq.bytes();
-  for (const DeviceMemory* m : {&s.block_tables, &s.inputs, &s.x, &s.x_spare, &s.normed, &s.qkv, &s.attn, &s.proj,
+  for (const DeviceMemory* m : {&s.block_tables, &s.inputs, &s.x, &s.normed, &s.qkv, &s.attn, &s.proj,
                                 &s.gate_up, &s.act, &s.gathered, &s.logits, &s.out_ids, &s.gemm_workspace,
                                 &s.attention_workspace})
     total += m->bytes();

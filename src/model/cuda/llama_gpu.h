@@ -61,12 +61,6 @@ struct GpuLlamaOptions {
   // small models plan other partitions); never: the GEMM, then silu_mul.
   enum class Swiglu { automatic, always, never };
   Swiglu swiglu = Swiglu::automatic;
-  // The RMSNorm before qkv and gate_up inside the GEMM's prologue (cuda::w4a16_gemm_norm, W4A16
-  // steps of 1-8 tokens): automatic where the GEMM runs on the preload kernel anyway
-  // (w4_gemm_takes_norm_prologue; QSPEC_NORM_IN_GEMM=separate turns it off, for A/B runs);
-  // never: the norm kernel, then the GEMM. The same bits either way.
-  enum class NormInGemm { automatic, never };
-  NormInGemm norm_in_gemm = NormInGemm::automatic;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
@@ -171,8 +165,6 @@ class GpuLlama {
   // Layers whose SwiGLU ran in the gate_up GEMM's epilogue, over every forward pass enqueued
   // (captured into a graph or launched).
   int64_t swiglu_epilogue_layers() const;
-  // GEMMs that computed their input's RMSNorm in their prologue, counted as swiglu_epilogue_layers.
-  int64_t norm_prologue_gemms() const;
   // Where the GEMM policy came from: the map file auto_gemm_policy found, "given" for
   // GpuLlamaOptions::gemm_policy / set_gemm_policy, "" for the built-in crossovers.
   const std::string& gemm_policy_source() const;

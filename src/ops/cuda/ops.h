@@ -405,29 +405,6 @@ struct W4A16SmallMConfig {
 };
 // Whether small-M variant 5 (preload) can run these weights on this device and build.
 bool w4a16_preload_supported(const W4A16Weights& w);
-// Whether w4a16_gemm_small_m(config) runs these m tokens (at most 16) as one launch of the
-// preload kernel (the variant choice the launch itself makes).
-bool w4a16_small_m_runs_preload(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config);
-// The RMSNorm the preload kernel can compute in its prologue (kernels/w4a16_preload.cuh, NORM),
-// for w4a16_gemm_norm and w4a16_gemm_swiglu: x = rmsnorm(residual (+ delta)) * weight over rows
-// of the GEMM's k values (contiguous, 16-byte aligned), the bits of rmsnorm / add_rmsnorm.
-// residual_out receives residual + delta, as add_rmsnorm leaves residual; it is required with a
-// delta and must not overlap residual (every block reads residual; one writes residual_out).
-struct W4A16NormInput {
-  const f16_bits* residual = nullptr;
-  const f16_bits* delta = nullptr;  // nullable
-  const float* weight = nullptr;
-  float eps = 0.0f;
-  f16_bits* residual_out = nullptr;  // nullable without a delta
-};
-// Whether the norm prologue runs m tokens on these weights: 1-8 tokens, k % 8 == 0, the preload
-// kernel runs here, and two blocks a multiprocessor still fit with the normalized rows.
-bool w4a16_norm_prologue_runs(const W4A16Weights& w, int64_t m);
-// y = x w^T with x = norm's RMSNorm: the bits of [add_]rmsnorm then w4a16_gemm_small_m(config),
-// one launch, where that runs the preload kernel (w4a16_small_m_runs_preload) and the prologue
-// runs (w4a16_norm_prologue_runs); it throws elsewhere.
-void w4a16_gemm_norm(const W4A16NormInput& norm, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
-                     void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config = {});
 // SwiGLU in the gate_up GEMM's epilogue (kernels/w4a16_preload.cuh, SWIGLU): w holds gate's rows
 // [0, n / 2) then up's [n / 2, n); act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2, act
 // rows ld_act apart (columns past n / 2 untouched), with y = x w^T rounded to f16 as w4a16_gemm
@@ -441,9 +418,8 @@ bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m);
 // the same plan as the launch itself.
 bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
                                     const void* workspace, size_t workspace_bytes);
-// norm (nullable): x is its RMSNorm, computed in the prologue as w4a16_gemm_norm does (x unused).
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
-                       void* workspace, size_t workspace_bytes, void* stream, const W4A16NormInput* norm = nullptr);
+                       void* workspace, size_t workspace_bytes, void* stream);
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                         const W4A16SmallMConfig& config = {});

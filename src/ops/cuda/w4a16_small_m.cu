@@ -247,11 +247,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU, bool NORM>
+template <class Act, int MT, int G, bool SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, NORM>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -262,8 +262,8 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  const size_t smem = Shape::smem_bytes(ring_slots) + (NORM ? Shape::norm_bytes(params.m, params.w.k) : 0);
-  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), smem, stream, params, ring_slots, preload_slot_chunks(), k_slices);
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
+             preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
@@ -336,9 +336,8 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
-// split and one k slice: w4a16_small_m_one_preload_part). NORM: x is params.norm's RMSNorm,
-// computed in the prologue (at most 8 tokens).
-template <class Act, bool SWIGLU = false, bool NORM = false>
+// split and one k slice: w4a16_small_m_one_preload_part).
+template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   params.splits = static_cast<int>(plan.splits);
@@ -351,36 +350,14 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    if constexpr (NORM) {
-      preload_launch<Act, 1, G, SWIGLU, true>(params, grid, ring, plan.k_slices, s);
-    } else {
-      if (two_tiles) preload_launch<Act, 2, G, SWIGLU, false>(params, grid, ring, plan.k_slices, s);
-      else preload_launch<Act, 1, G, SWIGLU, false>(params, grid, ring, plan.k_slices, s);
-    }
+    if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
     case 64: run(std::integral_constant<int, 64>{}); break;
     default: run(std::integral_constant<int, 128>{}); break;
   }
-}
-
-// The kernel's view of a norm prologue's input for m rows of w.k values, checked.
-kernels::W4A16NormRows norm_rows(const W4A16NormInput& norm, const W4A16Weights& w, int64_t m, const char* who) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  QSPEC_CHECK(norm.residual != nullptr && norm.weight != nullptr, who, ": the norm needs residual rows and weights");
-  QSPEC_CHECK(norm.delta == nullptr || norm.residual_out != nullptr, who,
-              ": a norm with a delta needs residual_out (residual + delta is kept there)");
-  QSPEC_CHECK(aligned(norm.residual) && aligned(norm.delta) && aligned(norm.residual_out) && aligned(norm.weight), who,
-              ": the norm's rows and weights must be 16-byte aligned");
-  const size_t row_bytes = static_cast<size_t>(m * w.k) * 2;
-  const auto* in = reinterpret_cast<const uint8_t*>(norm.residual);
-  const auto* out = reinterpret_cast<const uint8_t*>(norm.residual_out);
-  QSPEC_CHECK(out == nullptr || out + row_bytes <= in || in + row_bytes <= out, who,
-              ": residual_out overlaps residual (every block reads residual while one writes residual_out)");
-  return kernels::W4A16NormRows{reinterpret_cast<const __half*>(norm.residual), reinterpret_cast<const __half*>(norm.delta),
-                                norm.weight, reinterpret_cast<__half*>(norm.residual_out), norm.eps,
-                                kernels::rmsnorm_block_threads(w.k / 8)};
 }
 
 // The small-M variant a launch with `config` runs: config.variant, else the default variant
@@ -404,18 +381,6 @@ bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
   return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
 }
 
-bool w4a16_small_m_runs_preload(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config) {
-  return m >= 1 && m <= 16 && small_m_variant(w, config) == 5 && w4a16_preload_supported(w);
-}
-
-bool w4a16_norm_prologue_runs(const W4A16Weights& w, int64_t m) {
-  using Shape = kernels::W4A16PreloadShape<128>;  // the norm's rows and the ring budget do not depend on G
-  if (m < 1 || m > Shape::kNormMaxTokens || w.k % 8 != 0 || w.k > 8192 || !w4a16_preload_supported(w)) return false;
-  const size_t block_bytes = preload_block_bytes(m) + Shape::norm_bytes(static_cast<int>(m), w.k) + 2048;
-  const cudaDeviceProp& properties = current_device_properties();
-  return block_bytes <= properties.sharedMemPerBlockOptin && 2 * block_bytes <= properties.sharedMemPerMultiprocessor;
-}
-
 bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
                                     const void* workspace, size_t workspace_bytes) {
   if (m < 1 || m > 16 || small_m_variant(w, config) != 5) return false;
@@ -424,40 +389,18 @@ bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A1
 }
 
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
-                       void* workspace, size_t workspace_bytes, void* stream, const W4A16NormInput* norm) {
+                       void* workspace, size_t workspace_bytes, void* stream) {
   QSPEC_CHECK(w4a16_swiglu_runs(w, m), "cuda::w4a16_gemm_swiglu: needs 1-16 tokens (got ", m, "), n % 32 == 0 (got ", w.n,
               ") and the preload kernel (sm_90a, 16-byte aligned weights)");
-  QSPEC_CHECK(ld_act >= w.n / 2, "cuda::w4a16_gemm_swiglu: ld_act ", ld_act, " < n / 2 (", w.n / 2, ")");
-  if (norm == nullptr)
-    QSPEC_CHECK(ldx >= w.k && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
-                "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0 (ldx ", ldx, ")");
+  QSPEC_CHECK(ldx >= w.k && ldx % 8 == 0 && ld_act >= w.n / 2 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+              "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ld_act >= n / 2 (ldx ",
+              ldx, ", ld_act ", ld_act, ")");
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
   // The epilogue's only partition: one split, one k slice (no partials, no slice sums).
   const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
-  kernels::W4A16SmallMParams params =
-      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m);
-  const PreloadPlan plan = plan_preload(layout, m, one_part, workspace, workspace_bytes);
-  if (norm != nullptr) {
-    QSPEC_CHECK(w4a16_norm_prologue_runs(w, m), "cuda::w4a16_gemm_swiglu: the norm prologue needs 1-",
-                kernels::W4A16PreloadShape<128>::kNormMaxTokens, " tokens (got ", m, ") and k % 8 == 0 (got ", w.k, ")");
-    params.norm = norm_rows(*norm, w, m, "cuda::w4a16_gemm_swiglu");
-    launch_preload<kernels::ActF16, true, true>(params, plan, workspace, as_stream(stream));
-  } else {
-    launch_preload<kernels::ActF16, true>(params, plan, workspace, as_stream(stream));
-  }
-}
-
-void w4a16_gemm_norm(const W4A16NormInput& norm, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
-                     void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config) {
-  QSPEC_CHECK(w4a16_small_m_runs_preload(w, m, config) && w4a16_norm_prologue_runs(w, m),
-              "cuda::w4a16_gemm_norm: needs 1-", kernels::W4A16PreloadShape<128>::kNormMaxTokens, " tokens (got ", m,
-              "), k % 8 == 0 (got ", w.k, ") and the preload kernel (variant 5: sm_90a, 16-byte aligned weights)");
-  QSPEC_CHECK(ldy >= w.n, "cuda::w4a16_gemm_norm: ldy ", ldy, " < n ", w.n);
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  kernels::W4A16SmallMParams params = preload_params(layout, nullptr, w.k, reinterpret_cast<__half*>(y), ldy, m);
-  params.norm = norm_rows(norm, w, m, "cuda::w4a16_gemm_norm");
-  launch_preload<kernels::ActF16, false, true>(params, plan_preload(layout, m, config, workspace, workspace_bytes),
-                                               workspace, as_stream(stream));
+  launch_preload<kernels::ActF16, true>(
+      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m),
+      plan_preload(layout, m, one_part, workspace, workspace_bytes), workspace, as_stream(stream));
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,

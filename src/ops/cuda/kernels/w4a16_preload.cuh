@@ -34,20 +34,9 @@
 // and the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is
 // rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's then
 // silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
-//
-// The RMSNorm in the prologue (NORM, at most 8 tokens): instead of reading x from global memory,
-// every block computes x = rmsnorm(residual (+ delta)) * weight itself after the grid-dependency
-// wait, into shared memory after the rings (rows k + 8 apart: the 16-byte pad puts a warp's 8
-// token rows in different banks), with rmsnorm_kernel's sums in its order
-// (rmsnorm_rows_to_shared), so x and y are the bits of add_rmsnorm then this GEMM. The first block
-// stores residual + delta to residual_out. The step loses the norm's launch, its grid's end and
-// the GEMM's x round trip to L2.
 #pragma once
-#include <type_traits>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // silu
-#include "ops/cuda/kernels/rmsnorm.cuh"      // rmsnorm_rows_to_shared
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
@@ -72,10 +61,6 @@ struct W4A16PreloadShape {
     return static_cast<size_t>(kWarps) * MT * 4 * 32 * sizeof(float);
   }
   static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
-  // NORM: the normalized x after the rings and barriers (smem_bytes(R) is a multiple of 16).
-  static constexpr int kNormMaxTokens = 8;
-  static constexpr int64_t norm_row_stride(int64_t k) { return k + 8; }
-  static constexpr size_t norm_bytes(int m, int64_t k) { return static_cast<size_t>(m) * norm_row_stride(k) * 2; }
 };
 
 // Blocks a multiprocessor the register budget is cut for (2: up to 128 registers a thread).
@@ -84,7 +69,7 @@ struct W4A16PreloadShape {
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-template <class Act, int MT, int G, bool SWIGLU = false, bool NORM = false>
+template <class Act, int MT, int G, bool SWIGLU = false>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
@@ -143,9 +128,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   };
 
   grid_launch_dependents();
-  // NORM: the norm's weights do not depend on the previous kernel either.
-  float norm_weights[NORM ? kNormWeightVectors : 1][8];
-  if constexpr (NORM) rmsnorm_prefetch_weights<WARPS>(p.norm.weight, p.w.k, norm_weights);
   if (lane == 0) {
     for (int i = 0; i < R; ++i) mbarrier_init(barriers + i, 1);
     fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
@@ -154,27 +136,10 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   __syncwarp();
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
-  static_assert(!NORM || (MT == 1 && std::is_same_v<Act, ActF16>), "the norm prologue: f16, at most 8 tokens");
   const Elem* x = activation_values<Act>(p.a);
-  int64_t ldx = p.a.ldx;
-  if constexpr (NORM) {
-    __shared__ float norm_scratch[33 * Shape::kNormMaxTokens];
-    __half* normed = reinterpret_cast<__half*>(smem + Shape::smem_bytes(R));
-    ldx = Shape::norm_row_stride(p.w.k);
-    const bool first_block = blockIdx.x == 0 && blockIdx.y == 0;
-    rmsnorm_rows_to_shared<WARPS>(p.norm.residual, p.norm.delta, norm_weights,
-                                  first_block ? p.norm.residual_out : nullptr, p.m, p.w.k, p.norm.eps, p.norm.threads,
-                                  normed, ldx, norm_scratch);
-    x = normed;
-  }
-  // x from shared memory (NORM) or through the read-only path.
-  auto load_x = [](const Elem* at) {
-    if constexpr (NORM) return Act::load_shared(at);
-    else return Act::load(at);
-  };
   const Elem* x_row[MT];
 #pragma unroll
-  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * ldx + t * 8;
+  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.a.ldx + t * 8;
 
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
@@ -198,7 +163,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int pp = 0; pp < 2 * SC; ++pp)
       if (pp < 2 * nc) {
 #pragma unroll
-        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = load_x(x_row[nt] + (2 * c0 + pp) * 32);
+        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
       }
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
@@ -261,7 +226,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const int pair = 2 * p.w.full_chunks;
     Frag xf[MT];
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) xf[nt] = load_x(x_row[nt] + pair * 32);
+    for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
     pair_mma(w.x, w.y, xf);
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);

@@ -19,19 +19,6 @@
 
 namespace qspec::cuda::kernels {
 
-// The RMSNorm a preload launch computes in its prologue (w4_preload_kernel's NORM): x =
-// rmsnorm(residual (+ delta)) * weight, rows of k values (contiguous), into shared memory;
-// residual_out (nullable; never residual) receives residual + delta from the first block.
-// threads: rmsnorm_kernel's block size for the row (rmsnorm_block_threads), whose sum order it keeps.
-struct W4A16NormRows {
-  const __half* residual;
-  const __half* delta;
-  const float* weight;
-  __half* residual_out;
-  float eps;
-  int threads;
-};
-
 struct W4A16SmallMParams {
   W4A16Layout w;
   ActivationRows a;
@@ -46,8 +33,6 @@ struct W4A16SmallMParams {
   int xs_stride;
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
-  // Variant 5 with NORM: the prologue's RMSNorm (a is unused).
-  W4A16NormRows norm;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
