@@ -73,6 +73,13 @@ __device__ __forceinline__ int decode_tile_at(int key, int chunk) {
   return key * D + (MMA ? chunk ^ (key & 7) : chunk) * 8;
 }
 
+// A per-head value (x[h]) for the two head columns of this lane's C fragment (2 * in_group, + 1);
+// `absent` for a column past the block's heads.
+__device__ __forceinline__ float2 column_pair(const float* x, int in_group, int heads_here, float absent) {
+  return make_float2(2 * in_group < heads_here ? x[2 * in_group] : absent,
+                     2 * in_group + 1 < heads_here ? x[2 * in_group + 1] : absent);
+}
+
 // Scores of a 16-key row tile (keys key0 .. key0 + 15 of the tile) against the 8 query-head
 // columns (q_frag: Q^T's B fragments, D / 16 k steps), in two accumulator chains (even and odd k
 // steps: half the dependent mma latency), scaled into log2 units into logits[head][key].
@@ -103,14 +110,13 @@ __device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&
                                             int heads_here, const float* rescale, float (&pv)[D / 64][4],
                                             float (&pv_lo)[D / 64][4]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
-  const float alpha0 = 2 * in_group < heads_here ? rescale[2 * in_group] : 0.0f;
-  const float alpha1 = 2 * in_group + 1 < heads_here ? rescale[2 * in_group + 1] : 0.0f;
+  const float2 alpha = column_pair(rescale, in_group, heads_here, 0.0f);
 #pragma unroll
   for (int mt = 0; mt < D / 64; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      pv[mt][c] *= (c & 1) ? alpha1 : alpha0;
-      pv_lo[mt][c] *= (c & 1) ? alpha1 : alpha0;
+      pv[mt][c] *= (c & 1) ? alpha.y : alpha.x;
+      pv_lo[mt][c] *= (c & 1) ? alpha.y : alpha.x;
     }
   // P^T's column group_id is head group_id; logits past n are raw scores: weight 0.
   auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
@@ -157,13 +163,12 @@ __device__ __forceinline__ void finish_split_mma(const DecodeParams& p, const fl
       p.part_ml[split * rows + row0 + threadIdx.x] = make_float2(running_max[threadIdx.x], running_sum[threadIdx.x]);
   } else {
     __half* out = p.out + seq * p.out_stride + head0 * D;
-    const float sum0 = 2 * in_group < heads_here ? running_sum[2 * in_group] : 1.0f;
-    const float sum1 = 2 * in_group + 1 < heads_here ? running_sum[2 * in_group + 1] : 1.0f;
+    const float2 sum = column_pair(running_sum, in_group, heads_here, 1.0f);
 #pragma unroll
     for (int mt = 0; mt < D / 64; ++mt)
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        if (2 * in_group + (c & 1) < heads_here) out[at(mt, c)] = __float2half_rn(pv[mt][c] / ((c & 1) ? sum1 : sum0));
+        if (2 * in_group + (c & 1) < heads_here) out[at(mt, c)] = __float2half_rn(pv[mt][c] / ((c & 1) ? sum.y : sum.x));
   }
   merge_splits<D>(p, seq, head0, heads_here);
 }
@@ -399,7 +404,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
         float kf[8];
-        half8_to_float(*reinterpret_cast<const uint4*>(k_tile + key_offset(u) * D + li * 8), kf);
+        half8_to_float(*reinterpret_cast<const uint4*>(k_tile + tile_at(key_offset(u), li)), kf);
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
           float dot = 0.0f;
@@ -430,7 +435,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         const int j = tile_begin + key_offset(u);
         if (j < end) {
           float vf[8];
-          half8_to_float(*reinterpret_cast<const uint4*>(v_tile + key_offset(u) * D + li * 8), vf);
+          half8_to_float(*reinterpret_cast<const uint4*>(v_tile + tile_at(key_offset(u), li)), vf);
 #pragma unroll
           for (int g = 0; g < GM; ++g) {
             const float weight = g < heads_here ? logits[g][j - tile_begin] : 0.0f;
