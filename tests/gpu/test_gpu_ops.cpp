@@ -1235,6 +1235,102 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
                qspec::Error);
 }
 
+// The residual add + RMSNorm in the preload GEMM's last block (cuda::w4a16_gemm_add_norm): y bit
+// for bit w4a16_gemm_small_m's, residual and normed bit for bit add_rmsnorm's on that y, for 1-8
+// tokens, planned and forced k slices, y rows wider than n, norm dims whose rmsnorm block has 1
+// to 32 warps; twice a case (the arrival counter is reset).
+TEST_F(Gpu, W4A16AddNormEpilogueEqualsGemmThenAddRmsnormBitwise) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
+                qspec::cuda::compute_capability());
+    return;
+  }
+  const float eps = 1e-5f;
+  for (auto [n, k, group] : {std::tuple{4096, 4096, 128}, {4096, 14336, 128}, {160, 704, 64}, {96, 160, 32},
+                             {3584, 512, 128}, {8192, 256, 32}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    std::vector<float> norm_weight = random_f16_values(static_cast<size_t>(n));
+    for (float& v : norm_weight) v = 1.0f + 0.25f * v;
+    auto d_norm_weight = upload(norm_weight);
+    for (int64_t m : {1, 2, 3, 5, 8}) {
+      ASSERT_TRUE(cuda::w4a16_add_norm_epilogue_runs(w.view, m)) << "m" << m << " n" << n;
+      const int64_t ldy = n + (m == 3 ? 8 : 0);
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+      const std::vector<uint16_t> residual = to_f16(random_f16_values(static_cast<size_t>(m * n), 3.0f));
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      cuda::W4A16SmallMConfig sliced{5, 1, 0};
+      sliced.k_slices = 2;
+      for (const cuda::W4A16SmallMConfig& config : {cuda::W4A16SmallMConfig{5, 1, 0}, sliced}) {
+        const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
+                                  " k slices " + std::to_string(config.k_slices);
+        ASSERT_TRUE(cuda::w4a16_small_m_preload_one_split(w.view, m, config, workspace.get(), bytes)) << where;
+        // Expected: the GEMM, then add_rmsnorm on its rows (contiguous copies of y's rows).
+        auto d_y_ref = poisoned(static_cast<size_t>(m * ldy) * 2);
+        cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y_ref.as<f16>(), ldy, workspace.get(), bytes, nullptr,
+                                 config);
+        const std::vector<uint16_t> y_ref = download<uint16_t>(d_y_ref, static_cast<size_t>(m * ldy));
+        std::vector<uint16_t> delta(static_cast<size_t>(m * n));
+        for (int64_t t = 0; t < m; ++t)
+          std::copy_n(y_ref.begin() + t * ldy, n, delta.begin() + t * n);
+        auto d_delta = upload(delta), d_residual_ref = upload(residual);
+        auto d_normed_ref = poisoned(static_cast<size_t>(m * n) * 2);
+        cuda::add_rmsnorm(d_residual_ref.as<f16>(), d_delta.as<f16>(), d_norm_weight.as<float>(), m, n, eps,
+                          d_normed_ref.as<f16>(), nullptr);
+        const std::vector<uint16_t> residual_ref = download<uint16_t>(d_residual_ref, static_cast<size_t>(m * n));
+        const std::vector<uint16_t> normed_ref = download<uint16_t>(d_normed_ref, static_cast<size_t>(m * n));
+        for (int launch = 0; launch < 2; ++launch) {
+          auto d_residual = upload(residual);
+          auto d_normed = poisoned(static_cast<size_t>(m * n) * 2);
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          const cuda::W4A16AddNormOutput add_norm{d_residual.as<f16>(), d_norm_weight.as<float>(), eps,
+                                                  d_normed.as<f16>()};
+          cuda::w4a16_gemm_add_norm(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), ldy, add_norm, workspace.get(), bytes,
+                                    nullptr, config);
+          const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * ldy));
+          const std::vector<uint16_t> normed = download<uint16_t>(d_normed, static_cast<size_t>(m * n));
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t i = 0; i < n; ++i) {
+              const size_t at = static_cast<size_t>(t * ldy + i), row_at = static_cast<size_t>(t * n + i);
+              ASSERT_EQ(y[at], y_ref[at]) << where << " launch " << launch << " y " << t << "," << i;
+              ASSERT_FALSE(std::isnan(qspec::f16_to_f32(normed[row_at]))) << where << " normed " << t << "," << i;
+              ASSERT_EQ(normed[row_at], normed_ref[row_at]) << where << " launch " << launch << " normed " << t << "," << i;
+            }
+          ASSERT_EQ(download<uint16_t>(d_residual, static_cast<size_t>(m * n)), residual_ref) << where << " residual";
+        }
+      }
+    }
+  }
+  // The dispatcher: Llama-3-8B's o at 1-8 tokens with no map runs the preload kernel in one
+  // split, so the add + norm goes in; 9 tokens or a map that picks the tiled kernel keep it out.
+  const qspec::QuantizedMatrix o = random_quantized(4096, 4096, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(o));
+  const size_t bytes = cuda::w4a16_workspace_bytes(16, 4096, 4096, cuda::W4A16Path::small_m);
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  for (int64_t m : {1, 8}) {
+    EXPECT_TRUE(qspec::w4_gemm_takes_add_norm_epilogue(nullptr, w.view, m, workspace.get(), bytes)) << m;
+  }
+  EXPECT_FALSE(qspec::w4_gemm_takes_add_norm_epilogue(nullptr, w.view, 9, workspace.get(), bytes));
+  const qspec::gemm::PolicyMap tiled_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::tiled_256x64);
+  EXPECT_FALSE(qspec::w4_gemm_takes_add_norm_epilogue(&tiled_map, w.view, 4, workspace.get(), bytes));
+  // Refused: 9 tokens; three splits (the last block of one split is not the last of the GEMM).
+  auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(9 * 4096))));
+  auto d_residual = upload(to_f16(random_f16_values(static_cast<size_t>(9 * 4096))));
+  auto d_normed = poisoned(static_cast<size_t>(9 * 4096) * 2), d_y = poisoned(static_cast<size_t>(9 * 4096) * 2);
+  std::vector<float> ones(4096, 1.0f);
+  auto d_ones = upload(ones);
+  const cuda::W4A16AddNormOutput add_norm{d_residual.as<f16>(), d_ones.as<float>(), eps, d_normed.as<f16>()};
+  EXPECT_THROW(cuda::w4a16_gemm_add_norm(d_x.as<f16>(), 9, 4096, w.view, d_y.as<f16>(), 4096, add_norm, workspace.get(),
+                                         bytes, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_add_norm(d_x.as<f16>(), 1, 4096, w.view, d_y.as<f16>(), 4096, add_norm, workspace.get(),
+                                         bytes, nullptr, cuda::W4A16SmallMConfig{5, 3, 0}),
+               qspec::Error);
+}
+
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);

@@ -81,6 +81,95 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
   }
 }
 
+// add_rmsnorm's bits (rmsnorm_kernel<8, true>) for `rows` rows (dim % 8 == 0, dim <= 8192),
+// computed by one block of BLOCK_WARPS warps of another kernel: the last block of the GEMM whose
+// output is delta (kernels/w4a16_preload.cuh, ADD_NORM). residual = f16(residual + delta) in
+// place, normed = rmsnorm(residual) * weight. The sums keep rmsnorm_kernel's order: its
+// norm_threads threads (rmsnorm_block_threads(dim / 8), one vector each up to dim 8192) are
+// played as virtual warps, each reduced by warp_sum, and the warps' sums are added as
+// block_reduce adds them. delta (rows ld_delta apart) is read through L2: other blocks wrote it.
+// A thread's (row, virtual warp) items go 4 at a time, their loads issued together; pass 2 reads
+// back only the thread's own residual stores. scratch: 33 * rows floats of shared memory.
+template <int BLOCK_WARPS>
+__device__ __forceinline__ void add_rmsnorm_rows_in_block(__half* residual, const __half* delta, int64_t ld_delta,
+                                                          const float* __restrict__ weight, __half* normed, int rows,
+                                                          int64_t dim, float eps, int norm_threads, float* scratch) {
+  constexpr int kBatch = 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int vectors = static_cast<int>(dim / 8), norm_warps = norm_threads / 32;
+  const int per_row = (norm_warps - warp + BLOCK_WARPS - 1) / BLOCK_WARPS, items = rows * per_row;
+  float* inverse_rms = scratch + 32 * rows;
+  // Item u of this warp: row r, virtual warp vw, vector i (of virtual thread vw * 32 + lane).
+  auto item_at = [&](int item, int& r, int& vw, int& i) {
+    r = item / per_row;
+    vw = warp + (item % per_row) * BLOCK_WARPS;
+    i = vw * 32 + lane;
+  };
+  for (int base = 0; base < items; base += kBatch) {
+    uint4 x[kBatch], d[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      int r, vw, i;
+      item_at(base + u, r, vw, i);
+      if (base + u < items && i < vectors) {
+        x[u] = reinterpret_cast<const uint4*>(residual + r * dim)[i];
+        d[u] = __ldcg(reinterpret_cast<const uint4*>(delta + r * ld_delta) + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      int r, vw, i;
+      item_at(base + u, r, vw, i);
+      if (base + u >= items) break;  // uniform across the warp
+      float sum_squares = 0.0f;
+      if (i < vectors) {
+        float v[8], dv[8];
+        half8_to_float(x[u], v);
+        half8_to_float(d[u], dv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = __half2float(__float2half_rn(v[e] + dv[e]));
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
+        reinterpret_cast<uint4*>(residual + r * dim)[i] = float8_to_half(v);
+      }
+      sum_squares = warp_sum(sum_squares);
+      if (lane == 0) scratch[32 * r + vw] = sum_squares;
+    }
+  }
+  __syncthreads();
+  // block_reduce's second step, a row a warp.
+  for (int r = warp; r < rows; r += BLOCK_WARPS) {
+    const float sum_squares = warp_sum(lane < norm_warps ? scratch[32 * r + lane] : 0.0f);
+    if (lane == 0) inverse_rms[r] = 1.0f / sqrtf(sum_squares / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  // Pass 2: (x * inverse_rms) * weight, as rmsnorm_row8 rounds it.
+  for (int base = 0; base < items; base += kBatch) {
+    uint4 x[kBatch];
+    float w[kBatch][8];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      int r, vw, i;
+      item_at(base + u, r, vw, i);
+      if (base + u < items && i < vectors) {
+        x[u] = reinterpret_cast<const uint4*>(residual + r * dim)[i];  // this thread's own store
+        load_weights8(weight, i, w[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      int r, vw, i;
+      item_at(base + u, r, vw, i);
+      if (base + u >= items || i >= vectors) continue;
+      float v[8];
+      half8_to_float(x[u], v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = (v[e] * inverse_rms[r]) * w[u][e];
+      reinterpret_cast<uint4*>(normed + r * dim)[i] = float8_to_half(v);
+    }
+  }
+}
+
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
 // VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1.
 template <int VEC, bool FUSED>
