@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <set>
 
 #include "qspec/error.h"
@@ -28,44 +27,18 @@ cuda::W4A16SmallMConfig small_m_v5_config(const cuda::W4A16Weights& w) {
   return cuda::W4A16SmallMConfig{cuda::w4a16_preload_supported(w) ? 5 : 1, 0, 0};
 }
 
-// The small-M config dispatch_w4_gemm runs this GEMM of m f16 tokens with, where that launch is
-// the preload kernel (nothing otherwise).
-std::optional<cuda::W4A16SmallMConfig> preload_config(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w,
-                                                      int64_t m) {
-  cuda::W4A16SmallMConfig config{};
-  if (policy != nullptr) {  // run_w4_gemm's small_m_v5 case
-    if (policy->lookup("f16", w.n, w.k, m) != gemm::Strategy::small_m_v5) return std::nullopt;
-    config = small_m_v5_config(w);
-  } else if (cuda::w4a16_choose_path(m, w.n, w.k) != cuda::W4A16Path::small_m) {
-    return std::nullopt;  // no map: cuda::w4a16_gemm's automatic path calls w4a16_gemm_small_m with {}
-  }
-  return config;
-}
-
 }  // namespace
 
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes) {
   if (!cuda::w4a16_swiglu_runs(w, m)) return false;
-  const std::optional<cuda::W4A16SmallMConfig> config = preload_config(policy, w, m);
-  return config && cuda::w4a16_small_m_one_preload_part(w, m, *config, workspace, workspace_bytes);
-}
-
-bool w4_gemm_takes_add_norm_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
-                                     const void* workspace, size_t workspace_bytes) {
-  if (!cuda::w4a16_add_norm_epilogue_runs(w, m)) return false;
-  const std::optional<cuda::W4A16SmallMConfig> config = preload_config(policy, w, m);
-  return config && cuda::w4a16_small_m_preload_one_split(w, m, *config, workspace, workspace_bytes);
-}
-
-void dispatch_w4_gemm_add_norm(const gemm::PolicyMap* policy, const cuda::f16_bits* x, int64_t ldx, int64_t m,
-                               const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy,
-                               const cuda::W4A16AddNormOutput& add_norm, void* workspace, size_t workspace_bytes,
-                               void* stream) {
-  const std::optional<cuda::W4A16SmallMConfig> config = preload_config(policy, w, m);
-  QSPEC_CHECK(config.has_value(), "GEMM dispatch: the ", w.n, " x ", w.k, " GEMM of ", m,
-              " tokens does not run on the preload kernel (w4_gemm_takes_add_norm_epilogue)");
-  cuda::w4a16_gemm_add_norm(x, m, ldx, w, y, ldy, add_norm, workspace, workspace_bytes, stream, *config);
+  if (policy != nullptr) {  // run_w4_gemm's small_m_v5 case
+    return policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5 &&
+           cuda::w4a16_small_m_one_preload_part(w, m, small_m_v5_config(w), workspace, workspace_bytes);
+  }
+  // No map: cuda::w4a16_gemm's automatic path, which calls w4a16_gemm_small_m with its defaults.
+  return cuda::w4a16_choose_path(m, w.n, w.k) == cuda::W4A16Path::small_m &&
+         cuda::w4a16_small_m_one_preload_part(w, m, {}, workspace, workspace_bytes);
 }
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,

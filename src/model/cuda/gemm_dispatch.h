@@ -51,17 +51,6 @@ bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weig
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes);
 
-// Whether dispatch_w4_gemm runs this GEMM of m f16 tokens on the preload kernel in one split
-// (any k slices), where the add + norm epilogue runs (cuda::w4a16_add_norm_epilogue_runs): then
-// dispatch_w4_gemm_add_norm runs the same kernel and partition and adds y to the residual and
-// norms it in its last block, the bits of the GEMM then add_rmsnorm.
-bool w4_gemm_takes_add_norm_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
-                                     const void* workspace, size_t workspace_bytes);
-void dispatch_w4_gemm_add_norm(const gemm::PolicyMap* policy, const cuda::f16_bits* x, int64_t ldx, int64_t m,
-                               const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy,
-                               const cuda::W4A16AddNormOutput& add_norm, void* workspace, size_t workspace_bytes,
-                               void* stream);
-
 struct GemmShape4 {
   std::string name;
   int64_t n, k, group;

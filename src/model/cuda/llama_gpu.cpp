@@ -250,8 +250,6 @@ struct GpuLlama::State {
   bool cuda_graphs = true, verify_graphs = false;
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
   int64_t swiglu_epilogue_layers = 0;
-  GpuLlamaOptions::AddNormInGemm add_norm_in_gemm = GpuLlamaOptions::AddNormInGemm::automatic;
-  int64_t add_norm_epilogue_gemms = 0;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -449,37 +447,6 @@ struct GpuLlama::State {
     gemm(linear, normed_out, tokens, y);
   }
 
-  // y = x w^T for o and down (x rows x_ld apart, 0: contiguous), then, where the GEMM's last block
-  // can (W4A16 steps of 1-8 tokens on the preload kernel in one split:
-  // w4_gemm_takes_add_norm_epilogue), residual += y and normed_out = rmsnorm(residual) * norm
-  // inside it. Returns whether it did: then the next norm is done.
-  bool gemm_then_add_norm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y, int64_t x_ld,
-                          f16_bits* residual, const DeviceMemory& norm, f16_bits* normed_out) {
-    using AddNormInGemm = GpuLlamaOptions::AddNormInGemm;
-    static const bool separate_by_env = [] {
-      const char* text = std::getenv("QSPEC_ADD_NORM");
-      if (text == nullptr || *text == '\0') return false;
-      const std::string value(text);
-      QSPEC_CHECK(value == "fused" || value == "separate", "QSPEC_ADD_NORM: '", value, "' is not fused or separate");
-      return value == "separate";
-    }();
-    const bool fold = add_norm_in_gemm == AddNormInGemm::automatic && !separate_by_env && linear.quantized &&
-                      activations == GpuActivations::f16 && !linear.reordered() && !linear.input_ordered &&
-                      linear.n == config.hidden_size &&
-                      w4_gemm_takes_add_norm_epilogue(gemm_policy.get(), linear.view, m, gemm_workspace.get(),
-                                                      gemm_workspace_bytes);
-    if (!fold) {
-      gemm(linear, x_in, m, y, x_ld);
-      return false;
-    }
-    ++add_norm_epilogue_gemms;
-    const cuda::W4A16AddNormOutput add_norm{residual, norm.as<float>(), static_cast<float>(config.rms_norm_eps),
-                                            normed_out};
-    dispatch_w4_gemm_add_norm(gemm_policy.get(), x_in, x_ld == 0 ? linear.k : x_ld, m, linear.view, y, linear.n,
-                              add_norm, gemm_workspace.get(), gemm_workspace_bytes, stream);
-    return true;
-  }
-
   // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself (cuda::w4a16_gemm_swiglu):
   // f16 activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher
   // would run anyway is the preload kernel in one split and one k slice
@@ -609,7 +576,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   cuda_graphs = options.cuda_graphs;
   verify_graphs = cuda_graphs && verify_graphs_override().value_or(options.verify_graphs);
   swiglu = options.swiglu;
-  add_norm_in_gemm = options.add_norm_in_gemm;
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
@@ -890,14 +856,11 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* act_out = act.as<f16_bits>();
 
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
-  bool normed = false;  // norm_out holds the next norm's output already (gemm_then_add_norm)
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
-    // Attention block; the previous layer's MLP residual is added in the same pass as this norm
-    // (or was, with the norm, by the down GEMM: normed).
-    if (normed) gemm(layer.qkv, norm_out, tokens, qkv_out);
-    else norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
+    // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
+    norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
     // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
     // one launch in decode steps, two in the others.
     if (decode) {
@@ -910,28 +873,25 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
       cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
                                     attention_workspace_bytes, stream);
     }
-    // MLP block: residual += o, normed = rmsnorm(residual) in one pass (inside o's GEMM where it
-    // can). SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
-    normed = gemm_then_add_norm(layer.o, attn_out, tokens, proj_out, 0, xs, layer.mlp_norm, norm_out);
+    gemm(layer.o, attn_out, tokens, proj_out);
+    // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
+    // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
     if (swiglu_in_gemm(layer.gate_up, tokens)) {
       ++swiglu_epilogue_layers;
-      if (!normed) cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+      cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
       cuda::w4a16_gemm_swiglu(norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
                               gemm_workspace.get(), gemm_workspace_bytes, stream);
     } else {
-      if (normed) gemm(layer.gate_up, norm_out, tokens, gate_up_out);
-      else norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
+      norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
                                   (!layer.down.reordered() || layer.down.input_ordered);
       cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
                      down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other, act_stride());
     }
-    // The next norm (the next layer's, or the final one) inside down's GEMM where it can.
-    const DeviceMemory& next_norm = l + 1 < layers.size() ? layers[l + 1].attention_norm : final_norm;
-    normed = gemm_then_add_norm(layer.down, act_out, tokens, proj_out, act_stride(), xs, next_norm, norm_out);
+    gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
-  if (!normed) cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
   const f16_bits* rows = norm_out;
   if (gather) {
     // The embedding gather with the normed activations as its table picks the runs' last rows.
@@ -1241,7 +1201,6 @@ void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
 const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
 
 int64_t GpuLlama::swiglu_epilogue_layers() const { return state_->swiglu_epilogue_layers; }
-int64_t GpuLlama::add_norm_epilogue_gemms() const { return state_->add_norm_epilogue_gemms; }
 
 int64_t GpuLlama::graphs_captured() const {
   return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());

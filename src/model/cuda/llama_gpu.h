@@ -61,12 +61,6 @@ struct GpuLlamaOptions {
   // small models plan other partitions); never: the GEMM, then silu_mul.
   enum class Swiglu { automatic, always, never };
   Swiglu swiglu = Swiglu::automatic;
-  // The residual add + RMSNorm after o and down inside the GEMM (its last block:
-  // cuda::w4a16_gemm_add_norm, W4A16 steps of 1-8 tokens): automatic where the GEMM runs the
-  // preload kernel in one split anyway (w4_gemm_takes_add_norm_epilogue; QSPEC_ADD_NORM=separate
-  // turns it off, for A/B runs); never: the GEMM, then the norm kernel. The same bits either way.
-  enum class AddNormInGemm { automatic, never };
-  AddNormInGemm add_norm_in_gemm = AddNormInGemm::automatic;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
@@ -171,9 +165,6 @@ class GpuLlama {
   // Layers whose SwiGLU ran in the gate_up GEMM's epilogue, over every forward pass enqueued
   // (captured into a graph or launched).
   int64_t swiglu_epilogue_layers() const;
-  // GEMMs (o, down) that added their output to the residual and normed it themselves, counted as
-  // swiglu_epilogue_layers.
-  int64_t add_norm_epilogue_gemms() const;
   // Where the GEMM policy came from: the map file auto_gemm_policy found, "given" for
   // GpuLlamaOptions::gemm_policy / set_gemm_policy, "" for the built-in crossovers.
   const std::string& gemm_policy_source() const;

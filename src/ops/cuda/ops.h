@@ -405,29 +405,6 @@ struct W4A16SmallMConfig {
 };
 // Whether small-M variant 5 (preload) can run these weights on this device and build.
 bool w4a16_preload_supported(const W4A16Weights& w);
-// The residual add + RMSNorm the preload kernel's last block can run after the GEMM
-// (kernels/w4a16_preload.cuh, ADD_NORM), for w4a16_gemm_add_norm: residual = f16(residual + y)
-// in place (rows of n values, contiguous), normed = rmsnorm(residual) * weight, the bits of
-// add_rmsnorm(residual, y, weight, ...). All 16-byte aligned.
-struct W4A16AddNormOutput {
-  f16_bits* residual = nullptr;
-  const float* weight = nullptr;
-  float eps = 0.0f;
-  f16_bits* normed = nullptr;
-};
-// Whether the add + norm epilogue runs m tokens of these weights: 1-8 tokens, n % 8 == 0,
-// n <= 8192, and the preload kernel runs here.
-bool w4a16_add_norm_epilogue_runs(const W4A16Weights& w, int64_t m);
-// Whether w4a16_gemm_small_m(config) runs these m tokens (at most 16) as one preload launch in
-// one split (any k slices): the variant choice and plan of the launch itself.
-bool w4a16_small_m_preload_one_split(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
-                                     const void* workspace, size_t workspace_bytes);
-// y = x w^T as w4a16_gemm_small_m(config) writes it, then add_norm: one launch, the bits of the
-// GEMM then add_rmsnorm. Runs where both queries above hold (throws elsewhere); the workspace
-// holds its arrival counter.
-void w4a16_gemm_add_norm(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
-                         const W4A16AddNormOutput& add_norm, void* workspace, size_t workspace_bytes, void* stream,
-                         const W4A16SmallMConfig& config = {});
 // SwiGLU in the gate_up GEMM's epilogue (kernels/w4a16_preload.cuh, SWIGLU): w holds gate's rows
 // [0, n / 2) then up's [n / 2, n); act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2, act
 // rows ld_act apart (columns past n / 2 untouched), with y = x w^T rounded to f16 as w4a16_gemm

@@ -247,11 +247,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU, bool ADD_NORM>
+template <class Act, int MT, int G, bool SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, ADD_NORM>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -336,9 +336,8 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
-// split and one k slice: w4a16_small_m_one_preload_part). ADD_NORM: the last block adds y to
-// params.add_norm's residual and norms it (one split, at most 8 tokens).
-template <class Act, bool SWIGLU = false, bool ADD_NORM = false>
+// split and one k slice: w4a16_small_m_one_preload_part).
+template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   params.splits = static_cast<int>(plan.splits);
@@ -351,12 +350,8 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    if constexpr (ADD_NORM) {
-      preload_launch<Act, 1, G, false, true>(params, grid, ring, plan.k_slices, s);
-    } else {
-      if (two_tiles) preload_launch<Act, 2, G, SWIGLU, false>(params, grid, ring, plan.k_slices, s);
-      else preload_launch<Act, 1, G, SWIGLU, false>(params, grid, ring, plan.k_slices, s);
-    }
+    if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
@@ -384,47 +379,6 @@ bool w4a16_preload_supported(const W4A16Weights& w) {
 
 bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
   return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
-}
-
-bool w4a16_add_norm_epilogue_runs(const W4A16Weights& w, int64_t m) {
-  return m >= 1 && m <= kernels::W4A16PreloadShape<128>::kAddNormMaxTokens && w.n % 8 == 0 && w.n <= 8192 &&
-         w4a16_preload_supported(w);
-}
-
-bool w4a16_small_m_preload_one_split(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
-                                     const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 16 || small_m_variant(w, config) != 5) return false;
-  return plan_preload(detail::w4a16_layout(w), m, config, workspace, workspace_bytes).splits == 1;
-}
-
-void w4a16_gemm_add_norm(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
-                         const W4A16AddNormOutput& add_norm, void* workspace, size_t workspace_bytes, void* stream,
-                         const W4A16SmallMConfig& config) {
-  QSPEC_CHECK(w4a16_add_norm_epilogue_runs(w, m) && w4a16_small_m_preload_one_split(w, m, config, workspace, workspace_bytes),
-              "cuda::w4a16_gemm_add_norm: needs 1-", kernels::W4A16PreloadShape<128>::kAddNormMaxTokens,
-              " tokens (got ", m, "), n % 8 == 0 and n <= 8192 (got ", w.n,
-              "), and the preload kernel in one split (variant 5: sm_90a, 16-byte aligned weights)");
-  QSPEC_CHECK(ldx >= w.k && ldx % 8 == 0 && ldy >= w.n && ldy % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(y) % 16 == 0,
-              "cuda::w4a16_gemm_add_norm: x and y must be 16-byte aligned with ldx >= k, ldy >= n, both % 8 == 0 (ldx ",
-              ldx, ", ldy ", ldy, ")");
-  const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  QSPEC_CHECK(aligned(add_norm.residual) && aligned(add_norm.weight) && aligned(add_norm.normed),
-              "cuda::w4a16_gemm_add_norm: residual, weight and normed must be 16-byte aligned");
-  QSPEC_CHECK(workspace != nullptr && workspace_bytes >= detail::kW4A16CounterBytes,
-              "cuda::w4a16_gemm_add_norm: needs the GEMM workspace (its arrival counter)");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  const PreloadPlan plan = plan_preload(layout, m, config, workspace, workspace_bytes);
-  // The arrival counter: the split-K counters' last word (plans use at most plan.row_tiles).
-  const size_t counter = detail::kW4A16SplitKCounterBytes / 4 - 1;
-  QSPEC_CHECK(static_cast<size_t>(plan.row_tiles) < counter, "cuda::w4a16_gemm_add_norm: n ", w.n, " too large");
-  kernels::W4A16SmallMParams params =
-      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(y), ldy, m);
-  params.add_norm = kernels::W4A16AddNorm{reinterpret_cast<__half*>(add_norm.residual), add_norm.weight,
-                                          reinterpret_cast<__half*>(add_norm.normed), add_norm.eps,
-                                          kernels::rmsnorm_block_threads(w.n / 8),
-                                          static_cast<unsigned*>(workspace) + counter};
-  launch_preload<kernels::ActF16, false, true>(params, plan, workspace, as_stream(stream));
 }
 
 bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,

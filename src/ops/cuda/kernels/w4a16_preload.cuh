@@ -34,16 +34,9 @@
 // and the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is
 // rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's then
 // silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
-//
-// Add + RMSNorm after the GEMM (ADD_NORM, one split, at most 8 tokens): o and down feed the
-// residual stream, whose next use is a norm. Each block arrives on a counter after its y stores
-// (one acq_rel atomic), and the last one runs add_rmsnorm on the whole rows itself
-// (add_rmsnorm_rows_in_block: residual += y, normed = rmsnorm(residual), the bits of the norm
-// kernel), so the norm kernel, its launch and its grid's end leave the step.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // silu
-#include "ops/cuda/kernels/rmsnorm.cuh"      // add_rmsnorm_rows_in_block
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
@@ -68,7 +61,6 @@ struct W4A16PreloadShape {
     return static_cast<size_t>(kWarps) * MT * 4 * 32 * sizeof(float);
   }
   static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
-  static constexpr int kAddNormMaxTokens = 8;  // ADD_NORM: one token tile
 };
 
 // Blocks a multiprocessor the register budget is cut for (2: up to 128 registers a thread).
@@ -77,7 +69,7 @@ struct W4A16PreloadShape {
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-template <class Act, int MT, int G, bool SWIGLU = false, bool ADD_NORM = false>
+template <class Act, int MT, int G, bool SWIGLU = false>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
@@ -306,20 +298,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         else
           p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];
       }
-  }
-  if constexpr (ADD_NORM) {
-    static_assert(MT == 1 && !SWIGLU, "add + norm: at most 8 tokens, y as the GEMM stores it");
-    __shared__ unsigned last_block;
-    __shared__ float norm_scratch[33 * 8];
-    __syncthreads();  // the block's y stores, before its arrival
-    if (threadIdx.x == 0)
-      last_block = atomic_add_acq_rel_gpu(p.add_norm.counter, 1u) == gridDim.x * gridDim.y - 1;
-    __syncthreads();
-    if (!last_block) return;
-    add_rmsnorm_rows_in_block<WARPS>(p.add_norm.residual, p.y, p.ldy, p.add_norm.weight, p.add_norm.normed, p.m,
-                                     p.w.n, p.add_norm.eps, p.add_norm.threads, norm_scratch);
-    if (threadIdx.x == 0) *p.add_norm.counter = 0;  // ready for the next launch
-    return;
   }
   if (p.splits == 1) return;
   const int tile_rows = (WARPS / k_slices) * 16, row_begin = tile * tile_rows;

@@ -19,20 +19,6 @@
 
 namespace qspec::cuda::kernels {
 
-// The add + RMSNorm a preload launch's last block runs after the GEMM (w4_preload_kernel's
-// ADD_NORM; one split, y rows of n = the norm's dim values): residual = f16(residual + y) in
-// place, normed = rmsnorm(residual) * weight, the bits of add_rmsnorm. threads: rmsnorm_kernel's
-// block size for the row (rmsnorm_block_threads), whose sum order it keeps; counter: the
-// launch's arrival counter, zero between launches.
-struct W4A16AddNorm {
-  __half* residual;
-  const float* weight;
-  __half* normed;
-  float eps;
-  int threads;
-  unsigned* counter;
-};
-
 struct W4A16SmallMParams {
   W4A16Layout w;
   ActivationRows a;
@@ -47,8 +33,6 @@ struct W4A16SmallMParams {
   int xs_stride;
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
-  // Variant 5 with ADD_NORM: what the last block does after the GEMM.
-  W4A16AddNorm add_norm;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
