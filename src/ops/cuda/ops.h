@@ -308,8 +308,8 @@ void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 // Which decode attention kernel paged_attention_decode launches: mma (the tiles kernel with its
 // scores and P V on tensor cores, head_dim 64 and 128; tiles at head_dim 32), tiles (each
 // block's keys and values of two tiles in flight at once, scores and P V in f32 FMAs), chunked
-// (the earlier kernel: keys, then values, 32 at a time) or automatic (the default: mma where a
-// block's split of the context is short, tiles over long ones).
+// (the earlier kernel: keys, then values, 32 at a time) or automatic (the default: mma, which
+// runs the f32 tiles at head_dim 32).
 // QSPEC_DECODE_ATTENTION=automatic|mma|tiles|chunked picks it for a process; set_decode_attention
 // overrides both (tests and benchmarks compare them in one run).
 enum class DecodeAttention { tiles, chunked, mma, automatic };

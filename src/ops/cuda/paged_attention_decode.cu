@@ -22,19 +22,16 @@ auto* tiles_kernel(int heads_per_block) {
                                 : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA>;
 }
 
-// automatic: the tensor-core tiles where a block's split is at most this many keys (8 tiles;
-// splits are planned over the batch's max_context). Measured on the H100 (docs/perf-notes.md,
-// "Decode attention on tensor cores"), contexts of 512-560 keys, max_context 568: W4A16 steps
-// 1.5-2.5 % shorter at batch 1 / 8 / 16 (splits of 64 / 128 / 192 keys), the same at batch 32
-// (288) and 0.9 % longer at batch 64 (568, 512 blocks; weak: within one call's noise there), so
-// long splits keep the f32 kernel until a longer-context sweep says otherwise.
-constexpr int kMmaMaxSplitKeys = 256;
+// automatic: the tensor-core tiles wherever they run (head_dim 64 and 128; the f32 tiles at 32).
+// Measured on the H100 (docs/perf-notes.md, "Decode attention on tensor cores" and "The decode
+// attention's automatic choice at long contexts"): at contexts of 512-560 keys the W4A16 step is
+// 1.5-2.5 % shorter at batch 1-16 and within noise at 32-64; at 2048 keys, 4-10 % shorter at
+// batch 8-64, where an earlier rule (mma only for splits of at most 256 keys) ran the f32 tiles.
 
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
   DecodeAttention choice = decode_attention();
-  if (choice == DecodeAttention::automatic)
-    choice = params.split_len <= kMmaMaxSplitKeys ? DecodeAttention::mma : DecodeAttention::tiles;
+  if (choice == DecodeAttention::automatic) choice = DecodeAttention::mma;
   void (*kernel)(kernels::DecodeParams) = nullptr;
   if (choice == DecodeAttention::chunked) {
     kernel = heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
