@@ -24,9 +24,10 @@ auto* tiles_kernel(int heads_per_block) {
 
 // automatic: the tensor-core tiles wherever they run (head_dim 64 and 128; the f32 tiles at 32).
 // Measured on the H100 (docs/perf-notes.md, "Decode attention on tensor cores" and "The decode
-// attention's automatic choice at long contexts"): at contexts of 512-560 keys the W4A16 step is
-// 1.5-2.5 % shorter at batch 1-16 and within noise at 32-64; at 2048 keys, 4-10 % shorter at
-// batch 8-64, where an earlier rule (mma only for splits of at most 256 keys) ran the f32 tiles.
+// attention's automatic choice at long contexts"), W4A16 steps against the f32 tiles: at contexts
+// of 512-560 keys 1-4 % shorter at batch 8-64 (the same at batch 1), at 2048 keys 3.5-12 % shorter
+// at batch 8-64, on Llama-3-8B (GQA) and Llama-2-7B (MHA) shapes. An earlier rule ran the f32
+// tiles on splits of more than 256 keys, on evidence that did not hold up.
 
 template <int D>
 void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
