@@ -372,7 +372,8 @@ enum class W4A16Path { automatic, small_m, dequant_cublas, tiled };
 // must start zeroed: allocate, then call w4a16_workspace_init once (each launch leaves them zero).
 size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path = W4A16Path::automatic);
 void w4a16_workspace_init(void* workspace, size_t bytes, void* stream);
-// The path `automatic` takes for m tokens (small_m up to a measured M threshold).
+// The path `automatic` takes for m tokens (small_m up to a measured M threshold: 16 tokens where
+// the preload kernel runs, 8 elsewhere; tiled, then dequantize + cuBLAS).
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
 
 // y[m, n] = x[m, k] (f16, rows ldx apart, ldx % 8 == 0, 16-byte aligned) * W^T, f16 out
@@ -405,6 +406,8 @@ struct W4A16SmallMConfig {
 };
 // Whether small-M variant 5 (preload) can run these weights on this device and build.
 bool w4a16_preload_supported(const W4A16Weights& w);
+// Whether the preload kernel runs on this device and build at all (sm_90a).
+bool w4a16_preload_runs_here();
 // SwiGLU in the gate_up GEMM's epilogue (kernels/w4a16_preload.cuh, SWIGLU): w holds gate's rows
 // [0, n / 2) then up's [n / 2, n); act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2, act
 // rows ld_act apart (columns past n / 2 untouched), with y = x w^T rounded to f16 as w4a16_gemm

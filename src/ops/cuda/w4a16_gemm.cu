@@ -73,17 +73,26 @@ bool quantized_activations_use_f16(quant::Format format) {
 // layer GEMMs summed (tools/pick_w4a16_crossover.py, bench/results/gpu-w4a16-gemm-h100-tiled.json):
 // small-M wins at m <= 8 (70 vs 82 us), tiled at 16..128 (81 vs 112 us at 16, 131 vs 351 at 64),
 // dequantize + cuBLAS from 256 (394 vs 400 us).
+// Where the preload kernel runs (sm_90a), f16 GEMMs stay on the small-M path up to
+// kSmallMMaxPreload tokens (one preload launch): measured in the whole decode step on the H100
+// (docs/perf-notes.md, "The preload kernel at 9-16 tokens"), the W4A16 step is 14 / 9 / 5 %
+// shorter at batch 9 / 12 / 16 than with the tiled kernel there, which the per-GEMM timings
+// above favoured.
 #ifndef QSPEC_W4A16_SMALL_M_MAX
 #define QSPEC_W4A16_SMALL_M_MAX 8
+#endif
+#ifndef QSPEC_W4A16_SMALL_M_MAX_PRELOAD
+#define QSPEC_W4A16_SMALL_M_MAX_PRELOAD 16
 #endif
 #ifndef QSPEC_W4A16_TILED_M_MAX
 #define QSPEC_W4A16_TILED_M_MAX 128
 #endif
 static constexpr int64_t kSmallMMax = QSPEC_W4A16_SMALL_M_MAX;
+static constexpr int64_t kSmallMMaxPreload = QSPEC_W4A16_SMALL_M_MAX_PRELOAD;
 static constexpr int64_t kTiledMaxM = QSPEC_W4A16_TILED_M_MAX;
 
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
-  if (m <= kSmallMMax) return W4A16Path::small_m;
+  if (m <= (w4a16_preload_runs_here() ? kSmallMMaxPreload : kSmallMMax)) return W4A16Path::small_m;
   if (m <= kTiledMaxM) return W4A16Path::tiled;
   return W4A16Path::dequant_cublas;
 }

@@ -372,6 +372,8 @@ int small_m_variant(const W4A16Weights& w, const W4A16SmallMConfig& config) {
 
 }  // namespace
 
+bool w4a16_preload_runs_here() { return preload_kernel_runs_here(); }
+
 bool w4a16_preload_supported(const W4A16Weights& w) {
   return reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 &&
          preload_kernel_runs_here();
