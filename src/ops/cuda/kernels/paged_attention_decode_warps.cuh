@@ -31,16 +31,8 @@
 
 namespace qspec::cuda::kernels {
 
-// QSPEC_WARP_SPLIT_STAGES / _MIN_BLOCKS at build time override the stages a warp and the blocks a
-// multiprocessor the registers are cut for, for experiments.
-#ifndef QSPEC_WARP_SPLIT_STAGES
-#define QSPEC_WARP_SPLIT_STAGES 2
-#endif
-#ifndef QSPEC_WARP_SPLIT_MIN_BLOCKS
-#define QSPEC_WARP_SPLIT_MIN_BLOCKS 1
-#endif
 inline constexpr int kWarpSplitWarps = 8;
-inline constexpr int kWarpSplitStages = QSPEC_WARP_SPLIT_STAGES;  // a warp's next tiles' copies fly while it computes
+inline constexpr int kWarpSplitStages = 2;  // a warp's next tile's copies fly while it computes
 inline constexpr int kWarpTileKeys = 16;    // one KV block (kKvBlockSize), one table entry
 
 // Dynamic shared memory: each warp's stages of K and V rows (128 KB at head_dim 128).
@@ -51,7 +43,7 @@ constexpr size_t warp_split_smem_bytes() {
 
 // D: head_dim (64, 128); GM: query heads a block (1, 2, 4, 8).
 template <int D, int GM>
-__global__ __launch_bounds__(kWarpSplitWarps * 32, QSPEC_WARP_SPLIT_MIN_BLOCKS) void paged_attention_decode_warps_kernel(const DecodeParams p) {
+__global__ __launch_bounds__(kWarpSplitWarps * 32) void paged_attention_decode_warps_kernel(const DecodeParams p) {
   constexpr int NW = kWarpSplitWarps, KEYS = kWarpTileKeys, STAGES = kWarpSplitStages;
   constexpr int LPK = D / 8;       // lanes a key row (16 bytes each)
   constexpr int KPI = 32 / LPK;    // key rows a copy instruction of the warp
@@ -111,8 +103,8 @@ __global__ __launch_bounds__(kWarpSplitWarps * 32, QSPEC_WARP_SPLIT_MIN_BLOCKS) 
   float cosine[8], sine[8];
   if (rope) {
     context_range();
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) issue_tile(begin / KEYS + warp + s * NW, s);
+    issue_tile(begin / KEYS + warp, 0);
+    issue_tile(begin / KEYS + warp + NW, 1);
     new_key = p.rope.positions[seq];
     const int pair0 = (li % (LPK / 2)) * 8;
 #pragma unroll
@@ -157,8 +149,8 @@ __global__ __launch_bounds__(kWarpSplitWarps * 32, QSPEC_WARP_SPLIT_MIN_BLOCKS) 
       *reinterpret_cast<uint4*>(&q_heads[warp][li * 8]) =
           warp < heads_here ? *reinterpret_cast<const uint4*>(p.q + seq * p.q_stride + (head0 + warp) * D + li * 8)
                             : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) issue_tile(begin / KEYS + warp + s * NW, s);
+    issue_tile(begin / KEYS + warp, 0);
+    issue_tile(begin / KEYS + warp + NW, 1);
   }
   __syncthreads();  // q_heads
   uint32_t q_frag[D / 16][2];  // the scores' B fragments: Q^T (dims x heads)
@@ -174,8 +166,8 @@ __global__ __launch_bounds__(kWarpSplitWarps * 32, QSPEC_WARP_SPLIT_MIN_BLOCKS) 
   float running_max = -INFINITY, running_sum = 0.0f;  // running_sum: this lane's keys only
   float pv[D / 16][4] = {}, pv_lo[D / 16][4] = {};
   int stage = 0;
-  for (int block = begin / KEYS + warp; block * KEYS < end; block += NW, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_async_wait<STAGES - 1>();  // this tile's copies (the newer groups are the next tiles')
+  for (int block = begin / KEYS + warp; block * KEYS < end; block += NW, stage ^= 1) {
+    cp_async_wait<1>();  // this tile's copies (the newest group is the next tile's)
     __half* k_tile = stages + stage * STAGE_HALVES;
     __half* v_tile = k_tile + KEYS * D;
     if (new_key_lane && block == new_block) {  // this lane's copy of the new key's slot is stale
@@ -221,7 +213,7 @@ __global__ __launch_bounds__(kWarpSplitWarps * 32, QSPEC_WARP_SPLIT_MIN_BLOCKS) 
     __syncwarp();
     mma_tile_pv<D, GM, KEYS, D>(v_tile, logits[warp], KEYS, heads_here, rescale[warp], 0, pv, pv_lo);
     __syncwarp();  // every lane's reads of this stage before its refill
-    issue_tile(block + STAGES * NW, stage);
+    issue_tile(block + 2 * NW, stage);
   }
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
