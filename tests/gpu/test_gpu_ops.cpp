@@ -1235,6 +1235,122 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
                qspec::Error);
 }
 
+// The residual stream's RMSNorm folded into the preload kernel. After o / down
+// (cuda::w4a16_gemm_add_squares) the residual is bitwise add_rmsnorm's update with the same GEMM
+// (its default partition), and the sums of squares are the new residual's, a 16-row block at a
+// time (f64 on the host). qkv / gate_up (cuda::w4a16_gemm_norm_x) from those sums match
+// add_rmsnorm then the GEMM (then SwiGLU) within f16 rounding: the sum of squares is added in
+// another order. Llama-3-8B's o (4096 x 4096) and down (4096 x 14336) and Qwen2.5-7B's o
+// (3584 x 3584), 1-8 tokens; relaunches give the same bits; shapes it cannot run are refused.
+TEST_F(Gpu, W4A16NormFoldMatchesAddRmsnormThenGemm) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
+                qspec::cuda::compute_capability());
+    return;
+  }
+  const float eps = 1e-5f;
+  for (auto [hidden, k_in, group] : {std::tuple{4096, 4096, 128}, {4096, 14336, 128}, {3584, 3584, 64}}) {
+    const qspec::QuantizedMatrix producer_weight = random_quantized(hidden, k_in, qspec::quant::Format::int4, group);
+    const qspec::QuantizedMatrix consumer_weight = random_quantized(1040, hidden, qspec::quant::Format::int4, group);
+    const qspec::QuantizedMatrix gate_up_weight = random_quantized(2 * 528, hidden, qspec::quant::Format::int4, group);
+    DeviceW4 producer(qspec::gemm::pack_w4a16(producer_weight));
+    DeviceW4 consumer(qspec::gemm::pack_w4a16(consumer_weight));
+    DeviceW4 gate_up(qspec::gemm::pack_w4a16(gate_up_weight));
+    std::vector<float> norm_weight(static_cast<size_t>(hidden));
+    std::uniform_real_distribution<float> around_one(0.5f, 1.5f);
+    for (float& v : norm_weight) v = around_one(rng());
+    auto d_norm = upload(norm_weight);
+    const int64_t slots = hidden / 16, inter = 528;
+    for (int64_t m : {1, 3, 8}) {
+      const std::string where = "m" + std::to_string(m) + " hidden " + std::to_string(hidden) + " k " +
+                                std::to_string(k_in);
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, 2 * hidden, std::max<int64_t>(k_in, hidden),
+                                                       cuda::W4A16Path::small_m);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      ASSERT_TRUE(cuda::w4a16_add_squares_runs(producer.view, m, workspace.get(), bytes)) << where;
+      ASSERT_TRUE(cuda::w4a16_norm_x_runs(consumer.view, m)) << where;
+      const std::vector<f16> residual = to_f16(random_f16_values(static_cast<size_t>(m * hidden), 4.0f));
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k_in), 0.25f)));
+      // Reference: the GEMM, add_rmsnorm, then the consumers on the normed rows.
+      auto d_residual_ref = upload(residual);
+      auto d_y = poisoned(static_cast<size_t>(m * hidden) * 2);
+      cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k_in, producer.view, d_y.as<f16>(), hidden, workspace.get(), bytes,
+                               nullptr, cuda::W4A16SmallMConfig{});
+      auto d_normed = poisoned(static_cast<size_t>(m * hidden) * 2);
+      cuda::add_rmsnorm(d_residual_ref.as<f16>(), d_y.as<f16>(), d_norm.as<float>(), m, hidden, eps,
+                        d_normed.as<f16>(), nullptr);
+      auto d_out_ref = poisoned(static_cast<size_t>(m * 1040) * 2);
+      cuda::w4a16_gemm_small_m(d_normed.as<f16>(), m, hidden, consumer.view, d_out_ref.as<f16>(), 1040,
+                               workspace.get(), bytes, nullptr, cuda::W4A16SmallMConfig{});
+      auto d_act_ref = poisoned(static_cast<size_t>(m * inter) * 2);
+      cuda::w4a16_gemm_swiglu(d_normed.as<f16>(), m, hidden, gate_up.view, d_act_ref.as<f16>(), inter,
+                              workspace.get(), bytes, nullptr);
+      const std::vector<f16> residual_ref = download<f16>(d_residual_ref, residual.size());
+      // Folded.
+      auto d_residual = upload(residual);
+      auto d_squares = poisoned(static_cast<size_t>(m * slots) * 4);
+      cuda::w4a16_gemm_add_squares(d_x.as<f16>(), m, k_in, producer.view, d_residual.as<f16>(), hidden,
+                                   d_squares.as<float>(), workspace.get(), bytes, nullptr);
+      ASSERT_EQ(download<f16>(d_residual, residual.size()), residual_ref) << where << ": the residual update";
+      const std::vector<float> squares = download<float>(d_squares, static_cast<size_t>(m * slots));
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t b = 0; b < slots; ++b) {
+          double expected = 0;
+          for (int64_t r = 0; r < 16; ++r) {
+            const double v = qspec::f16_to_f32(residual_ref[static_cast<size_t>(t * hidden + b * 16 + r)]);
+            expected += v * v;
+          }
+          const float got = squares[static_cast<size_t>(t * slots + b)];
+          ASSERT_FALSE(std::isnan(got)) << where << " token " << t << " block " << b;
+          ASSERT_NEAR(got, expected, 1e-5 * expected + 1e-6) << where << " token " << t << " block " << b;
+        }
+      auto check_close = [&](const cuda::DeviceMemory& got_memory, const cuda::DeviceMemory& expected_memory,
+                             size_t count, const std::string& what) {
+        const std::vector<float> got = from_f16(download<f16>(got_memory, count));
+        const std::vector<float> expected = from_f16(download<f16>(expected_memory, count));
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_FALSE(std::isnan(got[i])) << what << " at " << i;
+          ASSERT_LE(std::fabs(got[i] - expected[i]), 4e-3f * std::fabs(expected[i]) + 2e-3f) << what << " at " << i;
+        }
+      };
+      std::vector<f16> first;
+      for (int launch = 0; launch < 2; ++launch) {
+        auto d_out = poisoned(static_cast<size_t>(m * 1040) * 2);
+        cuda::w4a16_gemm_norm_x(d_residual.as<f16>(), m, hidden, d_squares.as<float>(), slots, d_norm.as<float>(), eps,
+                                consumer.view, d_out.as<f16>(), 1040, false, workspace.get(), bytes, nullptr);
+        check_close(d_out, d_out_ref, static_cast<size_t>(m * 1040), where + " norm_x");
+        const std::vector<f16> got = download<f16>(d_out, static_cast<size_t>(m * 1040));
+        if (launch == 0) first = got;
+        else ASSERT_EQ(got, first) << where << ": relaunch";
+      }
+      auto d_act = poisoned(static_cast<size_t>(m * inter) * 2);
+      cuda::w4a16_gemm_norm_x(d_residual.as<f16>(), m, hidden, d_squares.as<float>(), slots, d_norm.as<float>(), eps,
+                              gate_up.view, d_act.as<f16>(), inter, true, workspace.get(), bytes, nullptr);
+      check_close(d_act, d_act_ref, static_cast<size_t>(m * inter), where + " norm_x + SwiGLU");
+    }
+  }
+  // Refused: 9 tokens; a k past what a thread's norm weights cover; a producer whose plan splits k
+  // across blocks (small n).
+  const qspec::QuantizedMatrix wide_k = random_quantized(64, 16384, qspec::quant::Format::int4, 128);
+  DeviceW4 w_wide(qspec::gemm::pack_w4a16(wide_k));
+  const qspec::QuantizedMatrix small = random_quantized(256, 256, qspec::quant::Format::int4, 128);
+  DeviceW4 w_small(qspec::gemm::pack_w4a16(small));
+  EXPECT_FALSE(cuda::w4a16_norm_x_runs(w_wide.view, 1));
+  EXPECT_FALSE(cuda::w4a16_norm_x_runs(w_small.view, 9));
+  EXPECT_TRUE(cuda::w4a16_norm_x_runs(w_small.view, 8));
+  const size_t bytes = cuda::w4a16_workspace_bytes(8, 256, 256, cuda::W4A16Path::small_m);
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  EXPECT_FALSE(cuda::w4a16_add_squares_runs(w_small.view, 1, workspace.get(), bytes));
+  auto d_x = upload(to_f16(random_f16_values(256)));
+  auto d_residual = upload(to_f16(random_f16_values(256)));
+  auto d_squares = poisoned(16 * 4);
+  EXPECT_THROW(cuda::w4a16_gemm_add_squares(d_x.as<f16>(), 1, 256, w_small.view, d_residual.as<f16>(), 256,
+                                            d_squares.as<float>(), workspace.get(), bytes, nullptr),
+               qspec::Error);
+}
+
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   cuda::W4A16Weights w{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), 16, 96, 48};
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);
