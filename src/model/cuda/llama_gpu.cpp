@@ -250,8 +250,6 @@ struct GpuLlama::State {
   bool cuda_graphs = true, verify_graphs = false;
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
   int64_t swiglu_epilogue_layers = 0;
-  bool fold_norms = true;       // GpuLlamaOptions::fold_norms
-  int64_t folded_norm_steps = 0;  // steps enqueued with the norms folded
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
@@ -271,9 +269,6 @@ struct GpuLlama::State {
   cuda::StreamFence inputs_copied;  // the last copy out of host_inputs / host_chain_scatter has run
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
-  // Folded norms (norms_fold): each 16-row block's sum of squares of the residual, a token
-  // (f32 [8][ceil(hidden / 16)]).
-  DeviceMemory norm_squares;
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
   // elements apart) and their token or group scales (rows x_scales_stride apart): low-precision
   // steps only.
@@ -456,31 +451,6 @@ struct GpuLlama::State {
   // f16 activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher
   // would run anyway is the preload kernel in one split and one k slice
   // (w4_gemm_takes_swiglu_epilogue). QSPEC_SWIGLU=separate: never (A/B runs).
-  // Whether this step folds the residual stream's norms into the GEMMs around them
-  // (cuda::w4a16_gemm_add_squares after o and down, cuda::w4a16_gemm_norm_x for qkv and gate_up
-  // with its SwiGLU epilogue): f16 activations, 1-8 tokens, plain 4-bit projections on the
-  // preload kernel. QSPEC_NORM_FOLD=0 turns it off (the A/B switch).
-  bool norms_fold(int64_t tokens) const {
-    static const bool off_by_env = [] {
-      const char* text = std::getenv("QSPEC_NORM_FOLD");
-      if (text == nullptr || *text == '\0') return false;
-      const std::string value(text);
-      QSPEC_CHECK(value == "0" || value == "1", "QSPEC_NORM_FOLD: '", value, "' is not 0 or 1");
-      return value == "0";
-    }();
-    if (!fold_norms || off_by_env || activations != GpuActivations::f16 || tokens < 1 || tokens > 8 || layers.empty())
-      return false;
-    const Layer& layer = layers.front();
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      if (!linear->quantized || linear->reordered() || linear->input_ordered) return false;
-    return layer.qkv.in_k == config.hidden_size && layer.gate_up.in_k == config.hidden_size &&
-           layer.o.n == config.hidden_size && layer.down.n == config.hidden_size &&
-           swiglu_in_gemm(layer.gate_up, tokens) && cuda::w4a16_norm_x_runs(layer.qkv.view, tokens) &&
-           cuda::w4a16_norm_x_runs(layer.gate_up.view, tokens) &&
-           cuda::w4a16_add_squares_runs(layer.o.view, tokens, gemm_workspace.get(), gemm_workspace_bytes) &&
-           cuda::w4a16_add_squares_runs(layer.down.view, tokens, gemm_workspace.get(), gemm_workspace_bytes);
-  }
-
   bool swiglu_in_gemm(const Linear& gate_up, int64_t m) const {
     using Swiglu = GpuLlamaOptions::Swiglu;
     static const bool separate_by_env = [] {
@@ -606,7 +576,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   cuda_graphs = options.cuda_graphs;
   verify_graphs = cuda_graphs && verify_graphs_override().value_or(options.verify_graphs);
   swiglu = options.swiglu;
-  fold_norms = options.fold_norms;
   if (options.gemm_policy && !options.gemm_policy->gpu.empty())
     QSPEC_CHECK(options.gemm_policy->gpu == cuda::device_name(), "GPU model: the GEMM policy map was tuned on ",
                 options.gemm_policy->gpu, ", this GPU is ", cuda::device_name(), " (run qspec tune here)");
@@ -676,7 +645,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
 
   x = allocate(t * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
-  norm_squares = allocate(static_cast<size_t>(8 * ((c.hidden_size + 15) / 16)) * 4, "activations");
   qkv = allocate(t * qkv_width() * 2, "activations");
   attn = allocate(t * c.q_dim() * 2, "activations");
   proj = allocate(t * c.hidden_size * 2, "activations");
@@ -887,23 +855,12 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* gate_up_out = gate_up.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
 
-  // Folded norms: o and down add into the residual (xs) and leave its sums of squares, from which
-  // qkv and gate_up norm their x themselves.
-  const bool fold = norms_fold(tokens);
-  if (fold) ++folded_norm_steps;
-  float* squares = norm_squares.as<float>();
-  const int64_t square_slots = (hidden + 15) / 16;
-
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
-    if (fold && l > 0)
-      cuda::w4a16_gemm_norm_x(xs, tokens, hidden, squares, square_slots, layer.attention_norm.as<float>(), eps,
-                              layer.qkv.view, qkv_out, width, false, gemm_workspace.get(), gemm_workspace_bytes, stream);
-    else
-      norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
+    norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
     // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
     // one launch in decode steps, two in the others.
     if (decode) {
@@ -915,17 +872,6 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
                           rope_scaling, kv, stream);
       cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
                                     attention_workspace_bytes, stream);
-    }
-    if (fold) {
-      cuda::w4a16_gemm_add_squares(attn_out, tokens, q_dim, layer.o.view, xs, hidden, squares, gemm_workspace.get(),
-                                   gemm_workspace_bytes, stream);
-      ++swiglu_epilogue_layers;
-      cuda::w4a16_gemm_norm_x(xs, tokens, hidden, squares, square_slots, layer.mlp_norm.as<float>(), eps,
-                              layer.gate_up.view, act_out, act_stride(), true, gemm_workspace.get(),
-                              gemm_workspace_bytes, stream);
-      cuda::w4a16_gemm_add_squares(act_out, tokens, act_stride(), layer.down.view, xs, hidden, squares,
-                                   gemm_workspace.get(), gemm_workspace_bytes, stream);
-      continue;
     }
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
@@ -945,10 +891,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
-  if (fold)  // the last down GEMM added its output into the residual already
-    cuda::rmsnorm(xs, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-  else
-    cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
+  cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
   const f16_bits* rows = norm_out;
   if (gather) {
     // The embedding gather with the normed activations as its table picks the runs' last rows.
@@ -1258,7 +1201,6 @@ void GpuLlama::set_gemm_policy(std::shared_ptr<const gemm::PolicyMap> policy) {
 const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_policy_source; }
 
 int64_t GpuLlama::swiglu_epilogue_layers() const { return state_->swiglu_epilogue_layers; }
-int64_t GpuLlama::folded_norm_steps() const { return state_->folded_norm_steps; }
 
 int64_t GpuLlama::graphs_captured() const {
   return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());

@@ -61,11 +61,6 @@ struct GpuLlamaOptions {
   // small models plan other partitions); never: the GEMM, then silu_mul.
   enum class Swiglu { automatic, always, never };
   Swiglu swiglu = Swiglu::automatic;
-  // The residual stream's RMSNorms folded into the 4-bit GEMMs around them in W4A16 steps of 1-8
-  // tokens (o and down leave per-block sums of squares, qkv and gate_up norm their own x:
-  // cuda::w4a16_gemm_add_squares / w4a16_gemm_norm_x), where all four run the preload kernel
-  // without split-K and gate_up takes the SwiGLU epilogue. QSPEC_NORM_FOLD=0 turns it off.
-  bool fold_norms = true;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
@@ -170,8 +165,6 @@ class GpuLlama {
   // Layers whose SwiGLU ran in the gate_up GEMM's epilogue, over every forward pass enqueued
   // (captured into a graph or launched).
   int64_t swiglu_epilogue_layers() const;
-  // Forward passes enqueued (captured or launched) with the norms folded (fold_norms).
-  int64_t folded_norm_steps() const;
   // Where the GEMM policy came from: the map file auto_gemm_policy found, "given" for
   // GpuLlamaOptions::gemm_policy / set_gemm_policy, "" for the built-in crossovers.
   const std::string& gemm_policy_source() const;

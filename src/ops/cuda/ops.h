@@ -416,24 +416,6 @@ bool w4a16_preload_runs_here();
 // w4a16_swiglu_runs); it throws elsewhere. Whether a GEMM's dispatcher would run that same
 // partition anyway: w4a16_small_m_one_preload_part, or qspec::w4_gemm_takes_swiglu_epilogue.
 bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m);
-// The residual stream's RMSNorm folded into the preload kernel around it (kernels/w4a16_preload.cuh,
-// FOLD), 1-8 tokens, where the preload kernel runs:
-// * w4a16_gemm_add_squares (o, down): residual[t, :n] = f16(residual + f16(x w^T)) (add_rmsnorm's
-//   residual update) instead of storing y, and squares[t * row_blocks + b] = the sum of squares
-//   of the new residual values of row block b (16 rows; row_blocks = ceil(n / 16)) a token.
-//   Only where its plan needs no split-K (w4a16_add_squares_runs).
-// * w4a16_gemm_norm_x (qkv, gate_up): y = rmsnorm(residual rows) w^T, the norm's inverse RMS from
-//   the square_slots sums a token that w4a16_gemm_add_squares left (its n = this k), its weights
-//   (k f32) and eps; swiglu: gate_up's SwiGLU epilogue as w4a16_gemm_swiglu. The sum of squares is
-//   added in another order than rmsnorm's, so results may differ from add_rmsnorm then the GEMM
-//   in the last bits. Needs k % 8 == 0 and k <= 8192 (w4a16_norm_x_runs).
-bool w4a16_add_squares_runs(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes);
-bool w4a16_norm_x_runs(const W4A16Weights& w, int64_t m);
-void w4a16_gemm_add_squares(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* residual,
-                            int64_t ldr, float* squares, void* workspace, size_t workspace_bytes, void* stream);
-void w4a16_gemm_norm_x(const f16_bits* residual, int64_t m, int64_t ldr, const float* squares, int64_t square_slots,
-                       const float* norm_weight, float eps, const W4A16Weights& w, f16_bits* y, int64_t ldy, bool swiglu,
-                       void* workspace, size_t workspace_bytes, void* stream);
 // Whether w4a16_gemm_small_m(config) would run these m tokens (at most 16) as one preload launch
 // of one split and one k slice, the partition w4a16_gemm_swiglu runs: the same variant choice and
 // the same plan as the launch itself.

@@ -247,14 +247,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU, int FOLD = kernels::kFoldNone>
+template <class Act, int MT, int G, bool SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, FOLD>;
-  // kFoldNormX: the x rows in shared memory after the rings.
-  const size_t x_bytes =
-      FOLD == kernels::kFoldNormX ? static_cast<size_t>(params.m) * kernels::norm_x_stride(params.w.k) * 2 : 0;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -265,7 +262,7 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots) + x_bytes, stream, params, ring_slots,
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
              preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
@@ -340,7 +337,7 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
 // split and one k slice: w4a16_small_m_one_preload_part).
-template <class Act, bool SWIGLU = false, int FOLD = kernels::kFoldNone>
+template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   params.splits = static_cast<int>(plan.splits);
@@ -353,14 +350,8 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    if constexpr (FOLD != kernels::kFoldNone) {
-      QSPEC_CHECK(!two_tiles, "cuda::w4a16_gemm: the norm folds take up to 8 tokens");
-      preload_launch<Act, 1, G, SWIGLU, FOLD>(params, grid, ring, plan.k_slices, s);
-    } else if (two_tiles) {
-      preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    } else {
-      preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    }
+    if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
@@ -412,65 +403,6 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
   launch_preload<kernels::ActF16, true>(
       preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m),
       plan_preload(layout, m, one_part, workspace, workspace_bytes), workspace, as_stream(stream));
-}
-
-bool w4a16_add_squares_runs(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 8 || !w4a16_preload_supported(w)) return false;
-  return plan_preload(detail::w4a16_layout(w), m, W4A16SmallMConfig{}, workspace, workspace_bytes).splits == 1;
-}
-
-bool w4a16_norm_x_runs(const W4A16Weights& w, int64_t m) {
-  return m >= 1 && m <= 8 && w.k % 8 == 0 && w.k <= kernels::kNormXMaxK && w4a16_preload_supported(w);
-}
-
-void w4a16_gemm_add_squares(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* residual,
-                            int64_t ldr, float* squares, void* workspace, size_t workspace_bytes, void* stream) {
-  QSPEC_CHECK(w4a16_add_squares_runs(w, m, workspace, workspace_bytes),
-              "cuda::w4a16_gemm_add_squares: needs 1-8 tokens (got ", m,
-              "), the preload kernel and a plan without split-K (see w4a16_add_squares_runs)");
-  QSPEC_CHECK(ldx >= w.k && ldx % 8 == 0 && ldr >= w.n && reinterpret_cast<uintptr_t>(x) % 16 == 0,
-              "cuda::w4a16_gemm_add_squares: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldr >= n (ldx ",
-              ldx, ", ldr ", ldr, ")");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  kernels::W4A16SmallMParams params = preload_params(layout, reinterpret_cast<const __half*>(x), ldx, nullptr, 0, m);
-  params.residual = reinterpret_cast<__half*>(residual);
-  params.ldr = ldr;
-  params.squares = squares;
-  params.square_slots = static_cast<int>(layout.row_blocks);
-  launch_preload<kernels::ActF16, false, kernels::kFoldAddSquares>(
-      params, plan_preload(layout, m, W4A16SmallMConfig{}, workspace, workspace_bytes), workspace, as_stream(stream));
-}
-
-void w4a16_gemm_norm_x(const f16_bits* residual, int64_t m, int64_t ldr, const float* squares, int64_t square_slots,
-                       const float* norm_weight, float eps, const W4A16Weights& w, f16_bits* y, int64_t ldy, bool swiglu,
-                       void* workspace, size_t workspace_bytes, void* stream) {
-  QSPEC_CHECK(w4a16_norm_x_runs(w, m) && (!swiglu || w4a16_swiglu_runs(w, m)),
-              "cuda::w4a16_gemm_norm_x: needs 1-8 tokens (got ", m, "), k % 8 == 0 and k <= ", kernels::kNormXMaxK,
-              " (got ", w.k, ") and the preload kernel");
-  QSPEC_CHECK(ldr >= w.k && ldr % 8 == 0 && reinterpret_cast<uintptr_t>(residual) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(norm_weight) % 16 == 0 && square_slots >= 1 &&
-                  ldy >= (swiglu ? w.n / 2 : w.n),
-              "cuda::w4a16_gemm_norm_x: the residual and norm weights must be 16-byte aligned with ldr >= k and ldr % 8 "
-              "== 0, ldy >= the output width, square_slots >= 1 (ldr ", ldr, ", ldy ", ldy, ", square_slots ",
-              square_slots, ")");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  kernels::W4A16SmallMParams params = preload_params(layout, reinterpret_cast<const __half*>(residual), ldr,
-                                                     reinterpret_cast<__half*>(y), ldy, m);
-  params.residual = const_cast<__half*>(reinterpret_cast<const __half*>(residual));  // read only
-  params.ldr = ldr;
-  params.squares = const_cast<float*>(squares);  // read only
-  params.square_slots = static_cast<int>(square_slots);
-  params.norm_weight = norm_weight;
-  params.norm_eps = eps;
-  cudaStream_t s = as_stream(stream);
-  if (swiglu) {
-    const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
-    launch_preload<kernels::ActF16, true, kernels::kFoldNormX>(
-        params, plan_preload(layout, m, one_part, workspace, workspace_bytes), workspace, s);
-  } else {
-    launch_preload<kernels::ActF16, false, kernels::kFoldNormX>(
-        params, plan_preload(layout, m, W4A16SmallMConfig{}, workspace, workspace_bytes), workspace, s);
-  }
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,

@@ -34,28 +34,9 @@
 // and the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is
 // rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's then
 // silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
-//
-// The residual stream's RMSNorm folded around it (FOLD, up to 8 tokens). The norm needs a whole
-// row's sum of squares, which no single GEMM block has, so the work is split where it is cheap:
-// * kFoldAddSquares (o and down, whose output is added into the residual stream): each row
-//   block's warp adds its 16 outputs a token into the residual (the residual values loaded right
-//   after the grid-dependency wait), and stores the sum of squares of the new residual values, a
-//   token (a shuffle tree over the rows), to its own slot: no atomics, so the sums are the same
-//   on every run.
-// * kFoldNormX (qkv and gate_up, whose input is the normed residual): after the wait each block
-//   copies the residual rows into shared memory (cp.async) while its first warps sum their
-//   token's slots; then every thread scales its vectors, (x * inverse_rms) * weight as
-//   cpu::rmsnorm, with the norm weights it loaded before the wait, and the main loop reads x
-//   from shared memory. The rows' sum of squares is added in another order than rmsnorm_kernel's,
-//   so x may differ from the norm kernel's in the last bit.
-// The norm kernel between the two GEMMs, and its dependent round trips, leave the step.
 #pragma once
-#include <type_traits>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // silu
-#include "ops/cuda/kernels/reduce.cuh"       // warp_sum
-#include "ops/cuda/kernels/rmsnorm.cuh"      // load_weights8
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
@@ -82,63 +63,15 @@ struct W4A16PreloadShape {
   static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
 };
 
-inline constexpr int kFoldNone = 0, kFoldAddSquares = 1, kFoldNormX = 2;
-// kFoldNormX: norm-weight vectors (8 values) a thread loads before the wait: k up to 8192.
-inline constexpr int kNormXVectors = 4;
-inline constexpr int kNormXMaxK = kNormXVectors * 8 * 256;
-// kFoldNormX: the x rows in shared memory, after the rings: rows k + 8 values apart (16 bytes of
-// padding, so the 8 rows an mma fragment load reads start in different banks).
-__host__ __device__ inline int64_t norm_x_stride(int64_t k) { return k + 8; }
-
-// kFoldNormX's prologue (see the top of this file): x rows [m][k] into xs from p.residual, as
-// rmsnorm(residual) with this thread's norm weights (vectors threadIdx.x + 256 j).
-__device__ __forceinline__ void norm_x_prologue(const W4A16SmallMParams& p, __half* xs,
-                                                const float (&norm_w)[kNormXVectors][8]) {
-  __shared__ float inverse_rms[8];
-  const int k = p.w.k, vectors = k / 8;
-  const int64_t ldxs = norm_x_stride(k);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int token = 0; token < p.m; ++token)
-    for (int v = threadIdx.x; v < vectors; v += blockDim.x)
-      cp_async_16(smem_address(xs + token * ldxs + v * 8), p.residual + token * p.ldr + v * 8, 16);
-  cp_async_commit();
-  if (warp < p.m) {
-    float sum = 0.0f;
-#pragma unroll 8
-    for (int i = lane; i < p.square_slots; i += 32) sum += p.squares[static_cast<int64_t>(warp) * p.square_slots + i];
-    sum = warp_sum(sum);
-    if (lane == 0) inverse_rms[warp] = 1.0f / sqrtf(sum / static_cast<float>(k) + p.norm_eps);
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < kNormXVectors; ++j) {
-    const int v = threadIdx.x + j * 256;
-    if (v >= vectors) break;
-    for (int token = 0; token < p.m; ++token) {
-      uint4* at = reinterpret_cast<uint4*>(xs + token * ldxs + v * 8);
-      float h[8];
-      half8_to_float(*at, h);
-      const float scale = inverse_rms[token];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) h[e] = (h[e] * scale) * norm_w[j][e];
-      *at = float8_to_half(h);
-    }
-  }
-  __syncthreads();
-}
-
 // Blocks a multiprocessor the register budget is cut for (2: up to 128 registers a thread).
 // QSPEC_W4A16_PRELOAD_MIN_BLOCKS at build time overrides it, for experiments.
 #ifndef QSPEC_W4A16_PRELOAD_MIN_BLOCKS
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-template <class Act, int MT, int G, bool SWIGLU = false, int FOLD = kFoldNone>
+template <class Act, int MT, int G, bool SWIGLU = false>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
-  static_assert(FOLD == kFoldNone || (MT == 1 && std::is_same_v<Act, ActF16>), "the norm folds: f16, up to 8 tokens");
-  static_assert(FOLD != kFoldAddSquares || !SWIGLU, "the squares come from o / down, not gate_up");
 #if QSPEC_WGMMA
   using Shape = W4A16PreloadShape<G>;
   using Elem = typename Act::Elem;
@@ -201,42 +134,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int i = 0; i < min(R, slots); ++i) issue(i, i);
   }
   __syncwarp();
-  float norm_w[FOLD == kFoldNormX ? kNormXVectors : 1][8];  // constants, like the weights
-  if constexpr (FOLD == kFoldNormX) {
-#pragma unroll
-    for (int j = 0; j < kNormXVectors; ++j)
-      if (threadIdx.x + j * 256 < p.w.k / 8) load_weights8(p.norm_weight, threadIdx.x + j * 256, norm_w[j]);
-  }
-  // kFoldAddSquares: the output row block and its rows of this thread (rows g, g + 8; tokens 2t,
-  // 2t + 1), whose residual values load right after the wait.
-  const int out_rb = tile * (WARPS / k_slices) + warp / k_slices;
-  const bool writes_rows = warp % k_slices == 0 && out_rb < p.w.row_blocks;
-  __half residual_in[4];
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
-  if constexpr (FOLD == kFoldAddSquares) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = out_rb * 16 + g + (e >= 2 ? 8 : 0), token = 2 * t + (e & 1);
-      residual_in[e] = writes_rows && row < p.w.n && token < p.m ? p.residual[token * p.ldr + row] : __half();
-    }
-  }
 
   const Elem* x = activation_values<Act>(p.a);
-  int64_t ldx = p.a.ldx;
-  if constexpr (FOLD == kFoldNormX) {
-    __half* xs = reinterpret_cast<__half*>(smem + Shape::smem_bytes(R));
-    norm_x_prologue(p, xs, norm_w);
-    x = xs;
-    ldx = norm_x_stride(p.w.k);
-  }
-  // x fragments: from shared memory under kFoldNormX, else global.
-  auto load_x = [](const Elem* at) {
-    if constexpr (FOLD == kFoldNormX) return Act::load_shared(at);
-    else return Act::load(at);
-  };
   const Elem* x_row[MT];
 #pragma unroll
-  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * ldx + t * 8;
+  for (int nt = 0; nt < MT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.a.ldx + t * 8;
 
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
@@ -260,7 +163,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int pp = 0; pp < 2 * SC; ++pp)
       if (pp < 2 * nc) {
 #pragma unroll
-        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = load_x(x_row[nt] + (2 * c0 + pp) * 32);
+        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
       }
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
@@ -323,7 +226,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const int pair = 2 * p.w.full_chunks;
     Frag xf[MT];
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) xf[nt] = load_x(x_row[nt] + pair * 32);
+    for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
     pair_mma(w.x, w.y, xf);
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
@@ -381,8 +284,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         }
     }
   }
-  if (writes_rows) {
-    float squares[2] = {0.0f, 0.0f};  // kFoldAddSquares: tokens 2t, 2t + 1 over rows g, g + 8
+  const int out_rb = tile * (WARPS / k_slices) + warp / k_slices;
+  if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
@@ -390,28 +293,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         const int row = out_rb * 16 + g + (e >= 2 ? 8 : 0);
         const int token = nt * 8 + 2 * t + (e & 1);
         if (row >= p.w.n || token >= p.m) continue;
-        if constexpr (FOLD == kFoldAddSquares) {
-          // add_rmsnorm's residual: f16(residual + the GEMM's f16 output).
-          const __half sum = __float2half_rn(__half2float(residual_in[e]) +
-                                             __half2float(__float2half_rn(acc[0][nt][e])));
-          p.residual[token * p.ldr + row] = sum;
-          squares[e & 1] += __half2float(sum) * __half2float(sum);
-        } else if (p.splits == 1) {
+        if (p.splits == 1)
           p.y[token * p.ldy + row] = __float2half_rn(acc[0][nt][e]);
-        } else {
+        else
           p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];
-        }
       }
-    if constexpr (FOLD == kFoldAddSquares) {  // the row block's sums: a tree over g (lanes 4 apart)
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int offset = 4; offset < 32; offset <<= 1) squares[q] += __shfl_xor_sync(0xffffffffu, squares[q], offset);
-      if (g == 0)
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-          if (2 * t + q < p.m) p.squares[(2 * t + q) * p.square_slots + out_rb] = squares[q];
-    }
   }
   if (p.splits == 1) return;
   const int tile_rows = (WARPS / k_slices) * 16, row_begin = tile * tile_rows;

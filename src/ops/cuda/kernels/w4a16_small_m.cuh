@@ -33,17 +33,6 @@ struct W4A16SmallMParams {
   int xs_stride;
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
-  // Variant 5's norm folds (FOLD, kernels/w4a16_preload.cuh), up to 8 tokens. kFoldAddSquares:
-  // y goes into the residual rows (ldr apart: residual = f16(residual + f16(y))) instead of being
-  // stored, and each output row block's sum of squares of the new residual, a token, goes to
-  // squares[token * square_slots + row block]. kFoldNormX: x = rmsnorm(the residual rows) with
-  // norm_weight, from those sums (square_slots of them a token), made in shared memory first.
-  __half* residual;
-  int64_t ldr;
-  float* squares;
-  int square_slots;
-  const float* norm_weight;
-  float norm_eps;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
