@@ -57,6 +57,7 @@ double median(std::vector<float> v) {
 struct Shape {
   const char* name;
   int64_t n, k;
+  bool probe = false;  // runs only when --shapes names it
 };
 
 }  // namespace
@@ -175,13 +176,13 @@ int main(int argc, char** argv) {
                                        {"gate_up", 2 * 14336, 4096},
                                        {"down", 4096, 14336},
                                        {"lm_head", 128256, 4096},
-                                       // Probes, only when --shapes names them: qkv and gate_up widened
-                                       // until the preload kernel's one-token plan has 264 blocks (two a
-                                       // multiprocessor on 132) instead of 192 / 224 (some multiprocessors
-                                       // one block, some two): is a one-token GEMM bound by the busiest
-                                       // multiprocessor's bytes or by device memory?
-                                       {"qkv_264", 264 * 32, 4096},
-                                       {"gate_up_264", 264 * 128, 4096}};
+                                       // Probes: qkv and gate_up widened until the preload kernel's
+                                       // one-token plan has 264 blocks (two a multiprocessor on 132)
+                                       // instead of 192 / 224 (some multiprocessors one block, some two):
+                                       // is a one-token GEMM bound by the busiest multiprocessor's bytes
+                                       // or by device memory?
+                                       {"qkv_264", 264 * 32, 4096, true},
+                                       {"gate_up_264", 264 * 128, 4096, true}};
     std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048};
     if (quick) ms = {1, 16, 64, 512};
     if (!ms_override.empty()) ms = ms_override;
@@ -192,8 +193,8 @@ int main(int argc, char** argv) {
     std::printf("\n%-8s %5s %-24s %10s %9s %7s %9s %s\n", "shape", "M", "path", "time_us", "GB/s", "of_copy",
                 "TFLOP/s", "graph");
     for (const Shape& shape : shapes) {
-      const bool probe = std::string(shape.name).find("_264") != std::string::npos;
-      if (shape_filter.empty() ? probe : shape_filter.find("," + std::string(shape.name) + ",") == std::string::npos)
+      if (shape_filter.empty() ? shape.probe
+                               : shape_filter.find("," + std::string(shape.name) + ",") == std::string::npos)
         continue;
       const int64_t row_blocks = (shape.n + 15) / 16;
       const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
