@@ -151,6 +151,23 @@ __device__ __forceinline__ unsigned atomic_add_acq_rel_gpu(unsigned* address, un
   return old;
 }
 
+// A split-K arrival (the GEMMs' split fix-up, the decode attention's split merge): every thread
+// of the block calls it after its partial stores; true in the last of `arrivals` blocks to arrive
+// on counter (block-uniform), which then sees every block's partials and finds the counter reset
+// to zero for the next launch (a later launch touches it only after this grid has completed).
+// One acq_rel atomic by thread 0 between two barriers: the barrier before orders the block's
+// stores ahead of the release, the one after spreads the acquire to every thread's reads.
+__device__ __forceinline__ bool last_to_arrive(unsigned* counter, unsigned arrivals) {
+  __shared__ unsigned last_block;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last_block = atomic_add_acq_rel_gpu(counter, 1u) == arrivals - 1;
+    if (last_block) *counter = 0;
+  }
+  __syncthreads();
+  return last_block != 0;
+}
+
 __device__ __forceinline__ uint32_t smem_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }

@@ -46,18 +46,13 @@ inline constexpr int kDecodeWarps = 4;
 template <int D>
 __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int head0, int heads_here) {
   if (p.splits <= 1) return;
-  __shared__ unsigned last_block;
-  __syncthreads();  // every thread's partials before thread 0's release (atomic_add_acq_rel_gpu)
   unsigned* counter = p.counters + static_cast<int64_t>(seq) * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(counter, 1u) == static_cast<unsigned>(p.splits - 1);
-  __syncthreads();  // the acquire, for every thread's reads of the other blocks' partials
-  if (!last_block) return;
+  if (!last_to_arrive(counter, static_cast<unsigned>(p.splits))) return;
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   for (int g = threadIdx.x >> 5; g < heads_here; g += kDecodeWarps) {  // a warp a head
     const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
     combine_attention_row<D>(p.part_o, p.part_ml, p.splits, rows, row, p.out + seq * p.out_stride + (head0 + g) * D);
   }
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
 }
 inline constexpr int kDecodeChunk = 256;  // keys scored per pass through shared memory
 

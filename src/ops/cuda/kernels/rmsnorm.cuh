@@ -37,19 +37,28 @@ __device__ __forceinline__ void load_residual8(__half* x, const __half* __restri
   }
 }
 
+// The 8 f32 weights of this thread's first vector (zeros past the row): constants, so the kernels
+// load them before their grid-dependency wait and the row's second pass waits on no weight load
+// from DRAM (the decode step streams far more than L2 holds between two uses of a norm's weights).
+__device__ __forceinline__ void load_first_weights8(const float* __restrict__ weight, int64_t dim, float (&w)[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) w[e] = 0.0f;
+  if (threadIdx.x < dim / 8) load_weights8(weight, threadIdx.x, w);
+}
+
 // The RMSNorm of one row in 16-byte vectors (dim % 8 == 0) by one block; FUSED: residual =
 // f16(residual + delta) first, stored back. store(i, v) receives the f16 output vector i. A
-// thread's first 8 values stay in registers across the reduction and their weights are loaded
-// before it (launched with rmsnorm_block_threads, every thread has one vector up to dim 8192):
-// the second pass then waits on no memory. rmsnorm_kernel writes the vectors to global memory,
-// rmsnorm_quantize_kernel to shared memory: the same f16 values.
+// thread's first 8 values stay in registers across the reduction and their weights come loaded
+// (first_weight, load_first_weights8; launched with rmsnorm_block_threads, every thread has one
+// vector up to dim 8192): the second pass then waits on no memory. rmsnorm_kernel writes the
+// vectors to global memory, rmsnorm_quantize_kernel to shared memory: the same f16 values.
 template <bool FUSED, class Store>
 __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict__ delta_row,
-                                             const float* __restrict__ weight, int64_t dim, float eps,
-                                             float* scratch, const Store& store) {
+                                             const float* __restrict__ weight, const float (&first_weight)[8],
+                                             int64_t dim, float eps, float* scratch, const Store& store) {
   const int64_t vectors = dim / 8;
   const bool has_first = threadIdx.x < vectors;
-  float first[8] = {}, first_weight[8] = {};
+  float first[8] = {};
   float sum_squares = 0.0f;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
     float v[8];
@@ -57,7 +66,6 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum_squares += v[e] * v[e];
     if (i == threadIdx.x) {
-      load_weights8(weight, i, first_weight);
 #pragma unroll
       for (int e = 0; e < 8; ++e) first[e] = v[e];
     }
@@ -83,16 +91,20 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
 
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
 // VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1.
-template <int VEC, bool FUSED>
+// WEIGHTS_EARLY: the first vector's weights loaded before the grid-dependency wait (VEC 8).
+template <int VEC, bool FUSED, bool WEIGHTS_EARLY>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
+  float first_weight[8];
+  if constexpr (VEC == 8 && WEIGHTS_EARLY) load_first_weights8(weight, dim, first_weight);
   pdl_prologue(/*release_first=*/true);  // launched with launch_pdl; its consumer is a GEMM (common.h)
+  if constexpr (VEC == 8 && !WEIGHTS_EARLY) load_first_weights8(weight, dim, first_weight);
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   __half* x = residual_or_x + row * dim;
   __half* out = y + row * dim;
   if constexpr (VEC == 8) {
-    rmsnorm_row8<FUSED>(x, FUSED ? delta + row * dim : nullptr, weight, dim, eps, scratch,
+    rmsnorm_row8<FUSED>(x, FUSED ? delta + row * dim : nullptr, weight, first_weight, dim, eps, scratch,
                         [&](int64_t i, uint4 v) { reinterpret_cast<uint4*>(out)[i] = v; });
   } else {
     float sum_squares = 0.0f;

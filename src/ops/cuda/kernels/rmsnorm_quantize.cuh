@@ -77,6 +77,8 @@ __device__ __forceinline__ void quantize_staged_row(const __half* staged, const 
 
 template <quant::Format F, int VPB, bool ADD, bool REORDER, bool CODES>
 __global__ void rmsnorm_quantize_kernel(const RmsnormQuantizeParams p) {
+  float first_weight[8];
+  load_first_weights8(p.weight, p.dim, first_weight);  // constants: before the wait
   pdl_prologue();  // launched with launch_pdl (common.h)
   __shared__ float scratch[32];
   extern __shared__ __align__(16) uint8_t normed_bytes[];
@@ -85,7 +87,7 @@ __global__ void rmsnorm_quantize_kernel(const RmsnormQuantizeParams p) {
   __half* x = p.residual + row * dim;
 
   // rmsnorm_kernel's own row pass (so the same f16 values), into shared memory.
-  rmsnorm_row8<ADD>(x, ADD ? p.delta + row * dim : nullptr, p.weight, dim, p.eps, scratch,
+  rmsnorm_row8<ADD>(x, ADD ? p.delta + row * dim : nullptr, p.weight, first_weight, dim, p.eps, scratch,
                     [&](int64_t i, uint4 v) { reinterpret_cast<uint4*>(normed)[i] = v; });
   __syncthreads();
   quantize_staged_row<F, VPB, REORDER, CODES>(normed, p, row, scratch);

@@ -151,16 +151,9 @@ __device__ __forceinline__ void splitk_fixup(const float* __restrict__ partials,
 template <int THREADS>
 __device__ __forceinline__ void splitk_finish(unsigned* counters, int counter, int splits, const float* partials,
                                               __half* y, int64_t ldy, int m, int n, int row_begin, int tile_rows) {
-  // The arrival: the block's partial stores, then one acq_rel atomic (common.h): the last block
-  // to arrive sees every block's partials.
-  __shared__ unsigned last_block;
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last_block = atomic_add_acq_rel_gpu(&counters[counter], 1u) == static_cast<unsigned>(splits - 1);
-  __syncthreads();
-  if (!last_block) return;
+  // The last block to arrive (common.h) sees every block's partials.
+  if (!last_to_arrive(&counters[counter], static_cast<unsigned>(splits))) return;
   splitk_fixup<THREADS>(partials, y, ldy, m, n, splits, row_begin, tile_rows);
-  if (threadIdx.x == 0) counters[counter] = 0;  // ready for the next launch
 }
 
 }  // namespace qspec::cuda::kernels
