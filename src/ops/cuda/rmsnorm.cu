@@ -1,6 +1,3 @@
-#include <cstdlib>
-#include <string>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/rmsnorm.cuh"
 #include "ops/cuda/ops.h"
@@ -18,19 +15,11 @@ void launch_rmsnorm(__half* x, const __half* delta, const float* weight, int64_t
   const int64_t work = vec ? dim / 8 : dim;
   const int threads = kernels::rmsnorm_block_threads(work);
   const unsigned grid = static_cast<unsigned>(rows);
-  // TEMPORARY A/B knob (QSPEC_NORM_WEIGHTS=late: the weights after the wait, as before).
-  static const bool weights_late = [] {
-    const char* text = std::getenv("QSPEC_NORM_WEIGHTS");
-    return text != nullptr && std::string(text) == "late";
-  }();
-  if (vec && !weights_late)
-    launch_pdl(kernels::rmsnorm_kernel<8, FUSED, true>, dim3(grid), dim3(threads), 0, as_stream(stream),
-        x, delta, weight, dim, eps, y);
-  else if (vec)
-    launch_pdl(kernels::rmsnorm_kernel<8, FUSED, false>, dim3(grid), dim3(threads), 0, as_stream(stream),
+  if (vec)
+    launch_pdl(kernels::rmsnorm_kernel<8, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
         x, delta, weight, dim, eps, y);
   else
-    launch_pdl(kernels::rmsnorm_kernel<1, FUSED, false>, dim3(grid), dim3(threads), 0, as_stream(stream),
+    launch_pdl(kernels::rmsnorm_kernel<1, FUSED>, dim3(grid), dim3(threads), 0, as_stream(stream),
         x, delta, weight, dim, eps, y);
   QSPEC_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }

@@ -37,9 +37,10 @@ __device__ __forceinline__ void load_residual8(__half* x, const __half* __restri
   }
 }
 
-// The 8 f32 weights of this thread's first vector (zeros past the row): constants, so the kernels
-// load them before their grid-dependency wait and the row's second pass waits on no weight load
-// from DRAM (the decode step streams far more than L2 holds between two uses of a norm's weights).
+// The 8 f32 weights of this thread's first vector (zeros past the row): constants, which the
+// kernels load before their grid-dependency wait. Measured against loading them after it (H100,
+// W4A16 decode at batch 1-16): no difference beyond noise; the load was not on the chain, but
+// this order cannot put it there (docs/perf-notes.md, "RMSNorm weights before the wait").
 __device__ __forceinline__ void load_first_weights8(const float* __restrict__ weight, int64_t dim, float (&w)[8]) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) w[e] = 0.0f;
@@ -91,14 +92,12 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
 
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
 // VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1.
-// WEIGHTS_EARLY: the first vector's weights loaded before the grid-dependency wait (VEC 8).
-template <int VEC, bool FUSED, bool WEIGHTS_EARLY>
+template <int VEC, bool FUSED>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
   float first_weight[8];
-  if constexpr (VEC == 8 && WEIGHTS_EARLY) load_first_weights8(weight, dim, first_weight);
+  if constexpr (VEC == 8) load_first_weights8(weight, dim, first_weight);  // constants: before the wait
   pdl_prologue(/*release_first=*/true);  // launched with launch_pdl; its consumer is a GEMM (common.h)
-  if constexpr (VEC == 8 && !WEIGHTS_EARLY) load_first_weights8(weight, dim, first_weight);
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   __half* x = residual_or_x + row * dim;
