@@ -1,0 +1,214 @@
+// Probe: what one kernel boundary costs on the GPU, and what a flag in global memory would cost
+// instead (issue 4: the W4A16 decode step at batch 1 spends ~22 µs a layer over its weight bytes,
+// most of it in the chain of seven dependent kernels; docs/perf-notes.md, "Kernel boundaries").
+//
+// A chain of `links` kernels, each reading the whole row its predecessor wrote (from L2), summing
+// it (block reduction) and writing its slice of the next row: the shape of the decode step's
+// small kernels (a norm is one block, a GEMM 132-264). Captured as one CUDA graph, replayed and
+// timed with events; the time a link is the median replay over `links`. Three orders:
+//   stream: plain stream order (the launch waits for the previous grid to complete);
+//   pdl:    programmatic dependent launch, launch_dependents then griddepcontrol.wait (what the
+//           engine's kernels do);
+//   flags:  programmatic dependent launch with no griddepcontrol.wait: each block's thread 0 spins
+//           on its predecessor's arrival counter (ld.acquire.gpu) until every block of it arrived,
+//           and arrives on its own after its stores (red.release.gpu). A launch still needs every
+//           block of its predecessor to have started, so a spinning block never holds a slot its
+//           predecessor needs.
+// Every order must give the same final row, bit for bit (checked; the arithmetic is the same).
+//
+// usage: qspec_gpu_boundary_probe [OUT.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define PROBE_CHECK(call)                                                                         \
+  do {                                                                                            \
+    const cudaError_t status_ = (call);                                                           \
+    if (status_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+namespace {
+
+enum class Order { stream, pdl, flags };
+const char* order_name(Order order) {
+  return order == Order::stream ? "stream" : order == Order::pdl ? "pdl" : "flags";
+}
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* address) {
+  unsigned value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ void add_release_gpu(unsigned* address, unsigned value) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
+}
+
+// in: the row its predecessor wrote; out: this link's row, a slice a block. wait_on: the
+// predecessor's counter (flags order, null for the first link), arrive_on: this link's.
+__global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* out, int n, int flags_order,
+                                                        const unsigned* wait_on, unsigned predecessor_blocks,
+                                                        unsigned* arrive_on) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  if (!flags_order) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  if (flags_order && wait_on != nullptr) {
+    if (threadIdx.x == 0)
+      while (load_acquire_gpu(wait_on) < predecessor_blocks) {
+      }
+    __syncthreads();  // thread 0's acquire, for every thread's loads below
+  }
+  __shared__ float partial[kThreads / 32];
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < n; i += kThreads) sum += __ldcg(in + i);
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+  const int begin = static_cast<int>(static_cast<long long>(blockIdx.x) * n / gridDim.x);
+  const int end = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * n / gridDim.x);
+  for (int i = begin + threadIdx.x; i < end; i += kThreads) out[i] = 0.5f * __ldcg(in + i) + 1e-6f * total;
+  if (flags_order) {
+    __syncthreads();  // every thread's stores before thread 0's release
+    if (threadIdx.x == 0) add_release_gpu(arrive_on, 1u);
+  }
+}
+
+struct Result {
+  Order order;
+  int blocks;
+  int links;
+  double us_per_link;
+  bool same_bits;
+};
+
+void enqueue_chain(Order order, int blocks, int links, int n, float* rows, unsigned* counters, cudaStream_t stream) {
+  PROBE_CHECK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * links, stream));
+  for (int i = 0; i < links; ++i) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    // The first link follows the memset (not a kernel): plain order.
+    config.attrs = &attribute;
+    config.numAttrs = order != Order::stream && i > 0 ? 1 : 0;
+    const float* in = rows + static_cast<size_t>(i % 2) * n;
+    float* out = rows + static_cast<size_t>((i + 1) % 2) * n;
+    const unsigned* wait_on = i > 0 ? counters + i - 1 : nullptr;
+    PROBE_CHECK(cudaLaunchKernelEx(&config, link_kernel, in, out, n, order == Order::flags ? 1 : 0, wait_on,
+                                   static_cast<unsigned>(blocks), counters + i));
+  }
+}
+
+Result run(Order order, int blocks, int links, int n, const std::vector<float>& first_row,
+           std::vector<float>& reference) {
+  float* rows = nullptr;
+  unsigned* counters = nullptr;
+  PROBE_CHECK(cudaMalloc(&rows, sizeof(float) * 2 * n));
+  PROBE_CHECK(cudaMalloc(&counters, sizeof(unsigned) * links));
+  cudaStream_t stream;
+  PROBE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  PROBE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue_chain(order, blocks, links, n, rows, counters, stream);
+  PROBE_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  PROBE_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  // The correctness replay: from the first row, every order must end on the same bits.
+  PROBE_CHECK(cudaMemcpyAsync(rows, first_row.data(), sizeof(float) * n, cudaMemcpyHostToDevice, stream));
+  PROBE_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<float> last(n);
+  PROBE_CHECK(cudaMemcpyAsync(last.data(), rows + static_cast<size_t>(links % 2) * n, sizeof(float) * n,
+                              cudaMemcpyDeviceToHost, stream));
+  PROBE_CHECK(cudaStreamSynchronize(stream));
+  bool same_bits = true;
+  if (reference.empty()) reference = last;
+  else same_bits = std::memcmp(reference.data(), last.data(), sizeof(float) * n) == 0;
+
+  cudaEvent_t start, stop;
+  PROBE_CHECK(cudaEventCreate(&start));
+  PROBE_CHECK(cudaEventCreate(&stop));
+  for (int warm = 0; warm < 3; ++warm) PROBE_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<double> times;
+  for (int replay = 0; replay < 25; ++replay) {
+    PROBE_CHECK(cudaEventRecord(start, stream));
+    PROBE_CHECK(cudaGraphLaunch(exec, stream));
+    PROBE_CHECK(cudaEventRecord(stop, stream));
+    PROBE_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.0);
+  }
+  std::sort(times.begin(), times.end());
+  PROBE_CHECK(cudaEventDestroy(start));
+  PROBE_CHECK(cudaEventDestroy(stop));
+  PROBE_CHECK(cudaGraphExecDestroy(exec));
+  PROBE_CHECK(cudaGraphDestroy(graph));
+  PROBE_CHECK(cudaStreamDestroy(stream));
+  PROBE_CHECK(cudaFree(rows));
+  PROBE_CHECK(cudaFree(counters));
+  return {order, blocks, links, times[times.size() / 2] / links, same_bits};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cudaDeviceProp prop;
+  PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major < 9) {
+    std::fprintf(stderr, "qspec_gpu_boundary_probe: needs sm_90 or newer (programmatic dependent launch), found sm_%d%d\n",
+                 prop.major, prop.minor);
+    return 1;
+  }
+  const int n = 4096;  // one f32 row of Llama-3-8B's hidden size: 16 KB read by every block
+  const int links = 64;
+  std::vector<float> first_row(n);
+  for (int i = 0; i < n; ++i) first_row[i] = static_cast<float>((i * 37) % 101) / 101.0f - 0.5f;
+  std::vector<Result> results;
+  bool all_same = true;
+  std::printf("%s, %d multiprocessors; %d links a chain, one row of %d f32 a link\n", prop.name,
+              prop.multiProcessorCount, links, n);
+  std::printf("%-7s %7s %12s %10s\n", "order", "blocks", "us_per_link", "same_bits");
+  for (int blocks : {1, prop.multiProcessorCount, 2 * prop.multiProcessorCount}) {
+    std::vector<float> reference;
+    for (Order order : {Order::stream, Order::pdl, Order::flags}) {
+      const Result result = run(order, blocks, links, n, first_row, reference);
+      std::printf("%-7s %7d %12.3f %10s\n", order_name(order), blocks, result.us_per_link,
+                  result.same_bits ? "yes" : "NO");
+      all_same = all_same && result.same_bits;
+      results.push_back(result);
+    }
+  }
+  if (argc > 1) {
+    FILE* file = std::fopen(argv[1], "w");
+    if (file == nullptr) {
+      std::fprintf(stderr, "qspec_gpu_boundary_probe: cannot write %s\n", argv[1]);
+      return 1;
+    }
+    std::fprintf(file, "{\n  \"gpu\": \"%s\",\n  \"links\": %d,\n  \"row_floats\": %d,\n  \"results\": [\n", prop.name,
+                 links, n);
+    for (size_t i = 0; i < results.size(); ++i)
+      std::fprintf(file, "    {\"order\": \"%s\", \"blocks\": %d, \"us_per_link\": %.4f, \"same_bits\": %s}%s\n",
+                   order_name(results[i].order), results[i].blocks, results[i].us_per_link,
+                   results[i].same_bits ? "true" : "false", i + 1 < results.size() ? "," : "");
+    std::fprintf(file, "  ]\n}\n");
+    std::fclose(file);
+  }
+  if (!all_same) std::fprintf(stderr, "qspec_gpu_boundary_probe: the orders disagree\n");
+  return all_same ? 0 : 1;
+}
