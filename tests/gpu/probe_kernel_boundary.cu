@@ -14,6 +14,11 @@
 //           and arrives on its own after its stores (red.release.gpu). A launch still needs every
 //           block of its predecessor to have started, so a spinning block never holds a slot its
 //           predecessor needs.
+//   block_flags: as flags, but each block of a link sets its own flag word (st.release.gpu) and
+//           the next link's threads poll one word each (no single counter that every block's
+//           arrival serializes on);
+//   persistent: one launch of `blocks` blocks runs every link in a loop, with block_flags'
+//           arrival between links (a grid-wide barrier: the megakernel's sync, no launches).
 // Every order must give the same final row, bit for bit (checked; the arithmetic is the same).
 //
 // usage: qspec_gpu_boundary_probe [OUT.json]
@@ -37,9 +42,16 @@
 
 namespace {
 
-enum class Order { stream, pdl, flags };
+enum class Order { stream, pdl, flags, block_flags, persistent };
 const char* order_name(Order order) {
-  return order == Order::stream ? "stream" : order == Order::pdl ? "pdl" : "flags";
+  switch (order) {
+    case Order::stream: return "stream";
+    case Order::pdl: return "pdl";
+    case Order::flags: return "flags";
+    case Order::block_flags: return "block_flags";
+    case Order::persistent: return "persistent";
+  }
+  return "?";
 }
 
 constexpr int kThreads = 256;
@@ -53,6 +65,30 @@ __device__ __forceinline__ void add_release_gpu(unsigned* address, unsigned valu
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
 }
 
+__device__ __forceinline__ void store_release_gpu(unsigned* address, unsigned value) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
+}
+// Every one of `blocks` flag words set: each thread polls its words, then the block barrier.
+__device__ __forceinline__ void wait_block_flags(const unsigned* flags, int blocks) {
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x)
+    while (load_acquire_gpu(flags + b) == 0) {
+    }
+  __syncthreads();
+}
+// One link's work: the row's sum, this block's slice of the next row.
+__device__ __forceinline__ void link_work(const float* in, float* out, int n, float* partial) {
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < n; i += kThreads) sum += __ldcg(in + i);
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+  const int begin = static_cast<int>(static_cast<long long>(blockIdx.x) * n / gridDim.x);
+  const int end = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * n / gridDim.x);
+  for (int i = begin + threadIdx.x; i < end; i += kThreads) out[i] = 0.5f * __ldcg(in + i) + 1e-6f * total;
+  __syncthreads();  // partial is reused by the next link; every store before the arrival
+}
 // in: the row its predecessor wrote; out: this link's row, a slice a block. wait_on: the
 // predecessor's counter (flags order, null for the first link), arrive_on: this link's.
 __global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* out, int n, int flags_order,
@@ -69,19 +105,28 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* 
     __syncthreads();  // thread 0's acquire, for every thread's loads below
   }
   __shared__ float partial[kThreads / 32];
-  float sum = 0.0f;
-  for (int i = threadIdx.x; i < n; i += kThreads) sum += __ldcg(in + i);
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-  const int begin = static_cast<int>(static_cast<long long>(blockIdx.x) * n / gridDim.x);
-  const int end = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * n / gridDim.x);
-  for (int i = begin + threadIdx.x; i < end; i += kThreads) out[i] = 0.5f * __ldcg(in + i) + 1e-6f * total;
-  if (flags_order) {
-    __syncthreads();  // every thread's stores before thread 0's release
-    if (threadIdx.x == 0) add_release_gpu(arrive_on, 1u);
+  link_work(in, out, n, partial);
+  if (flags_order && threadIdx.x == 0) add_release_gpu(arrive_on, 1u);
+}
+
+// block_flags: wait_on / arrive_on are the predecessor's and this link's flag words.
+__global__ void __launch_bounds__(kThreads) block_flags_link_kernel(const float* in, float* out, int n,
+                                                                    const unsigned* wait_on, unsigned* arrive_on) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+  __shared__ float partial[kThreads / 32];
+  if (wait_on != nullptr) wait_block_flags(wait_on, gridDim.x);
+  link_work(in, out, n, partial);
+  if (threadIdx.x == 0) store_release_gpu(arrive_on + blockIdx.x, 1u);
+}
+// persistent: every link in one launch; flags holds links x gridDim.x words.
+__global__ void __launch_bounds__(kThreads) persistent_chain_kernel(float* rows, int n, int links, unsigned* flags) {
+  __shared__ float partial[kThreads / 32];
+  for (int i = 0; i < links; ++i) {
+    if (i > 0) wait_block_flags(flags + static_cast<size_t>(i - 1) * gridDim.x, gridDim.x);
+    link_work(rows + static_cast<size_t>(i % 2) * n, rows + static_cast<size_t>((i + 1) % 2) * n, n, partial);
+    if (threadIdx.x == 0) store_release_gpu(flags + static_cast<size_t>(i) * gridDim.x + blockIdx.x, 1u);
   }
 }
 
@@ -94,7 +139,12 @@ struct Result {
 };
 
 void enqueue_chain(Order order, int blocks, int links, int n, float* rows, unsigned* counters, cudaStream_t stream) {
-  PROBE_CHECK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * links, stream));
+  PROBE_CHECK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * links * blocks, stream));
+  if (order == Order::persistent) {
+    persistent_chain_kernel<<<blocks, kThreads, 0, stream>>>(rows, n, links, counters);
+    PROBE_CHECK(cudaGetLastError());
+    return;
+  }
   for (int i = 0; i < links; ++i) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(blocks);
@@ -108,6 +158,12 @@ void enqueue_chain(Order order, int blocks, int links, int n, float* rows, unsig
     config.numAttrs = order != Order::stream && i > 0 ? 1 : 0;
     const float* in = rows + static_cast<size_t>(i % 2) * n;
     float* out = rows + static_cast<size_t>((i + 1) % 2) * n;
+    if (order == Order::block_flags) {
+      const unsigned* wait_on = i > 0 ? counters + static_cast<size_t>(i - 1) * blocks : nullptr;
+      PROBE_CHECK(cudaLaunchKernelEx(&config, block_flags_link_kernel, in, out, n, wait_on,
+                                     counters + static_cast<size_t>(i) * blocks));
+      continue;
+    }
     const unsigned* wait_on = i > 0 ? counters + i - 1 : nullptr;
     PROBE_CHECK(cudaLaunchKernelEx(&config, link_kernel, in, out, n, order == Order::flags ? 1 : 0, wait_on,
                                    static_cast<unsigned>(blocks), counters + i));
@@ -119,7 +175,7 @@ Result run(Order order, int blocks, int links, int n, const std::vector<float>& 
   float* rows = nullptr;
   unsigned* counters = nullptr;
   PROBE_CHECK(cudaMalloc(&rows, sizeof(float) * 2 * n));
-  PROBE_CHECK(cudaMalloc(&counters, sizeof(unsigned) * links));
+  PROBE_CHECK(cudaMalloc(&counters, sizeof(unsigned) * links * blocks));
   cudaStream_t stream;
   PROBE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -183,12 +239,13 @@ int main(int argc, char** argv) {
   bool all_same = true;
   std::printf("%s, %d multiprocessors; %d links a chain, one row of %d f32 a link\n", prop.name,
               prop.multiProcessorCount, links, n);
-  std::printf("%-7s %7s %12s %10s\n", "order", "blocks", "us_per_link", "same_bits");
+  std::printf("%-11s %7s %12s %10s\n", "order", "blocks", "us_per_link", "same_bits");
   for (int blocks : {1, prop.multiProcessorCount, 2 * prop.multiProcessorCount}) {
     std::vector<float> reference;
-    for (Order order : {Order::stream, Order::pdl, Order::flags}) {
+    for (Order order : {Order::stream, Order::pdl, Order::flags, Order::block_flags, Order::persistent}) {
+      // persistent: every block must be resident at once (a grid-wide barrier); 2 a multiprocessor fit.
       const Result result = run(order, blocks, links, n, first_row, reference);
-      std::printf("%-7s %7d %12.3f %10s\n", order_name(order), blocks, result.us_per_link,
+      std::printf("%-11s %7d %12.3f %10s\n", order_name(order), blocks, result.us_per_link,
                   result.same_bits ? "yes" : "NO");
       all_same = all_same && result.same_bits;
       results.push_back(result);
