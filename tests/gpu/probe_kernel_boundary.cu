@@ -75,10 +75,16 @@ __device__ __forceinline__ void wait_block_flags(const unsigned* flags, int bloc
     }
   __syncthreads();
 }
-// One link's work: the row's sum, this block's slice of the next row.
-__device__ __forceinline__ void link_work(const float* in, float* out, int n, float* partial) {
+// One link's work: the sum of what it reads, this block's slice of the next row. fan_in: the
+// predecessor blocks whose slices a block reads (gridDim.x: the whole row; fewer: the slices of
+// blocks [g * fan_in, (g + 1) * fan_in) for block group g, a partial dependency like a GEMM
+// split's on the rows that feed it).
+__device__ __forceinline__ void link_work(const float* in, float* out, int n, int fan_in, float* partial) {
+  const int group = blockIdx.x / fan_in;
+  const int read_begin = static_cast<int>(static_cast<long long>(group) * fan_in * n / gridDim.x);
+  const int read_end = static_cast<int>(static_cast<long long>(group + 1) * fan_in * n / gridDim.x);
   float sum = 0.0f;
-  for (int i = threadIdx.x; i < n; i += kThreads) sum += __ldcg(in + i);
+  for (int i = read_begin + threadIdx.x; i < read_end; i += kThreads) sum += __ldcg(in + i);
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
   __syncthreads();
@@ -89,24 +95,25 @@ __device__ __forceinline__ void link_work(const float* in, float* out, int n, fl
   for (int i = begin + threadIdx.x; i < end; i += kThreads) out[i] = 0.5f * __ldcg(in + i) + 1e-6f * total;
   __syncthreads();  // partial is reused by the next link; every store before the arrival
 }
-// in: the row its predecessor wrote; out: this link's row, a slice a block. wait_on: the
-// predecessor's counter (flags order, null for the first link), arrive_on: this link's.
+// in: the row its predecessor wrote; out: this link's row, a slice a block. flags order:
+// wait_on / arrive_on are the predecessor's and this link's counters, one a block group (null
+// wait_on for the first link); a group's counter reaches fan_in when its blocks have arrived.
 __global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* out, int n, int flags_order,
-                                                        const unsigned* wait_on, unsigned predecessor_blocks,
-                                                        unsigned* arrive_on) {
+                                                        int fan_in, const unsigned* wait_on, unsigned* arrive_on) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
   if (!flags_order) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  const int group = blockIdx.x / fan_in;
   if (flags_order && wait_on != nullptr) {
     if (threadIdx.x == 0)
-      while (load_acquire_gpu(wait_on) < predecessor_blocks) {
+      while (load_acquire_gpu(wait_on + group) < static_cast<unsigned>(fan_in)) {
       }
     __syncthreads();  // thread 0's acquire, for every thread's loads below
   }
   __shared__ float partial[kThreads / 32];
-  link_work(in, out, n, partial);
-  if (flags_order && threadIdx.x == 0) add_release_gpu(arrive_on, 1u);
+  link_work(in, out, n, fan_in, partial);
+  if (flags_order && threadIdx.x == 0) add_release_gpu(arrive_on + group, 1u);
 }
 
 // block_flags: wait_on / arrive_on are the predecessor's and this link's flag words.
@@ -117,31 +124,48 @@ __global__ void __launch_bounds__(kThreads) block_flags_link_kernel(const float*
 #endif
   __shared__ float partial[kThreads / 32];
   if (wait_on != nullptr) wait_block_flags(wait_on, gridDim.x);
-  link_work(in, out, n, partial);
+  link_work(in, out, n, gridDim.x, partial);
   if (threadIdx.x == 0) store_release_gpu(arrive_on + blockIdx.x, 1u);
 }
-// persistent: every link in one launch; flags holds links x gridDim.x words.
-__global__ void __launch_bounds__(kThreads) persistent_chain_kernel(float* rows, int n, int links, unsigned* flags) {
+// persistent: every link in one launch; flags holds links x gridDim.x words. fan_in gridDim.x:
+// block_flags' barrier between links; fewer: link_kernel's group counters.
+__global__ void __launch_bounds__(kThreads) persistent_chain_kernel(float* rows, int n, int links, int fan_in,
+                                                                    unsigned* flags) {
   __shared__ float partial[kThreads / 32];
+  const bool whole_row = fan_in == static_cast<int>(gridDim.x);
+  const int group = blockIdx.x / fan_in;
   for (int i = 0; i < links; ++i) {
-    if (i > 0) wait_block_flags(flags + static_cast<size_t>(i - 1) * gridDim.x, gridDim.x);
-    link_work(rows + static_cast<size_t>(i % 2) * n, rows + static_cast<size_t>((i + 1) % 2) * n, n, partial);
-    if (threadIdx.x == 0) store_release_gpu(flags + static_cast<size_t>(i) * gridDim.x + blockIdx.x, 1u);
+    unsigned* previous = flags + static_cast<size_t>(i > 0 ? i - 1 : 0) * gridDim.x;  // read from link 1 on
+    unsigned* own = flags + static_cast<size_t>(i) * gridDim.x;
+    if (i > 0 && whole_row) wait_block_flags(previous, gridDim.x);
+    if (i > 0 && !whole_row) {
+      if (threadIdx.x == 0)
+        while (load_acquire_gpu(previous + group) < static_cast<unsigned>(fan_in)) {
+        }
+      __syncthreads();
+    }
+    link_work(rows + static_cast<size_t>(i % 2) * n, rows + static_cast<size_t>((i + 1) % 2) * n, n, fan_in, partial);
+    if (threadIdx.x == 0) {
+      if (whole_row) store_release_gpu(own + blockIdx.x, 1u);
+      else add_release_gpu(own + group, 1u);
+    }
   }
 }
 
 struct Result {
   Order order;
   int blocks;
+  int fan_in;
   int links;
   double us_per_link;
   bool same_bits;
 };
 
-void enqueue_chain(Order order, int blocks, int links, int n, float* rows, unsigned* counters, cudaStream_t stream) {
+void enqueue_chain(Order order, int blocks, int fan_in, int links, int n, float* rows, unsigned* counters,
+                   cudaStream_t stream) {
   PROBE_CHECK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * links * blocks, stream));
   if (order == Order::persistent) {
-    persistent_chain_kernel<<<blocks, kThreads, 0, stream>>>(rows, n, links, counters);
+    persistent_chain_kernel<<<blocks, kThreads, 0, stream>>>(rows, n, links, fan_in, counters);
     PROBE_CHECK(cudaGetLastError());
     return;
   }
@@ -164,13 +188,13 @@ void enqueue_chain(Order order, int blocks, int links, int n, float* rows, unsig
                                      counters + static_cast<size_t>(i) * blocks));
       continue;
     }
-    const unsigned* wait_on = i > 0 ? counters + i - 1 : nullptr;
-    PROBE_CHECK(cudaLaunchKernelEx(&config, link_kernel, in, out, n, order == Order::flags ? 1 : 0, wait_on,
-                                   static_cast<unsigned>(blocks), counters + i));
+    const unsigned* wait_on = i > 0 ? counters + static_cast<size_t>(i - 1) * blocks : nullptr;
+    PROBE_CHECK(cudaLaunchKernelEx(&config, link_kernel, in, out, n, order == Order::flags ? 1 : 0, fan_in, wait_on,
+                                   counters + static_cast<size_t>(i) * blocks));
   }
 }
 
-Result run(Order order, int blocks, int links, int n, const std::vector<float>& first_row,
+Result run(Order order, int blocks, int fan_in, int links, int n, const std::vector<float>& first_row,
            std::vector<float>& reference) {
   float* rows = nullptr;
   unsigned* counters = nullptr;
@@ -180,7 +204,7 @@ Result run(Order order, int blocks, int links, int n, const std::vector<float>& 
   PROBE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   PROBE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  enqueue_chain(order, blocks, links, n, rows, counters, stream);
+  enqueue_chain(order, blocks, fan_in, links, n, rows, counters, stream);
   PROBE_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   PROBE_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -218,7 +242,7 @@ Result run(Order order, int blocks, int links, int n, const std::vector<float>& 
   PROBE_CHECK(cudaStreamDestroy(stream));
   PROBE_CHECK(cudaFree(rows));
   PROBE_CHECK(cudaFree(counters));
-  return {order, blocks, links, times[times.size() / 2] / links, same_bits};
+  return {order, blocks, fan_in, links, times[times.size() / 2] / links, same_bits};
 }
 
 }  // namespace
@@ -239,16 +263,25 @@ int main(int argc, char** argv) {
   bool all_same = true;
   std::printf("%s, %d multiprocessors; %d links a chain, one row of %d f32 a link\n", prop.name,
               prop.multiProcessorCount, links, n);
-  std::printf("%-11s %7s %12s %10s\n", "order", "blocks", "us_per_link", "same_bits");
+  std::printf("%-11s %7s %7s %12s %10s\n", "order", "blocks", "fan_in", "us_per_link", "same_bits");
+  auto measure = [&](Order order, int blocks, int fan_in, std::vector<float>& reference) {
+    const Result result = run(order, blocks, fan_in, links, n, first_row, reference);
+    std::printf("%-11s %7d %7d %12.3f %10s\n", order_name(order), blocks, fan_in, result.us_per_link,
+                result.same_bits ? "yes" : "NO");
+    all_same = all_same && result.same_bits;
+    results.push_back(result);
+  };
   for (int blocks : {1, prop.multiProcessorCount, 2 * prop.multiProcessorCount}) {
+    // Every block reads the whole row. persistent needs every block resident at once (a grid
+    // barrier): two 256-thread blocks a multiprocessor fit.
     std::vector<float> reference;
-    for (Order order : {Order::stream, Order::pdl, Order::flags, Order::block_flags, Order::persistent}) {
-      // persistent: every block must be resident at once (a grid-wide barrier); 2 a multiprocessor fit.
-      const Result result = run(order, blocks, links, n, first_row, reference);
-      std::printf("%-11s %7d %12.3f %10s\n", order_name(order), blocks, result.us_per_link,
-                  result.same_bits ? "yes" : "NO");
-      all_same = all_same && result.same_bits;
-      results.push_back(result);
+    for (Order order : {Order::stream, Order::pdl, Order::flags, Order::block_flags, Order::persistent})
+      measure(order, blocks, blocks, reference);
+    // A block reads the slices of 4 blocks before it (its own arithmetic, so its own reference).
+    if (blocks % 4 == 0) {
+      std::vector<float> partial_reference;
+      for (Order order : {Order::stream, Order::pdl, Order::flags, Order::persistent})
+        measure(order, blocks, 4, partial_reference);
     }
   }
   if (argc > 1) {
@@ -260,8 +293,9 @@ int main(int argc, char** argv) {
     std::fprintf(file, "{\n  \"gpu\": \"%s\",\n  \"links\": %d,\n  \"row_floats\": %d,\n  \"results\": [\n", prop.name,
                  links, n);
     for (size_t i = 0; i < results.size(); ++i)
-      std::fprintf(file, "    {\"order\": \"%s\", \"blocks\": %d, \"us_per_link\": %.4f, \"same_bits\": %s}%s\n",
-                   order_name(results[i].order), results[i].blocks, results[i].us_per_link,
+      std::fprintf(file,
+                   "    {\"order\": \"%s\", \"blocks\": %d, \"fan_in\": %d, \"us_per_link\": %.4f, \"same_bits\": %s}%s\n",
+                   order_name(results[i].order), results[i].blocks, results[i].fan_in, results[i].us_per_link,
                    results[i].same_bits ? "true" : "false", i + 1 < results.size() ? "," : "");
     std::fprintf(file, "  ]\n}\n");
     std::fclose(file);
