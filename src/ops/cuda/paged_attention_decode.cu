@@ -131,11 +131,6 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;
   params.rope = rope;
-  static const int release_first = [] {  // TEMPORARY A/B knob
-    const char* text = std::getenv("QSPEC_ATTENTION_RELEASE_FIRST");
-    return text != nullptr && text[0] == '1' ? 1 : 0;
-  }();
-  params.release_first = release_first;
   // Split-K: the last block of each (sequence, head group) merges the partials. Splits only
   // happen below 2 blocks a multiprocessor, far fewer groups than there are counters.
   if (splits > 1) {

@@ -36,7 +36,6 @@ struct DecodeParams {
   float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
   unsigned* counters;  // splits > 1: one per (sequence, blockIdx.x), zero before and after a launch
   DecodeRope rope;
-  int release_first;   // TEMPORARY A/B (QSPEC_ATTENTION_RELEASE_FIRST): pdl_prologue's order
 };
 
 inline constexpr int kDecodeWarps = 4;
@@ -173,7 +172,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, float (&acc)
 // D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
 template <int D, int GM>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kernel(const DecodeParams p) {
-  pdl_prologue(p.release_first != 0);  // launched with launch_pdl (common.h)
+  pdl_prologue();  // launched with launch_pdl (common.h)
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;

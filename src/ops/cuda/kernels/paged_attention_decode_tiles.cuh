@@ -265,7 +265,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       rope_cos_sin(static_cast<float>(new_key), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
                    rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
   }
-  pdl_prologue(p.release_first != 0);  // launched with launch_pdl (common.h)
+  pdl_prologue();  // launched with launch_pdl (common.h)
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
   // RoPE folded in: the new token's position, this lane's slices of its query heads, key and value
