@@ -175,6 +175,26 @@ __device__ __forceinline__ void finish_split_mma(const DecodeParams& p, const fl
 
 // D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
+// A per-phase clock of the kernel for one launch (a measurement build only: -DQSPEC_ATTENTION_STAMPS=N
+// prints, from thread 0 of every block, the global timer at each phase of launches N .. N + 3 of
+// this kernel; docs/perf-notes.md, "Where the batch-1 attention's time goes"). Off: no code.
+#ifdef QSPEC_ATTENTION_STAMPS
+__device__ unsigned g_attention_stamp_launch;
+__device__ __forceinline__ unsigned long long attention_stamp_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+#define QSPEC_ATTENTION_STAMP(slot) \
+  do {                              \
+    if (threadIdx.x == 0) stamps[slot] = attention_stamp_ns(); \
+  } while (0)
+#else
+#define QSPEC_ATTENTION_STAMP(slot) \
+  do {                              \
+  } while (0)
+#endif
+
 template <int D, int GM, bool MMA = false>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
   static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 or 128 (8 chunks a key row for the swizzle)");
@@ -193,6 +213,11 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // MMA: the block's query heads in f16 (8 rows, the mma's n; zeros past heads_here).
   __shared__ __align__(16) __half q_heads[MMA ? 8 : 1][MMA ? D : 8];
 
+#ifdef QSPEC_ATTENTION_STAMPS
+  unsigned long long stamps[8] = {};
+  const unsigned stamp_launch = *static_cast<volatile unsigned*>(&g_attention_stamp_launch);
+#endif
+  QSPEC_ATTENTION_STAMP(0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane / LPK, li = lane % LPK;
   const int kv_head = blockIdx.x / p.head_chunks, chunk_of_heads = blockIdx.x % p.head_chunks;
@@ -266,6 +291,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
                    rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
   }
   pdl_prologue();  // launched with launch_pdl (common.h)
+  QSPEC_ATTENTION_STAMP(1);
   // This lane's slice of each query head, pre-scaled into log2 units (loads beside the context's).
   float qr[GM][8];
   // RoPE folded in: the new token's position, this lane's slices of its query heads, key and value
@@ -382,6 +408,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       q_frag[ks][1] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][ks * 16 + 2 * in_group + 8]);
     }
   }
+  QSPEC_ATTENTION_STAMP(2);
+  int stamp_tile = 3;
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
     // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
     cp_async_wait<1>();
@@ -451,7 +479,10 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     // the copies), then the table entries of the one after it.
     issue_tile(tile_begin + 2 * TILE, stage, blocks0);
     if (tile_begin + 3 * TILE < end) load_blocks(tile_begin + 3 * TILE, blocks0);
+    if (stamp_tile < 5) QSPEC_ATTENTION_STAMP(stamp_tile);  // the first two tiles' ends
+    ++stamp_tile;
   }
+  (void)stamp_tile;
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
   if constexpr (MMA) {
@@ -459,7 +490,18 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     for (int mt = 0; mt < kPvTiles; ++mt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) pv[mt][c] += pv_lo[mt][c];
+    QSPEC_ATTENTION_STAMP(5);
     finish_split_mma<D>(p, pv, running_max, running_sum, seq, split, head0, heads_here);
+    QSPEC_ATTENTION_STAMP(6);  // after the arrival (and, in the last block, the merge)
+#ifdef QSPEC_ATTENTION_STAMPS
+    if (threadIdx.x == 0 && stamp_launch - QSPEC_ATTENTION_STAMPS < 4u)
+      printf("attention-stamps launch %u block %d %d %d: entry %llu wait %llu rope %llu tile1 %llu tile2 %llu "
+             "stores %llu end %llu tiles %d\n",
+             stamp_launch, blockIdx.x, blockIdx.y, blockIdx.z, stamps[0], stamps[1], stamps[2], stamps[3],
+             stamps[4], stamps[5], stamps[6], stamp_tile - 3);
+    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+      atomicAdd(&g_attention_stamp_launch, 1u);
+#endif
   } else {
     finish_split<D, GM>(p, acc, reduce, running_max, running_sum, seq, split, head0, heads_here);
   }
