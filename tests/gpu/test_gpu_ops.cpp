@@ -599,14 +599,12 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
   // Every decode kernel: the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block,
-  // on tensor cores (mma; head_dim 32 runs the f32 tiles there) and in f32 FMAs; the chunked one;
-  // the warp-split one (head_dim 64 / 128) on every context, up to 9000 keys in one block.
-  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles,
-                                             cuda::DecodeAttention::chunked, cuda::DecodeAttention::warps}) {
+  // on tensor cores (mma; head_dim 32 runs the f32 tiles there) and in f32 FMAs; the chunked one.
+  for (const cuda::DecodeAttention kernel :
+       {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
     cuda::set_decode_attention(kernel);
     const std::string kernel_name = kernel == cuda::DecodeAttention::mma     ? "mma "
                                     : kernel == cuda::DecodeAttention::tiles ? "tiles "
-                                    : kernel == cuda::DecodeAttention::warps ? "warps "
                                                                              : "chunked ";
     for (const AttentionCase& c : cases) {
       for (const std::vector<int64_t>& contexts : batches) {
@@ -663,8 +661,8 @@ TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
                                             {16, 1, 128, 0}, {9, 3, 64, 0},   {32, 8, 128, 100}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {64}, {65, 128, 129, 32, 33}};
   // With the chunked kernel the call runs the two launches itself (rotating qkv in place).
-  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles,
-                                             cuda::DecodeAttention::chunked, cuda::DecodeAttention::warps}) {
+  for (const cuda::DecodeAttention kernel :
+       {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
     cuda::set_decode_attention(kernel);
     const bool one_launch = cuda::decode_rope_folded();
     ASSERT_EQ(one_launch, kernel != cuda::DecodeAttention::chunked) << "run without QSPEC_DECODE_ROPE=separate";

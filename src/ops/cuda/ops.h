@@ -308,13 +308,11 @@ void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 // Which decode attention kernel paged_attention_decode launches: mma (the tiles kernel with its
 // scores and P V on tensor cores, head_dim 64 and 128; tiles at head_dim 32), tiles (each
 // block's keys and values of two tiles in flight at once, scores and P V in f32 FMAs), chunked
-// (the earlier kernel: keys, then values, 32 at a time), warps (one block a KV head, the context
-// split across its warps on tensor cores, head_dim 64 and 128; mma's choice at 32) or automatic
-// (the default: warps where its blocks fit in one wave and the context is at most
-// QSPEC_ATTENTION_WARPS_MAX_KEYS keys, else mma).
-// QSPEC_DECODE_ATTENTION=automatic|mma|tiles|chunked|warps picks it for a process;
-// set_decode_attention overrides both (tests and benchmarks compare them in one run).
-enum class DecodeAttention { tiles, chunked, mma, automatic, warps };
+// (the earlier kernel: keys, then values, 32 at a time) or automatic (the default: mma, which
+// runs the f32 tiles at head_dim 32).
+// QSPEC_DECODE_ATTENTION=automatic|mma|tiles|chunked picks it for a process; set_decode_attention
+// overrides both (tests and benchmarks compare them in one run).
+enum class DecodeAttention { tiles, chunked, mma, automatic };
 DecodeAttention decode_attention();
 void set_decode_attention(DecodeAttention kernel);
 

@@ -7,7 +7,6 @@
 #include "ops/cuda/kernels/attention_split.h"
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
 #include "ops/cuda/kernels/paged_attention_decode_tiles.cuh"
-#include "ops/cuda/kernels/paged_attention_decode_warps.cuh"
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
@@ -23,8 +22,7 @@ auto* tiles_kernel(int heads_per_block) {
                                 : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA>;
 }
 
-// automatic, long contexts or many blocks: the tensor-core tiles wherever they run (head_dim 64
-// and 128; the f32 tiles at 32).
+// automatic: the tensor-core tiles wherever they run (head_dim 64 and 128; the f32 tiles at 32).
 // Measured on the H100 (docs/perf-notes.md, "Decode attention on tensor cores" and "The decode
 // attention's automatic choice at long contexts"), W4A16 steps against the f32 tiles: at contexts
 // of 512-560 keys 1-4 % shorter at batch 8-64 (the same at batch 1), at 2048 keys 3.5-12 % shorter
@@ -32,31 +30,9 @@ auto* tiles_kernel(int heads_per_block) {
 // tiles on splits of more than 256 keys, on evidence that did not hold up.
 
 template <int D>
-void launch_decode_d(const kernels::DecodeParams& params, DecodeAttention choice, int heads_per_block, dim3 grid,
-                     cudaStream_t stream) {
-  if constexpr (D >= 64) {
-    if (choice == DecodeAttention::warps) {
-      constexpr size_t kSmemBytes = kernels::warp_split_smem_bytes<D>();
-      auto* kernel = heads_per_block == 1   ? kernels::paged_attention_decode_warps_kernel<D, 1>
-                     : heads_per_block == 2 ? kernels::paged_attention_decode_warps_kernel<D, 2>
-                     : heads_per_block == 4 ? kernels::paged_attention_decode_warps_kernel<D, 4>
-                                            : kernels::paged_attention_decode_warps_kernel<D, 8>;
-      static const bool configured = [] {
-        for (auto* each : {kernels::paged_attention_decode_warps_kernel<D, 1>,
-                           kernels::paged_attention_decode_warps_kernel<D, 2>,
-                           kernels::paged_attention_decode_warps_kernel<D, 4>,
-                           kernels::paged_attention_decode_warps_kernel<D, 8>})
-          QSPEC_CUDA_CHECK(cudaFuncSetAttribute(each, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(kSmemBytes)));
-        return true;
-      }();
-      (void)configured;
-      launch_pdl(kernel, grid, dim3(kernels::kWarpSplitWarps * 32), kSmemBytes, stream, params);
-      QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_warps_kernel");
-      return;
-    }
-  }
-  if (choice == DecodeAttention::automatic || choice == DecodeAttention::warps) choice = DecodeAttention::mma;
+void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
+  DecodeAttention choice = decode_attention();
+  if (choice == DecodeAttention::automatic) choice = DecodeAttention::mma;
   void (*kernel)(kernels::DecodeParams) = nullptr;
   if (choice == DecodeAttention::chunked) {
     kernel = heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
@@ -79,12 +55,11 @@ DecodeAttention decode_attention() {
     const char* text = std::getenv("QSPEC_DECODE_ATTENTION");
     if (text == nullptr || *text == '\0') return DecodeAttention::automatic;
     const std::string value(text);
-    QSPEC_CHECK(value == "automatic" || value == "mma" || value == "tiles" || value == "chunked" || value == "warps",
-                "QSPEC_DECODE_ATTENTION: '", value, "' is not automatic, mma, tiles, chunked or warps");
+    QSPEC_CHECK(value == "automatic" || value == "mma" || value == "tiles" || value == "chunked",
+                "QSPEC_DECODE_ATTENTION: '", value, "' is not automatic, mma, tiles or chunked");
     return value == "automatic" ? DecodeAttention::automatic
            : value == "mma"     ? DecodeAttention::mma
            : value == "tiles"   ? DecodeAttention::tiles
-           : value == "warps"   ? DecodeAttention::warps
                                 : DecodeAttention::chunked;
   }();
   const int forced = decode_attention_override.load(std::memory_order_relaxed);
@@ -92,13 +67,6 @@ DecodeAttention decode_attention() {
 }
 void set_decode_attention(DecodeAttention kernel) {
   decode_attention_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
-}
-
-// The longest context (the launch's max_context, a decode graph's bucket) automatic runs the
-// warp-split kernel on: QSPEC_ATTENTION_WARPS_MAX_KEYS, 0 (the default while it is measured) never.
-int64_t warp_split_max_keys() {
-  static const int64_t keys = env_int("QSPEC_ATTENTION_WARPS_MAX_KEYS", 0, 0, 1 << 20);
-  return keys;
 }
 
 bool decode_rope_folded() {
@@ -138,15 +106,8 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
   const int64_t keys = shape.sliding_window > 0 ? std::min(max_context, shape.sliding_window) : max_context;
   const int64_t rows = num_seqs * H;
-  const int64_t blocks = num_seqs * KV * head_chunks;
-  DecodeAttention choice = decode_attention();
-  if (choice == DecodeAttention::automatic && D >= 64 && blocks <= multiprocessor_count() &&
-      keys <= warp_split_max_keys())
-    choice = DecodeAttention::warps;
-  const bool warp_split = choice == DecodeAttention::warps && D >= 64;  // one block a head chunk, no splits
-  int64_t splits = warp_split ? 1
-                              : detail::plan_splits(blocks, keys, multiprocessor_count(), rows, D,
-                                                    workspace == nullptr ? 0 : workspace_bytes);
+  int64_t splits = detail::plan_splits(num_seqs * KV * head_chunks, keys, multiprocessor_count(), rows, D,
+                                       workspace == nullptr ? 0 : workspace_bytes);
   const int64_t split_len = ((keys + splits - 1) / splits + 15) / 16 * 16;
   splits = (keys + split_len - 1) / split_len;
 
@@ -181,13 +142,13 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   }
   const dim3 grid(static_cast<unsigned>(KV * head_chunks), static_cast<unsigned>(num_seqs), static_cast<unsigned>(splits));
   cudaStream_t s = as_stream(stream);
-  if (D == 32) launch_decode_d<32>(params, choice, heads_per_block, grid, s);
-  else if (D == 64) launch_decode_d<64>(params, choice, heads_per_block, grid, s);
-  else launch_decode_d<128>(params, choice, heads_per_block, grid, s);
+  if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
+  else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
+  else launch_decode_d<128>(params, heads_per_block, grid, s);
 #if defined(QSPEC_ATTENTION_STAMPS) && defined(QSPEC_ATTENTION_STAMPS_TWICE)
   // Measurement build: the same launch again (it is idempotent), whose code and data the first
   // left warm; its stamps against the first's tell what a cold start costs.
-  if (D == 128) launch_decode_d<128>(params, choice, heads_per_block, grid, s);
+  if (D == 128) launch_decode_d<128>(params, heads_per_block, grid, s);
 #endif
 }
 }  // namespace

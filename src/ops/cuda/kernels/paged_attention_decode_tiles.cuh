@@ -102,18 +102,17 @@ __device__ __forceinline__ void mma_tile_scores(const __half* k_tile, int key0, 
   }
 }
 
-// acc = acc * alpha + V^T P^T over a tile's first n keys, for DIMS dimensions from dim0 (16-dim
-// row tiles; the tiles kernel gives each warp D / 4) and the 8 head columns: P (the softmax
-// weights in logits) in two f16 parts, hi into pv and the residual lo into pv_lo (~22 bits of
-// weight; two chains).
-template <int D, int GM, int TILE, int DIMS = D / 4>
+// acc = acc * alpha + V^T P^T over a tile's first n keys, for this warp's D / 4 dimensions
+// (16-dim row tiles) and the 8 head columns: P (the softmax weights in logits) in two f16 parts,
+// hi into pv and the residual lo into pv_lo (~22 bits of weight; two chains).
+template <int D, int GM, int TILE>
 __device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&logits)[GM][TILE], int n,
-                                            int heads_here, const float* rescale, int dim0,
-                                            float (&pv)[DIMS / 16][4], float (&pv_lo)[DIMS / 16][4]) {
-  const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+                                            int heads_here, const float* rescale, float (&pv)[D / 64][4],
+                                            float (&pv_lo)[D / 64][4]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
   const float2 alpha = column_pair(rescale, in_group, heads_here, 0.0f);
 #pragma unroll
-  for (int mt = 0; mt < DIMS / 16; ++mt)
+  for (int mt = 0; mt < D / 64; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       pv[mt][c] *= (c & 1) ? alpha.y : alpha.x;
@@ -130,8 +129,8 @@ __device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&
     const uint32_t lo0 = pack_half2(w0 - r0.x, w1 - r0.y), lo1 = pack_half2(w2 - r1.x, w3 - r1.y);
     const int key = ks * 16 + (lane & 7) + (lane >> 4) * 8;
 #pragma unroll
-    for (int mt = 0; mt < DIMS / 16; ++mt) {
-      const int chunk = (dim0 + mt * 16) / 8 + ((lane >> 3) & 1);
+    for (int mt = 0; mt < D / 64; ++mt) {
+      const int chunk = (warp * (D / 4) + mt * 16) / 8 + ((lane >> 3) & 1);
       uint32_t a[4];
       ldmatrix_x4_trans(a, smem_address(v_tile + decode_tile_at<D, true>(key, chunk)));
       mma_f16_16816(pv[mt], a, hi0, hi1);
@@ -451,8 +450,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     __syncthreads();
     // 4. acc = acc * alpha + P V over this tile.
     if constexpr (MMA) {
-      mma_tile_pv<D, GM, TILE>(v_tile, logits, min(end - tile_begin, TILE), heads_here, rescale, warp * (D / 4), pv,
-                                 pv_lo);
+      mma_tile_pv<D, GM, TILE>(v_tile, logits, min(end - tile_begin, TILE), heads_here, rescale, pv, pv_lo);
     } else {
 #pragma unroll
       for (int g = 0; g < GM; ++g) {
