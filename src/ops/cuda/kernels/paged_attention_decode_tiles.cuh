@@ -173,11 +173,11 @@ __device__ __forceinline__ void finish_split_mma(const DecodeParams& p, const fl
   merge_splits<D>(p, seq, head0, heads_here);
 }
 
-// D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
-// scores and P V on tensor cores (see the top of this file).
-// A per-phase clock of the kernel for one launch (a measurement build only: -DQSPEC_ATTENTION_STAMPS=N
-// prints, from thread 0 of every block, the global timer at each phase of launches N .. N + 3 of
-// this kernel; docs/perf-notes.md, "Where the batch-1 attention's time goes"). Off: no code.
+// A per-phase clock of the tiles kernel (a measurement build only: -DQSPEC_ATTENTION_STAMPS=N
+// prints, from thread 0 of every MMA block, the global timer at each phase of launches N .. N + 3;
+// a block reads the launch number at its entry and block (0, 0, 0) advances it at its end, so
+// launches that overlap can mix; tools/attention_stamps.py summarizes, docs/perf-notes.md "Where
+// the batch-1 attention's time goes"). Without the macro the kernel's code is unchanged.
 #ifdef QSPEC_ATTENTION_STAMPS
 __device__ unsigned g_attention_stamp_launch;
 __device__ __forceinline__ unsigned long long attention_stamp_ns() {
@@ -189,12 +189,23 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
   do {                              \
     if (threadIdx.x == 0) stamps[slot] = attention_stamp_ns(); \
   } while (0)
+// The ends of the first two tiles (slots 3, 4).
+#define QSPEC_ATTENTION_STAMP_TILE()                     \
+  do {                                                   \
+    if (stamp_tile < 5) QSPEC_ATTENTION_STAMP(stamp_tile); \
+    ++stamp_tile;                                        \
+  } while (0)
 #else
 #define QSPEC_ATTENTION_STAMP(slot) \
   do {                              \
   } while (0)
+#define QSPEC_ATTENTION_STAMP_TILE() \
+  do {                               \
+  } while (0)
 #endif
 
+// D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
+// scores and P V on tensor cores (see the top of this file).
 template <int D, int GM, bool MMA = false>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
   static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 or 128 (8 chunks a key row for the swizzle)");
@@ -216,6 +227,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #ifdef QSPEC_ATTENTION_STAMPS
   unsigned long long stamps[8] = {};
   const unsigned stamp_launch = *static_cast<volatile unsigned*>(&g_attention_stamp_launch);
+  int stamp_tile = 3;
 #endif
   QSPEC_ATTENTION_STAMP(0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -409,7 +421,6 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     }
   }
   QSPEC_ATTENTION_STAMP(2);
-  int stamp_tile = 3;
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
     // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
     cp_async_wait<1>();
@@ -479,10 +490,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     // the copies), then the table entries of the one after it.
     issue_tile(tile_begin + 2 * TILE, stage, blocks0);
     if (tile_begin + 3 * TILE < end) load_blocks(tile_begin + 3 * TILE, blocks0);
-    if (stamp_tile < 5) QSPEC_ATTENTION_STAMP(stamp_tile);  // the first two tiles' ends
-    ++stamp_tile;
+    QSPEC_ATTENTION_STAMP_TILE();
   }
-  (void)stamp_tile;
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
 
   if constexpr (MMA) {
