@@ -75,6 +75,14 @@ __device__ __forceinline__ void wait_block_flags(const unsigned* flags, int bloc
     }
   __syncthreads();
 }
+// Until `arrivals` blocks have added to counter: thread 0 spins on it (acquire), then the block
+// barrier hands the acquire to every thread's loads after it.
+__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned arrivals) {
+  if (threadIdx.x == 0)
+    while (load_acquire_gpu(counter) < arrivals) {
+    }
+  __syncthreads();
+}
 // One link's work: the sum of what it reads, this block's slice of the next row. fan_in: the
 // predecessor blocks whose slices a block reads (gridDim.x: the whole row; fewer: the slices of
 // blocks [g * fan_in, (g + 1) * fan_in) for block group g, a partial dependency like a GEMM
@@ -105,12 +113,7 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* 
   if (!flags_order) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   const int group = blockIdx.x / fan_in;
-  if (flags_order && wait_on != nullptr) {
-    if (threadIdx.x == 0)
-      while (load_acquire_gpu(wait_on + group) < static_cast<unsigned>(fan_in)) {
-      }
-    __syncthreads();  // thread 0's acquire, for every thread's loads below
-  }
+  if (flags_order && wait_on != nullptr) wait_counter(wait_on + group, static_cast<unsigned>(fan_in));
   __shared__ float partial[kThreads / 32];
   link_work(in, out, n, fan_in, partial);
   if (flags_order && threadIdx.x == 0) add_release_gpu(arrive_on + group, 1u);
@@ -138,12 +141,7 @@ __global__ void __launch_bounds__(kThreads) persistent_chain_kernel(float* rows,
     unsigned* previous = flags + static_cast<size_t>(i > 0 ? i - 1 : 0) * gridDim.x;  // read from link 1 on
     unsigned* own = flags + static_cast<size_t>(i) * gridDim.x;
     if (i > 0 && whole_row) wait_block_flags(previous, gridDim.x);
-    if (i > 0 && !whole_row) {
-      if (threadIdx.x == 0)
-        while (load_acquire_gpu(previous + group) < static_cast<unsigned>(fan_in)) {
-        }
-      __syncthreads();
-    }
+    if (i > 0 && !whole_row) wait_counter(previous + group, static_cast<unsigned>(fan_in));
     link_work(rows + static_cast<size_t>(i % 2) * n, rows + static_cast<size_t>((i + 1) % 2) * n, n, fan_in, partial);
     if (threadIdx.x == 0) {
       if (whole_row) store_release_gpu(own + blockIdx.x, 1u);
