@@ -479,10 +479,21 @@ int main(int argc, char** argv) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w16[i % w16_copies].as<uint16_t>(), shape.n,
-                                 y.as<uint16_t>(), cuda::Dtype16::f16, s);
+                                 y.as<uint16_t>(), cuda::Dtype16::f16, s, cuda::W16Kernel::cublas);
               },
               w16_batch, warmup, reps, stream);
           report("cublas_f16", t, static_cast<double>(w16_bytes), w16_batch);
+        }
+        if (baselines && !profile &&
+            cuda::linear_w16_small_m_takes(x.as<uint16_t>(), m, shape.k, w16[0].as<uint16_t>(), y.as<uint16_t>())) {
+          const cuda::ReplayTimes t = cuda::time_replays(
+              [&](void* s, int i) {
+                cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w16[i % w16_copies].as<uint16_t>(), shape.n,
+                                 y.as<uint16_t>(), cuda::Dtype16::f16, s, cuda::W16Kernel::small_m);
+              },
+              w16_batch, warmup, reps, stream);
+          report("w16_small_m_k" + std::to_string(cuda::linear_w16_small_m_k_slices(shape.n, shape.k)), t,
+                 static_cast<double>(w16_bytes), w16_batch);
         }
       }
     }

@@ -1274,6 +1274,69 @@ TEST_F(Gpu, LinearW16MatchesCpuInF16AndBf16) {
   }
 }
 
+// The small-M kernel against the CPU over odd n (rows past the last 16-row block), k not a multiple
+// of its 32-wide chunks, 1-16 tokens (one and two token tiles), every k-slice count (slices with
+// no chunks at k = 8), and automatic dispatch; shapes it does not take are an error when forced.
+TEST_F(Gpu, LinearW16SmallMMatchesCpu) {
+  for (auto [m, n, k] : {std::tuple{1, 1, 8}, {1, 7, 40}, {2, 17, 264}, {8, 100, 4096}, {9, 333, 1000},
+                         {16, 4099, 256}, {5, 4096, 14336}, {3, 8016, 520}}) {
+    for (cuda::Dtype16 dtype : {cuda::Dtype16::f16, cuda::Dtype16::bf16}) {
+      const bool bf16 = dtype == cuda::Dtype16::bf16;
+      auto round = [&](float v) { return bf16 ? qspec::bf16_to_f32(qspec::f32_to_bf16(v)) : v; };
+      std::vector<float> x = random_f16_values(static_cast<size_t>(m * k)), w = random_f16_values(static_cast<size_t>(n * k), 0.1f);
+      for (float& v : x) v = round(v);
+      for (float& v : w) v = round(v);
+      auto encode = [&](const std::vector<float>& v) {
+        std::vector<uint16_t> out(v.size());
+        for (size_t i = 0; i < v.size(); ++i) out[i] = bf16 ? qspec::f32_to_bf16(v[i]) : qspec::f32_to_f16(v[i]);
+        return out;
+      };
+      auto d_x = upload(encode(x));
+      auto d_w = upload(encode(w));
+      qspec::WeightMatrix weight;
+      weight.dtype = qspec::DType::F32;
+      weight.rows = n;
+      weight.cols = k;
+      weight.data = w.data();
+      std::vector<float> expected(static_cast<size_t>(m * n));
+      qspec::cpu::linear(x.data(), m, weight, nullptr, expected.data());
+      for (int k_slices : {0, 1, 2, 4, 8, -1}) {  // -1: linear_w16's automatic choice
+        auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        if (k_slices >= 0) {
+          cuda::linear_w16_small_m(d_x.as<uint16_t>(), m, k, d_w.as<uint16_t>(), n, d_y.as<uint16_t>(), dtype,
+                                   nullptr, k_slices);
+        } else {
+          qspec::cuda::Blas blas;
+          cuda::linear_w16(blas, d_x.as<uint16_t>(), m, k, d_w.as<uint16_t>(), n, d_y.as<uint16_t>(), dtype, nullptr);
+        }
+        const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * n));
+        std::vector<float> got(y.size());
+        for (size_t i = 0; i < y.size(); ++i) got[i] = bf16 ? qspec::bf16_to_f32(y[i]) : qspec::f16_to_f32(y[i]);
+        EXPECT_CLOSE(got, expected, bf16 ? 8e-3 : 2e-3,
+                     std::string(bf16 ? "bf16 " : "f16 ") + shape_name({m, n, k}) + " k_slices " + std::to_string(k_slices));
+      }
+    }
+  }
+  auto d_x = poisoned(17 * 64 * 2), d_w = poisoned(64 * 64 * 2), d_y = poisoned(17 * 64 * 2);
+  EXPECT_TRUE(cuda::linear_w16_small_m_takes(d_x.as<uint16_t>(), 16, 64, d_w.as<uint16_t>(), d_y.as<uint16_t>()));
+  EXPECT_THROW(cuda::linear_w16_small_m(d_x.as<uint16_t>(), 17, 64, d_w.as<uint16_t>(), 64, d_y.as<uint16_t>(),
+                                        cuda::Dtype16::f16, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::linear_w16_small_m(d_x.as<uint16_t>(), 1, 60, d_w.as<uint16_t>(), 64, d_y.as<uint16_t>(),
+                                        cuda::Dtype16::f16, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::linear_w16_small_m(d_x.as<uint16_t>() + 1, 1, 64, d_w.as<uint16_t>(), 64, d_y.as<uint16_t>(),
+                                        cuda::Dtype16::f16, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::linear_w16_small_m(d_x.as<uint16_t>(), 1, 64, d_w.as<uint16_t>(), 64, d_y.as<uint16_t>(),
+                                        cuda::Dtype16::f16, nullptr, 3),
+               qspec::Error);
+  qspec::cuda::Blas blas;
+  EXPECT_THROW(cuda::linear_w16(blas, d_x.as<uint16_t>(), 17, 64, d_w.as<uint16_t>(), 64, d_y.as<uint16_t>(),
+                                cuda::Dtype16::f16, nullptr, cuda::W16Kernel::small_m),
+               qspec::Error);
+}
+
 // ---- W4A8: int8 activations on the packed 4-bit weights --------------------------------------
 
 // The quantizer is the CPU's int8 activation row quantizer bit for bit (codes and f32 scale),

@@ -54,7 +54,8 @@ Ceilings measure_ceilings(void* stream) {
   cuda::Blas blas;
   const double gemm_ms = median_ms(cuda::time_replays(
       [&](void* s, int) {
-        cuda::linear_w16(blas, a.as<uint16_t>(), n, n, b.as<uint16_t>(), n, c.as<uint16_t>(), cuda::Dtype16::f16, s);
+        cuda::linear_w16(blas, a.as<uint16_t>(), n, n, b.as<uint16_t>(), n, c.as<uint16_t>(), cuda::Dtype16::f16, s,
+                         cuda::W16Kernel::cublas);
       },
       2, 2, 10, stream));
   ceilings.gemm_flops_per_s = 2.0 * static_cast<double>(n) * n * n / (gemm_ms * 1e-3);
@@ -122,10 +123,13 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
     } else {
       DeviceMemory w(static_cast<size_t>(shape.n * shape.k) * 2);
       cuda::fill_random_f16(w.as<f16_bits>(), static_cast<size_t>(shape.n * shape.k), -0.03f, 0.03f, 12, stream);
+      // W16A16: cuBLAS's own GEMMs (the baseline for the step); W4A16's f16 lm_head: as
+      // the model runs it.
+      const cuda::W16Kernel kernel = quantized ? cuda::W16Kernel::automatic : cuda::W16Kernel::cublas;
       ms = median_ms(cuda::time_replays(
           [&](void* s, int) {
             cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w.as<uint16_t>(), shape.n, y.as<uint16_t>(),
-                             cuda::Dtype16::f16, s);
+                             cuda::Dtype16::f16, s, kernel);
           },
           10, 3, 10, stream));
     }
