@@ -492,7 +492,7 @@ int main(int argc, char** argv) {
                                  y.as<uint16_t>(), cuda::Dtype16::f16, s, cuda::W16Kernel::small_m);
               },
               w16_batch, warmup, reps, stream);
-          report("w16_small_m_k" + std::to_string(cuda::linear_w16_small_m_k_slices(shape.n, shape.k)), t,
+          report("w16_small_m_k" + std::to_string(cuda::linear_w16_small_m_k_slices(shape.k)), t,
                  static_cast<double>(w16_bytes), w16_batch);
         }
       }

@@ -1,7 +1,5 @@
-// W16A16 linear: the small-M kernel (kernels/linear_w16_small_m.cuh) for 1-16 tokens, cuBLAS
+// W16A16 linear: the small-M kernel (kernels/linear_w16_small_m.cuh) for 1-8 tokens, cuBLAS
 // (f16 or bf16 operands, f32 accumulation) for the rest and for shapes the kernel does not take.
-#include <algorithm>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/linear_w16_small_m.cuh"
 #include "ops/cuda/ops.h"
@@ -22,56 +20,36 @@ void linear_w16_cublas(const Blas& blas, const uint16_t* x, int64_t m, int64_t k
                                   CUBLAS_GEMM_DEFAULT));
 }
 
-template <bool BF16, int MT>
+template <bool BF16>
 void launch_small_m(const kernels::W16SmallMParams& params, int blocks, void* stream) {
-  launch_pdl(kernels::linear_w16_small_m_kernel<BF16, MT>, dim3(static_cast<unsigned>(blocks)),
+  launch_pdl(kernels::linear_w16_small_m_kernel<BF16>, dim3(static_cast<unsigned>(blocks)),
              dim3(kernels::kW16SmallMWarps * 32), 0, as_stream(stream), params);
   QSPEC_CUDA_CHECK_LAUNCH("linear_w16_small_m_kernel");
 }
 
-// Blocks the kernel keeps resident a multiprocessor (its launch bounds ask for 2).
-int small_m_blocks_per_sm() {
-  static const int blocks = [] {
-    int count = 0;
-    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &count, kernels::linear_w16_small_m_kernel<false, 2>, kernels::kW16SmallMWarps * 32, 0));
-    return std::max(count, 1);
-  }();
-  return blocks;
-}
 }  // namespace
 
 bool linear_w16_small_m_takes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, const uint16_t* y) {
-  return m >= 1 && m <= 16 && k % 8 == 0 && is_aligned_16(x) && is_aligned_16(w) && y != nullptr &&
+  return m >= 1 && m <= 8 && k % 8 == 0 && is_aligned_16(x) && is_aligned_16(w) && y != nullptr &&
          compute_capability() >= 80;
 }
 
-int linear_w16_small_m_k_slices(int64_t n, int64_t k) {
+int linear_w16_small_m_k_slices(int64_t k) {
   static const int forced = env_int("QSPEC_W16_KSLICES", 0, 0, 8);
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
-  // The fewest warps a row block whose grid fills the resident slots best: a grid of a few
-  // blocks too many for one wave would run a near-empty second one. Each slice keeps >= 256 k.
-  const int64_t row_blocks = (n + 15) / 16, chunks = (k + 31) / 32;
-  const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * small_m_blocks_per_sm();
-  int best = 1;
-  double best_fill = 0;
-  for (int slices : {1, 2, 4, 8}) {
-    if (slices > 1 && chunks / slices < 8) break;
-    const int64_t blocks = (row_blocks + 8 / slices - 1) / (8 / slices);
-    const int64_t waves = (blocks + slots - 1) / slots;
-    const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
-    if (fill > best_fill + 0.02) {
-      best = slices;
-      best_fill = fill;
-    }
-  }
-  return best;
+  // The most slices that keep >= 256 k a warp: on the H100 8 slices were the fastest or within
+  // 0.5 % on every Llama-3-8B shape at 1 and 8 tokens (2 and 4 up to 29 % slower, down at 2;
+  // docs/perf-notes.md), also where 8 needs a second wave of blocks.
+  const int64_t chunks = (k + kernels::kW16SmallMChunk - 1) / kernels::kW16SmallMChunk;
+  int slices = 8;
+  while (slices > 1 && chunks / slices < 8) slices /= 2;
+  return slices;
 }
 
 void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,
                         Dtype16 dtype, void* stream, int k_slices) {
   QSPEC_CHECK(n > 0 && n < (1ll << 31) && k > 0 && k < (1ll << 31) && linear_w16_small_m_takes(x, m, k, w, y),
-              "cuda::linear_w16_small_m: takes 1-16 rows, k a multiple of 8 and 16-byte aligned operands on sm_80+ (m ",
+              "cuda::linear_w16_small_m: takes 1-8 rows, k a multiple of 8 and 16-byte aligned operands on sm_80+ (m ",
               m, " n ", n, " k ", k, ")");
   QSPEC_CHECK(k_slices == 0 || k_slices == 1 || k_slices == 2 || k_slices == 4 || k_slices == 8,
               "cuda::linear_w16_small_m: k_slices ", k_slices, " is not 1, 2, 4 or 8");
@@ -82,12 +60,11 @@ void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t*
   params.m = static_cast<int>(m);
   params.n = static_cast<int>(n);
   params.k = static_cast<int>(k);
-  params.k_slices = k_slices > 0 ? k_slices : linear_w16_small_m_k_slices(n, k);
+  params.k_slices = k_slices > 0 ? k_slices : linear_w16_small_m_k_slices(k);
   const int64_t row_blocks = (n + 15) / 16, per_block = kernels::kW16SmallMWarps / params.k_slices;
   const int blocks = static_cast<int>((row_blocks + per_block - 1) / per_block);
   const bool bf16 = dtype == Dtype16::bf16;
-  if (m <= 8) bf16 ? launch_small_m<true, 1>(params, blocks, stream) : launch_small_m<false, 1>(params, blocks, stream);
-  else bf16 ? launch_small_m<true, 2>(params, blocks, stream) : launch_small_m<false, 2>(params, blocks, stream);
+  bf16 ? launch_small_m<true>(params, blocks, stream) : launch_small_m<false>(params, blocks, stream);
 }
 
 void linear_w16(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,
