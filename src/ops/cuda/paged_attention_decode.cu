@@ -14,19 +14,12 @@ namespace {
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
 std::atomic<int> decode_attention_override{-1};
 
-template <int D, bool MMA, bool ONE_TILE = false>
+template <int D, bool MMA>
 auto* tiles_kernel(int heads_per_block) {
-  return heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1, MMA, ONE_TILE>
-         : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2, MMA, ONE_TILE>
-         : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4, MMA, ONE_TILE>
-                                : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA, ONE_TILE>;
-}
-
-// The one-tile instances (head_dim 128; at 64 the regular tile is 64 keys already) for splits of
-// at most kDecodeOneTileKeys keys, unless QSPEC_ATTENTION_ONE_TILE=0 (read once; an A/B knob).
-bool one_tile_on() {
-  static const bool on = env_int("QSPEC_ATTENTION_ONE_TILE", 1, 0, 1) != 0;
-  return on;
+  return heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1, MMA>
+         : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2, MMA>
+         : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4, MMA>
+                                : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA>;
 }
 
 // automatic: the tensor-core tiles wherever they run (head_dim 64 and 128; the f32 tiles at 32).
@@ -46,10 +39,6 @@ void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, d
              : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
              : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
                                     : kernels::paged_attention_decode_kernel<D, 8>;
-  } else if constexpr (D == 128) {
-    kernel = choice != DecodeAttention::mma         ? tiles_kernel<D, false>(heads_per_block)
-             : params.split_len <= kernels::kDecodeOneTileKeys && one_tile_on() ? tiles_kernel<D, true, true>(heads_per_block)
-                                                                                 : tiles_kernel<D, true>(heads_per_block);
   } else if constexpr (D >= 64) {
     kernel = choice == DecodeAttention::mma ? tiles_kernel<D, true>(heads_per_block)
                                             : tiles_kernel<D, false>(heads_per_block);

@@ -61,11 +61,6 @@ __device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partn
 template <int D, int GM>
 inline constexpr int kDecodeTileKeys = (GM >= 8 ? 2048 : 4096) / D;
 inline constexpr int kDecodeStages = 2;
-// One-tile instances (ONE_TILE = true, tensor cores, head_dim 128): a split of up to 64 keys in one
-// stage of 64 keys, for launches whose splits are that short (batch 1-16 at contexts up to ~200 on
-// the H100): the split's keys are one pass of scores, softmax and P V instead of two passes of 32
-// keys, each with its block barriers (docs/perf-notes.md, "One tile a split").
-inline constexpr int kDecodeOneTileKeys = 64;
 
 // ---- the tensor-core (MMA) tile steps ----------------------------------------------------
 // Fragment names follow mma.m16n8k16: lane = 4 * group_id + in_group; C element c of a lane is
@@ -210,24 +205,20 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
 #endif
 
 // D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
-// scores and P V on tensor cores (see the top of this file); ONE_TILE: splits of at most
-// kDecodeOneTileKeys keys in one stage (the launcher checks split_len).
-template <int D, int GM, bool MMA = false, bool ONE_TILE = false>
+// scores and P V on tensor cores (see the top of this file).
+template <int D, int GM, bool MMA = false>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
   static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 or 128 (8 chunks a key row for the swizzle)");
-  static_assert(!ONE_TILE || MMA, "one-tile instances run on tensor cores");
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;
-  constexpr int TILE = ONE_TILE ? kDecodeOneTileKeys : kDecodeTileKeys<D, GM>;
-  constexpr int STAGES = ONE_TILE ? 1 : kDecodeStages;
+  constexpr int TILE = kDecodeTileKeys<D, GM>;
   constexpr int U = TILE / STEP;  // keys a lane copies a tile (K and V each)
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
-  __shared__ __align__(16) __half k_tiles[STAGES][TILE * D];  // a tile's key j at j * D
-  __shared__ __align__(16) __half v_tiles[STAGES][TILE * D];
+  __shared__ __align__(16) __half k_tiles[kDecodeStages][TILE * D];  // a tile's key j at j * D
+  __shared__ __align__(16) __half v_tiles[kDecodeStages][TILE * D];
   __shared__ float logits[GM][TILE];
-  // The f32 tiles' cross-warp sums (finish_split); the tensor-core tiles need none.
-  __shared__ float reduce[MMA ? 1 : kDecodeWarps][MMA ? 1 : GM][MMA ? 1 : D];
+  __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
   __shared__ float rope_cosine[D / 2], rope_sine[D / 2];
   // MMA: the block's query heads in f16 (8 rows, the mma's n; zeros past heads_here).
@@ -264,13 +255,13 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   int begin = split * p.split_len, context = 0, end = 0;
   if (p.window == 0) {
     load_blocks(begin, blocks0);
-    if (STAGES > 1) load_blocks(begin + TILE, blocks1);
+    load_blocks(begin + TILE, blocks1);
   }
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
   // the table entry there may be no block).
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
-    if (tile_begin < end && stage < STAGES) {  // one-tile instances: a split has no second tile
+    if (tile_begin < end) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
@@ -288,7 +279,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     if (p.window > 0) {
       begin += max(0, context - p.window);
       load_blocks(begin, blocks0);
-      if (STAGES > 1) load_blocks(begin + TILE, blocks1);
+      load_blocks(begin + TILE, blocks1);
     }
     end = min(context, begin + p.split_len);
   };
