@@ -127,10 +127,6 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.window = static_cast<int>(shape.sliding_window);
   params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
   params.split_len = static_cast<int>(split_len);
-  // A context shorter than max_context shares the splits evenly (kernels::split_range), unless
-  // QSPEC_ATTENTION_CONTEXT_SHARE=0 (read once; an A/B knob), where every split keeps split_len.
-  static const bool share_context = env_int("QSPEC_ATTENTION_CONTEXT_SHARE", 1, 0, 1) != 0;
-  params.min_split_len = share_context ? static_cast<int>(detail::attention_keys_per_split()) : params.split_len;
   params.splits = static_cast<int>(splits);
   params.out = reinterpret_cast<__half*>(out);
   params.out_stride = out_stride;

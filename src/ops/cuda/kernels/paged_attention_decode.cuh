@@ -28,8 +28,7 @@ struct DecodeParams {
   int num_seqs, num_heads, num_kv_heads, group, head_chunks;
   int window;          // 0: off
   float scale_log2;    // log2(e) / sqrt(head_dim)
-  int split_len;       // keys per split (multiple of 16) at the longest context the launch plans for
-  int min_split_len;   // keys per split at least when a shorter context is shared (split_range)
+  int split_len;       // keys per split (multiple of 16)
   int splits;
   __half* out;
   int64_t out_stride;
@@ -40,19 +39,6 @@ struct DecodeParams {
 };
 
 inline constexpr int kDecodeWarps = 4;
-
-// The keys [begin, end) split `split` of a sequence with `context` keys attends to. split_len is
-// planned for the longest context the launch may see (a CUDA graph's context bucket: 576 keys for
-// a context of ~150); a shorter context is shared evenly by the splits instead, in multiples of 16
-// keys and at least min_split_len a split, so its keys do not pile into the first split's serial
-// tiles (batch 16 at ~150 keys: one split of 150 keys and two empty, against three of 64).
-__device__ __forceinline__ void split_range(const DecodeParams& p, int context, int split, int& begin, int& end) {
-  const int start = p.window > 0 ? max(0, context - p.window) : 0;
-  const int share = ((context - start + p.splits - 1) / p.splits + 15) / 16 * 16;
-  const int len = min(p.split_len, max(p.min_split_len, share));
-  begin = start + split * len;
-  end = min(context, begin + len);
-}
 
 // Split-K: after a block wrote its partials, the last of the `splits` blocks of its (sequence,
 // head group) to arrive merges them into out (the split-K GEMM's fix-up, here for attention): one
@@ -202,8 +188,9 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
   const int head0 = kv_head * p.group + chunk_of_heads * GM;
   const int heads_here = min(GM, p.group - chunk_of_heads * GM);
   const int context = p.context_lens[seq];
-  int begin, end;
-  split_range(p, context, split, begin, end);
+  const int start = p.window > 0 ? max(0, context - p.window) : 0;
+  const int begin = start + split * p.split_len;
+  const int end = min(context, begin + p.split_len);
   const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
   const int32_t* table = p.block_tables + seq * p.max_blocks;
 

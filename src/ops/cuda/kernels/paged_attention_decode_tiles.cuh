@@ -249,8 +249,14 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       blocks[u] = __ldg(table + min(static_cast<int64_t>((tile_begin + key_offset(u)) >> 4), p.max_blocks - 1));
   };
 
+  // Without a window the split's first keys do not depend on the context: the table entries of
+  // its first two tiles load while the previous kernel still runs.
   int blocks0[U], blocks1[U];
-  int begin = 0, context = 0, end = 0;
+  int begin = split * p.split_len, context = 0, end = 0;
+  if (p.window == 0) {
+    load_blocks(begin, blocks0);
+    load_blocks(begin + TILE, blocks1);
+  }
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
   // the table entry there may be no block).
@@ -268,25 +274,25 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     }
     cp_async_commit();
   };
-  // The split's keys (split_range: an even share of this sequence's context) and the table
-  // entries of its first two tiles.
   auto context_range = [&] {
     context = p.context_lens[seq];
-    split_range(p, context, split, begin, end);
-    load_blocks(begin, blocks0);
-    load_blocks(begin + TILE, blocks1);
+    if (p.window > 0) {
+      begin += max(0, context - p.window);
+      load_blocks(begin, blocks0);
+      load_blocks(begin + TILE, blocks1);
+    }
+    end = min(context, begin + p.split_len);
   };
-  // The context lengths and tables were written before this step (by the host, or by the chain's
-  // input update, which completes before the step's first layer), so the split's range and its
-  // first table entries load before the wait, while the previous kernel drains.
-  context_range();
   // RoPE folded in: only this launch writes this step's key (below, from registers), so every
-  // key the tiles copy was written by an earlier step: the first two tiles' copies issue before
-  // the wait too. The new token's position is the host's (or the input update's), so its angles
-  // are computed before the wait as well: each pair's once a block, into shared memory.
+  // key the tiles copy was written by an earlier step, as were the context lengths and tables
+  // (the host's, or the chain's input update, which completes before the step's first layer):
+  // the first two tiles' copies issue before the wait, while the QKV GEMM drains.
+  // The new token's position is the host's (or the input update's) too, so its angles are
+  // computed before the wait as well: each pair's once a block, into shared memory.
   const bool rope = p.rope.positions != nullptr;
   int new_key = -1;
   if (rope) {
+    context_range();
     if (begin < end) {
       issue_tile(begin, 0, blocks0);
       issue_tile(begin + TILE, 1, blocks1);
@@ -318,6 +324,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
     new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
   } else {
+    context_range();
     if constexpr (MMA) {
       if (warp == 0 && lg == 0) {  // the f16 query rows as they are (the scores are scaled instead)
 #pragma unroll
