@@ -1,4 +1,4 @@
-// W16A16 linear: the small-M kernel (kernels/linear_w16_small_m.cuh) for few tokens, cuBLAS
+// W16A16 linear: the small-M kernel (kernels/linear_w16_small_m.cuh) for 1-8 tokens, cuBLAS
 // (f16 or bf16 operands, f32 accumulation) for the rest and for shapes the kernel does not take.
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/linear_w16_small_m.cuh"
@@ -20,9 +20,9 @@ void linear_w16_cublas(const Blas& blas, const uint16_t* x, int64_t m, int64_t k
                                   CUBLAS_GEMM_DEFAULT));
 }
 
-template <bool BF16, int MT>
+template <bool BF16>
 void launch_small_m(const kernels::W16SmallMParams& params, int blocks, void* stream) {
-  launch_pdl(kernels::linear_w16_small_m_kernel<BF16, MT>, dim3(static_cast<unsigned>(blocks)),
+  launch_pdl(kernels::linear_w16_small_m_kernel<BF16>, dim3(static_cast<unsigned>(blocks)),
              dim3(kernels::kW16SmallMWarps * 32), 0, as_stream(stream), params);
   QSPEC_CUDA_CHECK_LAUNCH("linear_w16_small_m_kernel");
 }
@@ -30,7 +30,7 @@ void launch_small_m(const kernels::W16SmallMParams& params, int blocks, void* st
 }  // namespace
 
 bool linear_w16_small_m_takes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, const uint16_t* y) {
-  return m >= 1 && m <= 16 && k % 8 == 0 && is_aligned_16(x) && is_aligned_16(w) && y != nullptr &&
+  return m >= 1 && m <= 8 && k % 8 == 0 && is_aligned_16(x) && is_aligned_16(w) && y != nullptr &&
          compute_capability() >= 80;
 }
 
@@ -49,7 +49,7 @@ int linear_w16_small_m_k_slices(int64_t k) {
 void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,
                         Dtype16 dtype, void* stream, int k_slices) {
   QSPEC_CHECK(n > 0 && n < (1ll << 31) && k > 0 && k < (1ll << 31) && linear_w16_small_m_takes(x, m, k, w, y),
-              "cuda::linear_w16_small_m: takes 1-16 rows, k a multiple of 8 and 16-byte aligned operands on sm_80+ (m ",
+              "cuda::linear_w16_small_m: takes 1-8 rows, k a multiple of 8 and 16-byte aligned operands on sm_80+ (m ",
               m, " n ", n, " k ", k, ")");
   QSPEC_CHECK(k_slices == 0 || k_slices == 1 || k_slices == 2 || k_slices == 4 || k_slices == 8,
               "cuda::linear_w16_small_m: k_slices ", k_slices, " is not 1, 2, 4 or 8");
@@ -64,8 +64,7 @@ void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t*
   const int64_t row_blocks = (n + 15) / 16, per_block = kernels::kW16SmallMWarps / params.k_slices;
   const int blocks = static_cast<int>((row_blocks + per_block - 1) / per_block);
   const bool bf16 = dtype == Dtype16::bf16;
-  if (m <= 8) bf16 ? launch_small_m<true, 1>(params, blocks, stream) : launch_small_m<false, 1>(params, blocks, stream);
-  else bf16 ? launch_small_m<true, 2>(params, blocks, stream) : launch_small_m<false, 2>(params, blocks, stream);
+  bf16 ? launch_small_m<true>(params, blocks, stream) : launch_small_m<false>(params, blocks, stream);
 }
 
 void linear_w16(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,

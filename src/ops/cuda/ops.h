@@ -675,7 +675,7 @@ enum class W16Kernel { automatic, small_m, cublas };
 // k / k / n apart.
 void linear_w16(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
                 uint16_t* y, Dtype16 dtype, void* stream, W16Kernel kernel = W16Kernel::automatic);
-// The small-M kernel (kernels/linear_w16_small_m.cuh) takes 1-16 rows, k a multiple of 8 and
+// The small-M kernel (kernels/linear_w16_small_m.cuh) takes 1-8 rows, k a multiple of 8 and
 // 16-byte aligned x and W, on sm_80+.
 bool linear_w16_small_m_takes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, const uint16_t* y);
 // Whether automatic picks it (QSPEC_W16_SMALL_M, default 1; read once).

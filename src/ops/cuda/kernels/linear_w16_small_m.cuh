@@ -1,4 +1,4 @@
-// W16A16 GEMM for few tokens (1-16): y[m, n] = x[m, k] W[n, k]^T with f16 or bf16 weights streamed
+// W16A16 GEMM for few tokens (1-8): y[m, n] = x[m, k] W[n, k]^T with f16 or bf16 weights streamed
 // from device memory straight into mma.sync A fragments, f32 accumulation.
 //
 // Why not cuBLAS at these sizes: a decode step's f16 GEMMs are weight streams (1 GB for Llama-3's
@@ -25,7 +25,9 @@ namespace qspec::cuda::kernels {
 
 inline constexpr int kW16SmallMWarps = 8;
 inline constexpr int kW16SmallMChunk = 32;  // k values a lane group covers per chunk (two mma)
-// Chunks a warp has in flight per load batch (2 blocks a multiprocessor).
+// Chunks a warp has in flight per load batch (118 registers: 2 blocks a multiprocessor). A
+// two-tile version for 9-16 tokens (2 chunks a batch, as 4 spilled) lost to cuBLAS in the decode
+// step at batch 16 (docs/perf-notes.md), so the kernel takes one tile of 8 tokens.
 inline constexpr int kW16SmallMUnroll = 4;
 
 struct W16SmallMParams {
@@ -55,10 +57,7 @@ __device__ __forceinline__ uint16_t float_to_bits16(float v) {
   else return __half_as_ushort(__float2half_rn(v));
 }
 
-// MT: token tiles of 8 (1: m <= 8, 2: m <= 16). With one tile the x loads of a batch of chunks go
-// out beside its weights; with two, each chunk's x loads come just before its mma (L1 hits: all
-// warps of a multiprocessor read the same rows), since holding a batch's x for two tiles spilled.
-template <bool BF16, int MT>
+template <bool BF16>
 __global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_kernel(const W16SmallMParams p) {
   constexpr int U = kW16SmallMUnroll;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -71,21 +70,16 @@ __global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_ke
   // Rows past n load row n - 1 (their sums are never stored); k past the end loads zeros.
   const uint16_t* w_lo = p.w + static_cast<int64_t>(min(row0 + g, p.n - 1)) * p.k + t * 8;
   const uint16_t* w_hi = p.w + static_cast<int64_t>(min(row0 + g + 8, p.n - 1)) * p.k + t * 8;
-  const uint16_t* x_row[MT];  // token nt * 8 + g (tokens past m read the last row, never stored)
-#pragma unroll
-  for (int nt = 0; nt < MT; ++nt) x_row[nt] = p.x + static_cast<int64_t>(min(nt * 8 + g, p.m - 1)) * p.k + t * 8;
-  auto chunk_in = [&](int c) { return c < chunk_end && c * kW16SmallMChunk + t * 8 < p.k; };
-  auto load_x = [&](int nt, int c) {
-    return chunk_in(c) ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + c * kW16SmallMChunk)) : make_uint4(0, 0, 0, 0);
-  };
+  const uint16_t* x_row = p.x + static_cast<int64_t>(min(g, p.m - 1)) * p.k + t * 8;  // token g
 
   uint4 w_next[U][2];
   auto load_weights = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const bool in = chunk_in(c0 + u);
-      w_next[u][0] = in ? load_stream_16(w_lo + (c0 + u) * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
-      w_next[u][1] = in ? load_stream_16(w_hi + (c0 + u) * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
+      const int c = c0 + u;
+      const bool in = c < chunk_end && c * kW16SmallMChunk + t * 8 < p.k;
+      w_next[u][0] = in ? load_stream_16(w_lo + c * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
+      w_next[u][1] = in ? load_stream_16(w_hi + c * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
     }
   };
 
@@ -93,59 +87,49 @@ __global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_ke
   load_weights(chunk_begin);  // weights are constants: in flight before the previous kernel ends
   grid_dependency_wait();      // x and y come after this
 
-  float acc[MT][2][4] = {};  // two chains a tile (the chunk's two mma), summed at the end
+  float acc[2][4] = {};  // two chains (the chunk's two mma), summed at the end
   for (int c0 = chunk_begin; c0 < chunk_end; c0 += U) {
-    uint4 w_now[U][2], x_batch[MT == 1 ? U : 1];
+    uint4 w_now[U][2], x_now[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       w_now[u][0] = w_next[u][0];
       w_now[u][1] = w_next[u][1];
-      if constexpr (MT == 1) x_batch[u] = load_x(0, c0 + u);
+      const int c = c0 + u;
+      const bool in = c < chunk_end && c * kW16SmallMChunk + t * 8 < p.k;
+      x_now[u] = in ? __ldg(reinterpret_cast<const uint4*>(x_row + c * kW16SmallMChunk)) : make_uint4(0, 0, 0, 0);
     }
     if (c0 + U < chunk_end) load_weights(c0 + U);  // the next batch flies while this one multiplies
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const uint32_t a0[4] = {w_now[u][0].x, w_now[u][1].x, w_now[u][0].y, w_now[u][1].y};
       const uint32_t a1[4] = {w_now[u][0].z, w_now[u][1].z, w_now[u][0].w, w_now[u][1].w};
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt) {
-        const uint4 xv = MT == 1 ? x_batch[u] : load_x(nt, c0 + u);
-        mma_16816<BF16>(acc[nt][0], a0, xv.x, xv.y);
-        mma_16816<BF16>(acc[nt][1], a1, xv.z, xv.w);
-      }
+      mma_16816<BF16>(acc[0], a0, x_now[u].x, x_now[u].y);
+      mma_16816<BF16>(acc[1], a1, x_now[u].z, x_now[u].w);
     }
   }
-  float sum[MT][4];
+  float sum[4];
 #pragma unroll
-  for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sum[nt][e] = acc[nt][0][e] + acc[nt][1][e];
+  for (int e = 0; e < 4; ++e) sum[e] = acc[0][e] + acc[1][e];
 
   if (p.k_slices > 1) {  // the slices' sums through shared memory, added in k order from zero
-    __shared__ float slice_sums[kW16SmallMWarps][MT][4][32];
+    __shared__ float slice_sums[kW16SmallMWarps][4][32];
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) slice_sums[warp][nt][e][lane] = sum[nt][e];
+    for (int e = 0; e < 4; ++e) slice_sums[warp][e][lane] = sum[e];
     __syncthreads();
     if (slice != 0) return;
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float total = 0.0f;
-        for (int s = 0; s < p.k_slices; ++s) total += slice_sums[warp + s][nt][e][lane];
-        sum[nt][e] = total;
-      }
-  }
-  // C fragment: e 0, 1 are row g, tokens nt * 8 + 2t, + 1; e 2, 3 row g + 8.
-#pragma unroll
-  for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = row0 + g + (e >= 2 ? 8 : 0), token = nt * 8 + 2 * t + (e & 1);
-      if (row < p.n && token < p.m) p.y[static_cast<int64_t>(token) * p.n + row] = float_to_bits16<BF16>(sum[nt][e]);
+      float total = 0.0f;
+      for (int s = 0; s < p.k_slices; ++s) total += slice_sums[warp + s][e][lane];
+      sum[e] = total;
     }
+  }
+  // C fragment: e 0, 1 are row g, tokens 2t, 2t + 1; e 2, 3 row g + 8.
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = row0 + g + (e >= 2 ? 8 : 0), token = 2 * t + (e & 1);
+    if (row < p.n && token < p.m) p.y[static_cast<int64_t>(token) * p.n + row] = float_to_bits16<BF16>(sum[e]);
+  }
 }
 
 }  // namespace qspec::cuda::kernels
