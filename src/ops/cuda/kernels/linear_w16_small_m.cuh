@@ -25,9 +25,10 @@ namespace qspec::cuda::kernels {
 
 inline constexpr int kW16SmallMWarps = 8;
 inline constexpr int kW16SmallMChunk = 32;  // k values a lane group covers per chunk (two mma)
-// Chunks a warp has in flight per load batch (118 registers: 2 blocks a multiprocessor). A
-// two-tile version for 9-16 tokens (2 chunks a batch, as 4 spilled) lost to cuBLAS in the decode
-// step at batch 16 (docs/perf-notes.md), so the kernel takes one tile of 8 tokens.
+// Chunks a warp has in flight per load batch (118 registers: 2 blocks a multiprocessor). Two
+// versions with a second tile of 8 tokens lost to cuBLAS at 9-16 tokens (2 chunks a batch, as 4
+// spilled: +3 % at batch 16 in the decode step; 4 chunks with each chunk's x loaded before its
+// mma: up to 19 % slower than cuBLAS alone; docs/perf-notes.md), so the kernel takes one tile.
 inline constexpr int kW16SmallMUnroll = 4;
 
 struct W16SmallMParams {
