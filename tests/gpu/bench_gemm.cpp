@@ -11,7 +11,7 @@
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
 //        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
 //        [--int8]
-// --variants: small-M kernel variants (m <= 128; 5, the preload kernel, m <= 16 on sm_90a); --tiles: tiled kernel tiles (every m; 0 = the
+// --variants: small-M kernel variants (m <= 128; 5, the preload kernel, m <= 16 on sm_90a); --tiles: tiled kernel tiles (every m; 5 = wgmma, sm_90a; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
@@ -324,11 +324,14 @@ int main(int argc, char** argv) {
           for (int tile : tiles) {
             const cuda::W4A16TiledConfig config{tile, 0};
             const std::string tile_name = cuda::w4a16_tiled_tile_name(tile);
-            for (const auto& [act, name] : quantized_inputs)
+            if (tile == cuda::kW4A16WgmmaTile && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+            for (const auto& [act, name] : quantized_inputs) {
+              if (tile == cuda::kW4A16WgmmaTile && act != &xf16) continue;  // f16 values only
               time_w4(std::string(name) + "_tiled_" + tile_name, [&](void* s, int i) {
                 cuda::w4_quantized_gemm_tiled(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
                                               tiled_workspace.get(), tiled_ws, s, config);
               });
+            }
             time_w4("w4a16_tiled_" + tile_name, [&](void* s, int i) {
               cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
                                      tiled_workspace.get(), tiled_ws, s, config);
@@ -447,6 +450,7 @@ int main(int argc, char** argv) {
         }
         for (int tile : tiles)
           for (int64_t splits : split_list) {
+            if (tile == cuda::kW4A16WgmmaTile && !cuda::w4a16_wgmma_tile_runs_here()) continue;
             const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits)};
             const std::string name =
                 "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) + (splits > 0 ? "_s" + std::to_string(splits) : "");
@@ -475,26 +479,20 @@ int main(int argc, char** argv) {
               w4_batch, warmup, reps, stream);
           report("w4a16_dequant_cublas", t, static_cast<double>(w4_bytes), w4_batch);
         }
-        if (baselines && !profile) {
+        // The f16 weights' GEMM on one W16Kernel, streamed over the weight copies.
+        auto time_w16 = [&](cuda::W16Kernel kernel, const std::string& name) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w16[i % w16_copies].as<uint16_t>(), shape.n,
-                                 y.as<uint16_t>(), cuda::Dtype16::f16, s, cuda::W16Kernel::cublas);
+                                 y.as<uint16_t>(), cuda::Dtype16::f16, s, kernel);
               },
               w16_batch, warmup, reps, stream);
-          report("cublas_f16", t, static_cast<double>(w16_bytes), w16_batch);
-        }
+          report(name, t, static_cast<double>(w16_bytes), w16_batch);
+        };
+        if (baselines && !profile) time_w16(cuda::W16Kernel::cublas, "cublas_f16");
         if (baselines && !profile &&
-            cuda::linear_w16_small_m_takes(x.as<uint16_t>(), m, shape.k, w16[0].as<uint16_t>(), y.as<uint16_t>())) {
-          const cuda::ReplayTimes t = cuda::time_replays(
-              [&](void* s, int i) {
-                cuda::linear_w16(blas, x.as<uint16_t>(), m, shape.k, w16[i % w16_copies].as<uint16_t>(), shape.n,
-                                 y.as<uint16_t>(), cuda::Dtype16::f16, s, cuda::W16Kernel::small_m);
-              },
-              w16_batch, warmup, reps, stream);
-          report("w16_small_m_k" + std::to_string(cuda::linear_w16_small_m_k_slices(shape.k)), t,
-                 static_cast<double>(w16_bytes), w16_batch);
-        }
+            cuda::linear_w16_small_m_takes(x.as<uint16_t>(), m, shape.k, w16[0].as<uint16_t>(), y.as<uint16_t>()))
+          time_w16(cuda::W16Kernel::small_m, "w16_small_m_k" + std::to_string(cuda::linear_w16_small_m_k_slices(shape.k)));
       }
     }
     cuda::destroy_stream(stream);

@@ -987,11 +987,15 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled 256x32 split5", 3, 5),
                                  tiled("tiled 128x128", 4, 1),
                                  tiled("tiled 128x128 split4", 4, 4),
+                                 tiled("tiled wgmma 128x64", cuda::kW4A16WgmmaTile, 1),
+                                 tiled("tiled wgmma 128x64 split3", cuda::kW4A16WgmmaTile, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
                                  {"automatic", cuda::W4A16Path::automatic, {}, 3e-3}};
       for (const Path& path : paths) {
         // small_m: the same kernel as v1 past 64 (sliced); tiled runs at every m.
         if (path.path == cuda::W4A16Path::small_m && path.config.variant >= 2 && m > 64) continue;
+        // The wgmma tile runs on sm_90a only (an H100 runs it here).
+        if (path.tiled.tile == cuda::kW4A16WgmmaTile && !cuda::w4a16_wgmma_tile_runs_here()) continue;
         const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, path.path),
                                       cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4);
         // The tiled split-K runs ask for more splits than its heuristic's bound: room for 5.
@@ -1099,7 +1103,8 @@ TEST_F(Gpu, W4A16TiledMatchesSmallMBitwise) {
       };
       const std::vector<f16> expected = run(false, 0);
       for (int tile = 1; tile <= cuda::kW4A16TiledTiles; ++tile)
-        ASSERT_EQ(run(true, tile), expected) << "tile " << cuda::w4a16_tiled_tile_name(tile) << " m" << m << " n" << n
+        if (tile != cuda::kW4A16WgmmaTile || cuda::w4a16_wgmma_tile_runs_here())
+          ASSERT_EQ(run(true, tile), expected) << "tile " << cuda::w4a16_tiled_tile_name(tile) << " m" << m << " n" << n
                                              << " k" << k << " g" << group;
     }
   }
@@ -1240,36 +1245,55 @@ TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {
   EXPECT_THROW(cuda::w4a16_dequantize(w, nullptr, nullptr), qspec::Error);
 }
 
+namespace {
+
+// Random operands of an f16 / bf16 GEMM (values exact in the dtype), on the device, with the
+// CPU's f32 product of the same values and a reader for the GPU's output.
+struct W16Operands {
+  cuda::Dtype16 dtype;
+  cuda::DeviceMemory d_x, d_w;
+  std::vector<float> expected;  // [m, n]
+  W16Operands(int64_t m, int64_t n, int64_t k, cuda::Dtype16 type) : dtype(type) {
+    std::vector<float> x = random_f16_values(static_cast<size_t>(m * k)), w = random_f16_values(static_cast<size_t>(n * k), 0.1f);
+    for (float& v : x) v = round(v);
+    for (float& v : w) v = round(v);
+    d_x = upload(encode(x));
+    d_w = upload(encode(w));
+    qspec::WeightMatrix weight;
+    weight.dtype = qspec::DType::F32;
+    weight.rows = n;
+    weight.cols = k;
+    weight.data = w.data();
+    expected.resize(static_cast<size_t>(m * n));
+    qspec::cpu::linear(x.data(), m, weight, nullptr, expected.data());
+  }
+  bool bf16() const { return dtype == cuda::Dtype16::bf16; }
+  float round(float v) const { return bf16() ? qspec::bf16_to_f32(qspec::f32_to_bf16(v)) : v; }
+  std::vector<uint16_t> encode(const std::vector<float>& v) const {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = bf16() ? qspec::f32_to_bf16(v[i]) : qspec::f32_to_f16(v[i]);
+    return out;
+  }
+  std::vector<float> read(const cuda::DeviceMemory& d_y) const {
+    const std::vector<uint16_t> y = download<uint16_t>(d_y, expected.size());
+    std::vector<float> got(y.size());
+    for (size_t i = 0; i < y.size(); ++i) got[i] = bf16() ? qspec::bf16_to_f32(y[i]) : qspec::f16_to_f32(y[i]);
+    return got;
+  }
+};
+
+}  // namespace
+
 TEST_F(Gpu, LinearW16MatchesCpuInF16AndBf16) {
   qspec::cuda::Blas blas;
   for (auto [m, n, k] : {std::tuple{1, 7, 13}, {3, 256, 256}, {17, 1408, 256}, {64, 333, 704}, {512, 1000, 4096}}) {
     for (cuda::Dtype16 dtype : {cuda::Dtype16::f16, cuda::Dtype16::bf16}) {
-      const bool bf16 = dtype == cuda::Dtype16::bf16;
-      auto round = [&](float v) { return bf16 ? qspec::bf16_to_f32(qspec::f32_to_bf16(v)) : v; };
-      std::vector<float> x = random_f16_values(static_cast<size_t>(m * k)), w = random_f16_values(static_cast<size_t>(n * k), 0.1f);
-      for (float& v : x) v = round(v);
-      for (float& v : w) v = round(v);
-      auto encode = [&](const std::vector<float>& v) {
-        std::vector<uint16_t> out(v.size());
-        for (size_t i = 0; i < v.size(); ++i) out[i] = bf16 ? qspec::f32_to_bf16(v[i]) : qspec::f32_to_f16(v[i]);
-        return out;
-      };
-      auto d_x = upload(encode(x));
-      auto d_w = upload(encode(w));
+      const W16Operands operands(m, n, k, dtype);
       auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
-      cuda::linear_w16(blas, d_x.as<uint16_t>(), m, k, d_w.as<uint16_t>(), n, d_y.as<uint16_t>(), dtype, nullptr);
-      const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * n));
-      std::vector<float> got(y.size());
-      for (size_t i = 0; i < y.size(); ++i) got[i] = bf16 ? qspec::bf16_to_f32(y[i]) : qspec::f16_to_f32(y[i]);
-      qspec::WeightMatrix weight;
-      weight.dtype = qspec::DType::F32;
-      weight.rows = n;
-      weight.cols = k;
-      weight.data = w.data();
-      std::vector<float> expected(got.size());
-      qspec::cpu::linear(x.data(), m, weight, nullptr, expected.data());
-      EXPECT_CLOSE(got, expected, bf16 ? 8e-3 : 3e-3,
-                   std::string(bf16 ? "bf16 " : "f16 ") + shape_name({m, n, k}));
+      cuda::linear_w16(blas, operands.d_x.as<uint16_t>(), m, k, operands.d_w.as<uint16_t>(), n, d_y.as<uint16_t>(),
+                       dtype, nullptr);
+      EXPECT_CLOSE(operands.read(d_y), operands.expected, operands.bf16() ? 8e-3 : 3e-3,
+                   std::string(operands.bf16() ? "bf16 " : "f16 ") + shape_name({m, n, k}));
     }
   }
 }
@@ -1281,25 +1305,10 @@ TEST_F(Gpu, LinearW16SmallMMatchesCpu) {
   for (auto [m, n, k] : {std::tuple{1, 1, 8}, {1, 7, 40}, {2, 17, 264}, {8, 100, 4096}, {7, 333, 1000},
                          {4, 4099, 256}, {5, 4096, 14336}, {3, 8016, 520}}) {
     for (cuda::Dtype16 dtype : {cuda::Dtype16::f16, cuda::Dtype16::bf16}) {
-      const bool bf16 = dtype == cuda::Dtype16::bf16;
-      auto round = [&](float v) { return bf16 ? qspec::bf16_to_f32(qspec::f32_to_bf16(v)) : v; };
-      std::vector<float> x = random_f16_values(static_cast<size_t>(m * k)), w = random_f16_values(static_cast<size_t>(n * k), 0.1f);
-      for (float& v : x) v = round(v);
-      for (float& v : w) v = round(v);
-      auto encode = [&](const std::vector<float>& v) {
-        std::vector<uint16_t> out(v.size());
-        for (size_t i = 0; i < v.size(); ++i) out[i] = bf16 ? qspec::f32_to_bf16(v[i]) : qspec::f32_to_f16(v[i]);
-        return out;
-      };
-      auto d_x = upload(encode(x));
-      auto d_w = upload(encode(w));
-      qspec::WeightMatrix weight;
-      weight.dtype = qspec::DType::F32;
-      weight.rows = n;
-      weight.cols = k;
-      weight.data = w.data();
-      std::vector<float> expected(static_cast<size_t>(m * n));
-      qspec::cpu::linear(x.data(), m, weight, nullptr, expected.data());
+      const W16Operands operands(m, n, k, dtype);
+      const bool bf16 = operands.bf16();
+      const auto& d_x = operands.d_x;
+      const auto& d_w = operands.d_w;
       for (int k_slices : {0, 1, 2, 4, 8, -1}) {  // -1: linear_w16's automatic choice
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
         if (k_slices >= 0) {
@@ -1309,10 +1318,7 @@ TEST_F(Gpu, LinearW16SmallMMatchesCpu) {
           qspec::cuda::Blas blas;
           cuda::linear_w16(blas, d_x.as<uint16_t>(), m, k, d_w.as<uint16_t>(), n, d_y.as<uint16_t>(), dtype, nullptr);
         }
-        const std::vector<uint16_t> y = download<uint16_t>(d_y, static_cast<size_t>(m * n));
-        std::vector<float> got(y.size());
-        for (size_t i = 0; i < y.size(); ++i) got[i] = bf16 ? qspec::bf16_to_f32(y[i]) : qspec::f16_to_f32(y[i]);
-        EXPECT_CLOSE(got, expected, bf16 ? 8e-3 : 2e-3,
+        EXPECT_CLOSE(operands.read(d_y), operands.expected, bf16 ? 8e-3 : 2e-3,
                      std::string(bf16 ? "bf16 " : "f16 ") + shape_name({m, n, k}) + " k_slices " + std::to_string(k_slices));
       }
     }

@@ -1,8 +1,11 @@
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/kernels/w4a16_tiled.cuh"
+#include "ops/cuda/kernels/w4a16_wgmma.cuh"
 #include "ops/cuda/ops.h"
 #include "ops/cuda/w4_detail.h"
 
@@ -46,6 +49,44 @@ struct TiledLauncher {
   }
 };
 
+// Tile 5: the wgmma kernel (kernels/w4a16_wgmma.cuh), f16 activation values only.
+template <class Act, int G>
+struct WgmmaLauncher {
+  using T = kernels::W4A16WgmmaTile;
+  static int configure() {
+    auto* kernel = kernels::w4a16_wgmma_kernel<Act, G>;
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    int blocks = 0;
+    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, T::kThreads, T::kSmemBytes));
+    return std::max(blocks, 1);
+  }
+  static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
+    launch_pdl(kernels::w4a16_wgmma_kernel<Act, G>, grid, dim3(T::kThreads), T::kSmemBytes, stream, params);
+    QSPEC_CUDA_CHECK_LAUNCH("w4a16_wgmma_kernel");
+  }
+  static TiledKernel get() {
+    static const int blocks_per_sm = configure();
+    return {T::kRows, T::kTokens, blocks_per_sm, &launch};
+  }
+};
+
+// Whether this GPU runs the wgmma tile's sm_90a code (an H100 / H200 and a build with sm_90a).
+bool wgmma_tile_runs_here() {
+  static const bool runs = [] {
+    if (compute_capability() != 90) return false;
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, kernels::w4a16_wgmma_kernel<kernels::ActF16, 128>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.binaryVersion == 90;
+  }();
+  return runs;
+}
+
+template <class Act>
+constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
+
 template <class Act, class Tile>
 TiledKernel tiled_kernel_for_group(int64_t group) {
   switch (group) {
@@ -57,6 +98,15 @@ TiledKernel tiled_kernel_for_group(int64_t group) {
 
 template <class Act>
 TiledKernel tiled_kernel(int tile, int64_t group) {
+  if constexpr (kF16Values<Act>) {
+    if (tile == kW4A16WgmmaTile) {
+      switch (group) {
+        case 32: return WgmmaLauncher<Act, 32>::get();
+        case 64: return WgmmaLauncher<Act, 64>::get();
+        default: return WgmmaLauncher<Act, 128>::get();
+      }
+    }
+  }
   switch (tile) {
     case 1: return tiled_kernel_for_group<Act, Tile256x64>(group);
     case 2: return tiled_kernel_for_group<Act, Tile128x64>(group);
@@ -65,11 +115,22 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
   }
 }
 
-// The tile `tile = 0` takes. Unmeasured guess (the H100 run sets it): 32-token tiles while one
-// covers every token, 64-token tiles beyond.
-int default_tile(int64_t m) { return m <= 32 ? 3 : 1; }
+// The tile `tile = 0` takes. Where the wgmma tile runs (f16 values on sm_90a): it, from 17 tokens
+// (QSPEC_W4A16_WGMMA=0 turns it off). Elsewhere 32-token tiles while one covers every token,
+// 64-token tiles beyond.
+template <class Act>
+int default_tile(int64_t m) {
+  static const bool wgmma_allowed = [] {
+    const char* env = std::getenv("QSPEC_W4A16_WGMMA");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  if (kF16Values<Act> && m > 16 && wgmma_allowed && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
+  return m <= 32 ? 3 : 1;
+}
 
 }  // namespace
+
+bool w4a16_wgmma_tile_runs_here() { return wgmma_tile_runs_here(); }
 
 std::string w4a16_tiled_tile_name(int tile) {
   switch (tile) {
@@ -77,6 +138,7 @@ std::string w4a16_tiled_tile_name(int tile) {
     case 2: return "128x64";
     case 3: return "256x32";
     case 4: return "128x128";
+    case 5: return "wgmma_128x64";
     default: return "auto";
   }
 }
@@ -93,7 +155,9 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
   if (m == 0) return;
-  const int tile = config.tile != 0 ? config.tile : default_tile(m);
+  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m);
+  QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
+              "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
   const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
   QSPEC_CHECK(row_tiles <= 65535, "cuda::w4a16_gemm_tiled: n ", w.n, " too large");

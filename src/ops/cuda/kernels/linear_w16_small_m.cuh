@@ -73,12 +73,13 @@ __global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_ke
   const uint16_t* w_hi = p.w + static_cast<int64_t>(min(row0 + g + 8, p.n - 1)) * p.k + t * 8;
   const uint16_t* x_row = p.x + static_cast<int64_t>(min(g, p.m - 1)) * p.k + t * 8;  // token g
 
+  // Whether this lane's 16 bytes of chunk c are inside its slice and the matrix.
+  auto chunk_in = [&](int c) { return c < chunk_end && c * kW16SmallMChunk + t * 8 < p.k; };
   uint4 w_next[U][2];
   auto load_weights = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c = c0 + u;
-      const bool in = c < chunk_end && c * kW16SmallMChunk + t * 8 < p.k;
+      const bool in = chunk_in(c0 + u);
       w_next[u][0] = in ? load_stream_16(w_lo + c * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
       w_next[u][1] = in ? load_stream_16(w_hi + c * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
     }
@@ -96,8 +97,7 @@ __global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_ke
       w_now[u][0] = w_next[u][0];
       w_now[u][1] = w_next[u][1];
       const int c = c0 + u;
-      const bool in = c < chunk_end && c * kW16SmallMChunk + t * 8 < p.k;
-      x_now[u] = in ? __ldg(reinterpret_cast<const uint4*>(x_row + c * kW16SmallMChunk)) : make_uint4(0, 0, 0, 0);
+      x_now[u] = chunk_in(c) ? __ldg(reinterpret_cast<const uint4*>(x_row + c * kW16SmallMChunk)) : make_uint4(0, 0, 0, 0);
     }
     if (c0 + U < chunk_end) load_weights(c0 + U);  // the next batch flies while this one multiplies
 #pragma unroll

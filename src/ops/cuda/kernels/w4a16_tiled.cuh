@@ -81,6 +81,42 @@ __device__ __forceinline__ int x_swizzle(int r) {
   else return (r & 1) << 2;
 }
 
+// The end of a tiled block (the mma.sync tiles and the wgmma tile, w4a16_wgmma.cuh): token
+// scales, then this thread's outputs (row blocks first_row_block + r: rows rb * 16 + g, + 8;
+// tokens m0 + nt * 8 + 2t, + 1) to y, or with split-K to this M tile's partials,
+// [splits][tile tokens][n], and the last block of the output tile sums them.
+template <class Act, int THREADS, int ROWS, int RPW, int MT>
+__device__ __forceinline__ void tiled_epilogue(float (&acc)[RPW][MT][4], const W4A16TiledParams& p,
+                                               int first_row_block, int m_tile, int row_tile, int split, int t,
+                                               int g) {
+  const int m0 = m_tile * MT * 8, tile_m = min(MT * 8, p.m - m0);
+  float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
+  apply_token_scales<Act>(acc, p.a.scales, m0, t, tile_m - 1);
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const int rb = first_row_block + r;
+    if (rb >= p.w.row_blocks) continue;
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
+        const int token = nt * 8 + 2 * t + (e & 1);
+        if (row >= p.w.n || token >= tile_m) continue;
+        if (p.splits == 1)
+          p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
+        else
+          partials[(static_cast<int64_t>(split) * tile_m + token) * p.w.n + row] = acc[r][nt][e];
+      }
+  }
+  if (p.splits == 1) return;
+  // Split-K fix-up: the last block to finish this (row tile, M tile) sums the partials in split order.
+  const int row_begin = row_tile * ROWS;
+  splitk_finish<THREADS>(p.counters, row_tile * p.m_tiles + m_tile, p.splits, partials,
+                         p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, row_begin,
+                         min(ROWS, p.w.n - row_begin));
+}
+
 template <class Act, class Tile, int G>
 __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_kernel(const W4A16TiledParams p) {
   using Elem = typename Act::Elem;
@@ -271,34 +307,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g), pair / PPG);
   }
 
-  // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens m0 + (nt*8 + 2t, + 1).
-  // This M tile's partials, [splits][tile_m][n].
-  float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
-  apply_token_scales<Act>(acc, p.a.scales, m0, t, tile_m - 1);
-#pragma unroll
-  for (int r = 0; r < RPW; ++r) {
-    const int rb = (row_tile * Tile::WARPS + warp) * RPW + r;
-    if (rb >= p.w.row_blocks) continue;
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (row >= p.w.n || token >= tile_m) continue;
-        if (p.splits == 1)
-          p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
-        else
-          partials[(static_cast<int64_t>(split) * tile_m + token) * p.w.n + row] = acc[r][nt][e];
-      }
-  }
-  if (p.splits == 1) return;
-
-  // Split-K fix-up: the last block to finish this (row tile, M tile) sums the partials in split order.
-  const int row_begin = row_tile * Tile::kRows;
-  splitk_finish<THREADS>(p.counters, row_tile * p.m_tiles + m_tile, p.splits, partials,
-                         p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, row_begin,
-                         min(Tile::kRows, p.w.n - row_begin));
+  tiled_epilogue<Act, THREADS, Tile::kRows>(acc, p, (row_tile * Tile::WARPS + warp) * RPW, m_tile, row_tile, split, t, g);
 }
 
 }  // namespace qspec::cuda::kernels

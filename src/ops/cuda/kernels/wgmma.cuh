@@ -36,13 +36,16 @@ __host__ __device__ constexpr int swizzled_offset(int row, int byte) {
 
 // Descriptor of a 128B-swizzled K-major tile starting at `tile` (1024-byte aligned, plus a
 // multiple of 32 bytes to step k inside the row).
-__device__ __forceinline__ uint64_t wgmma_descriptor_128b(const void* tile) {
-  const uint32_t address = smem_address(tile);
+// (By shared address: the tile's, or a pointer's through the overload below.)
+__device__ __forceinline__ uint64_t wgmma_descriptor_128b(uint32_t address) {
   uint64_t desc = static_cast<uint64_t>((address & 0x3FFFF) >> 4);  // start address, 16-byte units
   desc |= static_cast<uint64_t>(1) << 16;                           // leading byte offset: unused when swizzled
   desc |= static_cast<uint64_t>(1024 >> 4) << 32;                   // stride byte offset: 8 rows x 128 B
   desc |= static_cast<uint64_t>(1) << 62;                           // 128-byte swizzle
   return desc;
+}
+__device__ __forceinline__ uint64_t wgmma_descriptor_128b(const void* tile) {
+  return wgmma_descriptor_128b(smem_address(tile));
 }
 
 // Orders this thread's earlier register accesses to the accumulators before the next wgmma.
@@ -284,6 +287,38 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], uint64_t a
   (void)accumulate;
   __trap();
 #endif
+}
+
+// f16 x f16 -> f32 at m64n64k16 with A from registers: the A fragment of mma.m16n8k16 for each
+// warp's 16 rows (a[0] row g k 2t, 2t + 1; a[1] row g + 8; a[2] / a[3] k 8 + 2t ..) and b a
+// K-major f16 tile of 64 rows in shared memory. d[i][e]: row 16w + g + 8 (e >> 1), column
+// 8i + 2t + (e & 1), the C fragment of mma.m16n8k16 for n-tile i. Always accumulates; the
+// registers of a must stay unchanged until the wgmma is waited for.
+__device__ __forceinline__ void wgmma_f16_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b_desc) {
+#if QSPEC_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1));
+#else
+  (void)d;
+  (void)a;
+  (void)b_desc;
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[8][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
 }  // namespace qspec::cuda::kernels

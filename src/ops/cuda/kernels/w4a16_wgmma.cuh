@@ -1,0 +1,208 @@
+// W4A16 GEMM for tens of tokens on Hopper's wgmma, with the weights' A fragments from registers:
+// tile 5 of the tiled kernel (w4a16_tiled.cuh), the same parameters, split-K and fix-up, and the
+// same bits.
+//
+// Why: at 32-64 tokens the mma.sync tiled kernel runs the Llama-3-8B layer GEMMs in ~3x their
+// bytes' time (perf-notes), although neither the bytes nor the f16 mma rate explain it: every
+// mma.sync costs issue slots for its operands (a B fragment a token tile and a k16 step from
+// shared memory) and its accumulators' dependences. A wgmma reads the tokens (B) straight from
+// shared memory, 64 rows x 64 tokens x 16 k a warpgroup an instruction, asynchronously.
+//
+// The A fragments are the tiled kernel's: each lane unpacks its own 16 bytes of a chunk of the
+// packed layout (gemm/w4a16_pack.h) with ActF16::unpack into exact f16 integers, which are the
+// mma.m16n8k16 A fragments of the two k16 steps of each pair in its permuted k order. A wgmma's
+// A register fragment is that same layout for each warp's 16 rows. So the tokens in shared memory
+// must be in that permuted k order too: the k16 step s of a 32-k pair holds, at logical k 8h + 2t + e,
+// the physical k 8t + 4s + 2h + e. That is, with the pair's 64 bytes of a token as four 16-byte
+// pieces t of four 4-byte words j, logical piece j = (word j of pieces 0, 1, 2, 3): a 4 x 4
+// transpose of words, which costs nothing in registers. Each thread loads one (token, pair): four
+// 16-byte loads from global memory (L2), transposed by naming, four 16-byte stores.
+// Then every wgmma multiplies the same products as the tiled kernel's mma.sync pair, in the same
+// k order and the same scale groups (f32 group sums, scaled into f32 totals at each group's end),
+// so the output is the tiled kernel's bit for bit (the gpu tests check it).
+//
+// The block: 2 warpgroups x 64 weight rows (128 rows, 8 row blocks), 64 tokens (n64), stages
+// of 2 chunks (128 k, 8 wgmma a warpgroup). Weights: one thread's bulk copies (1 KB a row block a
+// stage) into a kWStages ring, an mbarrier a slot, the first ones before griddepcontrol.wait.
+// Tokens: two 16-KB buffers (two 128-byte-swizzled boxes of 64 tokens x 64 k each), written by
+// the threads from registers loaded one stage ahead. Each warpgroup waits for its own wgmma at the
+// end of each scale group (the group sums are then scaled); the other warpgroup's wgmma and
+// unpacking overlap it.
+#pragma once
+#include "ops/cuda/kernels/w4a16_tiled.cuh"
+#include "ops/cuda/kernels/wgmma.cuh"
+
+namespace qspec::cuda::kernels {
+
+struct W4A16WgmmaTile {
+  static constexpr int kRows = 128, kTokens = 64, kThreads = 256;
+  static constexpr int kChunks = 2;                                // 64-k chunks a stage
+  static constexpr int kPairs = 2 * kChunks;                       // 32-k pairs a stage
+  static constexpr int kWStages = 5;                               // weight ring slots
+  static constexpr int kXStages = 2;                               // token buffers
+  static constexpr int kRowBlockBytes = kChunks * 512;             // a row block's packed weights a stage
+  static constexpr int kWStageBytes = kRows / 16 * kRowBlockBytes;  // 8 KB
+  static constexpr int kBoxBytes = kTokens * 128;                  // 64 tokens x 64 k, 128B-swizzled
+  static constexpr int kXStageBytes = kChunks * kBoxBytes;         // 16 KB
+  static constexpr int kSmemBytes = kXStages * kXStageBytes + kWStages * kWStageBytes + 1024;
+  static_assert(kThreads == kTokens * kPairs, "one (token, pair) of x a thread a stage");
+};
+
+template <class Act, int G>
+__global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 1) void w4a16_wgmma_kernel(const W4A16TiledParams p) {
+#if QSPEC_WGMMA
+  using T = W4A16WgmmaTile;
+  static_assert(sizeof(typename Act::Elem) == 2, "f16 activations");
+  constexpr int PPG = G / 32;               // pairs a scale group
+  constexpr int GC = G >= 64 ? G / 64 : 1;  // chunks a group (a group of 32 is half a chunk)
+  static_assert(T::kPairs % PPG == 0 && T::kChunks % GC == 0, "a stage holds whole scale groups");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const x_ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* const w_ring = x_ring + T::kXStages * T::kXStageBytes;
+  __shared__ uint64_t w_full[T::kWStages];
+
+  const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int m_tile = blockIdx.x, row_tile = blockIdx.y, split = blockIdx.z;
+  const int m0 = m_tile * T::kTokens, tile_m = min(T::kTokens, p.m - m0);
+  // Splits start and end at scale-group boundaries (as the tiled kernel's), so every stage does.
+  const int group_units = p.w.full_chunks / GC;
+  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * group_units / p.splits) * GC;
+  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * group_units / p.splits) * GC;
+  const bool do_tail = p.w.tail && split == p.splits - 1;  // k % 64 == 32: a last stage of one pair
+  const int full_stages = (chunk_end - chunk_begin + T::kChunks - 1) / T::kChunks;
+  const int stages = full_stages + (do_tail ? 1 : 0);
+  // Stage st: its first pair (of the whole k) and how many it has.
+  auto stage_pair0 = [&](int st) { return st < full_stages ? 2 * (chunk_begin + st * T::kChunks) : 2 * p.w.full_chunks; };
+  auto stage_pairs = [&](int st) {
+    return st < full_stages ? 2 * min(T::kChunks, chunk_end - chunk_begin - st * T::kChunks) : 1;
+  };
+
+  // Weights: row block j of the tile (past the matrix: the last one again, outputs dropped).
+  auto load_weights = [&](int st) {
+    const int slot = st % T::kWStages, pairs = stage_pairs(st);
+    const int64_t pair_offset = static_cast<int64_t>(stage_pair0(st)) * 256;
+    mbarrier_arrive_expect_tx(&w_full[slot], static_cast<uint32_t>(T::kRows / 16 * pairs * 256));
+#pragma unroll 1
+    for (int j = 0; j < T::kRows / 16; ++j) {
+      const int rb = min(row_tile * (T::kRows / 16) + j, p.w.row_blocks - 1);
+      bulk_copy_to_shared(w_ring + slot * T::kWStageBytes + j * T::kRowBlockBytes,
+                          p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8 + pair_offset, pairs * 256, &w_full[slot]);
+    }
+  };
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < T::kWStages; ++i) mbarrier_init(&w_full[i], 1);
+    fence_proxy_async_shared();
+    // The weights are no earlier kernel's output: their first copies go out before the wait.
+    for (int st = 0; st < T::kWStages && st < stages; ++st) load_weights(st);
+  }
+  __syncthreads();
+  grid_launch_dependents();
+
+  const int row_block = min(row_tile * (T::kRows / 16) + warpgroup * 4 + warp, p.w.row_blocks - 1);
+  const uint32_t* const scale_words = p.w.scales + static_cast<int64_t>(row_block) * p.w.groups * 8 + g;
+  const uint32_t w_lane = smem_address(w_ring) + (warpgroup * 4 + warp) * T::kRowBlockBytes;
+
+  // x: this thread's (token, pair) of each stage, loaded a stage ahead into registers.
+  const int x_row = tid / T::kPairs, x_pair = tid % T::kPairs;
+  const __half* const x_row_src =
+      activation_values<Act>(p.a) + static_cast<int64_t>(m0 + min(x_row, tile_m - 1)) * p.a.ldx;
+  uint4 x_regs[4];
+  auto load_x = [&](int st) {
+    if (x_pair >= stage_pairs(st)) return;
+    const uint4* src = reinterpret_cast<const uint4*>(x_row_src + (stage_pair0(st) + x_pair) * 32);
+#pragma unroll
+    for (int piece = 0; piece < 4; ++piece) x_regs[piece] = __ldg(src + piece);
+  };
+  // Logical piece j (k 8j .. 8j + 7 of the pair in the wgmma's order) = word j of the four pieces.
+  auto store_x = [&](int st) {
+    if (x_pair >= stage_pairs(st)) return;
+    const uint32_t box = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes + (x_pair / 2) * T::kBoxBytes;
+    const int byte0 = (x_pair % 2) * 64;
+    const uint4 logical[4] = {
+        make_uint4(x_regs[0].x, x_regs[1].x, x_regs[2].x, x_regs[3].x),
+        make_uint4(x_regs[0].y, x_regs[1].y, x_regs[2].y, x_regs[3].y),
+        make_uint4(x_regs[0].z, x_regs[1].z, x_regs[2].z, x_regs[3].z),
+        make_uint4(x_regs[0].w, x_regs[1].w, x_regs[2].w, x_regs[3].w),
+    };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t address = box + swizzled_offset(x_row, byte0 + 16 * j);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(logical[j].x), "r"(logical[j].y),
+                   "r"(logical[j].z), "r"(logical[j].w)
+                   : "memory");
+    }
+  };
+
+  float acc[1][8][4];
+  float gacc[1][8][4];
+  zero_accumulators<Act>(acc, gacc);
+  uint32_t a[T::kPairs][2][4];  // the stage's A fragments: live until its wgmma are waited for
+
+  grid_dependency_wait();  // x comes from the previous kernel
+  if (stages > 0) load_x(0);
+
+  for (int st = 0; st < stages; ++st) {
+    store_x(st);
+    fence_proxy_async_shared();  // the stores are read next by wgmma (the async proxy)
+    if (st + 1 < stages) load_x(st + 1);
+    __syncthreads();  // x of stage st is complete; every thread is done with stage st - 1
+    if (tid == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
+    const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
+    uint32_t group_scale[T::kPairs / PPG];
+#pragma unroll
+    for (int i = 0; i < T::kPairs / PPG; ++i)
+      group_scale[i] = __ldg(scale_words + min((pair0 / PPG) + i, p.w.groups - 1) * 8);
+    const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
+    mbarrier_wait(&w_full[w_slot], (st / T::kWStages) & 1);
+    const uint32_t w_stage = w_lane + w_slot * T::kWStageBytes;
+    const bool tail_stage = st >= full_stages;
+#pragma unroll
+    for (int group = 0; group < T::kPairs / PPG; ++group) {
+      if (group * PPG >= pairs) break;  // uniform: a short last stage
+#pragma unroll
+      for (int q = group * PPG; q < (group + 1) * PPG; ++q) {
+        // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the tail's
+        // half chunk: 8 bytes a lane).
+        const uint32_t address = tail_stage ? w_stage + lane * 8 : w_stage + (q / 2) * 512 + lane * 16 + (q % 2) * 8;
+        uint32_t w0, w1;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
+        const typename Act::Weights unpacked = Act::unpack(w0, w1);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[q][s][r] = unpacked.a[s][r];
+      }
+      wgmma_fence();
+      wgmma_fence_operands(gacc[0]);
+#pragma unroll
+      for (int q = group * PPG; q < (group + 1) * PPG; ++q)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          // Pair q of the stage: box q / 2, bytes 64 (q % 2) + 32 s of each token row.
+          const uint64_t b_desc = wgmma_descriptor_128b(x_stage + (q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32);
+          wgmma_f16_m64n64k16_rs(gacc[0], a[q][s], b_desc);
+        }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(gacc[0]);
+#pragma unroll
+      for (int q = group * PPG; q < (group + 1) * PPG; ++q)
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[q][s][r])::"memory");
+      flush_group<Act, G>(acc[0], gacc[0], group_scale[group], p.a, pair0 / PPG + group, m0, t, tile_m - 1);
+    }
+  }
+
+  tiled_epilogue<Act, T::kThreads, T::kRows>(acc, p, row_tile * (T::kRows / 16) + warpgroup * 4 + warp, m_tile,
+                                              row_tile, split, t, g);
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+}  // namespace qspec::cuda::kernels
