@@ -79,7 +79,8 @@ __global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_ke
   auto load_weights = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const bool in = chunk_in(c0 + u);
+      const int c = c0 + u;
+      const bool in = chunk_in(c);
       w_next[u][0] = in ? load_stream_16(w_lo + c * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
       w_next[u][1] = in ? load_stream_16(w_hi + c * kW16SmallMChunk) : make_uint4(0, 0, 0, 0);
     }
