@@ -39,17 +39,17 @@ struct W4A16WgmmaTile {
   static constexpr int kChunks = 2;                                // 64-k chunks a stage
   static constexpr int kPairs = 2 * kChunks;                       // 32-k pairs a stage
   static constexpr int kWStages = 5;                               // weight ring slots
-  static constexpr int kXStages = 2;                               // token buffers
+  static constexpr int kXStages = 4;                               // token ring slots
   static constexpr int kRowBlockBytes = kChunks * 512;             // a row block's packed weights a stage
   static constexpr int kWStageBytes = kRows / 16 * kRowBlockBytes;  // 8 KB
   static constexpr int kBoxBytes = kTokens * 128;                  // 64 tokens x 64 k, 128B-swizzled
   static constexpr int kXStageBytes = kChunks * kBoxBytes;         // 16 KB
   static constexpr int kSmemBytes = kXStages * kXStageBytes + kWStages * kWStageBytes + 1024;
-  static_assert(kThreads == kTokens * kPairs, "one (token, pair) of x a thread a stage");
+  static_assert(kThreads / 32 * 16 == kTokens * kChunks, "x: 16 lines of 128 bytes a warp a stage");
 };
 
 template <class Act, int G>
-__global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 1) void w4a16_wgmma_kernel(const W4A16TiledParams p) {
+__global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kernel(const W4A16TiledParams p) {
 #if QSPEC_WGMMA
   using T = W4A16WgmmaTile;
   static_assert(sizeof(typename Act::Elem) == 2, "f16 activations");
@@ -61,7 +61,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 1) void w4a16_wgmma_kerne
   uint8_t* const w_ring = x_ring + T::kXStages * T::kXStageBytes;
   __shared__ uint64_t w_full[T::kWStages];
 
-  const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, warp_in_block = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m_tile = blockIdx.x, row_tile = blockIdx.y, split = blockIdx.z;
   const int m0 = m_tile * T::kTokens, tile_m = min(T::kTokens, p.m - m0);
@@ -104,34 +104,23 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 1) void w4a16_wgmma_kerne
   const uint32_t* const scale_words = p.w.scales + static_cast<int64_t>(row_block) * p.w.groups * 8 + g;
   const uint32_t w_lane = smem_address(w_ring) + (warpgroup * 4 + warp) * T::kRowBlockBytes;
 
-  // x: this thread's (token, pair) of each stage, loaded a stage ahead into registers.
-  const int x_row = tid / T::kPairs, x_pair = tid % T::kPairs;
-  const __half* const x_row_src =
-      activation_values<Act>(p.a) + static_cast<int64_t>(m0 + min(x_row, tile_m - 1)) * p.a.ldx;
-  uint4 x_regs[4];
+  // x: a stage is 128 lines of 128 bytes (token r, pairs 2h and 2h + 1), 16 a warp. Lane l copies
+  // word l of each of its warp's lines: pair 2h + l / 16, piece t = (l % 16) / 4, word j = l % 4,
+  // to logical piece j, word t of that pair (one 4-byte cp.async each; a line's 32 words stay in
+  // one 128-byte row of the box, so the stores are conflict-free and the loads coalesced).
+  const int x_half_pair = lane / 16, x_piece = (lane % 16) / 4, x_word = lane % 4;
+  const uint32_t x_dst_lane = swizzled_offset(0, x_half_pair * 64 + 16 * x_word) + 4 * x_piece;  // row 0's
+  const char* const x_src = static_cast<const char*>(p.a.x) + 4 * (lane % 16);
   auto load_x = [&](int st) {
-    if (x_pair >= stage_pairs(st)) return;
-    const uint4* src = reinterpret_cast<const uint4*>(x_row_src + (stage_pair0(st) + x_pair) * 32);
+    const int pairs = stage_pairs(st), pair0 = stage_pair0(st);
+    const uint32_t slot = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
 #pragma unroll
-    for (int piece = 0; piece < 4; ++piece) x_regs[piece] = __ldg(src + piece);
-  };
-  // Logical piece j (k 8j .. 8j + 7 of the pair in the wgmma's order) = word j of the four pieces.
-  auto store_x = [&](int st) {
-    if (x_pair >= stage_pairs(st)) return;
-    const uint32_t box = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes + (x_pair / 2) * T::kBoxBytes;
-    const int byte0 = (x_pair % 2) * 64;
-    const uint4 logical[4] = {
-        make_uint4(x_regs[0].x, x_regs[1].x, x_regs[2].x, x_regs[3].x),
-        make_uint4(x_regs[0].y, x_regs[1].y, x_regs[2].y, x_regs[3].y),
-        make_uint4(x_regs[0].z, x_regs[1].z, x_regs[2].z, x_regs[3].z),
-        make_uint4(x_regs[0].w, x_regs[1].w, x_regs[2].w, x_regs[3].w),
-    };
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t address = box + swizzled_offset(x_row, byte0 + 16 * j);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(logical[j].x), "r"(logical[j].y),
-                   "r"(logical[j].z), "r"(logical[j].w)
-                   : "memory");
+    for (int i = 0; i < 16; ++i) {
+      const int row = warp_in_block * 8 + i / 2, h = i % 2, pair = 2 * h + x_half_pair;
+      if (pair >= pairs) continue;
+      const int64_t token = m0 + min(row, tile_m - 1);
+      const uint32_t dst = slot + h * T::kBoxBytes + row * 128 + ((x_dst_lane ^ ((row & 7) << 4)) & 127);
+      cp_async_4(dst, x_src + (token * p.a.ldx + static_cast<int64_t>(pair0 + pair) * 32) * 2);
     }
   };
 
@@ -141,13 +130,19 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 1) void w4a16_wgmma_kerne
   uint32_t a[T::kPairs][2][4];  // the stage's A fragments: live until its wgmma are waited for
 
   grid_dependency_wait();  // x comes from the previous kernel
-  if (stages > 0) load_x(0);
+  // Commit groups: X0 .. X(XS - 2), then one a stage; at stage st, wait_group(XS - 2) leaves X(st) landed.
+#pragma unroll
+  for (int st = 0; st < T::kXStages - 1; ++st) {
+    if (st < stages) load_x(st);
+    cp_async_commit();
+  }
 
   for (int st = 0; st < stages; ++st) {
-    store_x(st);
-    fence_proxy_async_shared();  // the stores are read next by wgmma (the async proxy)
-    if (st + 1 < stages) load_x(st + 1);
-    __syncthreads();  // x of stage st is complete; every thread is done with stage st - 1
+    cp_async_wait<T::kXStages - 2>();
+    fence_proxy_async_shared();  // the copies (generic proxy) are read next by wgmma (the async proxy)
+    __syncthreads();  // x of stage st has landed for every thread; every warpgroup is done with stage st - 1
+    if (st + T::kXStages - 1 < stages) load_x(st + T::kXStages - 1);  // into stage st - 1's slot
+    cp_async_commit();
     if (tid == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
     const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
     uint32_t group_scale[T::kPairs / PPG];
