@@ -40,8 +40,10 @@ struct W4A16WgmmaTile {
   static constexpr int kPairs = 2 * kChunks;                       // 32-k pairs a stage
   static constexpr int kWStages = 5;                               // weight ring slots
   static constexpr int kXStages = 4;                               // token ring slots
-  static constexpr int kRowBlockBytes = kChunks * 512;             // a row block's packed weights a stage
-  static constexpr int kWStageBytes = kRows / 16 * kRowBlockBytes;  // 8 KB
+  static constexpr int kCodeBytes = kChunks * 512;                 // a row block's packed weights a stage
+  static constexpr int kScaleBytes = kPairs * 32;                  // its scales: at most a group a pair (G = 32)
+  static constexpr int kRowBlockBytes = kCodeBytes + kScaleBytes;
+  static constexpr int kWStageBytes = kRows / 16 * kRowBlockBytes;  // 9 KB
   static constexpr int kBoxBytes = kTokens * 128;                  // 64 tokens x 64 k, 128B-swizzled
   static constexpr int kXStageBytes = kChunks * kBoxBytes;         // 16 KB
   static constexpr int kSmemBytes = kXStages * kXStageBytes + kWStages * kWStageBytes + 1024;
@@ -78,16 +80,21 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     return st < full_stages ? 2 * min(T::kChunks, chunk_end - chunk_begin - st * T::kChunks) : 1;
   };
 
-  // Weights: row block j of the tile (past the matrix: the last one again, outputs dropped).
+  // Weights and their scales: row block j of the tile (past the matrix: the last one again,
+  // outputs dropped). The scales ride with the codes: a load from global memory at the flush
+  // would wait out DRAM's latency every stage.
   auto load_weights = [&](int st) {
-    const int slot = st % T::kWStages, pairs = stage_pairs(st);
-    const int64_t pair_offset = static_cast<int64_t>(stage_pair0(st)) * 256;
-    mbarrier_arrive_expect_tx(&w_full[slot], static_cast<uint32_t>(T::kRows / 16 * pairs * 256));
+    const int slot = st % T::kWStages, pairs = stage_pairs(st), pair0 = stage_pair0(st);
+    const int groups = pairs / PPG;  // whole groups: stages start and end at group boundaries
+    mbarrier_arrive_expect_tx(&w_full[slot], static_cast<uint32_t>(T::kRows / 16 * (pairs * 256 + groups * 32)));
 #pragma unroll 1
     for (int j = 0; j < T::kRows / 16; ++j) {
       const int rb = min(row_tile * (T::kRows / 16) + j, p.w.row_blocks - 1);
-      bulk_copy_to_shared(w_ring + slot * T::kWStageBytes + j * T::kRowBlockBytes,
-                          p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8 + pair_offset, pairs * 256, &w_full[slot]);
+      uint8_t* const dst = w_ring + slot * T::kWStageBytes + j * T::kRowBlockBytes;
+      bulk_copy_to_shared(dst, p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8 + static_cast<int64_t>(pair0) * 256,
+                          pairs * 256, &w_full[slot]);
+      bulk_copy_to_shared(dst + T::kCodeBytes, p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + pair0 / PPG) * 8,
+                          groups * 32, &w_full[slot]);
     }
   };
   if (tid == 0) {
@@ -100,8 +107,6 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   __syncthreads();
   grid_launch_dependents();
 
-  const int row_block = min(row_tile * (T::kRows / 16) + warpgroup * 4 + warp, p.w.row_blocks - 1);
-  const uint32_t* const scale_words = p.w.scales + static_cast<int64_t>(row_block) * p.w.groups * 8 + g;
   const uint32_t w_lane = smem_address(w_ring) + (warpgroup * 4 + warp) * T::kRowBlockBytes;
 
   // x: a stage is 128 lines of 128 bytes (token r, pairs 2h and 2h + 1), 16 a warp. Lane l copies
@@ -145,10 +150,6 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     cp_async_commit();
     if (tid == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
     const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
-    uint32_t group_scale[T::kPairs / PPG];
-#pragma unroll
-    for (int i = 0; i < T::kPairs / PPG; ++i)
-      group_scale[i] = __ldg(scale_words + min((pair0 / PPG) + i, p.w.groups - 1) * 8);
     const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
     mbarrier_wait(&w_full[w_slot], (st / T::kWStages) & 1);
     const uint32_t w_stage = w_lane + w_slot * T::kWStageBytes;
@@ -188,7 +189,9 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
         for (int s = 0; s < 2; ++s)
 #pragma unroll
           for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[q][s][r])::"memory");
-      flush_group<Act, G>(acc[0], gacc[0], group_scale[group], p.a, pair0 / PPG + group, m0, t, tile_m - 1);
+      uint32_t scale_word;  // rows g / g + 8 of the group
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_word) : "r"(w_stage + T::kCodeBytes + group * 32 + g * 4));
+      flush_group<Act, G>(acc[0], gacc[0], scale_word, p.a, pair0 / PPG + group, m0, t, tile_m - 1);
     }
   }
 
