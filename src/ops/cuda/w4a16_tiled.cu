@@ -115,16 +115,16 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
   }
 }
 
-// The tile `tile = 0` takes. Where the wgmma tile runs (f16 values on sm_90a): it, from 17 tokens
-// (QSPEC_W4A16_WGMMA=0 turns it off). Elsewhere 32-token tiles while one covers every token,
-// 64-token tiles beyond.
+// The tile `tile = 0` takes: 32-token tiles while one covers every token, 64-token tiles beyond.
+// The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on sm_90a, from 17
+// tokens): measured slower than these on the H100 (docs/perf-notes.md, "W4A16 on wgmma").
 template <class Act>
 int default_tile(int64_t m) {
-  static const bool wgmma_allowed = [] {
+  static const bool wgmma_asked = [] {
     const char* env = std::getenv("QSPEC_W4A16_WGMMA");
-    return env == nullptr || std::string(env) != "0";
+    return env != nullptr && std::string(env) == "1";
   }();
-  if (kF16Values<Act> && m > 16 && wgmma_allowed && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
+  if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
   return m <= 32 ? 3 : 1;
 }
 

@@ -15,17 +15,18 @@
 // must be in that permuted k order too: the k16 step s of a 32-k pair holds, at logical k 8h + 2t + e,
 // the physical k 8t + 4s + 2h + e. That is, with the pair's 64 bytes of a token as four 16-byte
 // pieces t of four 4-byte words j, logical piece j = (word j of pieces 0, 1, 2, 3): a 4 x 4
-// transpose of words, which costs nothing in registers. Each thread loads one (token, pair): four
-// 16-byte loads from global memory (L2), transposed by naming, four 16-byte stores.
+// transpose of words, done by the copies: 4-byte cp.async from global memory (L2) to their
+// transposed places.
 // Then every wgmma multiplies the same products as the tiled kernel's mma.sync pair, in the same
 // k order and the same scale groups (f32 group sums, scaled into f32 totals at each group's end),
 // so the output is the tiled kernel's bit for bit (the gpu tests check it).
 //
 // The block: 2 warpgroups x 64 weight rows (128 rows, 8 row blocks), 64 tokens (n64), stages
-// of 2 chunks (128 k, 8 wgmma a warpgroup). Weights: one thread's bulk copies (1 KB a row block a
-// stage) into a kWStages ring, an mbarrier a slot, the first ones before griddepcontrol.wait.
-// Tokens: two 16-KB buffers (two 128-byte-swizzled boxes of 64 tokens x 64 k each), written by
-// the threads from registers loaded one stage ahead. Each warpgroup waits for its own wgmma at the
+// of 2 chunks (128 k, 8 wgmma a warpgroup). Weights: bulk copies (1 KB and the scales a row block
+// a stage, each warp its own) into a kWStages ring, an mbarrier a slot, the first ones before
+// griddepcontrol.wait.
+// Tokens: a kXStages ring of 16-KB slots (two 128-byte-swizzled boxes of 64 tokens x 64 k each),
+// filled kXStages - 1 stages ahead. Each warpgroup waits for its own wgmma at the
 // end of each scale group (the group sums are then scaled); the other warpgroup's wgmma and
 // unpacking overlap it.
 #pragma once
@@ -80,31 +81,30 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     return st < full_stages ? 2 * min(T::kChunks, chunk_end - chunk_begin - st * T::kChunks) : 1;
   };
 
-  // Weights and their scales: row block j of the tile (past the matrix: the last one again,
-  // outputs dropped). The scales ride with the codes: a load from global memory at the flush
-  // would wait out DRAM's latency every stage.
-  auto load_weights = [&](int st) {
+  // Weights and their scales: each warp's lane 0 copies its own row block (past the matrix: the
+  // last one again, outputs dropped) and arrives on the slot's barrier (8 arrivals a phase): one
+  // thread issuing all 16 copies of a stage held its warpgroup's wgmma back. The scales ride with
+  // the codes: a load from global memory at the flush would wait out DRAM's latency every stage.
+  const int own_row_block = min(row_tile * (T::kRows / 16) + warp_in_block, p.w.row_blocks - 1);
+  const uint8_t* const own_codes = p.w.codes + static_cast<int64_t>(own_row_block) * p.w.k * 8;
+  const uint32_t* const own_scales = p.w.scales + static_cast<int64_t>(own_row_block) * p.w.groups * 8;
+  auto load_weights = [&](int st) {  // lane 0 of each warp
     const int slot = st % T::kWStages, pairs = stage_pairs(st), pair0 = stage_pair0(st);
     const int groups = pairs / PPG;  // whole groups: stages start and end at group boundaries
-    mbarrier_arrive_expect_tx(&w_full[slot], static_cast<uint32_t>(T::kRows / 16 * (pairs * 256 + groups * 32)));
-#pragma unroll 1
-    for (int j = 0; j < T::kRows / 16; ++j) {
-      const int rb = min(row_tile * (T::kRows / 16) + j, p.w.row_blocks - 1);
-      uint8_t* const dst = w_ring + slot * T::kWStageBytes + j * T::kRowBlockBytes;
-      bulk_copy_to_shared(dst, p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8 + static_cast<int64_t>(pair0) * 256,
-                          pairs * 256, &w_full[slot]);
-      bulk_copy_to_shared(dst + T::kCodeBytes, p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + pair0 / PPG) * 8,
-                          groups * 32, &w_full[slot]);
-    }
+    uint8_t* const dst = w_ring + slot * T::kWStageBytes + warp_in_block * T::kRowBlockBytes;
+    mbarrier_arrive_expect_tx(&w_full[slot], static_cast<uint32_t>(pairs * 256 + groups * 32));
+    bulk_copy_to_shared(dst, own_codes + static_cast<int64_t>(pair0) * 256, pairs * 256, &w_full[slot]);
+    bulk_copy_to_shared(dst + T::kCodeBytes, own_scales + (pair0 / PPG) * 8, groups * 32, &w_full[slot]);
   };
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < T::kWStages; ++i) mbarrier_init(&w_full[i], 1);
+    for (int i = 0; i < T::kWStages; ++i) mbarrier_init(&w_full[i], T::kRows / 16);
     fence_proxy_async_shared();
-    // The weights are no earlier kernel's output: their first copies go out before the wait.
-    for (int st = 0; st < T::kWStages && st < stages; ++st) load_weights(st);
   }
   __syncthreads();
+  // The weights are no earlier kernel's output: their first copies go out before the wait.
+  if (lane == 0)
+    for (int st = 0; st < T::kWStages && st < stages; ++st) load_weights(st);
   grid_launch_dependents();
 
   const uint32_t w_lane = smem_address(w_ring) + (warpgroup * 4 + warp) * T::kRowBlockBytes;
@@ -148,7 +148,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     __syncthreads();  // x of stage st has landed for every thread; every warpgroup is done with stage st - 1
     if (st + T::kXStages - 1 < stages) load_x(st + T::kXStages - 1);  // into stage st - 1's slot
     cp_async_commit();
-    if (tid == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
+    if (lane == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
     const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
     const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
     mbarrier_wait(&w_full[w_slot], (st / T::kWStages) & 1);
