@@ -201,8 +201,8 @@ int main(int argc, char** argv) {
       const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 8 * 4);
       const size_t w4_bytes = static_cast<size_t>(shape.n * shape.k / 2 + shape.n * (shape.k / group) * 2);
       const size_t w16_bytes = static_cast<size_t>(shape.n * shape.k * 2);
-      const int w4_copies = static_cast<int>(std::clamp<size_t>((3 * l2 + w4_bytes - 1) / w4_bytes, 1, 32));
-      const int w16_copies = static_cast<int>(std::clamp<size_t>((3 * l2 + w16_bytes - 1) / w16_bytes, 1, 32));
+      const int w4_copies = cuda::weight_copies_beyond_l2(w4_bytes);
+      const int w16_copies = cuda::weight_copies_beyond_l2(w16_bytes);
       std::vector<cuda::DeviceMemory> codes, scales, w16;
       std::vector<cuda::W4A16Weights> views;
       for (int c = 0; c < w4_copies; ++c) {

@@ -90,9 +90,6 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
   const bool low_precision = mode.activations.kind == ActivationMode::Kind::quantized;
   cuda::Blas blas;
   double total = 0;
-  auto copies_for = [](size_t bytes) {
-    return static_cast<int>(std::clamp<size_t>((3 * cuda::l2_cache_bytes() + bytes - 1) / bytes, 1, 32));
-  };
   for (const GemmShape& shape : step_gemms(c)) {
     const bool w4 = quantized && shape.quantizable;
     DeviceMemory x(static_cast<size_t>(m * shape.k) * 2), y(static_cast<size_t>(m * shape.n) * 2);
@@ -103,7 +100,7 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
       const int64_t row_blocks = (shape.n + 15) / 16, group = 128;
       const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
       const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 16) * 2;
-      copies = copies_for(code_bytes + scale_bytes);
+      copies = cuda::weight_copies_beyond_l2(code_bytes + scale_bytes);
       std::vector<DeviceMemory> codes, scales;
       std::vector<cuda::W4A16Weights> views;
       for (int i = 0; i < copies; ++i) {
@@ -137,7 +134,7 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
           std::max(10, copies), 3, 10, stream));
     } else {
       const size_t weight_bytes = static_cast<size_t>(shape.n * shape.k) * 2;
-      copies = copies_for(weight_bytes);
+      copies = cuda::weight_copies_beyond_l2(weight_bytes);
       std::vector<DeviceMemory> weights;
       for (int i = 0; i < copies; ++i) {
         weights.emplace_back(weight_bytes);

@@ -53,6 +53,10 @@ void stream_synchronize(void* stream);
 int multiprocessor_count();
 int compute_capability();  // major * 10 + minor of the current device
 size_t l2_cache_bytes();
+// How many copies of a weight of `bytes` cover 3x the L2 cache (1 to 32): benchmarks replay a
+// GEMM round-robin over them, so each launch streams its weights from device memory as in a
+// forward pass instead of finding them in L2.
+int weight_copies_beyond_l2(size_t bytes);
 // Whether kernels launch with programmatic dependent launch: sm_90+, and QSPEC_NO_PDL unset
 // unless set_pdl_enabled overrode it (tests and benchmarks compare both in one process; graphs
 // keep the setting they were captured with).

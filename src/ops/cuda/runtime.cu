@@ -2,6 +2,7 @@
 // plain C++ facade of ops/cuda/ops.h.
 #include <cuda_profiler_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +101,9 @@ int compute_capability() {
   return props.major * 10 + props.minor;
 }
 size_t l2_cache_bytes() { return static_cast<size_t>(current_device_properties().l2CacheSize); }
+int weight_copies_beyond_l2(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((3 * l2_cache_bytes() + bytes - 1) / std::max<size_t>(bytes, 1), 1, 32));
+}
 
 void* create_stream() {
   cudaStream_t stream = nullptr;

@@ -1,5 +1,6 @@
 // Host helpers the 4-bit GEMM launchers share (defined in w4a16_gemm.cu): the kernels' view of the
-// packed weights, and the checked activation rows of quantized inputs.
+// packed weights, the checked activation rows of quantized inputs, and whether an sm_90a-only
+// kernel runs here.
 #pragma once
 #include <cstdint>
 
@@ -16,5 +17,19 @@ kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m
 // `rows` advanced to token first_token.
 kernels::ActivationRows activation_rows_from(const kernels::ActivationRows& rows, const QuantizedActivations& x,
                                              int64_t first_token);
+
+// Whether the code of `kernel` that would run on this device is its sm_90a build: compute
+// capability 9.0 and a binary for it (a build's sm_80 pass compiles sm_90a-only kernels to a
+// trap). Callers keep the answer in a static: it does not change within a process.
+template <class Kernel>
+bool sm90a_build_runs(Kernel* kernel) {
+  if (compute_capability() != 90) return false;
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.binaryVersion == 90;
+}
 
 }  // namespace qspec::cuda::detail

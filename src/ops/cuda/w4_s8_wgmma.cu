@@ -156,15 +156,7 @@ void unpack_a8(const W4A16Weights& w, int8_t* out, void* stream, const char* who
 // Whether the wgmma kernel that would run on this device is the sm_90a build (the sm_80 pass
 // compiles it to a trap; an sm_90a binary runs only on compute capability 9.0).
 bool wgmma_kernel_runs_here() {
-  static const bool runs = [] {
-    if (compute_capability() != 90) return false;
-    cudaFuncAttributes attributes{};
-    if (cudaFuncGetAttributes(&attributes, kernels::w4_s8_wgmma_kernel<Tile>) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attributes.binaryVersion == 90;
-  }();
+  static const bool runs = detail::sm90a_build_runs(kernels::w4_s8_wgmma_kernel<Tile>);
   return runs;
 }
 

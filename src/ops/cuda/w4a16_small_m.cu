@@ -235,15 +235,7 @@ size_t preload_block_bytes(int64_t m) {
 
 // Whether the preload kernel that would run here is the sm_90a build (elsewhere it is a trap).
 bool preload_kernel_runs_here() {
-  static const bool runs = [] {
-    if (compute_capability() != 90) return false;
-    cudaFuncAttributes attributes{};
-    if (cudaFuncGetAttributes(&attributes, kernels::w4_preload_kernel<kernels::ActF16, 1, 128>) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attributes.binaryVersion == 90;
-  }();
+  static const bool runs = detail::sm90a_build_runs(kernels::w4_preload_kernel<kernels::ActF16, 1, 128>);
   return runs;
 }
 

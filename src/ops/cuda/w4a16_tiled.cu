@@ -28,59 +28,42 @@ struct TiledKernel {
   void (*launch)(const kernels::W4A16TiledParams&, dim3, cudaStream_t);
 };
 
-template <class Act, class Tile, int G>
-struct TiledLauncher {
-  static constexpr int kSmemBytes = Tile::template smem_bytes<G>();
+// One kernel of the tiled path: KERNEL (the wgmma one or the mma.sync one) on ROWS x TOKENS tiles,
+// THREADS a block, SMEM bytes of dynamic shared memory.
+template <auto KERNEL, bool WGMMA, int THREADS, int SMEM, int ROWS, int TOKENS>
+struct TileLauncher {
   // Once per process: opt in to the shared memory, then ask how many blocks fit.
   static int configure() {
-    auto* kernel = kernels::w4_tiled_kernel<Act, Tile, G>;
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     int blocks = 0;
-    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tile::kThreads, kSmemBytes));
+    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, KERNEL, THREADS, SMEM));
     return std::max(blocks, 1);
   }
   static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
-    launch_pdl(kernels::w4_tiled_kernel<Act, Tile, G>, grid, dim3(Tile::kThreads), kSmemBytes, stream, params);
-    QSPEC_CUDA_CHECK_LAUNCH("w4_tiled_kernel");
+    launch_pdl(KERNEL, grid, dim3(THREADS), SMEM, stream, params);
+    if constexpr (WGMMA) QSPEC_CUDA_CHECK_LAUNCH("w4a16_wgmma_kernel");
+    else QSPEC_CUDA_CHECK_LAUNCH("w4_tiled_kernel");
   }
   static TiledKernel get() {
     static const int blocks_per_sm = configure();
-    return {Tile::kRows, Tile::kTokens, blocks_per_sm, &launch};
+    return {ROWS, TOKENS, blocks_per_sm, &launch};
   }
 };
+
+// Tiles 1-4: the mma.sync kernel (kernels/w4a16_tiled.cuh).
+template <class Act, class Tile, int G>
+using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G>, false, Tile::kThreads,
+                                   Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
 
 // Tile 5: the wgmma kernel (kernels/w4a16_wgmma.cuh), f16 activation values only.
 template <class Act, int G>
-struct WgmmaLauncher {
-  using T = kernels::W4A16WgmmaTile;
-  static int configure() {
-    auto* kernel = kernels::w4a16_wgmma_kernel<Act, G>;
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-    int blocks = 0;
-    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, T::kThreads, T::kSmemBytes));
-    return std::max(blocks, 1);
-  }
-  static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
-    launch_pdl(kernels::w4a16_wgmma_kernel<Act, G>, grid, dim3(T::kThreads), T::kSmemBytes, stream, params);
-    QSPEC_CUDA_CHECK_LAUNCH("w4a16_wgmma_kernel");
-  }
-  static TiledKernel get() {
-    static const int blocks_per_sm = configure();
-    return {T::kRows, T::kTokens, blocks_per_sm, &launch};
-  }
-};
+using WgmmaLauncher = TileLauncher<kernels::w4a16_wgmma_kernel<Act, G>, true, kernels::W4A16WgmmaTile::kThreads,
+                                   kernels::W4A16WgmmaTile::kSmemBytes, kernels::W4A16WgmmaTile::kRows,
+                                   kernels::W4A16WgmmaTile::kTokens>;
 
 // Whether this GPU runs the wgmma tile's sm_90a code (an H100 / H200 and a build with sm_90a).
 bool wgmma_tile_runs_here() {
-  static const bool runs = [] {
-    if (compute_capability() != 90) return false;
-    cudaFuncAttributes attributes{};
-    if (cudaFuncGetAttributes(&attributes, kernels::w4a16_wgmma_kernel<kernels::ActF16, 128>) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attributes.binaryVersion == 90;
-  }();
+  static const bool runs = detail::sm90a_build_runs(kernels::w4a16_wgmma_kernel<kernels::ActF16, 128>);
   return runs;
 }
 
