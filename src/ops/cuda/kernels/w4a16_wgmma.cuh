@@ -40,15 +40,20 @@ struct W4A16WgmmaTile {
   static constexpr int kChunks = 2;                                // 64-k chunks a stage
   static constexpr int kPairs = 2 * kChunks;                       // 32-k pairs a stage
   static constexpr int kWStages = 5;                               // weight ring slots
-  static constexpr int kXStages = 4;                               // token ring slots
+  static constexpr int kXStages = 3;                               // token ring slots
   static constexpr int kCodeBytes = kChunks * 512;                 // a row block's packed weights a stage
   static constexpr int kScaleBytes = kPairs * 32;                  // its scales: at most a group a pair (G = 32)
   static constexpr int kRowBlockBytes = kCodeBytes + kScaleBytes;
   static constexpr int kWStageBytes = kRows / 16 * kRowBlockBytes;  // 9 KB
   static constexpr int kBoxBytes = kTokens * 128;                  // 64 tokens x 64 k, 128B-swizzled
-  static constexpr int kXStageBytes = kChunks * kBoxBytes;         // 16 KB
+  // A token slot holds the stage's rows as copied (kStagedRowBytes apart: 16 bytes of padding
+  // spread a quarter warp's reads over all banks), then, in place, the two boxes the wgmma read.
+  static constexpr int kStagedRowBytes = kPairs * 64 + 16;
+  static constexpr int kXStageBytes = (kTokens * kStagedRowBytes + 1023) / 1024 * 1024;  // 18 KB
   static constexpr int kSmemBytes = kXStages * kXStageBytes + kWStages * kWStageBytes + 1024;
-  static_assert(kThreads / 32 * 16 == kTokens * kChunks, "x: 16 lines of 128 bytes a warp a stage");
+  static_assert(kChunks * kBoxBytes <= kXStageBytes && kThreads == kTokens * kPairs,
+                "x: one (token, pair) a thread a stage");
+  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks a multiprocessor");
 };
 
 template <class Act, int G>
@@ -63,6 +68,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   uint8_t* const x_ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint8_t* const w_ring = x_ring + T::kXStages * T::kXStageBytes;
   __shared__ uint64_t w_full[T::kWStages];
+  __shared__ uint64_t x_full[T::kXStages];
 
   const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, warp_in_block = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -99,6 +105,8 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < T::kWStages; ++i) mbarrier_init(&w_full[i], T::kRows / 16);
+#pragma unroll
+    for (int i = 0; i < T::kXStages; ++i) mbarrier_init(&x_full[i], T::kThreads / 32);
     fence_proxy_async_shared();
   }
   __syncthreads();
@@ -109,25 +117,28 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
 
   const uint32_t w_lane = smem_address(w_ring) + (warpgroup * 4 + warp) * T::kRowBlockBytes;
 
-  // x: a stage is 128 lines of 128 bytes (token r, pairs 2h and 2h + 1), 16 a warp. Lane l copies
-  // word l of each of its warp's lines: pair 2h + l / 16, piece t = (l % 16) / 4, word j = l % 4,
-  // to logical piece j, word t of that pair (one 4-byte cp.async each; a line's 32 words stay in
-  // one 128-byte row of the box, so the stores are conflict-free and the loads coalesced).
-  const int x_half_pair = lane / 16, x_piece = (lane % 16) / 4, x_word = lane % 4;
-  const uint32_t x_dst_lane = swizzled_offset(0, x_half_pair * 64 + 16 * x_word) + 4 * x_piece;  // row 0's
-  const char* const x_src = static_cast<const char*>(p.a.x) + 4 * (lane % 16);
-  auto load_x = [&](int st) {
-    const int pairs = stage_pairs(st), pair0 = stage_pair0(st);
-    const uint32_t slot = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int row = warp_in_block * 8 + i / 2, h = i % 2, pair = 2 * h + x_half_pair;
-      if (pair >= pairs) continue;
-      const int64_t token = m0 + min(row, tile_m - 1);
-      const uint32_t dst = slot + h * T::kBoxBytes + row * 128 + ((x_dst_lane ^ ((row & 7) << 4)) & 127);
-      cp_async_4(dst, x_src + (token * p.a.ldx + static_cast<int64_t>(pair0 + pair) * 32) * 2);
-    }
+  // x: lanes 0-7 of each warp copy one token row each of the stage (pairs x 64 bytes, one bulk
+  // copy; rows past the tile's tokens are skipped: their columns are never stored); lane 0 arrives
+  // with the warp's bytes (8 arrivals a phase).
+  const int copy_row = warp_in_block * 8 + lane;  // lanes 0-7
+  const char* const copy_src = static_cast<const char*>(p.a.x) + static_cast<int64_t>(m0 + copy_row) * p.a.ldx * 2;
+  const int warp_rows = max(0, min(8, tile_m - warp_in_block * 8));
+  auto load_x = [&](int st) {  // the whole warp
+    const int pairs = stage_pairs(st), slot = st % T::kXStages;
+    if (lane == 0)
+      mbarrier_arrive_expect_tx(&x_full[slot], static_cast<uint32_t>(warp_rows * pairs * 64));
+    __syncwarp();
+    if (lane < warp_rows)
+      bulk_copy_to_shared(x_ring + slot * T::kXStageBytes + copy_row * T::kStagedRowBytes,
+                          copy_src + static_cast<int64_t>(stage_pair0(st)) * 64, pairs * 64, &x_full[slot]);
   };
+  // Then each thread moves its (token, pair): four 16-byte pieces in, the 4 x 4 word transpose by
+  // naming, four pieces out to box pair / 2, bytes 64 (pair % 2) + 16 j of the token's row. A
+  // quarter warp is 8 tokens of one pair: conflict-free both ways.
+  const int x_token = tid % T::kTokens, x_pair = tid / T::kTokens;
+  const uint32_t x_staged = x_token * T::kStagedRowBytes + x_pair * 64;
+  const uint32_t x_boxed = (x_pair / 2) * T::kBoxBytes + x_token * 128;
+  const int x_swizzle = x_token & 7;
 
   float acc[1][8][4];
   float gacc[1][8][4];
@@ -135,22 +146,37 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   uint32_t a[T::kPairs][2][4];  // the stage's A fragments: live until its wgmma are waited for
 
   grid_dependency_wait();  // x comes from the previous kernel
-  // Commit groups: X0 .. X(XS - 2), then one a stage; at stage st, wait_group(XS - 2) leaves X(st) landed.
-#pragma unroll
-  for (int st = 0; st < T::kXStages - 1; ++st) {
-    if (st < stages) load_x(st);
-    cp_async_commit();
-  }
+  for (int st = 0; st < T::kXStages - 1 && st < stages; ++st) load_x(st);
 
   for (int st = 0; st < stages; ++st) {
-    cp_async_wait<T::kXStages - 2>();
-    fence_proxy_async_shared();  // the copies (generic proxy) are read next by wgmma (the async proxy)
-    __syncthreads();  // x of stage st has landed for every thread; every warpgroup is done with stage st - 1
+    const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
+    mbarrier_wait(&x_full[st % T::kXStages], (st / T::kXStages) & 1);
+    uint4 piece[4];
+    const bool moves = x_pair < stage_pairs(st);
+    if (moves)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) piece[j] = load_shared_16(x_stage + x_staged + 16 * j);
+    __syncthreads();  // every staged row is read (and every warpgroup is done with stage st - 1)
+    if (moves) {
+      const uint4 logical[4] = {
+          make_uint4(piece[0].x, piece[1].x, piece[2].x, piece[3].x),
+          make_uint4(piece[0].y, piece[1].y, piece[2].y, piece[3].y),
+          make_uint4(piece[0].z, piece[1].z, piece[2].z, piece[3].z),
+          make_uint4(piece[0].w, piece[1].w, piece[2].w, piece[3].w),
+      };
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t address = x_stage + x_boxed + ((((x_pair % 2) * 4 + j) ^ x_swizzle) << 4);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(logical[j].x),
+                     "r"(logical[j].y), "r"(logical[j].z), "r"(logical[j].w)
+                     : "memory");
+      }
+    }
+    fence_proxy_async_shared();  // the stores (generic proxy) are read next by wgmma (the async proxy)
+    __syncthreads();  // the boxes of stage st are complete
     if (st + T::kXStages - 1 < stages) load_x(st + T::kXStages - 1);  // into stage st - 1's slot
-    cp_async_commit();
     if (lane == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
     const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
-    const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
     mbarrier_wait(&w_full[w_slot], (st / T::kWStages) & 1);
     const uint32_t w_stage = w_lane + w_slot * T::kWStageBytes;
     const bool tail_stage = st >= full_stages;
