@@ -439,7 +439,7 @@ struct W4A16TiledConfig {
   int tile = 0;
   int splits = 0;
 };
-inline constexpr int kW4A16TiledTiles = 5;  // tiles 1 .. kW4A16TiledTiles
+inline constexpr int kW4A16TiledTiles = 8;  // tiles 1 .. kW4A16TiledTiles
 inline constexpr int kW4A16WgmmaTile = 5;
 bool w4a16_wgmma_tile_runs_here();
 std::string w4a16_tiled_tile_name(int tile);  // "256x64" (rows x tokens) for tile 1, ...

@@ -21,6 +21,11 @@ using Tile256x64 = kernels::W4A16TileShape<8, 2, 8, 2, 4, 1>;
 using Tile128x64 = kernels::W4A16TileShape<8, 2, 4, 2, 4, 2>;
 using Tile256x32 = kernels::W4A16TileShape<4, 2, 8, 2, 6, 1>;
 using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
+// 32-token tiles with every multiprocessor busy (experiment): 128 rows twice as many blocks as
+// 256x32, two (6 stages) or three (4 stages) a multiprocessor; 256x32 at two a multiprocessor.
+using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
+using Tile128x32B3 = kernels::W4A16TileShape<4, 2, 4, 2, 4, 3>;
+using Tile256x32B2 = kernels::W4A16TileShape<4, 2, 8, 2, 4, 2>;
 
 struct TiledKernel {
   int rows, tokens;   // the tile
@@ -94,6 +99,9 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     case 1: return tiled_kernel_for_group<Act, Tile256x64>(group);
     case 2: return tiled_kernel_for_group<Act, Tile128x64>(group);
     case 3: return tiled_kernel_for_group<Act, Tile256x32>(group);
+    case 6: return tiled_kernel_for_group<Act, Tile128x32>(group);
+    case 7: return tiled_kernel_for_group<Act, Tile128x32B3>(group);
+    case 8: return tiled_kernel_for_group<Act, Tile256x32B2>(group);
     default: return tiled_kernel_for_group<Act, Tile128x128>(group);
   }
 }
@@ -108,7 +116,12 @@ int default_tile(int64_t m) {
     return env != nullptr && std::string(env) == "1";
   }();
   if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
-  return m <= 32 ? 3 : 1;
+  static const int tile_32 = [] {  // experiment: QSPEC_W4A16_TILE_32=N runs tile N at m <= 32
+    const char* env = std::getenv("QSPEC_W4A16_TILE_32");
+    const int tile = env != nullptr ? std::atoi(env) : 0;
+    return tile >= 1 && tile <= kW4A16TiledTiles && tile != kW4A16WgmmaTile ? tile : 3;
+  }();
+  return m <= 32 ? tile_32 : 1;
 }
 
 }  // namespace
@@ -122,6 +135,9 @@ std::string w4a16_tiled_tile_name(int tile) {
     case 3: return "256x32";
     case 4: return "128x128";
     case 5: return "wgmma_128x64";
+    case 6: return "128x32";
+    case 7: return "128x32_b3";
+    case 8: return "256x32_b2";
     default: return "auto";
   }
 }
