@@ -18,7 +18,7 @@ namespace {
 constexpr std::string_view kNames[kStrategies] = {
     "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
     "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5"};
+    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -70,6 +70,8 @@ Strategy rule_based_strategy(std::string_view activations, int64_t m) {
   // fp8 too, as e4m3 codes (the same kernel on e4m3 wgmma: 1.6-1.9x the f16-mma tiled kernel at
   // 512 tokens, perf-notes "W4A8-fp8 on e4m3").
   if ((activations == "int8" || activations == "fp8") && m >= 512) return Strategy::s8_wgmma_128x128;
+  // f16 at 17-32 tokens: 128x32 tiles, two blocks a multiprocessor (perf-notes "A 128x32 tile").
+  if (activations == "f16" && m <= 32) return Strategy::tiled_128x32;
   return m <= 32 ? Strategy::tiled_256x32 : Strategy::tiled_256x64;
 }
 

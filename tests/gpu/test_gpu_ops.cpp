@@ -989,9 +989,8 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled 128x128 split4", 4, 4),
                                  tiled("tiled wgmma 128x64", cuda::kW4A16WgmmaTile, 1),
                                  tiled("tiled wgmma 128x64 split3", cuda::kW4A16WgmmaTile, 3),
-                                 tiled("tiled 128x32 split3", 6, 3),
-                                 tiled("tiled 128x32_b3 split2", 7, 2),
-                                 tiled("tiled 256x32_b2 split2", 8, 2),
+                                 tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
+                                 tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
                                  {"automatic", cuda::W4A16Path::automatic, {}, 3e-3}};
       for (const Path& path : paths) {

@@ -36,6 +36,10 @@ TEST(PolicyMap, LooksUpRangesAndFallsBackToTheRule) {
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 8), Strategy::small_m_v5);   // the preload kernel
   EXPECT_EQ(qspec::gemm::rule_based_strategy("nvfp4", 8), Strategy::small_m_v1);  // v5 is f16 only
   EXPECT_EQ(qspec::gemm::parse_strategy("small_m_v5"), Strategy::small_m_v5);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 17), Strategy::tiled_128x32);  // two blocks a multiprocessor
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 33), Strategy::tiled_256x64);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 17), Strategy::tiled_256x32);  // measured for f16 only
+  EXPECT_EQ(qspec::gemm::parse_strategy("tiled_128x32"), Strategy::tiled_128x32);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 129), Strategy::dequant_cublas);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 511), Strategy::tiled_256x64);  // no cuBLAS path for int8
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 512), Strategy::s8_wgmma_128x128);

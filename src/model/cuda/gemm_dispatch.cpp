@@ -86,6 +86,12 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
       else cuda::w4a16_gemm_tiled(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
       return;
     }
+    case Strategy::tiled_128x32: {
+      const cuda::W4A16TiledConfig config{cuda::kW4A16Tile128x32, 0};
+      if (x.quantized) cuda::w4_quantized_gemm_tiled(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+      else cuda::w4a16_gemm_tiled(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
+      return;
+    }
     case Strategy::dequant_cublas:
       cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, cuda::W4A16Path::dequant_cublas);
       return;

@@ -21,11 +21,11 @@ using Tile256x64 = kernels::W4A16TileShape<8, 2, 8, 2, 4, 1>;
 using Tile128x64 = kernels::W4A16TileShape<8, 2, 4, 2, 4, 2>;
 using Tile256x32 = kernels::W4A16TileShape<4, 2, 8, 2, 6, 1>;
 using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
-// 32-token tiles with every multiprocessor busy (experiment): 128 rows twice as many blocks as
-// 256x32, two (6 stages) or three (4 stages) a multiprocessor; 256x32 at two a multiprocessor.
+// 128x32: 256x32's warp tile in blocks of 4 warps, two a multiprocessor (97.5 KB of shared
+// memory each), so Llama-3-8B's gate_up (224 row tiles) fills every multiprocessor where 256x32's
+// 112 blocks of one a multiprocessor left 20 idle: 5-8 % faster on every layer GEMM at 17-32
+// tokens on the H100 (docs/perf-notes.md, "A 128x32 tile").
 using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
-using Tile128x32B3 = kernels::W4A16TileShape<4, 2, 4, 2, 4, 3>;
-using Tile256x32B2 = kernels::W4A16TileShape<4, 2, 8, 2, 4, 2>;
 
 struct TiledKernel {
   int rows, tokens;   // the tile
@@ -100,28 +100,30 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     case 2: return tiled_kernel_for_group<Act, Tile128x64>(group);
     case 3: return tiled_kernel_for_group<Act, Tile256x32>(group);
     case 6: return tiled_kernel_for_group<Act, Tile128x32>(group);
-    case 7: return tiled_kernel_for_group<Act, Tile128x32B3>(group);
-    case 8: return tiled_kernel_for_group<Act, Tile256x32B2>(group);
     default: return tiled_kernel_for_group<Act, Tile128x128>(group);
   }
 }
 
-// The tile `tile = 0` takes: 32-token tiles while one covers every token, 64-token tiles beyond.
+// The tile `tile = 0` takes: 32-token tiles while one covers every token (128x32 where two of
+// its blocks fit a multiprocessor, 256x32 elsewhere), 64-token tiles beyond.
+// QSPEC_W4A16_TILE_32=N runs tile N instead at m <= 32 (A/B runs: 3 is the former default).
 // The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on sm_90a, from 17
 // tokens): measured slower than these on the H100 (docs/perf-notes.md, "W4A16 on wgmma").
 template <class Act>
-int default_tile(int64_t m) {
+int default_tile(int64_t m, int64_t group) {
   static const bool wgmma_asked = [] {
     const char* env = std::getenv("QSPEC_W4A16_WGMMA");
     return env != nullptr && std::string(env) == "1";
   }();
   if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
-  static const int tile_32 = [] {  // experiment: QSPEC_W4A16_TILE_32=N runs tile N at m <= 32
+  if (m > 32) return 1;
+  static const int asked_32 = [] {
     const char* env = std::getenv("QSPEC_W4A16_TILE_32");
     const int tile = env != nullptr ? std::atoi(env) : 0;
-    return tile >= 1 && tile <= kW4A16TiledTiles && tile != kW4A16WgmmaTile ? tile : 3;
+    return tile >= 1 && tile <= kW4A16TiledTiles && tile != kW4A16WgmmaTile ? tile : 0;
   }();
-  return m <= 32 ? tile_32 : 1;
+  if (asked_32 != 0) return asked_32;
+  return tiled_kernel<Act>(kW4A16Tile128x32, group).blocks_per_sm >= 2 ? kW4A16Tile128x32 : 3;
 }
 
 }  // namespace
@@ -136,8 +138,6 @@ std::string w4a16_tiled_tile_name(int tile) {
     case 4: return "128x128";
     case 5: return "wgmma_128x64";
     case 6: return "128x32";
-    case 7: return "128x32_b3";
-    case 8: return "256x32_b2";
     default: return "auto";
   }
 }
@@ -154,7 +154,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
   if (m == 0) return;
-  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m);
+  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.group);
   QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
               "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
