@@ -1476,7 +1476,8 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
                                Variant{"v1 x shared", {1, 0, 1}}, Variant{"v2 x global split3", {2, 3, 2}},
                                Variant{"automatic", {}}, Variant{"tiled auto", {}, {0, 0}},
                                Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x64", {}, {2, 1}},
-                               Variant{"tiled 256x32 split5", {}, {3, 5}}, Variant{"tiled 128x128", {}, {4, 1}}}) {
+                               Variant{"tiled 256x32 split5", {}, {3, 5}}, Variant{"tiled 128x128", {}, {4, 1}},
+                               Variant{"tiled 128x32 split3", {}, {cuda::kW4A16Tile128x32, 3}}}) {
         const bool tiled = v.tiled.tile >= 0;
         const bool automatic = !tiled && v.config.variant == 0;
         // Room for the tiled runs' forced splits (beyond their heuristic's bound).
@@ -2093,7 +2094,8 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
         };
         for (const Variant& v : {Variant{"automatic", {}}, Variant{"v1 split3", {1, 3}},
                                  Variant{"v2 x shared", {2, 0, 1}}, Variant{"tiled auto", {}, {0, 0}},
-                                 Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x128", {}, {4, 1}}}) {
+                                 Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x128", {}, {4, 1}},
+                                 Variant{"tiled 128x32", {}, {cuda::kW4A16Tile128x32, 1}}}) {
           const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4,
                                         cuda::w4a16_workspace_bytes(1, s.n, s.k, cuda::W4A16Path::tiled) +
                                             static_cast<size_t>(5 * m * s.n) * sizeof(float));

@@ -194,6 +194,10 @@ TEST(PolicyMap, CommittedH100MapsLoad) {
     EXPECT_EQ(map.gpu, "NVIDIA H100 80GB HBM3") << model;
     EXPECT_EQ(map.shapes(), 24u) << model;  // 4 shapes x (f16, int8, int4, fp8, nvfp4, mxfp4)
   }
+  // Llama-3-8B's map runs f16 and int8 at 17-32 tokens on 128x32 tiles (edit_tiled_128x32).
+  const PolicyMap llama = PolicyMap::load(std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h100-80gb-hbm3-llama3-8b.json");
+  for (const char* activations : {"f16", "int8"})
+    for (int64_t m : {17, 32}) EXPECT_EQ(llama.lookup(activations, 28672, 4096, m), Strategy::tiled_128x32) << m;
 }
 
 // `--gemm-policy auto`: the first map tuned on this GPU whose f16 entries cover every shape of the
