@@ -80,14 +80,12 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::tiled_256x64:
     case Strategy::tiled_128x64:
     case Strategy::tiled_256x32:
-    case Strategy::tiled_128x128: {
-      const cuda::W4A16TiledConfig config{static_cast<int>(strategy) - static_cast<int>(Strategy::tiled_256x64) + 1, 0};
-      if (x.quantized) cuda::w4_quantized_gemm_tiled(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream, config);
-      else cuda::w4a16_gemm_tiled(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
-      return;
-    }
+    case Strategy::tiled_128x128:
     case Strategy::tiled_128x32: {
-      const cuda::W4A16TiledConfig config{cuda::kW4A16Tile128x32, 0};
+      const int tile = strategy == Strategy::tiled_128x32
+                           ? cuda::kW4A16Tile128x32
+                           : static_cast<int>(strategy) - static_cast<int>(Strategy::tiled_256x64) + 1;
+      const cuda::W4A16TiledConfig config{tile, 0};
       if (x.quantized) cuda::w4_quantized_gemm_tiled(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream, config);
       else cuda::w4a16_gemm_tiled(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
       return;

@@ -15,8 +15,7 @@
 // must be in that permuted k order too: the k16 step s of a 32-k pair holds, at logical k 8h + 2t + e,
 // the physical k 8t + 4s + 2h + e. That is, with the pair's 64 bytes of a token as four 16-byte
 // pieces t of four 4-byte words j, logical piece j = (word j of pieces 0, 1, 2, 3): a 4 x 4
-// transpose of words, done by the copies: 4-byte cp.async from global memory (L2) to their
-// transposed places.
+// transpose of words, done in shared memory after the copy (below).
 // Then every wgmma multiplies the same products as the tiled kernel's mma.sync pair, in the same
 // k order and the same scale groups (f32 group sums, scaled into f32 totals at each group's end),
 // so the output is the tiled kernel's bit for bit (the gpu tests check it).
@@ -25,8 +24,10 @@
 // of 2 chunks (128 k, 8 wgmma a warpgroup). Weights: bulk copies (1 KB and the scales a row block
 // a stage, each warp its own) into a kWStages ring, an mbarrier a slot, the first ones before
 // griddepcontrol.wait.
-// Tokens: a kXStages ring of 16-KB slots (two 128-byte-swizzled boxes of 64 tokens x 64 k each),
-// filled kXStages - 1 stages ahead. Each warpgroup waits for its own wgmma at the
+// Tokens: a kXStages ring of 18-KB slots, filled kXStages - 1 stages ahead by one bulk copy a
+// token row (an mbarrier a slot); each stage, every thread moves one (token, pair) in place into
+// the two 128-byte-swizzled boxes of 64 tokens x 64 k the wgmma read, transposed. (The first
+// version scattered 4-byte cp.async copies straight to the transposed places: 8-15 % slower.) Each warpgroup waits for its own wgmma at the
 // end of each scale group (the group sums are then scaled); the other warpgroup's wgmma and
 // unpacking overlap it.
 #pragma once
