@@ -55,13 +55,11 @@ def main():
     print("\nby opcode: % of executed, % of stall samples")
     for op, (e, s) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[:30]:
         print(f"  {op:12s} {100 * e / total_exec:6.2f} {100 * s / total_stall:6.2f}")
-    others = [i for i, h in enumerate(header) if h.startswith("stall_") or "Stall" in h and i != stalls]
-    print(f"\ntop {top} lines by stall samples (line, samples %, executed %, source)")
-    for i, r in sorted(enumerate(body), key=lambda ir: -number(ir[1][stalls]))[:top]:
-        print(f"  {i:5d} {100 * number(r[stalls]) / total_stall:6.2f} {100 * number(r[executed]) / total_exec:6.2f}  {r[src].strip()[:90]}")
-    print(f"\ntop {top} lines by executed")
-    for i, r in sorted(enumerate(body), key=lambda ir: -number(ir[1][executed]))[:top]:
-        print(f"  {i:5d} {100 * number(r[stalls]) / total_stall:6.2f} {100 * number(r[executed]) / total_exec:6.2f}  {r[src].strip()[:90]}")
+    for title, key in (("stall samples", stalls), ("executed", executed)):
+        print(f"\ntop {top} lines by {title} (line, samples %, executed %, source)")
+        for i, r in sorted(enumerate(body), key=lambda ir: -number(ir[1][key]))[:top]:
+            print(f"  {i:5d} {100 * number(r[stalls]) / total_stall:6.2f} {100 * number(r[executed]) / total_exec:6.2f}"
+                  f"  {r[src].strip()[:90]}")
 
 
 if __name__ == "__main__":

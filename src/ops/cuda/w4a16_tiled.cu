@@ -99,7 +99,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     case 1: return tiled_kernel_for_group<Act, Tile256x64>(group);
     case 2: return tiled_kernel_for_group<Act, Tile128x64>(group);
     case 3: return tiled_kernel_for_group<Act, Tile256x32>(group);
-    case 6: return tiled_kernel_for_group<Act, Tile128x32>(group);
+    case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32>(group);
     default: return tiled_kernel_for_group<Act, Tile128x128>(group);
   }
 }
@@ -137,7 +137,7 @@ std::string w4a16_tiled_tile_name(int tile) {
     case 3: return "256x32";
     case 4: return "128x128";
     case 5: return "wgmma_128x64";
-    case 6: return "128x32";
+    case kW4A16Tile128x32: return "128x32";
     default: return "auto";
   }
 }
