@@ -104,26 +104,34 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
   }
 }
 
-// The tile `tile = 0` takes: 32-token tiles while one covers every token (128x32 where two of
-// its blocks fit a multiprocessor, 256x32 elsewhere), 64-token tiles beyond.
-// QSPEC_W4A16_TILE_32=N runs tile N instead at m <= 32 (A/B runs: 3 is the former default).
+// The tile `tile = 0` takes for m tokens and n weight rows. 128x32 (two blocks a multiprocessor)
+// at 17-32 tokens, 5-8 % faster than 256x32 on every Llama-3-8B GEMM on the H100; and at 41-64
+// where its blocks fit one wave without split-K (Llama-3-8B's o, qkv and down, not gate_up, whose
+// 448 blocks would take two). There its time is flat in m (two token tiles) while 256x64's grows:
+// o 13.2-13.5 µs against 15.4-18.6, qkv and down even at ~48 tokens and ahead at 64; at 33-40 qkv
+// and down are faster on 256x64 (docs/perf-notes.md, "A 128x32 tile"). Elsewhere 256x32 up to 32
+// tokens and 256x64 beyond. QSPEC_W4A16_NARROW=0 leaves 128x32 out (A/B runs).
 // The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on sm_90a, from 17
 // tokens): measured slower than these on the H100 (docs/perf-notes.md, "W4A16 on wgmma").
 template <class Act>
-int default_tile(int64_t m, int64_t group) {
+int default_tile(int64_t m, int64_t n, int64_t group) {
   static const bool wgmma_asked = [] {
     const char* env = std::getenv("QSPEC_W4A16_WGMMA");
     return env != nullptr && std::string(env) == "1";
   }();
-  if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
-  if (m > 32) return 1;
-  static const int asked_32 = [] {
-    const char* env = std::getenv("QSPEC_W4A16_TILE_32");
-    const int tile = env != nullptr ? std::atoi(env) : 0;
-    return tile >= 1 && tile <= kW4A16TiledTiles && tile != kW4A16WgmmaTile ? tile : 0;
+  static const bool narrow_allowed = [] {
+    const char* env = std::getenv("QSPEC_W4A16_NARROW");
+    return env == nullptr || std::string(env) != "0";
   }();
-  if (asked_32 != 0) return asked_32;
-  return tiled_kernel<Act>(kW4A16Tile128x32, group).blocks_per_sm >= 2 ? kW4A16Tile128x32 : 3;
+  if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
+  if (m > 64) return 1;
+  const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
+  const bool narrow_fits = narrow_allowed && narrow.blocks_per_sm >= 2;
+  if (m <= 32) return narrow_fits ? kW4A16Tile128x32 : 3;
+  if (m <= 40) return 1;
+  const int64_t blocks = ceil_div(n, narrow.rows) * ceil_div(m, narrow.tokens);
+  return narrow_fits && blocks <= static_cast<int64_t>(narrow.blocks_per_sm) * multiprocessor_count() ? kW4A16Tile128x32
+                                                                                                      : 1;
 }
 
 }  // namespace
@@ -154,7 +162,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
   if (m == 0) return;
-  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.group);
+  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.group);
   QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
               "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
