@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Splice a retuned token range into a committed GEMM policy map.
 
-usage: scripts/splice-policy-map.py BASE.json NEW.json LO HI OUT.json [--note=KEY=TEXT ...]
+usage: scripts/splice-policy-map.py BASE.json NEW.json LO HI OUT.json [--activations=f16,int8] [--note=KEY=TEXT ...]
 
 For every shape (activations, n, k) of BASE, the strategies at LO <= M <= HI come from NEW (a map
 that `qspec tune --m-values ...` wrote for that range, with or without --refine-steps); the rest
-stay BASE's, so hand edits and refinements outside the range survive. A shape NEW lacks keeps
+stay BASE's, so hand edits and refinements outside the range survive. --activations limits the
+splice to those kinds (default: every kind NEW has). A shape NEW lacks keeps
 BASE's choice. The maps must be for the same GPU. Lookups follow PolicyMap::lookup: the first range
 whose max_m >= M, the last range beyond them all.
 """
@@ -25,8 +26,9 @@ def key(entry):
 
 
 def main(argv):
-    notes = [a for a in argv[1:] if a.startswith("--note")]
-    args = [a for a in argv[1:] if not a.startswith("--note")]
+    notes = [a for a in argv[1:] if a.startswith("--note=")]
+    kinds = [a.split("=", 1)[1].split(",") for a in argv[1:] if a.startswith("--activations=")]
+    args = [a for a in argv[1:] if not a.startswith("--")]
     if len(args) != 5:
         sys.exit(__doc__)
     base_path, new_path, lo, hi, out_path = args[0], args[1], int(args[2]), int(args[3]), args[4]
@@ -43,7 +45,7 @@ def main(argv):
     changed = 0
     for entry in base["entries"]:
         other = new_entries.get(key(entry))
-        if other is None:
+        if other is None or (kinds and entry["activations"] not in kinds[-1]):
             continue
         picks = []
         for m in range(1, last_m + 1):
@@ -58,7 +60,7 @@ def main(argv):
                 ranges.append({"max_m": m, "strategy": s})
         entry["ranges"] = ranges
     for note in notes:
-        name, _, text = note.partition("=")[2].partition("=")
+        name, _, text = note.split("=", 1)[1].partition("=")
         base[name] = text
     with open(out_path, "w") as f:
         json.dump(base, f, indent=1)

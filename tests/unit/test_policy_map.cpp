@@ -37,17 +37,17 @@ TEST(PolicyMap, LooksUpRangesAndFallsBackToTheRule) {
   EXPECT_EQ(qspec::gemm::rule_based_strategy("nvfp4", 8), Strategy::small_m_v1);  // v5 is f16 only
   EXPECT_EQ(qspec::gemm::parse_strategy("small_m_v5"), Strategy::small_m_v5);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 17), Strategy::tiled_128x32);  // two blocks a multiprocessor
-  EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 33), Strategy::tiled_256x64);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 33), Strategy::tiled_128x64);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 17), Strategy::tiled_256x32);  // measured for f16 only
   EXPECT_EQ(qspec::gemm::parse_strategy("tiled_128x32"), Strategy::tiled_128x32);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("f16", 129), Strategy::dequant_cublas);
-  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 511), Strategy::tiled_256x64);  // no cuBLAS path for int8
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 511), Strategy::tiled_128x64);  // no cuBLAS path for int8
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 512), Strategy::s8_wgmma_128x128);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("int8", 4096), Strategy::s8_wgmma_128x128);
   EXPECT_EQ(qspec::gemm::rule_based_strategy("fp8", 1024), Strategy::s8_wgmma_128x128);
   EXPECT_NE(qspec::gemm::rule_based_strategy("fp8", 256), Strategy::s8_wgmma_128x128);
   EXPECT_NE(qspec::gemm::rule_based_strategy("nvfp4", 1024), Strategy::s8_wgmma_128x128);
-  EXPECT_EQ(qspec::gemm::rule_based_strategy("int4", 4096), Strategy::tiled_256x64);
+  EXPECT_EQ(qspec::gemm::rule_based_strategy("int4", 4096), Strategy::tiled_128x64);
 }
 
 TEST(PolicyMap, RoundTripsThroughJson) {
@@ -154,12 +154,12 @@ TEST(PolicyMap, BuildsFromTimingsWithHysteresisAndExclusions) {
   const std::string record = R"({"gpu": "G", "timings": [
     {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 1, "us": {"small_m_v1": 10.0, "bitwise_b1": 9.0}},
     {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 2, "us": {"small_m_v1": 10.0, "bitwise_b1": 9.9}},
-    {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 40, "us": {"tiled_256x64": 20.0, "tiled_128x64": 15.0}}]})";
+    {"activations": "int8", "n": 4096, "k": 4096, "group": 128, "m": 40, "us": {"tiled_256x64": 15.0, "tiled_128x64": 20.0}}]})";
   const PolicyMap all = PolicyMap::from_timings(record, {}, 0.03, "record");
   EXPECT_EQ(all.gpu, "G");
   EXPECT_EQ(all.lookup("int8", 4096, 4096, 1), Strategy::bitwise_b1);    // 11 % faster than the rule
   EXPECT_EQ(all.lookup("int8", 4096, 4096, 2), Strategy::small_m_v1);    // within 3 %: the rule stays
-  EXPECT_EQ(all.lookup("int8", 4096, 4096, 30), Strategy::tiled_128x64);  // the next sample's winner covers M 3..40
+  EXPECT_EQ(all.lookup("int8", 4096, 4096, 30), Strategy::tiled_256x64);  // the next sample's winner covers M 3..40
   const PolicyMap without = PolicyMap::from_timings(record, {Strategy::bitwise_b1}, 0.03, "record");
   EXPECT_EQ(without.lookup("int8", 4096, 4096, 1), Strategy::small_m_v1);
   EXPECT_FALSE(without.uses(Strategy::bitwise_b1, 4096, 4096));
@@ -206,6 +206,10 @@ TEST(PolicyMap, CommittedH100MapsLoad) {
     EXPECT_EQ(llama.lookup("f16", 4096, 14336, m), Strategy::tiled_128x32) << m;
     EXPECT_EQ(llama.lookup("f16", 28672, 4096, m), Strategy::tiled_256x64) << m;
   }
+  // Qwen2.5-7B's map runs f16 and int8 at 17-32 tokens on 128x32 tiles too (retune_17_128).
+  const PolicyMap qwen = PolicyMap::load(std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h100-80gb-hbm3-qwen2.5-7b.json");
+  for (const char* activations : {"f16", "int8"})
+    for (int64_t m : {24, 32}) EXPECT_EQ(qwen.lookup(activations, 37888, 3584, m), Strategy::tiled_128x32) << m;
 }
 
 // `--gemm-policy auto`: the first map tuned on this GPU whose f16 entries cover every shape of the
