@@ -58,7 +58,7 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
               gemm::strategy_name(strategy), " does not run ", x.activations(), " activations");
   if (strategy == Strategy::dequant_cublas &&
       workspace_bytes < cuda::w4a16_workspace_bytes(m, w.n, w.k, cuda::W4A16Path::dequant_cublas))
-    strategy = Strategy::tiled_256x64;
+    strategy = Strategy::tiled_128x64;
   // The wgmma kernel's int8 weights live in the workspace; without room (or off sm_90a), the
   // tiled kernel computes the same bits.
   if (strategy == Strategy::s8_wgmma_128x128 && !wgmma_runs(x, w, workspace_bytes)) strategy = Strategy::tiled_128x64;

@@ -104,15 +104,19 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
   }
 }
 
-// The tile `tile = 0` takes for m tokens and n weight rows. 128x32 (two blocks a multiprocessor)
-// at 17-32 tokens, 5-8 % faster than 256x32 on every Llama-3-8B GEMM on the H100; and at 41-64
-// where its blocks fit one wave without split-K (Llama-3-8B's o, qkv and down, not gate_up, whose
-// 448 blocks would take two). There its time is flat in m (two token tiles) while 256x64's grows:
-// o 13.2-13.5 µs against 15.4-18.6, qkv and down even at ~48 tokens and ahead at 64; at 33-40 qkv
-// and down are faster on 256x64 (docs/perf-notes.md, "A 128x32 tile"). Elsewhere 256x32 up to 32
-// tokens and 256x64 beyond. QSPEC_W4A16_NARROW=0 leaves 128x32 out (A/B runs).
-// The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on sm_90a, from 17
-// tokens): measured slower than these on the H100 (docs/perf-notes.md, "W4A16 on wgmma").
+// The tile `tile = 0` takes for m tokens and n weight rows.
+// * 128x32 (two blocks a multiprocessor) at 17-32 tokens, 5-8 % faster than 256x32 on every
+//   Llama-3-8B GEMM on the H100; and at 41-64 where its blocks fit one wave without split-K (o,
+//   qkv and down of Llama-3-8B, not gate_up). There its time is flat in m (two token tiles) while
+//   the 64-token tiles' grows (docs/perf-notes.md, "A 128x32 tile").
+// * Elsewhere beyond 32 tokens the 64-token tile: 128x64 where two of its blocks fit a
+//   multiprocessor (every H100 tuning record, five activation kinds, Llama-3-8B and Qwen2.5-7B
+//   shapes, 33-4096 tokens: 2-8 % faster than 256x64 on average and never more than 3 % slower;
+//   Qwen2.5-7B's gate_up 21 % faster, its 148 row tiles of 256 leaving a second wave of 16
+//   blocks), 256x64 where they do not; 256x32 up to 32 tokens where 128x32's two blocks do not fit.
+// QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
+// tile (A/B runs). The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on
+// sm_90a, from 17 tokens): measured slower than these on the H100 (perf-notes, "W4A16 on wgmma").
 template <class Act>
 int default_tile(int64_t m, int64_t n, int64_t group) {
   static const bool wgmma_asked = [] {
@@ -123,15 +127,20 @@ int default_tile(int64_t m, int64_t n, int64_t group) {
     const char* env = std::getenv("QSPEC_W4A16_NARROW");
     return env == nullptr || std::string(env) != "0";
   }();
+  static const bool wide_256 = [] {
+    const char* env = std::getenv("QSPEC_W4A16_TILE_64");
+    return env != nullptr && std::string(env) == "1";
+  }();
   if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
-  if (m > 64) return 1;
+  const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
+  if (m > 64) return wide;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
   const bool narrow_fits = narrow_allowed && narrow.blocks_per_sm >= 2;
   if (m <= 32) return narrow_fits ? kW4A16Tile128x32 : 3;
-  if (m <= 40) return 1;
+  if (m <= 40) return wide;
   const int64_t blocks = ceil_div(n, narrow.rows) * ceil_div(m, narrow.tokens);
   return narrow_fits && blocks <= static_cast<int64_t>(narrow.blocks_per_sm) * multiprocessor_count() ? kW4A16Tile128x32
-                                                                                                      : 1;
+                                                                                                      : wide;
 }
 
 }  // namespace
