@@ -72,7 +72,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   __shared__ uint64_t w_full[T::kWStages];
   __shared__ uint64_t x_full[T::kXStages];
 
-  const int tid = threadIdx.x, warpgroup = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, warp_in_block = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp_in_block = tid >> 5;  // warpgroup warp_in_block / 4
   const int g = lane >> 2, t = lane & 3;
   const int m_tile = blockIdx.x, row_tile = blockIdx.y, split = blockIdx.z;
   const int m0 = m_tile * T::kTokens, tile_m = min(T::kTokens, p.m - m0);
@@ -117,7 +117,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     for (int st = 0; st < T::kWStages && st < stages; ++st) load_weights(st);
   grid_launch_dependents();
 
-  const uint32_t w_lane = smem_address(w_ring) + (warpgroup * 4 + warp) * T::kRowBlockBytes;
+  const uint32_t w_lane = smem_address(w_ring) + warp_in_block * T::kRowBlockBytes;
 
   // x: lanes 0-7 of each warp copy one token row each of the stage (pairs x 64 bytes, one bulk
   // copy; rows past the tile's tokens are skipped: their columns are never stored); lane 0 arrives
@@ -139,8 +139,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   // quarter warp is 8 tokens of one pair: conflict-free both ways.
   const int x_token = tid % T::kTokens, x_pair = tid / T::kTokens;
   const uint32_t x_staged = x_token * T::kStagedRowBytes + x_pair * 64;
-  const uint32_t x_boxed = (x_pair / 2) * T::kBoxBytes + x_token * 128;
-  const int x_swizzle = x_token & 7;
+  const uint32_t x_box = (x_pair / 2) * T::kBoxBytes;
 
   float acc[1][8][4];
   float gacc[1][8][4];
@@ -153,8 +152,9 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
   for (int st = 0; st < stages; ++st) {
     const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
     mbarrier_wait(&x_full[st % T::kXStages], (st / T::kXStages) & 1);
+    const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
     uint4 piece[4];
-    const bool moves = x_pair < stage_pairs(st);
+    const bool moves = x_pair < pairs;
     if (moves)
 #pragma unroll
       for (int j = 0; j < 4; ++j) piece[j] = load_shared_16(x_stage + x_staged + 16 * j);
@@ -168,7 +168,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
       };
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t address = x_stage + x_boxed + ((((x_pair % 2) * 4 + j) ^ x_swizzle) << 4);
+        const uint32_t address = x_stage + x_box + swizzled_offset(x_token, ((x_pair % 2) * 4 + j) * 16);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(logical[j].x),
                      "r"(logical[j].y), "r"(logical[j].z), "r"(logical[j].w)
                      : "memory");
@@ -178,7 +178,6 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     __syncthreads();  // the boxes of stage st are complete
     if (st + T::kXStages - 1 < stages) load_x(st + T::kXStages - 1);  // into stage st - 1's slot
     if (lane == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
-    const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
     mbarrier_wait(&w_full[w_slot], (st / T::kWStages) & 1);
     const uint32_t w_stage = w_lane + w_slot * T::kWStageBytes;
     const bool tail_stage = st >= full_stages;
@@ -223,7 +222,7 @@ __global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kerne
     }
   }
 
-  tiled_epilogue<Act, T::kThreads, T::kRows>(acc, p, row_tile * (T::kRows / 16) + warpgroup * 4 + warp, m_tile,
+  tiled_epilogue<Act, T::kThreads, T::kRows>(acc, p, row_tile * (T::kRows / 16) + warp_in_block, m_tile,
                                               row_tile, split, t, g);
 #else
   (void)p;
