@@ -108,7 +108,11 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // * 128x32 (two blocks a multiprocessor) at 17-32 tokens, 5-8 % faster than 256x32 on every
 //   Llama-3-8B GEMM on the H100; and at 41-64 where its blocks fit one wave without split-K (o,
 //   qkv and down of Llama-3-8B, not gate_up). There its time is flat in m (two token tiles) while
-//   the 64-token tiles' grows (docs/perf-notes.md, "A 128x32 tile").
+//   the 64-token tiles' grows (docs/perf-notes.md, "A 128x32 tile"). And, for f16 activation
+//   values, at 65-96 tokens (three token tiles) where k <= 4096: every qkv, o and gate_up of
+//   Llama-3-8B and Qwen2.5-7B 2-28 % faster there than 128x64; not the long-k down projections,
+//   not 97-128 tokens (gate_up 9-11 % slower), not int8 (Llama-3-8B's gate_up 3 % slower)
+//   (perf-notes "128x32 at 65-96 tokens").
 // * Elsewhere beyond 32 tokens the 64-token tile: 128x64 where two of its blocks fit a
 //   multiprocessor (every H100 tuning record, five activation kinds, Llama-3-8B and Qwen2.5-7B
 //   shapes, 33-4096 tokens: 2-8 % faster than 256x64 on average and never more than 3 % slower;
@@ -118,7 +122,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // tile (A/B runs). The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on
 // sm_90a, from 17 tokens): measured slower than these on the H100 (perf-notes, "W4A16 on wgmma").
 template <class Act>
-int default_tile(int64_t m, int64_t n, int64_t group) {
+int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool wgmma_asked = [] {
     const char* env = std::getenv("QSPEC_W4A16_WGMMA");
     return env != nullptr && std::string(env) == "1";
@@ -133,9 +137,9 @@ int default_tile(int64_t m, int64_t n, int64_t group) {
   }();
   if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
-  if (m > 64) return wide;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
   const bool narrow_fits = narrow_allowed && narrow.blocks_per_sm >= 2;
+  if (m > 64) return kF16Values<Act> && narrow_fits && m <= 96 && k <= 4096 ? kW4A16Tile128x32 : wide;
   if (m <= 32) return narrow_fits ? kW4A16Tile128x32 : 3;
   if (m <= 40) return wide;
   const int64_t blocks = ceil_div(n, narrow.rows) * ceil_div(m, narrow.tokens);
@@ -171,7 +175,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
   if (m == 0) return;
-  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.group);
+  const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
   QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
               "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
