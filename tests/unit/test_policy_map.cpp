@@ -198,8 +198,8 @@ TEST(PolicyMap, CommittedH100MapsLoad) {
   const PolicyMap llama = PolicyMap::load(std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h100-80gb-hbm3-llama3-8b.json");
   for (const char* activations : {"f16", "int8"})
     for (int64_t m : {17, 32}) EXPECT_EQ(llama.lookup(activations, 28672, 4096, m), Strategy::tiled_128x32) << m;
-  // And f16 at 41-64 tokens on the built-in rule's tiles (edit_f16_41_64): 128x32 on o, qkv and
-  // down, 256x64 on gate_up.
+  // And f16 at 41-64 tokens on the built-in rule's tiles of e05d51e (edit_f16_41_64): 128x32 on
+  // o, qkv and down, 256x64 on gate_up.
   for (int64_t m : {41, 48, 64}) {
     EXPECT_EQ(llama.lookup("f16", 4096, 4096, m), Strategy::tiled_128x32) << m;
     EXPECT_EQ(llama.lookup("f16", 6144, 4096, m), Strategy::tiled_128x32) << m;

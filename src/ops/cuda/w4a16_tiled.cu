@@ -104,7 +104,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
   }
 }
 
-// The tile `tile = 0` takes for m tokens and n weight rows.
+// The tile `tile = 0` takes for m tokens, n weight rows and depth k.
 // * 128x32 (two blocks a multiprocessor) at 17-32 tokens, 5-8 % faster than 256x32 on every
 //   Llama-3-8B GEMM on the H100; and at 41-64 where its blocks fit one wave without split-K (o,
 //   qkv and down of Llama-3-8B, not gate_up). There its time is flat in m (two token tiles) while
@@ -115,7 +115,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 //   (perf-notes "128x32 at 65-96 tokens").
 // * Elsewhere beyond 32 tokens the 64-token tile: 128x64 where two of its blocks fit a
 //   multiprocessor (every H100 tuning record, five activation kinds, Llama-3-8B and Qwen2.5-7B
-//   shapes, 33-4096 tokens: 2-8 % faster than 256x64 on average and never more than 3 % slower;
+//   shapes, 33-4096 tokens: 2-9 % faster than 256x64 on average, at most 5 % slower at a point;
 //   Qwen2.5-7B's gate_up 21 % faster, its 148 row tiles of 256 leaving a second wave of 16
 //   blocks), 256x64 where they do not; 256x32 up to 32 tokens where 128x32's two blocks do not fit.
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
