@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "ops/cuda/common.h"
@@ -123,18 +122,10 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // sm_90a, from 17 tokens): measured slower than these on the H100 (perf-notes, "W4A16 on wgmma").
 template <class Act>
 int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
-  static const bool wgmma_asked = [] {
-    const char* env = std::getenv("QSPEC_W4A16_WGMMA");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  static const bool narrow_allowed = [] {
-    const char* env = std::getenv("QSPEC_W4A16_NARROW");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  static const bool wide_256 = [] {
-    const char* env = std::getenv("QSPEC_W4A16_TILE_64");
-    return env != nullptr && std::string(env) == "1";
-  }();
+  // A/B switches, 0 or 1 (env_int refuses anything else by name).
+  static const bool wgmma_asked = env_int("QSPEC_W4A16_WGMMA", 0, 0, 1) == 1;
+  static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
+  static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
   if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
