@@ -239,11 +239,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU>
+template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -342,8 +342,15 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    if (two_tiles) preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    // TEMPORARY A/B switch: the other x-ahead depth for each token-tile count.
+    static const bool other_x_ahead = env_int("QSPEC_W4A16_PRELOAD_X_OTHER", 0, 0, 1) == 1;
+    if (two_tiles) {
+      if (other_x_ahead) preload_launch<Act, 2, G, SWIGLU, 8>(params, grid, ring, plan.k_slices, s);
+      else preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    } else {
+      if (other_x_ahead) preload_launch<Act, 1, G, SWIGLU, 4>(params, grid, ring, plan.k_slices, s);
+      else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    }
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;

@@ -69,7 +69,9 @@ struct W4A16PreloadShape {
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-template <class Act, int MT, int G, bool SWIGLU = false>
+// X_AHEAD: k pairs of x a warp holds in registers ahead of the mma (0: the default, a whole slot at
+// one token tile, half a slot at two; see "x ahead" in the slot loop).
+template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
@@ -79,6 +81,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   using GroupAcc = typename Act::GroupAcc;
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
+  // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
+  // with the rest spilled at the 128-register cap (2 blocks a multiprocessor). At two tiles the
+  // warp holds half a slot ahead and reloads pair p + XA into pair p's registers once p's mma
+  // has read them, so the loads still run a half slot ahead of their mma.
+  constexpr int XA = X_AHEAD > 0 ? X_AHEAD : MT == 1 ? 2 * SC : SC;
+  static_assert(XA >= 1 && XA <= 2 * SC, "x ahead: 1 to a slot's pairs");
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -157,14 +165,16 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   for (int i = 0; i < slots; ++i) {
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);
-    // x of the slot's pairs first: independent of the copy, so its L2 round trip overlaps the wait.
-    Frag xf[2 * SC][MT];
+    // x of the slot's first XA pairs first: independent of the copy, so its L2 round trip overlaps
+    // the wait. Pair pp lives in xf[pp % XA] (compile-time indices, so the array stays in registers).
+    Frag xf[XA][MT];
+    auto load_x = [&](int pp) {
 #pragma unroll
-    for (int pp = 0; pp < 2 * SC; ++pp)
-      if (pp < 2 * nc) {
+      for (int nt = 0; nt < MT; ++nt) xf[pp % XA][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
+    };
 #pragma unroll
-        for (int nt = 0; nt < MT; ++nt) xf[pp][nt] = Act::load(x_row[nt] + (2 * c0 + pp) * 32);
-      }
+    for (int pp = 0; pp < XA; ++pp)
+      if (pp < 2 * nc) load_x(pp);
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
     // The whole slot, also past a short last slot's nc chunks / ng groups (stale, never used):
@@ -198,7 +208,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       for (int ch = 0; ch < SC; ++ch)
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
+          const int pp = 2 * ch + hp;
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          if (pp + XA < 2 * SC) load_x(pp + XA);
           if ((2 * ch + hp + 1) % PPG == 0)
             flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
                                 p.m - 1);
@@ -210,8 +222,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       if (ch < nc) {
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
-          const int pair = 2 * (c0 + ch) + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[2 * ch + hp]);
+          const int pair = 2 * (c0 + ch) + hp, pp = 2 * ch + hp;
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          if (pp + XA < 2 * SC && pp + XA < 2 * nc) load_x(pp + XA);
           if ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end) {
             // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
             // the compiler folds back into one) puts the array in local memory.
