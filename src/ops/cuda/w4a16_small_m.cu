@@ -342,15 +342,15 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    // TEMPORARY A/B switch: the other x-ahead depth for each token-tile count.
-    static const bool other_x_ahead = env_int("QSPEC_W4A16_PRELOAD_X_OTHER", 0, 0, 1) == 1;
-    if (two_tiles) {
-      if (other_x_ahead) preload_launch<Act, 2, G, SWIGLU, 8>(params, grid, ring, plan.k_slices, s);
-      else preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    } else {
-      if (other_x_ahead) preload_launch<Act, 1, G, SWIGLU, 4>(params, grid, ring, plan.k_slices, s);
-      else preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    }
+    // TEMPORARY A/B switches: x pairs ahead at two token tiles (4, 6 or 8; 0: the kernel's default),
+    // for gate_up with SwiGLU and for the other GEMMs.
+    static const int x_ahead_plain = env_int("QSPEC_W4A16_PRELOAD_X_AHEAD", 0, 0, 8);
+    static const int x_ahead_swiglu = env_int("QSPEC_W4A16_PRELOAD_X_AHEAD_SWIGLU", 0, 0, 8);
+    const int x_ahead = SWIGLU ? x_ahead_swiglu : x_ahead_plain;
+    if (!two_tiles) preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    else if (x_ahead == 8) preload_launch<Act, 2, G, SWIGLU, 8>(params, grid, ring, plan.k_slices, s);
+    else if (x_ahead == 6) preload_launch<Act, 2, G, SWIGLU, 6>(params, grid, ring, plan.k_slices, s);
+    else preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
