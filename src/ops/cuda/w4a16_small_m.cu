@@ -300,6 +300,7 @@ kernels::W4A16SmallMParams preload_params(const kernels::W4A16Layout& layout, co
 struct PreloadPlan {
   int k_slices;
   int64_t row_tiles, splits;
+  int64_t block_slots;  // blocks resident at once: one wave
 };
 PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, const W4A16SmallMConfig& config,
                          const void* workspace, size_t workspace_bytes) {
@@ -310,6 +311,7 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
   QSPEC_CHECK(config.k_slices == 0 || valid_k_slices(config.k_slices),
               "cuda::w4a16_gemm: k slices must be 1, 2, 4 or 8, not ", config.k_slices);
   PreloadPlan plan{};
+  plan.block_slots = per_sm * sms;
   plan.k_slices = config.k_slices > 0               ? config.k_slices
                   : preload_k_slices_override() > 0 ? preload_k_slices_override()
                                                     : plan_k_slices(layout.row_blocks, layout.full_chunks, per_sm * sms);
@@ -324,6 +326,19 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
   splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, layout.full_chunks / plan.k_slices));
   plan.splits = detail::splits_that_fit(splits, slice, layout.n, workspace, workspace_bytes);
   return plan;
+}
+
+// Whether gate_up with SwiGLU at two token tiles (9-16 tokens) holds half a slot of x ahead
+// instead of a whole one (w4_preload_kernel's X_AHEAD). A whole slot is 64 registers of x there,
+// and the kernel spills at the 128-register cap; half a slot does not. Measured on the H100
+// (docs/perf-notes.md, "x a half slot ahead"): the Llama-3-8B and Llama-2-7B steps 2.5-5.5 %
+// shorter at batch 9-16, where gate_up's blocks are one wave; Qwen2.5-7B's gate_up is 296 blocks,
+// more than one wave, and its step was 1.2-1.6 % longer, so a whole slot stays there.
+// QSPEC_W4A16_PRELOAD_X_HALF=0 / 1 forces it (A/B runs; unset: the rule).
+bool swiglu_x_half_slot(const PreloadPlan& plan) {
+  static const int forced = env_int("QSPEC_W4A16_PRELOAD_X_HALF", -1, 0, 1);
+  if (forced >= 0) return forced == 1;
+  return plan.row_tiles * plan.splits <= plan.block_slots;
 }
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
@@ -342,15 +357,13 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    // TEMPORARY A/B switches: x pairs ahead at two token tiles (4, 6 or 8; 0: the kernel's default),
-    // for gate_up with SwiGLU and for the other GEMMs.
-    static const int x_ahead_plain = env_int("QSPEC_W4A16_PRELOAD_X_AHEAD", 0, 0, 8);
-    static const int x_ahead_swiglu = env_int("QSPEC_W4A16_PRELOAD_X_AHEAD_SWIGLU", 0, 0, 8);
-    const int x_ahead = SWIGLU ? x_ahead_swiglu : x_ahead_plain;
-    if (!two_tiles) preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    else if (x_ahead == 8) preload_launch<Act, 2, G, SWIGLU, 8>(params, grid, ring, plan.k_slices, s);
-    else if (x_ahead == 6) preload_launch<Act, 2, G, SWIGLU, 6>(params, grid, ring, plan.k_slices, s);
-    else preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    if (!two_tiles) {
+      preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    } else if (SWIGLU && swiglu_x_half_slot(plan)) {
+      preload_launch<Act, 2, G, SWIGLU, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
+    } else {
+      preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+    }
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;

@@ -69,8 +69,8 @@ struct W4A16PreloadShape {
 #define QSPEC_W4A16_PRELOAD_MIN_BLOCKS 2
 #endif
 
-// X_AHEAD: k pairs of x a warp holds in registers ahead of the mma (0: the default, a whole slot at
-// one token tile, half a slot at two; see "x ahead" in the slot loop).
+// X_AHEAD: k pairs of x a warp holds in registers ahead of the mma (0: a whole slot's, 2 * SC; see
+// "x ahead" in the slot loop).
 template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
@@ -82,10 +82,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
   // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
-  // with the rest spilled at the 128-register cap (2 blocks a multiprocessor). At two tiles the
-  // warp holds half a slot ahead and reloads pair p + XA into pair p's registers once p's mma
-  // has read them, so the loads still run a half slot ahead of their mma.
-  constexpr int XA = X_AHEAD > 0 ? X_AHEAD : MT == 1 ? 2 * SC : SC;
+  // with the rest spill at the 128-register cap (2 blocks a multiprocessor). With XA < 2 * SC the
+  // warp holds XA pairs and reloads pair p + XA into pair p's registers once p's mma has read
+  // them, so the loads still run XA pairs ahead of their mma (the launcher's swiglu_x_half_slot
+  // says where that pays).
+  constexpr int XA = X_AHEAD > 0 ? X_AHEAD : 2 * SC;
   static_assert(XA >= 1 && XA <= 2 * SC, "x ahead: 1 to a slot's pairs");
   extern __shared__ __align__(128) uint8_t smem[];
 
