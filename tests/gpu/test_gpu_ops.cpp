@@ -1169,12 +1169,13 @@ TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
 }
 
 // SwiGLU in the preload kernel's epilogue (cuda::w4a16_gemm_swiglu) gives the bits of the same
-// GEMM (variant 5, one split, one k slice) then silu_mul: gate_up shapes of Llama-3-8B and small
-// ones whose last block has fewer than 4 gate row blocks, groups of 32 / 64 / 128, k with a half
-// chunk at the end, 1-16 tokens; act rows wider than n / 2 keep their padding; a relaunch gives the
-// same bits; shapes it cannot run are refused. At 9-16 tokens Llama-3-8B's gate_up (one wave of
-// blocks) holds x half a slot ahead and the 272-block shape (more than a wave on 132
-// multiprocessors) a whole slot (swiglu_x_half_slot).
+// GEMM (variant 5, one split, the same k slices) then silu_mul: gate_up shapes of Llama-3-8B and
+// small ones whose last block has fewer than 4 gate row blocks, groups of 32 / 64 / 128, k with a
+// half chunk at the end, 1-16 tokens, 1, 2 and 4 k slices; act rows wider than n / 2 keep their
+// padding; a relaunch gives the same bits; shapes it cannot run are refused. At 9-16 tokens
+// Llama-3-8B's gate_up (one wave of blocks) holds x half a slot ahead and the 272-block shape
+// (more than a wave of one-slice blocks on 132 multiprocessors, so 2 slices) a whole slot
+// (swiglu_x_half_slot, plan_k_slices).
 TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
   if (qspec::cuda::compute_capability() != 90) {
     std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
@@ -1182,7 +1183,7 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
     return;
   }
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
-                             {2 * 512, 14336, 128}, {2 * 17408, 384, 128}}) {
+                             {2 * 512, 14336, 128}, {2 * 17408, 1024, 128}}) {
     const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
@@ -1197,9 +1198,16 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
       if (n == 28672 && m == 1) {
         EXPECT_TRUE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes)) << where;
       }
+      const int k_slices = cuda::w4a16_swiglu_k_slices(w.view, m, workspace.get(), bytes);
+      ASSERT_TRUE(k_slices == 1 || k_slices == 2 || k_slices == 4) << where << " k slices " << k_slices;
+      if (qspec::cuda::multiprocessor_count() == 132) {  // H100 SXM / H200: 264 block slots
+        if (n == 28672) EXPECT_EQ(k_slices, 1) << where;
+        if (n == 2 * 17408) EXPECT_EQ(k_slices, 2) << where;
+        if (n == 2 * 512) EXPECT_EQ(k_slices, 4) << where;  // 8 planned, 4 at most
+      }
       auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
       cuda::W4A16SmallMConfig one_part{5, 1, 0};
-      one_part.k_slices = 1;
+      one_part.k_slices = k_slices;
       cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
                                one_part);
       auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);

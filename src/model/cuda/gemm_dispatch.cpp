@@ -34,11 +34,11 @@ bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   if (!cuda::w4a16_swiglu_runs(w, m)) return false;
   if (policy != nullptr) {  // run_w4_gemm's small_m_v5 case
     return policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5 &&
-           cuda::w4a16_small_m_one_preload_part(w, m, small_m_v5_config(w), workspace, workspace_bytes);
+           cuda::w4a16_small_m_swiglu_partition(w, m, small_m_v5_config(w), workspace, workspace_bytes);
   }
   // No map: cuda::w4a16_gemm's automatic path, which calls w4a16_gemm_small_m with its defaults.
   return cuda::w4a16_choose_path(m, w.n, w.k) == cuda::W4A16Path::small_m &&
-         cuda::w4a16_small_m_one_preload_part(w, m, {}, workspace, workspace_bytes);
+         cuda::w4a16_small_m_swiglu_partition(w, m, {}, workspace, workspace_bytes);
 }
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,

@@ -45,7 +45,7 @@ bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weig
                             size_t workspace_bytes);
 
 // Whether dispatch_w4_gemm runs this GEMM of m f16 tokens on the preload kernel in one split
-// and one k slice (the map's small_m_v5, or no map and the kernels' automatic path), where the
+// and at most 4 k slices (the map's small_m_v5, or no map and the kernels' automatic path), where the
 // SwiGLU epilogue runs (cuda::w4a16_swiglu_runs): then gate_up's GEMM can write silu(gate) * up
 // itself (cuda::w4a16_gemm_swiglu) and the kernel that runs does not change.
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,

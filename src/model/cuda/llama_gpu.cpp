@@ -449,7 +449,7 @@ struct GpuLlama::State {
 
   // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself (cuda::w4a16_gemm_swiglu):
   // f16 activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher
-  // would run anyway is the preload kernel in one split and one k slice
+  // would run anyway is the preload kernel in one split and at most 4 k slices
   // (w4_gemm_takes_swiglu_epilogue). QSPEC_SWIGLU=separate: never (A/B runs).
   bool swiglu_in_gemm(const Linear& gate_up, int64_t m) const {
     using Swiglu = GpuLlamaOptions::Swiglu;

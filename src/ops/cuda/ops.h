@@ -415,15 +415,18 @@ bool w4a16_preload_runs_here();
 // SwiGLU in the gate_up GEMM's epilogue (kernels/w4a16_preload.cuh, SWIGLU): w holds gate's rows
 // [0, n / 2) then up's [n / 2, n); act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2, act
 // rows ld_act apart (columns past n / 2 untouched), with y = x w^T rounded to f16 as w4a16_gemm
-// stores it: the bits of w4a16_gemm_small_m (variant 5, one split, one k slice) then silu_mul,
-// one launch and no y. It runs 1-16 tokens with n % 32 == 0 where the preload kernel does (sm_90a,
-// w4a16_swiglu_runs); it throws elsewhere. Whether a GEMM's dispatcher would run that same
-// partition anyway: w4a16_small_m_one_preload_part, or qspec::w4_gemm_takes_swiglu_epilogue.
+// stores it: the bits of w4a16_gemm_small_m (variant 5, one split, the k slices of
+// w4a16_swiglu_k_slices: the planned ones, at most 4) then silu_mul, one launch and no y. It runs
+// 1-16 tokens with n % 32 == 0 where the preload kernel does (sm_90a, w4a16_swiglu_runs); it
+// throws elsewhere. Whether a GEMM's dispatcher would run that same partition anyway:
+// w4a16_small_m_swiglu_partition, or qspec::w4_gemm_takes_swiglu_epilogue.
 bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m);
+// The k slices a block of w4a16_gemm_swiglu's launch has (1, 2 or 4) for these weights and tokens.
+int w4a16_swiglu_k_slices(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes);
 // Whether w4a16_gemm_small_m(config) would run these m tokens (at most 16) as one preload launch
-// of one split and one k slice, the partition w4a16_gemm_swiglu runs: the same variant choice and
-// the same plan as the launch itself.
-bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
+// of one split and at most 4 k slices, the partition w4a16_gemm_swiglu runs: the same variant
+// choice and the same plan as the launch itself.
+bool w4a16_small_m_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
                                     const void* workspace, size_t workspace_bytes);
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
                        void* workspace, size_t workspace_bytes, void* stream);

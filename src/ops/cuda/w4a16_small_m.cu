@@ -270,13 +270,19 @@ int preload_ring_slots(int64_t chunks_per_split, int64_t m) {
 
 // K slices a block (kernels/w4a16_preload.cuh): the most (8, 4, 2) whose blocks still fit in one
 // wave of `block_slots` and leave every warp at least 4 chunks (256 k); 1 where none does (then
-// split-K across blocks fills the GPU, as before).
+// split-K across blocks fills the GPU, as before). Except where one k slice is more than one wave
+// but at most two: the second wave is then a tail of whole blocks on a few multiprocessors, and
+// 2 slices (half-length blocks) halve it. Measured on the H100 (docs/perf-notes.md, "Qwen2.5-7B's
+// gate_up in more than one wave"): Qwen2.5-7B's gate_up (296 blocks of one slice for 264 slots)
+// 11-15 % faster alone at 1-16 tokens with 2 slices; 4 slices gained less, 8 lost.
 int plan_k_slices(int64_t row_blocks, int64_t full_chunks, int64_t block_slots) {
   constexpr int kWarps = kernels::W4A16PreloadShape<128>::kWarps;
   for (int slices : {8, 4, 2}) {
     const int64_t tiles = (row_blocks * slices + kWarps - 1) / kWarps;
     if (tiles <= block_slots && full_chunks >= 4 * slices) return slices;
   }
+  const int64_t tiles = (row_blocks + kWarps - 1) / kWarps;
+  if (tiles > block_slots && tiles <= 2 * block_slots && full_chunks >= 8) return 2;
   return 1;
 }
 
@@ -343,7 +349,7 @@ bool swiglu_x_half_slot(const PreloadPlan& plan) {
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
-// split and one k slice: w4a16_small_m_one_preload_part).
+// split and at most 4 k slices: plan_swiglu).
 template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
@@ -382,6 +388,18 @@ int small_m_variant(const W4A16Weights& w, const W4A16SmallMConfig& config) {
   return variant == 5 && !w4a16_preload_supported(w) ? 1 : variant;
 }
 
+// The SwiGLU epilogue's partition: one split, the planned k slices up to 4 (a block pairs gate and
+// up row blocks, so it needs two of them).
+constexpr int kSwigluMaxKSlices = 4;
+PreloadPlan plan_swiglu(const kernels::W4A16Layout& layout, int64_t m, const void* workspace, size_t workspace_bytes) {
+  W4A16SmallMConfig config{5, 1, 0, false, 0};
+  PreloadPlan plan = plan_preload(layout, m, config, workspace, workspace_bytes);
+  if (plan.k_slices > kSwigluMaxKSlices) {
+    config.k_slices = kSwigluMaxKSlices;
+    plan = plan_preload(layout, m, config, workspace, workspace_bytes);
+  }
+  return plan;
+}
 }  // namespace
 
 bool w4a16_preload_runs_here() { return preload_kernel_runs_here(); }
@@ -395,11 +413,17 @@ bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
   return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
 }
 
-bool w4a16_small_m_one_preload_part(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
+bool w4a16_small_m_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
                                     const void* workspace, size_t workspace_bytes) {
   if (m < 1 || m > 16 || small_m_variant(w, config) != 5) return false;
   const PreloadPlan plan = plan_preload(detail::w4a16_layout(w), m, config, workspace, workspace_bytes);
-  return plan.k_slices == 1 && plan.splits == 1;
+  return plan.splits == 1 && plan.k_slices <= kSwigluMaxKSlices;
+}
+
+int w4a16_swiglu_k_slices(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes) {
+  QSPEC_CHECK(w4a16_swiglu_runs(w, m), "cuda::w4a16_swiglu_k_slices: the SwiGLU GEMM does not run these weights / ", m,
+              " tokens here");
+  return plan_swiglu(detail::w4a16_layout(w), m, workspace, workspace_bytes).k_slices;
 }
 
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
@@ -410,11 +434,9 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
               "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ld_act >= n / 2 (ldx ",
               ldx, ", ld_act ", ld_act, ")");
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  // The epilogue's only partition: one split, one k slice (no partials, no slice sums).
-  const W4A16SmallMConfig one_part{5, 1, 0, false, 1};
   launch_preload<kernels::ActF16, true>(
       preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m),
-      plan_preload(layout, m, one_part, workspace, workspace_bytes), workspace, as_stream(stream));
+      plan_swiglu(layout, m, workspace, workspace_bytes), workspace, as_stream(stream));
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,

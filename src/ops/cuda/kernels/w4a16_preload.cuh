@@ -28,12 +28,14 @@
 // splits, or k_slices S and one split (the same mma per k pair, the same group flushes, the
 // same sums in the same order).
 //
-// SwiGLU in the epilogue (SWIGLU, one split, one k slice): the weights are gate_up's, gate rows
-// [0, n / 2) then up rows [n / 2, n). A block's warps 0-3 take 4 gate row blocks and warps 4-7
-// the 4 up row blocks of the same outputs; the up warps hand their sums over in shared memory
-// and the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is
-// rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's then
-// silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
+// SwiGLU in the epilogue (SWIGLU, one split, 1, 2 or 4 k slices): the weights are gate_up's, gate
+// rows [0, n / 2) then up rows [n / 2, n). A block's first half of row blocks are gate row blocks
+// and its second half the up row blocks of the same outputs (one k slice: warps 0-3 and 4-7); the
+// up warps hand their sums over in shared memory (with k slices every warp does, and each gate
+// row block's first warp adds both row blocks' slices in k order, as the slices' sum below) and
+// the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is rounded
+// to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's (same k slices)
+// then silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // silu
@@ -103,10 +105,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   const int slots = (chunk_end - chunk_begin + sc - 1) / sc;
   const int R = ring_slots;
 
-  // SWIGLU: warps 0-3 a gate row block each, warps 4-7 the up row blocks n / 2 rows further on.
-  const int gate_blocks = p.w.row_blocks / 2;
-  const int rb = SWIGLU ? min(tile * (WARPS / 2) + warp % (WARPS / 2), gate_blocks - 1) + (warp < WARPS / 2 ? 0 : gate_blocks)
-                        : min(tile * (WARPS / k_slices) + warp / k_slices, p.w.row_blocks - 1);
+  // The block's WARPS / k_slices row blocks, k_slices warps each. SWIGLU: the first half gate row
+  // blocks, the second half the up row blocks n / 2 rows further on.
+  const int block_rbs = WARPS / k_slices, rbi = warp / k_slices;
+  const int gate_rbs = block_rbs / 2, gate_blocks = p.w.row_blocks / 2;
+  const int rb = SWIGLU ? min(tile * gate_rbs + rbi % gate_rbs, gate_blocks - 1) + (rbi < gate_rbs ? 0 : gate_blocks)
+                        : min(tile * block_rbs + rbi, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
@@ -249,19 +253,22 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
   if constexpr (SWIGLU) {
-    // The up warps' sums into the rings (every warp has waited for all of its copies, so none is
-    // in flight once all are here), then each gate warp pairs its rows with its up warp's.
-    float* up_sums = reinterpret_cast<float*>(smem);
+    // The up warps' sums into the rings (every warp's, with k slices; every warp has waited for all
+    // of its copies, so none is in flight once all are here), then each gate row block's first warp
+    // pairs its rows with its up row block's.
+    float* sums = reinterpret_cast<float*>(smem);
+    auto at = [&](int w, int nt, int e) { return ((w * MT + nt) * 4 + e) * 32 + lane; };
     __syncthreads();
-    if (warp >= WARPS / 2) {
+    if (k_slices > 1 || rbi >= gate_rbs) {
 #pragma unroll
       for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) up_sums[(((warp - WARPS / 2) * MT + nt) * 4 + e) * 32 + lane] = acc[0][nt][e];
+        for (int e = 0; e < 4; ++e) sums[at(warp, nt, e)] = acc[0][nt][e];
     }
     __syncthreads();
-    const int gate_rb = tile * (WARPS / 2) + warp;
-    if (warp < WARPS / 2 && gate_rb < gate_blocks) {
+    const int gate_rb = tile * gate_rbs + rbi;
+    const int up_warp = warp + gate_rbs * k_slices;  // the first warp of the matching up row block
+    if (rbi < gate_rbs && warp % k_slices == 0 && gate_rb < gate_blocks) {
 #pragma unroll
       for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
@@ -269,8 +276,17 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
           const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
           const int token = nt * 8 + 2 * t + (e & 1);
           if (token >= p.m) continue;
-          const float gate = __half2float(__float2half_rn(acc[0][nt][e]));
-          const float up = __half2float(__float2half_rn(up_sums[((warp * MT + nt) * 4 + e) * 32 + lane]));
+          float gate_sum = acc[0][nt][e], up_sum = sums[at(up_warp, nt, e)];
+          if (k_slices > 1) {  // from zero in k order, as the slices' sum below
+            gate_sum = 0.f;
+            up_sum = 0.f;
+            for (int s = 0; s < k_slices; ++s) {
+              gate_sum += sums[at(warp + s, nt, e)];
+              up_sum += sums[at(up_warp + s, nt, e)];
+            }
+          }
+          const float gate = __half2float(__float2half_rn(gate_sum));
+          const float up = __half2float(__float2half_rn(up_sum));
           p.y[token * p.ldy + row] = __float2half_rn(silu(gate) * up);
         }
     }
