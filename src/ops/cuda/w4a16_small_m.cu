@@ -275,6 +275,11 @@ int preload_ring_slots(int64_t chunks_per_split, int64_t m) {
 // 2 slices (half-length blocks) halve it. Measured on the H100 (docs/perf-notes.md, "Qwen2.5-7B's
 // gate_up in more than one wave"): Qwen2.5-7B's gate_up (296 blocks of one slice for 264 slots)
 // 11-15 % faster alone at 1-16 tokens with 2 slices; 4 slices gained less, 8 lost.
+// QSPEC_W4A16_TAIL_SLICES=0 turns that exception off (A/B runs).
+bool tail_slices_on() {
+  static const bool on = env_int("QSPEC_W4A16_TAIL_SLICES", 1, 0, 1) == 1;
+  return on;
+}
 int plan_k_slices(int64_t row_blocks, int64_t full_chunks, int64_t block_slots) {
   constexpr int kWarps = kernels::W4A16PreloadShape<128>::kWarps;
   for (int slices : {8, 4, 2}) {
@@ -282,7 +287,7 @@ int plan_k_slices(int64_t row_blocks, int64_t full_chunks, int64_t block_slots) 
     if (tiles <= block_slots && full_chunks >= 4 * slices) return slices;
   }
   const int64_t tiles = (row_blocks + kWarps - 1) / kWarps;
-  if (tiles > block_slots && tiles <= 2 * block_slots && full_chunks >= 8) return 2;
+  if (tail_slices_on() && tiles > block_slots && tiles <= 2 * block_slots && full_chunks >= 8) return 2;
   return 1;
 }
 
