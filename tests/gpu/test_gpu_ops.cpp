@@ -1172,10 +1172,10 @@ TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
 // GEMM (variant 5, one split, the same k slices) then silu_mul: gate_up shapes of Llama-3-8B and
 // small ones whose last block has fewer than 4 gate row blocks, groups of 32 / 64 / 128, k with a
 // half chunk at the end, 1-16 tokens, 1, 2 and 4 k slices; act rows wider than n / 2 keep their
-// padding; a relaunch gives the same bits; shapes it cannot run are refused. At 9-16 tokens
-// Llama-3-8B's gate_up (one wave of blocks) holds x half a slot ahead and the 272-block shape
-// (more than a wave of one-slice blocks on 132 multiprocessors, so 2 slices) a whole slot
-// (swiglu_x_half_slot, plan_k_slices).
+// padding; a relaunch gives the same bits; shapes it cannot run are refused. At 9-16 tokens the
+// kernel holds x half a slot ahead (swiglu_x_half_slot; QSPEC_W4A16_PRELOAD_X_HALF=0 runs this
+// test with a whole slot). The 272-block shape is more than a wave of one-slice blocks on 132
+// multiprocessors, so it runs 2 slices (plan_k_slices).
 TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
   if (qspec::cuda::compute_capability() != 90) {
     std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",

@@ -311,7 +311,6 @@ kernels::W4A16SmallMParams preload_params(const kernels::W4A16Layout& layout, co
 struct PreloadPlan {
   int k_slices;
   int64_t row_tiles, splits;
-  int64_t block_slots;  // blocks resident at once: one wave
 };
 PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, const W4A16SmallMConfig& config,
                          const void* workspace, size_t workspace_bytes) {
@@ -322,7 +321,6 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
   QSPEC_CHECK(config.k_slices == 0 || valid_k_slices(config.k_slices),
               "cuda::w4a16_gemm: k slices must be 1, 2, 4 or 8, not ", config.k_slices);
   PreloadPlan plan{};
-  plan.block_slots = per_sm * sms;
   plan.k_slices = config.k_slices > 0               ? config.k_slices
                   : preload_k_slices_override() > 0 ? preload_k_slices_override()
                                                     : plan_k_slices(layout.row_blocks, layout.full_chunks, per_sm * sms);
@@ -342,14 +340,14 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 // Whether gate_up with SwiGLU at two token tiles (9-16 tokens) holds half a slot of x ahead
 // instead of a whole one (w4_preload_kernel's X_AHEAD). A whole slot is 64 registers of x there,
 // and the kernel spills at the 128-register cap; half a slot does not. Measured on the H100
-// (docs/perf-notes.md, "x a half slot ahead"): the Llama-3-8B and Llama-2-7B steps 2.5-5.5 %
-// shorter at batch 9-16, where gate_up's blocks are one wave; Qwen2.5-7B's gate_up is 296 blocks,
-// more than one wave, and its step was 1.2-1.6 % longer, so a whole slot stays there.
-// QSPEC_W4A16_PRELOAD_X_HALF=0 / 1 forces it (A/B runs; unset: the rule).
-bool swiglu_x_half_slot(const PreloadPlan& plan) {
-  static const int forced = env_int("QSPEC_W4A16_PRELOAD_X_HALF", -1, 0, 1);
-  if (forced >= 0) return forced == 1;
-  return plan.row_tiles * plan.splits <= plan.block_slots;
+// (docs/perf-notes.md, "x a half slot ahead"): steps at batch 9-16 2.4-5.2 % shorter on
+// Llama-3-8B and 3.1-4.8 % on Llama-2-7B (one slice, one wave), 0.3-2.3 % on Qwen2.5-7B (two
+// slices, plan_k_slices). The one loss measured was Qwen2.5-7B's gate_up in one slice and more than
+// one wave (+1.2-1.6 %), a partition the planner no longer makes (QSPEC_W4A16_TAIL_SLICES=0 does).
+// QSPEC_W4A16_PRELOAD_X_HALF=0 / 1 forces it (A/B runs; unset: half).
+bool swiglu_x_half_slot() {
+  static const bool half = env_int("QSPEC_W4A16_PRELOAD_X_HALF", 1, 0, 1) == 1;
+  return half;
 }
 
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
@@ -370,7 +368,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
     if (!two_tiles) {
       preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    } else if (SWIGLU && swiglu_x_half_slot(plan)) {
+    } else if (SWIGLU && swiglu_x_half_slot()) {
       preload_launch<Act, 2, G, SWIGLU, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
     } else {
       preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
