@@ -272,9 +272,10 @@ int preload_ring_slots(int64_t chunks_per_split, int64_t m) {
 // wave of `block_slots` and leave every warp at least 4 chunks (256 k); 1 where none does (then
 // split-K across blocks fills the GPU, as before). Except where one k slice is more than one wave
 // but at most two: the second wave is then a tail of whole blocks on a few multiprocessors, and
-// 2 slices (half-length blocks) halve it. Measured on the H100 (docs/perf-notes.md, "Qwen2.5-7B's
-// gate_up in more than one wave"): Qwen2.5-7B's gate_up (296 blocks of one slice for 264 slots)
-// 11-15 % faster alone at 1-16 tokens with 2 slices; 4 slices gained less, 8 lost.
+// 2 slices (half-length blocks) halve it. Measured on the H100 (docs/perf-notes.md, "The preload
+// kernel at 9-16 tokens"): Qwen2.5-7B's gate_up (296 blocks of one slice for 264 slots) 11-15 %
+// faster alone at 1-16 tokens with 2 slices (its step 3.2-5.0 % shorter at batch 1-16); 4 slices
+// gained less, 8 lost.
 // QSPEC_W4A16_TAIL_SLICES=0 turns that exception off (A/B runs).
 bool tail_slices_on() {
   static const bool on = env_int("QSPEC_W4A16_TAIL_SLICES", 1, 0, 1) == 1;
@@ -340,7 +341,7 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 // Whether gate_up with SwiGLU at two token tiles (9-16 tokens) holds half a slot of x ahead
 // instead of a whole one (w4_preload_kernel's X_AHEAD). A whole slot is 64 registers of x there,
 // and the kernel spills at the 128-register cap; half a slot does not. Measured on the H100
-// (docs/perf-notes.md, "x a half slot ahead"): steps at batch 9-16 2.4-5.2 % shorter on
+// (docs/perf-notes.md, "The preload kernel at 9-16 tokens"): steps at batch 9-16 2.4-5.2 % shorter on
 // Llama-3-8B and 3.1-4.8 % on Llama-2-7B (one slice, one wave), 0.3-2.3 % on Qwen2.5-7B (two
 // slices, plan_k_slices). The one loss measured was Qwen2.5-7B's gate_up in one slice and more than
 // one wave (+1.2-1.6 %), a partition the planner no longer makes (QSPEC_W4A16_TAIL_SLICES=0 does).
