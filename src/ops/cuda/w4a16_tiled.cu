@@ -179,14 +179,6 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   int64_t splits = config.splits > 0 ? config.splits
                                      : std::min<int64_t>(std::max<int64_t>(1, capacity / blocks),
                                                          detail::w4a16_tiled_max_splits(m, w.k));
-  // More than one wave but at most two: the second wave is a tail of whole blocks on a few
-  // multiprocessors, and 2 splits (half-length blocks) shorten it, as 2 k slices do in the preload
-  // kernel (w4a16_small_m.cu, plan_k_slices). Qwen2.5-7B's gate_up: 296 row tiles of 128 for 264
-  // slots (docs/perf-notes.md, "The tail wave in the tiled kernel"). QSPEC_W4A16_TAIL_SPLITS=0
-  // turns it off (A/B runs).
-  static const bool tail_splits = env_int("QSPEC_W4A16_TAIL_SPLITS", 1, 0, 1) == 1;
-  if (config.splits == 0 && tail_splits && blocks > capacity && blocks <= 2 * capacity)
-    splits = std::min<int64_t>(2, detail::w4a16_tiled_max_splits(m, w.k));
   // Splits cut k at scale-group boundaries (the kernel flushes groups at static points).
   const int64_t group_units = layout.full_chunks / std::max<int64_t>(1, w.group / 64);
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
