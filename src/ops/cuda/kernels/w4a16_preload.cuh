@@ -252,19 +252,28 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
+  // Hand-overs through shared memory (the k slices' sums, SwiGLU's up row blocks): a warp's
+  // accumulators into the rings (each warp has waited for all of its copies, so no bulk copy is in
+  // flight once all are here); a row block's sum is its slices' in k order from zero, as the
+  // global fix-up sums splits.
+  float* sums = reinterpret_cast<float*>(smem);
+  auto at = [&](int w, int nt, int e) { return ((w * MT + nt) * 4 + e) * 32 + lane; };
+  auto store_sums = [&] {
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sums[at(warp, nt, e)] = acc[0][nt][e];
+  };
+  auto slice_sum = [&](int first_warp, int nt, int e) {
+    float sum = 0.f;
+    for (int s = 0; s < k_slices; ++s) sum += sums[at(first_warp + s, nt, e)];
+    return sum;
+  };
   if constexpr (SWIGLU) {
-    // The up warps' sums into the rings (every warp's, with k slices; every warp has waited for all
-    // of its copies, so none is in flight once all are here), then each gate row block's first warp
-    // pairs its rows with its up row block's.
-    float* sums = reinterpret_cast<float*>(smem);
-    auto at = [&](int w, int nt, int e) { return ((w * MT + nt) * 4 + e) * 32 + lane; };
+    // The up warps' accumulators (every warp's, with k slices), then each gate row block's first
+    // warp pairs its rows with its up row block's.
     __syncthreads();
-    if (k_slices > 1 || rbi >= gate_rbs) {
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sums[at(warp, nt, e)] = acc[0][nt][e];
-    }
+    if (k_slices > 1 || rbi >= gate_rbs) store_sums();
     __syncthreads();
     const int gate_rb = tile * gate_rbs + rbi;
     const int up_warp = warp + gate_rbs * k_slices;  // the first warp of the matching up row block
@@ -276,15 +285,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
           const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
           const int token = nt * 8 + 2 * t + (e & 1);
           if (token >= p.m) continue;
-          float gate_sum = acc[0][nt][e], up_sum = sums[at(up_warp, nt, e)];
-          if (k_slices > 1) {  // from zero in k order, as the slices' sum below
-            gate_sum = 0.f;
-            up_sum = 0.f;
-            for (int s = 0; s < k_slices; ++s) {
-              gate_sum += sums[at(warp + s, nt, e)];
-              up_sum += sums[at(up_warp + s, nt, e)];
-            }
-          }
+          const float gate_sum = k_slices > 1 ? slice_sum(warp, nt, e) : acc[0][nt][e];
+          const float up_sum = k_slices > 1 ? slice_sum(up_warp, nt, e) : sums[at(up_warp, nt, e)];
           const float gate = __half2float(__float2half_rn(gate_sum));
           const float up = __half2float(__float2half_rn(up_sum));
           p.y[token * p.ldy + row] = __float2half_rn(silu(gate) * up);
@@ -293,28 +295,17 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     return;
   }
   if (k_slices > 1) {
-    // The slices' sums: every warp's accumulators into the rings (each warp has waited for all of
-    // its copies, so no bulk copy is in flight once all are here), then the first warp of each row
-    // block adds its slices in k order, from zero as the global fix-up does.
-    float* sums = reinterpret_cast<float*>(smem);
     __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sums[((warp * MT + nt) * 4 + e) * 32 + lane] = acc[0][nt][e];
+    store_sums();
     __syncthreads();
     if (warp % k_slices == 0) {
 #pragma unroll
       for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float sum = 0.f;
-          for (int s = 0; s < k_slices; ++s) sum += sums[(((warp + s) * MT + nt) * 4 + e) * 32 + lane];
-          acc[0][nt][e] = sum;
-        }
+        for (int e = 0; e < 4; ++e) acc[0][nt][e] = slice_sum(warp, nt, e);
     }
   }
-  const int out_rb = tile * (WARPS / k_slices) + warp / k_slices;
+  const int out_rb = tile * block_rbs + rbi;
   if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
@@ -330,7 +321,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       }
   }
   if (p.splits == 1) return;
-  const int tile_rows = (WARPS / k_slices) * 16, row_begin = tile * tile_rows;
+  const int tile_rows = block_rbs * 16, row_begin = tile * tile_rows;
   splitk_finish<WARPS * 32>(p.counters, tile, p.splits, p.partials, p.y, p.ldy, p.m, p.w.n, row_begin,
                             min(tile_rows, p.w.n - row_begin));
 #else
