@@ -369,11 +369,15 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
     if (!two_tiles) {
       preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-    } else if (SWIGLU && swiglu_x_half_slot()) {
-      preload_launch<Act, 2, G, SWIGLU, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
-    } else {
-      preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
+      return;
     }
+    if constexpr (SWIGLU) {  // only SwiGLU instantiates the half-slot kernels
+      if (swiglu_x_half_slot()) {
+        preload_launch<Act, 2, G, true, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
+        return;
+      }
+    }
+    preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
