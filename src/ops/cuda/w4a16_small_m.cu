@@ -342,8 +342,8 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 // instead of a whole one (w4_preload_kernel's X_AHEAD). A whole slot is 64 registers of x there,
 // and the kernel spills at the 128-register cap; half a slot does not. Measured on the H100
 // (docs/perf-notes.md, "The preload kernel at 9-16 tokens"): steps at batch 9-16 2.4-5.2 % shorter on
-// Llama-3-8B and 3.1-4.8 % on Llama-2-7B (one slice, one wave), 0.3-2.3 % on Qwen2.5-7B (two
-// slices, plan_k_slices). The one loss measured was Qwen2.5-7B's gate_up in one slice and more than
+// Llama-3-8B (0.5-2.5 % in a rerun on another H100) and 3.1-4.8 % on Llama-2-7B (one slice, one
+// wave), 0.3-2.6 % on Qwen2.5-7B (two slices, plan_k_slices). The one loss measured was Qwen2.5-7B's gate_up in one slice and more than
 // one wave (+1.2-1.6 %), a partition the planner no longer makes (QSPEC_W4A16_TAIL_SLICES=0 does).
 // QSPEC_W4A16_PRELOAD_X_HALF=0 / 1 forces it (A/B runs; unset: half).
 bool swiglu_x_half_slot() {
