@@ -1238,18 +1238,101 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
   auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(17 * 128))));
   auto d_act = poisoned(static_cast<size_t>(17 * 64) * 2);
   EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, 1, nullptr, 0));
-  EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w64.view, 17, nullptr, 0));
-  // The map decides: small_m_v5 takes the epilogue at one token (one part: 4 row blocks), a map
-  // that sends the GEMM elsewhere keeps SwiGLU out of it.
+  // The map decides: small_m_v5 takes the preload kernel's epilogue at one token (one part: 4 row
+  // blocks); a map that sends the GEMM to a tiled kernel takes that kernel's (one split: no
+  // workspace for partials); the bitwise strategy has none.
   const qspec::gemm::PolicyMap preload_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::small_m_v5);
   const qspec::gemm::PolicyMap tiled_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::tiled_256x64);
-  EXPECT_TRUE(qspec::w4_gemm_takes_swiglu_epilogue(&preload_map, w64.view, 1, nullptr, 0));
-  EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(&tiled_map, w64.view, 1, nullptr, 0));
+  const qspec::gemm::PolicyMap cublas_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::dequant_cublas);
+  EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(&preload_map, w64.view, 1, nullptr, 0).kernel ==
+              qspec::SwigluGemm::Kernel::preload);
+  const qspec::SwigluGemm tiled_plan = qspec::w4_gemm_swiglu_epilogue(&tiled_map, w64.view, 1, nullptr, 0);
+  EXPECT_TRUE(tiled_plan.kernel == qspec::SwigluGemm::Kernel::tiled);
+  EXPECT_EQ(tiled_plan.tiled.tile, 1);
+  EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(&cublas_map, w64.view, 17, nullptr, 0));
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 1, 128, w.view, d_act.as<f16>(), 24, nullptr, 0, nullptr),
                qspec::Error);
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 17, 128, w64.view, d_act.as<f16>(), 32, nullptr, 0, nullptr),
                qspec::Error);
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 1, 128, w64.view, d_act.as<f16>(), 31, nullptr, 0, nullptr),
+               qspec::Error);
+}
+
+// SwiGLU in the tiled kernel's epilogue (cuda::w4a16_gemm_tiled_swiglu) gives the bits of the
+// one-split tiled GEMM on the same tile then silu_mul: every mma.sync tile, Llama-3-8B's gate_up
+// and small shapes whose last row tile has fewer gate row blocks than its warps take, groups of
+// 32 / 64 / 128, k with a half chunk at the end, 17-100 tokens (several M tiles, the last one
+// partly filled); act rows wider than n / 2 keep their padding; a relaunch gives the same bits.
+// The dispatcher (no map) takes this epilogue for Llama-3-8B's gate_up at 17-100 tokens on 132
+// multiprocessors (one split: at most a wave of blocks), not where it splits k. Refused: n % 32,
+// splits > 1, the wgmma tile, ld_act < n / 2.
+TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
+  for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
+                             {2 * 528, 2048, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    const int64_t inter = n / 2, ld_act = inter + 24;
+    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3, 4, 6};
+    for (int64_t m : {17, 24, 32, 33, 64, 65, 100}) {
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      if (n == 28672 && qspec::cuda::multiprocessor_count() == 132) {
+        EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
+                    qspec::SwigluGemm::Kernel::tiled)
+            << "m" << m;
+      }
+      for (int tile : tiles) {
+        const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
+                                  " g" + std::to_string(group) + " tile " + std::to_string(tile);
+        auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, nullptr, 0, nullptr,
+                               cuda::W4A16TiledConfig{tile, 1});
+        auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);
+        cuda::silu_mul(d_y.as<f16>(), d_y.as<f16>() + inter, m, inter, n, d_expected.as<f16>(), nullptr,
+                       cuda::NextKernel::other, ld_act);
+        const std::vector<uint16_t> expected = download<uint16_t>(d_expected, static_cast<size_t>(m * ld_act));
+        for (int launch = 0; launch < 2; ++launch) {
+          auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
+          cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), m, k, w.view, d_act.as<f16>(), ld_act, nullptr,
+                                        cuda::W4A16TiledConfig{tile, 0});
+          const std::vector<uint16_t> got = download<uint16_t>(d_act, static_cast<size_t>(m * ld_act));
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t i = 0; i < ld_act; ++i) {
+              const size_t at = static_cast<size_t>(t * ld_act + i);
+              if (i < inter) {
+                ASSERT_FALSE(std::isnan(qspec::f16_to_f32(got[at]))) << where << " token " << t << " col " << i;
+              }
+              ASSERT_EQ(got[at], expected[at]) << where << " launch " << launch << " token " << t << " col " << i;
+            }
+        }
+      }
+    }
+    // Where the tiled GEMM splits k (a few row tiles, a workspace for the partials), the
+    // dispatcher keeps SwiGLU out of it: its bits are not the one-split kernel's.
+    if (n == 2 * 528) {
+      const size_t bytes = cuda::w4a16_workspace_bytes(17, n, k, cuda::W4A16Path::tiled);
+      cuda::DeviceMemory workspace(bytes);
+      EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, 17, workspace.get(), bytes));
+      EXPECT_TRUE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, 17, nullptr, 0));
+    }
+  }
+  const qspec::QuantizedMatrix odd = random_quantized(48, 128, qspec::quant::Format::int4, 128);
+  DeviceW4 w48(qspec::gemm::pack_w4a16(odd));
+  const qspec::QuantizedMatrix weight = random_quantized(64, 128, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(24 * 128))));
+  auto d_act = poisoned(static_cast<size_t>(24 * 64) * 2);
+  EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w48.view, d_act.as<f16>(), 24, nullptr),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 32, nullptr,
+                                             cuda::W4A16TiledConfig{0, 2}),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 32, nullptr,
+                                             cuda::W4A16TiledConfig{cuda::kW4A16WgmmaTile, 0}),
+               qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 31, nullptr),
                qspec::Error);
 }
 

@@ -27,18 +27,64 @@ cuda::W4A16SmallMConfig small_m_v5_config(const cuda::W4A16Weights& w) {
   return cuda::W4A16SmallMConfig{cuda::w4a16_preload_supported(w) ? 5 : 1, 0, 0};
 }
 
+// The tiled kernel's tile (cuda::W4A16TiledConfig::tile) of a tiled strategy; 0 for the others.
+int tiled_strategy_tile(gemm::Strategy strategy) {
+  using gemm::Strategy;
+  switch (strategy) {
+    case Strategy::tiled_256x64:
+    case Strategy::tiled_128x64:
+    case Strategy::tiled_256x32:
+    case Strategy::tiled_128x128:
+      return static_cast<int>(strategy) - static_cast<int>(Strategy::tiled_256x64) + 1;
+    case Strategy::tiled_128x32:
+      return cuda::kW4A16Tile128x32;
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
+
+SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
+                                   const void* workspace, size_t workspace_bytes) {
+  SwigluGemm plan;
+  if (m < 1 || w.n % 32 != 0) return plan;
+  // The GEMM dispatch_w4_gemm would run: the map's strategy, or the kernels' automatic path.
+  const bool preload = policy != nullptr ? policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5
+                                         : cuda::w4a16_choose_path(m, w.n, w.k) == cuda::W4A16Path::small_m;
+  if (preload) {
+    if (cuda::w4a16_swiglu_runs(w, m) &&
+        cuda::w4a16_small_m_swiglu_partition(w, m, policy != nullptr ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
+                                             workspace, workspace_bytes))
+      plan.kernel = SwigluGemm::Kernel::preload;
+    return plan;
+  }
+  int tile = 0;  // no map: the tiled path's own choice
+  if (policy != nullptr) {
+    tile = tiled_strategy_tile(policy->lookup("f16", w.n, w.k, m));
+    if (tile == 0) return plan;  // neither the preload kernel nor a tiled one
+  } else if (cuda::w4a16_choose_path(m, w.n, w.k) != cuda::W4A16Path::tiled) {
+    return plan;
+  }
+  plan.tiled = cuda::W4A16TiledConfig{tile, 0};
+  if (cuda::w4a16_tiled_swiglu_partition(w, m, plan.tiled, workspace, workspace_bytes))
+    plan.kernel = SwigluGemm::Kernel::tiled;
+  return plan;
+}
 
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes) {
-  if (!cuda::w4a16_swiglu_runs(w, m)) return false;
-  if (policy != nullptr) {  // run_w4_gemm's small_m_v5 case
-    return policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5 &&
-           cuda::w4a16_small_m_swiglu_partition(w, m, small_m_v5_config(w), workspace, workspace_bytes);
-  }
-  // No map: cuda::w4a16_gemm's automatic path, which calls w4a16_gemm_small_m with its defaults.
-  return cuda::w4a16_choose_path(m, w.n, w.k) == cuda::W4A16Path::small_m &&
-         cuda::w4a16_small_m_swiglu_partition(w, m, {}, workspace, workspace_bytes);
+  return w4_gemm_swiglu_epilogue(policy, w, m, workspace, workspace_bytes).kernel != SwigluGemm::Kernel::none;
+}
+
+void run_w4_gemm_swiglu(const SwigluGemm& plan, const cuda::f16_bits* x, int64_t m, int64_t ldx,
+                        const cuda::W4A16Weights& w, cuda::f16_bits* act, int64_t ld_act, void* workspace,
+                        size_t workspace_bytes, void* stream) {
+  QSPEC_CHECK(plan.kernel != SwigluGemm::Kernel::none, "run_w4_gemm_swiglu: this GEMM has no SwiGLU epilogue");
+  if (plan.kernel == SwigluGemm::Kernel::preload)
+    cuda::w4a16_gemm_swiglu(x, m, ldx, w, act, ld_act, workspace, workspace_bytes, stream);
+  else
+    cuda::w4a16_gemm_tiled_swiglu(x, m, ldx, w, act, ld_act, stream, plan.tiled);
 }
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
@@ -82,10 +128,7 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::tiled_256x32:
     case Strategy::tiled_128x128:
     case Strategy::tiled_128x32: {
-      const int tile = strategy == Strategy::tiled_128x32
-                           ? cuda::kW4A16Tile128x32
-                           : static_cast<int>(strategy) - static_cast<int>(Strategy::tiled_256x64) + 1;
-      const cuda::W4A16TiledConfig config{tile, 0};
+      const cuda::W4A16TiledConfig config{tiled_strategy_tile(strategy), 0};
       if (x.quantized) cuda::w4_quantized_gemm_tiled(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream, config);
       else cuda::w4a16_gemm_tiled(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, config);
       return;

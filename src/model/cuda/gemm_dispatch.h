@@ -44,12 +44,25 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes);
 
-// Whether dispatch_w4_gemm runs this GEMM of m f16 tokens on the preload kernel in one split
-// and at most 4 k slices (the map's small_m_v5, or no map and the kernels' automatic path), where the
-// SwiGLU epilogue runs (cuda::w4a16_swiglu_runs): then gate_up's GEMM can write silu(gate) * up
-// itself (cuda::w4a16_gemm_swiglu) and the kernel that runs does not change.
+// gate_up's GEMM with SwiGLU in its epilogue, where that keeps the GEMM's bits: dispatch_w4_gemm
+// would run this GEMM of m f16 tokens (the map's strategy, or no map and the kernels' automatic
+// path) on the preload kernel in one split and at most 4 k slices where its SwiGLU epilogue runs
+// (cuda::w4a16_swiglu_runs), or on an mma.sync tile of the tiled kernel in one split
+// (cuda::w4a16_tiled_swiglu_partition). Then gate_up's GEMM writes silu(gate) * up itself and the
+// kernel that runs does not change (run_w4_gemm_swiglu).
+struct SwigluGemm {
+  enum class Kernel { none, preload, tiled } kernel = Kernel::none;
+  cuda::W4A16TiledConfig tiled;  // Kernel::tiled: the tile (0: the tiled path's own choice)
+};
+SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
+                                   const void* workspace, size_t workspace_bytes);
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes);
+// act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] (cuda::w4a16_gemm_swiglu's contract) on plan's kernel;
+// throws for Kernel::none.
+void run_w4_gemm_swiglu(const SwigluGemm& plan, const cuda::f16_bits* x, int64_t m, int64_t ldx,
+                        const cuda::W4A16Weights& w, cuda::f16_bits* act, int64_t ld_act, void* workspace,
+                        size_t workspace_bytes, void* stream);
 
 struct GemmShape4 {
   std::string name;

@@ -447,11 +447,13 @@ struct GpuLlama::State {
     gemm(linear, normed_out, tokens, y);
   }
 
-  // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself (cuda::w4a16_gemm_swiglu):
-  // f16 activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher
-  // would run anyway is the preload kernel in one split and at most 4 k slices
-  // (w4_gemm_takes_swiglu_epilogue). QSPEC_SWIGLU=separate: never (A/B runs).
-  bool swiglu_in_gemm(const Linear& gate_up, int64_t m) const {
+  // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself, and on which kernel: f16
+  // activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher would
+  // run anyway is the preload kernel in one split and at most 4 k slices, or an mma.sync tile of
+  // the tiled kernel in one split (w4_gemm_swiglu_epilogue). `always` takes the preload kernel's
+  // epilogue wherever it runs (1-16 tokens), the automatic choice elsewhere. QSPEC_SWIGLU=separate:
+  // never (A/B runs).
+  SwigluGemm swiglu_in_gemm(const Linear& gate_up, int64_t m) const {
     using Swiglu = GpuLlamaOptions::Swiglu;
     static const bool separate_by_env = [] {
       const char* text = std::getenv("QSPEC_SWIGLU");
@@ -460,12 +462,13 @@ struct GpuLlama::State {
       QSPEC_CHECK(value == "fused" || value == "separate", "QSPEC_SWIGLU: '", value, "' is not fused or separate");
       return value == "separate";
     }();
-    if (swiglu == Swiglu::never || (swiglu == Swiglu::automatic && separate_by_env)) return false;
+    if (swiglu == Swiglu::never || (swiglu == Swiglu::automatic && separate_by_env)) return {};
     if (!gate_up.quantized || activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
         gate_up.in_k != config.hidden_size)
-      return false;
-    if (swiglu == Swiglu::always) return cuda::w4a16_swiglu_runs(gate_up.view, m);
-    return w4_gemm_takes_swiglu_epilogue(gemm_policy.get(), gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
+      return {};
+    if (swiglu == Swiglu::always && cuda::w4a16_swiglu_runs(gate_up.view, m))
+      return SwigluGemm{SwigluGemm::Kernel::preload, {}};
+    return w4_gemm_swiglu_epilogue(gemm_policy.get(), gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
   }
 
   // The constructor's mode: weights, first activation precision, int4 activation group.
@@ -876,11 +879,12 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(layer.o, attn_out, tokens, proj_out);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
     // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
-    if (swiglu_in_gemm(layer.gate_up, tokens)) {
+    if (const SwigluGemm swiglu_gemm = swiglu_in_gemm(layer.gate_up, tokens);
+        swiglu_gemm.kernel != SwigluGemm::Kernel::none) {
       ++swiglu_epilogue_layers;
       cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-      cuda::w4a16_gemm_swiglu(norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
-                              gemm_workspace.get(), gemm_workspace_bytes, stream);
+      run_w4_gemm_swiglu(swiglu_gemm, norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
+                         gemm_workspace.get(), gemm_workspace_bytes, stream);
     } else {
       norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&

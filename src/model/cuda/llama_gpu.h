@@ -55,10 +55,11 @@ struct GpuLlamaOptions {
   // Without gemm_policy: look for a map tuned on this GPU that covers this model's GEMM shapes
   // (gemm::find_policy_map over gemm::default_policy_dirs) and use it when there is one.
   bool auto_gemm_policy = false;
-  // SwiGLU inside the gate_up GEMM's epilogue (cuda::w4a16_gemm_swiglu, W4A16 steps of 1-16
-  // tokens): automatic where the GEMM would run the same kernel and partition anyway
-  // (QSPEC_SWIGLU=separate turns it off, for A/B runs); always wherever the kernel runs (tests:
-  // small models plan other partitions); never: the GEMM, then silu_mul.
+  // SwiGLU inside the gate_up GEMM's epilogue (W4A16 steps: cuda::w4a16_gemm_swiglu, the preload
+  // kernel at 1-16 tokens; cuda::w4a16_gemm_tiled_swiglu, the tiled kernel beyond): automatic
+  // where the GEMM would run the same kernel and partition anyway (QSPEC_SWIGLU=separate turns it
+  // off, for A/B runs); always: the preload kernel's wherever it runs (tests: small models plan
+  // other partitions), automatic beyond 16 tokens; never: the GEMM, then silu_mul.
   enum class Swiglu { automatic, always, never };
   Swiglu swiglu = Swiglu::automatic;
 };

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
@@ -54,9 +55,9 @@ struct TileLauncher {
   }
 };
 
-// Tiles 1-4: the mma.sync kernel (kernels/w4a16_tiled.cuh).
-template <class Act, class Tile, int G>
-using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G>, false, Tile::kThreads,
+// Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
+template <class Act, class Tile, int G, bool SWIGLU = false>
+using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU>, false, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
 
 // Tile 5: the wgmma kernel (kernels/w4a16_wgmma.cuh), f16 activation values only.
@@ -74,18 +75,20 @@ bool wgmma_tile_runs_here() {
 template <class Act>
 constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
 
-template <class Act, class Tile>
+template <class Act, class Tile, bool SWIGLU>
 TiledKernel tiled_kernel_for_group(int64_t group) {
   switch (group) {
-    case 32: return TiledLauncher<Act, Tile, 32>::get();
-    case 64: return TiledLauncher<Act, Tile, 64>::get();
-    default: return TiledLauncher<Act, Tile, 128>::get();
+    case 32: return TiledLauncher<Act, Tile, 32, SWIGLU>::get();
+    case 64: return TiledLauncher<Act, Tile, 64, SWIGLU>::get();
+    default: return TiledLauncher<Act, Tile, 128, SWIGLU>::get();
   }
 }
 
-template <class Act>
+// SWIGLU (f16 activations only): the mma.sync tiles with the SwiGLU epilogue; the wgmma tile has none.
+template <class Act, bool SWIGLU = false>
 TiledKernel tiled_kernel(int tile, int64_t group) {
-  if constexpr (kF16Values<Act>) {
+  static_assert(!SWIGLU || std::is_same_v<Act, kernels::ActF16>, "the SwiGLU epilogue takes f16 activations");
+  if constexpr (kF16Values<Act> && !SWIGLU) {
     if (tile == kW4A16WgmmaTile) {
       switch (group) {
         case 32: return WgmmaLauncher<Act, 32>::get();
@@ -95,11 +98,11 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     }
   }
   switch (tile) {
-    case 1: return tiled_kernel_for_group<Act, Tile256x64>(group);
-    case 2: return tiled_kernel_for_group<Act, Tile128x64>(group);
-    case 3: return tiled_kernel_for_group<Act, Tile256x32>(group);
-    case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32>(group);
-    default: return tiled_kernel_for_group<Act, Tile128x128>(group);
+    case 1: return tiled_kernel_for_group<Act, Tile256x64, SWIGLU>(group);
+    case 2: return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
+    case 3: return tiled_kernel_for_group<Act, Tile256x32, SWIGLU>(group);
+    case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
+    default: return tiled_kernel_for_group<Act, Tile128x128, SWIGLU>(group);
   }
 }
 
@@ -156,16 +159,24 @@ std::string w4a16_tiled_tile_name(int tile) {
 
 namespace {
 
-// Plans and launches the tiled kernel for any activation policy; params.a set by the caller.
-template <class Act>
-void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
-                  void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
-              "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned (cp.async)");
+// A tiled launch: the tile, its kernel, the grid and the split-K partitions.
+struct TiledPlan {
+  int tile;
+  TiledKernel kernel;
+  int64_t m_tiles, row_tiles, splits;
+};
+
+// The plan of a launch of m tokens (m >= 1) for any activation policy: the tile (config's, or
+// default_tile), and split-K only while the tiles leave multiprocessors idle.
+void check_tiled_config(const W4A16TiledConfig& config) {
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
-  if (m == 0) return;
+}
+
+template <class Act>
+TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layout& layout, const void* workspace,
+                     size_t workspace_bytes, const W4A16TiledConfig& config) {
+  check_tiled_config(config);
   const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
   QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
               "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
@@ -173,8 +184,8 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
   QSPEC_CHECK(row_tiles <= 65535, "cuda::w4a16_gemm_tiled: n ", w.n, " too large");
   const int64_t blocks = m_tiles * row_tiles;
-  // Split-K only while the tiles leave multiprocessors idle: at most one wave of blocks, within
-  // the partials bound, one chunk a split, the counters and the workspace.
+  // Split-K: at most one wave of blocks, within the partials bound, one chunk a split, the
+  // counters and the workspace.
   const int64_t capacity = static_cast<int64_t>(kernel.blocks_per_sm) * multiprocessor_count();
   int64_t splits = config.splits > 0 ? config.splits
                                      : std::min<int64_t>(std::max<int64_t>(1, capacity / blocks),
@@ -184,7 +195,17 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
   if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
   splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
+  return {tile, kernel, m_tiles, row_tiles, splits};
+}
 
+kernels::W4A16Layout checked_layout(const W4A16Weights& w) {
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
+              "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned (cp.async)");
+  return detail::w4a16_layout(w);
+}
+
+void fill_launch(kernels::W4A16TiledParams& params, const kernels::W4A16Layout& layout, int64_t m, f16_bits* y,
+                 int64_t ldy, int64_t m_tiles, int64_t splits, void* workspace) {
   params.w = layout;
   params.y = reinterpret_cast<__half*>(y);
   params.ldy = ldy;
@@ -193,9 +214,20 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   params.splits = static_cast<int>(splits);
   params.counters = static_cast<unsigned*>(workspace);
   params.partials = detail::splitk_partials(workspace, splits);
-  kernel.launch(params, dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(row_tiles),
-                             static_cast<unsigned>(splits)),
-                as_stream(stream));
+}
+
+// Plans and launches the tiled kernel for any activation policy; params.a set by the caller.
+template <class Act>
+void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
+                  void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config) {
+  const kernels::W4A16Layout layout = checked_layout(w);
+  check_tiled_config(config);
+  if (m == 0) return;
+  const TiledPlan plan = plan_tiled<Act>(m, w, layout, workspace, workspace_bytes, config);
+  fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
+  plan.kernel.launch(params, dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
+                                  static_cast<unsigned>(plan.splits)),
+                     as_stream(stream));
 }
 
 }  // namespace
@@ -209,6 +241,37 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
   launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+}
+
+bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
+                                   const void* workspace, size_t workspace_bytes) {
+  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
+  const TiledPlan plan =
+      plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
+  return plan.tile != kW4A16WgmmaTile && plan.splits == 1;
+}
+
+void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act,
+                             int64_t ld_act, void* stream, const W4A16TiledConfig& config) {
+  QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 8 == 0 && ld_act >= w.n / 2 &&
+                  reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.n % 32 == 0,
+              "cuda::w4a16_gemm_tiled_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, n % 32 == 0 "
+              "and ld_act >= n / 2 (m ",
+              m, ", ldx ", ldx, ", n ", w.n, ", ld_act ", ld_act, ")");
+  check_tiled_config(config);
+  QSPEC_CHECK(config.splits <= 1, "cuda::w4a16_gemm_tiled_swiglu: one split only (asked for ", config.splits, ")");
+  const kernels::W4A16Layout layout = checked_layout(w);
+  if (m == 0) return;
+  const TiledPlan plan = plan_tiled<kernels::ActF16>(m, w, layout, nullptr, 0, W4A16TiledConfig{config.tile, 1});
+  QSPEC_CHECK(plan.tile != kW4A16WgmmaTile, "cuda::w4a16_gemm_tiled_swiglu: the wgmma tile (5) has no SwiGLU epilogue");
+  const TiledKernel kernel = tiled_kernel<kernels::ActF16, true>(plan.tile, w.group);
+  kernels::W4A16TiledParams params{};
+  params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
+  fill_launch(params, layout, m, act, ld_act, plan.m_tiles, 1, nullptr);
+  // A row tile is kernel.rows / 2 outputs: its gate rows and their up rows.
+  const int64_t row_tiles = ceil_div(w.n / 2, kernel.rows / 2);
+  kernel.launch(params, dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(row_tiles), 1u),
+                as_stream(stream));
 }
 
 void w4_quantized_gemm_tiled(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
