@@ -9,8 +9,10 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string_view>
 
 #include "base/thread_pool.h"
+#include "model/cuda/gemm_dispatch.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/ops.h"
@@ -76,6 +78,41 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
           {"gate_up", 2 * c.intermediate_size, c.hidden_size, c.num_layers, true},
           {"down", c.hidden_size, c.intermediate_size, c.num_layers, true},
           {"lm_head", c.vocab_size, c.hidden_size, 1, false}};
+}
+
+// gate_up with SwiGLU in its epilogue alone (the dispatcher's kernel without a map, where it has
+// one: w4_gemm_swiglu_epilogue), as gemm_sum_ms times the GEMM: {us, kernel}; not in the sum (the
+// step runs it where the model fuses, docs/perf-notes.md). {"kernel": "none"} where it has none.
+nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bits* x, void* stream) {
+  const int64_t row_blocks = (shape.n + 15) / 16, group = 128;
+  const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
+  const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 16) * 2;
+  const int copies = cuda::weight_copies_beyond_l2(code_bytes + scale_bytes);
+  std::vector<DeviceMemory> codes, scales;
+  std::vector<cuda::W4A16Weights> views;
+  for (int i = 0; i < copies; ++i) {
+    codes.emplace_back(code_bytes);
+    scales.emplace_back(scale_bytes);
+    cuda::fill_random_u32(codes.back().as<uint32_t>(), code_bytes / 4, 10 + 2 * i, stream);
+    cuda::fill_random_f16(scales.back().as<f16_bits>(), scale_bytes / 2, 0.001f, 0.002f, 11 + 2 * i, stream);
+    views.push_back(cuda::W4A16Weights{codes.back().get(), scales.back().get(), shape.n, shape.k, group});
+  }
+  const size_t workspace_bytes =
+      std::max(cuda::w4a16_workspace_bytes(m, shape.n, shape.k),
+               cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), shape.n, shape.k, cuda::W4A16Path::small_m));
+  DeviceMemory workspace(workspace_bytes);
+  cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
+  const SwigluGemm plan = w4_gemm_swiglu_epilogue(nullptr, views[0], m, workspace.get(), workspace_bytes);
+  if (plan.kernel == SwigluGemm::Kernel::none) return {{"kernel", "none"}};
+  DeviceMemory act(static_cast<size_t>(m * shape.n / 2) * 2);
+  const double ms = median_ms(cuda::time_replays(
+      [&](void* s, int i) {
+        run_w4_gemm_swiglu(plan, x, m, shape.k, views[static_cast<size_t>(i % copies)], act.as<f16_bits>(), shape.n / 2,
+                           workspace.get(), workspace_bytes, s);
+      },
+      std::max(10, copies), 3, 10, stream));
+  return {{"us", ms * 1e3}, {"kernel", plan.kernel == SwigluGemm::Kernel::preload ? "preload" : "tiled"},
+          {"weight_copies", copies}};
 }
 
 // Each GEMM of a step alone (graph replays), summed over the step: the baseline a forward pass
@@ -152,6 +189,8 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
     }
     detail[shape.name] = {{"us", ms * 1e3}, {"per_step", shape.per_step}, {"w4", w4}, {"weight_copies", copies}};
     total += ms * static_cast<double>(shape.per_step);
+    if (w4 && !low_precision && std::string_view(shape.name) == "gate_up")
+      detail["gate_up_swiglu"] = gate_up_swiglu_us(shape, m, x.as<f16_bits>(), stream);
   }
   return total;
 }
