@@ -1259,20 +1259,20 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
 }
 
 // SwiGLU in the tiled kernel's epilogue (cuda::w4a16_gemm_tiled_swiglu) gives the bits of the
-// one-split tiled GEMM on the same tile then silu_mul: every mma.sync tile, Llama-3-8B's gate_up
+// one-split tiled GEMM on the same tile then silu_mul: every tile with one (1, 2, 3, 6), Llama-3-8B's gate_up
 // and small shapes whose last row tile has fewer gate row blocks than its warps take, groups of
 // 32 / 64 / 128, k with a half chunk at the end, 17-100 tokens (several M tiles, the last one
 // partly filled); act rows wider than n / 2 keep their padding; a relaunch gives the same bits.
 // The dispatcher (no map) takes this epilogue for Llama-3-8B's gate_up at 17-100 tokens on 132
 // multiprocessors (one split: at most a wave of blocks), not where it splits k. Refused: n % 32,
-// splits > 1, the wgmma tile, ld_act < n / 2.
+// splits > 1, the 128x128 and wgmma tiles, ld_act < n / 2.
 TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 528, 2048, 128}}) {
     const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
-    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3, 4, 6};
+    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3, 6};
     for (int64_t m : {17, 24, 32, 33, 64, 65, 100}) {
       auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
@@ -1332,6 +1332,10 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
   EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 32, nullptr,
                                              cuda::W4A16TiledConfig{cuda::kW4A16WgmmaTile, 0}),
                qspec::Error);
+  EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 32, nullptr,
+                                             cuda::W4A16TiledConfig{4, 0}),
+               qspec::Error);
+  EXPECT_FALSE(cuda::w4a16_tiled_swiglu_partition(w.view, 24, cuda::W4A16TiledConfig{4, 0}, nullptr, 0));
   EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 31, nullptr),
                qspec::Error);
 }

@@ -47,7 +47,7 @@ bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weig
 // gate_up's GEMM with SwiGLU in its epilogue, where that keeps the GEMM's bits: dispatch_w4_gemm
 // would run this GEMM of m f16 tokens (the map's strategy, or no map and the kernels' automatic
 // path) on the preload kernel in one split and at most 4 k slices where its SwiGLU epilogue runs
-// (cuda::w4a16_swiglu_runs), or on an mma.sync tile of the tiled kernel in one split
+// (cuda::w4a16_swiglu_runs), or on a tiled kernel tile with one (1, 2, 3, 6) in one split
 // (cuda::w4a16_tiled_swiglu_partition). Then gate_up's GEMM writes silu(gate) * up itself and the
 // kernel that runs does not change (run_w4_gemm_swiglu).
 struct SwigluGemm {

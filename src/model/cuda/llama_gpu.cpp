@@ -449,7 +449,7 @@ struct GpuLlama::State {
 
   // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself, and on which kernel: f16
   // activations on 4-bit weights in their own order, and (automatic) the GEMM the dispatcher would
-  // run anyway is the preload kernel in one split and at most 4 k slices, or an mma.sync tile of
+  // run anyway is the preload kernel in one split and at most 4 k slices, or a tile of
   // the tiled kernel in one split (w4_gemm_swiglu_epilogue). `always` takes the preload kernel's
   // epilogue wherever it runs (1-16 tokens), the automatic choice elsewhere. QSPEC_SWIGLU=separate:
   // never (A/B runs).

@@ -453,11 +453,12 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
 // SwiGLU in the tiled kernel's epilogue (kernels/w4a16_tiled.cuh, SWIGLU), for gate_up weights as
 // in w4a16_gemm_swiglu: act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2 (act rows ld_act
 // apart, columns past n / 2 untouched), the bits of w4a16_gemm_tiled with config's tile (0: the
-// one it would choose) in one split then silu_mul, one launch and no y. Any m, n % 32 == 0, the
-// mma.sync tiles (not the wgmma tile 5); config.splits must be 0 or 1.
+// one it would choose) in one split then silu_mul, one launch and no y. Any m, n % 32 == 0, tiles
+// 1, 2, 3 and 6 (each warp takes row blocks in gate / up pairs; not 128x128 or the wgmma tile 5);
+// config.splits must be 0 or 1.
 void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act,
                              int64_t ld_act, void* stream, const W4A16TiledConfig& config = {});
-// Whether w4a16_gemm_tiled(config) would run these m f16 tokens on an mma.sync tile in one split
+// Whether w4a16_gemm_tiled(config) would run these m f16 tokens on a tile with a SwiGLU epilogue in one split
 // (the same plan as the launch itself), n % 32 == 0: then w4a16_gemm_tiled_swiglu gives its bits.
 bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
                                   const void* workspace, size_t workspace_bytes);

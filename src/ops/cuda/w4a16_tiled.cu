@@ -102,7 +102,9 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     case 2: return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
     case 3: return tiled_kernel_for_group<Act, Tile256x32, SWIGLU>(group);
     case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
-    default: return tiled_kernel_for_group<Act, Tile128x128, SWIGLU>(group);
+    default:
+      if constexpr (SWIGLU) fail("cuda::w4a16_gemm_tiled_swiglu: tile ", tile, " has no SwiGLU epilogue");
+      else return tiled_kernel_for_group<Act, Tile128x128, false>(group);
   }
 }
 
@@ -243,12 +245,19 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
   launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
 }
 
+namespace {
+
+// The tiles with a SwiGLU epilogue: the mma.sync ones with (gate, up) row block pairs a warp (RPW 2).
+bool swiglu_tile(int tile) { return tile == 1 || tile == 2 || tile == 3 || tile == kW4A16Tile128x32; }
+
+}  // namespace
+
 bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
                                    const void* workspace, size_t workspace_bytes) {
   if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
   const TiledPlan plan =
       plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
-  return plan.tile != kW4A16WgmmaTile && plan.splits == 1;
+  return swiglu_tile(plan.tile) && plan.splits == 1;
 }
 
 void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act,
@@ -263,7 +272,8 @@ void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4
   const kernels::W4A16Layout layout = checked_layout(w);
   if (m == 0) return;
   const TiledPlan plan = plan_tiled<kernels::ActF16>(m, w, layout, nullptr, 0, W4A16TiledConfig{config.tile, 1});
-  QSPEC_CHECK(plan.tile != kW4A16WgmmaTile, "cuda::w4a16_gemm_tiled_swiglu: the wgmma tile (5) has no SwiGLU epilogue");
+  QSPEC_CHECK(swiglu_tile(plan.tile), "cuda::w4a16_gemm_tiled_swiglu: tile ", plan.tile,
+              " has no SwiGLU epilogue (the wgmma tile 5 and 128x128, tile 4)");
   const TiledKernel kernel = tiled_kernel<kernels::ActF16, true>(plan.tile, w.group);
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};

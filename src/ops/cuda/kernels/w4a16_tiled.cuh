@@ -31,13 +31,13 @@
 // Programmatic dependent launch: the weight and scale loads of the first STAGES - 1 stages are
 // issued before griddepcontrol.wait; x and every global write come after it.
 //
-// SwiGLU in the epilogue (SWIGLU, one split): the weights are gate_up's, gate rows [0, n / 2) then
-// up rows [n / 2, n). A block's first WARPS / 2 warps take gate row blocks and the others the up
-// row blocks of the same outputs (a row tile is kRows / 2 outputs); the up warps hand their sums
-// over in shared memory and the gate warps write y = silu(gate) * up, n / 2 values a token. Each
-// of gate and up is rounded to f16 first, as the GEMM stores them for silu_mul, so the bits are
-// the one-split GEMM's then silu_mul's (as in w4a16_preload.cuh), and the step loses silu_mul's
-// launch, its dependent round trip and the y it reads.
+// SwiGLU in the epilogue (SWIGLU, one split, RPW even): the weights are gate_up's, gate rows
+// [0, n / 2) then up rows [n / 2, n). Each warp's row blocks come in pairs, a gate row block and
+// the up row block of the same outputs (a row tile is kRows / 2 outputs), so each thread holds
+// both sums of its outputs and writes y = silu(gate) * up, n / 2 values a token, from registers.
+// Each of gate and up is rounded to f16 first, as the GEMM stores them for silu_mul, so the bits
+// are the one-split GEMM's then silu_mul's (as in w4a16_preload.cuh), and the step loses
+// silu_mul's launch, its dependent round trip and the y it reads.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // silu
@@ -127,47 +127,31 @@ __device__ __forceinline__ void tiled_epilogue(float (&acc)[RPW][MT][4], const W
 }
 
 // The row block of warp `warp`'s r-th rows in row tile `row_tile` (past the matrix: the last one
-// again, outputs dropped). SWIGLU: warps [0, WARPS / 2) take gate row blocks, the others the up
-// row blocks n / 32 further on.
+// again, outputs dropped). SWIGLU: a warp's row blocks come in (gate, up) pairs for the same
+// outputs, r even the gate row block and r + 1 its up row block n / 32 further on.
 template <class Tile, bool SWIGLU>
 __device__ __forceinline__ int tiled_row_block(const W4A16Layout& w, int row_tile, int warp, int r) {
   if constexpr (SWIGLU) {
-    constexpr int HALF = Tile::WARPS / 2;
     const int gate_blocks = w.row_blocks / 2;
-    const int rb = min((row_tile * HALF + warp % HALF) * Tile::RPW + r, gate_blocks - 1);
-    return warp < HALF ? rb : rb + gate_blocks;
+    const int rb = min((row_tile * Tile::WARPS + warp) * (Tile::RPW / 2) + r / 2, gate_blocks - 1);
+    return r % 2 == 0 ? rb : rb + gate_blocks;
   } else {
     return min((row_tile * Tile::WARPS + warp) * Tile::RPW + r, w.row_blocks - 1);
   }
 }
 
-// The SWIGLU end of a tiled block (one split): the up warps' accumulators into shared memory (the
-// ring, free once every thread is past its last stage), then each gate warp pairs its rows with
-// the up warp WARPS / 2 further on and writes silu(gate) * up for this M tile's tokens.
+// The SWIGLU end of a tiled block (one split): each (gate, up) pair of this thread's row blocks,
+// rounded to f16 as the GEMM stores them, gives silu(gate) * up for this M tile's tokens.
 template <class Act, class Tile>
 __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Tile::MT][4], const W4A16TiledParams& p,
-                                                      uint8_t* smem, int m_tile, int row_tile, int warp, int lane) {
-  constexpr int HALF = Tile::WARPS / 2, RPW = Tile::RPW, MT = Tile::MT;
-  const int g = lane >> 2, t = lane & 3;
+                                                      int m_tile, int row_tile, int warp, int t, int g) {
+  constexpr int PAIRS = Tile::RPW / 2, MT = Tile::MT;
   const int m0 = m_tile * Tile::kTokens, tile_m = min(Tile::kTokens, p.m - m0);
   apply_token_scales<Act>(acc, p.a.scales, m0, t, tile_m - 1);
-  float* sums = reinterpret_cast<float*>(smem);
-  auto at = [&](int up_warp, int r, int nt, int e) { return (((up_warp * RPW + r) * MT + nt) * 4 + e) * 32 + lane; };
-  __syncthreads();  // every warp is past its last stage: the ring is free
-  if (warp >= HALF) {
-#pragma unroll
-    for (int r = 0; r < RPW; ++r)
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sums[at(warp - HALF, r, nt, e)] = acc[r][nt][e];
-  }
-  __syncthreads();
-  if (warp >= HALF) return;
   const int gate_blocks = p.w.row_blocks / 2;
 #pragma unroll
-  for (int r = 0; r < RPW; ++r) {
-    const int gate_rb = (row_tile * HALF + warp) * RPW + r;
+  for (int pair = 0; pair < PAIRS; ++pair) {
+    const int gate_rb = (row_tile * Tile::WARPS + warp) * PAIRS + pair;
     if (gate_rb >= gate_blocks) continue;
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
@@ -176,8 +160,8 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
         const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
         const int token = nt * 8 + 2 * t + (e & 1);
         if (token >= tile_m) continue;
-        const float gate = __half2float(__float2half_rn(acc[r][nt][e]));
-        const float up = __half2float(__float2half_rn(sums[at(warp, r, nt, e)]));
+        const float gate = __half2float(__float2half_rn(acc[2 * pair][nt][e]));
+        const float up = __half2float(__float2half_rn(acc[2 * pair + 1][nt][e]));
         p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] = __float2half_rn(silu(gate) * up);
       }
   }
@@ -195,9 +179,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   static_assert(CH % GC == 0, "a stage holds whole scale groups");
   constexpr int NG = Tile::template groups_per_stage<G>();
   constexpr int STAGE_BYTES = Tile::template stage_bytes<G>();
-  static_assert(!SWIGLU || (Tile::WARPS % 2 == 0 &&
-                            (Tile::WARPS / 2) * 32 * RPW * MT * 16 <= Tile::template smem_bytes<G>()),
-                "SwiGLU: gate and up warps in pairs, the up warps' sums fit the ring");
+  static_assert(!SWIGLU || RPW % 2 == 0, "SwiGLU: a warp's row blocks in (gate, up) pairs");
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -376,7 +358,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g), pair / PPG);
   }
 
-  if constexpr (SWIGLU) tiled_swiglu_epilogue<Act, Tile>(acc, p, smem, m_tile, row_tile, warp, lane);
+  if constexpr (SWIGLU) tiled_swiglu_epilogue<Act, Tile>(acc, p, m_tile, row_tile, warp, t, g);
   else tiled_epilogue<Act, THREADS, Tile::kRows>(acc, p, (row_tile * Tile::WARPS + warp) * RPW, m_tile, row_tile, split, t, g);
 }
 
