@@ -223,12 +223,6 @@ bool preload_evict_first() {
   static const bool on = env_int("QSPEC_W4A16_EVICT_FIRST", 1, 0, 1) != 0;
   return on;
 }
-// The plain preload GEMM's row blocks from both halves of the matrix (kernels::W4A16SmallMParams::
-// far_halves), QSPEC_W4A16_FAR_HALVES 0 / 1: an A/B knob.
-bool far_halves_on() {
-  static const bool on = env_int("QSPEC_W4A16_FAR_HALVES", 0, 0, 1) != 0;
-  return on;
-}
 size_t preload_block_bytes(int64_t m) {
   static const int forced_kb = [] {
     const int kb = env_int("QSPEC_W4A16_PRELOAD_KB", 0, 0, 227);
@@ -367,8 +361,6 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   params.counters = static_cast<unsigned*>(workspace);
   params.partials = detail::splitk_partials(workspace, plan.splits);
   params.xs_stride = 0;
-  const int block_rbs = kernels::W4A16PreloadShape<128>::kWarps / plan.k_slices;
-  params.far_halves = !SWIGLU && far_halves_on() && plan.splits == 1 && layout.row_blocks % 2 == 0 && block_rbs % 2 == 0;
   const dim3 grid(static_cast<unsigned>(plan.row_tiles), static_cast<unsigned>(plan.splits));
   const int64_t chunks_per_part = (layout.full_chunks + plan.splits * plan.k_slices - 1) / (plan.splits * plan.k_slices);
   const bool two_tiles = params.m > 8;

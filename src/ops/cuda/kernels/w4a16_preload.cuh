@@ -109,9 +109,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   // blocks, the second half the up row blocks n / 2 rows further on.
   const int block_rbs = WARPS / k_slices, rbi = warp / k_slices;
   const int gate_rbs = block_rbs / 2, gate_blocks = p.w.row_blocks / 2;
-  const bool far = SWIGLU || p.far_halves;
-  const int rb = far ? min(tile * gate_rbs + rbi % gate_rbs, gate_blocks - 1) + (rbi < gate_rbs ? 0 : gate_blocks)
-                     : min(tile * block_rbs + rbi, p.w.row_blocks - 1);
+  const int rb = SWIGLU ? min(tile * gate_rbs + rbi % gate_rbs, gate_blocks - 1) + (rbi < gate_rbs ? 0 : gate_blocks)
+                        : min(tile * block_rbs + rbi, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
@@ -306,7 +305,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         for (int e = 0; e < 4; ++e) acc[0][nt][e] = slice_sum(warp, nt, e);
     }
   }
-  const int out_rb = !p.far_halves ? tile * block_rbs + rbi : tile * gate_rbs + rbi % gate_rbs < gate_blocks ? rb : p.w.row_blocks;
+  const int out_rb = tile * block_rbs + rbi;
   if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)

@@ -33,10 +33,6 @@ struct W4A16SmallMParams {
   int xs_stride;
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
-  // Variant 5, one split, an even number of row blocks a block: 1 = the block's first half of
-  // row blocks from the matrix's first half, its second half from the second half (the SwiGLU
-  // epilogue's pattern; an A/B knob, QSPEC_W4A16_FAR_HALVES).
-  int far_halves;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
