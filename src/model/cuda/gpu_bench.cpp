@@ -81,8 +81,10 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
 }
 
 // gate_up with SwiGLU in its epilogue alone (the dispatcher's kernel without a map, where it has
-// one: w4_gemm_swiglu_epilogue), as gemm_sum_ms times the GEMM: {us, kernel}; not in the sum (the
-// step runs it where the model fuses, docs/perf-notes.md). {"kernel": "none"} where it has none.
+// one: w4_gemm_swiglu_epilogue), as gemm_sum_ms times the GEMM, and the plain GEMM again on the
+// same weights right after it (plain_us: the pair measured alike, so their ratio is fair):
+// {us, plain_us, kernel}; not in the sum (the step runs it where the model fuses,
+// docs/perf-notes.md). {"kernel": "none"} where it has none.
 nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bits* x, void* stream) {
   const int64_t row_blocks = (shape.n + 15) / 16, group = 128;
   const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
@@ -104,14 +106,23 @@ nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bi
   cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
   const SwigluGemm plan = w4_gemm_swiglu_epilogue(nullptr, views[0], m, workspace.get(), workspace_bytes);
   if (plan.kernel == SwigluGemm::Kernel::none) return {{"kernel", "none"}};
-  DeviceMemory act(static_cast<size_t>(m * shape.n / 2) * 2);
+  DeviceMemory act(static_cast<size_t>(m * shape.n / 2) * 2), y(static_cast<size_t>(m * shape.n) * 2);
   const double ms = median_ms(cuda::time_replays(
       [&](void* s, int i) {
         run_w4_gemm_swiglu(plan, x, m, shape.k, views[static_cast<size_t>(i % copies)], act.as<f16_bits>(), shape.n / 2,
                            workspace.get(), workspace_bytes, s);
       },
       std::max(10, copies), 3, 10, stream));
-  return {{"us", ms * 1e3}, {"kernel", plan.kernel == SwigluGemm::Kernel::preload ? "preload" : "tiled"},
+  cuda::Blas blas;
+  const double plain_ms = median_ms(cuda::time_replays(
+      [&](void* s, int i) {
+        cuda::w4a16_gemm(blas, x, m, shape.k, views[static_cast<size_t>(i % copies)], y.as<f16_bits>(), shape.n,
+                         workspace.get(), workspace_bytes, s);
+      },
+      std::max(10, copies), 3, 10, stream));
+  return {{"us", ms * 1e3},
+          {"plain_us", plain_ms * 1e3},
+          {"kernel", plan.kernel == SwigluGemm::Kernel::preload ? "preload" : "tiled"},
           {"weight_copies", copies}};
 }
 
