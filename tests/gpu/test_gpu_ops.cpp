@@ -1168,6 +1168,40 @@ TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
   }
 }
 
+namespace {
+
+// act = silu(y[:, :n / 2]) * y[:, n / 2:] from a GEMM's y (m x n, rows n apart) by silu_mul, into
+// rows ld_act apart (the padding poisoned): the bits a SwiGLU epilogue must give.
+std::vector<uint16_t> silu_mul_of(const cuda::DeviceMemory& d_y, int64_t m, int64_t n, int64_t ld_act) {
+  const int64_t inter = n / 2;
+  auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);
+  cuda::silu_mul(d_y.as<f16>(), d_y.as<f16>() + inter, m, inter, n, d_expected.as<f16>(), nullptr,
+                 cuda::NextKernel::other, ld_act);
+  return download<uint16_t>(d_expected, static_cast<size_t>(m * ld_act));
+}
+
+// Two launches of a SwiGLU GEMM (launch(act) writes m rows ld_act apart) give `expected` bit for
+// bit, padding included, and no NaN among the n / 2 outputs of a row.
+template <class Launch>
+void expect_swiglu_bits(Launch&& launch, const std::vector<uint16_t>& expected, int64_t m, int64_t inter,
+                        int64_t ld_act, const std::string& where) {
+  for (int run = 0; run < 2; ++run) {
+    auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
+    launch(d_act.as<f16>());
+    const std::vector<uint16_t> got = download<uint16_t>(d_act, static_cast<size_t>(m * ld_act));
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t i = 0; i < ld_act; ++i) {
+        const size_t at = static_cast<size_t>(t * ld_act + i);
+        if (i < inter) {
+          ASSERT_FALSE(std::isnan(qspec::f16_to_f32(got[at]))) << where << " token " << t << " col " << i;
+        }
+        ASSERT_EQ(got[at], expected[at]) << where << " launch " << run << " token " << t << " col " << i;
+      }
+  }
+}
+
+}  // namespace
+
 // SwiGLU in the preload kernel's epilogue (cuda::w4a16_gemm_swiglu) gives the bits of the same
 // GEMM (variant 5, one split, the same k slices) then silu_mul: gate_up shapes of Llama-3-8B and
 // small ones whose last block has fewer than 4 gate row blocks, groups of 32 / 64 / 128, k with a
@@ -1211,23 +1245,11 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
       one_part.k_slices = k_slices;
       cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
                                one_part);
-      auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);
-      cuda::silu_mul(d_y.as<f16>(), d_y.as<f16>() + inter, m, inter, n, d_expected.as<f16>(), nullptr,
-                     cuda::NextKernel::other, ld_act);
-      const std::vector<uint16_t> expected = download<uint16_t>(d_expected, static_cast<size_t>(m * ld_act));
-      for (int launch = 0; launch < 2; ++launch) {
-        auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
-        cuda::w4a16_gemm_swiglu(d_x.as<f16>(), m, k, w.view, d_act.as<f16>(), ld_act, workspace.get(), bytes, nullptr);
-        const std::vector<uint16_t> got = download<uint16_t>(d_act, static_cast<size_t>(m * ld_act));
-        for (int64_t t = 0; t < m; ++t)
-          for (int64_t i = 0; i < ld_act; ++i) {
-            const size_t at = static_cast<size_t>(t * ld_act + i);
-            if (i < inter) {
-              ASSERT_FALSE(std::isnan(qspec::f16_to_f32(got[at]))) << where << " token " << t << " col " << i;
-            }
-            ASSERT_EQ(got[at], expected[at]) << where << " launch " << launch << " token " << t << " col " << i;
-          }
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_swiglu_bits(
+          [&](f16* act) {
+            cuda::w4a16_gemm_swiglu(d_x.as<f16>(), m, k, w.view, act, ld_act, workspace.get(), bytes, nullptr);
+          },
+          silu_mul_of(d_y, m, n, ld_act), m, inter, ld_act, where));
     }
   }
   // Refused: 17 tokens, n not a multiple of 32, ld_act narrower than n / 2.
@@ -1289,24 +1311,12 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
         cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, nullptr, 0, nullptr,
                                cuda::W4A16TiledConfig{tile, 1});
-        auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);
-        cuda::silu_mul(d_y.as<f16>(), d_y.as<f16>() + inter, m, inter, n, d_expected.as<f16>(), nullptr,
-                       cuda::NextKernel::other, ld_act);
-        const std::vector<uint16_t> expected = download<uint16_t>(d_expected, static_cast<size_t>(m * ld_act));
-        for (int launch = 0; launch < 2; ++launch) {
-          auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
-          cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), m, k, w.view, d_act.as<f16>(), ld_act, nullptr,
-                                        cuda::W4A16TiledConfig{tile, 0});
-          const std::vector<uint16_t> got = download<uint16_t>(d_act, static_cast<size_t>(m * ld_act));
-          for (int64_t t = 0; t < m; ++t)
-            for (int64_t i = 0; i < ld_act; ++i) {
-              const size_t at = static_cast<size_t>(t * ld_act + i);
-              if (i < inter) {
-                ASSERT_FALSE(std::isnan(qspec::f16_to_f32(got[at]))) << where << " token " << t << " col " << i;
-              }
-              ASSERT_EQ(got[at], expected[at]) << where << " launch " << launch << " token " << t << " col " << i;
-            }
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_swiglu_bits(
+            [&](f16* act) {
+              cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), m, k, w.view, act, ld_act, nullptr,
+                                            cuda::W4A16TiledConfig{tile, 0});
+            },
+            silu_mul_of(d_y, m, n, ld_act), m, inter, ld_act, where));
       }
     }
     // Where the tiled GEMM splits k (a few row tiles, a workspace for the partials), the

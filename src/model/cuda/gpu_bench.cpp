@@ -80,28 +80,45 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
           {"lm_head", c.vocab_size, c.hidden_size, 1, false}};
 }
 
+// Random packed 4-bit weights (groups of 128) of an (n, k) GEMM, in enough copies that a round
+// robin over them streams every launch's weights from device memory (cuda::weight_copies_beyond_l2).
+struct W4Copies {
+  std::vector<DeviceMemory> codes, scales;
+  std::vector<cuda::W4A16Weights> views;
+};
+W4Copies random_w4_copies(int64_t n, int64_t k, void* stream) {
+  const int64_t row_blocks = (n + 15) / 16, group = 128;
+  const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
+  const size_t scale_bytes = static_cast<size_t>(row_blocks * (k / group) * 16) * 2;
+  const int copies = cuda::weight_copies_beyond_l2(code_bytes + scale_bytes);
+  W4Copies w;
+  for (int i = 0; i < copies; ++i) {
+    w.codes.emplace_back(code_bytes);
+    w.scales.emplace_back(scale_bytes);
+    cuda::fill_random_u32(w.codes.back().as<uint32_t>(), code_bytes / 4, 10 + 2 * i, stream);
+    cuda::fill_random_f16(w.scales.back().as<f16_bits>(), scale_bytes / 2, 0.001f, 0.002f, 11 + 2 * i, stream);
+    w.views.push_back(cuda::W4A16Weights{w.codes.back().get(), w.scales.back().get(), n, k, group});
+  }
+  return w;
+}
+
+// The workspace a 4-bit GEMM of m tokens may take on the path the dispatcher picks, or on the
+// small-M path (at most 64 tokens a launch).
+size_t w4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  return std::max(cuda::w4a16_workspace_bytes(m, n, k),
+                  cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), n, k, cuda::W4A16Path::small_m));
+}
+
 // gate_up with SwiGLU in its epilogue alone (the dispatcher's kernel without a map, where it has
 // one: w4_gemm_swiglu_epilogue), as gemm_sum_ms times the GEMM, and the plain GEMM again on the
 // same weights right after it (plain_us: the pair measured alike, so their ratio is fair):
 // {us, plain_us, kernel}; not in the sum (the step runs it where the model fuses,
 // docs/perf-notes.md). {"kernel": "none"} where it has none.
 nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bits* x, void* stream) {
-  const int64_t row_blocks = (shape.n + 15) / 16, group = 128;
-  const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
-  const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 16) * 2;
-  const int copies = cuda::weight_copies_beyond_l2(code_bytes + scale_bytes);
-  std::vector<DeviceMemory> codes, scales;
-  std::vector<cuda::W4A16Weights> views;
-  for (int i = 0; i < copies; ++i) {
-    codes.emplace_back(code_bytes);
-    scales.emplace_back(scale_bytes);
-    cuda::fill_random_u32(codes.back().as<uint32_t>(), code_bytes / 4, 10 + 2 * i, stream);
-    cuda::fill_random_f16(scales.back().as<f16_bits>(), scale_bytes / 2, 0.001f, 0.002f, 11 + 2 * i, stream);
-    views.push_back(cuda::W4A16Weights{codes.back().get(), scales.back().get(), shape.n, shape.k, group});
-  }
-  const size_t workspace_bytes =
-      std::max(cuda::w4a16_workspace_bytes(m, shape.n, shape.k),
-               cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), shape.n, shape.k, cuda::W4A16Path::small_m));
+  const W4Copies weights = random_w4_copies(shape.n, shape.k, stream);
+  const std::vector<cuda::W4A16Weights>& views = weights.views;
+  const int copies = static_cast<int>(views.size());
+  const size_t workspace_bytes = w4_gemm_workspace_bytes(m, shape.n, shape.k);
   DeviceMemory workspace(workspace_bytes);
   cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
   const SwigluGemm plan = w4_gemm_swiglu_epilogue(nullptr, views[0], m, workspace.get(), workspace_bytes);
@@ -145,22 +162,10 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
     double ms = 0;
     int copies = 1;
     if (w4) {
-      const int64_t row_blocks = (shape.n + 15) / 16, group = 128;
-      const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
-      const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 16) * 2;
-      copies = cuda::weight_copies_beyond_l2(code_bytes + scale_bytes);
-      std::vector<DeviceMemory> codes, scales;
-      std::vector<cuda::W4A16Weights> views;
-      for (int i = 0; i < copies; ++i) {
-        codes.emplace_back(code_bytes);
-        scales.emplace_back(scale_bytes);
-        cuda::fill_random_u32(codes.back().as<uint32_t>(), code_bytes / 4, 10 + 2 * i, stream);
-        cuda::fill_random_f16(scales.back().as<f16_bits>(), scale_bytes / 2, 0.001f, 0.002f, 11 + 2 * i, stream);
-        views.push_back(cuda::W4A16Weights{codes.back().get(), scales.back().get(), shape.n, shape.k, group});
-      }
-      const size_t workspace_bytes =
-          std::max(cuda::w4a16_workspace_bytes(m, shape.n, shape.k),
-                   cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), shape.n, shape.k, cuda::W4A16Path::small_m));
+      const W4Copies weights = random_w4_copies(shape.n, shape.k, stream);
+      const std::vector<cuda::W4A16Weights>& views = weights.views;
+      copies = static_cast<int>(views.size());
+      const size_t workspace_bytes = w4_gemm_workspace_bytes(m, shape.n, shape.k);
       DeviceMemory workspace(workspace_bytes);
       cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
       const int64_t ldq = (shape.k + 15) / 16 * 16, act_group = mode.activations.group_size;

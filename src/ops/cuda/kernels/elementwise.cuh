@@ -6,6 +6,14 @@ namespace qspec::cuda::kernels {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
+// silu_mul's output from a GEMM's f32 sums of gate and up, each rounded to f16 first as the GEMM
+// stores them: the bits of the GEMM then silu_mul (the SwiGLU epilogues of the 4-bit GEMMs).
+__device__ __forceinline__ __half swiglu_of_sums(float gate_sum, float up_sum) {
+  const float gate = __half2float(__float2half_rn(gate_sum));
+  const float up = __half2float(__float2half_rn(up_sum));
+  return __float2half_rn(silu(gate) * up);
+}
+
 // Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8.
 template <int VEC>
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,

@@ -38,7 +38,7 @@
 // then silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
 #pragma once
 #include "ops/cuda/common.h"
-#include "ops/cuda/kernels/elementwise.cuh"  // silu
+#include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "ops/cuda/kernels/w4a16_small_m.cuh"  // W4A16SmallMParams
@@ -287,9 +287,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
           if (token >= p.m) continue;
           const float gate_sum = k_slices > 1 ? slice_sum(warp, nt, e) : acc[0][nt][e];
           const float up_sum = k_slices > 1 ? slice_sum(up_warp, nt, e) : sums[at(up_warp, nt, e)];
-          const float gate = __half2float(__float2half_rn(gate_sum));
-          const float up = __half2float(__float2half_rn(up_sum));
-          p.y[token * p.ldy + row] = __float2half_rn(silu(gate) * up);
+          p.y[token * p.ldy + row] = swiglu_of_sums(gate_sum, up_sum);
         }
     }
     return;

@@ -40,7 +40,7 @@
 // silu_mul's launch, its dependent round trip and the y it reads.
 #pragma once
 #include "ops/cuda/common.h"
-#include "ops/cuda/kernels/elementwise.cuh"  // silu
+#include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 
@@ -160,9 +160,8 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
         const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
         const int token = nt * 8 + 2 * t + (e & 1);
         if (token >= tile_m) continue;
-        const float gate = __half2float(__float2half_rn(acc[2 * pair][nt][e]));
-        const float up = __half2float(__float2half_rn(acc[2 * pair + 1][nt][e]));
-        p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] = __float2half_rn(silu(gate) * up);
+        p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] =
+            swiglu_of_sums(acc[2 * pair][nt][e], acc[2 * pair + 1][nt][e]);
       }
   }
 }
