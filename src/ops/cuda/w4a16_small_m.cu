@@ -223,6 +223,15 @@ bool preload_evict_first() {
   static const bool on = env_int("QSPEC_W4A16_EVICT_FIRST", 1, 0, 1) != 0;
   return on;
 }
+// One-split launches of the plain preload GEMM at one token tile (1-8 tokens) on the instance
+// without the split-K fix-up (kernels/w4a16_preload.cuh, ONE_SPLIT; the same bits): 102 registers
+// instead of 114 at groups of 128. Not at two tiles, where that instance spilled more than the
+// general one (44 against 16 bytes). QSPEC_W4A16_ONE_SPLIT_KERNEL=0: the general instance
+// everywhere (A/B runs).
+bool one_split_kernel_on() {
+  static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_KERNEL", 1, 0, 1) == 1;
+  return on;
+}
 size_t preload_block_bytes(int64_t m) {
   static const int forced_kb = [] {
     const int kb = env_int("QSPEC_W4A16_PRELOAD_KB", 0, 0, 227);
@@ -239,11 +248,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0>
+template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD, ONE_SPLIT>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -367,17 +376,17 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    if (!two_tiles) {
-      preload_launch<Act, 1, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
-      return;
-    }
-    if constexpr (SWIGLU) {  // only SwiGLU instantiates the half-slot kernels
-      if (swiglu_x_half_slot()) {
+    if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
+      if (!two_tiles) preload_launch<Act, 1, G, true>(params, grid, ring, plan.k_slices, s);
+      else if (swiglu_x_half_slot())
         preload_launch<Act, 2, G, true, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
-        return;
-      }
+      else preload_launch<Act, 2, G, true>(params, grid, ring, plan.k_slices, s);
+    } else if (plan.splits == 1 && !two_tiles && one_split_kernel_on()) {
+      preload_launch<Act, 1, G, false, 0, true>(params, grid, ring, plan.k_slices, s);
+    } else {
+      if (!two_tiles) preload_launch<Act, 1, G, false>(params, grid, ring, plan.k_slices, s);
+      else preload_launch<Act, 2, G, false>(params, grid, ring, plan.k_slices, s);
     }
-    preload_launch<Act, 2, G, SWIGLU>(params, grid, ring, plan.k_slices, s);
   };
   switch (layout.k / layout.groups) {
     case 32: run(std::integral_constant<int, 32>{}); break;
