@@ -50,8 +50,9 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   SwigluGemm plan;
   if (m < 1 || w.n % 32 != 0) return plan;
   // The GEMM dispatch_w4_gemm would run: the map's strategy, or the kernels' automatic path.
+  const cuda::W4A16Path automatic_path = cuda::w4a16_choose_path(m, w.n, w.k);
   const bool preload = policy != nullptr ? policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5
-                                         : cuda::w4a16_choose_path(m, w.n, w.k) == cuda::W4A16Path::small_m;
+                                         : automatic_path == cuda::W4A16Path::small_m;
   if (preload) {
     if (cuda::w4a16_swiglu_runs(w, m) &&
         cuda::w4a16_small_m_swiglu_partition(w, m, policy != nullptr ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
@@ -63,7 +64,7 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   if (policy != nullptr) {
     tile = tiled_strategy_tile(policy->lookup("f16", w.n, w.k, m));
     if (tile == 0) return plan;  // neither the preload kernel nor a tiled one
-  } else if (cuda::w4a16_choose_path(m, w.n, w.k) != cuda::W4A16Path::tiled) {
+  } else if (automatic_path != cuda::W4A16Path::tiled) {
     return plan;
   }
   plan.tiled = cuda::W4A16TiledConfig{tile, 0};

@@ -113,10 +113,9 @@ size_t w4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
 // one: w4_gemm_swiglu_epilogue), as gemm_sum_ms times the GEMM, and the plain GEMM again on the
 // same weights right after it (plain_us: the pair measured alike, so their ratio is fair):
 // {us, plain_us, kernel}; not in the sum (the step runs it where the model fuses,
-// docs/perf-notes.md). {"kernel": "none"} where it has none.
-nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bits* x, void* stream) {
-  const W4Copies weights = random_w4_copies(shape.n, shape.k, stream);
-  const std::vector<cuda::W4A16Weights>& views = weights.views;
+// docs/perf-notes.md). {"kernel": "none"} where it has none. views: gemm_sum_ms's weight copies.
+nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bits* x,
+                                 const std::vector<cuda::W4A16Weights>& views, void* stream) {
   const int copies = static_cast<int>(views.size());
   const size_t workspace_bytes = w4_gemm_workspace_bytes(m, shape.n, shape.k);
   DeviceMemory workspace(workspace_bytes);
@@ -185,6 +184,8 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
             }
           },
           std::max(10, copies), 3, 10, stream));
+      if (!low_precision && std::string_view(shape.name) == "gate_up")
+        detail["gate_up_swiglu"] = gate_up_swiglu_us(shape, m, x.as<f16_bits>(), views, stream);
     } else {
       const size_t weight_bytes = static_cast<size_t>(shape.n * shape.k) * 2;
       copies = cuda::weight_copies_beyond_l2(weight_bytes);
@@ -205,8 +206,6 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
     }
     detail[shape.name] = {{"us", ms * 1e3}, {"per_step", shape.per_step}, {"w4", w4}, {"weight_copies", copies}};
     total += ms * static_cast<double>(shape.per_step);
-    if (w4 && !low_precision && std::string_view(shape.name) == "gate_up")
-      detail["gate_up_swiglu"] = gate_up_swiglu_us(shape, m, x.as<f16_bits>(), stream);
   }
   return total;
 }

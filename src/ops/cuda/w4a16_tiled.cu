@@ -168,17 +168,17 @@ struct TiledPlan {
   int64_t m_tiles, row_tiles, splits;
 };
 
-// The plan of a launch of m tokens (m >= 1) for any activation policy: the tile (config's, or
-// default_tile), and split-K only while the tiles leave multiprocessors idle.
+// Every entry point checks its config once, before its m == 0 return; plan_tiled trusts it.
 void check_tiled_config(const W4A16TiledConfig& config) {
   QSPEC_CHECK(config.tile >= 0 && config.tile <= kW4A16TiledTiles && config.splits >= 0,
               "cuda::w4a16_gemm_tiled: unknown tile ", config.tile, " or splits ", config.splits);
 }
 
+// The plan of a launch of m tokens (m >= 1) for any activation policy: the tile (config's, or
+// default_tile), and split-K only while the tiles leave multiprocessors idle.
 template <class Act>
 TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layout& layout, const void* workspace,
                      size_t workspace_bytes, const W4A16TiledConfig& config) {
-  check_tiled_config(config);
   const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
   QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
               "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
@@ -254,6 +254,7 @@ bool swiglu_tile(int tile) { return tile == 1 || tile == 2 || tile == 3 || tile 
 
 bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
                                    const void* workspace, size_t workspace_bytes) {
+  check_tiled_config(config);
   if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
   const TiledPlan plan =
       plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
