@@ -991,8 +991,6 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled wgmma 128x64 split3", cuda::kW4A16WgmmaTile, 3),
                                  tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
                                  tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
-                                 tiled("tiled 256x32 tall", cuda::kW4A16Tile256x32Tall, 1),
-                                 tiled("tiled 256x32 tall split3", cuda::kW4A16Tile256x32Tall, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
                                  {"automatic", cuda::W4A16Path::automatic, {}, 3e-3}};
       for (const Path& path : paths) {
@@ -1296,8 +1294,7 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
     const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
-    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0, cuda::kW4A16Tile256x32Tall}
-                                                : std::vector<int>{0, 1, 2, 3, 6, cuda::kW4A16Tile256x32Tall};
+    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3, 6};
     for (int64_t m : {17, 24, 32, 33, 64, 65, 100}) {
       auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
@@ -1588,8 +1585,7 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
                                Variant{"automatic", {}}, Variant{"tiled auto", {}, {0, 0}},
                                Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x64", {}, {2, 1}},
                                Variant{"tiled 256x32 split5", {}, {3, 5}}, Variant{"tiled 128x128", {}, {4, 1}},
-                               Variant{"tiled 128x32 split3", {}, {cuda::kW4A16Tile128x32, 3}},
-                               Variant{"tiled 256x32 tall split3", {}, {cuda::kW4A16Tile256x32Tall, 3}}}) {
+                               Variant{"tiled 128x32 split3", {}, {cuda::kW4A16Tile128x32, 3}}}) {
         const bool tiled = v.tiled.tile >= 0;
         const bool automatic = !tiled && v.config.variant == 0;
         // Room for the tiled runs' forced splits (beyond their heuristic's bound).

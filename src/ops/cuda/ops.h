@@ -437,17 +437,15 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
 // 64 tokens, 8 warps; 2 = 128 x 64, 4 warps; 3 = 256 x 32, 8 warps; 4 = 128 x 128, 8 warps;
 // 5 = 128 x 64 on wgmma, 2 warpgroups, f16 activation values on sm_90a only
 // (w4a16_wgmma_tile_runs_here), the others' bits; 6 = 128 x 32, 4 warps, two blocks a
-// multiprocessor; 7 = 256 x 32, 4 warps of 64 rows each, two blocks a multiprocessor; any m
-// runs, in M tiles) and the split-K
+// multiprocessor; any m runs, in M tiles) and the split-K
 // override (0 = heuristic: fill the GPU once).
 struct W4A16TiledConfig {
   int tile = 0;
   int splits = 0;
 };
-inline constexpr int kW4A16TiledTiles = 7;  // tiles 1 .. kW4A16TiledTiles
+inline constexpr int kW4A16TiledTiles = 6;  // tiles 1 .. kW4A16TiledTiles
 inline constexpr int kW4A16WgmmaTile = 5;
 inline constexpr int kW4A16Tile128x32 = 6;  // the default at 17-32 tokens where two blocks fit a multiprocessor
-inline constexpr int kW4A16Tile256x32Tall = 7;  // 64-row warp tiles: a third less shared-memory traffic a mma
 bool w4a16_wgmma_tile_runs_here();
 std::string w4a16_tiled_tile_name(int tile);  // "256x64" (rows x tokens) for tile 1, ...
 void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,

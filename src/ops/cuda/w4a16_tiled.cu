@@ -26,12 +26,6 @@ using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
 // 112 blocks of one a multiprocessor left 20 idle: 5-8 % faster on every layer GEMM at 17-32
 // tokens on the H100 (docs/perf-notes.md, "A 128x32 tile").
 using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
-// 256x32 "tall": 4 warps of 64 rows x 32 tokens (RPW 4), two blocks a multiprocessor. Each
-// x fragment read from shared memory feeds 4 row blocks instead of 2: per mma 64 bytes of x
-// and 32 of weights against 128 + 16 for the RPW 2 tiles. At 64 tokens on 128x64 the x
-// fragments alone are ~1200 of the ~2700 cycles a stage of the shared-memory pipe takes
-// (docs/perf-notes.md, "A tall warp tile").
-using Tile256x32Tall = kernels::W4A16TileShape<4, 4, 4, 2, 4, 2>;
 
 struct TiledKernel {
   int rows, tokens;   // the tile
@@ -61,7 +55,7 @@ struct TileLauncher {
   }
 };
 
-// Tiles 1-4, 6 and 7: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
+// Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
 template <class Act, class Tile, int G, bool SWIGLU = false>
 using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU>, false, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
@@ -108,7 +102,6 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     case 2: return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
     case 3: return tiled_kernel_for_group<Act, Tile256x32, SWIGLU>(group);
     case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
-    case kW4A16Tile256x32Tall: return tiled_kernel_for_group<Act, Tile256x32Tall, SWIGLU>(group);
     default:
       if constexpr (SWIGLU) fail("cuda::w4a16_gemm_tiled_swiglu: tile ", tile, " has no SwiGLU epilogue");
       else return tiled_kernel_for_group<Act, Tile128x128, false>(group);
@@ -133,21 +126,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // tile (A/B runs). The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on
 // sm_90a, from 17 tokens): measured slower than these on the H100 (perf-notes, "W4A16 on wgmma").
 template <class Act>
-int rule_tile(int64_t m, int64_t n, int64_t k, int64_t group);
-
-// QSPEC_W4A16_TALL (A/B runs): 1 takes the tall 256x32 tile wherever the rule below picks 128x64
-// or 128x32 at 17-64 tokens, 2 only where it picks 128x64 there; 0 (default) never.
-template <class Act>
 int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
-  static const int tall = env_int("QSPEC_W4A16_TALL", 0, 0, 2);
-  const int tile = rule_tile<Act>(m, n, k, group);
-  if (tall == 0 || m > 64 || tiled_kernel<Act>(kW4A16Tile256x32Tall, group).blocks_per_sm < 2) return tile;
-  if (tile == 2 || (tall == 1 && tile == kW4A16Tile128x32)) return kW4A16Tile256x32Tall;
-  return tile;
-}
-
-template <class Act>
-int rule_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   // A/B switches, 0 or 1 (env_int refuses anything else by name).
   static const bool wgmma_asked = env_int("QSPEC_W4A16_WGMMA", 0, 0, 1) == 1;
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
@@ -176,7 +155,6 @@ std::string w4a16_tiled_tile_name(int tile) {
     case 4: return "128x128";
     case 5: return "wgmma_128x64";
     case kW4A16Tile128x32: return "128x32";
-    case kW4A16Tile256x32Tall: return "256x32_tall";
     default: return "auto";
   }
 }
@@ -269,10 +247,8 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
 
 namespace {
 
-// The tiles with a SwiGLU epilogue: the mma.sync ones with (gate, up) row block pairs a warp (RPW even).
-bool swiglu_tile(int tile) {
-  return tile == 1 || tile == 2 || tile == 3 || tile == kW4A16Tile128x32 || tile == kW4A16Tile256x32Tall;
-}
+// The tiles with a SwiGLU epilogue: the mma.sync ones with (gate, up) row block pairs a warp (RPW 2).
+bool swiglu_tile(int tile) { return tile == 1 || tile == 2 || tile == 3 || tile == kW4A16Tile128x32; }
 
 }  // namespace
 

@@ -59,9 +59,6 @@ struct W4A16TileShape {
   static constexpr int kXRowHalves = CH * 64;  // unpadded: swizzled instead
   static constexpr int kWBytes = WARPS * RPW * CH * 512;
   static constexpr int kXBytes = kTokens * kXRowHalves * 2;
-  // The inner loop's order: row blocks outer for the tall warp tiles (RPW 4: the n-tiles' x
-  // fragments held, one row block's weights unpacked at a time), n-tiles outer otherwise.
-  static constexpr bool kRowsOuter = RPW >= 4;
   // Scale groups a stage covers exactly (splits start at group boundaries, CH % chunks per group == 0).
   template <int G>
   static constexpr int groups_per_stage() { return (2 * CH) / (G / 32); }
@@ -318,34 +315,17 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
       for (int r = 0; r < RPW; ++r) wq[r] = *reinterpret_cast<const uint4*>(w_smem(slot, r, ch));
 #pragma unroll
       for (int hp = 0; hp < 2; ++hp) {
-        const int x_off = x_lane(ch, hp);
-        if constexpr (Tile::kRowsOuter) {
-          // Row blocks outer: the pair's MT x fragments stay in registers, one row block's
-          // unpacked weights at a time. Each accumulator sees the same mma sequence either way.
-          typename Act::Frag xf[MT];
+        typename Act::Weights a[RPW];
 #pragma unroll
-          for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load_shared(xs + x_off + nt * 8 * XH);
+        for (int r = 0; r < RPW; ++r) a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
+        const int x_off = x_lane(ch, hp);
+#pragma unroll
+        for (int nt = 0; nt < MT; ++nt) {
+          const typename Act::Frag xf = Act::load_shared(xs + x_off + nt * 8 * XH);
 #pragma unroll
           for (int r = 0; r < RPW; ++r) {
-            const typename Act::Weights a = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
-#pragma unroll
-            for (int nt = 0; nt < MT; ++nt) {
-              if ((2 * ch + hp) % PPG == 0) Act::mma_first(gacc[r][nt], a, xf[nt]);  // static: a group starts
-              else Act::mma(gacc[r][nt], a, xf[nt]);
-            }
-          }
-        } else {
-          typename Act::Weights a[RPW];
-#pragma unroll
-          for (int r = 0; r < RPW; ++r) a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
-#pragma unroll
-          for (int nt = 0; nt < MT; ++nt) {
-            const typename Act::Frag xf = Act::load_shared(xs + x_off + nt * 8 * XH);
-#pragma unroll
-            for (int r = 0; r < RPW; ++r) {
-              if ((2 * ch + hp) % PPG == 0) Act::mma_first(gacc[r][nt], a[r], xf);  // static: a group starts
-              else Act::mma(gacc[r][nt], a[r], xf);
-            }
+            if ((2 * ch + hp) % PPG == 0) Act::mma_first(gacc[r][nt], a[r], xf);  // static: a group starts
+            else Act::mma(gacc[r][nt], a[r], xf);
           }
         }
         if ((2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
