@@ -232,6 +232,12 @@ bool one_split_kernel_on() {
   static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_KERNEL", 1, 0, 1) == 1;
   return on;
 }
+// QSPEC_W4A16_ONE_SPLIT_TWO_TILES=1 (A/B runs): one-split plain launches at two token tiles (9-16
+// tokens) on the one-split instance with half a slot of x ahead, as SwiGLU's there.
+bool one_split_two_tiles_on() {
+  static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_TWO_TILES", 0, 0, 1) == 1;
+  return on;
+}
 size_t preload_block_bytes(int64_t m) {
   static const int forced_kb = [] {
     const int kb = env_int("QSPEC_W4A16_PRELOAD_KB", 0, 0, 227);
@@ -383,6 +389,9 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
       else preload_launch<Act, 2, G, true>(params, grid, ring, plan.k_slices, s);
     } else if (plan.splits == 1 && !two_tiles && one_split_kernel_on()) {
       preload_launch<Act, 1, G, false, 0, true>(params, grid, ring, plan.k_slices, s);
+    } else if (plan.splits == 1 && two_tiles && one_split_two_tiles_on()) {
+      preload_launch<Act, 2, G, false, kernels::W4A16PreloadShape<G>::kSlotChunks, true>(params, grid, ring,
+                                                                                         plan.k_slices, s);
     } else {
       if (!two_tiles) preload_launch<Act, 1, G, false>(params, grid, ring, plan.k_slices, s);
       else preload_launch<Act, 2, G, false>(params, grid, ring, plan.k_slices, s);
