@@ -225,17 +225,20 @@ bool preload_evict_first() {
 }
 // One-split launches of the plain preload GEMM at one token tile (1-8 tokens) on the instance
 // without the split-K fix-up (kernels/w4a16_preload.cuh, ONE_SPLIT; the same bits): 102 registers
-// instead of 114 at groups of 128. Not at two tiles, where that instance spilled more than the
-// general one (44 against 16 bytes). QSPEC_W4A16_ONE_SPLIT_KERNEL=0: the general instance
-// everywhere (A/B runs).
+// instead of 114 at groups of 128. At two tiles (9-16 tokens) with a whole slot of x ahead that
+// instance spilled more than the general one (44 against 16 bytes); one_split_two_tiles_on below.
+// QSPEC_W4A16_ONE_SPLIT_KERNEL=0: the general instance at 1-8 tokens (A/B runs).
 bool one_split_kernel_on() {
   static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_KERNEL", 1, 0, 1) == 1;
   return on;
 }
-// QSPEC_W4A16_ONE_SPLIT_TWO_TILES=1 (A/B runs): one-split plain launches at two token tiles (9-16
-// tokens) on the one-split instance with half a slot of x ahead, as SwiGLU's there.
+// One-split plain launches at two token tiles (9-16 tokens) on the one-split instance with half a
+// slot of x ahead, as SwiGLU's there: 119 registers and no spills against the general instance's
+// 128 and 16 bytes. H100 steps at batch 9 / 12 / 16: Llama-3-8B −1.8 / −1.8 / −1.9 %, Qwen2.5-7B
+// −0.7 / −1.1 / −1.7 %, Llama-2-7B +0.8 / −1.9 / −2.4 % (docs/perf-notes.md, "The one-split instance
+// at 9-16 tokens"). QSPEC_W4A16_ONE_SPLIT_TWO_TILES=0: the general instance there (A/B runs).
 bool one_split_two_tiles_on() {
-  static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_TWO_TILES", 0, 0, 1) == 1;
+  static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_TWO_TILES", 1, 0, 1) == 1;
   return on;
 }
 size_t preload_block_bytes(int64_t m) {
