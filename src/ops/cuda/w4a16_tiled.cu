@@ -26,6 +26,14 @@ using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
 // 112 blocks of one a multiprocessor left 20 idle: 5-8 % faster on every layer GEMM at 17-32
 // tokens on the H100 (docs/perf-notes.md, "A 128x32 tile").
 using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
+// A/B (QSPEC_W4A16_WARPS8=1): the same block tiles with 8 warps of one row block each (RPW 1),
+// twice the warps a multiprocessor; plain GEMMs only (SwiGLU pairs row blocks within a warp).
+using Tile128x64w8 = kernels::W4A16TileShape<8, 1, 8, 2, 4, 2>;
+using Tile128x32w8 = kernels::W4A16TileShape<4, 1, 8, 2, 6, 2>;
+bool warps8() {
+  static const bool on = env_int("QSPEC_W4A16_WARPS8", 0, 0, 1) == 1;
+  return on;
+}
 
 struct TiledKernel {
   int rows, tokens;   // the tile
@@ -96,6 +104,10 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
         default: return WgmmaLauncher<Act, 128>::get();
       }
     }
+  }
+  if constexpr (!SWIGLU && kF16Values<Act>) {
+    if (warps8() && tile == 2) return tiled_kernel_for_group<Act, Tile128x64w8, false>(group);
+    if (warps8() && tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32w8, false>(group);
   }
   switch (tile) {
     case 1: return tiled_kernel_for_group<Act, Tile256x64, SWIGLU>(group);
