@@ -26,12 +26,19 @@ using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
 // 112 blocks of one a multiprocessor left 20 idle: 5-8 % faster on every layer GEMM at 17-32
 // tokens on the H100 (docs/perf-notes.md, "A 128x32 tile").
 using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
-// A/B (QSPEC_W4A16_WARPS8=1): the same block tiles with 8 warps of one row block each (RPW 1),
-// twice the warps a multiprocessor; plain GEMMs only (SwiGLU pairs row blocks within a warp).
+// 128x64 and 128x32 with 8 warps of one row block each (RPW 1): twice the warps a multiprocessor
+// (128 and 120 registers), each x fragment read for one row block instead of two. The same
+// arithmetic a row block and token, so the same bits. Taken for plain f16 launches whose split
+// covers at most kWarps8MaxSplitK of k (plan_tiled): the short split-K GEMMs of 17-64 tokens
+// (qkv, o; down at 17-32) ran 0.1-1.7 µs faster each on the H100, the long ones (one-split
+// gate_up, down at 48-64 tokens with 3584-4736 k a split) 0.8-12 µs slower
+// (docs/perf-notes.md, "Eight warps a block for the short split-K GEMMs").
+// QSPEC_W4A16_WARPS8=0 never takes them (A/B runs).
 using Tile128x64w8 = kernels::W4A16TileShape<8, 1, 8, 2, 4, 2>;
 using Tile128x32w8 = kernels::W4A16TileShape<4, 1, 8, 2, 6, 2>;
-bool warps8() {
-  static const bool on = env_int("QSPEC_W4A16_WARPS8", 0, 0, 1) == 1;
+constexpr int64_t kWarps8MaxSplitK = 2560;
+bool warps8_allowed() {
+  static const bool on = env_int("QSPEC_W4A16_WARPS8", 1, 0, 1) == 1;
   return on;
 }
 
@@ -104,10 +111,6 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
         default: return WgmmaLauncher<Act, 128>::get();
       }
     }
-  }
-  if constexpr (!SWIGLU && kF16Values<Act>) {
-    if (warps8() && tile == 2) return tiled_kernel_for_group<Act, Tile128x64w8, false>(group);
-    if (warps8() && tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32w8, false>(group);
   }
   switch (tile) {
     case 1: return tiled_kernel_for_group<Act, Tile256x64, SWIGLU>(group);
@@ -209,6 +212,14 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
   if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
   splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
+  // The 8-warp form of 128x64 / 128x32 for short splits: the same tile, so the same grid and splits.
+  if constexpr (std::is_same_v<Act, kernels::ActF16>) {
+    if ((tile == 2 || tile == kW4A16Tile128x32) && warps8_allowed() && ceil_div(w.k, splits) <= kWarps8MaxSplitK) {
+      const TiledKernel warps8 = tile == 2 ? tiled_kernel_for_group<Act, Tile128x64w8, false>(w.group)
+                                           : tiled_kernel_for_group<Act, Tile128x32w8, false>(w.group);
+      if (warps8.blocks_per_sm >= kernel.blocks_per_sm) return {tile, warps8, m_tiles, row_tiles, splits};
+    }
+  }
   return {tile, kernel, m_tiles, row_tiles, splits};
 }
 
