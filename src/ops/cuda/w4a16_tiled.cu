@@ -28,15 +28,17 @@ using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
 using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
 // 128x64 and 128x32 with 8 warps of one row block each (RPW 1): twice the warps a multiprocessor
 // (128 and 120 registers), each x fragment read for one row block instead of two. The same
-// arithmetic a row block and token, so the same bits. Taken for plain f16 launches whose split
-// covers at most kWarps8MaxSplitK of k (plan_tiled): the short split-K GEMMs of 17-64 tokens
-// (qkv, o; down at 17-32) ran 0.1-1.7 µs faster each on the H100, the long ones (one-split
-// gate_up, down at 48-64 tokens with 3584-4736 k a split) 0.8-12 µs slower
-// (docs/perf-notes.md, "Eight warps a block for the short split-K GEMMs").
-// QSPEC_W4A16_WARPS8=0 never takes them (A/B runs).
+// arithmetic a row block and token, so the same bits. Taken for plain f16 launches of at most
+// 32 tokens whose split covers at most kWarps8MaxSplitK of k (plan_tiled). On the H100 the
+// split-K GEMMs with 512-1792 k a split (qkv, o, most down projections at 17-32 tokens) ran
+// 0.2-2.9 µs faster each; 2048 k a split (Llama-2-7B's qkv) 0.7 µs slower and the long ones
+// (one-split gate_up) 3-12 µs slower; at 48-64 tokens the steps gained at most 1 % and
+// Qwen2.5-7B's lost 1.6 % at 64 (docs/perf-notes.md, "Eight warps a block for the short split-K
+// GEMMs"). QSPEC_W4A16_WARPS8=0 never takes them (A/B runs).
 using Tile128x64w8 = kernels::W4A16TileShape<8, 1, 8, 2, 4, 2>;
 using Tile128x32w8 = kernels::W4A16TileShape<4, 1, 8, 2, 6, 2>;
-constexpr int64_t kWarps8MaxSplitK = 2560;
+constexpr int64_t kWarps8MaxSplitK = 1792;
+constexpr int64_t kWarps8MaxTokens = 32;
 bool warps8_allowed() {
   static const bool on = env_int("QSPEC_W4A16_WARPS8", 1, 0, 1) == 1;
   return on;
@@ -214,7 +216,8 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
   splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
   // The 8-warp form of 128x64 / 128x32 for short splits: the same tile, so the same grid and splits.
   if constexpr (std::is_same_v<Act, kernels::ActF16>) {
-    if ((tile == 2 || tile == kW4A16Tile128x32) && warps8_allowed() && ceil_div(w.k, splits) <= kWarps8MaxSplitK) {
+    if ((tile == 2 || tile == kW4A16Tile128x32) && warps8_allowed() && m <= kWarps8MaxTokens &&
+        ceil_div(w.k, splits) <= kWarps8MaxSplitK) {
       const TiledKernel warps8 = tile == 2 ? tiled_kernel_for_group<Act, Tile128x64w8, false>(w.group)
                                            : tiled_kernel_for_group<Act, Tile128x32w8, false>(w.group);
       if (warps8.blocks_per_sm >= kernel.blocks_per_sm) return {tile, warps8, m_tiles, row_tiles, splits};
