@@ -31,13 +31,14 @@ using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
 // arithmetic a row block and token, so the same bits. Taken for plain f16 launches of at most
 // 32 tokens whose split covers at most kWarps8MaxSplitK of k (plan_tiled). On the H100 the
 // split-K GEMMs with 512-1792 k a split (qkv, o, most down projections at 17-32 tokens) ran
-// 0.2-2.9 µs faster each; 2048 k a split (Llama-2-7B's qkv) 0.7 µs slower and the long ones
-// (one-split gate_up) 3-12 µs slower; at 48-64 tokens the steps gained at most 1 % and
-// Qwen2.5-7B's lost 1.6 % at 64 (docs/perf-notes.md, "Eight warps a block for the short split-K
-// GEMMs"). QSPEC_W4A16_WARPS8=0 never takes them (A/B runs).
+// 0.2-2.9 µs faster each alone; Llama-2-7B's qkv (2048 k a split) ran 0.7 µs slower alone but its
+// steps at batch 17-32 were 0.6-1.9 % shorter with it than without; the long splits (one-split
+// gate_up) ran 3-12 µs slower; at 48-64 tokens the steps gained at most 1 % and Qwen2.5-7B's lost
+// 1.6 % at 64 (docs/perf-notes.md, "Eight warps a block for the short split-K GEMMs").
+// QSPEC_W4A16_WARPS8=0 never takes them (A/B runs).
 using Tile128x64w8 = kernels::W4A16TileShape<8, 1, 8, 2, 4, 2>;
 using Tile128x32w8 = kernels::W4A16TileShape<4, 1, 8, 2, 6, 2>;
-constexpr int64_t kWarps8MaxSplitK = 1792;
+constexpr int64_t kWarps8MaxSplitK = 2048;
 constexpr int64_t kWarps8MaxTokens = 32;
 bool warps8_allowed() {
   static const bool on = env_int("QSPEC_W4A16_WARPS8", 1, 0, 1) == 1;
