@@ -216,7 +216,7 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
   if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
   splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
   // The 8-warp form of 128x64 / 128x32 for short splits: the same tile, so the same grid and splits.
-  if constexpr (std::is_same_v<Act, kernels::ActF16> || std::is_same_v<Act, kernels::ActS8>) {
+  if constexpr (std::is_same_v<Act, kernels::ActF16>) {
     if ((tile == 2 || tile == kW4A16Tile128x32) && warps8_allowed() && m <= kWarps8MaxTokens &&
         ceil_div(w.k, splits) <= kWarps8MaxSplitK) {
       const TiledKernel warps8 = tile == 2 ? tiled_kernel_for_group<Act, Tile128x64w8, false>(w.group)
