@@ -49,22 +49,24 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
                                    const void* workspace, size_t workspace_bytes) {
   SwigluGemm plan;
   if (m < 1 || w.n % 32 != 0) return plan;
-  // The GEMM dispatch_w4_gemm would run: the map's strategy, or the kernels' automatic path.
-  const cuda::W4A16Path automatic_path = cuda::w4a16_choose_path(m, w.n, w.k);
-  const bool preload = policy != nullptr ? policy->lookup("f16", w.n, w.k, m) == gemm::Strategy::small_m_v5
-                                         : automatic_path == cuda::W4A16Path::small_m;
+  // The GEMM dispatch_w4_gemm would run: the map's strategy, or (no map) the kernels' automatic path.
+  bool preload = false;
+  int tile = 0;  // a tiled strategy's tile; 0 without a map: the tiled path's own choice
+  if (policy != nullptr) {
+    const gemm::Strategy strategy = policy->lookup("f16", w.n, w.k, m);
+    preload = strategy == gemm::Strategy::small_m_v5;
+    tile = tiled_strategy_tile(strategy);
+    if (!preload && tile == 0) return plan;  // neither the preload kernel nor a tiled one
+  } else {
+    const cuda::W4A16Path path = cuda::w4a16_choose_path(m, w.n, w.k);
+    preload = path == cuda::W4A16Path::small_m;
+    if (!preload && path != cuda::W4A16Path::tiled) return plan;
+  }
   if (preload) {
     if (cuda::w4a16_swiglu_runs(w, m) &&
         cuda::w4a16_small_m_swiglu_partition(w, m, policy != nullptr ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
                                              workspace, workspace_bytes))
       plan.kernel = SwigluGemm::Kernel::preload;
-    return plan;
-  }
-  int tile = 0;  // no map: the tiled path's own choice
-  if (policy != nullptr) {
-    tile = tiled_strategy_tile(policy->lookup("f16", w.n, w.k, m));
-    if (tile == 0) return plan;  // neither the preload kernel nor a tiled one
-  } else if (automatic_path != cuda::W4A16Path::tiled) {
     return plan;
   }
   plan.tiled = cuda::W4A16TiledConfig{tile, 0};

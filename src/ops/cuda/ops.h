@@ -449,6 +449,10 @@ inline constexpr int kW4A16WgmmaTile = 5;
 inline constexpr int kW4A16Tile128x32 = 6;  // the default at 17-32 tokens where two blocks fit a multiprocessor
 bool w4a16_wgmma_tile_runs_here();
 std::string w4a16_tiled_tile_name(int tile);  // "256x64" (rows x tokens) for tile 1, ...
+// The warps a block of the kernel w4a16_gemm_tiled(config) runs for these m >= 1 tokens (tests:
+// the 8-warp forms of tiles 2 and 6).
+int w4a16_tiled_warps(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config, const void* workspace,
+                      size_t workspace_bytes);
 void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                       void* workspace, size_t workspace_bytes, void* stream, const W4A16TiledConfig& config = {});
 // SwiGLU in the tiled kernel's epilogue (kernels/w4a16_tiled.cuh, SWIGLU), for gate_up weights as

@@ -29,7 +29,7 @@ using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
 // 128x64 and 128x32 with 8 warps of one row block each (RPW 1): twice the warps a multiprocessor
 // (128 and 120 registers), each x fragment read for one row block instead of two. The same
 // arithmetic a row block and token, so the same bits. Taken for plain f16 launches of at most
-// 32 tokens whose split covers at most kWarps8MaxSplitK of k (plan_tiled). On the H100 the
+// 32 tokens whose split covers at most kWarps8MaxSplitK of k (plain_launch_kernel). On the H100 the
 // split-K GEMMs with 512-1792 k a split (qkv, o, most down projections at 17-32 tokens) ran
 // 0.2-2.9 µs faster each alone; Llama-2-7B's qkv (2048 k a split) ran 0.7 µs slower alone but its
 // steps at batch 17-32 were 0.6-1.9 % shorter with it than without; the long splits (one-split
@@ -47,6 +47,7 @@ bool warps8_allowed() {
 
 struct TiledKernel {
   int rows, tokens;   // the tile
+  int threads;        // a block
   int blocks_per_sm;  // resident blocks a multiprocessor holds (occupancy calculator)
   void (*launch)(const kernels::W4A16TiledParams&, dim3, cudaStream_t);
 };
@@ -69,7 +70,7 @@ struct TileLauncher {
   }
   static TiledKernel get() {
     static const int blocks_per_sm = configure();
-    return {ROWS, TOKENS, blocks_per_sm, &launch};
+    return {ROWS, TOKENS, THREADS, blocks_per_sm, &launch};
   }
 };
 
@@ -215,16 +216,23 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
   if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
   splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
-  // The 8-warp form of 128x64 / 128x32 for short splits: the same tile, so the same grid and splits.
+  return {tile, kernel, m_tiles, row_tiles, splits};
+}
+
+// The kernel a plain launch (no SwiGLU epilogue) of the plan runs: the 8-warp form of 128x64 /
+// 128x32 for short splits of f16 activations, else the plan's. The same tile, so the same grid
+// and splits; the SwiGLU launches keep their (gate, up) pairs a warp and never take it.
+template <class Act>
+TiledKernel plain_launch_kernel(const TiledPlan& plan, int64_t m, const W4A16Weights& w) {
   if constexpr (std::is_same_v<Act, kernels::ActF16>) {
-    if ((tile == 2 || tile == kW4A16Tile128x32) && warps8_allowed() && m <= kWarps8MaxTokens &&
-        ceil_div(w.k, splits) <= kWarps8MaxSplitK) {
-      const TiledKernel warps8 = tile == 2 ? tiled_kernel_for_group<Act, Tile128x64w8, false>(w.group)
-                                           : tiled_kernel_for_group<Act, Tile128x32w8, false>(w.group);
-      if (warps8.blocks_per_sm >= kernel.blocks_per_sm) return {tile, warps8, m_tiles, row_tiles, splits};
+    if ((plan.tile == 2 || plan.tile == kW4A16Tile128x32) && warps8_allowed() && m <= kWarps8MaxTokens &&
+        ceil_div(w.k, plan.splits) <= kWarps8MaxSplitK) {
+      const TiledKernel warps8 = plan.tile == 2 ? tiled_kernel_for_group<Act, Tile128x64w8, false>(w.group)
+                                                : tiled_kernel_for_group<Act, Tile128x32w8, false>(w.group);
+      if (warps8.blocks_per_sm >= plan.kernel.blocks_per_sm) return warps8;
     }
   }
-  return {tile, kernel, m_tiles, row_tiles, splits};
+  return plan.kernel;
 }
 
 kernels::W4A16Layout checked_layout(const W4A16Weights& w) {
@@ -254,7 +262,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   if (m == 0) return;
   const TiledPlan plan = plan_tiled<Act>(m, w, layout, workspace, workspace_bytes, config);
   fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
-  plan.kernel.launch(params, dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
+  plain_launch_kernel<Act>(plan, m, w).launch(params, dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
                                   static_cast<unsigned>(plan.splits)),
                      as_stream(stream));
 }
@@ -270,6 +278,15 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
   launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+}
+
+int w4a16_tiled_warps(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config, const void* workspace,
+                      size_t workspace_bytes) {
+  check_tiled_config(config);
+  QSPEC_CHECK(m >= 1, "cuda::w4a16_tiled_warps: m ", m, " < 1");
+  const TiledPlan plan =
+      plan_tiled<kernels::ActF16>(m, w, checked_layout(w), workspace, workspace_bytes, config);
+  return plain_launch_kernel<kernels::ActF16>(plan, m, w).threads / 32;
 }
 
 namespace {
