@@ -75,9 +75,15 @@ struct TileLauncher {
 };
 
 // Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
-template <class Act, class Tile, int G, bool SWIGLU = false>
-using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU>, false, Tile::kThreads,
+template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile>>
+using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, false, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
+// QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage (A/B runs; the default
+// takes kernels::kTiledLateRefill's choice a tile).
+bool late_refill() {
+  static const bool on = env_int("QSPEC_W4A16_LATE_REFILL", 1, 0, 1) == 1;
+  return on;
+}
 
 // Tile 5: the wgmma kernel (kernels/w4a16_wgmma.cuh), f16 activation values only.
 template <class Act, int G>
@@ -96,6 +102,13 @@ constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
 
 template <class Act, class Tile, bool SWIGLU>
 TiledKernel tiled_kernel_for_group(int64_t group) {
+  if (kernels::kTiledLateRefill<Act, Tile> && !late_refill()) {
+    switch (group) {
+      case 32: return TiledLauncher<Act, Tile, 32, SWIGLU, false>::get();
+      case 64: return TiledLauncher<Act, Tile, 64, SWIGLU, false>::get();
+      default: return TiledLauncher<Act, Tile, 128, SWIGLU, false>::get();
+    }
+  }
   switch (group) {
     case 32: return TiledLauncher<Act, Tile, 32, SWIGLU>::get();
     case 64: return TiledLauncher<Act, Tile, 64, SWIGLU>::get();

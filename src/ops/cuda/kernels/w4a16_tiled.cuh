@@ -39,6 +39,8 @@
 // are the one-split GEMM's then silu_mul's (as in w4a16_preload.cuh), and the step loses
 // silu_mul's launch, its dependent round trip and the y it reads.
 #pragma once
+#include <type_traits>
+
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
 #include "ops/cuda/kernels/w4_activation.cuh"
@@ -166,7 +168,19 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
   }
 }
 
-template <class Act, class Tile, int G, bool SWIGLU = false>
+// Where the ring's refill goes in a stage (LATE_REFILL): after the first chunk's shared loads,
+// predicated, so that the compiler interleaves its ~100-150 instructions of address arithmetic and
+// copies with that chunk's unpack and mma (measured on the H100: qkv / down 1.4-2.7 µs faster each
+// at 48-64 tokens on 128x32, W4A8 steps at batch 32-64 1.8-2.2 % shorter); or (false) first, after
+// the barrier, as one branch. The late place keeps more registers live through the mma: f16 tiles
+// of 8 token tiles (128x64: 255 registers and 48 bytes of spills for SwiGLU, gate_up 4-9 µs slower)
+// and the 8-warp forms (a 128-register cap) lost, so they keep the early refill
+// (docs/perf-notes.md, "The ring's refill among the mma").
+template <class Act, class Tile>
+constexpr bool kTiledLateRefill =
+    Tile::RPW == 2 && (Tile::MT <= 4 || std::is_same_v<typename Act::GroupAcc, int>);
+
+template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE_REFILL = kTiledLateRefill<Act, Tile>>
 __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_kernel(const W4A16TiledParams p) {
   using Elem = typename Act::Elem;
   using GroupAcc = typename Act::GroupAcc;
@@ -211,32 +225,42 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
            (warp * RPW + r) * NG * 8;
   };
 
-  // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`.
-  auto load_w = [&](int slot, int st) {
-    const int c0 = chunk_begin + st * CH;
+  // The ring's copies, issued by every thread after each stage's barrier (and twice STAGES - 1
+  // times in the prologue): their addresses are a stage-invariant base plus the stage's offset,
+  // set up here once, so that a refill is its 16-byte copies and little else. A copy past the
+  // split (or past the tile's tokens) reads nothing (src-size 0: zero fill) from a valid address.
+  const int split_chunks = chunk_end - chunk_begin;
+  const uint8_t* w_src[RPW];  // this lane's 16 bytes of the split's first chunk, each row block
 #pragma unroll
-    for (int r = 0; r < RPW; ++r)
+  for (int r = 0; r < RPW; ++r) w_src[r] = w_block[r] + static_cast<int64_t>(chunk_begin) * 512 + lane * 16;
+  // Scales: lane i < SCALE_PIECES copies 16 bytes (half of a group's 8 words) of row set r, group
+  // (2 c0) / PPG + j / 2 of the stage; groups past the matrix read nothing.
+  constexpr int SCALE_PIECES = RPW * NG * 2;
+  static_assert(SCALE_PIECES <= 32, "one scale piece a lane");
+  const int s_row = lane / (2 * NG), s_piece = lane % (2 * NG);
+  const int s_group0 = (2 * chunk_begin) / PPG + (s_piece >> 1);  // the lane's group at stage 0
+  const uint32_t* s_src =
+      p.w.scales +
+      (static_cast<int64_t>(tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, min(s_row, RPW - 1))) * p.w.groups +
+       min(s_group0, p.w.groups - 1)) * 8 + (s_piece & 1) * 4;
+  const int s_dst = ((warp * RPW + s_row) * NG * 8 + (s_piece >> 1) * 8 + (s_piece & 1) * 4) * 4;
+  // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`; nothing where
+  // `live` is false (predicated copies: no branch around them).
+  auto load_w = [&](int slot, int st, bool live) {
+    uint8_t* slot_base = smem + slot * STAGE_BYTES;
 #pragma unroll
-      for (int ch = 0; ch < CH; ++ch) {
-        const int c = c0 + ch;
-        const bool valid = c < chunk_end;
-        cp_async_16(smem_address(w_smem(slot, r, ch)),
-                    w_block[r] + static_cast<int64_t>(valid ? c : chunk_begin) * 512 + lane * 16, valid ? 16 : 0);
-      }
-    const int group0 = (2 * c0) / PPG;
-    constexpr int SCALE_PIECES = RPW * NG * 2;  // 16 bytes each: half a group's 8 words
+    for (int ch = 0; ch < CH; ++ch) {
+      const int chunk = st * CH + ch;  // within the split
+      const bool valid = chunk < split_chunks;
+      const int offset = (valid ? chunk : 0) * 512;
 #pragma unroll
-    for (int base = 0; base < SCALE_PIECES; base += 32) {
-      const int i = base + lane;
-      if (i < SCALE_PIECES) {
-        const int r = i / (2 * NG), j = i % (2 * NG);
-        const int group = group0 + (j >> 1);
-        const bool valid = group < p.w.groups;
-        const int rb = tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, r);
-        const uint32_t* src = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + (valid ? group : 0)) * 8 + (j & 1) * 4;
-        cp_async_16(smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), src, valid ? 16 : 0);
-      }
+      for (int r = 0; r < RPW; ++r)
+        cp_async_16_if(live, smem_address(slot_base + ((warp * RPW + r) * CH + ch) * 512 + lane * 16),
+                       w_src[r] + offset, valid ? 16 : 0);
     }
+    const bool s_valid = s_group0 + st * NG < p.w.groups;
+    cp_async_16_if(live && lane < SCALE_PIECES, smem_address(slot_base + Tile::kWBytes + Tile::kXBytes + s_dst),
+                   s_src + (s_valid ? st * NG * 8 : 0), s_valid ? 16 : 0);
   };
   // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
   // zero-filled, nothing read), rows swizzled. Thread i copies piece i % PIECES_PER_ROW of rows
@@ -248,17 +272,20 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   const Elem* x_base = activation_values<Act>(p.a);
   const int64_t ldx = p.a.ldx;
   const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
-  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * ldx + x_piece * PIECE;
+  // Row x_row0 (clamped into the tile, so always a valid address) at the split's first chunk.
+  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * ldx +
+                       static_cast<int64_t>(chunk_begin) * 64 + x_piece * PIECE;
   const int x_dst0 = x_row0 * XH + (x_piece ^ x_swizzle<Act>(x_row0)) * PIECE;
-  auto load_x = [&](int slot, int st) {
-    const int c0 = chunk_begin + st * CH;
-    const bool k_valid = c0 + x_piece / PIECES_PER_CHUNK < chunk_end;
+  const int x_chunk = x_piece / PIECES_PER_CHUNK;  // this piece's chunk within a stage
+  auto load_x = [&](int slot, int st, bool live) {
+    const bool k_valid = st * CH + x_chunk < split_chunks;
+    const Elem* src_k = x_src0 + (k_valid ? st * CH * 64 : 0);
     Elem* xs = x_smem(slot);
 #pragma unroll
     for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
-      const bool valid = k_valid && x_row0 + j * ROW_STEP < tile_m;
-      const Elem* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * ldx + c0 * 64 : x_base;
-      cp_async_16(smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
+      const bool row_valid = x_row0 + j * ROW_STEP < tile_m;
+      const Elem* src = src_k + (row_valid ? static_cast<int64_t>(j * ROW_STEP) * ldx : 0);
+      cp_async_16_if(live, smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, k_valid && row_valid ? 16 : 0);
     }
   };
 
@@ -276,13 +303,13 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   // wait_group(S - 2) at stage st, both W(st) and X(st) have landed (st < S - 1 included).
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < stages) load_w(st, st);
+    load_w(st, st, st < stages);
     cp_async_commit();
   }
   grid_dependency_wait();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < stages) load_x(st, st);
+    load_x(st, st, st < stages);
     cp_async_commit();
   }
 
@@ -297,11 +324,13 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage st landed for every thread; slot (st - 1) % STAGES is free
     const int next = st + STAGES - 1;
-    if (next < stages) {
-      load_w(next % STAGES, next);
-      load_x(next % STAGES, next);
+    if constexpr (!LATE_REFILL) {  // A/B: the refill first, branched around
+      if (next < stages) {
+        load_w(next % STAGES, next, true);
+        load_x(next % STAGES, next, true);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
 
     const int slot = st % STAGES;
     const int c0 = chunk_begin + st * CH;
@@ -309,7 +338,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
       const int c = c0 + ch;
-      if (c >= chunk_end) break;
+      if (ch > 0 && c >= chunk_end) break;  // a stage's first chunk is always in the split
       uint4 wq[RPW];
 #pragma unroll
       for (int r = 0; r < RPW; ++r) wq[r] = *reinterpret_cast<const uint4*>(w_smem(slot, r, ch));
@@ -333,6 +362,15 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
           for (int r = 0; r < RPW; ++r)
             flush(r, s_smem(slot, r)[((2 * ch + hp) / PPG) * 8 + g], (2 * c + hp) / PPG);
         }
+      }
+      if (LATE_REFILL && ch == 0) {
+        // The refill of the slot stage st - 1 left, after the first chunk's shared loads (the
+        // compiler keeps shared-memory accesses in order, so a refill before them would hold them
+        // back) and predicated rather than branched around: one block of code with the first
+        // chunk's unpack and mma, which the compiler can interleave it with.
+        load_w(next % STAGES, next, next < stages);
+        load_x(next % STAGES, next, next < stages);
+        cp_async_commit();
       }
     }
   }
