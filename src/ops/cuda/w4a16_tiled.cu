@@ -75,7 +75,7 @@ struct TileLauncher {
 };
 
 // Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
-template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile>>
+template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile, SWIGLU>>
 using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, false, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
 // QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage (A/B runs; the default
@@ -102,7 +102,7 @@ constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
 
 template <class Act, class Tile, bool SWIGLU>
 TiledKernel tiled_kernel_for_group(int64_t group) {
-  if (kernels::kTiledLateRefill<Act, Tile> && !late_refill()) {
+  if (kernels::kTiledLateRefill<Act, Tile, SWIGLU> && !late_refill()) {
     switch (group) {
       case 32: return TiledLauncher<Act, Tile, 32, SWIGLU, false>::get();
       case 64: return TiledLauncher<Act, Tile, 64, SWIGLU, false>::get();

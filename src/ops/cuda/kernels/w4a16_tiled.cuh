@@ -173,14 +173,14 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
 // copies with that chunk's unpack and mma (measured on the H100: qkv / down 1.4-2.7 µs faster each
 // at 48-64 tokens on 128x32, W4A8 steps at batch 32-64 1.8-2.2 % shorter); or (false) first, after
 // the barrier, as one branch. The late place keeps more registers live through the mma: f16 tiles
-// of 8 token tiles (128x64: 255 registers and 48 bytes of spills for SwiGLU, gate_up 4-9 µs slower)
-// and the 8-warp forms (a 128-register cap) lost, so they keep the early refill
-// (docs/perf-notes.md, "The ring's refill among the mma").
-template <class Act, class Tile>
+// of 8 token tiles (128x64: 255 registers and 48 bytes of spills for SwiGLU, gate_up 4-9 µs slower),
+// the SwiGLU epilogue's 128x32 (0.3-0.6 µs slower) and the 8-warp forms (a 128-register cap)
+// lost, so they keep the early refill (docs/perf-notes.md, "The ring's refill among the mma").
+template <class Act, class Tile, bool SWIGLU>
 constexpr bool kTiledLateRefill =
-    Tile::RPW == 2 && (Tile::MT <= 4 || std::is_same_v<typename Act::GroupAcc, int>);
+    !SWIGLU && Tile::RPW == 2 && (Tile::MT <= 4 || std::is_same_v<typename Act::GroupAcc, int>);
 
-template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE_REFILL = kTiledLateRefill<Act, Tile>>
+template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE_REFILL = kTiledLateRefill<Act, Tile, SWIGLU>>
 __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_kernel(const W4A16TiledParams p) {
   using Elem = typename Act::Elem;
   using GroupAcc = typename Act::GroupAcc;
