@@ -225,18 +225,67 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
            (warp * RPW + r) * NG * 8;
   };
 
-  // The ring's copies, issued by every thread after each stage's barrier (and twice STAGES - 1
-  // times in the prologue): their addresses are a stage-invariant base plus the stage's offset,
-  // set up here once, so that a refill is its 16-byte copies and little else. A copy past the
-  // split (or past the tile's tokens) reads nothing (src-size 0: zero fill) from a valid address.
+  // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`.
+  constexpr int SCALE_PIECES = RPW * NG * 2;  // 16 bytes each: half a group's 8 words
+  auto load_w = [&](int slot, int st) {
+    const int c0 = chunk_begin + st * CH;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+      for (int ch = 0; ch < CH; ++ch) {
+        const int c = c0 + ch;
+        const bool valid = c < chunk_end;
+        cp_async_16(smem_address(w_smem(slot, r, ch)),
+                    w_block[r] + static_cast<int64_t>(valid ? c : chunk_begin) * 512 + lane * 16, valid ? 16 : 0);
+      }
+    const int group0 = (2 * c0) / PPG;
+#pragma unroll
+    for (int base = 0; base < SCALE_PIECES; base += 32) {
+      const int i = base + lane;
+      if (i < SCALE_PIECES) {
+        const int r = i / (2 * NG), j = i % (2 * NG);
+        const int group = group0 + (j >> 1);
+        const bool valid = group < p.w.groups;
+        const int rb = tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, r);
+        const uint32_t* src = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + (valid ? group : 0)) * 8 + (j & 1) * 4;
+        cp_async_16(smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), src, valid ? 16 : 0);
+      }
+    }
+  };
+  // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
+  // zero-filled, nothing read), rows swizzled. Thread i copies piece i % PIECES_PER_ROW of rows
+  // i / PIECES_PER_ROW + ROW_STEP j: the piece and the row's swizzle are fixed.
+  constexpr int PIECES_PER_ROW = XH / PIECE, PIECES_PER_CHUNK = 64 / PIECE, ROW_STEP = THREADS / PIECES_PER_ROW;
+  static_assert(THREADS % PIECES_PER_ROW == 0 && ROW_STEP % 4 == 0 && TOKENS % ROW_STEP == 0,
+                "x slab copy: every thread keeps one piece column and row swizzle");
+  static_assert(PIECES_PER_ROW >= 8, "the int8 swizzle needs 8 pieces a row (CH >= 2)");
+  const Elem* x_base = activation_values<Act>(p.a);
+  const int64_t ldx = p.a.ldx;
+  const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
+  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * ldx + x_piece * PIECE;
+  const int x_dst0 = x_row0 * XH + (x_piece ^ x_swizzle<Act>(x_row0)) * PIECE;
+  auto load_x = [&](int slot, int st) {
+    const int c0 = chunk_begin + st * CH;
+    const bool k_valid = c0 + x_piece / PIECES_PER_CHUNK < chunk_end;
+    Elem* xs = x_smem(slot);
+#pragma unroll
+    for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
+      const bool valid = k_valid && x_row0 + j * ROW_STEP < tile_m;
+      const Elem* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * ldx + c0 * 64 : x_base;
+      cp_async_16(smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
+    }
+  };
+
+  // The same copies for LATE_REFILL, issued among the mma: a stage-invariant base set up here once
+  // plus the stage's offset (a copy past the split or the tile's tokens reads nothing, zero fill,
+  // from a valid address), and predicated on `live` instead of branched around. (Unused, so not
+  // compiled, without LATE_REFILL; the tiles that refill first keep the copies above, which ran
+  // faster there: with these, SwiGLU's 128x64 took 52.6 µs for 48.2 on Llama-3-8B's gate_up.)
   const int split_chunks = chunk_end - chunk_begin;
   const uint8_t* w_src[RPW];  // this lane's 16 bytes of the split's first chunk, each row block
 #pragma unroll
   for (int r = 0; r < RPW; ++r) w_src[r] = w_block[r] + static_cast<int64_t>(chunk_begin) * 512 + lane * 16;
-  // Scales: lane i < SCALE_PIECES copies 16 bytes (half of a group's 8 words) of row set r, group
-  // (2 c0) / PPG + j / 2 of the stage; groups past the matrix read nothing.
-  constexpr int SCALE_PIECES = RPW * NG * 2;
-  static_assert(SCALE_PIECES <= 32, "one scale piece a lane");
+  static_assert(!LATE_REFILL || SCALE_PIECES <= 32, "one scale piece a lane");
   const int s_row = lane / (2 * NG), s_piece = lane % (2 * NG);
   const int s_group0 = (2 * chunk_begin) / PPG + (s_piece >> 1);  // the lane's group at stage 0
   const uint32_t* s_src =
@@ -244,9 +293,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
       (static_cast<int64_t>(tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, min(s_row, RPW - 1))) * p.w.groups +
        min(s_group0, p.w.groups - 1)) * 8 + (s_piece & 1) * 4;
   const int s_dst = ((warp * RPW + s_row) * NG * 8 + (s_piece >> 1) * 8 + (s_piece & 1) * 4) * 4;
-  // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`; nothing where
-  // `live` is false (predicated copies: no branch around them).
-  auto load_w = [&](int slot, int st, bool live) {
+  auto late_load_w = [&](int slot, int st, bool live) {
     uint8_t* slot_base = smem + slot * STAGE_BYTES;
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
@@ -262,24 +309,11 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     cp_async_16_if(live && lane < SCALE_PIECES, smem_address(slot_base + Tile::kWBytes + Tile::kXBytes + s_dst),
                    s_src + (s_valid ? st * NG * 8 : 0), s_valid ? 16 : 0);
   };
-  // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
-  // zero-filled, nothing read), rows swizzled. Thread i copies piece i % PIECES_PER_ROW of rows
-  // i / PIECES_PER_ROW + ROW_STEP j: the piece and the row's swizzle are fixed.
-  constexpr int PIECES_PER_ROW = XH / PIECE, PIECES_PER_CHUNK = 64 / PIECE, ROW_STEP = THREADS / PIECES_PER_ROW;
-  static_assert(THREADS % PIECES_PER_ROW == 0 && ROW_STEP % 4 == 0 && TOKENS % ROW_STEP == 0,
-                "x slab copy: every thread keeps one piece column and row swizzle");
-  static_assert(PIECES_PER_ROW >= 8, "the int8 swizzle needs 8 pieces a row (CH >= 2)");
-  const Elem* x_base = activation_values<Act>(p.a);
-  const int64_t ldx = p.a.ldx;
-  const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
-  // Row x_row0 (clamped into the tile, so always a valid address) at the split's first chunk.
-  const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * ldx +
-                       static_cast<int64_t>(chunk_begin) * 64 + x_piece * PIECE;
-  const int x_dst0 = x_row0 * XH + (x_piece ^ x_swizzle<Act>(x_row0)) * PIECE;
+  const Elem* x_src_split = x_src0 + static_cast<int64_t>(chunk_begin) * 64;  // row x_row0, clamped
   const int x_chunk = x_piece / PIECES_PER_CHUNK;  // this piece's chunk within a stage
-  auto load_x = [&](int slot, int st, bool live) {
+  auto late_load_x = [&](int slot, int st, bool live) {
     const bool k_valid = st * CH + x_chunk < split_chunks;
-    const Elem* src_k = x_src0 + (k_valid ? st * CH * 64 : 0);
+    const Elem* src_k = x_src_split + (k_valid ? st * CH * 64 : 0);
     Elem* xs = x_smem(slot);
 #pragma unroll
     for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
@@ -303,13 +337,15 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   // wait_group(S - 2) at stage st, both W(st) and X(st) have landed (st < S - 1 included).
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    load_w(st, st, st < stages);
+    if constexpr (LATE_REFILL) late_load_w(st, st, st < stages);
+    else if (st < stages) load_w(st, st);
     cp_async_commit();
   }
   grid_dependency_wait();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    load_x(st, st, st < stages);
+    if constexpr (LATE_REFILL) late_load_x(st, st, st < stages);
+    else if (st < stages) load_x(st, st);
     cp_async_commit();
   }
 
@@ -324,10 +360,10 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage st landed for every thread; slot (st - 1) % STAGES is free
     const int next = st + STAGES - 1;
-    if constexpr (!LATE_REFILL) {  // A/B: the refill first, branched around
+    if constexpr (!LATE_REFILL) {
       if (next < stages) {
-        load_w(next % STAGES, next, true);
-        load_x(next % STAGES, next, true);
+        load_w(next % STAGES, next);
+        load_x(next % STAGES, next);
       }
       cp_async_commit();
     }
@@ -338,7 +374,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
       const int c = c0 + ch;
-      if (ch > 0 && c >= chunk_end) break;  // a stage's first chunk is always in the split
+      if ((!LATE_REFILL || ch > 0) && c >= chunk_end) break;  // a stage's first chunk is always in the split
       uint4 wq[RPW];
 #pragma unroll
       for (int r = 0; r < RPW; ++r) wq[r] = *reinterpret_cast<const uint4*>(w_smem(slot, r, ch));
@@ -368,8 +404,8 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
         // compiler keeps shared-memory accesses in order, so a refill before them would hold them
         // back) and predicated rather than branched around: one block of code with the first
         // chunk's unpack and mma, which the compiler can interleave it with.
-        load_w(next % STAGES, next, next < stages);
-        load_x(next % STAGES, next, next < stages);
+        late_load_w(next % STAGES, next, next < stages);
+        late_load_x(next % STAGES, next, next < stages);
         cp_async_commit();
       }
     }
