@@ -113,8 +113,7 @@ TiledKernel tiled_kernel_for_refill(int64_t group) {
 template <class Act, class Tile, bool SWIGLU>
 TiledKernel tiled_kernel_for_group(int64_t group) {
   constexpr bool late = kernels::kTiledLateRefill<Act, Tile, SWIGLU>;
-  if constexpr (!std::is_same_v<Act, kernels::ActF16>) return tiled_kernel_for_refill<Act, Tile, SWIGLU, late ? 1 : 0>(group);
-  else switch (refill_mode()) {
+  switch (refill_mode()) {
     case 0: return tiled_kernel_for_refill<Act, Tile, SWIGLU, 0>(group);
     case 2: return late ? tiled_kernel_for_refill<Act, Tile, SWIGLU, 2>(group) : tiled_kernel_for_refill<Act, Tile, SWIGLU, 0>(group);
     case 3: return tiled_kernel_for_refill<Act, Tile, SWIGLU, 2>(group);
