@@ -75,15 +75,14 @@ struct TileLauncher {
 };
 
 // Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
-template <class Act, class Tile, int G, bool SWIGLU = false,
-          int REFILL = kernels::kTiledLateRefill<Act, Tile, SWIGLU> ? 1 : 0>
-using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, REFILL>, false, Tile::kThreads,
+template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile, SWIGLU>>
+using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, false, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
 // QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage (A/B runs; the default
 // takes kernels::kTiledLateRefill's choice a tile).
-int refill_mode() {
-  static const int mode = env_int("QSPEC_W4A16_REFILL", 1, 0, 3);
-  return mode;
+bool late_refill() {
+  static const bool on = env_int("QSPEC_W4A16_LATE_REFILL", 1, 0, 1) == 1;
+  return on;
 }
 
 // Tile 5: the wgmma kernel (kernels/w4a16_wgmma.cuh), f16 activation values only.
@@ -101,23 +100,19 @@ bool wgmma_tile_runs_here() {
 template <class Act>
 constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
 
-template <class Act, class Tile, bool SWIGLU, int REFILL>
-TiledKernel tiled_kernel_for_refill(int64_t group) {
-  switch (group) {
-    case 32: return TiledLauncher<Act, Tile, 32, SWIGLU, REFILL>::get();
-    case 64: return TiledLauncher<Act, Tile, 64, SWIGLU, REFILL>::get();
-    default: return TiledLauncher<Act, Tile, 128, SWIGLU, REFILL>::get();
-  }
-}
-
 template <class Act, class Tile, bool SWIGLU>
 TiledKernel tiled_kernel_for_group(int64_t group) {
-  constexpr bool late = kernels::kTiledLateRefill<Act, Tile, SWIGLU>;
-  switch (refill_mode()) {
-    case 0: return tiled_kernel_for_refill<Act, Tile, SWIGLU, 0>(group);
-    case 2: return late ? tiled_kernel_for_refill<Act, Tile, SWIGLU, 2>(group) : tiled_kernel_for_refill<Act, Tile, SWIGLU, 0>(group);
-    case 3: return tiled_kernel_for_refill<Act, Tile, SWIGLU, 2>(group);
-    default: return tiled_kernel_for_refill<Act, Tile, SWIGLU, late ? 1 : 0>(group);
+  if (kernels::kTiledLateRefill<Act, Tile, SWIGLU> && !late_refill()) {
+    switch (group) {
+      case 32: return TiledLauncher<Act, Tile, 32, SWIGLU, false>::get();
+      case 64: return TiledLauncher<Act, Tile, 64, SWIGLU, false>::get();
+      default: return TiledLauncher<Act, Tile, 128, SWIGLU, false>::get();
+    }
+  }
+  switch (group) {
+    case 32: return TiledLauncher<Act, Tile, 32, SWIGLU>::get();
+    case 64: return TiledLauncher<Act, Tile, 64, SWIGLU>::get();
+    default: return TiledLauncher<Act, Tile, 128, SWIGLU>::get();
   }
 }
 

@@ -180,7 +180,7 @@ template <class Act, class Tile, bool SWIGLU>
 constexpr bool kTiledLateRefill =
     !SWIGLU && Tile::RPW == 2 && (Tile::MT <= 4 || std::is_same_v<typename Act::GroupAcc, int>);
 
-template <class Act, class Tile, int G, bool SWIGLU = false, int REFILL = kTiledLateRefill<Act, Tile, SWIGLU> ? 1 : 0>
+template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE_REFILL = kTiledLateRefill<Act, Tile, SWIGLU>>
 __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_kernel(const W4A16TiledParams p) {
   using Elem = typename Act::Elem;
   using GroupAcc = typename Act::GroupAcc;
@@ -193,7 +193,6 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   constexpr int NG = Tile::template groups_per_stage<G>();
   constexpr int STAGE_BYTES = Tile::template stage_bytes<G>();
   static_assert(!SWIGLU || RPW % 2 == 0, "SwiGLU: a warp's row blocks in (gate, up) pairs");
-  constexpr bool LATE_REFILL = REFILL != 0;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -228,12 +227,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 
   // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`.
   constexpr int SCALE_PIECES = RPW * NG * 2;  // 16 bytes each: half a group's 8 words
-  // REFILL 2: these copies, predicated on `live`, at the late place.
-  auto copy16 = [&](bool live, uint32_t dst, const void* src, int src_bytes) {
-    if constexpr (REFILL == 2) cp_async_16_if(live, dst, src, src_bytes);
-    else cp_async_16(dst, src, src_bytes);
-  };
-  auto load_w = [&](int slot, int st, bool live) {
+  auto load_w = [&](int slot, int st) {
     const int c0 = chunk_begin + st * CH;
 #pragma unroll
     for (int r = 0; r < RPW; ++r)
@@ -241,20 +235,20 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
       for (int ch = 0; ch < CH; ++ch) {
         const int c = c0 + ch;
         const bool valid = c < chunk_end;
-        copy16(live, smem_address(w_smem(slot, r, ch)),
-               w_block[r] + static_cast<int64_t>(valid ? c : chunk_begin) * 512 + lane * 16, valid ? 16 : 0);
+        cp_async_16(smem_address(w_smem(slot, r, ch)),
+                    w_block[r] + static_cast<int64_t>(valid ? c : chunk_begin) * 512 + lane * 16, valid ? 16 : 0);
       }
     const int group0 = (2 * c0) / PPG;
 #pragma unroll
     for (int base = 0; base < SCALE_PIECES; base += 32) {
       const int i = base + lane;
-      if (REFILL == 2 || i < SCALE_PIECES) {  // REFILL 2: predicated, no branch
-        const int r = min(i / (2 * NG), RPW - 1), j = i % (2 * NG);
+      if (i < SCALE_PIECES) {
+        const int r = i / (2 * NG), j = i % (2 * NG);
         const int group = group0 + (j >> 1);
         const bool valid = group < p.w.groups;
         const int rb = tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, r);
         const uint32_t* src = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + (valid ? group : 0)) * 8 + (j & 1) * 4;
-        copy16(live && i < SCALE_PIECES, smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), src, valid ? 16 : 0);
+        cp_async_16(smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), src, valid ? 16 : 0);
       }
     }
   };
@@ -270,7 +264,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   const int x_piece = threadIdx.x % PIECES_PER_ROW, x_row0 = threadIdx.x / PIECES_PER_ROW;
   const Elem* x_src0 = x_base + static_cast<int64_t>(m0 + min(x_row0, tile_m - 1)) * ldx + x_piece * PIECE;
   const int x_dst0 = x_row0 * XH + (x_piece ^ x_swizzle<Act>(x_row0)) * PIECE;
-  auto load_x = [&](int slot, int st, bool live) {
+  auto load_x = [&](int slot, int st) {
     const int c0 = chunk_begin + st * CH;
     const bool k_valid = c0 + x_piece / PIECES_PER_CHUNK < chunk_end;
     Elem* xs = x_smem(slot);
@@ -278,7 +272,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     for (int j = 0; j < TOKENS / ROW_STEP; ++j) {
       const bool valid = k_valid && x_row0 + j * ROW_STEP < tile_m;
       const Elem* src = valid ? x_src0 + static_cast<int64_t>(j * ROW_STEP) * ldx + c0 * 64 : x_base;
-      copy16(live, smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
+      cp_async_16(smem_address(xs + x_dst0 + j * ROW_STEP * XH), src, valid ? 16 : 0);
     }
   };
 
@@ -291,7 +285,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   const uint8_t* w_src[RPW];  // this lane's 16 bytes of the split's first chunk, each row block
 #pragma unroll
   for (int r = 0; r < RPW; ++r) w_src[r] = w_block[r] + static_cast<int64_t>(chunk_begin) * 512 + lane * 16;
-  static_assert(REFILL != 1 || SCALE_PIECES <= 32, "one scale piece a lane");
+  static_assert(!LATE_REFILL || SCALE_PIECES <= 32, "one scale piece a lane");
   const int s_row = lane / (2 * NG), s_piece = lane % (2 * NG);
   const int s_group0 = (2 * chunk_begin) / PPG + (s_piece >> 1);  // the lane's group at stage 0
   const uint32_t* s_src =
@@ -343,15 +337,15 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   // wait_group(S - 2) at stage st, both W(st) and X(st) have landed (st < S - 1 included).
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if constexpr (REFILL == 1) late_load_w(st, st, st < stages);
-    else if (st < stages) load_w(st, st, true);
+    if constexpr (LATE_REFILL) late_load_w(st, st, st < stages);
+    else if (st < stages) load_w(st, st);
     cp_async_commit();
   }
   grid_dependency_wait();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if constexpr (REFILL == 1) late_load_x(st, st, st < stages);
-    else if (st < stages) load_x(st, st, true);
+    if constexpr (LATE_REFILL) late_load_x(st, st, st < stages);
+    else if (st < stages) load_x(st, st);
     cp_async_commit();
   }
 
@@ -368,8 +362,8 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     const int next = st + STAGES - 1;
     if constexpr (!LATE_REFILL) {
       if (next < stages) {
-        load_w(next % STAGES, next, true);
-        load_x(next % STAGES, next, true);
+        load_w(next % STAGES, next);
+        load_x(next % STAGES, next);
       }
       cp_async_commit();
     }
@@ -410,13 +404,8 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
         // compiler keeps shared-memory accesses in order, so a refill before them would hold them
         // back) and predicated rather than branched around: one block of code with the first
         // chunk's unpack and mma, which the compiler can interleave it with.
-        if constexpr (REFILL == 1) {
-          late_load_w(next % STAGES, next, next < stages);
-          late_load_x(next % STAGES, next, next < stages);
-        } else {
-          load_w(next % STAGES, next, next < stages);
-          load_x(next % STAGES, next, next < stages);
-        }
+        late_load_w(next % STAGES, next, next < stages);
+        late_load_x(next % STAGES, next, next < stages);
         cp_async_commit();
       }
     }
