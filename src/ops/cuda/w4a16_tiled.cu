@@ -78,8 +78,8 @@ struct TileLauncher {
 template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile, SWIGLU>>
 using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, false, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
-// QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage (A/B runs; the default
-// takes kernels::kTiledLateRefill's choice a tile).
+// QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage, as before the late
+// refill (A/B runs; the default takes kernels::kTiledLateRefill's choice a tile).
 bool late_refill() {
   static const bool on = env_int("QSPEC_W4A16_LATE_REFILL", 1, 0, 1) == 1;
   return on;

@@ -169,13 +169,17 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
 }
 
 // Where the ring's refill goes in a stage (LATE_REFILL): after the first chunk's shared loads,
-// predicated, so that the compiler interleaves its ~100-150 instructions of address arithmetic and
-// copies with that chunk's unpack and mma (measured on the H100: qkv / down 1.4-2.7 µs faster each
-// at 48-64 tokens on 128x32, W4A8 steps at batch 32-64 1.8-2.2 % shorter); or (false) first, after
-// the barrier, as one branch. The late place keeps more registers live through the mma: f16 tiles
-// of 8 token tiles (128x64: 255 registers and 48 bytes of spills for SwiGLU, gate_up 4-9 µs slower),
-// the SwiGLU epilogue's 128x32 (0.3-0.6 µs slower) and the 8-warp forms (a 128-register cap)
-// lost, so they keep the early refill (docs/perf-notes.md, "The ring's refill among the mma").
+// predicated, with its copy addresses a base set up once plus the stage's offset, so that the
+// compiler interleaves its ~100-150 instructions with that chunk's unpack and mma; or (false)
+// first, after the barrier, as one branch. Measured on the H100 (docs/perf-notes.md, "The ring's
+// refill among the mma"): the plain 4-token-tile launches (128x32: qkv, o, down at 41-64 tokens,
+// down at 17-32) and the int8 tiles gain (down 0.6-1.8 µs a launch at 64 tokens; W4A16 steps at
+// batch 48-64 0.4-3.1 % shorter on Llama-3-8B, Qwen2.5-7B, Llama-2-7B). The late place keeps more
+// registers live through the mma: the f16 tiles of 8 token tiles (SwiGLU's 128x64: 255 registers,
+// 48 bytes of spills, gate_up 4-9 µs slower), the SwiGLU epilogue's 128x32 (0.3-0.6 µs slower) and
+// the 8-warp forms (a 128-register cap) lost with it, so they refill first with the original
+// copies (with the set-up bases there SwiGLU's 128x64 ran 52.6 µs for 48.2). The original copies
+// at the late place lost on every tile.
 template <class Act, class Tile, bool SWIGLU>
 constexpr bool kTiledLateRefill =
     !SWIGLU && Tile::RPW == 2 && (Tile::MT <= 4 || std::is_same_v<typename Act::GroupAcc, int>);
