@@ -275,9 +275,9 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   if (m == 0) return;
   const TiledPlan plan = plan_tiled<Act>(m, w, layout, workspace, workspace_bytes, config);
   fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
-  plain_launch_kernel<Act>(plan, m, w).launch(params, dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
-                                  static_cast<unsigned>(plan.splits)),
-                     as_stream(stream));
+  const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
+                  static_cast<unsigned>(plan.splits));
+  plain_launch_kernel<Act>(plan, m, w).launch(params, grid, as_stream(stream));
 }
 
 }  // namespace
