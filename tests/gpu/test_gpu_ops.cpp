@@ -1104,10 +1104,12 @@ TEST_F(Gpu, W4A16TiledMatchesSmallMBitwise) {
         return download<f16>(d_y, static_cast<size_t>(m * n));
       };
       const std::vector<f16> expected = run(false, 0);
-      for (int tile = 1; tile <= cuda::kW4A16TiledTiles; ++tile)
-        if (tile != cuda::kW4A16WgmmaTile || cuda::w4a16_wgmma_tile_runs_here())
+      for (int tile = 1; tile <= cuda::kW4A16TiledTiles; ++tile) {
+        if (tile != cuda::kW4A16WgmmaTile || cuda::w4a16_wgmma_tile_runs_here()) {
           ASSERT_EQ(run(true, tile), expected) << "tile " << cuda::w4a16_tiled_tile_name(tile) << " m" << m << " n" << n
-                                             << " k" << k << " g" << group;
+                                               << " k" << k << " g" << group;
+        }
+      }
       // Tiles 2 and 6 ran their 8-warp forms where a split is short (k 160 / 704 at m <= 32), so
       // the comparisons above covered those kernels too; the 4-warp forms everywhere else.
       for (int tile : {2, cuda::kW4A16Tile128x32}) {
