@@ -100,20 +100,20 @@ bool wgmma_tile_runs_here() {
 template <class Act>
 constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
 
+template <class Act, class Tile, bool SWIGLU, bool LATE>
+TiledKernel tiled_kernel_for_refill(int64_t group) {
+  switch (group) {
+    case 32: return TiledLauncher<Act, Tile, 32, SWIGLU, LATE>::get();
+    case 64: return TiledLauncher<Act, Tile, 64, SWIGLU, LATE>::get();
+    default: return TiledLauncher<Act, Tile, 128, SWIGLU, LATE>::get();
+  }
+}
+
 template <class Act, class Tile, bool SWIGLU>
 TiledKernel tiled_kernel_for_group(int64_t group) {
-  if (kernels::kTiledLateRefill<Act, Tile, SWIGLU> && !late_refill()) {
-    switch (group) {
-      case 32: return TiledLauncher<Act, Tile, 32, SWIGLU, false>::get();
-      case 64: return TiledLauncher<Act, Tile, 64, SWIGLU, false>::get();
-      default: return TiledLauncher<Act, Tile, 128, SWIGLU, false>::get();
-    }
-  }
-  switch (group) {
-    case 32: return TiledLauncher<Act, Tile, 32, SWIGLU>::get();
-    case 64: return TiledLauncher<Act, Tile, 64, SWIGLU>::get();
-    default: return TiledLauncher<Act, Tile, 128, SWIGLU>::get();
-  }
+  constexpr bool late = kernels::kTiledLateRefill<Act, Tile, SWIGLU>;
+  return late && !late_refill() ? tiled_kernel_for_refill<Act, Tile, SWIGLU, false>(group)
+                                : tiled_kernel_for_refill<Act, Tile, SWIGLU, late>(group);
 }
 
 // SWIGLU (f16 activations only): the mma.sync tiles with the SwiGLU epilogue; the wgmma tile has none.

@@ -298,7 +298,6 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
        min(s_group0, p.w.groups - 1)) * 8 + (s_piece & 1) * 4;
   const int s_dst = ((warp * RPW + s_row) * NG * 8 + (s_piece >> 1) * 8 + (s_piece & 1) * 4) * 4;
   auto late_load_w = [&](int slot, int st, bool live) {
-    uint8_t* slot_base = smem + slot * STAGE_BYTES;
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
       const int chunk = st * CH + ch;  // within the split
@@ -306,11 +305,11 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
       const int offset = (valid ? chunk : 0) * 512;
 #pragma unroll
       for (int r = 0; r < RPW; ++r)
-        cp_async_16_if(live, smem_address(slot_base + ((warp * RPW + r) * CH + ch) * 512 + lane * 16),
-                       w_src[r] + offset, valid ? 16 : 0);
+        cp_async_16_if(live, smem_address(w_smem(slot, r, ch)), w_src[r] + offset, valid ? 16 : 0);
     }
     const bool s_valid = s_group0 + st * NG < p.w.groups;
-    cp_async_16_if(live && lane < SCALE_PIECES, smem_address(slot_base + Tile::kWBytes + Tile::kXBytes + s_dst),
+    cp_async_16_if(live && lane < SCALE_PIECES,
+                   smem_address(smem + slot * STAGE_BYTES + Tile::kWBytes + Tile::kXBytes + s_dst),
                    s_src + (s_valid ? st * NG * 8 : 0), s_valid ? 16 : 0);
   };
   const Elem* x_src_split = x_src0 + static_cast<int64_t>(chunk_begin) * 64;  // row x_row0, clamped
