@@ -235,26 +235,6 @@ std::optional<bool> verify_graphs_override() {
   return override_value;
 }
 
-// QSPEC_L2_PREFETCH=F (0..16; unset: off): in decode steps of at most QSPEC_L2_PREFETCH_MAX_TOKENS
-// tokens (default 16), a kernel on a side stream, forked after each layer's qkv GEMM, pulls that
-// layer's o weights and F sixteenths of its gate_up codes into the L2 while the attention leaves
-// the HBM idle. QSPEC_L2_PREFETCH_MODE picks the instruction (cuda::l2_prefetch's mode).
-int env_choice(const char* name, int fallback, int lo, int hi) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
-  const std::string value(text);
-  size_t used = 0;
-  int parsed = 0;
-  try {
-    parsed = std::stoi(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  QSPEC_CHECK(used == value.size() && parsed >= lo && parsed <= hi, name, ": '", value, "' is not an integer in [", lo,
-              ", ", hi, "]");
-  return parsed;
-}
-
 // A verify step's graph key holds its tokens a run: QSpec verifies at most kMaxChainSteps + 1
 // (a longer uniform multi-token step, such as a perplexity window, runs its kernels directly).
 constexpr int64_t kMaxVerifyGraphTokens = 17;
@@ -271,12 +251,6 @@ struct GpuLlama::State {
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
   int64_t swiglu_epilogue_layers = 0;
   void* stream = nullptr;
-  // L2 prefetch of each layer's o and gate_up weights (env_choice's comment): off when empty.
-  std::unique_ptr<cuda::SideStream> prefetch_stream;
-  std::vector<std::vector<cuda::L2PrefetchRange>> layer_prefetch;
-  int l2_prefetch_mode = 0;
-  bool l2_prefetch_early = false;  // fork before the layer's norm + qkv GEMM instead of after
-  int64_t l2_prefetch_max_tokens = 16;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
   float rope_scaling = 1.0f;
@@ -317,7 +291,6 @@ struct GpuLlama::State {
   ~State() {
     decode_graphs.clear();
     verify_graphs_by_shape.clear();
-    prefetch_stream.reset();
     if (stream != nullptr) cuda::destroy_stream(stream);
   }
 
@@ -695,33 +668,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   }
   attention_workspace = allocate(attention_workspace_bytes, "attention workspace");
   cuda::attention_workspace_init(attention_workspace.get(), attention_workspace_bytes, stream);
-  if (const int sixteenths = env_choice("QSPEC_L2_PREFETCH", -1, -1, 16); sixteenths >= 0 && quantized) {
-    l2_prefetch_mode = env_choice("QSPEC_L2_PREFETCH_MODE", 0, 0, 2);
-    l2_prefetch_max_tokens = env_choice("QSPEC_L2_PREFETCH_MAX_TOKENS", 16, 1, 1 << 20);
-    l2_prefetch_early = env_choice("QSPEC_L2_PREFETCH_EARLY", 0, 0, 1) == 1;
-    const bool with_o = env_choice("QSPEC_L2_PREFETCH_O", 1, 0, 1) == 1;
-    const int down_sixteenths = env_choice("QSPEC_L2_PREFETCH_DOWN", 0, 0, 16);
-    prefetch_stream = std::make_unique<cuda::SideStream>();
-    constexpr size_t kPeriod = 4096;  // divides a 16-row block of codes (8 k bytes) for k % 512 == 0
-    for (const Layer& layer : layers) {
-      std::vector<cuda::L2PrefetchRange> ranges;
-      if (with_o) {
-        ranges.push_back({layer.o.codes.get(), layer.o.codes.bytes()});
-        ranges.push_back({layer.o.scales.get(), layer.o.scales.bytes()});
-      }
-      if (sixteenths > 0) {
-        ranges.push_back({layer.gate_up.scales.get(), layer.gate_up.scales.bytes()});
-        ranges.push_back({layer.gate_up.codes.get(), layer.gate_up.codes.bytes(), kPeriod,
-                          kPeriod / 16 * static_cast<size_t>(sixteenths)});
-      }
-      if (down_sixteenths > 0) {
-        ranges.push_back({layer.down.scales.get(), layer.down.scales.bytes()});
-        ranges.push_back({layer.down.codes.get(), layer.down.codes.bytes(), kPeriod,
-                          kPeriod / 16 * static_cast<size_t>(down_sixteenths)});
-      }
-      layer_prefetch.push_back(std::move(ranges));
-    }
-  }
   cuda::stream_synchronize(stream);
   std::shared_ptr<const gemm::PolicyMap> policy = options.gemm_policy;
   gemm_policy_source = policy ? "given" : "";
@@ -912,21 +858,12 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* gate_up_out = gate_up.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
 
-  const bool prefetching = decode && !layer_prefetch.empty() && tokens <= l2_prefetch_max_tokens;
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
-    if (prefetching && l2_prefetch_early) {
-      prefetch_stream->fork(stream);
-      cuda::l2_prefetch(layer_prefetch[l], l2_prefetch_mode, prefetch_stream->stream());
-    }
     norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
-    if (prefetching && !l2_prefetch_early) {
-      prefetch_stream->fork(stream);
-      cuda::l2_prefetch(layer_prefetch[l], l2_prefetch_mode, prefetch_stream->stream());
-    }
     // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
     // one launch in decode steps, two in the others.
     if (decode) {
@@ -957,7 +894,6 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     }
     gemm(layer.down, act_out, tokens, proj_out, act_stride());
   }
-  if (prefetching) prefetch_stream->join(stream);
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
   cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
   const f16_bits* rows = norm_out;

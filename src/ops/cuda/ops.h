@@ -154,38 +154,6 @@ class StreamFence {
   void* event_ = nullptr;
 };
 
-// A second stream for work off the main stream's critical path: fork(main) makes the side
-// stream's next work wait for what is queued on main so far; join(main) makes main's next work
-// wait for what is queued on the side stream. Both are captured into a graph when main is being
-// captured (a branch that joins back).
-class SideStream {
- public:
-  SideStream();
-  ~SideStream();
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
-  void* stream() const { return stream_; }
-  void fork(void* main);
-  void join(void* main);
-
- private:
-  void* stream_ = nullptr;
-  void* fork_ = nullptr;  // cudaEvent_t
-  void* join_ = nullptr;
-};
-
-// Pulls device memory into the L2 without reading it into any multiprocessor: a range whole
-// (period 0), or `run` bytes out of every `period` (multiples of 128 bytes), so that a fraction
-// spreads evenly over it. Ranges are asked for in order. mode 0: prefetch.global.L2 a line;
-// 1: the same with the evict-last priority; 2: cp.async.bulk.prefetch.L2 (sm_90, 16-byte
-// aligned ranges). At most 6 ranges a launch. A hint only: nothing is written.
-struct L2PrefetchRange {
-  const void* base = nullptr;
-  size_t bytes = 0;
-  size_t period = 0, run = 0;
-};
-void l2_prefetch(const std::vector<L2PrefetchRange>& ranges, int mode, void* stream);
-
 // Elapsed device time between two points of a stream (CUDA events), for benchmarks.
 class EventTimer {
  public:
