@@ -1,7 +1,5 @@
 // W16A16 linear: the small-M kernel (kernels/linear_w16_small_m.cuh) for 1-8 tokens, cuBLAS
 // (f16 or bf16 operands, f32 accumulation) for the rest and for shapes the kernel does not take.
-#include <algorithm>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/linear_w16_small_m.cuh"
 #include "ops/cuda/ops.h"
@@ -89,18 +87,12 @@ void linear_w16_swiglu(const uint16_t* x, int64_t m, int64_t k, const uint16_t* 
   params.m = static_cast<int>(m);
   params.n = static_cast<int>(n);
   params.k = static_cast<int>(k);
-  static const int warps = env_int("QSPEC_W16_SWIGLU_WARPS", 16, 8, 16);
   params.k_slices = k_slices > 0 ? k_slices : linear_w16_small_m_k_slices(k);
-  if (warps == 8) params.k_slices = std::min(params.k_slices, 4);
   params.ld_y = static_cast<int>(ld_act);
-  const int64_t pairs_a_block = (warps == 8 ? 8 : kernels::kW16SwigluWarps) / params.k_slices / 2;
+  const int64_t pairs_a_block = kernels::kW16SwigluWarps / params.k_slices / 2;
   const int blocks = static_cast<int>((n / 32 + pairs_a_block - 1) / pairs_a_block);
-  if (warps == 8)
-    launch_pdl(kernels::linear_w16_small_m_kernel<false, true, 8>, dim3(static_cast<unsigned>(blocks)), dim3(8 * 32), 0,
-               as_stream(stream), params);
-  else
-    launch_pdl(kernels::linear_w16_small_m_kernel<false, true, kernels::kW16SwigluWarps>,
-               dim3(static_cast<unsigned>(blocks)), dim3(kernels::kW16SwigluWarps * 32), 0, as_stream(stream), params);
+  launch_pdl(kernels::linear_w16_small_m_kernel<false, true>, dim3(static_cast<unsigned>(blocks)),
+             dim3(kernels::kW16SwigluWarps * 32), 0, as_stream(stream), params);
   QSPEC_CUDA_CHECK_LAUNCH("linear_w16_small_m_kernel<SWIGLU>");
 }
 

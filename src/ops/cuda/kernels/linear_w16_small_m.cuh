@@ -66,12 +66,12 @@ __device__ __forceinline__ uint16_t float_to_bits16(float v) {
   else return __half_as_ushort(__float2half_rn(v));
 }
 
-template <bool BF16, bool SWIGLU = false, int WARPS = kW16SmallMWarps>
-__global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void linear_w16_small_m_kernel(const W16SmallMParams p) {
+template <bool BF16, bool SWIGLU = false>
+__global__ __launch_bounds__((SWIGLU ? kW16SwigluWarps : kW16SmallMWarps) * 32, SWIGLU ? 1 : 2) void
+linear_w16_small_m_kernel(const W16SmallMParams p) {
   static_assert(!SWIGLU || !BF16, "SwiGLU's epilogue is f16 (silu_mul's)");
-  static_assert(WARPS == 8 || (SWIGLU && WARPS == 16));
   constexpr int U = kW16SmallMUnroll;
-  constexpr int kWarps = WARPS;
+  constexpr int kWarps = SWIGLU ? kW16SwigluWarps : kW16SmallMWarps;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int slice = warp % p.k_slices;
   const int block_row_blocks = kWarps / p.k_slices, local_row_block = warp / p.k_slices;
