@@ -457,28 +457,6 @@ TEST(GpuModel, SwigluInTheGemmEpilogueChangesNothing) {
   }
 }
 
-// W16A16: the f16 small-M kernel's SwiGLU epilogue (1-8 tokens: every decode step here) gives the
-// logits of the GEMM then silu_mul, bit for bit, and runs on any sm_80+ GPU.
-TEST(GpuModel, W16SwigluInTheGemmEpilogueChangesNothing) {
-  ASSERT_NO_FATAL_FAILURE(require_gpu());
-  auto model = qspec::LlamaModel::load(kModelDir);
-  auto tokenizer = qspec::Tokenizer::load(kModelDir);
-  const auto prompts = question_prompts(*tokenizer, 3);
-  qspec::GpuLlamaOptions options;
-  options.max_context = 512;
-  qspec::GpuLlama fused(*model, qspec::parse_run_mode("w16a16"), options);
-  options.swiglu = qspec::GpuLlamaOptions::Swiglu::never;
-  qspec::GpuLlama separate(*model, qspec::parse_run_mode("w16a16"), options);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(alone(fused, prompts[i], 32), alone(separate, prompts[i], 32)) << "prompt " << i;
-    const std::vector<float> a = fused.logits(), b = separate.logits();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t j = 0; j < a.size(); ++j) ASSERT_EQ(a[j], b[j]) << "prompt " << i << " logit " << j;
-  }
-  EXPECT_EQ(separate.swiglu_epilogue_layers(), 0);
-  EXPECT_GT(fused.swiglu_epilogue_layers(), 0) << "the decode steps' SwiGLU must run in the epilogue";
-}
-
 // Synthetic full-size shapes load and step (the benchmark's model), and one too large for the
 // card is refused at load time with the sizes in the message.
 TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {

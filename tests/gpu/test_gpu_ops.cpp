@@ -1416,52 +1416,6 @@ TEST_F(Gpu, LinearW16MatchesCpuInF16AndBf16) {
   }
 }
 
-// SwiGLU in the small-M kernel's epilogue against the same kernel then silu_mul, bit for bit, over
-// 1-8 tokens, k not a multiple of the 32-wide chunks, every k-slice count, gate_up widths that
-// leave the last block's pairs short, and act rows wider than n / 2 (their tails untouched).
-TEST_F(Gpu, LinearW16SwigluMatchesGemmThenSiluMulBitwise) {
-  for (auto [m, n, k] : {std::tuple{1, 32, 8}, {2, 64, 264}, {8, 224, 4096}, {5, 8000, 1000}, {3, 96, 14336},
-                         {7, 3008, 520}}) {
-    const W16Operands operands(m, n, k, cuda::Dtype16::f16);
-    const auto* x = operands.d_x.as<uint16_t>();
-    const auto* w = operands.d_w.as<uint16_t>();
-    const int64_t half = n / 2, ld_act = half + 24;
-    for (int k_slices : {0, 1, 2, 4, 8}) {
-      const std::string what = shape_name({m, n, k}) + " k_slices " + std::to_string(k_slices);
-      auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
-      auto d_expected = poisoned(static_cast<size_t>(m * ld_act) * 2);
-      auto d_act = poisoned(static_cast<size_t>(m * ld_act) * 2);
-      cuda::linear_w16_small_m(x, m, k, w, n, d_y.as<uint16_t>(), cuda::Dtype16::f16, nullptr, k_slices);
-      cuda::silu_mul(d_y.as<cuda::f16_bits>(), d_y.as<cuda::f16_bits>() + half, m, half, n,
-                     d_expected.as<cuda::f16_bits>(), nullptr, cuda::NextKernel::other, ld_act);
-      cuda::linear_w16_swiglu(x, m, k, w, n, d_act.as<uint16_t>(), ld_act, nullptr, k_slices);
-      const std::vector<uint16_t> expected = download<uint16_t>(d_expected, static_cast<size_t>(m * ld_act));
-      const std::vector<uint16_t> got = download<uint16_t>(d_act, static_cast<size_t>(m * ld_act));
-      size_t finite = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(got[i], expected[i]) << what << " element " << i;
-        if (static_cast<int64_t>(i) % ld_act < half && std::isfinite(qspec::f16_to_f32(got[i]))) ++finite;
-      }
-      EXPECT_EQ(finite, static_cast<size_t>(m * half)) << what << ": every output finite";
-    }
-  }
-  auto d_x = poisoned(8 * 64 * 2), d_w = poisoned(96 * 64 * 2), d_act = poisoned(8 * 64 * 2);
-  EXPECT_TRUE(cuda::linear_w16_swiglu_takes(d_x.as<uint16_t>(), 8, 64, d_w.as<uint16_t>(), 96, d_act.as<uint16_t>()));
-  EXPECT_FALSE(cuda::linear_w16_swiglu_takes(d_x.as<uint16_t>(), 8, 64, d_w.as<uint16_t>(), 80, d_act.as<uint16_t>()));
-  EXPECT_THROW(cuda::linear_w16_swiglu(d_x.as<uint16_t>(), 1, 64, d_w.as<uint16_t>(), 80, d_act.as<uint16_t>(), 40,
-                                       nullptr),
-               qspec::Error);  // n not a multiple of 32
-  EXPECT_THROW(cuda::linear_w16_swiglu(d_x.as<uint16_t>(), 9, 64, d_w.as<uint16_t>(), 96, d_act.as<uint16_t>(), 48,
-                                       nullptr),
-               qspec::Error);  // 9 tokens
-  EXPECT_THROW(cuda::linear_w16_swiglu(d_x.as<uint16_t>(), 1, 64, d_w.as<uint16_t>(), 96, d_act.as<uint16_t>(), 47,
-                                       nullptr),
-               qspec::Error);  // act rows narrower than n / 2
-  EXPECT_THROW(cuda::linear_w16_swiglu(d_x.as<uint16_t>(), 1, 64, d_w.as<uint16_t>(), 96, d_act.as<uint16_t>(), 48,
-                                       nullptr, 3),
-               qspec::Error);  // k_slices
-}
-
 // The small-M kernel against the CPU over odd n (rows past the last 16-row block), k not a multiple
 // of its 32-wide chunks, 1-8 tokens, every k-slice count (slices with no chunks at k = 8), and
 // automatic dispatch; shapes it does not take are an error when forced.

@@ -83,8 +83,7 @@ bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
 void run_w4_gemm_swiglu(const SwigluGemm& plan, const cuda::f16_bits* x, int64_t m, int64_t ldx,
                         const cuda::W4A16Weights& w, cuda::f16_bits* act, int64_t ld_act, void* workspace,
                         size_t workspace_bytes, void* stream) {
-  QSPEC_CHECK(plan.kernel == SwigluGemm::Kernel::preload || plan.kernel == SwigluGemm::Kernel::tiled,
-              "run_w4_gemm_swiglu: this GEMM has no 4-bit SwiGLU epilogue");
+  QSPEC_CHECK(plan.kernel != SwigluGemm::Kernel::none, "run_w4_gemm_swiglu: this GEMM has no SwiGLU epilogue");
   if (plan.kernel == SwigluGemm::Kernel::preload)
     cuda::w4a16_gemm_swiglu(x, m, ldx, w, act, ld_act, workspace, workspace_bytes, stream);
   else

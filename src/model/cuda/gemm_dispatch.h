@@ -51,8 +51,7 @@ bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weig
 // (cuda::w4a16_tiled_swiglu_partition). Then gate_up's GEMM writes silu(gate) * up itself and the
 // kernel that runs does not change (run_w4_gemm_swiglu).
 struct SwigluGemm {
-  // w16: W16A16 models' f16 small-M kernel (cuda::linear_w16_swiglu), run by the model itself.
-  enum class Kernel { none, preload, tiled, w16 } kernel = Kernel::none;
+  enum class Kernel { none, preload, tiled } kernel = Kernel::none;
   cuda::W4A16TiledConfig tiled;  // Kernel::tiled: the tile (0: the tiled path's own choice)
 };
 SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
@@ -60,7 +59,7 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
 bool w4_gemm_takes_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes);
 // act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] (cuda::w4a16_gemm_swiglu's contract) on plan's kernel;
-// throws for Kernel::none and Kernel::w16.
+// throws for Kernel::none.
 void run_w4_gemm_swiglu(const SwigluGemm& plan, const cuda::f16_bits* x, int64_t m, int64_t ldx,
                         const cuda::W4A16Weights& w, cuda::f16_bits* act, int64_t ld_act, void* workspace,
                         size_t workspace_bytes, void* stream);

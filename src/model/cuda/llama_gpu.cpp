@@ -463,14 +463,7 @@ struct GpuLlama::State {
       return value == "separate";
     }();
     if (swiglu == Swiglu::never || (swiglu == Swiglu::automatic && separate_by_env)) return {};
-    if (!gate_up.quantized) {  // W16A16: where linear_w16 runs the small-M kernel anyway
-      const auto* w = gate_up.w16.as<uint16_t>();
-      const auto* x = normed.as<uint16_t>();
-      return cuda::linear_w16_small_m_default() && cuda::linear_w16_swiglu_takes(x, m, gate_up.k, w, gate_up.n, act.as<uint16_t>())
-                 ? SwigluGemm{SwigluGemm::Kernel::w16, {}}
-                 : SwigluGemm{};
-    }
-    if (activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
+    if (!gate_up.quantized || activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
         gate_up.in_k != config.hidden_size)
       return {};
     if (swiglu == Swiglu::always && cuda::w4a16_swiglu_runs(gate_up.view, m))
@@ -890,12 +883,8 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
         swiglu_gemm.kernel != SwigluGemm::Kernel::none) {
       ++swiglu_epilogue_layers;
       cuda::add_rmsnorm(xs, proj_out, layer.mlp_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-      if (swiglu_gemm.kernel == SwigluGemm::Kernel::w16)
-        cuda::linear_w16_swiglu(norm_out, tokens, hidden, layer.gate_up.w16.as<uint16_t>(), layer.gate_up.n, act_out,
-                                act_stride(), stream);
-      else
-        run_w4_gemm_swiglu(swiglu_gemm, norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
-                           gemm_workspace.get(), gemm_workspace_bytes, stream);
+      run_w4_gemm_swiglu(swiglu_gemm, norm_out, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
+                         gemm_workspace.get(), gemm_workspace_bytes, stream);
     } else {
       norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&

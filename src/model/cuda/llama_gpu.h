@@ -56,8 +56,7 @@ struct GpuLlamaOptions {
   // (gemm::find_policy_map over gemm::default_policy_dirs) and use it when there is one.
   bool auto_gemm_policy = false;
   // SwiGLU inside the gate_up GEMM's epilogue (W4A16 steps: cuda::w4a16_gemm_swiglu, the preload
-  // kernel at 1-16 tokens; cuda::w4a16_gemm_tiled_swiglu, the tiled kernel beyond; W16A16 steps:
-  // cuda::linear_w16_swiglu, the f16 small-M kernel at 1-8 tokens, both settings alike): automatic
+  // kernel at 1-16 tokens; cuda::w4a16_gemm_tiled_swiglu, the tiled kernel beyond): automatic
   // where the GEMM would run the same kernel and partition anyway (QSPEC_SWIGLU=separate turns it
   // off, for A/B runs); always: the preload kernel's wherever it runs (tests: small models plan
   // other partitions), automatic beyond 16 tokens; never: the GEMM, then silu_mul.

@@ -67,35 +67,6 @@ void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t*
   bf16 ? launch_small_m<true>(params, blocks, stream) : launch_small_m<false>(params, blocks, stream);
 }
 
-bool linear_w16_swiglu_takes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, const uint16_t* act) {
-  return linear_w16_small_m_takes(x, m, k, w, act) && n > 0 && n % 32 == 0 && n < (1ll << 31) && k < (1ll << 31);
-}
-
-void linear_w16_swiglu(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* act,
-                       int64_t ld_act, void* stream, int k_slices) {
-  QSPEC_CHECK(linear_w16_swiglu_takes(x, m, k, w, n, act),
-              "cuda::linear_w16_swiglu: takes 1-8 rows, k a multiple of 8, n a multiple of 32 and 16-byte aligned "
-              "operands on sm_80+ (m ", m, " n ", n, " k ", k, ")");
-  QSPEC_CHECK(ld_act >= n / 2 && ld_act < (1ll << 31), "cuda::linear_w16_swiglu: ld_act ", ld_act,
-              " is narrower than n / 2 = ", n / 2);
-  QSPEC_CHECK(k_slices == 0 || k_slices == 1 || k_slices == 2 || k_slices == 4 || k_slices == 8,
-              "cuda::linear_w16_swiglu: k_slices ", k_slices, " is not 1, 2, 4 or 8");
-  kernels::W16SmallMParams params{};
-  params.x = x;
-  params.w = w;
-  params.y = act;
-  params.m = static_cast<int>(m);
-  params.n = static_cast<int>(n);
-  params.k = static_cast<int>(k);
-  params.k_slices = k_slices > 0 ? k_slices : linear_w16_small_m_k_slices(k);
-  params.ld_y = static_cast<int>(ld_act);
-  const int64_t pairs_a_block = kernels::kW16SwigluWarps / params.k_slices / 2;
-  const int blocks = static_cast<int>((n / 32 + pairs_a_block - 1) / pairs_a_block);
-  launch_pdl(kernels::linear_w16_small_m_kernel<false, true>, dim3(static_cast<unsigned>(blocks)),
-             dim3(kernels::kW16SwigluWarps * 32), 0, as_stream(stream), params);
-  QSPEC_CUDA_CHECK_LAUNCH("linear_w16_small_m_kernel<SWIGLU>");
-}
-
 void linear_w16(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,
                 Dtype16 dtype, void* stream, W16Kernel kernel) {
   QSPEC_CHECK(m >= 0 && n > 0 && k > 0 && m < (1ll << 31) && n < (1ll << 31) && k < (1ll << 31),

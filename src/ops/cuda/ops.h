@@ -716,12 +716,5 @@ int linear_w16_small_m_k_slices(int64_t k);
 // launcher's choice.
 void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,
                         Dtype16 dtype, void* stream, int k_slices = 0);
-// SwiGLU in the small-M kernel's epilogue, f16, for gate_up weights [n, k] (gate's rows [0, n / 2)
-// then up's): act[t, i] = silu(y[t, i]) * y[t, n / 2 + i] for i < n / 2 (rows ld_act apart,
-// columns past n / 2 untouched), the bits of linear_w16_small_m (same k_slices) then silu_mul, one
-// launch and no y. Takes what linear_w16_small_m takes with n % 32 == 0; throws elsewhere.
-bool linear_w16_swiglu_takes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, const uint16_t* act);
-void linear_w16_swiglu(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* act,
-                       int64_t ld_act, void* stream, int k_slices = 0);
 
 }  // namespace qspec::cuda

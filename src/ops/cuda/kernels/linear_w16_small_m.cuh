@@ -18,14 +18,8 @@
 // Work split: a block is 8 warps; each warp owns a 16-row block and one of k_slices parts of k
 // (k_slices 1, 2, 4 or 8 warps share a row block); a block's slices are summed in shared memory
 // in k order. No split across blocks, so no workspace and no second pass.
-//
-// SWIGLU (f16, gate_up weights: gate's rows [0, n / 2) then up's): a block is 16 warps, its first
-// half on gate row blocks and its second half on the up row blocks n / 2 rows further, so each
-// block holds both sums of its outputs and writes silu(gate) * up (rounded as the GEMM then
-// silu_mul round them: swiglu_of_sums) instead of y. Same slices, same sums, same bits.
 #pragma once
 #include "ops/cuda/common.h"
-#include "ops/cuda/kernels/elementwise.cuh"
 
 namespace qspec::cuda::kernels {
 
@@ -36,15 +30,13 @@ inline constexpr int kW16SmallMChunk = 32;  // k values a lane group covers per 
 // spilled: +3 % at batch 16 in the decode step; 4 chunks with each chunk's x loaded before its
 // mma: up to 19 % slower than cuBLAS alone; docs/perf-notes.md), so the kernel takes one tile.
 inline constexpr int kW16SmallMUnroll = 4;
-inline constexpr int kW16SwigluWarps = 16;  // SWIGLU: 8 gate and 8 up warps, 8 slices at most
 
 struct W16SmallMParams {
   const uint16_t* x;  // m rows of k values
   const uint16_t* w;  // n rows of k values
-  uint16_t* y;        // m rows of n values (SWIGLU: m rows of n / 2 values, ld_y apart)
+  uint16_t* y;        // m rows of n values
   int m, n, k;
   int k_slices;
-  int ld_y;  // SWIGLU only
 };
 
 template <bool BF16>
@@ -66,20 +58,12 @@ __device__ __forceinline__ uint16_t float_to_bits16(float v) {
   else return __half_as_ushort(__float2half_rn(v));
 }
 
-template <bool BF16, bool SWIGLU = false>
-__global__ __launch_bounds__((SWIGLU ? kW16SwigluWarps : kW16SmallMWarps) * 32, SWIGLU ? 1 : 2) void
-linear_w16_small_m_kernel(const W16SmallMParams p) {
-  static_assert(!SWIGLU || !BF16, "SwiGLU's epilogue is f16 (silu_mul's)");
+template <bool BF16>
+__global__ __launch_bounds__(kW16SmallMWarps * 32, 2) void linear_w16_small_m_kernel(const W16SmallMParams p) {
   constexpr int U = kW16SmallMUnroll;
-  constexpr int kWarps = SWIGLU ? kW16SwigluWarps : kW16SmallMWarps;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int slice = warp % p.k_slices;
-  const int block_row_blocks = kWarps / p.k_slices, local_row_block = warp / p.k_slices;
-  // SWIGLU: local row blocks [0, pairs) are gate's, [pairs, 2 pairs) the up rows n / 2 further.
-  const int pairs = block_row_blocks / 2;
-  const bool up_half = SWIGLU && local_row_block >= pairs;
-  const int pair = blockIdx.x * pairs + (SWIGLU ? local_row_block % pairs : 0);
-  const int row_block = SWIGLU ? pair + (up_half ? p.n / 32 : 0) : blockIdx.x * block_row_blocks + local_row_block;
+  const int row_block = blockIdx.x * (kW16SmallMWarps / p.k_slices) + warp / p.k_slices;
   const int row0 = row_block * 16;
   const int chunks = (p.k + kW16SmallMChunk - 1) / kW16SmallMChunk;
   const int chunk_begin = static_cast<int>(static_cast<int64_t>(slice) * chunks / p.k_slices);
@@ -128,37 +112,6 @@ linear_w16_small_m_kernel(const W16SmallMParams p) {
   float sum[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) sum[e] = acc[0][e] + acc[1][e];
-
-  if constexpr (SWIGLU) {
-    // Every warp reaches each barrier: the slices' sums, then the gate sums to the up warps.
-    __shared__ float sums[kWarps][4][32];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sums[warp][e][lane] = sum[e];
-    __syncthreads();
-    if (p.k_slices > 1) {  // as below: in k order from zero
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float total = 0.0f;
-        for (int s = 0; s < p.k_slices; ++s) total += sums[warp - slice + s][e][lane];
-        sum[e] = total;
-      }
-    }
-    __syncthreads();
-    if (slice == 0 && !up_half) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sums[warp][e][lane] = sum[e];
-    }
-    __syncthreads();
-    if (slice != 0 || !up_half || pair >= p.n / 32) return;
-    const int gate_warp = warp - pairs * p.k_slices;
-    __half* act = reinterpret_cast<__half*>(p.y);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int column = pair * 16 + g + (e >= 2 ? 8 : 0), token = 2 * t + (e & 1);
-      if (token < p.m) act[static_cast<int64_t>(token) * p.ld_y + column] = swiglu_of_sums(sums[gate_warp][e][lane], sum[e]);
-    }
-    return;
-  }
 
   if (p.k_slices > 1) {  // the slices' sums through shared memory, added in k order from zero
     __shared__ float slice_sums[kW16SmallMWarps][4][32];
