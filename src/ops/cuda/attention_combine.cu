@@ -17,11 +17,6 @@ void attention_workspace_init(void* workspace, size_t bytes, void* stream) {
 }
 
 namespace detail {
-int64_t attention_blocks_per_sm() {
-  static const int64_t blocks = env_int("QSPEC_ATTENTION_BLOCKS_PER_SM", static_cast<int>(kAttentionBlocksPerSm), 1, 8);
-  return blocks;
-}
-
 int64_t attention_keys_per_split() {
   static const int64_t keys = [] {
     const int value = env_int("QSPEC_ATTENTION_KEYS_PER_SPLIT", static_cast<int>(kKeysPerSplitMin), 16, 1024);

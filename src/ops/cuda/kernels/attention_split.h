@@ -40,17 +40,19 @@ inline float* attention_partial_ml(void* workspace, int64_t splits, int64_t rows
   return attention_partial_o(workspace) + splits * rows * head_dim;
 }
 
-// Split-K fills the GPU to this many blocks a multiprocessor: kAttentionBlocksPerSm, or
-// QSPEC_ATTENTION_BLOCKS_PER_SM (1-8; read once a process, for sweeps). Defined in
-// attention_combine.cu.
+// Split-K fills the GPU to this many blocks a multiprocessor (QSPEC_ATTENTION_BLOCKS_PER_SM at
+// build time overrides it, for sweeps).
+#ifdef QSPEC_ATTENTION_BLOCKS_PER_SM
+inline constexpr int64_t kAttentionBlocksPerSm = QSPEC_ATTENTION_BLOCKS_PER_SM;
+#else
 inline constexpr int64_t kAttentionBlocksPerSm = 2;
-int64_t attention_blocks_per_sm();
+#endif
 
 // Splits for `blocks` independent blocks over `keys` keys on `sms` multiprocessors, limited by
 // what the workspace holds for `rows` query rows.
 inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t rows, int64_t head_dim,
                            size_t workspace_bytes) {
-  const int64_t target = attention_blocks_per_sm() * sms;
+  const int64_t target = kAttentionBlocksPerSm * sms;
   int64_t splits = std::min(max_attention_splits(keys), std::max<int64_t>(1, (target + blocks - 1) / std::max<int64_t>(blocks, 1)));
   while (splits > 1 && kAttentionCounterBytes + attention_partial_bytes(splits, rows, head_dim) > workspace_bytes)
     --splits;
