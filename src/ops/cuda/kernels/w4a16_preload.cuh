@@ -37,6 +37,8 @@
 // to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's (same k slices)
 // then silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
 #pragma once
+#include <type_traits>
+
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
 #include "ops/cuda/kernels/w4_activation.cuh"
@@ -77,7 +79,13 @@ struct W4A16PreloadShape {
 // compiled in. At one token tile that takes the plain GEMM from 114 to 102 registers at groups of
 // 128 (the SwiGLU instance, which never had the fix-up, has 105; ncu counted 2 % fewer
 // instructions for it than for the plain gate_up at one token).
-template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU>
+// FOLD (prototype, f16 activations, one split): kFoldNorm: x is the raw residual; the kernel
+// scales it by the norm weights (p.fold_weight, when set) on its way to the mma, sums its squares
+// in the warps of the block's first row block, and scales the f32 sums by 1 / rms in the epilogue
+// (no RMSNorm kernel before it). kFoldAdd: y is the residual, y = f16(y + f16(sum)) (the add
+// that add_rmsnorm made).
+constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldAdd = 2;
+template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU, int FOLD = kFoldNone>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
@@ -98,6 +106,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   static_assert(!SWIGLU || ONE_SPLIT, "the SwiGLU epilogue runs one split");
+  static_assert(FOLD == kFoldNone || (ONE_SPLIT && std::is_same_v<Act, ActF16>), "folds: one split, f16 x");
+  static_assert(FOLD != kFoldAdd || !SWIGLU, "the residual add is the plain GEMM's");
   const int tile = blockIdx.x, split = ONE_SPLIT ? 0 : blockIdx.y;
   const int splits = ONE_SPLIT ? 1 : p.splits;
   // k_slices warps share a row block; k is cut into splits x k_slices parts, in k order.
@@ -153,6 +163,18 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int i = 0; i < min(R, slots); ++i) issue(i, i);
   }
   __syncwarp();
+  // kFoldNorm: the norm weights (constants) into shared memory behind the mbarriers, before the wait.
+  __half* fold_g = reinterpret_cast<__half*>(smem + Shape::smem_bytes(R));
+  const bool fold_scale = FOLD == kFoldNorm && p.fold_weight != nullptr;
+  const bool fold_squares = FOLD == kFoldNorm && rbi == 0;  // the first row block's warps cover k
+  float fold_ss[MT] = {};
+  if constexpr (FOLD == kFoldNorm) {
+    if (fold_scale) {
+      for (int i = threadIdx.x; i < p.w.k / 8; i += WARPS * 32)
+        reinterpret_cast<uint4*>(fold_g)[i] = __ldg(reinterpret_cast<const uint4*>(p.fold_weight) + i);
+      __syncthreads();
+    }
+  }
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
   const Elem* x = activation_values<Act>(p.a);
@@ -163,10 +185,34 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
   zero_accumulators<Act>(acc, gacc);
-  auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT]) {
+  auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], int pair) {
     const typename Act::Weights a = Act::unpack(w0, w1);
+    if constexpr (FOLD == kFoldNorm) {
+      uint4 gv = make_uint4(0, 0, 0, 0);
+      if (fold_scale) gv = *reinterpret_cast<const uint4*>(fold_g + pair * 32 + t * 8);
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
+      for (int nt = 0; nt < MT; ++nt) {
+        Frag v = xf[nt];
+        __half2* h = reinterpret_cast<__half2*>(&v);
+        if (fold_squares) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(h[j]);
+            fold_ss[nt] = fmaf(f.x, f.x, fold_ss[nt]);
+            fold_ss[nt] = fmaf(f.y, f.y, fold_ss[nt]);
+          }
+        }
+        if (fold_scale) {
+          const __half2* gh = reinterpret_cast<const __half2*>(&gv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], gh[j]);
+        }
+        Act::mma(gacc[0][nt], a, v);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
+    }
   };
 
   static_assert(PPG == 1 || PPG == 2 || PPG == 4, "scale groups of 32, 64 or 128");
@@ -220,7 +266,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pp = 2 * ch + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], 2 * (c0 + ch) + hp);
           if (pp + XA < 2 * SC) load_x(pp + XA);
           if ((2 * ch + hp + 1) % PPG == 0)
             flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
@@ -234,7 +280,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pair = 2 * (c0 + ch) + hp, pp = 2 * ch + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], pair);
           if (pp + XA < 2 * SC && pp + XA < 2 * nc) load_x(pp + XA);
           if ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end) {
             // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
@@ -252,12 +298,40 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
-    pair_mma(w.x, w.y, xf);
+    pair_mma(w.x, w.y, xf, pair);
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
+  // kFoldNorm: 1 / rms of the thread's output tokens (nt * 8 + 2t + j) from the first row
+  // block's warps' sums of squares (k slices in k order), as rmsnorm_kernel's formula.
+  float inv_rms[MT][2] = {};
+  if constexpr (FOLD == kFoldNorm) {
+    __shared__ float fold_sums[WARPS][8 * MT];
+    if (fold_squares) {
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) {
+        float v = fold_ss[nt];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) fold_sums[warp][nt * 8 + g] = v;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float sum = 0.f;
+        for (int sl = 0; sl < k_slices; ++sl) sum += fold_sums[sl][nt * 8 + 2 * t + j];
+        inv_rms[nt][j] = 1.0f / sqrtf(sum / static_cast<float>(p.w.k) + p.fold_eps);
+      }
+  }
+  auto fold_scaled = [&](float sum, int nt, int e) {
+    if constexpr (FOLD == kFoldNorm) return sum * inv_rms[nt][e & 1];
+    else return sum;
+  };
   // Hand-overs through shared memory (the k slices' sums, SwiGLU's up row blocks): a warp's
   // accumulators into the rings (each warp has waited for all of its copies, so no bulk copy is in
   // flight once all are here); a row block's sum is its slices' in k order from zero, as the
@@ -293,7 +367,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
           if (token >= p.m) continue;
           const float gate_sum = k_slices > 1 ? slice_sum(warp, nt, e) : acc[0][nt][e];
           const float up_sum = k_slices > 1 ? slice_sum(up_warp, nt, e) : sums[at(up_warp, nt, e)];
-          p.y[token * p.ldy + row] = swiglu_of_sums(gate_sum, up_sum);
+          p.y[token * p.ldy + row] = swiglu_of_sums(fold_scaled(gate_sum, nt, e), fold_scaled(up_sum, nt, e));
         }
     }
     return;
@@ -318,8 +392,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         const int row = out_rb * 16 + g + (e >= 2 ? 8 : 0);
         const int token = nt * 8 + 2 * t + (e & 1);
         if (row >= p.w.n || token >= p.m) continue;
-        if (splits == 1)
-          p.y[token * p.ldy + row] = __float2half_rn(acc[0][nt][e]);
+        if constexpr (FOLD == kFoldAdd) {
+          __half* out = p.y + token * p.ldy + row;
+          *out = __float2half_rn(__half2float(*out) + __half2float(__float2half_rn(acc[0][nt][e])));
+        } else if (splits == 1)
+          p.y[token * p.ldy + row] = __float2half_rn(fold_scaled(acc[0][nt][e], nt, e));
         else
           p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];
       }

@@ -33,6 +33,10 @@ struct W4A16SmallMParams {
   int xs_stride;
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
+  // Variant 5, FOLD instances (kernels/w4a16_preload.cuh): the RMSNorm's weights in f16 (k values;
+  // nullptr: x is scaled by nothing) and epsilon.
+  const __half* fold_weight;
+  float fold_eps;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
