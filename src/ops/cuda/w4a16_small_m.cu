@@ -274,7 +274,7 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
   (void)configured;
   // kFoldNorm with norm weights: k f16 values behind the rings' mbarriers.
   const size_t fold_bytes =
-      FOLD == kernels::kFoldNorm && params.fold_weight != nullptr ? static_cast<size_t>(params.w.k) * 2 : 0;
+      FOLD == kernels::kFoldNorm ? static_cast<size_t>(params.w.k) * 2 : 0;
   launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots) + fold_bytes, stream, params,
              ring_slots, preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
@@ -579,6 +579,8 @@ void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_
                      size_t workspace_bytes, void* stream) {
   QSPEC_CHECK(w4a16_fold_runs(w, m, swiglu, workspace, workspace_bytes), "cuda::w4a16_gemm_fold: does not run here");
   QSPEC_CHECK(fold == kernels::kFoldNorm || (fold == kernels::kFoldAdd && !swiglu), "cuda::w4a16_gemm_fold: fold ", fold);
+  // kFoldNorm without weights: the unscaled instance (timing only).
+  const bool unscaled = fold == kernels::kFoldNorm && norm_weight == nullptr;
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
   kernels::W4A16SmallMParams params =
       preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(y), ldy, m);
@@ -587,7 +589,10 @@ void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_
   const PreloadPlan plan = swiglu ? plan_swiglu(layout, m, workspace, workspace_bytes)
                                   : plan_preload(layout, m, W4A16SmallMConfig{}, workspace, workspace_bytes);
   cudaStream_t s = as_stream(stream);
-  if (swiglu) launch_preload<kernels::ActF16, true, kernels::kFoldNorm>(params, plan, workspace, s);
+  if (swiglu && unscaled) launch_preload<kernels::ActF16, true, kernels::kFoldNormUnscaled>(params, plan, workspace, s);
+  else if (swiglu) launch_preload<kernels::ActF16, true, kernels::kFoldNorm>(params, plan, workspace, s);
+  else if (unscaled)
+    launch_preload<kernels::ActF16, false, kernels::kFoldNormUnscaled>(params, plan, workspace, s);
   else if (fold == kernels::kFoldNorm) launch_preload<kernels::ActF16, false, kernels::kFoldNorm>(params, plan, workspace, s);
   else launch_preload<kernels::ActF16, false, kernels::kFoldAdd>(params, plan, workspace, s);
 }

@@ -80,11 +80,12 @@ struct W4A16PreloadShape {
 // 128 (the SwiGLU instance, which never had the fix-up, has 105; ncu counted 2 % fewer
 // instructions for it than for the plain gate_up at one token).
 // FOLD (prototype, f16 activations, one split): kFoldNorm: x is the raw residual; the kernel
-// scales it by the norm weights (p.fold_weight, when set) on its way to the mma, sums its squares
-// in the warps of the block's first row block, and scales the f32 sums by 1 / rms in the epilogue
-// (no RMSNorm kernel before it). kFoldAdd: y is the residual, y = f16(y + f16(sum)) (the add
-// that add_rmsnorm made).
-constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldAdd = 2;
+// scales it by the norm weights (p.fold_weight, f16) on its way to the mma, the warps of the
+// block's first row block sum its squares after their main loop (their x again, from L1), and the
+// epilogue scales the f32 sums by 1 / rms (no RMSNorm kernel before it). kFoldNormUnscaled: the
+// same without the weights (a timing bound for norm weights folded into W offline). kFoldAdd: y
+// is the residual, y = f16(y + f16(sum)) (the add that add_rmsnorm made).
+constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldAdd = 2, kFoldNormUnscaled = 3;
 template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU, int FOLD = kFoldNone>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
@@ -164,16 +165,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   }
   __syncwarp();
   // kFoldNorm: the norm weights (constants) into shared memory behind the mbarriers, before the wait.
+  constexpr bool kNormIn = FOLD == kFoldNorm || FOLD == kFoldNormUnscaled;
   __half* fold_g = reinterpret_cast<__half*>(smem + Shape::smem_bytes(R));
-  const bool fold_scale = FOLD == kFoldNorm && p.fold_weight != nullptr;
-  const bool fold_squares = FOLD == kFoldNorm && rbi == 0;  // the first row block's warps cover k
-  float fold_ss[MT] = {};
   if constexpr (FOLD == kFoldNorm) {
-    if (fold_scale) {
-      for (int i = threadIdx.x; i < p.w.k / 8; i += WARPS * 32)
-        reinterpret_cast<uint4*>(fold_g)[i] = __ldg(reinterpret_cast<const uint4*>(p.fold_weight) + i);
-      __syncthreads();
-    }
+    for (int i = threadIdx.x; i < p.w.k / 8; i += WARPS * 32)
+      reinterpret_cast<uint4*>(fold_g)[i] = __ldg(reinterpret_cast<const uint4*>(p.fold_weight) + i);
+    __syncthreads();
   }
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
@@ -188,25 +185,14 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], int pair) {
     const typename Act::Weights a = Act::unpack(w0, w1);
     if constexpr (FOLD == kFoldNorm) {
-      uint4 gv = make_uint4(0, 0, 0, 0);
-      if (fold_scale) gv = *reinterpret_cast<const uint4*>(fold_g + pair * 32 + t * 8);
+      const uint4 gv = *reinterpret_cast<const uint4*>(fold_g + pair * 32 + t * 8);
+      const __half2* gh = reinterpret_cast<const __half2*>(&gv);
 #pragma unroll
       for (int nt = 0; nt < MT; ++nt) {
         Frag v = xf[nt];
         __half2* h = reinterpret_cast<__half2*>(&v);
-        if (fold_squares) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(h[j]);
-            fold_ss[nt] = fmaf(f.x, f.x, fold_ss[nt]);
-            fold_ss[nt] = fmaf(f.y, f.y, fold_ss[nt]);
-          }
-        }
-        if (fold_scale) {
-          const __half2* gh = reinterpret_cast<const __half2*>(&gv);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], gh[j]);
-        }
+        for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], gh[j]);
         Act::mma(gacc[0][nt], a, v);
       }
     } else {
@@ -302,14 +288,33 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
   }
 
+  // kFoldNorm: the first row block's warps sum the squares of their k range of x (the loads the
+  // main loop made, now L1 hits), in pair order a lane, then over the lanes of a token.
+  float fold_ss[MT] = {};
+  if constexpr (kNormIn) {
+    if (rbi == 0) {
+      for (int pair = 2 * chunk_begin; pair < pair_end; ++pair)
+#pragma unroll
+        for (int nt = 0; nt < MT; ++nt) {
+          Frag v = Act::load(x_row[nt] + pair * 32);
+          const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(h[j]);
+            fold_ss[nt] = fmaf(f.x, f.x, fold_ss[nt]);
+            fold_ss[nt] = fmaf(f.y, f.y, fold_ss[nt]);
+          }
+        }
+    }
+  }
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
   // kFoldNorm: 1 / rms of the thread's output tokens (nt * 8 + 2t + j) from the first row
   // block's warps' sums of squares (k slices in k order), as rmsnorm_kernel's formula.
   float inv_rms[MT][2] = {};
-  if constexpr (FOLD == kFoldNorm) {
+  if constexpr (kNormIn) {
     __shared__ float fold_sums[WARPS][8 * MT];
-    if (fold_squares) {
+    if (rbi == 0) {
 #pragma unroll
       for (int nt = 0; nt < MT; ++nt) {
         float v = fold_ss[nt];
@@ -329,7 +334,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       }
   }
   auto fold_scaled = [&](float sum, int nt, int e) {
-    if constexpr (FOLD == kFoldNorm) return sum * inv_rms[nt][e & 1];
+    if constexpr (kNormIn) return sum * inv_rms[nt][e & 1];
     else return sum;
   };
   // Hand-overs through shared memory (the k slices' sums, SwiGLU's up row blocks): a warp's
