@@ -182,8 +182,21 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
   zero_accumulators<Act>(acc, gacc);
+  // kNormIn: every warp sums the squares of its x on the tensor cores: with A's rows r and r + 8
+  // the x of token r (A = B^T, from the lane's own B registers: {b0, b0, b1, b1}), D[r][n] = x_r . x_n,
+  // and token g's sum of squares is D[g][g] (lane (g, g / 2), element g & 1).
+  float fold_d[MT][4] = {};
   auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], int pair) {
     const typename Act::Weights a = Act::unpack(w0, w1);
+    if constexpr (kNormIn) {
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) {
+        const uint4 xv = xf[nt];
+        const uint32_t a_lo[4] = {xv.x, xv.x, xv.y, xv.y}, a_hi[4] = {xv.z, xv.z, xv.w, xv.w};
+        mma_f16_16816(fold_d[nt], a_lo, xv.x, xv.y);
+        mma_f16_16816(fold_d[nt], a_hi, xv.z, xv.w);
+      }
+    }
     if constexpr (FOLD == kFoldNorm) {
       const uint4 gv = *reinterpret_cast<const uint4*>(fold_g + pair * 32 + t * 8);
       const __half2* gh = reinterpret_cast<const __half2*>(&gv);
@@ -288,25 +301,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
   }
 
-  // kFoldNorm: the first row block's warps sum the squares of their k range of x (the loads the
-  // main loop made, now L1 hits), in pair order a lane, then over the lanes of a token.
-  float fold_ss[MT] = {};
-  if constexpr (kNormIn) {
-    if (rbi == 0) {
-      for (int pair = 2 * chunk_begin; pair < pair_end; ++pair)
-#pragma unroll
-        for (int nt = 0; nt < MT; ++nt) {
-          Frag v = Act::load(x_row[nt] + pair * 32);
-          const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(h[j]);
-            fold_ss[nt] = fmaf(f.x, f.x, fold_ss[nt]);
-            fold_ss[nt] = fmaf(f.y, f.y, fold_ss[nt]);
-          }
-        }
-    }
-  }
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
   // kFoldNorm: 1 / rms of the thread's output tokens (nt * 8 + 2t + j) from the first row
@@ -314,14 +308,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   float inv_rms[MT][2] = {};
   if constexpr (kNormIn) {
     __shared__ float fold_sums[WARPS][8 * MT];
-    if (rbi == 0) {
+    if (rbi == 0 && t == g / 2) {
 #pragma unroll
-      for (int nt = 0; nt < MT; ++nt) {
-        float v = fold_ss[nt];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (t == 0) fold_sums[warp][nt * 8 + g] = v;
-      }
+      for (int nt = 0; nt < MT; ++nt) fold_sums[warp][nt * 8 + g] = (g & 1) ? fold_d[nt][1] : fold_d[nt][0];
     }
     __syncthreads();
 #pragma unroll
