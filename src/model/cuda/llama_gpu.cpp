@@ -291,6 +291,7 @@ struct GpuLlama::State {
   cuda::StreamFence inputs_copied;  // the last copy out of host_inputs / host_chain_scatter has run
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
+  DeviceMemory fold_partials;  // QSPEC_NORM_FOLD: two sites x 8 tokens x hidden / 16 floats
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
   // elements apart) and their token or group scales (rows x_scales_stride apart): low-precision
   // steps only.
@@ -684,6 +685,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
 
   x = allocate(t * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
+  fold_partials = allocate(2 * 8 * ((c.hidden_size + 15) / 16) * 4, "activations");
   qkv = allocate(t * qkv_width() * 2, "activations");
   attn = allocate(t * c.q_dim() * 2, "activations");
   proj = allocate(t * c.hidden_size * 2, "activations");
@@ -963,21 +965,29 @@ void GpuLlama::State::enqueue_folded_layers(int64_t tokens, const cuda::QueryBat
   auto* attn_out = attn.as<f16_bits>();
   auto* act_out = act.as<f16_bits>();
   auto norm_weight = [](const DeviceMemory& w) { return norm_fold_mode() == 1 ? w.as<f16_bits>() : nullptr; };
+  // Each 16-row block's sum of squares of the residual a token, left by o (for gate_up) and down
+  // (for the next qkv); layer 0's qkv takes the norm kernel.
+  auto* attention_partials = fold_partials.as<float>();
+  auto* mlp_partials = attention_partials + 8 * (hidden / 16);
+  auto* norm_out = normed.as<f16_bits>();
+  auto gemm_fold = [&](int fold, bool swiglu, const f16_bits* x_in, int64_t ldx, const Linear& linear, f16_bits* y,
+                       int64_t ldy, const f16_bits* norm_w, float* partials_out, const float* partials_in) {
+    cuda::w4a16_gemm_fold(fold, swiglu, x_in, tokens, ldx, linear.view, y, ldy, norm_w, eps, partials_out, partials_in,
+                          gemm_workspace.get(), gemm_workspace_bytes, stream);
+  };
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
-    cuda::w4a16_gemm_fold(1, false, xs, tokens, hidden, layer.qkv.view, qkv_out, width,
-                          norm_weight(layer.attention_norm_f16), eps, gemm_workspace.get(), gemm_workspace_bytes, stream);
+    if (l == 0) norm_then_gemm(xs, nullptr, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
+    else gemm_fold(1, false, xs, hidden, layer.qkv, qkv_out, width, norm_weight(layer.attention_norm_f16), nullptr, mlp_partials);
     cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq.as<float>(), rope_scaling,
                                       kv, shape, attn_out, q_dim, attention_workspace.get(), attention_workspace_bytes,
                                       stream);
-    cuda::w4a16_gemm_fold(2, false, attn_out, tokens, q_dim, layer.o.view, xs, hidden, nullptr, eps,
-                          gemm_workspace.get(), gemm_workspace_bytes, stream);
+    gemm_fold(2, false, attn_out, q_dim, layer.o, xs, hidden, nullptr, attention_partials, nullptr);
     ++swiglu_epilogue_layers;
-    cuda::w4a16_gemm_fold(1, true, xs, tokens, hidden, layer.gate_up.view, act_out, act_stride(),
-                          norm_weight(layer.mlp_norm_f16), eps, gemm_workspace.get(), gemm_workspace_bytes, stream);
-    cuda::w4a16_gemm_fold(2, false, act_out, tokens, act_stride(), layer.down.view, xs, hidden, nullptr, eps,
-                          gemm_workspace.get(), gemm_workspace_bytes, stream);
+    gemm_fold(1, true, xs, hidden, layer.gate_up, act_out, act_stride(), norm_weight(layer.mlp_norm_f16), nullptr,
+              attention_partials);
+    gemm_fold(2, false, act_out, act_stride(), layer.down, xs, hidden, nullptr, mlp_partials, nullptr);
   }
 }
 

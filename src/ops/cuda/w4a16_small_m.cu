@@ -569,14 +569,15 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
 namespace qspec::cuda {
 
 bool w4a16_fold_runs(const W4A16Weights& w, int64_t m, bool swiglu, const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 8 || w.n % 32 != 0 || w.k % 8 != 0 || !w4a16_preload_supported(w)) return false;
+  if (m < 1 || m > 8 || w.n % 32 != 0 || w.k % 128 != 0 || w.k / 16 > 256 || !w4a16_preload_supported(w))
+    return false;
   if (swiglu) return true;  // plan_swiglu: one split
   return plan_preload(detail::w4a16_layout(w), m, W4A16SmallMConfig{}, workspace, workspace_bytes).splits == 1;
 }
 
 void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w,
-                     f16_bits* y, int64_t ldy, const f16_bits* norm_weight, float eps, void* workspace,
-                     size_t workspace_bytes, void* stream) {
+                     f16_bits* y, int64_t ldy, const f16_bits* norm_weight, float eps, float* partials_out,
+                     const float* partials_in, void* workspace, size_t workspace_bytes, void* stream) {
   QSPEC_CHECK(w4a16_fold_runs(w, m, swiglu, workspace, workspace_bytes), "cuda::w4a16_gemm_fold: does not run here");
   QSPEC_CHECK(fold == kernels::kFoldNorm || (fold == kernels::kFoldAdd && !swiglu), "cuda::w4a16_gemm_fold: fold ", fold);
   // kFoldNorm without weights: the unscaled instance (timing only).
@@ -586,6 +587,8 @@ void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_
       preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(y), ldy, m);
   params.fold_weight = reinterpret_cast<const __half*>(norm_weight);
   params.fold_eps = eps;
+  params.fold_partials_out = partials_out;
+  params.fold_partials_in = partials_in;
   const PreloadPlan plan = swiglu ? plan_swiglu(layout, m, workspace, workspace_bytes)
                                   : plan_preload(layout, m, W4A16SmallMConfig{}, workspace, workspace_bytes);
   cudaStream_t s = as_stream(stream);

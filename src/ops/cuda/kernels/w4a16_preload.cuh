@@ -79,12 +79,14 @@ struct W4A16PreloadShape {
 // compiled in. At one token tile that takes the plain GEMM from 114 to 102 registers at groups of
 // 128 (the SwiGLU instance, which never had the fix-up, has 105; ncu counted 2 % fewer
 // instructions for it than for the plain gate_up at one token).
-// FOLD (prototype, f16 activations, one split): kFoldNorm: x is the raw residual; the kernel
-// scales it by the norm weights (p.fold_weight, f16) on its way to the mma, the warps of the
-// block's first row block sum its squares after their main loop (their x again, from L1), and the
-// epilogue scales the f32 sums by 1 / rms (no RMSNorm kernel before it). kFoldNormUnscaled: the
-// same without the weights (a timing bound for norm weights folded into W offline). kFoldAdd: y
-// is the residual, y = f16(y + f16(sum)) (the add that add_rmsnorm made).
+// FOLD (prototype, f16 activations, one split, 1-8 tokens): kFoldNorm: x is the raw residual;
+// the kernel scales it by the norm weights (p.fold_weight, f16) on its way to the mma, and the
+// epilogue scales the f32 sums by 1 / rms (no RMSNorm kernel before it), the sum of squares from
+// the 16-row partial sums the GEMM that wrote x left (p.fold_partials_in; warp w sums token w's,
+// loaded right after the wait, reduced before the epilogue). kFoldNormUnscaled: the same without
+// the weights (a timing bound for norm weights folded into W offline). kFoldAdd: y is the
+// residual, y = f16(y + f16(sum)) (the add that add_rmsnorm made), and each 16-row block's sum of
+// squares of it a token goes to p.fold_partials_out.
 constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldAdd = 2, kFoldNormUnscaled = 3;
 template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU, int FOLD = kFoldNone>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
@@ -174,6 +176,18 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   }
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
+  // kNormIn: warp w < m loads token w's 16-row partial sums of squares now (8 a lane), sums them
+  // before the epilogue.
+  float fold_part[8] = {};
+  const int fold_rbs = p.w.k / 16;
+  if constexpr (kNormIn) {
+    if (warp < p.m && lane * 8 < fold_rbs) {
+      const float4* src = reinterpret_cast<const float4*>(p.fold_partials_in + warp * fold_rbs + lane * 8);
+      const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+      fold_part[0] = lo.x, fold_part[1] = lo.y, fold_part[2] = lo.z, fold_part[3] = lo.w;
+      fold_part[4] = hi.x, fold_part[5] = hi.y, fold_part[6] = hi.z, fold_part[7] = hi.w;
+    }
+  }
   const Elem* x = activation_values<Act>(p.a);
   const Elem* x_row[MT];
 #pragma unroll
@@ -182,21 +196,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
   zero_accumulators<Act>(acc, gacc);
-  // kNormIn: every warp sums the squares of its x on the tensor cores: with A's rows r and r + 8
-  // the x of token r (A = B^T, from the lane's own B registers: {b0, b0, b1, b1}), D[r][n] = x_r . x_n,
-  // and token g's sum of squares is D[g][g] (lane (g, g / 2), element g & 1).
-  float fold_d[MT][4] = {};
   auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], int pair) {
     const typename Act::Weights a = Act::unpack(w0, w1);
-    if constexpr (kNormIn) {
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt) {
-        const uint4 xv = xf[nt];
-        const uint32_t a_lo[4] = {xv.x, xv.x, xv.y, xv.y}, a_hi[4] = {xv.z, xv.z, xv.w, xv.w};
-        mma_f16_16816(fold_d[nt], a_lo, xv.x, xv.y);
-        mma_f16_16816(fold_d[nt], a_hi, xv.z, xv.w);
-      }
-    }
     if constexpr (FOLD == kFoldNorm) {
       const uint4 gv = *reinterpret_cast<const uint4*>(fold_g + pair * 32 + t * 8);
       const __half2* gh = reinterpret_cast<const __half2*>(&gv);
@@ -307,20 +308,20 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   // block's warps' sums of squares (k slices in k order), as rmsnorm_kernel's formula.
   float inv_rms[MT][2] = {};
   if constexpr (kNormIn) {
-    __shared__ float fold_sums[WARPS][8 * MT];
-    if (rbi == 0 && t == g / 2) {
+    static_assert(MT == 1, "folds: 1-8 tokens");
+    __shared__ float fold_sums[8];
+    if (warp < p.m) {
+      float sum = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < MT; ++nt) fold_sums[warp][nt * 8 + g] = (g & 1) ? fold_d[nt][1] : fold_d[nt][0];
+      for (int i = 0; i < 8; ++i) sum += fold_part[i];
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) fold_sums[warp] = sum;
     }
     __syncthreads();
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float sum = 0.f;
-        for (int sl = 0; sl < k_slices; ++sl) sum += fold_sums[sl][nt * 8 + 2 * t + j];
-        inv_rms[nt][j] = 1.0f / sqrtf(sum / static_cast<float>(p.w.k) + p.fold_eps);
-      }
+    for (int j = 0; j < 2; ++j)
+      inv_rms[0][j] = 1.0f / sqrtf(fold_sums[min(2 * t + j, p.m - 1)] / static_cast<float>(p.w.k) + p.fold_eps);
   }
   auto fold_scaled = [&](float sum, int nt, int e) {
     if constexpr (kNormIn) return sum * inv_rms[nt][e & 1];
@@ -379,6 +380,29 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   }
   const int out_rb = tile * block_rbs + rbi;
   if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
+    if constexpr (FOLD == kFoldAdd) {
+      // The new residual, and its 16-row block's sum of squares a token: a thread's two rows, then
+      // the 8 row pairs (lanes of one t) in a fixed tree.
+      static_assert(MT == 1, "folds: 1-8 tokens");
+      float squares[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int token = min(2 * t + j, p.m - 1);
+        float v[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          __half* out = p.y + token * p.ldy + out_rb * 16 + g + 8 * h;
+          const __half r = __float2half_rn(__half2float(*out) + __half2float(__float2half_rn(acc[0][0][j + 2 * h])));
+          if (2 * t + j < p.m) *out = r;
+          v[h] = __half2float(r);
+        }
+        squares[j] = v[0] * v[0] + v[1] * v[1];
+#pragma unroll
+        for (int offset = 4; offset < 32; offset *= 2) squares[j] += __shfl_xor_sync(0xffffffffu, squares[j], offset);
+        if (g == 0 && 2 * t + j < p.m) p.fold_partials_out[(2 * t + j) * p.w.row_blocks + out_rb] = squares[j];
+      }
+      return;
+    }
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
@@ -386,10 +410,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         const int row = out_rb * 16 + g + (e >= 2 ? 8 : 0);
         const int token = nt * 8 + 2 * t + (e & 1);
         if (row >= p.w.n || token >= p.m) continue;
-        if constexpr (FOLD == kFoldAdd) {
-          __half* out = p.y + token * p.ldy + row;
-          *out = __float2half_rn(__half2float(*out) + __half2float(__float2half_rn(acc[0][nt][e])));
-        } else if (splits == 1)
+        if (splits == 1)
           p.y[token * p.ldy + row] = __float2half_rn(fold_scaled(acc[0][nt][e], nt, e));
         else
           p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];

@@ -37,6 +37,10 @@ struct W4A16SmallMParams {
   // nullptr: x is scaled by nothing) and epsilon.
   const __half* fold_weight;
   float fold_eps;
+  // kFoldAdd: each 16-row block's sum of squares of the new residual, [m][n / 16]; kFoldNorm*: the
+  // same from the GEMM that wrote x, [m][k / 16] (k / 16 <= 256, a multiple of 8).
+  float* fold_partials_out;
+  const float* fold_partials_in;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
