@@ -505,6 +505,7 @@ struct GpuLlama::State {
   // activations on plain 4-bit weights, 1-8 tokens, every GEMM one preload split).
   bool folds_norms(int64_t tokens) const {
     if (norm_fold_mode() == 0 || activations != GpuActivations::f16 || tokens > 8) return false;
+    if (config.hidden_size % 128 != 0 || config.hidden_size / 16 > 256) return false;  // the partials' layout
     for (const Layer& layer : layers)
       for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
         if (!linear->quantized || linear->reordered() || linear->input_ordered) return false;

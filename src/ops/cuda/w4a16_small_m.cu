@@ -569,8 +569,7 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
 namespace qspec::cuda {
 
 bool w4a16_fold_runs(const W4A16Weights& w, int64_t m, bool swiglu, const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 8 || w.n % 32 != 0 || w.k % 128 != 0 || w.k / 16 > 256 || !w4a16_preload_supported(w))
-    return false;
+  if (m < 1 || m > 8 || w.n % 32 != 0 || w.k % 8 != 0 || !w4a16_preload_supported(w)) return false;
   if (swiglu) return true;  // plan_swiglu: one split
   return plan_preload(detail::w4a16_layout(w), m, W4A16SmallMConfig{}, workspace, workspace_bytes).splits == 1;
 }
@@ -580,6 +579,8 @@ void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_
                      const float* partials_in, void* workspace, size_t workspace_bytes, void* stream) {
   QSPEC_CHECK(w4a16_fold_runs(w, m, swiglu, workspace, workspace_bytes), "cuda::w4a16_gemm_fold: does not run here");
   QSPEC_CHECK(fold == kernels::kFoldNorm || (fold == kernels::kFoldAdd && !swiglu), "cuda::w4a16_gemm_fold: fold ", fold);
+  QSPEC_CHECK(fold != kernels::kFoldNorm || (w.k % 128 == 0 && w.k / 16 <= 256),
+              "cuda::w4a16_gemm_fold: the norm fold needs k % 128 == 0 and k <= 4096, not ", w.k);
   // kFoldNorm without weights: the unscaled instance (timing only).
   const bool unscaled = fold == kernels::kFoldNorm && norm_weight == nullptr;
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
