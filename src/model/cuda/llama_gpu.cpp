@@ -48,13 +48,16 @@ DeviceMemory upload_f16(const std::vector<float>& host, const std::string& what)
 
 // QSPEC_NORM_FOLD (prototype A/B switch): 0 / unset: add_rmsnorm kernels; 1: the norms folded into
 // the W4A16 preload GEMMs at 1-8 tokens (x scaled by the f16 norm weights); 2: the same without the
-// weights' scaling (a timing bound for weights with the norm folded in offline; wrong numerics).
+// weights' scaling (a timing bound for weights with the norm folded in offline; wrong numerics); 3:
+// o / down add into the residual as in 1, qkv / gate_up the plain GEMMs on the raw residual (no
+// norm at all: the bound with a free consumer side; wrong numerics).
 int norm_fold_mode() {
   static const int mode = [] {
     const char* text = std::getenv("QSPEC_NORM_FOLD");
     if (text == nullptr || *text == '\0') return 0;
     const std::string value(text);
-    QSPEC_CHECK(value == "0" || value == "1" || value == "2", "QSPEC_NORM_FOLD: '", value, "' is not 0, 1 or 2");
+    QSPEC_CHECK(value == "0" || value == "1" || value == "2" || value == "3", "QSPEC_NORM_FOLD: '", value,
+                "' is not 0, 1, 2 or 3");
     return value[0] - '0';
   }();
   return mode;
@@ -980,14 +983,19 @@ void GpuLlama::State::enqueue_folded_layers(int64_t tokens, const cuda::QueryBat
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
     if (l == 0) norm_then_gemm(xs, nullptr, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
+    else if (norm_fold_mode() == 3) gemm(layer.qkv, xs, tokens, qkv_out);
     else gemm_fold(1, false, xs, hidden, layer.qkv, qkv_out, width, norm_weight(layer.attention_norm_f16), nullptr, mlp_partials);
     cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq.as<float>(), rope_scaling,
                                       kv, shape, attn_out, q_dim, attention_workspace.get(), attention_workspace_bytes,
                                       stream);
     gemm_fold(2, false, attn_out, q_dim, layer.o, xs, hidden, nullptr, attention_partials, nullptr);
     ++swiglu_epilogue_layers;
-    gemm_fold(1, true, xs, hidden, layer.gate_up, act_out, act_stride(), norm_weight(layer.mlp_norm_f16), nullptr,
-              attention_partials);
+    if (norm_fold_mode() == 3)
+      run_w4_gemm_swiglu(swiglu_in_gemm(layer.gate_up, tokens), xs, tokens, hidden, layer.gate_up.view, act_out,
+                         act_stride(), gemm_workspace.get(), gemm_workspace_bytes, stream);
+    else
+      gemm_fold(1, true, xs, hidden, layer.gate_up, act_out, act_stride(), norm_weight(layer.mlp_norm_f16), nullptr,
+                attention_partials);
     gemm_fold(2, false, act_out, act_stride(), layer.down, xs, hidden, nullptr, mlp_partials, nullptr);
   }
 }
