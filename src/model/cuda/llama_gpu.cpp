@@ -39,30 +39,6 @@ DeviceMemory upload(const std::vector<T>& host, const std::string& what) {
   return memory;
 }
 
-// f32 norm weights as f16 (the norm fold's x scaling, QSPEC_NORM_FOLD).
-DeviceMemory upload_f16(const std::vector<float>& host, const std::string& what) {
-  std::vector<uint16_t> halves(host.size());
-  for (size_t i = 0; i < host.size(); ++i) halves[i] = f32_to_f16(host[i]);
-  return upload(halves, what);
-}
-
-// QSPEC_NORM_FOLD (prototype A/B switch): 0 / unset: add_rmsnorm kernels; 1: the norms folded into
-// the W4A16 preload GEMMs at 1-8 tokens (x scaled by the f16 norm weights); 2: the same without the
-// weights' scaling (a timing bound for weights with the norm folded in offline; wrong numerics); 3:
-// o / down add into the residual as in 1, qkv / gate_up the plain GEMMs on the raw residual (no
-// norm at all: the bound with a free consumer side; wrong numerics).
-int norm_fold_mode() {
-  static const int mode = [] {
-    const char* text = std::getenv("QSPEC_NORM_FOLD");
-    if (text == nullptr || *text == '\0') return 0;
-    const std::string value(text);
-    QSPEC_CHECK(value == "0" || value == "1" || value == "2" || value == "3", "QSPEC_NORM_FOLD: '", value,
-                "' is not 0, 1, 2 or 3");
-    return value[0] - '0';
-  }();
-  return mode;
-}
-
 // A checkpoint matrix (bf16 or f32) as f16 rows appended to `out`. Values beyond the f16 range
 // saturate (a checkpoint that needs them does not run in f16; the W16A16 greedy test would show it).
 void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
@@ -235,7 +211,6 @@ Linear make_synthetic_arc_linear(int64_t n, const ArcSite& site, uint64_t seed, 
 
 struct Layer {
   DeviceMemory attention_norm, mlp_norm;  // f32
-  DeviceMemory attention_norm_f16, mlp_norm_f16;  // the same in f16 (QSPEC_NORM_FOLD)
   Linear qkv, o, gate_up, down;
 };
 
@@ -294,7 +269,6 @@ struct GpuLlama::State {
   cuda::StreamFence inputs_copied;  // the last copy out of host_inputs / host_chain_scatter has run
   DeviceMemory x, normed, qkv, attn, proj, gate_up, act, gathered, logits, out_ids, gemm_workspace,
       attention_workspace;
-  DeviceMemory fold_partials;  // QSPEC_NORM_FOLD: two sites x 8 tokens x hidden / 16 floats
   // Quantized activations of a 4-bit GEMM's input (int8 codes or f16 values, rows x_codes_stride
   // elements apart) and their token or group scales (rows x_scales_stride apart): low-precision
   // steps only.
@@ -504,21 +478,6 @@ struct GpuLlama::State {
     activation_group = quantized ? mode.activations.group_size : 0;
   }
   void allocate_runtime(const GpuLlamaOptions& options);
-  // QSPEC_NORM_FOLD: whether this step's layers run with the norms folded into the GEMMs (f16
-  // activations on plain 4-bit weights, 1-8 tokens, every GEMM one preload split).
-  bool folds_norms(int64_t tokens) const {
-    if (norm_fold_mode() == 0 || activations != GpuActivations::f16 || tokens > 8) return false;
-    if (config.hidden_size % 128 != 0 || config.hidden_size / 16 > 256) return false;  // the partials' layout
-    for (const Layer& layer : layers)
-      for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
-        if (!linear->quantized || linear->reordered() || linear->input_ordered) return false;
-        const bool swiglu = linear == &layer.gate_up;
-        if (!cuda::w4a16_fold_runs(linear->view, tokens, swiglu, gemm_workspace.get(), gemm_workspace_bytes))
-          return false;
-      }
-    return true;
-  }
-  void enqueue_folded_layers(int64_t tokens, const cuda::QueryBatch& batch, const int32_t* tables);
   // Row pitch of the SwiGLU output: the widest down k where down's ARC order is folded into
   // gate_up (the rows' zero tails are its augmented columns), else the intermediate size.
   int64_t act_stride() const {
@@ -689,7 +648,6 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
 
   x = allocate(t * c.hidden_size * 2, "activations");
   normed = allocate(t * c.hidden_size * 2, "activations");
-  fold_partials = allocate(2 * 8 * ((c.hidden_size + 15) / 16) * 4, "activations");
   qkv = allocate(t * qkv_width() * 2, "activations");
   attn = allocate(t * c.q_dim() * 2, "activations");
   proj = allocate(t * c.hidden_size * 2, "activations");
@@ -776,8 +734,6 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
     Layer layer;
     layer.attention_norm = upload(w.attention_norm, "layer norm");
     layer.mlp_norm = upload(w.mlp_norm, "layer norm");
-    layer.attention_norm_f16 = upload_f16(w.attention_norm, "layer norm");
-    layer.mlp_norm_f16 = upload_f16(w.mlp_norm, "layer norm");
     if (s.quantized) {
       const QuantizedLayerWeights& qw = model.quantized_layers()[static_cast<size_t>(l)];
       auto site = [&](LinearSite s) -> const ArcSite& { return qw.sites[static_cast<int>(s)]; };
@@ -841,8 +797,6 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
     Layer layer;
     layer.attention_norm = upload(ones, "layer norm");
     layer.mlp_norm = upload(ones, "layer norm");
-    layer.attention_norm_f16 = upload_f16(ones, "layer norm");
-    layer.mlp_norm_f16 = upload_f16(ones, "layer norm");
     if (s.quantized && options.synthetic_arc_channels > 0) {
       // One calibration a site, shared by the projections it feeds (qkv, gate_up), as in a checkpoint.
       const int64_t arc = options.synthetic_arc_channels, group = 128;
@@ -905,10 +859,6 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   auto* act_out = act.as<f16_bits>();
 
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
-  if (decode && folds_norms(tokens)) {
-    enqueue_folded_layers(tokens, batch, tables);
-    cuda::rmsnorm(xs, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-  } else {
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
@@ -946,7 +896,6 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
   cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
-  }
   const f16_bits* rows = norm_out;
   if (gather) {
     // The embedding gather with the normed activations as its table picks the runs' last rows.
@@ -955,49 +904,6 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   }
   gemm(lm_head, rows, logit_rows, logits.as<f16_bits>());
   cuda::argmax_f16(logits.as<f16_bits>(), logit_rows, c.vocab_size, out_ids.as<int32_t>(), stream);
-}
-
-// The layers with the norms folded into the GEMMs (QSPEC_NORM_FOLD): qkv and gate_up read the raw
-// residual and scale by 1 / rms themselves, o and down add their outputs into it.
-void GpuLlama::State::enqueue_folded_layers(int64_t tokens, const cuda::QueryBatch& batch, const int32_t* tables) {
-  const ModelConfig& c = config;
-  const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), width = qkv_width();
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
-  auto* xs = x.as<f16_bits>();
-  auto* qkv_out = qkv.as<f16_bits>();
-  auto* attn_out = attn.as<f16_bits>();
-  auto* act_out = act.as<f16_bits>();
-  auto norm_weight = [](const DeviceMemory& w) { return norm_fold_mode() == 1 ? w.as<f16_bits>() : nullptr; };
-  // Each 16-row block's sum of squares of the residual a token, left by o (for gate_up) and down
-  // (for the next qkv); layer 0's qkv takes the norm kernel.
-  auto* attention_partials = fold_partials.as<float>();
-  auto* mlp_partials = attention_partials + 8 * (hidden / 16);
-  auto* norm_out = normed.as<f16_bits>();
-  auto gemm_fold = [&](int fold, bool swiglu, const f16_bits* x_in, int64_t ldx, const Linear& linear, f16_bits* y,
-                       int64_t ldy, const f16_bits* norm_w, float* partials_out, const float* partials_in) {
-    cuda::w4a16_gemm_fold(fold, swiglu, x_in, tokens, ldx, linear.view, y, ldy, norm_w, eps, partials_out, partials_in,
-                          gemm_workspace.get(), gemm_workspace_bytes, stream);
-  };
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const Layer& layer = layers[l];
-    const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
-    if (l == 0) norm_then_gemm(xs, nullptr, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
-    else if (norm_fold_mode() == 3) gemm(layer.qkv, xs, tokens, qkv_out);
-    else gemm_fold(1, false, xs, hidden, layer.qkv, qkv_out, width, norm_weight(layer.attention_norm_f16), nullptr, mlp_partials);
-    cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq.as<float>(), rope_scaling,
-                                      kv, shape, attn_out, q_dim, attention_workspace.get(), attention_workspace_bytes,
-                                      stream);
-    gemm_fold(2, false, attn_out, q_dim, layer.o, xs, hidden, nullptr, attention_partials, nullptr);
-    ++swiglu_epilogue_layers;
-    if (norm_fold_mode() == 3)
-      run_w4_gemm_swiglu(swiglu_in_gemm(layer.gate_up, tokens), xs, tokens, hidden, layer.gate_up.view, act_out,
-                         act_stride(), gemm_workspace.get(), gemm_workspace_bytes, stream);
-    else
-      gemm_fold(1, true, xs, hidden, layer.gate_up, act_out, act_stride(), norm_weight(layer.mlp_norm_f16), nullptr,
-                attention_partials);
-    gemm_fold(2, false, act_out, act_stride(), layer.down, xs, hidden, nullptr, mlp_partials, nullptr);
-  }
 }
 
 std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) {

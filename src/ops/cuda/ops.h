@@ -430,15 +430,6 @@ bool w4a16_small_m_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A1
                                     const void* workspace, size_t workspace_bytes);
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
                        void* workspace, size_t workspace_bytes, void* stream);
-// Prototype (QSPEC_NORM_FOLD): the preload kernel with the RMSNorm folded in (fold 1: x is the
-// raw residual, y = rmsnorm-scaled GEMM, swiglu: gate_up's SwiGLU epilogue; norm_weight f16 or
-// nullptr; the sums of squares from partials_in, [m][k / 16]) or the residual add folded out (fold
-// 2: y is the residual, y += f16(x w^T), its 16-row sums of squares to partials_out, [m][n / 16]).
-// 1-8 tokens, one split (w4a16_fold_runs).
-bool w4a16_fold_runs(const W4A16Weights& w, int64_t m, bool swiglu, const void* workspace, size_t workspace_bytes);
-void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w,
-                     f16_bits* y, int64_t ldy, const f16_bits* norm_weight, float eps, float* partials_out,
-                     const float* partials_in, void* workspace, size_t workspace_bytes, void* stream);
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                         int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                         const W4A16SmallMConfig& config = {});

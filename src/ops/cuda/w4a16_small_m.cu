@@ -257,11 +257,11 @@ bool preload_kernel_runs_here() {
   return runs;
 }
 
-template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU, int FOLD = kernels::kFoldNone>
+template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
   using Shape = kernels::W4A16PreloadShape<G>;
-  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD, ONE_SPLIT, FOLD>;
+  auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD, ONE_SPLIT>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -272,11 +272,8 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  // kFoldNorm with norm weights: k f16 values behind the rings' mbarriers.
-  const size_t fold_bytes =
-      FOLD == kernels::kFoldNorm ? static_cast<size_t>(params.w.k) * 2 : 0;
-  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots) + fold_bytes, stream, params,
-             ring_slots, preload_slot_chunks(), k_slices);
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
+             preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
@@ -375,7 +372,7 @@ bool swiglu_x_half_slot() {
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
 // split and at most 4 k slices: plan_swiglu).
-template <class Act, bool SWIGLU = false, int FOLD = kernels::kFoldNone>
+template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
   params.splits = static_cast<int>(plan.splits);
@@ -388,9 +385,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
-    if constexpr (FOLD != kernels::kFoldNone) {  // one split, one token tile (w4a16_fold_runs)
-      preload_launch<Act, 1, G, SWIGLU, 0, true, FOLD>(params, grid, ring, plan.k_slices, s);
-    } else if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
+    if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
       if (!two_tiles) preload_launch<Act, 1, G, true>(params, grid, ring, plan.k_slices, s);
       else if (swiglu_x_half_slot())
         preload_launch<Act, 2, G, true, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
@@ -562,43 +557,6 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
   };
   if (config.split_activations) run(kernels::ActS8Split{});
   else kernels::with_activation_policy(x.format, x.e4m3, run);
-}
-
-}  // namespace qspec::cuda
-
-namespace qspec::cuda {
-
-bool w4a16_fold_runs(const W4A16Weights& w, int64_t m, bool swiglu, const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 8 || w.n % 32 != 0 || w.k % 8 != 0 || !w4a16_preload_supported(w)) return false;
-  if (swiglu) return true;  // plan_swiglu: one split
-  return plan_preload(detail::w4a16_layout(w), m, W4A16SmallMConfig{}, workspace, workspace_bytes).splits == 1;
-}
-
-void w4a16_gemm_fold(int fold, bool swiglu, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w,
-                     f16_bits* y, int64_t ldy, const f16_bits* norm_weight, float eps, float* partials_out,
-                     const float* partials_in, void* workspace, size_t workspace_bytes, void* stream) {
-  QSPEC_CHECK(w4a16_fold_runs(w, m, swiglu, workspace, workspace_bytes), "cuda::w4a16_gemm_fold: does not run here");
-  QSPEC_CHECK(fold == kernels::kFoldNorm || (fold == kernels::kFoldAdd && !swiglu), "cuda::w4a16_gemm_fold: fold ", fold);
-  QSPEC_CHECK(fold != kernels::kFoldNorm || (w.k % 128 == 0 && w.k / 16 <= 256),
-              "cuda::w4a16_gemm_fold: the norm fold needs k % 128 == 0 and k <= 4096, not ", w.k);
-  // kFoldNorm without weights: the unscaled instance (timing only).
-  const bool unscaled = fold == kernels::kFoldNorm && norm_weight == nullptr;
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  kernels::W4A16SmallMParams params =
-      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(y), ldy, m);
-  params.fold_weight = reinterpret_cast<const __half*>(norm_weight);
-  params.fold_eps = eps;
-  params.fold_partials_out = partials_out;
-  params.fold_partials_in = partials_in;
-  const PreloadPlan plan = swiglu ? plan_swiglu(layout, m, workspace, workspace_bytes)
-                                  : plan_preload(layout, m, W4A16SmallMConfig{}, workspace, workspace_bytes);
-  cudaStream_t s = as_stream(stream);
-  if (swiglu && unscaled) launch_preload<kernels::ActF16, true, kernels::kFoldNormUnscaled>(params, plan, workspace, s);
-  else if (swiglu) launch_preload<kernels::ActF16, true, kernels::kFoldNorm>(params, plan, workspace, s);
-  else if (unscaled)
-    launch_preload<kernels::ActF16, false, kernels::kFoldNormUnscaled>(params, plan, workspace, s);
-  else if (fold == kernels::kFoldNorm) launch_preload<kernels::ActF16, false, kernels::kFoldNorm>(params, plan, workspace, s);
-  else launch_preload<kernels::ActF16, false, kernels::kFoldAdd>(params, plan, workspace, s);
 }
 
 }  // namespace qspec::cuda

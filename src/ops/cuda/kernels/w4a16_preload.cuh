@@ -37,8 +37,6 @@
 // to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's (same k slices)
 // then silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
 #pragma once
-#include <type_traits>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
 #include "ops/cuda/kernels/w4_activation.cuh"
@@ -79,16 +77,7 @@ struct W4A16PreloadShape {
 // compiled in. At one token tile that takes the plain GEMM from 114 to 102 registers at groups of
 // 128 (the SwiGLU instance, which never had the fix-up, has 105; ncu counted 2 % fewer
 // instructions for it than for the plain gate_up at one token).
-// FOLD (prototype, f16 activations, one split, 1-8 tokens): kFoldNorm: x is the raw residual;
-// the kernel scales it by the norm weights (p.fold_weight, f16) on its way to the mma, and the
-// epilogue scales the f32 sums by 1 / rms (no RMSNorm kernel before it), the sum of squares from
-// the 16-row partial sums the GEMM that wrote x left (p.fold_partials_in; warp w sums token w's,
-// loaded right after the wait, reduced before the epilogue). kFoldNormUnscaled: the same without
-// the weights (a timing bound for norm weights folded into W offline). kFoldAdd: y is the
-// residual, y = f16(y + f16(sum)) (the add that add_rmsnorm made), and each 16-row block's sum of
-// squares of it a token goes to p.fold_partials_out.
-constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldAdd = 2, kFoldNormUnscaled = 3;
-template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU, int FOLD = kFoldNone>
+template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU>
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
@@ -109,8 +98,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   static_assert(!SWIGLU || ONE_SPLIT, "the SwiGLU epilogue runs one split");
-  static_assert(FOLD == kFoldNone || (ONE_SPLIT && std::is_same_v<Act, ActF16>), "folds: one split, f16 x");
-  static_assert(FOLD != kFoldAdd || !SWIGLU, "the residual add is the plain GEMM's");
   const int tile = blockIdx.x, split = ONE_SPLIT ? 0 : blockIdx.y;
   const int splits = ONE_SPLIT ? 1 : p.splits;
   // k_slices warps share a row block; k is cut into splits x k_slices parts, in k order.
@@ -166,28 +153,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int i = 0; i < min(R, slots); ++i) issue(i, i);
   }
   __syncwarp();
-  // kFoldNorm: the norm weights (constants) into shared memory behind the mbarriers, before the wait.
-  constexpr bool kNormIn = FOLD == kFoldNorm || FOLD == kFoldNormUnscaled;
-  __half* fold_g = reinterpret_cast<__half*>(smem + Shape::smem_bytes(R));
-  if constexpr (FOLD == kFoldNorm) {
-    for (int i = threadIdx.x; i < p.w.k / 8; i += WARPS * 32)
-      reinterpret_cast<uint4*>(fold_g)[i] = __ldg(reinterpret_cast<const uint4*>(p.fold_weight) + i);
-    __syncthreads();
-  }
   grid_dependency_wait();  // weights are in flight; x and every global write come after this
 
-  // kNormIn: warp w < m loads token w's 16-row partial sums of squares now (8 a lane), sums them
-  // before the epilogue.
-  float fold_part[8] = {};
-  const int fold_rbs = p.w.k / 16;
-  if constexpr (kNormIn) {
-    if (warp < p.m && lane * 8 < fold_rbs) {
-      const float4* src = reinterpret_cast<const float4*>(p.fold_partials_in + warp * fold_rbs + lane * 8);
-      const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
-      fold_part[0] = lo.x, fold_part[1] = lo.y, fold_part[2] = lo.z, fold_part[3] = lo.w;
-      fold_part[4] = hi.x, fold_part[5] = hi.y, fold_part[6] = hi.z, fold_part[7] = hi.w;
-    }
-  }
   const Elem* x = activation_values<Act>(p.a);
   const Elem* x_row[MT];
 #pragma unroll
@@ -196,23 +163,10 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   float acc[1][MT][4];
   GroupAcc gacc[1][MT][4];
   zero_accumulators<Act>(acc, gacc);
-  auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], int pair) {
+  auto pair_mma = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT]) {
     const typename Act::Weights a = Act::unpack(w0, w1);
-    if constexpr (FOLD == kFoldNorm) {
-      const uint4 gv = *reinterpret_cast<const uint4*>(fold_g + pair * 32 + t * 8);
-      const __half2* gh = reinterpret_cast<const __half2*>(&gv);
 #pragma unroll
-      for (int nt = 0; nt < MT; ++nt) {
-        Frag v = xf[nt];
-        __half2* h = reinterpret_cast<__half2*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], gh[j]);
-        Act::mma(gacc[0][nt], a, v);
-      }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
-    }
+    for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
   };
 
   static_assert(PPG == 1 || PPG == 2 || PPG == 4, "scale groups of 32, 64 or 128");
@@ -266,7 +220,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pp = 2 * ch + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], 2 * (c0 + ch) + hp);
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           if (pp + XA < 2 * SC) load_x(pp + XA);
           if ((2 * ch + hp + 1) % PPG == 0)
             flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
@@ -280,7 +234,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pair = 2 * (c0 + ch) + hp, pp = 2 * ch + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], pair);
+          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           if (pp + XA < 2 * SC && pp + XA < 2 * nc) load_x(pp + XA);
           if ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end) {
             // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
@@ -298,35 +252,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
-    pair_mma(w.x, w.y, xf, pair);
+    pair_mma(w.x, w.y, xf);
     flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   apply_token_scales<Act>(acc, p.a.scales, 0, t, p.m - 1);
-  // kFoldNorm: 1 / rms of the thread's output tokens (nt * 8 + 2t + j) from the first row
-  // block's warps' sums of squares (k slices in k order), as rmsnorm_kernel's formula.
-  float inv_rms[MT][2] = {};
-  if constexpr (kNormIn) {
-    static_assert(MT == 1, "folds: 1-8 tokens");
-    __shared__ float fold_sums[8];
-    if (warp < p.m) {
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += fold_part[i];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (lane == 0) fold_sums[warp] = sum;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      inv_rms[0][j] = 1.0f / sqrtf(fold_sums[min(2 * t + j, p.m - 1)] / static_cast<float>(p.w.k) + p.fold_eps);
-  }
-  auto fold_scaled = [&](float sum, int nt, int e) {
-    if constexpr (kNormIn) return sum * inv_rms[nt][e & 1];
-    else return sum;
-  };
   // Hand-overs through shared memory (the k slices' sums, SwiGLU's up row blocks): a warp's
   // accumulators into the rings (each warp has waited for all of its copies, so no bulk copy is in
   // flight once all are here); a row block's sum is its slices' in k order from zero, as the
@@ -362,7 +293,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
           if (token >= p.m) continue;
           const float gate_sum = k_slices > 1 ? slice_sum(warp, nt, e) : acc[0][nt][e];
           const float up_sum = k_slices > 1 ? slice_sum(up_warp, nt, e) : sums[at(up_warp, nt, e)];
-          p.y[token * p.ldy + row] = swiglu_of_sums(fold_scaled(gate_sum, nt, e), fold_scaled(up_sum, nt, e));
+          p.y[token * p.ldy + row] = swiglu_of_sums(gate_sum, up_sum);
         }
     }
     return;
@@ -380,29 +311,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   }
   const int out_rb = tile * block_rbs + rbi;
   if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
-    if constexpr (FOLD == kFoldAdd) {
-      // The new residual, and its 16-row block's sum of squares a token: a thread's two rows, then
-      // the 8 row pairs (lanes of one t) in a fixed tree.
-      static_assert(MT == 1, "folds: 1-8 tokens");
-      float squares[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int token = min(2 * t + j, p.m - 1);
-        float v[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          __half* out = p.y + token * p.ldy + out_rb * 16 + g + 8 * h;
-          const __half r = __float2half_rn(__half2float(*out) + __half2float(__float2half_rn(acc[0][0][j + 2 * h])));
-          if (2 * t + j < p.m) *out = r;
-          v[h] = __half2float(r);
-        }
-        squares[j] = v[0] * v[0] + v[1] * v[1];
-#pragma unroll
-        for (int offset = 4; offset < 32; offset *= 2) squares[j] += __shfl_xor_sync(0xffffffffu, squares[j], offset);
-        if (g == 0 && 2 * t + j < p.m) p.fold_partials_out[(2 * t + j) * p.w.row_blocks + out_rb] = squares[j];
-      }
-      return;
-    }
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
@@ -411,7 +319,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
         const int token = nt * 8 + 2 * t + (e & 1);
         if (row >= p.w.n || token >= p.m) continue;
         if (splits == 1)
-          p.y[token * p.ldy + row] = __float2half_rn(fold_scaled(acc[0][nt][e], nt, e));
+          p.y[token * p.ldy + row] = __float2half_rn(acc[0][nt][e]);
         else
           p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];
       }

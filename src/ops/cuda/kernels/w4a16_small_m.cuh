@@ -33,14 +33,6 @@ struct W4A16SmallMParams {
   int xs_stride;
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
-  // Variant 5, FOLD instances (kernels/w4a16_preload.cuh): the RMSNorm's weights in f16 (k values;
-  // nullptr: x is scaled by nothing) and epsilon.
-  const __half* fold_weight;
-  float fold_eps;
-  // kFoldAdd: each 16-row block's sum of squares of the new residual, [m][n / 16]; kFoldNorm*: the
-  // same from the GEMM that wrote x, [m][k / 16] (k / 16 <= 256, a multiple of 8).
-  float* fold_partials_out;
-  const float* fold_partials_in;
 };
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
