@@ -868,9 +868,11 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
     {
       GpuLlamaOptions gpu_options;
       gpu_options.max_seqs = max_batch;
-      gpu_options.max_context = std::min<int64_t>(options.context + options.steps + 8, config.max_position_embeddings);
-      QSPEC_CHECK(options.context + options.steps + 8 <= config.max_position_embeddings, "bench: --context ",
-                  options.context, " + --steps ", options.steps, " exceed the model's context");
+      // Room for the timed steps, and for a chain of kMaxChainSteps (the "chained" column).
+      const int64_t positions = options.context + std::max(options.steps, GpuLlama::kMaxChainSteps) + 8;
+      gpu_options.max_context = std::min<int64_t>(positions, config.max_position_embeddings);
+      QSPEC_CHECK(positions <= config.max_position_embeddings, "bench: --context ", options.context, " + --steps ",
+                  options.steps, " (at least ", GpuLlama::kMaxChainSteps, ") exceed the model's context");
       gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
       gpu_options.max_logit_rows = max_batch;
       if (!options.qspec_gammas.empty()) {  // verify steps: gamma + 1 <= 8 tokens and logit rows a sequence
@@ -888,8 +890,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                     static_cast<long long>(options.synthetic_arc_channels));
       std::printf("kernel launches: %s\n", cuda::pdl_enabled() ? "programmatic dependent launch (overlapped)"
                                                                 : "fully serialized (no PDL)");
-      std::printf("%6s %10s %12s %12s %10s %9s %12s %9s\n", "batch", "step ms", "tokens/s", "roofline ms", "of roof",
-                  "bound", "GEMM sum ms", "step/sum");
+      std::printf("%6s %10s %12s %12s %10s %9s %12s %9s %11s\n", "batch", "step ms", "tokens/s", "roofline ms",
+                  "of roof", "bound", "GEMM sum ms", "step/sum", "chained ms");
       for (int64_t batch : options.batch_sizes) {
         const DecodeBatch decode(config, batch);
         const std::vector<GpuLlama::Run>& runs = decode.runs;
@@ -913,6 +915,18 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
           step_seconds.push_back(seconds_since(start));
         }
         const double step_ms = median(step_seconds) * 1e3;
+        // The same steps chained on the device (GpuLlama::draft_chain: each step's argmax feeds the
+        // next, one host read for kMaxChainSteps steps): a step without the host's turn-around
+        // (its ids copied back, the next inputs copied in, the graph launched).
+        constexpr int64_t kChain = GpuLlama::kMaxChainSteps;
+        std::vector<double> chained_seconds;
+        for (int64_t i = 0; i < std::max<int64_t>(options.steps / kChain, 2) + 1; ++i) {
+          set_context();
+          const auto start = std::chrono::steady_clock::now();
+          gpu->draft_chain(runs, kChain);
+          if (i > 0) chained_seconds.push_back(seconds_since(start) / static_cast<double>(kChain));  // 0 captures
+        }
+        const double chained_ms = median(chained_seconds) * 1e3;
         const double mean_context = static_cast<double>(options.context) + static_cast<double>(options.steps) / 2.0;
         const double bytes = static_cast<double>(gpu->weight_bytes()) +
                              static_cast<double>(batch) * mean_context * static_cast<double>(gpu->kv_bytes_per_position());
@@ -925,9 +939,9 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
         const double roofline_ms = std::max(memory_ms, compute_ms);
         nlohmann::json gemms = nlohmann::json::object();
         const double gemm_ms = gemm_sum_ms(config, mode, batch, stream, gemms);
-        std::printf("%6lld %10.3f %12.0f %12.3f %9.1f%% %9s %12.3f %9.3f\n", static_cast<long long>(batch), step_ms,
-                    static_cast<double>(batch) / (step_ms * 1e-3), roofline_ms, 100.0 * roofline_ms / step_ms,
-                    memory_ms >= compute_ms ? "memory" : "compute", gemm_ms, step_ms / gemm_ms);
+        std::printf("%6lld %10.3f %12.0f %12.3f %9.1f%% %9s %12.3f %9.3f %11.3f\n", static_cast<long long>(batch),
+                    step_ms, static_cast<double>(batch) / (step_ms * 1e-3), roofline_ms, 100.0 * roofline_ms / step_ms,
+                    memory_ms >= compute_ms ? "memory" : "compute", gemm_ms, step_ms / gemm_ms, chained_ms);
         mode_record["decode"].push_back({{"batch", batch},
                                          {"step_ms", step_ms},
                                          {"tokens_per_second", static_cast<double>(batch) / (step_ms * 1e-3)},
@@ -937,6 +951,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                                          {"compute_floor_ms", compute_ms},
                                          {"roofline_fraction", roofline_ms / step_ms},
                                          {"gemm_sum_ms", gemm_ms},
+                                         {"chained_step_ms", chained_ms},
+                                         {"chained_roofline_fraction", roofline_ms / chained_ms},
                                          {"gemms_alone", gemms}});
       }
       if (options.sampling && !options.profile_step) {
