@@ -224,9 +224,9 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     return smem + slot * STAGE_BYTES + ((warp * RPW + r) * CH + ch) * 512 + lane * 16;
   };
   auto x_smem = [&](int slot) { return reinterpret_cast<Elem*>(smem + slot * STAGE_BYTES + Tile::kWBytes); };
+  auto scales_smem = [&](int slot) { return smem + slot * STAGE_BYTES + Tile::kWBytes + Tile::kXBytes; };
   auto s_smem = [&](int slot, int r) {
-    return reinterpret_cast<uint32_t*>(smem + slot * STAGE_BYTES + Tile::kWBytes + Tile::kXBytes) +
-           (warp * RPW + r) * NG * 8;
+    return reinterpret_cast<uint32_t*>(scales_smem(slot)) + (warp * RPW + r) * NG * 8;
   };
 
   // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`.
@@ -309,7 +309,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     }
     const bool s_valid = s_group0 + st * NG < p.w.groups;
     cp_async_16_if(live && lane < SCALE_PIECES,
-                   smem_address(smem + slot * STAGE_BYTES + Tile::kWBytes + Tile::kXBytes + s_dst),
+                   smem_address(scales_smem(slot) + s_dst),
                    s_src + (s_valid ? st * NG * 8 : 0), s_valid ? 16 : 0);
   };
   const Elem* x_src_split = x_src0 + static_cast<int64_t>(chunk_begin) * 64;  // row x_row0, clamped
