@@ -137,23 +137,15 @@ struct ActF16Biased : ActF16 {
     }
     return w;
   }
-  // The biased products and the bias in two accumulators (two independent mma chains), summed at
-  // the group's flush.
-  using GroupAcc = float2;
   __device__ static __forceinline__ void mma(GroupAcc (&d)[4], const Weights& w, const Frag& x) {
     constexpr uint32_t kLowBias = 0xe408e408u, kHighBias = 0xe480e480u;  // f16x2 (-1032, -1032), (-1152, -1152)
     const uint32_t bias[4] = {kLowBias, kHighBias, kLowBias, kHighBias};
-    float sums[4] = {d[0].x, d[1].x, d[2].x, d[3].x}, biases[4] = {d[0].y, d[1].y, d[2].y, d[3].y};
-    mma_f16_16816(sums, w.a[0], x.x, x.y);
-    mma_f16_16816(biases, bias, x.x, x.y);
-    mma_f16_16816(sums, w.a[1], x.z, x.w);
-    mma_f16_16816(biases, bias, x.z, x.w);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) d[e] = make_float2(sums[e], biases[e]);
+    mma_f16_16816(d, w.a[0], x.x, x.y);
+    mma_f16_16816(d, bias, x.x, x.y);
+    mma_f16_16816(d, w.a[1], x.z, x.w);
+    mma_f16_16816(d, bias, x.z, x.w);
   }
   __device__ static __forceinline__ void mma_first(GroupAcc (&d)[4], const Weights& w, const Frag& x) { mma(d, w, x); }
-  __device__ static __forceinline__ GroupAcc group_zero() { return make_float2(0.0f, 0.0f); }
-  __device__ static __forceinline__ float to_float(GroupAcc v) { return v.x + v.y; }
 };
 
 // The factor of the scale of rows g + 8 at a group's flush (ActF16Biased sums 16x there).
