@@ -251,12 +251,6 @@ size_t preload_block_bytes(int64_t m) {
   return m == 1 ? kPreloadBlockBytesOneToken : kPreloadBlockBytesDefault;
 }
 
-// PROTOTYPE: QSPEC_W4A16_BIASED=1 runs the preload kernel on ActF16Biased (kernels/w4_activation.cuh).
-bool preload_biased() {
-  static const bool on = env_int("QSPEC_W4A16_BIASED", 0, 0, 1) == 1;
-  return on;
-}
-
 // Whether the preload kernel that would run here is the sm_90a build (elsewhere it is a trap).
 bool preload_kernel_runs_here() {
   static const bool runs = detail::sm90a_build_runs(kernels::w4_preload_kernel<kernels::ActF16, 1, 128>);
@@ -469,11 +463,9 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
               "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ld_act >= n / 2 (ldx ",
               ldx, ", ld_act ", ld_act, ")");
   const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  const auto params =
-      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m);
-  const PreloadPlan plan = plan_swiglu(layout, m, workspace, workspace_bytes);
-  if (preload_biased()) launch_preload<kernels::ActF16Biased, true>(params, plan, workspace, as_stream(stream));
-  else launch_preload<kernels::ActF16, true>(params, plan, workspace, as_stream(stream));
+  launch_preload<kernels::ActF16, true>(
+      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m),
+      plan_swiglu(layout, m, workspace, workspace_bytes), workspace, as_stream(stream));
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
@@ -498,10 +490,8 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     const int64_t slice = std::min(detail::kW4A16MaxSliceM, m - m0);
     const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
     if (variant == 5 && mt <= 2) {
-      const auto params = preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice);
-      const PreloadPlan plan = plan_preload(layout, slice, config, workspace, workspace_bytes);
-      if (preload_biased()) launch_preload<kernels::ActF16Biased>(params, plan, workspace, s);
-      else launch_preload<kernels::ActF16>(params, plan, workspace, s);
+      launch_preload<kernels::ActF16>(preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice),
+                                      plan_preload(layout, slice, config, workspace, workspace_bytes), workspace, s);
       continue;
     }
     if (variant >= 3 && variant <= 4 && mt <= 4) {

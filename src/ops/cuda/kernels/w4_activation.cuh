@@ -116,44 +116,6 @@ struct ActF16Scaled : ActF16 {
   static constexpr bool kTokenScale = true;
 };
 
-// PROTOTYPE (QSPEC_W4A16_BIASED=1, the preload kernel only): the weights in their biased f16
-// form, two LOP3 a register (rows g: 1024 + u, rows g + 8: 1024 + 16 u) instead of LOP3 + HSUB2 /
-// HFMA2, and the bias taken off by a second mma a k16 tile against constant rows (-1032 and
-// -1152) into the same f32 sums; rows g + 8 then hold 16 (u - 8) x, and their flush scales by
-// s / 16 (exact). Trades 8 ALU instructions a k pair for 2 mma (the preload kernel is bound by
-// instruction issue at batch 1, docs/perf-notes.md).
-struct ActF16Biased : ActF16 {
-  __device__ static __forceinline__ Weights unpack(uint32_t w0, uint32_t w1) {
-    constexpr uint32_t kLow = 0x000f000f, kHigh = 0x00f000f0, kExponent = 0x64006400;
-    Weights w;
-#pragma unroll
-    for (int step = 0; step < 2; ++step) {
-      w.a[0][2 * step] = lop3_and_or(w0, kLow, kExponent);
-      w.a[0][2 * step + 1] = lop3_and_or(w0, kHigh, kExponent);
-      w.a[1][2 * step] = lop3_and_or(w1, kLow, kExponent);
-      w.a[1][2 * step + 1] = lop3_and_or(w1, kHigh, kExponent);
-      w0 >>= 8;
-      w1 >>= 8;
-    }
-    return w;
-  }
-  __device__ static __forceinline__ void mma(GroupAcc (&d)[4], const Weights& w, const Frag& x) {
-    constexpr uint32_t kLowBias = 0xe408e408u, kHighBias = 0xe480e480u;  // f16x2 (-1032, -1032), (-1152, -1152)
-    const uint32_t bias[4] = {kLowBias, kHighBias, kLowBias, kHighBias};
-    mma_f16_16816(d, w.a[0], x.x, x.y);
-    mma_f16_16816(d, bias, x.x, x.y);
-    mma_f16_16816(d, w.a[1], x.z, x.w);
-    mma_f16_16816(d, bias, x.z, x.w);
-  }
-  __device__ static __forceinline__ void mma_first(GroupAcc (&d)[4], const Weights& w, const Frag& x) { mma(d, w, x); }
-};
-
-// The factor of the scale of rows g + 8 at a group's flush (ActF16Biased sums 16x there).
-template <class Act>
-inline constexpr float kHighRowsScale = 1.0f;
-template <>
-inline constexpr float kHighRowsScale<ActF16Biased> = 1.0f / 16.0f;
-
 struct ActS8 {
   using Elem = int8_t;
   using Frag = uint2;    // 8 int8 values
@@ -363,7 +325,6 @@ __device__ __forceinline__ void flush_group(float (&acc)[MT][4], typename Act::G
 #pragma unroll
   for (int nt = 0; nt < MT; ++nt) {
     float s00 = s.x, s01 = s.x, s10 = s.y, s11 = s.y;
-    if constexpr (kHighRowsScale<Act> != 1.0f) s10 = s11 = s.y * kHighRowsScale<Act>;
     if constexpr (Act::kGroupScale) {
       const float* column = a.scales + (group * G) / a.group;
       const float x0 = __ldg(column + (first_token + min(nt * 8 + 2 * t, last_token)) * a.scale_ld);
