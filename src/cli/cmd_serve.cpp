@@ -1,6 +1,7 @@
 // qspec serve MODEL: the OpenAI-compatible HTTP server (src/server/server.h).
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "model/llama.h"
 #include "qspec/engine.h"
 #include "qspec/error.h"
+#include "server/http_limits.h"
 #ifdef QSPEC_HAVE_SERVER
 #include "server/server.h"
 #endif
@@ -33,9 +35,16 @@ struct ServeArgs {
   std::string chat_template;
   size_t max_body_bytes = size_t{1} << 20;
   int64_t max_queue = 256;
-  int http_threads = 128;
+  HttpLimits http;
+  std::string api_key;  // --api-key, else $QSPEC_API_KEY
+  std::string ssl_certfile, ssl_keyfile;
   EngineOptions engine;
 };
+
+// Whether `host` only reaches this machine (no API key needed there).
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
 
 std::atomic<int> g_signal{0};
 
@@ -72,7 +81,13 @@ void run_serve(const ServeArgs& args) {
   options.default_draft = args.draft;
   options.default_gamma = args.gamma;
   options.max_body_bytes = args.max_body_bytes;
-  options.http_threads = args.http_threads;
+  options.http = args.http;
+  options.api_key = args.api_key;
+  if (options.api_key.empty())
+    if (const char* key = std::getenv("QSPEC_API_KEY")) options.api_key = key;
+  QSPEC_CHECK(args.ssl_certfile.empty() == args.ssl_keyfile.empty(),
+              "--ssl-certfile and --ssl-keyfile go together (a PEM certificate chain and its private key)");
+  if (!args.ssl_certfile.empty()) options.tls = TlsFiles{args.ssl_certfile, args.ssl_keyfile};
   options.engine = args.engine;
   options.engine.max_waiting = args.max_queue;
   // The GPU engine runs one mode, the default's (the engine refuses one the GPU does not run);
@@ -93,8 +108,15 @@ void run_serve(const ServeArgs& args) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
+  const bool tls = options.tls.has_value();
+  const bool has_key = !options.api_key.empty();
   Server server(*model, *tokenizer, std::move(options));
   const int port = server.bind(args.host, args.port);
+  if (!has_key && !is_loopback(args.host))
+    std::fprintf(stderr,
+                 "[qspec] warning: listening on %s without an API key: anyone who can reach this address can use "
+                 "the model (--api-key KEY or QSPEC_API_KEY)\n",
+                 args.host.c_str());
   std::fprintf(stderr,
                "[qspec] serving %s as '%s': mode %s (draft %s, gamma %lld), weights %s, batch %lld, queue %lld, "
                "context %lld\n",
@@ -102,7 +124,8 @@ void run_serve(const ServeArgs& args) {
                static_cast<long long>(args.gamma), weights.c_str(),
                static_cast<long long>(args.engine.max_batch_size), static_cast<long long>(args.max_queue),
                static_cast<long long>(model->config().max_position_embeddings));
-  std::fprintf(stderr, "[qspec] listening on http://%s:%d\n", args.host.c_str(), port);
+  std::fprintf(stderr, "[qspec] listening on %s://%s:%d%s\n", tls ? "https" : "http", args.host.c_str(), port,
+               has_key ? " (API key required)" : "");
   std::fflush(stderr);
 
   std::atomic<bool> finished{false};
@@ -179,9 +202,28 @@ void register_serve(CLI::App& app) {
                       "(or $QSPEC_GEMM_POLICY_DIR) for this GPU and model, if any; none: built-in crossovers")
       ->check(CLI::IsMember({"auto", "none"}) | CLI::ExistingFile)
       ->capture_default_str();
-  command->add_option("--http-threads", args->http_threads, "HTTP worker threads (open connections served at once)")
+  command->add_option("--http-threads", args->http.worker_threads,
+                      "HTTP worker threads: requests served at once (a stream holds one; idle connections hold none)")
       ->check(CLI::Range(2, 4096))
       ->capture_default_str();
+  command->add_option("--max-connections", args->http.max_connections,
+                      "Open client connections, idle ones included (503 beyond)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  command->add_option("--request-timeout", args->http.request_timeout_seconds,
+                      "Seconds a client has to send one request, headers and body (408 beyond)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  command->add_option("--drain-timeout", args->http.drain_timeout_seconds,
+                      "On SIGTERM / SIGINT: seconds the requests in flight get to finish before they are cancelled")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  command->add_option("--api-key", args->api_key,
+                      "Require 'Authorization: Bearer KEY' on every route but /health (default: $QSPEC_API_KEY)");
+  command->add_option("--ssl-certfile", args->ssl_certfile, "Serve HTTPS: the PEM certificate (chain)")
+      ->check(CLI::ExistingFile);
+  command->add_option("--ssl-keyfile", args->ssl_keyfile, "Serve HTTPS: the PEM private key of --ssl-certfile")
+      ->check(CLI::ExistingFile);
   command->callback([args] { run_serve(*args); });
 }
 

@@ -1,3 +1,4 @@
+// The OpenAI-compatible server: routes, streaming, metrics, API key (server/server.h).
 #include "server/server.h"
 
 #include <httplib.h>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "model/llama.h"
+#include "server/http_front.h"
 #include "server/openai_api.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,7 +70,18 @@ int64_t unix_time() {
       .count();
 }
 
-std::string sse(const json& value) { return "data: " + value.dump() + "\n\n"; }
+// Every JSON the server writes: invalid UTF-8 (a request path, a token piece, an echoed
+// field) becomes U+FFFD instead of an exception.
+std::string json_text(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& value) { return "data: " + json_text(value) + "\n\n"; }
+
+// Compares without an early exit, so the time taken says nothing about the key.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  return diff == 0 && !b.empty();
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -102,7 +115,7 @@ struct Server::Impl {
   const Tokenizer& tokenizer;
   ServerOptions options;
   Engine engine;
-  httplib::Server http;
+  HttpFront http;
   std::atomic<bool> draining{false};
   std::atomic<bool> bound{false};
   std::atomic<bool> serving{false};
@@ -112,7 +125,7 @@ struct Server::Impl {
   std::atomic<int64_t> disconnects{0}, streams_open{0};
 
   Impl(const LlamaModel& m, const Tokenizer& t, ServerOptions o)
-      : model(m), tokenizer(t), options(std::move(o)), engine(m, &t, options.engine) {
+      : model(m), tokenizer(t), options(std::move(o)), engine(m, &t, options.engine), http(options.http, options.tls) {
     setup_routes();
     engine.start();
   }
@@ -122,7 +135,7 @@ struct Server::Impl {
   void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
                   const std::string& param = "", const std::string& code = "") {
     res.status = status;
-    res.set_content(error_json(message, type, param, code).dump(), kJson);
+    res.set_content(json_text(error_json(message, type, param, code)), kJson);
   }
 
   void send_api_error(httplib::Response& res, const ApiError& e) {
@@ -170,10 +183,46 @@ struct Server::Impl {
             {"choices", json::array({choice})}};
   }
 
-  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+  // The body as it streams in, de-chunked and decompressed, capped at max_body_bytes: false
+  // (with the answer in `res`) when it is over the cap or does not arrive.
+  bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body) {
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t size) {
+      if (body.size() + size > options.max_body_bytes) {
+        too_large = true;
+        return false;  // stop reading: the rest is never buffered
+      }
+      body.append(data, size);
+      return true;
+    });
+    if (ok && !too_large) return true;
+    HttpFront::close_after_response();  // what is left of the body stays unread
+    if (too_large) {
+      send_error(res, 413, body_too_large_message(), "invalid_request_error", "", "body_too_large");
+    } else if (HttpFront::read_failure_status() == 408) {
+      send_error(res, 408, "the request body was not received within the request timeout", "invalid_request_error",
+                 "", "request_timeout");
+    } else if (res.status == 413) {
+      send_error(res, 413, body_too_large_message(), "invalid_request_error", "", "body_too_large");
+    } else {
+      send_error(res, 400, "the request body could not be read (truncated, bad chunking or bad compression)",
+                 "invalid_request_error");
+    }
+    return false;
+  }
+
+  std::string body_too_large_message() const {
+    return "the request body is larger than " + std::to_string(options.max_body_bytes) +
+           " bytes (--max-body-bytes; decoded size)";
+  }
+
+  void handle_generation(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                         bool chat) {
+    std::string body;
+    if (!read_body(reader, res, body)) return;
     ApiRequest api;
     try {
-      api = parse_api_request(req.body, chat, context());
+      api = parse_api_request(body, chat, context());
     } catch (const ApiError& e) {
       return send_api_error(res, e);
     } catch (const Error& e) {
@@ -205,7 +254,7 @@ struct Server::Impl {
                                                         openai_finish_reason(pending->finish_reason))})},
                    {"usage", usage_json(pending->metrics, qspec)}};
       res.status = 200;
-      res.set_content(body.dump(), kJson);
+      res.set_content(json_text(body), kJson);
       return;
     }
 
@@ -287,51 +336,85 @@ struct Server::Impl {
         });
   }
 
-  void setup_routes() {
-    http.set_payload_max_length(options.max_body_bytes);
-    const int threads = std::max(options.http_threads, 2);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-    http.set_read_timeout(30, 0);
-    http.set_write_timeout(30, 0);
+  // The API key check, before every route but /health (which load balancers probe).
+  httplib::Server::HandlerResponse check_api_key(const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string header = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    const bool has_bearer = header.size() > prefix.size() && header.compare(0, prefix.size(), prefix) == 0;
+    if (has_bearer && same_secret(header.substr(prefix.size()), options.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, 401,
+               has_bearer ? "incorrect API key provided" : "an API key is required: send 'Authorization: Bearer KEY'",
+               "invalid_request_error", "", "invalid_api_key");
+    res.set_header("WWW-Authenticate", "Bearer");
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) HttpFront::close_after_response();
+    return httplib::Server::HandlerResponse::Handled;
+  }
 
-    http.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, false); });
+  void setup_routes() {
+    // The decoded body is capped by read_body; this makes httplib refuse a declared
+    // Content-Length beyond the cap before reading it.
+    http.set_payload_max_length(options.max_body_bytes);
+    http.set_request_guard([this](const httplib::Request& req, httplib::Response& res) { return check_api_key(req, res); });
+    http.set_error_body([](int status, const std::string& message, const std::string& code) {
+      return json_text(error_json(message, status >= 500 ? "server_error" : "invalid_request_error", "", code));
+    });
+    // Past the drain timeout, requests still running are cancelled (their handlers answer 503).
+    http.set_drain_timeout_callback([this] { engine.stop(/*drain=*/false); });
+
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& reader) { handle_generation(req, res, reader, false); });
     http.Post("/v1/chat/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
+              [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                handle_generation(req, res, reader, true);
+              });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       json model_json = {{"id", options.model_name},
                          {"object", "model"},
                          {"created", unix_time()},
                          {"owned_by", "qspec"},
                          {"max_model_len", model.config().max_position_embeddings}};
-      res.set_content(json{{"object", "list"}, {"data", json::array({model_json})}}.dump(), kJson);
+      res.set_content(json_text(json{{"object", "list"}, {"data", json::array({model_json})}}), kJson);
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       if (draining) {
         res.status = 503;
-        res.set_content(json{{"status", "draining"}}.dump(), kJson);
+        res.set_content(json_text(json{{"status", "draining"}}), kJson);
       } else {
-        res.set_content(json{{"status", "ok"}}.dump(), kJson);
+        res.set_content(json_text(json{{"status", "ok"}}), kJson);
       }
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
     // Anything that reaches here without a body (unknown route, body too large, bad HTTP):
-    // the OpenAI error object.
+    // the OpenAI error object. httplib calls this outside its own try block, so nothing may
+    // escape it.
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
-      std::string message = "HTTP error " + std::to_string(res.status);
-      if (res.status == 400) message = "malformed HTTP request";
-      std::string code;
-      if (res.status == 404) message = "no route " + req.method + " " + req.path, code = "not_found";
-      if (res.status == 413)
-        message = "the request body is larger than " + std::to_string(options.max_body_bytes) +
-                  " bytes (--max-body-bytes)",
-        code = "body_too_large";
-      res.set_content(error_json(message, res.status >= 500 ? "server_error" : "invalid_request_error", "", code)
-                          .dump(),
-                      kJson);
+      try {
+        HttpFront::close_after_response();  // the request may not have been read to its end
+        if (const int status = HttpFront::read_failure_status()) res.status = status;
+        std::string message = "HTTP error " + std::to_string(res.status);
+        std::string code;
+        if (res.status == 400) message = "malformed HTTP request";
+        if (res.status == 404) message = "no route " + req.method + " " + req.path, code = "not_found";
+        if (res.status == 405) message = "method " + req.method + " is not allowed on " + req.path;
+        if (res.status == 408) message = "the request was not received within the request timeout", code = "request_timeout";
+        if (res.status == 413) message = body_too_large_message(), code = "body_too_large";
+        if (res.status == 414) message = "the request URI is too long";
+        if (res.status == 431)
+          message = "too many header fields or header bytes (at most " +
+                    std::to_string(options.http.max_header_count) + " fields, " +
+                    std::to_string(options.http.max_header_bytes) + " bytes)",
+          code = "header_too_large";
+        res.set_content(json_text(error_json(message, res.status >= 500 ? "server_error" : "invalid_request_error", "", code)),
+                        kJson);
+      } catch (...) {
+        res.set_content("{\"error\": {\"message\": \"HTTP error\", \"type\": \"server_error\", \"param\": null, \"code\": null}}",
+                        kJson);
+      }
     });
     http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string message = "internal error";
@@ -341,7 +424,11 @@ struct Server::Impl {
         message = std::string("internal error: ") + e.what();
       } catch (...) {
       }
-      send_error(res, 500, message, "server_error");
+      try {
+        send_error(res, 500, message, "server_error");
+      } catch (...) {
+        res.status = 500;
+      }
     });
     http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
       if (res.status == 429) ++responses_429;
@@ -414,6 +501,18 @@ struct Server::Impl {
         p.sample("qspec_batch_size_steps_total", static_cast<double>(m.batch_size_histogram[b]),
                  "size=\"" + std::to_string(b) + "\"");
     p.metric("qspec_streams_open", "gauge", "Streaming responses in progress", static_cast<double>(streams_open.load()));
+    const HttpFrontStats h = http.stats();
+    p.metric("qspec_http_connections_open", "gauge", "Open client connections", static_cast<double>(h.connections_open));
+    p.metric("qspec_http_connections_total", "counter", "Client connections accepted",
+             static_cast<double>(h.connections_accepted));
+    p.metric("qspec_http_connections_refused_total", "counter", "Connections answered 503 over --max-connections",
+             static_cast<double>(h.connections_refused));
+    p.metric("qspec_http_request_timeouts_total", "counter", "Requests not received within --request-timeout (408)",
+             static_cast<double>(h.request_timeouts));
+    p.metric("qspec_http_heads_too_large_total", "counter", "Requests whose headers were over the caps (431)",
+             static_cast<double>(h.heads_too_large));
+    p.metric("qspec_http_tls_handshake_failures_total", "counter", "TLS handshakes that failed or timed out",
+             static_cast<double>(h.tls_handshake_failures));
     p.metric("qspec_uptime_seconds", "gauge", "Seconds since the server started",
              std::chrono::duration<double>(Clock::now() - started).count());
     return p.out;
@@ -462,6 +561,7 @@ bool Server::running() const { return impl_->http.is_running(); }
 Engine& Server::engine() { return impl_->engine; }
 const ServerOptions& Server::options() const { return impl_->options; }
 std::string Server::metrics_text() const { return impl_->metrics_text(); }
+std::string Server::serve_bytes(std::string_view input) { return impl_->http.serve_bytes(input); }
 
 std::optional<ChatTemplate> load_server_chat_template(const std::string& model_dir, const std::string& override_file) {
   namespace fs = std::filesystem;

@@ -13,18 +13,25 @@
 //   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "w4a4-nvfp4", "gamma": 4,
 //             "adaptive_gamma": false, "max_gamma": 8}
 // Every bad request is a 4xx with {"error": {"message", "type", "param", "code"}}; a full
-// queue is 429. A streaming client that disconnects has its request cancelled (its KV blocks
-// go back to the pool). shutdown() stops accepting connections and lets the requests in
-// flight finish (run() then drains the engine and returns).
+// queue is 429; a field the server does not implement is a 400 naming it. A streaming client
+// that disconnects has its request cancelled (its KV blocks go back to the pool).
+// The connection layer (server/http_front.h) bounds what a client can cost: a deadline to
+// send each request, caps on its head and on its body's decoded size (413 as it streams in,
+// chunked and gzip bodies too), a bounded connection count (503 beyond); it terminates TLS.
+// With an API key every route but /health wants `Authorization: Bearer KEY` (401 otherwise).
+// shutdown() stops accepting connections and lets the requests in flight finish within
+// http.drain_timeout_seconds (then they are cancelled); run() then drains the engine and returns.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "qspec/engine.h"
 #include "qspec/error.h"
+#include "server/http_limits.h"
 #include "tokenizer/chat_template.h"
 
 namespace qspec {
@@ -47,8 +54,10 @@ struct ServerOptions {
   std::string default_mode = "w4a16";  // requests without "qspec": {"mode"}
   std::string default_draft = "w4a4-nvfp4";
   int64_t default_gamma = 4;
-  size_t max_body_bytes = size_t{1} << 20;
-  int http_threads = 128;             // connections served at once (streams hold one each)
+  size_t max_body_bytes = size_t{1} << 20;  // the decoded body (after chunking and gzip); 413 beyond
+  HttpLimits http;                    // connections, deadlines, head caps, drain (server/http_limits.h)
+  std::optional<TlsFiles> tls;        // serve HTTPS with this certificate and key
+  std::string api_key;                // "": no authentication
   double heartbeat_seconds = 1.0;     // SSE comment after this long without tokens (finds closed clients)
   EngineOptions engine;
   std::optional<ChatTemplate> chat_template;  // none: /v1/chat/completions answers 400
@@ -78,6 +87,9 @@ class Server {
 
   // Handlers without HTTP, for tests: the /metrics text.
   std::string metrics_text() const;
+  // For tests and the fuzz target: `input` as the bytes one connection sent, through the
+  // real parsing, limits and routes; returns the bytes written back (no socket involved).
+  std::string serve_bytes(std::string_view input);
 
  private:
   struct Impl;

@@ -101,7 +101,7 @@ qspec::ServerOptions base_options() {
   o.model_name = kName;
   o.engine.max_batch_size = 4;
   o.engine.max_waiting = 64;
-  o.http_threads = 16;
+  o.http.worker_threads = 16;
   o.heartbeat_seconds = 0.05;
   return o;
 }
@@ -498,7 +498,7 @@ TEST(Server, FullQueueAnswers429AndTheServerRecovers) {
   auto options = base_options();
   options.engine.max_batch_size = 1;
   options.engine.max_waiting = 1;
-  options.http_threads = 24;
+  options.http.worker_threads = 24;
   Running server(std::move(options));
   const int clients = 10;
   std::vector<int> status(clients, 0);
