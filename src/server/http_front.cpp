@@ -47,7 +47,7 @@ void set_nonblocking(int fd) {
 }
 
 // Why the current request's read failed (read by the routes to pick 408 / 431).
-enum class ReadFailure { none, timeout, head_too_large };
+enum class ReadFailure { none, timeout, head_too_large, shutting_down };
 
 // What one request being served knows about itself (thread-local while it is served).
 struct RequestState {
@@ -168,6 +168,26 @@ struct HttpFront::Impl {
     ::close(c->fd);
     if (c->refuse) --refusing;
     --open;
+  }
+
+  // Closes after an answer that left part of the request unread: the client may still be
+  // sending it and reads the answer only then, so what it sends is read and dropped for a
+  // moment first (a plain close would reset the connection and lose the answer).
+  void linger_close(std::unique_ptr<Connection> c) {
+    if (!c) return;
+    if (!c->ssl) {
+      ::shutdown(c->fd, SHUT_WR);
+      const auto until = Clock::now() + std::chrono::seconds(2);
+      char sink[16384];
+      for (;;) {
+        pollfd p{c->fd, POLLIN, 0};
+        if (stopping || ::poll(&p, 1, ms_until(until, 100)) < 0 || Clock::now() >= until) break;
+        if (p.revents == 0) continue;
+        const ssize_t n = ::recv(c->fd, sink, sizeof sink, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
+      }
+    }
+    close_connection(std::move(c));
   }
 
   void answer_and_close(std::unique_ptr<Connection> c, int status, const std::string& message,
@@ -419,8 +439,8 @@ namespace {
 // under the write timeout; plain or TLS.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(Connection& c, const HttpLimits& limits, RequestState& state)
-      : c_(c), limits_(limits), state_(state) {}
+  ConnectionStream(Connection& c, const HttpLimits& limits, const bool& stopping)
+      : c_(c), limits_(limits), stopping_(stopping) {}
 
   bool is_readable() const override { return c_.pending() > 0 || (c_.ssl && SSL_pending(c_.ssl) > 0); }
   bool is_writable() const override {
@@ -431,12 +451,13 @@ class ConnectionStream : public httplib::Stream {
   ssize_t read(char* ptr, size_t size) override {
     if (c_.pending() == 0 && !refill()) return -1;
     size_t n = std::min(size, c_.pending());
-    if (!state_.head_done && c_.ssl) {  // a TLS head is capped here (the collector caps plain ones)
-      if (state_.head_bytes + n > limits_.max_header_bytes) {
-        state_.failure = ReadFailure::head_too_large;
+    RequestState& state = this->state();
+    if (!state.head_done && c_.ssl) {  // a TLS head is capped here (the collector caps plain ones)
+      if (state.head_bytes + n > limits_.max_header_bytes) {
+        state.failure = ReadFailure::head_too_large;
         return -1;
       }
-      state_.head_bytes += n;
+      state.head_bytes += n;
     }
     std::memcpy(ptr, c_.in.data() + c_.in_pos, n);
     c_.in_pos += n;
@@ -514,17 +535,32 @@ class ConnectionStream : public httplib::Stream {
     }
   }
 
+  // Waits to read more of the request: until its deadline, or until shutdown (a request
+  // still arriving then is not served).
   bool wait_deadline(short events) {
-    if (!wait(events, c_.deadline)) {
-      if (Clock::now() >= c_.deadline) state_.failure = ReadFailure::timeout;
-      return false;
+    for (;;) {
+      if (stopping_) {
+        state().failure = ReadFailure::shutting_down;
+        return false;
+      }
+      const auto slice = std::min(c_.deadline, Clock::now() + std::chrono::milliseconds(100));
+      if (wait(events, slice)) return true;
+      if (Clock::now() >= c_.deadline) {
+        state().failure = ReadFailure::timeout;
+        return false;
+      }
     }
-    return true;
+  }
+
+  // The request being read (serve_request sets it for this thread).
+  static RequestState& state() {
+    static thread_local RequestState none;
+    return t_request ? *t_request : none;
   }
 
   Connection& c_;
   const HttpLimits& limits_;
-  RequestState& state_;
+  const bool& stopping_;  // read without the lock: a late look only delays the cut by a slice
 };
 
 // serve_bytes' stream: reads from a buffer, writes to a string.
@@ -597,10 +633,9 @@ bool HttpFront::Impl::serve_request(httplib::Stream& stream, Connection& c) {
 }
 
 std::unique_ptr<Connection> HttpFront::Impl::serve_plain(std::unique_ptr<Connection> c) {
-  RequestState dummy;
-  ConnectionStream stream(*c, limits, dummy);
+  ConnectionStream stream(*c, limits, stopping);
   if (!serve_request(stream, *c)) {
-    close_connection(std::move(c));
+    linger_close(std::move(c));
     return nullptr;
   }
   // Back to the collector: idle until the next request, or at once when it is already in.
@@ -632,8 +667,7 @@ std::unique_ptr<Connection> HttpFront::Impl::serve_tls(std::unique_ptr<Connectio
     }
   }
   for (;;) {
-    RequestState dummy;
-    ConnectionStream stream(*c, limits, dummy);
+    ConnectionStream stream(*c, limits, stopping);
     if (!serve_request(stream, *c)) break;
     // Idle until the next request's first bytes, then its deadline runs.
     c->compact();
@@ -721,6 +755,7 @@ int HttpFront::read_failure_status() {
   switch (t_request->failure) {
     case ReadFailure::timeout: return 408;
     case ReadFailure::head_too_large: return 431;
+    case ReadFailure::shutting_down: return 503;
     default: return 0;
   }
 }

@@ -199,6 +199,8 @@ struct Server::Impl {
     HttpFront::close_after_response();  // what is left of the body stays unread
     if (too_large) {
       send_error(res, 413, body_too_large_message(), "invalid_request_error", "", "body_too_large");
+    } else if (HttpFront::read_failure_status() == 503) {
+      send_error(res, 503, "the server is shutting down", "server_error", "", "shutting_down");
     } else if (HttpFront::read_failure_status() == 408) {
       send_error(res, 408, "the request body was not received within the request timeout", "invalid_request_error",
                  "", "request_timeout");

@@ -3,20 +3,29 @@
 // the standalone greedy generate(); streamed chunks concatenate to the same text; chat renders
 // the template; every bad request is a 4xx with an OpenAI error object and the server keeps
 // serving; a full queue answers 429; /metrics is Prometheus text; a client that disconnects
-// mid-stream has its request cancelled and its KV blocks freed; shutdown drains.
+// mid-stream has its request cancelled and its KV blocks freed; shutdown drains. The
+// ServerHardening tests are each named after a defect a hostile client found (issue 48).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "model/llama.h"
 #include "runtime/generate.h"
@@ -574,6 +583,330 @@ TEST(Server, ShutdownDrainsStreamsInFlight) {
   httplib::Client c("127.0.0.1", running->port);
   c.set_connection_timeout(1, 0);
   EXPECT_FALSE(c.Get("/health"));
+}
+
+// ---- Hardening (issue 48): each test is named after a defect a hostile client found ----
+
+// A raw TCP client: what a hostile client sends, byte for byte.
+struct RawClient {
+  int fd = -1;
+  explicit RawClient(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ~RawClient() {
+    if (fd >= 0) ::close(fd);
+  }
+  bool send_bytes(const std::string& bytes) const {
+    return fd >= 0 && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+  }
+  // Everything until the server closes or `seconds` pass.
+  std::string read_all(double seconds = 30) const {
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (fd >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      char buffer[4096];
+      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+    return out;
+  }
+};
+
+int status_of(const std::string& response) {
+  if (response.rfind("HTTP/1.1 ", 0) != 0 || response.size() < 12) return 0;
+  return std::stoi(response.substr(9, 3));
+}
+
+void expect_still_serving(const Running& server) {
+  auto health = server.get("/health");
+  ASSERT_TRUE(health) << "the server stopped answering";
+  EXPECT_EQ(health->status, 200);
+  auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  const auto ref = reference(encode_prompt(kPrompt), 8);
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], ref.text);
+}
+
+TEST(ServerHardening, InvalidUtf8InThePathIs404NotAnAbort) {
+  Running server(base_options());
+  RawClient raw(server.port);
+  ASSERT_TRUE(raw.send_bytes("GET /%FF%FE\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const std::string response = raw.read_all();
+  EXPECT_EQ(status_of(response), 404) << response;
+  EXPECT_NE(response.find("\"not_found\""), std::string::npos) << response;
+  EXPECT_NE(response.find("\xef\xbf\xbd"), std::string::npos) << "the bad bytes become U+FFFD: " << response;
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, InvalidUtf8InTheBodyIs400Not500) {
+  Running server(base_options());
+  for (const std::string& body : {std::string("{\"prompt\": \"a\xff\xfe b\", \"max_tokens\": 4}"),
+                                  std::string("{\"prompt\": \"hi\", \"max_tokens\": 4, \"stop\": [\"\xc3\"]}"),
+                                  std::string("{\"prompt\": \"hi\", \"model\": \"\xed\xa0\x80\"}")}) {
+    auto res = server.post("/v1/completions", body);
+    expect_error(res, 400);
+  }
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, GzipBodyIsCappedAtItsDecodedSize) {
+  auto options = base_options();
+  options.max_body_bytes = 1 << 20;
+  Running server(std::move(options));
+  // 64 MiB of JSON whitespace around a valid request gzips to ~64 KiB.
+  std::string body = "{\"prompt\": \"hi\", \"max_tokens\": 4" + std::string(64 << 20, ' ') + "}";
+  httplib::Client c = server.client();
+  c.set_compress(true);
+  const auto start = std::chrono::steady_clock::now();
+  auto res = c.Post("/v1/completions", body, "application/json");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  expect_error(res, 413, "", "body_too_large");
+  EXPECT_LT(seconds, 20.0) << "refused as it streams in, not after decoding it all";
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, ChunkedBodyOverTheCapIs413) {
+  auto options = base_options();
+  options.max_body_bytes = 64 << 10;
+  Running server(std::move(options));
+  httplib::Client c = server.client();
+  const std::string piece(16 << 10, ' ');
+  size_t sent = 0;
+  auto res = c.Post(
+      "/v1/completions",
+      [&](size_t, httplib::DataSink& sink) {
+        if (sent == 0) sink.write("{\"prompt\": \"hi\"", 15);
+        if (sent < (4u << 20)) {
+          sink.write(piece.data(), piece.size());
+          sent += piece.size();
+        } else {
+          sink.write("}", 1);
+          sink.done();
+        }
+        return true;
+      },
+      "application/json");
+  expect_error(res, 413, "", "body_too_large");
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, SlowHeaderClientsDoNotStarveTheServer) {
+  auto options = base_options();
+  options.http.worker_threads = 4;
+  options.http.request_timeout_seconds = 3;
+  Running server(std::move(options));
+  // 24 clients (6x the workers) each sending one header byte every 200 ms.
+  std::vector<std::unique_ptr<RawClient>> slow;
+  for (int i = 0; i < 24; ++i) slow.push_back(std::make_unique<RawClient>(server.port));
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    for (size_t i = 0; !stop && i < 1000; ++i) {
+      for (auto& c : slow) c->send_bytes(std::string(1, i < head.size() ? head[i] : 'a'));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int i = 0; i < 5; ++i) {
+    httplib::Client c("127.0.0.1", server.port);
+    c.set_read_timeout(2, 0);
+    c.set_connection_timeout(2, 0);
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health) << "GET /health starved by slow clients";
+    EXPECT_EQ(health->status, 200);
+  }
+  // Past the request timeout every slow client has had its 408 and been closed.
+  std::string answer;
+  for (auto& c : slow) answer = c->read_all(10);
+  stop = true;
+  trickle.join();
+  EXPECT_EQ(status_of(answer), 408) << answer;
+  EXPECT_NE(answer.find("request_timeout"), std::string::npos) << answer;
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, SlowClientDoesNotHoldTheShutdownDrain) {
+  auto options = base_options();
+  options.http.request_timeout_seconds = 60;
+  auto running = std::make_unique<Running>(std::move(options));
+  RawClient slow(running->port);
+  ASSERT_TRUE(slow.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"));
+  RawClient slow_body(running->port);  // a head that is in, a body that never comes
+  ASSERT_TRUE(slow_body.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  running->server->shutdown();
+  running->thread.join();
+  running->thread = std::thread([] {});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0) << "the drain waited for a client that sends nothing";
+}
+
+TEST(ServerHardening, DrainIsBoundedByTheDrainTimeout) {
+  auto options = base_options();
+  options.http.drain_timeout_seconds = 0;  // requests in flight at shutdown are cancelled at once
+  auto running = std::make_unique<Running>(std::move(options));
+  std::optional<httplib::Result> result;
+  std::thread client([&] {
+    result.emplace(running->post("/v1/completions",
+                                 json{{"prompt", kPrompt}, {"max_tokens", 900}, {"temperature", 0}, {"ignore_eos", true}}));
+  });
+  const bool started = wait_for([&] { return running->server->engine().metrics().running == 1; });
+  running->server->shutdown();
+  running->thread.join();
+  running->thread = std::thread([] {});
+  client.join();
+  ASSERT_TRUE(started);
+  ASSERT_TRUE(result.has_value());
+  expect_error(*result, 503);
+  const auto m = running->server->engine().metrics();
+  EXPECT_EQ(m.requests_cancelled, 1);
+  EXPECT_LT(m.generated_tokens, 900);
+}
+
+TEST(ServerHardening, RequestNotSentWithinTheDeadlineIs408) {
+  auto options = base_options();
+  options.http.request_timeout_seconds = 1;
+  Running server(std::move(options));
+  RawClient raw(server.port);
+  ASSERT_TRUE(raw.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"pr"));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string response = raw.read_all(20);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(status_of(response), 408) << response;
+  EXPECT_LT(seconds, 10.0);
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, ConnectionsOverTheBoundGet503) {
+  auto options = base_options();
+  options.http.max_connections = 4;
+  Running server(std::move(options));
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<RawClient>(server.port));
+  ASSERT_TRUE(wait_for([&] { return server.server->metrics_text().find("qspec_http_connections_open 4") != std::string::npos; }, 10));
+  RawClient extra(server.port);
+  ASSERT_TRUE(extra.send_bytes("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string response = extra.read_all(10);
+  EXPECT_EQ(status_of(response), 503) << response;
+  EXPECT_NE(response.find("too_many_connections"), std::string::npos) << response;
+  idle.clear();  // the bound frees up again
+  ASSERT_TRUE(wait_for([&] { return server.server->metrics_text().find("qspec_http_connections_open 0") != std::string::npos; }, 10));
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, HeadsOverTheCapsAre431) {
+  auto options = base_options();
+  options.http.max_header_bytes = 8 << 10;
+  options.http.max_header_count = 20;
+  Running server(std::move(options));
+  {
+    std::string head = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    for (int i = 0; i < 30; ++i) head += "X-H" + std::to_string(i) + ": v\r\n";
+    RawClient raw(server.port);
+    ASSERT_TRUE(raw.send_bytes(head + "\r\n"));
+    const std::string response = raw.read_all();
+    EXPECT_EQ(status_of(response), 431) << response;
+  }
+  {
+    std::string head = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    for (int i = 0; i < 40; ++i) head += "X-Big" + std::to_string(i) + ": " + std::string(1000, 'a') + "\r\n";
+    RawClient raw(server.port);
+    raw.send_bytes(head + "\r\n");
+    const std::string response = raw.read_all();
+    EXPECT_EQ(status_of(response), 431) << response;
+  }
+  expect_still_serving(server);
+}
+
+TEST(ServerHardening, ApiKeyIsCheckedOnEveryRouteButHealth) {
+  auto options = base_options();
+  options.api_key = "sk-test-123";
+  Running server(std::move(options));
+  httplib::Client c = server.client();
+  expect_error(c.Get("/v1/models"), 401, "", "invalid_api_key");
+  expect_error(c.Get("/metrics"), 401, "", "invalid_api_key");
+  expect_error(c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 4}}.dump(), "application/json"), 401,
+               "", "invalid_api_key");
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  httplib::Headers wrong = {{"Authorization", "Bearer sk-test-124"}};
+  expect_error(c.Get("/v1/models", wrong), 401, "", "invalid_api_key");
+  httplib::Headers right = {{"Authorization", "Bearer sk-test-123"}};
+  auto models = c.Get("/v1/models", right);
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  auto res = c.Post("/v1/completions", right, json{{"prompt", kPrompt}, {"max_tokens", 8}, {"temperature", 0}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], reference(encode_prompt(kPrompt), 8).text);
+}
+
+TEST(ServerHardening, TlsServesHttpsAndRefusesBadKeyFiles) {
+  const auto dir = std::filesystem::temp_directory_path() / ("qspec-tls-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string command = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -keyout " + key +
+                              " -out " + cert + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "openssl (Debian: openssl) makes the test certificate";
+  {
+    auto options = base_options();
+    options.tls = qspec::TlsFiles{cert, key};
+    Running server(std::move(options));
+    httplib::SSLClient c("127.0.0.1", server.port);
+    c.enable_server_certificate_verification(false);
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 8}, {"temperature", 0}}.dump(),
+                      "application/json");
+    ASSERT_TRUE(res) << "no HTTPS answer";
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], reference(encode_prompt(kPrompt), 8).text);
+    // Plain HTTP to the TLS port gets no answer, and the server keeps serving HTTPS.
+    RawClient raw(server.port);
+    raw.send_bytes("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(status_of(raw.read_all(10)), 0);
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+  }
+  auto options = base_options();
+  options.tls = qspec::TlsFiles{cert, cert};  // a certificate where the key should be
+  try {
+    qspec::Server server(*fixture().model, *fixture().tokenizer, std::move(options));
+    FAIL() << "a key file without a key was accepted";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--ssl-keyfile"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ServerHardening, ServeBytesAnswersRawRequestsWithoutASocket) {
+  Running server(base_options());
+  const std::string out = server.server->serve_bytes("GET /%FF HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(out), 404) << out;
+  // Keep-alive: two requests on one connection get two answers.
+  const std::string two = server.server->serve_bytes(
+      "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(two), 200) << two;
+  EXPECT_NE(two.find(kName), std::string::npos) << two;
+  const std::string garbage = server.server->serve_bytes(std::string("\x00\x01 / HTTP/9\r\n\r\n", 17));
+  EXPECT_EQ(status_of(garbage), 400) << garbage;
 }
 
 }  // namespace
