@@ -3,7 +3,8 @@
 Starts `qspec serve MODEL --port 0` (an ephemeral port), then drives completions (plain and
 streamed), streamed chat completions, the model list, error answers and the per-request
 QSpec extension through the SDK, and compares the greedy text with `qspec generate`'s
-standalone output of the same prompt. Ends with SIGTERM during a stream: the stream finishes
+standalone output of the same prompt; with --api-key the right key works and a wrong one
+gets 401 (openai.AuthenticationError). Ends with SIGTERM during a stream: the stream finishes
 and the server exits 0.
 
     python tests/python/test_openai_client.py --qspec build/qspec --model models/gsm-synth-llama \
@@ -152,6 +153,25 @@ class OpenAIClientTest(unittest.TestCase):
         # Still serving.
         r = self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=4, temperature=0)
         self.assertEqual(r.usage.completion_tokens, 4)
+
+
+class ApiKeyTest(unittest.TestCase):
+    def test_right_key_works_and_wrong_key_gets_401(self):
+        server = Server(extra=["--api-key", "sk-qspec-test"])
+        try:
+            base = f"http://127.0.0.1:{server.port}/v1"
+            right = openai.OpenAI(base_url=base, api_key="sk-qspec-test", max_retries=0, timeout=120)
+            out = right.completions.create(model=right.models.list().data[0].id, prompt=PROMPT, max_tokens=12,
+                                           temperature=0)
+            self.assertEqual(out.choices[0].text, standalone(PROMPT, 12))
+            wrong = openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0, timeout=120)
+            with self.assertRaises(openai.AuthenticationError) as caught:
+                wrong.completions.create(model="m", prompt=PROMPT, max_tokens=4)
+            self.assertEqual(caught.exception.status_code, 401)
+            with self.assertRaises(openai.AuthenticationError):
+                wrong.models.list()
+        finally:
+            server.close()
 
 
 class ShutdownTest(unittest.TestCase):
