@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for what this tree left unrun on a GPU (docs/perf-notes.md, "Verify steps as
+# One device call for what this tree left unrun on a GPU (docs/perf-journal/perf-notes-journal-2026.md, "Verify steps as
 # CUDA graphs"): build, the whole `gpu` label with verify graphs forced on (QSPEC_VERIFY_GRAPHS=1:
 # the new VerifyGraphsAgreeWithPlainLaunches test and every QSpec == W4A16 test over them), then
 # the QSpec cycle benchmark with and without them, alternating, two rounds. Logs and JSON to $OUT.

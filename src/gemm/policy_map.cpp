@@ -63,7 +63,7 @@ Strategy rule_based_strategy(std::string_view activations, int64_t m) {
   // f16: the preload kernel (the dispatcher runs variant 1 where it cannot: not sm_90a).
   if (m <= 8) return activations == "f16" ? Strategy::small_m_v5 : Strategy::small_m_v1;
   if (activations == "f16" && m > 128) return Strategy::dequant_cublas;
-  // Measured on the H100 (docs/perf-notes.md, "W4A8 GEMM at large M on wgmma"): from 384-512
+  // Measured on the H100 (docs/perf-journal/perf-notes-journal-2026.md, "W4A8 GEMM at large M on wgmma"): from 384-512
   // tokens on every Llama-3-8B / Qwen2.5-7B shape the wgmma kernel, unpack included, beats the
   // tiled one (1.1-1.8x); the dispatcher falls back to the tiled kernel where it cannot run (not
   // sm_90a, groups other than 128, no workspace room).

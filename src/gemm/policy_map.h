@@ -53,7 +53,7 @@ std::vector<Strategy> strategies_for(std::string_view activations);
 bool strategy_supports(Strategy strategy, std::string_view activations);
 
 // The documented default without a measured map (the crossovers measured on the H100 before
-// the tuner existed, docs/perf-notes.md): small-M variant 1 up to 8 tokens; then the tiled
+// the tuner existed, docs/perf-journal/perf-notes-journal-2026.md): small-M variant 1 up to 8 tokens; then the tiled
 // kernel (256x32 up to 32 tokens, 256x64 beyond) up to 128 tokens for f16 and at every M for
 // quantized activations; dequantize + cuBLAS beyond 128 for f16.
 Strategy rule_based_strategy(std::string_view activations, int64_t m);

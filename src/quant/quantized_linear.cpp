@@ -5,6 +5,7 @@
 
 #include "base/dtype.h"
 #include "base/thread_pool.h"
+#include "ops/linear.h"  // cpu::dot_rows_f32 (an up-arrow: tools/check_layers.py KNOWN)
 #include "qspec/error.h"
 
 namespace qspec {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ops/linear.h"
+#include "base/weight_matrix.h"
 #include "quant/formats.h"
 
 namespace qspec {

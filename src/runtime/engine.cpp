@@ -33,7 +33,7 @@
 #endif
 #include "runtime/kv_cache.h"
 #include "runtime/qspec.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec {

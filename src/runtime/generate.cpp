@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "qspec/error.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace qspec {
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "qspec/error.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace qspec {
 namespace {

@@ -24,7 +24,7 @@
 #include "model/llama.h"
 #include "qspec/metrics.h"
 #include "runtime/generate.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace qspec {
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -711,6 +712,14 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
     if (req.headers.size() > impl_->limits.max_header_count + 4) {
       ++impl_->heads_too_large;
       res.status = 431;
+      close_after_response();
+      return HandlerResponse::Handled;
+    }
+    // A declared body over the cap is refused before a byte of it is read (httplib would read
+    // it all to discard it).
+    if (req.has_header("Content-Length") &&
+        std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > payload_max_length_) {
+      res.status = 413;
       close_after_response();
       return HandlerResponse::Handled;
     }

@@ -11,7 +11,7 @@
 
 #include "model/llama.h"
 #include "runtime/generate.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

@@ -2,7 +2,7 @@
 // kernel, dequantize + cuBLAS) and cuBLAS's f16 GEMM on the Llama-3-8B linear shapes over M, as a
 // table and JSON (GPU, commit, command, every timing).
 //
-// Method (docs/perf-notes.md): random weights generated on the GPU; enough copies of each
+// Method (docs/perf-journal/perf-notes-journal-2026.md): random weights generated on the GPU; enough copies of each
 // weight set to cover 3x the L2 cache, launched round-robin so every launch streams its
 // weights from device memory (as consecutive layers do in a decode step); each timed replay is
 // a CUDA graph of one launch per copy (at least 8), timed with CUDA events; 3 warm-up runs;

@@ -1,6 +1,6 @@
 // Probe: what one kernel boundary costs on the GPU, and what a flag in global memory would cost
 // instead (issue 4: the W4A16 decode step at batch 1 spends ~22 µs a layer over its weight bytes,
-// most of it in the chain of seven dependent kernels; docs/perf-notes.md, "Kernel boundaries").
+// most of it in the chain of seven dependent kernels; docs/perf-journal/perf-notes-journal-2026.md, "Kernel boundaries").
 //
 // A chain of `links` kernels, each reading the whole row its predecessor wrote (from L2), summing
 // it (block reduction) and writing its slice of the next row: the shape of the decode step's

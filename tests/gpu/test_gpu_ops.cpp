@@ -28,8 +28,8 @@
 
 #include "base/dtype.h"
 #include "gemm/dpr.h"
-#include "gemm/w4_bitplanes.h"
-#include "gemm/w4a16_pack.h"
+#include "ops/w4_bitplanes.h"
+#include "ops/w4a16_pack.h"
 #include "model/cuda/gemm_dispatch.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -40,7 +40,7 @@
 #include "ops/rope.h"
 #include "qspec/error.h"
 #include "quant/quantized_linear.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "qspec/error.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace {
 

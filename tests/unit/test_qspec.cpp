@@ -15,7 +15,7 @@
 #include "qspec/error.h"
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

@@ -704,6 +704,21 @@ TEST(ServerHardening, ChunkedBodyOverTheCapIs413) {
   expect_still_serving(server);
 }
 
+TEST(ServerHardening, DeclaredBodyOverTheCapIs413BeforeItIsRead) {
+  auto options = base_options();
+  options.max_body_bytes = 4096;
+  Running server(std::move(options));
+  RawClient raw(server.port);  // declares 10 GB and sends none of it
+  ASSERT_TRUE(raw.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n"));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string response = raw.read_all(20);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(status_of(response), 413) << response;
+  EXPECT_NE(response.find("body_too_large"), std::string::npos) << response;
+  EXPECT_LT(seconds, 5.0);
+  expect_still_serving(server);
+}
+
 TEST(ServerHardening, SlowHeaderClientsDoNotStarveTheServer) {
   auto options = base_options();
   options.http.worker_threads = 4;

@@ -1,4 +1,4 @@
-// The Bitwise strategy's bit-plane weight copy (gemm/w4_bitplanes.h) on the CPU: read back plane by
+// The Bitwise strategy's bit-plane weight copy (ops/w4_bitplanes.h) on the CPU: read back plane by
 // plane it reconstructs every 4-bit two's complement weight of the matrix (zero rows past n), so the
 // layout the b1 kernel streams holds exactly the packed weights; shapes it cannot hold are refused.
 // The GPU harness checks the GPU conversion against this one byte for byte.
@@ -7,8 +7,8 @@
 #include <random>
 
 #include "random_weights.h"
-#include "gemm/w4_bitplanes.h"
-#include "gemm/w4a16_pack.h"
+#include "ops/w4_bitplanes.h"
+#include "ops/w4a16_pack.h"
 #include "qspec/error.h"
 
 namespace {

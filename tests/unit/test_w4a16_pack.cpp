@@ -1,4 +1,4 @@
-// The W4A16 GPU weight layout (gemm/w4a16_pack.h) on the CPU: the packed matrix decodes to
+// The W4A16 GPU weight layout (ops/w4a16_pack.h) on the CPU: the packed matrix decodes to
 // exactly the weights the CPU GEMM uses, and a lane-by-lane simulation of the CUDA kernel's
 // loads, lop3 dequantization and mma.sync m16n8k16 fragments (PTX ISA fragment layouts) over
 // the packed bytes reproduces cpu::quantized_linear. The GPU harness (tests/gpu) runs the real
@@ -10,7 +10,7 @@
 #include <random>
 
 #include "base/dtype.h"
-#include "gemm/w4a16_pack.h"
+#include "ops/w4a16_pack.h"
 #include "qspec/error.h"
 
 namespace {

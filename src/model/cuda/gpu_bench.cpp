@@ -17,7 +17,7 @@
 #include "model/llama.h"
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace qspec {
 namespace {
@@ -113,7 +113,7 @@ size_t w4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
 // one: w4_gemm_swiglu_epilogue), as gemm_sum_ms times the GEMM, and the plain GEMM again on the
 // same weights right after it (plain_us: the pair measured alike, so their ratio is fair):
 // {us, plain_us, kernel}; not in the sum (the step runs it where the model fuses,
-// docs/perf-notes.md). {"kernel": "none"} where it has none. views: gemm_sum_ms's weight copies.
+// docs/perf-journal/perf-notes-journal-2026.md). {"kernel": "none"} where it has none. views: gemm_sum_ms's weight copies.
 nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bits* x,
                                  const std::vector<cuda::W4A16Weights>& views, void* stream) {
   const int copies = static_cast<int>(views.size());

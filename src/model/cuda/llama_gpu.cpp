@@ -11,12 +11,12 @@
 #include <tuple>
 
 #include "base/dtype.h"
-#include "gemm/w4a16_pack.h"
+#include "ops/w4a16_pack.h"
 #include "model/cuda/gemm_dispatch.h"
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 namespace qspec {
 namespace {
@@ -56,8 +56,8 @@ void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
 struct Linear {
   int64_t n = 0, k = 0, in_k = 0;
   DeviceMemory w16;            // f16 [n, k] (W16A16)
-  DeviceMemory codes, scales;  // gemm/w4a16_pack.h layout (W4A16)
-  DeviceMemory bitplanes;      // gemm/w4_bitplanes.h copy, only where the GEMM policy runs Bitwise
+  DeviceMemory codes, scales;  // ops/w4a16_pack.h layout (W4A16)
+  DeviceMemory bitplanes;      // ops/w4_bitplanes.h copy, only where the GEMM policy runs Bitwise
   cuda::W4A16Weights view{};
   bool quantized = false;
   ArcSite site;         // the input's ARC calibration (uncalibrated: no reorder, no tail)
@@ -144,7 +144,7 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
 // From how many rows the reorder and quantizer of an ARC site run as one launch
 // (cuda::gather_quantize) instead of two: measured 6 % faster TTFT at 1024 tokens, and -4 to +3 %
 // on decode steps of 1-64 rows, where one block a row is a longer chain than the two launches
-// PDL overlaps (docs/perf-notes.md). QSPEC_GATHER_QUANTIZE_MIN_ROWS, a benchmark knob.
+// PDL overlaps (docs/perf-journal/perf-notes-journal-2026.md). QSPEC_GATHER_QUANTIZE_MIN_ROWS, a benchmark knob.
 int64_t gather_quantize_min_rows() {
   static const int64_t rows = [] {
     const char* text = std::getenv("QSPEC_GATHER_QUANTIZE_MIN_ROWS");

@@ -1,7 +1,7 @@
 // The forward pass of a Llama-family model on the GPU (CUDA builds only: compiled into
 // qspec_core when QSPEC_HAVE_CUDA). Plain C++ over ops/cuda/ops.h: f16 activations and residual
 // stream, f32 statistics and accumulation; W16A16 through cuBLAS (checkpoint weights converted
-// to f16 at upload), W4A16 through the packed 4-bit kernels (gemm/w4a16_pack.h); q/k/v and
+// to f16 at upload), W4A16 through the packed 4-bit kernels (ops/w4a16_pack.h); q/k/v and
 // gate/up fused into one GEMM each. Several sequences at once, each with its own paged KV cache
 // (sequence s owns blocks s * blocks_per_seq ...); a step runs any mix of prefill chunks, decode
 // tokens and multi-token verify runs. Decode steps (one token per sequence, sequences 0..B-1)
@@ -41,7 +41,7 @@ struct GpuLlamaOptions {
   bool cuda_graphs = true;      // decode steps replay captured graphs
   // QSpec verify steps (every run γ + 1 tokens with all logits, nothing else in the step) replay
   // graphs too, one per (runs, tokens a run, context bucket, activations), captured on first use.
-  // 0.11-0.15 ms less a QSpec cycle on an H200 (docs/perf-notes.md, "Verify steps as CUDA
+  // 0.11-0.15 ms less a QSpec cycle on an H200 (docs/perf-journal/perf-notes-journal-2026.md, "Verify steps as CUDA
   // graphs"). QSPEC_VERIFY_GRAPHS=0 / 1 overrides it for every model.
   bool verify_graphs = true;
   // Synthetic models only (GpuLlama::synthetic): > 0 makes every 4-bit projection ARC-calibrated

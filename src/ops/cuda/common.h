@@ -226,7 +226,7 @@ __device__ __forceinline__ void grid_launch_dependents() {
 // kernel is a W4A16 GEMM, its blocks then become resident while this kernel still waits, and
 // issue their first weight loads (which need nothing from either kernel) during the previous
 // kernel's drain: the W4A16 decode step at batch 1-8 is 4 % shorter with it on the RMSNorm and
-// SiLU kernels (H100, docs/perf-notes.md). It stays off elsewhere: on every small kernel it cost
+// SiLU kernels (H100, docs/perf-journal/perf-notes-journal-2026.md). It stays off elsewhere: on every small kernel it cost
 // up to 3 % (W4A8) and 7.5 % (W4A4-nvfp4) in the low-precision steps, whose activation
 // quantizers sit between these kernels and their GEMMs. Either order is correct: every kernel
 // waits before it reads its predecessor's output or writes global memory, and a wait returns

@@ -39,7 +39,7 @@ int linear_w16_small_m_k_slices(int64_t k) {
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
   // The most slices that keep >= 256 k a warp: on the H100 8 slices were the fastest or within
   // 0.5 % on every Llama-3-8B shape at 1 and 8 tokens (2 and 4 up to 29 % slower, down at 2;
-  // docs/perf-notes.md), also where 8 needs a second wave of blocks.
+  // docs/perf-journal/perf-notes-journal-2026.md), also where 8 needs a second wave of blocks.
   const int64_t chunks = (k + kernels::kW16SmallMChunk - 1) / kernels::kW16SmallMChunk;
   int slices = 8;
   while (slices > 1 && chunks / slices < 8) slices /= 2;

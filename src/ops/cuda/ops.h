@@ -357,13 +357,13 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
 
 // ---- GEMMs ----------------------------------------------------------------------------
 
-// 4-bit weights on the device in the layout of gemm/w4a16_pack.h (see there), viewed.
+// 4-bit weights on the device in the layout of ops/w4a16_pack.h (see there), viewed.
 struct W4A16Weights {
   const void* codes = nullptr;   // packed codes, ceil(n/16) * k * 8 bytes
   const void* scales = nullptr;  // packed f16 scale pairs, ceil(n/16) * (k/group) * 8 * 4 bytes
   int64_t n = 0, k = 0;
   int64_t group = 0;  // 32, 64 or 128
-  // Optional bit-plane copy of the codes (gemm/w4_bitplanes.h) for the Bitwise strategy.
+  // Optional bit-plane copy of the codes (ops/w4_bitplanes.h) for the Bitwise strategy.
   const void* bitplanes = nullptr;
 };
 
@@ -392,9 +392,9 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
 // the split-K override (0 = heuristic); 5 = the bulk-copy preload kernel (sm_90a, slices of up to
 // 16 tokens; beyond, variant 1): each warp's weights through a shared-memory ring of one slot (two
 // at one token; QSPEC_W4A16_PRELOAD_KB), the first slots requested before the programmatic-launch wait.
-// docs/perf-notes.md has the timings.
+// docs/perf-journal/perf-notes-journal-2026.md has the timings.
 // x_staging (variants 1 / 2): 0 = the default (shared memory beyond 8 tokens a launch slice,
-// docs/perf-notes.md), 1 = the block copies its k range of x into shared memory first, 2 = x
+// docs/perf-journal/perf-notes-journal-2026.md), 1 = the block copies its k range of x into shared memory first, 2 = x
 // straight from global memory (through L1).
 struct W4A16SmallMConfig {
   int variant = 0;
@@ -582,7 +582,7 @@ QuantizedActivations rmsnorm_quantize(quant::Format format, int64_t group, f16_b
 // with the W4A16 packed weights (one 4-bit weight set for every mode) and quantized activations:
 // each group's sum exact on s8 mma (s32) for int8 / int4 codes, f32 on f16 mma for the f16
 // values (fp8, nvfp4, mxfp4), f32 on e4m3 mma for fp8's e4m3 codes (f16 mma before sm_89; on
-// Hopper the weights' e4m3 conversion makes this slower than the f16 values: docs/perf-notes.md);
+// Hopper the weights' e4m3 conversion makes this slower than the f16 values: docs/perf-journal/perf-notes-journal-2026.md);
 // s_x the token or group scale. The kernels of the W4A16 paths: automatic takes small_m
 // up to 8 tokens and tiled beyond (there is no dequantize + cuBLAS path); the workspace is the
 // W4A16 path's (w4a16_workspace_bytes with that path).
@@ -598,7 +598,7 @@ void w4_quantized_gemm_tiled(const QuantizedActivations& x, int64_t m, const W4A
                              const W4A16TiledConfig& config = {});
 
 // ADAngel's Bitwise strategy (kernels/w4_bitwise.cuh): int8 or int4 activations, weight groups of
-// 128, k % 128 == 0 (w4_bitwise_supports), over the weights' bit-plane copy (gemm/w4_bitplanes.h;
+// 128, k % 128 == 0 (w4_bitwise_supports), over the weights' bit-plane copy (ops/w4_bitplanes.h;
 // gemm::bitplane_bytes(n, k) bytes, made by w4_bitplanes_from_packed). Any m, in slices of 8 tokens;
 // the workspace is the small-M path's.
 bool w4_bitwise_supports(const W4A16Weights& w, quant::Format format);
@@ -616,7 +616,7 @@ void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W
 
 // W4A8 for many tokens on Hopper's warpgroup mma, 128 x 128 tiles. int8: the register-A kernel
 // (w4_s8_gemm_registers below: the packed weights unpacked in the mma threads' registers; 1.15-1.24x
-// the unpack kernel + GEMM at 1024 tokens, docs/perf-notes.md), or with QSPEC_W4S8_REGISTERS=0
+// the unpack kernel + GEMM at 1024 tokens, docs/perf-journal/perf-notes-journal-2026.md), or with QSPEC_W4S8_REGISTERS=0
 // (a benchmark knob) and for fp8 (kernels/w4_s8_wgmma.cuh): the packed weights unpacked to 8 bits
 // in the workspace (w4_s8_wgmma_workspace_bytes: the split-K counters, then n x k bytes), then the
 // GEMM on them. The workspace is required either way. Needs the sm_90a build on a compute
@@ -633,7 +633,7 @@ void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const 
 // row-major; the GEMM on them. variant (benchmarks): 0 = the default, (5 ring stages, 2 groups an
 // unrolled iteration, 3 of every 8 group sums converted by I2F); 1..kW4S8WgmmaVariants = (5, 2, no
 // I2F), (5, 4, none), (5, 2, 2 of 8), (5, 2, 3 of 8). The unroll of 4 spills (255 registers) and runs 10-15 % slower
-// (docs/perf-notes.md); (5, 8) serialized the wgmma. 5: the fused kernel's warp-specialized loop (a
+// (docs/perf-journal/perf-notes-journal-2026.md); (5, 8) serialized the wgmma. 5: the fused kernel's warp-specialized loop (a
 // producer warpgroup for the copies, no block barrier a stage) on these weights: measured equal.
 inline constexpr int kW4S8WgmmaVariants = 5;
 void w4_unpack_s8(const W4A16Weights& w, int8_t* out, void* stream);

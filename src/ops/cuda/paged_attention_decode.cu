@@ -23,7 +23,7 @@ auto* tiles_kernel(int heads_per_block) {
 }
 
 // automatic: the tensor-core tiles wherever they run (head_dim 64 and 128; the f32 tiles at 32).
-// Measured on the H100 (docs/perf-notes.md, "Decode attention on tensor cores" and "The decode
+// Measured on the H100 (docs/perf-journal/perf-notes-journal-2026.md, "Decode attention on tensor cores" and "The decode
 // attention's automatic choice at long contexts"), W4A16 steps against the f32 tiles: at contexts
 // of 512-560 keys 1-4 % shorter at batch 8-64 (the same at batch 1), at 2048 keys 3.5-12 % shorter
 // at batch 8-64, on Llama-3-8B (GQA) and Llama-2-7B (MHA) shapes. An earlier rule ran the f32

@@ -1,6 +1,6 @@
 // Launchers of ADAngel's Bitwise strategy (kernels/w4_bitwise.cuh) and of the GPU twin of
-// gemm::pack_w4_bitplanes (one thread a bit-plane word, gemm/w4_bitplanes.h's bitplane_word).
-#include "gemm/w4_bitplanes.h"
+// gemm::pack_w4_bitplanes (one thread a bit-plane word, ops/w4_bitplanes.h's bitplane_word).
+#include "ops/w4_bitplanes.h"
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_bitwise.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"

@@ -76,7 +76,7 @@ CUtensorMap int8_box_map(const void* base, int64_t rows, int64_t cols, int64_t p
   return map;
 }
 
-// The packed weights (gemm/w4a16_pack.h: [row blocks][k * 8 bytes]) as 128-byte rows, k / 16 of
+// The packed weights (ops/w4a16_pack.h: [row blocks][k * 8 bytes]) as 128-byte rows, k / 16 of
 // them a row block, in boxes of one stage (8 rows) of 8 row blocks, 128-byte swizzle; row blocks
 // past the matrix read as zeros.
 CUtensorMap packed_stage_map(const void* codes, int64_t row_blocks, int64_t k, const char* who) {
@@ -325,7 +325,7 @@ bool w4_s8_cooperative_supports(const W4A16Weights& w) {
 void w4_quantized_gemm_s8_wgmma(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream) {
   const char* who = "cuda::w4_quantized_gemm_s8_wgmma";
-  // int8: the register-A kernel (no unpack kernel, no scratch weights; docs/perf-notes.md). fp8,
+  // int8: the register-A kernel (no unpack kernel, no scratch weights; docs/perf-journal/perf-notes-journal-2026.md). fp8,
   // or int8 with QSPEC_W4S8_REGISTERS=0: the unpack kernel into the workspace, then the GEMM
   // (1.07-1.15x faster than the fused kernel). QSPEC_W4S8_FUSED=1 / QSPEC_W4S8_COOPERATIVE=1
   // (benchmark knobs) dispatch the fused or the cooperative kernel instead.

@@ -12,7 +12,7 @@ namespace detail {
 kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
   QSPEC_CHECK(w.codes != nullptr && w.scales != nullptr, "cuda::w4a16: null weights");
   QSPEC_CHECK(w.group == 32 || w.group == 64 || w.group == 128, "cuda::w4a16: kernel group ", w.group,
-              " (supported: 32, 64, 128; see gemm/w4a16_pack.h)");
+              " (supported: 32, 64, 128; see ops/w4a16_pack.h)");
   QSPEC_CHECK(w.n > 0 && w.k > 0 && w.k % w.group == 0 && w.n < (1ll << 31) && w.k < (1ll << 28),
               "cuda::w4a16: bad weight shape ", w.n, " x ", w.k, " (k must be a multiple of the group ", w.group, ")");
   QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 && reinterpret_cast<uintptr_t>(w.scales) % 4 == 0,
@@ -66,7 +66,7 @@ bool quantized_activations_use_f16(quant::Format format) {
   return format == quant::Format::fp8 || format == quant::Format::nvfp4 || format == quant::Format::mxfp4;
 }
 
-// Crossovers of `automatic` (docs/perf-notes.md has the H100 numbers behind them): the small-M
+// Crossovers of `automatic` (docs/perf-journal/perf-notes-journal-2026.md has the H100 numbers behind them): the small-M
 // kernel up to kSmallMMax tokens, the tiled kernel up to kTiledMaxM, dequantize + cuBLAS beyond.
 // A build may set them (-DQSPEC_W4A16_SMALL_M_MAX=, -DQSPEC_W4A16_TILED_M_MAX=) to try others;
 // ADAngel's tuner (issue 6) replaces both with a measured per-shape policy. H100, Llama-3-8B
@@ -75,7 +75,7 @@ bool quantized_activations_use_f16(quant::Format format) {
 // dequantize + cuBLAS from 256 (394 vs 400 us).
 // Where the preload kernel runs (sm_90a), f16 GEMMs stay on the small-M path up to
 // kSmallMMaxPreload tokens (one preload launch): measured in the whole decode step on the H100
-// (docs/perf-notes.md, "The preload kernel at 9-16 tokens"), the W4A16 step is 14 / 9 / 5 %
+// (docs/perf-journal/perf-notes-journal-2026.md, "The preload kernel at 9-16 tokens"), the W4A16 step is 14 / 9 / 5 %
 // shorter at batch 9 / 12 / 16 than with the tiled kernel there, which the per-GEMM timings
 // above favoured.
 #ifndef QSPEC_W4A16_SMALL_M_MAX

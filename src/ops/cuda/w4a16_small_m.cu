@@ -175,7 +175,7 @@ void stream_launch(int group, int mt, int variant, const kernels::W4A16SmallMPar
 // ---- variant 5: the bulk-copy preload kernel (kernels/w4a16_preload.cuh), m <= 16 a launch ----
 
 // Shared memory a preload block may take for its rings: 24 KB is one slot (4 chunks, 2 KB) a
-// warp. Measured in the Llama-3-8B decode step (docs/perf-notes.md): every deeper ring (2, 3,
+// warp. Measured in the Llama-3-8B decode step (docs/perf-journal/perf-notes-journal-2026.md): every deeper ring (2, 3,
 // 4, 5 and 11 slots) was slower at every batch of 1-8, 11 slots by 30 %, and so were smaller
 // slots; larger ones cost registers (8-chunk slots: 123 instead of 98) and more than they gave.
 // One token is the exception, measured later on the H100 at c1b74cd: two slots a warp (48 KB) made
@@ -217,7 +217,7 @@ int preload_k_slices_override() {
   return slices;
 }
 // Whether the preload kernel's weight copies carry the L2 evict-first hint (QSPEC_W4A16_EVICT_FIRST
-// 0 / 1; default on: docs/perf-notes.md, "K slices inside the W4A16 GEMM's blocks, L2 prefetch,
+// 0 / 1; default on: docs/perf-journal/perf-notes-journal-2026.md, "K slices inside the W4A16 GEMM's blocks, L2 prefetch,
 // evict-first").
 bool preload_evict_first() {
   static const bool on = env_int("QSPEC_W4A16_EVICT_FIRST", 1, 0, 1) != 0;
@@ -235,7 +235,7 @@ bool one_split_kernel_on() {
 // One-split plain launches at two token tiles (9-16 tokens) on the one-split instance with half a
 // slot of x ahead, as SwiGLU's there: 119 registers and no spills against the general instance's
 // 128 and 16 bytes. H100 steps at batch 9 / 12 / 16: Llama-3-8B −1.8 / −1.8 / −1.9 %, Qwen2.5-7B
-// −0.7 / −1.1 / −1.7 %, Llama-2-7B +0.8 / −1.9 / −2.4 % (docs/perf-notes.md, "The one-split instance
+// −0.7 / −1.1 / −1.7 %, Llama-2-7B +0.8 / −1.9 / −2.4 % (docs/perf-journal/perf-notes-journal-2026.md, "The one-split instance
 // at 9-16 tokens"). QSPEC_W4A16_ONE_SPLIT_TWO_TILES=0: the general instance there (A/B runs).
 bool one_split_two_tiles_on() {
   static const bool on = env_int("QSPEC_W4A16_ONE_SPLIT_TWO_TILES", 1, 0, 1) == 1;
@@ -290,7 +290,7 @@ int preload_ring_slots(int64_t chunks_per_split, int64_t m) {
 // wave of `block_slots` and leave every warp at least 4 chunks (256 k); 1 where none does (then
 // split-K across blocks fills the GPU, as before). Except where one k slice is more than one wave
 // but at most two: the second wave is then a tail of whole blocks on a few multiprocessors, and
-// 2 slices (half-length blocks) halve it. Measured on the H100 (docs/perf-notes.md, "The preload
+// 2 slices (half-length blocks) halve it. Measured on the H100 (docs/perf-journal/perf-notes-journal-2026.md, "The preload
 // kernel at 9-16 tokens"): Qwen2.5-7B's gate_up (296 blocks of one slice for 264 slots) 11-15 %
 // faster alone at 1-16 tokens with 2 slices (its step 3.2-5.0 % shorter at batch 1-16); 4 slices
 // gained less, 8 lost.
@@ -359,7 +359,7 @@ PreloadPlan plan_preload(const kernels::W4A16Layout& layout, int64_t slice, cons
 // Whether gate_up with SwiGLU at two token tiles (9-16 tokens) holds half a slot of x ahead
 // instead of a whole one (w4_preload_kernel's X_AHEAD). A whole slot is 64 registers of x there,
 // and the kernel spills at the 128-register cap; half a slot does not. Measured on the H100
-// (docs/perf-notes.md, "The preload kernel at 9-16 tokens"): steps at batch 9-16 2.4-5.2 % shorter on
+// (docs/perf-journal/perf-notes-journal-2026.md, "The preload kernel at 9-16 tokens"): steps at batch 9-16 2.4-5.2 % shorter on
 // Llama-3-8B (0.5-2.5 % in a rerun on another H100) and 3.1-4.8 % on Llama-2-7B (one slice, one
 // wave), 0.3-2.6 % on Qwen2.5-7B (two slices, plan_k_slices). The one loss measured was Qwen2.5-7B's gate_up in one slice and more than
 // one wave (+1.2-1.6 %), a partition the planner no longer makes (QSPEC_W4A16_TAIL_SLICES=0 does).

@@ -24,7 +24,7 @@ using Tile128x128 = kernels::W4A16TileShape<16, 1, 8, 2, 3, 1>;
 // 128x32: 256x32's warp tile in blocks of 4 warps, two a multiprocessor (97.5 KB of shared
 // memory each), so Llama-3-8B's gate_up (224 row tiles) fills every multiprocessor where 256x32's
 // 112 blocks of one a multiprocessor left 20 idle: 5-8 % faster on every layer GEMM at 17-32
-// tokens on the H100 (docs/perf-notes.md, "A 128x32 tile").
+// tokens on the H100 (docs/perf-journal/perf-notes-journal-2026.md, "A 128x32 tile").
 using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
 // 128x64 and 128x32 with 8 warps of one row block each (RPW 1): twice the warps a multiprocessor
 // (128 and 120 registers), each x fragment read for one row block instead of two. The same
@@ -34,7 +34,7 @@ using Tile128x32 = kernels::W4A16TileShape<4, 2, 4, 2, 6, 2>;
 // 0.2-2.9 µs faster each alone; Llama-2-7B's qkv (2048 k a split) ran 0.7 µs slower alone but its
 // steps at batch 17-32 were 0.6-1.9 % shorter with it than without; the long splits (one-split
 // gate_up) ran 3-12 µs slower; at 48-64 tokens the steps gained at most 1 % and Qwen2.5-7B's lost
-// 1.6 % at 64 (docs/perf-notes.md, "Eight warps a block for the short split-K GEMMs").
+// 1.6 % at 64 (docs/perf-journal/perf-notes-journal-2026.md, "Eight warps a block for the short split-K GEMMs").
 // QSPEC_W4A16_WARPS8=0 never takes them (A/B runs).
 using Tile128x64w8 = kernels::W4A16TileShape<8, 1, 8, 2, 4, 2>;
 using Tile128x32w8 = kernels::W4A16TileShape<4, 1, 8, 2, 6, 2>;
@@ -144,7 +144,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // * 128x32 (two blocks a multiprocessor) at 17-32 tokens, 5-8 % faster than 256x32 on every
 //   Llama-3-8B GEMM on the H100; and at 41-64 where its blocks fit one wave without split-K (o,
 //   qkv and down of Llama-3-8B, not gate_up). There its time is flat in m (two token tiles) while
-//   the 64-token tiles' grows (docs/perf-notes.md, "A 128x32 tile"). And, for f16 activation
+//   the 64-token tiles' grows (docs/perf-journal/perf-notes-journal-2026.md, "A 128x32 tile"). And, for f16 activation
 //   values, at 65-96 tokens (three token tiles) where k <= 4096: every qkv, o and gate_up of
 //   Llama-3-8B and Qwen2.5-7B 2-28 % faster there than 128x64; not the long-k down projections,
 //   not 97-128 tokens (gate_up 9-11 % slower), not int8 (Llama-3-8B's gate_up 3 % slower)

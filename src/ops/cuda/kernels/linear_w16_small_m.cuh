@@ -4,7 +4,7 @@
 // Why not cuBLAS at these sizes: a decode step's f16 GEMMs are weight streams (1 GB for Llama-3's
 // lm_head, 50-235 MB a layer in W16A16), and cuBLAS reads them at 2.1-2.8 TB/s on the H100 without
 // programmatic dependent launch, so its first weights leave HBM only after the previous kernel
-// has ended (docs/perf-notes.md, "A small-M f16 GEMM"). Here each warp's first weights are loaded
+// has ended (docs/perf-journal/perf-notes-journal-2026.md, "A small-M f16 GEMM"). Here each warp's first weights are loaded
 // before the grid-dependency wait, and the loop keeps the next chunks' loads in flight while it
 // multiplies the current ones.
 //
@@ -28,7 +28,7 @@ inline constexpr int kW16SmallMChunk = 32;  // k values a lane group covers per 
 // Chunks a warp has in flight per load batch (118 registers: 2 blocks a multiprocessor). Two
 // versions with a second tile of 8 tokens lost to cuBLAS at 9-16 tokens (2 chunks a batch, as 4
 // spilled: +3 % at batch 16 in the decode step; 4 chunks with each chunk's x loaded before its
-// mma: up to 19 % slower than cuBLAS alone; docs/perf-notes.md), so the kernel takes one tile.
+// mma: up to 19 % slower than cuBLAS alone; docs/perf-journal/perf-notes-journal-2026.md), so the kernel takes one tile.
 inline constexpr int kW16SmallMUnroll = 4;
 
 struct W16SmallMParams {

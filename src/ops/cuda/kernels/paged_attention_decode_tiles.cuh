@@ -19,7 +19,7 @@
 // into the cache, and the thread that copied that key's (stale) slot into a tile overwrites its
 // own copy from registers. Since no other kernel of the step writes what the tiles copy, the
 // first two tiles' copies then issue before the grid-dependency wait, during the QKV GEMM's
-// drain. Measured on the H100 (docs/perf-notes.md): the folding alone gained nothing (the
+// drain. Measured on the H100 (docs/perf-journal/perf-notes-journal-2026.md): the folding alone gained nothing (the
 // rotation's round trips move into this kernel); the early copies make the step 0.8 / 2.5 /
 // 1.6 % shorter at batch 8 / 16 / 64, and batch 1 is unchanged.
 //
@@ -176,7 +176,7 @@ __device__ __forceinline__ void finish_split_mma(const DecodeParams& p, const fl
 // A per-phase clock of the tiles kernel (a measurement build only: -DQSPEC_ATTENTION_STAMPS=N
 // prints, from thread 0 of every MMA block, the global timer at each phase of launches N .. N + 3;
 // a block reads the launch number at its entry and block (0, 0, 0) advances it at its end, so
-// launches that overlap can mix; tools/attention_stamps.py summarizes, docs/perf-notes.md "Where
+// launches that overlap can mix; tools/attention_stamps.py summarizes, docs/perf-journal/perf-notes-journal-2026.md "Where
 // the batch-1 attention's time goes"). Without the macro the kernel's code is unchanged.
 #ifdef QSPEC_ATTENTION_STAMPS
 __device__ unsigned g_attention_stamp_launch;

@@ -40,7 +40,7 @@ __device__ __forceinline__ void load_residual8(__half* x, const __half* __restri
 // The 8 f32 weights of this thread's first vector (zeros past the row): constants, which the
 // kernels load before their grid-dependency wait. Measured against loading them after it (H100,
 // W4A16 decode at batch 1-16): no difference beyond noise; the load was not on the chain, but
-// this order cannot put it there (docs/perf-notes.md, "RMSNorm weights before the wait").
+// this order cannot put it there (docs/perf-journal/perf-notes-journal-2026.md, "RMSNorm weights before the wait").
 __device__ __forceinline__ void load_first_weights8(const float* __restrict__ weight, int64_t dim, float (&w)[8]) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) w[e] = 0.0f;

@@ -1,5 +1,5 @@
 // Sampling the next token from f16 logit rows on the device (cuda::sample_logits_f16, ops.h).
-// The CPU twin is Sampler::sample_with_draw (runtime/sampler.h): the same repetition penalty,
+// The CPU twin is Sampler::sample_with_draw (ops/sample.h): the same repetition penalty,
 // temperature, top_k / top_p / min_p filters over the candidate order (score descending, lower
 // id first on ties), and the same inverse-CDF draw over the kept tokens in id order.
 //

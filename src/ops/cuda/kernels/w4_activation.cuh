@@ -1,4 +1,4 @@
-// How activations meet the packed 4-bit weights (gemm/w4a16_pack.h) in the small-M and tiled
+// How activations meet the packed 4-bit weights (ops/w4a16_pack.h) in the small-M and tiled
 // kernels: one policy per activation type, so the weight streaming, split-K and fix-up code
 // exists once.
 //
@@ -22,7 +22,7 @@
 //   ActE4M3       one f32 scale per token (W4A8-fp8 as e4m3 codes, s = amax / 448), applied to
 //                 the finished row; each group's sum in f32 on e4m3 mma. On the H100 this runs
 //                 slower than fp8 as f16 values on f16 mma (the weights' conversion to e4m3 costs
-//                 more issue slots than the faster mma saves; docs/perf-notes.md), so the engine
+//                 more issue slots than the faster mma saves; docs/perf-journal/perf-notes-journal-2026.md), so the engine
 //                 writes e4m3 codes only for the wgmma kernel (kernels/w4_s8_wgmma.cuh).
 //   ActS8         one f32 scale per token (W4A8 int8), applied to the finished row.
 //   ActS8Grouped  one f32 scale per token and activation group (W4A4 int4 codes in int8 bytes),
@@ -202,7 +202,7 @@ __device__ __forceinline__ uint32_t nibbles_to_e4m3x4(uint32_t nibbles, uint32_t
   return (positive & high) | (negative & ~high);
 }
 
-// One packed word (8 nibbles: even ones row g, odd ones row g + 8, gemm/w4a16_pack.h) -> the two
+// One packed word (8 nibbles: even ones row g, odd ones row g + 8, ops/w4a16_pack.h) -> the two
 // e4m3 A registers of one k16 half of the pair, in ActS8's byte order: row g (n0, n4, n2, n6),
 // row g + 8 (n1, n5, n3, n7).
 __device__ __forceinline__ void int4_word_to_e4m3(uint32_t w, uint32_t& row_g, uint32_t& row_g8) {
@@ -265,7 +265,7 @@ struct ActE4M3 {
 // signed high nibble and lo the unsigned low one, each promoted to s8 (Hopper has no native s4
 // mma), two mma a k pair, reconstructed as 16 P_hi + P_lo when the group is flushed. The integer
 // sums are exactly ActS8's (so is the output); the cost is twice the mma work, which is why Split
-// is dominated on sm_90 (docs/perf-notes.md measures it).
+// is dominated on sm_90 (docs/perf-journal/perf-notes-journal-2026.md measures it).
 struct ActS8Split : ActS8 {
   using Frag = uint4;  // hi.x, hi.y, lo.x, lo.y
   struct GroupAcc {

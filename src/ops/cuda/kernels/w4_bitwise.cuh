@@ -6,7 +6,7 @@
 // -2^(bits-1). Integer sums are exact; each weight group's sum is scaled in f32 as in the
 // Padding kernels.
 //
-// Operands (gemm/w4_bitplanes.h): an mma's A is 16 rows = 4 weight rows x 4 weight planes
+// Operands (ops/w4_bitplanes.h): an mma's A is 16 rows = 4 weight rows x 4 weight planes
 // (the bit-plane copy of the weights, one 16-byte load per lane gives two row quads); its B is 8
 // columns = one int8 token's 8 planes or two int4 tokens' 4 planes, built once per block in
 // shared memory from the codes with warp ballots. Of the mma's 256 k bits only the first 128 are

@@ -1,5 +1,5 @@
 // W4A8 GEMM for many tokens on Hopper's warpgroup mma: y[m, n] = x[m, k] W[n, k]^T with W int4
-// (gemm/w4a16_pack.h, weight groups of 128) and x int8 codes with a scale per token. Same math as
+// (ops/w4a16_pack.h, weight groups of 128) and x int8 codes with a scale per token. Same math as
 // the tiled kernel's ActS8 policy, bit for bit: each group's sum exact in s32, scaled by its
 // weight group scale in f32 (fma, groups in k order), token scales at the end, f16 out.
 //

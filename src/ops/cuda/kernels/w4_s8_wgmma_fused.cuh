@@ -38,7 +38,7 @@
 // kernel already wrote (a TMA box like the tokens'), and the cooperative unpack, where the blocks
 // of a row tile write those weights themselves, once, while the GEMM runs
 // (w4_s8_cooperative_producer). All three give the same bits; none beats the unpack kernel +
-// w4_s8_wgmma_kernel at 1024-4096 tokens (docs/perf-notes.md), so they run only when asked for.
+// w4_s8_wgmma_kernel at 1024-4096 tokens (docs/perf-journal/perf-notes-journal-2026.md), so they run only when asked for.
 // (For int8 the register-A kernel, w4_s8_wgmma_rs.cuh, which keeps no int8 weight tile at all,
 // beats all of them and is the default.)
 #pragma once

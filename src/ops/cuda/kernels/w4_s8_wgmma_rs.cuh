@@ -12,7 +12,7 @@
 // weights) and issues the wgmma with A from registers (wgmma ... {a0..a3}, b-desc): no int8
 // weight tile anywhere.
 //
-// The fragment. The packed layout (gemm/w4a16_pack.h) is mma.m16n8k32's A fragment with k
+// The fragment. The packed layout (ops/w4a16_pack.h) is mma.m16n8k32's A fragment with k
 // permuted: lane 4g + t' holds rows g / g + 8 (even / odd nibbles) at physical k 8t'..8t'+7 of each
 // 32-k pair (word 0: 8t'..+3, word 1: 8t'+4..+7), the order the mma.sync kernels' x loads match.
 // A wgmma reads its B (the tokens) from shared memory unpermuted, so thread (g, t) needs k 4t..4t+3

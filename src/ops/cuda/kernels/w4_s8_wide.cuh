@@ -1,5 +1,5 @@
 // W4A8 GEMM for many tokens (prefill, large verify batches): y[m, n] = x[m, k] W[n, k]^T with W
-// int4 (gemm/w4a16_pack.h) and x int8 codes with a scale per token. Same math as the tiled
+// int4 (ops/w4a16_pack.h) and x int8 codes with a scale per token. Same math as the tiled
 // kernel's ActS8 policy, bit for bit (each scale group's sum exact in s32, scaled by the weight
 // group scale in f32, groups in k order; token scales at the end), built for the compute-bound
 // regime where the tiled kernel runs at a third of the s8 mma.sync peak.

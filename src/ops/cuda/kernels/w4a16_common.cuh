@@ -1,4 +1,4 @@
-// Pieces shared by the W4A16 kernels: the packed layout (gemm/w4a16_pack.h) and the lop3 /
+// Pieces shared by the W4A16 kernels: the packed layout (ops/w4a16_pack.h) and the lop3 /
 // magic-number int4 -> f16 dequantization.
 #pragma once
 #include "ops/cuda/common.h"

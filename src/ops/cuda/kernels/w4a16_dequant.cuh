@@ -1,4 +1,4 @@
-// Packed W4A16 weights (gemm/w4a16_pack.h) -> f16 [n, k] row-major, for the cuBLAS path.
+// Packed W4A16 weights (ops/w4a16_pack.h) -> f16 [n, k] row-major, for the cuBLAS path.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_common.cuh"

@@ -10,7 +10,7 @@ namespace qspec::cuda::detail {
 inline constexpr int64_t kW4A16TileRows = 128;    // rows per block for every variant
 inline constexpr int64_t kW4A16MaxSliceM = 64;    // tokens per launch (8 mma n-tiles)
 inline constexpr int64_t kW4A16MaxSplits = 64;
-// The small-M variant `automatic` and variant 0 take for f16 activations (docs/perf-notes.md:
+// The small-M variant `automatic` and variant 0 take for f16 activations (docs/perf-journal/perf-notes-journal-2026.md:
 // measured fastest in the decode step): 5, the preload kernel, where it runs (sm_90a, 16-byte
 // aligned weights, up to 16 tokens a slice), variant 1 elsewhere.
 inline constexpr int kW4A16DefaultVariant = 5;

@@ -7,7 +7,7 @@
 // need) in shared memory; one lane issues a slot's copies, so a slot costs no registers and a
 // few instructions, and the first R slots are requested before griddepcontrol.wait (weights do
 // not depend on the previous kernel). It was written to request a GEMM's whole split during the
-// kernels before it; measured in the decode step (docs/perf-notes.md, "The preload kernel"),
+// kernels before it; measured in the decode step (docs/perf-journal/perf-notes-journal-2026.md, "The preload kernel"),
 // deeper rings and smaller slots were slower, so the launcher defaults to one slot a warp (two at
 // one token, measured later: −1.5 % at batch 1 on the H100), one wave of two blocks a multiprocessor. What it gains over variant 1 (6 % of the batch-1 step)
 // comes from few large copies a warp and few registers a thread (98), not from depth.
@@ -135,7 +135,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     else bulk_copy_to_shared(dst, src, bytes, barrier);
   };
   // Slot i into ring slot r (= i % R, which the caller tracks: a runtime division costs ~35
-  // instructions, and this kernel is bound by instruction issue on the H200, docs/perf-notes.md).
+  // instructions, and this kernel is bound by instruction issue on the H200, docs/perf-journal/perf-notes-journal-2026.md).
   auto issue = [&](int i, int r) {  // lane 0 only
     int c0, nc, g0, ng;
     slot_range(i, c0, nc, g0, ng);

@@ -1,4 +1,4 @@
-// 4-bit-weight GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (gemm/w4a16_pack.h)
+// 4-bit-weight GEMM for few tokens: y[m, n] = x[m, k] W[n, k]^T with W int4 (ops/w4a16_pack.h)
 // and x f16 (Act = ActF16), emulated fp8 / fp4 in f16 (ActF16Scaled), per-token int8 (ActS8) or
 // grouped int4 (ActS8Grouped): kernels/w4_activation.cuh.
 // Computed as y^T = W x^T on mma.sync: 16 weight rows are A, 8 tokens are B.

@@ -1,5 +1,5 @@
 // 4-bit-weight GEMM for tens to hundreds of tokens: y[m, n] = x[m, k] W[n, k]^T with W int4
-// (gemm/w4a16_pack.h) and x in any activation policy of kernels/w4_activation.cuh. Same math as
+// (ops/w4a16_pack.h) and x in any activation policy of kernels/w4_activation.cuh. Same math as
 // w4a16_small_m.cuh, bit for bit: y^T = W x^T on mma.sync (16 weight rows are A, 8 tokens are
 // B), weights unpacked into exact f16 (int8) integers, each scale group accumulated in f32 (s32)
 // and then scaled by the group's scale in f32; token scales at the end.
@@ -19,7 +19,7 @@
 // and reads back only its own 16 bytes of each 512-byte chunk (no bank conflicts, and the
 // per-stage barrier that x needs anyway orders the slot reuse).
 //
-// Why no ldmatrix for x: the packed k order (gemm/w4a16_pack.h) makes lane 4g+t's B fragments
+// Why no ldmatrix for x: the packed k order (ops/w4a16_pack.h) makes lane 4g+t's B fragments
 // of a pair the 8 consecutive values x[g][32P + 8t ..], i.e. one 16-byte (f16) or 8-byte (int8)
 // shared load, as many instructions as ldmatrix.x4 (which would deliver pairs 2t, 2t+1: the
 // unpermuted order). x rows are 64 CH values (a multiple of 128 bytes) and unpadded; their 16-byte
@@ -171,7 +171,7 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
 // Where the ring's refill goes in a stage (LATE_REFILL): after the first chunk's shared loads,
 // predicated, with its copy addresses a base set up once plus the stage's offset, so that the
 // compiler interleaves its ~100-150 instructions with that chunk's unpack and mma; or (false)
-// first, after the barrier, as one branch. Measured on the H100 (docs/perf-notes.md, "The ring's
+// first, after the barrier, as one branch. Measured on the H100 (docs/perf-journal/perf-notes-journal-2026.md, "The ring's
 // refill among the mma"): the plain 4-token-tile launches (128x32: qkv, o, down at 41-64 tokens,
 // down at 17-32) and the int8 tiles gain (down 0.6-1.8 µs a launch at 64 tokens; W4A16 steps at
 // batch 48-64 0.4-3.1 % shorter on Llama-3-8B, Qwen2.5-7B, Llama-2-7B). The late place keeps more

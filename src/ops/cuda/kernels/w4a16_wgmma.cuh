@@ -9,7 +9,7 @@
 // shared memory, 64 rows x 64 tokens x 16 k a warpgroup an instruction, asynchronously.
 //
 // The A fragments are the tiled kernel's: each lane unpacks its own 16 bytes of a chunk of the
-// packed layout (gemm/w4a16_pack.h) with ActF16::unpack into exact f16 integers, which are the
+// packed layout (ops/w4a16_pack.h) with ActF16::unpack into exact f16 integers, which are the
 // mma.m16n8k16 A fragments of the two k16 steps of each pair in its permuted k order. A wgmma's
 // A register fragment is that same layout for each warp's 16 rows. So the tokens in shared memory
 // must be in that permuted k order too: the k16 step s of a 32-k pair holds, at logical k 8h + 2t + e,

@@ -1,4 +1,4 @@
-#include "runtime/sampler.h"
+#include "ops/sample.h"
 
 #include <algorithm>
 #include <cmath>

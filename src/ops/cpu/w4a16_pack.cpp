@@ -1,4 +1,4 @@
-#include "gemm/w4a16_pack.h"
+#include "ops/w4a16_pack.h"
 
 #include <cstring>
 

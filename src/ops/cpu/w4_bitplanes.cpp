@@ -1,8 +1,8 @@
-#include "gemm/w4_bitplanes.h"
+#include "ops/w4_bitplanes.h"
 
 #include <cstring>
 
-#include "gemm/w4a16_pack.h"
+#include "ops/w4a16_pack.h"
 #include "qspec/error.h"
 
 namespace qspec::gemm {

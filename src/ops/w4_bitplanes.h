@@ -1,7 +1,7 @@
 // Bit-plane layout of 4-bit weights for ADAngel's Bitwise strategy (issue 6; DPR: both operands
 // decomposed into 1-bit planes, every plane pair one b1 mma.m16n8k256 with and.popc, products
 // reconstructed with the planes' two's complement weights). Built from the packed W4A16 layout
-// (gemm/w4a16_pack.h): on the host by pack_w4_bitplanes (the CPU twin, tested against the packed
+// (ops/w4a16_pack.h): on the host by pack_w4_bitplanes (the CPU twin, tested against the packed
 // layout's own decoding) and on the GPU by cuda::w4_bitplanes_from_packed; both call
 // bitplane_word below, so the two agree by construction and the unit test pins the meaning.
 //
@@ -30,7 +30,7 @@ namespace qspec::gemm {
 inline constexpr int64_t kBitplaneGroup = 128;
 
 // Byte offset inside a row block of the packed W4A16 layout of the word holding W[16 rb + r16][col],
-// and the nibble of that word (the layout comment of gemm/w4a16_pack.h).
+// and the nibble of that word (the layout comment of ops/w4a16_pack.h).
 QSPEC_HOST_DEVICE inline int64_t packed_word_byte(int64_t k, int64_t r16, int64_t col, int* nibble) {
   const int64_t g = r16 % 8, high_row = r16 / 8;
   const int64_t pair = col / 32, within = col % 32, t = within / 8, j = (within % 8) / 4, s = within % 4;
