@@ -1,5 +1,4 @@
-// open_regular_file / read_text_file (files.h): the checks a hostile model directory needs
-// before any byte of a file is read.
+// base/files.h: the regular-file check and the capped read, before any byte of a file is read.
 #include "base/files.h"
 
 #include <fcntl.h>

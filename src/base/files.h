@@ -1,6 +1,5 @@
-// Opening and reading files of a model directory that may be hostile: only regular files are
-// ever opened (a FIFO, device or directory is an Error, never a hang or an endless read), and
-// text files are read whole up to a size cap.
+// Safe reads of model-directory files: regular files only, text read whole up to a size cap.
+// A FIFO, device or directory is an Error, never a hang or an endless read.
 #pragma once
 #include <cstdint>
 #include <string>

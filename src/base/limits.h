@@ -1,6 +1,6 @@
-// Upper bounds on what a model directory may declare (config.json, tokenizer.json, GGUF
-// metadata). Each is far above any real model, and low enough that nothing sized from a
-// value within bounds can overflow or exhaust memory before the tensors are checked.
+// Upper bounds on the sizes a model directory may declare (config.json, tokenizer.json, GGUF).
+// Each is far above any real model, and low enough that nothing sized from a value within
+// bounds can overflow or exhaust memory before the tensors are checked.
 #pragma once
 #include <cstdint>
 

@@ -1,5 +1,4 @@
-// ModelConfig: config.json parsed and bounded (every size below the limits of base/limits.h,
-// every token id inside the vocabulary), and the RoPE tables it implies.
+// ModelConfig from config.json (every size bounded, every token id in the vocabulary) and RoPE tables.
 #include "model/config.h"
 
 #include <cmath>

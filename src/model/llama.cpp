@@ -1,5 +1,4 @@
-// LlamaModel: loading a checkpoint directory (config, tensors and their cross-checks), the KV
-// cache and the CPU forward pass.
+// LlamaModel: loading and cross-checking a checkpoint directory, the KV cache, the CPU forward pass.
 #include "model/llama.h"
 
 #include <algorithm>

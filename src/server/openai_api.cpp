@@ -1,5 +1,4 @@
-// OpenAI request parsing (every field validated, unsupported options refused by name) and the
-// response objects of the server.
+// OpenAI request parsing (unsupported options refused by name) and the server's response objects.
 #include "server/openai_api.h"
 
 #include <cmath>
