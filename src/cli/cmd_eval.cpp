@@ -297,6 +297,7 @@ void run_gsm(const GsmArgs& args) {
   }
   PreparedModel prepared = load_model_for_modes(args.model_dir, args.modes, args.weights, args.group_size);
   auto tokenizer = Tokenizer::load(args.model_dir);
+  tokenizer->check_model_vocab(prepared.model->config().vocab_size, args.model_dir);
 
   ProgressBar progress("eval gsm");
   size_t done = 0;
@@ -374,6 +375,7 @@ void run_ppl(const PplArgs& args) {
   const std::string text = read_text_file(args.data_file, "data file");
   PreparedModel prepared = load_model_for_modes(args.model_dir, args.modes, args.weights, args.group_size);
   auto tokenizer = Tokenizer::load(args.model_dir);
+  tokenizer->check_model_vocab(prepared.model->config().vocab_size, args.model_dir);
   const auto tokenize_start = std::chrono::steady_clock::now();
   std::vector<int32_t> tokens = tokenizer->encode(text, tokenizer->add_bos_by_default);
   const double tokenize_seconds =
@@ -576,6 +578,7 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
                 ": a draft mode must run the 4-bit weights");
   auto tokenizer = Tokenizer::load(args.model_dir);
   const LlamaModel& model = *prepared.model;
+  tokenizer->check_model_vocab(model.config().vocab_size, args.model_dir);
   std::vector<bool> overwrites;
   if (args.kv_overwrite != "off") overwrites.push_back(true);
   if (args.kv_overwrite != "on") overwrites.push_back(false);

@@ -66,9 +66,7 @@ void run_generate(const GenerateArgs& args) {
     std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), modes[0].name.c_str());
   }
   auto tokenizer = Tokenizer::load(args.model_dir);
-  QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir,
-              ": tokenizer has ", tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
-              model->config().vocab_size);
+  tokenizer->check_model_vocab(model->config().vocab_size, args.model_dir);
   // An empty prompt needs a start token; llama-2 style tokenizers always want one.
   bool add_bos = args.bos == "on" || (args.bos == "auto" && (prompt.empty() || tokenizer->add_bos_by_default));
   if (!tokenizer->bos_id) add_bos = false;

@@ -57,6 +57,7 @@ void run_info(const std::string& model_dir) {
     }
   }
   auto tokenizer = Tokenizer::load(model_dir);
+  tokenizer->check_model_vocab(c.vocab_size, model_dir);
   std::printf("tokenizer:      %d tokens, bos %s, eos", tokenizer->vocab_size(),
               tokenizer->bos_id ? std::to_string(*tokenizer->bos_id).c_str() : "none");
   for (int32_t id : tokenizer->eos_ids) std::printf(" %d", id);

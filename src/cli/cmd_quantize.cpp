@@ -63,6 +63,7 @@ void run_quantize(const QuantizeArgs& args) {
   CalibrationSet calibration;
   if (!args.calib_file.empty()) {  // only calibration needs the tokenizer (RTN works without one)
     auto tokenizer = Tokenizer::load(args.in_dir);
+    tokenizer->check_model_vocab(model->config().vocab_size, args.in_dir);
     const int64_t length = std::min(args.calib_length, model->config().max_position_embeddings);
     calibration = load_calibration_text(args.calib_file, *tokenizer, args.calib_samples, length);
     std::fprintf(stderr, "[qspec] calibration: %zu sequences, %lld tokens from %s\n", calibration.sequences.size(),

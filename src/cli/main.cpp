@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 
 #include "base/thread_pool.h"
 #include "cli/commands.h"
@@ -42,6 +44,15 @@ int main(int argc, char** argv) {
   } catch (const qspec::Error& error) {
     std::fflush(stdout);
     std::fprintf(stderr, "qspec: error: %s\n", error.what());
+    return 1;
+  } catch (const std::bad_alloc& error) {
+    // Loaders name what they were loading (an Error above); this is the last resort.
+    std::fflush(stdout);
+    std::fprintf(stderr, "qspec: error: out of memory (%s)\n", error.what());
+    return 1;
+  } catch (const std::length_error& error) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "qspec: error: out of memory: a size too large for this machine (%s)\n", error.what());
     return 1;
   } catch (const std::exception& error) {
     std::fflush(stdout);

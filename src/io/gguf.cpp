@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "base/dtype.h"
+#include "base/limits.h"
 #include "io/convert.h"
 #include "io/hf_writer.h"
 #include "io/safetensors.h"
@@ -590,11 +591,12 @@ std::vector<float> float_array(const GgufFile& file, const std::string& key) {
   return out;
 }
 
-int64_t required_positive(const GgufFile& file, const std::string& key) {
+// A positive size no larger than `limit` (base/limits.h), so nothing is sized from an absurd one.
+int64_t required_positive(const GgufFile& file, const std::string& key, int64_t limit) {
   std::optional<int64_t> value = file.get_int(key);
   QSPEC_CHECK(value.has_value(), file.path(), ": missing metadata '", key, "'");
-  QSPEC_CHECK(*value > 0 && *value <= (int64_t{1} << 40), file.path(), ": metadata '", key, "' = ", *value,
-              " is out of range");
+  QSPEC_CHECK(*value > 0 && *value <= limit, file.path(), ": metadata '", key, "' = ", *value,
+              " is out of range (1..", limit, ")");
   return *value;
 }
 
@@ -629,32 +631,34 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
 
   // ---- hyper-parameters ----
   hf::LlamaConfig config;
-  config.hidden_size = required_positive(*file, key("embedding_length"));
-  config.intermediate_size = required_positive(*file, key("feed_forward_length"));
-  config.num_layers = required_positive(*file, key("block_count"));
-  config.num_heads = required_positive(*file, key("attention.head_count"));
+  config.hidden_size = required_positive(*file, key("embedding_length"), kMaxHiddenSize);
+  config.intermediate_size = required_positive(*file, key("feed_forward_length"), kMaxIntermediateSize);
+  config.num_layers = required_positive(*file, key("block_count"), kMaxLayers);
+  config.num_heads = required_positive(*file, key("attention.head_count"), kMaxHeads);
   config.num_kv_heads = file->find(key("attention.head_count_kv"))
-                            ? required_positive(*file, key("attention.head_count_kv"))
+                            ? required_positive(*file, key("attention.head_count_kv"), kMaxHeads)
                             : config.num_heads;
   QSPEC_CHECK(config.num_heads % config.num_kv_heads == 0, path, ": head_count ", config.num_heads,
               " is not a multiple of head_count_kv ", config.num_kv_heads);
   if (file->find(key("attention.key_length"))) {
-    config.head_dim = required_positive(*file, key("attention.key_length"));
+    config.head_dim = required_positive(*file, key("attention.key_length"), kMaxHeadDim);
     if (file->find(key("attention.value_length"))) {
-      QSPEC_CHECK(required_positive(*file, key("attention.value_length")) == config.head_dim, path,
+      QSPEC_CHECK(required_positive(*file, key("attention.value_length"), kMaxHeadDim) == config.head_dim, path,
                   ": attention.value_length differs from attention.key_length (not supported)");
     }
   } else {
     QSPEC_CHECK(config.hidden_size % config.num_heads == 0, path, ": embedding_length ", config.hidden_size,
                 " is not a multiple of head_count ", config.num_heads);
     config.head_dim = config.hidden_size / config.num_heads;
+    QSPEC_CHECK(config.head_dim <= kMaxHeadDim, path, ": head dimension ", config.head_dim,
+                " (embedding_length / head_count) exceeds the supported maximum ", kMaxHeadDim);
   }
   QSPEC_CHECK(config.head_dim % 2 == 0, path, ": head dimension ", config.head_dim, " is odd");
   if (std::optional<int64_t> rope_dims = file->get_int(key("rope.dimension_count"))) {
     QSPEC_CHECK(*rope_dims == config.head_dim, path, ": rope.dimension_count ", *rope_dims,
                 " differs from the head dimension ", config.head_dim, " (partial RoPE is not supported)");
   }
-  config.max_position_embeddings = file->find(key("context_length")) ? required_positive(*file, key("context_length")) : 2048;
+  config.max_position_embeddings = file->find(key("context_length")) ? required_positive(*file, key("context_length"), kMaxPositionEmbeddings) : 2048;
   config.rms_norm_eps = file->get_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5);
   QSPEC_CHECK(config.rms_norm_eps > 0 && std::isfinite(config.rms_norm_eps), path,
               ": attention.layer_norm_rms_epsilon must be positive");
@@ -682,6 +686,9 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   QSPEC_CHECK(embedding->dims.size() == 2 && embedding->dims[0] == static_cast<uint64_t>(config.hidden_size), path,
               ": tensor 'token_embd.weight' has dims ", embedding->dims.size() == 2 ? "" : "(not 2-D) ",
               "incompatible with embedding_length ", config.hidden_size);
+  QSPEC_CHECK(embedding->dims[1] > 0 && embedding->dims[1] <= static_cast<uint64_t>(kMaxVocabSize), path,
+              ": tensor 'token_embd.weight' has ", embedding->dims[1], " rows (vocabulary), outside 1..",
+              kMaxVocabSize);
   const int64_t vocab_size = static_cast<int64_t>(embedding->dims[1]);
   config.vocab_size = vocab_size;
   const bool has_output = file->find_tensor("output.weight") != nullptr;

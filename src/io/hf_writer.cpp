@@ -14,6 +14,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "base/files.h"
 #include "qspec/error.h"
 
 namespace qspec::hf {
@@ -23,19 +24,10 @@ using nlohmann::json;
 // ---- MappedFile ----
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    int error = errno;
-    ::close(fd);
-    fail(path, ": cannot stat: ", std::strerror(error));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a regular file");
-  }
-  size_ = static_cast<size_t>(info.st_size);
+  // Regular files only, checked before a blocking open (a FIFO would hang it).
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
+  size_ = static_cast<size_t>(size);
   if (size_ > 0) {
     void* mapping = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (mapping == MAP_FAILED) {

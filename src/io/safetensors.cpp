@@ -1,3 +1,4 @@
+// safetensors reader (mmap, every header field validated), sharded checkpoints and the writer.
 #include "io/safetensors.h"
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <utility>
 
+#include "base/files.h"
 #include "qspec/error.h"
 
 namespace qspec {
@@ -243,19 +245,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open: ", errno_text(errno));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int error_number = errno;
-    ::close(fd);
-    fail(path, ": cannot stat: ", errno_text(error_number));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a regular file");
-  }
-  const auto file_size = static_cast<size_t>(info.st_size);
+  // Regular files only, checked before a blocking open (a FIFO shard would hang it).
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
+  const auto file_size = static_cast<size_t>(size);
   if (file_size < kLengthPrefixBytes) {
     ::close(fd);
     fail(path, ": file of ", file_size, " bytes is too short for a safetensors header");
@@ -298,12 +291,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   std::error_code ignored;
   if (fs::exists(index_path, ignored)) {
     const std::string index_name = index_path.string();
-    std::ifstream in(index_path, std::ios::binary);
-    if (!in) fail(index_name, ": cannot open: ", errno_text(errno));
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    if (in.bad()) fail(index_name, ": read failed");
-    const std::string text = buffer.str();
+    const std::string text = read_text_file(index_name, kMaxConfigJsonBytes);
     const json index = parse_json_strictly(text.data(), text.data() + text.size(), index_name);
     if (!index.is_object()) fail(index_name, ": not a JSON object");
     const auto weight_map = index.find("weight_map");

@@ -1,10 +1,12 @@
+// ModelConfig from config.json (every size bounded, every token id in the vocabulary) and RoPE tables.
 #include "model/config.h"
 
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "base/files.h"
+#include "base/limits.h"
 #include "qspec/error.h"
 
 namespace qspec {
@@ -44,6 +46,16 @@ struct FieldReader {
   int64_t positive_or(const char* key, int64_t fallback) const {
     return has(key) ? positive(key) : fallback;
   }
+  // A positive size no larger than `limit` (base/limits.h): nothing is ever sized from an
+  // absurd value.
+  int64_t bounded(const char* key, int64_t limit) const {
+    int64_t value = positive(key);
+    QSPEC_CHECK(value <= limit, source, ": field '", key, "' = ", value, " exceeds the supported maximum ", limit);
+    return value;
+  }
+  int64_t bounded_or(const char* key, int64_t fallback, int64_t limit) const {
+    return has(key) ? bounded(key, limit) : fallback;
+  }
   double number_or(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     const json& value = object.at(key);
@@ -67,16 +79,26 @@ struct FieldReader {
   }
 };
 
-std::vector<int32_t> token_id_list(const json& value, const std::string& source, const char* key) {
+// One token id of field `key`, which must lie in the vocabulary [0, vocab_size).
+int32_t token_id(const json& value, const std::string& source, const char* key, int64_t vocab_size) {
+  QSPEC_CHECK(value.is_number_integer(), source, ": field '", key, "' must hold integer token ids, got ",
+              value.dump());
+  const bool in_vocab = value.is_number_unsigned() ? value.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                                                   : value.get<int64_t>() >= 0 && value.get<int64_t>() < vocab_size;
+  QSPEC_CHECK(in_vocab, source, ": field '", key, "' = ", value.dump(), " is outside the vocabulary [0, ",
+              vocab_size, ")");
+  return static_cast<int32_t>(value.get<int64_t>());
+}
+
+// An integer or a list of integers (eos_token_id), each in the vocabulary.
+std::vector<int32_t> token_id_list(const json& value, const std::string& source, const char* key,
+                                   int64_t vocab_size) {
   std::vector<int32_t> ids;
   if (value.is_null()) return ids;
   if (value.is_number_integer()) {
-    ids.push_back(value.get<int32_t>());
+    ids.push_back(token_id(value, source, key, vocab_size));
   } else if (value.is_array()) {
-    for (const auto& item : value) {
-      QSPEC_CHECK(item.is_number_integer(), source, ": '", key, "' must hold integers");
-      ids.push_back(item.get<int32_t>());
-    }
+    for (const auto& item : value) ids.push_back(token_id(item, source, key, vocab_size));
   } else {
     fail(source, ": '", key, "' must be an integer or a list of integers");
   }
@@ -106,7 +128,7 @@ RopeConfig parse_rope(const json& root, const std::string& source, int64_t max_p
   rope.factor = reader.number_or("factor", 1.0);
   rope.original_max_position_embeddings =
       reader.has("original_max_position_embeddings")
-          ? reader.positive("original_max_position_embeddings")
+          ? reader.bounded("original_max_position_embeddings", kMaxPositionEmbeddings)
           : max_positions;
   if (rope.type == "default") {
     // nothing more
@@ -177,24 +199,26 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
     fail(source, ": unsupported architecture '", architecture,
          "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
 
-  config.vocab_size = reader.positive("vocab_size");
-  config.hidden_size = reader.positive("hidden_size");
-  config.intermediate_size = reader.positive("intermediate_size");
-  config.num_layers = reader.positive("num_hidden_layers");
-  config.num_heads = reader.positive("num_attention_heads");
-  config.num_kv_heads = reader.positive_or("num_key_value_heads", config.num_heads);
+  config.vocab_size = reader.bounded("vocab_size", kMaxVocabSize);
+  config.hidden_size = reader.bounded("hidden_size", kMaxHiddenSize);
+  config.intermediate_size = reader.bounded("intermediate_size", kMaxIntermediateSize);
+  config.num_layers = reader.bounded("num_hidden_layers", kMaxLayers);
+  config.num_heads = reader.bounded("num_attention_heads", kMaxHeads);
+  config.num_kv_heads = reader.bounded_or("num_key_value_heads", config.num_heads, kMaxHeads);
   QSPEC_CHECK(config.num_heads % config.num_kv_heads == 0, source, ": num_attention_heads (",
               config.num_heads, ") must be a multiple of num_key_value_heads (",
               config.num_kv_heads, ")");
   if (reader.has("head_dim")) {
-    config.head_dim = reader.positive("head_dim");
+    config.head_dim = reader.bounded("head_dim", kMaxHeadDim);
   } else {
     QSPEC_CHECK(config.hidden_size % config.num_heads == 0, source,
                 ": hidden_size must be divisible by num_attention_heads when head_dim is absent");
     config.head_dim = config.hidden_size / config.num_heads;
+    QSPEC_CHECK(config.head_dim <= kMaxHeadDim, source, ": head_dim (hidden_size / num_attention_heads) = ",
+                config.head_dim, " exceeds the supported maximum ", kMaxHeadDim);
   }
   QSPEC_CHECK(config.head_dim % 2 == 0, source, ": head_dim must be even for RoPE");
-  config.max_position_embeddings = reader.positive_or("max_position_embeddings", 2048);
+  config.max_position_embeddings = reader.bounded_or("max_position_embeddings", 2048, kMaxPositionEmbeddings);
   config.rms_norm_eps = reader.number_or("rms_norm_eps", 1e-6);
   QSPEC_CHECK(config.rms_norm_eps > 0, source, ": rms_norm_eps must be positive");
   config.tie_word_embeddings = reader.boolean_or("tie_word_embeddings", false);
@@ -215,28 +239,26 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
       config.mlp_bias = reader.boolean_or("mlp_bias", false);
       break;
     case Architecture::Mistral:
-      if (reader.has("sliding_window")) config.sliding_window = reader.positive("sliding_window");
+      if (reader.has("sliding_window")) config.sliding_window = reader.bounded("sliding_window", kMaxPositionEmbeddings);
       break;
   }
   if (reader.has("pretraining_tp"))
     QSPEC_CHECK(reader.integer("pretraining_tp") == 1, source, ": pretraining_tp != 1 is not supported");
 
   config.rope = parse_rope(root, source, config.max_position_embeddings);
-  if (root.contains("bos_token_id") && root.at("bos_token_id").is_number_integer())
-    config.bos_token_id = root.at("bos_token_id").get<int32_t>();
+  if (reader.has("bos_token_id"))
+    config.bos_token_id = token_id(root.at("bos_token_id"), source, "bos_token_id", config.vocab_size);
   if (root.contains("eos_token_id"))
-    config.eos_token_ids = token_id_list(root.at("eos_token_id"), source, "eos_token_id");
+    config.eos_token_ids = token_id_list(root.at("eos_token_id"), source, "eos_token_id", config.vocab_size);
   config.torch_dtype = reader.string_or("torch_dtype", reader.string_or("dtype", ""));
   return config;
 }
 
 ModelConfig ModelConfig::load(const std::string& dir) {
   std::string path = dir + "/config.json";
-  std::ifstream file(path, std::ios::binary);
-  QSPEC_CHECK(file.good(), path, ": cannot open (is '", dir, "' a model directory?)");
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse(text.str(), path);
+  std::error_code ignored;
+  QSPEC_CHECK(std::filesystem::exists(path, ignored), path, ": cannot open (is '", dir, "' a model directory?)");
+  return parse(read_text_file(path, kMaxConfigJsonBytes), path);
 }
 
 int64_t ModelConfig::parameter_count() const {

@@ -1,8 +1,11 @@
+// LlamaModel: loading and cross-checking a checkpoint directory, the KV cache, the CPU forward pass.
 #include "model/llama.h"
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <new>
+#include <stdexcept>
 
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -101,20 +104,54 @@ size_t matrix_bytes(const WeightMatrix& matrix) {
 
 }  // namespace
 
+namespace {
+
+// The layers config.json declares against the layers the checkpoint holds, before anything is
+// sized from num_hidden_layers: a tensor of a layer >= num_hidden_layers (a config that drops
+// layers would silently run a truncated model) or a layer without any tensor is an Error.
+void check_layer_count(const Checkpoint& checkpoint, const ModelConfig& config, const std::string& dir) {
+  const std::string prefix = "model.layers.";
+  std::vector<bool> present(static_cast<size_t>(config.num_layers), false);
+  for (const std::string& name : checkpoint.names()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t end = name.find('.', prefix.size());
+    const std::string index = name.substr(prefix.size(), end == std::string::npos ? std::string::npos : end - prefix.size());
+    if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int64_t layer = std::stoll(index);
+    QSPEC_CHECK(layer < config.num_layers, dir, ": tensor '", name, "' belongs to layer ", layer,
+                ", but config.json has num_hidden_layers = ", config.num_layers, " (layers 0..", config.num_layers - 1,
+                "): the config does not describe this checkpoint");
+    present[static_cast<size_t>(layer)] = true;
+  }
+  for (int64_t layer = 0; layer < config.num_layers; ++layer)
+    QSPEC_CHECK(present[static_cast<size_t>(layer)], dir, "/config.json: num_hidden_layers = ", config.num_layers,
+                ", but the checkpoint has no tensors for layer ", layer, " ('", prefix, layer, ".*')");
+}
+
+}  // namespace
+
 std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->dir_ = dir;
-  model->config_ = ModelConfig::load(dir);
-  QSPEC_CHECK(model->config_.head_dim <= 1024, dir, "/config.json: head_dim ",
-              model->config_.head_dim, " exceeds the supported 1024");
-  model->checkpoint_ = Checkpoint::open(dir);
-  const std::filesystem::path manifest_path = std::filesystem::path(dir) / kQuantManifestFile;
-  model->loaded_from_quantized_ = std::filesystem::exists(manifest_path);
-  model->bind_weights();
-  if (model->loaded_from_quantized_) model->bind_quantized_weights(read_quant_manifest(manifest_path.string()));
-  RopeTables tables = rope_tables(model->config_);
-  model->inv_freq_ = tables.inv_freq;
-  model->rope_attention_scaling_ = tables.attention_scaling;
+  // Every size is bounded and checked against the tensors before it sizes anything, so running
+  // out of memory here means a real model too large for this machine: say which one.
+  try {
+    model->config_ = ModelConfig::load(dir);
+    model->checkpoint_ = Checkpoint::open(dir);
+    check_layer_count(model->checkpoint_, model->config_, dir);
+    const std::filesystem::path manifest_path = std::filesystem::path(dir) / kQuantManifestFile;
+    std::error_code ignored;
+    model->loaded_from_quantized_ = std::filesystem::exists(manifest_path, ignored);
+    model->bind_weights();
+    if (model->loaded_from_quantized_) model->bind_quantized_weights(read_quant_manifest(manifest_path.string()));
+    RopeTables tables = rope_tables(model->config_);
+    model->inv_freq_ = tables.inv_freq;
+    model->rope_attention_scaling_ = tables.attention_scaling;
+  } catch (const std::bad_alloc&) {
+    fail(dir, ": out of memory while loading the model");
+  } catch (const std::length_error& error) {
+    fail(dir, ": out of memory while loading the model (", error.what(), ")");
+  }
   return model;
 }
 

@@ -1,3 +1,4 @@
+// qspec 4-bit checkpoints: the manifest reader, binding the 4-bit tensors, and save_quantized.
 #include "model/quant_checkpoint.h"
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <fstream>
 #include <random>
 
+#include "base/files.h"
 #include "model/llama.h"
 #include "qspec/error.h"
 
@@ -14,11 +16,10 @@ namespace qspec {
 namespace fs = std::filesystem;
 
 nlohmann::json read_quant_manifest(const std::string& path) {
-  std::ifstream file(path);
-  QSPEC_CHECK(file.good(), path, ": cannot open");
+  const std::string text = read_text_file(path, kMaxConfigJsonBytes);
   nlohmann::json manifest;
   try {
-    manifest = nlohmann::json::parse(file);
+    manifest = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& error) {
     fail(path, ": not valid JSON: ", error.what());
   }
@@ -307,8 +308,7 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
         continue;
       if (file == "config.json" && rotated_) {
         // The rotated lm_head differs from the rotated embedding: never tied.
-        std::ifstream in(entry.path());
-        nlohmann::json config = nlohmann::json::parse(in);
+        nlohmann::json config = nlohmann::json::parse(read_text_file(entry.path().string(), kMaxConfigJsonBytes));
         config["tie_word_embeddings"] = false;
         std::ofstream config_out(staging / file);
         config_out << config.dump(2) << "\n";

@@ -1,3 +1,4 @@
+// OpenAI request parsing (unsupported options refused by name) and the server's response objects.
 #include "server/openai_api.h"
 
 #include <cmath>
@@ -152,6 +153,70 @@ std::vector<int32_t> completion_prompt(const json& body, const ApiContext& conte
   bad("prompt", "'prompt' must be a string or a list of token ids, got " + type_name(*prompt));
 }
 
+// ---- OpenAI options this server does not implement ----
+// A request may carry one at its neutral value (what the API does when the field is absent;
+// null always counts as absent), as clients that send every default do. Any other value is a
+// 400 naming the field: a client gets what it asked for or an error, never a silent default.
+// Fields OpenAI defines that do not change the completion (user, metadata, store,
+// service_tier, parallel_tool_calls, prompt_cache_key, safety_identifier) and fields it does
+// not define are accepted and ignored.
+enum class Endpoint { both, chat, completions };
+
+struct RefusedField {
+  const char* name;
+  Endpoint endpoint;
+  const char* accepted;  // the neutral values, for the message
+  bool (*is_neutral)(const json& value);
+};
+
+bool only_null(const json&) { return false; }
+bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
+bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_empty_string(const json& v) { return v.is_string() && v.get_ref<const std::string&>().empty(); }
+bool is_empty_list(const json& v) { return v.is_array() && v.empty(); }
+bool is_empty_object(const json& v) { return v.is_object() && v.empty(); }
+bool is_none_or_auto(const json& v) { return v == "none" || v == "auto"; }  // no tools, so no calls
+bool is_text_format(const json& v) { return v == json{{"type", "text"}}; }
+bool is_text_modality(const json& v) { return v == json::array({"text"}); }
+
+constexpr RefusedField kRefusedFields[] = {
+    {"n", Endpoint::both, "1 (one choice per request)", is_one},
+    {"best_of", Endpoint::both, "1", is_one},
+    {"echo", Endpoint::both, "false", is_false},
+    {"suffix", Endpoint::both, "\"\"", is_empty_string},
+    // Chat: a boolean with top_logprobs beside it; completions: the number of top logprobs.
+    {"logprobs", Endpoint::chat, "false", is_false},
+    {"logprobs", Endpoint::completions, "null", only_null},
+    {"top_logprobs", Endpoint::both, "0", is_zero},
+    {"presence_penalty", Endpoint::both, "0", is_zero},
+    {"frequency_penalty", Endpoint::both, "0", is_zero},
+    {"logit_bias", Endpoint::both, "{}", is_empty_object},
+    {"tools", Endpoint::both, "[]", is_empty_list},
+    {"tool_choice", Endpoint::both, "\"none\" or \"auto\"", is_none_or_auto},
+    {"functions", Endpoint::both, "[]", is_empty_list},
+    {"function_call", Endpoint::both, "\"none\" or \"auto\"", is_none_or_auto},
+    {"response_format", Endpoint::both, "{\"type\": \"text\"}", is_text_format},
+    {"modalities", Endpoint::both, "[\"text\"]", is_text_modality},
+    {"audio", Endpoint::both, "null", only_null},
+    {"prediction", Endpoint::both, "null", only_null},
+    {"web_search_options", Endpoint::both, "null", only_null},
+    {"reasoning_effort", Endpoint::both, "null", only_null},
+    {"verbosity", Endpoint::both, "null", only_null},
+};
+
+void refuse_unsupported_fields(const json& body, bool chat) {
+  for (const RefusedField& refused : kRefusedFields) {
+    if (refused.endpoint == (chat ? Endpoint::completions : Endpoint::chat)) continue;
+    const json* value = field(body, refused.name);
+    if (!value || refused.is_neutral(*value)) continue;
+    std::string shown = value->dump();
+    if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+    bad(refused.name, std::string("'") + refused.name + "' = " + shown +
+                          " is not supported by this server (it accepts only " + refused.accepted + ")");
+  }
+}
+
 std::vector<std::string> stop_strings(const json& body) {
   const json* stop = field(body, "stop");
   std::vector<std::string> out;
@@ -222,11 +287,7 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   if (model != options.model_name)
     throw ApiError(404, "the model '" + model + "' does not exist; this server serves '" + options.model_name + "'",
                    "invalid_request_error", "model", "model_not_found");
-  if (get_int(body, "n", 1, 1, std::numeric_limits<int64_t>::max()) != 1)
-    bad("n", "'n' must be 1 (one choice per request)");
-  if (get_int(body, "best_of", 1, 1, std::numeric_limits<int64_t>::max()) != 1)
-    bad("best_of", "'best_of' must be 1");
-  if (get_bool(body, "echo", false)) bad("echo", "'echo' is not supported");
+  refuse_unsupported_fields(body, chat);
 
   ApiRequest out;
   out.chat = chat;

@@ -27,7 +27,10 @@ struct ApiContext {
   int64_t context_length = 0;  // the model's max_position_embeddings
 };
 
-// Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions.
+// Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions. OpenAI
+// options the server does not implement (logprobs, penalties, logit_bias, tools, response
+// formats, n > 1, ...: kRefusedFields in openai_api.cpp) are accepted only at their neutral
+// values and otherwise refused with a 400 whose param names the field.
 ApiRequest parse_api_request(const std::string& body, bool chat, const ApiContext& context);
 
 // {"error": {"message", "type", "param", "code"}} ("" fields are null).

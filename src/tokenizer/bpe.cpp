@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <queue>
 
+#include "base/limits.h"
 #include "qspec/error.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -31,7 +32,8 @@ Bpe::Bpe(const json& model, const std::string& file) {
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > (1 << 30)) fail(where, ": token '", it.key(), "' has invalid id ", id);
+    if (id < 0 || id >= kMaxVocabSize)
+      fail(where, ": token '", it.key(), "' has id ", id, ", outside [0, ", kMaxVocabSize, ")");
     vocab_[it.key()] = static_cast<int32_t>(id);
     max_id = std::max(max_id, static_cast<int32_t>(id));
   }

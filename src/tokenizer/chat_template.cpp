@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/files.h"
 #include "qspec/error.h"
 #include "tokenizer/chat_template_impl.h"
 
@@ -51,13 +52,8 @@ std::string ChatTemplate::render_json(const nlohmann::ordered_json& variables) c
 
 namespace {
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  QSPEC_CHECK(in.good(), path.string(), ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+// tokenizer_config.json or chat_template.jinja of a model directory: capped, regular files only.
+std::string read_text(const std::filesystem::path& path) { return read_text_file(path.string(), kMaxConfigJsonBytes); }
 
 // The template text from tokenizer_config.json's chat_template (string or named list).
 std::string template_text(const nlohmann::json& value, const std::string& file) {

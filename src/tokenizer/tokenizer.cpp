@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <new>
+#include <stdexcept>
 
+#include "base/files.h"
+#include "base/limits.h"
 #include "qspec/error.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -136,16 +138,19 @@ void split_added(std::string_view text, const AddedMatcher& matcher, std::vector
   if (start < text.size()) out.push_back({start, text.size(), -1});
 }
 
-json read_json(const fs::path& file, bool required) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    if (required) fail("tokenizer: cannot open ", file.string());
-    return json();
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
+// tokenizer.json (required) or a config file beside it (null when absent), read with a size
+// cap from a regular file only.
+json read_json(const fs::path& file, bool required, uint64_t max_bytes) {
+  std::error_code ec;
+  if (!required && !fs::exists(file, ec)) return json();
+  std::string text;
   try {
-    return json::parse(buffer.str());
+    text = read_text_file(file.string(), max_bytes);
+  } catch (const Error& e) {
+    fail("tokenizer: ", e.what());
+  }
+  try {
+    return json::parse(text);
   } catch (const json::exception& e) {
     fail("tokenizer: ", file.string(), ": malformed JSON: ", e.what());
   }
@@ -158,12 +163,23 @@ std::optional<std::string> token_content(const json& value) {
   return std::nullopt;
 }
 
-std::vector<int32_t> token_ids(const json& value) {
+// bos_token_id / eos_token_id of generation_config.json or config.json: an integer or a list
+// of integers, each in the vocabulary [0, vocab_size); `where` names the file and field.
+std::vector<int32_t> token_ids(const json& value, int32_t vocab_size, const std::string& where) {
   std::vector<int32_t> ids;
-  if (value.is_number_integer()) ids.push_back(value.get<int32_t>());
-  if (value.is_array())
-    for (const json& v : value)
-      if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
+  const auto add = [&](const json& v) {
+    if (!v.is_number_integer()) return;  // non-integers: not an id (as before)
+    const bool in_vocab = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                                                 : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab_size;
+    if (!in_vocab)
+      fail("tokenizer: ", where, " = ", v.dump(), " is outside the tokenizer's vocabulary [0, ", vocab_size, ")");
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  };
+  if (value.is_array()) {
+    for (const json& v : value) add(v);
+  } else {
+    add(value);
+  }
   return ids;
 }
 
@@ -196,8 +212,12 @@ class HfTokenizer : public Tokenizer {
     if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
       for (const json& spec : root["added_tokens"]) {
         AddedToken token;
-        token.id = spec.at("id").get<int32_t>();
-        if (token.id < 0) fail("tokenizer ", file, ": added token with negative id");
+        const int64_t id = spec.at("id").get<int64_t>();
+        // vocab_size_ (and a table of that many entries) follows the largest id.
+        if (id < 0 || id >= kMaxVocabSize)
+          fail("tokenizer ", file, ": added_tokens: token ", spec.value("content", json()).dump(), " has id ", id,
+               ", outside [0, ", kMaxVocabSize, ")");
+        token.id = static_cast<int32_t>(id);
         token.content = spec.at("content").get<std::string>();
         token.special = spec.value("special", false);
         token.lstrip = spec.value("lstrip", false);
@@ -228,18 +248,22 @@ class HfTokenizer : public Tokenizer {
   }
 
   void load_configs(const fs::path& dir) {
-    const json tc = read_json(dir / "tokenizer_config.json", false);
-    const json gen = read_json(dir / "generation_config.json", false);
-    const json config = read_json(dir / "config.json", false);
+    const json tc = read_json(dir / "tokenizer_config.json", false, kMaxConfigJsonBytes);
+    const json gen = read_json(dir / "generation_config.json", false, kMaxConfigJsonBytes);
+    const json config = read_json(dir / "config.json", false, kMaxConfigJsonBytes);
+    const auto source_name = [&](const json* source) {
+      return (dir / (source == &gen ? "generation_config.json" : "config.json")).string();
+    };
     const auto field = [](const json& j, const char* name) {
       return j.is_object() && j.contains(name) ? j[name] : json();
     };
     std::optional<std::string> bos_content = token_content(field(tc, "bos_token"));
     if (bos_content) bos_id = token_to_id(*bos_content);
+    // Every id is checked, even those a file before it overrides: each file is read by others.
     for (const json* source : {&gen, &config}) {
-      if (bos_id) break;
-      const std::vector<int32_t> ids = token_ids(field(*source, "bos_token_id"));
-      if (!ids.empty()) bos_id = ids.front();
+      const std::vector<int32_t> ids =
+          token_ids(field(*source, "bos_token_id"), vocab_size_, source_name(source) + ": field 'bos_token_id'");
+      if (!bos_id && !ids.empty()) bos_id = ids.front();
     }
     const auto add_eos = [&](int32_t id) {
       if (std::find(eos_ids.begin(), eos_ids.end(), id) == eos_ids.end()) eos_ids.push_back(id);
@@ -247,7 +271,9 @@ class HfTokenizer : public Tokenizer {
     if (auto eos = token_content(field(tc, "eos_token")))
       if (auto id = token_to_id(*eos)) add_eos(*id);
     for (const json* source : {&gen, &config})
-      for (int32_t id : token_ids(field(*source, "eos_token_id"))) add_eos(id);
+      for (int32_t id :
+           token_ids(field(*source, "eos_token_id"), vocab_size_, source_name(source) + ": field 'eos_token_id'"))
+        add_eos(id);
     const json add_bos = field(tc, "add_bos_token");
     if (add_bos.is_boolean()) {
       add_bos_by_default = add_bos.get<bool>();
@@ -382,15 +408,27 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   fs::path file = path;
   std::error_code ec;
   if (fs::is_directory(file, ec)) file /= "tokenizer.json";
-  const json root = read_json(file, true);
   std::unique_ptr<HfTokenizer> tokenizer;
   try {
+    const json root = read_json(file, true, kMaxTokenizerJsonBytes);
     tokenizer = std::make_unique<HfTokenizer>(root, file.string());
     tokenizer->load_configs(file.parent_path().empty() ? fs::path(".") : file.parent_path());
   } catch (const json::exception& e) {
     fail("tokenizer ", file.string(), ": unexpected content: ", e.what());
+  } catch (const std::bad_alloc&) {
+    fail("tokenizer ", file.string(), ": out of memory while loading the tokenizer");
+  } catch (const std::length_error& e) {
+    fail("tokenizer ", file.string(), ": out of memory while loading the tokenizer (", e.what(), ")");
   }
   return tokenizer;
+}
+
+void Tokenizer::check_model_vocab(int64_t model_vocab_size, const std::string& model_dir) const {
+  // Every id the tokenizer produces (bos and eos included, which load() kept below
+  // vocab_size()) must index the model's embedding and logits.
+  QSPEC_CHECK(vocab_size() <= model_vocab_size, model_dir, ": the tokenizer has ", vocab_size(),
+              " tokens but config.json's vocab_size is ", model_vocab_size,
+              " (ids past it would index beyond the embedding)");
 }
 
 }  // namespace qspec

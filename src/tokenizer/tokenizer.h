@@ -16,8 +16,15 @@ class Tokenizer {
  public:
   // Loads tokenizer.json, and bos/eos from tokenizer_config.json / generation_config.json /
   // config.json when they sit beside it. `path` is the file or its directory.
+  // Every file is read with a size cap from a regular file only; token ids (vocab, added
+  // tokens, bos/eos) must lie below base/limits.h's kMaxVocabSize and bos/eos ids inside the
+  // vocabulary. Errors name the file and field.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
   virtual ~Tokenizer() = default;
+
+  // Where the tokenizer meets a model: throws an Error naming model_dir unless every id the
+  // tokenizer can produce (vocab_size()) indexes the model's vocabulary.
+  void check_model_vocab(int64_t model_vocab_size, const std::string& model_dir) const;
 
   // Text -> ids. Special/added tokens written in the text are matched as tokens.
   // Invalid UTF-8 in `text` is replaced by U+FFFD before tokenizing.

@@ -198,7 +198,8 @@ struct SpmLlama {
   std::map<std::string, std::vector<float>> values;  // by GGUF name
   GgufBuilder builder;
 
-  explicit SpmLlama(const std::string& arch = "llama", uint32_t q_type = 0) {
+  // block_count: the declared layers (only layer 0's tensors are written).
+  explicit SpmLlama(const std::string& arch = "llama", uint32_t q_type = 0, uint32_t block_count = 1) {
     const std::string sp = "\xe2\x96\x81";
     tokens = {"<unk>", "<s>", "</s>", "<0x0A>", "<0x41>", sp, "t", "h", "e", sp + "t", "he", sp + "the", "th",
               "<|user|>", "x"};
@@ -206,7 +207,7 @@ struct SpmLlama {
     types = {2, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1};
     builder.kv_string("general.architecture", arch);
     builder.kv_u32("general.alignment", 32);
-    builder.kv_u32(arch + ".block_count", 1);
+    builder.kv_u32(arch + ".block_count", block_count);
     builder.kv_u32(arch + ".context_length", 64);
     builder.kv_u32(arch + ".embedding_length", kDim);
     builder.kv_u32(arch + ".feed_forward_length", kFfn);
@@ -575,6 +576,25 @@ TEST(Gguf, RejectsMalformedStructures) {
     builder.tensor("w", {8, 1, 1, 1, 1}, 0, std::vector<uint8_t>(32));
     EXPECT_NE(parse_error(builder.build()).find("dimensions"), std::string::npos);
   }
+}
+
+TEST(Gguf, RejectsHyperParametersBeyondTheLimitsBeforeAllocating) {
+  // 2^30 layers passed the old bound (2^40) and sized a list of 9 x 2^30 expected tensors.
+  fs::path dir = temp_dir("limits");
+  SpmLlama model("llama", 0, uint32_t{1} << 30);
+  write_bytes(dir / "layers.gguf", model.builder.build());
+  std::string error;
+  try {
+    qspec::convert_gguf((dir / "layers.gguf").string(), (dir / "out").string());
+  } catch (const qspec::Error& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a qspec::Error: " << e.what();
+  }
+  EXPECT_NE(error.find("metadata 'llama.block_count' = 1073741824 is out of range (1..1024)"), std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  fs::remove_all(dir);
 }
 
 TEST(Gguf, RejectsUnknownArchitectureAndUnsupportedTypes) {

@@ -1,0 +1,25 @@
+// Safe reads of model-directory files: regular files only, text read whole up to a size cap.
+// A FIFO, device or directory is an Error, never a hang or an endless read.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace qspec {
+
+// Caps on the JSON/text files of a model directory. tokenizer.json holds the whole vocabulary
+// and merges (tens of MB for 256K-token vocabularies); the config files are a few KB (a
+// tokenizer_config.json with chat templates, or a safetensors index, some hundred KB).
+inline constexpr uint64_t kMaxTokenizerJsonBytes = uint64_t{64} << 20;  // 64 MiB
+inline constexpr uint64_t kMaxConfigJsonBytes = uint64_t{16} << 20;     // 16 MiB
+
+// Opens `path` read-only and returns the descriptor, or throws qspec::Error naming the path:
+// cannot open, or "<path>: not a regular file". The path is checked with stat() first and
+// opened with O_NONBLOCK (then fstat'ed again), so a FIFO never blocks the open. *size_out
+// receives the file size.
+int open_regular_file(const std::string& path, uint64_t* size_out);
+
+// The whole content of the regular file `path`; an Error names the path when it is not a
+// regular file, cannot be read, or holds more than max_bytes.
+std::string read_text_file(const std::string& path, uint64_t max_bytes);
+
+}  // namespace qspec

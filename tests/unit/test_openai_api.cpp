@@ -1,0 +1,196 @@
+// parse_api_request on OpenAI options the server does not implement (issue 48, item 6): each is a 400 naming the field unless it carries its neutral value.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/openai_api.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using nlohmann::json;
+const std::string kModel = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+constexpr int64_t kContextLength = 1024;  // gsm-synth-llama's max_position_embeddings
+
+struct Fixture {
+  std::unique_ptr<qspec::Tokenizer> tokenizer = qspec::Tokenizer::load(kModel);
+  qspec::ServerOptions options;
+  Fixture() {
+    options.model_name = "gsm-synth-llama";
+    options.chat_template = qspec::load_server_chat_template(kModel, QSPEC_TEST_DATA "/chat_templates/llama3.jinja");
+  }
+};
+
+const Fixture& fixture() {
+  static const Fixture instance;
+  return instance;
+}
+
+// A valid body for the endpoint, with `extra`'s fields added.
+json body_with(bool chat, const json& extra) {
+  json body = chat ? json{{"messages", {{{"role", "user"}, {"content", "Tom has 3 apples."}}}}, {"max_tokens", 4}}
+                   : json{{"prompt", "Question: Tom has 3 apples.\nAnswer:"}, {"max_tokens", 4}};
+  for (const auto& [key, value] : extra.items()) body[key] = value;
+  return body;
+}
+
+qspec::ApiRequest parse(bool chat, const json& extra) {
+  const qspec::ApiContext context{fixture().options, *fixture().tokenizer, kContextLength};
+  return qspec::parse_api_request(body_with(chat, extra).dump(), chat, context);
+}
+
+const char* endpoint(bool chat) { return chat ? "/v1/chat/completions" : "/v1/completions"; }
+
+struct Case {
+  std::string field;
+  json value;
+};
+
+// Expects parse to refuse `field` = `value` with a 400 invalid_request_error naming it.
+void expect_refused(bool chat, const std::string& field, const json& value) {
+  SCOPED_TRACE(std::string(endpoint(chat)) + " " + field + " = " + value.dump());
+  try {
+    parse(chat, json{{field, value}});
+    ADD_FAILURE() << "accepted";
+  } catch (const qspec::ApiError& error) {
+    EXPECT_EQ(error.status, 400);
+    EXPECT_EQ(error.type, "invalid_request_error");
+    EXPECT_EQ(error.param, field);
+    EXPECT_NE(std::string(error.what()).find("'" + field + "'"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("is not supported by this server"), std::string::npos) << error.what();
+  }
+}
+
+// Non-neutral values of options neither endpoint implements.
+const std::vector<Case> kRefusedOnBoth = {
+    {"n", 2},
+    {"n", 0},
+    {"best_of", 3},
+    {"echo", true},
+    {"suffix", "\n\nThe end."},
+    {"top_logprobs", 2},
+    {"presence_penalty", 0.5},
+    {"frequency_penalty", -1},
+    {"logit_bias", {{"5", 100}}},
+    {"tools", json::array({{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", json::object()}}}}})},
+    {"tool_choice", "required"},
+    {"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}},
+    {"functions", json::array({{{"name", "add"}, {"parameters", json::object()}}})},
+    {"function_call", {{"name", "add"}}},
+    {"response_format", {{"type", "json_object"}}},
+    {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}},
+    {"modalities", json::array({"text", "audio"})},
+    {"audio", {{"voice", "alloy"}, {"format", "wav"}}},
+    {"prediction", {{"type", "content"}, {"content", "Tom"}}},
+    {"web_search_options", json::object()},
+    {"reasoning_effort", "high"},
+    {"verbosity", "low"},
+};
+
+// Neutral values: what the API does when the field is absent.
+const std::vector<Case> kNeutralOnBoth = {
+    {"n", 1},
+    {"best_of", 1},
+    {"echo", false},
+    {"suffix", ""},
+    {"suffix", nullptr},
+    {"top_logprobs", 0},
+    {"top_logprobs", nullptr},
+    {"presence_penalty", 0},
+    {"presence_penalty", 0.0},
+    {"frequency_penalty", 0},
+    {"logit_bias", json::object()},
+    {"logit_bias", nullptr},
+    {"tools", json::array()},
+    {"tool_choice", "none"},
+    {"tool_choice", "auto"},
+    {"functions", json::array()},
+    {"function_call", "none"},
+    {"function_call", "auto"},
+    {"response_format", {{"type", "text"}}},
+    {"modalities", json::array({"text"})},
+    {"audio", nullptr},
+    {"prediction", nullptr},
+    {"reasoning_effort", nullptr},
+    {"logprobs", nullptr},
+};
+
+}  // namespace
+
+TEST(OpenaiApi, UnsupportedOptionsAreA400NamingTheField) {
+  for (bool chat : {false, true})
+    for (const Case& c : kRefusedOnBoth) expect_refused(chat, c.field, c.value);
+}
+
+TEST(OpenaiApi, LogprobsAreA400OnBothEndpoints) {
+  // Chat: logprobs is a boolean (top_logprobs beside it); completions: the number of top
+  // logprobs, where even 0 asks for the sampled token's logprob.
+  expect_refused(/*chat=*/true, "logprobs", true);
+  expect_refused(/*chat=*/true, "logprobs", 1);
+  expect_refused(/*chat=*/false, "logprobs", 0);
+  expect_refused(/*chat=*/false, "logprobs", 5);
+  expect_refused(/*chat=*/false, "logprobs", true);
+  // top_logprobs without logprobs is refused on its own account.
+  expect_refused(/*chat=*/true, "top_logprobs", 5);
+}
+
+TEST(OpenaiApi, NeutralValuesOfUnsupportedOptionsAreAccepted) {
+  for (bool chat : {false, true}) {
+    json all = json::object();
+    for (const Case& c : kNeutralOnBoth) {
+      SCOPED_TRACE(std::string(endpoint(chat)) + " " + c.field + " = " + c.value.dump());
+      EXPECT_NO_THROW(parse(chat, json{{c.field, c.value}}));
+      all[c.field] = c.value;
+    }
+    if (chat) {
+      EXPECT_NO_THROW(parse(chat, json{{"logprobs", false}}));
+      all["logprobs"] = false;
+    }
+    SCOPED_TRACE(std::string(endpoint(chat)) + " all neutral values together: " + all.dump());
+    const qspec::ApiRequest request = parse(chat, all);
+    EXPECT_EQ(request.chat, chat);
+    EXPECT_FALSE(request.request.prompt.empty());
+    EXPECT_EQ(request.request.max_new_tokens, 4);
+  }
+}
+
+TEST(OpenaiApi, HarmlessAndUnknownFieldsAreIgnored) {
+  // Fields OpenAI clients send that do not change the completion, and fields OpenAI does not
+  // define at all.
+  const json harmless = {{"user", "user-1234"},
+                         {"metadata", {{"session", "abc"}}},
+                         {"store", false},
+                         {"service_tier", "auto"},
+                         {"parallel_tool_calls", true},
+                         {"prompt_cache_key", "k"},
+                         {"safety_identifier", "s"},
+                         {"stream_options", nullptr},
+                         {"some_future_field", {1, 2, 3}}};
+  for (bool chat : {false, true}) {
+    SCOPED_TRACE(endpoint(chat));
+    EXPECT_NO_THROW(parse(chat, harmless));
+  }
+}
+
+TEST(OpenaiApi, RefusalComesWithTheAcceptedValues) {
+  try {
+    parse(/*chat=*/false, json{{"presence_penalty", 0.5}});
+    ADD_FAILURE() << "accepted";
+  } catch (const qspec::ApiError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "'presence_penalty' = 0.5 is not supported by this server (it accepts only 0)");
+  }
+  try {  // a long value is shortened in the message
+    parse(/*chat=*/true, json{{"logit_bias", {{"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7},
+                                             {"8", 8}, {"9", 9}, {"10", 10}}}});
+    ADD_FAILURE() << "accepted";
+  } catch (const qspec::ApiError& error) {
+    EXPECT_EQ(error.param, "logit_bias");
+    EXPECT_LT(std::string(error.what()).size(), 160u) << error.what();
+  }
+}
