@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "qspec/decode_plan.h"
 #include "qspec/error.h"
 #include "qspec/metrics.h"
 #include "qspec/sampling.h"
@@ -55,8 +56,8 @@ struct EngineOptions {
   bool gpu_sampling = true;
 };
 
-// A request. mode "qspec" drafts `gamma` tokens in `draft` and verifies them in `verify`; any
-// other mode name (w16a16, w4a16, w4a8, w4a8-fp8, w4a4-*, *-arc) decodes plainly in that mode.
+// A request: its prompt, sampling, limits and decode plan (qspec/decode_plan.h: plain decoding
+// in one mode, or QSpec).
 struct Request {
   std::vector<int32_t> prompt;  // token ids (Engine::tokenize turns text into them)
   SamplingParams sampling;
@@ -64,13 +65,7 @@ struct Request {
   bool ignore_eos = false;           // do not stop at the model's eos ids
   std::vector<int32_t> stop_ids;     // extra stop ids (kept in the output, like eos)
   std::vector<std::string> stop;     // stop strings (needs a tokenizer): output ends before them
-  std::string mode = "w4a16";
-  std::string draft = "w4a4-nvfp4";  // qspec: the low-precision drafting mode
-  std::string verify = "w4a16";      // qspec: the target mode
-  int64_t gamma = 4;                 // qspec: draft tokens per cycle (1..16)
-  bool adaptive_gamma = false;       // qspec: move gamma per sequence with its recent acceptance
-  int64_t max_gamma = 8;             // qspec: upper bound of adaptive gamma
-  bool kv_overwrite = true;          // qspec: false = the paper's no-overwrite ablation
+  DecodePlan plan;
 };
 
 using RequestId = uint64_t;

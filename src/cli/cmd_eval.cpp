@@ -565,12 +565,14 @@ std::vector<std::vector<int32_t>> load_reference(const std::string& path, const 
 void run_qspec_eval(const QSpecEvalArgs& args) {
   QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
   QSPEC_CHECK(args.max_tokens > 0, "--max-tokens must be > 0");
-  for (int64_t gamma : args.gammas) QSPEC_CHECK(gamma >= 1 && gamma <= 16, "--gammas: gamma must be in 1..16, got ", gamma);
+  for (int64_t gamma : args.gammas)
+    QSPEC_CHECK(gamma >= 1 && gamma <= decode_rules::kMaxGamma, "--gammas: gamma must be in 1..", decode_rules::kMaxGamma,
+                ", got ", gamma);
   for (int64_t batch : args.batch_sizes) QSPEC_CHECK(batch >= 1, "--batch-sizes: must be >= 1, got ", batch);
   QSPEC_CHECK(args.kv_overwrite == "on" || args.kv_overwrite == "off" || args.kv_overwrite == "both",
               "--kv-overwrite must be on, off or both, got ", args.kv_overwrite);
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
-  std::vector<std::string> names = {"w4a16"};
+  std::vector<std::string> names = {std::string(decode_rules::kVerifyMode)};
   names.insert(names.end(), args.drafts.begin(), args.drafts.end());
   PreparedModel prepared = load_model_for_modes(args.model_dir, names, args.weights, args.group_size);
   for (size_t i = 1; i < prepared.modes.size(); ++i)
@@ -618,7 +620,7 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
     }
     if (args.reference_file.empty()) {
       Request plain = base;
-      plain.mode = prepared.modes[0].name;
+      plain.plan.mode = prepared.modes[0].name;
       const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, tick);
       int64_t baseline_differs = 0;
       if (references.empty()) references = baseline.outputs;
@@ -636,11 +638,13 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
       for (int64_t gamma : args.gammas)
         for (bool overwrite : overwrites) {
           Request request = base;
-          request.mode = "qspec";
-          request.verify = prepared.modes[0].name;
-          request.draft = prepared.modes[d].name;
-          request.gamma = gamma;
-          request.kv_overwrite = overwrite;
+          DecodePlan& plan = request.plan;
+          plan.mode = decode_rules::kQSpecMode;
+          plan.verify = prepared.modes[0].name;
+          plan.draft = prepared.modes[d].name;
+          plan.gamma = gamma;
+          plan.kv_overwrite = overwrite;
+          validate(plan, "eval qspec: ");
           const EngineRun run = run_through_engine(model, *tokenizer, prompts, request, batch, tick);
           int64_t identical = 0, tie = 0, mismatch = 0;
           for (size_t i = 0; i < prompts.size(); ++i) {
@@ -653,14 +657,14 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
           const double rate = run.tokens / std::max(run.seconds, 1e-9);
           char line[256];
           std::snprintf(line, sizeof line, "%5lld %-12s %5lld %9s %10.1f%% %12.2f %10.1f %9lld/%zu %4lld %8lld",
-                        static_cast<long long>(batch), request.draft.c_str(), static_cast<long long>(gamma),
+                        static_cast<long long>(batch), plan.draft.c_str(), static_cast<long long>(gamma),
                         overwrite ? "on" : "off", 100 * sum.acceptance_rate(), sum.mean_accepted_length(), rate,
                         static_cast<long long>(identical), prompts.size(), static_cast<long long>(tie),
                         static_cast<long long>(mismatch));
           lines.push_back(line);
           rows.push_back({{"batch_size", batch},
-                          {"draft", request.draft},
-                          {"verify", request.verify},
+                          {"draft", plan.draft},
+                          {"verify", plan.verify},
                           {"gamma", gamma},
                           {"kv_overwrite", overwrite},
                           {"cycles", sum.cycles},

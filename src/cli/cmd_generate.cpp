@@ -24,15 +24,14 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool print_ids = false;
   std::string bos = "auto";
-  std::string mode = "w16a16";
+  DecodePlan plan = [] {
+    DecodePlan p;
+    p.mode = "w16a16";
+    return p;
+  }();
   std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
   int64_t group_size = 0;
-  // --mode qspec: draft in this mode, verify in w4a16.
-  std::string draft = "w4a4-nvfp4";
-  int64_t gamma = 4;
-  bool adaptive_gamma = false;
-  int64_t max_gamma = 8;
-  bool no_kv_overwrite = false;
+  bool no_kv_overwrite = false;  // --mode qspec: the paper's no-overwrite ablation
   std::vector<std::string> stop;
   std::string device = "cpu";
   std::string gemm_policy = "auto";
@@ -47,21 +46,18 @@ void run_generate(const GenerateArgs& args) {
     text << file.rdbuf();
     prompt = text.str();
   }
-  const bool use_qspec = args.mode == "qspec";
+  DecodePlan plan = args.plan;
+  plan.kv_overwrite = !args.no_kv_overwrite;
+  validate(plan, "--");
+  const bool use_qspec = plan.qspec();
   std::vector<RunMode> modes;
-  if (use_qspec) {
-    modes = {parse_run_mode("w4a16"), parse_run_mode(args.draft)};
-    QSPEC_CHECK(modes[1].quantized_weights, "--draft ", args.draft,
-                ": the draft mode must run the 4-bit weights (w4a8, w4a8-fp8, w4a4-*)");
-  } else {
-    modes = {parse_run_mode(args.mode)};
-  }
+  for (const std::string& name : plan.modes()) modes.push_back(parse_run_mode(name));
   auto model = LlamaModel::load(args.model_dir);
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
   if (use_qspec) {
-    std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify w4a16, gamma %lld%s%s\n", weights.c_str(),
-                 args.draft.c_str(), static_cast<long long>(args.gamma), args.adaptive_gamma ? " (adaptive)" : "",
-                 args.no_kv_overwrite ? ", no KV overwrite" : "");
+    std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify %s, gamma %lld%s%s\n", weights.c_str(),
+                 plan.draft.c_str(), plan.verify.c_str(), static_cast<long long>(plan.gamma),
+                 plan.adaptive_gamma ? " (adaptive)" : "", plan.kv_overwrite ? "" : ", no KV overwrite");
   } else if (modes[0].quantized_weights) {
     std::fprintf(stderr, "[qspec] weights %s, mode %s\n", weights.c_str(), modes[0].name.c_str());
   }
@@ -77,7 +73,7 @@ void run_generate(const GenerateArgs& args) {
   if (args.device == "cuda") {
     engine_options.device = "cuda";
     // The engine refuses modes the GPU does not run; QSpec verifies in w4a16 (drafts: w4a8).
-    engine_options.gpu_mode = use_qspec ? "w4a16" : args.mode;
+    engine_options.gpu_mode = use_qspec ? plan.verify : plan.mode;
     engine_options.gpu_gemm_policy = args.gemm_policy;
   }
   Engine engine(*model, tokenizer.get(), engine_options);
@@ -87,12 +83,7 @@ void run_generate(const GenerateArgs& args) {
   request.max_new_tokens = args.max_tokens;
   request.ignore_eos = args.ignore_eos;
   request.stop = args.stop;
-  request.mode = args.mode;
-  request.draft = args.draft;
-  request.gamma = args.gamma;
-  request.adaptive_gamma = args.adaptive_gamma;
-  request.max_gamma = args.max_gamma;
-  request.kv_overwrite = !args.no_kv_overwrite;
+  request.plan = plan;
 
   std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -162,15 +153,15 @@ void register_generate(CLI::App& app) {
   command->add_flag("--print-ids", args->print_ids, "Print the generated token ids to stderr");
   std::string modes;
   for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
-  command->add_option("--mode", args->mode, "Weights and activations: " + modes +
+  command->add_option("--mode", args->plan.mode, "Weights and activations: " + modes +
                                                 "|qspec (draft in --draft, verify in w4a16)")
       ->capture_default_str();
-  command->add_option("--draft", args->draft, "--mode qspec: the draft mode (w4a8, w4a8-fp8, w4a4-int4, ...)")
+  command->add_option("--draft", args->plan.draft, "--mode qspec: the draft mode (w4a8, w4a8-fp8, w4a4-int4, ...)")
       ->capture_default_str();
-  command->add_option("--gamma", args->gamma, "--mode qspec: draft tokens per cycle")->capture_default_str();
-  command->add_flag("--adaptive-gamma", args->adaptive_gamma,
+  command->add_option("--gamma", args->plan.gamma, "--mode qspec: draft tokens per cycle")->capture_default_str();
+  command->add_flag("--adaptive-gamma", args->plan.adaptive_gamma,
                     "--mode qspec: move gamma with the recent acceptance (1..--max-gamma)");
-  command->add_option("--max-gamma", args->max_gamma, "--mode qspec: upper bound of adaptive gamma")
+  command->add_option("--max-gamma", args->plan.max_gamma, "--mode qspec: upper bound of adaptive gamma")
       ->capture_default_str();
   command->add_option("--gemm-policy", args->gemm_policy,
                       "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "

@@ -27,9 +27,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string model_name;  // "" = the model directory's name
-  std::string mode = "w4a16";
-  std::string draft = "w4a4-nvfp4";
-  int64_t gamma = 4;
+  DecodePlan plan;  // the default of requests that name none
   std::string weights;
   int64_t group_size = 0;
   std::string chat_template;
@@ -57,13 +55,15 @@ void run_serve(const ServeArgs& args) {
   fail("qspec serve: this qspec was built without the HTTP server (configured with -DQSPEC_SERVER=OFF; "
        "rebuild with cpp-httplib installed)");
 #else
-  // Which modes requests may ask for: the default, w4a16 (QSpec's verify) and the draft.
+  // Which modes requests may ask for: the default, and QSpec's verify and draft (any request
+  // may ask for QSpec), so the draft and gamma must be valid whatever the default mode.
+  validate(args.plan, "--");
+  DecodePlan as_qspec = args.plan;
+  as_qspec.mode = decode_rules::kQSpecMode;
+  validate(as_qspec, "--");
   std::vector<RunMode> modes;
-  if (args.mode != "qspec") modes.push_back(parse_run_mode(args.mode));
-  modes.push_back(parse_run_mode("w4a16"));
-  modes.push_back(parse_run_mode(args.draft));
-  QSPEC_CHECK(modes.back().quantized_weights, "--draft ", args.draft,
-              ": the draft mode must run the 4-bit weights (w4a8, w4a8-fp8, w4a4-*)");
+  if (!args.plan.qspec()) modes.push_back(parse_run_mode(args.plan.mode));
+  for (const std::string& name : as_qspec.modes()) modes.push_back(parse_run_mode(name));
 
   auto model = LlamaModel::load(args.model_dir);
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
@@ -77,9 +77,7 @@ void run_serve(const ServeArgs& args) {
     options.model_name = std::filesystem::path(args.model_dir).lexically_normal().filename().string();
   if (options.model_name.empty())
     options.model_name = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename().string();
-  options.default_mode = args.mode;
-  options.default_draft = args.draft;
-  options.default_gamma = args.gamma;
+  options.default_plan = args.plan;
   options.max_body_bytes = args.max_body_bytes;
   options.http = args.http;
   options.api_key = args.api_key;
@@ -92,8 +90,9 @@ void run_serve(const ServeArgs& args) {
   options.engine.max_waiting = args.max_queue;
   // The GPU engine runs one mode, the default's (the engine refuses one the GPU does not run);
   // requests for another get a 400.
-  // QSpec requests verify in w4a16 there and draft in w4a8.
-  if (options.engine.device == "cuda") options.engine.gpu_mode = args.mode == "qspec" ? "w4a16" : args.mode;
+  // QSpec requests verify in the plan's verify mode there.
+  if (options.engine.device == "cuda")
+    options.engine.gpu_mode = args.plan.qspec() ? args.plan.verify : args.plan.mode;
   options.chat_template = load_server_chat_template(args.model_dir, args.chat_template);
   if (!options.chat_template)
     std::fprintf(stderr, "[qspec] %s has no chat template: /v1/chat/completions answers 400 (--chat-template FILE)\n",
@@ -120,8 +119,8 @@ void run_serve(const ServeArgs& args) {
   std::fprintf(stderr,
                "[qspec] serving %s as '%s': mode %s (draft %s, gamma %lld), weights %s, batch %lld, queue %lld, "
                "context %lld\n",
-               args.model_dir.c_str(), server.options().model_name.c_str(), args.mode.c_str(), args.draft.c_str(),
-               static_cast<long long>(args.gamma), weights.c_str(),
+               args.model_dir.c_str(), server.options().model_name.c_str(), args.plan.mode.c_str(),
+               args.plan.draft.c_str(), static_cast<long long>(args.plan.gamma), weights.c_str(),
                static_cast<long long>(args.engine.max_batch_size), static_cast<long long>(args.max_queue),
                static_cast<long long>(model->config().max_position_embeddings));
   std::fprintf(stderr, "[qspec] listening on %s://%s:%d%s\n", tls ? "https" : "http", args.host.c_str(), port,
@@ -168,11 +167,11 @@ void register_serve(CLI::App& app) {
   command->add_option("--served-model-name", args->model_name, "The model id clients send (default: the directory name)");
   std::string modes;
   for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
-  command->add_option("--mode", args->mode,
+  command->add_option("--mode", args->plan.mode,
                       "Default mode of requests (\"qspec\": {\"mode\": ...} overrides): " + modes + "|qspec")
       ->capture_default_str();
-  command->add_option("--draft", args->draft, "Default QSpec draft mode")->capture_default_str();
-  command->add_option("--gamma", args->gamma, "Default QSpec draft tokens per cycle")->capture_default_str();
+  command->add_option("--draft", args->plan.draft, "Default QSpec draft mode")->capture_default_str();
+  command->add_option("--gamma", args->plan.gamma, "Default QSpec draft tokens per cycle")->capture_default_str();
   command->add_option("--weights", args->weights, "4-bit weight format (RTN at load; default int4)");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: automatic)");
   command->add_option("--chat-template", args->chat_template,

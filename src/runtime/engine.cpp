@@ -240,8 +240,8 @@ struct Engine::Impl {
     gpu_options.max_seqs = options.max_batch_size;
     gpu_options.max_context = context_limit;
     gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
-    // QSpec verify runs return a logit row per token: gamma + 1 <= 17 a sequence.
-    gpu_options.max_logit_rows = options.max_batch_size * 17;
+    // QSpec verify runs return a logit row per token: gamma + 1 a sequence.
+    gpu_options.max_logit_rows = options.max_batch_size * (decode_rules::kMaxGamma + 1);
     // "auto": a map tuned on this GPU for this model's shapes when bench/policies has one; "none"
     // or "": the built-in crossovers; anything else: a map file.
     if (options.gpu_gemm_policy == "auto")
@@ -277,26 +277,23 @@ struct Engine::Impl {
     QSPEC_CHECK(request.max_new_tokens >= 1, "request: max_new_tokens must be >= 1, got ", request.max_new_tokens);
     for (const std::string& stop : request.stop) QSPEC_CHECK(!stop.empty(), "request: an empty stop string");
     QSPEC_CHECK(request.stop.empty() || tokenizer, "request: stop strings need a tokenizer");
-    seq->qspec = request.mode == "qspec";
+    const DecodePlan& plan = request.plan;
+    validate(plan, "request: ");
+    seq->qspec = plan.qspec();
     if (seq->qspec) {
-      seq->mode = runnable_mode(request.verify, "verify");
-      seq->draft = runnable_mode(request.draft, "draft");
-      QSPEC_CHECK(seq->draft.quantized_weights && seq->draft.activations.kind == ActivationMode::Kind::quantized,
-                  "request: draft mode ", request.draft, " is not a low-precision activation mode (w4a8*, w4a4*)");
-      QSPEC_CHECK(request.gamma >= 1 && request.gamma <= 16, "request: gamma must be in 1..16, got ", request.gamma);
-      QSPEC_CHECK(!request.adaptive_gamma || (request.max_gamma >= request.gamma && request.max_gamma <= 16),
-                  "request: max_gamma must be in gamma..16, got ", request.max_gamma);
-      QSPEC_CHECK(!on_gpu || request.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) does not "
+      seq->mode = runnable_mode(plan.verify, "verify");
+      seq->draft = runnable_mode(plan.draft, "draft");
+      QSPEC_CHECK(!on_gpu || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) does not "
                   "run on the GPU");
       seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
     } else {
-      seq->mode = runnable_mode(request.mode, "mode");
+      seq->mode = runnable_mode(plan.mode, "mode");
     }
     seq->sampler.emplace(request.sampling);
     seq->budget = std::min<int64_t>(request.max_new_tokens, context_limit - prompt);
     seq->budget_reason = seq->budget < request.max_new_tokens ? "context" : "length";
-    seq->gamma = seq->qspec ? request.gamma : 0;
-    const int64_t max_gamma = seq->qspec ? (request.adaptive_gamma ? request.max_gamma : request.gamma) : 0;
+    seq->gamma = seq->qspec ? plan.gamma : 0;
+    const int64_t max_gamma = plan.gamma_bound();
     const int64_t rows = prompt + seq->budget + max_gamma + 1;
     QSPEC_CHECK(rows <= pool.num_blocks() * pool.block_size(), "request: needs up to ", rows,
                 " KV rows; the engine's pool holds ", pool.num_blocks() * pool.block_size(),
@@ -529,7 +526,7 @@ struct Engine::Impl {
       }
       record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
       for (Unit* unit : group)
-        if (!unit->seq->request.kv_overwrite) save_draft_rows(*unit);
+        if (!unit->seq->request.plan.kv_overwrite) save_draft_rows(*unit);
     }
   }
 
@@ -889,7 +886,7 @@ struct Engine::Impl {
     ++m.accepted_histogram[static_cast<size_t>(outcome.accepted)];
     m.verify_seconds += verify_seconds;
     // No-overwrite ablation: accepted tokens (last, d_0 .. d_{accepted-1}) keep their draft rows.
-    if (!seq.request.kv_overwrite) restore_draft_rows(unit, outcome.accepted + 1);
+    if (!seq.request.plan.kv_overwrite) restore_draft_rows(unit, outcome.accepted + 1);
     int64_t emitted = 0;
     for (int64_t i = 0; i < outcome.accepted && !seq.finished; ++i, ++emitted) emit(seq, unit.drafts[static_cast<size_t>(i)]);
     if (!seq.finished) {
@@ -898,8 +895,9 @@ struct Engine::Impl {
     }
     // The cache keeps every committed token but the last; rows of rejected drafts are dropped.
     seq.kv.truncate(pool, unit.base + emitted);
-    if (seq.request.adaptive_gamma && drafted > 0) {
-      if (outcome.accepted == drafted && drafted == seq.gamma) seq.gamma = std::min(seq.gamma + 1, seq.request.max_gamma);
+    if (seq.request.plan.adaptive_gamma && drafted > 0) {
+      if (outcome.accepted == drafted && drafted == seq.gamma)
+        seq.gamma = std::min(seq.gamma + 1, seq.request.plan.max_gamma);
       else if (2 * outcome.accepted < drafted) seq.gamma = std::max<int64_t>(1, seq.gamma - 1);
     }
   }

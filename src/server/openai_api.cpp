@@ -332,9 +332,8 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   r.stop = stop_strings(body);
   r.ignore_eos = get_bool(body, "ignore_eos", false);
 
-  r.mode = options.default_mode;
-  r.draft = options.default_draft;
-  r.gamma = options.default_gamma;
+  DecodePlan& plan = r.plan;
+  plan = options.default_plan;
   if (const json* ext = field(body, "qspec")) {
     if (!ext->is_object()) bad("qspec", "'qspec' must be an object like {\"mode\": \"qspec\", \"gamma\": 4}");
     for (auto it = ext->begin(); it != ext->end(); ++it) {
@@ -343,12 +342,17 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
       for (const char* k : known) ok = ok || it.key() == k;
       if (!ok) bad("qspec." + it.key(), "unknown field 'qspec." + it.key() + "'");
     }
-    r.mode = get_string(*ext, "mode", r.mode);
-    r.draft = get_string(*ext, "draft", r.draft);
-    r.gamma = get_int(*ext, "gamma", r.gamma, 1, 16);
-    r.adaptive_gamma = get_bool(*ext, "adaptive_gamma", false);
-    r.max_gamma = get_int(*ext, "max_gamma", std::max<int64_t>(8, r.gamma), 1, 16);
+    plan.mode = get_string(*ext, "mode", plan.mode);
+    plan.draft = get_string(*ext, "draft", plan.draft);
+    plan.gamma = get_int(*ext, "gamma", plan.gamma, 1, decode_rules::kMaxGamma);
+    plan.adaptive_gamma = get_bool(*ext, "adaptive_gamma", plan.adaptive_gamma);
+    plan.max_gamma = get_int(*ext, "max_gamma", std::max(plan.max_gamma, plan.gamma), 1, decode_rules::kMaxGamma);
     r.ignore_eos = get_bool(*ext, "ignore_eos", r.ignore_eos);
+  }
+  try {
+    validate(plan, "qspec.");
+  } catch (const DecodePlanError& e) {
+    bad("qspec." + e.field, e.what());
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/files.h"
 #include "model/llama.h"
 #include "server/http_front.h"
 #include "server/openai_api.h"
@@ -83,13 +84,8 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0 && !b.empty();
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  QSPEC_CHECK(file.good(), path, ": cannot open");
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
+// Templates and their config: regular files only, capped (a FIFO or /dev/zero is an error).
+std::string read_file(const std::string& path) { return read_text_file(path, kMaxConfigJsonBytes); }
 
 // Prometheus metric lines.
 struct PromText {
@@ -237,7 +233,7 @@ struct Server::Impl {
     } catch (const ApiError& e) {
       return send_api_error(res, e);
     }
-    const bool qspec = api.request.mode == "qspec";
+    const bool qspec = api.request.plan.qspec();
     const std::string response_id = random_id(chat ? "chatcmpl-" : "cmpl-");
     const int64_t created = unix_time();
 

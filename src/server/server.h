@@ -51,9 +51,7 @@ class ApiError : public Error {
 
 struct ServerOptions {
   std::string model_name = "qspec";   // the id clients pass as "model"
-  std::string default_mode = "w4a16";  // requests without "qspec": {"mode"}
-  std::string default_draft = "w4a4-nvfp4";
-  int64_t default_gamma = 4;
+  DecodePlan default_plan;             // requests without "qspec": {...} (qspec/decode_plan.h)
   size_t max_body_bytes = size_t{1} << 20;  // the decoded body (after chunking and gzip); 413 beyond
   HttpLimits http;                    // connections, deadlines, head caps, drain (server/http_limits.h)
   std::optional<TlsFiles> tls;        // serve HTTPS with this certificate and key

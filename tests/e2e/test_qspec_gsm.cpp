@@ -101,9 +101,9 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
   qspec::Engine engine(*f.model, f.tokenizer.get(), options);
   qspec::Request base;
   base.max_new_tokens = kMaxTokens;
-  base.mode = "qspec";
-  base.draft = "w4a4-nvfp4";
-  base.gamma = 4;
+  base.plan.mode = "qspec";
+  base.plan.draft = "w4a4-nvfp4";
+  base.plan.gamma = 4;
   std::vector<std::vector<int32_t>> outputs(f.prompts.size());
   std::vector<bool> finished(f.prompts.size(), false);
   qspec::QSpecMetrics totals;

@@ -102,7 +102,7 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
     qspec::Request request;
     request.prompt = prompt;
     request.max_new_tokens = max_tokens;
-    request.mode = "w4a16";
+    request.plan.mode = "w4a16";
     requests.push_back(request);
   }
   qspec::EngineOptions options = batching_options();
@@ -148,12 +148,12 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
     qspec::Request request;
     request.prompt = reference.prompts[i];
     request.max_new_tokens = reference.max_tokens;
-    request.mode = "qspec";
-    request.draft = draft;
-    request.verify = "w4a16";
-    request.gamma = 1 + static_cast<int64_t>(i % 6);
-    request.adaptive_gamma = i % 5 == 4;
-    request.max_gamma = 8;
+    request.plan.mode = "qspec";
+    request.plan.draft = draft;
+    request.plan.verify = "w4a16";
+    request.plan.gamma = 1 + static_cast<int64_t>(i % 6);
+    request.plan.adaptive_gamma = i % 5 == 4;
+    request.plan.max_gamma = 8;
     requests.push_back(request);
   }
   qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
@@ -163,7 +163,7 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
     cpu_options.device = "cpu";
     qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
     std::vector<qspec::Request> plain = requests;
-    for (qspec::Request& request : plain) request.mode = "w4a16";
+    for (qspec::Request& request : plain) request.plan.mode = "w4a16";
     references = run_all(cpu_engine, plain).ids;
   }
   ASSERT_EQ(references.size(), requests.size());
@@ -171,7 +171,7 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
   for (size_t i = 0; i < requests.size(); ++i) {
     EXPECT_TRUE(gpu.finish_reasons[i] == "eos" || gpu.finish_reasons[i] == "length") << gpu.finish_reasons[i];
     if (gpu.ids[i] == references[i]) ++identical;
-    EXPECT_EQ(gpu.ids[i], references[i]) << "problem " << i << " gamma " << requests[i].gamma;
+    EXPECT_EQ(gpu.ids[i], references[i]) << "problem " << i << " gamma " << requests[i].plan.gamma;
   }
   const qspec::EngineMetrics metrics = gpu_engine.metrics();
   const qspec::QSpecMetrics& q = metrics.qspec;
@@ -237,19 +237,19 @@ TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
   };
   qspec::Request qspec_request;  // ARC drafts need an ARC-calibrated model (and are not on the GPU)
   qspec_request.prompt = prompts[0];
-  qspec_request.mode = "qspec";
-  qspec_request.draft = "w4a4-nvfp4-arc";
+  qspec_request.plan.mode = "qspec";
+  qspec_request.plan.draft = "w4a4-nvfp4-arc";
   refused(qspec_request, "ARC");
-  qspec_request.draft = "w4a8";
-  qspec_request.kv_overwrite = false;
+  qspec_request.plan.draft = "w4a8";
+  qspec_request.plan.kv_overwrite = false;
   refused(qspec_request, "GPU");
   qspec::Request other_mode;
   other_mode.prompt = prompts[0];
-  other_mode.mode = "w4a8";
+  other_mode.plan.mode = "w4a8";
   refused(other_mode, "GPU");
   qspec::Request too_long;
   too_long.prompt.assign(300, prompts[0][0]);
-  too_long.mode = "w4a16";
+  too_long.plan.mode = "w4a16";
   refused(too_long, "context is 256");
 }
 
@@ -340,7 +340,7 @@ TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
     qspec::Request request;
     request.prompt = prompt;
     request.max_new_tokens = reference.max_tokens;
-    request.mode = "w4a16";
+    request.plan.mode = "w4a16";
     plain.push_back(request);
   }
   qspec::EngineOptions cpu_options = batching_options();
@@ -363,10 +363,10 @@ TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
   for (const char* draft : {"w4a4-int4-arc", "w4a4-nvfp4-arc", "w4a4-mxfp4-arc", "w4a4-nvfp4", "w4a8"}) {
     std::vector<qspec::Request> requests = plain;
     for (size_t i = 0; i < requests.size(); ++i) {
-      requests[i].mode = "qspec";
-      requests[i].draft = draft;
-      requests[i].verify = "w4a16";
-      requests[i].gamma = 1 + static_cast<int64_t>(i % 6);
+      requests[i].plan.mode = "qspec";
+      requests[i].plan.draft = draft;
+      requests[i].plan.verify = "w4a16";
+      requests[i].plan.gamma = 1 + static_cast<int64_t>(i % 6);
     }
     const qspec::QSpecMetrics before = gpu_engine.metrics().qspec;
     check(requests, std::string("QSpec (") + draft + " drafts)");

@@ -88,7 +88,7 @@ qspec::Request request(const std::vector<int32_t>& prompt, int64_t max_new_token
   qspec::Request r;
   r.prompt = prompt;
   r.max_new_tokens = max_new_tokens;
-  r.mode = run_mode;
+  r.plan.mode = run_mode;
   return r;
 }
 
@@ -276,9 +276,9 @@ TEST(Engine, GreedyQSpecEqualsW4A16ForEveryDraftModeUnderBatching) {
       std::vector<qspec::RequestId> ids;
       for (size_t i = 0; i < prompts.size(); ++i) {
         qspec::Request r = request(prompts[i], 24, "qspec");
-        r.draft = draft;
-        r.gamma = gamma;
-        r.adaptive_gamma = i == 4;  // one sequence with adaptive gamma in the mix
+        r.plan.draft = draft;
+        r.plan.gamma = gamma;
+        r.plan.adaptive_gamma = i == 4;  // one sequence with adaptive gamma in the mix
         ids.push_back(engine.submit(r, out.callback()));
         engine.step();
       }
@@ -341,8 +341,8 @@ TEST(Engine, SamplingMatchesTheSingleSequencePathsAtAnyBatchSize) {
       r.sampling = sampling;
       r.sampling.seed = 100 + i;
       plain.push_back(engine.submit(r, out.callback()));
-      r.mode = "qspec";
-      r.gamma = 3;
+      r.plan.mode = "qspec";
+      r.plan.gamma = 3;
       speculative.push_back(engine.submit(r, out.callback()));
     }
     engine.run_until_idle();
@@ -378,8 +378,8 @@ TEST(Engine, NoOverwriteAblationMatchesTheSingleSequencePath) {
   qspec::Engine engine(*fixture().model, fixture().tokenizer.get());
   Outputs out;
   qspec::Request r = request(prompt, 32, "qspec");
-  r.draft = "w4a4-int4";
-  r.kv_overwrite = false;
+  r.plan.draft = "w4a4-int4";
+  r.plan.kv_overwrite = false;
   const qspec::RequestId id = engine.submit(r, out.callback());
   engine.submit(request(fixture().prompts[0], 32, "qspec"), out.callback());  // a neighbour with overwrite
   engine.run_until_idle();
@@ -457,10 +457,10 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
   expect_error(request(prompt, 8, "w5a5"), "mode");
   expect_error(request(prompt, 8, "w4a4-nvfp4-arc"), "ARC");
   qspec::Request r = request(prompt, 8, "qspec");
-  r.draft = "w4a16";
+  r.plan.draft = "w4a16";
   expect_error(r, "not a low-precision");
   r = request(prompt, 8, "qspec");
-  r.gamma = 0;
+  r.plan.gamma = 0;
   expect_error(r, "gamma");
   r = request(prompt, 8);
   r.sampling.temperature = -1;

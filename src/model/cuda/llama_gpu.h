@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "qspec/decode_plan.h"
 #include "gemm/policy_map.h"
 #include "model/llama.h"
 #include "qspec/sampling.h"
@@ -111,7 +112,7 @@ class GpuLlama {
   // (one token: its first input) is fed its own argmax id of the step before, on the device.
   // The host reads every id once, at the end: [step][run], runs in order. The same ids and K/V
   // as `steps` calls of step() fed those ids.
-  static constexpr int64_t kMaxChainSteps = 16;
+  static constexpr int64_t kMaxChainSteps = decode_rules::kMaxGamma;  // a QSpec cycle's drafts
   std::vector<int32_t> draft_chain(std::span<const Run> runs, int64_t steps);
   // The same, left on the device for a verify step (Run::chain_offset): nothing is read back.
   // Returns the chain's offset: run r's draft i is chain id offset + i * runs.size() + r.

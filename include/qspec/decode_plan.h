@@ -1,0 +1,60 @@
+// The decode plan of a request: how its tokens are made, plainly in one mode or by QSpec (a
+// low-precision draft proposes gamma tokens, the target mode verifies them in one pass). Every
+// rule about plans lives here, as named constants and one validate(): `generate`, `serve`,
+// `eval`, the server's JSON and the engine all go through it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qspec/error.h"
+
+namespace qspec {
+
+namespace decode_rules {
+// The mode name that asks for QSpec.
+inline constexpr std::string_view kQSpecMode = "qspec";
+// QSpec's target: its greedy output is W4A16's, token for token.
+inline constexpr std::string_view kVerifyMode = "w4a16";
+// The draft when none is named: the cheapest activation format.
+inline constexpr std::string_view kDefaultDraft = "w4a4-nvfp4";
+// The mode of a request that names none (serve's default too): the 4-bit weights' own mode.
+inline constexpr std::string_view kDefaultMode = "w4a16";
+inline constexpr int64_t kDefaultGamma = 4;
+// Draft tokens a cycle at most: the GPU's on-device draft chain holds this many.
+inline constexpr int64_t kMaxGamma = 16;
+// Adaptive gamma's upper bound when none is named.
+inline constexpr int64_t kDefaultMaxGamma = 8;
+}  // namespace decode_rules
+
+struct DecodePlan {
+  std::string mode{decode_rules::kDefaultMode};    // a run mode (w16a16, w4a16, w4a8, ...) or "qspec"
+  std::string draft{decode_rules::kDefaultDraft};  // qspec: the low-precision drafting mode (w4a8*, w4a4*)
+  std::string verify{decode_rules::kVerifyMode};   // qspec: the target mode
+  int64_t gamma = decode_rules::kDefaultGamma;     // qspec: draft tokens per cycle (1..kMaxGamma)
+  bool adaptive_gamma = false;                     // qspec: move gamma with the recent acceptance
+  int64_t max_gamma = decode_rules::kDefaultMaxGamma;  // qspec: adaptive gamma's bound (gamma..kMaxGamma)
+  bool kv_overwrite = true;                        // qspec: false = the paper's no-overwrite ablation
+
+  bool qspec() const { return mode == decode_rules::kQSpecMode; }
+  // The most draft tokens one cycle can take (0 for plain decoding).
+  int64_t gamma_bound() const { return qspec() ? (adaptive_gamma ? max_gamma : gamma) : 0; }
+  // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft.
+  std::vector<std::string> modes() const;
+};
+
+// A broken rule: `field` names the plan's field at fault ("mode", "draft", "verify", "gamma",
+// "max_gamma"), for callers that report fields (the server's `param`).
+class DecodePlanError : public Error {
+ public:
+  DecodePlanError(std::string field, const std::string& message) : Error(message), field(std::move(field)) {}
+  std::string field;
+};
+
+// Throws DecodePlanError naming the field at fault (`field_prefix` + "mode", "draft", "gamma",
+// "max_gamma", ...) when a rule above is broken: an unknown mode, a draft that is not a
+// 4-bit-weight low-precision-activation mode, gamma or max_gamma out of range.
+void validate(const DecodePlan& plan, std::string_view field_prefix = "");
+
+}  // namespace qspec

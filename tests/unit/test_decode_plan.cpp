@@ -1,0 +1,94 @@
+// The decode plan's rules (include/qspec/decode_plan.h): one validate, each broken rule an
+// error naming its field; the constants every caller uses.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "qspec/decode_plan.h"
+
+namespace {
+
+using qspec::DecodePlan;
+namespace rules = qspec::decode_rules;
+
+std::string broken_field(const DecodePlan& plan) {
+  try {
+    qspec::validate(plan, "x.");
+  } catch (const qspec::DecodePlanError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("x." + e.field + ": ", 0), 0u) << e.what();
+    return e.field;
+  }
+  return "";
+}
+
+DecodePlan qspec_plan() {
+  DecodePlan p;
+  p.mode = rules::kQSpecMode;
+  return p;
+}
+
+TEST(DecodePlan, DefaultsAreTheRulebooksConstantsAndValid) {
+  const DecodePlan p;
+  EXPECT_EQ(p.mode, rules::kDefaultMode);
+  EXPECT_EQ(p.draft, rules::kDefaultDraft);
+  EXPECT_EQ(p.verify, rules::kVerifyMode);
+  EXPECT_EQ(p.gamma, rules::kDefaultGamma);
+  EXPECT_EQ(p.max_gamma, rules::kDefaultMaxGamma);
+  EXPECT_FALSE(p.qspec());
+  EXPECT_EQ(p.gamma_bound(), 0);
+  EXPECT_EQ(broken_field(p), "");
+  EXPECT_EQ(broken_field(qspec_plan()), "");
+  EXPECT_EQ(p.modes(), std::vector<std::string>{std::string(rules::kDefaultMode)});
+  EXPECT_EQ(qspec_plan().modes(),
+            (std::vector<std::string>{std::string(rules::kVerifyMode), std::string(rules::kDefaultDraft)}));
+}
+
+TEST(DecodePlan, EachBrokenRuleNamesItsField) {
+  DecodePlan p;
+  p.mode = "w5a5";
+  EXPECT_EQ(broken_field(p), "mode");
+
+  p = qspec_plan();
+  p.draft = "w4a16";  // 16-bit activations: no cheaper than the verify
+  EXPECT_EQ(broken_field(p), "draft");
+  p.draft = "w16a16";
+  EXPECT_EQ(broken_field(p), "draft");
+  p.draft = "nope";
+  EXPECT_EQ(broken_field(p), "draft");
+
+  p = qspec_plan();
+  p.verify = "w16a16";  // QSpec keeps one (4-bit) weight set
+  EXPECT_EQ(broken_field(p), "verify");
+
+  p = qspec_plan();
+  p.gamma = 0;
+  EXPECT_EQ(broken_field(p), "gamma");
+  p.gamma = rules::kMaxGamma + 1;
+  EXPECT_EQ(broken_field(p), "gamma");
+  p.gamma = rules::kMaxGamma;
+  EXPECT_EQ(broken_field(p), "");
+
+  p = qspec_plan();
+  p.adaptive_gamma = true;
+  p.gamma = 6;
+  p.max_gamma = 5;
+  EXPECT_EQ(broken_field(p), "max_gamma");
+  p.max_gamma = rules::kMaxGamma + 1;
+  EXPECT_EQ(broken_field(p), "max_gamma");
+  p.max_gamma = rules::kMaxGamma;
+  EXPECT_EQ(broken_field(p), "");
+  EXPECT_EQ(p.gamma_bound(), rules::kMaxGamma);
+  p.adaptive_gamma = false;
+  EXPECT_EQ(p.gamma_bound(), 6);
+}
+
+TEST(DecodePlan, EveryLowPrecisionDraftIsAccepted) {
+  for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "w4a4-int4-arc",
+                            "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"}) {
+    DecodePlan p = qspec_plan();
+    p.draft = draft;
+    EXPECT_EQ(broken_field(p), "") << draft;
+  }
+}
+
+}  // namespace
