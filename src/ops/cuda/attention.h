@@ -1,0 +1,110 @@
+// Paged attention on the GPU: the KV cache layout, decode and prefill kernels (CPU twin: ops/attention.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/device.h"
+#include "ops/attention.h"
+
+namespace qspec::cuda {
+
+// ---- paged attention ------------------------------------------------------------------
+
+// K/V pool of one layer: f16 [num_blocks, kKvBlockSize, num_kv_heads * head_dim]. Position p
+// of sequence s lives in block block_tables[s * max_blocks_per_seq + p / kKvBlockSize], row
+// p % kKvBlockSize.
+inline constexpr int kKvBlockSize = 16;
+
+struct PagedKv {
+  f16_bits* k_pool = nullptr;
+  f16_bits* v_pool = nullptr;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
+  int64_t max_blocks_per_seq = 0;
+};
+
+// A batch of query runs: sequence s owns tokens query_start[s] .. query_start[s + 1] - 1 of
+// q / out (device arrays), token t sits at positions[t] and attends causally to positions
+// 0..positions[t] of its sequence's cache (within the sliding window when set). The host
+// values size the grid: num_tokens = query_start[num_seqs], max_query_len >= every run's
+// length, max_context > every position.
+struct QueryBatch {
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;
+  const int32_t* query_start = nullptr;  // [num_seqs + 1]
+  const int32_t* positions = nullptr;    // [tokens]
+  int64_t max_query_len = 0;
+  int64_t max_context = 0;
+};
+
+// Writes new K/V rows (after RoPE) of every token of the batch into the pool at the token's
+// position (overwriting what was there: QSpec's verify overwrites its drafts' entries).
+// k / v: f16 [tokens, *] with rows row_stride apart, num_kv_heads * head_dim values each.
+void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, const QueryBatch& batch,
+                    const PagedKv& kv, int64_t num_kv_heads, int64_t head_dim, void* stream);
+
+// rope on the q and k heads of fused qkv rows ([tokens, row_stride]: num_heads q heads, then
+// num_kv_heads k heads, then the v heads), then paged_kv_write of the rotated k and the v: one
+// launch where the two ops take two, bitwise the same results (the model's per-layer path).
+void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                   const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
+                   void* stream);
+
+// Scratch for split-K attention (partial outputs + softmax statistics), bytes for `rows`
+// = tokens * num_heads query rows. The launchers need at least this much workspace when they
+// split (they decide; pass the size from here for the largest batch you run).
+size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head_dim, int64_t max_context);
+// Zeroes the workspace's arrival counters: once after allocating it (the launches leave them
+// zero), before the first attention launch that uses it.
+void attention_workspace_init(void* workspace, size_t bytes, void* stream);
+
+// Which decode attention kernel paged_attention_decode launches: mma (the tiles kernel with its
+// scores and P V on tensor cores, head_dim 64 and 128; tiles at head_dim 32), tiles (each
+// block's keys and values of two tiles in flight at once, scores and P V in f32 FMAs), chunked
+// (the earlier kernel: keys, then values, 32 at a time) or automatic (the default: mma, which
+// runs the f32 tiles at head_dim 32).
+// QSPEC_DECODE_ATTENTION=automatic|mma|tiles|chunked picks it for a process; set_decode_attention
+// overrides both (tests and benchmarks compare them in one run).
+enum class DecodeAttention { tiles, chunked, mma, automatic };
+DecodeAttention decode_attention();
+void set_decode_attention(DecodeAttention kernel);
+
+// Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
+// out_stride apart), sequence s attends to its context_lens[s] cached positions (the query
+// sits at position context_lens[s] - 1). GQA, head_dim 32/64/128, flash-decoding split-K over
+// the context when the batch alone does not fill the GPU. Scores scaled by 1/sqrt(head_dim).
+void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
+                            int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape,
+                            f16_bits* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                            void* stream);
+
+// Decode with RoPE and the new token's K/V write folded in: bitwise rope_kv_write, then
+// paged_attention_decode on the rotated rows. qkv: each sequence's token as unrotated [q heads,
+// k heads, v heads] rows qkv_stride apart; batch: one token a sequence (query_start[s] = s), at
+// batch.positions[s] = context_lens[s] - 1, batch.max_context the largest context. The tiles
+// kernel does it in one launch and leaves qkv as it was; with the chunked kernel, or
+// QSPEC_DECODE_ROPE=separate, it runs the two launches, which rotate qkv in place. The one
+// launch reads context_lens, the block tables and the cache's earlier positions before its
+// grid-dependency wait (PDL, common.h): the kernel before it on the stream must not write them
+// (in a decode step the host or the draft chain's input update does, before the first layer).
+void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
+                                 const int32_t* context_lens, const float* inv_freq, float attention_scaling,
+                                 const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream);
+// Whether paged_attention_decode_rope runs one launch: QSPEC_DECODE_ROPE (folded, the default,
+// or separate) and the tiles kernel selected.
+bool decode_rope_folded();
+
+// Multi-query (prefill, QSpec verify): every token of the batch attends causally to its
+// sequence's cache, which must already hold positions 0..max position of the run (write the
+// run's own K/V first with paged_kv_write). FlashAttention-2 tiling on f16 mma.sync; query
+// rows of one KV head (tokens x GQA group) share each K/V tile; split-K over the context for
+// short runs over long caches. q / out: [tokens, num_heads * head_dim], rows q_stride / out_stride apart.
+void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBatch& batch, const PagedKv& kv,
+                             const cpu::AttentionShape& shape, f16_bits* out, int64_t out_stride,
+                             void* workspace, size_t workspace_bytes, void* stream);
+
+}  // namespace qspec::cuda
