@@ -7,9 +7,15 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 CUDA_ARCHS=${QSPEC_CUDA_ARCHS:-90a}   # CI compiles CUDA for sm_90a only
+# A compiler cache when there is one (scripts/install-deps.sh installs ccache): rebuilds of an
+# unchanged file cost nothing.
+LAUNCHER=()
+if command -v ccache >/dev/null 2>&1; then
+  LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 
 echo "== release build"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA_ARCHS="$CUDA_ARCHS" >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA_ARCHS="$CUDA_ARCHS" "${LAUNCHER[@]}" >/dev/null
 cmake --build build -j "$JOBS"
 bash scripts/setup-test-venv.sh         # the openai SDK for tests/python (ctest OpenaiClient.PythonSdk)
 bash scripts/fetch-smollm2.sh build/qspec   # real chat model for tests/e2e/test_smollm2.cpp (not in git)
@@ -18,14 +24,14 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 (cd build && ctest -j "$JOBS" --output-on-failure "${GPU_FILTER[@]}")
 
 echo "== sanitizer build (ASan + UBSan), unit tests"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF -DQSPEC_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF -DQSPEC_SANITIZE=ON "${LAUNCHER[@]}" >/dev/null
 cmake --build build-asan -j "$JOBS" --target qspec qspec_unit_tests
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest -j "$JOBS" --output-on-failure -L unit)
 
 echo "== fuzz targets (libFuzzer, ${FUZZ_SECONDS}s each)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF \
-  -DQSPEC_SANITIZE=ON -DQSPEC_FUZZ=ON -DQSPEC_BUILD_TESTS=ON -DQSPEC_NATIVE=ON >/dev/null
+  -DQSPEC_SANITIZE=ON -DQSPEC_FUZZ=ON -DQSPEC_BUILD_TESTS=ON -DQSPEC_NATIVE=ON "${LAUNCHER[@]}" >/dev/null
 FUZZERS=$(cd tests/fuzz && ls fuzz_*.cpp 2>/dev/null | sed 's/\.cpp$//')
 for fuzzer in $FUZZERS; do
   cmake --build build-fuzz -j "$JOBS" --target "$fuzzer"
