@@ -21,6 +21,12 @@ inline constexpr std::string_view kVerifyMode = "w4a16";
 inline constexpr std::string_view kDefaultDraft = "w4a4-nvfp4";
 // The mode of a request that names none (serve's default too): the 4-bit weights' own mode.
 inline constexpr std::string_view kDefaultMode = "w4a16";
+// The mode name that means "what the checkpoint holds": W4A16 on a 4-bit checkpoint, else
+// W16A16 (`generate`'s and `eval`'s default, as llama.cpp and vLLM take the format from the file).
+inline constexpr std::string_view kAutoMode = "auto";
+inline std::string_view auto_mode(bool checkpoint_has_4bit_weights) {
+  return checkpoint_has_4bit_weights ? "w4a16" : "w16a16";
+}
 inline constexpr int64_t kDefaultGamma = 4;
 // Draft tokens a cycle at most: the GPU's on-device draft chain holds this many.
 inline constexpr int64_t kMaxGamma = 16;

@@ -8,6 +8,7 @@
 //                                 w4a16), with/without KV overwrite, tokens/s against plain
 //                                 w4a16 and whether every output equals w4a16's.
 //   qspec eval MODEL              = qspec eval gsm MODEL (the original form).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +41,7 @@ namespace fs = std::filesystem;
 
 struct CommonArgs {
   std::string model_dir;
-  std::vector<std::string> modes = {"w16a16", "w4a16"};
+  std::vector<std::string> modes = {std::string(decode_rules::kAutoMode)};
   std::string weights;  // "" = int4, or a 4-bit checkpoint's own
   int64_t group_size = 0;
   int64_t limit = 0;
@@ -62,7 +63,10 @@ struct PplArgs : CommonArgs {
 };
 
 void add_common_options(CLI::App* command, CommonArgs& args, const char* limit_help) {
-  command->add_option("--modes", args.modes, "Run modes to compare")->capture_default_str()->delimiter(',');
+  command->add_option("--modes", args.modes,
+                      "Run modes to compare (auto: w16a16,w4a16 on a 16-bit checkpoint, w4a16 on a 4-bit one)")
+      ->capture_default_str()
+      ->delimiter(',');
   command->add_option("--weights", args.weights,
                       "4-bit weight format, RTN at load (default int4; a qspec 4-bit checkpoint uses its own): "
                       "int4|int4-channel|nvfp4|mxfp4");
@@ -86,9 +90,23 @@ PreparedModel load_model_for_modes(const std::string& model_dir, const std::vect
                                    const std::string& weights, int64_t group_size) {
   PreparedModel prepared;
   QSPEC_CHECK(!mode_names.empty(), "--modes: no run mode given");
-  for (const std::string& name : mode_names) prepared.modes.push_back(parse_run_mode(name));
+  const bool has_auto = std::find(mode_names.begin(), mode_names.end(), decode_rules::kAutoMode) != mode_names.end();
+  for (const std::string& name : mode_names)
+    if (name != decode_rules::kAutoMode) prepared.modes.push_back(parse_run_mode(name));
   if (!weights.empty()) quant::parse_format(weights);
   prepared.model = LlamaModel::load(model_dir);
+  if (has_auto) {  // "auto": w16a16 and w4a16 on a 16-bit checkpoint, w4a16 on a 4-bit one
+    std::vector<RunMode> modes;
+    for (const std::string& name : mode_names) {
+      if (name != decode_rules::kAutoMode) {
+        modes.push_back(parse_run_mode(name));
+        continue;
+      }
+      if (!prepared.model->has_quantized_weights()) modes.push_back(parse_run_mode("w16a16"));
+      modes.push_back(parse_run_mode("w4a16"));
+    }
+    prepared.modes = modes;
+  }
   prepared.weights = prepare_model_for_modes(*prepared.model, prepared.modes, weights, group_size);
   prepared.group_size = prepared.modes.front().activations.group_size;
   return prepared;

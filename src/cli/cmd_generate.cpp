@@ -26,7 +26,7 @@ struct GenerateArgs {
   std::string bos = "auto";
   DecodePlan plan = [] {
     DecodePlan p;
-    p.mode = "w16a16";
+    p.mode = decode_rules::kAutoMode;
     return p;
   }();
   std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
@@ -48,11 +48,16 @@ void run_generate(const GenerateArgs& args) {
   }
   DecodePlan plan = args.plan;
   plan.kv_overwrite = !args.no_kv_overwrite;
-  validate(plan, "--");
+  const bool auto_mode = plan.mode == decode_rules::kAutoMode;
+  if (!auto_mode) validate(plan, "--");  // bad flags fail before the model loads
+  auto model = LlamaModel::load(args.model_dir);
+  if (auto_mode) {
+    plan.mode = decode_rules::auto_mode(model->has_quantized_weights());
+    validate(plan, "--");
+  }
   const bool use_qspec = plan.qspec();
   std::vector<RunMode> modes;
   for (const std::string& name : plan.modes()) modes.push_back(parse_run_mode(name));
-  auto model = LlamaModel::load(args.model_dir);
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
   if (use_qspec) {
     std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify %s, gamma %lld%s%s\n", weights.c_str(),
@@ -154,7 +159,8 @@ void register_generate(CLI::App& app) {
   std::string modes;
   for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
   command->add_option("--mode", args->plan.mode, "Weights and activations: " + modes +
-                                                "|qspec (draft in --draft, verify in w4a16)")
+                                                "|qspec (draft in --draft, verify in w4a16)|auto (w4a16 on a 4-bit "
+                                                "checkpoint, else w16a16)")
       ->capture_default_str();
   command->add_option("--draft", args->plan.draft, "--mode qspec: the draft mode (w4a8, w4a8-fp8, w4a4-int4, ...)")
       ->capture_default_str();

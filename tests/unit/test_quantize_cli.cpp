@@ -293,6 +293,14 @@ TEST_F(QuantizeCli, RtnRunLoadsMatchesInProcessAndEvaluates) {
   EXPECT_TRUE(w16.exited) << w16.err;
   EXPECT_EQ(w16.exit_code, 1) << w16.err;
   EXPECT_NE(w16.err.find("16-bit weights"), std::string::npos) << w16.err;
+  // Default settings take the format from the checkpoint (mode auto): w4a16 here.
+  const QspecRun gen = qspec("generate " + quoted(out) + " -n 4 -p 'Question: 1 + 1?'");
+  EXPECT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_NE(gen.err.find("mode w4a16"), std::string::npos) << gen.err;
+  const QspecRun eval_default = qspec("eval gsm " + quoted(out) + " --limit 1");
+  EXPECT_EQ(eval_default.exit_code, 0) << eval_default.err;
+  EXPECT_NE(eval_default.out.find("w4a16"), std::string::npos) << eval_default.out;
+  EXPECT_EQ(eval_default.out.find("w16a16"), std::string::npos) << eval_default.out;
 }
 
 TEST_F(QuantizeCli, OutputWithATrailingSlash) {
