@@ -7,6 +7,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "ops/quantized_linear.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/rmsnorm.h"

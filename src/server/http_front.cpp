@@ -769,6 +769,13 @@ int HttpFront::read_failure_status() {
   }
 }
 
+void HttpFront::widen_listen_backlog() {
+  const socket_t fd = svr_sock_;
+  // Listening again on a listening socket only resizes its accept queue (the kernel caps it
+  // at net.core.somaxconn).
+  if (fd != INVALID_SOCKET) ::listen(fd, std::max(impl_->limits.max_connections, 1024));
+}
+
 bool HttpFront::process_and_close_socket(socket_t sock) {
   impl_->admit(sock);
   return true;

@@ -54,6 +54,10 @@ class HttpFront : public httplib::Server {
   // failed on its deadline, 431 when its head outgrew max_header_bytes, else 0.
   static int read_failure_status();
 
+  // After bind: a listen backlog for bursts of connections (httplib listens with 5, and a
+  // burst beyond the accept queue gets its connections reset).
+  void widen_listen_backlog();
+
   // For tests and the fuzz target: serves `input` as the bytes one connection sent, through
   // the same request parsing, limits and routes, and returns the bytes written back.
   std::string serve_bytes(std::string_view input);

@@ -534,6 +534,7 @@ int Server::bind(const std::string& host, int port) {
     QSPEC_CHECK(impl_->http.bind_to_port(host, port), "serve: cannot bind ", host, ":", port,
                 " (address in use or not available)");
   }
+  impl_->http.widen_listen_backlog();
   impl_->bound = true;
   return bound_port;
 }

@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/quantized_linear.h"
 #include "base/dtype.h"
 #include "gemm/dpr.h"
 #include "ops/w4_bitplanes.h"

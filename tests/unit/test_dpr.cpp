@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "ops/quantized_linear.h"
 #include "random_weights.h"
 #include "gemm/dpr.h"
 #include "qspec/error.h"

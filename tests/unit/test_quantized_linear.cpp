@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "ops/quantized_linear.h"
 #include "model/llama.h"
 #include "qspec/error.h"
 #include "quant/quantized_linear.h"

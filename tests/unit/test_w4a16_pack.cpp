@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "ops/quantized_linear.h"
 #include "base/dtype.h"
 #include "ops/w4a16_pack.h"
 #include "qspec/error.h"

@@ -1,5 +1,5 @@
 // 4-bit-weight GEMMs with low-precision activations (W4A8, W4A4) on the GPU: every strategy the
-// policy map dispatches (CPU twin: quant/quantized_linear.h).
+// policy map dispatches (CPU twin: ops/quantized_linear.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // 4-bit-weight GEMMs with f16 activations (W4A16) on the GPU: the packed weights and their kernels
-// (CPU twin: quant/quantized_linear.h; layout: ops/w4a16_pack.h).
+// (CPU twin: ops/quantized_linear.h; layout: ops/w4a16_pack.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -5,7 +5,7 @@
 // asynchronously on the stream. Tensors are row-major; f16 and bf16 tensors are passed as
 // uint16_t bit patterns. Activations are f16, accumulation and statistics f32.
 //
-// Each op has a CPU twin (ops/*.h, quant/quantized_linear.h) that tests/gpu compares it with.
+// Each op has a CPU twin (ops/*.h) that tests/gpu compares it with.
 #pragma once
 // One header per op family; this one includes them all (host C++ that uses several).
 #include "ops/cuda/device.h"
