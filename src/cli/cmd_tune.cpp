@@ -20,7 +20,7 @@
 #include "model/llama.h"
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_CUDA
-#include "model/cuda/gemm_dispatch.h"
+#include "gemm/cuda/gemm_dispatch.h"
 #include "model/cuda/gpu_bench.h"
 #include "model/cuda/llama_gpu.h"
 #endif

@@ -6,7 +6,7 @@
 // cp.async-ring kernel (3, 4; f16 only), the tiled kernel's four tiles, and dequantize + cuBLAS
 // (f16 only); for integer activations also Split (int8 as two 4-bit halves on s8) and Bitwise
 // (1-bit planes on b1 and.popc, over a bit-plane copy of the weights, groups of 128).
-// Host code only (no CUDA): the map is JSON, tested on the CPU; model/cuda/gemm_dispatch.h
+// Host code only (no CUDA): the map is JSON, tested on the CPU; gemm/cuda/gemm_dispatch.h
 // launches what it picks.
 //
 // JSON: {"format": "qspec-gemm-policy", "version": 1, "gpu": "...", "commit": "...", "command":

@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "base/thread_pool.h"
-#include "model/cuda/gemm_dispatch.h"
+#include "gemm/cuda/gemm_dispatch.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/ops.h"

@@ -12,7 +12,7 @@
 
 #include "base/dtype.h"
 #include "ops/w4a16_pack.h"
-#include "model/cuda/gemm_dispatch.h"
+#include "gemm/cuda/gemm_dispatch.h"
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"

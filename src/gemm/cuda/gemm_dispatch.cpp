@@ -1,4 +1,4 @@
-#include "model/cuda/gemm_dispatch.h"
+#include "gemm/cuda/gemm_dispatch.h"
 
 #include <algorithm>
 #include <map>
