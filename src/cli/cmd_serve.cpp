@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -109,6 +110,25 @@ void run_serve(const ServeArgs& args) {
 
   const bool tls = options.tls.has_value();
   const bool has_key = !options.api_key.empty();
+  // Descriptors for --max-connections: the soft limit up to the hard one (often 1024 soft,
+  // far more hard), and the bound lowered to fit when even that is short.
+  {
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+      if (files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &files);
+        getrlimit(RLIMIT_NOFILE, &files);
+      }
+      constexpr rlim_t kReserved = 64;  // model files, pipes, the listening socket
+      if (files.rlim_cur != RLIM_INFINITY && static_cast<rlim_t>(options.http.max_connections) + kReserved > files.rlim_cur) {
+        const int fit = static_cast<int>(files.rlim_cur > kReserved * 2 ? files.rlim_cur - kReserved : files.rlim_cur / 2);
+        std::fprintf(stderr, "[qspec] warning: --max-connections %d lowered to %d (open-file limit %llu)\n",
+                     options.http.max_connections, fit, static_cast<unsigned long long>(files.rlim_cur));
+        options.http.max_connections = fit;
+      }
+    }
+  }
   Server server(*model, *tokenizer, std::move(options));
   const int port = server.bind(args.host, args.port);
   if (!has_key && !is_loopback(args.host))

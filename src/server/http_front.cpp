@@ -134,7 +134,8 @@ struct HttpFront::Impl {
   std::deque<std::unique_ptr<Connection>> ready;
   std::set<int> in_flight;   // fds a worker serves now (cut at the drain's end)
   int busy = 0;
-  bool stopping = false, workers_stop = false;
+  std::atomic<bool> stopping{false};  // read by streams and lingering closes without the lock
+  bool workers_stop = false;
   int wake_pipe[2] = {-1, -1};
   std::thread collector;
   std::vector<std::thread> workers;
@@ -195,8 +196,8 @@ struct HttpFront::Impl {
                         const std::string& code) {
     write_all_nowait(c->fd, canned(status, message, code));
     ::shutdown(c->fd, SHUT_WR);
-    char sink[4096];
-    while (::recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    char sink[16384];  // what already arrived (bounded: this runs on the collector's thread)
+    for (int i = 0; i < 64 && ::recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
     }
     close_connection(std::move(c));
   }
@@ -394,7 +395,8 @@ struct HttpFront::Impl {
   // ---- start and drain (httplib's task queue: start at listen, shutdown at its end) ----
   void start() {
     std::lock_guard lock(mutex);
-    stopping = workers_stop = false;
+    stopping = false;
+    workers_stop = false;
     if (wake_pipe[0] < 0) {
       QSPEC_CHECK(::pipe(wake_pipe) == 0, "serve: cannot create a pipe");
       for (int fd : wake_pipe) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
@@ -440,7 +442,7 @@ namespace {
 // under the write timeout; plain or TLS.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(Connection& c, const HttpLimits& limits, const bool& stopping)
+  ConnectionStream(Connection& c, const HttpLimits& limits, const std::atomic<bool>& stopping)
       : c_(c), limits_(limits), stopping_(stopping) {}
 
   bool is_readable() const override { return c_.pending() > 0 || (c_.ssl && SSL_pending(c_.ssl) > 0); }
@@ -494,7 +496,9 @@ class ConnectionStream : public httplib::Stream {
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override { remote_endpoint(c_.fd, true, ip, port); }
   void get_local_ip_and_port(std::string& ip, int& port) const override { remote_endpoint(c_.fd, false, ip, port); }
-  socket_t socket() const override { return c_.fd; }
+  // httplib only reads this to refuse descriptors beyond select()'s FD_SETSIZE with a 500;
+  // this stream polls, so any descriptor is fine.
+  socket_t socket() const override { return c_.fd < FD_SETSIZE ? c_.fd : 0; }
 
  private:
   bool wait(short events, Clock::time_point deadline) {
@@ -561,7 +565,7 @@ class ConnectionStream : public httplib::Stream {
 
   Connection& c_;
   const HttpLimits& limits_;
-  const bool& stopping_;  // read without the lock: a late look only delays the cut by a slice
+  const std::atomic<bool>& stopping_;
 };
 
 // serve_bytes' stream: reads from a buffer, writes to a string.
