@@ -298,7 +298,7 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--out-dir", args->out_dir, "Where to write the JSON result ('' to skip)")
       ->capture_default_str();
-  command->callback([args] {
+  command->callback([args, command] {
     args->command_line = command_line();
     if (args->device == "cuda") {
       run_gpu(*args);
@@ -306,6 +306,10 @@ void register_bench(CLI::App& app) {
     }
     QSPEC_CHECK(!args->model_dir.empty() && args->synthetic.empty(),
                 "bench: the CPU benchmark needs a model directory (--synthetic is for --device cuda)");
+    // The CPU benchmark times the checkpoint's 16-bit forward pass only: a mode list would be
+    // silently ignored, so it is refused instead.
+    QSPEC_CHECK(command->count("--modes") == 0,
+                "bench: --modes is for --device cuda; the CPU benchmark measures w16a16 prefill and decode only");
     run_bench(*args);
   });
 }

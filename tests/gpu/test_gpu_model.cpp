@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_model_fixture.h"
-#include "model/cuda/gemm_dispatch.h"
+#include "gemm/cuda/gemm_dispatch.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/device_info.h"

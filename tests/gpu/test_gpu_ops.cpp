@@ -31,7 +31,7 @@
 #include "gemm/dpr.h"
 #include "ops/w4_bitplanes.h"
 #include "ops/w4a16_pack.h"
-#include "model/cuda/gemm_dispatch.h"
+#include "gemm/cuda/gemm_dispatch.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cuda/device_info.h"

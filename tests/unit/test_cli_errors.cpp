@@ -89,6 +89,14 @@ TEST(CliErrors, IntactCopyRuns) {
   EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
 }
 
+TEST(CliErrors, CpuBenchRefusesModesItWouldIgnore) {
+  CommandResult result = run_qspec("bench '" + kModelDir.string() + "' --modes w4a16 --out-dir ''");
+  EXPECT_TRUE(result.exited);
+  EXPECT_EQ(result.exit_code, 1) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("qspec: error: bench: --modes is for --device cuda"), std::string::npos)
+      << result.stderr_text;
+}
+
 TEST_F(BrokenCheckpoint, TruncatedShard) {
   fs::resize_file(dir_ / kShard3, fs::file_size(dir_ / kShard3) / 2);
   expect_clean_failure(kShard3);
