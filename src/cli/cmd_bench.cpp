@@ -227,7 +227,7 @@ void run_bench(const BenchArgs& args) {
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode throughput (CPU, or --device cuda)");
-  command->add_option("model", args->model_dir, "Model directory (or --synthetic with --device cuda)");
+  command->add_option("model,-m,--model", args->model_dir, "Model directory (or --synthetic with --device cuda)");
   command->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   command->add_option("--synthetic", args->synthetic,
                       "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");

@@ -757,7 +757,7 @@ void register_eval(CLI::App& app) {
   auto gsm = std::make_shared<GsmArgs>();
   CLI::App* gsm_command =
       eval->add_subcommand("gsm", "Greedy GSM8K-style strict/flexible exact match and text perplexity, per mode");
-  gsm_command->add_option("model", gsm->model_dir, "Model directory")->required();
+  gsm_command->add_option("model,-m,--model", gsm->model_dir, "Model directory")->required();
   gsm_command->add_option("file", gsm->problems_file,
                           "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
   add_gsm_options(gsm_command, *gsm);
@@ -768,7 +768,7 @@ void register_eval(CLI::App& app) {
 
   auto ppl = std::make_shared<PplArgs>();
   CLI::App* ppl_command = eval->add_subcommand("ppl", "Sliding-window perplexity of a text (WikiText-2), per mode");
-  ppl_command->add_option("model", ppl->model_dir, "Model directory")->required();
+  ppl_command->add_option("model,-m,--model", ppl->model_dir, "Model directory")->required();
   ppl_command->add_option("--data", ppl->data_file, "UTF-8 text (default: data/wikitext-2/wiki.test.raw)");
   ppl_command->add_option("--context", ppl->context, "Window length in tokens (0: min(2048, model context))")
       ->capture_default_str();
@@ -785,7 +785,7 @@ void register_eval(CLI::App& app) {
   auto qspec_args = std::make_shared<QSpecEvalArgs>();
   CLI::App* qspec_command = eval->add_subcommand(
       "qspec", "QSpec acceptance per draft mode and gamma (greedy, verify w4a16), tokens/s vs plain w4a16");
-  qspec_command->add_option("model", qspec_args->model_dir, "Model directory")->required();
+  qspec_command->add_option("model,-m,--model", qspec_args->model_dir, "Model directory")->required();
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
   qspec_command->add_option("--drafts", qspec_args->drafts, "Draft modes")->capture_default_str()->delimiter(',');

@@ -139,7 +139,7 @@ void run_generate(const GenerateArgs& args) {
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* command = app.add_subcommand("generate", "Generate a continuation of a prompt");
-  command->add_option("model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
   command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
   command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens")->capture_default_str();

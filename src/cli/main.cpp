@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   qspec::cli::set_command_line(argc, argv);
   CLI::App app{"qspec: Llama-family inference with 4-bit weights and quantized speculative decoding"};
   app.require_subcommand(1);
+  app.fallthrough();  // -t / --cpu-f32-weights also after the subcommand, as llama.cpp users type them
   app.set_version_flag("--version", std::string("qspec ") + QSPEC_VERSION);
   size_t threads = 0;
   app.add_option("-t,--threads", threads, "CPU threads (default: all hardware threads)");

@@ -89,6 +89,15 @@ TEST(CliErrors, IntactCopyRuns) {
   EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
 }
 
+TEST(CliErrors, FamiliarFlagsModelAndThreadsAfterTheSubcommand) {
+  // llama.cpp's -m / --model and -t after the subcommand.
+  CommandResult result = run_qspec("generate -m '" + kModelDir.string() + "' -n 2 -t 1 -p 'Question: 1 + 1?'");
+  EXPECT_TRUE(result.exited);
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  result = run_qspec("info --model '" + kModelDir.string() + "'");
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+}
+
 TEST(CliErrors, CpuBenchRefusesModesItWouldIgnore) {
   CommandResult result = run_qspec("bench '" + kModelDir.string() + "' --modes w4a16 --out-dir ''");
   EXPECT_TRUE(result.exited);
