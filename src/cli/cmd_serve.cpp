@@ -37,6 +37,7 @@ struct ServeArgs {
   HttpLimits http;
   std::string api_key;  // --api-key, else $QSPEC_API_KEY
   std::string ssl_certfile, ssl_keyfile;
+  bool no_access_log = false;
   EngineOptions engine;
 };
 
@@ -82,6 +83,7 @@ void run_serve(const ServeArgs& args) {
   options.max_body_bytes = args.max_body_bytes;
   options.http = args.http;
   options.api_key = args.api_key;
+  options.access_log = !args.no_access_log;
   if (options.api_key.empty())
     if (const char* key = std::getenv("QSPEC_API_KEY")) options.api_key = key;
   QSPEC_CHECK(args.ssl_certfile.empty() == args.ssl_keyfile.empty(),
@@ -239,6 +241,8 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--api-key", args->api_key,
                       "Require 'Authorization: Bearer KEY' on every route but /health (default: $QSPEC_API_KEY)");
+  command->add_flag("--no-access-log", args->no_access_log,
+                    "No line per request on stderr (peer, method, path, status, bytes)");
   command->add_option("--ssl-certfile", args->ssl_certfile, "Serve HTTPS: the PEM certificate (chain)")
       ->check(CLI::ExistingFile);
   command->add_option("--ssl-keyfile", args->ssl_keyfile, "Serve HTTPS: the PEM private key of --ssl-certfile")

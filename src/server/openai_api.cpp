@@ -272,7 +272,9 @@ json usage_json(const RequestMetrics& metrics, bool qspec) {
   return usage;
 }
 
-ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContext& context) {
+namespace {
+// A request body: a JSON object, or a 400 saying why not.
+json parse_body(const std::string& text) {
   json body;
   try {
     body = json::parse(text);
@@ -281,6 +283,34 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
                    "invalid_json");
   }
   if (!body.is_object()) bad("", "the body must be a JSON object, got " + type_name(body), "invalid_json");
+  return body;
+}
+}  // namespace
+
+json tokenize_response(const std::string& text, const ApiContext& context) {
+  const json body = parse_body(text);
+  const bool chat = field(body, "messages") != nullptr;
+  if (chat && field(body, "prompt")) bad("prompt", "give 'prompt' or 'messages', not both");
+  const std::vector<int32_t> ids = chat ? chat_prompt(body, context) : completion_prompt(body, context);
+  return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", context.context_length}};
+}
+
+json detokenize_response(const std::string& text, const ApiContext& context) {
+  const json body = parse_body(text);
+  const json* tokens = field(body, "tokens");
+  if (!tokens || !tokens->is_array()) bad("tokens", "'tokens' must be a list of token ids");
+  std::vector<int32_t> ids;
+  const int64_t vocab = context.tokenizer.vocab_size();
+  for (const json& id : *tokens) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+      bad("tokens", "'tokens' must hold token ids in [0, " + std::to_string(vocab) + ")");
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return {{"prompt", context.tokenizer.decode(ids, /*skip_special=*/false)}};
+}
+
+ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContext& context) {
+  const json body = parse_body(text);
 
   const ServerOptions& options = context.options;
   const std::string model = get_string(body, "model", options.model_name);

@@ -33,6 +33,13 @@ struct ApiContext {
 // values and otherwise refused with a 400 whose param names the field.
 ApiRequest parse_api_request(const std::string& body, bool chat, const ApiContext& context);
 
+// POST /tokenize (vLLM's shape): {"prompt": text or ids} or {"messages": [...]} (rendered with
+// the chat template) -> {"tokens": [...], "count": n, "max_model_len": context}, the ids a
+// completion of it would start from.
+nlohmann::json tokenize_response(const std::string& body, const ApiContext& context);
+// POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (special tokens kept).
+nlohmann::json detokenize_response(const std::string& body, const ApiContext& context);
+
 // {"error": {"message", "type", "param", "code"}} ("" fields are null).
 nlohmann::json error_json(const std::string& message, const std::string& type, const std::string& param,
                           const std::string& code);

@@ -367,6 +367,22 @@ struct Server::Impl {
               [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
                 handle_generation(req, res, reader, true);
               });
+    // vLLM's /tokenize and /detokenize (what a client needs to count tokens or map ids back).
+    auto json_route = [this](json (*respond)(const std::string&, const ApiContext&)) {
+      return [this, respond](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+        std::string body;
+        if (!read_body(reader, res, body)) return;
+        try {
+          res.set_content(json_text(respond(body, context())), kJson);
+        } catch (const ApiError& e) {
+          send_api_error(res, e);
+        } catch (const Error& e) {
+          send_error(res, 400, e.what(), "invalid_request_error");
+        }
+      };
+    };
+    http.Post("/tokenize", json_route(&tokenize_response));
+    http.Post("/detokenize", json_route(&detokenize_response));
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       json model_json = {{"id", options.model_name},
                          {"object", "model"},
@@ -428,7 +444,10 @@ struct Server::Impl {
         res.status = 500;
       }
     });
-    http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (options.access_log)  // one line a request, as llama.cpp's and vLLM's servers write
+        std::fprintf(stderr, "[qspec] %s %s %s %d %zu\n", req.remote_addr.c_str(), req.method.c_str(),
+                     json_text(json(req.path)).c_str(), res.status, res.body.size());
       if (res.status == 429) ++responses_429;
       if (res.status >= 500)
         ++responses_5xx;

@@ -6,6 +6,7 @@
 //   GET  /v1/models             the one served model
 //   GET  /health                200 while serving, 503 while draining
 //   GET  /metrics               Prometheus text: requests, tokens, queue, KV blocks, QSpec
+//   POST /tokenize, /detokenize vLLM's: text or messages -> ids, ids -> text
 //
 // Request fields: model, prompt | messages, max_tokens (chat: also max_completion_tokens),
 // temperature, top_p, seed, stop (string or list), stream, stream_options.include_usage, n (1
@@ -56,6 +57,7 @@ struct ServerOptions {
   HttpLimits http;                    // connections, deadlines, head caps, drain (server/http_limits.h)
   std::optional<TlsFiles> tls;        // serve HTTPS with this certificate and key
   std::string api_key;                // "": no authentication
+  bool access_log = false;            // a line on stderr per request: peer, method, path, status, bytes
   double heartbeat_seconds = 1.0;     // SSE comment after this long without tokens (finds closed clients)
   EngineOptions engine;
   std::optional<ChatTemplate> chat_template;  // none: /v1/chat/completions answers 400

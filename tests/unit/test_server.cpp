@@ -911,6 +911,28 @@ TEST(ServerHardening, TlsServesHttpsAndRefusesBadKeyFiles) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Server, TokenizeAndDetokenizeRoundTrip) {
+  auto options = chat_options();
+  Running server(std::move(options));
+  auto res = server.post("/tokenize", json{{"prompt", kPrompt}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json tokens = json::parse(res->body);
+  EXPECT_EQ(tokens["tokens"].get<std::vector<int32_t>>(), encode_prompt(kPrompt));
+  EXPECT_EQ(tokens["count"], encode_prompt(kPrompt).size());
+  res = server.post("/detokenize", json{{"tokens", tokens["tokens"]}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_NE(json::parse(res->body)["prompt"].get<std::string>().find(kPrompt), std::string::npos) << res->body;
+  // Messages are rendered with the chat template first.
+  res = server.post("/tokenize", json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_GT(json::parse(res->body)["count"].get<int64_t>(), 2);
+  expect_error(server.post("/detokenize", json{{"tokens", {1, -5}}}), 400, "tokens");
+  expect_error(server.post("/tokenize", json{{"max_tokens", 3}}), 400, "prompt");
+}
+
 TEST(ServerHardening, ServeBytesAnswersRawRequestsWithoutASocket) {
   Running server(base_options());
   const std::string out = server.server->serve_bytes("GET /%FF HTTP/1.1\r\nHost: x\r\n\r\n");
