@@ -70,8 +70,7 @@ void run_serve(const ServeArgs& args) {
   auto model = LlamaModel::load(args.model_dir);
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
   auto tokenizer = Tokenizer::load(args.model_dir);
-  QSPEC_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, args.model_dir, ": tokenizer has ",
-              tokenizer->vocab_size(), " tokens but the model's vocab_size is ", model->config().vocab_size);
+  tokenizer->check_model_vocab(model->config().vocab_size, args.model_dir);
 
   ServerOptions options;
   options.model_name = args.model_name;
