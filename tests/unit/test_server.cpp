@@ -942,7 +942,8 @@ TEST(ServerHardening, ServeBytesAnswersRawRequestsWithoutASocket) {
       "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(status_of(two), 200) << two;
   EXPECT_NE(two.find(kName), std::string::npos) << two;
-  const std::string garbage = server.server->serve_bytes(std::string("\x00\x01 / HTTP/9\r\n\r\n", 17));
+  static const char kGarbage[] = "\x00\x01 / HTTP/9\r\n\r\n";  // a NUL first: the size says where it ends
+  const std::string garbage = server.server->serve_bytes(std::string(kGarbage, sizeof kGarbage - 1));
   EXPECT_EQ(status_of(garbage), 400) << garbage;
 }
 
