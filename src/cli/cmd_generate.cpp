@@ -1,8 +1,11 @@
+// qspec generate MODEL: one prompt through the engine (any mode or QSpec), printed as it decodes.
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <sstream>
 
+#include "base/files.h"
 #include "cli/commands.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
@@ -39,12 +42,18 @@ struct GenerateArgs {
 
 void run_generate(const GenerateArgs& args) {
   std::string prompt = args.prompt;
-  if (!args.prompt_file.empty()) {
-    std::ifstream file(args.prompt_file, std::ios::binary);
-    QSPEC_CHECK(file.good(), args.prompt_file, ": cannot open prompt file");
-    std::stringstream text;
-    text << file.rdbuf();
-    prompt = text.str();
+  // A prompt file: "-" is standard input (as llama.cpp's -f -); either is capped.
+  constexpr uint64_t kMaxPromptBytes = uint64_t{64} << 20;
+  if (args.prompt_file == "-") {
+    std::string text(1 << 16, '\0');
+    prompt.clear();
+    while (std::cin.read(text.data(), static_cast<std::streamsize>(text.size())) || std::cin.gcount() > 0) {
+      prompt.append(text.data(), static_cast<size_t>(std::cin.gcount()));
+      QSPEC_CHECK(prompt.size() <= kMaxPromptBytes, "-f -: the prompt on standard input is over ", kMaxPromptBytes,
+                  " bytes");
+    }
+  } else if (!args.prompt_file.empty()) {
+    prompt = read_text_file(args.prompt_file, kMaxPromptBytes);
   }
   DecodePlan plan = args.plan;
   plan.kv_overwrite = !args.no_kv_overwrite;
@@ -141,7 +150,7 @@ void register_generate(CLI::App& app) {
   CLI::App* command = app.add_subcommand("generate", "Generate a continuation of a prompt");
   command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
-  command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
+  command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file ('-': standard input)");
   command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens")->capture_default_str();
   command->add_option("--temperature,--temp", args->sampling.temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str();

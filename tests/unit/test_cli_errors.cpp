@@ -98,6 +98,18 @@ TEST(CliErrors, FamiliarFlagsModelAndThreadsAfterTheSubcommand) {
   EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
 }
 
+TEST(CliErrors, PromptFromStandardInputWithDashF) {
+  const fs::path prompt = fs::temp_directory_path() / ("qspec-prompt-" + std::to_string(::getpid()));
+  std::ofstream(prompt) << "Question: 2 + 2?";
+  CommandResult from_stdin = run_qspec("generate '" + kModelDir.string() + "' -n 3 -f - < '" + prompt.string() + "'");
+  EXPECT_EQ(from_stdin.exit_code, 0) << from_stdin.stderr_text;
+  EXPECT_NE(from_stdin.stderr_text.find("[qspec] prompt "), std::string::npos) << from_stdin.stderr_text;
+  CommandResult device = run_qspec("generate '" + kModelDir.string() + "' -n 3 -f /dev/zero");
+  EXPECT_EQ(device.exit_code, 1) << device.stderr_text;
+  EXPECT_NE(device.stderr_text.find("qspec: error: /dev/zero"), std::string::npos) << device.stderr_text;
+  fs::remove(prompt);
+}
+
 TEST(CliErrors, CpuBenchRefusesModesItWouldIgnore) {
   CommandResult result = run_qspec("bench '" + kModelDir.string() + "' --modes w4a16 --out-dir ''");
   EXPECT_TRUE(result.exited);
