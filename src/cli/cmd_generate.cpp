@@ -3,6 +3,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "base/files.h"
@@ -35,6 +36,7 @@ struct GenerateArgs {
   std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
   int64_t group_size = 0;
   bool no_kv_overwrite = false;  // --mode qspec: the paper's no-overwrite ablation
+  bool seed_given = false;       // --seed on the command line (else a sampled run draws a seed)
   std::vector<std::string> stop;
   std::string device = "cpu";
   std::string gemm_policy = "auto";
@@ -94,6 +96,13 @@ void run_generate(const GenerateArgs& args) {
   Request request;
   request.prompt = tokenizer->encode(prompt, add_bos);
   request.sampling = args.sampling;
+  if (!args.seed_given && !request.sampling.greedy()) {
+    // Without --seed a sampled run draws anew each time (as llama.cpp and vLLM do); the seed
+    // is printed so the run can be repeated.
+    std::random_device device;
+    request.sampling.seed = static_cast<uint64_t>(device()) << 32 ^ device();
+    std::fprintf(stderr, "[qspec] seed %llu\n", static_cast<unsigned long long>(request.sampling.seed));
+  }
   request.max_new_tokens = args.max_tokens;
   request.ignore_eos = args.ignore_eos;
   request.stop = args.stop;
@@ -158,7 +167,7 @@ void register_generate(CLI::App& app) {
   command->add_option("--top-p", args->sampling.top_p, "Nucleus sampling mass (1: off)");
   command->add_option("--min-p", args->sampling.min_p, "Drop tokens below min_p x the top probability");
   command->add_option("--repeat-penalty", args->sampling.repetition_penalty, "Repetition penalty (1: off)");
-  command->add_option("--seed", args->sampling.seed, "Random seed for sampling");
+  command->add_option("--seed", args->sampling.seed, "Random seed for sampling (default: a new one each run, printed)");
   command->add_option("--bos", args->bos, "Prepend the bos token: auto|on|off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
@@ -194,7 +203,10 @@ void register_generate(CLI::App& app) {
                       "4-bit weight format for w4* modes, quantized at load by RTN (default int4; a qspec "
                       "4-bit checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")->capture_default_str();
-  command->callback([args] { run_generate(*args); });
+  command->callback([args, command] {
+    args->seed_given = command->count("--seed") > 0;
+    run_generate(*args);
+  });
 }
 
 }  // namespace qspec::cli

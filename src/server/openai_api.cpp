@@ -1,8 +1,10 @@
 // OpenAI request parsing (unsupported options refused by name) and the server's response objects.
 #include "server/openai_api.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "tokenizer/tokenizer.h"
 
@@ -309,6 +311,14 @@ json detokenize_response(const std::string& text, const ApiContext& context) {
   return {{"prompt", context.tokenizer.decode(ids, /*skip_special=*/false)}};
 }
 
+namespace {
+uint64_t random_seed() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32 ^ device()) + counter.fetch_add(0x9e3779b97f4a7c15ull);
+}
+}  // namespace
+
 ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContext& context) {
   const json body = parse_body(text);
 
@@ -357,8 +367,10 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   s.top_k = static_cast<int32_t>(get_int(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
   s.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 0.0, 1.0));
   s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0, 0.01, 100.0));
-  s.seed = static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
-                                         std::numeric_limits<int64_t>::max()));
+  // Without a seed a sampled request draws anew each time (as OpenAI's and vLLM's do).
+  s.seed = field(body, "seed") ? static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
+                                                               std::numeric_limits<int64_t>::max()))
+                               : random_seed();
   r.stop = stop_strings(body);
   r.ignore_eos = get_bool(body, "ignore_eos", false);
 

@@ -194,3 +194,18 @@ TEST(OpenaiApi, RefusalComesWithTheAcceptedValues) {
     EXPECT_LT(std::string(error.what()).size(), 160u) << error.what();
   }
 }
+
+namespace {
+
+TEST(OpenaiApi, SeedIsTheClientsOrANewOneEachRequest) {
+  const auto seeded_a = parse(false, json{{"seed", 42}, {"temperature", 0.8}});
+  const auto seeded_b = parse(false, json{{"seed", 42}, {"temperature", 0.8}});
+  EXPECT_EQ(seeded_a.request.sampling.seed, 42u);
+  EXPECT_EQ(seeded_b.request.sampling.seed, 42u);
+  // Without a seed each request draws its own (OpenAI and vLLM do not repeat a sampled answer).
+  const auto a = parse(false, json{{"temperature", 0.8}});
+  const auto b = parse(false, json{{"temperature", 0.8}});
+  EXPECT_NE(a.request.sampling.seed, b.request.sampling.seed);
+}
+
+}  // namespace
