@@ -39,11 +39,13 @@ struct EngineOptions {
   // w16a16); requests for other modes are refused at submit, except QSpec requests that
   // verify in that mode (4-bit) and draft in a low-precision activation mode (the
   // kv_overwrite-off ablation is CPU-only). Each of the max_batch_size sequences gets a GPU
-  // cache slot of gpu_max_context positions (0: the model's context); weights and cache are
-  // sized and checked against the GPU's free memory when the engine is built.
+  // cache slot of max_context positions; weights and cache are sized and checked against the
+  // GPU's free memory when the engine is built.
   std::string device = "cpu";
   std::string gpu_mode;
-  int64_t gpu_max_context = 0;
+  // Positions a sequence may hold, prompt and output (vLLM's --max-model-len, llama.cpp's
+  // --ctx-size); 0: the model's max_position_embeddings. It sizes the KV cache on both devices.
+  int64_t max_context = 0;
   // A GEMM policy map made by `qspec tune` on this GPU (ADAngel's dispatcher picks each 4-bit
   // GEMM's kernel from it); "auto": the map for this GPU and model in bench/policies (or
   // $QSPEC_GEMM_POLICY_DIR) when there is one; "" or "none": the kernels' built-in crossovers.
@@ -149,6 +151,8 @@ class Engine {
   void stop(bool drain = true);
 
   EngineMetrics metrics() const;  // a snapshot; thread-safe
+  // Positions a sequence may hold (options.max_context, else the model's context).
+  int64_t context_limit() const;
   const EngineOptions& options() const;
 
   // Text -> prompt ids with the model's bos convention (needs a tokenizer).

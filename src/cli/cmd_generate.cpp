@@ -36,6 +36,7 @@ struct GenerateArgs {
   std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
   int64_t group_size = 0;
   bool no_kv_overwrite = false;  // --mode qspec: the paper's no-overwrite ablation
+  int64_t max_context = 0;       // -c / --ctx-size: positions the sequence may hold (0: the model's)
   bool seed_given = false;       // --seed on the command line (else a sampled run draws a seed)
   std::vector<std::string> stop;
   std::string device = "cpu";
@@ -92,6 +93,7 @@ void run_generate(const GenerateArgs& args) {
     engine_options.gpu_mode = use_qspec ? plan.verify : plan.mode;
     engine_options.gpu_gemm_policy = args.gemm_policy;
   }
+  engine_options.max_context = args.max_context;
   Engine engine(*model, tokenizer.get(), engine_options);
   Request request;
   request.prompt = tokenizer->encode(prompt, add_bos);
@@ -159,6 +161,9 @@ void register_generate(CLI::App& app) {
   CLI::App* command = app.add_subcommand("generate", "Generate a continuation of a prompt");
   command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
+  command->add_option("-c,--ctx-size", args->max_context,
+                      "Positions the sequence may hold, prompt and output (0: the model's context)")
+      ->check(CLI::NonNegativeNumber);
   command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file ('-': standard input)");
   command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens")->capture_default_str();
   command->add_option("--temperature,--temp", args->sampling.temperature, "Sampling temperature (0: greedy)")

@@ -143,7 +143,7 @@ void run_serve(const ServeArgs& args) {
                args.model_dir.c_str(), server.options().model_name.c_str(), args.plan.mode.c_str(),
                args.plan.draft.c_str(), static_cast<long long>(args.plan.gamma), weights.c_str(),
                static_cast<long long>(args.engine.max_batch_size), static_cast<long long>(args.max_queue),
-               static_cast<long long>(model->config().max_position_embeddings));
+               static_cast<long long>(server.engine().context_limit()));
   std::fprintf(stderr, "[qspec] listening on %s://%s:%d%s\n", tls ? "https" : "http", args.host.c_str(), port,
                has_key ? " (API key required)" : "");
   std::fflush(stderr);
@@ -212,8 +212,8 @@ void register_serve(CLI::App& app) {
   command->add_option("--device", args->engine.device, "Where the model runs: cpu, or cuda (modes w16a16, w4a16, w4a8*, w4a4*, and qspec with a w4a8* / w4a4* draft)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  command->add_option("--gpu-max-context", args->engine.gpu_max_context,
-                      "cuda: positions each sequence's GPU cache slot holds (0: the model's context)")
+  command->add_option("-c,--ctx-size,--max-model-len,--gpu-max-context", args->engine.max_context,
+                      "Positions a sequence may hold, prompt and output (0: the model's context; it sizes the KV cache)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   args->engine.gpu_gemm_policy = "auto";

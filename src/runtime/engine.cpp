@@ -169,7 +169,7 @@ struct Engine::Impl {
 #ifdef QSPEC_HAVE_CUDA
   GpuActivations gpu_mode_activations = GpuActivations::f16;
 #endif
-  int64_t context_limit = 0;  // positions a sequence may hold: the model's, or the GPU slot's
+  int64_t context_limit = 0;  // positions a sequence may hold: options.max_context, else the model's
 #ifdef QSPEC_HAVE_CUDA
   std::unique_ptr<GpuLlama> gpu;
   std::vector<RequestId> gpu_slot_owner;  // 0: free
@@ -181,7 +181,7 @@ struct Engine::Impl {
         options(o),
         pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o), o.kv_block_size,
              /*with_storage=*/o.device != "cuda") {
-    context_limit = model.config().max_position_embeddings;
+    context_limit = context_of(m, o);
     // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
     // may name more, e.g. an instruct model's end-of-turn token).
     if (tokenizer) eos_ids = tokenizer->eos_ids;
@@ -206,6 +206,14 @@ struct Engine::Impl {
     published = totals;
   }
 
+  // The engine's context: options.max_context within the model's, else the model's.
+  static int64_t context_of(const LlamaModel& model, const EngineOptions& o) {
+    const int64_t model_context = model.config().max_position_embeddings;
+    QSPEC_CHECK(o.max_context >= 0 && o.max_context <= model_context, "engine: max_context must be in 0..",
+                model_context, " (the model's context), got ", o.max_context);
+    return o.max_context > 0 ? o.max_context : model_context;
+  }
+
   static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o) {
     QSPEC_CHECK(o.max_batch_size >= 1, "engine: max_batch_size must be >= 1, got ", o.max_batch_size);
     QSPEC_CHECK(o.max_batch_tokens >= 1, "engine: max_batch_tokens must be >= 1, got ", o.max_batch_tokens);
@@ -215,7 +223,7 @@ struct Engine::Impl {
     QSPEC_CHECK(o.device == "cpu" || o.device == "cuda", "engine: device must be cpu or cuda, got '", o.device, "'");
     if (o.kv_blocks > 0) return o.kv_blocks;
     const ModelConfig& c = model.config();
-    const int64_t per_sequence = (c.max_position_embeddings + o.kv_block_size - 1) / o.kv_block_size + 1;
+    const int64_t per_sequence = (context_of(model, o) + o.kv_block_size - 1) / o.kv_block_size + 1;
     // On the GPU the pool only counts blocks (each sequence's rows live in its GPU slot).
     if (o.device == "cuda") return o.max_batch_size * per_sequence;
     const size_t block_bytes = 2 * static_cast<size_t>(c.num_layers * o.kv_block_size * c.kv_dim()) * sizeof(float);
@@ -232,10 +240,6 @@ struct Engine::Impl {
                     : model.has_quantized_weights() ? "w4a16"
                                                      : "w16a16";
     gpu_mode_activations = gpu_activations(runnable_mode(gpu_mode_name, "gpu_mode"));  // throws for modes not on the GPU
-    const int64_t model_context = model.config().max_position_embeddings;
-    QSPEC_CHECK(options.gpu_max_context >= 0 && options.gpu_max_context <= model_context,
-                "engine: gpu_max_context must be in 0..", model_context, ", got ", options.gpu_max_context);
-    context_limit = options.gpu_max_context > 0 ? options.gpu_max_context : model_context;
     GpuLlamaOptions gpu_options;
     gpu_options.max_seqs = options.max_batch_size;
     gpu_options.max_context = context_limit;
@@ -272,7 +276,7 @@ struct Engine::Impl {
       QSPEC_CHECK(id >= 0 && id < c.vocab_size, "request: prompt token id ", id, " is outside the vocabulary [0, ",
                   c.vocab_size, ")");
     QSPEC_CHECK(prompt < context_limit, "request: the prompt has ", prompt, " tokens; the ",
-                on_gpu && context_limit < c.max_position_embeddings ? "GPU cache's" : "model's", " context is ",
+                context_limit < c.max_position_embeddings ? "engine's (max_context)" : "model's", " context is ",
                 context_limit, " tokens");
     QSPEC_CHECK(request.max_new_tokens >= 1, "request: max_new_tokens must be >= 1, got ", request.max_new_tokens);
     for (const std::string& stop : request.stop) QSPEC_CHECK(!stop.empty(), "request: an empty stop string");
@@ -1092,6 +1096,7 @@ EngineMetrics Engine::metrics() const {
 }
 
 const EngineOptions& Engine::options() const { return impl_->options; }
+int64_t Engine::context_limit() const { return impl_->context_limit; }
 
 std::vector<int32_t> Engine::tokenize(const std::string& text) const {
   QSPEC_CHECK(impl_->tokenizer, "engine: no tokenizer loaded");

@@ -126,7 +126,7 @@ struct Server::Impl {
     engine.start();
   }
 
-  ApiContext context() const { return ApiContext{options, tokenizer, model.config().max_position_embeddings}; }
+  ApiContext context() const { return ApiContext{options, tokenizer, engine.context_limit()}; }
 
   void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
                   const std::string& param = "", const std::string& code = "") {
@@ -388,7 +388,7 @@ struct Server::Impl {
                          {"object", "model"},
                          {"created", unix_time()},
                          {"owned_by", "qspec"},
-                         {"max_model_len", model.config().max_position_embeddings}};
+                         {"max_model_len", engine.context_limit()}};
       res.set_content(json_text(json{{"object", "list"}, {"data", json::array({model_json})}}), kJson);
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {

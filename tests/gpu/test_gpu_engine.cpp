@@ -78,7 +78,7 @@ qspec::EngineOptions batching_options() {
   options.max_batch_tokens = 192;
   options.prefill_chunk = 48;  // prompts take several steps, beside other requests' decode tokens
   options.device = "cuda";
-  options.gpu_max_context = 512;
+  options.max_context = 512;
   return options;
 }
 
@@ -202,7 +202,7 @@ TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
   qspec::EngineOptions options;
   options.max_batch_size = 4;
   options.device = "cuda";
-  options.gpu_max_context = 256;
+  options.max_context = 256;
   qspec::Engine engine(*model, tokenizer.get(), options);
   const auto prompts = question_prompts(*tokenizer, 3);
   std::vector<qspec::Request> requests;
@@ -310,7 +310,7 @@ TEST(GpuEngine, BadDeviceOptionsFailAtConstruction) {
   options.gpu_mode = "w8a8";
   EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
   options.gpu_mode = "";
-  options.gpu_max_context = model->config().max_position_embeddings + 1;
+  options.max_context = model->config().max_position_embeddings + 1;
   EXPECT_THROW(qspec::Engine(*model, nullptr, options), qspec::Error);
 }
 

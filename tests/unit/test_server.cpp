@@ -933,6 +933,30 @@ TEST(Server, TokenizeAndDetokenizeRoundTrip) {
   expect_error(server.post("/tokenize", json{{"max_tokens", 3}}), 400, "prompt");
 }
 
+TEST(Server, MaxContextBoundsEveryRequest) {
+  auto options = base_options();
+  options.engine.max_context = 64;  // --max-model-len / --ctx-size
+  Running server(std::move(options));
+  auto models = server.get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["max_model_len"], 64);
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += " 7 +";
+  expect_error(server.post("/v1/completions", json{{"prompt", long_prompt}, {"max_tokens", 4}}), 400);
+  // A prompt that fits, with max_tokens past the context: refused, naming the bound.
+  auto res = server.post("/v1/completions",
+                         json{{"prompt", kPrompt}, {"max_tokens", 60}, {"temperature", 0}, {"ignore_eos", true}});
+  expect_error(res, 400, "max_tokens", "context_length_exceeded");
+  EXPECT_NE(res->body.find("maximum context length is 64 tokens"), std::string::npos) << res->body;
+  // Within it: served, up to the last position.
+  const int64_t prompt_tokens = static_cast<int64_t>(encode_prompt(kPrompt).size());
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 64 - prompt_tokens},
+                                            {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 64 - prompt_tokens);
+}
+
 TEST(ServerHardening, ServeBytesAnswersRawRequestsWithoutASocket) {
   Running server(base_options());
   const std::string out = server.server->serve_bytes("GET /%FF HTTP/1.1\r\nHost: x\r\n\r\n");
