@@ -3,12 +3,12 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <sstream>
 
 #include "base/files.h"
 #include "cli/commands.h"
 #include "model/llama.h"
+#include "ops/sample.h"
 #include "qspec/engine.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
@@ -101,8 +101,7 @@ void run_generate(const GenerateArgs& args) {
   if (!args.seed_given && !request.sampling.greedy()) {
     // Without --seed a sampled run draws anew each time (as llama.cpp and vLLM do); the seed
     // is printed so the run can be repeated.
-    std::random_device device;
-    request.sampling.seed = static_cast<uint64_t>(device()) << 32 ^ device();
+    request.sampling.seed = Sampler::random_seed();
     std::fprintf(stderr, "[qspec] seed %llu\n", static_cast<unsigned long long>(request.sampling.seed));
   }
   request.max_new_tokens = args.max_tokens;

@@ -28,6 +28,8 @@ class Sampler {
   std::vector<float> probabilities(std::span<const float> logits, std::span<const int32_t> history) const;
 
   static int32_t argmax(std::span<const float> logits);  // lowest id wins ties
+  // A fresh seed for a request that names none (each run or request then draws anew).
+  static uint64_t random_seed();
 
  private:
   SamplingParams params_;

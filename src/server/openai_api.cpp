@@ -1,11 +1,10 @@
 // OpenAI request parsing (unsupported options refused by name) and the server's response objects.
 #include "server/openai_api.h"
 
-#include <atomic>
 #include <cmath>
 #include <limits>
-#include <random>
 
+#include "ops/sample.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec {
@@ -311,14 +310,6 @@ json detokenize_response(const std::string& text, const ApiContext& context) {
   return {{"prompt", context.tokenizer.decode(ids, /*skip_special=*/false)}};
 }
 
-namespace {
-uint64_t random_seed() {
-  static std::atomic<uint64_t> counter{0};
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32 ^ device()) + counter.fetch_add(0x9e3779b97f4a7c15ull);
-}
-}  // namespace
-
 ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContext& context) {
   const json body = parse_body(text);
 
@@ -370,7 +361,7 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   // Without a seed a sampled request draws anew each time (as OpenAI's and vLLM's do).
   s.seed = field(body, "seed") ? static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
                                                                std::numeric_limits<int64_t>::max()))
-                               : random_seed();
+                               : Sampler::random_seed();
   r.stop = stop_strings(body);
   r.ignore_eos = get_bool(body, "ignore_eos", false);
 

@@ -200,8 +200,6 @@ struct Server::Impl {
     } else if (HttpFront::read_failure_status() == 408) {
       send_error(res, 408, "the request body was not received within the request timeout", "invalid_request_error",
                  "", "request_timeout");
-    } else if (res.status == 413) {
-      send_error(res, 413, body_too_large_message(), "invalid_request_error", "", "body_too_large");
     } else {
       send_error(res, 400, "the request body could not be read (truncated, bad chunking or bad compression)",
                  "invalid_request_error");

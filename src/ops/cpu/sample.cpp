@@ -1,8 +1,10 @@
 #include "ops/sample.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
+#include <random>
 
 #include "qspec/error.h"
 
@@ -18,6 +20,12 @@ void Sampler::check(const SamplingParams& params) {
   QSPEC_CHECK(params.min_p >= 0 && params.min_p <= 1, "min_p must be in [0, 1], got ", params.min_p);
   QSPEC_CHECK(params.repetition_penalty > 0, "repetition_penalty must be > 0, got ",
               params.repetition_penalty);
+}
+
+uint64_t Sampler::random_seed() {
+  static std::atomic<uint64_t> counter{0};  // distinct seeds even where random_device repeats
+  std::random_device device;
+  return ((static_cast<uint64_t>(device()) << 32) ^ device()) + counter.fetch_add(0x9e3779b97f4a7c15ull);
 }
 
 int32_t Sampler::argmax(std::span<const float> logits) {
