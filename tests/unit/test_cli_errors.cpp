@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include "model_dir_copy.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -46,16 +48,9 @@ CommandResult run_qspec(const std::string& args) {
 }
 
 // A writable copy of the bundled checkpoint in a fresh temporary directory.
-class BrokenCheckpoint : public ::testing::Test {
+class BrokenCheckpoint : public ModelDirCopy {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("qspec-broken-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    for (const auto& entry : fs::directory_iterator(kModelDir)) fs::copy_file(entry.path(), dir_ / entry.path().filename());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  BrokenCheckpoint() : ModelDirCopy("broken") {}
 
   // Expects both `info` and `generate` to fail cleanly with a message containing `needle`.
   void expect_clean_failure(const std::string& needle) {
@@ -70,13 +65,6 @@ class BrokenCheckpoint : public ::testing::Test {
     }
   }
 
-  nlohmann::json read_json(const std::string& name) {
-    std::ifstream in(dir_ / name);
-    return nlohmann::json::parse(in);
-  }
-  void write_json(const std::string& name, const nlohmann::json& value) { std::ofstream(dir_ / name) << value.dump(2); }
-
-  fs::path dir_;
 };
 
 const char* kShard3 = "model-00003-of-00003.safetensors";

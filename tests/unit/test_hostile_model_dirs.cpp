@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/files.h"
+#include "model_dir_copy.h"
 #include "base/limits.h"
 #include "model/config.h"
 #include "model/llama.h"
@@ -70,22 +71,9 @@ void load_model(const fs::path& dir) { qspec::LlamaModel::load(dir.string()); }
 void load_tokenizer(const fs::path& dir) { qspec::Tokenizer::load(dir.string()); }
 
 // A writable copy of gsm-synth-llama in a fresh temporary directory.
-class HostileModelDir : public ::testing::Test {
+class HostileModelDir : public ModelDirCopy {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("qspec-hostile-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    for (const auto& entry : fs::directory_iterator(kModelDir)) fs::copy_file(entry.path(), dir_ / entry.path().filename());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  json read_json(const std::string& name) const {
-    std::ifstream in(dir_ / name);
-    return json::parse(in);
-  }
-  void write_json(const std::string& name, const json& value) const { std::ofstream(dir_ / name) << value.dump(2); }
+  HostileModelDir() : ModelDirCopy("hostile") {}
   void set_config(const std::string& key, const json& value) const {
     json config = read_json("config.json");
     config[key] = value;
@@ -114,8 +102,6 @@ class HostileModelDir : public ::testing::Test {
     fs::remove(dir_ / name);
     fs::copy_file(kModelDir / name, dir_ / name);
   }
-
-  fs::path dir_;
 };
 
 // Every JSON/text file a loader reads from a model directory, with a load that reads it.
