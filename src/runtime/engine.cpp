@@ -28,9 +28,7 @@
 
 #include "base/thread_pool.h"
 #include "model/llama.h"
-#ifdef QSPEC_HAVE_CUDA
-#include "model/cuda/llama_gpu.h"
-#endif
+#include "runtime/backend.h"
 #include "runtime/kv_cache.h"
 #include "runtime/qspec.h"
 #include "ops/sample.h"
@@ -137,8 +135,11 @@ struct Engine::Impl {
   const LlamaModel& model;
   const Tokenizer* tokenizer;
   EngineOptions options;
-  KvBlockPool pool;
   std::vector<int32_t> eos_ids;
+  int64_t context_limit = 0;  // positions a sequence may hold: options.max_context, else the model's
+  int64_t activation_group_size = quant::kDefaultGroupSize;
+  std::unique_ptr<Backend> backend;  // where the forward passes run (options.device)
+  KvBlockPool pool;
 
   // Shared with submitting threads.
   mutable std::mutex queue_mutex;
@@ -161,110 +162,75 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Sequence>> running;  // admission order
   EngineMetrics totals;
 
-  int64_t activation_group_size = quant::kDefaultGroupSize;
-
-  // device "cuda": the GPU model, its mode, and which request holds each of its cache slots.
-  bool on_gpu = false;
-  std::string gpu_mode_name;
-#ifdef QSPEC_HAVE_CUDA
-  GpuActivations gpu_mode_activations = GpuActivations::f16;
-#endif
-  int64_t context_limit = 0;  // positions a sequence may hold: options.max_context, else the model's
-#ifdef QSPEC_HAVE_CUDA
-  std::unique_ptr<GpuLlama> gpu;
-  std::vector<RequestId> gpu_slot_owner;  // 0: free
-#endif
-
   Impl(const LlamaModel& m, const Tokenizer* t, const EngineOptions& o)
       : model(m),
         tokenizer(t),
         options(o),
-        pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o), o.kv_block_size,
-             /*with_storage=*/o.device != "cuda") {
-    context_limit = context_of(m, o);
+        context_limit(context_of(m, o)),
+        activation_group_size(activation_group_size_of(m, o)),
+        backend(make_backend(m, o, context_limit, activation_group_size)),
+        pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o, backend->kv_in_pool()), o.kv_block_size,
+             /*with_storage=*/backend->kv_in_pool()) {
     // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
     // may name more, e.g. an instruct model's end-of-turn token).
     if (tokenizer) eos_ids = tokenizer->eos_ids;
     for (int32_t id : model.config().eos_token_ids)
       if (std::find(eos_ids.begin(), eos_ids.end(), id) == eos_ids.end()) eos_ids.push_back(id);
-    // int4 activation groups: as given, else the int4 weights' group size, else the model's.
-    if (options.activation_group_size > 0) {
-      activation_group_size = options.activation_group_size;
-    } else if (model.has_quantized_weights() && model.quantization().format == quant::Format::int4 &&
-               model.quantization().group_size > 0) {
-      activation_group_size = model.quantization().group_size;
-    } else {
-      try {
-        activation_group_size = model.auto_group_size();
-      } catch (const Error&) {
-        // only int4 activation modes need it; they will say so
-      }
-    }
-    if (options.device == "cuda") start_gpu();  // after the group size: the GPU's int4 drafts use it
     totals.kv_blocks_total = pool.num_blocks();
     totals.batch_size_histogram.assign(static_cast<size_t>(options.max_batch_size + 1), 0);
     published = totals;
   }
 
-  // The engine's context: options.max_context within the model's, else the model's.
-  static int64_t context_of(const LlamaModel& model, const EngineOptions& o) {
-    const int64_t model_context = model.config().max_position_embeddings;
-    QSPEC_CHECK(o.max_context >= 0 && o.max_context <= model_context, "engine: max_context must be in 0..",
-                model_context, " (the model's context), got ", o.max_context);
-    return o.max_context > 0 ? o.max_context : model_context;
-  }
-
-  static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o) {
+  static void check_options(const EngineOptions& o) {
     QSPEC_CHECK(o.max_batch_size >= 1, "engine: max_batch_size must be >= 1, got ", o.max_batch_size);
     QSPEC_CHECK(o.max_batch_tokens >= 1, "engine: max_batch_tokens must be >= 1, got ", o.max_batch_tokens);
     QSPEC_CHECK(o.prefill_chunk >= 1, "engine: prefill_chunk must be >= 1, got ", o.prefill_chunk);
     QSPEC_CHECK(o.kv_block_size >= 1, "engine: kv_block_size must be >= 1, got ", o.kv_block_size);
     QSPEC_CHECK(o.kv_blocks >= 0, "engine: kv_blocks must be >= 0, got ", o.kv_blocks);
     QSPEC_CHECK(o.device == "cpu" || o.device == "cuda", "engine: device must be cpu or cuda, got '", o.device, "'");
+  }
+
+  // The engine's context: options.max_context within the model's, else the model's.
+  static int64_t context_of(const LlamaModel& model, const EngineOptions& o) {
+    check_options(o);
+    const int64_t model_context = model.config().max_position_embeddings;
+    QSPEC_CHECK(o.max_context >= 0 && o.max_context <= model_context, "engine: max_context must be in 0..",
+                model_context, " (the model's context), got ", o.max_context);
+    return o.max_context > 0 ? o.max_context : model_context;
+  }
+
+  // int4 activation groups: as given, else the int4 weights' group size, else the model's.
+  static int64_t activation_group_size_of(const LlamaModel& model, const EngineOptions& o) {
+    if (o.activation_group_size > 0) return o.activation_group_size;
+    if (model.has_quantized_weights() && model.quantization().format == quant::Format::int4 &&
+        model.quantization().group_size > 0)
+      return model.quantization().group_size;
+    try {
+      return model.auto_group_size();
+    } catch (const Error&) {
+      return quant::kDefaultGroupSize;  // only int4 activation modes need it; they will say so
+    }
+  }
+
+  // The backend of options.device; on the GPU it runs one mode (gpu_mode, else the weights' own).
+  static std::unique_ptr<Backend> make_backend(const LlamaModel& model, const EngineOptions& o, int64_t context,
+                                               int64_t group_size) {
+    if (o.device == "cpu") return make_cpu_backend(model);
+    const std::string mode =
+        !o.gpu_mode.empty() ? o.gpu_mode : std::string(decode_rules::auto_mode(model.has_quantized_weights()));
+    return make_cuda_backend(model, model_mode(model, group_size, mode, "gpu_mode"), o, context);
+  }
+
+  static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o, bool kv_in_pool) {
     if (o.kv_blocks > 0) return o.kv_blocks;
     const ModelConfig& c = model.config();
     const int64_t per_sequence = (context_of(model, o) + o.kv_block_size - 1) / o.kv_block_size + 1;
-    // On the GPU the pool only counts blocks (each sequence's rows live in its GPU slot).
-    if (o.device == "cuda") return o.max_batch_size * per_sequence;
+    // Rows on the device: the pool only counts blocks.
+    if (!kv_in_pool) return o.max_batch_size * per_sequence;
     const size_t block_bytes = 2 * static_cast<size_t>(c.num_layers * o.kv_block_size * c.kv_dim()) * sizeof(float);
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(o.kv_memory_bytes / block_bytes));
     return std::min(o.max_batch_size * per_sequence, cap);
   }
-
-  // ---- the GPU model (device "cuda") ----
-
-  void start_gpu() {
-#ifdef QSPEC_HAVE_CUDA
-    on_gpu = true;
-    gpu_mode_name = !options.gpu_mode.empty() ? options.gpu_mode
-                    : model.has_quantized_weights() ? "w4a16"
-                                                     : "w16a16";
-    gpu_mode_activations = gpu_activations(runnable_mode(gpu_mode_name, "gpu_mode"));  // throws for modes not on the GPU
-    GpuLlamaOptions gpu_options;
-    gpu_options.max_seqs = options.max_batch_size;
-    gpu_options.max_context = context_limit;
-    gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
-    // QSpec verify runs return a logit row per token: gamma + 1 a sequence.
-    gpu_options.max_logit_rows = options.max_batch_size * (decode_rules::kMaxGamma + 1);
-    // "auto": a map tuned on this GPU for this model's shapes when bench/policies has one; "none"
-    // or "": the built-in crossovers; anything else: a map file.
-    if (options.gpu_gemm_policy == "auto")
-      gpu_options.auto_gemm_policy = true;
-    else if (!options.gpu_gemm_policy.empty() && options.gpu_gemm_policy != "none")
-      gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gpu_gemm_policy));
-    // Throws (naming what is missing: a GPU, sm_80, memory, a supported model) before any request.
-    gpu = std::make_unique<GpuLlama>(model, runnable_mode(gpu_mode_name, "gpu_mode"), gpu_options);
-    if (options.gpu_gemm_policy == "auto")
-      std::fprintf(stderr, "qspec: GEMM policy: %s\n",
-                   gpu->gemm_policy_source().empty() ? "built-in crossovers (no map for this GPU and model)"
-                                                     : gpu->gemm_policy_source().c_str());
-    gpu_slot_owner.assign(static_cast<size_t>(options.max_batch_size), 0);
-#else
-    fail("engine: device cuda: this qspec was built without the CUDA backend (configure with -DQSPEC_CUDA=ON on a "
-         "machine with the CUDA toolkit)");
-#endif
-  }
-
   // ---- submission ----
 
   std::unique_ptr<Sequence> make_sequence(Request request, TokenCallback callback) const {
@@ -287,8 +253,8 @@ struct Engine::Impl {
     if (seq->qspec) {
       seq->mode = runnable_mode(plan.verify, "verify");
       seq->draft = runnable_mode(plan.draft, "draft");
-      QSPEC_CHECK(!on_gpu || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) does not "
-                  "run on the GPU");
+      QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
+                  "does not run on the GPU (it needs the K/V rows in the host's pool)");
       seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
     } else {
       seq->mode = runnable_mode(plan.mode, "mode");
@@ -315,47 +281,30 @@ struct Engine::Impl {
     return seq;
   }
 
-  RunMode runnable_mode(const std::string& name, const char* field) const {
+  // A mode by name, with the weights it needs loaded.
+  static RunMode model_mode(const LlamaModel& model, int64_t group_size, const std::string& name, const char* field) {
     RunMode mode;
     try {
       mode = parse_run_mode(name);
     } catch (const Error& e) {
       fail("request: ", field, ": ", e.what());
     }
-    mode.activations.group_size = activation_group_size;
+    mode.activations.group_size = group_size;
     QSPEC_CHECK(!mode.quantized_weights || model.has_quantized_weights(), "request: ", field, " ", name,
                 " needs 4-bit weights; the model has none (load it with --weights)");
     QSPEC_CHECK(mode.quantized_weights || model.has_checkpoint_weights(), "request: ", field, " ", name,
                 " needs 16-bit weights; the model holds only 4-bit weights");
     QSPEC_CHECK(!mode.activations.arc || model.has_arc(), "request: ", field, " ", name,
                 " needs an ARC-calibrated checkpoint (qspec quantize --arc)");
-    // On the GPU: the engine's mode, and QSpec drafts in a low-precision activation mode the GPU
-    // runs over a 4-bit model's weights.
-    const bool gpu_draft = std::string_view(field) == "draft" && gpu_mode_name != "w16a16" && gpu_runs_draft(mode);
-    QSPEC_CHECK(!on_gpu || gpu_mode_name.empty() || mode.name == gpu_mode_name || gpu_draft, "request: ", field, " ",
-                name, ": this engine runs on the GPU in mode ", gpu_mode_name,
-                gpu_mode_name == "w16a16" ? " only"
-                                          : " only, with QSpec drafts in a low-precision activation mode (w4a8*, "
-                                            "w4a4*)");
     return mode;
   }
 
-  // Whether the GPU model can draft in `mode` (a low-precision activation mode).
-  static bool gpu_runs_draft(const RunMode& mode) {
-#ifdef QSPEC_HAVE_CUDA
-    if (!mode.quantized_weights || mode.activations.kind != ActivationMode::Kind::quantized) return false;
-    try {
-      (void)gpu_activations(mode);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-#else
-    (void)mode;
-    return false;
-#endif
+  // A mode this engine runs as `field` (mode, verify, draft): the weights' and the backend's rules.
+  RunMode runnable_mode(const std::string& name, const char* field) const {
+    RunMode mode = model_mode(model, activation_group_size, name, field);
+    backend->check_mode(mode, field);
+    return mode;
   }
-
   // ---- one step ----
 
   bool step() {
@@ -426,6 +375,7 @@ struct Engine::Impl {
     units.erase(std::remove_if(units.begin(), units.end(), [&](const Unit& u) { return u.seq == victim; }),
                 units.end());
     victim->kv.release(pool);
+    backend->release(victim->id);
     ++victim->metrics.preemptions;
     ++totals.preemptions;
     auto it = std::find_if(running.begin(), running.end(), [&](const auto& s) { return s.get() == victim; });
@@ -483,55 +433,115 @@ struct Engine::Impl {
 
   // ---- forward passes ----
 
-  // Draft passes: per draft mode, step i runs every sequence still drafting, one token each.
+  // Whether a sequence's next token is the argmax of its logits (the ids a backend may return):
+  // greedy without a repetition penalty. Others pick from their logit rows on the host.
+  static bool argmax_suffices(const Sequence& seq) {
+    const SamplingParams& sampling = seq.request.sampling;
+    return sampling.greedy() && sampling.repetition_penalty == 1.0f;
+  }
+
+  // Draft passes: per draft mode, gamma one-token passes over every sequence still drafting (on
+  // the device in one chain where the backend can, else pass by pass).
   void run_drafts(std::vector<Unit>& units) {
     std::map<std::string, std::vector<Unit*>> by_mode;
     for (Unit& unit : units)
       if (unit.kind == Unit::Kind::cycle && unit.gamma > 0) by_mode[unit.seq->draft.name].push_back(&unit);
-    const int64_t vocab = model.config().vocab_size;
-    std::vector<SequenceChunk> chunks;
-    std::vector<float> logits;
-#ifdef QSPEC_HAVE_CUDA
-    if (on_gpu && !by_mode.empty()) gpu->begin_chains();
-#endif
+    if (!by_mode.empty()) backend->begin_step();
     for (auto& [name, group] : by_mode) {
       const RunMode& draft = group.front()->seq->draft;
-      if (on_gpu) {
-        run_drafts_on_gpu(group);
-        continue;
-      }
       const auto start = Clock::now();
       for (Unit* unit : group) unit->draft_probs.resize(static_cast<size_t>(unit->gamma));
-      std::vector<int32_t> inputs(group.size());
       std::vector<int64_t> draft_steps(group.size(), 0);
-      for (int64_t i = 0;; ++i) {
-        chunks.clear();
-        std::vector<Unit*> active;
-        for (size_t g = 0; g < group.size(); ++g) {
-          Unit* unit = group[g];
-          if (i >= unit->gamma || unit->draft_ended) continue;
-          inputs[g] = i == 0 ? unit->seq->tokens.back() : unit->drafts.back();
-          chunks.push_back(SequenceChunk{std::span<const int32_t>(&inputs[g], 1), unit->base + i,
-                                         unit->seq->kv.blocks(pool), SequenceChunk::Logits::last});
-          active.push_back(unit);
-          ++draft_steps[g];
-        }
-        if (chunks.empty()) break;
-        model.forward_batch(chunks, logits, draft);
-        ++totals.forward_passes;
-        for (size_t a = 0; a < active.size(); ++a) {
-          Unit* unit = active[a];
-          const int32_t d = pick_draft(
-              *unit, std::span<const float>(logits.data() + static_cast<int64_t>(a) * vocab, static_cast<size_t>(vocab)),
-              i);
-          unit->drafts.push_back(d);
-          if (is_eos(*unit->seq, d)) unit->draft_ended = true;
-        }
-      }
+      if (!draft_chain(group, draft, draft_steps)) draft_pass_by_pass(group, draft, draft_steps);
       record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
       for (Unit* unit : group)
         if (!unit->seq->request.plan.kv_overwrite) save_draft_rows(*unit);
     }
+  }
+
+  // Step i runs every unit still drafting, one token each. Greedy drafts are the backend's
+  // argmax ids where it gives them; the others are the acceptor's picks from the logit rows.
+  void draft_pass_by_pass(const std::vector<Unit*>& group, const RunMode& draft, std::vector<int64_t>& draft_steps) {
+    const int64_t vocab = model.config().vocab_size;
+    std::vector<int32_t> inputs(group.size());
+    std::vector<PassRun> runs;
+    std::vector<Unit*> active;
+    for (int64_t i = 0;; ++i) {
+      runs.clear();
+      active.clear();
+      bool host_picks = false;
+      for (size_t g = 0; g < group.size(); ++g) {
+        Unit* unit = group[g];
+        if (i >= unit->gamma || unit->draft_ended) continue;
+        inputs[g] = i == 0 ? unit->seq->tokens.back() : unit->drafts.back();
+        runs.push_back(PassRun{unit->seq->id, unit->base + i, std::span<const int32_t>(&inputs[g], 1),
+                               unit->seq->kv.blocks(pool), PassRun::Output::last});
+        active.push_back(unit);
+        host_picks = host_picks || !argmax_suffices(*unit->seq);
+        ++draft_steps[g];
+      }
+      if (runs.empty()) break;
+      const PassResult pass = backend->forward(draft, runs);
+      ++totals.forward_passes;
+      const bool have_ids = !pass.ids.empty();
+      const std::vector<float> logits = host_picks || !have_ids ? backend->logits() : std::vector<float>{};
+      for (size_t a = 0; a < active.size(); ++a) {
+        Unit* unit = active[a];
+        const int64_t row = pass.first_row[a];
+        const int32_t d = have_ids && argmax_suffices(*unit->seq)
+                              ? pass.ids[static_cast<size_t>(row)]
+                              : pick_draft(*unit,
+                                           std::span<const float>(logits.data() + row * vocab, static_cast<size_t>(vocab)),
+                                           i);
+        unit->drafts.push_back(d);
+        if (is_eos(*unit->seq, d)) unit->draft_ended = true;
+      }
+    }
+  }
+
+  // Greedy drafts of one gamma for every unit in one device chain (Backend::draft_chain): the
+  // next input of each step is the last step's argmax, on the device. The drafts stay there: the
+  // verify pass reads them on the device and returns them with its ids, so the host reads once a
+  // cycle (commit_pass). False: not applicable, nothing ran.
+  bool draft_chain(const std::vector<Unit*>& group, const RunMode& draft, std::vector<int64_t>& draft_steps) {
+    const int64_t gamma = group.front()->gamma;
+    for (const Unit* unit : group)
+      if (unit->gamma != gamma || unit->draft_ended || !argmax_suffices(*unit->seq)) return false;
+    std::vector<int32_t> inputs(group.size());
+    std::vector<PassRun> runs;
+    for (size_t g = 0; g < group.size(); ++g) {
+      Unit* unit = group[g];
+      inputs[g] = unit->seq->tokens.back();
+      runs.push_back(PassRun{unit->seq->id, unit->base, std::span<const int32_t>(&inputs[g], 1),
+                             unit->seq->kv.blocks(pool), PassRun::Output::last});
+    }
+    const std::optional<int64_t> offset = backend->draft_chain(draft, runs, gamma);
+    if (!offset) return false;
+    totals.forward_passes += gamma;
+    const int64_t n = static_cast<int64_t>(group.size());
+    for (int64_t g = 0; g < n; ++g) {
+      Unit* unit = group[static_cast<size_t>(g)];
+      unit->chain_offset = *offset + g;
+      unit->chain_stride = n;
+      unit->drafts.assign(static_cast<size_t>(gamma), unit->seq->tokens.back());  // placeholders (valid ids)
+      draft_steps[static_cast<size_t>(g)] = gamma;
+    }
+    return true;
+  }
+
+  // A unit's device drafts from the chain ids its verify pass read back; drafts past an eos id
+  // are dropped, as the pass-by-pass loop never drafts them (their K/V rows lie inside the
+  // cycle's reservation, and the verify's ids before them do not depend on them).
+  void take_chain_drafts(Unit& unit) {
+    const std::vector<int32_t>& chain = backend->chain_ids();
+    const int64_t gamma = static_cast<int64_t>(unit.drafts.size());
+    unit.drafts.clear();
+    for (int64_t i = 0; i < gamma && !unit.draft_ended; ++i) {
+      const int32_t d = chain[static_cast<size_t>(unit.chain_offset + i * unit.chain_stride)];
+      unit.drafts.push_back(d);
+      if (is_eos(*unit.seq, d)) unit.draft_ended = true;
+    }
+    unit.chain_offset = -1;
   }
 
   // Draft i of a unit from its logit row: the acceptor's pick, with the committed tokens and the
@@ -555,7 +565,8 @@ struct Engine::Impl {
     }
   }
 
-  // No-overwrite ablation: the rows the drafts wrote (for last, d_0 .. d_{drafted-2}).
+  // No-overwrite ablation (K/V rows in the pool only): the rows the drafts wrote (for last,
+  // d_0 .. d_{drafted-2}).
   void save_draft_rows(Unit& unit) {
     const int64_t layers = model.config().num_layers, kv_dim = model.config().kv_dim();
     const int64_t rows = static_cast<int64_t>(unit.drafts.size());
@@ -584,301 +595,116 @@ struct Engine::Impl {
       }
   }
 
-  // Target passes: one per run mode over every prompt chunk, decode token and verify run.
+  // Target passes: one per run mode over every prompt chunk, decode token and verify run. A
+  // verify run rewrites the K/V its drafts wrote (rows from the cycle's base).
   void run_targets(std::vector<Unit>& units) {
     std::map<std::string, std::vector<Unit*>> by_mode;
     for (Unit& unit : units) by_mode[unit.seq->mode.name].push_back(&unit);
-    const int64_t vocab = model.config().vocab_size;
-    std::vector<SequenceChunk> chunks;
-    std::vector<float> logits;
+    std::vector<PassRun> runs;
     for (auto& [name, group] : by_mode) {
-      chunks.clear();
+      runs.clear();
       for (Unit* unit : group) {
         Sequence& seq = *unit->seq;
-        SequenceChunk chunk;
-        chunk.start = unit->base;
-        chunk.kv = seq.kv.blocks(pool);
+        PassRun run;
+        run.sequence = seq.id;
+        run.base = unit->base;
+        run.kv = seq.kv.blocks(pool);
         if (unit->kind == Unit::Kind::cycle) {
           unit->target_tokens.assign(1, seq.tokens.back());
           unit->target_tokens.insert(unit->target_tokens.end(), unit->drafts.begin(), unit->drafts.end());
-          chunk.logits = SequenceChunk::Logits::all;
+          run.output = PassRun::Output::all;
+          run.chain_offset = unit->chain_offset;
+          run.chain_stride = unit->chain_stride;
         } else {
           unit->target_tokens.assign(seq.tokens.begin() + unit->base, seq.tokens.begin() + unit->base + unit->count);
           const bool last = unit->base + unit->count == static_cast<int64_t>(seq.tokens.size());
-          chunk.logits = last ? SequenceChunk::Logits::last : SequenceChunk::Logits::none;
+          run.output = last ? PassRun::Output::last : PassRun::Output::none;
         }
-        chunk.tokens = unit->target_tokens;
-        chunks.push_back(chunk);
+        run.tokens = unit->target_tokens;
+        runs.push_back(run);
       }
       const auto start = Clock::now();
-      if (on_gpu) {
-        run_target_on_gpu(group, chunks);
-        continue;
-      }
-      model.forward_batch(chunks, logits, group.front()->seq->mode);
+      const PassResult pass = backend->forward(group.front()->seq->mode, runs);
       ++totals.forward_passes;
-      const double elapsed = seconds_between(start, Clock::now());
-      const float* row = logits.data();
-      for (size_t g = 0; g < group.size(); ++g) {
-        Unit& unit = *group[g];
-        if (unit.kind == Unit::Kind::cycle) {
-          commit_cycle(unit, row, elapsed);
-          row += static_cast<int64_t>(unit.target_tokens.size()) * vocab;
-        } else if (chunks[g].logits == SequenceChunk::Logits::last) {
-          commit_token(unit, std::span<const float>(row, static_cast<size_t>(vocab)));
-          row += vocab;
-        } else {
-          unit.seq->kv.set_length(unit.base + unit.count, pool);
-        }
-      }
+      commit_pass(group, runs, pass, start);
     }
   }
 
-  // Whether a sequence's next token is the argmax of its logits (what the GPU returns as ids):
-  // greedy without a repetition penalty. Others draw from their logit rows on the host.
-  static bool gpu_argmax_suffices(const Sequence& seq) {
-    const SamplingParams& sampling = seq.request.sampling;
-    return sampling.greedy() && sampling.repetition_penalty == 1.0f;
-  }
-
-  // QSpec drafts on the GPU (low-precision activations over the verify's 4-bit weights and KV
-  // cache): step i runs every unit still drafting, one token each, through the decode graphs.
-  // Greedy drafts are the GPU's argmax ids; sampled drafts are picked on the host from the
-  // logit rows as on the CPU.
-  void run_drafts_on_gpu(const std::vector<Unit*>& group) {
-#ifdef QSPEC_HAVE_CUDA
+  // A target pass's tokens: each plain run's next token (its argmax id, a draw on the device, or
+  // a host pick from its logit row), each cycle's accepted drafts; then the emits, in order.
+  void commit_pass(const std::vector<Unit*>& group, const std::vector<PassRun>& runs, const PassResult& pass,
+                   Clock::time_point start) {
     const int64_t vocab = model.config().vocab_size;
-    const auto start = Clock::now();
-    for (Unit* unit : group) unit->draft_probs.resize(static_cast<size_t>(unit->gamma));
-    std::vector<int32_t> inputs(group.size());
-    std::vector<int64_t> draft_steps(group.size(), 0);
-    gpu->set_activations(gpu_activations(group.front()->seq->draft));
-    if (draft_chain_on_gpu(group, inputs, draft_steps)) {
-      gpu->set_activations(gpu_mode_activations);
-      record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
-      return;
-    }
-    for (int64_t i = 0;; ++i) {
-      std::vector<GpuLlama::Run> runs;
-      std::vector<Unit*> active;
-      bool any_sampled = false;
-      for (size_t g = 0; g < group.size(); ++g) {
-        Unit* unit = group[g];
-        if (i >= unit->gamma || unit->draft_ended) continue;
-        inputs[g] = i == 0 ? unit->seq->tokens.back() : unit->drafts.back();
-        const int64_t slot = gpu_slot(*unit->seq, unit->base);
-        if (i == 0) gpu->truncate(slot, unit->base);  // the last cycle's verify rows past base go
-        runs.push_back(GpuLlama::Run{slot, std::span<const int32_t>(&inputs[g], 1)});
-        active.push_back(unit);
-        any_sampled = any_sampled || !gpu_argmax_suffices(*unit->seq);
-        ++draft_steps[g];
-      }
-      if (runs.empty()) break;
-      std::vector<int32_t> ids;
-      try {
-        ids = gpu->step(runs);
-      } catch (...) {
-        gpu->set_activations(gpu_mode_activations);
-        throw;
-      }
-      ++totals.forward_passes;
-      const std::vector<float> logits = any_sampled ? gpu->step_logits() : std::vector<float>{};
-      for (size_t a = 0; a < active.size(); ++a) {
-        Unit* unit = active[a];
-        Sequence& seq = *unit->seq;
-        int32_t d = ids[a];
-        if (!gpu_argmax_suffices(seq))
-          d = pick_draft(*unit, std::span<const float>(logits.data() + static_cast<int64_t>(a) * vocab,
-                                                       static_cast<size_t>(vocab)), i);
-        unit->drafts.push_back(d);
-        if (is_eos(seq, d)) unit->draft_ended = true;
-      }
-    }
-    gpu->set_activations(gpu_mode_activations);
-    record_draft_metrics(group, draft_steps, seconds_between(start, Clock::now()));
-#else
-    (void)group;
-#endif
-  }
-
-#ifdef QSPEC_HAVE_CUDA
-  // Greedy drafts of one gamma for every unit: one GpuLlama::draft_chain_async (the next input
-  // of each step is the last step's argmax, on the device). The drafts stay there: the verify
-  // step reads them on the device and returns them with its ids, so the host reads once a cycle
-  // (run_target_on_gpu). False: not applicable, nothing ran.
-  bool draft_chain_on_gpu(const std::vector<Unit*>& group, std::vector<int32_t>& inputs,
-                          std::vector<int64_t>& draft_steps) {
-    const int64_t gamma = group.front()->gamma;
-    if (gamma < 2 || gamma > GpuLlama::kMaxChainSteps) return false;
-    for (const Unit* unit : group)
-      if (unit->gamma != gamma || unit->draft_ended || !gpu_argmax_suffices(*unit->seq)) return false;
-    std::vector<GpuLlama::Run> runs;
+    const bool have_ids = !pass.ids.empty();
+    std::vector<int32_t> next(group.size(), -1);
+    std::vector<size_t> host_rows, device_rows;  // plain runs whose next token is drawn from their row
+    bool cycle_rows = false;                     // a cycle accepts from its logit rows
     for (size_t g = 0; g < group.size(); ++g) {
-      Unit* unit = group[g];
-      inputs[g] = unit->seq->tokens.back();
-      const int64_t slot = gpu_slot(*unit->seq, unit->base);
-      gpu->truncate(slot, unit->base);  // the last cycle's verify rows past base go
-      runs.push_back(GpuLlama::Run{slot, std::span<const int32_t>(&inputs[g], 1)});
+      const Sequence& seq = *group[g]->seq;
+      const bool argmax = have_ids && argmax_suffices(seq);
+      if (group[g]->kind == Unit::Kind::cycle) {
+        cycle_rows = cycle_rows || !argmax;
+      } else if (runs[g].output == PassRun::Output::last) {
+        if (argmax) next[g] = pass.ids[static_cast<size_t>(pass.first_row[g])];
+        // A QSpec sequence's first token is its acceptor's pick (on the host).
+        else if (!seq.qspec && options.gpu_sampling && backend->samples_on_device()) device_rows.push_back(g);
+        else host_rows.push_back(g);
+      }
     }
-    int64_t offset = 0;
-    try {
-      offset = gpu->draft_chain_async(runs, gamma);
-    } catch (...) {
-      gpu->set_activations(gpu_mode_activations);
-      throw;
-    }
-    totals.forward_passes += gamma;
-    const int64_t n = static_cast<int64_t>(group.size());
-    for (int64_t g = 0; g < n; ++g) {
-      Unit* unit = group[static_cast<size_t>(g)];
-      unit->chain_offset = offset + g;
-      unit->chain_stride = n;
-      unit->drafts.assign(static_cast<size_t>(gamma), unit->seq->tokens.back());  // placeholders (valid ids)
-      draft_steps[static_cast<size_t>(g)] = gamma;
-    }
-    return true;
-  }
-
-  // A unit's device drafts from the ids its verify step read back; drafts past an eos id are
-  // dropped, as the step-by-step loop never drafts them (their K/V rows lie inside the cycle's
-  // reservation, and the verify's ids before them do not depend on them).
-  void take_chain_drafts(Unit& unit) {
-    const std::vector<int32_t>& chain = gpu->last_chain_ids();
-    const int64_t gamma = static_cast<int64_t>(unit.drafts.size());
-    unit.drafts.clear();
-    for (int64_t i = 0; i < gamma && !unit.draft_ended; ++i) {
-      const int32_t d = chain[static_cast<size_t>(unit.chain_offset + i * unit.chain_stride)];
-      unit.drafts.push_back(d);
-      if (is_eos(*unit.seq, d)) unit.draft_ended = true;
-    }
-    unit.chain_offset = -1;
-  }
-#endif
-
-  // The GPU pass of one mode's group. Each sequence runs in its own cache slot; the GPU returns
-  // the argmax id after each run's last token (after every token of a QSpec verify run), which
-  // is the next token of a greedy request without a repetition penalty (the argmax of the same
-  // f16 logits the CPU would sample from); other requests get their logit rows. A verify run
-  // rewrites the K/V its drafts wrote (the slot is truncated to the cycle's base first).
-  void run_target_on_gpu(const std::vector<Unit*>& group, const std::vector<SequenceChunk>& chunks) {
-#ifdef QSPEC_HAVE_CUDA
-    const auto start = Clock::now();
-    std::vector<GpuLlama::Run> runs;
-    runs.reserve(group.size());
-    std::vector<int64_t> first_row(group.size());  // each run's first id / logit row
-    std::vector<size_t> sampled;  // plain runs whose next token is drawn from their logit row
-    bool need_logits = false;
-    int64_t rows = 0;
-    for (size_t g = 0; g < group.size(); ++g) {
-      Unit& unit = *group[g];
-      const bool cycle = unit.kind == Unit::Kind::cycle;
-      const int64_t slot = gpu_slot(*unit.seq, unit.base);
-      gpu->truncate(slot, unit.base);  // rows past base (a preempted sequence's, or drafts) are rewritten
-      runs.push_back(GpuLlama::Run{slot, unit.target_tokens, cycle, cycle ? unit.chain_offset : -1,
-                                   cycle ? unit.chain_stride : 0});
-      first_row[g] = rows;
-      rows += cycle ? static_cast<int64_t>(unit.target_tokens.size()) : 1;
-      const bool host_pick = !gpu_argmax_suffices(*unit.seq);
-      if (cycle) need_logits = need_logits || host_pick;
-      else if (chunks[g].logits == SequenceChunk::Logits::last && host_pick) sampled.push_back(g);
-    }
-    gpu->set_activations(gpu_mode_activations);
-    const std::vector<int32_t> ids = gpu->step(runs);
-    ++totals.forward_passes;
-    std::vector<int32_t> next(group.size());
-    for (size_t g = 0; g < group.size(); ++g) next[g] = ids[static_cast<size_t>(first_row[g])];
-    if (options.gpu_sampling && !sampled.empty()) {
-      sample_on_gpu(group, sampled, first_row, next);
-      sampled.clear();
-    }
-    need_logits = need_logits || !sampled.empty();
-    const std::vector<float> logits = need_logits ? gpu->step_logits() : std::vector<float>{};
+    if (!device_rows.empty()) sample_on_device(group, pass, device_rows, next);
+    const std::vector<float> logits =
+        cycle_rows || !host_rows.empty() ? backend->logits() : std::vector<float>{};
     const double elapsed = seconds_between(start, Clock::now());
-    // Sampled rows draw in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms
-    // of filtering), then every token is emitted in order on this thread.
-    const int64_t vocab = model.config().vocab_size;
-    ThreadPool::global().parallel_for(sampled.size(), 1, [&](size_t begin, size_t end) {
+    // Host picks run in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms of
+    // filtering), then every token is emitted in order on this thread.
+    ThreadPool::global().parallel_for(host_rows.size(), 1, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
-        const size_t g = sampled[i];
+        const size_t g = host_rows[i];
         Sequence& seq = *group[g]->seq;
-        const std::span<const float> row(logits.data() + first_row[g] * vocab, static_cast<size_t>(vocab));
-        next[g] = seq.sampler->sample(row, seq.tokens);
+        const std::span<const float> row(logits.data() + pass.first_row[g] * vocab, static_cast<size_t>(vocab));
+        std::vector<float> probs;
+        next[g] = seq.qspec ? seq.acceptor->pick(row, seq.tokens, &probs) : seq.sampler->sample(row, seq.tokens);
       }
     });
     for (size_t g = 0; g < group.size(); ++g) {
       Unit& unit = *group[g];
       Sequence& seq = *unit.seq;
+      const int64_t first_row = pass.first_row[g];
       if (unit.kind == Unit::Kind::cycle) {
         if (unit.chain_offset >= 0) take_chain_drafts(unit);
-        if (!gpu_argmax_suffices(seq)) {
-          commit_cycle(unit, logits.data() + first_row[g] * vocab, elapsed);
-        } else {
-          const std::span<const int32_t> verify_ids(ids.data() + first_row[g], unit.drafts.size() + 1);
+        if (have_ids && argmax_suffices(seq)) {
+          const std::span<const int32_t> verify_ids(pass.ids.data() + first_row, unit.drafts.size() + 1);
           commit_cycle(unit, QSpecAcceptor::accept_greedy(unit.drafts, verify_ids), elapsed);
+        } else {
+          commit_cycle(unit,
+                       seq.acceptor->accept(unit.drafts, unit.draft_probs, logits.data() + first_row * vocab, vocab,
+                                            seq.tokens),
+                       elapsed);
         }
         continue;
       }
       seq.kv.set_length(unit.base + unit.count, pool);
-      if (chunks[g].logits == SequenceChunk::Logits::last) emit(seq, next[g]);
+      if (runs[g].output == PassRun::Output::last) emit(seq, next[g]);
     }
-#else
-    (void)group;
-    (void)chunks;
-#endif
   }
 
-#ifdef QSPEC_HAVE_CUDA
-  // The next tokens of plain sampled rows, drawn on the GPU from the last step's logits: each
+  // The next tokens of plain sampled rows, drawn on the device from the pass's logits: each
   // sequence's generator gives the draw its host Sampler would have used (none when greedy), and
   // the repetition penalty gets the prompt and output ids (the kernel applies each id once).
-  void sample_on_gpu(const std::vector<Unit*>& group, const std::vector<size_t>& sampled,
-                     const std::vector<int64_t>& first_row, std::vector<int32_t>& next) {
-    std::vector<GpuLlama::RowSample> rows(sampled.size());
-    for (size_t i = 0; i < sampled.size(); ++i) {
-      Sequence& seq = *group[sampled[i]]->seq;
-      GpuLlama::RowSample& row = rows[i];
-      row.row = first_row[sampled[i]];
-      row.params = seq.sampler->params();
-      if (!row.params.greedy()) row.draw = seq.sampler->next_draw();
-      row.penalised_ids = seq.tokens;  // read by sample_rows only when the penalty is on
+  void sample_on_device(const std::vector<Unit*>& group, const PassResult& pass, const std::vector<size_t>& rows,
+                        std::vector<int32_t>& next) {
+    std::vector<RowDraw> draws(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Sequence& seq = *group[rows[i]]->seq;
+      RowDraw& draw = draws[i];
+      draw.row = pass.first_row[rows[i]];
+      draw.params = seq.sampler->params();
+      if (!draw.params.greedy()) draw.draw = seq.sampler->next_draw();
+      draw.penalised_ids = seq.tokens;  // read only when the penalty is on
     }
-    const std::vector<int32_t> ids = gpu->sample_rows(rows);
-    for (size_t i = 0; i < sampled.size(); ++i) next[sampled[i]] = ids[i];
+    const std::vector<int32_t> ids = backend->sample_rows(draws);
+    for (size_t i = 0; i < rows.size(); ++i) next[rows[i]] = ids[i];
   }
-
-  // The GPU cache slot of a sequence: the one it holds, else a free one (a slot whose request is
-  // no longer running), which it may only take at position 0.
-  int64_t gpu_slot(const Sequence& seq, int64_t base) {
-    for (size_t s = 0; s < gpu_slot_owner.size(); ++s)
-      if (gpu_slot_owner[s] == seq.id) return static_cast<int64_t>(s);
-    std::unordered_set<RequestId> alive;
-    for (const auto& r : running) alive.insert(r->id);
-    for (size_t s = 0; s < gpu_slot_owner.size(); ++s)
-      if (gpu_slot_owner[s] == 0 || alive.count(gpu_slot_owner[s]) == 0) {
-        QSPEC_CHECK(base == 0, "engine: request ", seq.id, " lost its GPU cache slot at position ", base);
-        gpu_slot_owner[s] = seq.id;
-        return static_cast<int64_t>(s);
-      }
-    fail("engine: every GPU cache slot is taken (", gpu_slot_owner.size(), " slots)");
-  }
-#endif
-
-  // A prompt's last chunk or a decode token: the next token from the last logit row.
-  void commit_token(Unit& unit, std::span<const float> row) {
-    Sequence& seq = *unit.seq;
-    seq.kv.set_length(unit.base + unit.count, pool);
-    std::vector<float> probs;
-    const int32_t next = seq.qspec ? seq.acceptor->pick(row, seq.tokens, &probs) : seq.sampler->sample(row, seq.tokens);
-    emit(seq, next);
-  }
-
-  void commit_cycle(Unit& unit, const float* verify_logits, double verify_seconds) {
-    Sequence& seq = *unit.seq;
-    commit_cycle(unit,
-                 seq.acceptor->accept(unit.drafts, unit.draft_probs, verify_logits, model.config().vocab_size, seq.tokens),
-                 verify_seconds);
-  }
-
   void commit_cycle(Unit& unit, const QSpecAcceptor::Outcome& outcome, double verify_seconds) {
     Sequence& seq = *unit.seq;
     const int64_t drafted = static_cast<int64_t>(unit.drafts.size());
@@ -979,6 +805,7 @@ struct Engine::Impl {
           continue;
         }
         seq.kv.release(pool);
+        backend->release(seq.id);
         totals.prompt_tokens += seq.prompt_tokens;
         totals.generated_tokens += seq.metrics.generated_tokens;
         if (seq.finish_reason == "cancelled") ++totals.requests_cancelled;
