@@ -1,6 +1,6 @@
 // qspec bench: CPU decode/prefill throughput of a model, with the single-thread run as the
 // baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth);
-// --device cuda: GPU decode steps per batch size and time-to-first-token (model/cuda/gpu_bench.h).
+// --device cuda: GPU decode steps per batch size and time-to-first-token (bench/cuda/gpu_bench.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +19,7 @@
 #include "model/llama.h"
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_CUDA
-#include "model/cuda/gpu_bench.h"
+#include "bench/cuda/gpu_bench.h"
 #endif
 
 namespace qspec::cli {

@@ -479,7 +479,8 @@ struct QSpecEvalArgs {
   std::vector<std::string> drafts = {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"};
   std::vector<int64_t> gammas = {1, 2, 3, 4, 5, 6};
   std::vector<int64_t> batch_sizes = {16};
-  std::string kv_overwrite = "both";
+  std::string kv_overwrite;  // "": both on the CPU, on on the GPU (the ablation needs host K/V rows)
+  std::string device = "cpu";
   std::string weights;
   int64_t group_size = 0;
   int64_t limit = 100;
@@ -500,9 +501,10 @@ struct EngineRun {
 
 EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer,
                              const std::vector<std::vector<int32_t>>& prompts, const Request& base, int64_t batch,
-                             const std::function<void()>& on_done) {
+                             const std::string& device, const std::function<void()>& on_done) {
   EngineOptions options;
   options.max_batch_size = batch;
+  options.device = device;
   Engine engine(model, &tokenizer, options);
   EngineRun run;
   run.outputs.resize(prompts.size());
@@ -580,15 +582,20 @@ std::vector<std::vector<int32_t>> load_reference(const std::string& path, const 
   }
 }
 
-void run_qspec_eval(const QSpecEvalArgs& args) {
+void run_qspec_eval(QSpecEvalArgs args) {
   QSPEC_CHECK(args.limit >= 0, "--limit must be >= 0");
   QSPEC_CHECK(args.max_tokens > 0, "--max-tokens must be > 0");
   for (int64_t gamma : args.gammas)
     QSPEC_CHECK(gamma >= 1 && gamma <= decode_rules::kMaxGamma, "--gammas: gamma must be in 1..", decode_rules::kMaxGamma,
                 ", got ", gamma);
   for (int64_t batch : args.batch_sizes) QSPEC_CHECK(batch >= 1, "--batch-sizes: must be >= 1, got ", batch);
+  QSPEC_CHECK(args.device == "cpu" || args.device == "cuda", "--device must be cpu or cuda, got ", args.device);
+  if (args.kv_overwrite.empty()) args.kv_overwrite = args.device == "cpu" ? "both" : "on";
   QSPEC_CHECK(args.kv_overwrite == "on" || args.kv_overwrite == "off" || args.kv_overwrite == "both",
               "--kv-overwrite must be on, off or both, got ", args.kv_overwrite);
+  QSPEC_CHECK(args.device == "cpu" || args.kv_overwrite == "on",
+              "--kv-overwrite ", args.kv_overwrite, ": the no-overwrite ablation runs on the CPU only (device cuda keeps "
+              "the K/V rows on the GPU)");
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
   std::vector<std::string> names = {std::string(decode_rules::kVerifyMode)};
   names.insert(names.end(), args.drafts.begin(), args.drafts.end());
@@ -639,7 +646,7 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
     if (args.reference_file.empty()) {
       Request plain = base;
       plain.plan.mode = prepared.modes[0].name;
-      const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, tick);
+      const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, args.device, tick);
       int64_t baseline_differs = 0;
       if (references.empty()) references = baseline.outputs;
       for (size_t i = 0; i < prompts.size(); ++i) baseline_differs += baseline.outputs[i] != references[i];
@@ -663,7 +670,7 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
           plan.gamma = gamma;
           plan.kv_overwrite = overwrite;
           validate(plan, "eval qspec: ");
-          const EngineRun run = run_through_engine(model, *tokenizer, prompts, request, batch, tick);
+          const EngineRun run = run_through_engine(model, *tokenizer, prompts, request, batch, args.device, tick);
           int64_t identical = 0, tie = 0, mismatch = 0;
           for (size_t i = 0; i < prompts.size(); ++i) {
             const std::string verdict =
@@ -734,7 +741,9 @@ void run_qspec_eval(const QSpecEvalArgs& args) {
                                    {"reference", args.reference_file.empty()
                                                      ? "plain greedy w4a16 through the engine at the first batch size"
                                                      : "plain greedy w4a16 outputs from " + args.reference_file},
-                                   {"threads_note", "CPU reference kernels; tokens/s include prefill"}}},
+                                   {"device", args.device},
+                                   {"threads_note", args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill"
+                                                                         : "tokens/s include prefill"}}},
                                  {"baseline_w4a16", baselines},
                                  {"exact_logit_ties", ties},
                                  {"mismatches", mismatches},
@@ -793,8 +802,11 @@ void register_eval(CLI::App& app) {
   qspec_command->add_option("--batch-sizes", qspec_args->batch_sizes, "Engine batch sizes")
       ->capture_default_str()
       ->delimiter(',');
-  qspec_command->add_option("--kv-overwrite", qspec_args->kv_overwrite, "on|off|both")
-      ->check(CLI::IsMember({"on", "off", "both"}))
+  qspec_command->add_option("--kv-overwrite", qspec_args->kv_overwrite, "on|off|both (default: both on the CPU, on on the GPU)")
+      ->check(CLI::IsMember({"on", "off", "both"}));
+  qspec_command->add_option("--device", qspec_args->device,
+                            "cpu, or cuda: the engine on the GPU (w4a16 target, drafts beside it; tokens/s of both)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   qspec_command->add_option("--weights", qspec_args->weights, "4-bit weight format, RTN at load (default int4)");
   qspec_command->add_option("--group-size", qspec_args->group_size, "int4 group size (0: auto)")

@@ -21,7 +21,7 @@
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_CUDA
 #include "gemm/cuda/gemm_dispatch.h"
-#include "model/cuda/gpu_bench.h"
+#include "bench/cuda/gpu_bench.h"
 #include "model/cuda/llama_gpu.h"
 #endif
 

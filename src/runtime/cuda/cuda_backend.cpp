@@ -4,6 +4,8 @@
 // of max_batch_size GPU cache slots of max_context positions; the engine's pool only counts
 // blocks. A pass returns the argmax id of every row (the next token of a greedy request); logit
 // rows cross to the host only when asked, and sampled rows can be drawn on the device.
+#include "runtime/cuda/cuda_backend.h"
+
 #include <cstdio>
 
 #include "model/cuda/llama_gpu.h"
@@ -31,12 +33,18 @@ class CudaBackend final : public Backend {
     else if (!options.gpu_gemm_policy.empty() && options.gpu_gemm_policy != "none")
       gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gpu_gemm_policy));
     // Throws (naming what is missing: a GPU, sm_80, memory, a supported model) before any request.
-    gpu_ = std::make_unique<GpuLlama>(model, mode, gpu_options);
+    owned_ = std::make_unique<GpuLlama>(model, mode, gpu_options);
+    gpu_ = owned_.get();
     if (options.gpu_gemm_policy == "auto")
       std::fprintf(stderr, "qspec: GEMM policy: %s\n",
                    gpu_->gemm_policy_source().empty() ? "built-in crossovers (no map for this GPU and model)"
                                                       : gpu_->gemm_policy_source().c_str());
     slot_owner_.assign(static_cast<size_t>(options.max_batch_size), 0);
+  }
+
+  // Over a GPU model built elsewhere, sequence s + 1 in slot s.
+  CudaBackend(GpuLlama& gpu, const RunMode& mode) : mode_(mode), target_(gpu_activations(mode)), gpu_(&gpu) {
+    for (int64_t s = 0; s < gpu.max_seqs(); ++s) slot_owner_.push_back(static_cast<uint64_t>(s + 1));
   }
 
   // The engine's mode, and QSpec drafts in a low-precision activation mode over a 4-bit
@@ -135,7 +143,8 @@ class CudaBackend final : public Backend {
 
   RunMode mode_;
   GpuActivations target_;
-  std::unique_ptr<GpuLlama> gpu_;
+  std::unique_ptr<GpuLlama> owned_;  // null when the caller owns the model
+  GpuLlama* gpu_ = nullptr;
   std::vector<uint64_t> slot_owner_;  // the sequence in each cache slot; 0: free
 };
 
@@ -144,6 +153,10 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const LlamaModel& model, const RunMode& mode, const EngineOptions& options,
                                            int64_t context_limit) {
   return std::make_unique<CudaBackend>(model, mode, options, context_limit);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(GpuLlama& gpu, const RunMode& mode) {
+  return std::make_unique<CudaBackend>(gpu, mode);
 }
 
 }  // namespace qspec

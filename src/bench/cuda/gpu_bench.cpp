@@ -1,4 +1,4 @@
-#include "model/cuda/gpu_bench.h"
+#include "bench/cuda/gpu_bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +18,7 @@
 #include "ops/cuda/ops.h"
 #include "qspec/error.h"
 #include "ops/sample.h"
+#include "runtime/cuda/cuda_backend.h"
 
 namespace qspec {
 namespace {
@@ -216,8 +217,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 // QSpec cycles on a W4A16 model: per draft mode, batch and gamma, `steps` cycles of gamma draft
 // steps (decode graphs, the draft mode's activations) and one W4A16 verify step over gamma + 1 tokens a sequence,
-// each sequence reset to options.context first (the decode table's context). Host-timed as the
-// engine calls them (inputs, launch, ids back, sync), medians per phase.
+// each sequence reset to options.context first (the decode table's context). They run through the
+// engine's own GPU backend (runtime/cuda/cuda_backend.h: the calls the engine makes, inputs,
+// launch, ids back, sync), host-timed, medians per phase.
 // Accepted-length histograms of a real QSpec run (GpuBenchOptions::accept_trace), summed per
 // (draft, gamma) over its results with KV overwrite on.
 struct AcceptTrace {
@@ -268,10 +270,11 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
   nlohmann::json out = nlohmann::json::array();
   std::optional<AcceptTrace> trace;
   if (!options.accept_trace.empty()) trace = AcceptTrace::load(options.accept_trace);
+  const RunMode verify_mode = parse_run_mode(std::string(decode_rules::kVerifyMode));
+  const std::unique_ptr<Backend> backend = make_cuda_backend(gpu, verify_mode);
   for (const std::string& draft_name : options.qspec_drafts) {
-    RunMode draft_mode = parse_run_mode(draft_name);
-    const GpuActivations draft_activations = gpu_activations(draft_mode);
-    QSPEC_CHECK(draft_activations != GpuActivations::f16, "bench: --qspec-drafts ", draft_name,
+    const RunMode draft_mode = parse_run_mode(draft_name);
+    QSPEC_CHECK(gpu_activations(draft_mode) != GpuActivations::f16, "bench: --qspec-drafts ", draft_name,
                 " is not a low-precision activation mode");
     const double alpha = options.accept_rate;
     if (trace)
@@ -308,48 +311,48 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
         } else {
           for (int64_t i = 0; i <= gamma; ++i) tokens_per_cycle += std::pow(alpha, static_cast<double>(i));
         }
+        // The engine's cycle, through its GPU backend (runtime/backend.h): sequence s + 1 of the
+        // passes is GPU sequence s, each cycle from options.context cached positions.
         std::vector<int32_t> draft_tokens(static_cast<size_t>(batch)), verify_tokens(static_cast<size_t>(batch * (gamma + 1)));
         for (size_t i = 0; i < verify_tokens.size(); ++i) verify_tokens[i] = static_cast<int32_t>((700 + 13 * i) % config.vocab_size);
-        std::vector<GpuLlama::Run> draft_runs(static_cast<size_t>(batch)), verify_runs(static_cast<size_t>(batch));
+        std::vector<PassRun> draft_runs(static_cast<size_t>(batch)), verify_runs(static_cast<size_t>(batch));
         for (int64_t s = 0; s < batch; ++s) {
           draft_tokens[static_cast<size_t>(s)] = verify_tokens[static_cast<size_t>(s * (gamma + 1))];
-          draft_runs[static_cast<size_t>(s)] = {s, std::span<const int32_t>(&draft_tokens[static_cast<size_t>(s)], 1)};
-          verify_runs[static_cast<size_t>(s)] = {
-              s, std::span<const int32_t>(verify_tokens.data() + s * (gamma + 1), static_cast<size_t>(gamma + 1)), true};
+          draft_runs[static_cast<size_t>(s)] = PassRun{static_cast<uint64_t>(s + 1), options.context,
+                                                       std::span<const int32_t>(&draft_tokens[static_cast<size_t>(s)], 1)};
+          verify_runs[static_cast<size_t>(s)] = PassRun{
+              static_cast<uint64_t>(s + 1), options.context,
+              std::span<const int32_t>(verify_tokens.data() + s * (gamma + 1), static_cast<size_t>(gamma + 1)), {},
+              PassRun::Output::all};
         }
         std::vector<double> draft_seconds, verify_seconds, chained_seconds;
         // The engine's cycle (gamma >= 2): the drafts chained on the device, verified from there,
         // one host read. Timed as a whole, beside the step-by-step cycle (a host read a draft).
-        std::vector<GpuLlama::Run> chained_verify = verify_runs;
-        const bool chained = gamma >= 2 && gamma <= GpuLlama::kMaxChainSteps;
+        std::vector<PassRun> chained_verify = verify_runs;
+        const bool chained = gamma >= 2 && gamma <= decode_rules::kMaxGamma;
         for (int64_t i = 0; i < options.steps / 4 + 3; ++i) {
           if (chained) {
-            for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
-            gpu.set_activations(draft_activations);
             const auto chain_start = std::chrono::steady_clock::now();
-            gpu.begin_chains();
-            const int64_t offset = gpu.draft_chain_async(draft_runs, gamma);
+            backend->begin_step();
+            const std::optional<int64_t> offset = backend->draft_chain(draft_mode, draft_runs, gamma);
+            QSPEC_CHECK(offset.has_value(), "bench: the GPU backend did not chain ", gamma, " drafts");
             for (int64_t s = 0; s < batch; ++s) {
-              gpu.truncate(s, options.context);
-              chained_verify[static_cast<size_t>(s)].chain_offset = offset + s;
+              chained_verify[static_cast<size_t>(s)].chain_offset = *offset + s;
               chained_verify[static_cast<size_t>(s)].chain_stride = batch;
             }
-            gpu.set_activations(GpuActivations::f16);
-            gpu.step(chained_verify);
+            backend->forward(verify_mode, chained_verify);
             if (i >= 3) chained_seconds.push_back(seconds_since(chain_start));
           }
-          for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
-          gpu.set_activations(draft_activations);
           auto start = std::chrono::steady_clock::now();
           for (int64_t d = 0; d < gamma; ++d) {
-            const std::vector<int32_t> ids = gpu.step(draft_runs);
-            for (int64_t s = 0; s < batch; ++s) draft_tokens[static_cast<size_t>(s)] = ids[static_cast<size_t>(s)];
+            for (int64_t s = 0; s < batch; ++s) draft_runs[static_cast<size_t>(s)].base = options.context + d;
+            const PassResult pass = backend->forward(draft_mode, draft_runs);
+            for (int64_t s = 0; s < batch; ++s) draft_tokens[static_cast<size_t>(s)] = pass.ids[static_cast<size_t>(s)];
           }
           const double draft = seconds_since(start);
-          for (int64_t s = 0; s < batch; ++s) gpu.truncate(s, options.context);
-          gpu.set_activations(GpuActivations::f16);
+          for (int64_t s = 0; s < batch; ++s) draft_runs[static_cast<size_t>(s)].base = options.context;
           start = std::chrono::steady_clock::now();
-          gpu.step(verify_runs);
+          backend->forward(verify_mode, verify_runs);
           const double verify = seconds_since(start);
           if (i >= 3) {  // the first cycles capture graphs
             draft_seconds.push_back(draft);
