@@ -142,12 +142,7 @@ __global__ __launch_bounds__(T::kThreads, T::kMinBlocks) void w4_s8_wide_kernel(
   grid_launch_dependents();
   // Commit groups as the tiled kernel: W0 .. W(S-2) before the dependency wait, X0 .. X(S-2)
   // after it, then one (W + X) group a stage; wait_group(S - 2) at stage st covers both.
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < stages) load_w(st, st);
-    cp_async_commit();
-  }
-  grid_dependency_wait();
+  prefetch_weights_then_wait<STAGES>(stages, load_w);
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
     if (st < stages) load_x(st, st);
@@ -230,15 +225,8 @@ __global__ __launch_bounds__(T::kThreads, T::kMinBlocks) void w4_s8_wide_kernel(
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = row_tile * T::kRowBlocks + warp_rows * RPW + r;
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (row < p.w.n && token < warp_m)
-          p.y[static_cast<int64_t>(warp_first + token) * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
-      }
+    store_fragment<MT>(acc[r], rb, t, g, p.w.n, warp_m, /*splits=*/1, 0, p.y + static_cast<int64_t>(warp_first) * p.ldy,
+                       p.ldy, nullptr);
   }
 }
 

@@ -156,4 +156,60 @@ __device__ __forceinline__ void splitk_finish(unsigned* counters, int counter, i
   splitk_fixup<THREADS>(partials, y, ldy, m, n, splits, row_begin, tile_rows);
 }
 
+// A cp.async pipeline's start: the weights of its first STAGES - 1 stages (they do not depend on
+// the previous kernel), one commit group each, then the wait for the previous kernel (whose
+// outputs are this one's activations).
+template <int STAGES, class LoadW>
+__device__ __forceinline__ void prefetch_weights_then_wait(int stages, LoadW&& load_w) {
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < stages) load_w(st, st);
+    cp_async_commit();
+  }
+  grid_dependency_wait();
+}
+
+// Part `part` of `parts` of a row block's k (split-K, or a block's k slices): its 64-value
+// chunks chunk_begin .. chunk_end (an even share of the full chunks) and, for the last part when
+// k % 64 == 32, the tail pair; pair_end is one past its last 32-value pair.
+struct KShare {
+  int chunk_begin, chunk_end;
+  bool tail;
+  int pair_end;
+};
+__device__ __forceinline__ KShare k_share(const W4A16Layout& w, int part, int parts) {
+  KShare share;
+  share.chunk_begin = static_cast<int>(static_cast<int64_t>(part) * w.full_chunks / parts);
+  share.chunk_end = static_cast<int>(static_cast<int64_t>(part + 1) * w.full_chunks / parts);
+  share.tail = w.tail && part == parts - 1;
+  share.pair_end = 2 * share.chunk_end + (share.tail ? 1 : 0);
+  return share;
+}
+
+// The mma.sync m16n8 accumulator fragment of one 16-row block over MT 8-token tiles: lane
+// 4 g + t holds rows rb * 16 + g (and + 8) for tokens nt * 8 + 2t (and + 1), element e of tile nt
+// at row + (e >= 2 ? 8 : 0), token + (e & 1). Calls f(nt, e, row, token) for each, unrolled; the
+// bounds are the caller's. Every 4-bit kernel's epilogue walks its accumulators this way.
+template <int MT, class F>
+__device__ __forceinline__ void for_each_fragment_element(int rb, int t, int g, F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(nt, e, rb * 16 + g + (e >= 2 ? 8 : 0), nt * 8 + 2 * t + (e & 1));
+}
+
+// A row block's fragment, rows < n and tokens < m: into y as f16 when the GEMM runs one split,
+// else into this split's f32 partials [split][m][n] for splitk_finish.
+template <int MT>
+__device__ __forceinline__ void store_fragment(const float (&acc)[MT][4], int rb, int t, int g, int n, int m,
+                                               int splits, int split, __half* y, int64_t ldy, float* partials) {
+  for_each_fragment_element<MT>(rb, t, g, [&](int nt, int e, int row, int token) {
+    if (row >= n || token >= m) return;
+    if (splits == 1)
+      y[static_cast<int64_t>(token) * ldy + row] = __float2half_rn(acc[nt][e]);
+    else
+      partials[(static_cast<int64_t>(split) * m + token) * n + row] = acc[nt][e];
+  });
+}
+
 }  // namespace qspec::cuda::kernels

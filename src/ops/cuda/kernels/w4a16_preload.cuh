@@ -102,10 +102,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   const int splits = ONE_SPLIT ? 1 : p.splits;
   // k_slices warps share a row block; k is cut into splits x k_slices parts, in k order.
   const int parts = splits * k_slices, part = split * k_slices + warp % k_slices;
-  const int chunk_begin = static_cast<int>(static_cast<int64_t>(part) * p.w.full_chunks / parts);
-  const int chunk_end = static_cast<int>(static_cast<int64_t>(part + 1) * p.w.full_chunks / parts);
-  const bool do_tail = p.w.tail && part == parts - 1;
-  const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
+  const KShare share = k_share(p.w, part, parts);
+  const int chunk_begin = share.chunk_begin, chunk_end = share.chunk_end, pair_end = share.pair_end;
+  const bool do_tail = share.tail;
   // A slot holds up to SC chunks; slot_chunks (1..SC) of them are used (a benchmark knob).
   const int sc = slot_chunks;
   const int slots = (chunk_end - chunk_begin + sc - 1) / sc;
@@ -284,17 +283,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const int gate_rb = tile * gate_rbs + rbi;
     const int up_warp = warp + gate_rbs * k_slices;  // the first warp of the matching up row block
     if (rbi < gate_rbs && warp % k_slices == 0 && gate_rb < gate_blocks) {
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
-          const int token = nt * 8 + 2 * t + (e & 1);
-          if (token >= p.m) continue;
-          const float gate_sum = k_slices > 1 ? slice_sum(warp, nt, e) : acc[0][nt][e];
-          const float up_sum = k_slices > 1 ? slice_sum(up_warp, nt, e) : sums[at(up_warp, nt, e)];
-          p.y[token * p.ldy + row] = swiglu_of_sums(gate_sum, up_sum);
-        }
+      for_each_fragment_element<MT>(gate_rb, t, g, [&](int nt, int e, int row, int token) {
+        if (token >= p.m) return;
+        const float gate_sum = k_slices > 1 ? slice_sum(warp, nt, e) : acc[0][nt][e];
+        const float up_sum = k_slices > 1 ? slice_sum(up_warp, nt, e) : sums[at(up_warp, nt, e)];
+        p.y[token * p.ldy + row] = swiglu_of_sums(gate_sum, up_sum);
+      });
     }
     return;
   }
@@ -310,20 +304,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     }
   }
   const int out_rb = tile * block_rbs + rbi;
-  if (warp % k_slices == 0 && out_rb < p.w.row_blocks) {
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = out_rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (row >= p.w.n || token >= p.m) continue;
-        if (splits == 1)
-          p.y[token * p.ldy + row] = __float2half_rn(acc[0][nt][e]);
-        else
-          p.partials[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.w.n + row] = acc[0][nt][e];
-      }
-  }
+  if (warp % k_slices == 0 && out_rb < p.w.row_blocks)
+    store_fragment<MT>(acc[0], out_rb, t, g, p.w.n, p.m, splits, blockIdx.y, p.y, p.ldy, p.partials);
   if (splits == 1) return;
   const int tile_rows = block_rbs * 16, row_begin = tile * tile_rows;
   splitk_finish<WARPS * 32>(p.counters, tile, splits, p.partials, p.y, p.ldy, p.m, p.w.n, row_begin,

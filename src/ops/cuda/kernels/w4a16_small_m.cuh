@@ -45,10 +45,9 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
   constexpr int ROWS = WARPS * RPW * 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y;
-  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * p.w.full_chunks / p.splits);
-  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.w.full_chunks / p.splits);
-  const bool do_tail = p.w.tail && split == p.splits - 1;
-  const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
+  const KShare share = k_share(p.w, split, p.splits);
+  const int chunk_begin = share.chunk_begin, chunk_end = share.chunk_end, pair_end = share.pair_end;
+  const bool do_tail = share.tail;
   const int64_t block_bytes = static_cast<int64_t>(p.w.k) * 8;
 
   const uint8_t* w_base[RPW];
@@ -165,18 +164,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16Small
   for (int r = 0; r < RPW; ++r) {
     const int rb = tile * WARPS * RPW + warp * RPW + r;
     if (rb >= p.w.row_blocks) continue;
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (row >= p.w.n || token >= p.m) continue;
-        if (p.splits == 1)
-          p.y[token * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
-        else
-          p.partials[(static_cast<int64_t>(split) * p.m + token) * p.w.n + row] = acc[r][nt][e];
-      }
+    store_fragment<MT>(acc[r], rb, t, g, p.w.n, p.m, p.splits, split, p.y, p.ldy, p.partials);
   }
   if (p.splits == 1) return;
 

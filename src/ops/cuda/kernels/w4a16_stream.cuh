@@ -46,10 +46,9 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y;
-  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * p.w.full_chunks / p.splits);
-  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.w.full_chunks / p.splits);
-  const bool do_tail = p.w.tail && split == p.splits - 1;
-  const int pair_end = 2 * chunk_end + (do_tail ? 1 : 0);
+  const KShare share = k_share(p.w, split, p.splits);
+  const int chunk_begin = share.chunk_begin, chunk_end = share.chunk_end, pair_end = share.pair_end;
+  const bool do_tail = share.tail;
   const int stages = (chunk_end - chunk_begin + CH - 1) / CH;
   const int x_rows = min(p.m, Shape::kXRows);
 
@@ -134,12 +133,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
 
   grid_launch_dependents();
   // Prologue: weights first (independent of the previous kernel), then wait for it, then x.
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < stages) load_w(st, st);
-    cp_async_commit();
-  }
-  grid_dependency_wait();
+  prefetch_weights_then_wait<STAGES>(stages, load_w);
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st)
     if (st < stages) load_x(st, st, false);
@@ -193,20 +187,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_stream_kernel(const W4A16Sma
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).
   const int my_rb = tile * WARPS + warp;
-  if (my_rb < p.w.row_blocks) {
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = my_rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (row >= p.w.n || token >= p.m) continue;
-        if (p.splits == 1)
-          p.y[token * p.ldy + row] = __float2half_rn(acc[nt][e]);
-        else
-          p.partials[(static_cast<int64_t>(split) * p.m + token) * p.w.n + row] = acc[nt][e];
-      }
-  }
+  if (my_rb < p.w.row_blocks) store_fragment<MT>(acc, my_rb, t, g, p.w.n, p.m, p.splits, split, p.y, p.ldy, p.partials);
   if (p.splits == 1) return;
 
   const int row_begin = tile * Shape::kRows;

@@ -107,18 +107,8 @@ __device__ __forceinline__ void tiled_epilogue(float (&acc)[RPW][MT][4], const W
   for (int r = 0; r < RPW; ++r) {
     const int rb = first_row_block + r;
     if (rb >= p.w.row_blocks) continue;
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (row >= p.w.n || token >= tile_m) continue;
-        if (p.splits == 1)
-          p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] = __float2half_rn(acc[r][nt][e]);
-        else
-          partials[(static_cast<int64_t>(split) * tile_m + token) * p.w.n + row] = acc[r][nt][e];
-      }
+    store_fragment<MT>(acc[r], rb, t, g, p.w.n, tile_m, p.splits, split, p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy,
+                       partials);
   }
   if (p.splits == 1) return;
   // Split-K fix-up: the last block to finish this (row tile, M tile) sums the partials in split order.
@@ -155,16 +145,11 @@ __device__ __forceinline__ void tiled_swiglu_epilogue(float (&acc)[Tile::RPW][Ti
   for (int pair = 0; pair < PAIRS; ++pair) {
     const int gate_rb = (row_tile * Tile::WARPS + warp) * PAIRS + pair;
     if (gate_rb >= gate_blocks) continue;
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = gate_rb * 16 + g + (e >= 2 ? 8 : 0);
-        const int token = nt * 8 + 2 * t + (e & 1);
-        if (token >= tile_m) continue;
+    for_each_fragment_element<MT>(gate_rb, t, g, [&](int nt, int e, int row, int token) {
+      if (token < tile_m)
         p.y[static_cast<int64_t>(m0 + token) * p.ldy + row] =
             swiglu_of_sums(acc[2 * pair][nt][e], acc[2 * pair + 1][nt][e]);
-      }
+    });
   }
 }
 
