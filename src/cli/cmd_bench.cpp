@@ -1,5 +1,6 @@
 // qspec bench: CPU decode/prefill throughput of a model, with the single-thread run as the
-// baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth);
+// baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth), or
+// (--modes) each run mode's prefill and decode on the 4-bit weights;
 // --device cuda: GPU decode steps per batch size and time-to-first-token (bench/cuda/gpu_bench.h).
 #include <algorithm>
 #include <chrono>
@@ -36,6 +37,8 @@ struct BenchArgs {
   std::string device = "cpu";
   std::string synthetic;
   std::vector<std::string> modes = {"w16a16", "w4a16"};
+  std::string weights;     // CPU --modes: 4-bit weight format quantized at load ("" = int4)
+  int64_t group_size = 0;  // CPU --modes: int4 group (0 = the model's automatic one)
   std::vector<int64_t> batch_sizes = {1, 8, 16, 32, 64};
   int64_t context = 512;
   int64_t steps = 64;
@@ -137,7 +140,7 @@ struct Throughput {
   double decode_tokens_per_second;
 };
 
-Throughput measure(const LlamaModel& model, const BenchArgs& args) {
+Throughput measure(const LlamaModel& model, const BenchArgs& args, const RunMode& mode = RunMode{}) {
   std::mt19937 generator(1234);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.config().vocab_size - 1));
   std::vector<int32_t> prompt(args.prompt_tokens);
@@ -147,12 +150,12 @@ Throughput measure(const LlamaModel& model, const BenchArgs& args) {
   for (int repeat = 0; repeat < args.repeats + 1; ++repeat) {  // the first run warms up
     KvCache cache = model.new_cache(args.prompt_tokens + args.decode_tokens);
     auto start = std::chrono::steady_clock::now();
-    model.forward(prompt, cache, logits);
+    model.forward(prompt, cache, logits, false, mode);
     double prefill_seconds = seconds_since(start);
     start = std::chrono::steady_clock::now();
     for (int64_t step = 0; step < args.decode_tokens; ++step) {
       int32_t next = token(generator);
-      model.forward(std::span<const int32_t>(&next, 1), cache, logits);
+      model.forward(std::span<const int32_t>(&next, 1), cache, logits, false, mode);
     }
     double decode_seconds = seconds_since(start);
     if (repeat == 0) continue;
@@ -222,6 +225,49 @@ void run_bench(const BenchArgs& args) {
   }
 }
 
+// --modes on the CPU: each mode's prefill and decode with all threads, on one set of 4-bit
+// weights (quantized once at load when the checkpoint has none).
+void run_bench_modes(const BenchArgs& args) {
+  auto model = LlamaModel::load(args.model_dir);
+  QSPEC_CHECK(args.prompt_tokens + args.decode_tokens <= model->config().max_position_embeddings,
+              "bench: prompt + decode tokens exceed the model's context");
+  std::vector<RunMode> modes;
+  for (const std::string& name : args.modes) modes.push_back(parse_run_mode(name));
+  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
+  const size_t threads = ThreadPool::global().size();
+  std::printf("model %s, 4-bit weights %s (%.2f MiB), %zu threads, prompt %lld, decode %lld, median of %d\n",
+              args.model_dir.c_str(), weights.c_str(), static_cast<double>(model->quantized_weight_bytes()) / (1 << 20),
+              threads, static_cast<long long>(args.prompt_tokens), static_cast<long long>(args.decode_tokens),
+              args.repeats);
+  std::printf("%-16s %14s %14s\n", "mode", "prefill", "decode");
+  nlohmann::json results = nlohmann::json::array();
+  for (const RunMode& mode : modes) {
+    const Throughput throughput = measure(*model, args, mode);
+    std::printf("%-16s %10.1f t/s %10.1f t/s\n", mode.name.c_str(), throughput.prefill_tokens_per_second,
+                throughput.decode_tokens_per_second);
+    std::fflush(stdout);
+    results.push_back({{"mode", mode.name},
+                       {"prefill_tokens_per_second", throughput.prefill_tokens_per_second},
+                       {"decode_tokens_per_second", throughput.decode_tokens_per_second}});
+  }
+  const nlohmann::json record = {
+      {"benchmark", "cpu_modes"},
+      {"model", args.model_dir},
+      {"quantized_weights", weights},
+      {"threads", threads},
+      {"cpu", shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'")},
+      {"commit", git_commit()},
+      {"command", args.command_line},
+      {"prompt_tokens", args.prompt_tokens},
+      {"decode_tokens", args.decode_tokens},
+      {"repeats", args.repeats},
+      {"modes", results},
+  };
+  std::string name = std::filesystem::path(args.model_dir).filename().string();
+  if (name.empty()) name = std::filesystem::path(args.model_dir).parent_path().filename().string();
+  write_record(record, args.out_dir, "cpu-modes-" + name + ".json");
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -232,7 +278,7 @@ void register_bench(CLI::App& app) {
   command->add_option("--synthetic", args->synthetic,
                       "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
   command->add_option("--modes", args->modes,
-                      "cuda: modes (w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4, and "
+                      "modes (cpu: each mode's prefill and decode, all threads; cuda: w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4, and "
                       "w4a4-int4-arc, w4a4-nvfp4-arc, w4a4-mxfp4-arc on ARC checkpoints or --synthetic)")
       ->delimiter(',')
       ->capture_default_str();
@@ -292,6 +338,12 @@ void register_bench(CLI::App& app) {
                     "copying the logit rows to the host sampler");
   command->add_flag("--profile-step", args->profile_step,
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
+  command->add_option("--weights", args->weights,
+                      "cpu --modes: 4-bit weight format quantized at load by RTN (default int4; a qspec 4-bit "
+                      "checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
+  command->add_option("--group-size", args->group_size,
+                      "cpu --modes: int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")
+      ->capture_default_str();
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();
   command->add_option("--decode-tokens", args->decode_tokens, "Tokens decoded per run")->capture_default_str();
   command->add_option("--repeats", args->repeats, "Timed runs (median reported)")->capture_default_str()
@@ -306,10 +358,10 @@ void register_bench(CLI::App& app) {
     }
     QSPEC_CHECK(!args->model_dir.empty() && args->synthetic.empty(),
                 "bench: the CPU benchmark needs a model directory (--synthetic is for --device cuda)");
-    // The CPU benchmark times the checkpoint's 16-bit forward pass only: a mode list would be
-    // silently ignored, so it is refused instead.
-    QSPEC_CHECK(command->count("--modes") == 0,
-                "bench: --modes is for --device cuda; the CPU benchmark measures w16a16 prefill and decode only");
+    if (command->count("--modes") > 0) return run_bench_modes(*args);
+    QSPEC_CHECK(command->count("--weights") == 0 && command->count("--group-size") == 0,
+                "bench: --weights and --group-size need --modes (the CPU benchmark without it times the "
+                "checkpoint's w16a16 forward pass)");
     run_bench(*args);
   });
 }

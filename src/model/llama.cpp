@@ -391,20 +391,26 @@ size_t LlamaModel::quantized_weight_bytes() const {
   return bytes;
 }
 
-const float* LlamaModel::site_input(int64_t l, LinearSite site_id, const RunMode& mode, float* x, int64_t count,
-                                    int64_t k, Workspace& workspace) const {
+LlamaModel::SiteInput LlamaModel::site_input(int64_t l, LinearSite site_id, const RunMode& mode, float* x,
+                                             int64_t count, int64_t k, Workspace& workspace) const {
   const ActivationMode& activations = mode.activations;
   if (!mode.quantized_weights) {
     cpu::apply_activation_mode(activations, x, count, k);
-    return x;
+    return {x};
   }
   const ArcSite& site = quantized_layers_[static_cast<size_t>(l)].sites[static_cast<int>(site_id)];
   if (activations.arc)
     QSPEC_CHECK(site.calibrated(), "mode ", mode.name, " needs ARC calibration (qspec quantize --arc); ",
                 "these 4-bit weights (", quantized_format(), ") have none");
   if (!site.calibrated()) {
+    if (activations.kind == ActivationMode::Kind::quantized && activations.format == quant::Format::int8 &&
+        !activations.arc) {
+      // W4A8: int8 codes once for the site's projections, which dot them in integer arithmetic.
+      cpu::quantize_activations_int8(x, count, k, workspace.int8);
+      return {nullptr, &workspace.int8};
+    }
     cpu::apply_activation_mode(activations, x, count, k);
-    return x;
+    return {x};
   }
   // Reorder (a gather; a GPU kernel fuses it into the quantizer), quantize, and lay out
   // [Q(X) | 0 ... 0 | Q(R)] against the augmented weights [W | W_tail].
@@ -431,7 +437,7 @@ const float* LlamaModel::site_input(int64_t l, LinearSite site_id, const RunMode
     for (int64_t t = 0; t < count; ++t)
       std::copy(reordered.begin() + t * k, reordered.begin() + (t + 1) * k, out.begin() + t * width);
   }
-  return out.data();
+  return {out.data()};
 }
 
 LlamaModel::Workspace LlamaModel::make_workspace(int64_t tokens) const {
@@ -467,15 +473,17 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
     return site_input(l, site, mode, values, count, k, w);
   };
   // A linear layer in the run mode: checkpoint or 4-bit weights.
-  auto project = [&](const float* in, const WeightMatrix& weight, QuantizedMatrix Q::*quantized,
+  auto project = [&](const SiteInput& in, const WeightMatrix& weight, QuantizedMatrix Q::*quantized,
                      const std::vector<float>& bias, float* out) {
-    if (!mode.quantized_weights) return cpu::linear(in, count, weight, bias_or_null(bias), out);
-    cpu::quantized_linear(in, count, quantized_layers_[static_cast<size_t>(l)].*quantized, bias_or_null(bias), out);
+    if (!mode.quantized_weights) return cpu::linear(in.values, count, weight, bias_or_null(bias), out);
+    const QuantizedMatrix& matrix = quantized_layers_[static_cast<size_t>(l)].*quantized;
+    if (in.int8) return cpu::quantized_linear(*in.int8, matrix, bias_or_null(bias), out);
+    cpu::quantized_linear(in.values, count, matrix, bias_or_null(bias), out);
   };
   // Attention block: each token's K/V row goes into its sequence's cache at its position,
   // then each sequence's queries attend over their own cache.
   cpu::rmsnorm(x, layer.attention_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
-  const float* in = input(LinearSite::attention_in, w.normed.data(), hidden);
+  SiteInput in = input(LinearSite::attention_in, w.normed.data(), hidden);
   project(in, layer.q_proj, &Q::q_proj, layer.q_bias, w.q.data());
   project(in, layer.k_proj, &Q::k_proj, layer.k_bias, w.k.data());
   project(in, layer.v_proj, &Q::v_proj, layer.v_bias, w.v.data());

@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "ops/linear.h"
+#include "ops/quantized_linear.h"
 #include "quant/hadamard.h"
 #include "quant/quantized_linear.h"
 
@@ -197,6 +198,7 @@ class LlamaModel {
   // Scratch buffers of one forward pass.
   struct Workspace {
     std::vector<float> normed, q, k, v, attn, gate, up, projected, site_input, site_scratch;
+    cpu::Int8Activations int8;  // a site's input in mode w4a8 (the integer kernels' codes)
   };
   // Tokens [first, first + count) of a batch belong to one sequence whose K/V is `kv`.
   struct Segment {
@@ -219,9 +221,14 @@ class LlamaModel {
   void bind_quantized_weights(const nlohmann::json& manifest);
   void set_rotation_from_manifest(uint64_t seed);
   // The input of a site's projections in the mode: as is (checkpoint weights), or reordered,
-  // quantized and ARC-augmented to [count, K + tail] for the 4-bit weights.
-  const float* site_input(int64_t l, LinearSite site, const RunMode& mode, float* x, int64_t count, int64_t k,
-                          Workspace& workspace) const;
+  // quantized and ARC-augmented to [count, K + tail] for the 4-bit weights; in mode w4a8 on a
+  // site without ARC calibration, int8 codes for the integer kernels instead (values null).
+  struct SiteInput {
+    const float* values = nullptr;
+    const cpu::Int8Activations* int8 = nullptr;
+  };
+  SiteInput site_input(int64_t l, LinearSite site, const RunMode& mode, float* x, int64_t count, int64_t k,
+                       Workspace& workspace) const;
 
   std::string dir_;
   ModelConfig config_;

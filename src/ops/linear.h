@@ -15,10 +15,8 @@ namespace cpu {
 void linear(const float* x, int64_t tokens, const WeightMatrix& weight, const float* bias,
             float* y);
 
-// Weight rows one call handles together (the quantized GEMM dequantizes this many at once).
+// Weight rows one call handles together (x is loaded once for all of them).
 inline constexpr int64_t kLinearRowBlock = 8;
-// out[r] = dot(x, rows[r]) over k values for r < count <= kLinearRowBlock; single-threaded.
-void dot_rows_f32(const float* x, const float* const* rows, int64_t count, int64_t k, float* out);
 }  // namespace cpu
 
 }  // namespace qspec

@@ -98,12 +98,27 @@ TEST(CliErrors, PromptFromStandardInputWithDashF) {
   fs::remove(prompt);
 }
 
-TEST(CliErrors, CpuBenchRefusesModesItWouldIgnore) {
-  CommandResult result = run_qspec("bench '" + kModelDir.string() + "' --modes w4a16 --out-dir ''");
+TEST(CliErrors, CpuBenchRunsModesAndRefusesUnknownOnes) {
+  const fs::path out = fs::temp_directory_path() / ("qspec-bench-modes-" + std::to_string(::getpid()));
+  CommandResult result = run_qspec("bench '" + kModelDir.string() +
+                                   "' --modes w4a16,w4a8 --prompt-tokens 4 --decode-tokens 2 --repeats 1 --out-dir '" +
+                                   out.string() + "'");
   EXPECT_TRUE(result.exited);
-  EXPECT_EQ(result.exit_code, 1) << result.stderr_text;
-  EXPECT_NE(result.stderr_text.find("qspec: error: bench: --modes is for --device cuda"), std::string::npos)
-      << result.stderr_text;
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  std::ifstream record_file(out / ("cpu-modes-" + kModelDir.filename().string() + ".json"));
+  const std::string record((std::istreambuf_iterator<char>(record_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(record.find("\"w4a16\""), std::string::npos) << record;
+  EXPECT_NE(record.find("\"w4a8\""), std::string::npos) << record;
+  fs::remove_all(out);
+  CommandResult unknown = run_qspec("bench '" + kModelDir.string() + "' --modes w3a7 --out-dir ''");
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.stderr_text;
+  EXPECT_NE(unknown.stderr_text.find("qspec: error: unknown mode 'w3a7'"), std::string::npos) << unknown.stderr_text;
+  // --weights without --modes would be silently ignored by the w16a16 benchmark: refused.
+  CommandResult weights = run_qspec("bench '" + kModelDir.string() + "' --weights nvfp4 --out-dir ''");
+  EXPECT_EQ(weights.exit_code, 1) << weights.stderr_text;
+  EXPECT_NE(weights.stderr_text.find("qspec: error: bench: --weights and --group-size need --modes"),
+            std::string::npos)
+      << weights.stderr_text;
 }
 
 TEST_F(BrokenCheckpoint, TruncatedShard) {

@@ -105,10 +105,6 @@ void linear_typed(const float* x, int64_t tokens, const WeightT* w, int64_t n, i
 
 }  // namespace
 
-void dot_rows_f32(const float* x, const float* const* rows, int64_t count, int64_t k, float* out) {
-  dot_rows(x, rows, count, k, out);
-}
-
 void linear(const float* x, int64_t tokens, const WeightMatrix& weight, const float* bias,
             float* y) {
   if (weight.dtype == DType::BF16)

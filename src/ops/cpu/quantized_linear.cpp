@@ -1,12 +1,16 @@
-// The CPU 4-bit-weight GEMM and activation modes (ops/quantized_linear.h): weights dequantized
-// block by block on the fly, the CPU twin of the CUDA GEMMs in ops/cuda/gemm_*.h.
+// The CPU 4-bit-weight GEMM and activation modes (ops/quantized_linear.h): the weights stay
+// packed and are decoded inside the kernels (ops/cpu/q4_kernels.h), chosen at run time; the
+// CPU twin of the CUDA GEMMs in ops/cuda/gemm_*.h.
 #include "ops/quantized_linear.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "base/thread_pool.h"
-#include "ops/linear.h"
+#include "ops/cpu/q4_kernels.h"
 #include "qspec/error.h"
 #include "quant/formats.h"
 
@@ -33,38 +37,176 @@ void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens,
   }
 }
 
-void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight,
-                      const float* bias, float* y) {
-  const int64_t n = weight.rows, k = weight.cols();
-  const int64_t row_blocks = (n + kLinearRowBlock - 1) / kLinearRowBlock;
-  const size_t grain =
-      static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, k * tokens * kLinearRowBlock)));
+// ---- kernel choice ----------------------------------------------------------------------------
+
+namespace {
+
+constexpr KernelIsa kIsas[] = {KernelIsa::portable, KernelIsa::avx2, KernelIsa::avx_vnni, KernelIsa::avx512_vnni};
+
+KernelIsa best_supported() {
+  KernelIsa best = KernelIsa::portable;
+  for (KernelIsa isa : kIsas)
+    if (kernel_isa_supported(isa)) best = isa;
+  return best;
+}
+
+KernelIsa initial_isa() {
+  const char* forced = std::getenv("QSPEC_CPU_KERNELS");
+  if (forced == nullptr || *forced == '\0') return best_supported();
+  for (KernelIsa isa : kIsas)
+    if (kernel_isa_name(isa) == forced) {
+      QSPEC_CHECK(kernel_isa_supported(isa), "QSPEC_CPU_KERNELS=", forced, ": this CPU cannot run those kernels");
+      return isa;
+    }
+  fail("QSPEC_CPU_KERNELS=", forced, ": unknown kernel set (portable, avx2, avx-vnni, avx512-vnni)");
+}
+
+std::atomic<int> current_isa{-1};  // -1: not chosen yet
+
+const q4::Kernels& kernels_for(KernelIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(_M_X64)
+    case KernelIsa::avx2:
+      return q4::avx2_kernels();
+    case KernelIsa::avx_vnni:
+      return q4::avx_vnni_kernels();
+    case KernelIsa::avx512_vnni:
+      return q4::avx512_vnni_kernels();
+#endif
+    default:
+      return q4::portable_kernels();
+  }
+}
+
+}  // namespace
+
+std::string_view kernel_isa_name(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::portable: return "portable";
+    case KernelIsa::avx2: return "avx2";
+    case KernelIsa::avx_vnni: return "avx-vnni";
+    case KernelIsa::avx512_vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool kernel_isa_supported(KernelIsa isa) {
+  if (isa == KernelIsa::portable) return true;
+#if defined(__x86_64__) || defined(_M_X64)
+  // __builtin_cpu_supports also checks that the OS saves the vector registers (XCR0).
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (isa) {
+    case KernelIsa::avx2: return avx2;
+    case KernelIsa::avx_vnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case KernelIsa::avx512_vnni:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    default: return false;
+  }
+#else
+  return false;
+#endif
+}
+
+KernelIsa kernel_isa() {
+  int isa = current_isa.load(std::memory_order_relaxed);
+  if (isa < 0) {
+    isa = static_cast<int>(initial_isa());
+    current_isa.store(isa, std::memory_order_relaxed);
+  }
+  return static_cast<KernelIsa>(isa);
+}
+
+void set_kernel_isa(KernelIsa isa) {
+  QSPEC_CHECK(kernel_isa_supported(isa), "CPU kernels '", kernel_isa_name(isa), "': this CPU cannot run them");
+  current_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+// ---- the GEMMs --------------------------------------------------------------------------------
+
+namespace {
+
+// Runs body(row_begin, row_end) over the output rows in blocks of 8 (the kernels' row tile),
+// with enough rows per hand-off to be worth it (~32K multiply-adds).
+template <typename Body>
+void for_row_blocks(int64_t n, int64_t work_per_row, const Body& body) {
+  constexpr int64_t kRows = 8;
+  const int64_t row_blocks = (n + kRows - 1) / kRows;
+  const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row * kRows)));
   ThreadPool::global().parallel_for(static_cast<size_t>(row_blocks), grain, [&](size_t begin, size_t end) {
-    // The dequantized block of rows stays in L1/L2 while every token streams past it. One
-    // buffer per thread, reused: this runs a few hundred times per decoded token.
-    thread_local std::vector<float> block;
-    block.resize(static_cast<size_t>(kLinearRowBlock * k));
-    for (int64_t b = static_cast<int64_t>(begin); b < static_cast<int64_t>(end); ++b) {
-      const int64_t row0 = b * kLinearRowBlock;
-      const int64_t count = std::min(kLinearRowBlock, n - row0);
-      const float* rows[kLinearRowBlock];
-      for (int64_t r = 0; r < count; ++r) {
-        if (!weight.decoded.empty()) {
-          rows[r] = weight.decoded.data() + (row0 + r) * k;
-        } else {
-          weight.dequantize_row(row0 + r, block.data() + r * k);
-          rows[r] = block.data() + r * k;
-        }
+    body(static_cast<int64_t>(begin) * kRows, std::min(n, static_cast<int64_t>(end) * kRows));
+  });
+}
+
+}  // namespace
+
+void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight, const float* bias, float* y) {
+  if (tokens <= 0 || weight.rows == 0) return;
+  q4::A16Problem problem{x, tokens, &weight, bias, y, {}};
+  // The element value of each code, as QuantizedMatrix::dequantize_row decodes it.
+  for (uint8_t code = 0; code < 16; ++code) problem.nibble_values[code] = quant::element_value(weight.format, &code, 0);
+  const q4::Kernels& kernels = q4::a16_simd_fits(problem) ? kernels_for(kernel_isa()) : q4::portable_kernels();
+  for_row_blocks(weight.rows, weight.cols() * tokens,
+                 [&](int64_t begin, int64_t end) { kernels.a16(problem, begin, end); });
+}
+
+void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Activations& out) {
+  const quant::RowFormat format = quant::make_row_format(quant::Format::int8, quant::Role::activation, k);
+  out.tokens = tokens;
+  out.k = k;
+  out.interleaved = k % 64 == 0;
+  const int64_t chunks = k / 64;
+  out.codes.resize(static_cast<size_t>(tokens * k));
+  out.scales.resize(static_cast<size_t>(tokens));
+  out.chunk_sums.resize(static_cast<size_t>(tokens * chunks));
+  ThreadPool::global().parallel_for(static_cast<size_t>(tokens), 1, [&](size_t begin, size_t end) {
+    thread_local std::vector<uint8_t> codes;
+    codes.resize(static_cast<size_t>(format.code_bytes()));
+    uint8_t scale[4];
+    for (int64_t t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+      quant::quantize_row(format, x + t * k, codes.data(), scale);
+      out.scales[static_cast<size_t>(t)] = quant::block_scale(format, scale, 0);
+      int8_t* row = out.codes.data() + t * k;
+      if (!out.interleaved) {
+        for (int64_t e = 0; e < k; ++e) row[e] = static_cast<int8_t>(codes[static_cast<size_t>(e)]);
+        continue;
       }
-      for (int64_t r = count; r < kLinearRowBlock; ++r) rows[r] = rows[count - 1];
-      for (int64_t t = 0; t < tokens; ++t) {
-        float sums[kLinearRowBlock];
-        dot_rows_f32(x + t * k, rows, count, k, sums);
-        float* out = y + t * n + row0;
-        for (int64_t r = 0; r < count; ++r) out[r] = sums[r] + (bias ? bias[row0 + r] : 0.0f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        int32_t sum = 0;
+        for (int64_t i = 0; i < 64; ++i) {
+          const int8_t code = static_cast<int8_t>(codes[static_cast<size_t>(c * 64 + i)]);
+          row[c * 64 + (i & 1) * 32 + (i >> 1)] = code;  // evens, then odds
+          sum += code;
+        }
+        out.chunk_sums[static_cast<size_t>(t * chunks + c)] = sum;
       }
     }
   });
+}
+
+void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, const float* bias, float* y) {
+  QSPEC_CHECK(x.k == weight.cols(), weight.name, ": int8 activations of ", x.k, " values a token for K = ",
+              weight.cols());
+  if (x.tokens <= 0 || weight.rows == 0) return;
+  const quant::Format format = weight.format.format;
+  if (format != quant::Format::int4 && format != quant::Format::int4_channel) {
+    // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
+    thread_local std::vector<float> values;
+    values.resize(static_cast<size_t>(x.tokens * x.k));
+    for (int64_t t = 0; t < x.tokens; ++t)
+      for (int64_t e = 0; e < x.k; ++e) {
+        const int64_t within = e % 64;
+        const int64_t position = x.interleaved ? e - within + (within & 1) * 32 + (within >> 1) : e;
+        values[static_cast<size_t>(t * x.k + e)] =
+            static_cast<float>(x.codes[static_cast<size_t>(t * x.k + position)]) * x.scales[static_cast<size_t>(t)];
+      }
+    quantized_linear(values.data(), x.tokens, weight, bias, y);
+    return;
+  }
+  const q4::A8Problem problem{&x, &weight, bias, y};
+  const q4::Kernels& kernels = q4::a8_simd_fits(problem) ? kernels_for(kernel_isa()) : q4::portable_kernels();
+  for_row_blocks(weight.rows, weight.cols() * x.tokens,
+                 [&](int64_t begin, int64_t end) { kernels.a8(problem, begin, end); });
 }
 
 }  // namespace cpu
