@@ -17,8 +17,12 @@ namespace q4 {
 // The .inc refers to the shared types as q4::...
 }
 
+#if defined(__clang__)  // clang takes target attributes, not GCC's target pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 #define QSPEC_Q4_NS q4_avx2
 #define QSPEC_Q4_VNNI 0
 #define QSPEC_Q4_TOKENS 2  // 16 registers: 4 rows x 2 tokens of accumulators
@@ -26,10 +30,18 @@ namespace q4 {
 #undef QSPEC_Q4_NS
 #undef QSPEC_Q4_VNNI
 #undef QSPEC_Q4_TOKENS
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)  // clang takes target attributes, not GCC's target pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma,avxvnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avxvnni")
+#endif
 #define QSPEC_Q4_NS q4_avx_vnni
 #define QSPEC_Q4_VNNI 1
 #define QSPEC_Q4_TOKENS 2
@@ -37,10 +49,18 @@ namespace q4 {
 #undef QSPEC_Q4_NS
 #undef QSPEC_Q4_VNNI
 #undef QSPEC_Q4_TOKENS
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)  // clang takes target attributes, not GCC's target pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")
+#endif
 #define QSPEC_Q4_NS q4_avx512_vnni
 #define QSPEC_Q4_VNNI 2
 #define QSPEC_Q4_TOKENS 4  // 32 registers
@@ -48,7 +68,11 @@ namespace q4 {
 #undef QSPEC_Q4_NS
 #undef QSPEC_Q4_VNNI
 #undef QSPEC_Q4_TOKENS
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 const q4::Kernels& q4::avx2_kernels() { return q4_avx2::kernels(); }
 const q4::Kernels& q4::avx_vnni_kernels() { return q4_avx_vnni::kernels(); }
