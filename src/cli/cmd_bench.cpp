@@ -15,6 +15,7 @@
 #include <cctype>
 #include <thread>
 
+#include "qspec/decode_plan.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "model/llama.h"
@@ -51,7 +52,7 @@ struct BenchArgs {
   bool profile_step = false;
   bool sampling = false;
   std::vector<int64_t> qspec_gammas;
-  std::vector<std::string> qspec_drafts = {"w4a8"};
+  std::vector<std::string> qspec_drafts = {std::string(decode_rules::kDefaultDraft)};
   double accept_rate = 1.0;
   std::string accept_trace;
   std::string gemm_policy;
