@@ -19,6 +19,14 @@ inline constexpr std::string_view kQSpecMode = "qspec";
 inline constexpr std::string_view kVerifyMode = "w4a16";
 // The draft when none is named: the cheapest activation format.
 inline constexpr std::string_view kDefaultDraft = "w4a4-nvfp4";
+// The draft that reads no weights: the continuation of the longest recent n-gram of the prompt
+// and output that matches their end (prompt lookup; vLLM's `ngram`, llama.cpp's lookup
+// decoding). It pays where text repeats (code edits, summaries, retrieval prompts).
+inline constexpr std::string_view kNgramDraft = "ngram";
+// The n-gram lengths it tries, longest first (vLLM's prompt_lookup_max / _min).
+inline constexpr int64_t kDefaultNgramMax = 3;
+inline constexpr int64_t kDefaultNgramMin = 1;
+inline constexpr int64_t kMaxNgram = 16;
 // The mode of a request that names none (serve's default too): the 4-bit weights' own mode.
 inline constexpr std::string_view kDefaultMode = "w4a16";
 // The mode name that means "what the checkpoint holds": W4A16 on a 4-bit checkpoint, else
@@ -36,14 +44,18 @@ inline constexpr int64_t kDefaultMaxGamma = 8;
 
 struct DecodePlan {
   std::string mode{decode_rules::kDefaultMode};    // a run mode (w16a16, w4a16, w4a8, ...) or "qspec"
-  std::string draft{decode_rules::kDefaultDraft};  // qspec: the low-precision drafting mode (w4a8*, w4a4*)
+  std::string draft{decode_rules::kDefaultDraft};  // qspec: the low-precision drafting mode (w4a8*, w4a4*), or "ngram"
   std::string verify{decode_rules::kVerifyMode};   // qspec: the target mode
   int64_t gamma = decode_rules::kDefaultGamma;     // qspec: draft tokens per cycle (1..kMaxGamma)
   bool adaptive_gamma = false;                     // qspec: move gamma with the recent acceptance
   int64_t max_gamma = decode_rules::kDefaultMaxGamma;  // qspec: adaptive gamma's bound (gamma..kMaxGamma)
   bool kv_overwrite = true;                        // qspec: false = the paper's no-overwrite ablation
+  int64_t ngram_max = decode_rules::kDefaultNgramMax;  // draft ngram: the longest n-gram matched (ngram_min..kMaxNgram)
+  int64_t ngram_min = decode_rules::kDefaultNgramMin;  // draft ngram: the shortest (1..ngram_max)
 
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
+  // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
+  bool ngram_draft() const { return qspec() && draft == decode_rules::kNgramDraft; }
   // The most draft tokens one cycle can take (0 for plain decoding).
   int64_t gamma_bound() const { return qspec() ? (adaptive_gamma ? max_gamma : gamma) : 0; }
   // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft.
@@ -59,8 +71,9 @@ class DecodePlanError : public Error {
 };
 
 // Throws DecodePlanError naming the field at fault (`field_prefix` + "mode", "draft", "gamma",
-// "max_gamma", ...) when a rule above is broken: an unknown mode, a draft that is not a
-// 4-bit-weight low-precision-activation mode, gamma or max_gamma out of range.
+// "max_gamma", "ngram_max", ...) when a rule above is broken: an unknown mode, a draft that is
+// neither "ngram" nor a 4-bit-weight low-precision-activation mode, gamma, max_gamma or the
+// n-gram lengths out of range.
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");
 
 }  // namespace qspec

@@ -597,8 +597,9 @@ void run_qspec_eval(QSpecEvalArgs args) {
               "--kv-overwrite ", args.kv_overwrite, ": the no-overwrite ablation runs on the CPU only (device cuda keeps "
               "the K/V rows on the GPU)");
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
-  std::vector<std::string> names = {std::string(decode_rules::kVerifyMode)};
-  names.insert(names.end(), args.drafts.begin(), args.drafts.end());
+  std::vector<std::string> names = {std::string(decode_rules::kVerifyMode)};  // the modes to prepare
+  for (const std::string& draft : args.drafts)
+    if (draft != decode_rules::kNgramDraft) names.push_back(draft);  // n-gram drafts run no mode
   PreparedModel prepared = load_model_for_modes(args.model_dir, names, args.weights, args.group_size);
   for (size_t i = 1; i < prepared.modes.size(); ++i)
     QSPEC_CHECK(prepared.modes[i].quantized_weights, "--drafts ", prepared.modes[i].name,
@@ -624,7 +625,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
   }
 
   const size_t runs = args.batch_sizes.size() * ((args.reference_file.empty() ? 1 : 0) +
-                                                 (prepared.modes.size() - 1) * args.gammas.size() * overwrites.size());
+                                                 args.drafts.size() * args.gammas.size() * overwrites.size());
   const size_t total = problems.size() * runs;
   ProgressBar progress("eval qspec");
   size_t done = 0;
@@ -659,14 +660,18 @@ void run_qspec_eval(QSpecEvalArgs args) {
       if (!args.save_reference_file.empty() && baselines.size() == 1)
         save_reference(args.save_reference_file, args, prompts, references);
     }
-    for (size_t d = 1; d < prepared.modes.size(); ++d)
+    for (const std::string& draft : args.drafts)
       for (int64_t gamma : args.gammas)
         for (bool overwrite : overwrites) {
+          if (!overwrite && draft == decode_rules::kNgramDraft) {  // no draft rows to keep
+            for (size_t i = 0; i < prompts.size(); ++i) tick();
+            continue;
+          }
           Request request = base;
           DecodePlan& plan = request.plan;
           plan.mode = decode_rules::kQSpecMode;
           plan.verify = prepared.modes[0].name;
-          plan.draft = prepared.modes[d].name;
+          plan.draft = draft;
           plan.gamma = gamma;
           plan.kv_overwrite = overwrite;
           validate(plan, "eval qspec: ");
@@ -797,7 +802,7 @@ void register_eval(CLI::App& app) {
   qspec_command->add_option("model,-m,--model", qspec_args->model_dir, "Model directory")->required();
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
-  qspec_command->add_option("--drafts", qspec_args->drafts, "Draft modes")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...) and/or ngram (prompt lookup)")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--gammas", qspec_args->gammas, "Draft lengths")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--batch-sizes", qspec_args->batch_sizes, "Engine batch sizes")
       ->capture_default_str()

@@ -9,6 +9,7 @@
 namespace qspec {
 
 std::vector<std::string> DecodePlan::modes() const {
+  if (ngram_draft()) return {verify};
   if (qspec()) return {verify, draft};
   return {mode};
 }
@@ -38,9 +39,18 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
   const RunMode verify = known(plan.verify, "verify");
   check(verify.quantized_weights, "verify", "the target mode ", plan.verify,
         " must run the 4-bit weights (QSpec keeps one weight set)");
-  const RunMode draft = known(plan.draft, "draft");
-  check(draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized, "draft", plan.draft,
-        " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*)");
+  if (plan.ngram_draft()) {
+    check(plan.ngram_max >= 1 && plan.ngram_max <= kMaxNgram, "ngram_max", "must be in 1..", kMaxNgram, ", got ",
+          plan.ngram_max);
+    check(plan.ngram_min >= 1 && plan.ngram_min <= plan.ngram_max, "ngram_min", "must be in 1..ngram_max (",
+          plan.ngram_max, "), got ", plan.ngram_min);
+    check(plan.kv_overwrite, "kv_overwrite", "the n-gram draft writes no K/V rows, so there are none to keep "
+          "(the no-overwrite ablation needs a drafting mode)");
+  } else {
+    const RunMode draft = known(plan.draft, "draft");
+    check(draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized, "draft", plan.draft,
+          " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*) or ngram");
+  }
   check(plan.gamma >= 1 && plan.gamma <= kMaxGamma, "gamma", "must be in 1..", kMaxGamma, ", got ", plan.gamma);
   check(!plan.adaptive_gamma || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
         "must be in gamma..", kMaxGamma, " (gamma ", plan.gamma, "), got ", plan.max_gamma);

@@ -30,6 +30,7 @@
 #include "model/llama.h"
 #include "runtime/backend.h"
 #include "runtime/kv_cache.h"
+#include "runtime/ngram_draft.h"
 #include "runtime/qspec.h"
 #include "ops/sample.h"
 #include "tokenizer/tokenizer.h"
@@ -84,8 +85,9 @@ struct Sequence {
   Request request;
   TokenCallback callback;
   bool qspec = false;
+  bool ngram = false;  // qspec with prompt-lookup drafts (no draft passes)
   RunMode mode;   // plain decoding, or the verify mode of qspec (prompt chunks run in it too)
-  RunMode draft;  // qspec only
+  RunMode draft;  // qspec with draft passes only
   std::vector<int32_t> tokens;  // prompt + committed output
   int64_t prompt_tokens = 0;
   int64_t budget = 0;              // output tokens allowed (max_new_tokens within the context)
@@ -252,7 +254,8 @@ struct Engine::Impl {
     seq->qspec = plan.qspec();
     if (seq->qspec) {
       seq->mode = runnable_mode(plan.verify, "verify");
-      seq->draft = runnable_mode(plan.draft, "draft");
+      seq->ngram = plan.ngram_draft();
+      if (!seq->ngram) seq->draft = runnable_mode(plan.draft, "draft");
       QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
                   "does not run on the GPU (it needs the K/V rows in the host's pool)");
       seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
@@ -441,11 +444,14 @@ struct Engine::Impl {
   }
 
   // Draft passes: per draft mode, gamma one-token passes over every sequence still drafting (on
-  // the device in one chain where the backend can, else pass by pass).
+  // the device in one chain where the backend can, else pass by pass). N-gram drafts need none.
   void run_drafts(std::vector<Unit>& units) {
     std::map<std::string, std::vector<Unit*>> by_mode;
-    for (Unit& unit : units)
-      if (unit.kind == Unit::Kind::cycle && unit.gamma > 0) by_mode[unit.seq->draft.name].push_back(&unit);
+    for (Unit& unit : units) {
+      if (unit.kind != Unit::Kind::cycle || unit.gamma == 0) continue;
+      if (unit.seq->ngram) draft_by_lookup(unit);
+      else by_mode[unit.seq->draft.name].push_back(&unit);
+    }
     if (!by_mode.empty()) backend->begin_step();
     for (auto& [name, group] : by_mode) {
       const RunMode& draft = group.front()->seq->draft;
@@ -457,6 +463,28 @@ struct Engine::Impl {
       for (Unit* unit : group)
         if (!unit->seq->request.plan.kv_overwrite) save_draft_rows(*unit);
     }
+  }
+
+  // Prompt-lookup drafts (runtime/ngram_draft.h), cut after an end-of-sequence id as a drafting
+  // pass would stop there. A sampled request's draft distribution is the point mass on each
+  // draft, so the acceptor's rejection sampling keeps the target's distribution.
+  void draft_by_lookup(Unit& unit) {
+    const auto start = Clock::now();
+    Sequence& seq = *unit.seq;
+    const DecodePlan& plan = seq.request.plan;
+    for (int32_t d : ngram_draft(seq.tokens, unit.gamma, plan.ngram_min, plan.ngram_max)) {
+      unit.drafts.push_back(d);
+      if (is_eos(seq, d)) {
+        unit.draft_ended = true;
+        break;
+      }
+    }
+    if (!argmax_suffices(seq)) {
+      const size_t vocab = static_cast<size_t>(model.config().vocab_size);
+      unit.draft_probs.assign(unit.drafts.size(), std::vector<float>(vocab, 0.0f));
+      for (size_t i = 0; i < unit.drafts.size(); ++i) unit.draft_probs[i][static_cast<size_t>(unit.drafts[i])] = 1.0f;
+    }
+    seq.metrics.qspec.draft_seconds += seconds_between(start, Clock::now());
   }
 
   // Step i runs every unit still drafting, one token each. Greedy drafts are the backend's

@@ -1,7 +1,7 @@
 // Greedy QSpec equals greedy W4A16 on gsm-synth-llama's held-out problems (RTN int4 weights,
 // prompt "Question: Q\nAnswer:", at most 160 tokens, eos stops): all 400 problems through the
-// continuous-batching engine (batch 16, staggered arrivals) with a w4a4-nvfp4 draft and gamma
-// 4, and every draft mode x gamma 1..6 on a subset with the single-sequence path. A mismatch
+// continuous-batching engine (batch 16, staggered arrivals) with a w4a4-nvfp4 draft and with
+// prompt-lookup (n-gram) drafts, gamma 4, and every draft mode x gamma 1..6 on a subset with the single-sequence path. A mismatch
 // fails unless the verify logits at the first differing position hold an exact tie for the
 // top, which is printed. The whole grid (every draft, gamma 1..6, batch 1/3/16, 400 problems)
 // is tools/qspec_grid.py's job; its results are in bench/results/qspec-grid-*.json.
@@ -93,7 +93,10 @@ bool matches_or_tie(size_t problem, const std::vector<int32_t>& got, const std::
 
 }  // namespace
 
-TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4DraftGamma4) {
+// All 400 problems through the engine (batch 16, one or two arrivals a step: sequences join and
+// leave mid-flight) with QSpec drafting in `draft`; every output must equal W4A16's (or part at
+// an exact logit tie).
+static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma) {
   Fixture& f = fixture();
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
@@ -102,14 +105,13 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
   qspec::Request base;
   base.max_new_tokens = kMaxTokens;
   base.plan.mode = "qspec";
-  base.plan.draft = "w4a4-nvfp4";
-  base.plan.gamma = 4;
+  base.plan.draft = draft;
+  base.plan.gamma = gamma;
   std::vector<std::vector<int32_t>> outputs(f.prompts.size());
   std::vector<bool> finished(f.prompts.size(), false);
   qspec::QSpecMetrics totals;
   size_t next = 0;
   int64_t max_running = 0;
-  // One or two arrivals per step: sequences join and leave mid-flight (continuous batching).
   for (int64_t step = 0; next < f.prompts.size() || engine.metrics().running + engine.metrics().waiting > 0; ++step) {
     for (int arrivals = 1 + static_cast<int>(step % 2); arrivals > 0 && next < f.prompts.size(); --arrivals, ++next) {
       qspec::Request request = base;
@@ -128,16 +130,26 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
     max_running = std::max(max_running, engine.metrics().running);
   }
   EXPECT_EQ(max_running, 16);  // the batch did fill
+  const std::string label = "engine " + draft + " gamma " + std::to_string(gamma);
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
-    matched += matches_or_tie(i, outputs[i], "engine w4a4-nvfp4 gamma 4");
+    matched += matches_or_tie(i, outputs[i], label);
   }
-  std::printf("engine batch 16, w4a4-nvfp4 gamma 4: %lld/400 equal to w4a16 (or exact ties), acceptance %lld/%lld = "
-              "%.1f%%\n",
+  std::printf("%s, batch 16: %lld/400 equal to w4a16 (or exact ties), acceptance %lld/%lld = %.1f%%\n", label.c_str(),
               static_cast<long long>(matched), static_cast<long long>(totals.accepted),
               static_cast<long long>(totals.drafted), 100.0 * totals.acceptance_rate());
+  EXPECT_GT(totals.drafted, 0) << "the draft never proposed a token";
   EXPECT_EQ(matched, 400);
+}
+
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4DraftGamma4) {
+  expect_engine_equals_w4a16_on_all_problems("w4a4-nvfp4", 4);
+}
+
+// Prompt-lookup drafts (no draft passes): the same promise.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNgramDraftGamma4) {
+  expect_engine_equals_w4a16_on_all_problems("ngram", 4);
 }
 
 // tests/data/gsm/w4a16_greedy_reference.json, the W4A16 reference the gpu tests compare the GPU

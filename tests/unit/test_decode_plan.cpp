@@ -82,6 +82,29 @@ TEST(DecodePlan, EachBrokenRuleNamesItsField) {
   EXPECT_EQ(p.gamma_bound(), 6);
 }
 
+TEST(DecodePlan, NgramDraftsNeedNoModeAndCheckTheirLengths) {
+  DecodePlan p = qspec_plan();
+  p.draft = std::string(rules::kNgramDraft);
+  EXPECT_TRUE(p.ngram_draft());
+  EXPECT_EQ(broken_field(p), "");
+  EXPECT_EQ(p.modes(), std::vector<std::string>{std::string(rules::kVerifyMode)});  // nothing to prepare for it
+  p.ngram_min = 0;
+  EXPECT_EQ(broken_field(p), "ngram_min");
+  p.ngram_min = p.ngram_max + 1;
+  EXPECT_EQ(broken_field(p), "ngram_min");
+  p.ngram_min = 1;
+  p.ngram_max = rules::kMaxNgram + 1;
+  EXPECT_EQ(broken_field(p), "ngram_max");
+  p.ngram_max = rules::kMaxNgram;
+  EXPECT_EQ(broken_field(p), "");
+  p.kv_overwrite = false;  // no draft rows to keep
+  EXPECT_EQ(broken_field(p), "kv_overwrite");
+  DecodePlan plain;  // plain decoding ignores the draft's fields
+  plain.ngram_min = 0;
+  EXPECT_EQ(broken_field(plain), "");
+  EXPECT_FALSE(plain.ngram_draft());
+}
+
 TEST(DecodePlan, EveryLowPrecisionDraftIsAccepted) {
   for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "w4a4-int4-arc",
                             "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"}) {

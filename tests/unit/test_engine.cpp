@@ -267,7 +267,7 @@ TEST(Engine, GreedyQSpecEqualsW4A16ForEveryDraftModeUnderBatching) {
   const auto& prompts = fixture().prompts;
   std::vector<std::vector<int32_t>> expected;
   for (const auto& p : prompts) expected.push_back(reference(p, 24));
-  for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"})
+  for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram"})
     for (int64_t gamma : {1, 3, 6}) {
       qspec::EngineOptions options;
       options.max_batch_size = 3;

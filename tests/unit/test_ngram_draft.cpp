@@ -1,0 +1,163 @@
+// Prompt-lookup drafts (runtime/ngram_draft.h) and QSpec with them in the engine: the matcher
+// takes the longest recurring suffix's most recent earlier continuation; with sampling, the
+// engine's rejection sampling against the drafts' point masses keeps the verify distribution
+// (a chi-square test with the power to see a 2 % shift).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "model/llama.h"
+#include "qspec/engine.h"
+#include "ops/sample.h"
+#include "runtime/generate.h"
+#include "runtime/ngram_draft.h"
+
+namespace {
+
+using qspec::ngram_draft;
+using Ids = std::vector<int32_t>;
+
+TEST(NgramDraft, TakesTheMostRecentContinuationOfTheLongestRecurringSuffix) {
+  // Suffix [7, 8] recurs at 1 and 5 (the most recent: 5, followed by 2 9 7 8); [6, 7, 8] not.
+  const Ids tokens = {4, 7, 8, 1, 3, 7, 8, 2, 9, 7, 8};
+  EXPECT_EQ(ngram_draft(tokens, 3, 1, 3), (Ids{2, 9, 7}));
+  EXPECT_EQ(ngram_draft(tokens, 10, 1, 3), (Ids{2, 9, 7, 8}));  // the continuation ends with the tokens
+  EXPECT_EQ(ngram_draft(tokens, 0, 1, 3), Ids{});
+  // A longer match wins over a more recent shorter one: [1, 2] at 0 beats [2] at 4.
+  const Ids longer = {1, 2, 5, 6, 2, 9, 1, 2};
+  EXPECT_EQ(ngram_draft(longer, 2, 1, 2), (Ids{5, 6}));
+  EXPECT_EQ(ngram_draft(longer, 2, 1, 1), (Ids{9, 1}));  // only 1-grams: the last 2 at 4
+}
+
+TEST(NgramDraft, NothingWithoutARecurrenceOrBelowTheShortestLength) {
+  EXPECT_EQ(ngram_draft(Ids{1, 2, 3, 4}, 4, 1, 3), Ids{});
+  EXPECT_EQ(ngram_draft(Ids{5}, 4, 1, 3), Ids{});
+  EXPECT_EQ(ngram_draft(Ids{}, 4, 1, 3), Ids{});
+  const Ids tokens = {1, 2, 3, 9, 3};  // only the 1-gram [3] recurs
+  EXPECT_EQ(ngram_draft(tokens, 2, 1, 3), (Ids{9, 3}));
+  EXPECT_EQ(ngram_draft(tokens, 2, 2, 3), Ids{});
+  // A run of one id: each position's continuation is the run again.
+  EXPECT_EQ(ngram_draft(Ids{4, 4, 4, 4}, 3, 1, 3), (Ids{4}));
+}
+
+// The second token of QSpec with n-gram drafts, sampled by the engine, against the exact
+// W4A16 distribution p(t1) = sum over t0 of p(t0) p(t1 | t0).
+TEST(NgramDraft, EngineRejectionSamplingKeepsTheVerifyDistribution) {
+  auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
+  model->quantize_weights(qspec::quant::Format::int4);
+  qspec::RunMode verify = qspec::parse_run_mode("w4a16");
+  verify.activations.group_size = model->auto_group_size();
+  const int64_t vocab = model->config().vocab_size;
+  // The prompt is the model's own greedy text, so the continuations the drafts take from it are
+  // likely under the verify distribution: drafts get accepted as well as rejected.
+  qspec::GenerationOptions greedy;
+  greedy.max_new_tokens = 48;
+  greedy.mode = verify;
+  const Ids seed = {1, 17, 42, 5, 63};
+  Ids prompt = seed;
+  const Ids text = qspec::generate(*model, seed, greedy).ids;
+  prompt.insert(prompt.end(), text.begin(), text.end());
+  qspec::SamplingParams sampling;
+  sampling.temperature = 1.5f;
+  sampling.top_k = 12;
+
+  const qspec::Sampler sampler(sampling);
+  std::vector<double> expected(static_cast<size_t>(vocab), 0.0);
+  std::vector<float> logits;
+  {
+    qspec::KvCache cache = model->new_cache(static_cast<int64_t>(prompt.size()) + 4);
+    model->forward(prompt, cache, logits, false, verify);
+  }
+  const std::vector<float> first = sampler.probabilities(logits, prompt);
+  for (int32_t t0 = 0; t0 < vocab; ++t0) {
+    if (first[static_cast<size_t>(t0)] <= 0) continue;
+    Ids context = prompt;
+    context.push_back(t0);
+    qspec::KvCache cache = model->new_cache(static_cast<int64_t>(context.size()) + 4);
+    model->forward(context, cache, logits, false, verify);
+    const std::vector<float> second = sampler.probabilities(logits, context);
+    for (int64_t t1 = 0; t1 < vocab; ++t1)
+      expected[static_cast<size_t>(t1)] += static_cast<double>(first[static_cast<size_t>(t0)]) * second[static_cast<size_t>(t1)];
+  }
+
+  qspec::EngineOptions options;
+  options.max_batch_size = 64;
+  qspec::Engine engine(*model, nullptr, options);
+  const int runs = 10000;
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
+  int64_t drafted = 0, rejected = 0;
+  std::map<qspec::RequestId, Ids> outputs;
+  for (int run = 0; run < runs; ++run) {
+    qspec::Request request;
+    request.prompt = prompt;
+    request.max_new_tokens = 3;  // the first token, then one cycle drafting one token (as budget allows)
+    request.ignore_eos = true;
+    request.sampling = sampling;
+    request.sampling.seed = 5000 + static_cast<uint64_t>(run);
+    request.plan.mode = "qspec";
+    request.plan.draft = "ngram";
+    request.plan.gamma = 3;
+    engine.submit(request, [&](const qspec::TokenEvent& event) {
+      Ids& got = outputs[event.id];
+      got.insert(got.end(), event.tokens.begin(), event.tokens.end());
+      if (!event.finished) return;
+      EXPECT_EQ(event.finish_reason, "length") << event.error;
+      EXPECT_EQ(got.size(), 3u);
+      if (got.size() >= 2) ++counts[static_cast<size_t>(got[1])];
+      drafted += event.metrics->qspec.drafted;
+      rejected += event.metrics->qspec.rejected;
+      outputs.erase(event.id);
+    });
+  }
+  engine.run_until_idle();
+  EXPECT_GT(drafted, runs / 2) << "the draft should follow most first tokens";
+  EXPECT_GT(rejected, 0) << "the test never exercised the residual distribution";
+  EXPECT_LT(rejected, drafted) << "no draft was ever accepted";
+
+  auto chi_square = [&](const std::vector<double>& probabilities, int& categories) {
+    double chi2 = 0, pooled_expected = 0, pooled_count = 0;
+    categories = 0;
+    for (int64_t t = 0; t < vocab; ++t) {
+      const double e = probabilities[static_cast<size_t>(t)] * runs;
+      if (e >= 5) {
+        chi2 += (counts[static_cast<size_t>(t)] - e) * (counts[static_cast<size_t>(t)] - e) / e;
+        ++categories;
+      } else {
+        pooled_expected += e;
+        pooled_count += static_cast<double>(counts[static_cast<size_t>(t)]);
+      }
+    }
+    if (pooled_expected > 0) {
+      chi2 += (pooled_count - pooled_expected) * (pooled_count - pooled_expected) / pooled_expected;
+      ++categories;
+    }
+    return chi2;
+  };
+  auto quantile = [](double dof) {  // Wilson-Hilferty, 1 - 1e-3 (z = 3.09)
+    const double h = 2.0 / (9.0 * dof);
+    return dof * std::pow(1.0 - h + 3.09 * std::sqrt(h), 3.0);
+  };
+  for (int64_t t = 0; t < vocab; ++t)
+    if (expected[static_cast<size_t>(t)] == 0) EXPECT_EQ(counts[static_cast<size_t>(t)], 0) << "token " << t;
+  int categories = 0;
+  const double chi2 = chi_square(expected, categories);
+  EXPECT_LT(chi2, quantile(categories - 1)) << "drafted " << drafted << ", rejected " << rejected;
+  // Power: 2 % of the mass moved from the likeliest token to the second must be rejected.
+  std::vector<size_t> order(static_cast<size_t>(vocab));
+  for (size_t t = 0; t < order.size(); ++t) order[t] = t;
+  std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                    [&](size_t a, size_t b) { return expected[a] > expected[b]; });
+  std::vector<double> shifted = expected;
+  shifted[order[0]] -= 0.02;
+  shifted[order[1]] += 0.02;
+  int shifted_categories = 0;
+  const double shifted_chi2 = chi_square(shifted, shifted_categories);
+  EXPECT_GT(shifted_chi2, quantile(shifted_categories - 1)) << "the test cannot tell a 2 % shift apart";
+  std::printf("chi2 %.2f (df %d, critical %.2f), drafted %lld, rejected %lld of %d runs\n", chi2, categories - 1,
+              quantile(categories - 1), static_cast<long long>(drafted), static_cast<long long>(rejected), runs);
+}
+
+}  // namespace
