@@ -134,7 +134,8 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
 // problems with the committed reference), gamma 1..6 across the requests, some adaptive.
 class GpuEngineDrafts : public testing::TestWithParam<const char*> {};
 
-// Every draft mode the GPU runs: greedy QSpec output is W4A16's, token for token.
+// Every draft the GPU runs (each low-precision mode, and prompt-lookup n-gram drafts): greedy
+// QSpec output is W4A16's, token for token.
 TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
   const std::string draft = GetParam();
   ASSERT_NO_FATAL_FAILURE(require_gpu());
@@ -185,7 +186,7 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DraftModes, GpuEngineDrafts,
-                         testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"),
+                         testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
