@@ -17,6 +17,7 @@
 #include "base/limits.h"
 #include "io/convert.h"
 #include "io/hf_writer.h"
+#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "qspec/error.h"
 
@@ -630,7 +631,8 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   auto key = [&](const std::string& name) { return *arch + "." + name; };
 
   // ---- hyper-parameters ----
-  hf::LlamaConfig config;
+  ModelConfig config;
+  config.architecture_name = architecture_name(Architecture::Llama);
   config.hidden_size = required_positive(*file, key("embedding_length"), kMaxHiddenSize);
   config.intermediate_size = required_positive(*file, key("feed_forward_length"), kMaxIntermediateSize);
   config.num_layers = required_positive(*file, key("block_count"), kMaxLayers);
@@ -662,19 +664,23 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   config.rms_norm_eps = file->get_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5);
   QSPEC_CHECK(config.rms_norm_eps > 0 && std::isfinite(config.rms_norm_eps), path,
               ": attention.layer_norm_rms_epsilon must be positive");
-  config.rope_theta = file->get_float(key("rope.freq_base")).value_or(10000.0);
-  QSPEC_CHECK(config.rope_theta > 0 && std::isfinite(config.rope_theta), path, ": rope.freq_base must be positive");
+  config.rope.theta = file->get_float(key("rope.freq_base")).value_or(10000.0);
+  QSPEC_CHECK(config.rope.theta > 0 && std::isfinite(config.rope.theta), path, ": rope.freq_base must be positive");
+  auto linear_rope = [&](double factor) {
+    config.rope.type = "linear";
+    config.rope.factor = factor;
+  };
   const std::string scaling = file->get_string(key("rope.scaling.type")).value_or("none");
   if (scaling == "linear") {
     std::optional<double> factor = file->get_float(key("rope.scaling.factor"));
     QSPEC_CHECK(factor && *factor > 0, path, ": rope.scaling.type linear needs a positive rope.scaling.factor");
-    if (*factor != 1.0) config.rope_linear_factor = *factor;
+    if (*factor != 1.0) linear_rope(*factor);
   } else if (scaling != "none") {
     fail(path, ": rope scaling '", scaling, "' is not supported by the GGUF importer (supported: none, linear)");
   }
   if (std::optional<double> scale = file->get_float(key("rope.scale_linear")); scale && *scale != 1.0) {
     QSPEC_CHECK(*scale > 0, path, ": rope.scale_linear must be positive");
-    config.rope_linear_factor = *scale;
+    linear_rope(*scale);
   }
   QSPEC_CHECK(file->find_tensor("rope_freqs.weight") == nullptr, path,
               ": tensor 'rope_freqs.weight' (Llama-3.1 style RoPE frequency factors) is not supported by the "
