@@ -48,25 +48,21 @@ struct FieldReader {
     return has(key) ? bounded(key, limit) : fallback;
   }
   double number_or(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    const json& value = object.at(key);
-    QSPEC_CHECK(value.is_number(), source, ": field '", key, "' must be a number, got ",
-                value.dump());
-    return value.get<double>();
+    return typed_or(key, fallback, &json::is_number, "a number");
   }
   bool boolean_or(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    const json& value = object.at(key);
-    QSPEC_CHECK(value.is_boolean(), source, ": field '", key, "' must be true/false, got ",
-                value.dump());
-    return value.get<bool>();
+    return typed_or(key, fallback, &json::is_boolean, "true/false");
   }
   std::string string_or(const char* key, const std::string& fallback) const {
+    return typed_or(key, fallback, &json::is_string, "a string");
+  }
+  // An optional field of the JSON type `is_type` tests (`what` names it in the error).
+  template <typename T>
+  T typed_or(const char* key, const T& fallback, bool (json::*is_type)() const noexcept, const char* what) const {
     if (!has(key)) return fallback;
     const json& value = object.at(key);
-    QSPEC_CHECK(value.is_string(), source, ": field '", key, "' must be a string, got ",
-                value.dump());
-    return value.get<std::string>();
+    QSPEC_CHECK((value.*is_type)(), source, ": field '", key, "' must be ", what, ", got ", value.dump());
+    return value.get<T>();
   }
 };
 
