@@ -218,28 +218,25 @@ GgufValue read_value(Cursor& cursor, uint32_t raw_type) {
   int64_t i = 0;
   double f = 0;
   std::string str;
+  // Reads the `count` scalars into one of the value's arrays; `scalar` is the one of u / i / f
+  // that read_scalar fills for this element type.
+  auto read_into = [&](auto& array, const auto& scalar) {
+    array.reserve(count);
+    for (uint64_t k = 0; k < count; ++k) {
+      read_scalar(cursor, value.element_type, &u, &i, &f, &str);
+      array.push_back(scalar);
+    }
+  };
   switch (value.element_type) {
     case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32:
     case GgufValueType::U64: case GgufValueType::BOOL:
-      value.array_u.reserve(count);
-      for (uint64_t k = 0; k < count; ++k) {
-        read_scalar(cursor, value.element_type, &u, &i, &f, &str);
-        value.array_u.push_back(u);
-      }
+      read_into(value.array_u, u);
       break;
     case GgufValueType::I8: case GgufValueType::I16: case GgufValueType::I32: case GgufValueType::I64:
-      value.array_i.reserve(count);
-      for (uint64_t k = 0; k < count; ++k) {
-        read_scalar(cursor, value.element_type, &u, &i, &f, &str);
-        value.array_i.push_back(i);
-      }
+      read_into(value.array_i, i);
       break;
     case GgufValueType::F32: case GgufValueType::F64:
-      value.array_f.reserve(count);
-      for (uint64_t k = 0; k < count; ++k) {
-        read_scalar(cursor, value.element_type, &u, &i, &f, &str);
-        value.array_f.push_back(f);
-      }
+      read_into(value.array_f, f);
       break;
     case GgufValueType::STRING:
       value.array_str.reserve(count);
@@ -526,6 +523,7 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
   QSPEC_CHECK(count % info->block_size == 0, "dequantize: ", count, " elements is not a multiple of the ",
               info->name, " block size ", info->block_size);
   const size_t blocks = count / info->block_size;
+  void (*decode_block)(const uint8_t* block, float* out) = nullptr;
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::F32:
       std::memcpy(dst, src, count * sizeof(float));
@@ -540,24 +538,16 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
         dst[k] = bf16_to_f32(bits);
       }
       return;
-    case GgmlType::Q4_0:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q4_0(src + b * 18, dst + b * 32);
-      return;
-    case GgmlType::Q4_1:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q4_1(src + b * 20, dst + b * 32);
-      return;
-    case GgmlType::Q8_0:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q8_0(src + b * 34, dst + b * 32);
-      return;
-    case GgmlType::Q4_K:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q4_k(src + b * 144, dst + b * 256);
-      return;
-    case GgmlType::Q6_K:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q6_k(src + b * 210, dst + b * 256);
-      return;
+    case GgmlType::Q4_0: decode_block = dequantize_q4_0; break;
+    case GgmlType::Q4_1: decode_block = dequantize_q4_1; break;
+    case GgmlType::Q8_0: decode_block = dequantize_q8_0; break;
+    case GgmlType::Q4_K: decode_block = dequantize_q4_k; break;
+    case GgmlType::Q6_K: decode_block = dequantize_q6_k; break;
     default:
       fail("ggml type ", ggml_type_name(type), " is not supported (supported: ", kSupportedTypes, ")");
   }
+  // A block type: type_size bytes of src become block_size floats, block by block.
+  for (size_t b = 0; b < blocks; ++b) decode_block(src + b * info->type_size, dst + b * info->block_size);
 }
 
 // ---- GGUF (llama) -> Hugging Face ----
