@@ -196,7 +196,13 @@ std::vector<Problem> read_problems(const std::string& path, int64_t limit, const
   return problems;
 }
 
-void write_report(const std::string& out_file, const nlohmann::json& record) {
+// Writes an eval's JSON report: `fields` plus what every report names first (the benchmark,
+// the commit and command line that made it, the model directory).
+void write_report(const std::string& out_file, const char* benchmark, const std::string& model,
+                  const nlohmann::json& fields) {
+  nlohmann::json record = {
+      {"benchmark", benchmark}, {"commit", git_commit()}, {"command", command_line()}, {"model", model}};
+  record.update(fields);
   const fs::path out_path(out_file);
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
   std::ofstream out(out_file);
@@ -349,22 +355,19 @@ void run_gsm(const GsmArgs& args) {
                     {"seconds", r.seconds}});
   }
   if (!args.out_file.empty())
-    write_report(args.out_file, {{"benchmark", "eval_gsm"},
-                                 {"commit", git_commit()},
-                                 {"command", command_line()},
-                                 {"model", args.model_dir},
-                                 {"problems_file", args.problems_file},
-                                 {"problems", problems.size()},
-                                 {"parameters",
-                                  {{"few_shot", args.few_shot},
-                                   {"shots_file", args.shots_file},
-                                   {"max_tokens", args.max_tokens},
-                                   {"limit", args.limit},
-                                   {"decoding", "greedy"},
-                                   {"stop", {"\\nQuestion:", "eos"}},
-                                   {"weights", prepared.weights},
-                                   {"group_size", prepared.group_size}}},
-                                 {"results", rows}});
+    write_report(args.out_file, "eval_gsm", args.model_dir,
+                 {{"problems_file", args.problems_file},
+                  {"problems", problems.size()},
+                  {"parameters",
+                   {{"few_shot", args.few_shot},
+                    {"shots_file", args.shots_file},
+                    {"max_tokens", args.max_tokens},
+                    {"limit", args.limit},
+                    {"decoding", "greedy"},
+                    {"stop", {"\\nQuestion:", "eos"}},
+                    {"weights", prepared.weights},
+                    {"group_size", prepared.group_size}}},
+                  {"results", rows}});
 }
 
 void add_gsm_options(CLI::App* command, GsmArgs& args) {
@@ -445,24 +448,21 @@ void run_ppl(const PplArgs& args) {
                     {"scored_tokens_per_second", tokens_per_second}});
   }
   if (!args.out_file.empty())
-    write_report(args.out_file, {{"benchmark", "eval_ppl"},
-                                 {"commit", git_commit()},
-                                 {"command", command_line()},
-                                 {"model", args.model_dir},
-                                 {"data_file", args.data_file},
-                                 {"data_tokens", file_tokens},
-                                 {"parameters",
-                                  {{"method", "sliding window (each token scored once)"},
-                                   {"context", first.context},
-                                   {"stride", first.stride},
-                                   {"max_windows", args.max_windows},
-                                   {"windows_total", first.total_windows},
-                                   {"limit", args.limit},
-                                   {"tokens", tokens.size()},
-                                   {"bos", tokenizer->add_bos_by_default},
-                                   {"weights", prepared.weights},
-                                   {"group_size", prepared.group_size}}},
-                                 {"results", rows}});
+    write_report(args.out_file, "eval_ppl", args.model_dir,
+                 {{"data_file", args.data_file},
+                  {"data_tokens", file_tokens},
+                  {"parameters",
+                   {{"method", "sliding window (each token scored once)"},
+                    {"context", first.context},
+                    {"stride", first.stride},
+                    {"max_windows", args.max_windows},
+                    {"windows_total", first.total_windows},
+                    {"limit", args.limit},
+                    {"tokens", tokens.size()},
+                    {"bos", tokenizer->add_bos_by_default},
+                    {"weights", prepared.weights},
+                    {"group_size", prepared.group_size}}},
+                  {"results", rows}});
 }
 
 
@@ -556,13 +556,10 @@ std::string compare_with_reference(const LlamaModel& model, const RunMode& verif
 void save_reference(const std::string& path, const QSpecEvalArgs& args,
                     const std::vector<std::vector<int32_t>>& prompts,
                     const std::vector<std::vector<int32_t>>& outputs) {
-  write_report(path, {{"benchmark", "eval_qspec_reference"},
-                      {"commit", git_commit()},
-                      {"command", command_line()},
-                      {"model", args.model_dir},
-                      {"max_tokens", args.max_tokens},
-                      {"prompts", prompts},
-                      {"outputs", outputs}});
+  write_report(path, "eval_qspec_reference", args.model_dir,
+               {{"max_tokens", args.max_tokens},
+                {"prompts", prompts},
+                {"outputs", outputs}});
 }
 
 std::vector<std::vector<int32_t>> load_reference(const std::string& path, const QSpecEvalArgs& args,
@@ -692,25 +689,22 @@ void run_qspec_eval(QSpecEvalArgs args) {
                         static_cast<long long>(identical), prompts.size(), static_cast<long long>(tie),
                         static_cast<long long>(mismatch));
           lines.push_back(line);
-          rows.push_back({{"batch_size", batch},
-                          {"draft", plan.draft},
-                          {"verify", plan.verify},
-                          {"gamma", gamma},
-                          {"kv_overwrite", overwrite},
-                          {"cycles", sum.cycles},
-                          {"draft_steps", sum.draft_steps},
-                          {"drafted", sum.drafted},
-                          {"accepted", sum.accepted},
-                          {"acceptance_rate", sum.acceptance_rate()},
-                          {"mean_accepted_per_cycle", sum.mean_accepted_length()},
-                          {"accepted_histogram", sum.accepted_histogram},
-                          {"generated_tokens", run.tokens},
-                          {"seconds", run.seconds},
-                          {"engine_steps", run.steps},
-                          {"tokens_per_second", rate},
-                          {"identical_to_w4a16", identical},
-                          {"exact_logit_ties", tie},
-                          {"mismatches", mismatch}});
+          nlohmann::json row = qspec_counters_json(sum);
+          row.update({{"batch_size", batch},
+                      {"draft", plan.draft},
+                      {"verify", plan.verify},
+                      {"gamma", gamma},
+                      {"kv_overwrite", overwrite},
+                      {"draft_steps", sum.draft_steps},
+                      {"mean_accepted_per_cycle", sum.mean_accepted_length()},
+                      {"generated_tokens", run.tokens},
+                      {"seconds", run.seconds},
+                      {"engine_steps", run.steps},
+                      {"tokens_per_second", rate},
+                      {"identical_to_w4a16", identical},
+                      {"exact_logit_ties", tie},
+                      {"mismatches", mismatch}});
+          rows.push_back(row);
         }
   }
 
@@ -728,31 +722,28 @@ void run_qspec_eval(QSpecEvalArgs args) {
   std::printf("greedy QSpec (kv overwrite on) vs W4A16: %lld exact logit ties, %lld mismatches\n",
               static_cast<long long>(ties), static_cast<long long>(mismatches));
   if (!args.out_file.empty())
-    write_report(args.out_file, {{"benchmark", "eval_qspec"},
-                                 {"commit", git_commit()},
-                                 {"command", command_line()},
-                                 {"model", args.model_dir},
-                                 {"problems_file", args.problems_file},
-                                 {"problems", problems.size()},
-                                 {"parameters",
-                                  {{"max_tokens", args.max_tokens},
-                                   {"limit", args.limit},
-                                   {"decoding", "greedy"},
-                                   {"prompt", args.chat ? "chat template, user: {question}" : "Question: {question}\\nAnswer:"},
-                                   {"stop", "eos"},
-                                   {"weights", prepared.weights},
-                                   {"group_size", prepared.modes[0].activations.group_size},
-                                   {"arrivals", "1 or 2 new requests per engine step"},
-                                   {"reference", args.reference_file.empty()
-                                                     ? "plain greedy w4a16 through the engine at the first batch size"
-                                                     : "plain greedy w4a16 outputs from " + args.reference_file},
-                                   {"device", args.device},
-                                   {"threads_note", args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill"
-                                                                         : "tokens/s include prefill"}}},
-                                 {"baseline_w4a16", baselines},
-                                 {"exact_logit_ties", ties},
-                                 {"mismatches", mismatches},
-                                 {"results", rows}});
+    write_report(args.out_file, "eval_qspec", args.model_dir,
+                 {{"problems_file", args.problems_file},
+                  {"problems", problems.size()},
+                  {"parameters",
+                   {{"max_tokens", args.max_tokens},
+                    {"limit", args.limit},
+                    {"decoding", "greedy"},
+                    {"prompt", args.chat ? "chat template, user: {question}" : "Question: {question}\\nAnswer:"},
+                    {"stop", "eos"},
+                    {"weights", prepared.weights},
+                    {"group_size", prepared.modes[0].activations.group_size},
+                    {"arrivals", "1 or 2 new requests per engine step"},
+                    {"reference", args.reference_file.empty()
+                                      ? "plain greedy w4a16 through the engine at the first batch size"
+                                      : "plain greedy w4a16 outputs from " + args.reference_file},
+                    {"device", args.device},
+                    {"threads_note", args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill"
+                                                          : "tokens/s include prefill"}}},
+                  {"baseline_w4a16", baselines},
+                  {"exact_logit_ties", ties},
+                  {"mismatches", mismatches},
+                  {"results", rows}});
   QSPEC_CHECK(mismatches == 0, "eval qspec: ", mismatches, " outputs differ from W4A16 without an exact logit tie");
 }
 

@@ -12,6 +12,21 @@
 #include "quant/quantized_linear.h"
 #include "qspec/error.h"
 
+namespace {
+
+// Prints "qspec: " + `format` (one %s: `what`) on stderr, after what stdout already holds, and
+// returns `status`, the exit status of a failed command. No allocation: it also reports
+// running out of memory.
+int exit_with(int status, const char* format, const char* what) {
+  std::fflush(stdout);
+  std::fputs("qspec: ", stderr);
+  std::fprintf(stderr, format, what);
+  std::fputc('\n', stderr);
+  return status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   qspec::cli::set_command_line(argc, argv);
   CLI::App app{"qspec: Llama-family inference with 4-bit weights and quantized speculative decoding"};
@@ -43,22 +58,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   } catch (const qspec::Error& error) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "qspec: error: %s\n", error.what());
-    return 1;
+    return exit_with(1, "error: %s", error.what());
   } catch (const std::bad_alloc& error) {
     // Loaders name what they were loading (an Error above); this is the last resort.
-    std::fflush(stdout);
-    std::fprintf(stderr, "qspec: error: out of memory (%s)\n", error.what());
-    return 1;
+    return exit_with(1, "error: out of memory (%s)", error.what());
   } catch (const std::length_error& error) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "qspec: error: out of memory: a size too large for this machine (%s)\n", error.what());
-    return 1;
+    return exit_with(1, "error: out of memory: a size too large for this machine (%s)", error.what());
   } catch (const std::exception& error) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "qspec: internal error: %s\n", error.what());
-    return 2;
+    return exit_with(2, "internal error: %s", error.what());
   }
   return 0;
 }

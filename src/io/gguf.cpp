@@ -17,6 +17,7 @@
 #include "base/limits.h"
 #include "io/convert.h"
 #include "io/hf_writer.h"
+#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "qspec/error.h"
 
@@ -217,28 +218,25 @@ GgufValue read_value(Cursor& cursor, uint32_t raw_type) {
   int64_t i = 0;
   double f = 0;
   std::string str;
+  // Reads the `count` scalars into one of the value's arrays; `scalar` is the one of u / i / f
+  // that read_scalar fills for this element type.
+  auto read_into = [&](auto& array, const auto& scalar) {
+    array.reserve(count);
+    for (uint64_t k = 0; k < count; ++k) {
+      read_scalar(cursor, value.element_type, &u, &i, &f, &str);
+      array.push_back(scalar);
+    }
+  };
   switch (value.element_type) {
     case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32:
     case GgufValueType::U64: case GgufValueType::BOOL:
-      value.array_u.reserve(count);
-      for (uint64_t k = 0; k < count; ++k) {
-        read_scalar(cursor, value.element_type, &u, &i, &f, &str);
-        value.array_u.push_back(u);
-      }
+      read_into(value.array_u, u);
       break;
     case GgufValueType::I8: case GgufValueType::I16: case GgufValueType::I32: case GgufValueType::I64:
-      value.array_i.reserve(count);
-      for (uint64_t k = 0; k < count; ++k) {
-        read_scalar(cursor, value.element_type, &u, &i, &f, &str);
-        value.array_i.push_back(i);
-      }
+      read_into(value.array_i, i);
       break;
     case GgufValueType::F32: case GgufValueType::F64:
-      value.array_f.reserve(count);
-      for (uint64_t k = 0; k < count; ++k) {
-        read_scalar(cursor, value.element_type, &u, &i, &f, &str);
-        value.array_f.push_back(f);
-      }
+      read_into(value.array_f, f);
       break;
     case GgufValueType::STRING:
       value.array_str.reserve(count);
@@ -525,6 +523,7 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
   QSPEC_CHECK(count % info->block_size == 0, "dequantize: ", count, " elements is not a multiple of the ",
               info->name, " block size ", info->block_size);
   const size_t blocks = count / info->block_size;
+  void (*decode_block)(const uint8_t* block, float* out) = nullptr;
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::F32:
       std::memcpy(dst, src, count * sizeof(float));
@@ -539,24 +538,16 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
         dst[k] = bf16_to_f32(bits);
       }
       return;
-    case GgmlType::Q4_0:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q4_0(src + b * 18, dst + b * 32);
-      return;
-    case GgmlType::Q4_1:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q4_1(src + b * 20, dst + b * 32);
-      return;
-    case GgmlType::Q8_0:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q8_0(src + b * 34, dst + b * 32);
-      return;
-    case GgmlType::Q4_K:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q4_k(src + b * 144, dst + b * 256);
-      return;
-    case GgmlType::Q6_K:
-      for (size_t b = 0; b < blocks; ++b) dequantize_q6_k(src + b * 210, dst + b * 256);
-      return;
+    case GgmlType::Q4_0: decode_block = dequantize_q4_0; break;
+    case GgmlType::Q4_1: decode_block = dequantize_q4_1; break;
+    case GgmlType::Q8_0: decode_block = dequantize_q8_0; break;
+    case GgmlType::Q4_K: decode_block = dequantize_q4_k; break;
+    case GgmlType::Q6_K: decode_block = dequantize_q6_k; break;
     default:
       fail("ggml type ", ggml_type_name(type), " is not supported (supported: ", kSupportedTypes, ")");
   }
+  // A block type: type_size bytes of src become block_size floats, block by block.
+  for (size_t b = 0; b < blocks; ++b) decode_block(src + b * info->type_size, dst + b * info->block_size);
 }
 
 // ---- GGUF (llama) -> Hugging Face ----
@@ -630,7 +621,8 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   auto key = [&](const std::string& name) { return *arch + "." + name; };
 
   // ---- hyper-parameters ----
-  hf::LlamaConfig config;
+  ModelConfig config;
+  config.architecture_name = architecture_name(Architecture::Llama);
   config.hidden_size = required_positive(*file, key("embedding_length"), kMaxHiddenSize);
   config.intermediate_size = required_positive(*file, key("feed_forward_length"), kMaxIntermediateSize);
   config.num_layers = required_positive(*file, key("block_count"), kMaxLayers);
@@ -662,19 +654,23 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   config.rms_norm_eps = file->get_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5);
   QSPEC_CHECK(config.rms_norm_eps > 0 && std::isfinite(config.rms_norm_eps), path,
               ": attention.layer_norm_rms_epsilon must be positive");
-  config.rope_theta = file->get_float(key("rope.freq_base")).value_or(10000.0);
-  QSPEC_CHECK(config.rope_theta > 0 && std::isfinite(config.rope_theta), path, ": rope.freq_base must be positive");
+  config.rope.theta = file->get_float(key("rope.freq_base")).value_or(10000.0);
+  QSPEC_CHECK(config.rope.theta > 0 && std::isfinite(config.rope.theta), path, ": rope.freq_base must be positive");
+  auto linear_rope = [&](double factor) {
+    config.rope.type = "linear";
+    config.rope.factor = factor;
+  };
   const std::string scaling = file->get_string(key("rope.scaling.type")).value_or("none");
   if (scaling == "linear") {
     std::optional<double> factor = file->get_float(key("rope.scaling.factor"));
     QSPEC_CHECK(factor && *factor > 0, path, ": rope.scaling.type linear needs a positive rope.scaling.factor");
-    if (*factor != 1.0) config.rope_linear_factor = *factor;
+    if (*factor != 1.0) linear_rope(*factor);
   } else if (scaling != "none") {
     fail(path, ": rope scaling '", scaling, "' is not supported by the GGUF importer (supported: none, linear)");
   }
   if (std::optional<double> scale = file->get_float(key("rope.scale_linear")); scale && *scale != 1.0) {
     QSPEC_CHECK(*scale > 0, path, ": rope.scale_linear must be positive");
-    config.rope_linear_factor = *scale;
+    linear_rope(*scale);
   }
   QSPEC_CHECK(file->find_tensor("rope_freqs.weight") == nullptr, path,
               ": tensor 'rope_freqs.weight' (Llama-3.1 style RoPE frequency factors) is not supported by the "

@@ -66,13 +66,19 @@ void interleaved_to_half_rows(float* weight, int64_t n_heads, int64_t head_dim, 
 
 // ---- config.json ----
 
-json llama_config_json(const LlamaConfig& config) {
+json llama_config_json(const ModelConfig& config) {
+  // Llama's one attention_bias flag covers q/k/v and o_proj alike.
+  QSPEC_CHECK(config.architecture == Architecture::Llama && config.attention_bias == config.attention_output_bias &&
+                  !config.sliding_window,
+              "config.json writer: only a Llama model is written");
+  QSPEC_CHECK(config.rope.type == "default" || config.rope.type == "linear",
+              "config.json writer: rope type '", config.rope.type, "' is not written (default, linear)");
   json out = json::object();
   out["architectures"] = json::array({"LlamaForCausalLM"});
   out["model_type"] = "llama";
   out["hidden_act"] = "silu";
-  out["attention_bias"] = false;
-  out["mlp_bias"] = false;
+  out["attention_bias"] = config.attention_bias;
+  out["mlp_bias"] = config.mlp_bias;
   out["vocab_size"] = config.vocab_size;
   out["hidden_size"] = config.hidden_size;
   out["intermediate_size"] = config.intermediate_size;
@@ -82,10 +88,9 @@ json llama_config_json(const LlamaConfig& config) {
   out["head_dim"] = config.head_dim;
   out["max_position_embeddings"] = config.max_position_embeddings;
   out["rms_norm_eps"] = config.rms_norm_eps;
-  out["rope_theta"] = config.rope_theta;
-  if (config.rope_linear_factor) {
-    out["rope_scaling"] = {{"rope_type", "linear"}, {"type", "linear"},
-                           {"factor", *config.rope_linear_factor}};
+  out["rope_theta"] = config.rope.theta;
+  if (config.rope.type == "linear") {
+    out["rope_scaling"] = {{"rope_type", "linear"}, {"type", "linear"}, {"factor", config.rope.factor}};
   }
   out["tie_word_embeddings"] = config.tie_word_embeddings;
   out["bos_token_id"] = config.bos_token_id ? json(*config.bos_token_id) : json(nullptr);
@@ -442,7 +447,7 @@ double shortest_float(float value) {
 }
 
 void write_model_directory(const std::string& out_dir, const SafetensorsWriter& weights,
-                           const LlamaConfig& config, const nlohmann::json& tokenizer,
+                           const ModelConfig& config, const nlohmann::json& tokenizer,
                            const TokenizerOptions& options, const std::vector<std::string>& tokens) {
   std::error_code error;
   std::filesystem::create_directories(out_dir, error);

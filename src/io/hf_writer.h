@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/model_config.h"
 #include "io/safetensors.h"
 
 namespace qspec::hf {
@@ -40,26 +41,9 @@ class MappedFile {
 // convert_llama_weights_to_hf applies, and the inverse of the one convert_hf_to_gguf applies.
 void interleaved_to_half_rows(float* weight, int64_t n_heads, int64_t head_dim, int64_t cols);
 
-// The hyper-parameters of a Llama model, as config.json spells them.
-struct LlamaConfig {
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_layers = 0;
-  int64_t num_heads = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t max_position_embeddings = 2048;
-  double rms_norm_eps = 1e-5;
-  double rope_theta = 10000.0;
-  std::optional<double> rope_linear_factor;  // rope_scaling {"rope_type": "linear"}
-  bool tie_word_embeddings = false;
-  std::optional<int32_t> bos_token_id;
-  std::vector<int32_t> eos_token_ids;  // one -> an integer, several -> a list
-  std::optional<int32_t> pad_token_id;
-  std::string torch_dtype = "float32";
-};
-nlohmann::json llama_config_json(const LlamaConfig& config);
+// config.json for a Llama model (the importers' output): LlamaForCausalLM with rope
+// scaling none or linear; throws qspec::Error for a config it would write wrongly.
+nlohmann::json llama_config_json(const ModelConfig& config);
 
 // Kinds of vocabulary entries; the values are GGUF's tokenizer.ggml.token_type.
 enum class TokenKind : int32_t {
@@ -129,7 +113,7 @@ void write_json(const std::filesystem::path& path, const nlohmann::json& value);
 // model.safetensors (from `weights`), config.json, tokenizer.json, tokenizer_config.json and
 // generation_config.json. Shared by the llama2.c and GGUF importers.
 void write_model_directory(const std::string& out_dir, const SafetensorsWriter& weights,
-                           const LlamaConfig& config, const nlohmann::json& tokenizer,
+                           const ModelConfig& config, const nlohmann::json& tokenizer,
                            const TokenizerOptions& options, const std::vector<std::string>& tokens);
 
 // Prints a warning line on stderr ("qspec: warning: ...").

@@ -21,6 +21,7 @@
 
 #include "io/convert.h"
 #include "io/hf_writer.h"
+#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "qspec/error.h"
 
@@ -235,7 +236,8 @@ void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_
   add("model.norm.weight", {dim}, pointers[kRmsFinal]);
   if (!shared_classifier) add("lm_head.weight", {vocab_size, dim}, pointers[kWcls]);
 
-  hf::LlamaConfig config;
+  ModelConfig config;
+  config.architecture_name = architecture_name(Architecture::Llama);
   config.vocab_size = vocab_size;
   config.hidden_size = dim;
   config.intermediate_size = hidden;
@@ -245,7 +247,7 @@ void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_
   config.head_dim = head_dim;
   config.max_position_embeddings = header.seq_len;
   config.rms_norm_eps = 1e-5;
-  config.rope_theta = 10000.0;
+  config.rope.theta = 10000.0;
   config.tie_word_embeddings = shared_classifier;
   config.bos_token_id = 1;
   config.eos_token_ids = {2};

@@ -13,15 +13,6 @@ namespace qspec {
 
 using nlohmann::json;
 
-const char* architecture_name(Architecture architecture) {
-  switch (architecture) {
-    case Architecture::Llama: return "LlamaForCausalLM";
-    case Architecture::Qwen2: return "Qwen2ForCausalLM";
-    case Architecture::Mistral: return "MistralForCausalLM";
-  }
-  return "?";
-}
-
 namespace {
 
 // Typed field readers that name the file and key in every error.
@@ -57,25 +48,21 @@ struct FieldReader {
     return has(key) ? bounded(key, limit) : fallback;
   }
   double number_or(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    const json& value = object.at(key);
-    QSPEC_CHECK(value.is_number(), source, ": field '", key, "' must be a number, got ",
-                value.dump());
-    return value.get<double>();
+    return typed_or(key, fallback, &json::is_number, "a number");
   }
   bool boolean_or(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    const json& value = object.at(key);
-    QSPEC_CHECK(value.is_boolean(), source, ": field '", key, "' must be true/false, got ",
-                value.dump());
-    return value.get<bool>();
+    return typed_or(key, fallback, &json::is_boolean, "true/false");
   }
   std::string string_or(const char* key, const std::string& fallback) const {
+    return typed_or(key, fallback, &json::is_string, "a string");
+  }
+  // An optional field of the JSON type `is_type` tests (`what` names it in the error).
+  template <typename T>
+  T typed_or(const char* key, const T& fallback, bool (json::*is_type)() const noexcept, const char* what) const {
     if (!has(key)) return fallback;
     const json& value = object.at(key);
-    QSPEC_CHECK(value.is_string(), source, ": field '", key, "' must be a string, got ",
-                value.dump());
-    return value.get<std::string>();
+    QSPEC_CHECK((value.*is_type)(), source, ": field '", key, "' must be ", what, ", got ", value.dump());
+    return value.get<T>();
   }
 };
 
@@ -167,7 +154,7 @@ RopeConfig parse_rope(const json& root, const std::string& source, int64_t max_p
 
 }  // namespace
 
-ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json root;
   try {
     root = json::parse(json_text);
@@ -254,22 +241,11 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   return config;
 }
 
-ModelConfig ModelConfig::load(const std::string& dir) {
+ModelConfig load_model_config(const std::string& dir) {
   std::string path = dir + "/config.json";
   std::error_code ignored;
   QSPEC_CHECK(std::filesystem::exists(path, ignored), path, ": cannot open (is '", dir, "' a model directory?)");
-  return parse(read_text_file(path, kMaxConfigJsonBytes), path);
-}
-
-int64_t ModelConfig::parameter_count() const {
-  int64_t attention = hidden_size * q_dim() + 2 * hidden_size * kv_dim() + q_dim() * hidden_size;
-  if (attention_bias) attention += q_dim() + 2 * kv_dim();
-  if (attention_output_bias) attention += hidden_size;
-  int64_t mlp = 3 * hidden_size * intermediate_size;
-  if (mlp_bias) mlp += 2 * intermediate_size + hidden_size;
-  int64_t per_layer = attention + mlp + 2 * hidden_size;
-  int64_t embeddings = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
-  return num_layers * per_layer + embeddings + hidden_size;
+  return parse_model_config(read_text_file(path, kMaxConfigJsonBytes), path);
 }
 
 RopeTables rope_tables(const ModelConfig& config, int64_t seq_len) {

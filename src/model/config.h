@@ -1,65 +1,20 @@
-// The architecture of a checkpoint, read from its Hugging Face config.json. Accepts
-// LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM; anything this engine would
-// run wrongly (unknown architecture, activation, rope type, partial rotary) is an Error.
+// Reads a checkpoint's architecture from its Hugging Face config.json into ModelConfig
+// (io/model_config.h). Accepts LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM;
+// anything this engine would run wrongly (unknown architecture, activation, rope type, partial
+// rotary) is an Error.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "io/model_config.h"
+
 namespace qspec {
 
-enum class Architecture { Llama, Qwen2, Mistral };
-
-struct RopeConfig {
-  std::string type = "default";  // default | linear | dynamic | llama3 | yarn
-  double theta = 10000.0;
-  double factor = 1.0;
-  // llama3
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 0;
-  // yarn
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  std::optional<double> attention_factor;
-  std::optional<double> mscale;
-  std::optional<double> mscale_all_dim;
-};
-
-struct ModelConfig {
-  Architecture architecture = Architecture::Llama;
-  std::string architecture_name;  // as written in config.json
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_layers = 0;
-  int64_t num_heads = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t max_position_embeddings = 2048;
-  double rms_norm_eps = 1e-6;
-  bool tie_word_embeddings = false;
-  bool attention_bias = false;  // bias on q/k/v (Qwen2 always; Llama when attention_bias)
-  bool attention_output_bias = false;  // bias on o_proj (Llama attention_bias)
-  bool mlp_bias = false;
-  std::optional<int64_t> sliding_window;  // Mistral
-  RopeConfig rope;
-  std::optional<int32_t> bos_token_id;
-  std::vector<int32_t> eos_token_ids;
-  std::string torch_dtype;
-
-  int64_t q_dim() const { return num_heads * head_dim; }
-  int64_t kv_dim() const { return num_kv_heads * head_dim; }
-  int64_t parameter_count() const;  // from the shapes (matches the tensors when bound)
-
-  // Parses config.json text; `source` names the file in error messages.
-  static ModelConfig parse(const std::string& json_text, const std::string& source);
-  // Reads DIR/config.json.
-  static ModelConfig load(const std::string& dir);
-};
-
-const char* architecture_name(Architecture architecture);
+// Parses config.json text; `source` names the file in error messages.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+// Reads DIR/config.json.
+ModelConfig load_model_config(const std::string& dir);
 
 // Inverse frequencies for RoPE (head_dim / 2 of them) after scaling, in float32 as
 // transformers computes them, and the attention scaling factor applied to cos/sin (yarn).

@@ -137,7 +137,7 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
   // Every size is bounded and checked against the tensors before it sizes anything, so running
   // out of memory here means a real model too large for this machine: say which one.
   try {
-    model->config_ = ModelConfig::load(dir);
+    model->config_ = load_model_config(dir);
     model->checkpoint_ = Checkpoint::open(dir);
     check_layer_count(model->checkpoint_, model->config_, dir);
     const std::filesystem::path manifest_path = std::filesystem::path(dir) / kQuantManifestFile;

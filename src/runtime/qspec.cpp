@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "qspec/error.h"
@@ -266,6 +267,14 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
   }
   result.decode_seconds = seconds_since(decode_start);
   return result;
+}
+
+nlohmann::json qspec_counters_json(const QSpecMetrics& metrics) {
+  return {{"cycles", metrics.cycles},
+          {"drafted", metrics.drafted},
+          {"accepted", metrics.accepted},
+          {"acceptance_rate", metrics.acceptance_rate()},
+          {"accepted_histogram", metrics.accepted_histogram}};
 }
 
 std::string describe_qspec_metrics(const QSpecMetrics& m, const QSpecOptions& qspec) {

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -86,5 +87,8 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
 // "w4a4-nvfp4 g4 | 312 cycles, accepted 812/1100 (73.8%), mean accepted 2.60 | histogram 0:40 1:...
 // | draft 1.2 s, verify 0.8 s"
 std::string describe_qspec_metrics(const QSpecMetrics& metrics, const QSpecOptions& qspec);
+// The acceptance counters every JSON report of QSpec carries (the server's usage.qspec, the
+// rows of eval qspec): cycles, drafted, accepted, acceptance_rate, accepted_histogram.
+nlohmann::json qspec_counters_json(const QSpecMetrics& metrics);
 
 }  // namespace qspec

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/sample.h"
+#include "runtime/qspec.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec {
@@ -260,15 +261,12 @@ json usage_json(const RequestMetrics& metrics, bool qspec) {
                 {"total_tokens", metrics.prompt_tokens + metrics.generated_tokens}};
   if (qspec) {
     const QSpecMetrics& q = metrics.qspec;
-    usage["qspec"] = {{"gamma", q.gamma},
-                      {"cycles", q.cycles},
-                      {"drafted", q.drafted},
-                      {"accepted", q.accepted},
-                      {"acceptance_rate", q.acceptance_rate()},
-                      {"mean_accepted_length", q.mean_accepted_length()},
-                      {"accepted_histogram", q.accepted_histogram},
-                      {"draft_seconds", q.draft_seconds},
-                      {"verify_seconds", q.verify_seconds}};
+    json counters = qspec_counters_json(q);
+    counters.update({{"gamma", q.gamma},
+                     {"mean_accepted_length", q.mean_accepted_length()},
+                     {"draft_seconds", q.draft_seconds},
+                     {"verify_seconds", q.verify_seconds}});
+    usage["qspec"] = counters;
   }
   return usage;
 }

@@ -17,7 +17,7 @@ std::string llama_json(const std::string& extra) {
 
 std::string error_of(const std::string& text) {
   try {
-    ModelConfig::parse(text, "test/config.json");
+    qspec::parse_model_config(text, "test/config.json");
   } catch (const qspec::Error& error) {
     return error.what();
   }
@@ -27,7 +27,7 @@ std::string error_of(const std::string& text) {
 }  // namespace
 
 TEST(Config, LlamaDefaultsAndDerivedHeadDim) {
-  ModelConfig config = ModelConfig::parse(llama_json(""), "x");
+  ModelConfig config = qspec::parse_model_config(llama_json(""), "x");
   EXPECT_EQ(config.architecture, qspec::Architecture::Llama);
   EXPECT_EQ(config.head_dim, 16);
   EXPECT_EQ(config.num_kv_heads, 2);
@@ -38,14 +38,14 @@ TEST(Config, LlamaDefaultsAndDerivedHeadDim) {
 }
 
 TEST(Config, ExplicitHeadDimAndV5RopeParameters) {
-  ModelConfig config = ModelConfig::parse(
+  ModelConfig config = qspec::parse_model_config(
       llama_json(R"(,"head_dim":32,"rope_parameters":{"rope_theta":500000.0,"rope_type":"default"})"), "x");
   EXPECT_EQ(config.head_dim, 32);
   EXPECT_DOUBLE_EQ(config.rope.theta, 500000.0);
 }
 
 TEST(Config, Llama3RopeScalingFromV4Keys) {
-  ModelConfig config = ModelConfig::parse(
+  ModelConfig config = qspec::parse_model_config(
       llama_json(R"(,"rope_theta":500000.0,"rope_scaling":{"rope_type":"llama3","factor":8.0,
       "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64})"),
       "x");
@@ -60,7 +60,7 @@ TEST(Config, Llama3RopeScalingFromV4Keys) {
 }
 
 TEST(Config, QwenHasQkvBiasAndTiedEmbeddings) {
-  ModelConfig config = ModelConfig::parse(
+  ModelConfig config = qspec::parse_model_config(
       R"({"architectures":["Qwen2ForCausalLM"],"vocab_size":100,"hidden_size":64,"intermediate_size":128,
       "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"tie_word_embeddings":true,
       "rope_theta":1000000.0,"eos_token_id":[5,6]})",
@@ -73,7 +73,7 @@ TEST(Config, QwenHasQkvBiasAndTiedEmbeddings) {
 }
 
 TEST(Config, MistralSlidingWindow) {
-  ModelConfig config = ModelConfig::parse(
+  ModelConfig config = qspec::parse_model_config(
       R"({"architectures":["MistralForCausalLM"],"vocab_size":100,"hidden_size":64,"intermediate_size":128,
       "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"sliding_window":16})",
       "x");
@@ -83,8 +83,8 @@ TEST(Config, MistralSlidingWindow) {
 }
 
 TEST(Config, LinearRopeDividesFrequencies) {
-  ModelConfig plain = ModelConfig::parse(llama_json(""), "x");
-  ModelConfig linear = ModelConfig::parse(llama_json(R"(,"rope_scaling":{"type":"linear","factor":4.0})"), "x");
+  ModelConfig plain = qspec::parse_model_config(llama_json(""), "x");
+  ModelConfig linear = qspec::parse_model_config(llama_json(R"(,"rope_scaling":{"type":"linear","factor":4.0})"), "x");
   auto a = qspec::rope_tables(plain), b = qspec::rope_tables(linear);
   for (size_t i = 0; i < a.inv_freq.size(); ++i) EXPECT_FLOAT_EQ(b.inv_freq[i], a.inv_freq[i] / 4.0f);
 }
@@ -105,7 +105,7 @@ TEST(Config, ClearErrors) {
 }
 
 TEST(Config, BundledModel) {
-  ModelConfig config = ModelConfig::load(QSPEC_SOURCE_DIR "/models/gsm-synth-llama");
+  ModelConfig config = qspec::load_model_config(QSPEC_SOURCE_DIR "/models/gsm-synth-llama");
   EXPECT_EQ(config.num_layers, 8);
   EXPECT_EQ(config.head_dim, 32);
   EXPECT_EQ(config.vocab_size, 477);

@@ -325,7 +325,7 @@ TEST(Gguf, ConvertsMixedTypeLlamaBitExactly) {
   EXPECT_EQ(config["eos_token_id"], 2);
   EXPECT_EQ(config["torch_dtype"], "float32");
   // The engine's own config reader accepts it.
-  qspec::ModelConfig parsed = qspec::ModelConfig::load(dir.string());
+  qspec::ModelConfig parsed = qspec::load_model_config(dir.string());
   EXPECT_EQ(parsed.head_dim, 8);
   EXPECT_EQ(parsed.num_kv_heads, 2);
 

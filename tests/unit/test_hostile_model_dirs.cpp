@@ -245,7 +245,7 @@ TEST_F(HostileModelDir, TokenizerLargerThanTheModelVocabIsAnError) {
   write_json("tokenizer.json", tokenizer);
   auto loaded = qspec::Tokenizer::load(dir_.string());  // on its own, a 601-token tokenizer is fine
   EXPECT_EQ(loaded->vocab_size(), 601);
-  const qspec::ModelConfig config = qspec::ModelConfig::load(dir_.string());
+  const qspec::ModelConfig config = qspec::load_model_config(dir_.string());
   const std::string error = error_of([&] { loaded->check_model_vocab(config.vocab_size, dir_.string()); });
   EXPECT_TRUE(contains(error, "the tokenizer has 601 tokens but config.json's vocab_size is 477")) << error;
 }

@@ -1283,7 +1283,7 @@ const SyntheticShape kSyntheticShapes[] = {
 
 ModelConfig synthetic_model_config(const std::string& name) {
   for (const SyntheticShape& shape : kSyntheticShapes)
-    if (name == shape.name) return ModelConfig::parse(shape.config_json, std::string("synthetic ") + shape.name);
+    if (name == shape.name) return parse_model_config(shape.config_json, std::string("synthetic ") + shape.name);
   std::string names;
   for (const SyntheticShape& shape : kSyntheticShapes) names += std::string(names.empty() ? "" : ", ") + shape.name;
   fail("unknown synthetic model '", name, "' (known: ", names, ")");

@@ -1,7 +1,7 @@
 // Shared pieces of the CUDA backend: error checks that throw qspec::Error with file:line and
-// the CUDA error string, a small RAII device buffer, f16/bf16 helpers and the inline PTX the
-// kernels share (mma.sync, ldmatrix, cp.async). Include from .cu / .cuh files only: this is
-// the one header that brings CUDA types in; plain C++ code includes ops/cuda/ops.h instead.
+// the CUDA error string, f16/bf16 helpers and the inline PTX the kernels share (mma.sync,
+// ldmatrix, cp.async). Include from .cu / .cuh files only: this is the one header that
+// brings CUDA types in; plain C++ code includes ops/cuda/ops.h instead.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -58,48 +58,6 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Properties of the current device, read once per device.
 const cudaDeviceProp& current_device_properties();
-
-// Owning device allocation of `count` elements of T (cudaMalloc; never managed memory).
-template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t count) { reset(count); }
-  ~DeviceBuffer() { release(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
-    if (this != &other) {
-      release();
-      data_ = std::exchange(other.data_, nullptr);
-      count_ = std::exchange(other.count_, 0);
-    }
-    return *this;
-  }
-
-  void reset(size_t count) {
-    release();
-    if (count == 0) return;
-    void* raw = nullptr;
-    QSPEC_CUDA_CHECK(cudaMalloc(&raw, count * sizeof(T)));
-    data_ = static_cast<T*>(raw);
-    count_ = count;
-  }
-  T* get() const { return data_; }
-  size_t size() const { return count_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-
- private:
-  void release() {
-    if (data_ != nullptr) cudaFree(data_);  // no throw from a destructor
-    data_ = nullptr;
-    count_ = 0;
-  }
-  T* data_ = nullptr;
-  size_t count_ = 0;
-};
 
 // ---- f16 / bf16 helpers ----------------------------------------------------------------
 

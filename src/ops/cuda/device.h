@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace qspec::cuda {
@@ -13,16 +14,27 @@ using f16_bits = uint16_t;  // an IEEE binary16 value as stored
 
 // ---- device memory and synchronisation (thin wrappers, for host C++ and tests) ------------
 
-// Owning device allocation (cudaMalloc); bytes() may be 0 (then get() is nullptr).
-class DeviceMemory {
+// Owning memory from one allocator: Allocator::allocate(bytes) (throws qspec::Error) and
+// Allocator::release(data), defined in runtime.cu. bytes() may be 0 (then get() is nullptr).
+// Move-only. DeviceMemory and PinnedMemory below are its two kinds.
+template <typename Allocator>
+class OwnedMemory {
  public:
-  DeviceMemory() = default;
-  explicit DeviceMemory(size_t bytes);
-  ~DeviceMemory();
-  DeviceMemory(DeviceMemory&& other) noexcept;
-  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  OwnedMemory() = default;
+  explicit OwnedMemory(size_t bytes) : data_(bytes == 0 ? nullptr : Allocator::allocate(bytes)), bytes_(bytes) {}
+  ~OwnedMemory() { reset(); }
+  OwnedMemory(OwnedMemory&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  OwnedMemory& operator=(OwnedMemory&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  OwnedMemory(const OwnedMemory&) = delete;
+  OwnedMemory& operator=(const OwnedMemory&) = delete;
 
   void* get() const { return data_; }
   template <typename T>
@@ -30,9 +42,19 @@ class DeviceMemory {
   size_t bytes() const { return bytes_; }
 
  private:
+  void reset() noexcept {
+    if (data_ != nullptr) Allocator::release(data_);
+  }
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+struct DeviceAllocator {  // cudaMalloc / cudaFree
+  static void* allocate(size_t bytes);
+  static void release(void* data) noexcept;
+};
+// Owning device allocation.
+using DeviceMemory = OwnedMemory<DeviceAllocator>;
 
 void copy_to_device(void* device_dst, const void* host_src, size_t bytes);
 void copy_to_host(void* host_dst, const void* device_src, size_t bytes);
@@ -107,24 +129,12 @@ class Graph {
   void* exec_ = nullptr;  // cudaGraphExec_t
 };
 
-// Page-locked host memory (async copies from it can overlap and be captured). Move-only.
-class PinnedMemory {
- public:
-  PinnedMemory() = default;
-  explicit PinnedMemory(size_t bytes);
-  ~PinnedMemory();
-  PinnedMemory(PinnedMemory&& other) noexcept;
-  PinnedMemory& operator=(PinnedMemory&& other) noexcept;
-  PinnedMemory(const PinnedMemory&) = delete;
-  PinnedMemory& operator=(const PinnedMemory&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
+struct PinnedAllocator {  // cudaMallocHost / cudaFreeHost
+  static void* allocate(size_t bytes);
+  static void release(void* data) noexcept;
 };
+// Page-locked host memory (async copies from it can overlap and be captured).
+using PinnedMemory = OwnedMemory<PinnedAllocator>;
 void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes, void* stream);
 void copy_to_host_async(void* host_dst, const void* device_src, size_t bytes, void* stream);
 
@@ -142,21 +152,6 @@ class StreamFence {
 
  private:
   void* event_ = nullptr;
-};
-
-// Elapsed device time between two points of a stream (CUDA events), for benchmarks.
-class EventTimer {
- public:
-  EventTimer();
-  ~EventTimer();
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-  void start(void* stream);
-  float stop_ms(void* stream);  // records the end, waits for it, returns milliseconds
-
- private:
-  void* start_ = nullptr;
-  void* stop_ = nullptr;
 };
 
 // cuBLAS handle (one per thread that issues GEMMs). Opaque: cublas_v2.h stays in ops/cuda.

@@ -58,24 +58,12 @@ int smem_carveout_percent() {
 }
 void set_pdl_enabled(bool enabled) { pdl_override.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 
-DeviceMemory::DeviceMemory(size_t bytes) {
-  if (bytes == 0) return;
-  QSPEC_CUDA_CHECK(cudaMalloc(&data_, bytes));
-  bytes_ = bytes;
+void* DeviceAllocator::allocate(size_t bytes) {
+  void* data = nullptr;
+  QSPEC_CUDA_CHECK(cudaMalloc(&data, bytes));
+  return data;
 }
-DeviceMemory::~DeviceMemory() {
-  if (data_ != nullptr) cudaFree(data_);
-}
-DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
-  if (this != &other) {
-    if (data_ != nullptr) cudaFree(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
+void DeviceAllocator::release(void* data) noexcept { cudaFree(data); }
 
 void copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
@@ -212,24 +200,12 @@ void Graph::launch(void* stream) const {
   QSPEC_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
 }
 
-PinnedMemory::PinnedMemory(size_t bytes) {
-  if (bytes == 0) return;
-  QSPEC_CUDA_CHECK(cudaMallocHost(&data_, bytes));
-  bytes_ = bytes;
+void* PinnedAllocator::allocate(size_t bytes) {
+  void* data = nullptr;
+  QSPEC_CUDA_CHECK(cudaMallocHost(&data, bytes));
+  return data;
 }
-PinnedMemory::~PinnedMemory() {
-  if (data_ != nullptr) cudaFreeHost(data_);
-}
-PinnedMemory::PinnedMemory(PinnedMemory&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-PinnedMemory& PinnedMemory::operator=(PinnedMemory&& other) noexcept {
-  if (this != &other) {
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
+void PinnedAllocator::release(void* data) noexcept { cudaFreeHost(data); }
 void copy_to_device_async(void* device_dst, const void* host_src, size_t bytes, void* stream) {
   if (bytes == 0) return;
   QSPEC_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, as_stream(stream)));
@@ -251,28 +227,6 @@ void StreamFence::record(void* stream) {
   QSPEC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_stream(stream)));
 }
 void StreamFence::wait() { QSPEC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
-
-EventTimer::EventTimer() {
-  cudaEvent_t a = nullptr, b = nullptr;
-  QSPEC_CUDA_CHECK(cudaEventCreate(&a));
-  QSPEC_CUDA_CHECK(cudaEventCreate(&b));
-  start_ = a;
-  stop_ = b;
-}
-EventTimer::~EventTimer() {
-  if (start_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(start_));
-  if (stop_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
-}
-void EventTimer::start(void* stream) {
-  QSPEC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), as_stream(stream)));
-}
-float EventTimer::stop_ms(void* stream) {
-  QSPEC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), as_stream(stream)));
-  QSPEC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
-  float ms = 0;
-  QSPEC_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
-  return ms;
-}
 
 Blas::Blas() {
   cublasHandle_t handle = nullptr;
