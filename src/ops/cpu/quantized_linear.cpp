@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
 #include "base/thread_pool.h"
 #include "ops/cpu/q4_kernels.h"
 #include "qspec/error.h"
@@ -90,6 +94,17 @@ std::string_view kernel_isa_name(KernelIsa isa) {
   return "?";
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+// AVX-VNNI (the VEX-coded dot products): CPUID leaf 7, subleaf 1, EAX bit 4. Read directly:
+// clang 14's __builtin_cpu_supports does not know the feature. Its registers are AVX2's, whose
+// OS support the caller checks.
+static bool has_avx_vnni() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
+  return (eax >> 4) & 1u;
+}
+#endif
+
 bool kernel_isa_supported(KernelIsa isa) {
   if (isa == KernelIsa::portable) return true;
 #if defined(__x86_64__) || defined(_M_X64)
@@ -97,7 +112,7 @@ bool kernel_isa_supported(KernelIsa isa) {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   switch (isa) {
     case KernelIsa::avx2: return avx2;
-    case KernelIsa::avx_vnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case KernelIsa::avx_vnni: return avx2 && has_avx_vnni();
     case KernelIsa::avx512_vnni:
       return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
