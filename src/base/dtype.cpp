@@ -1,5 +1,6 @@
 #include "base/dtype.h"
 
+#include <bit>
 #include <cmath>
 
 namespace qspec {
@@ -51,23 +52,18 @@ float f16_to_f32(uint16_t bits) {
     if (mantissa == 0) {
       out = sign;
     } else {  // subnormal: value = mantissa * 2^-24
-      float value = std::ldexp(static_cast<float>(mantissa), -24);
-      std::memcpy(&out, &value, sizeof out);
-      out |= sign;
+      out = std::bit_cast<uint32_t>(std::ldexp(static_cast<float>(mantissa), -24)) | sign;
     }
   } else if (exponent == 31) {
     out = sign | 0x7f800000u | (mantissa << 13);
   } else {
     out = sign | ((exponent + 112) << 23) | (mantissa << 13);
   }
-  float value;
-  std::memcpy(&value, &out, sizeof value);
-  return value;
+  return std::bit_cast<float>(out);
 }
 
 uint16_t f32_to_f16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   uint32_t magnitude = bits & 0x7fffffffu;
   if (magnitude > 0x7f800000u) return sign | 0x7e00u;            // NaN

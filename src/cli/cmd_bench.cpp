@@ -20,9 +20,7 @@
 #include "cli/commands.h"
 #include "model/llama.h"
 #include "qspec/error.h"
-#ifdef QSPEC_HAVE_CUDA
-#include "bench/cuda/gpu_bench.h"
-#endif
+#include "bench/cuda/gpu_bench.h"  // GpuBenchOptions (declarations only: builds without CUDA include it too)
 
 namespace qspec::cli {
 namespace {
@@ -34,35 +32,18 @@ struct BenchArgs {
   int repeats = 5;
   std::string out_dir = "bench/results";
   std::string command_line;
-  // --device cuda
   std::string device = "cpu";
-  std::string synthetic;
   std::vector<std::string> modes = {"w16a16", "w4a16"};
   std::string weights;     // CPU --modes: 4-bit weight format quantized at load ("" = int4)
   int64_t group_size = 0;  // CPU --modes: int4 group (0 = the model's automatic one)
-  std::vector<int64_t> batch_sizes = {1, 8, 16, 32, 64};
-  int64_t context = 512;
-  int64_t steps = 64;
-  std::vector<int64_t> prompt_lengths = {128, 256, 512, 1024, 2048, 4096};
-  std::vector<std::string> workloads;
-  std::string workloads_file = "bench/workloads.json";
-  int64_t requests_per_slot = 4;
+  // --device cuda: the GPU benchmark's own options, bound straight to their flags.
+  GpuBenchOptions gpu;
   bool no_graphs = false;
   bool no_pdl = false;
-  bool profile_step = false;
-  bool sampling = false;
-  std::vector<int64_t> qspec_gammas;
-  std::vector<std::string> qspec_drafts = {std::string(decode_rules::kDefaultDraft)};
-  double accept_rate = 1.0;
-  std::string accept_trace;
-  std::string gemm_policy;
-  int64_t synthetic_arc_channels = 128;  // ARC modes on --synthetic models
-  std::vector<std::string> gemm_ablation;
-  int ablation_repeats = 2;
 };
 
-[[maybe_unused]] void write_record(const nlohmann::json& record, const std::string& out_dir,
-                                   const std::string& file_name) {
+void write_record(const nlohmann::json& record, const std::string& out_dir,
+                  const std::string& file_name) {
   if (out_dir.empty()) return;
   std::filesystem::create_directories(out_dir);
   const std::string path = out_dir + "/" + file_name;
@@ -72,41 +53,43 @@ struct BenchArgs {
   std::printf("wrote %s\n", path.c_str());
 }
 
+// What every CPU record opens with: the benchmark, what ran, where and how.
+nlohmann::json cpu_record(const std::string& benchmark, const BenchArgs& args, int64_t threads) {
+  return {{"benchmark", benchmark},
+          {"model", args.model_dir},
+          {"threads", threads},
+          {"cpu", shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'")},
+          {"commit", git_commit()},
+          {"command", args.command_line},
+          {"prompt_tokens", args.prompt_tokens},
+          {"decode_tokens", args.decode_tokens},
+          {"repeats", args.repeats}};
+}
+
+// A record's file name: PREFIX-<the model directory's name>.json.
+std::string record_file(const std::string& prefix, const std::string& model_dir) {
+  std::string name = std::filesystem::path(model_dir).filename().string();
+  if (name.empty()) name = std::filesystem::path(model_dir).parent_path().filename().string();
+  return prefix + "-" + name + ".json";
+}
+
 void run_gpu(const BenchArgs& args) {
 #ifdef QSPEC_HAVE_CUDA
-  GpuBenchOptions options;
+  GpuBenchOptions options = args.gpu;
   options.model_dir = args.model_dir;
-  options.synthetic = args.synthetic;
   options.modes = args.modes;
-  options.batch_sizes = args.batch_sizes;
-  options.context = args.context;
-  options.steps = args.steps;
-  options.prompt_lengths = args.prompt_lengths;
-  options.workloads = args.workloads;
-  options.workloads_file = args.workloads_file;
-  options.requests_per_slot = args.requests_per_slot;
   options.cuda_graphs = !args.no_graphs;
   options.programmatic_launch = !args.no_pdl;
-  options.profile_step = args.profile_step;
-  options.sampling = args.sampling;
-  options.qspec_gammas = args.qspec_gammas;
-  options.qspec_drafts = args.qspec_drafts;
-  options.accept_rate = args.accept_rate;
-  options.accept_trace = args.accept_trace;
-  options.gemm_policy = args.gemm_policy;
-  options.synthetic_arc_channels = args.synthetic_arc_channels;
-  options.gemm_ablation = args.gemm_ablation;
-  options.ablation_repeats = args.ablation_repeats;
   options.command_line = args.command_line;
   options.commit = git_commit();
   const nlohmann::json record = run_gpu_bench(options);
-  if (args.profile_step) return;
-  std::string name = args.synthetic;
+  if (args.gpu.profile_step) return;
+  std::string name = args.gpu.synthetic;
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
   std::string gpu = record["gpu"].get<std::string>();
   for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
   write_record(record, args.out_dir,
-               (args.gemm_ablation.empty() ? "gpu-decode-" : "gemm-ablation-") + name + "-" + gpu + ".json");
+               (args.gpu.gemm_ablation.empty() ? "gpu-decode-" : "gemm-ablation-") + name + "-" + gpu + ".json");
 #else
   fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");
 #endif
@@ -195,35 +178,16 @@ void run_bench(const BenchArgs& args) {
   std::printf("copy bandwidth %.1f GB/s over %.1f MiB -> decode roofline %.0f tokens/s\n", bandwidth / 1e9,
               static_cast<double>(model->weight_bytes()) / (1 << 20), roofline);
 
-  nlohmann::json record = {
-      {"benchmark", "cpu_decode"},
-      {"model", args.model_dir},
-      {"weight_dtype", model->weight_dtype()},
-      {"weight_bytes", model->weight_bytes()},
-      {"threads", threads},
-      {"cpu", shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'")},
-      {"commit", git_commit()},
-      {"command", args.command_line},
-      {"prompt_tokens", args.prompt_tokens},
-      {"decode_tokens", args.decode_tokens},
-      {"repeats", args.repeats},
-      {"prefill_tokens_per_second", {{"one_thread", one_thread.prefill_tokens_per_second},
-                                     {"all_threads", all_threads.prefill_tokens_per_second}}},
-      {"decode_tokens_per_second", {{"one_thread", one_thread.decode_tokens_per_second},
-                                    {"all_threads", all_threads.decode_tokens_per_second}}},
-      {"copy_bandwidth_bytes_per_second", bandwidth},
-      {"decode_roofline_tokens_per_second", roofline},
-  };
-  if (!args.out_dir.empty()) {
-    std::filesystem::create_directories(args.out_dir);
-    std::string name = std::filesystem::path(args.model_dir).filename().string();
-    if (name.empty()) name = std::filesystem::path(args.model_dir).parent_path().filename().string();
-    std::string path = args.out_dir + "/cpu-decode-" + name + ".json";
-    std::ofstream out(path);
-    QSPEC_CHECK(out.good(), path, ": cannot write");
-    out << record.dump(2) << "\n";
-    std::printf("wrote %s\n", path.c_str());
-  }
+  nlohmann::json record = cpu_record("cpu_decode", args, threads);
+  record["weight_dtype"] = model->weight_dtype();
+  record["weight_bytes"] = model->weight_bytes();
+  record["prefill_tokens_per_second"] = {{"one_thread", one_thread.prefill_tokens_per_second},
+                                         {"all_threads", all_threads.prefill_tokens_per_second}};
+  record["decode_tokens_per_second"] = {{"one_thread", one_thread.decode_tokens_per_second},
+                                        {"all_threads", all_threads.decode_tokens_per_second}};
+  record["copy_bandwidth_bytes_per_second"] = bandwidth;
+  record["decode_roofline_tokens_per_second"] = roofline;
+  write_record(record, args.out_dir, record_file("cpu-decode", args.model_dir));
 }
 
 // --modes on the CPU: each mode's prefill and decode with all threads, on one set of 4-bit
@@ -251,22 +215,10 @@ void run_bench_modes(const BenchArgs& args) {
                        {"prefill_tokens_per_second", throughput.prefill_tokens_per_second},
                        {"decode_tokens_per_second", throughput.decode_tokens_per_second}});
   }
-  const nlohmann::json record = {
-      {"benchmark", "cpu_modes"},
-      {"model", args.model_dir},
-      {"quantized_weights", weights},
-      {"threads", threads},
-      {"cpu", shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'")},
-      {"commit", git_commit()},
-      {"command", args.command_line},
-      {"prompt_tokens", args.prompt_tokens},
-      {"decode_tokens", args.decode_tokens},
-      {"repeats", args.repeats},
-      {"modes", results},
-  };
-  std::string name = std::filesystem::path(args.model_dir).filename().string();
-  if (name.empty()) name = std::filesystem::path(args.model_dir).parent_path().filename().string();
-  write_record(record, args.out_dir, "cpu-modes-" + name + ".json");
+  nlohmann::json record = cpu_record("cpu_modes", args, threads);
+  record["quantized_weights"] = weights;
+  record["modes"] = results;
+  write_record(record, args.out_dir, record_file("cpu-modes", args.model_dir));
 }
 
 }  // namespace
@@ -276,68 +228,68 @@ void register_bench(CLI::App& app) {
   CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode throughput (CPU, or --device cuda)");
   command->add_option("model,-m,--model", args->model_dir, "Model directory (or --synthetic with --device cuda)");
   command->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  command->add_option("--synthetic", args->synthetic,
+  command->add_option("--synthetic", args->gpu.synthetic,
                       "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
   command->add_option("--modes", args->modes,
                       "modes (cpu: each mode's prefill and decode, all threads; cuda: w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4, and "
                       "w4a4-int4-arc, w4a4-nvfp4-arc, w4a4-mxfp4-arc on ARC checkpoints or --synthetic)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--synthetic-arc-channels", args->synthetic_arc_channels,
+  command->add_option("--synthetic-arc-channels", args->gpu.synthetic_arc_channels,
                       "cuda, --synthetic: ARC residual channels a site for the ARC modes (random channel orders; "
                       "other modes run without ARC)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  command->add_option("--batch-sizes", args->batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
-  command->add_option("--context", args->context, "cuda: cached positions per sequence during decode steps")
+  command->add_option("--batch-sizes", args->gpu.batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
+  command->add_option("--context", args->gpu.context, "cuda: cached positions per sequence during decode steps")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  command->add_option("--steps", args->steps, "cuda: timed decode steps per batch size")
+  command->add_option("--steps", args->gpu.steps, "cuda: timed decode steps per batch size")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  command->add_option("--prompt-lengths", args->prompt_lengths, "cuda: prompts for time-to-first-token")
+  command->add_option("--prompt-lengths", args->gpu.prompt_lengths, "cuda: prompts for time-to-first-token")
       ->delimiter(',')->capture_default_str();
-  command->add_option("--workloads", args->workloads,
+  command->add_option("--workloads", args->gpu.workloads,
                       "cuda: dataset workloads served with continuous batching (gsm8k, humaneval, mbpp, mt-bench)")
       ->delimiter(',');
-  command->add_option("--workloads-file", args->workloads_file, "cuda: prompt/output lengths per dataset")
+  command->add_option("--workloads-file", args->gpu.workloads_file, "cuda: prompt/output lengths per dataset")
       ->capture_default_str();
-  command->add_option("--qspec-gammas", args->qspec_gammas,
+  command->add_option("--qspec-gammas", args->gpu.qspec_gammas,
                       "cuda, mode w4a16: time QSpec cycles (drafts + W4A16 verify) for these draft lengths")
       ->delimiter(',')
       ->check(CLI::Range(1, 7));
-  command->add_option("--qspec-drafts", args->qspec_drafts,
+  command->add_option("--qspec-drafts", args->gpu.qspec_drafts,
                       "cuda: draft modes of the QSpec cycles (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--gemm-policy", args->gemm_policy,
+  command->add_option("--gemm-policy", args->gpu.gemm_policy,
                       "cuda: the 4-bit GEMMs follow this policy map (qspec tune); default: the built-in crossovers")
       ->check(CLI::ExistingFile);
-  command->add_option("--gemm-ablation", args->gemm_ablation,
+  command->add_option("--gemm-ablation", args->gpu.gemm_ablation,
                       "cuda: ADAngel ablation instead of the usual tables: each GEMM policy in turn (builtin, "
                       "paper-rule, forced:STRATEGY, or a map file), decode steps at --batch-sizes and TTFT at "
                       "--prompt-lengths")
       ->delimiter(',');
-  command->add_option("--ablation-repeats", args->ablation_repeats,
+  command->add_option("--ablation-repeats", args->gpu.ablation_repeats,
                       "cuda: rounds of --gemm-ablation (policy order reversed on odd rounds)")
       ->check(CLI::Range(1, 20))
       ->capture_default_str();
-  command->add_option("--accept-trace", args->accept_trace,
+  command->add_option("--accept-trace", args->gpu.accept_trace,
                       "cuda: tokens per QSpec cycle from the accepted lengths a real checkpoint recorded (a `qspec "
                       "eval qspec` result JSON, e.g. bench/results/qspec-acceptance-smollm2.json)")
       ->check(CLI::ExistingFile);
-  command->add_option("--accept-rate", args->accept_rate,
+  command->add_option("--accept-rate", args->gpu.accept_rate,
                       "cuda: per-token draft acceptance for the QSpec tokens/s (1 = every draft kept)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  command->add_option("--requests-per-slot", args->requests_per_slot, "cuda: a workload serves batch x this many requests")
+  command->add_option("--requests-per-slot", args->gpu.requests_per_slot, "cuda: a workload serves batch x this many requests")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->add_flag("--no-graphs", args->no_graphs, "cuda: plain launches instead of CUDA graphs for decode steps");
   command->add_flag("--no-pdl", args->no_pdl,
                     "cuda: fully serialized kernel launches (no programmatic dependent launch), to measure its worth");
-  command->add_flag("--sampling", args->sampling,
+  command->add_flag("--sampling", args->gpu.sampling,
                     "cuda: after each decode batch, time drawing its tokens with sampling filters on the GPU against "
                     "copying the logit rows to the host sampler");
-  command->add_flag("--profile-step", args->profile_step,
+  command->add_flag("--profile-step", args->gpu.profile_step,
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--weights", args->weights,
                       "cpu --modes: 4-bit weight format quantized at load by RTN (default int4; a qspec 4-bit "
@@ -357,7 +309,7 @@ void register_bench(CLI::App& app) {
       run_gpu(*args);
       return;
     }
-    QSPEC_CHECK(!args->model_dir.empty() && args->synthetic.empty(),
+    QSPEC_CHECK(!args->model_dir.empty() && args->gpu.synthetic.empty(),
                 "bench: the CPU benchmark needs a model directory (--synthetic is for --device cuda)");
     if (command->count("--modes") > 0) return run_bench_modes(*args);
     QSPEC_CHECK(command->count("--weights") == 0 && command->count("--group-size") == 0,

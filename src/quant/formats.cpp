@@ -14,6 +14,7 @@
 #include "quant/formats.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,17 +27,8 @@ namespace qspec::quant {
 
 namespace {
 
-uint32_t bits_of(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-
-float float_of(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
+uint32_t bits_of(float value) { return std::bit_cast<uint32_t>(value); }
+float float_of(uint32_t bits) { return std::bit_cast<float>(bits); }
 
 // 2^exponent for exponent in [-149, 127], built exactly (subnormal below -126).
 float exact_power_of_two(int exponent) {

@@ -17,62 +17,25 @@ namespace q4 {
 // The .inc refers to the shared types as q4::...
 }
 
-#if defined(__clang__)  // clang takes target attributes, not GCC's target pragma
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+// Each variant: its namespace, its dot-product kind (0 AVX2, 1 AVX-VNNI, 2 AVX-512 VNNI), the
+// tokens a W4A16 tile holds, and the instruction sets it is compiled for (QSPEC_Q4_TARGET).
 #define QSPEC_Q4_NS q4_avx2
 #define QSPEC_Q4_VNNI 0
 #define QSPEC_Q4_TOKENS 2  // 16 registers: 4 rows x 2 tokens of accumulators
+#define QSPEC_Q4_TARGET "avx2,fma"
 #include "ops/cpu/q4_kernels_x86.inc"
-#undef QSPEC_Q4_NS
-#undef QSPEC_Q4_VNNI
-#undef QSPEC_Q4_TOKENS
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 
-#if defined(__clang__)  // clang takes target attributes, not GCC's target pragma
-#pragma clang attribute push(__attribute__((target("avx2,fma,avxvnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,avxvnni")
-#endif
 #define QSPEC_Q4_NS q4_avx_vnni
 #define QSPEC_Q4_VNNI 1
 #define QSPEC_Q4_TOKENS 2
+#define QSPEC_Q4_TARGET "avx2,fma,avxvnni"
 #include "ops/cpu/q4_kernels_x86.inc"
-#undef QSPEC_Q4_NS
-#undef QSPEC_Q4_VNNI
-#undef QSPEC_Q4_TOKENS
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 
-#if defined(__clang__)  // clang takes target attributes, not GCC's target pragma
-#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")
-#endif
 #define QSPEC_Q4_NS q4_avx512_vnni
 #define QSPEC_Q4_VNNI 2
 #define QSPEC_Q4_TOKENS 4  // 32 registers
+#define QSPEC_Q4_TARGET "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni"
 #include "ops/cpu/q4_kernels_x86.inc"
-#undef QSPEC_Q4_NS
-#undef QSPEC_Q4_VNNI
-#undef QSPEC_Q4_TOKENS
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 
 const q4::Kernels& q4::avx2_kernels() { return q4_avx2::kernels(); }
 const q4::Kernels& q4::avx_vnni_kernels() { return q4_avx_vnni::kernels(); }
