@@ -25,22 +25,9 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "tokenizer/calibration_text.h"  // CalibrationSet, load_calibration_text
 
 namespace qspec {
-
-class Tokenizer;
-
-struct CalibrationSet {
-  std::vector<std::vector<int32_t>> sequences;
-  std::string source;  // file name
-  int64_t tokens = 0;
-};
-
-// Reads a UTF-8 text file and cuts its tokens into up to `samples` consecutive sequences of
-// `sequence_length` tokens (the last may be shorter, at least 2 tokens). Throws naming the
-// file when it is missing, empty, not UTF-8 text (or holds NUL bytes), or too short.
-CalibrationSet load_calibration_text(const std::string& path, const Tokenizer& tokenizer, int64_t samples,
-                                     int64_t sequence_length);
 
 struct QuantizeOptions {
   quant::Format format = quant::Format::int4;
