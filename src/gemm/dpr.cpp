@@ -1,10 +1,6 @@
 // The DPR reference (see dpr.h). Floats are combined one rounding at a time, as a GPU twin
-// written with __fmul_rn / __fadd_rn does: no FMA contraction in this file.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+// written with __fmul_rn / __fadd_rn does.
+#include "base/exact_f32.h"  // first: no FMA contraction in this file
 
 #include "gemm/dpr.h"
 

@@ -2,14 +2,7 @@
 // (block scale from an amax, element encode/decode, scale storage); one templated block loop
 // serves plain rows, fake quantization and ARC-augmented rows, so they cannot drift apart.
 
-// The reference rounds every f32 operation on its own: a contracted x - c * s (one FMA) can
-// differ in the last bit from what a CUDA kernel computes with __fmul_rn / __fsub_rn.
-// GCC contracts across statements by default even in ISO C++ mode, so turn it off here.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "base/exact_f32.h"  // first: no FMA contraction in this file (see there)
 
 #include "quant/formats.h"
 

@@ -2,11 +2,7 @@
 
 // Every f32 operation rounds on its own (the documented order a CUDA twin can match): no FMA
 // contraction of the sign/scale product into the first butterfly.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "base/exact_f32.h"  // first
 
 #include "quant/hadamard.h"
 

@@ -3,13 +3,8 @@
 // augmented residual channels (GEMM equivalence, the paper's MXFP8-level error bound, and
 // lower error than plain quantization on outlier-heavy rows).
 
-// Same rule as the library: no FMA contraction, so expected values computed here round the
-// way the reference does.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+// The library's rule here too: expected values computed in this file round as the reference does.
+#include "base/exact_f32.h"  // first
 
 #include <gtest/gtest.h>
 
