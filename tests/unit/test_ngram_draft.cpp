@@ -141,7 +141,9 @@ TEST(NgramDraft, EngineRejectionSamplingKeepsTheVerifyDistribution) {
     return dof * std::pow(1.0 - h + 3.09 * std::sqrt(h), 3.0);
   };
   for (int64_t t = 0; t < vocab; ++t)
-    if (expected[static_cast<size_t>(t)] == 0) EXPECT_EQ(counts[static_cast<size_t>(t)], 0) << "token " << t;
+    if (expected[static_cast<size_t>(t)] == 0) {
+      EXPECT_EQ(counts[static_cast<size_t>(t)], 0) << "token " << t;
+    }
   int categories = 0;
   const double chi2 = chi_square(expected, categories);
   EXPECT_LT(chi2, quantile(categories - 1)) << "drafted " << drafted << ", rejected " << rejected;
