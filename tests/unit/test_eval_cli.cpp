@@ -198,3 +198,21 @@ TEST_F(EvalCli, QSpecReferenceSavedReusedAndChecked) {
   expect_error(base + " --reference '" + write("bad.json", "{\"max_tokens\": 12").string() + "'",
                "not a reference file");
 }
+
+// eval qspec with n-gram drafts beside a mode: no mode is prepared for them, the no-overwrite
+// ablation is skipped for them (it has no draft rows), and their outputs equal W4A16's.
+TEST_F(EvalCli, QSpecNgramDraftsRunBesideModeDrafts) {
+  const fs::path problems = write("problems.jsonl", std::string(kProblem) + "\n" + kProblem + "\n");
+  const fs::path out = dir_ / "qspec.json";
+  const QspecRun run = qspec("eval qspec '" + kModel + "' '" + problems.string() + "' -n 16 --drafts ngram,w4a8 "
+                             "--gammas 3 --batch-sizes 2 --kv-overwrite both -o '" + out.string() + "'");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json report = nlohmann::json::parse(slurp(out));
+  ASSERT_EQ(report["results"].size(), 3u);  // ngram (overwrite on), w4a8 on and off
+  EXPECT_EQ(report["results"][0]["draft"], "ngram");
+  EXPECT_EQ(report["results"][0]["kv_overwrite"], true);
+  EXPECT_EQ(report["results"][0]["identical_to_w4a16"].get<int>() + report["results"][0]["exact_logit_ties"].get<int>(), 2);
+  EXPECT_EQ(report["mismatches"], 0);
+  expect_error("eval qspec '" + kModel + "' '" + problems.string() + "' --drafts ngram --device cuda --kv-overwrite off",
+               "runs on the CPU only");
+}
