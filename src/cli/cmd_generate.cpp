@@ -147,7 +147,7 @@ void run_generate(const GenerateArgs& args) {
                finish_reason.c_str());
   if (use_qspec) {
     QSpecOptions described;
-    described.draft = modes[1];
+    described.draft.name = plan.draft;  // a mode, or ngram (no mode: modes holds the verify only)
     described.overwrite_kv = !args.no_kv_overwrite;
     std::fprintf(stderr, "[qspec] %s\n", describe_qspec_metrics(metrics.qspec, described).c_str());
   }

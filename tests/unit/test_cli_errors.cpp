@@ -86,6 +86,20 @@ TEST(CliErrors, FamiliarFlagsModelAndThreadsAfterTheSubcommand) {
   EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
 }
 
+// generate with prompt-lookup drafts: no draft mode is prepared, and the QSpec summary names
+// the draft (it once read a draft mode that n-gram plans do not have).
+TEST(CliErrors, GenerateWithNgramDraftsRunsAndReports) {
+  CommandResult result = run_qspec("generate '" + kModelDir.string() +
+                                   "' --mode qspec --draft ngram --gamma 4 -n 24 -p 'Question: 12 pens in 4 boxes?'");
+  EXPECT_TRUE(result.exited) << result.stderr_text;
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("draft ngram gamma 4"), std::string::npos) << result.stderr_text;
+  result = run_qspec("generate '" + kModelDir.string() + "' --mode qspec --draft ngram --ngram-min 4 --ngram-max 2 "
+                     "-n 4 -p 'Question: 1 + 1?'");
+  EXPECT_EQ(result.exit_code, 1) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("--ngram_min: must be in 1..ngram_max"), std::string::npos) << result.stderr_text;
+}
+
 TEST(CliErrors, PromptFromStandardInputWithDashF) {
   const fs::path prompt = fs::temp_directory_path() / ("qspec-prompt-" + std::to_string(::getpid()));
   std::ofstream(prompt) << "Question: 2 + 2?";
