@@ -30,7 +30,7 @@ struct BenchArgs {
   int64_t prompt_tokens = 64;
   int64_t decode_tokens = 128;
   int repeats = 5;
-  std::string out_dir = "bench/results";
+  std::string out_dir;  // "": print the tables only (a JSON record only when asked, -o DIR)
   std::string command_line;
   std::string device = "cpu";
   std::vector<std::string> modes = {"w16a16", "w4a16"};
@@ -301,8 +301,8 @@ void register_bench(CLI::App& app) {
   command->add_option("--decode-tokens", args->decode_tokens, "Tokens decoded per run")->capture_default_str();
   command->add_option("--repeats", args->repeats, "Timed runs (median reported)")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  command->add_option("--out-dir", args->out_dir, "Where to write the JSON result ('' to skip)")
-      ->capture_default_str();
+  command->add_option("-o,--out-dir", args->out_dir,
+                      "Also write the JSON record into this directory (e.g. bench/results); default: tables only");
   command->callback([args, command] {
     args->command_line = command_line();
     if (args->device == "cuda") {
