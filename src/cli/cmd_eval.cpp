@@ -90,6 +90,9 @@ PreparedModel load_model_for_modes(const std::string& model_dir, const std::vect
                                    const std::string& weights, int64_t group_size) {
   PreparedModel prepared;
   QSPEC_CHECK(!mode_names.empty(), "--modes: no run mode given");
+  for (const std::string& name : mode_names)
+    QSPEC_CHECK(name != decode_rules::kQSpecMode, "--modes qspec: QSpec's greedy output is W4A16's token for token, so "
+                "its accuracy is the w4a16 row; `qspec eval qspec MODEL` measures its acceptance and speed");
   const bool has_auto = std::find(mode_names.begin(), mode_names.end(), decode_rules::kAutoMode) != mode_names.end();
   for (const std::string& name : mode_names)
     if (name != decode_rules::kAutoMode) prepared.modes.push_back(parse_run_mode(name));

@@ -1,11 +1,14 @@
 // The qspec command. Each subcommand is a small function over the library.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <new>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "cli/commands.h"
@@ -23,6 +26,70 @@ int exit_with(int status, const char* format, const char* what) {
   std::fprintf(stderr, format, what);
   std::fputc('\n', stderr);
   return status;
+}
+
+// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `names` to `typed`, when it is close enough to be a typo ("" otherwise).
+std::string closest(const std::string& typed, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, typed.size() / 3) + 1;
+  for (const std::string& name : names)
+    if (const size_t d = edit_distance(typed, name); d < best_distance) best = name, best_distance = d;
+  if (best.empty())  // a flag cut short: --max-batch for --max-batch-size
+    for (const std::string& name : names)
+      if (typed.size() >= 4 && name.rfind(typed, 0) == 0) return name;
+  return best;
+}
+
+// "Did you mean" for a command line CLI11 refused: the subcommand it names (or the closest
+// one), then each --flag that neither it nor the top level knows.
+std::string suggestion(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) commands.push_back(sub->get_name());
+  CLI::App* command = nullptr;
+  std::string hint;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.empty() || arg[0] == '-') continue;
+    if (std::find(commands.begin(), commands.end(), arg) != commands.end()) {
+      command = app.get_subcommand(arg);
+    } else if (const std::string near = closest(arg, commands); !near.empty()) {
+      hint = "did you mean `qspec " + near + "`?";
+    }
+    break;
+  }
+  if (!hint.empty() || command == nullptr) return hint.empty() ? "commands: generate, serve, quantize, eval, bench, info, convert, tune" : hint;
+  std::vector<std::string> flags;
+  for (const CLI::App* scope : {static_cast<const CLI::App*>(&app), static_cast<const CLI::App*>(command)})
+    for (const CLI::Option* option : scope->get_options())
+      for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  for (const CLI::App* nested : command->get_subcommands([](CLI::App*) { return true; }))
+    for (const CLI::Option* option : nested->get_options())
+      for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg == "--") continue;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) arg.resize(eq);
+    if (std::find(flags.begin(), flags.end(), arg) != flags.end()) continue;
+    const std::string near = closest(arg, flags);
+    hint += (hint.empty() ? "" : "; ") + ("unknown flag " + arg) + (near.empty() ? "" : ": did you mean " + near + "?");
+  }
+  return hint;
 }
 
 }  // namespace
@@ -56,7 +123,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help, --version
+    const std::string hint = suggestion(app, argc, argv);
+    std::fflush(stdout);
+    std::fprintf(stderr, "qspec: error: %s%s%s\n(qspec --help, or qspec COMMAND --help)\n", error.what(),
+                 hint.empty() ? "" : "; ", hint.c_str());
+    return error.get_exit_code();
   } catch (const qspec::Error& error) {
     return exit_with(1, "error: %s", error.what());
   } catch (const std::bad_alloc& error) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
@@ -241,10 +242,53 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   return config;
 }
 
+namespace {
+
+// What to do with a path that holds no config.json: a GGUF or llama2.c file (or a directory of
+// one) is converted first; anything else is not a model.
+std::string missing_config_hint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ignored;
+  auto kind_of = [](const fs::path& file) -> std::string {
+    std::ifstream in(file, std::ios::binary);
+    char magic[4] = {};
+    in.read(magic, 4);
+    if (in.gcount() == 4 && std::string(magic, 4) == "GGUF") return "gguf";
+    return file.extension() == ".bin" ? "llama2c" : "";
+  };
+  auto advice = [](const fs::path& file, const std::string& kind) {
+    if (kind == "gguf") return "'" + file.string() + "' is a GGUF file: convert it first, qspec convert gguf '" +
+                               file.string() + "' OUT_DIR, then use OUT_DIR";
+    return "'" + file.string() + "' looks like a llama2.c checkpoint: convert it first, qspec convert llama2c '" +
+           file.string() + "' TOKENIZER.bin OUT_DIR, then use OUT_DIR";
+  };
+  if (fs::is_regular_file(dir, ignored)) {
+    const std::string kind = kind_of(dir);
+    return kind.empty() ? "'" + dir + "' is a file, not a model directory (config.json, *.safetensors, tokenizer.json)"
+                        : advice(dir, kind);
+  }
+  if (fs::is_directory(dir, ignored)) {
+    // A GGUF file, else the largest .bin (a llama2.c tokenizer .bin is a few KB beside it).
+    fs::path gguf, bin;
+    uintmax_t bin_size = 0;
+    for (const auto& entry : fs::directory_iterator(dir, ignored)) {
+      if (!entry.is_regular_file(ignored)) continue;
+      const std::string kind = kind_of(entry.path());
+      if (kind == "gguf" && gguf.empty()) gguf = entry.path();
+      if (kind == "llama2c" && entry.file_size(ignored) > bin_size) bin = entry.path(), bin_size = entry.file_size(ignored);
+    }
+    if (!gguf.empty()) return advice(gguf, "gguf");
+    if (!bin.empty()) return advice(bin, "llama2c");
+  }
+  return "is '" + dir + "' a model directory?";
+}
+
+}  // namespace
+
 ModelConfig load_model_config(const std::string& dir) {
   std::string path = dir + "/config.json";
   std::error_code ignored;
-  QSPEC_CHECK(std::filesystem::exists(path, ignored), path, ": cannot open (is '", dir, "' a model directory?)");
+  if (!std::filesystem::exists(path, ignored)) fail(path, ": cannot open (", missing_config_hint(dir), ")");
   return parse_model_config(read_text_file(path, kMaxConfigJsonBytes), path);
 }
 

@@ -100,6 +100,43 @@ TEST(CliErrors, GenerateWithNgramDraftsRunsAndReports) {
   EXPECT_NE(result.stderr_text.find("--ngram_min: must be in 1..ngram_max"), std::string::npos) << result.stderr_text;
 }
 
+// A mistyped command or flag: a `qspec: error:` line with the closest name.
+TEST(CliErrors, TyposGetDidYouMean) {
+  CommandResult result = run_qspec("genrate x");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.stderr_text.find("qspec: error:"), std::string::npos) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("did you mean `qspec generate`?"), std::string::npos) << result.stderr_text;
+  result = run_qspec("generate '" + kModelDir.string() + "' --tempreature 1 -p hi");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.stderr_text.find("did you mean --temperature?"), std::string::npos) << result.stderr_text;
+  result = run_qspec("serve '" + kModelDir.string() + "' --max-batch 4");
+  EXPECT_NE(result.stderr_text.find("did you mean --max-batch-size?"), std::string::npos) << result.stderr_text;
+  result = run_qspec("eval gsm '" + kModelDir.string() + "' --modes qspec");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.stderr_text.find("qspec eval qspec MODEL"), std::string::npos) << result.stderr_text;
+}
+
+// A GGUF or llama2.c file where a model directory belongs: the error says how to convert it.
+TEST(CliErrors, NonDirectoryCheckpointsPointToConvert) {
+  const fs::path dir = fs::temp_directory_path() / ("qspec-convert-hint-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "model.gguf", std::ios::binary) << "GGUF\x03\0\0\0";
+  CommandResult result = run_qspec("info '" + (dir / "model.gguf").string() + "'");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.stderr_text.find("is a GGUF file: convert it first, qspec convert gguf"), std::string::npos)
+      << result.stderr_text;
+  result = run_qspec("info '" + dir.string() + "'");  // a directory holding one
+  EXPECT_NE(result.stderr_text.find("qspec convert gguf"), std::string::npos) << result.stderr_text;
+  fs::remove(dir / "model.gguf");
+  std::ofstream(dir / "stories.bin", std::ios::binary) << std::string(4096, '\1');
+  std::ofstream(dir / "tok512.bin", std::ios::binary) << std::string(16, '\1');
+  result = run_qspec("info '" + dir.string() + "'");
+  EXPECT_NE(result.stderr_text.find("stories.bin' looks like a llama2.c checkpoint: convert it first"),
+            std::string::npos)
+      << result.stderr_text;
+  fs::remove_all(dir);
+}
+
 TEST(CliErrors, PromptFromStandardInputWithDashF) {
   const fs::path prompt = fs::temp_directory_path() / ("qspec-prompt-" + std::to_string(::getpid()));
   std::ofstream(prompt) << "Question: 2 + 2?";
