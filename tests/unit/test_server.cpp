@@ -350,8 +350,13 @@ TEST(Server, ChatRendersTheTemplateAndStreams) {
 }
 
 TEST(Server, ChatWithoutTemplateIs400AndCompletionsStillWork) {
+  // A model directory with the fixture's tokenizer_config.json and no chat_template.jinja.
+  const std::filesystem::path bare = std::filesystem::path(::testing::TempDir()) / "qspec_server_no_template";
+  std::filesystem::create_directories(bare);
+  std::filesystem::copy_file(kModel + "/tokenizer_config.json", bare / "tokenizer_config.json",
+                             std::filesystem::copy_options::overwrite_existing);
   auto options = base_options();
-  options.chat_template = qspec::load_server_chat_template(kModel, "");  // the fixture has none
+  options.chat_template = qspec::load_server_chat_template(bare.string(), "");
   EXPECT_FALSE(options.chat_template.has_value());
   Running server(std::move(options));
   auto res = server.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
@@ -360,6 +365,27 @@ TEST(Server, ChatWithoutTemplateIs400AndCompletionsStillWork) {
   res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
+}
+
+// The bundled model chats with its own template (models/gsm-synth-llama/chat_template.jinja):
+// a user turn is the "Question: ...\nAnswer:" text it was trained on, so the answer is the
+// completion of that text; earlier turns are question / answer pairs, system turns dropped.
+TEST(Server, BundledModelChatsWithItsTemplate) {
+  auto options = base_options();
+  options.chat_template = qspec::load_server_chat_template(kModel, "");
+  ASSERT_TRUE(options.chat_template.has_value());
+  EXPECT_EQ(options.chat_template->render({{"system", "be brief"}, {"user", "Q1"}, {"assistant", "A1"}, {"user", "Q2"}},
+                                          /*add_generation_prompt=*/true),
+            "Question: Q1\nAnswer: A1\n\nQuestion: Q2\nAnswer:");
+  Running server(std::move(options));
+  const std::string question = "Tom has 3 apples and buys 5 more. How many apples does he have?";
+  auto chat = server.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", question}}}},
+                                                        {"max_tokens", 24}, {"temperature", 0}});
+  auto completion = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 24}, {"temperature", 0}});
+  ASSERT_TRUE(chat && completion);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  EXPECT_EQ(json::parse(chat->body)["choices"][0]["message"]["content"],
+            json::parse(completion->body)["choices"][0]["text"]);
 }
 
 TEST(Server, ChatTemplateErrorsAreClearAtStartup) {
