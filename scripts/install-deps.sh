@@ -8,5 +8,5 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates \
   libpcre2-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libcpp-httplib-dev libssl-dev openssl \
-  clang libclang-rt-14-dev ccache python3 python3-pip python3-venv curl >/dev/null
+  clang libclang-rt-14-dev ccache python3 python3-pip python3-venv curl tmux >/dev/null
 echo "qspec: build dependencies installed"

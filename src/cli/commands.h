@@ -13,6 +13,7 @@ class LlamaModel;
 
 namespace qspec::cli {
 void register_generate(CLI::App& app);
+void register_chat(CLI::App& app);
 void register_info(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_bench(CLI::App& app);

@@ -73,7 +73,7 @@ std::string suggestion(CLI::App& app, int argc, char** argv) {
     }
     break;
   }
-  if (!hint.empty() || command == nullptr) return hint.empty() ? "commands: generate, serve, quantize, eval, bench, info, convert, tune" : hint;
+  if (!hint.empty() || command == nullptr) return hint.empty() ? "commands: generate, chat, serve, quantize, eval, bench, info, convert, tune" : hint;
   std::vector<std::string> flags;
   for (const CLI::App* scope : {static_cast<const CLI::App*>(&app), static_cast<const CLI::App*>(command)})
     for (const CLI::Option* option : scope->get_options())
@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
                "8x the weight memory; identical outputs)");
 
   qspec::cli::register_generate(app);
+  qspec::cli::register_chat(app);
   qspec::cli::register_info(app);
   qspec::cli::register_convert(app);
   qspec::cli::register_bench(app);
