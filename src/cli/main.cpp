@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "CPU threads (default: all hardware threads)");
   bool f32_weight_cache = false;
   app.add_flag("--cpu-f32-weights", f32_weight_cache,
-               "CPU backend: decode 4-bit weights to f32 once at load (faster small-batch decoding, "
-               "8x the weight memory; identical outputs)");
+               "CPU backend: keep an f32 copy of the 4-bit weights (8x their memory, identical outputs; no "
+               "faster since the packed 4-bit kernels: kept for old command lines)");
 
   qspec::cli::register_generate(app);
   qspec::cli::register_chat(app);
