@@ -70,11 +70,10 @@ void run_chat(const ChatArgs& args) {
   Engine engine(*model, tokenizer.get(), options);
 
   SamplingParams sampling = args.sampling;
-  if (!args.seed_given && !sampling.greedy()) sampling.seed = Sampler::random_seed();
+  choose_seed(sampling, args.seed_given);
   std::fprintf(stderr, "[qspec] chat with %s, mode %s%s%s, context %lld; %s\n", args.model_dir.c_str(),
                plan.mode.c_str(), plan.qspec() ? ", draft " : "", plan.qspec() ? plan.draft.c_str() : "",
                static_cast<long long>(engine.context_limit()), kHelp);
-  if (!sampling.greedy()) std::fprintf(stderr, "[qspec] seed %llu\n", static_cast<unsigned long long>(sampling.seed));
 
   std::string system = args.system;
   std::vector<ChatMessage> history;
@@ -142,14 +141,7 @@ void register_chat(CLI::App& app) {
   command->add_option("--system", args->system, "System message");
   command->add_option("--chat-template", args->chat_template, "Jinja chat template file (instead of the model's)");
   command->add_option("-n,--max-tokens", args->max_tokens, "Tokens a reply may take")->capture_default_str();
-  command->add_option("--temperature,--temp", args->sampling.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str();
-  command->add_option("--top-k", args->sampling.top_k, "Top-k (0: off)");
-  command->add_option("--top-p", args->sampling.top_p, "Top-p (1: off)");
-  command->add_option("--min-p", args->sampling.min_p, "Min-p (0: off)");
-  command->add_option("--repeat-penalty", args->sampling.repetition_penalty, "Repetition penalty (1: off)");
-  command->add_option("--seed", args->sampling.seed, "Random seed (default: a new one each run, printed)")
-      ->each([args](const std::string&) { args->seed_given = true; });
+  add_sampling_options(command, args->sampling, args->seed_given);
   command->add_option("--mode", args->plan.mode, "auto (the checkpoint's format), a run mode, or qspec")
       ->capture_default_str();
   command->add_option("--draft", args->plan.draft, "--mode qspec: the draft (a mode, or ngram)")->capture_default_str();

@@ -98,12 +98,7 @@ void run_generate(const GenerateArgs& args) {
   Request request;
   request.prompt = tokenizer->encode(prompt, add_bos);
   request.sampling = args.sampling;
-  if (!args.seed_given && !request.sampling.greedy()) {
-    // Without --seed a sampled run draws anew each time (as llama.cpp and vLLM do); the seed
-    // is printed so the run can be repeated.
-    request.sampling.seed = Sampler::random_seed();
-    std::fprintf(stderr, "[qspec] seed %llu\n", static_cast<unsigned long long>(request.sampling.seed));
-  }
+  choose_seed(request.sampling, args.seed_given);
   request.max_new_tokens = args.max_tokens;
   request.ignore_eos = args.ignore_eos;
   request.stop = args.stop;
@@ -165,13 +160,7 @@ void register_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file ('-': standard input)");
   command->add_option("-n,--max-tokens", args->max_tokens, "Maximum new tokens")->capture_default_str();
-  command->add_option("--temperature,--temp", args->sampling.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str();
-  command->add_option("--top-k", args->sampling.top_k, "Keep the k most likely tokens (0: off)");
-  command->add_option("--top-p", args->sampling.top_p, "Nucleus sampling mass (1: off)");
-  command->add_option("--min-p", args->sampling.min_p, "Drop tokens below min_p x the top probability");
-  command->add_option("--repeat-penalty", args->sampling.repetition_penalty, "Repetition penalty (1: off)");
-  command->add_option("--seed", args->sampling.seed, "Random seed for sampling (default: a new one each run, printed)");
+  add_sampling_options(command, args->sampling, args->seed_given);
   command->add_option("--bos", args->bos, "Prepend the bos token: auto|on|off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
@@ -213,10 +202,7 @@ void register_generate(CLI::App& app) {
                       "4-bit weight format for w4* modes, quantized at load by RTN (default int4; a qspec "
                       "4-bit checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")->capture_default_str();
-  command->callback([args, command] {
-    args->seed_given = command->count("--seed") > 0;
-    run_generate(*args);
-  });
+  command->callback([args] { run_generate(*args); });
 }
 
 }  // namespace qspec::cli

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "qspec/sampling.h"
 #include "quant/quantized_linear.h"
 
 namespace qspec {
@@ -29,6 +30,13 @@ void register_tune(CLI::App& app);
 // description of the 4-bit weights ("-" when no mode uses them).
 std::string prepare_model_for_modes(LlamaModel& model, std::vector<RunMode>& modes, const std::string& weights,
                                     int64_t group_size);
+
+// The sampling flags `generate` and `chat` share, in llama.cpp's spellings: --temperature /
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, and --seed (which sets seed_given).
+void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given);
+// Without --seed a sampled run draws a new seed each time (as llama.cpp and vLLM do) and prints
+// it on stderr, so the run can be repeated.
+void choose_seed(SamplingParams& sampling, bool seed_given);
 
 // The command line as typed (for benchmark records).
 void set_command_line(int argc, char** argv);

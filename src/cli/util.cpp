@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "model/llama.h"
+#include "ops/sample.h"
 #include "qspec/error.h"
 
 namespace qspec::cli {
@@ -73,6 +74,23 @@ std::string shell_line(const char* command) {
 }
 
 // QSPEC_COMMIT names the commit where the sources travel without .git (the GPU machine).
+void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given) {
+  command->add_option("--temperature,--temp", sampling.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  command->add_option("--top-k", sampling.top_k, "Keep the k most likely tokens (0: off)");
+  command->add_option("--top-p", sampling.top_p, "Nucleus sampling mass (1: off)");
+  command->add_option("--min-p", sampling.min_p, "Drop tokens below min_p x the top probability");
+  command->add_option("--repeat-penalty", sampling.repetition_penalty, "Repetition penalty (1: off)");
+  command->add_option("--seed", sampling.seed, "Random seed for sampling (default: a new one each run, printed)")
+      ->each([&seed_given](const std::string&) { seed_given = true; });
+}
+
+void choose_seed(SamplingParams& sampling, bool seed_given) {
+  if (seed_given || sampling.greedy()) return;
+  sampling.seed = Sampler::random_seed();
+  std::fprintf(stderr, "[qspec] seed %llu\n", static_cast<unsigned long long>(sampling.seed));
+}
+
 std::string git_commit() {
   if (const char* commit = std::getenv("QSPEC_COMMIT"); commit != nullptr && *commit != '\0') return commit;
   return shell_line("git rev-parse --short HEAD 2>/dev/null");

@@ -171,7 +171,7 @@ struct Engine::Impl {
         context_limit(context_of(m, o)),
         activation_group_size(activation_group_size_of(m, o)),
         backend(make_backend(m, o, context_limit, activation_group_size)),
-        pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o, backend->kv_in_pool()), o.kv_block_size,
+        pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o, context_limit, backend->kv_in_pool()), o.kv_block_size,
              /*with_storage=*/backend->kv_in_pool()) {
     // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
     // may name more, e.g. an instruct model's end-of-turn token).
@@ -223,10 +223,10 @@ struct Engine::Impl {
     return make_cuda_backend(model, model_mode(model, group_size, mode, "gpu_mode"), o, context);
   }
 
-  static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o, bool kv_in_pool) {
+  static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o, int64_t context, bool kv_in_pool) {
     if (o.kv_blocks > 0) return o.kv_blocks;
     const ModelConfig& c = model.config();
-    const int64_t per_sequence = (context_of(model, o) + o.kv_block_size - 1) / o.kv_block_size + 1;
+    const int64_t per_sequence = (context + o.kv_block_size - 1) / o.kv_block_size + 1;
     // Rows on the device: the pool only counts blocks.
     if (!kv_in_pool) return o.max_batch_size * per_sequence;
     const size_t block_bytes = 2 * static_cast<size_t>(c.num_layers * o.kv_block_size * c.kv_dim()) * sizeof(float);
