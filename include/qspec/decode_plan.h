@@ -35,6 +35,11 @@ inline constexpr std::string_view kAutoMode = "auto";
 inline std::string_view auto_mode(bool checkpoint_has_4bit_weights) {
   return checkpoint_has_4bit_weights ? "w4a16" : "w16a16";
 }
+// A draft's sparse view of the shared KV cache (DecodePlan::draft_window): the window's default
+// sinks (attention sinks: the first positions, which take much of every head's attention;
+// StreamingLLM keeps 4, one 16-position KV block costs nothing more), and the bound on sinks.
+inline constexpr int64_t kDefaultDraftSinks = 16;
+inline constexpr int64_t kMaxDraftSinks = 1024;
 inline constexpr int64_t kDefaultGamma = 4;
 // Draft tokens a cycle at most: the GPU's on-device draft chain holds this many.
 inline constexpr int64_t kMaxGamma = 16;
@@ -52,6 +57,12 @@ struct DecodePlan {
   bool kv_overwrite = true;                        // qspec: false = the paper's no-overwrite ablation
   int64_t ngram_max = decode_rules::kDefaultNgramMax;  // draft ngram: the longest n-gram matched (ngram_min..kMaxNgram)
   int64_t ngram_min = decode_rules::kDefaultNgramMin;  // draft ngram: the shortest (1..ngram_max)
+  // qspec: the draft passes' view of the KV cache. 0: the whole cache. > 0: each draft step
+  // attends to the last draft_window positions and the first draft_sinks only (a bounded read at
+  // any context; the verify still reads all of it, so the output is unchanged). With a window
+  // the draft may run the verify's own mode (w4a16): the window is then its whole diet.
+  int64_t draft_window = 0;
+  int64_t draft_sinks = decode_rules::kDefaultDraftSinks;
 
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
   // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
@@ -71,9 +82,10 @@ class DecodePlanError : public Error {
 };
 
 // Throws DecodePlanError naming the field at fault (`field_prefix` + "mode", "draft", "gamma",
-// "max_gamma", "ngram_max", ...) when a rule above is broken: an unknown mode, a draft that is
-// neither "ngram" nor a 4-bit-weight low-precision-activation mode, gamma, max_gamma or the
-// n-gram lengths out of range.
+// "max_gamma", "ngram_max", "draft_window", ...) when a rule above is broken: an unknown mode, a
+// draft that is neither "ngram" nor a 4-bit-weight low-precision-activation mode (or, with a
+// draft_window, the verify's mode), gamma, max_gamma, the n-gram lengths or the draft's window
+// and sinks out of range. (The window's bound by the context is the engine's: it knows the context.)
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");
 
 }  // namespace qspec

@@ -144,8 +144,7 @@ void register_chat(CLI::App& app) {
   add_sampling_options(command, args->sampling, args->seed_given);
   command->add_option("--mode", args->plan.mode, "auto (the checkpoint's format), a run mode, or qspec")
       ->capture_default_str();
-  command->add_option("--draft", args->plan.draft, "--mode qspec: the draft (a mode, or ngram)")->capture_default_str();
-  command->add_option("--gamma", args->plan.gamma, "--mode qspec: draft tokens per cycle")->capture_default_str();
+  add_qspec_options(command, args->plan, /*adaptive=*/false, "--mode qspec: ");
   command->add_option("--weights", args->weights, "4-bit weight format when the checkpoint has none (RTN at load)");
   command->add_option("--group-size", args->group_size, "int4 group size (0: automatic)");
   command->add_option("-c,--ctx-size", args->max_context, "Positions the conversation may hold (0: the model's)")

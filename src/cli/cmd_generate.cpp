@@ -173,19 +173,7 @@ void register_generate(CLI::App& app) {
                                                 "|qspec (draft in --draft, verify in w4a16)|auto (w4a16 on a 4-bit "
                                                 "checkpoint, else w16a16)")
       ->capture_default_str();
-  command->add_option("--draft", args->plan.draft,
-                      "--mode qspec: the draft, a mode (w4a8, w4a8-fp8, w4a4-int4, ...) or ngram (prompt lookup: the "
-                      "continuation of the last n-gram's earlier occurrence, no weights read)")
-      ->capture_default_str();
-  command->add_option("--ngram-max", args->plan.ngram_max, "--draft ngram: the longest n-gram matched")
-      ->capture_default_str();
-  command->add_option("--ngram-min", args->plan.ngram_min, "--draft ngram: the shortest n-gram matched")
-      ->capture_default_str();
-  command->add_option("--gamma", args->plan.gamma, "--mode qspec: draft tokens per cycle")->capture_default_str();
-  command->add_flag("--adaptive-gamma", args->plan.adaptive_gamma,
-                    "--mode qspec: move gamma with the recent acceptance (1..--max-gamma)");
-  command->add_option("--max-gamma", args->plan.max_gamma, "--mode qspec: upper bound of adaptive gamma")
-      ->capture_default_str();
+  add_qspec_options(command, args->plan, /*adaptive=*/true, "--mode qspec: ");
   command->add_option("--gemm-policy", args->gemm_policy,
                       "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "
                       "(or $QSPEC_GEMM_POLICY_DIR) for this GPU and model, if any; none: built-in crossovers")

@@ -191,14 +191,7 @@ void register_serve(CLI::App& app) {
   command->add_option("--mode", args->plan.mode,
                       "Default mode of requests (\"qspec\": {\"mode\": ...} overrides): " + modes + "|qspec")
       ->capture_default_str();
-  command->add_option("--draft", args->plan.draft,
-                      "Default QSpec draft: a mode (w4a8, w4a8-fp8, w4a4-int4, ...) or ngram (prompt lookup, no weights read)")
-      ->capture_default_str();
-  command->add_option("--gamma", args->plan.gamma, "Default QSpec draft tokens per cycle")->capture_default_str();
-  command->add_option("--ngram-max", args->plan.ngram_max, "--draft ngram: the longest n-gram matched")
-      ->capture_default_str();
-  command->add_option("--ngram-min", args->plan.ngram_min, "--draft ngram: the shortest n-gram matched")
-      ->capture_default_str();
+  add_qspec_options(command, args->plan, /*adaptive=*/false, "Default QSpec ");
   command->add_option("--weights", args->weights, "4-bit weight format (RTN at load; default int4)");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: automatic)");
   command->add_option("--chat-template", args->chat_template,

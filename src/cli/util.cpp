@@ -85,6 +85,28 @@ void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& see
       ->each([&seed_given](const std::string&) { seed_given = true; });
 }
 
+void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what) {
+  command->add_option("--draft", plan.draft,
+                      what + "draft: a mode (w4a8, w4a8-fp8, w4a4-int4, ...), ngram (prompt lookup: the "
+                             "continuation of the last n-gram's earlier occurrence, no weights read), or with "
+                             "--draft-window the verify's mode w4a16")
+      ->capture_default_str();
+  command->add_option("--gamma", plan.gamma, what + "draft tokens per cycle")->capture_default_str();
+  command->add_option("--ngram-max", plan.ngram_max, "--draft ngram: the longest n-gram matched")->capture_default_str();
+  command->add_option("--ngram-min", plan.ngram_min, "--draft ngram: the shortest n-gram matched")->capture_default_str();
+  command->add_option("--draft-window", plan.draft_window,
+                      what + "draft steps attend to the last N cached positions (and the --draft-sinks first) "
+                             "only: a bounded K/V read at long contexts; the verify reads all (0: the whole cache)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--draft-sinks", plan.draft_sinks, "--draft-window: the first positions the draft also sees")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  if (!adaptive) return;
+  command->add_flag("--adaptive-gamma", plan.adaptive_gamma, what + "move gamma with the recent acceptance (1..--max-gamma)");
+  command->add_option("--max-gamma", plan.max_gamma, what + "upper bound of adaptive gamma")->capture_default_str();
+}
+
 void choose_seed(SamplingParams& sampling, bool seed_given) {
   if (seed_given || sampling.greedy()) return;
   sampling.seed = Sampler::random_seed();

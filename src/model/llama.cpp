@@ -18,6 +18,15 @@
 
 namespace qspec {
 
+cpu::AttentionShape attention_shape(const ModelConfig& c, int64_t kv_window, int64_t kv_sinks) {
+  cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
+  if (kv_window > 0) {
+    shape.sliding_window = shape.sliding_window > 0 ? std::min(shape.sliding_window, kv_window) : kv_window;
+    shape.sink_tokens = kv_sinks;
+  }
+  return shape;
+}
+
 KvCache::KvCache(int64_t layers, int64_t capacity, int64_t kv_dim)
     : capacity_(capacity), kv_dim_(kv_dim), keys_(layers), values_(layers) {
   for (int64_t layer = 0; layer < layers; ++layer) {
@@ -489,7 +498,7 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   project(in, layer.v_proj, &Q::v_proj, layer.v_bias, w.v.data());
   cpu::rope(w.q.data(), count, c.num_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
   cpu::rope(w.k.data(), count, c.num_kv_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
-  const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
+  const cpu::AttentionShape shape = attention_shape(c, mode);
   for (const Segment& segment : segments) {
     float* keys = segment.kv.keys[l];
     float* values = segment.kv.values[l];

@@ -9,12 +9,21 @@
 
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/quantized_linear.h"
 #include "quant/hadamard.h"
 #include "quant/quantized_linear.h"
 
 namespace qspec {
+
+// The attention's shape in a pass of `mode` (CPU and GPU): the model's heads and sliding window,
+// narrowed by a QSpec draft's sparse view of the cache (RunMode::kv_window / kv_sinks) when the
+// mode has one.
+cpu::AttentionShape attention_shape(const ModelConfig& config, int64_t kv_window = 0, int64_t kv_sinks = 0);
+inline cpu::AttentionShape attention_shape(const ModelConfig& config, const RunMode& mode) {
+  return attention_shape(config, mode.kv_window, mode.kv_sinks);
+}
 
 // Where one sequence's K/V rows live in every layer: per-layer pools of f32 rows [*, kv_dim],
 // position p at row block_table[p / block_size] * block_size + p % block_size (see

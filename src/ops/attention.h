@@ -1,5 +1,6 @@
 // Causal grouped-query attention of new tokens over a contiguous K/V history.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 namespace qspec::cpu {
@@ -9,6 +10,15 @@ struct AttentionShape {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t sliding_window = 0;  // 0: attend to the whole history
+  // With a sliding window: the first sink_tokens positions stay visible too (attention sinks;
+  // a QSpec draft's sparse view of the shared cache, StreamingLLM / MagicDec style). Position p
+  // is visible to a token at position t when p <= t and (p > t - sliding_window or p < sink_tokens).
+  int64_t sink_tokens = 0;
+  // The keys a token at `position` sees, at most.
+  int64_t visible_keys(int64_t position) const {
+    const int64_t all = position + 1;
+    return sliding_window > 0 ? std::min(all, sliding_window + sink_tokens) : all;
+  }
 };
 
 // K/V rows of one sequence in paged pools [*, num_kv_heads * head_dim]: position p is row

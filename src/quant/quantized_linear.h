@@ -28,11 +28,23 @@ struct ActivationMode {
   bool arc = false;
 };
 
-// A model run mode: which weights (checkpoint or 4-bit) and which activations.
+// A model run mode: which weights (checkpoint or 4-bit), which activations, and how much of the
+// KV cache the attention reads.
 struct RunMode {
   bool quantized_weights = false;
   ActivationMode activations;
   std::string name = "w16a16";
+  // A QSpec draft's sparse view of the shared KV cache (DecodePlan::draft_window): > 0, every
+  // layer attends to the last kv_window positions and the first kv_sinks (attention sinks)
+  // only, so a draft step reads a bounded slice of the K/V at any context. 0: the whole cache
+  // (or the model's own sliding window).
+  int64_t kv_window = 0;
+  int64_t kv_sinks = 0;
+  bool sparse_kv() const { return kv_window > 0; }
+  // Names the mode with its view: passes that share a key run together.
+  std::string key() const {
+    return sparse_kv() ? name + "/kv" + std::to_string(kv_window) + "+" + std::to_string(kv_sinks) : name;
+  }
 };
 
 // "w16a16", "w4a16", "w4a8" (int8), "w4a8-fp8", "w4a4" (= w4a4-int4), "w4a4-int4",

@@ -46,11 +46,18 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
           plan.ngram_max, "), got ", plan.ngram_min);
     check(plan.kv_overwrite, "kv_overwrite", "the n-gram draft writes no K/V rows, so there are none to keep "
           "(the no-overwrite ablation needs a drafting mode)");
+    check(plan.draft_window == 0, "draft_window", "the n-gram draft reads no K/V (a window needs a drafting mode)");
   } else {
     const RunMode draft = known(plan.draft, "draft");
-    check(draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized, "draft", plan.draft,
-          " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*) or ngram");
+    const bool low_precision = draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized;
+    const bool sparse_verify_mode = plan.draft_window > 0 && plan.draft == plan.verify;
+    check(low_precision || sparse_verify_mode, "draft", plan.draft,
+          " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*), ngram, or (with a "
+          "draft_window) the verify's mode ", plan.verify);
   }
+  check(plan.draft_window >= 0, "draft_window", "must be >= 0 (0: the whole cache), got ", plan.draft_window);
+  check(plan.draft_sinks >= 0 && plan.draft_sinks <= kMaxDraftSinks, "draft_sinks", "must be in 0..", kMaxDraftSinks,
+        ", got ", plan.draft_sinks);
   check(plan.gamma >= 1 && plan.gamma <= kMaxGamma, "gamma", "must be in 1..", kMaxGamma, ", got ", plan.gamma);
   check(!plan.adaptive_gamma || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
         "must be in gamma..", kMaxGamma, " (gamma ", plan.gamma, "), got ", plan.max_gamma);

@@ -255,7 +255,14 @@ struct Engine::Impl {
     if (seq->qspec) {
       seq->mode = runnable_mode(plan.verify, "verify");
       seq->ngram = plan.ngram_draft();
-      if (!seq->ngram) seq->draft = runnable_mode(plan.draft, "draft");
+      if (!seq->ngram) {
+        seq->draft = runnable_mode(plan.draft, "draft");
+        seq->draft.kv_window = plan.draft_window;
+        seq->draft.kv_sinks = plan.draft_window > 0 ? plan.draft_sinks : 0;
+        QSPEC_CHECK(plan.draft_window + seq->draft.kv_sinks < context_limit, "request: draft_window ",
+                    plan.draft_window, " + draft_sinks ", seq->draft.kv_sinks, " is not below the context (",
+                    context_limit, " tokens): the draft would read the whole cache (draft_window 0 says that)");
+      }
       QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
                   "does not run on the GPU (it needs the K/V rows in the host's pool)");
       seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
@@ -450,7 +457,7 @@ struct Engine::Impl {
     for (Unit& unit : units) {
       if (unit.kind != Unit::Kind::cycle || unit.gamma == 0) continue;
       if (unit.seq->ngram) draft_by_lookup(unit);
-      else by_mode[unit.seq->draft.name].push_back(&unit);
+      else by_mode[unit.seq->draft.key()].push_back(&unit);
     }
     if (!by_mode.empty()) backend->begin_step();
     for (auto& [name, group] : by_mode) {

@@ -12,7 +12,8 @@
 // temperature, top_p, seed, stop (string or list), stream, stream_options.include_usage, n (1
 // only), and the extensions top_k, min_p, repetition_penalty, ignore_eos and
 //   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "w4a4-nvfp4" | "ngram" | ..., "gamma": 4,
-//             "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1}
+//             "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1,
+//             "draft_window": 0, "draft_sinks": 16}
 // Every bad request is a 4xx with {"error": {"message", "type", "param", "code"}}; a full
 // queue is 429; a field the server does not implement is a 400 naming it. A streaming client
 // that disconnects has its request cancelled (its KV blocks go back to the pool).

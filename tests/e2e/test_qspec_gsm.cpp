@@ -96,7 +96,8 @@ bool matches_or_tie(size_t problem, const std::vector<int32_t>& got, const std::
 // All 400 problems through the engine (batch 16, one or two arrivals a step: sequences join and
 // leave mid-flight) with QSpec drafting in `draft`; every output must equal W4A16's (or part at
 // an exact logit tie).
-static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma) {
+static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
+                                                        int64_t draft_window = 0, int64_t draft_sinks = 0) {
   Fixture& f = fixture();
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
@@ -107,6 +108,8 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
   base.plan.mode = "qspec";
   base.plan.draft = draft;
   base.plan.gamma = gamma;
+  base.plan.draft_window = draft_window;
+  base.plan.draft_sinks = draft_sinks;
   std::vector<std::vector<int32_t>> outputs(f.prompts.size());
   std::vector<bool> finished(f.prompts.size(), false);
   qspec::QSpecMetrics totals;
@@ -130,7 +133,11 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
     max_running = std::max(max_running, engine.metrics().running);
   }
   EXPECT_EQ(max_running, 16);  // the batch did fill
-  const std::string label = "engine " + draft + " gamma " + std::to_string(gamma);
+  const std::string label = "engine " + draft +
+                            (draft_window > 0 ? " window " + std::to_string(draft_window) + "+" +
+                                                    std::to_string(draft_sinks)
+                                              : "") +
+                            " gamma " + std::to_string(gamma);
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
@@ -150,6 +157,12 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
 // Prompt-lookup drafts (no draft passes): the same promise.
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNgramDraftGamma4) {
   expect_engine_equals_w4a16_on_all_problems("ngram", 4);
+}
+
+// Drafts in the verify's own mode with a sparse view of the shared cache (the last 24 positions
+// and 4 attention sinks, far fewer than a problem's prompt): the same promise.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredSparseKvDraftGamma3) {
+  expect_engine_equals_w4a16_on_all_problems("w4a16", 3, 24, 4);
 }
 
 // tests/data/gsm/w4a16_greedy_reference.json, the W4A16 reference the gpu tests compare the GPU

@@ -136,8 +136,18 @@ class GpuEngineDrafts : public testing::TestWithParam<const char*> {};
 
 // Every draft the GPU runs (each low-precision mode, and prompt-lookup n-gram drafts): greedy
 // QSpec output is W4A16's, token for token.
+// A parameter "MODE@W+S" drafts in MODE with a sparse view of the cache: the last W positions
+// and S sinks (DecodePlan::draft_window / draft_sinks).
 TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
-  const std::string draft = GetParam();
+  const std::string param = GetParam();
+  const size_t at = param.find('@');
+  const std::string draft = param.substr(0, at);
+  int64_t window = 0, sinks = 0;
+  if (at != std::string::npos) {
+    const size_t plus = param.find('+', at);
+    window = std::stoll(param.substr(at + 1, plus - at - 1));
+    sinks = std::stoll(param.substr(plus + 1));
+  }
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   auto model = qspec::LlamaModel::load(kModelDir);
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
@@ -152,6 +162,8 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
     request.plan.mode = "qspec";
     request.plan.draft = draft;
     request.plan.verify = "w4a16";
+    request.plan.draft_window = window;
+    request.plan.draft_sinks = sinks;
     request.plan.gamma = 1 + static_cast<int64_t>(i % 6);
     request.plan.adaptive_gamma = i % 5 == 4;
     request.plan.max_gamma = 8;
@@ -178,7 +190,7 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
   const qspec::QSpecMetrics& q = metrics.qspec;
   std::printf("  GPU engine QSpec (%s drafts, gamma 1..6) == W4A16 greedy on %zu / %zu problems; %lld cycles, "
               "accepted %lld / %lld drafts (%.1f%%), %lld steps\n",
-              draft.c_str(), identical, requests.size(), static_cast<long long>(q.cycles), static_cast<long long>(q.accepted),
+              param.c_str(), identical, requests.size(), static_cast<long long>(q.cycles), static_cast<long long>(q.accepted),
               static_cast<long long>(q.drafted), q.drafted > 0 ? 100.0 * q.accepted / q.drafted : 0.0,
               static_cast<long long>(metrics.steps));
   EXPECT_GT(q.cycles, 0);
@@ -186,10 +198,12 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DraftModes, GpuEngineDrafts,
-                         testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram"),
+                         testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram",
+                                         "w4a16@24+4", "w4a8@40+16"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
+                           for (char& ch : name)
+                             if (ch == '-' || ch == '@' || ch == '+') ch = '_';
                            return name;
                          });
 

@@ -585,18 +585,26 @@ struct PagedFixture {
 
 struct AttentionCase {
   int64_t heads, kv_heads, head_dim, window;
+  int64_t sinks = 0;  // with a window: a QSpec draft's sparse view (attention sinks + window)
+  qspec::cpu::AttentionShape shape() const {
+    qspec::cpu::AttentionShape s{heads, kv_heads, head_dim, window};
+    s.sink_tokens = sinks;
+    return s;
+  }
 };
 std::string case_name(const AttentionCase& c) {
   return "H" + std::to_string(c.heads) + " KV" + std::to_string(c.kv_heads) + " D" + std::to_string(c.head_dim) +
-         (c.window ? " W" + std::to_string(c.window) : "");
+         (c.window ? " W" + std::to_string(c.window) : "") + (c.sinks ? " S" + std::to_string(c.sinks) : "");
 }
 
 }  // namespace
 
 TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
-  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
-                                            {14, 2, 64, 0},  {9, 3, 64, 0},   {16, 1, 128, 0}, {32, 8, 128, 100},
-                                            {8, 8, 32, 4096}};
+  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0},       {12, 12, 64, 0},
+                                            {28, 4, 128, 0},  {14, 2, 64, 0},        {9, 3, 64, 0},
+                                            {16, 1, 128, 0},  {32, 8, 128, 100},     {8, 8, 32, 4096},
+                                            {32, 8, 128, 256, 16}, {32, 8, 128, 100, 20}, {12, 12, 64, 64, 4},
+                                            {8, 4, 32, 200, 7}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
   // Every decode kernel: the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block,
@@ -625,7 +633,7 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
         cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
         auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
         cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
-        qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+        const qspec::cpu::AttentionShape shape = c.shape();
         cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
                                      d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
         const std::vector<f16> first = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
@@ -659,7 +667,8 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
 // call takes the two launches (and rotates qkv as they do).
 TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
-                                            {16, 1, 128, 0}, {9, 3, 64, 0},   {32, 8, 128, 100}};
+                                            {16, 1, 128, 0}, {9, 3, 64, 0},   {32, 8, 128, 100},
+                                            {32, 8, 128, 256, 16}, {12, 12, 64, 100, 20}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {64}, {65, 128, 129, 32, 33}};
   // With the chunked kernel the call runs the two launches itself (rotating qkv in place).
   for (const cuda::DecodeAttention kernel :
@@ -693,7 +702,7 @@ TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
         auto d_positions = upload(positions);
         auto d_inv = upload(inv_freq);
         const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
-        const qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+        const qspec::cpu::AttentionShape shape = c.shape();
         const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
         const std::string name = std::string(one_launch ? "one launch " : "two launches ") + case_name(c) +
                                  " contexts " + std::to_string(contexts.front()) + ".. (" + std::to_string(seqs) + ")";
@@ -746,7 +755,8 @@ TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
     int64_t cached, new_tokens;  // the run sits at positions cached .. cached + new_tokens - 1
   };
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},  {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
-                                            {9, 3, 64, 0},  {32, 8, 128, 77}, {16, 2, 64, 1000}};
+                                            {9, 3, 64, 0},  {32, 8, 128, 77}, {16, 2, 64, 1000},
+                                            {32, 8, 128, 77, 16}, {16, 2, 64, 130, 5}};
   const std::vector<std::vector<Run>> batches = {
       {{0, 1}},                              // one token, empty cache
       {{0, 17}, {40, 5}, {100, 1}},          // prefill + verify runs (gamma + 1 = 5)
@@ -811,7 +821,7 @@ TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
       auto d_workspace = poisoned(workspace_bytes);
       cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
       auto d_out = poisoned(static_cast<size_t>(tokens * q_width) * 2);
-      qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+      const qspec::cpu::AttentionShape shape = c.shape();
       cuda::paged_attention_prefill(q, stride, batch, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),
                                     workspace_bytes, nullptr);
       const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(tokens * q_width)));

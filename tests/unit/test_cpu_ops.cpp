@@ -112,9 +112,15 @@ TEST(CpuOps, SiluMul) {
   EXPECT_LT(relative_error(out, ref), 1e-6);
 }
 
-TEST(CpuOps, GroupedQueryAttentionWithCausalityAndWindow) {
-  for (int64_t window : {0, 3}) {
-    qspec::cpu::AttentionShape shape{4, 2, 8, window};
+// Causal GQA against a float64 reference, whole history, a sliding window, and windows with
+// attention sinks (a QSpec draft's sparse view: positions < sinks stay visible).
+TEST(CpuOps, GroupedQueryAttentionWithCausalityWindowAndSinks) {
+  struct Case {
+    int64_t window, sinks;
+  };
+  for (const Case c : {Case{0, 0}, Case{3, 0}, Case{3, 2}, Case{2, 5}, Case{4, 1}}) {
+    qspec::cpu::AttentionShape shape{4, 2, 8, c.window};
+    shape.sink_tokens = c.sinks;
     const int history = 9, tokens = 3;
     const int kv_stride = shape.num_kv_heads * shape.head_dim, q_stride = shape.num_heads * shape.head_dim;
     std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
@@ -125,10 +131,13 @@ TEST(CpuOps, GroupedQueryAttentionWithCausalityAndWindow) {
     for (int t = 0; t < tokens; ++t)
       for (int h = 0; h < shape.num_heads; ++h) {
         const int kvh = h / 2;
-        const int first = window ? std::max<int>(0, positions[t] - window + 1) : 0;
+        std::vector<int> seen;  // the visible positions, by the rule written out
+        for (int p = 0; p <= positions[t]; ++p)
+          if (c.window == 0 || p > positions[t] - c.window || p < c.sinks) seen.push_back(p);
+        ASSERT_EQ(static_cast<int64_t>(seen.size()), shape.visible_keys(positions[t]));
         std::vector<double> scores;
         double max_score = -INFINITY;
-        for (int p = first; p <= positions[t]; ++p) {
+        for (int p : seen) {
           double dot = 0;
           for (int d = 0; d < 8; ++d) dot += static_cast<double>(q[t * q_stride + h * 8 + d]) * keys[p * kv_stride + kvh * 8 + d];
           scores.push_back(dot / std::sqrt(8.0));
@@ -138,11 +147,11 @@ TEST(CpuOps, GroupedQueryAttentionWithCausalityAndWindow) {
         for (double& s : scores) total += (s = std::exp(s - max_score));
         for (int d = 0; d < 8; ++d) {
           double acc = 0;
-          for (int p = first; p <= positions[t]; ++p) acc += scores[p - first] / total * values[p * kv_stride + kvh * 8 + d];
+          for (size_t i = 0; i < seen.size(); ++i) acc += scores[i] / total * values[seen[i] * kv_stride + kvh * 8 + d];
           ref[t * q_stride + h * 8 + d] = acc;
         }
       }
-    EXPECT_LT(relative_error(out, ref), 1e-5) << "window " << window;
+    EXPECT_LT(relative_error(out, ref), 1e-5) << "window " << c.window << " sinks " << c.sinks;
   }
 }
 

@@ -105,6 +105,31 @@ TEST(DecodePlan, NgramDraftsNeedNoModeAndCheckTheirLengths) {
   EXPECT_FALSE(plain.ngram_draft());
 }
 
+// A draft's sparse view of the cache: a window (with sinks) on a drafting mode, which may then be
+// the verify's own; never on n-gram drafts; window and sinks in range.
+TEST(DecodePlan, SparseKvDraftsCheckTheirWindowAndSinks) {
+  DecodePlan p = qspec_plan();
+  EXPECT_EQ(p.draft_window, 0);
+  EXPECT_EQ(p.draft_sinks, rules::kDefaultDraftSinks);
+  p.draft = "w4a16";  // the verify's mode drafts only with a window (else it is the verify again)
+  EXPECT_EQ(broken_field(p), "draft");
+  p.draft_window = 512;
+  EXPECT_EQ(broken_field(p), "");
+  p.draft = "w4a8";
+  EXPECT_EQ(broken_field(p), "");
+  p.draft_window = -1;
+  EXPECT_EQ(broken_field(p), "draft_window");
+  p.draft_window = 256;
+  p.draft_sinks = rules::kMaxDraftSinks + 1;
+  EXPECT_EQ(broken_field(p), "draft_sinks");
+  p.draft_sinks = -1;
+  EXPECT_EQ(broken_field(p), "draft_sinks");
+  p.draft_sinks = 0;
+  EXPECT_EQ(broken_field(p), "");
+  p.draft = std::string(rules::kNgramDraft);  // reads no K/V
+  EXPECT_EQ(broken_field(p), "draft_window");
+}
+
 TEST(DecodePlan, EveryLowPrecisionDraftIsAccepted) {
   for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "w4a4-int4-arc",
                             "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"}) {

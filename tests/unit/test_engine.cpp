@@ -263,11 +263,18 @@ TEST(Engine, GreedyOutputIsIndependentOfBatchSizeAndArrivals) {
   }
 }
 
+// Every draft: each low-precision mode, n-gram lookup, and sparse views of the cache (a window of
+// the last positions with or without sinks, far shorter than the ~20-token prompts' contexts).
 TEST(Engine, GreedyQSpecEqualsW4A16ForEveryDraftModeUnderBatching) {
   const auto& prompts = fixture().prompts;
   std::vector<std::vector<int32_t>> expected;
   for (const auto& p : prompts) expected.push_back(reference(p, 24));
-  for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram"})
+  struct Draft {
+    const char* mode;
+    int64_t window = 0, sinks = 0;
+  };
+  for (const Draft& draft : {Draft{"w4a8"}, Draft{"w4a8-fp8"}, Draft{"w4a4-int4"}, Draft{"w4a4-nvfp4"},
+                             Draft{"w4a4-mxfp4"}, Draft{"ngram"}, Draft{"w4a16", 6, 2}, Draft{"w4a8", 8, 0}})
     for (int64_t gamma : {1, 3, 6}) {
       qspec::EngineOptions options;
       options.max_batch_size = 3;
@@ -276,7 +283,9 @@ TEST(Engine, GreedyQSpecEqualsW4A16ForEveryDraftModeUnderBatching) {
       std::vector<qspec::RequestId> ids;
       for (size_t i = 0; i < prompts.size(); ++i) {
         qspec::Request r = request(prompts[i], 24, "qspec");
-        r.plan.draft = draft;
+        r.plan.draft = draft.mode;
+        r.plan.draft_window = draft.window;
+        r.plan.draft_sinks = draft.sinks;
         r.plan.gamma = gamma;
         r.plan.adaptive_gamma = i == 4;  // one sequence with adaptive gamma in the mix
         ids.push_back(engine.submit(r, out.callback()));
@@ -284,7 +293,8 @@ TEST(Engine, GreedyQSpecEqualsW4A16ForEveryDraftModeUnderBatching) {
       }
       engine.run_until_idle();
       for (size_t i = 0; i < ids.size(); ++i) {
-        EXPECT_EQ(out.tokens[ids[i]], expected[i]) << draft << " gamma " << gamma << " request " << i;
+        EXPECT_EQ(out.tokens[ids[i]], expected[i])
+            << draft.mode << " window " << draft.window << " gamma " << gamma << " request " << i;
         const qspec::QSpecMetrics& q = out.metrics[ids[i]].qspec;
         EXPECT_GT(q.cycles, 0);
         EXPECT_EQ(q.accepted + q.rejected, q.drafted);
@@ -462,6 +472,9 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
   r = request(prompt, 8, "qspec");
   r.plan.gamma = 0;
   expect_error(r, "gamma");
+  r = request(prompt, 8, "qspec");  // a draft window that covers the whole context is no diet
+  r.plan.draft_window = c.max_position_embeddings;
+  expect_error(r, "draft_window");
   r = request(prompt, 8);
   r.sampling.temperature = -1;
   expect_error(r, "temperature");
@@ -471,7 +484,7 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
   r = request(prompt, 8);
   r.stop = {""};
   expect_error(r, "empty stop");
-  EXPECT_EQ(engine.metrics().requests_rejected, 12);
+  EXPECT_EQ(engine.metrics().requests_rejected, 13);
   // No tokenizer: stop strings refused.
   qspec::Engine bare(*fixture().model, nullptr);
   r = request(prompt, 8);

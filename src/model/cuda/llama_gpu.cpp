@@ -245,6 +245,8 @@ struct GpuLlama::State {
   ModelConfig config;
   bool quantized = false;
   GpuActivations activations = GpuActivations::f16;
+  // The attention's view of the cache in the following steps (GpuLlama::set_kv_view).
+  int64_t kv_window = 0, kv_sinks = 0;
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true, verify_graphs = false;
@@ -282,11 +284,12 @@ struct GpuLlama::State {
   int64_t last_logit_rows = 0;
   // sample_rows: the rows' parameters, their penalised ids and the drawn ids (grown on demand).
   DeviceMemory sample_params, sample_penalty_ids, sample_ids;
-  // (batch, context bucket, whether run r is sequence r, activations): graphs read the block
-  // tables there.
-  std::map<std::tuple<int64_t, int64_t, bool, GpuActivations>, cuda::Graph> decode_graphs;
-  // (runs, tokens a run, context bucket, whether run r is sequence r, activations): verify steps.
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, GpuActivations>, cuda::Graph> verify_graphs_by_shape;
+  // (batch, context bucket, whether run r is sequence r, activations, kv view): graphs read the
+  // block tables there.
+  using KvViewKey = std::pair<int64_t, int64_t>;
+  std::map<std::tuple<int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> decode_graphs;
+  // (runs, tokens a run, context bucket, whether run r is sequence r, activations, kv view): verify steps.
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> verify_graphs_by_shape;
 
   ~State() {
     decode_graphs.clear();
@@ -494,7 +497,7 @@ struct GpuLlama::State {
       return;
     }
     const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    auto key = std::make_tuple(runs, bucket, identity_tables, activations);
+    auto key = std::make_tuple(runs, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks});
     auto found = decode_graphs.find(key);
     if (found == decode_graphs.end()) {
       cuda::Graph graph =
@@ -515,7 +518,7 @@ struct GpuLlama::State {
       return;
     }
     const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations);
+    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks});
     auto found = verify_graphs_by_shape.find(key);
     if (found == verify_graphs_by_shape.end()) {
       cuda::Graph graph = cuda::Graph::capture(
@@ -842,7 +845,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), inter = c.intermediate_size,
                 width = qkv_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
+  const cpu::AttentionShape shape = attention_shape(c, kv_window, kv_sinks);
   cuda::QueryBatch batch;
   batch.num_seqs = runs;
   batch.num_tokens = tokens;
@@ -1181,6 +1184,13 @@ void GpuLlama::set_activations(GpuActivations activations) {
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }
+
+void GpuLlama::set_kv_view(int64_t window, int64_t sinks) {
+  QSPEC_CHECK(window >= 0 && sinks >= 0 && (window > 0 || sinks == 0), "GPU model: kv view window ", window,
+              " sinks ", sinks, " (sinks need a window)");
+  state_->kv_window = window;
+  state_->kv_sinks = window > 0 ? sinks : 0;
+}
 
 int64_t GpuLlama::length(int64_t seq) const {
   QSPEC_CHECK(seq >= 0 && seq < max_seqs(), "GPU model: sequence ", seq, " outside 0..", max_seqs() - 1);

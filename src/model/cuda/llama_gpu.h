@@ -145,6 +145,9 @@ class GpuLlama {
   // Decode graphs are kept per precision.
   void set_activations(GpuActivations activations);
   GpuActivations activations() const;
+  // The attention's view of the cache in the following steps (a QSpec draft's sparse view,
+  // RunMode::kv_window / kv_sinks; 0: the whole cache). Decode graphs are kept per view.
+  void set_kv_view(int64_t window, int64_t sinks);
 
   // Replaces the GEMM policy map (GpuLlamaOptions::gemm_policy; null = built-in crossovers):
   // captured graphs are dropped, Bitwise's bit-plane weight copies made or freed. Throws for a

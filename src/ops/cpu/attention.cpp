@@ -42,15 +42,19 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
       const int64_t h = static_cast<int64_t>(item) % shape.num_heads;
       const int64_t kv_head = h / group;
       const int64_t last = positions[t];
+      // Visible: the sinks 0 .. sinks - 1, then first .. last, in position order.
       const int64_t first =
           shape.sliding_window > 0 ? std::max<int64_t>(0, last - shape.sliding_window + 1) : 0;
+      const int64_t sinks = std::min(shape.sliding_window > 0 ? shape.sink_tokens : 0, first);
+      auto position_of = [&](int64_t i) { return i < sinks ? i : first + (i - sinks); };
+      const int64_t visible = sinks + (last - first + 1);
       const float* query = q + (t * shape.num_heads + h) * head_dim;
-      scores.resize(static_cast<size_t>(last - first + 1));
+      scores.resize(static_cast<size_t>(visible));
       float max_score = -INFINITY;
-      for (int64_t p = first; p <= last; ++p) {
-        const float* key = kv.keys + kv.row(p) * kv_stride + kv_head * head_dim;
+      for (int64_t i = 0; i < visible; ++i) {
+        const float* key = kv.keys + kv.row(position_of(i)) * kv_stride + kv_head * head_dim;
         const float score = dot(query, key, head_dim) * scale;
-        scores[p - first] = score;
+        scores[static_cast<size_t>(i)] = score;
         max_score = std::max(max_score, score);
       }
       float denominator = 0.0f;
@@ -60,9 +64,9 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
       }
       float* result = out + (t * shape.num_heads + h) * head_dim;
       std::fill(result, result + head_dim, 0.0f);
-      for (int64_t p = first; p <= last; ++p) {
-        const float weight = scores[p - first] / denominator;
-        const float* value = kv.values + kv.row(p) * kv_stride + kv_head * head_dim;
+      for (int64_t i = 0; i < visible; ++i) {
+        const float weight = scores[static_cast<size_t>(i)] / denominator;
+        const float* value = kv.values + kv.row(position_of(i)) * kv_stride + kv_head * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
       }
     }

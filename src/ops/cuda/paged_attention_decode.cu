@@ -90,6 +90,8 @@ void check_decode_shape(const char* op, const cpu::AttentionShape& shape, int64_
   QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::", op, ": head_dim ", D, " (supported: 32, 64, 128)");
   QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0, "cuda::", op,
               ": bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
+  QSPEC_CHECK(shape.sliding_window >= 0 && shape.sink_tokens >= 0, "cuda::", op, ": bad window ",
+              shape.sliding_window, " / sinks ", shape.sink_tokens);
   QSPEC_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_context > 0, "cuda::", op, ": bad batch (", num_seqs,
               " sequences, max_context ", max_context, ")");
 }
@@ -104,7 +106,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int64_t group = H / KV;
   const int heads_per_block = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
   const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
-  const int64_t keys = shape.sliding_window > 0 ? std::min(max_context, shape.sliding_window) : max_context;
+  const int64_t keys = shape.visible_keys(max_context - 1);
   const int64_t rows = num_seqs * H;
   int64_t splits = detail::plan_splits(num_seqs * KV * head_chunks, keys, multiprocessor_count(), rows, D,
                                        workspace == nullptr ? 0 : workspace_bytes);
@@ -125,6 +127,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.group = static_cast<int>(group);
   params.head_chunks = static_cast<int>(head_chunks);
   params.window = static_cast<int>(shape.sliding_window);
+  params.sinks = static_cast<int>(shape.sink_tokens);
   params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
   params.split_len = static_cast<int>(split_len);
   params.splits = static_cast<int>(splits);

@@ -46,8 +46,11 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   const int64_t rows = batch.num_tokens * H;
   const int64_t blocks = ((batch.num_tokens * group + kernels::kPrefillRows - 1) / kernels::kPrefillRows +
                           batch.num_seqs) * KV;
-  const int64_t keys = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_query_len)
-                                                : batch.max_context;
+  // A window with sinks reads every tile from position 0 (the sinks' and the window's) and masks
+  // the gap: drafts with a sparse view run decode steps (paged_attention_decode), never this.
+  const int64_t keys = shape.sliding_window > 0 && shape.sink_tokens == 0
+                           ? std::min(batch.max_context, shape.sliding_window + batch.max_query_len)
+                           : batch.max_context;
   int64_t splits = detail::plan_splits(blocks, keys, multiprocessor_count(), rows, D,
                                        workspace == nullptr ? 0 : workspace_bytes);
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, keys / (2 * kernels::kPrefillKeys)));
@@ -65,6 +68,7 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   params.num_kv_heads = static_cast<int>(KV);
   params.group = static_cast<int>(group);
   params.window = static_cast<int>(shape.sliding_window);
+  params.sinks = static_cast<int>(shape.sink_tokens);
   params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
   params.splits = static_cast<int>(splits);
   params.rows = rows;

@@ -108,10 +108,11 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // The activation precision of the next steps.
+  // The activation precision and the cache view of the next steps.
   void use(const RunMode& mode) {
     const GpuActivations activations = mode.name == mode_.name ? target_ : gpu_activations(mode);
     if (gpu_->activations() != activations) gpu_->set_activations(activations);
+    gpu_->set_kv_view(mode.kv_window, mode.kv_sinks);
   }
 
   // Each run in its sequence's slot, the slot's rows past the run's base forgotten (a preempted

@@ -27,6 +27,7 @@ struct DecodeParams {
   int64_t max_blocks;
   int num_seqs, num_heads, num_kv_heads, group, head_chunks;
   int window;          // 0: off
+  int sinks;           // with a window: the first `sinks` positions stay visible too (KeyView)
   float scale_log2;    // log2(e) / sqrt(head_dim)
   int split_len;       // keys per split (multiple of 16)
   int splits;
@@ -39,6 +40,23 @@ struct DecodeParams {
 };
 
 inline constexpr int kDecodeWarps = 4;
+
+// The keys a decode query sees, numbered 0 .. visible - 1 in position order: every cached
+// position, or with a window the first `sinks` positions (attention sinks) and the last `window`
+// (a sliding window alone when sinks is 0; a QSpec draft's sparse view of the shared cache with
+// both, StreamingLLM style). Key v of the view sits at cache position position(v); the kernels
+// split, tile and mask in view numbers, and only the cache reads map them.
+struct KeyView {
+  int visible, sinks, shift;
+  __device__ __forceinline__ int position(int v) const { return v < sinks ? v : v + shift; }
+  // The view number of a visible position.
+  __device__ __forceinline__ int index(int position) const { return position < sinks ? position : position - shift; }
+};
+__device__ __forceinline__ KeyView key_view(const DecodeParams& p, int context) {
+  if (p.window <= 0) return KeyView{context, 0, 0};
+  const int shift = max(0, context - p.window - p.sinks);
+  return KeyView{context - shift, shift > 0 ? p.sinks : 0, shift};
+}
 
 // Split-K: after a block wrote its partials, the last of the `splits` blocks of its (sequence,
 // head group) to arrive merges them into out (the split-K GEMM's fix-up, here for attention): one
@@ -187,10 +205,9 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
   const int seq = blockIdx.y, split = blockIdx.z;
   const int head0 = kv_head * p.group + chunk_of_heads * GM;
   const int heads_here = min(GM, p.group - chunk_of_heads * GM);
-  const int context = p.context_lens[seq];
-  const int start = p.window > 0 ? max(0, context - p.window) : 0;
-  const int begin = start + split * p.split_len;
-  const int end = min(context, begin + p.split_len);
+  const KeyView view = key_view(p, p.context_lens[seq]);
+  const int begin = split * p.split_len;
+  const int end = min(view.visible, begin + p.split_len);
   const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
   const int32_t* table = p.block_tables + seq * p.max_blocks;
 
@@ -221,7 +238,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
       for (int u = 0; u < U; ++u) {
         const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
         if (j < chunk_end) {
-          const int64_t slot = static_cast<int64_t>(table[j >> 4]) * 16 + (j & 15);
+          const int at = view.position(j);
+          const int64_t slot = static_cast<int64_t>(table[at >> 4]) * 16 + (at & 15);
           keys[u] = *reinterpret_cast<const uint4*>(p.k_pool + slot * kv_stride + kv_head * D + li * 8);
         } else {
           keys[u] = make_uint4(0, 0, 0, 0);
@@ -260,7 +278,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
       for (int u = 0; u < U; ++u) {
         const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
         if (j < chunk_end) {
-          const int64_t slot = static_cast<int64_t>(table[j >> 4]) * 16 + (j & 15);
+          const int at = view.position(j);
+          const int64_t slot = static_cast<int64_t>(table[at >> 4]) * 16 + (at & 15);
           values[u] = *reinterpret_cast<const uint4*>(p.v_pool + slot * kv_stride + kv_head * D + li * 8);
         }
       }

@@ -243,16 +243,20 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   auto tile_at = [](int key, int chunk) { return decode_tile_at<D, MMA>(key, chunk); };
   // Block-table entries of this lane's keys (clamped into the row: entries past the context
   // are read, never used).
+  // Keys are numbered in the view (KeyView: every position, or a window with its sinks); only the
+  // cache reads map them to positions.
+  KeyView view{0, 0, 0};  // the identity until context_range() reads the context
   auto load_blocks = [&](int tile_begin, int (&blocks)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      blocks[u] = __ldg(table + min(static_cast<int64_t>((tile_begin + key_offset(u)) >> 4), p.max_blocks - 1));
+      blocks[u] = __ldg(table + min(static_cast<int64_t>(view.position(tile_begin + key_offset(u)) >> 4),
+                                    p.max_blocks - 1));
   };
 
   // Without a window the split's first keys do not depend on the context: the table entries of
   // its first two tiles load while the previous kernel still runs.
   int blocks0[U], blocks1[U];
-  int begin = split * p.split_len, context = 0, end = 0;
+  int begin = split * p.split_len, end = 0;
   if (p.window == 0) {
     load_blocks(begin, blocks0);
     load_blocks(begin + TILE, blocks1);
@@ -266,7 +270,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
         const int64_t at =
-            j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (j & 15)) * kv_stride + kv_head * D + li * 8 : 0;
+            j < end ? (static_cast<int64_t>(blocks[u]) * 16 + (view.position(j) & 15)) * kv_stride + kv_head * D + li * 8
+                    : 0;
         const int bytes = j < end ? 16 : 0;
         cp_async_16(smem_address(k_tiles[stage] + tile_at(key_offset(u), li)), p.k_pool + at, bytes);
         cp_async_16(smem_address(v_tiles[stage] + tile_at(key_offset(u), li)), p.v_pool + at, bytes);
@@ -275,13 +280,12 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     cp_async_commit();
   };
   auto context_range = [&] {
-    context = p.context_lens[seq];
+    view = key_view(p, p.context_lens[seq]);
     if (p.window > 0) {
-      begin += max(0, context - p.window);
       load_blocks(begin, blocks0);
       load_blocks(begin + TILE, blocks1);
     }
-    end = min(context, begin + p.split_len);
+    end = min(view.visible, begin + p.split_len);
   };
   // RoPE folded in: only this launch writes this step's key (below, from registers), so every
   // key the tiles copy was written by an earlier step, as were the context lengths and tables
@@ -290,16 +294,17 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // The new token's position is the host's (or the input update's) too, so its angles are
   // computed before the wait as well: each pair's once a block, into shared memory.
   const bool rope = p.rope.positions != nullptr;
-  int new_key = -1;
+  int new_key = -1, new_position = -1;  // the new token's key: its number in the view, its position
   if (rope) {
     context_range();
     if (begin < end) {
       issue_tile(begin, 0, blocks0);
       issue_tile(begin + TILE, 1, blocks1);
     }
-    new_key = p.rope.positions[seq];
+    new_position = p.rope.positions[seq];
+    new_key = view.index(new_position);  // the last position: always in the view
     if (threadIdx.x < D / 2)
-      rope_cos_sin(static_cast<float>(new_key), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
+      rope_cos_sin(static_cast<float>(new_position), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
                    rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
   }
   pdl_prologue();  // launched with launch_pdl (common.h)
@@ -394,7 +399,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
       // The cache gets it from one block of the head chunks (warp 0's first key lanes, a slice each).
       if (chunk_of_heads == 0 && warp == 0 && lg == 0) {
-        const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_key) * kv_stride + kv_head * D + li * 8;
+        const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_position) * kv_stride + kv_head * D + li * 8;
         *reinterpret_cast<uint4*>(p.k_pool + at) = new_k;
         *reinterpret_cast<uint4*>(p.v_pool + at) = new_v;
       }

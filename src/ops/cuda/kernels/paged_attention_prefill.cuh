@@ -22,6 +22,7 @@ struct PrefillParams {
   int64_t max_blocks;
   int num_heads, num_kv_heads, group;
   int window;        // 0: off
+  int sinks;         // with a window: positions 0 .. sinks - 1 stay visible (read as whole tiles)
   float scale_log2;  // log2(e) / sqrt(head_dim)
   int splits;
   int64_t rows;      // num_tokens * num_heads (partials)
@@ -75,7 +76,8 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
     const int r = row0 + tid;
     const int position = r < total_rows ? p.positions[q_begin + r / p.group] : -1;
     row_position[tid] = position;
-    const int lowest = position < 0 ? INT_MAX : (p.window > 0 ? max(0, position - p.window + 1) : 0);
+    const int lowest =
+        position < 0 ? INT_MAX : (p.window > 0 && p.sinks == 0 ? max(0, position - p.window + 1) : 0);
     const int high = __reduce_max_sync(0xffffffffu, position);
     const int low = __reduce_min_sync(0xffffffffu, lowest);
     if (lane == 0) {
@@ -180,7 +182,7 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
         for (int e = 0; e < 4; ++e) {
           const int key = tile * kPrefillKeys + nt * 8 + 2 * tq + (e & 1);
           const int position = e < 2 ? pos_a : pos_b;
-          const bool visible = key <= position && (p.window <= 0 || key > position - p.window);
+          const bool visible = key <= position && (p.window <= 0 || key > position - p.window || key < p.sinks);
           const float s = visible ? s_acc[nt][e] * p.scale_log2 : -INFINITY;
           s_acc[nt][e] = s;
           if (e < 2) tile_max_a = fmaxf(tile_max_a, s);
