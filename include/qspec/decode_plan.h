@@ -81,6 +81,14 @@ class DecodePlanError : public Error {
   std::string field;
 };
 
+// A draft in one word, as `eval qspec --drafts` and `bench --qspec-drafts` list them and their
+// records name them: "MODE" (w4a8, ...), "ngram", or "MODE@WINDOW" / "MODE@WINDOW+SINKS" for a
+// sparse view of the cache (draft_window, draft_sinks; SINKS defaults to kDefaultDraftSinks).
+// Sets plan.draft, draft_window and draft_sinks; throws DecodePlanError("draft") on bad syntax
+// (the rules are validate()'s).
+void set_draft_spec(DecodePlan& plan, std::string_view spec);
+std::string draft_spec(const DecodePlan& plan);
+
 // Throws DecodePlanError naming the field at fault (`field_prefix` + "mode", "draft", "gamma",
 // "max_gamma", "ngram_max", "draft_window", ...) when a rule above is broken: an unknown mode, a
 // draft that is neither "ngram" nor a 4-bit-weight low-precision-activation mode (or, with a

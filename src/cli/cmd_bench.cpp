@@ -257,7 +257,9 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::Range(1, 7));
   command->add_option("--qspec-drafts", args->gpu.qspec_drafts,
-                      "cuda: draft modes of the QSpec cycles (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4)")
+                      "cuda: drafts of the QSpec cycles: modes (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4), "
+                      "MODE@WINDOW[+SINKS] for a sparse view of the cache (w4a16@512: the verify's mode over the last "
+                      "512 positions and 16 sinks)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--gemm-policy", args->gpu.gemm_policy,

@@ -598,8 +598,17 @@ void run_qspec_eval(QSpecEvalArgs args) {
               "the K/V rows on the GPU)");
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
   std::vector<std::string> names = {std::string(decode_rules::kVerifyMode)};  // the modes to prepare
-  for (const std::string& draft : args.drafts)
-    if (draft != decode_rules::kNgramDraft) names.push_back(draft);  // n-gram drafts run no mode
+  for (const std::string& draft : args.drafts) {
+    DecodePlan plan;
+    try {
+      set_draft_spec(plan, draft);  // "MODE" or "MODE@WINDOW[+SINKS]"
+    } catch (const DecodePlanError& e) {
+      fail("--drafts: ", e.what());
+    }
+    // n-gram drafts run no mode; the verify's mode (a sparse-view draft) is prepared already
+    if (plan.draft != decode_rules::kNgramDraft && std::find(names.begin(), names.end(), plan.draft) == names.end())
+      names.push_back(plan.draft);
+  }
   PreparedModel prepared = load_model_for_modes(args.model_dir, names, args.weights, args.group_size);
   for (size_t i = 1; i < prepared.modes.size(); ++i)
     QSPEC_CHECK(prepared.modes[i].quantized_weights, "--drafts ", prepared.modes[i].name,
@@ -671,7 +680,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
           DecodePlan& plan = request.plan;
           plan.mode = decode_rules::kQSpecMode;
           plan.verify = prepared.modes[0].name;
-          plan.draft = draft;
+          set_draft_spec(plan, draft);
           plan.gamma = gamma;
           plan.kv_overwrite = overwrite;
           validate(plan, "eval qspec: ");
@@ -687,14 +696,14 @@ void run_qspec_eval(QSpecEvalArgs args) {
           const double rate = run.tokens / std::max(run.seconds, 1e-9);
           char line[256];
           std::snprintf(line, sizeof line, "%5lld %-12s %5lld %9s %10.1f%% %12.2f %10.1f %9lld/%zu %4lld %8lld",
-                        static_cast<long long>(batch), plan.draft.c_str(), static_cast<long long>(gamma),
+                        static_cast<long long>(batch), draft_spec(plan).c_str(), static_cast<long long>(gamma),
                         overwrite ? "on" : "off", 100 * sum.acceptance_rate(), sum.mean_accepted_length(), rate,
                         static_cast<long long>(identical), prompts.size(), static_cast<long long>(tie),
                         static_cast<long long>(mismatch));
           lines.push_back(line);
           nlohmann::json row = qspec_counters_json(sum);
           row.update({{"batch_size", batch},
-                      {"draft", plan.draft},
+                      {"draft", draft_spec(plan)},
                       {"verify", plan.verify},
                       {"gamma", gamma},
                       {"kv_overwrite", overwrite},
@@ -796,7 +805,7 @@ void register_eval(CLI::App& app) {
   qspec_command->add_option("model,-m,--model", qspec_args->model_dir, "Model directory")->required();
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
-  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...) and/or ngram (prompt lookup)")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16)")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--gammas", qspec_args->gammas, "Draft lengths")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--batch-sizes", qspec_args->batch_sizes, "Engine batch sizes")
       ->capture_default_str()

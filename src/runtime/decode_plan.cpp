@@ -14,6 +14,36 @@ std::vector<std::string> DecodePlan::modes() const {
   return {mode};
 }
 
+void set_draft_spec(DecodePlan& plan, std::string_view spec) {
+  const size_t at = spec.find('@');
+  plan.draft = std::string(spec.substr(0, at));
+  plan.draft_window = 0;
+  plan.draft_sinks = decode_rules::kDefaultDraftSinks;
+  if (at == std::string_view::npos) return;
+  const std::string view(spec.substr(at + 1));
+  const size_t plus = view.find('+');
+  auto number = [&](const std::string& text) {
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() || value < 0)
+      throw DecodePlanError("draft", "draft '" + std::string(spec) +
+                                         "': expected MODE@WINDOW or MODE@WINDOW+SINKS with whole numbers");
+    return static_cast<int64_t>(value);
+  };
+  plan.draft_window = number(view.substr(0, plus));
+  if (plus != std::string::npos) plan.draft_sinks = number(view.substr(plus + 1));
+}
+
+std::string draft_spec(const DecodePlan& plan) {
+  if (plan.draft_window <= 0) return plan.draft;
+  return plan.draft + "@" + std::to_string(plan.draft_window) + "+" + std::to_string(plan.draft_sinks);
+}
+
 void validate(const DecodePlan& plan, std::string_view field_prefix) {
   using namespace decode_rules;
   const std::string p(field_prefix);

@@ -130,6 +130,25 @@ TEST(DecodePlan, SparseKvDraftsCheckTheirWindowAndSinks) {
   EXPECT_EQ(broken_field(p), "draft_window");
 }
 
+// The one-word draft of eval / bench lists: MODE, ngram, MODE@WINDOW[+SINKS]; and back.
+TEST(DecodePlan, DraftSpecsRoundTripAndRefuseBadSyntax) {
+  DecodePlan p = qspec_plan();
+  qspec::set_draft_spec(p, "w4a16@512");
+  EXPECT_EQ(p.draft, "w4a16");
+  EXPECT_EQ(p.draft_window, 512);
+  EXPECT_EQ(p.draft_sinks, rules::kDefaultDraftSinks);
+  EXPECT_EQ(qspec::draft_spec(p), "w4a16@512+16");
+  qspec::set_draft_spec(p, "w4a8@64+0");
+  EXPECT_EQ(p.draft, "w4a8");
+  EXPECT_EQ(p.draft_window, 64);
+  EXPECT_EQ(p.draft_sinks, 0);
+  qspec::set_draft_spec(p, "ngram");
+  EXPECT_EQ(p.draft_window, 0);
+  EXPECT_EQ(qspec::draft_spec(p), "ngram");
+  for (const char* bad : {"w4a16@", "w4a16@x", "w4a16@-4", "w4a16@12+", "w4a16@12+3x"})
+    EXPECT_THROW(qspec::set_draft_spec(p, bad), qspec::DecodePlanError) << bad;
+}
+
 TEST(DecodePlan, EveryLowPrecisionDraftIsAccepted) {
   for (const char* draft : {"w4a8", "w4a8-fp8", "w4a4", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "w4a4-int4-arc",
                             "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"}) {

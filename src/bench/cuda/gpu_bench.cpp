@@ -265,6 +265,25 @@ struct AcceptTrace {
   }
 };
 
+// A --qspec-drafts entry (set_draft_spec's "MODE" or "MODE@WINDOW[+SINKS]") as the run mode the
+// engine gives its draft passes; the plan's rules checked as a request's are.
+RunMode bench_draft_mode(const std::string& spec) {
+  DecodePlan plan;
+  plan.mode = std::string(decode_rules::kQSpecMode);
+  try {
+    set_draft_spec(plan, spec);
+    validate(plan, "bench: --qspec-drafts ");
+  } catch (const DecodePlanError& e) {
+    fail(e.what());
+  }
+  QSPEC_CHECK(!plan.ngram_draft(), "bench: --qspec-drafts ngram: n-gram drafts need real text (time them with "
+              "`qspec eval qspec --device cuda`)");
+  RunMode mode = parse_run_mode(plan.draft);
+  mode.kv_window = plan.draft_window;
+  mode.kv_sinks = plan.draft_window > 0 ? plan.draft_sinks : 0;
+  return mode;
+}
+
 nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, const ModelConfig& config,
                                 const nlohmann::json& decode_rows, const Ceilings& ceilings) {
   nlohmann::json out = nlohmann::json::array();
@@ -273,9 +292,7 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
   const RunMode verify_mode = parse_run_mode(std::string(decode_rules::kVerifyMode));
   const std::unique_ptr<Backend> backend = make_cuda_backend(gpu, verify_mode);
   for (const std::string& draft_name : options.qspec_drafts) {
-    const RunMode draft_mode = parse_run_mode(draft_name);
-    QSPEC_CHECK(gpu_activations(draft_mode) != GpuActivations::f16, "bench: --qspec-drafts ", draft_name,
-                " is not a low-precision activation mode");
+    const RunMode draft_mode = bench_draft_mode(draft_name);
     const double alpha = options.accept_rate;
     if (trace)
       std::printf("\nQSpec cycles: %s drafts + W4A16 verify; tokens per cycle replayed from the accepted lengths of "
@@ -394,6 +411,7 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
     }
   }
   gpu.set_activations(GpuActivations::f16);
+  gpu.set_kv_view(0, 0);
   return out;
 }
 
@@ -410,7 +428,7 @@ bool runs_arc_activations(const GpuBenchOptions& options, const RunMode& mode) {
   if (mode.activations.arc) return true;
   if (options.qspec_gammas.empty() || mode.name != "w4a16") return false;
   return std::any_of(options.qspec_drafts.begin(), options.qspec_drafts.end(),
-                     [](const std::string& draft) { return parse_run_mode(draft).activations.arc; });
+                     [](const std::string& draft) { return bench_draft_mode(draft).activations.arc; });
 }
 
 std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const LlamaModel* checkpoint,
