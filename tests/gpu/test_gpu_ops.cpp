@@ -762,7 +762,8 @@ TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
       {{0, 17}, {40, 5}, {100, 1}},          // prefill + verify runs (gamma + 1 = 5)
       {{5000, 5}},                           // verify over a long cache: split-K
       {{0, 300}, {3, 64}},                   // prefill
-      {{2000, 5}, {2000, 5}, {63, 2}, {1, 65}}};
+      {{2000, 5}, {2000, 5}, {63, 2}, {1, 65}},
+      {{3000, 4}, {700, 4}, {64, 4}}};       // verify runs of gamma 3: (gamma + 1) x group rows split the keys
   for (const AttentionCase& c : cases) {
     for (const std::vector<Run>& runs : batches) {
       std::vector<int64_t> contexts;

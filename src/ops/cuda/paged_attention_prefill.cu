@@ -1,4 +1,6 @@
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_split.h"
@@ -12,17 +14,39 @@ void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int
 }
 
 namespace {
-template <int D>
+template <int D, int KW>
 void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
   constexpr size_t bytes = kernels::PrefillSmem<D>::kBytes;
   static bool configured = false;  // per instantiation; attribute setting is idempotent
   if (!configured) {
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D>,
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D, KW>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     configured = true;
   }
-  launch_pdl(kernels::paged_attention_prefill_kernel<D>, dim3(grid), dim3(128), bytes, stream, params);
+  launch_pdl(kernels::paged_attention_prefill_kernel<D, KW>, dim3(grid), dim3(128), bytes, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_prefill_kernel");
+}
+
+template <int D>
+void launch_prefill_kw(int key_warps, const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
+  if (key_warps == 4) launch_prefill_d<D, 4>(params, grid, stream);
+  else if (key_warps == 2) launch_prefill_d<D, 2>(params, grid, stream);
+  else launch_prefill_d<D, 1>(params, grid, stream);
+}
+
+// Warps that split a tile's keys (kernels::kPrefillBlockRows): as many as keep every row group
+// full of a run's (token, head) rows. QSPEC_PREFILL_KEY_WARPS=1|2|4 forces one (A/B runs).
+int prefill_key_warps(int64_t run_rows) {
+  static const int forced = [] {
+    const char* text = std::getenv("QSPEC_PREFILL_KEY_WARPS");
+    if (text == nullptr || *text == '\0') return 0;
+    const std::string value(text);
+    QSPEC_CHECK(value == "1" || value == "2" || value == "4", "QSPEC_PREFILL_KEY_WARPS: '", value,
+                "' is not 1, 2 or 4");
+    return std::stoi(value);
+  }();
+  if (forced > 0) return forced;
+  return run_rows <= 16 ? 4 : run_rows <= 32 ? 2 : 1;
 }
 }  // namespace
 
@@ -41,11 +65,12 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
               " tokens, max_query_len ", batch.max_query_len, ", max_context ", batch.max_context, ")");
   if (batch.num_seqs == 0 || batch.max_query_len == 0 || batch.num_tokens == 0) return;
   const int64_t group = H / KV;
-  const int64_t q_tiles = (batch.max_query_len * group + kernels::kPrefillRows - 1) / kernels::kPrefillRows;
+  const int key_warps = prefill_key_warps(batch.max_query_len * group);
+  const int64_t block_rows = 64 / key_warps;  // kernels::kPrefillBlockRows<key_warps>
+  const int64_t q_tiles = (batch.max_query_len * group + block_rows - 1) / block_rows;
   QSPEC_CHECK(q_tiles < (1ll << 31), "cuda::paged_attention_prefill: query run too long");
   const int64_t rows = batch.num_tokens * H;
-  const int64_t blocks = ((batch.num_tokens * group + kernels::kPrefillRows - 1) / kernels::kPrefillRows +
-                          batch.num_seqs) * KV;
+  const int64_t blocks = ((batch.num_tokens * group + block_rows - 1) / block_rows + batch.num_seqs) * KV;
   // A window with sinks reads every tile from position 0 (the sinks' and the window's) and masks
   // the gap: drafts with a sparse view run decode steps (paged_attention_decode), never this.
   const int64_t keys = shape.sliding_window > 0 && shape.sink_tokens == 0
@@ -81,9 +106,9 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch.num_seqs),
                   static_cast<unsigned>(KV * splits));
   cudaStream_t s = as_stream(stream);
-  if (D == 32) launch_prefill_d<32>(params, grid, s);
-  else if (D == 64) launch_prefill_d<64>(params, grid, s);
-  else launch_prefill_d<128>(params, grid, s);
+  if (D == 32) launch_prefill_kw<32>(key_warps, params, grid, s);
+  else if (D == 64) launch_prefill_kw<64>(key_warps, params, grid, s);
+  else launch_prefill_kw<128>(key_warps, params, grid, s);
   if (splits > 1)
     detail::launch_attention_combine(workspace, splits, rows, H, D, reinterpret_cast<__half*>(out), out_stride, s);
 }

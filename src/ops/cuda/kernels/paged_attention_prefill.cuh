@@ -32,8 +32,16 @@ struct PrefillParams {
   float2* part_ml;
 };
 
-inline constexpr int kPrefillRows = 64;  // query rows per block (4 warps x 16)
+inline constexpr int kPrefillRows = 64;  // query rows per block at most (4 warps x 16)
 inline constexpr int kPrefillKeys = 64;  // keys per tile
+
+// KW: warps that share a 16-row group and split each tile's keys (1, 2, 4); the block holds 4 / KW
+// row groups, 64 / KW query rows. A QSpec verify has few rows per KV head ((gamma + 1) x the GQA
+// group: 16 for Llama-3-8B at gamma 3), so with KW = 1 three of four warps multiplied padding;
+// with KW = 4 every warp works on the 16 real rows, a quarter of the keys each, and the warps'
+// softmax partials merge in shared memory at the end. K/V bytes read are the same.
+template <int KW>
+inline constexpr int kPrefillBlockRows = 16 * (4 / KW);
 
 template <int D>
 struct PrefillSmem {
@@ -48,8 +56,12 @@ struct PrefillSmem {
   }
 };
 
-template <int D>
+template <int D, int KW = 1>
 __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const PrefillParams p) {
+  static_assert(KW == 1 || KW == 2 || KW == 4, "key warps: 1, 2 or 4");
+  constexpr int ROWS = kPrefillBlockRows<KW>;  // query rows of the block
+  constexpr int KEYS_W = kPrefillKeys / KW;    // keys of a tile per warp
+  constexpr int NT = KEYS_W / 8;               // score n-tiles (8 keys) per warp
   pdl_prologue();  // launched with launch_pdl (common.h)
   using Smem = PrefillSmem<D>;
   constexpr int C = Smem::kChunks;
@@ -66,15 +78,15 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
   const int q_begin = p.query_start[seq];
   const int run = p.query_start[seq + 1] - q_begin;
   const int total_rows = run * p.group;
-  const int row0 = blockIdx.x * kPrefillRows;
+  const int row0 = blockIdx.x * ROWS;
   if (row0 >= total_rows) return;
   const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
   const int32_t* table = p.block_tables + seq * p.max_blocks;
 
   // Row positions and the key range the tile needs.
-  if (tid < kPrefillRows) {
+  if (tid < kPrefillRows) {  // warps 0 and 1 (whole warps for the reductions)
     const int r = row0 + tid;
-    const int position = r < total_rows ? p.positions[q_begin + r / p.group] : -1;
+    const int position = tid < ROWS && r < total_rows ? p.positions[q_begin + r / p.group] : -1;
     row_position[tid] = position;
     const int lowest =
         position < 0 ? INT_MAX : (p.window > 0 && p.sinks == 0 ? max(0, position - p.window + 1) : 0);
@@ -86,7 +98,7 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
     }
   }
   // Q tile (zeros for rows past the run).
-  for (int i = tid; i < kPrefillRows * C; i += 128) {
+  for (int i = tid; i < ROWS * C; i += 128) {
     const int r = i / C, c = i % C, row = row0 + r;
     const bool valid = row < total_rows;
     const __half* src = p.q;
@@ -125,7 +137,8 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
   };
 
   const int g = lane >> 2, tq = lane & 3;
-  const int row_a = warp * 16 + g, row_b = row_a + 8;
+  const int rw = warp / KW, kw = warp % KW;  // this warp's row group, and its part of each tile's keys
+  const int row_a = rw * 16 + g, row_b = row_a + 8;
   const int pos_a = row_position[row_a], pos_b = row_position[row_b];
   float o_acc[D / 8][4];
 #pragma unroll
@@ -143,7 +156,7 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int m = lane >> 3;
-      const int r = warp * 16 + (m & 1) * 8 + (lane & 7);
+      const int r = rw * 16 + (m & 1) * 8 + (lane & 7);
       ldmatrix_x4(q_frag[kk], smem_address(q_tile + Smem::offset(r, kk * 2 + (m >> 1))));
     }
 
@@ -156,18 +169,18 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
       const __half* k_tile = k_tiles + stage * Smem::kTileHalves;
       const __half* v_tile = v_tiles + stage * Smem::kTileHalves;
 
-      // S = Q K^T for this warp's 16 rows x 64 keys.
-      float s_acc[8][4];
+      // S = Q K^T for this warp's 16 rows x its KEYS_W keys of the tile.
+      float s_acc[NT][4];
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
+        for (int np = 0; np < NT / 2; ++np) {
           const int m = lane >> 3;
-          const int r = np * 16 + (m >> 1) * 8 + (lane & 7);
+          const int r = kw * KEYS_W + np * 16 + (m >> 1) * 8 + (lane & 7);
           uint32_t b[4];
           ldmatrix_x4(b, smem_address(k_tile + Smem::offset(r, kk * 2 + (m & 1))));
           mma_f16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
@@ -177,10 +190,10 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
       // Mask, online softmax (log2 domain).
       float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = tile * kPrefillKeys + nt * 8 + 2 * tq + (e & 1);
+          const int key = tile * kPrefillKeys + kw * KEYS_W + nt * 8 + 2 * tq + (e & 1);
           const int position = e < 2 ? pos_a : pos_b;
           const bool visible = key <= position && (p.window <= 0 || key > position - p.window || key < p.sinks);
           const float s = visible ? s_acc[nt][e] * p.scale_log2 : -INFINITY;
@@ -201,7 +214,7 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
       max_b = new_max_b;
       float row_sum_a = 0.0f, row_sum_b = 0.0f;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < NT; ++nt) {
         s_acc[nt][0] = exp2f(s_acc[nt][0] - base_a);
         s_acc[nt][1] = exp2f(s_acc[nt][1] - base_a);
         s_acc[nt][2] = exp2f(s_acc[nt][2] - base_b);
@@ -220,7 +233,7 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
       }
       // O += P V: P from the S accumulators (C layout -> A layout), V via ldmatrix.trans.
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < NT / 2; ++kk) {
         uint32_t p_frag[4];
         p_frag[0] = pack_half2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
         p_frag[1] = pack_half2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
@@ -229,7 +242,7 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
 #pragma unroll
         for (int nd2 = 0; nd2 < D / 16; ++nd2) {
           const int m = lane >> 3;
-          const int r = kk * 16 + (m & 1) * 8 + (lane & 7);
+          const int r = kw * KEYS_W + kk * 16 + (m & 1) * 8 + (lane & 7);
           uint32_t b[4];
           ldmatrix_x4_trans(b, smem_address(v_tile + Smem::offset(r, nd2 * 2 + (m >> 1))));
           mma_f16_16816(o_acc[2 * nd2], p_frag, b[0], b[1]);
@@ -246,7 +259,56 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, offset);
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, offset);
   }
-  // Write rows a and b of this warp.
+  if constexpr (KW > 1) {
+    // The KW warps of a row group saw different keys: each leaves its rows' (max, sum) and
+    // unnormalised O in shared memory (over the K tiles, free now), and the group's first warp
+    // merges them as split-K partials merge (weights exp2(max_w - max)).
+    __shared__ float2 part_ml[4][16];
+    float* part_o = reinterpret_cast<float*>(k_tiles);  // [warp][16 rows][D]: 4 * 16 * D floats
+    static_assert(4 * 16 * D * sizeof(float) <= 2 * Smem::kTileHalves * sizeof(__half), "merge fits the K tiles");
+    __syncthreads();  // every warp is done with the tiles
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      const int d = nd * 8 + 2 * tq;
+      *reinterpret_cast<float2*>(part_o + (warp * 16 + g) * D + d) = make_float2(o_acc[nd][0], o_acc[nd][1]);
+      *reinterpret_cast<float2*>(part_o + (warp * 16 + g + 8) * D + d) = make_float2(o_acc[nd][2], o_acc[nd][3]);
+    }
+    if (tq == 0) {
+      part_ml[warp][g] = make_float2(max_a, sum_a);
+      part_ml[warp][g + 8] = make_float2(max_b, sum_b);
+    }
+    __syncthreads();
+    if (kw != 0) return;
+    float weight_a[KW], weight_b[KW];
+    max_a = -INFINITY, max_b = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) {
+      max_a = fmaxf(max_a, part_ml[warp + w][g].x);
+      max_b = fmaxf(max_b, part_ml[warp + w][g + 8].x);
+    }
+    sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) {
+      const float2 ml_a = part_ml[warp + w][g], ml_b = part_ml[warp + w][g + 8];
+      weight_a[w] = ml_a.x == -INFINITY ? 0.0f : exp2f(ml_a.x - max_a);
+      weight_b[w] = ml_b.x == -INFINITY ? 0.0f : exp2f(ml_b.x - max_b);
+      sum_a += ml_a.y * weight_a[w];
+      sum_b += ml_b.y * weight_b[w];
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      const int d = nd * 8 + 2 * tq;
+      float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const float2 a = *reinterpret_cast<const float2*>(part_o + ((warp + w) * 16 + g) * D + d);
+        const float2 b = *reinterpret_cast<const float2*>(part_o + ((warp + w) * 16 + g + 8) * D + d);
+        o.x += a.x * weight_a[w], o.y += a.y * weight_a[w], o.z += b.x * weight_b[w], o.w += b.y * weight_b[w];
+      }
+      o_acc[nd][0] = o.x, o_acc[nd][1] = o.y, o_acc[nd][2] = o.z, o_acc[nd][3] = o.w;
+    }
+  }
+  // Write rows a and b of this warp (of its row group).
 #pragma unroll
   for (int half_index = 0; half_index < 2; ++half_index) {
     const int r = half_index == 0 ? row_a : row_b;
