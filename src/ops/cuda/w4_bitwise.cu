@@ -110,12 +110,7 @@ void w4_quantized_gemm_bitwise(const QuantizedActivations& x, int64_t m, const W
     kernels::W4A16SmallMParams params{};
     params.w = layout;
     params.a = detail::activation_rows_from(rows, x, m0);
-    params.y = yh + m0 * ldy;
-    params.ldy = ldy;
-    params.m = static_cast<int>(slice);
-    params.splits = static_cast<int>(splits);
-    params.counters = static_cast<unsigned*>(workspace);
-    params.partials = detail::splitk_partials(workspace, splits);
+    kernels::set_output_slice(params, yh + m0 * ldy, ldy, slice, splits, workspace);
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits));
     const size_t smem = static_cast<size_t>(smem_for(splits));
     if (act_bits == 8) launch_tiles<8>(tiles, params, grid, smem, s);

@@ -509,12 +509,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
       splits = detail::splits_that_fit(splits, slice, w.n, workspace, workspace_bytes);
       params.w = layout;
       params.a = kernels::ActivationRows{xh + m0 * ldx, ldx, nullptr, 0, 0};
-      params.y = yh + m0 * ldy;
-      params.ldy = ldy;
-      params.m = static_cast<int>(slice);
-      params.splits = static_cast<int>(splits);
-      params.counters = static_cast<unsigned*>(workspace);
-      params.partials = detail::splitk_partials(workspace, splits);
+      kernels::set_output_slice(params, yh + m0 * ldy, ldy, slice, splits, workspace);
       stream_launch(static_cast<int>(w.group), mt, variant, params,
                     dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), s);
       continue;

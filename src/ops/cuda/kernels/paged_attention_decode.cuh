@@ -95,6 +95,78 @@ __device__ __forceinline__ void load_scaled_query(const DecodeParams& p, int seq
   }
 }
 
+// Who a decode block and thread are: the warp, the lane's key (lg: its key of the warp's step;
+// li: its 16-byte slice of the key), the block's KV head, its chunk of the group's query heads
+// (head0 .. head0 + heads_here - 1), sequence and split of the context.
+struct DecodeThread {
+  int warp, lg, li, kv_head, chunk_of_heads, seq, split, head0, heads_here;
+};
+template <int D, int GM>
+__device__ __forceinline__ DecodeThread decode_thread(const DecodeParams& p) {
+  constexpr int LPK = D / 8;  // lanes per key
+  const int lane = threadIdx.x & 31;
+  const int kv_head = blockIdx.x / p.head_chunks, chunk_of_heads = blockIdx.x % p.head_chunks;
+  return DecodeThread{static_cast<int>(threadIdx.x >> 5), lane / LPK, lane % LPK, kv_head, chunk_of_heads,
+                      static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), kv_head * p.group + chunk_of_heads * GM,
+                      min(GM, p.group - chunk_of_heads * GM)};
+}
+
+// Each query head's score against one key in f32 FMAs: this lane's 8 elements, summed over the
+// key's LPK lanes; the key's first lane stores it at logits[g][index] when `store`.
+template <int D, int GM, int N>
+__device__ __forceinline__ void score_key(const float (&qr)[GM][8], const uint4& key, int li, bool store,
+                                          float (&logits)[GM][N], int index) {
+  constexpr int LPK = D / 8;
+  float kf[8];
+  half8_to_float(key, kf);
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
+#pragma unroll
+    for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (li == 0 && store) logits[g][index] = dot;
+  }
+}
+
+// The f32 P V of one value row (this lane's 8 elements): acc[g] += logits[g][index] x value.
+template <int GM, int N>
+__device__ __forceinline__ void accumulate_value(float (&acc)[GM][8], const uint4& value, const float (&logits)[GM][N],
+                                                 int index, int heads_here) {
+  float vf[8];
+  half8_to_float(value, vf);
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    const float weight = g < heads_here ? logits[g][index] : 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(weight, vf[e], acc[g][e]);
+  }
+}
+// A block's running softmax (max, sum per head, in shared memory) and this lane's accumulators,
+// before the first key.
+template <int GM>
+__device__ __forceinline__ void start_softmax(float* running_max, float* running_sum, float (&acc)[GM][8]) {
+  if (threadIdx.x < GM) {
+    running_max[threadIdx.x] = -INFINITY;
+    running_sum[threadIdx.x] = 0.0f;
+  }
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+}
+// acc[g] *= the softmax's rescale factor of head g (0 past heads_here).
+template <int GM>
+__device__ __forceinline__ void rescale_accumulators(float (&acc)[GM][8], const float* rescale, int heads_here) {
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    const float alpha = g < heads_here ? rescale[g] : 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+  }
+}
+
 // Online softmax over the next n scores of each head (logits[g][0 .. n), n >= 1; warp w owns
 // heads w, w + kDecodeWarps, ...): the scores become their weights exp2(score - new max), and
 // each head's running max and sum move on, with rescale[g] the factor for the accumulators
@@ -199,12 +271,9 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int lg = lane / LPK, li = lane % LPK;
-  const int kv_head = blockIdx.x / p.head_chunks, chunk_of_heads = blockIdx.x % p.head_chunks;
-  const int seq = blockIdx.y, split = blockIdx.z;
-  const int head0 = kv_head * p.group + chunk_of_heads * GM;
-  const int heads_here = min(GM, p.group - chunk_of_heads * GM);
+  const DecodeThread t = decode_thread<D, GM>(p);  // plain copies: lambdas below capture them
+  const int warp = t.warp, lg = t.lg, li = t.li, kv_head = t.kv_head;
+  const int seq = t.seq, split = t.split, head0 = t.head0, heads_here = t.heads_here;
   const KeyView view = key_view(p, p.context_lens[seq]);
   const int begin = split * p.split_len;
   const int end = min(view.visible, begin + p.split_len);
@@ -215,89 +284,47 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kern
     finish_empty_split<D>(p, seq, split, head0, heads_here);
     return;
   }
+  // visit(row, j) for this lane's rows of keys (or values) j of the chunk, U loads in flight at
+  // a time (zeros past chunk_end).
+  auto for_each_row = [&](const __half* pool, int chunk_begin, int chunk_end, auto&& visit) {
+    for (int base = chunk_begin; base < chunk_end; base += STEP * U) {
+      uint4 rows[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
+        rows[u] = make_uint4(0, 0, 0, 0);
+        if (j < chunk_end) {
+          const int at = view.position(j);
+          const int64_t slot = static_cast<int64_t>(table[at >> 4]) * 16 + (at & 15);
+          rows[u] = *reinterpret_cast<const uint4*>(pool + slot * kv_stride + kv_head * D + li * 8);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) visit(rows[u], base + (u * kDecodeWarps + warp) * KPW + lg);
+    }
+  };
 
   // This lane's slice of each query head, pre-scaled into log2 units.
   float qr[GM][8];
   load_scaled_query<D, GM>(p, seq, head0, heads_here, li, qr);
-  if (threadIdx.x < GM) {
-    running_max[threadIdx.x] = -INFINITY;
-    running_sum[threadIdx.x] = 0.0f;
-  }
   float acc[GM][8];
-#pragma unroll
-  for (int g = 0; g < GM; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  start_softmax(running_max, running_sum, acc);
 
   for (int chunk_begin = begin; chunk_begin < end; chunk_begin += kDecodeChunk) {
     const int chunk_end = min(end, chunk_begin + kDecodeChunk);
     // 1. scores of this chunk's keys.
-    for (int base = chunk_begin; base < chunk_end; base += STEP * U) {
-      uint4 keys[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
-        if (j < chunk_end) {
-          const int at = view.position(j);
-          const int64_t slot = static_cast<int64_t>(table[at >> 4]) * 16 + (at & 15);
-          keys[u] = *reinterpret_cast<const uint4*>(p.k_pool + slot * kv_stride + kv_head * D + li * 8);
-        } else {
-          keys[u] = make_uint4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
-        float kf[8];
-        half8_to_float(keys[u], kf);
-#pragma unroll
-        for (int g = 0; g < GM; ++g) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
-#pragma unroll
-          for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-          if (li == 0 && j < chunk_end) logits[g][j - chunk_begin] = dot;
-        }
-      }
-    }
+    for_each_row(p.k_pool, chunk_begin, chunk_end, [&](const uint4& key, int j) {
+      score_key<D, GM>(qr, key, li, j < chunk_end, logits, j - chunk_begin);
+    });
     __syncthreads();
     // 2. softmax statistics per head.
     update_softmax(logits, chunk_end - chunk_begin, heads_here, running_max, running_sum, rescale);
     __syncthreads();
     // 3. acc = acc * alpha + P V over this chunk.
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      const float alpha = g < heads_here ? rescale[g] : 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
-    }
-    for (int base = chunk_begin; base < chunk_end; base += STEP * U) {
-      uint4 values[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
-        if (j < chunk_end) {
-          const int at = view.position(j);
-          const int64_t slot = static_cast<int64_t>(table[at >> 4]) * 16 + (at & 15);
-          values[u] = *reinterpret_cast<const uint4*>(p.v_pool + slot * kv_stride + kv_head * D + li * 8);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = base + (u * kDecodeWarps + warp) * KPW + lg;
-        if (j < chunk_end) {
-          float vf[8];
-          half8_to_float(values[u], vf);
-#pragma unroll
-          for (int g = 0; g < GM; ++g) {
-            const float weight = g < heads_here ? logits[g][j - chunk_begin] : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(weight, vf[e], acc[g][e]);
-          }
-        }
-      }
-    }
+    rescale_accumulators(acc, rescale, heads_here);
+    for_each_row(p.v_pool, chunk_begin, chunk_end, [&](const uint4& value, int j) {
+      if (j < chunk_end) accumulate_value(acc, value, logits, j - chunk_begin, heads_here);
+    });
     __syncthreads();  // logits are rewritten by the next chunk
   }
 

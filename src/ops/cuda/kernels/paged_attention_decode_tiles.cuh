@@ -230,12 +230,10 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   int stamp_tile = 3;
 #endif
   QSPEC_ATTENTION_STAMP(0);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int lg = lane / LPK, li = lane % LPK;
-  const int kv_head = blockIdx.x / p.head_chunks, chunk_of_heads = blockIdx.x % p.head_chunks;
-  const int seq = blockIdx.y, split = blockIdx.z;
-  const int head0 = kv_head * p.group + chunk_of_heads * GM;
-  const int heads_here = min(GM, p.group - chunk_of_heads * GM);
+  const DecodeThread t = decode_thread<D, GM>(p);  // plain copies: lambdas below capture them
+  const int warp = t.warp, lg = t.lg, li = t.li, kv_head = t.kv_head, chunk_of_heads = t.chunk_of_heads;
+  const int seq = t.seq, split = t.split, head0 = t.head0, heads_here = t.heads_here;
+  const int lane = threadIdx.x & 31;
   const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;
   const int32_t* table = p.block_tables + seq * p.max_blocks;
   // Lane's key u of the tile at `tile_begin`: tile_begin + key_offset(u).
@@ -348,15 +346,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     return;
   }
 
-  if (threadIdx.x < GM) {
-    running_max[threadIdx.x] = -INFINITY;
-    running_sum[threadIdx.x] = 0.0f;
-  }
   float acc[GM][8];
-#pragma unroll
-  for (int g = 0; g < GM; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  start_softmax(running_max, running_sum, acc);
 
   if (!rope) {
     issue_tile(begin, 0, blocks0);
@@ -447,17 +438,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
-        float kf[8];
-        half8_to_float(*reinterpret_cast<const uint4*>(k_tile + tile_at(key_offset(u), li)), kf);
-#pragma unroll
-        for (int g = 0; g < GM; ++g) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
-#pragma unroll
-          for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-          if (li == 0 && j < end) logits[g][j - tile_begin] = dot;
-        }
+        score_key<D, GM>(qr, *reinterpret_cast<const uint4*>(k_tile + tile_at(key_offset(u), li)), li, j < end, logits,
+                         j - tile_begin);
       }
     }
     __syncthreads();
@@ -468,25 +450,13 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     if constexpr (MMA) {
       mma_tile_pv<D, GM, TILE>(v_tile, logits, min(end - tile_begin, TILE), heads_here, rescale, pv, pv_lo);
     } else {
-#pragma unroll
-      for (int g = 0; g < GM; ++g) {
-        const float alpha = g < heads_here ? rescale[g] : 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
-      }
+      rescale_accumulators(acc, rescale, heads_here);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
-        if (j < end) {
-          float vf[8];
-          half8_to_float(*reinterpret_cast<const uint4*>(v_tile + tile_at(key_offset(u), li)), vf);
-#pragma unroll
-          for (int g = 0; g < GM; ++g) {
-            const float weight = g < heads_here ? logits[g][j - tile_begin] : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(weight, vf[e], acc[g][e]);
-          }
-        }
+        if (j < end)
+          accumulate_value(acc, *reinterpret_cast<const uint4*>(v_tile + tile_at(key_offset(u), li)), logits,
+                           j - tile_begin, heads_here);
       }
     }
     __syncthreads();  // logits are rewritten by the next tile

@@ -151,6 +151,17 @@ __device__ __forceinline__ void w4_s8_scale_group(float (&total)[64], const Sum 
   }
 }
 
+// A kernel's start: this thread's scale words (row block (row0 + 64 warpgroup + 16 warp) / 16,
+// clamped into the matrix; rows g and g + 8 share the pair) and its totals zeroed.
+template <class Params>
+__device__ __forceinline__ const uint32_t* w4_s8_thread_scales(const Params& p, int row0, int warpgroup, int warp, int g,
+                                                               float (&total)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+  const int row_block = min((row0 + warpgroup * 64 + warp * 16) / 16, (p.rows / 16) - 1);
+  return p.scales + static_cast<int64_t>(row_block) * p.groups * 8 + g;
+}
+
 // The epilogue of both wgmma kernels: token scales, the f16 tile [token][row] in shared memory
 // (`tile`, the drained ring), then 16-byte stores of the block's rows. local_row: this thread's
 // row g in the block (rows local_row and local_row + 8); sync(): a barrier over the T::kThreads
@@ -225,12 +236,9 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_kernel(const __gri
   __syncthreads();
 
   // This thread's rows: row block (row0 + 64 warpgroup + 16 warp) / 16, rows g and g + 8.
-  const int row_block = min((row0 + warpgroup * 64 + warp * 16) / 16, (p.rows / 16) - 1);
-  const uint32_t* const scale_words = p.scales + static_cast<int64_t>(row_block) * p.groups * 8 + g;
 
-  float total[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+  float total[64];  // zeroed, with this thread's scale words
+  const uint32_t* const scale_words = w4_s8_thread_scales(p, row0, warpgroup, warp, g, total);
   using Sum = std::conditional_t<E4M3, float, int>;
   Sum sums[2][64];
 

@@ -409,12 +409,9 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_fused_kernel(const
   const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   grid_dependency_wait();  // the token scales (epilogue) come from the previous kernel
   grid_launch_dependents();
-  const int row_block = min((row0 + warpgroup * 64 + warp * 16) / 16, (p.rows / 16) - 1);
-  const uint32_t* const scale_words = p.scales + static_cast<int64_t>(row_block) * p.groups * 8 + g;
 
-  float total[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+  float total[64];  // zeroed, with this thread's scale words
+  const uint32_t* const scale_words = w4_s8_thread_scales(p, row0, warpgroup, warp, g, total);
   using Sum = std::conditional_t<E4M3, float, int>;
   Sum sums[2][64];
 

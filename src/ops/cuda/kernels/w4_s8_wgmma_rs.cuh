@@ -92,8 +92,6 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_rs_kernel(const __
   }
   __syncthreads();
 
-  const int row_block = min((row0 + warpgroup * 64 + warp * 16) / 16, (p.rows / 16) - 1);
-  const uint32_t* const scale_words = p.scales + static_cast<int64_t>(row_block) * p.groups * 8 + g;
   // This thread's two 16-byte pieces of chunk c of its warp's row block (lanes 4g + t / 2 and
   // 4g + 2 + t / 2: 128-byte row 4c + g / 2, piece 4 (g & 1) + t / 2 (+ 2), swizzled by the row).
   const int warp_row_block = warpgroup * 4 + warp, piece = 4 * (g & 1) + (t >> 1);
@@ -108,9 +106,8 @@ __global__ __launch_bounds__(T::kThreads, 1) void w4_s8_wgmma_rs_kernel(const __
   const uint32_t flip = 0x88888888u, keep = 0xf0f0f0f0u;       // int4_words_to_s8_x16's masks
   constexpr float kInverseWeightFactor = 1.0f / 16.0f;
 
-  float total[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+  float total[64];  // zeroed, with this thread's scale words
+  const uint32_t* const scale_words = w4_s8_thread_scales(p, row0, warpgroup, warp, g, total);
   int sums[2][64];
   uint32_t a[2][4][4];  // [buffer][k32 step][register]: a group's A fragments, live until its wait
 

@@ -16,6 +16,7 @@
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4a16_common.cuh"
+#include "ops/cuda/kernels/w4a16_plan.h"
 
 namespace qspec::cuda::kernels {
 
@@ -34,6 +35,17 @@ struct W4A16SmallMParams {
   // Variant 5: its weight copies carry the L2 evict-first hint.
   int evict_first;
 };
+
+// A launch's output slice (m tokens into y, rows ldy apart) and its split-K fields (counters and
+// partials in `workspace`): the same for every launcher of these params (w4a16_small_m.cu, w4_bitwise.cu).
+inline void set_output_slice(W4A16SmallMParams& p, __half* y, int64_t ldy, int64_t m, int64_t splits, void* workspace) {
+  p.y = y;
+  p.ldy = ldy;
+  p.m = static_cast<int>(m);
+  p.splits = static_cast<int>(splits);
+  p.counters = static_cast<unsigned*>(workspace);
+  p.partials = detail::splitk_partials(workspace, splits);
+}
 
 template <class Act, int MT, int RPW, int G, int DEPTH, int WARPS>
 __global__ __launch_bounds__(WARPS * 32) void w4_small_m_kernel(const W4A16SmallMParams p) {

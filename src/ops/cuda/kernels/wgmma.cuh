@@ -227,6 +227,13 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
   "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+// Outside a Hopper (sm_90a) build each wgmma wrapper compiles to this trap: callers pick the
+// wgmma kernels only on sm_90a, so it never runs, but the wrappers still compile everywhere.
+template <class... Operands>
+__device__ __forceinline__ void wgmma_unavailable(const Operands&...) {
+  __trap();
+}
+
 #define QSPEC_WGMMA_D64_OPERANDS(C) \
   C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), C(d[10]), C(d[11]), \
   C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), \
@@ -245,11 +252,7 @@ __device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], uint64_t a_des
                : QSPEC_WGMMA_D64_OPERANDS("+r")
                : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 #else
-  (void)d;
-  (void)a_desc;
-  (void)b_desc;
-  (void)accumulate;
-  __trap();
+  wgmma_unavailable(d, a_desc, b_desc, accumulate);
 #endif
 }
 
@@ -265,11 +268,7 @@ __device__ __forceinline__ void wgmma_s8_m64n128k32_rs(int (&d)[64], const uint3
                : QSPEC_WGMMA_D64_OPERANDS("+r")
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 #else
-  (void)d;
-  (void)a;
-  (void)b_desc;
-  (void)accumulate;
-  __trap();
+  wgmma_unavailable(d, a, b_desc, accumulate);
 #endif
 }
 
@@ -281,11 +280,7 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], uint64_t a
                : QSPEC_WGMMA_D64_OPERANDS("+f")
                : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 #else
-  (void)d;
-  (void)a_desc;
-  (void)b_desc;
-  (void)accumulate;
-  __trap();
+  wgmma_unavailable(d, a_desc, b_desc, accumulate);
 #endif
 }
 
@@ -308,10 +303,7 @@ __device__ __forceinline__ void wgmma_f16_m64n64k16_rs(float (&d)[8][4], const u
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1));
 #else
-  (void)d;
-  (void)a;
-  (void)b_desc;
-  __trap();
+  wgmma_unavailable(d, a, b_desc);
 #endif
 }
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[8][4]) {
