@@ -486,11 +486,9 @@ struct Engine::Impl {
         break;
       }
     }
-    if (!argmax_suffices(seq)) {
-      const size_t vocab = static_cast<size_t>(model.config().vocab_size);
-      unit.draft_probs.assign(unit.drafts.size(), std::vector<float>(vocab, 0.0f));
-      for (size_t i = 0; i < unit.drafts.size(); ++i) unit.draft_probs[i][static_cast<size_t>(unit.drafts[i])] = 1.0f;
-    }
+    // A sampled request's draft distribution is the point mass on each draft: empty rows
+    // (QSpecAcceptor::accept), not vocab-sized one-hots.
+    if (!argmax_suffices(seq)) unit.draft_probs.assign(unit.drafts.size(), {});
     seq.metrics.qspec.draft_seconds += seconds_between(start, Clock::now());
   }
 

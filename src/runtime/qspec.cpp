@@ -108,14 +108,16 @@ QSpecAcceptor::Outcome QSpecAcceptor::accept(std::span<const int32_t> drafts,
     } else {
       p = sampler_.probabilities(row(outcome.accepted), history);
       const std::vector<float>& q = draft_probs[static_cast<size_t>(outcome.accepted)];
+      const bool point_mass = q.empty();  // q = 1 at d, 0 elsewhere
+      auto q_at = [&](size_t v) { return point_mass ? (v == static_cast<size_t>(d) ? 1.0f : 0.0f) : q[v]; };
       const double u = uniform(generator_);
       // Accept with probability min(1, p(d) / q(d)) (q(d) > 0: d was drawn from q); on
       // rejection draw from the residual max(0, p - q), renormalised.
-      if (!(u * q[d] < p[d])) {
+      if (!(u * q_at(static_cast<size_t>(d)) < p[d])) {
         std::vector<float> residual(p.size());
         double mass = 0;
         for (size_t v = 0; v < p.size(); ++v) {
-          residual[v] = std::max(0.0f, p[v] - q[v]);
+          residual[v] = std::max(0.0f, p[v] - q_at(v));
           mass += residual[v];
         }
         outcome.next = draw_from(mass > 0 ? std::span<const float>(residual) : std::span<const float>(p),

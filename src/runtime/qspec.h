@@ -56,7 +56,8 @@ class QSpecAcceptor {
     int32_t next = -1;     // the verify's token after them (correction or bonus)
   };
   // verify_logits: [drafts.size() + 1, vocab], row i scoring the token after d_{i-1}. `history`
-  // is used as scratch and restored.
+  // is used as scratch and restored. draft_probs[i]: the distribution d_i was drawn from (q), or
+  // empty for a point mass on d_i (a deterministic draft such as prompt lookup: no vocab-sized row).
   Outcome accept(std::span<const int32_t> drafts, const std::vector<std::vector<float>>& draft_probs,
                  const float* verify_logits, int64_t vocab, std::vector<int32_t>& history);
   // Greedy acceptance from the verify's argmax ids (verify_ids[i]: the token after d_{i-1}, so

@@ -366,3 +366,31 @@ TEST(QSpec, GreedyAcceptanceFromIdsEqualsAcceptOnTheirRows) {
   const std::vector<int32_t> two = {1, 2};
   EXPECT_THROW(qspec::QSpecAcceptor::accept_greedy(two, two), qspec::Error);  // one verify id short
 }
+
+// A point-mass draft distribution may be passed as an empty row: the same draws and outcomes as
+// its one-hot row, with the same seed (so deterministic drafts need no vocab-sized rows).
+TEST(QSpec, EmptyDraftRowIsThePointMassOnTheDraft) {
+  std::mt19937 rng(7);
+  const int64_t vocab = 13;
+  qspec::SamplingParams sampled;
+  sampled.temperature = 0.9f;
+  sampled.seed = 42;
+  qspec::QSpecAcceptor with_one_hot(sampled), with_empty(sampled);
+  int64_t rejections = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t drafted = 1 + rng() % 5;
+    std::vector<float> rows((drafted + 1) * vocab);
+    for (float& x : rows) x = static_cast<float>(rng() % 1000) / 250.0f;
+    std::vector<int32_t> drafts(drafted);
+    for (int32_t& d : drafts) d = static_cast<int32_t>(rng() % vocab);
+    std::vector<std::vector<float>> one_hot(drafted, std::vector<float>(vocab, 0.0f)), empty(drafted);
+    for (size_t i = 0; i < drafted; ++i) one_hot[i][static_cast<size_t>(drafts[i])] = 1.0f;
+    std::vector<int32_t> history_a = {1, 2}, history_b = {1, 2};
+    const auto a = with_one_hot.accept(drafts, one_hot, rows.data(), vocab, history_a);
+    const auto b = with_empty.accept(drafts, empty, rows.data(), vocab, history_b);
+    ASSERT_EQ(a.accepted, b.accepted) << "trial " << trial;
+    ASSERT_EQ(a.next, b.next) << "trial " << trial;
+    rejections += a.accepted < static_cast<int64_t>(drafted);
+  }
+  EXPECT_GT(rejections, 0);  // the residual path ran
+}
