@@ -291,8 +291,13 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
   if (!options.accept_trace.empty()) trace = AcceptTrace::load(options.accept_trace);
   const RunMode verify_mode = parse_run_mode(std::string(decode_rules::kVerifyMode));
   const std::unique_ptr<Backend> backend = make_cuda_backend(gpu, verify_mode);
-  for (const std::string& draft_name : options.qspec_drafts) {
-    const RunMode draft_mode = bench_draft_mode(draft_name);
+  for (const std::string& draft_spelling : options.qspec_drafts) {
+    const RunMode draft_mode = bench_draft_mode(draft_spelling);
+    // The canonical spelling (w4a16@256 -> w4a16@256+16): records and trace lookups name it so,
+    // as `eval qspec` does.
+    DecodePlan spelled;
+    set_draft_spec(spelled, draft_spelling);
+    const std::string draft_name = draft_spec(spelled);
     const double alpha = options.accept_rate;
     if (trace)
       std::printf("\nQSpec cycles: %s drafts + W4A16 verify; tokens per cycle replayed from the accepted lengths of "
