@@ -279,6 +279,32 @@ TEST(Gguf, DequantizesEveryTypeBitExactly) {
   EXPECT_EQ(seen, (std::vector<std::string>{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}));
 }
 
+// Q5_0 (Gemma 3 270M's Q4_K_M file has 81 such tensors): two blocks that gguf.quants
+// quantized from random values, and their values as gguf.quants.dequantize gives them,
+// bit for bit (the -0.0 of a zero code under a negative scale included).
+TEST(Gguf, DequantizesQ5_0LikeTheGgufPackage) {
+  const std::vector<uint8_t> blocks = {
+      218, 44, 56, 103, 32, 131, 249, 84, 174, 180, 154, 81, 251, 185, 71, 143, 19, 229, 119, 239, 66, 0,
+      207, 174, 191, 244, 235, 192, 32, 34, 167, 131, 183, 121, 47, 103, 104, 203, 13, 206, 167, 160, 64, 13};
+  const std::vector<float> expected = {
+      -0.5306396484375f, -0.90966796875f, -0.151611328125f, 0.30322265625f, 0.758056640625f, 0.0758056640625f,
+      -0.3790283203125f, -0.5306396484375f, 0.5306396484375f, 1.1370849609375f, 0.2274169921875f, -0.8338623046875f,
+      -0.6822509765625f, 1.1370849609375f, 0.151611328125f, -1.212890625f, -0.0758056640625f, -0.8338623046875f,
+      -0.454833984375f, -0.3790283203125f, -0.5306396484375f, 0.3790283203125f, -0.0758056640625f,
+      -0.3790283203125f, 0.30322265625f, 0.6064453125f, -1.1370849609375f, -0.151611328125f, -0.6822509765625f,
+      -0.151611328125f, -0.90966796875f, 0.0f, -0.0f, -0.2127685546875f, -0.74468994140625f, -0.31915283203125f,
+      -0.74468994140625f, -0.95745849609375f, 0.10638427734375f, -0.74468994140625f, 0.85107421875f,
+      0.53192138671875f, -1.38299560546875f, 0.2127685546875f, -0.74468994140625f, -0.0f, -0.0f,
+      -1.38299560546875f, -0.2127685546875f, -0.2127685546875f, 0.6383056640625f, -0.85107421875f,
+      0.53192138671875f, -0.74468994140625f, -0.2127685546875f, -0.6383056640625f, 1.0638427734375f,
+      0.425537109375f, 1.7021484375f, 0.425537109375f, 0.6383056640625f, 0.6383056640625f, -0.425537109375f, -0.0f};
+  std::vector<float> got(64, NAN);
+  qspec::gguf_dequantize(/*Q5_0*/ 6, blocks.data(), 64, got.data());
+  size_t diff = 0;
+  EXPECT_TRUE(same_bits(got.data(), expected.data(), got.size(), &diff))
+      << "first difference at element " << diff << ": " << got[diff] << " vs " << expected[diff];
+}
+
 TEST(Gguf, ConvertsMixedTypeLlamaBitExactly) {
   fs::path dir = temp_dir("tiny");
   size_t last_done = 0, last_total = 0;
