@@ -19,6 +19,7 @@
 
 #include "model/llama.h"
 #include "runtime/generate.h"
+#include "runtime/qspec.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -119,6 +120,34 @@ TEST(Gemma3, PromptsMatchFloat64Reference) {
     EXPECT_EQ(tokenizer->decode(generated, /*skip_special=*/true), golden["greedy_text"].get<std::string>());
   }
   std::printf("Gemma 3 270M: worst top-10 logit error %.2e of the logit scale\n", worst_relative);
+}
+
+// 4-bit weights on the real model: greedy QSpec with a W4A8 and a W4A4 draft gives exactly the
+// W4A16 continuation (the draft only proposes; W4A16 decides), here past several cycles.
+TEST(Gemma3, GreedyQSpecEqualsW4A16) {
+  ASSERT_TRUE(model_present());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  auto mode = [&](const char* name) {
+    qspec::RunMode m = qspec::parse_run_mode(name);
+    m.activations.group_size = model->auto_group_size();
+    return m;
+  };
+  const std::vector<int32_t> prompt = fixture().goldens["prompts"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  qspec::GenerationOptions options;
+  options.max_new_tokens = 12;
+  options.eos_ids = fixture().tokenizer->eos_ids;
+  options.mode = mode("w4a16");
+  const std::vector<int32_t> reference = qspec::generate(*model, prompt, options).ids;
+  ASSERT_EQ(reference.size(), 12u);
+  for (const char* draft : {"w4a8", "w4a4-nvfp4"}) {
+    qspec::QSpecOptions q;
+    q.draft = mode(draft);
+    q.verify = options.mode;
+    q.gamma = 4;
+    const qspec::QSpecResult result = qspec::qspec_generate(*model, prompt, options, q);
+    EXPECT_EQ(result.ids, reference) << draft;
+  }
 }
 
 // The converted directory's chat template (Gemma 3's, supplied by the importer: the GGUF has

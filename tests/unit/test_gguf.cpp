@@ -458,6 +458,71 @@ TEST(Gguf, SentencepieceTokenizerTiedEmbeddingsAndQkUnpermute) {
   fs::remove_all(dir);
 }
 
+// A gemma3 GGUF: llama.cpp stores every norm as 1 + w and q/k in the rotate_half layout, and
+// leaves the sliding-window pattern, local RoPE base and chat template implicit.
+TEST(Gguf, Gemma3ArchitectureShiftsNormsAndWritesTheLayerPattern) {
+  auto gemma3 = [](bool with_window) {
+    SpmLlama model("gemma3", 0, /*block_count=*/1);
+    if (with_window) model.builder.kv_u32("gemma3.attention.sliding_window", 16);
+    const int D = SpmLlama::kDim, hd = SpmLlama::kHeadDim;
+    for (auto [name, size] : {std::pair{"blk.0.attn_q_norm.weight", hd}, std::pair{"blk.0.attn_k_norm.weight", hd},
+                              std::pair{"blk.0.post_attention_norm.weight", D}, std::pair{"blk.0.post_ffw_norm.weight", D}}) {
+      std::vector<float> v(static_cast<size_t>(size));
+      for (int i = 0; i < size; ++i) v[i] = 1.0f + 0.25f * static_cast<float>(i);
+      model.values[name] = v;
+      model.builder.tensor_f32(name, {static_cast<uint64_t>(size)}, v);
+    }
+    return model;
+  };
+  fs::path dir = temp_dir("gemma3");
+  SpmLlama model = gemma3(true);
+  write_bytes(dir / "g.gguf", model.builder.build());
+  qspec::convert_gguf((dir / "g.gguf").string(), (dir / "out").string());
+  json config = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(config["architectures"], json::array({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(config["layer_types"], json::array({"sliding_attention"}));
+  EXPECT_EQ(config["sliding_window"], 16);
+  EXPECT_EQ(config["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(config["query_pre_attn_scalar"], SpmLlama::kHeadDim);
+  EXPECT_TRUE(config["tie_word_embeddings"]);
+  json tokenizer_config = read_json(dir / "out" / "tokenizer_config.json");
+  EXPECT_NE(tokenizer_config["chat_template"].get<std::string>().find("<start_of_turn>"), std::string::npos);
+  auto st = qspec::SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  auto values_of = [&](const std::string& name) {
+    const qspec::TensorView* view = st->find(name);
+    EXPECT_NE(view, nullptr) << name;
+    std::vector<float> out(view ? view->nbytes / 4 : 0);
+    if (view) std::memcpy(out.data(), view->data, view->nbytes);
+    return out;
+  };
+  auto minus_one = [](std::vector<float> v) {
+    for (float& x : v) x -= 1.0f;
+    return v;
+  };
+  const std::string h = "model.layers.0.";
+  EXPECT_EQ(values_of(h + "self_attn.q_norm.weight"), minus_one(model.values["blk.0.attn_q_norm.weight"]));
+  EXPECT_EQ(values_of(h + "post_attention_layernorm.weight"), minus_one(model.values["blk.0.post_attention_norm.weight"]));
+  EXPECT_EQ(values_of(h + "pre_feedforward_layernorm.weight"), minus_one(model.values["blk.0.ffn_norm.weight"]));
+  EXPECT_EQ(values_of(h + "post_feedforward_layernorm.weight"), minus_one(model.values["blk.0.post_ffw_norm.weight"]));
+  EXPECT_EQ(values_of("model.norm.weight"), minus_one(model.values["output_norm.weight"]));
+  EXPECT_EQ(values_of(h + "self_attn.q_proj.weight"), model.values["blk.0.attn_q.weight"]);  // not unpermuted
+  const qspec::ModelConfig loaded = qspec::load_model_config((dir / "out").string());
+  EXPECT_EQ(loaded.architecture, qspec::Architecture::Gemma3);
+  EXPECT_EQ(loaded.layer_window(0), 16);
+
+  SpmLlama no_window = gemma3(false);
+  write_bytes(dir / "nw.gguf", no_window.builder.build());
+  std::string error = error_of([&] { qspec::convert_gguf((dir / "nw.gguf").string(), (dir / "o2").string()); });
+  EXPECT_NE(error.find("missing metadata 'gemma3.attention.sliding_window'"), std::string::npos) << error;
+  SpmLlama untied = gemma3(true);
+  untied.builder.tensor_f32("output.weight", {SpmLlama::kDim, untied.tokens.size()},
+                            std::vector<float>(SpmLlama::kDim * untied.tokens.size()));
+  write_bytes(dir / "untied.gguf", untied.builder.build());
+  error = error_of([&] { qspec::convert_gguf((dir / "untied.gguf").string(), (dir / "o3").string()); });
+  EXPECT_NE(error.find("'output.weight': Gemma 3 ties its embeddings"), std::string::npos) << error;
+  fs::remove_all(dir);
+}
+
 TEST(Gguf, RejectsWrongMagicVersionAndTruncation) {
   const std::vector<uint8_t> good = read_bytes(kData + "/tiny-llama.gguf");
   ASSERT_GT(good.size(), 1000u);
