@@ -148,6 +148,9 @@ RopeConfig parse_rope_params(const json& params, RopeConfig rope, const std::str
   return rope;
 }
 
+void parse_rope_layers(const json& root, const char* where, const std::string& source, const RopeConfig& defaults,
+                       ModelConfig& config);
+
 // The RoPE of every layer: transformers v5 puts everything in rope_parameters (for Gemma 3
 // one object per layer type: {"full_attention": {...}, "sliding_attention": {...}}); v4 uses
 // rope_theta + rope_scaling (+ rope_local_base_freq for Gemma 3's sliding layers).
@@ -166,6 +169,22 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& config
   }
   const char* where = top.has("rope_parameters") ? "rope_parameters" : top.has("rope_scaling") ? "rope_scaling" : nullptr;
   if (where == nullptr) return;
+  parse_rope_layers(root, where, source, defaults, config);
+  // Both spellings present: rope_parameters wins, so a rope_scaling that says otherwise would be
+  // silently ignored. Parse it too (an unknown type fails, naming it) and require agreement.
+  if (top.has("rope_parameters") && top.has("rope_scaling")) {
+    const RopeConfig legacy =
+        parse_rope_params(root.at("rope_scaling"), defaults, source, "rope_scaling", config.max_position_embeddings);
+    QSPEC_CHECK(legacy.type == config.rope.type && legacy.factor == config.rope.factor, source,
+                ": 'rope_scaling' (type ", legacy.type, ", factor ", legacy.factor, ") disagrees with 'rope_parameters' (type ",
+                config.rope.type, ", factor ", config.rope.factor, "); keep one of them");
+  }
+}
+
+// The RoPE object `where` (rope_parameters or rope_scaling): one for every layer, or one per
+// layer type.
+void parse_rope_layers(const json& root, const char* where, const std::string& source, const RopeConfig& defaults,
+                       ModelConfig& config) {
   const json& params = root.at(where);
   QSPEC_CHECK(params.is_object(), source, ": '", where, "' must be an object");
   // Per layer type when every value is an object (a flat one holds numbers and strings).
@@ -214,7 +233,8 @@ void parse_layer_types(const json& root, const std::string& source, ModelConfig&
   }
   for (size_t l = 0; l < config.layer_types.size(); ++l)
     QSPEC_CHECK(config.layer_types[l] == LayerType::full_attention || config.sliding_window, source,
-                ": field 'layer_types'[", l, "] is sliding_attention but the config has no 'sliding_window'");
+                ": field 'layer_types'[", l, "] is sliding_attention but the config has no 'sliding_window' "
+                "(read for MistralForCausalLM and Gemma3ForCausalLM only)");
 }
 
 }  // namespace

@@ -219,6 +219,13 @@ TEST(Config, UnsupportedFamilyFeaturesNameTheField) {
   EXPECT_NE(activation.find("unsupported hidden_activation 'gelu'"), std::string::npos) << activation;
   const std::string softcap = error_of(gemma3_json(R"(,"attn_logit_softcapping":50.0)"));
   EXPECT_NE(softcap.find("field 'attn_logit_softcapping'"), std::string::npos) << softcap;
+  // Both spellings: a rope_scaling that rope_parameters would silently override is an error.
+  const std::string both = error_of(llama_json(R"(,"rope_parameters":{"rope_type":"default","rope_theta":10000.0},
+      "rope_scaling":{"rope_type":"linear","factor":4.0})"));
+  EXPECT_NE(both.find("'rope_scaling' (type linear, factor 4) disagrees with 'rope_parameters' (type default"),
+            std::string::npos) << both;
+  EXPECT_EQ(error_of(llama_json(R"(,"rope_parameters":{"rope_type":"linear","factor":4.0},
+      "rope_scaling":{"type":"linear","factor":4.0})")), "");
   const std::string qwen3_swa = error_of(R"({"architectures":["Qwen3ForCausalLM"],"vocab_size":10,"hidden_size":8,
       "intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":1,"use_sliding_window":true})");
   EXPECT_NE(qwen3_swa.find("use_sliding_window"), std::string::npos) << qwen3_swa;
