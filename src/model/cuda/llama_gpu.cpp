@@ -695,10 +695,6 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tok
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaOptions& options)
     : state_(std::make_unique<State>()) {
   const ModelConfig& c = model.config();
-  check_supported(c, mode);
-  QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
-              "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
-  QSPEC_CHECK(!model.rotated(), "GPU model: Hadamard-rotated models are not on the GPU yet");
   // The CPU-only parts of the layer recipes (io/model_config.h), named so the user knows what is missing.
   const LayerRecipe recipe = c.recipe();
   QSPEC_CHECK(!recipe.qk_norm, "GPU model: ", c.architecture_name,
@@ -711,6 +707,10 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   for (int64_t l = 0; l < c.num_layers; ++l) uniform_layers &= c.layer_window(l) == c.layer_window(0);
   QSPEC_CHECK(uniform_layers, "GPU model: ", c.architecture_name, ": per-layer sliding windows / RoPE bases, "
               "query_pre_attn_scalar and final_logit_softcapping are not on the GPU yet; run it with --device cpu");
+  check_supported(c, mode);
+  QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
+              "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
+  QSPEC_CHECK(!model.rotated(), "GPU model: Hadamard-rotated models are not on the GPU yet");
   QSPEC_CHECK(options.max_context <= c.max_position_embeddings, "GPU model: max_context ", options.max_context,
               " outside 1..", c.max_position_embeddings);
   State& s = *state_;
