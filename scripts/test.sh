@@ -19,6 +19,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA_ARCHS="$CUD
 cmake --build build -j "$JOBS"
 bash scripts/setup-test-venv.sh         # the openai SDK for tests/python (ctest OpenaiClient.PythonSdk)
 bash scripts/fetch-smollm2.sh build/qspec   # real chat model for tests/e2e/test_smollm2.cpp (not in git)
+bash scripts/fetch-gemma3-270m.sh build/qspec   # second real model for tests/e2e/test_gemma3.cpp (not in git)
 GPU_FILTER=(-LE gpu)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU_FILTER=(); fi
 (cd build && ctest -j "$JOBS" --output-on-failure "${GPU_FILTER[@]}")

@@ -32,6 +32,7 @@ TOKENS = {
     "mistral-instruct": {"bos_token": "<s>", "eos_token": "</s>"},
     "qwen2.5": {"eos_token": "<|im_end|>"},
     "smollm2": {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"},
+    "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
 }
 
 CONVERSATIONS = {

@@ -1,3 +1,4 @@
+// qspec info MODEL: a model directory's architecture, sizes, layer recipe, weights and KV cache.
 #include <cstdio>
 #include <memory>
 
@@ -25,7 +26,22 @@ void run_info(const std::string& model_dir) {
   std::printf("rope:           %s, theta %g, factor %g\n", c.rope.type.c_str(), c.rope.theta, c.rope.factor);
   std::printf("rms_norm_eps:   %g\n", c.rms_norm_eps);
   std::printf("tied embedding: %s\n", c.tie_word_embeddings ? "yes" : "no");
-  if (c.sliding_window) std::printf("sliding window: %lld\n", static_cast<long long>(*c.sliding_window));
+  if (c.rope_local)
+    std::printf("rope (sliding): %s, theta %g, factor %g\n", c.rope_local->type.c_str(), c.rope_local->theta,
+                c.rope_local->factor);
+  if (c.sliding_window) {
+    int64_t sliding = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) sliding += c.layer_window(l) > 0;
+    std::printf("sliding window: %lld (%lld of %lld layers)\n", static_cast<long long>(*c.sliding_window),
+                static_cast<long long>(sliding), static_cast<long long>(c.num_layers));
+  }
+  const LayerRecipe recipe = c.recipe();
+  std::printf("layer recipe:   %s MLP%s%s%s%s\n", recipe.activation == MlpActivation::gelu_tanh ? "GeGLU (tanh)" : "SwiGLU",
+              recipe.qk_norm ? ", q/k norms" : "", recipe.norm_adds_one ? ", (1 + w) norms" : "",
+              recipe.output_norms ? ", attention/MLP output norms" : "",
+              recipe.scale_embeddings ? ", embeddings x sqrt(hidden)" : "");
+  if (c.query_pre_attn_scalar) std::printf("attention:      scale %g^-1/2\n", *c.query_pre_attn_scalar);
+  if (c.final_logit_softcapping) std::printf("logit softcap:  %g\n", *c.final_logit_softcapping);
   std::printf("weights:        %s, %.2f MiB read per token\n", model->weight_dtype().c_str(),
               static_cast<double>(model->weight_bytes()) / (1 << 20));
   const double kv_bytes_per_token = 2.0 * static_cast<double>(c.num_layers * c.kv_dim()) * sizeof(float);

@@ -16,10 +16,11 @@ using ProgressFn = std::function<void(size_t done, size_t total)>;
 void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_bin,
                      const std::string& out_dir, const ProgressFn& progress = {});
 
-// GGUF v3 or v2 (llama architecture): tensors dequantized exactly as llama.cpp defines the
-// types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) and stored as F32, which holds every
-// dequantized value exactly (BF16 would round them); q/k rows permuted back to the
-// rotate_half layout; tokenizer metadata turned into tokenizer.json. Errors (qspec::Error)
+// GGUF v3 or v2 (llama or gemma3 architecture): tensors dequantized exactly as llama.cpp
+// defines the types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) and stored as F32,
+// which holds every dequantized value exactly (BF16 would round them); llama q/k rows permuted
+// back to the rotate_half layout; Gemma 3 norms shifted back from llama.cpp's 1 + w to w;
+// tokenizer metadata turned into tokenizer.json. Errors (qspec::Error)
 // name the file and the key, tensor, type or architecture at fault.
 void convert_gguf(const std::string& gguf_path, const std::string& out_dir,
                   const ProgressFn& progress = {});

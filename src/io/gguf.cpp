@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/limits.h"
 #include "io/convert.h"
+#include "io/gemma3_chat_template.h"
 #include "io/hf_writer.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
@@ -69,7 +70,7 @@ constexpr GgmlTypeInfo kTypes[] = {
     /* 0 */ {"F32", 1, 4, true},      /* 1 */ {"F16", 1, 2, true},
     /* 2 */ {"Q4_0", 32, 18, true},   /* 3 */ {"Q4_1", 32, 20, true},
     /* 4 */ {nullptr, 0, 0, false},   /* 5 */ {nullptr, 0, 0, false},
-    /* 6 */ {"Q5_0", 32, 22, false},  /* 7 */ {"Q5_1", 32, 24, false},
+    /* 6 */ {"Q5_0", 32, 22, true},  /* 7 */ {"Q5_1", 32, 24, false},
     /* 8 */ {"Q8_0", 32, 34, true},   /* 9 */ {"Q8_1", 32, 36, false},
     /* 10 */ {"Q2_K", 256, 84, false}, /* 11 */ {"Q3_K", 256, 110, false},
     /* 12 */ {"Q4_K", 256, 144, true}, /* 13 */ {"Q5_K", 256, 176, false},
@@ -88,7 +89,7 @@ constexpr GgmlTypeInfo kTypes[] = {
     /* 38 */ {nullptr, 0, 0, false},      /* 39 */ {"MXFP4", 32, 17, false},
 };
 
-const char* kSupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K";
+const char* kSupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K";
 
 }  // namespace
 
@@ -442,6 +443,19 @@ void dequantize_q4_0(const uint8_t* block, float* y) {  // d, qs[16]
   }
 }
 
+void dequantize_q5_0(const uint8_t* block, float* y) {  // d, qh (32 fifth bits), qs[16]
+  const float d = load_f16(block);
+  uint32_t qh;
+  std::memcpy(&qh, block + 2, sizeof qh);
+  const uint8_t* qs = block + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int high0 = static_cast<int>((qh >> j) << 4 & 0x10);
+    const int high1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+    y[j] = static_cast<float>(((qs[j] & 0x0F) | high0) - 16) * d;
+    y[j + 16] = static_cast<float>(((qs[j] >> 4) | high1) - 16) * d;
+  }
+}
+
 void dequantize_q4_1(const uint8_t* block, float* y) {  // d, m, qs[16]
   const float d = load_f16(block);
   const float m = load_f16(block + 2);
@@ -540,6 +554,7 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
       return;
     case GgmlType::Q4_0: decode_block = dequantize_q4_0; break;
     case GgmlType::Q4_1: decode_block = dequantize_q4_1; break;
+    case GgmlType::Q5_0: decode_block = dequantize_q5_0; break;
     case GgmlType::Q8_0: decode_block = dequantize_q8_0; break;
     case GgmlType::Q4_K: decode_block = dequantize_q4_k; break;
     case GgmlType::Q6_K: decode_block = dequantize_q6_k; break;
@@ -607,7 +622,16 @@ struct Expected {
   std::string hf_name;
   std::vector<int64_t> shape;
   int64_t unpermute_heads = 0;  // > 0: q/k rows go from interleaved to rotate_half
+  bool shifted_norm = false;    // llama.cpp stored 1 + w: subtract the 1 back
 };
+
+// What llama.cpp's Gemma 3 support assumes without writing it into the GGUF: every
+// kGemma3GgufSwaPattern-th layer is global, the others slide with a RoPE base of
+// kGemma3GgufLocalRopeTheta; the attention scale is head_dim^-1/2 except for the 62-layer 27B
+// model, whose query_pre_attn_scalar is hidden / heads.
+constexpr int64_t kGemma3GgufSwaPattern = 6;
+constexpr double kGemma3GgufLocalRopeTheta = 10000.0;
+constexpr int64_t kGemma3Gguf27bLayers = 62;
 
 }  // namespace
 
@@ -617,12 +641,15 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
 
   std::optional<std::string> arch = file->get_string("general.architecture");
   QSPEC_CHECK(arch.has_value(), path, ": missing metadata 'general.architecture'");
-  QSPEC_CHECK(*arch == "llama", path, ": unsupported GGUF architecture '", *arch, "' (supported: llama)");
+  QSPEC_CHECK(*arch == "llama" || *arch == "gemma3", path, ": unsupported GGUF architecture '", *arch,
+              "' in metadata 'general.architecture' (supported: llama, gemma3)");
+  const bool gemma = *arch == "gemma3";
   auto key = [&](const std::string& name) { return *arch + "." + name; };
 
   // ---- hyper-parameters ----
   ModelConfig config;
-  config.architecture_name = architecture_name(Architecture::Llama);
+  config.architecture = gemma ? Architecture::Gemma3 : Architecture::Llama;
+  config.architecture_name = architecture_name(config.architecture);
   config.hidden_size = required_positive(*file, key("embedding_length"), kMaxHiddenSize);
   config.intermediate_size = required_positive(*file, key("feed_forward_length"), kMaxIntermediateSize);
   config.num_layers = required_positive(*file, key("block_count"), kMaxLayers);
@@ -672,6 +699,24 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
     QSPEC_CHECK(*scale > 0, path, ": rope.scale_linear must be positive");
     linear_rope(*scale);
   }
+  if (gemma) {
+    config.sliding_window = required_positive(*file, key("attention.sliding_window"), kMaxPositionEmbeddings);
+    RopeConfig local;
+    local.theta = kGemma3GgufLocalRopeTheta;
+    local.original_max_position_embeddings = config.max_position_embeddings;
+    config.rope_local = local;
+    config.query_pre_attn_scalar = static_cast<double>(
+        config.num_layers == kGemma3Gguf27bLayers ? config.hidden_size / config.num_heads : config.head_dim);
+    for (int64_t l = 0; l < config.num_layers; ++l)
+      config.layer_types.push_back((l + 1) % kGemma3GgufSwaPattern == 0 ? LayerType::full_attention
+                                                                          : LayerType::sliding_attention);
+    if (std::optional<double> cap = file->get_float(key("final_logit_softcapping"))) {
+      QSPEC_CHECK(*cap > 0 && std::isfinite(*cap), path, ": ", key("final_logit_softcapping"), " must be positive");
+      config.final_logit_softcapping = *cap;
+    }
+    QSPEC_CHECK(!file->find(key("attn_logit_softcapping")), path, ": metadata '", key("attn_logit_softcapping"),
+                "' (attention score soft-capping) is not supported");
+  }
   QSPEC_CHECK(file->find_tensor("rope_freqs.weight") == nullptr, path,
               ": tensor 'rope_freqs.weight' (Llama-3.1 style RoPE frequency factors) is not supported by the "
               "GGUF importer");
@@ -688,6 +733,7 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   const int64_t vocab_size = static_cast<int64_t>(embedding->dims[1]);
   config.vocab_size = vocab_size;
   const bool has_output = file->find_tensor("output.weight") != nullptr;
+  QSPEC_CHECK(!(gemma && has_output), path, ": tensor 'output.weight': Gemma 3 ties its embeddings");
   config.tie_word_embeddings = !has_output;
 
   const int64_t D = config.hidden_size, F = config.intermediate_size, hd = config.head_dim;
@@ -697,17 +743,28 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string g = "blk." + std::to_string(l) + ".";
     const std::string h = "model.layers." + std::to_string(l) + ".";
-    expected.push_back({g + "attn_norm.weight", h + "input_layernorm.weight", {D}, 0});
-    expected.push_back({g + "attn_q.weight", h + "self_attn.q_proj.weight", {q_dim, D}, config.num_heads});
-    expected.push_back({g + "attn_k.weight", h + "self_attn.k_proj.weight", {kv_dim, D}, config.num_kv_heads});
+    // llama.cpp permutes Llama's q/k rows for its interleaved RoPE; Gemma 3 uses the
+    // rotate_half (NEOX) layout as stored.
+    const int64_t q_heads = gemma ? 0 : config.num_heads, k_heads = gemma ? 0 : config.num_kv_heads;
+    expected.push_back({g + "attn_norm.weight", h + "input_layernorm.weight", {D}, 0, gemma});
+    expected.push_back({g + "attn_q.weight", h + "self_attn.q_proj.weight", {q_dim, D}, q_heads});
+    expected.push_back({g + "attn_k.weight", h + "self_attn.k_proj.weight", {kv_dim, D}, k_heads});
     expected.push_back({g + "attn_v.weight", h + "self_attn.v_proj.weight", {kv_dim, D}, 0});
     expected.push_back({g + "attn_output.weight", h + "self_attn.o_proj.weight", {D, q_dim}, 0});
-    expected.push_back({g + "ffn_norm.weight", h + "post_attention_layernorm.weight", {D}, 0});
     expected.push_back({g + "ffn_gate.weight", h + "mlp.gate_proj.weight", {F, D}, 0});
     expected.push_back({g + "ffn_up.weight", h + "mlp.up_proj.weight", {F, D}, 0});
     expected.push_back({g + "ffn_down.weight", h + "mlp.down_proj.weight", {D, F}, 0});
+    if (gemma) {
+      expected.push_back({g + "attn_q_norm.weight", h + "self_attn.q_norm.weight", {hd}, 0, true});
+      expected.push_back({g + "attn_k_norm.weight", h + "self_attn.k_norm.weight", {hd}, 0, true});
+      expected.push_back({g + "post_attention_norm.weight", h + "post_attention_layernorm.weight", {D}, 0, true});
+      expected.push_back({g + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight", {D}, 0, true});
+      expected.push_back({g + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight", {D}, 0, true});
+    } else {
+      expected.push_back({g + "ffn_norm.weight", h + "post_attention_layernorm.weight", {D}, 0});
+    }
   }
-  expected.push_back({"output_norm.weight", "model.norm.weight", {D}, 0});
+  expected.push_back({"output_norm.weight", "model.norm.weight", {D}, 0, gemma});
   if (has_output) expected.push_back({"output.weight", "lm_head.weight", {vocab_size, D}, 0});
 
   // Validate everything before the (slow) dequantization.
@@ -729,7 +786,7 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   }
   for (const GgufTensor& tensor : file->tensors()) {
     QSPEC_CHECK(used.count(tensor.name), path, ": unexpected tensor '", tensor.name,
-                "' for a llama model (biases and extra tensors are not supported by the GGUF importer)");
+                "' for a ", *arch, " model (biases and extra tensors are not supported by the GGUF importer)");
   }
 
   // ---- tokenizer (validated before writing anything) ----
@@ -763,8 +820,19 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   for (const char* extra : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
     if (std::optional<int32_t> id = token_id(*file, extra, tokens->size())) options.extra_eos_ids.push_back(*id);
   }
+  if (gemma) {
+    // Gemma's chat turns end with <end_of_turn> (its generation_config stops on it too); a
+    // GGUF without a chat template gets Gemma 3's.
+    const auto end_of_turn = std::find(tokens->begin(), tokens->end(), std::string(kGemmaEndOfTurn));
+    if (end_of_turn != tokens->end()) {
+      const int32_t id = static_cast<int32_t>(end_of_turn - tokens->begin());
+      if (std::find(options.extra_eos_ids.begin(), options.extra_eos_ids.end(), id) == options.extra_eos_ids.end())
+        options.extra_eos_ids.push_back(id);
+    }
+  }
   options.add_eos = file->get_bool("tokenizer.ggml.add_eos_token").value_or(false);
   options.chat_template = file->get_string("tokenizer.chat_template");
+  if (gemma && !options.chat_template) options.chat_template = std::string(kGemma3ChatTemplate);
   options.model_max_length = config.max_position_embeddings;
 
   nlohmann::json tokenizer_json;
@@ -817,6 +885,8 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
     std::vector<float> values = file->dequantize(tensor);
     if (entry.unpermute_heads > 0)
       hf::interleaved_to_half_rows(values.data(), entry.unpermute_heads, hd, entry.shape[1]);
+    if (entry.shifted_norm)
+      for (float& value : values) value -= 1.0f;
     writer.add(entry.hf_name, DType::F32, entry.shape, values.data(), values.size() * sizeof(float));
     if (progress) progress(++done, total);
   }

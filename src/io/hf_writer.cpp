@@ -67,18 +67,20 @@ void interleaved_to_half_rows(float* weight, int64_t n_heads, int64_t head_dim, 
 // ---- config.json ----
 
 json llama_config_json(const ModelConfig& config) {
-  // Llama's one attention_bias flag covers q/k/v and o_proj alike.
-  QSPEC_CHECK(config.architecture == Architecture::Llama && config.attention_bias == config.attention_output_bias &&
-                  !config.sliding_window,
-              "config.json writer: only a Llama model is written");
+  const bool gemma = config.architecture == Architecture::Gemma3;
+  QSPEC_CHECK((config.architecture == Architecture::Llama && !config.sliding_window) || (gemma && !config.mlp_bias),
+              "config.json writer: only a Llama or Gemma 3 model is written");
+  // One attention_bias flag covers q/k/v and o_proj alike.
+  QSPEC_CHECK(config.attention_bias == config.attention_output_bias,
+              "config.json writer: q/k/v and o_proj biases must come together (attention_bias)");
   QSPEC_CHECK(config.rope.type == "default" || config.rope.type == "linear",
               "config.json writer: rope type '", config.rope.type, "' is not written (default, linear)");
   json out = json::object();
-  out["architectures"] = json::array({"LlamaForCausalLM"});
-  out["model_type"] = "llama";
-  out["hidden_act"] = "silu";
+  out["architectures"] = json::array({architecture_name(config.architecture)});
+  out["model_type"] = gemma ? "gemma3_text" : "llama";
+  out[gemma ? "hidden_activation" : "hidden_act"] = gemma ? "gelu_pytorch_tanh" : "silu";
   out["attention_bias"] = config.attention_bias;
-  out["mlp_bias"] = config.mlp_bias;
+  if (!gemma) out["mlp_bias"] = config.mlp_bias;
   out["vocab_size"] = config.vocab_size;
   out["hidden_size"] = config.hidden_size;
   out["intermediate_size"] = config.intermediate_size;
@@ -91,6 +93,22 @@ json llama_config_json(const ModelConfig& config) {
   out["rope_theta"] = config.rope.theta;
   if (config.rope.type == "linear") {
     out["rope_scaling"] = {{"rope_type", "linear"}, {"type", "linear"}, {"factor", config.rope.factor}};
+  }
+  if (gemma) {
+    QSPEC_CHECK(config.sliding_window && config.rope_local && config.rope_local->type == "default" &&
+                    config.query_pre_attn_scalar &&
+                    static_cast<int64_t>(config.layer_types.size()) == config.num_layers,
+                "config.json writer: a Gemma 3 config needs sliding_window, a local RoPE, query_pre_attn_scalar "
+                "and layer_types");
+    out["sliding_window"] = *config.sliding_window;
+    out["rope_local_base_freq"] = config.rope_local->theta;
+    out["query_pre_attn_scalar"] = *config.query_pre_attn_scalar;
+    json types = json::array();
+    for (LayerType type : config.layer_types) types.push_back(layer_type_name(type));
+    out["layer_types"] = types;
+    out["final_logit_softcapping"] =
+        config.final_logit_softcapping ? json(*config.final_logit_softcapping) : json(nullptr);
+    out["attn_logit_softcapping"] = nullptr;
   }
   out["tie_word_embeddings"] = config.tie_word_embeddings;
   out["bos_token_id"] = config.bos_token_id ? json(*config.bos_token_id) : json(nullptr);

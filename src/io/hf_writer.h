@@ -41,8 +41,9 @@ class MappedFile {
 // convert_llama_weights_to_hf applies, and the inverse of the one convert_hf_to_gguf applies.
 void interleaved_to_half_rows(float* weight, int64_t n_heads, int64_t head_dim, int64_t cols);
 
-// config.json for a Llama model (the importers' output): LlamaForCausalLM with rope
-// scaling none or linear; throws qspec::Error for a config it would write wrongly.
+// config.json for an imported model: LlamaForCausalLM, or Gemma3ForCausalLM (layer_types,
+// local RoPE base, query_pre_attn_scalar), with rope scaling none or linear; throws
+// qspec::Error for a config it would write wrongly.
 nlohmann::json llama_config_json(const ModelConfig& config);
 
 // Kinds of vocabulary entries; the values are GGUF's tokenizer.ggml.token_type.

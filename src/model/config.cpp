@@ -16,6 +16,12 @@ using nlohmann::json;
 
 namespace {
 
+// Gemma 3's defaults where its config.json leaves a field out (transformers' Gemma3TextConfig).
+constexpr double kGemma3LocalRopeTheta = 10000.0;   // rope_local_base_freq
+constexpr int64_t kGemma3SlidingWindow = 4096;      // sliding_window
+constexpr int64_t kGemma3SlidingWindowPattern = 6;  // every 6th layer is global
+constexpr double kGemma3QueryPreAttnScalar = 256;   // query_pre_attn_scalar
+
 // Typed field readers that name the file and key in every error.
 struct FieldReader {
   const json& object;
@@ -93,23 +99,12 @@ std::vector<int32_t> token_id_list(const json& value, const std::string& source,
   return ids;
 }
 
-RopeConfig parse_rope(const json& root, const std::string& source, int64_t max_positions) {
-  RopeConfig rope;
-  FieldReader top{root, source};
-  rope.theta = top.number_or("rope_theta", 10000.0);
-  // transformers v5 puts everything in rope_parameters; v4 uses rope_theta + rope_scaling.
-  const json* params = nullptr;
-  std::string where;
-  if (top.has("rope_parameters")) {
-    params = &root.at("rope_parameters");
-    where = "rope_parameters";
-  } else if (top.has("rope_scaling")) {
-    params = &root.at("rope_scaling");
-    where = "rope_scaling";
-  }
-  if (params == nullptr) return rope;
-  QSPEC_CHECK(params->is_object(), source, ": '", where, "' must be an object");
-  FieldReader reader{*params, source};
+// One RoPE description (`params`: an object of rope_type, factor, ...; `where` names it in
+// errors). `rope` arrives with the theta and type defaults.
+RopeConfig parse_rope_params(const json& params, RopeConfig rope, const std::string& source, const std::string& where,
+                             int64_t max_positions) {
+  QSPEC_CHECK(params.is_object(), source, ": '", where, "' must be an object");
+  FieldReader reader{params, source};
   rope.theta = reader.number_or("rope_theta", rope.theta);
   // v4 spelled it "type", later "rope_type".
   rope.type = reader.string_or("rope_type", reader.string_or("type", "default"));
@@ -153,6 +148,95 @@ RopeConfig parse_rope(const json& root, const std::string& source, int64_t max_p
   return rope;
 }
 
+void parse_rope_layers(const json& root, const char* where, const std::string& source, const RopeConfig& defaults,
+                       ModelConfig& config);
+
+// The RoPE of every layer: transformers v5 puts everything in rope_parameters (for Gemma 3
+// one object per layer type: {"full_attention": {...}, "sliding_attention": {...}}); v4 uses
+// rope_theta + rope_scaling (+ rope_local_base_freq for Gemma 3's sliding layers).
+void parse_rope(const json& root, const std::string& source, ModelConfig& config) {
+  FieldReader top{root, source};
+  RopeConfig defaults;
+  defaults.theta = top.number_or("rope_theta", 10000.0);
+  config.rope = defaults;
+  const bool local_rope = config.architecture == Architecture::Gemma3;
+  if (local_rope) {
+    RopeConfig local;
+    local.theta = top.number_or("rope_local_base_freq", kGemma3LocalRopeTheta);
+    local.original_max_position_embeddings = config.max_position_embeddings;
+    QSPEC_CHECK(local.theta > 0, source, ": rope_local_base_freq must be positive");
+    config.rope_local = local;
+  }
+  const char* where = top.has("rope_parameters") ? "rope_parameters" : top.has("rope_scaling") ? "rope_scaling" : nullptr;
+  if (where == nullptr) return;
+  parse_rope_layers(root, where, source, defaults, config);
+  // Both spellings present: rope_parameters wins, so a rope_scaling that says otherwise would be
+  // silently ignored. Parse it too (an unknown type fails, naming it) and require agreement.
+  if (top.has("rope_parameters") && top.has("rope_scaling")) {
+    const RopeConfig legacy =
+        parse_rope_params(root.at("rope_scaling"), defaults, source, "rope_scaling", config.max_position_embeddings);
+    QSPEC_CHECK(legacy.type == config.rope.type && legacy.factor == config.rope.factor, source,
+                ": 'rope_scaling' (type ", legacy.type, ", factor ", legacy.factor, ") disagrees with 'rope_parameters' (type ",
+                config.rope.type, ", factor ", config.rope.factor, "); keep one of them");
+  }
+}
+
+// The RoPE object `where` (rope_parameters or rope_scaling): one for every layer, or one per
+// layer type.
+void parse_rope_layers(const json& root, const char* where, const std::string& source, const RopeConfig& defaults,
+                       ModelConfig& config) {
+  const json& params = root.at(where);
+  QSPEC_CHECK(params.is_object(), source, ": '", where, "' must be an object");
+  // Per layer type when every value is an object (a flat one holds numbers and strings).
+  bool per_layer_type = !params.empty();
+  for (const auto& item : params.items()) per_layer_type &= item.value().is_object();
+  if (!per_layer_type) {
+    config.rope = parse_rope_params(params, defaults, source, where, config.max_position_embeddings);
+    return;
+  }
+  for (const auto& [key, value] : params.items()) {
+    const std::string place = std::string(where) + "." + key;
+    if (key == layer_type_name(LayerType::full_attention)) {
+      config.rope = parse_rope_params(value, defaults, source, place, config.max_position_embeddings);
+    } else if (key == layer_type_name(LayerType::sliding_attention)) {
+      config.rope_local = parse_rope_params(value, config.rope_local.value_or(defaults), source, place,
+                                            config.max_position_embeddings);
+    } else {
+      fail(source, ": unknown layer type '", key, "' in '", where,
+           "' (supported: full_attention, sliding_attention)");
+    }
+  }
+}
+
+// layer_types: one of full_attention / sliding_attention per layer; older Gemma 3 configs give
+// sliding_window_pattern instead (every pattern-th layer is global, the others slide).
+void parse_layer_types(const json& root, const std::string& source, ModelConfig& config) {
+  FieldReader reader{root, source};
+  if (reader.has("layer_types")) {
+    const json& list = root.at("layer_types");
+    QSPEC_CHECK(list.is_array() && static_cast<int64_t>(list.size()) == config.num_layers, source,
+                ": field 'layer_types' must be a list of ", config.num_layers, " layer types (num_hidden_layers)");
+    for (size_t l = 0; l < list.size(); ++l) {
+      const json& item = list[l];
+      const std::string name = item.is_string() ? item.get<std::string>() : item.dump();
+      if (name == layer_type_name(LayerType::full_attention)) config.layer_types.push_back(LayerType::full_attention);
+      else if (name == layer_type_name(LayerType::sliding_attention)) config.layer_types.push_back(LayerType::sliding_attention);
+      else
+        fail(source, ": field 'layer_types'[", l, "] = '", name,
+             "' is not a supported layer type (supported: full_attention, sliding_attention)");
+    }
+  } else if (config.architecture == Architecture::Gemma3) {
+    const char* key = reader.has("sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
+    const int64_t pattern = reader.bounded_or(key, kGemma3SlidingWindowPattern, kMaxLayers);
+    for (int64_t l = 0; l < config.num_layers; ++l)
+      config.layer_types.push_back((l + 1) % pattern == 0 ? LayerType::full_attention : LayerType::sliding_attention);
+  }
+  for (size_t l = 0; l < config.layer_types.size(); ++l)
+    QSPEC_CHECK(config.layer_types[l] == LayerType::full_attention || config.sliding_window, source,
+                ": field 'layer_types'[", l, "] is sliding_attention but the config has no 'sliding_window' "
+                "(read for MistralForCausalLM and Gemma3ForCausalLM only)");
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
@@ -177,15 +261,21 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (model_type == "llama") architecture = "LlamaForCausalLM";
     else if (model_type == "qwen2") architecture = "Qwen2ForCausalLM";
     else if (model_type == "mistral") architecture = "MistralForCausalLM";
-    else fail(source, ": no 'architectures' and unknown model_type '", model_type, "'");
+    else if (model_type == "qwen3") architecture = "Qwen3ForCausalLM";
+    else if (model_type == "gemma3" || model_type == "gemma3_text") architecture = "Gemma3ForCausalLM";
+    else
+      fail(source, ": no 'architectures' and unknown 'model_type' '", model_type,
+           "' (supported: llama, qwen2, mistral, qwen3, gemma3, gemma3_text)");
   }
   config.architecture_name = architecture;
   if (architecture == "LlamaForCausalLM") config.architecture = Architecture::Llama;
   else if (architecture == "Qwen2ForCausalLM") config.architecture = Architecture::Qwen2;
   else if (architecture == "MistralForCausalLM") config.architecture = Architecture::Mistral;
+  else if (architecture == "Qwen3ForCausalLM") config.architecture = Architecture::Qwen3;
+  else if (architecture == "Gemma3ForCausalLM") config.architecture = Architecture::Gemma3;
   else
-    fail(source, ": unsupported architecture '", architecture,
-         "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
+    fail(source, ": unsupported architecture '", architecture, "' in field 'architectures' (supported: ",
+         "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)");
 
   config.vocab_size = reader.bounded("vocab_size", kMaxVocabSize);
   config.hidden_size = reader.bounded("hidden_size", kMaxHiddenSize);
@@ -209,11 +299,17 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   config.max_position_embeddings = reader.bounded_or("max_position_embeddings", 2048, kMaxPositionEmbeddings);
   config.rms_norm_eps = reader.number_or("rms_norm_eps", 1e-6);
   QSPEC_CHECK(config.rms_norm_eps > 0, source, ": rms_norm_eps must be positive");
-  config.tie_word_embeddings = reader.boolean_or("tie_word_embeddings", false);
+  const bool gemma = config.architecture == Architecture::Gemma3;
+  // Gemma3TextConfig ties the embeddings by default; the others do not.
+  config.tie_word_embeddings = reader.boolean_or("tie_word_embeddings", gemma);
 
-  std::string activation = reader.string_or("hidden_act", "silu");
-  QSPEC_CHECK(activation == "silu", source, ": unsupported hidden_act '", activation,
-              "' (supported: silu)");
+  // The activation must be the one the family's recipe computes. Gemma spells the field
+  // hidden_activation.
+  const char* activation_key = gemma && reader.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const char* expected_activation = config.recipe().activation == MlpActivation::gelu_tanh ? "gelu_pytorch_tanh" : "silu";
+  std::string activation = reader.string_or(activation_key, expected_activation);
+  QSPEC_CHECK(activation == expected_activation, source, ": unsupported ", activation_key, " '", activation, "' for ",
+              architecture, " (supported: ", expected_activation, ")");
 
   switch (config.architecture) {
     case Architecture::Qwen2:
@@ -221,6 +317,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       if (reader.boolean_or("use_sliding_window", false))
         fail(source, ": Qwen2 use_sliding_window=true is not supported");
       break;
+    case Architecture::Qwen3:
+      if (reader.boolean_or("use_sliding_window", false))
+        fail(source, ": Qwen3 use_sliding_window=true is not supported");
+      [[fallthrough]];
     case Architecture::Llama:
       config.attention_bias = reader.boolean_or("attention_bias", false);
       config.attention_output_bias = config.attention_bias;
@@ -229,11 +329,27 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     case Architecture::Mistral:
       if (reader.has("sliding_window")) config.sliding_window = reader.bounded("sliding_window", kMaxPositionEmbeddings);
       break;
+    case Architecture::Gemma3:
+      config.attention_bias = reader.boolean_or("attention_bias", false);
+      config.attention_output_bias = config.attention_bias;
+      config.sliding_window = reader.bounded_or("sliding_window", kGemma3SlidingWindow, kMaxPositionEmbeddings);
+      config.query_pre_attn_scalar = reader.number_or("query_pre_attn_scalar", kGemma3QueryPreAttnScalar);
+      QSPEC_CHECK(*config.query_pre_attn_scalar > 0, source, ": field 'query_pre_attn_scalar' must be positive");
+      if (reader.has("final_logit_softcapping")) {
+        config.final_logit_softcapping = reader.number_or("final_logit_softcapping", 0.0);
+        QSPEC_CHECK(*config.final_logit_softcapping > 0, source, ": field 'final_logit_softcapping' must be positive");
+      }
+      QSPEC_CHECK(!reader.has("attn_logit_softcapping"), source,
+                  ": field 'attn_logit_softcapping' (attention score soft-capping) is not supported");
+      QSPEC_CHECK(!reader.boolean_or("use_bidirectional_attention", false), source,
+                  ": field 'use_bidirectional_attention' = true (an encoder) is not supported");
+      break;
   }
   if (reader.has("pretraining_tp"))
     QSPEC_CHECK(reader.integer("pretraining_tp") == 1, source, ": pretraining_tp != 1 is not supported");
 
-  config.rope = parse_rope(root, source, config.max_position_embeddings);
+  parse_rope(root, source, config);
+  parse_layer_types(root, source, config);
   if (reader.has("bos_token_id"))
     config.bos_token_id = token_id(root.at("bos_token_id"), source, "bos_token_id", config.vocab_size);
   if (root.contains("eos_token_id"))
@@ -292,8 +408,9 @@ ModelConfig load_model_config(const std::string& dir) {
   return parse_model_config(read_text_file(path, kMaxConfigJsonBytes), path);
 }
 
-RopeTables rope_tables(const ModelConfig& config, int64_t seq_len) {
-  const RopeConfig& rope = config.rope;
+RopeTables rope_tables(const ModelConfig& config, int64_t seq_len) { return rope_tables(config, config.rope, seq_len); }
+
+RopeTables rope_tables(const ModelConfig& config, const RopeConfig& rope, int64_t seq_len) {
   const int64_t dim = config.head_dim;
   const int64_t half = dim / 2;
   double base = rope.theta;

@@ -1,7 +1,7 @@
 // Reads a checkpoint's architecture from its Hugging Face config.json into ModelConfig
-// (io/model_config.h). Accepts LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM;
-// anything this engine would run wrongly (unknown architecture, activation, rope type, partial
-// rotary) is an Error.
+// (io/model_config.h). Accepts LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
+// Qwen3ForCausalLM and Gemma3ForCausalLM; anything this engine would run wrongly (unknown
+// architecture, activation, rope type, layer type, partial rotary) is an Error naming the field.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,6 +22,7 @@ struct RopeTables {
   std::vector<float> inv_freq;
   float attention_scaling = 1.0f;
 };
-RopeTables rope_tables(const ModelConfig& config, int64_t seq_len = 0);
+RopeTables rope_tables(const ModelConfig& config, int64_t seq_len = 0);  // config.rope's
+RopeTables rope_tables(const ModelConfig& config, const RopeConfig& rope, int64_t seq_len = 0);
 
 }  // namespace qspec

@@ -2,6 +2,7 @@
 #include "model/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <new>
@@ -18,8 +19,9 @@
 
 namespace qspec {
 
-cpu::AttentionShape attention_shape(const ModelConfig& c, int64_t kv_window, int64_t kv_sinks) {
-  cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window.value_or(0)};
+cpu::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int64_t kv_window, int64_t kv_sinks) {
+  cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.layer_window(layer)};
+  shape.scale = static_cast<float>(c.attention_scale());
   if (kv_window > 0) {
     shape.sliding_window = shape.sliding_window > 0 ? std::min(shape.sliding_window, kv_window) : kv_window;
     shape.sink_tokens = kv_sinks;
@@ -154,9 +156,8 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
     model->loaded_from_quantized_ = std::filesystem::exists(manifest_path, ignored);
     model->bind_weights();
     if (model->loaded_from_quantized_) model->bind_quantized_weights(read_quant_manifest(manifest_path.string()));
-    RopeTables tables = rope_tables(model->config_);
-    model->inv_freq_ = tables.inv_freq;
-    model->rope_attention_scaling_ = tables.attention_scaling;
+    for (int64_t l = 0; l < model->config_.num_layers; ++l)
+      model->layer_rope_.push_back(rope_tables(model->config_, model->config_.layer_rope(l)));
   } catch (const std::bad_alloc&) {
     fail(dir, ": out of memory while loading the model");
   } catch (const std::length_error& error) {
@@ -165,11 +166,30 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
   return model;
 }
 
+namespace {
+// A Gemma norm multiplies by (1 + w): store the factor, as transformers computes it in f32.
+void add_one(std::vector<float>& weight) {
+  for (float& w : weight) w = 1.0f + w;
+}
+
+// Rounds to the dtype the checkpoint stores (what a transformers tensor of that dtype holds).
+float round_to_dtype(float value, DType dtype) {
+  if (dtype == DType::BF16) return bf16_to_f32(f32_to_bf16(value));
+  if (dtype == DType::F16) return f16_to_f32(f32_to_f16(value));
+  return value;
+}
+}  // namespace
+
 void LlamaModel::bind_weights() {
   const ModelConfig& c = config_;
   const Checkpoint& ckpt = checkpoint_;
+  recipe_ = c.recipe();
   embedding_ = bind_matrix(ckpt, "model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+  embedding_dtype_ = ckpt.get("model.embed_tokens.weight").dtype;
+  if (recipe_.scale_embeddings)
+    embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)), embedding_dtype_);
   final_norm_ = bind_vector(ckpt, "model.norm.weight", c.hidden_size);
+  if (recipe_.norm_adds_one) add_one(final_norm_);
   if (c.tie_word_embeddings) {
     lm_head_ = embedding_;
     lm_head_.owned.clear();
@@ -183,7 +203,23 @@ void LlamaModel::bind_weights() {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     LayerWeights& layer = layers_[i];
     layer.attention_norm = bind_vector(ckpt, prefix + "input_layernorm.weight", c.hidden_size);
-    layer.mlp_norm = bind_vector(ckpt, prefix + "post_attention_layernorm.weight", c.hidden_size);
+    if (recipe_.output_norms) {
+      // Gemma 3 names: post_attention_layernorm is the attention output's norm, the MLP's input
+      // norm is pre_feedforward_layernorm.
+      layer.attention_out_norm = bind_vector(ckpt, prefix + "post_attention_layernorm.weight", c.hidden_size);
+      layer.mlp_norm = bind_vector(ckpt, prefix + "pre_feedforward_layernorm.weight", c.hidden_size);
+      layer.mlp_out_norm = bind_vector(ckpt, prefix + "post_feedforward_layernorm.weight", c.hidden_size);
+    } else {
+      layer.mlp_norm = bind_vector(ckpt, prefix + "post_attention_layernorm.weight", c.hidden_size);
+    }
+    if (recipe_.qk_norm) {
+      layer.q_norm = bind_vector(ckpt, prefix + "self_attn.q_norm.weight", c.head_dim);
+      layer.k_norm = bind_vector(ckpt, prefix + "self_attn.k_norm.weight", c.head_dim);
+    }
+    if (recipe_.norm_adds_one)
+      for (std::vector<float>* norm : {&layer.attention_norm, &layer.mlp_norm, &layer.q_norm, &layer.k_norm,
+                                       &layer.attention_out_norm, &layer.mlp_out_norm})
+        add_one(*norm);
     if (c.attention_bias) {
       layer.q_bias = bind_vector(ckpt, prefix + "self_attn.q_proj.bias", c.q_dim());
       layer.k_bias = bind_vector(ckpt, prefix + "self_attn.k_proj.bias", c.kv_dim());
@@ -334,6 +370,9 @@ void LlamaModel::apply_hadamard_rotation(uint64_t seed) {
   QSPEC_CHECK(has_checkpoint_weights() && !has_quantized_weights(), dir_,
               ": rotate the 16-bit checkpoint before quantizing it");
   QSPEC_CHECK(!rotated_, dir_, ": already rotated");
+  QSPEC_CHECK(!recipe_.output_norms, dir_, ": Hadamard rotation of ", config_.architecture_name,
+              " is not supported (its norms on the attention and MLP outputs do not commute with a rotation "
+              "of the residual stream)");
   const ModelConfig& c = config_;
   const quant::HadamardRotation q = quant::make_hadamard_rotation(c.hidden_size, seed);
   quant::HadamardRotation q2 = quant::make_hadamard_rotation(c.intermediate_size, seed + 1);
@@ -490,15 +529,20 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
     cpu::quantized_linear(in.values, count, matrix, bias_or_null(bias), out);
   };
   // Attention block: each token's K/V row goes into its sequence's cache at its position,
-  // then each sequence's queries attend over their own cache.
+  // then each sequence's queries attend over their own cache (within the layer's window).
+  const RopeTables& rope = layer_rope_[static_cast<size_t>(l)];
   cpu::rmsnorm(x, layer.attention_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
   SiteInput in = input(LinearSite::attention_in, w.normed.data(), hidden);
   project(in, layer.q_proj, &Q::q_proj, layer.q_bias, w.q.data());
   project(in, layer.k_proj, &Q::k_proj, layer.k_bias, w.k.data());
   project(in, layer.v_proj, &Q::v_proj, layer.v_bias, w.v.data());
-  cpu::rope(w.q.data(), count, c.num_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
-  cpu::rope(w.k.data(), count, c.num_kv_heads, c.head_dim, positions, inv_freq_.data(), rope_attention_scaling_);
-  const cpu::AttentionShape shape = attention_shape(c, mode);
+  if (recipe_.qk_norm) {  // per head, in place
+    cpu::rmsnorm(w.q.data(), layer.q_norm.data(), count * c.num_heads, c.head_dim, c.rms_norm_eps, w.q.data());
+    cpu::rmsnorm(w.k.data(), layer.k_norm.data(), count * c.num_kv_heads, c.head_dim, c.rms_norm_eps, w.k.data());
+  }
+  cpu::rope(w.q.data(), count, c.num_heads, c.head_dim, positions, rope.inv_freq.data(), rope.attention_scaling);
+  cpu::rope(w.k.data(), count, c.num_kv_heads, c.head_dim, positions, rope.inv_freq.data(), rope.attention_scaling);
+  const cpu::AttentionShape shape = attention_shape(c, l, mode);
   for (const Segment& segment : segments) {
     float* keys = segment.kv.keys[l];
     float* values = segment.kv.values[l];
@@ -513,16 +557,21 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   }
   in = input(LinearSite::attention_out, w.attn.data(), q_dim);
   project(in, layer.o_proj, &Q::o_proj, layer.o_bias, w.projected.data());
+  if (recipe_.output_norms)
+    cpu::rmsnorm(w.projected.data(), layer.attention_out_norm.data(), count, hidden, c.rms_norm_eps, w.projected.data());
   for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];
-  // MLP block (SwiGLU).
+  // MLP block: down(act(gate) * up), SwiGLU or GeGLU.
   cpu::rmsnorm(x, layer.mlp_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
   in = input(LinearSite::mlp_in, w.normed.data(), hidden);
   project(in, layer.gate_proj, &Q::gate_proj, layer.gate_bias, w.gate.data());
   project(in, layer.up_proj, &Q::up_proj, layer.up_bias, w.up.data());
-  cpu::silu_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
+  if (recipe_.activation == MlpActivation::gelu_tanh) cpu::gelu_tanh_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
+  else cpu::silu_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
   if (rotated_) quant::rotate_rows(mlp_rotation_, w.gate.data(), count);  // online Q2 (W_down holds Q2 too)
   in = input(LinearSite::mlp_out, w.gate.data(), inter);
   project(in, layer.down_proj, &Q::down_proj, layer.down_bias, w.projected.data());
+  if (recipe_.output_norms)
+    cpu::rmsnorm(w.projected.data(), layer.mlp_out_norm.data(), count, hidden, c.rms_norm_eps, w.projected.data());
   for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];
 }
 
@@ -568,7 +617,10 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
       const int32_t id = chunk.tokens[static_cast<size_t>(t)];
       QSPEC_CHECK(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary [0, ",
                   c.vocab_size, ")");
-      embedding_.row_to_f32(id, &x[static_cast<size_t>((first + t) * hidden)]);
+      float* row = &x[static_cast<size_t>((first + t) * hidden)];
+      embedding_.row_to_f32(id, row);
+      if (recipe_.scale_embeddings)
+        for (int64_t i = 0; i < hidden; ++i) row[i] = round_to_dtype(row[i] * embed_scale_, embedding_dtype_);
       positions.push_back(static_cast<int32_t>(chunk.start + t));
     }
     segments.push_back(Segment{first, n, chunk.kv});
@@ -588,6 +640,8 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
     if (logit_rows[i] != i) std::copy_n(&x[logit_rows[i] * hidden], hidden, &x[i * hidden]);
   cpu::rmsnorm(x.data(), final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
   cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
+  if (c.final_logit_softcapping)
+    cpu::soft_cap(logits.data(), rows * c.vocab_size, static_cast<float>(*c.final_logit_softcapping));
 }
 
 }  // namespace qspec

@@ -1,5 +1,6 @@
-// A Llama-family decoder (Llama, Qwen2, Mistral) bound to a checkpoint's tensors, and its
-// CPU forward pass.
+// A Llama-family decoder (Llama, Qwen2, Mistral, Qwen3, Gemma 3) bound to a checkpoint's
+// tensors, and its CPU forward pass; the families differ only by their LayerRecipe
+// (io/model_config.h) and per-layer attention (window, RoPE).
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,12 +18,13 @@
 
 namespace qspec {
 
-// The attention's shape in a pass of `mode` (CPU and GPU): the model's heads and sliding window,
-// narrowed by a QSpec draft's sparse view of the cache (RunMode::kv_window / kv_sinks) when the
-// mode has one.
-cpu::AttentionShape attention_shape(const ModelConfig& config, int64_t kv_window = 0, int64_t kv_sinks = 0);
-inline cpu::AttentionShape attention_shape(const ModelConfig& config, const RunMode& mode) {
-  return attention_shape(config, mode.kv_window, mode.kv_sinks);
+// The attention's shape of `layer` in a pass of `mode` (CPU and GPU): the model's heads, scale and
+// the layer's sliding window, narrowed by a QSpec draft's sparse view of the cache
+// (RunMode::kv_window / kv_sinks) when the mode has one.
+cpu::AttentionShape attention_shape(const ModelConfig& config, int64_t layer, int64_t kv_window = 0,
+                                    int64_t kv_sinks = 0);
+inline cpu::AttentionShape attention_shape(const ModelConfig& config, int64_t layer, const RunMode& mode) {
+  return attention_shape(config, layer, mode.kv_window, mode.kv_sinks);
 }
 
 // Where one sequence's K/V rows live in every layer: per-layer pools of f32 rows [*, kv_dim],
@@ -68,8 +70,11 @@ struct SequenceChunk {
   enum class Logits : uint8_t { none, last, all } logits = Logits::last;
 };
 
+// Norm weights are stored as the factor they multiply by: a Gemma (1 + w) norm holds 1 + w.
 struct LayerWeights {
   std::vector<float> attention_norm, mlp_norm;
+  std::vector<float> q_norm, k_norm;                   // [head_dim], recipe.qk_norm
+  std::vector<float> attention_out_norm, mlp_out_norm;  // [hidden], recipe.output_norms
   WeightMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
   std::vector<float> q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
 };
@@ -251,8 +256,12 @@ class LlamaModel {
   bool rotated_ = false;
   uint64_t rotation_seed_ = 0;
   quant::HadamardRotation mlp_rotation_;  // Q2, on down_proj's input
-  std::vector<float> inv_freq_;
-  float rope_attention_scaling_ = 1.0f;
+  LayerRecipe recipe_;
+  std::vector<RopeTables> layer_rope_;  // per layer (sliding and full layers may differ)
+  // Gemma's embedding multiplier sqrt(hidden), rounded to the embedding's checkpoint dtype as
+  // transformers does; the scaled rows are rounded to that dtype too.
+  float embed_scale_ = 1.0f;
+  DType embedding_dtype_ = DType::F32;
   size_t weight_bytes_ = 0;
 };
 

@@ -227,6 +227,8 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
       const std::string prefix = "model.layers." + std::to_string(l) + ".";
       add_vector(prefix + "input_layernorm.weight", layer.attention_norm);
       add_vector(prefix + "post_attention_layernorm.weight", layer.mlp_norm);
+      add_vector(prefix + "self_attn.q_norm.weight", layer.q_norm);  // Qwen3 (Gemma 3 is never rotated)
+      add_vector(prefix + "self_attn.k_norm.weight", layer.k_norm);
       add_vector(prefix + "self_attn.q_proj.bias", layer.q_bias);
       add_vector(prefix + "self_attn.k_proj.bias", layer.k_bias);
       add_vector(prefix + "self_attn.v_proj.bias", layer.v_bias);

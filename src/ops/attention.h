@@ -19,6 +19,7 @@ struct AttentionShape {
     const int64_t all = position + 1;
     return sliding_window > 0 ? std::min(all, sliding_window + sink_tokens) : all;
   }
+  float scale = 0.0f;          // what q.k is multiplied by; 0: 1/sqrt(head_dim)
 };
 
 // K/V rows of one sequence in paged pools [*, num_kv_heads * head_dim]: position p is row
@@ -39,7 +40,7 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
 
 // The contiguous case: q: [tokens, num_heads * head_dim]; keys/values: [history, num_kv_heads * head_dim] where
 // token t sits at position positions[t] and sees keys 0..positions[t] (within the window);
-// out: [tokens, num_heads * head_dim]. Scores are scaled by 1/sqrt(head_dim).
+// out: [tokens, num_heads * head_dim]. Scores are scaled by shape.scale (default 1/sqrt(head_dim)).
 void attention(const float* q, int64_t tokens, const int32_t* positions, const float* keys,
                const float* values, const AttentionShape& shape, float* out);
 

@@ -1,4 +1,4 @@
-// Chat template renderer: the five model-family templates in tests/data/chat_templates,
+// Chat template renderer: the six model-family templates in tests/data/chat_templates,
 // goldens from Python Jinja2 (tools/make_chat_template_goldens.py), language features,
 // loading from a model directory, and errors (malformed templates, runtime errors, limits).
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/gemma3_chat_template.h"
 #include "qspec/error.h"
 #include "tokenizer/chat_template.h"
 
@@ -170,6 +171,20 @@ TEST(ChatTemplateModels, SmolLM2) {
   EXPECT_EQ(t.render({{"user", "Hi"}}, false, tokens),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n");
+}
+
+// Gemma 3: the system message becomes the first user turn's prefix, "assistant" is "model",
+// contents are trimmed; the GGUF importer's built-in copy is the same text.
+TEST(ChatTemplateModels, Gemma3) {
+  ChatTemplate t = fixture("gemma3");
+  json tokens = {{"bos_token", "<bos>"}, {"eos_token", "<eos>"}};
+  const std::string expected =
+      "<bos><start_of_turn>user\nYou are a concise assistant.\n\nWhat is 2 + 2?<end_of_turn>\n"
+      "<start_of_turn>model\n4.<end_of_turn>\n"
+      "<start_of_turn>user\nAnd 3 + 3?<end_of_turn>\n";
+  EXPECT_EQ(t.render(kConversation, false, tokens), expected);
+  EXPECT_EQ(t.render(kConversation, true, tokens), expected + "<start_of_turn>model\n");
+  EXPECT_EQ(read_file(kData + "/gemma3.jinja"), qspec::kGemma3ChatTemplate);
 }
 
 TEST(ChatTemplateModels, ParseOnceRenderMany) {

@@ -207,6 +207,31 @@ TEST_F(BrokenCheckpoint, DataOffsetsPointPastTheEnd) {
   expect_clean_failure(victim);
 }
 
+// Issue 51's bad input: a family, rope scaling or layer type this engine would run wrongly
+// fails at load, the message naming the field.
+TEST_F(BrokenCheckpoint, UnsupportedArchitectureNamesTheField) {
+  nlohmann::json config = read_json("config.json");
+  config["architectures"] = {"Gemma3ForConditionalGeneration"};
+  write_json("config.json", config);
+  expect_clean_failure("unsupported architecture 'Gemma3ForConditionalGeneration' in field 'architectures'");
+}
+
+TEST_F(BrokenCheckpoint, UnknownRopeScalingTypeNamesTheField) {
+  nlohmann::json config = read_json("config.json");
+  config["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  write_json("config.json", config);
+  expect_clean_failure("unsupported rope type 'longrope' in 'rope_scaling'");
+}
+
+TEST_F(BrokenCheckpoint, UnknownLayerTypeNamesTheField) {
+  nlohmann::json config = read_json("config.json");
+  std::vector<std::string> types(config["num_hidden_layers"].get<size_t>(), "full_attention");
+  types[3] = "chunked_attention";
+  config["layer_types"] = types;
+  write_json("config.json", config);
+  expect_clean_failure("field 'layer_types'[3] = 'chunked_attention' is not a supported layer type");
+}
+
 TEST_F(BrokenCheckpoint, WrongShapeTensor) {
   // The config says hidden 256; a config claiming 320 makes every bound tensor the wrong shape.
   nlohmann::json config = read_json("config.json");

@@ -279,6 +279,32 @@ TEST(Gguf, DequantizesEveryTypeBitExactly) {
   EXPECT_EQ(seen, (std::vector<std::string>{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}));
 }
 
+// Q5_0 (Gemma 3 270M's Q4_K_M file has 81 such tensors): two blocks that gguf.quants
+// quantized from random values, and their values as gguf.quants.dequantize gives them,
+// bit for bit (the -0.0 of a zero code under a negative scale included).
+TEST(Gguf, DequantizesQ5_0LikeTheGgufPackage) {
+  const std::vector<uint8_t> blocks = {
+      218, 44, 56, 103, 32, 131, 249, 84, 174, 180, 154, 81, 251, 185, 71, 143, 19, 229, 119, 239, 66, 0,
+      207, 174, 191, 244, 235, 192, 32, 34, 167, 131, 183, 121, 47, 103, 104, 203, 13, 206, 167, 160, 64, 13};
+  const std::vector<float> expected = {
+      -0.5306396484375f, -0.90966796875f, -0.151611328125f, 0.30322265625f, 0.758056640625f, 0.0758056640625f,
+      -0.3790283203125f, -0.5306396484375f, 0.5306396484375f, 1.1370849609375f, 0.2274169921875f, -0.8338623046875f,
+      -0.6822509765625f, 1.1370849609375f, 0.151611328125f, -1.212890625f, -0.0758056640625f, -0.8338623046875f,
+      -0.454833984375f, -0.3790283203125f, -0.5306396484375f, 0.3790283203125f, -0.0758056640625f,
+      -0.3790283203125f, 0.30322265625f, 0.6064453125f, -1.1370849609375f, -0.151611328125f, -0.6822509765625f,
+      -0.151611328125f, -0.90966796875f, 0.0f, -0.0f, -0.2127685546875f, -0.74468994140625f, -0.31915283203125f,
+      -0.74468994140625f, -0.95745849609375f, 0.10638427734375f, -0.74468994140625f, 0.85107421875f,
+      0.53192138671875f, -1.38299560546875f, 0.2127685546875f, -0.74468994140625f, -0.0f, -0.0f,
+      -1.38299560546875f, -0.2127685546875f, -0.2127685546875f, 0.6383056640625f, -0.85107421875f,
+      0.53192138671875f, -0.74468994140625f, -0.2127685546875f, -0.6383056640625f, 1.0638427734375f,
+      0.425537109375f, 1.7021484375f, 0.425537109375f, 0.6383056640625f, 0.6383056640625f, -0.425537109375f, -0.0f};
+  std::vector<float> got(64, NAN);
+  qspec::gguf_dequantize(/*Q5_0*/ 6, blocks.data(), 64, got.data());
+  size_t diff = 0;
+  EXPECT_TRUE(same_bits(got.data(), expected.data(), got.size(), &diff))
+      << "first difference at element " << diff << ": " << got[diff] << " vs " << expected[diff];
+}
+
 TEST(Gguf, ConvertsMixedTypeLlamaBitExactly) {
   fs::path dir = temp_dir("tiny");
   size_t last_done = 0, last_total = 0;
@@ -429,6 +455,71 @@ TEST(Gguf, SentencepieceTokenizerTiedEmbeddingsAndQkUnpermute) {
   auto tokenizer = qspec::Tokenizer::load((dir / "out").string());
   EXPECT_EQ(tokenizer->encode("the", true), (std::vector<int32_t>{1, 11}));
   EXPECT_EQ(tokenizer->encode("A\n"), (std::vector<int32_t>{5, 4, 3}));  // ▁, byte fallback A, \n
+  fs::remove_all(dir);
+}
+
+// A gemma3 GGUF: llama.cpp stores every norm as 1 + w and q/k in the rotate_half layout, and
+// leaves the sliding-window pattern, local RoPE base and chat template implicit.
+TEST(Gguf, Gemma3ArchitectureShiftsNormsAndWritesTheLayerPattern) {
+  auto gemma3 = [](bool with_window) {
+    SpmLlama model("gemma3", 0, /*block_count=*/1);
+    if (with_window) model.builder.kv_u32("gemma3.attention.sliding_window", 16);
+    const int D = SpmLlama::kDim, hd = SpmLlama::kHeadDim;
+    for (auto [name, size] : {std::pair{"blk.0.attn_q_norm.weight", hd}, std::pair{"blk.0.attn_k_norm.weight", hd},
+                              std::pair{"blk.0.post_attention_norm.weight", D}, std::pair{"blk.0.post_ffw_norm.weight", D}}) {
+      std::vector<float> v(static_cast<size_t>(size));
+      for (int i = 0; i < size; ++i) v[i] = 1.0f + 0.25f * static_cast<float>(i);
+      model.values[name] = v;
+      model.builder.tensor_f32(name, {static_cast<uint64_t>(size)}, v);
+    }
+    return model;
+  };
+  fs::path dir = temp_dir("gemma3");
+  SpmLlama model = gemma3(true);
+  write_bytes(dir / "g.gguf", model.builder.build());
+  qspec::convert_gguf((dir / "g.gguf").string(), (dir / "out").string());
+  json config = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(config["architectures"], json::array({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(config["layer_types"], json::array({"sliding_attention"}));
+  EXPECT_EQ(config["sliding_window"], 16);
+  EXPECT_EQ(config["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(config["query_pre_attn_scalar"], SpmLlama::kHeadDim);
+  EXPECT_TRUE(config["tie_word_embeddings"]);
+  json tokenizer_config = read_json(dir / "out" / "tokenizer_config.json");
+  EXPECT_NE(tokenizer_config["chat_template"].get<std::string>().find("<start_of_turn>"), std::string::npos);
+  auto st = qspec::SafetensorsFile::open((dir / "out" / "model.safetensors").string());
+  auto values_of = [&](const std::string& name) {
+    const qspec::TensorView* view = st->find(name);
+    EXPECT_NE(view, nullptr) << name;
+    std::vector<float> out(view ? view->nbytes / 4 : 0);
+    if (view) std::memcpy(out.data(), view->data, view->nbytes);
+    return out;
+  };
+  auto minus_one = [](std::vector<float> v) {
+    for (float& x : v) x -= 1.0f;
+    return v;
+  };
+  const std::string h = "model.layers.0.";
+  EXPECT_EQ(values_of(h + "self_attn.q_norm.weight"), minus_one(model.values["blk.0.attn_q_norm.weight"]));
+  EXPECT_EQ(values_of(h + "post_attention_layernorm.weight"), minus_one(model.values["blk.0.post_attention_norm.weight"]));
+  EXPECT_EQ(values_of(h + "pre_feedforward_layernorm.weight"), minus_one(model.values["blk.0.ffn_norm.weight"]));
+  EXPECT_EQ(values_of(h + "post_feedforward_layernorm.weight"), minus_one(model.values["blk.0.post_ffw_norm.weight"]));
+  EXPECT_EQ(values_of("model.norm.weight"), minus_one(model.values["output_norm.weight"]));
+  EXPECT_EQ(values_of(h + "self_attn.q_proj.weight"), model.values["blk.0.attn_q.weight"]);  // not unpermuted
+  const qspec::ModelConfig loaded = qspec::load_model_config((dir / "out").string());
+  EXPECT_EQ(loaded.architecture, qspec::Architecture::Gemma3);
+  EXPECT_EQ(loaded.layer_window(0), 16);
+
+  SpmLlama no_window = gemma3(false);
+  write_bytes(dir / "nw.gguf", no_window.builder.build());
+  std::string error = error_of([&] { qspec::convert_gguf((dir / "nw.gguf").string(), (dir / "o2").string()); });
+  EXPECT_NE(error.find("missing metadata 'gemma3.attention.sliding_window'"), std::string::npos) << error;
+  SpmLlama untied = gemma3(true);
+  untied.builder.tensor_f32("output.weight", {SpmLlama::kDim, untied.tokens.size()},
+                            std::vector<float>(SpmLlama::kDim * untied.tokens.size()));
+  write_bytes(dir / "untied.gguf", untied.builder.build());
+  error = error_of([&] { qspec::convert_gguf((dir / "untied.gguf").string(), (dir / "o3").string()); });
+  EXPECT_NE(error.find("'output.weight': Gemma 3 ties its embeddings"), std::string::npos) << error;
   fs::remove_all(dir);
 }
 

@@ -1,8 +1,11 @@
 // Forward-pass checks against transformers fp32 logits for architectures without real
 // weights here (tests/data/tiny, made by tools/make_tiny_checkpoints.py): Llama with llama3,
 // yarn and linear RoPE scaling (and attention/MLP biases), Qwen2 with q/k/v biases and tied
-// embeddings, Mistral with a sliding window shorter than the prompt. Weights in f32, bf16
-// and f16 exercise every load path.
+// embeddings, Mistral with a sliding window shorter than the prompt, Qwen3 with per-head q/k
+// norms and head_dim != hidden / heads, Gemma 3 with (1 + w) norms, four norms per layer,
+// GeGLU, scaled embeddings, sliding layers (window 8, own RoPE base) around a global layer
+// with linear RoPE scaling, query_pre_attn_scalar and final logit soft-capping. Weights in
+// f32, bf16 and f16 exercise every load path.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -58,7 +61,7 @@ TEST_P(TinyModel, LogitsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModel,
                          testing::Values("llama3-rope", "llama-yarn", "llama-linear-bias", "qwen2-tied",
-                                         "mistral-swa"),
+                                         "mistral-swa", "qwen3-qknorm", "gemma3-swa"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name)

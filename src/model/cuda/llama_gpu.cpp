@@ -698,6 +698,18 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tok
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaOptions& options)
     : state_(std::make_unique<State>()) {
   const ModelConfig& c = model.config();
+  // The CPU-only parts of the layer recipes (io/model_config.h), named so the user knows what is missing.
+  const LayerRecipe recipe = c.recipe();
+  QSPEC_CHECK(!recipe.qk_norm, "GPU model: ", c.architecture_name,
+              ": the per-head q/k RMSNorm (Qwen3, Gemma 3) is not on the GPU yet; run it with --device cpu");
+  QSPEC_CHECK(!recipe.norm_adds_one && !recipe.output_norms && !recipe.scale_embeddings &&
+                  recipe.activation == MlpActivation::silu,
+              "GPU model: ", c.architecture_name, ": Gemma's (1 + w) norms, output norms, scaled embeddings and "
+              "GeGLU are not on the GPU yet; run it with --device cpu");
+  bool uniform_layers = !c.rope_local && !c.query_pre_attn_scalar && !c.final_logit_softcapping;
+  for (int64_t l = 0; l < c.num_layers; ++l) uniform_layers &= c.layer_window(l) == c.layer_window(0);
+  QSPEC_CHECK(uniform_layers, "GPU model: ", c.architecture_name, ": per-layer sliding windows / RoPE bases, "
+              "query_pre_attn_scalar and final_logit_softcapping are not on the GPU yet; run it with --device cpu");
   check_supported(c, mode);
   QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
               "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
@@ -845,7 +857,8 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), inter = c.intermediate_size,
                 width = qkv_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const cpu::AttentionShape shape = attention_shape(c, kv_window, kv_sinks);
+  // Every layer alike on the GPU (per-layer windows and scales are refused at load).
+  const cpu::AttentionShape shape = attention_shape(c, 0, kv_window, kv_sinks);
   cuda::QueryBatch batch;
   batch.num_seqs = runs;
   batch.num_tokens = tokens;

@@ -1,3 +1,4 @@
+// Causal grouped-query attention on the CPU over paged or contiguous K/V rows.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -33,7 +34,7 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
   const int64_t head_dim = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t kv_stride = shape.num_kv_heads * head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float scale = shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   const size_t work_items = static_cast<size_t>(tokens * shape.num_heads);
   ThreadPool::global().parallel_for(work_items, 4, [&](size_t begin, size_t end) {
     std::vector<float> scores;

@@ -1,4 +1,4 @@
-// RMSNorm, RoPE and SwiGLU on the CPU: the elementwise pieces of a transformer layer.
+// RMSNorm, RoPE, SwiGLU / GeGLU and soft-capping on the CPU: the elementwise pieces of a transformer layer.
 #include <cmath>
 
 #include "ops/activation.h"
@@ -45,6 +45,19 @@ void silu_mul(const float* gate, const float* up, int64_t count, float* out) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr float kCubic = 0.044715f;
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + kCubic * g * g * g))) * up[i];
+  }
+}
+
+void soft_cap(float* x, int64_t count, float cap) {
+  for (int64_t i = 0; i < count; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
 
 }  // namespace qspec::cpu
