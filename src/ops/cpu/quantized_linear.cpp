@@ -204,7 +204,7 @@ void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, c
               weight.cols());
   if (x.tokens <= 0 || weight.rows == 0) return;
   const quant::Format format = weight.format.format;
-  if (format != quant::Format::int4 && format != quant::Format::int4_channel) {
+  if (format != quant::Format::int4 && format != quant::Format::int4_channel && format != quant::Format::int4_asym) {
     // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
     thread_local std::vector<float> values;
     values.resize(static_cast<size_t>(x.tokens * x.k));
