@@ -125,7 +125,10 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
 // with d, m, dmin f16 widened to f32 and the 4-bit q moved into the engine's nibble order
 // (element 2i low, 2i + 1 high). Every product above is exact in f32 (at most 11 + 6 + 4
 // significant bits), so fma(q, scale, minimum) is exactly what gguf_dequantize and the gguf
-// Python package compute. A scale may be negative (ggml's Q4_0 stores d = max / -8).
+// Python package compute, bit for bit, with one exception: Q4_0's zero (q = 8) under a negative
+// d is +0 here (the exact sum 8d - 8d) where ggml's d * 0 is -0; the two compare equal and only
+// the sign of a zero result can follow it. A scale may be negative (ggml's Q4_0 stores
+// d = max / -8).
 // src: `rows` rows of `cols` values (cols a multiple of the type's block); codes: rows x cols / 2
 // bytes; scales: rows x (cols / 32) x kInt4AsymScaleBytes. Throws for other types and for
 // non-finite scales or minimums (naming the row and block).
