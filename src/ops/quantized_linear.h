@@ -39,6 +39,7 @@ struct Int8Activations {
   std::vector<int8_t> codes;
   std::vector<float> scales;        // [tokens]
   std::vector<int32_t> chunk_sums;  // [tokens, k / 64] the sum of each 64-value chunk's codes
+  std::vector<int32_t> half_chunk_sums;  // [tokens, k / 32] the same for each half chunk (groups of 32)
 };
 // Quantizes x [tokens, k] per token (threaded over tokens). Reuses out's buffers.
 void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Activations& out);

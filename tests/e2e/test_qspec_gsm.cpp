@@ -31,10 +31,10 @@ struct Fixture {
   std::unique_ptr<qspec::Tokenizer> tokenizer = qspec::Tokenizer::load(kModelDir);
   std::vector<std::vector<int32_t>> prompts, references;  // references: greedy W4A16
   qspec::RunMode verify;
-  Fixture() {
+  explicit Fixture(qspec::quant::Format weights) {
     // Decoded f32 weights: same outputs bit for bit (tested), about twice the CPU speed.
     qspec::cpu::set_f32_weight_cache(true);
-    model->quantize_weights(qspec::quant::Format::int4);
+    model->quantize_weights(weights);
     qspec::cpu::set_f32_weight_cache(false);
     verify = mode("w4a16");
     std::ifstream file(kModelDir + "/eval_problems.jsonl");
@@ -61,15 +61,19 @@ struct Fixture {
   }
 };
 
-Fixture& fixture() {
-  static Fixture instance;
+// The model with symmetric int4 weights (the default), or with int4-asym ones (zero points).
+Fixture& fixture(qspec::quant::Format weights = qspec::quant::Format::int4) {
+  if (weights == qspec::quant::Format::int4_asym) {
+    static Fixture asym(weights);
+    return asym;
+  }
+  static Fixture instance(qspec::quant::Format::int4);
   return instance;
 }
 
 // Compares one QSpec output with the W4A16 reference: true when equal or when the first
 // difference sits on an exact tie of the W4A16 logits (printed).
-bool matches_or_tie(size_t problem, const std::vector<int32_t>& got, const std::string& label) {
-  Fixture& f = fixture();
+bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got, const std::string& label) {
   const std::vector<int32_t>& want = f.references[problem];
   if (got == want) return true;
   size_t i = 0;
@@ -96,8 +100,9 @@ bool matches_or_tie(size_t problem, const std::vector<int32_t>& got, const std::
 // All 400 problems through the engine (batch 16, one or two arrivals a step: sequences join and
 // leave mid-flight) with QSpec drafting in `draft`; every output must equal W4A16's (or part at
 // an exact logit tie).
-static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma) {
-  Fixture& f = fixture();
+static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
+                                                       qspec::quant::Format weights = qspec::quant::Format::int4) {
+  Fixture& f = fixture(weights);
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
   options.max_batch_size = 16;
@@ -130,11 +135,12 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
     max_running = std::max(max_running, engine.metrics().running);
   }
   EXPECT_EQ(max_running, 16);  // the batch did fill
-  const std::string label = "engine " + draft + " gamma " + std::to_string(gamma);
+  const std::string label =
+      "engine " + draft + " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
-    matched += matches_or_tie(i, outputs[i], label);
+    matched += matches_or_tie(f, i, outputs[i], label);
   }
   std::printf("%s, batch 16: %lld/400 equal to w4a16 (or exact ties), acceptance %lld/%lld = %.1f%%\n", label.c_str(),
               static_cast<long long>(matched), static_cast<long long>(totals.accepted),
@@ -145,6 +151,12 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
 
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4DraftGamma4) {
   expect_engine_equals_w4a16_on_all_problems("w4a4-nvfp4", 4);
+}
+
+// Asymmetric int4 weights (zero points, issue 55) with int8 drafts: the W4A8 integer kernels'
+// minimum term (per-group activation sums) and W4A16's fma(code, scale, min) decode.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredW4a8DraftGamma4Int4Asym) {
+  expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4_asym);
 }
 
 // Prompt-lookup drafts (no draft passes): the same promise.
@@ -191,7 +203,7 @@ TEST(QSpecGsm, GreedyEqualsW4A16ForEveryDraftModeAndGammaOnASubset) {
       for (size_t k = 0; k < kGridProblems; ++k) {
         const size_t i = k * (f.prompts.size() / kGridProblems);
         const qspec::QSpecResult result = qspec::qspec_generate(*f.model, f.prompts[i], f.generation_options(), q);
-        matches_or_tie(i, result.ids, label);
+        matches_or_tie(f, i, result.ids, label);
         drafted += result.metrics.drafted;
         accepted += result.metrics.accepted;
       }

@@ -84,7 +84,8 @@ struct Shape {
   int64_t group, rows, cols;
 };
 
-// Groups of 2 / 6 (not a multiple of 8: portable only), 8, 32 (block % 64 != 0: portable W4A8),
+// Groups of 2 / 6 (not a multiple of 8: portable only), 8, 32 (two per 64-value chunk in the
+// SIMD W4A8; K = 96 is not interleaved: portable W4A8),
 // 64, 128; K not a multiple of 64; rows short of the 8-row tile.
 const Shape kShapes[] = {
     {Format::int4, 64, 37, 192},  {Format::int4, 128, 8, 256},  {Format::int4, 32, 13, 128},
@@ -93,7 +94,8 @@ const Shape kShapes[] = {
     {Format::nvfp4, 0, 21, 160},  {Format::mxfp4, 0, 17, 224},
     // int4-asym (zero points): the same tiles, tails and group sizes.
     {Format::int4_asym, 64, 37, 192}, {Format::int4_asym, 128, 8, 256}, {Format::int4_asym, 32, 13, 128},
-    {Format::int4_asym, 8, 11, 200},  {Format::int4_asym, 6, 9, 96},
+    {Format::int4_asym, 8, 11, 200},  {Format::int4_asym, 6, 9, 96}, {Format::int4_asym, 32, 21, 192},
+    {Format::int4, 32, 21, 192},
 };
 
 std::string describe(const Shape& s, int64_t tokens) {
@@ -224,9 +226,14 @@ TEST(CpuQ4Kernels, Int8ActivationsHoldTheFormatsCodesAndScale) {
         ASSERT_EQ(activations.codes[t * k + position], static_cast<int8_t>(codes[e])) << "k " << k << " element " << e;
       }
       for (int64_t c = 0; c < (activations.interleaved ? k / 64 : 0); ++c) {
-        int32_t sum = 0;
-        for (int64_t e = c * 64; e < (c + 1) * 64; ++e) sum += static_cast<int8_t>(codes[e]);
+        int32_t sum = 0, half[2] = {0, 0};
+        for (int64_t e = c * 64; e < (c + 1) * 64; ++e) {
+          sum += static_cast<int8_t>(codes[e]);
+          half[(e - c * 64) / 32] += static_cast<int8_t>(codes[e]);
+        }
         EXPECT_EQ(activations.chunk_sums[t * (k / 64) + c], sum);
+        EXPECT_EQ(activations.half_chunk_sums[t * (k / 32) + 2 * c], half[0]);
+        EXPECT_EQ(activations.half_chunk_sums[t * (k / 32) + 2 * c + 1], half[1]);
       }
     }
   }

@@ -100,6 +100,7 @@ QuantizedMatrix permute_rows(const QuantizedMatrix& m, const std::vector<int32_t
   permute(m.codes, out.codes);
   permute(m.scales, out.scales);
   permute(m.block_scale_values, out.block_scale_values);
+  permute(m.block_min_values, out.block_min_values);
   permute(m.tensor_scale_values, out.tensor_scale_values);
   permute(m.decoded, out.decoded);
   return out;

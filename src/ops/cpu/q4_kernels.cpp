@@ -12,7 +12,9 @@ namespace qspec::cpu::q4 {
 
 bool a16_simd_fits(const A16Problem& p) { return p.weight->format.block % 8 == 0; }
 
-bool a8_simd_fits(const A8Problem& p) { return p.x->interleaved && p.weight->format.block % 64 == 0; }
+bool a8_simd_fits(const A8Problem& p) {
+  return p.x->interleaved && (p.weight->format.block % 64 == 0 || p.weight->format.block == 32);
+}
 
 namespace {
 
