@@ -164,7 +164,7 @@ struct IntegerCodec {
   }
 };
 
-// int4-asym weights: unsigned codes 0..15, value = (code * scale) + min, f32 scale and min.
+// int4-asym weights: unsigned codes 0..15, value = fma(code, scale, min), f32 scale and min.
 // Blocks come from the group's range (from_range), not from an amax.
 struct AsymCodec {
   struct Block {
