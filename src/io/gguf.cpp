@@ -19,7 +19,7 @@
 #include "io/hf_writer.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
-#include "model/quant_checkpoint.h"
+#include "io/quant_manifest.h"
 #include "qspec/error.h"
 #include "quant/formats.h"
 
