@@ -295,7 +295,7 @@ void register_bench(CLI::App& app) {
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--weights", args->weights,
                       "cpu --modes: 4-bit weight format quantized at load by RTN (default int4; a qspec 4-bit "
-                      "checkpoint uses its own): int4|int4-channel|nvfp4|mxfp4");
+                      "checkpoint uses its own): int4|int4-asym|int4-channel|nvfp4|mxfp4");
   command->add_option("--group-size", args->group_size,
                       "cpu --modes: int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")
       ->capture_default_str();

@@ -27,14 +27,20 @@ void register_convert(CLI::App& app) {
 
   struct GgufArgs {
     std::string gguf, out_dir;
+    bool keep_4bit = false;
   };
   auto gguf = std::make_shared<GgufArgs>();
   CLI::App* from_gguf = command->add_subcommand("gguf", "GGUF v3 file (llama architecture)");
   from_gguf->add_option("file", gguf->gguf, "GGUF file")->required()->check(CLI::ExistingFile);
   from_gguf->add_option("out_dir", gguf->out_dir, "Output directory")->required();
+  from_gguf->add_flag("--keep-4bit", gguf->keep_4bit,
+                      "Keep Q4_0 / Q4_1 / Q4_K projections 4-bit: a qspec int4-asym g32 checkpoint whose weights equal "
+                      "ggml's dequantization exactly (default: every tensor dequantized to F32)");
   from_gguf->callback([gguf] {
     ProgressBar bar("converting");
-    convert_gguf(gguf->gguf, gguf->out_dir, [&](size_t done, size_t total) { bar.update(done, total); });
+    GgufConvertOptions options;
+    options.keep_4bit = gguf->keep_4bit;
+    convert_gguf(gguf->gguf, gguf->out_dir, [&](size_t done, size_t total) { bar.update(done, total); }, options);
     std::fprintf(stderr, "wrote %s\n", gguf->out_dir.c_str());
   });
 }

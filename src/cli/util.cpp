@@ -129,12 +129,14 @@ std::string prepare_model_for_modes(LlamaModel& model, std::vector<RunMode>& mod
     const QuantizationInfo& info = model.quantization();
     QSPEC_CHECK(weights.empty() || quant::parse_format(weights) == info.format, model.dir(), " holds ",
                 model.quantized_format(), " weights; --weights ", weights, " would need the original checkpoint");
-    QSPEC_CHECK(group_size <= 0 || info.format != quant::Format::int4 || group_size == info.group_size, model.dir(),
-                " holds int4 weights in groups of ", info.group_size, "; --group-size ", group_size, " does not match");
-    if (info.format == quant::Format::int4) group_size = info.group_size;
+    const bool grouped = quant::format_has_groups(info.format);
+    QSPEC_CHECK(group_size <= 0 || !grouped || group_size == info.group_size, model.dir(), " holds ",
+                quant::format_name(info.format), " weights in groups of ", info.group_size, "; --group-size ",
+                group_size, " does not match");
+    if (grouped) group_size = info.group_size;
     description = model.quantized_format();
   } else if (needs_quantized) {
-    model.quantize_weights(quant::parse_format(weights.empty() ? "int4" : weights), group_size);
+    model.quantize_weights(weights.empty() ? quant::kDefaultWeightFormat : quant::parse_format(weights), group_size);
     description = model.quantized_format();
   }
   if (group_size <= 0) {

@@ -22,7 +22,17 @@ void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_
 // back to the rotate_half layout; Gemma 3 norms shifted back from llama.cpp's 1 + w to w;
 // tokenizer metadata turned into tokenizer.json. Errors (qspec::Error)
 // name the file and the key, tensor, type or architecture at fault.
+//
+// With keep_4bit, the seven projections of every layer (Q4_0, Q4_1 or Q4_K) are not dequantized:
+// their blocks become the engine's int4-asym weights, group 32 (gguf_to_int4_asym), and OUT_DIR is
+// a qspec 4-bit checkpoint (model/quant_checkpoint.h, method "gguf") whose W4A16 weights equal
+// ggml's dequantization bit for bit. The other tensors are stored F32 as above. A projection of
+// another type (the Q5 / Q6 / Q8 tensors of a Q4_K_M file) is an error naming it: the engine's
+// 4-bit weight set holds one format for every projection.
+struct GgufConvertOptions {
+  bool keep_4bit = false;
+};
 void convert_gguf(const std::string& gguf_path, const std::string& out_dir,
-                  const ProgressFn& progress = {});
+                  const ProgressFn& progress = {}, const GgufConvertOptions& options = {});
 
 }  // namespace qspec

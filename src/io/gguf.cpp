@@ -20,7 +20,9 @@
 #include "io/hf_writer.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "io/quant_manifest.h"
 #include "qspec/error.h"
+#include "quant/formats.h"
 
 namespace qspec {
 
@@ -565,6 +567,88 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
   for (size_t b = 0; b < blocks; ++b) decode_block(src + b * info->type_size, dst + b * info->block_size);
 }
 
+// ---- 4-bit blocks as int4-asym rows (gguf.h) ----
+
+bool gguf_int4_asym_type(uint32_t type) {
+  const auto t = static_cast<GgmlType>(type);
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+}
+
+namespace {
+
+// Where one group of 32 codes sits in a ggml block: split16, value l < 16 in the low nibble of
+// qs[l] and value l + 16 in the high nibble of qs[l - 16] (Q4_0 / Q4_1); low32 / high32, all 32
+// in the low / high nibbles of qs[0..31] (the two sub-blocks of a Q4_K 64-value chunk).
+struct GroupSource {
+  const uint8_t* qs;
+  enum class Layout { split16, low32, high32 } layout;
+  uint8_t code(int l) const {
+    switch (layout) {
+      case Layout::split16: return l < 16 ? qs[l] & 0xF : qs[l - 16] >> 4;
+      case Layout::low32: return qs[l] & 0xF;
+      case Layout::high32: return qs[l] >> 4;
+    }
+    return 0;
+  }
+};
+
+void put_group(const quant::RowFormat& format, const GroupSource& source, int64_t group, float scale, float min,
+               uint8_t* row_codes, uint8_t* row_scales) {
+  uint8_t* out = row_codes + group * kGgufInt4AsymGroup / 2;
+  for (int l = 0; l < kGgufInt4AsymGroup; l += 2)
+    out[l / 2] = static_cast<uint8_t>(source.code(l) | (source.code(l + 1) << 4));
+  quant::store_asym_block(format, row_scales, group, scale, min);
+}
+
+}  // namespace
+
+void gguf_to_int4_asym(uint32_t type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
+                       uint8_t* scales) {
+  QSPEC_CHECK(gguf_int4_asym_type(type), "ggml type ", ggml_type_name(type),
+              " has no int4-asym form (Q4_0, Q4_1 and Q4_K do)");
+  const GgmlTypeInfo* info = ggml_type_info(type);
+  QSPEC_CHECK(rows >= 0 && cols > 0 && cols % info->block_size == 0, "int4-asym import: ", cols, " values a row is not a multiple of the ",
+              info->name, " block size ", info->block_size);
+  const quant::RowFormat format =
+      quant::make_row_format(quant::Format::int4_asym, quant::Role::weight, cols, kGgufInt4AsymGroup);
+  const int64_t blocks_per_row = cols / info->block_size;
+  using Layout = GroupSource::Layout;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row_codes = codes + r * format.code_bytes();
+    uint8_t* row_scales = scales + r * format.scale_bytes();
+    try {
+      for (int64_t b = 0; b < blocks_per_row; ++b) {
+        const uint8_t* block = src + (r * blocks_per_row + b) * info->type_size;
+        switch (static_cast<GgmlType>(type)) {
+          case GgmlType::Q4_0: {  // d, qs[16]
+            const float d = load_f16(block);
+            put_group(format, {block + 2, Layout::split16}, b, d, -8.0f * d, row_codes, row_scales);
+            break;
+          }
+          case GgmlType::Q4_1:  // d, m, qs[16]
+            put_group(format, {block + 4, Layout::split16}, b, load_f16(block), load_f16(block + 2), row_codes,
+                      row_scales);
+            break;
+          default: {  // Q4_K: d, dmin, scales[12], qs[128]; 64-value chunks of two sub-blocks
+            const float d = load_f16(block), dmin = load_f16(block + 2);
+            for (int chunk = 0; chunk < 4; ++chunk) {
+              const uint8_t* q = block + 16 + 32 * chunk;
+              for (int half = 0; half < 2; ++half) {
+                uint8_t sc, m;
+                scale_min_k4(2 * chunk + half, block + 4, &sc, &m);
+                put_group(format, {q, half == 0 ? Layout::low32 : Layout::high32}, b * 8 + 2 * chunk + half,
+                          d * static_cast<float>(sc), -(dmin * static_cast<float>(m)), row_codes, row_scales);
+              }
+            }
+          }
+        }
+      }
+    } catch (const Error& error) {
+      fail(ggml_type_name(type), " row ", r, ": ", error.what());
+    }
+  }
+}
+
 // ---- GGUF (llama) -> Hugging Face ----
 
 namespace {
@@ -635,7 +719,8 @@ constexpr int64_t kGemma3Gguf27bLayers = 62;
 
 }  // namespace
 
-void convert_gguf(const std::string& gguf_path, const std::string& out_dir, const ProgressFn& progress) {
+void convert_gguf(const std::string& gguf_path, const std::string& out_dir, const ProgressFn& progress,
+                  const GgufConvertOptions& convert_options) {
   std::unique_ptr<GgufFile> file = GgufFile::open(gguf_path);
   const std::string& path = file->path();
 
@@ -740,6 +825,12 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   const int64_t q_dim = config.num_heads * hd, kv_dim = config.num_kv_heads * hd;
   std::vector<Expected> expected;
   expected.push_back({"token_embd.weight", "model.embed_tokens.weight", {vocab_size, D}, 0});
+  // The seven projections of a layer, which --keep-4bit imports as int4-asym.
+  auto projection = [](const std::string& gguf_name) {
+    for (const char* p : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+      if (gguf_name.starts_with("blk.") && gguf_name.ends_with(std::string(".") + p + ".weight")) return true;
+    return false;
+  };
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string g = "blk." + std::to_string(l) + ".";
     const std::string h = "model.layers." + std::to_string(l) + ".";
@@ -782,6 +873,12 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
     const GgmlTypeInfo* info = ggml_type_info(tensor->type);
     QSPEC_CHECK(info != nullptr && info->dequantizable, path, ": tensor '", entry.gguf_name, "' has ggml type ",
                 ggml_type_name(tensor->type), ", which is not supported (supported: ", kSupportedTypes, ")");
+    if (convert_options.keep_4bit && projection(entry.gguf_name))
+      QSPEC_CHECK(gguf_int4_asym_type(tensor->type), path, ": --keep-4bit: tensor '", entry.gguf_name, "' is ",
+                  ggml_type_name(tensor->type),
+                  ", not Q4_0 / Q4_1 / Q4_K; the engine's 4-bit weight set holds one format for every projection, so "
+                  "a file that mixes in other projection types (Q4_K_M's Q6_K ones) cannot be kept 4-bit yet: convert "
+                  "without --keep-4bit (F32) and run qspec quantize --format int4-asym");
     used[entry.gguf_name] = true;
   }
   for (const GgufTensor& tensor : file->tensors()) {
@@ -877,11 +974,42 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
 
   // ---- tensors -> safetensors (F32: every supported type dequantizes exactly into it) ----
   SafetensorsWriter writer;
-  writer.set_metadata("format", "pt");
+  writer.set_metadata("format", convert_options.keep_4bit ? "qspec-4bit" : "pt");
   const size_t total = expected.size() + 1;
   size_t done = 0;
+  std::map<std::string, int64_t> kept_types;  // --keep-4bit: projections per ggml type
   for (const Expected& entry : expected) {
     const GgufTensor& tensor = *file->find_tensor(entry.gguf_name);
+    if (convert_options.keep_4bit && projection(entry.gguf_name)) {
+      // Codes and (scale, minimum) pairs row by row (quant_checkpoint.h); q/k rows permuted as the
+      // F32 path permutes them (each row is its own set of groups, so moving rows is exact).
+      const int64_t rows = entry.shape[0], cols = entry.shape[1];
+      const quant::RowFormat format =
+          quant::make_row_format(quant::Format::int4_asym, quant::Role::weight, cols, kGgufInt4AsymGroup);
+      std::vector<uint8_t> codes(static_cast<size_t>(rows * format.code_bytes()));
+      std::vector<uint8_t> scales(static_cast<size_t>(rows * format.scale_bytes()));
+      try {
+        gguf_to_int4_asym(tensor.type, tensor.data, rows, cols, codes.data(), scales.data());
+      } catch (const Error& error) {
+        fail(path, ": tensor '", entry.gguf_name, "': ", error.what());
+      }
+      if (entry.unpermute_heads > 0) {
+        auto permute = [&](std::vector<uint8_t>& bytes, int64_t width) {
+          std::vector<uint8_t> moved(bytes.size());
+          for (int64_t row = 0; row < rows; ++row)
+            std::copy_n(bytes.begin() + hf::interleaved_source_row(row, hd) * width, width,
+                        moved.begin() + row * width);
+          bytes = std::move(moved);
+        };
+        permute(codes, format.code_bytes());
+        permute(scales, format.scale_bytes());
+      }
+      writer.add(entry.hf_name + ".qcodes", DType::U8, {rows, format.code_bytes()}, codes.data(), codes.size());
+      writer.add(entry.hf_name + ".qscales", DType::U8, {rows, format.scale_bytes()}, scales.data(), scales.size());
+      ++kept_types[ggml_type_name(tensor.type)];
+      if (progress) progress(++done, total);
+      continue;
+    }
     std::vector<float> values = file->dequantize(tensor);
     if (entry.unpermute_heads > 0)
       hf::interleaved_to_half_rows(values.data(), entry.unpermute_heads, hd, entry.shape[1]);
@@ -892,6 +1020,19 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   }
 
   hf::write_model_directory(out_dir, writer, config, tokenizer_json, options, *tokens);
+  if (convert_options.keep_4bit) {
+    // The manifest of a qspec 4-bit checkpoint (model/quant_checkpoint.h).
+    nlohmann::json types = nlohmann::json::object();
+    for (const auto& [type, count] : kept_types) types[type] = count;
+    hf::write_json(std::filesystem::path(out_dir) / kQuantManifestFile,
+                   {{"qspec_quantization", kQuantManifestVersion},
+                    {"format", quant::format_name(quant::Format::int4_asym)},
+                    {"group_size", kGgufInt4AsymGroup},
+                    {"method", "gguf"},
+                    {"details", {{"gguf_types", types}}},
+                    {"tool", "qspec convert gguf --keep-4bit"},
+                    {"source", gguf_path}});
+  }
   if (progress) progress(total, total);
 }
 

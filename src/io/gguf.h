@@ -117,4 +117,24 @@ class GgufFile {
 // (count / block_size * type_size bytes) into `dst`. Throws for unsupported types.
 void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst);
 
+// GGUF 4-bit blocks as int4-asym rows (quant/formats.h), group kGgufInt4AsymGroup:
+//   Q4_0  d * (q - 8)        -> scale d, minimum -8 d
+//   Q4_1  d * q + m          -> scale d, minimum m
+//   Q4_K  each 32-value sub-block j of a 256-value super-block: (d * sc_j) * q - dmin * m_j
+//         (sc_j, m_j the 6-bit scale and minimum)   -> scale d * sc_j, minimum -(dmin * m_j)
+// with d, m, dmin f16 widened to f32 and the 4-bit q moved into the engine's nibble order
+// (element 2i low, 2i + 1 high). Every product above is exact in f32 (at most 11 + 6 + 4
+// significant bits), so fma(q, scale, minimum) is exactly what gguf_dequantize and the gguf
+// Python package compute, bit for bit, with one exception: Q4_0's zero (q = 8) under a negative
+// d is +0 here (the exact sum 8d - 8d) where ggml's d * 0 is -0; the two compare equal and only
+// the sign of a zero result can follow it. A scale may be negative (ggml's Q4_0 stores
+// d = max / -8).
+// src: `rows` rows of `cols` values (cols a multiple of the type's block); codes: rows x cols / 2
+// bytes; scales: rows x (cols / 32) x kInt4AsymScaleBytes. Throws for other types and for
+// non-finite scales or minimums (naming the row and block).
+inline constexpr int64_t kGgufInt4AsymGroup = 32;
+bool gguf_int4_asym_type(uint32_t type);  // Q4_0, Q4_1, Q4_K
+void gguf_to_int4_asym(uint32_t type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
+                       uint8_t* scales);
+
 }  // namespace qspec

@@ -46,20 +46,21 @@ MappedFile::~MappedFile() {
 
 // ---- permutation ----
 
+int64_t interleaved_source_row(int64_t row, int64_t head_dim) {
+  const int64_t half = head_dim / 2, within = row % head_dim;
+  return row - within + 2 * (within % half) + within / half;  // new j * half + i <- old 2i + j
+}
+
 void interleaved_to_half_rows(float* weight, int64_t n_heads, int64_t head_dim, int64_t cols) {
   QSPEC_CHECK(head_dim % 2 == 0, "RoPE permutation: head_dim ", head_dim, " is odd");
-  const int64_t half = head_dim / 2;
   const size_t row_floats = static_cast<size_t>(cols);
   std::vector<float> head(static_cast<size_t>(head_dim) * row_floats);
   for (int64_t h = 0; h < n_heads; ++h) {
     float* base = weight + static_cast<size_t>(h * head_dim) * row_floats;
     std::copy(base, base + head.size(), head.begin());
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const float* from = head.data() + static_cast<size_t>(2 * i + j) * row_floats;
-        float* to = base + static_cast<size_t>(j * half + i) * row_floats;
-        std::copy(from, from + row_floats, to);
-      }
+    for (int64_t row = 0; row < head_dim; ++row) {
+      const float* from = head.data() + static_cast<size_t>(interleaved_source_row(row, head_dim)) * row_floats;
+      std::copy(from, from + row_floats, base + static_cast<size_t>(row) * row_floats);
     }
   }
 }

@@ -40,6 +40,8 @@ class MappedFile {
 // row i + head_dim/2 = old row 2i + 1. This is the permutation transformers'
 // convert_llama_weights_to_hf applies, and the inverse of the one convert_hf_to_gguf applies.
 void interleaved_to_half_rows(float* weight, int64_t n_heads, int64_t head_dim, int64_t cols);
+// The same permutation for one row: the old (interleaved) row that new row `row` comes from.
+int64_t interleaved_source_row(int64_t row, int64_t head_dim);
 
 // config.json for an imported model: LlamaForCausalLM, or Gemma3ForCausalLM (layer_types,
 // local RoPE base, query_pre_attn_scalar), with rope scaling none or linear; throws

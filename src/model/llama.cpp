@@ -271,7 +271,7 @@ int64_t ArcSite::outliers(quant::Format activation_format) const {
 
 std::string QuantizationInfo::describe() const {
   std::string text(quant::format_name(format));
-  if (format == quant::Format::int4) text += " g" + std::to_string(group_size);
+  if (quant::format_has_groups(format)) text += " g" + std::to_string(group_size);
   text += " " + method;
   if (details.contains("arc") && details["arc"].value("enabled", false)) text += " + arc";
   if (details.contains("rotation") && details["rotation"].value("enabled", false)) text += " + hadamard";

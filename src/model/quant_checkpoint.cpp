@@ -1,6 +1,8 @@
 // qspec 4-bit checkpoints: the manifest reader, binding the 4-bit tensors, and save_quantized.
 #include "model/quant_checkpoint.h"
 
+#include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -43,7 +45,8 @@ nlohmann::json read_quant_manifest(const std::string& path) {
   QSPEC_CHECK(quant::format_supports(format, quant::Role::weight), path, ": field \"format\": ",
               quant::format_name(format), " is not a weight format");
   const std::string method = manifest["method"];
-  QSPEC_CHECK(method == "rtn" || method == "gptq", path, ": field \"method\": '", method, "' (known: rtn, gptq)");
+  QSPEC_CHECK(std::find(std::begin(kQuantMethods), std::end(kQuantMethods), method) != std::end(kQuantMethods), path,
+              ": field \"method\": '", method, "' (known: rtn, gptq, gguf)");
   if (!manifest.contains("details")) manifest["details"] = nlohmann::json::object();
   QSPEC_CHECK(manifest["details"].is_object(), path, ": field \"details\" must be an object");
   return manifest;
@@ -97,9 +100,9 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
   info.group_size = manifest["group_size"].get<int64_t>();
   info.method = manifest["method"].get<std::string>();
   info.details = manifest["details"];
-  if (info.format == quant::Format::int4)
+  if (quant::format_has_groups(info.format))
     QSPEC_CHECK(info.group_size > 0 && info.group_size % 2 == 0, manifest_path, ": group_size ", info.group_size,
-                " must be positive and even for int4");
+                " must be positive and even for ", quant::format_name(info.format));
 
   // ARC sites from the manifest (S per format), orders from the safetensors.
   std::vector<QuantizedLayerWeights> layers(static_cast<size_t>(c.num_layers));
@@ -181,8 +184,10 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
       } catch (const Error& error) {
         fail(dir_, ": tensor '", name, ".qscales': ", error.what());
       }
+      // int4-asym scales may be negative (imported GGUF Q4_0 blocks); the minimums were checked by prepare().
+      const bool signed_scales = quant::format_has_min(info.format);
       for (float scale : m.block_scale_values)
-        QSPEC_CHECK(std::isfinite(scale) && scale >= 0.0f, dir_, ": tensor '", name,
+        QSPEC_CHECK(std::isfinite(scale) && (signed_scales || scale >= 0.0f), dir_, ": tensor '", name,
                     ".qscales' holds a scale that is negative, infinite or NaN (", scale, ")");
       weight_bytes_ += m.bytes();
     }

@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "io/quant_manifest.h"  // kQuantManifestFile, kQuantManifestVersion, kQuantMethods
+
 namespace qspec {
 
-inline constexpr const char* kQuantManifestFile = "qspec_quant.json";
-inline constexpr int kQuantManifestVersion = 1;
 
 // Reads and checks the manifest's top-level fields; errors name the file and field.
 nlohmann::json read_quant_manifest(const std::string& path);

@@ -270,7 +270,7 @@ void quantize_model(LlamaModel& model, const QuantizeOptions& options, const Cal
 
   QuantizationInfo info;
   info.format = options.format;
-  info.group_size = options.format == quant::Format::int4 ? group_size : 0;
+  info.group_size = quant::format_has_groups(options.format) ? group_size : 0;
   info.method = options.method;
   info.details = nlohmann::json::object();
   if (gptq)

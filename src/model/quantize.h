@@ -30,7 +30,7 @@
 namespace qspec {
 
 struct QuantizeOptions {
-  quant::Format format = quant::Format::int4;
+  quant::Format format = quant::kDefaultWeightFormat;
   int64_t group_size = 0;      // int4 groups; 0: LlamaModel::auto_group_size()
   std::string method = "rtn";  // "rtn" or "gptq"
   double gptq_damp = 0.01;     // lambda = damp * mean(diag H)

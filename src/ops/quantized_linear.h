@@ -39,6 +39,7 @@ struct Int8Activations {
   std::vector<int8_t> codes;
   std::vector<float> scales;        // [tokens]
   std::vector<int32_t> chunk_sums;  // [tokens, k / 64] the sum of each 64-value chunk's codes
+  std::vector<int32_t> half_chunk_sums;  // [tokens, k / 32] the same for each half chunk (groups of 32)
 };
 // Quantizes x [tokens, k] per token (threaded over tokens). Reuses out's buffers.
 void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Activations& out);
@@ -46,8 +47,11 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
 // W4A8: y[m, n] = fma(sum over blocks b of s_w[n, b] * S[m, n, b] (one fma a block, in block
 // order), s_x[m], bias[n]) with S the exact integer sum of the block's codes times the weights'
 // int4 values: the CPU twin of cuda::w4_quantized_gemm for int8 activations. For int4 and
-// int4-channel weights; other weight formats get x's dequantized values (codes * scale, what
-// fake quantization gives) through the float GEMM above. bias may be null.
+// int4-channel weights, and int4-asym, whose minimum adds fma(m[n, b], Q[m, b], ...) after each
+// block's scale term, Q the exact sum of the token's codes over the block (the per-group
+// activation sum; the sums stay exact integers). Other weight formats get x's dequantized
+// values (codes * scale, what fake quantization gives) through the float GEMM above. bias may
+// be null.
 void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, const float* bias,
                       float* y);
 

@@ -164,6 +164,40 @@ struct IntegerCodec {
   }
 };
 
+// int4-asym weights: unsigned codes 0..15, value = fma(code, scale, min), f32 scale and min.
+// Blocks come from the group's range (from_range), not from an amax.
+struct AsymCodec {
+  struct Block {
+    float scale;
+    float min;
+  };
+  Block from_range(float lo, float hi) const {
+    const float scale = (hi - lo) / static_cast<float>(kInt4AsymMaxCode);
+    if (!std::isfinite(scale))
+      fail("int4-asym: group range [", lo, ", ", hi, "] overflows f32 (scale (hi - lo) / 15 is ", scale, ")");
+    return {scale, lo};
+  }
+  uint8_t encode(float x, const Block& block) const {
+    if (block.scale == 0.0f) return 0;
+    float rounded = std::nearbyint((x - block.min) / block.scale);  // ties to even
+    rounded = std::clamp(rounded, 0.0f, static_cast<float>(kInt4AsymMaxCode));
+    return static_cast<uint8_t>(rounded);
+  }
+  float decode(uint8_t code, const Block& block) const {
+    return std::fma(static_cast<float>(code & 0xf), block.scale, block.min);  // one rounding (formats.h)
+  }
+  void store(uint8_t* scales, int64_t index, const Block& block) const {
+    store_le(scales + kInt4AsymScaleBytes * index, block.scale);
+    store_le(scales + kInt4AsymScaleBytes * index + 4, block.min);
+  }
+  Block load(const uint8_t* scales, int64_t index) const {
+    const float scale = checked_scale(load_le<float>(scales + kInt4AsymScaleBytes * index), Format::int4_asym, index);
+    const float min = load_le<float>(scales + kInt4AsymScaleBytes * index + 4);
+    if (!std::isfinite(min)) fail("int4-asym minimum of block ", index, " is not finite (corrupt scales)");
+    return {scale, min};
+  }
+};
+
 // fp8 activations: E4M3 elements under one f32 scale amax / 448.
 struct Fp8Codec {
   struct Block {
@@ -270,8 +304,28 @@ void with_codec(const RowFormat& format, float nvfp4_scale, Fn&& fn) {
     case Format::mxfp4:
       fn(Mxfp4Codec{});
       return;
+    case Format::int4_asym:
+      fn(AsymCodec{});
+      return;
   }
   fail("unknown quantization format ", static_cast<int>(format.format));
+}
+
+// A block's scale from its `count` values: from the range for int4-asym, else from the amax.
+template <typename Codec, typename Values>
+typename Codec::Block block_from_values(const Codec& codec, int64_t count, Values&& values) {
+  if constexpr (std::is_same_v<Codec, AsymCodec>) {
+    float lo = values(0), hi = values(0);
+    for (int64_t i = 1; i < count; ++i) {
+      lo = std::min(lo, values(i));
+      hi = std::max(hi, values(i));
+    }
+    return codec.from_range(lo, hi);
+  } else {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(values(i)));
+    return codec.from_amax(amax);
+  }
 }
 
 // Where augmented block p comes from: a block of x, as itself or as its residual.
@@ -351,7 +405,7 @@ void quantize_blocks(const Codec& codec, const BlockPlan& plan, int64_t block, c
   for (int64_t position = 0; position < plan.augmented_blocks(); ++position) {
     BlockSource source = plan.source(position);
     const float* input = x + source.block * block;
-    auto primary = codec.from_amax(block_abs_max(input, block));
+    auto primary = block_from_values(codec, block, [input](int64_t i) { return input[i]; });
     if (!source.residual) {
       sink.put(position, codec, primary, [input](int64_t i) { return input[i]; });
       continue;
@@ -361,10 +415,7 @@ void quantize_blocks(const Codec& codec, const BlockPlan& plan, int64_t block, c
     auto residual = [&codec, &primary, input](int64_t i) {
       return input[i] - codec.decode(codec.encode(input[i], primary), primary);
     };
-    float residual_amax = 0.0f;
-    for (int64_t i = 0; i < block; ++i)
-      residual_amax = std::max(residual_amax, std::fabs(residual(i)));
-    sink.put(position, codec, codec.from_amax(residual_amax), residual);
+    sink.put(position, codec, block_from_values(codec, block, residual), residual);
   }
 }
 
@@ -426,6 +477,7 @@ constexpr FormatName kFormatNames[] = {
     {Format::int4, "int4"},   {Format::int4_channel, "int4-channel"},
     {Format::nvfp4, "nvfp4"}, {Format::mxfp4, "mxfp4"},
     {Format::int8, "int8"},   {Format::fp8, "fp8"},
+    {Format::int4_asym, "int4-asym"},
 };
 
 }  // namespace
@@ -453,7 +505,7 @@ Format parse_format(std::string_view name) {
   for (const auto& entry : kFormatNames)
     if (entry.name == name) return entry.format;
   fail("unknown quantization format '", name,
-       "' (known: int4, int4-channel, nvfp4, mxfp4, int8, fp8)");
+       "' (known: int4, int4-channel, int4-asym, nvfp4, mxfp4, int8, fp8)");
 }
 
 std::string_view format_name(Format format) {
@@ -469,6 +521,7 @@ bool format_supports(Format format, Role role) {
     case Format::mxfp4:
       return true;
     case Format::int4_channel:
+    case Format::int4_asym:
       return role == Role::weight;
     case Format::int8:
     case Format::fp8:
@@ -477,9 +530,14 @@ bool format_supports(Format format, Role role) {
   return false;
 }
 
+bool format_has_groups(Format format) { return format == Format::int4 || format == Format::int4_asym; }
+
+bool format_has_min(Format format) { return format == Format::int4_asym; }
+
 int64_t block_size(Format format, int64_t k, int64_t group_size) {
   switch (format) {
     case Format::int4:
+    case Format::int4_asym:
       return group_size;
     case Format::nvfp4:
       return 16;
@@ -500,6 +558,8 @@ int64_t RowFormat::scale_bytes() const {
     case Format::int4:
     case Format::int4_channel:
       return blocks() * (role == Role::weight ? 2 : 4);
+    case Format::int4_asym:
+      return blocks() * kInt4AsymScaleBytes;
     case Format::nvfp4:
       return blocks() + (role == Role::activation ? 4 : 0);
     case Format::mxfp4:
@@ -515,13 +575,13 @@ RowFormat make_row_format(Format format, Role role, int64_t k, int64_t group_siz
   std::string_view name = format_name(format);
   if (!format_supports(format, role)) {
     if (role == Role::weight)
-      fail(name, " is an activation format; weights use int4, int4-channel, nvfp4 or mxfp4");
+      fail(name, " is an activation format; weights use int4, int4-channel, int4-asym, nvfp4 or mxfp4");
     fail(name, " is a weight format; activations use int4, nvfp4, mxfp4, int8 or fp8");
   }
   QSPEC_CHECK(k > 0, name, ": a row needs at least one value, got K=", k);
-  if (format == Format::int4)
-    QSPEC_CHECK(group_size > 0 && group_size % 2 == 0,
-                "int4 group size must be positive and even"
+  if (format_has_groups(format))
+    QSPEC_CHECK(group_size > 0 && group_size % 2 == 0, name,
+                " group size must be positive and even"
                 " (two codes per byte), got ",
                 group_size);
   int64_t block = block_size(format, k, group_size);
@@ -590,6 +650,8 @@ float element_value(const RowFormat& format, const uint8_t* codes, int64_t index
       int nibble = (codes[index / 2] >> (4 * (index % 2))) & 0xf;
       return static_cast<float>(nibble >= 8 ? nibble - 16 : nibble);
     }
+    case Format::int4_asym:
+      return static_cast<float>((codes[index / 2] >> (4 * (index % 2))) & 0xf);
     case Format::nvfp4:
     case Format::mxfp4:
       return decode_e2m1(static_cast<uint8_t>(codes[index / 2] >> (4 * (index % 2))));
@@ -605,7 +667,8 @@ float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block)
   float value = 0.0f;
   with_codec(format, 0.0f, [&](const auto& codec) {
     using Codec = std::decay_t<decltype(codec)>;
-    if constexpr (std::is_same_v<Codec, IntegerCodec> || std::is_same_v<Codec, Fp8Codec>) {
+    if constexpr (std::is_same_v<Codec, IntegerCodec> || std::is_same_v<Codec, Fp8Codec> ||
+                  std::is_same_v<Codec, AsymCodec>) {
       value = codec.load(scales, block).scale;
     } else {
       value = codec.load(scales, block).value;
@@ -614,9 +677,28 @@ float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block)
   return value;
 }
 
+float block_min(const RowFormat& format, const uint8_t* scales, int64_t block) {
+  if (!format_has_min(format.format)) return 0.0f;
+  return AsymCodec{}.load(scales, block).min;
+}
+
+void store_asym_block(const RowFormat& format, uint8_t* scales, int64_t block, float scale, float min) {
+  QSPEC_CHECK(format.format == Format::int4_asym, "store_asym_block: ", format_name(format.format),
+              " has no minimum (int4-asym only)");
+  QSPEC_CHECK(block >= 0 && block < format.blocks(), "store_asym_block: block ", block, " of ", format.blocks());
+  QSPEC_CHECK(std::isfinite(scale) && std::isfinite(min), "int4-asym block ", block, ": scale ", scale,
+              " and minimum ", min, " must be finite");
+  AsymCodec{}.store(scales, block, {scale, min});
+}
+
 void quantize_block_scale(const RowFormat& format, const float* values, int64_t block,
                           uint8_t* scales) {
   float amax = checked_abs_max(format, values, format.block);
+  if (format.format == Format::int4_asym) {
+    AsymCodec codec;
+    codec.store(scales, block, block_from_values(codec, format.block, [values](int64_t i) { return values[i]; }));
+    return;
+  }
   float tensor_scale = 0.0f;
   if (format.format == Format::nvfp4) {
     tensor_scale = row_tensor_scale(format, scales);
@@ -624,8 +706,10 @@ void quantize_block_scale(const RowFormat& format, const float* values, int64_t 
     // 2688 * t / (6 * t) lands within a few ulps of 448: encode_e4m3 saturates it to 448.
     if (tensor_scale > 0.0f) amax = std::min(amax, 2688.0f * tensor_scale);
   }
-  with_codec(format, tensor_scale,
-             [&](const auto& codec) { codec.store(scales, block, codec.from_amax(amax)); });
+  with_codec(format, tensor_scale, [&](const auto& codec) {
+    if constexpr (!std::is_same_v<std::decay_t<decltype(codec)>, AsymCodec>)  // handled above
+      codec.store(scales, block, codec.from_amax(amax));
+  });
 }
 
 QuantizedElement quantize_element(const RowFormat& format, const uint8_t* scales, int64_t block,

@@ -10,6 +10,13 @@
 //   int4        s = f16(amax / 7) for weights, f32 amax / 7 for activations;
 //               code = clamp(round_half_even(x / s), -8, 7); s == 0 gives code 0.
 //   int4-channel the same with one f16 scale for the whole row (weights only).
+//   int4-asym   weights only, groups along K with a scale and a minimum: lo / hi = the
+//               group's smallest / largest value, s = (hi - lo) / 15, m = lo (both f32);
+//               code = clamp(round_half_even((x - m) / s), 0, 15); s == 0 gives code 0.
+//               value = fma(code, s, m): one rounding, the one exception to the "never
+//               fused" rule above (an explicit std::fma / _mm256_fmadd_ps / __fmaf_rn in
+//               every implementation, so no compiler contraction can change it; for GGUF
+//               blocks code * s is exact and fma equals ggml's mul then add).
 //   int8        s = amax / 127 (f32); code = clamp(round_half_even(x / s), -127, 127).
 //   fp8         s = amax / 448 (f32); code = f32_to_e4m3(x / s).
 //   nvfp4       t = tensor scale (FP32; see nvfp4_tensor_scale); block scale code
@@ -18,16 +25,22 @@
 //               E8M0 e + 127 (0 for an all-zero block); code = f32_to_e2m1(x * 2^-e).
 // A block whose scale is zero (all-zero block, or a scale that underflows its own format)
 // stores zero codes that keep the sign of each input. Dequantization is always
-//   value = (element_value * block_scale) * row_tensor_scale
-// where the inner product is exact and row_tensor_scale is 1 except for nvfp4.
+//   value = (element_value * block_scale) * row_tensor_scale  [+ block_min for int4-asym]
+// where the inner product is exact and row_tensor_scale is 1 except for nvfp4; int4-asym's
+// element value is its code 0..15 and its tensor scale 1, so value = fma(code, s, m) as above.
 //
 // Storage of one row of k values (k is the reduction dimension: a weight row is one output
 // channel, an activation row is one token):
 //   codes   4-bit formats: two per byte, element 2i in the low nibble, 2i+1 in the high one;
-//           int4 nibbles are two's complement, E2M1 nibbles sign-magnitude (bit 3 = sign).
+//           int4 nibbles are two's complement, int4-asym nibbles unsigned (0..15), E2M1
+//           nibbles sign-magnitude (bit 3 = sign).
 //           8-bit formats: one byte per element (int8 two's complement, or E4M3).
 //   scales  little-endian, one per block, in block order: f16 (int4 / int4-channel weights),
-//           f32 (int4 activations, int8, fp8), E4M3 (nvfp4), E8M0 (mxfp4). An nvfp4
+//           f32 (int4 activations, int8, fp8), E4M3 (nvfp4), E8M0 (mxfp4), and for int4-asym
+//           one f32 pair per group, scale then minimum (8 bytes). f32 rather than f16: a
+//           GGUF Q4_K sub-block scale d * sc (f16 d times a 6-bit sc) has up to 17
+//           significant bits, and Q4_0 / Q4_1 / Q4_K decode exactly as code * s + m only
+//           with s and m held to f32 (see kInt4AsymScaleBytes). An nvfp4
 //           activation row appends its own f32 tensor scale after the block scales.
 // Quantizers reject NaN and infinite inputs with qspec::Error before writing anything; the
 // other errors (an nvfp4 weight tensor scale too small for the row, an int4 weight scale
@@ -68,18 +81,29 @@ enum class Format : uint8_t {
   mxfp4,         // E2M1, block 32, E8M0 shared scale
   int8,          // symmetric int8, one scale per token (activations only)
   fp8,           // E4M3, one scale per token (activations only)
+  int4_asym,     // unsigned int4 in groups along K, f32 scale + f32 minimum per group (weights)
 };
 // Which side of a GEMM a row is: the scale encodings differ (see the table above).
 enum class Role : uint8_t { weight, activation };
 
 inline constexpr int64_t kDefaultGroupSize = 128;  // int4 groups along K
+// The weight format `qspec quantize` and `--weights` use when none is named.
+inline constexpr Format kDefaultWeightFormat = Format::int4;
+// int4-asym: the bytes of one group's (scale, minimum) pair, and its largest code.
+inline constexpr int64_t kInt4AsymScaleBytes = 8;
+inline constexpr int kInt4AsymMaxCode = 15;
 
-// Names as users type them: "int4", "int4-channel", "nvfp4", "mxfp4", "int8", "fp8".
+// Names as users type them: "int4", "int4-channel", "int4-asym", "nvfp4", "mxfp4", "int8", "fp8".
 // Unknown names throw qspec::Error listing the known ones.
 Format parse_format(std::string_view name);
 std::string_view format_name(Format format);
 bool format_supports(Format format, Role role);
-// Values that share one block scale: the group size for int4, 16 for nvfp4, 32 for mxfp4,
+// Formats whose block is a user-chosen group along K (int4, int4-asym): the ones a group size
+// applies to.
+bool format_has_groups(Format format);
+// Formats whose blocks carry a minimum beside the scale (int4-asym).
+bool format_has_min(Format format);
+// Values that share one block scale: the group size for int4 / int4-asym, 16 for nvfp4, 32 for mxfp4,
 // the whole row (k) for int4-channel, int8 and fp8.
 int64_t block_size(Format format, int64_t k, int64_t group_size = kDefaultGroupSize);
 
@@ -100,7 +124,7 @@ struct RowFormat {
 
 // Validates the combination: the role must use the format, k must be a positive multiple of
 // the block (every layer shape qspec supports is; others are rejected with the sizes named),
-// and an int4 group size must be positive and even.
+// and an int4 / int4-asym group size must be positive and even.
 RowFormat make_row_format(Format format, Role role, int64_t k,
                           int64_t group_size = kDefaultGroupSize);
 
@@ -120,9 +144,16 @@ void dequantize_row(const RowFormat& format, const uint8_t* codes, const uint8_t
 void fake_quantize_row(const RowFormat& format, float* x);
 
 // Pieces of a quantized row for GEMMs that work on the codes:
-// dequantized[i] = (element_value(i) * block_scale(i / block)) * row_tensor_scale.
+// dequantized[i] = (element_value(i) * block_scale(i / block)) * row_tensor_scale, and for
+// int4-asym (tensor scale 1) dequantized[i] = fma(element_value(i), block_scale, block_min).
 float element_value(const RowFormat& format, const uint8_t* codes, int64_t index);
 float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block);
+float block_min(const RowFormat& format, const uint8_t* scales, int64_t block);  // 0 unless int4-asym
+// int4-asym: stores block `block`'s (scale, minimum) as given (importers of other 4-bit
+// formats, e.g. GGUF Q4_0 / Q4_1 / Q4_K, whose values are code * scale + minimum exactly).
+// The scale may be negative (ggml's Q4_0 stores d = max / -8; the quantizers here never do).
+// Throws on a non-finite scale or minimum.
+void store_asym_block(const RowFormat& format, uint8_t* scales, int64_t block, float scale, float min);
 float row_tensor_scale(const RowFormat& format, const uint8_t* scales);
 
 // Pieces for quantizers that choose values one element at a time (GPTQ). Together they give

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 
 #include "base/dtype.h"
 #include "base/thread_pool.h"
@@ -69,9 +70,12 @@ void QuantizedMatrix::prepare() {
   const int64_t blocks = format.blocks();
   block_scale_values.resize(static_cast<size_t>(rows * blocks));
   tensor_scale_values.resize(static_cast<size_t>(rows));
+  block_min_values.assign(has_min() ? static_cast<size_t>(rows * blocks) : 0, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row_scales = scales.data() + r * format.scale_bytes();
     for (int64_t b = 0; b < blocks; ++b) block_scale_values[r * blocks + b] = quant::block_scale(format, row_scales, b);
+    if (has_min())
+      for (int64_t b = 0; b < blocks; ++b) block_min_values[r * blocks + b] = quant::block_min(format, row_scales, b);
     tensor_scale_values[r] = quant::row_tensor_scale(format, row_scales);
   }
   decoded.clear();
@@ -93,6 +97,19 @@ void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
   }
   const float tensor_scale = tensor_scale_values[row];
   const float* row_block_scales = block_scale_values.data() + row * format.blocks();
+  if (has_min()) {  // int4-asym: fma(code, scale, min), tensor scale 1 (quant/formats.h)
+    const float* row_block_mins = block_min_values.data() + row * format.blocks();
+    for (int64_t b = 0; b < format.blocks(); ++b) {
+      const float scale = row_block_scales[b], min = row_block_mins[b];
+      const uint8_t* block_codes = row_codes + b * format.block / 2;
+      float* block_out = out + b * format.block;
+      for (int64_t i = 0; i < format.block / 2; ++i) {
+        block_out[2 * i] = std::fma(nibble_values[block_codes[i] & 0xf], scale, min);
+        block_out[2 * i + 1] = std::fma(nibble_values[block_codes[i] >> 4], scale, min);
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < format.blocks(); ++b) {
     const float scale = row_block_scales[b];
     const uint8_t* block_codes = row_codes + b * format.block / 2;
@@ -106,7 +123,7 @@ void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
 
 QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, int64_t group_size) {
   QSPEC_CHECK(quant::format_supports(format, quant::Role::weight), weight.name, ": '",
-              quant::format_name(format), "' is not a weight format (int4, int4-channel, nvfp4, mxfp4)");
+              quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, nvfp4, mxfp4)");
   QuantizedMatrix out;
   out.name = weight.name;
   out.rows = weight.rows;

@@ -61,8 +61,9 @@ struct QuantizedMatrix {
   int64_t rows = 0;
   std::vector<uint8_t> codes;   // rows x format.code_bytes()
   std::vector<uint8_t> scales;  // rows x format.scale_bytes()
-  // Decoded from `scales` by prepare(): rows x blocks block scales, rows tensor scales.
-  std::vector<float> block_scale_values, tensor_scale_values;
+  // Decoded from `scales` by prepare(): rows x blocks block scales, rows tensor scales, and
+  // for int4-asym rows x blocks block minimums (empty for the other formats).
+  std::vector<float> block_scale_values, tensor_scale_values, block_min_values;
 
   // Optional: every row already dequantized (rows x cols f32), filled by prepare() when the
   // process-wide f32 weight cache is on (cpu::set_f32_weight_cache). It trades 8x the weight
@@ -73,6 +74,7 @@ struct QuantizedMatrix {
   void prepare();
 
   int64_t cols() const { return format.k; }
+  bool has_min() const { return quant::format_has_min(format.format); }
   size_t bytes() const { return codes.size() + scales.size(); }
   // Row `row` dequantized to f32 into out[cols].
   void dequantize_row(int64_t row, float* out) const;

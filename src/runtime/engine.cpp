@@ -204,7 +204,7 @@ struct Engine::Impl {
   // int4 activation groups: as given, else the int4 weights' group size, else the model's.
   static int64_t activation_group_size_of(const LlamaModel& model, const EngineOptions& o) {
     if (o.activation_group_size > 0) return o.activation_group_size;
-    if (model.has_quantized_weights() && model.quantization().format == quant::Format::int4 &&
+    if (model.has_quantized_weights() && quant::format_has_groups(model.quantization().format) &&
         model.quantization().group_size > 0)
       return model.quantization().group_size;
     try {

@@ -31,10 +31,10 @@ struct Fixture {
   std::unique_ptr<qspec::Tokenizer> tokenizer = qspec::Tokenizer::load(kModelDir);
   std::vector<std::vector<int32_t>> prompts, references;  // references: greedy W4A16
   qspec::RunMode verify;
-  Fixture() {
+  explicit Fixture(qspec::quant::Format weights) {
     // Decoded f32 weights: same outputs bit for bit (tested), about twice the CPU speed.
     qspec::cpu::set_f32_weight_cache(true);
-    model->quantize_weights(qspec::quant::Format::int4);
+    model->quantize_weights(weights);
     qspec::cpu::set_f32_weight_cache(false);
     verify = mode("w4a16");
     std::ifstream file(kModelDir + "/eval_problems.jsonl");
@@ -61,15 +61,19 @@ struct Fixture {
   }
 };
 
-Fixture& fixture() {
-  static Fixture instance;
+// The model with symmetric int4 weights (the default), or with int4-asym ones (zero points).
+Fixture& fixture(qspec::quant::Format weights = qspec::quant::Format::int4) {
+  if (weights == qspec::quant::Format::int4_asym) {
+    static Fixture asym(weights);
+    return asym;
+  }
+  static Fixture instance(qspec::quant::Format::int4);
   return instance;
 }
 
 // Compares one QSpec output with the W4A16 reference: true when equal or when the first
 // difference sits on an exact tie of the W4A16 logits (printed).
-bool matches_or_tie(size_t problem, const std::vector<int32_t>& got, const std::string& label) {
-  Fixture& f = fixture();
+bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got, const std::string& label) {
   const std::vector<int32_t>& want = f.references[problem];
   if (got == want) return true;
   size_t i = 0;
@@ -97,8 +101,9 @@ bool matches_or_tie(size_t problem, const std::vector<int32_t>& got, const std::
 // leave mid-flight) with QSpec drafting in `draft`; every output must equal W4A16's (or part at
 // an exact logit tie).
 static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
+                                                        qspec::quant::Format weights = qspec::quant::Format::int4,
                                                         int64_t draft_window = 0, int64_t draft_sinks = 0) {
-  Fixture& f = fixture();
+  Fixture& f = fixture(weights);
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
   options.max_batch_size = 16;
@@ -137,11 +142,11 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
                             (draft_window > 0 ? " window " + std::to_string(draft_window) + "+" +
                                                     std::to_string(draft_sinks)
                                               : "") +
-                            " gamma " + std::to_string(gamma);
+                            " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
-    matched += matches_or_tie(i, outputs[i], label);
+    matched += matches_or_tie(f, i, outputs[i], label);
   }
   std::printf("%s, batch 16: %lld/400 equal to w4a16 (or exact ties), acceptance %lld/%lld = %.1f%%\n", label.c_str(),
               static_cast<long long>(matched), static_cast<long long>(totals.accepted),
@@ -154,6 +159,12 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
   expect_engine_equals_w4a16_on_all_problems("w4a4-nvfp4", 4);
 }
 
+// Asymmetric int4 weights (zero points, issue 55) with int8 drafts: the W4A8 integer kernels'
+// minimum term (per-group activation sums) and W4A16's fma(code, scale, min) decode.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredW4a8DraftGamma4Int4Asym) {
+  expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4_asym);
+}
+
 // Prompt-lookup drafts (no draft passes): the same promise.
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNgramDraftGamma4) {
   expect_engine_equals_w4a16_on_all_problems("ngram", 4);
@@ -162,7 +173,7 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNgramDraft
 // Drafts in the verify's own mode with a sparse view of the shared cache (the last 24 positions
 // and 4 attention sinks, far fewer than a problem's prompt): the same promise.
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredSparseKvDraftGamma3) {
-  expect_engine_equals_w4a16_on_all_problems("w4a16", 3, 24, 4);
+  expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4);
 }
 
 // tests/data/gsm/w4a16_greedy_reference.json, the W4A16 reference the gpu tests compare the GPU
@@ -204,7 +215,7 @@ TEST(QSpecGsm, GreedyEqualsW4A16ForEveryDraftModeAndGammaOnASubset) {
       for (size_t k = 0; k < kGridProblems; ++k) {
         const size_t i = k * (f.prompts.size() / kGridProblems);
         const qspec::QSpecResult result = qspec::qspec_generate(*f.model, f.prompts[i], f.generation_options(), q);
-        matches_or_tie(i, result.ids, label);
+        matches_or_tie(f, i, result.ids, label);
         drafted += result.metrics.drafted;
         accepted += result.metrics.accepted;
       }

@@ -84,13 +84,18 @@ struct Shape {
   int64_t group, rows, cols;
 };
 
-// Groups of 2 / 6 (not a multiple of 8: portable only), 8, 32 (block % 64 != 0: portable W4A8),
+// Groups of 2 / 6 (not a multiple of 8: portable only), 8, 32 (two per 64-value chunk in the
+// SIMD W4A8; K = 96 is not interleaved: portable W4A8),
 // 64, 128; K not a multiple of 64; rows short of the 8-row tile.
 const Shape kShapes[] = {
     {Format::int4, 64, 37, 192},  {Format::int4, 128, 8, 256},  {Format::int4, 32, 13, 128},
     {Format::int4, 8, 11, 200},   {Format::int4, 2, 5, 22},     {Format::int4, 6, 9, 96},
     {Format::int4, 32, 3, 96},    {Format::int4_channel, 0, 19, 192}, {Format::int4_channel, 0, 7, 100},
     {Format::nvfp4, 0, 21, 160},  {Format::mxfp4, 0, 17, 224},
+    // int4-asym (zero points): the same tiles, tails and group sizes.
+    {Format::int4_asym, 64, 37, 192}, {Format::int4_asym, 128, 8, 256}, {Format::int4_asym, 32, 13, 128},
+    {Format::int4_asym, 8, 11, 200},  {Format::int4_asym, 6, 9, 96}, {Format::int4_asym, 32, 21, 192},
+    {Format::int4, 32, 21, 192},
 };
 
 std::string describe(const Shape& s, int64_t tokens) {
@@ -138,7 +143,7 @@ TEST(CpuQ4Kernels, W4A16EveryIsaGivesThePortableBitsAndTheF32GemmOfTheDequantize
 TEST(CpuQ4Kernels, W4A8MatchesTheExactIntegerReferenceOnEveryIsa) {
   IsaGuard guard;
   for (const Shape& s : kShapes) {
-    if (s.format != Format::int4 && s.format != Format::int4_channel) continue;
+    if (s.format != Format::int4 && s.format != Format::int4_channel && s.format != Format::int4_asym) continue;
     const int64_t group = s.group > 0 ? s.group : 128;
     const qspec::QuantizedMatrix w = random_matrix(s.format, s.rows, s.cols, group, 17);
     const int64_t blocks = w.format.blocks(), block = w.format.block;
@@ -159,13 +164,16 @@ TEST(CpuQ4Kernels, W4A8MatchesTheExactIntegerReferenceOnEveryIsa) {
           const uint8_t* w_scales = w.scales.data() + n * w.format.scale_bytes();
           double expected = 0.0, magnitude = 0.0;
           for (int64_t b = 0; b < blocks; ++b) {
-            int64_t sum = 0;
-            for (int64_t e = b * block; e < (b + 1) * block; ++e)
+            int64_t sum = 0, code_sum = 0;
+            for (int64_t e = b * block; e < (b + 1) * block; ++e) {
               sum += int64_t{static_cast<int8_t>(codes[static_cast<size_t>(e)])} *
                      static_cast<int64_t>(qspec::quant::element_value(w.format, w_codes, e));
+              code_sum += static_cast<int8_t>(codes[static_cast<size_t>(e)]);
+            }
             const double s_w = qspec::quant::block_scale(w.format, w_scales, b);
-            expected += s_w * static_cast<double>(sum);
-            magnitude += std::fabs(s_w * static_cast<double>(sum));
+            const double m_w = qspec::quant::block_min(w.format, w_scales, b);  // int4-asym; else 0
+            expected += s_w * static_cast<double>(sum) + m_w * static_cast<double>(code_sum);
+            magnitude += std::fabs(s_w * static_cast<double>(sum)) + std::fabs(m_w * static_cast<double>(code_sum));
           }
           expected = expected * s_x + bias[n];
           magnitude = magnitude * s_x + std::fabs(bias[n]);
@@ -182,7 +190,8 @@ TEST(CpuQ4Kernels, W4A8MatchesTheExactIntegerReferenceOnEveryIsa) {
 TEST(CpuQ4Kernels, EveryTokenIsComputedAsIfAlone) {
   // QSpec's verify of gamma + 1 tokens must reproduce single-token decode bit for bit.
   IsaGuard guard;
-  const qspec::QuantizedMatrix w = random_matrix(Format::int4, 45, 576, 64, 29);
+  for (Format format : {Format::int4, Format::int4_asym}) {
+  const qspec::QuantizedMatrix w = random_matrix(format, 45, 576, 64, 29);
   const int64_t tokens = 11;
   const std::vector<float> x = random_values(static_cast<size_t>(tokens * 576), 1.0f, 31);
   for (KernelIsa isa : supported_isas()) {
@@ -195,6 +204,7 @@ TEST(CpuQ4Kernels, EveryTokenIsComputedAsIfAlone) {
         ASSERT_EQ(a8[t * w.rows + n], a8_alone[n]) << qspec::cpu::kernel_isa_name(isa) << " token " << t;
       }
     }
+  }
   }
 }
 
@@ -216,9 +226,14 @@ TEST(CpuQ4Kernels, Int8ActivationsHoldTheFormatsCodesAndScale) {
         ASSERT_EQ(activations.codes[t * k + position], static_cast<int8_t>(codes[e])) << "k " << k << " element " << e;
       }
       for (int64_t c = 0; c < (activations.interleaved ? k / 64 : 0); ++c) {
-        int32_t sum = 0;
-        for (int64_t e = c * 64; e < (c + 1) * 64; ++e) sum += static_cast<int8_t>(codes[e]);
+        int32_t sum = 0, half[2] = {0, 0};
+        for (int64_t e = c * 64; e < (c + 1) * 64; ++e) {
+          sum += static_cast<int8_t>(codes[e]);
+          half[(e - c * 64) / 32] += static_cast<int8_t>(codes[e]);
+        }
         EXPECT_EQ(activations.chunk_sums[t * (k / 64) + c], sum);
+        EXPECT_EQ(activations.half_chunk_sums[t * (k / 32) + 2 * c], half[0]);
+        EXPECT_EQ(activations.half_chunk_sums[t * (k / 32) + 2 * c + 1], half[1]);
       }
     }
   }

@@ -13,15 +13,21 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "base/dtype.h"
 #include "io/convert.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/llama.h"
+#include "model/quant_checkpoint.h"
 #include "qspec/error.h"
+#include "quant/formats.h"
+#include "quant/quantized_linear.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -78,6 +84,37 @@ bool same_bits(const float* a, const float* b, size_t n, size_t* first_diff) {
 }
 
 // Builds GGUF files byte by byte, including malformed ones.
+// Deterministic random blocks of a 4-bit ggml type (Q4_0, Q4_1, Q4_K) for `count` values, with
+// moderate finite f16 scales of either sign (ggml's own Q4_0 stores negative ones).
+std::vector<uint8_t> random_4bit_blocks(uint32_t type, uint64_t count, uint32_t seed) {
+  const qspec::GgmlTypeInfo* info = qspec::ggml_type_info(type);
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes(count / info->block_size * info->type_size);
+  for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  auto put_f16 = [&](size_t at, float value) {
+    const uint16_t half = qspec::f32_to_f16(value);
+    std::memcpy(bytes.data() + at, &half, 2);
+  };
+  for (size_t block = 0; block < bytes.size(); block += info->type_size) {
+    put_f16(block, scale(rng));                                       // d
+    if (info->type_size != 18) put_f16(block + 2, scale(rng) * 4.0f);  // Q4_1 m, Q4_K dmin
+  }
+  return bytes;
+}
+
+// Bit equality, except that with `zero_sign_free` a +0 may stand for a -0: int4-asym decodes
+// fma(code, d, -8d), whose exact zero (Q4_0's code 8) is +0 where ggml's d * 0 is -0 under a
+// negative d. Equal as numbers; only the sign of a zero result can follow it.
+bool same_bits_up_to_zero_sign(const float* a, const float* b, size_t n, bool zero_sign_free, size_t* first_diff) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i, b + i, sizeof(float)) == 0 || (zero_sign_free && a[i] == 0.0f && b[i] == 0.0f)) continue;
+    *first_diff = i;
+    return false;
+  }
+  return true;
+}
+
 class GgufBuilder {
  public:
   uint32_t version = 3;
@@ -189,9 +226,15 @@ class GgufBuilder {
 };
 
 // A 1-layer llama with F32 tensors and a sentencepiece ("llama") tokenizer, no output tensor.
-// dim 8, 2 heads of 4, 1 kv head, ffn 8. Values: tensor index * 1000 + element index.
+// dim 8, 2 heads of 4, 1 kv head, ffn 8 (or `shape`). Values: tensor index * 1000 + element index;
+// with shape.projection_type, the seven projections are random blocks of that 4-bit type.
+struct SpmShape {
+  uint64_t dim = 8, ffn = 8, heads = 2, kv_heads = 1, head_dim = 4;
+  uint32_t projection_type = 0;  // 0: F32
+};
 struct SpmLlama {
   static constexpr int kDim = 8, kFfn = 8, kHeads = 2, kKvHeads = 1, kHeadDim = 4;
+  using Shape = SpmShape;
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -199,7 +242,10 @@ struct SpmLlama {
   GgufBuilder builder;
 
   // block_count: the declared layers (only layer 0's tensors are written).
-  explicit SpmLlama(const std::string& arch = "llama", uint32_t q_type = 0, uint32_t block_count = 1) {
+  explicit SpmLlama(const std::string& arch = "llama", uint32_t q_type = 0, uint32_t block_count = 1,
+                    const Shape& shape = Shape()) {
+    const uint64_t kDim = shape.dim, kFfn = shape.ffn, kHeads = shape.heads, kKvHeads = shape.kv_heads,
+                   kHeadDim = shape.head_dim;
     const std::string sp = "\xe2\x96\x81";
     tokens = {"<unk>", "<s>", "</s>", "<0x0A>", "<0x41>", sp, "t", "h", "e", sp + "t", "he", sp + "the", "th",
               "<|user|>", "x"};
@@ -245,8 +291,12 @@ struct SpmLlama {
       std::vector<float> v(n);
       for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(t * 1000 + i);
       values[list[t].name] = v;
+      const bool projection = list[t].name.starts_with("blk.0.") && list[t].name.find("norm") == std::string::npos;
       if (list[t].name == "blk.0.attn_q.weight" && q_type != 0) {
         builder.tensor(list[t].name, list[t].dims, q_type, std::vector<uint8_t>(n * 4, 0));
+      } else if (projection && shape.projection_type != 0) {
+        builder.tensor(list[t].name, list[t].dims, shape.projection_type,
+                       random_4bit_blocks(shape.projection_type, n, static_cast<uint32_t>(t)));
       } else {
         builder.tensor_f32(list[t].name, list[t].dims, v);
       }
@@ -303,6 +353,124 @@ TEST(Gguf, DequantizesQ5_0LikeTheGgufPackage) {
   size_t diff = 0;
   EXPECT_TRUE(same_bits(got.data(), expected.data(), got.size(), &diff))
       << "first difference at element " << diff << ": " << got[diff] << " vs " << expected[diff];
+}
+
+TEST(Gguf, FourBitBlocksBecomeInt4AsymWeightsBitExactly) {
+  // The gguf package's dequantization of Q4_0 / Q4_1 / Q4_K (the fixture's references) equals the
+  // int4-asym rows the blocks become, through the format reference and the engine's decoder.
+  auto file = qspec::GgufFile::open(kData + "/quant-types.gguf");
+  auto expected = qspec::SafetensorsFile::open(kData + "/quant-types.expected.safetensors");
+  int imported = 0;
+  for (const auto& tensor : file->tensors()) {
+    SCOPED_TRACE(tensor.name);
+    const std::vector<int64_t> shape = tensor.shape();
+    if (!qspec::gguf_int4_asym_type(tensor.type)) {
+      if (tensor.type != 0) {  // F32 has no blocks at all; the others are the wrong kind of block
+        std::vector<uint8_t> codes(shape[0] * shape[1] / 2), scales(shape[0] * shape[1] / 4);
+        const std::string error = error_of([&] {
+          qspec::gguf_to_int4_asym(tensor.type, tensor.data, shape[0], shape[1], codes.data(), scales.data());
+        });
+        EXPECT_NE(error.find(qspec::ggml_type_name(tensor.type)), std::string::npos) << error;
+      }
+      continue;
+    }
+    ++imported;
+    qspec::QuantizedMatrix m;
+    m.rows = shape[0];
+    m.format = qspec::quant::make_row_format(qspec::quant::Format::int4_asym, qspec::quant::Role::weight, shape[1],
+                                             qspec::kGgufInt4AsymGroup);
+    m.codes.resize(m.rows * m.format.code_bytes());
+    m.scales.resize(m.rows * m.format.scale_bytes());
+    qspec::gguf_to_int4_asym(tensor.type, tensor.data, m.rows, shape[1], m.codes.data(), m.scales.data());
+    m.prepare();
+    const float* want = reinterpret_cast<const float*>(expected->find(tensor.name)->data);
+    std::vector<float> reference(shape[1]), fast(shape[1]);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      qspec::quant::dequantize_row(m.format, m.codes.data() + r * m.format.code_bytes(),
+                                   m.scales.data() + r * m.format.scale_bytes(), reference.data());
+      m.dequantize_row(r, fast.data());
+      size_t diff = 0;
+      const bool q4_0 = tensor.type == static_cast<uint32_t>(qspec::GgmlType::Q4_0);
+      EXPECT_TRUE(same_bits_up_to_zero_sign(reference.data(), want + r * shape[1], shape[1], q4_0, &diff))
+          << "row " << r << " element " << diff << ": " << reference[diff] << " vs " << want[r * shape[1] + diff];
+      EXPECT_TRUE(same_bits_up_to_zero_sign(fast.data(), want + r * shape[1], shape[1], q4_0, &diff))
+          << "row " << r << " element " << diff;
+    }
+  }
+  EXPECT_EQ(imported, 3);
+}
+
+TEST(Gguf, KeepFourBitWritesAnInt4AsymCheckpointEqualToTheF32Conversion) {
+  using qspec::GgmlType;
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K}) {
+    SCOPED_TRACE(qspec::ggml_type_name(static_cast<uint32_t>(type)));
+    // dim 256 (a Q4_K super-block), 4 heads of 64, 2 kv heads: q/k rows move.
+    SpmLlama model("llama", 0, 1, {256, 256, 4, 2, 64, static_cast<uint32_t>(type)});
+    fs::path dir = temp_dir("keep4");
+    write_bytes(dir / "m.gguf", model.builder.build());
+    qspec::convert_gguf((dir / "m.gguf").string(), (dir / "f32").string());
+    qspec::GgufConvertOptions options;
+    options.keep_4bit = true;
+    qspec::convert_gguf((dir / "m.gguf").string(), (dir / "q4").string(), {}, options);
+
+    const json manifest = read_json(dir / "q4" / qspec::kQuantManifestFile);
+    EXPECT_EQ(manifest["format"], "int4-asym");
+    EXPECT_EQ(manifest["group_size"], 32);
+    EXPECT_EQ(manifest["method"], "gguf");
+    auto f32 = qspec::SafetensorsFile::open((dir / "f32" / "model.safetensors").string());
+    auto q4 = qspec::LlamaModel::load((dir / "q4").string());
+    ASSERT_TRUE(q4->has_quantized_weights());
+    EXPECT_FALSE(q4->has_checkpoint_weights());
+    EXPECT_EQ(q4->quantized_format(), "int4-asym g32 gguf");
+    // Every projection (q / k rows permuted like the F32 path) decodes to the F32 conversion's
+    // values, which DequantizesEveryTypeBitExactly ties to the gguf package.
+    const qspec::QuantizedLayerWeights& layer = q4->quantized_layers()[0];
+    int compared = 0;
+    for (const qspec::QuantizedMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                            &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      SCOPED_TRACE(m->name);
+      const qspec::TensorView* want = f32->find(m->name);
+      ASSERT_NE(want, nullptr);
+      ASSERT_EQ(want->nbytes, static_cast<size_t>(m->rows * m->cols() * 4));
+      std::vector<float> row(m->cols());
+      for (int64_t r = 0; r < m->rows; ++r) {
+        m->dequantize_row(r, row.data());
+        size_t diff = 0;
+        ASSERT_TRUE(same_bits_up_to_zero_sign(row.data(), reinterpret_cast<const float*>(want->data) + r * m->cols(),
+                                              m->cols(), type == GgmlType::Q4_0, &diff))
+            << "row " << r << " element " << diff;
+      }
+      ++compared;
+    }
+    EXPECT_EQ(compared, 7);
+    // The non-projection tensors are the F32 conversion's, byte for byte.
+    auto q4_file = qspec::SafetensorsFile::open((dir / "q4" / "model.safetensors").string());
+    for (const char* name : {"model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight"}) {
+      const qspec::TensorView* a = q4_file->find(name);
+      const qspec::TensorView* b = f32->find(name);
+      ASSERT_TRUE(a && b) << name;
+      EXPECT_EQ(a->nbytes, b->nbytes);
+      EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << name;
+    }
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Gguf, KeepFourBitRefusesOtherProjectionTypesNamingTheTensor) {
+  // q_proj Q4_0, the other projections F32 (as a Q4_K_M file mixes Q6_K in): refused, nothing written.
+  SpmLlama model("llama", 0, 1, {256, 256, 4, 2, 64, 0});
+  fs::path dir = temp_dir("keep4-mixed");
+  write_bytes(dir / "m.gguf", model.builder.build());
+  qspec::GgufConvertOptions options;
+  options.keep_4bit = true;
+  const std::string error = error_of(
+      [&] { qspec::convert_gguf((dir / "m.gguf").string(), (dir / "out").string(), {}, options); });
+  EXPECT_NE(error.find("m.gguf"), std::string::npos) << error;
+  EXPECT_NE(error.find("blk.0.attn_q.weight"), std::string::npos) << error;
+  EXPECT_NE(error.find("F32"), std::string::npos) << error;
+  EXPECT_NE(error.find("--keep-4bit"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(dir / "out" / "model.safetensors"));
+  fs::remove_all(dir);
 }
 
 TEST(Gguf, ConvertsMixedTypeLlamaBitExactly) {

@@ -158,7 +158,7 @@ TEST_P(QuantCheckpointRoundTrip, ReloadedModelGivesBitIdenticalLogitsInEveryMode
   const json manifest = json::parse(slurp(out / qspec::kQuantManifestFile));
   EXPECT_EQ(manifest["qspec_quantization"], qspec::kQuantManifestVersion);
   EXPECT_EQ(manifest["format"], qspec::quant::format_name(v.format));
-  EXPECT_EQ(manifest["group_size"], v.format == Format::int4 ? 64 : 0);
+  EXPECT_EQ(manifest["group_size"], qspec::quant::format_has_groups(v.format) ? 64 : 0);
   EXPECT_EQ(manifest["method"], v.method);
   EXPECT_EQ(manifest["tool"], "unit test");
   EXPECT_EQ(manifest["details"].contains("arc"), v.arc);
@@ -222,7 +222,9 @@ INSTANTIATE_TEST_SUITE_P(QuantCheckpoint, QuantCheckpointRoundTrip,
                                            Variant{Format::nvfp4, "rtn", false}, Variant{Format::nvfp4, "gptq", true},
                                            Variant{Format::mxfp4, "rtn", true}, Variant{Format::mxfp4, "gptq", false},
                                            Variant{Format::int4_channel, "rtn", false},
-                                           Variant{Format::int4_channel, "gptq", false}),
+                                           Variant{Format::int4_channel, "gptq", false},
+                                           Variant{Format::int4_asym, "rtn", false},
+                                           Variant{Format::int4_asym, "rtn", true}, Variant{Format::int4_asym, "gptq", true}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return variant_name(info.param); });
 
 TEST(QuantCheckpoint, SaveRefusesAnExistingDirectoryAndAModelWithoutFourBitWeights) {

@@ -63,7 +63,8 @@ const Case kAllCases[] = {
     {Format::int4_channel, Role::weight, 0}, {Format::nvfp4, Role::weight, 0},
     {Format::nvfp4, Role::activation, 0},    {Format::mxfp4, Role::weight, 0},
     {Format::mxfp4, Role::activation, 0},    {Format::int8, Role::activation, 0},
-    {Format::fp8, Role::activation, 0},
+    {Format::fp8, Role::activation, 0},      {Format::int4_asym, Role::weight, 128},
+    {Format::int4_asym, Role::weight, 32},
 };
 
 std::string describe(const Case& c) {
@@ -122,6 +123,9 @@ void expect_within_bounds(const Quantized& q, const std::vector<float>& x,
         }
         case Format::mxfp4:  // 2^e in (amax/8, amax/4]: rounding <= 2^e, saturation < amax/4
           bound = std::min(block_amax * 0.25, 2.0 * scale) * (1 + 1e-6);
+          break;
+        case Format::int4_asym:  // half a step, plus f32 rounding of x - m, / s and the fma
+          bound = scale * (0.5 + 1e-5) + block_amax * 1e-6;
           break;
       }
       ASSERT_LE(error, bound) << what << ": element " << i << " x=" << x[i]
@@ -310,7 +314,7 @@ TEST(QuantFormatsE8M0, SharedScaleIsFloorLog2MinusEmax) {
 // ============================== names and shapes ==============================
 
 TEST(QuantFormatsNames, ParseAndNameRoundTrip) {
-  for (auto name : {"int4", "int4-channel", "nvfp4", "mxfp4", "int8", "fp8"})
+  for (auto name : {"int4", "int4-channel", "int4-asym", "nvfp4", "mxfp4", "int8", "fp8"})
     EXPECT_EQ(format_name(parse_format(name)), name);
   EXPECT_EQ(parse_format("int4-channel"), Format::int4_channel);
   for (auto bad : {"int3", "", "NVFP4", "fp4", "int4 "}) {
@@ -330,6 +334,13 @@ TEST(QuantFormatsNames, RolesBlocksAndSizes) {
   EXPECT_FALSE(format_supports(Format::int4_channel, Role::activation));
   EXPECT_FALSE(format_supports(Format::int8, Role::weight));
   EXPECT_FALSE(format_supports(Format::fp8, Role::weight));
+  EXPECT_TRUE(format_supports(Format::int4_asym, Role::weight));
+  EXPECT_FALSE(format_supports(Format::int4_asym, Role::activation));
+  EXPECT_EQ(block_size(Format::int4_asym, 4096, 32), 32);
+  EXPECT_TRUE(format_has_groups(Format::int4_asym) && format_has_groups(Format::int4));
+  EXPECT_FALSE(format_has_groups(Format::int4_channel) || format_has_groups(Format::nvfp4));
+  EXPECT_TRUE(format_has_min(Format::int4_asym));
+  EXPECT_FALSE(format_has_min(Format::int4));
   EXPECT_EQ(block_size(Format::int4, 4096), 128);
   EXPECT_EQ(block_size(Format::int4, 4096, 64), 64);
   EXPECT_EQ(block_size(Format::nvfp4, 4096), 16);
@@ -347,6 +358,7 @@ TEST(QuantFormatsNames, RolesBlocksAndSizes) {
       {Format::int4_channel, Role::weight, 2048, 2}, {Format::nvfp4, Role::weight, 2048, 256},
       {Format::nvfp4, Role::activation, 2048, 260},  {Format::mxfp4, Role::weight, 2048, 128},
       {Format::int8, Role::activation, 4096, 4},     {Format::fp8, Role::activation, 4096, 4},
+      {Format::int4_asym, Role::weight, 2048, 256},  // 32 groups x (f32 scale, f32 minimum)
   };
   for (const auto& row : table) {
     RowFormat f = make_row_format(row.format, row.role, 4096);
@@ -412,6 +424,64 @@ TEST(QuantFormatsPacking, Int4GroupsWeightAndActivation) {
       quantize(make_row_format(Format::int4_channel, Role::weight, 4), {7, -7, 1, 0});
   EXPECT_EQ(channel.codes, (std::vector<uint8_t>{0x97, 0x01}));
   EXPECT_EQ(channel.scales, (std::vector<uint8_t>{0x00, 0x3c}));
+}
+
+TEST(QuantFormatsPacking, Int4AsymGroupsHoldScaleAndMinimum) {
+  // Group 0: lo 1, hi 16 -> scale 1, minimum 1; codes 0, 2 (1.5 ties to even), 3, 15.
+  // Group 1: lo -2, hi 1 -> scale 0.2, minimum -2; codes 15, 0, 5 (-1 -> 1 / 0.2), 10 (0).
+  const std::vector<float> x = {1, 2.5f, 4, 16, 1, -2, -1, 0};
+  Quantized q = quantize(make_row_format(Format::int4_asym, Role::weight, 8, 4), x);
+  EXPECT_EQ(q.codes, (std::vector<uint8_t>{0x20, 0xf3, 0x0f, 0xa5}));
+  ASSERT_EQ(q.scales.size(), 16u);
+  const float expected_scales[4] = {1.0f, 1.0f, 3.0f / 15.0f, -2.0f};  // scale, min per group
+  for (int i = 0; i < 4; ++i) {
+    float stored;
+    std::memcpy(&stored, q.scales.data() + 4 * i, 4);
+    EXPECT_EQ(bits_of(stored), bits_of(expected_scales[i])) << "field " << i;
+  }
+  EXPECT_EQ(block_scale(q.format, q.scales.data(), 1), 3.0f / 15.0f);
+  EXPECT_EQ(block_min(q.format, q.scales.data(), 1), -2.0f);
+  EXPECT_EQ(block_min(make_row_format(Format::int4, Role::weight, 8, 4), q.scales.data(), 0), 0.0f);
+  EXPECT_EQ(q.dequantized[0], 1.0f);
+  EXPECT_EQ(q.dequantized[3], 16.0f);
+  EXPECT_EQ(q.dequantized[4], std::fma(15.0f, 3.0f / 15.0f, -2.0f));
+  EXPECT_EQ(q.dequantized[5], -2.0f);
+  // A constant group: scale 0, every code 0, the value is the minimum.
+  Quantized flat = quantize(make_row_format(Format::int4_asym, Role::weight, 4, 4), {-3, -3, -3, -3});
+  EXPECT_EQ(flat.dequantized, (std::vector<float>{-3, -3, -3, -3}));
+}
+
+TEST(QuantFormatsPacking, Int4AsymStoredBlocksDecodeAsCodeTimesScalePlusMinimum) {
+  // What an importer of GGUF blocks does: store (scale, minimum) as given, then decode.
+  RowFormat f = make_row_format(Format::int4_asym, Role::weight, 64, 32);
+  std::vector<uint8_t> codes(32), scales(f.scale_bytes());
+  for (int i = 0; i < 32; ++i) codes[i] = static_cast<uint8_t>(i * 37 + 5);
+  store_asym_block(f, scales.data(), 0, 0.0123f, -0.1f);
+  store_asym_block(f, scales.data(), 1, 3.0f, 0.5f);
+  std::vector<float> out(64);
+  dequantize_row(f, codes.data(), scales.data(), out.data());
+  for (int e = 0; e < 64; ++e) {
+    const float code = static_cast<float>((codes[e / 2] >> (4 * (e % 2))) & 0xf);
+    ASSERT_EQ(bits_of(out[e]), bits_of(e < 32 ? std::fma(code, 0.0123f, -0.1f) : std::fma(code, 3.0f, 0.5f))) << e;
+  }
+  EXPECT_THROW(store_asym_block(f, scales.data(), 2, 1.0f, 0.0f), qspec::Error);   // no block 2
+  EXPECT_THROW(store_asym_block(f, scales.data(), 0, kInf, 0.0f), qspec::Error);
+  EXPECT_THROW(store_asym_block(f, scales.data(), 0, 1.0f, kNaN), qspec::Error);
+  EXPECT_THROW(store_asym_block(make_row_format(Format::int4, Role::weight, 64, 32), scales.data(), 0, 1.0f, 0.0f),
+               qspec::Error);
+  // A corrupt minimum is found when decoding.
+  const float nan = kNaN;
+  std::memcpy(scales.data() + 12, &nan, 4);
+  EXPECT_THROW(dequantize_row(f, codes.data(), scales.data(), out.data()), qspec::Error);
+  // A range that overflows f32 is refused, naming the format.
+  std::vector<float> wide = {-3e38f, 3e38f, 0, 0};
+  std::vector<uint8_t> c2(2), s2(8);
+  try {
+    quantize_row(make_row_format(Format::int4_asym, Role::weight, 4, 4), wide.data(), c2.data(), s2.data());
+    ADD_FAILURE() << "accepted an f32-overflowing range";
+  } catch (const qspec::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+  }
 }
 
 TEST(QuantFormatsPacking, Int4ClampIsAsymmetricUnderASubnormalF16Scale) {
@@ -573,6 +643,10 @@ TEST(QuantFormatsRows, DequantizedIsElementTimesBlockScaleTimesTensorScale) {
       float value = (element_value(q.format, q.codes.data(), i) *
                      block_scale(q.format, q.scales.data(), i / q.format.block)) *
                     row_tensor_scale(q.format, q.scales.data());
+      if (format_has_min(c.format))  // int4-asym: fma(code, scale, min), tensor scale 1
+        value = std::fma(element_value(q.format, q.codes.data(), i),
+                         block_scale(q.format, q.scales.data(), i / q.format.block),
+                         block_min(q.format, q.scales.data(), i / q.format.block));
       ASSERT_EQ(bits_of(value), bits_of(q.dequantized[i])) << describe(c) << " element " << i;
     }
   }

@@ -38,7 +38,8 @@ qspec::WeightMatrix f32_matrix(const std::vector<float>& values, int64_t rows, i
 }
 
 const qspec::quant::Format kWeightFormats[] = {qspec::quant::Format::int4, qspec::quant::Format::int4_channel,
-                                               qspec::quant::Format::nvfp4, qspec::quant::Format::mxfp4};
+                                               qspec::quant::Format::nvfp4, qspec::quant::Format::mxfp4,
+                                               qspec::quant::Format::int4_asym};
 
 }  // namespace
 

@@ -154,6 +154,13 @@ TEST(W4A16Pack, DecodesToTheQuantizedWeights) {
 TEST(W4A16Pack, RejectsFormatsTheKernelCannotRun) {
   EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::nvfp4, 16)), qspec::Error);
   EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 48, qspec::quant::Format::int4, 16)), qspec::Error);
+  // Zero points (int4-asym) have no GPU kernels: refused with the format named, never packed as int4.
+  try {
+    qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::int4_asym, 32));
+    ADD_FAILURE() << "packed int4-asym weights";
+  } catch (const qspec::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+  }
 }
 
 TEST(W4A16Pack, SimulatedTensorCoreKernelMatchesCpuGemm) {

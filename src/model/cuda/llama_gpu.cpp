@@ -100,6 +100,7 @@ QuantizedMatrix permute_rows(const QuantizedMatrix& m, const std::vector<int32_t
   permute(m.codes, out.codes);
   permute(m.scales, out.scales);
   permute(m.block_scale_values, out.block_scale_values);
+  permute(m.block_min_values, out.block_min_values);
   permute(m.tensor_scale_values, out.tensor_scale_values);
   permute(m.decoded, out.decoded);
   return out;
@@ -721,6 +722,10 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   s.set_mode(mode);
   if (s.quantized) {
     QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
+    // Zero points (issue 55) have CPU kernels only: refuse here, before anything is uploaded.
+    QSPEC_CHECK(!quant::format_has_min(model.quantization().format), "GPU model: mode ", mode.name, ": ",
+                model.quantized_format(), " weights (4-bit with zero points / minimums) have no GPU kernels yet; run "
+                "them with --device cpu, or quantize with --format int4 for the GPU");
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
   }

@@ -27,7 +27,7 @@ struct A8Problem {
 
 // What the SIMD kernels need of a problem (the portable ones take any).
 bool a16_simd_fits(const A16Problem& p);  // block % 8 == 0
-bool a8_simd_fits(const A8Problem& p);    // interleaved x, block % 64 == 0
+bool a8_simd_fits(const A8Problem& p);    // interleaved x, block % 64 == 0 or block == 32
 
 struct Kernels {
   void (*a16)(const A16Problem& p, int64_t row_begin, int64_t row_end);

@@ -174,6 +174,7 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
   out.codes.resize(static_cast<size_t>(tokens * k));
   out.scales.resize(static_cast<size_t>(tokens));
   out.chunk_sums.resize(static_cast<size_t>(tokens * chunks));
+  out.half_chunk_sums.resize(static_cast<size_t>(tokens * chunks * 2));
   ThreadPool::global().parallel_for(static_cast<size_t>(tokens), 1, [&](size_t begin, size_t end) {
     thread_local std::vector<uint8_t> codes;
     codes.resize(static_cast<size_t>(format.code_bytes()));
@@ -187,13 +188,15 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
         continue;
       }
       for (int64_t c = 0; c < chunks; ++c) {
-        int32_t sum = 0;
+        int32_t half[2] = {0, 0};
         for (int64_t i = 0; i < 64; ++i) {
           const int8_t code = static_cast<int8_t>(codes[static_cast<size_t>(c * 64 + i)]);
           row[c * 64 + (i & 1) * 32 + (i >> 1)] = code;  // evens, then odds
-          sum += code;
+          half[i / 32] += code;
         }
-        out.chunk_sums[static_cast<size_t>(t * chunks + c)] = sum;
+        out.half_chunk_sums[static_cast<size_t>(t * chunks * 2 + 2 * c)] = half[0];
+        out.half_chunk_sums[static_cast<size_t>(t * chunks * 2 + 2 * c + 1)] = half[1];
+        out.chunk_sums[static_cast<size_t>(t * chunks + c)] = half[0] + half[1];
       }
     }
   });
@@ -204,7 +207,7 @@ void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, c
               weight.cols());
   if (x.tokens <= 0 || weight.rows == 0) return;
   const quant::Format format = weight.format.format;
-  if (format != quant::Format::int4 && format != quant::Format::int4_channel) {
+  if (format != quant::Format::int4 && format != quant::Format::int4_channel && format != quant::Format::int4_asym) {
     // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
     thread_local std::vector<float> values;
     values.resize(static_cast<size_t>(x.tokens * x.k));

@@ -44,7 +44,8 @@ int64_t w4a16_kernel_group(const QuantizedMatrix& weight) {
 W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
   const int64_t group = w4a16_kernel_group(weight);
   QSPEC_CHECK(group != 0, weight.name, ": the W4A16 GPU kernels take int4 / int4-channel weights with groups of a "
-              "multiple of 32 (got ", quant::format_name(weight.format.format), ", block ", weight.format.block, ")");
+              "multiple of 32 (got ", quant::format_name(weight.format.format), ", block ", weight.format.block,
+              quant::format_has_min(weight.format.format) ? "; zero points have no GPU kernels yet" : "", ")");
   QSPEC_CHECK(weight.codes.size() == static_cast<size_t>(weight.rows * weight.format.code_bytes()) &&
                   weight.scales.size() == static_cast<size_t>(weight.rows * weight.format.scale_bytes()),
               weight.name, ": codes / scales do not match its shape");

@@ -389,6 +389,7 @@ inline const char* format_label(quant::Format format) {
     case quant::Format::mxfp4: return "mxfp4";
     case quant::Format::int8: return "int8";
     case quant::Format::fp8: return "fp8";
+    case quant::Format::int4_asym: return "int4-asym";
   }
   return "unknown";
 }
