@@ -36,4 +36,9 @@ class Sampler {
   std::mt19937_64 generator_;
 };
 
+// The log-softmax of a logit row at `id`, with the `top` most likely ids (best first, lower id
+// first on ties): a TokenLogprob (qspec/sampling.h). The row is taken as it is (temperature 1,
+// no penalties).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int32_t top);
+
 }  // namespace qspec

@@ -1,3 +1,4 @@
+// The host sampler (ops/sample.h): penalties, temperature, top-k / top-p / min-p, seeded draws; token log-probabilities.
 #include "ops/sample.h"
 
 #include <algorithm>
@@ -178,6 +179,33 @@ int32_t Sampler::sample_with_draw(std::span<const float> logits, std::span<const
     if (draw < cumulative) return last_candidate;
   }
   return last_candidate;  // rounding left the draw just past the total
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int32_t top) {
+  QSPEC_CHECK(!logits.empty() && id >= 0 && static_cast<size_t>(id) < logits.size(), "token_logprob: id ", id,
+              " outside a row of ", logits.size());
+  float peak = logits[0];
+  for (float x : logits) peak = std::max(peak, x);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - peak);
+  const double log_total = peak + std::log(sum);
+  TokenLogprob out;
+  out.id = id;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
+  if (top <= 0) return out;
+  // The `top` best ids in one pass: a small list kept sorted (score descending, lower id first).
+  const size_t keep = std::min(static_cast<size_t>(top), logits.size());
+  std::vector<int32_t> best;
+  best.reserve(keep + 1);
+  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const int32_t candidate = static_cast<int32_t>(i);
+    if (best.size() == keep && !before(candidate, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), candidate, before), candidate);
+    if (best.size() > keep) best.pop_back();
+  }
+  for (int32_t b : best) out.top.emplace_back(b, static_cast<float>(logits[static_cast<size_t>(b)] - log_total));
+  return out;
 }
 
 }  // namespace qspec
