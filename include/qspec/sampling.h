@@ -28,6 +28,11 @@ struct SamplingParams {
   }
 };
 
+// Bounds of OpenAI's adjustments (its API's): |presence_penalty|, |frequency_penalty| and
+// |logit_bias| values.
+inline constexpr float kMaxPenalty = 2.0f;
+inline constexpr float kMaxLogitBias = 100.0f;
+
 // The most alternatives a request may ask for per token (OpenAI's top_logprobs bound, vLLM's
 // default --max-logprobs).
 inline constexpr int32_t kMaxTopLogprobs = 20;

@@ -267,11 +267,13 @@ struct Engine::Impl {
       if (!seq->ngram) seq->draft = runnable_mode(plan.draft, "draft");
       QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
                   "does not run on the GPU (it needs the K/V rows in the host's pool)");
-      seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
+      seq->acceptor.emplace(request.sampling, prompt);  // validates the sampling parameters
     } else {
       seq->mode = runnable_mode(plan.mode, "mode");
     }
-    seq->sampler.emplace(request.sampling);
+    seq->sampler.emplace(request.sampling, prompt);
+    for (const auto& [id, bias] : request.sampling.logit_bias)
+      QSPEC_CHECK(id < c.vocab_size, "request: logit_bias id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
     seq->budget = std::min<int64_t>(request.max_new_tokens, context_limit - prompt);
     seq->budget_reason = seq->budget < request.max_new_tokens ? "context" : "length";
     seq->gamma = seq->qspec ? plan.gamma : 0;
@@ -447,10 +449,10 @@ struct Engine::Impl {
   // ---- forward passes ----
 
   // Whether a sequence's next token is the argmax of its logits (the ids a backend may return):
-  // greedy without a repetition penalty. Others pick from their logit rows on the host.
+  // greedy without a penalty or logit_bias. Others pick from their logit rows on the host.
   static bool argmax_suffices(const Sequence& seq) {
     const SamplingParams& sampling = seq.request.sampling;
-    return sampling.greedy() && sampling.repetition_penalty == 1.0f;
+    return sampling.greedy() && sampling.repetition_penalty == 1.0f && !sampling.has_additive_adjustments();
   }
 
   // Draft passes: per draft mode, gamma one-token passes over every sequence still drafting (on
@@ -700,7 +702,10 @@ struct Engine::Impl {
       } else if (group[g]->emits) {
         if (argmax) next[g] = pass.ids[static_cast<size_t>(pick_row(g))];
         // A QSpec sequence's first token is its acceptor's pick (on the host).
-        else if (!seq.qspec && options.gpu_sampling && backend->samples_on_device()) device_rows.push_back(g);
+        // The device sampler knows the repetition penalty, not OpenAI's additive adjustments.
+        else if (!seq.qspec && options.gpu_sampling && backend->samples_on_device() &&
+                 !seq.request.sampling.has_additive_adjustments())
+          device_rows.push_back(g);
         else host_rows.push_back(g);
       }
     }

@@ -2,6 +2,7 @@
 #include "server/openai_api.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "ops/sample.h"
@@ -194,9 +195,6 @@ constexpr RefusedField kRefusedFields[] = {
     {"suffix", Endpoint::both, "\"\"", is_empty_string},
     // Completions take the number of top logprobs in "logprobs" (chat: top_logprobs).
     {"top_logprobs", Endpoint::completions, "0", is_zero},
-    {"presence_penalty", Endpoint::both, "0", is_zero},
-    {"frequency_penalty", Endpoint::both, "0", is_zero},
-    {"logit_bias", Endpoint::both, "{}", is_empty_object},
     {"tools", Endpoint::both, "[]", is_empty_list},
     {"tool_choice", Endpoint::both, "\"none\" or \"auto\"", is_none_or_auto},
     {"functions", Endpoint::both, "[]", is_empty_list},
@@ -239,6 +237,28 @@ std::vector<std::string> stop_strings(const json& body) {
   }
   for (const std::string& s : out)
     if (s.empty()) bad("stop", "'stop' strings must not be empty");
+  return out;
+}
+
+// logit_bias: {"token id": bias in [-100, 100]} (OpenAI's shape; ids as strings).
+std::vector<std::pair<int32_t, float>> logit_bias(const json& body, int64_t vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* biases = field(body, "logit_bias");
+  if (!biases) return out;
+  if (!biases->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  if (static_cast<int64_t>(biases->size()) > vocab) bad("logit_bias", "'logit_bias' has more entries than the vocabulary");
+  for (auto it = biases->begin(); it != biases->end(); ++it) {
+    const std::string& key = it.key();
+    char* end = nullptr;
+    const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= vocab)
+      bad("logit_bias", "'logit_bias' key '" + key.substr(0, 40) + "' is not a token id in [0, " + std::to_string(vocab) + ")");
+    if (!it->is_number() || !std::isfinite(it->get<double>()) || std::abs(it->get<double>()) > kMaxLogitBias)
+      bad("logit_bias", "'logit_bias' values must be numbers in [-" + std::to_string(static_cast<int>(kMaxLogitBias)) +
+                            ", " + std::to_string(static_cast<int>(kMaxLogitBias)) + "], got " + it->dump() + " for '" +
+                            key + "'");
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(it->get<double>()));
+  }
   return out;
 }
 
@@ -461,6 +481,9 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   s.top_k = static_cast<int32_t>(get_int(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
   s.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 0.0, 1.0));
   s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0, 0.01, 100.0));
+  s.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", 0.0, -kMaxPenalty, kMaxPenalty));
+  s.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", 0.0, -kMaxPenalty, kMaxPenalty));
+  s.logit_bias = logit_bias(body, context.tokenizer.vocab_size());
   // Without a seed a sampled request draws anew each time (as OpenAI's and vLLM's do).
   s.seed = field(body, "seed") ? static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
                                                                std::numeric_limits<int64_t>::max()))

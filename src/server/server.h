@@ -13,7 +13,7 @@
 // Request fields: model, prompt | messages, max_tokens (chat: also max_completion_tokens),
 // temperature, top_p, seed, stop (string or list), stream, stream_options.include_usage, n (1
 // only), logprobs (chat: and top_logprobs), echo (completions; with max_tokens 0 it scores the
-// prompt), and the extensions top_k, min_p, repetition_penalty, ignore_eos and
+// prompt), presence_penalty, frequency_penalty, logit_bias, and the extensions top_k, min_p, repetition_penalty, ignore_eos and
 //   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "w4a4-nvfp4" | "ngram" | ..., "gamma": 4,
 //             "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1}
 // Every bad request is a 4xx with {"error": {"message", "type", "param", "code"}}; a full

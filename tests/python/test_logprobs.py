@@ -1,4 +1,4 @@
-"""Log-probabilities from `qspec serve` (issue 52): echo + logprobs equal qspec's own scoring.
+"""Log-probabilities and OpenAI's sampling adjustments from `qspec serve` (issue 52).
 
 Starts `qspec serve MODEL --mode w4a16 --port 0` and checks, with the standard library only:
   * echo with max_tokens 0 (lm-eval's loglikelihood scoring): the prompt's token logprobs sum
@@ -10,6 +10,8 @@ Starts `qspec serve MODEL --mode w4a16 --port 0` and checks, with the standard l
     drafts) returns the W4A16 verify's logprobs, equal to plain W4A16's;
   * chat logprobs (content[] with top_logprobs), streaming equal to non-streaming on both
     endpoints, and the 400s for out-of-range values;
+  * logit_bias (-100 bans the greedy token, +100 forces one, its logprobs staying the model's),
+    presence / frequency penalties;
   * /tokenize add_special_tokens, /tokenizer_info, and the access log in text and JSON.
 
     python tests/python/test_logprobs.py --qspec build/qspec --model models/gsm-synth-llama
@@ -213,6 +215,25 @@ class LogprobsTest(unittest.TestCase):
         self.assertTrue(text.startswith(PROMPT))
         self.assertEqual(merged, full["logprobs"])
 
+    def test_logit_bias_and_penalties(self):
+        plain = self.complete(prompt=PROMPT, max_tokens=8, logprobs=0)["choices"][0]
+        _, ids = self.server.post("/tokenize", {"prompt": plain["logprobs"]["tokens"][0], "add_special_tokens": False})
+        first = ids["tokens"][0]
+        # -100 on the greedy first token: another one comes first.
+        banned = self.complete(prompt=PROMPT, max_tokens=8, logprobs=0, logit_bias={str(first): -100})["choices"][0]
+        self.assertNotEqual(banned["logprobs"]["tokens"][0], plain["logprobs"]["tokens"][0])
+        # +100 on one token: it is every token, and its logprobs stay the model's (raw, not ~0).
+        _, seven = self.server.post("/tokenize", {"prompt": "7", "add_special_tokens": False})
+        forced = self.complete(prompt=PROMPT, max_tokens=6, logprobs=0, ignore_eos=True,
+                               logit_bias={str(seven["tokens"][0]): 100})["choices"][0]
+        self.assertEqual(forced["text"], "7" * 6)
+        self.assertLess(min(forced["logprobs"]["token_logprobs"]), -1.0)
+        # Penalties change a greedy answer that repeats tokens; 0 changes nothing.
+        long_body = {"prompt": PROMPT, "max_tokens": 40}
+        base = self.complete(**long_body)["choices"][0]["text"]
+        self.assertEqual(self.complete(**long_body, presence_penalty=0, frequency_penalty=0)["choices"][0]["text"], base)
+        self.assertNotEqual(self.complete(**long_body, frequency_penalty=2)["choices"][0]["text"], base)
+
     def test_bad_values_are_400(self):
         cases = [
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
@@ -223,6 +244,8 @@ class LogprobsTest(unittest.TestCase):
             ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
             ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
             ("/v1/completions", {"prompt": PROMPT, "echo": True, "logprobs": 1, "n": 2}, "n"),
+            ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 3}, "presence_penalty"),
+            ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"99999": 1}}, "logit_bias"),
         ]
         for path, body, param in cases:
             with self.subTest(body=body):

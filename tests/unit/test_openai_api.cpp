@@ -72,9 +72,6 @@ const std::vector<Case> kRefusedOnBoth = {
     {"n", 0},
     {"best_of", 3},
     {"suffix", "\n\nThe end."},
-    {"presence_penalty", 0.5},
-    {"frequency_penalty", -1},
-    {"logit_bias", {{"5", 100}}},
     {"tools", json::array({{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", json::object()}}}}})},
     {"tool_choice", "required"},
     {"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}},
@@ -162,6 +159,25 @@ TEST(OpenaiApi, LogprobsAndEchoParse) {
   EXPECT_EQ(ids.request.prompt, (std::vector<int32_t>{5, 6, 7}));
 }
 
+TEST(OpenaiApi, PenaltiesAndLogitBiasParse) {
+  const qspec::SamplingParams s =
+      parse(false, json{{"presence_penalty", 0.5}, {"frequency_penalty", -1}, {"logit_bias", {{"5", 100}, {"7", -2.5}}}})
+          .request.sampling;
+  EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty, -1.0f);
+  ASSERT_EQ(s.logit_bias.size(), 2u);
+  EXPECT_EQ(s.logit_bias[0], (std::pair<int32_t, float>{5, 100.0f}));
+  EXPECT_EQ(s.logit_bias[1], (std::pair<int32_t, float>{7, -2.5f}));
+  EXPECT_TRUE(parse(true, json{{"logit_bias", json::object()}}).request.sampling.logit_bias.empty());
+  expect_bad(false, json{{"presence_penalty", 2.5}}, "presence_penalty", "[-2");
+  expect_bad(true, json{{"frequency_penalty", -3}}, "frequency_penalty", "[-2");
+  expect_bad(false, json{{"logit_bias", {{"5", 101}}}}, "logit_bias", "[-100, 100]");
+  expect_bad(false, json{{"logit_bias", {{"abc", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(false, json{{"logit_bias", {{"100000", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(false, json{{"logit_bias", {{"-1", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(false, json{{"logit_bias", json::array({1})}}, "logit_bias", "must be an object");
+}
+
 TEST(OpenaiApi, LogprobsLimitsAreA400) {
   const std::string most = std::to_string(qspec::kMaxTopLogprobs);
   expect_bad(true, json{{"logprobs", true}, {"top_logprobs", 30}}, "top_logprobs", "[0, " + most + "]");
@@ -218,18 +234,16 @@ TEST(OpenaiApi, HarmlessAndUnknownFieldsAreIgnored) {
 
 TEST(OpenaiApi, RefusalComesWithTheAcceptedValues) {
   try {
-    parse(/*chat=*/false, json{{"presence_penalty", 0.5}});
+    parse(/*chat=*/false, json{{"best_of", 3}});
     ADD_FAILURE() << "accepted";
   } catch (const qspec::ApiError& error) {
-    EXPECT_EQ(std::string(error.what()),
-              "'presence_penalty' = 0.5 is not supported by this server (it accepts only 0)");
+    EXPECT_EQ(std::string(error.what()), "'best_of' = 3 is not supported by this server (it accepts only 1)");
   }
   try {  // a long value is shortened in the message
-    parse(/*chat=*/true, json{{"logit_bias", {{"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7},
-                                             {"8", 8}, {"9", 9}, {"10", 10}}}});
+    parse(/*chat=*/true, json{{"prediction", {{"type", "content"}, {"content", std::string(200, 'x')}}}});
     ADD_FAILURE() << "accepted";
   } catch (const qspec::ApiError& error) {
-    EXPECT_EQ(error.param, "logit_bias");
+    EXPECT_EQ(error.param, "prediction");
     EXPECT_LT(std::string(error.what()).size(), 160u) << error.what();
   }
 }
