@@ -183,7 +183,6 @@ bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() ==
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool is_empty_string(const json& v) { return v.is_string() && v.get_ref<const std::string&>().empty(); }
 bool is_empty_list(const json& v) { return v.is_array() && v.empty(); }
-bool is_empty_object(const json& v) { return v.is_object() && v.empty(); }
 bool is_none_or_auto(const json& v) { return v == "none" || v == "auto"; }  // no tools, so no calls
 bool is_text_format(const json& v) { return v == json{{"type", "text"}}; }
 bool is_text_modality(const json& v) { return v == json::array({"text"}); }

@@ -300,8 +300,8 @@ struct Server::Impl {
     const bool score_prompt = api.request.prompt_logprobs;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, pending, done, chat, response_id, created, qspec, include_usage, logprobs_json, echo_text, score_prompt,
-         top](size_t, httplib::DataSink& sink) {
+        [this, pending, done, chat, response_id, created, qspec, include_usage, logprobs_json, echo_text,
+         score_prompt](size_t, httplib::DataSink& sink) {
           bool first = true;
           size_t logprobs_sent = 0, prompt_logprobs_sent = 0;
           int64_t text_offset = 0;

@@ -340,7 +340,7 @@ TEST(Engine, LogprobsSurviveChunkingAndPreemptionAndQSpecGivesW4A16s) {
       qspec::Request r = request(p, max_new_tokens, run_mode);
       r.logprobs = 3;
       r.prompt_logprobs = true;
-      ids.push_back(engine.submit(r, [&out, scores, callback = out.callback()](const qspec::TokenEvent& event) {
+      ids.push_back(engine.submit(r, [scores, callback = out.callback()](const qspec::TokenEvent& event) {
         EXPECT_EQ(event.logprobs.size(), event.tokens.size());
         for (size_t i = 0; i < event.tokens.size(); ++i) EXPECT_EQ(event.logprobs[i].id, event.tokens[i]);
         auto& prompt = scores->prompt[event.id];
