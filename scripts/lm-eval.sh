@@ -8,6 +8,7 @@
 #
 #   bash scripts/lm-eval.sh [QSPEC] [LIMIT] [OUT]   (defaults: build/qspec, 400 problems, /tmp/qspec-lm-eval)
 #   MODE=w4a16 COMPARE_DOCS=50 LM_EVAL_VENV=.venv-lmeval bash scripts/lm-eval.sh
+#   MODEL=models/smollm2 TASKS=gsm8k_local bash scripts/lm-eval.sh build/qspec 50   (the GSM8K test set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QSPEC=${1:-build/qspec}
@@ -16,6 +17,12 @@ OUT=${3:-/tmp/qspec-lm-eval}
 MODE=${MODE:-w4a16}
 MODEL=${MODEL:-models/gsm-synth-llama}
 VENV=${LM_EVAL_VENV:-.venv-lmeval}
+TASKS=${TASKS:-gsm_synth}  # gsm_synth (the model's eval_problems.jsonl) or gsm8k_local (data/gsm8k)
+case $TASKS in
+  gsm_synth) PROBLEMS=$MODEL/eval_problems.jsonl ;;
+  gsm8k_local) PROBLEMS=data/gsm8k/gsm8k_test.jsonl ;;
+  *) echo "TASKS must be gsm_synth or gsm8k_local"; exit 2 ;;
+esac
 LM_EVAL_VERSION=0.4.13
 
 if ! "$VENV/bin/python" -c "import lm_eval" 2>/dev/null; then
@@ -40,9 +47,9 @@ NAME=$(basename "$MODEL")
 
 "$VENV/bin/lm-eval" run --model local-completions \
   --model_args "model=$NAME,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer_backend=remote,num_concurrent=4,max_retries=1" \
-  --tasks gsm_synth_mc,gsm_synth_gen --include_path scripts/lm-eval --limit "$LIMIT" \
+  --tasks "${TASKS}_mc,${TASKS}_gen" --include_path scripts/lm-eval --limit "$LIMIT" \
   --output_path "$OUT/lm-eval" --log_samples 2>&1 | grep -v "Requesting API\|Tokenizing inputs" | tee "$OUT/lm-eval.log"
 
-"$QSPEC" eval gsm "$MODEL" --modes "$MODE" --limit "$LIMIT" -o "$OUT/eval-gsm.json" > "$OUT/eval-gsm.log" 2>&1
-"$VENV/bin/python" scripts/lm-eval/compare.py --qspec "$QSPEC" --model "$MODEL" --mode "$MODE" \
+"$QSPEC" eval gsm "$MODEL" "$PROBLEMS" --modes "$MODE" --limit "$LIMIT" -o "$OUT/eval-gsm.json" > "$OUT/eval-gsm.log" 2>&1
+"$VENV/bin/python" scripts/lm-eval/compare.py --qspec "$QSPEC" --model "$MODEL" --mode "$MODE" --tasks "$TASKS" \
   --lm-eval-dir "$OUT/lm-eval" --eval-gsm "$OUT/eval-gsm.json" --docs "${COMPARE_DOCS:-50}" | tee "$OUT/compare.txt"

@@ -6,7 +6,7 @@ NEAR_MISSES = (1, -1, 10)  # offsets of the three wrong choices from the answer
 def _mc_doc(doc, index):
     lines = doc["answer"].split("\n")
     working, final = "\n".join(lines[:-1]), lines[-1].split("####")[-1].strip()
-    answer = int(final)
+    answer = int(final.replace(",", ""))  # GSM8K writes 1,000
     wrong = []
     for offset in NEAR_MISSES:
         candidate = answer + offset
