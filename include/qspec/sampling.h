@@ -18,7 +18,7 @@ struct SamplingParams {
   // token has appeared, and -= frequency_penalty per appearance. 0: off.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  std::vector<std::pair<int32_t, float>> logit_bias;  // added to those ids' logits before sampling
+  std::vector<std::pair<int32_t, float>> logit_bias{};  // added to those ids' logits before sampling
   uint64_t seed = 0;                // fixed seed: same output for the same request
 
   bool greedy() const { return temperature <= 0.0f; }
