@@ -68,6 +68,15 @@ struct Request {
   std::vector<int32_t> stop_ids;     // extra stop ids (kept in the output, like eos)
   std::vector<std::string> stop;     // stop strings (needs a tokenizer): output ends before them
   DecodePlan plan;
+  // Log-probabilities (qspec/sampling.h's TokenLogprob: the model's own distribution at each
+  // position, the verify's in QSpec): -1 none; 0..kMaxTopLogprobs: each output token's, with
+  // that many most likely alternatives.
+  int32_t logprobs = -1;
+  // Also each prompt token's from the second on (the first has no context), with
+  // max(logprobs, 0) alternatives: the prompt's rows of logits are kept (PassRun::Output::all),
+  // which only such requests pay for. Then max_new_tokens may be 0 (scoring only: the request
+  // finishes with "length" once its prompt is scored).
+  bool prompt_logprobs = false;
 };
 
 using RequestId = uint64_t;
@@ -96,6 +105,8 @@ struct TokenEvent {
   // "eos", "stop" (stop id or string), "length", "context", "cancelled", "error"
   std::string finish_reason;
   std::string error;            // finish_reason "error": what went wrong
+  std::vector<TokenLogprob> logprobs;         // one per `tokens` entry, when the request asked (logprobs >= 0)
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1, 2, ... as their chunks ran (prompt_logprobs)
   const RequestMetrics* metrics = nullptr;  // set when finished
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;

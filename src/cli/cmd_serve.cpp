@@ -38,6 +38,7 @@ struct ServeArgs {
   std::string api_key;  // --api-key, else $QSPEC_API_KEY
   std::string ssl_certfile, ssl_keyfile;
   bool no_access_log = false;
+  std::string log_format = "text";
   EngineOptions engine;
 };
 
@@ -83,6 +84,7 @@ void run_serve(const ServeArgs& args) {
   options.http = args.http;
   options.api_key = args.api_key;
   options.access_log = !args.no_access_log;
+  options.log_format = args.log_format == "json" ? LogFormat::json : LogFormat::text;
   if (options.api_key.empty())
     if (const char* key = std::getenv("QSPEC_API_KEY")) options.api_key = key;
   QSPEC_CHECK(args.ssl_certfile.empty() == args.ssl_keyfile.empty(),
@@ -240,7 +242,10 @@ void register_serve(CLI::App& app) {
   command->add_option("--api-key", args->api_key,
                       "Require 'Authorization: Bearer KEY' on every route but /health (default: $QSPEC_API_KEY)");
   command->add_flag("--no-access-log", args->no_access_log,
-                    "No line per request on stderr (peer, method, path, status, bytes)");
+                    "No line per request on stderr (peer, method, route, status, prompt/completion tokens, latency)");
+  command->add_option("--log-format", args->log_format, "The access log's lines: text, or one JSON object a line")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   command->add_option("--ssl-certfile", args->ssl_certfile, "Serve HTTPS: the PEM certificate (chain)")
       ->check(CLI::ExistingFile);
   command->add_option("--ssl-keyfile", args->ssl_keyfile, "Serve HTTPS: the PEM private key of --ssl-certfile")

@@ -1,5 +1,6 @@
-// Turns a logit row into the next token: repetition penalty, then temperature, top-k,
-// top-p and min-p filtering, then a draw from a seeded generator (argmax when greedy).
+// Turns a logit row into the next token: repetition penalty, presence / frequency penalties and
+// logit_bias, then temperature, top-k, top-p and min-p filtering, then a draw from a seeded
+// generator (argmax when greedy).
 #pragma once
 #include <cstdint>
 #include <random>
@@ -12,7 +13,9 @@ namespace qspec {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);  // throws for parameters check() refuses
+  // Throws for parameters check() refuses. `output_start`: where the output begins in the
+  // histories sample() gets (the presence / frequency penalties count only the output's ids).
+  explicit Sampler(const SamplingParams& params, int64_t output_start = 0);
   // Throws qspec::Error naming the first parameter out of range (what any sampler of them needs).
   static void check(const SamplingParams& params);
   // `history` holds the prompt and generated ids (for the repetition penalty).
@@ -33,7 +36,13 @@ class Sampler {
 
  private:
   SamplingParams params_;
+  int64_t output_start_ = 0;
   std::mt19937_64 generator_;
 };
+
+// The log-softmax of a logit row at `id`, with the `top` most likely ids (best first, lower id
+// first on ties): a TokenLogprob (qspec/sampling.h). The row is taken as it is (temperature 1,
+// no penalties).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int32_t top);
 
 }  // namespace qspec

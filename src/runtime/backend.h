@@ -27,7 +27,8 @@ struct PassRun {
   std::span<const int32_t> tokens;
   KvBlocks kv;            // its blocks in the engine's pool (a host backend's K/V rows)
   // The rows of output the run needs: none (a prompt chunk that is not the last), last (the next
-  // token) or all (a QSpec verify: the target's pick after every token).
+  // token) or all (a QSpec verify: the target's pick after every token; a prompt chunk of a
+  // request that asked for prompt logprobs, Backend::scores_prompts).
   enum class Output { none, last, all } output = Output::last;
   // A verify whose drafts are still on the device (Backend::draft_chain): tokens[1 + i] are
   // placeholders for chain id chain_offset + i * chain_stride.
@@ -81,6 +82,11 @@ class Backend {
   virtual void begin_step() {}
   // Every chain id of this step, as read back by the last pass that verified some.
   virtual const std::vector<int32_t>& chain_ids() const { return no_chain_ids_; }
+
+  // Whether forward() gives every row of a prompt chunk (Output::all over up to prefill_chunk
+  // tokens) for requests that score their prompt (Request::prompt_logprobs); false: they are
+  // refused at submit.
+  virtual bool scores_prompts() const { return true; }
 
   // Whether sample_rows draws tokens on the device (the logit rows never cross to the host).
   virtual bool samples_on_device() const { return false; }

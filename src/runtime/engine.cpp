@@ -90,6 +90,7 @@ struct Sequence {
   RunMode draft;  // qspec with draft passes only
   std::vector<int32_t> tokens;  // prompt + committed output
   int64_t prompt_tokens = 0;
+  int64_t prompt_scored = 1;       // prompt_logprobs: the next prompt position to score (the first has no context)
   int64_t budget = 0;              // output tokens allowed (max_new_tokens within the context)
   std::string budget_reason;       // "length" or "context"
   int64_t gamma = 0;               // current draft length (adaptive gamma moves it)
@@ -119,6 +120,8 @@ struct Unit {
   enum class Kind { prompt, decode, cycle } kind = Kind::decode;
   int64_t count = 0;  // tokens in the target pass
   int64_t base = 0;   // kv length before the step
+  bool emits = false;   // decode, or a prompt's last chunk: the target pass picks its next token
+  bool scores = false;  // a prompt chunk with rows to score (Request::prompt_logprobs): every row's logits
   // cycle:
   int64_t gamma = 0;
   std::vector<int32_t> drafts;
@@ -246,7 +249,13 @@ struct Engine::Impl {
     QSPEC_CHECK(prompt < context_limit, "request: the prompt has ", prompt, " tokens; the ",
                 context_limit < c.max_position_embeddings ? "engine's (max_context)" : "model's", " context is ",
                 context_limit, " tokens");
-    QSPEC_CHECK(request.max_new_tokens >= 1, "request: max_new_tokens must be >= 1, got ", request.max_new_tokens);
+    QSPEC_CHECK(request.max_new_tokens >= (request.prompt_logprobs ? 0 : 1), "request: max_new_tokens must be >= ",
+                request.prompt_logprobs ? "0" : "1 (0 only when scoring the prompt)", ", got ", request.max_new_tokens);
+    QSPEC_CHECK(request.logprobs >= -1 && request.logprobs <= kMaxTopLogprobs, "request: logprobs must be in -1..",
+                kMaxTopLogprobs, ", got ", request.logprobs);
+    QSPEC_CHECK(!request.prompt_logprobs || backend->scores_prompts(),
+                "request: prompt logprobs are not available on this device (", options.device,
+                "): its forward passes keep a few logit rows per sequence, not a prompt's");
     for (const std::string& stop : request.stop) QSPEC_CHECK(!stop.empty(), "request: an empty stop string");
     QSPEC_CHECK(request.stop.empty() || tokenizer, "request: stop strings need a tokenizer");
     const DecodePlan& plan = request.plan;
@@ -265,11 +274,13 @@ struct Engine::Impl {
       }
       QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
                   "does not run on the GPU (it needs the K/V rows in the host's pool)");
-      seq->acceptor.emplace(request.sampling);  // validates the sampling parameters
+      seq->acceptor.emplace(request.sampling, prompt);  // validates the sampling parameters
     } else {
       seq->mode = runnable_mode(plan.mode, "mode");
     }
-    seq->sampler.emplace(request.sampling);
+    seq->sampler.emplace(request.sampling, prompt);
+    for (const auto& [id, bias] : request.sampling.logit_bias)
+      QSPEC_CHECK(id < c.vocab_size, "request: logit_bias id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
     seq->budget = std::min<int64_t>(request.max_new_tokens, context_limit - prompt);
     seq->budget_reason = seq->budget < request.max_new_tokens ? "context" : "length";
     seq->gamma = seq->qspec ? plan.gamma : 0;
@@ -424,6 +435,7 @@ struct Engine::Impl {
         } else if (pass == 0) {
           unit.kind = Unit::Kind::decode;
           unit.count = 1;
+          unit.emits = true;
         } else {
           unit.kind = Unit::Kind::prompt;
           unit.count = std::min({seq->pending(), options.prefill_chunk, budget});
@@ -444,10 +456,10 @@ struct Engine::Impl {
   // ---- forward passes ----
 
   // Whether a sequence's next token is the argmax of its logits (the ids a backend may return):
-  // greedy without a repetition penalty. Others pick from their logit rows on the host.
+  // greedy without a penalty or logit_bias. Others pick from their logit rows on the host.
   static bool argmax_suffices(const Sequence& seq) {
     const SamplingParams& sampling = seq.request.sampling;
-    return sampling.greedy() && sampling.repetition_penalty == 1.0f;
+    return sampling.greedy() && sampling.repetition_penalty == 1.0f && !sampling.has_additive_adjustments();
   }
 
   // Draft passes: per draft mode, gamma one-token passes over every sequence still drafting (on
@@ -651,7 +663,15 @@ struct Engine::Impl {
         } else {
           unit->target_tokens.assign(seq.tokens.begin() + unit->base, seq.tokens.begin() + unit->base + unit->count);
           const bool last = unit->base + unit->count == static_cast<int64_t>(seq.tokens.size());
-          run.output = last ? PassRun::Output::last : PassRun::Output::none;
+          // A prompt's last chunk picks the first token, unless the request only scores its prompt.
+          unit->emits = last && seq.generated() < seq.budget;
+          // Prompt logprobs: rows base .. base + count - 1 score positions base + 1 .. (each once,
+          // a recomputation after preemption scores nothing new).
+          unit->scores = seq.request.prompt_logprobs && seq.prompt_scored < seq.prompt_tokens &&
+                         unit->base + unit->count >= seq.prompt_scored;
+          run.output = unit->scores ? PassRun::Output::all
+                       : last       ? PassRun::Output::last
+                                    : PassRun::Output::none;
         }
         run.tokens = unit->target_tokens;
         runs.push_back(run);
@@ -672,21 +692,32 @@ struct Engine::Impl {
     std::vector<int32_t> next(group.size(), -1);
     std::vector<size_t> host_rows, device_rows;  // plain runs whose next token is drawn from their row
     bool cycle_rows = false;                     // a cycle accepts from its logit rows
+    bool logprob_rows = false;                   // a request reads log-probabilities from its rows
+    // The row a plain run picks its next token from: its last.
+    auto pick_row = [&](size_t g) {
+      return pass.first_row[g] + (runs[g].output == PassRun::Output::all ? group[g]->count - 1 : 0);
+    };
     for (size_t g = 0; g < group.size(); ++g) {
       const Sequence& seq = *group[g]->seq;
       const bool argmax = have_ids && argmax_suffices(seq);
+      logprob_rows = logprob_rows || group[g]->scores ||
+                     (seq.request.logprobs >= 0 && (group[g]->emits || group[g]->kind != Unit::Kind::prompt));
       if (group[g]->kind == Unit::Kind::cycle) {
         cycle_rows = cycle_rows || !argmax;
-      } else if (runs[g].output == PassRun::Output::last) {
-        if (argmax) next[g] = pass.ids[static_cast<size_t>(pass.first_row[g])];
+      } else if (group[g]->emits) {
+        if (argmax) next[g] = pass.ids[static_cast<size_t>(pick_row(g))];
         // A QSpec sequence's first token is its acceptor's pick (on the host).
-        else if (!seq.qspec && options.gpu_sampling && backend->samples_on_device()) device_rows.push_back(g);
+        // The device sampler knows the repetition penalty, not OpenAI's additive adjustments.
+        else if (!seq.qspec && options.gpu_sampling && backend->samples_on_device() &&
+                 !seq.request.sampling.has_additive_adjustments())
+          device_rows.push_back(g);
         else host_rows.push_back(g);
       }
     }
     if (!device_rows.empty()) sample_on_device(group, pass, device_rows, next);
     const std::vector<float> logits =
-        cycle_rows || !host_rows.empty() ? backend->logits() : std::vector<float>{};
+        cycle_rows || logprob_rows || !host_rows.empty() ? backend->logits() : std::vector<float>{};
+    const float* rows = logits.empty() ? nullptr : logits.data();
     const double elapsed = seconds_between(start, Clock::now());
     // Host picks run in parallel (each sequence owns its sampler; a 128k-entry row is ~1 ms of
     // filtering), then every token is emitted in order on this thread.
@@ -694,7 +725,7 @@ struct Engine::Impl {
       for (size_t i = begin; i < end; ++i) {
         const size_t g = host_rows[i];
         Sequence& seq = *group[g]->seq;
-        const std::span<const float> row(logits.data() + pass.first_row[g] * vocab, static_cast<size_t>(vocab));
+        const std::span<const float> row(logits.data() + pick_row(g) * vocab, static_cast<size_t>(vocab));
         std::vector<float> probs;
         next[g] = seq.qspec ? seq.acceptor->pick(row, seq.tokens, &probs) : seq.sampler->sample(row, seq.tokens);
       }
@@ -705,20 +736,44 @@ struct Engine::Impl {
       const int64_t first_row = pass.first_row[g];
       if (unit.kind == Unit::Kind::cycle) {
         if (unit.chain_offset >= 0) take_chain_drafts(unit);
+        const float* verify_rows = rows ? rows + first_row * vocab : nullptr;
         if (have_ids && argmax_suffices(seq)) {
           const std::span<const int32_t> verify_ids(pass.ids.data() + first_row, unit.drafts.size() + 1);
-          commit_cycle(unit, QSpecAcceptor::accept_greedy(unit.drafts, verify_ids), elapsed);
+          commit_cycle(unit, QSpecAcceptor::accept_greedy(unit.drafts, verify_ids), elapsed, verify_rows);
         } else {
-          commit_cycle(unit,
-                       seq.acceptor->accept(unit.drafts, unit.draft_probs, logits.data() + first_row * vocab, vocab,
-                                            seq.tokens),
-                       elapsed);
+          commit_cycle(unit, seq.acceptor->accept(unit.drafts, unit.draft_probs, verify_rows, vocab, seq.tokens),
+                       elapsed, verify_rows);
         }
         continue;
       }
+      if (unit.scores) score_prompt(unit, rows + first_row * vocab);
       seq.kv.set_length(unit.base + unit.count, pool);
-      if (runs[g].output == PassRun::Output::last) emit(seq, next[g]);
+      if (unit.emits) emit(seq, next[g], rows ? rows + pick_row(g) * vocab : nullptr);
+      // A scoring-only request (max_new_tokens 0) ends with its prompt.
+      else if (seq.kv.length() == static_cast<int64_t>(seq.tokens.size()) && seq.generated() >= seq.budget)
+        finish(seq, seq.budget_reason);
     }
+  }
+
+  // Prompt logprobs from a chunk's rows (row i scores position base + i + 1), each position once.
+  void score_prompt(Unit& unit, const float* chunk_rows) {
+    Sequence& seq = *unit.seq;
+    const int64_t vocab = model.config().vocab_size;
+    const int64_t from = std::max(seq.prompt_scored, unit.base + 1);
+    const int64_t to = std::min(seq.prompt_tokens, unit.base + unit.count + 1);  // positions [from, to)
+    if (to <= from) return;
+    const int32_t top = std::max(seq.request.logprobs, 0);
+    std::vector<TokenLogprob> scored(static_cast<size_t>(to - from));
+    ThreadPool::global().parallel_for(scored.size(), 16, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        const int64_t position = from + static_cast<int64_t>(i);
+        const float* row = chunk_rows + (position - 1 - unit.base) * vocab;
+        scored[i] = token_logprob({row, static_cast<size_t>(vocab)}, seq.tokens[static_cast<size_t>(position)], top);
+      }
+    });
+    seq.event.prompt_logprobs.insert(seq.event.prompt_logprobs.end(), std::make_move_iterator(scored.begin()),
+                                     std::make_move_iterator(scored.end()));
+    seq.prompt_scored = to;
   }
 
   // The next tokens of plain sampled rows, drawn on the device from the pass's logits: each
@@ -738,7 +793,8 @@ struct Engine::Impl {
     const std::vector<int32_t> ids = backend->sample_rows(draws);
     for (size_t i = 0; i < rows.size(); ++i) next[rows[i]] = ids[i];
   }
-  void commit_cycle(Unit& unit, const QSpecAcceptor::Outcome& outcome, double verify_seconds) {
+  // verify_rows: the verify's logit rows (for log-probabilities), or nullptr when not copied.
+  void commit_cycle(Unit& unit, const QSpecAcceptor::Outcome& outcome, double verify_seconds, const float* verify_rows) {
     Sequence& seq = *unit.seq;
     const int64_t drafted = static_cast<int64_t>(unit.drafts.size());
     QSpecMetrics& m = seq.metrics.qspec;
@@ -750,10 +806,13 @@ struct Engine::Impl {
     m.verify_seconds += verify_seconds;
     // No-overwrite ablation: accepted tokens (last, d_0 .. d_{accepted-1}) keep their draft rows.
     if (!seq.request.plan.kv_overwrite) restore_draft_rows(unit, outcome.accepted + 1);
+    const int64_t vocab = model.config().vocab_size;
+    auto row = [&](int64_t i) { return verify_rows ? verify_rows + i * vocab : nullptr; };  // scores token i of the cycle
     int64_t emitted = 0;
-    for (int64_t i = 0; i < outcome.accepted && !seq.finished; ++i, ++emitted) emit(seq, unit.drafts[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < outcome.accepted && !seq.finished; ++i, ++emitted)
+      emit(seq, unit.drafts[static_cast<size_t>(i)], row(i));
     if (!seq.finished) {
-      emit(seq, outcome.next);
+      emit(seq, outcome.next, row(outcome.accepted));
       ++emitted;
     }
     // The cache keeps every committed token but the last; rows of rejected drafts are dropped.
@@ -775,7 +834,14 @@ struct Engine::Impl {
   // A token that ends the sequence by id (eos or a stop id): a draft stops drafting there.
   bool is_eos(const Sequence& seq, int32_t id) const { return is_model_eos(seq, id) || is_stop_id(seq, id); }
 
-  void emit(Sequence& seq, int32_t id) {
+  // `row`: the logits id was chosen from (its log-probability when the request asks; nullptr
+  // only when it does not).
+  void emit(Sequence& seq, int32_t id, const float* row) {
+    if (seq.request.logprobs >= 0) {
+      QSPEC_CHECK(row, "engine: no logit row for a logprobs request's token");
+      const int64_t vocab = model.config().vocab_size;
+      seq.event.logprobs.push_back(token_logprob({row, static_cast<size_t>(vocab)}, id, seq.request.logprobs));
+    }
     seq.tokens.push_back(id);
     seq.event.tokens.push_back(id);
     ++seq.metrics.generated_tokens;
@@ -811,7 +877,7 @@ struct Engine::Impl {
   // Sends every event of the step and retires finished sequences.
   void deliver() {
     auto send = [&](Sequence& seq) {
-      if (seq.event.tokens.empty() && !seq.event.finished) return;
+      if (seq.event.tokens.empty() && seq.event.prompt_logprobs.empty() && !seq.event.finished) return;
       seq.event.id = seq.id;
       if (seq.finished) {
         seq.metrics.total_seconds = seconds_between(seq.submitted, Clock::now());

@@ -65,8 +65,8 @@ struct SavedRows {
 
 }  // namespace
 
-QSpecAcceptor::QSpecAcceptor(const SamplingParams& params)
-    : greedy_(params.greedy()), sampler_(params), generator_(params.seed) {}
+QSpecAcceptor::QSpecAcceptor(const SamplingParams& params, int64_t output_start)
+    : greedy_(params.greedy()), sampler_(params, output_start), generator_(params.seed) {}
 
 int32_t QSpecAcceptor::pick(std::span<const float> row, std::span<const int32_t> history, std::vector<float>* probs) {
   if (greedy_) return sampler_.sample(row, history);

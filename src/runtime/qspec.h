@@ -46,7 +46,8 @@ struct QSpecOptions {
 // make exactly the same choices from the same logits and seed.
 class QSpecAcceptor {
  public:
-  explicit QSpecAcceptor(const SamplingParams& params);
+  // output_start: where the output begins in the histories (Sampler's, for the penalties).
+  explicit QSpecAcceptor(const SamplingParams& params, int64_t output_start = 0);
   // A token from a logit row with `history` (prompt + committed ids) as the repetition-penalty
   // context. When sampling, `probs` receives the distribution it was drawn from (q for a draft).
   int32_t pick(std::span<const float> row, std::span<const int32_t> history, std::vector<float>* probs);

@@ -2,6 +2,7 @@
 #include "server/openai_api.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "ops/sample.h"
@@ -122,12 +123,13 @@ std::vector<int32_t> chat_prompt(const json& body, const ApiContext& context) {
   return context.tokenizer.encode(rendered, /*add_bos=*/false);
 }
 
-std::vector<int32_t> completion_prompt(const json& body, const ApiContext& context) {
+// add_special_tokens = false: text is encoded without the model's bos (vLLM's /tokenize option).
+std::vector<int32_t> completion_prompt(const json& body, const ApiContext& context, bool add_special_tokens = true) {
   const json* prompt = field(body, "prompt");
   if (!prompt) bad("prompt", "'prompt' is required");
   auto encode_text = [&](const std::string& text) {
     const Tokenizer& t = context.tokenizer;
-    const bool add_bos = t.bos_id.has_value() && (text.empty() || t.add_bos_by_default);
+    const bool add_bos = add_special_tokens && t.bos_id.has_value() && (text.empty() || t.add_bos_by_default);
     return t.encode(text, add_bos);
   };
   if (prompt->is_string()) return encode_text(prompt->get<std::string>());
@@ -137,9 +139,13 @@ std::vector<int32_t> completion_prompt(const json& body, const ApiContext& conte
       if (prompt->size() != 1) bad("prompt", "batched prompts are not supported: send one prompt per request");
       return encode_text((*prompt)[0].get<std::string>());
     }
-    if ((*prompt)[0].is_array()) bad("prompt", "batched prompts are not supported: send one prompt per request");
+    // [[ids]]: a batch of one token-id prompt (what lm-eval's tokenized requests send).
+    const bool nested = (*prompt)[0].is_array();
+    if (nested && prompt->size() != 1) bad("prompt", "batched prompts are not supported: send one prompt per request");
+    const json& list = nested ? (*prompt)[0] : *prompt;
+    if (list.empty()) bad("prompt", "'prompt' is an empty list");
     std::vector<int32_t> ids;
-    for (const json& id : *prompt) {
+    for (const json& id : list) {
       if (!id.is_number_integer()) bad("prompt", "'prompt' must be a string or a list of token ids (integers)");
       // JSON parsing stores non-negative integers as unsigned.
       const int64_t x = id.is_number_unsigned()
@@ -177,7 +183,6 @@ bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() ==
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool is_empty_string(const json& v) { return v.is_string() && v.get_ref<const std::string&>().empty(); }
 bool is_empty_list(const json& v) { return v.is_array() && v.empty(); }
-bool is_empty_object(const json& v) { return v.is_object() && v.empty(); }
 bool is_none_or_auto(const json& v) { return v == "none" || v == "auto"; }  // no tools, so no calls
 bool is_text_format(const json& v) { return v == json{{"type", "text"}}; }
 bool is_text_modality(const json& v) { return v == json::array({"text"}); }
@@ -185,15 +190,10 @@ bool is_text_modality(const json& v) { return v == json::array({"text"}); }
 constexpr RefusedField kRefusedFields[] = {
     {"n", Endpoint::both, "1 (one choice per request)", is_one},
     {"best_of", Endpoint::both, "1", is_one},
-    {"echo", Endpoint::both, "false", is_false},
+    {"echo", Endpoint::chat, "false", is_false},
     {"suffix", Endpoint::both, "\"\"", is_empty_string},
-    // Chat: a boolean with top_logprobs beside it; completions: the number of top logprobs.
-    {"logprobs", Endpoint::chat, "false", is_false},
-    {"logprobs", Endpoint::completions, "null", only_null},
-    {"top_logprobs", Endpoint::both, "0", is_zero},
-    {"presence_penalty", Endpoint::both, "0", is_zero},
-    {"frequency_penalty", Endpoint::both, "0", is_zero},
-    {"logit_bias", Endpoint::both, "{}", is_empty_object},
+    // Completions take the number of top logprobs in "logprobs" (chat: top_logprobs).
+    {"top_logprobs", Endpoint::completions, "0", is_zero},
     {"tools", Endpoint::both, "[]", is_empty_list},
     {"tool_choice", Endpoint::both, "\"none\" or \"auto\"", is_none_or_auto},
     {"functions", Endpoint::both, "[]", is_empty_list},
@@ -239,7 +239,104 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
+// logit_bias: {"token id": bias in [-100, 100]} (OpenAI's shape; ids as strings).
+std::vector<std::pair<int32_t, float>> logit_bias(const json& body, int64_t vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* biases = field(body, "logit_bias");
+  if (!biases) return out;
+  if (!biases->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  if (static_cast<int64_t>(biases->size()) > vocab) bad("logit_bias", "'logit_bias' has more entries than the vocabulary");
+  for (auto it = biases->begin(); it != biases->end(); ++it) {
+    const std::string& key = it.key();
+    char* end = nullptr;
+    const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= vocab)
+      bad("logit_bias", "'logit_bias' key '" + key.substr(0, 40) + "' is not a token id in [0, " + std::to_string(vocab) + ")");
+    if (!it->is_number() || !std::isfinite(it->get<double>()) || std::abs(it->get<double>()) > kMaxLogitBias)
+      bad("logit_bias", "'logit_bias' values must be numbers in [-" + std::to_string(static_cast<int>(kMaxLogitBias)) +
+                            ", " + std::to_string(static_cast<int>(kMaxLogitBias)) + "], got " + it->dump() + " for '" +
+                            key + "'");
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(it->get<double>()));
+  }
+  return out;
+}
+
+// "logprobs" / "top_logprobs" into request.logprobs (the top count, -1 none); echo's prompt
+// scoring into request.prompt_logprobs.
+void parse_logprobs(const json& body, bool chat, ApiRequest& out) {
+  Request& r = out.request;
+  if (chat) {
+    const bool wanted = get_bool(body, "logprobs", false);
+    const int64_t top = get_int(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    if (top > 0 && !wanted)
+      bad("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+    r.logprobs = wanted ? static_cast<int32_t>(top) : -1;
+  } else {
+    r.logprobs = static_cast<int32_t>(get_int(body, "logprobs", -1, 0, kMaxTopLogprobs));
+  }
+  // Echo scores the prompt when logprobs are asked for, and always when nothing is generated
+  // (the engine then has only the prompt to run).
+  r.prompt_logprobs = out.echo && (r.logprobs >= 0 || r.max_new_tokens == 0);
+}
+
+// A token's text as the logprobs show it (special tokens written out, as vLLM does).
+std::string token_text(const Tokenizer& tokenizer, int32_t id) { return tokenizer.decode({id}, /*skip_special=*/false); }
+
+// Characters (code points) of UTF-8 text, as Python's len counts text_offset.
+int64_t code_points(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 }  // namespace
+
+json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& entries, bool null_first,
+                              int64_t& text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TokenLogprob& e = entries[i];
+    const std::string text = token_text(tokenizer, e.id);
+    tokens.push_back(text);
+    offsets.push_back(text_offset);
+    text_offset += code_points(text);
+    if (i == 0 && null_first) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(e.logprob);
+    // The most likely tokens and the chosen one (vLLM's dict); texts that collide keep the first.
+    json top = json::object();
+    for (const auto& [id, logprob] : e.top) {
+      const std::string key = token_text(tokenizer, id);
+      if (!top.contains(key)) top[key] = logprob;
+    }
+    if (!top.contains(text)) top[text] = e.logprob;
+    top_logprobs.push_back(std::move(top));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+}
+
+json chat_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& entries, int32_t top) {
+  auto entry = [&](int32_t id, float logprob) {
+    const std::string text = token_text(tokenizer, id);
+    json bytes = json::array();
+    for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+    return json{{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const TokenLogprob& e : entries) {
+    json item = entry(e.id, e.logprob);
+    json alternatives = json::array();
+    for (size_t k = 0; k < e.top.size() && static_cast<int32_t>(k) < top; ++k)
+      alternatives.push_back(entry(e.top[k].first, e.top[k].second));
+    item["top_logprobs"] = alternatives;
+    content.push_back(std::move(item));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
 
 json error_json(const std::string& message, const std::string& type, const std::string& param,
                 const std::string& code) {
@@ -290,8 +387,25 @@ json tokenize_response(const std::string& text, const ApiContext& context) {
   const json body = parse_body(text);
   const bool chat = field(body, "messages") != nullptr;
   if (chat && field(body, "prompt")) bad("prompt", "give 'prompt' or 'messages', not both");
-  const std::vector<int32_t> ids = chat ? chat_prompt(body, context) : completion_prompt(body, context);
+  const std::vector<int32_t> ids =
+      chat ? chat_prompt(body, context) : completion_prompt(body, context, get_bool(body, "add_special_tokens", true));
   return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", context.context_length}};
+}
+
+json tokenizer_info_response(const ApiContext& context) {
+  const Tokenizer& t = context.tokenizer;
+  const json bos = t.bos_id ? json(t.id_to_token(*t.bos_id)) : json(nullptr);
+  const json eos = t.eos_ids.empty() ? json(nullptr) : json(t.id_to_token(t.eos_ids.front()));
+  json info = {{"tokenizer_class", "qspec"},
+               {"bos_token", bos},
+               {"eos_token", eos},
+               {"pad_token", eos},
+               {"add_bos_token", t.add_bos_by_default && t.bos_id.has_value()},
+               {"model_max_length", context.context_length},
+               {"vocab_size", t.vocab_size()},
+               {"chat_template", nullptr}};
+  if (context.options.chat_template) info["chat_template"] = context.options.chat_template->source();
+  return info;
 }
 
 json detokenize_response(const std::string& text, const ApiContext& context) {
@@ -327,6 +441,13 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   }
   Request& r = out.request;
   r.prompt = chat ? chat_prompt(body, context) : completion_prompt(body, context);
+  if (!chat) {
+    const json* prompt = field(body, "prompt");
+    const bool text = prompt->is_string() || (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_string());
+    out.echo_text = !text ? context.tokenizer.decode(r.prompt, /*skip_special=*/false)
+                    : prompt->is_string() ? prompt->get<std::string>()
+                                          : (*prompt)[0].get<std::string>();
+  }
   const int64_t n_ctx = context.context_length;
   const int64_t prompt_tokens = static_cast<int64_t>(r.prompt.size());
   if (prompt_tokens == 0) bad(chat ? "messages" : "prompt", "the prompt is empty");
@@ -340,7 +461,10 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   const char* max_name = "max_tokens";
   if (chat && field(body, "max_completion_tokens") && !field(body, "max_tokens")) max_name = "max_completion_tokens";
   const int64_t fallback = chat ? n_ctx - prompt_tokens : std::min<int64_t>(16, n_ctx - prompt_tokens);
-  const int64_t max_tokens = get_int(body, max_name, fallback, 1, n_ctx);
+  out.echo = !chat && get_bool(body, "echo", false);
+  const int64_t max_tokens = get_int(body, max_name, fallback, 0, n_ctx);
+  if (max_tokens == 0 && !out.echo)
+    bad(max_name, std::string("'") + max_name + "' must be >= 1 (0 only with \"echo\": true, to score the prompt)");
   if (prompt_tokens + max_tokens > n_ctx)
     bad(max_name,
         "this model's maximum context length is " + std::to_string(n_ctx) + " tokens; the request asks for " +
@@ -356,11 +480,15 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
   s.top_k = static_cast<int32_t>(get_int(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
   s.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 0.0, 1.0));
   s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0, 0.01, 100.0));
+  s.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", 0.0, -kMaxPenalty, kMaxPenalty));
+  s.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", 0.0, -kMaxPenalty, kMaxPenalty));
+  s.logit_bias = logit_bias(body, context.tokenizer.vocab_size());
   // Without a seed a sampled request draws anew each time (as OpenAI's and vLLM's do).
   s.seed = field(body, "seed") ? static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
                                                                std::numeric_limits<int64_t>::max()))
                                : Sampler::random_seed();
   r.stop = stop_strings(body);
+  parse_logprobs(body, chat, out);
   r.ignore_eos = get_bool(body, "ignore_eos", false);
 
   DecodePlan& plan = r.plan;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -37,6 +38,7 @@ struct Pending {
   bool finished = false;
   std::string finish_reason, error;
   RequestMetrics metrics;
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;  // everything so far (the request asked)
 };
 
 // The engine may call back after the HTTP side has gone (a cancelled stream): the callback
@@ -47,6 +49,9 @@ TokenCallback pending_callback(std::shared_ptr<Pending> pending) {
       std::lock_guard lock(pending->mutex);
       pending->text += event.text;
       pending->all_text += event.text;
+      pending->logprobs.insert(pending->logprobs.end(), event.logprobs.begin(), event.logprobs.end());
+      pending->prompt_logprobs.insert(pending->prompt_logprobs.end(), event.prompt_logprobs.begin(),
+                                      event.prompt_logprobs.end());
       if (event.finished) {
         pending->finished = true;
         pending->finish_reason = event.finish_reason;
@@ -57,6 +62,15 @@ TokenCallback pending_callback(std::shared_ptr<Pending> pending) {
     pending->changed.notify_all();
   };
 }
+
+// What the access log line of the request on this connection thread says beyond httplib's
+// request and response: set by the handlers, read and reset by the logger (the same thread:
+// httplib logs after writing the response, a stream included).
+struct AccessRecord {
+  std::optional<Clock::time_point> start;  // the head was read (the pre-routing guard)
+  int64_t prompt_tokens = -1, completion_tokens = -1;  // generation routes
+};
+thread_local AccessRecord t_access;
 
 std::string random_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
@@ -152,8 +166,8 @@ struct Server::Impl {
     }
   }
 
-  json choice_json(bool chat, const std::string& text, const json& finish_reason) const {
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  json choice_json(bool chat, const std::string& text, const json& finish_reason, const json& logprobs) const {
+    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
     if (chat)
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     else
@@ -162,8 +176,8 @@ struct Server::Impl {
   }
 
   json chunk_json(bool chat, const std::string& id, int64_t created, const std::string& text, bool first,
-                  const json& finish_reason) const {
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+                  const json& finish_reason, const json& logprobs = nullptr) const {
+    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
     if (chat) {
       json delta = json::object();
       if (first) delta["role"] = "assistant";
@@ -234,20 +248,40 @@ struct Server::Impl {
     const bool qspec = api.request.plan.qspec();
     const std::string response_id = random_id(chat ? "chatcmpl-" : "cmpl-");
     const int64_t created = unix_time();
+    // Logprobs in the response's shape, for entries [from, to) of the output's and (echo) the
+    // prompt's; the first prompt token has none.
+    const int32_t top = api.request.logprobs;
+    const bool echo = api.echo;
+    const int32_t first_prompt_id = api.request.prompt.front();
+    auto logprobs_json = [this, chat, top, echo, first_prompt_id](const std::vector<TokenLogprob>& prompt_part,
+                                                                 bool with_first, const std::vector<TokenLogprob>& output,
+                                                                 int64_t& text_offset) -> json {
+      if (top < 0) return nullptr;
+      if (chat) return chat_logprobs_json(tokenizer, output, top);
+      std::vector<TokenLogprob> entries;
+      if (echo && with_first) entries.push_back(TokenLogprob{first_prompt_id, 0.0f, {}});
+      if (echo) entries.insert(entries.end(), prompt_part.begin(), prompt_part.end());
+      entries.insert(entries.end(), output.begin(), output.end());
+      return completion_logprobs_json(tokenizer, entries, echo && with_first, text_offset);
+    };
 
     if (!api.stream) {
       std::unique_lock lock(pending->mutex);
       pending->changed.wait(lock, [&] { return pending->finished; });
+      t_access.prompt_tokens = pending->metrics.prompt_tokens;
+      t_access.completion_tokens = pending->metrics.generated_tokens;
       if (pending->finish_reason == "error")
         return send_error(res, 500, "generation failed: " + pending->error, "server_error");
       if (pending->finish_reason == "cancelled")
         return send_error(res, 503, "the request was cancelled (server shutting down)", "server_error");
+      int64_t text_offset = 0;
+      const json logprobs = logprobs_json(pending->prompt_logprobs, true, pending->logprobs, text_offset);
       json body = {{"id", response_id},
                    {"object", chat ? "chat.completion" : "text_completion"},
                    {"created", created},
                    {"model", options.model_name},
-                   {"choices", json::array({choice_json(chat, pending->all_text,
-                                                        openai_finish_reason(pending->finish_reason))})},
+                   {"choices", json::array({choice_json(chat, (echo ? api.echo_text : "") + pending->all_text,
+                                                        openai_finish_reason(pending->finish_reason), logprobs)})},
                    {"usage", usage_json(pending->metrics, qspec)}};
       res.status = 200;
       res.set_content(json_text(body), kJson);
@@ -262,24 +296,46 @@ struct Server::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     const bool include_usage = api.include_usage;
+    const std::string echo_text = echo ? api.echo_text : "";
+    const bool score_prompt = api.request.prompt_logprobs;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, pending, done, chat, response_id, created, qspec, include_usage](size_t, httplib::DataSink& sink) {
+        [this, pending, done, chat, response_id, created, qspec, include_usage, logprobs_json, echo_text,
+         score_prompt](size_t, httplib::DataSink& sink) {
           bool first = true;
+          size_t logprobs_sent = 0, prompt_logprobs_sent = 0;
+          int64_t text_offset = 0;
           auto write = [&](const std::string& data) { return sink.write(data.data(), data.size()); };
           for (;;) {
             std::string text;
-            bool finished = false;
+            bool finished = false, ready = true;
+            std::vector<TokenLogprob> new_logprobs, new_prompt_logprobs;
+            const bool lead = first && !chat && !echo_text.empty();  // the echoed prompt goes first
             {
               std::unique_lock lock(pending->mutex);
-              pending->changed.wait_for(lock, std::chrono::duration<double>(options.heartbeat_seconds),
-                                        [&] { return !pending->text.empty() || pending->finished; });
-              text.swap(pending->text);
-              finished = pending->finished;
+              pending->changed.wait_for(lock, std::chrono::duration<double>(options.heartbeat_seconds), [&] {
+                return !pending->text.empty() || pending->finished || pending->logprobs.size() > logprobs_sent;
+              });
+              // Echo with prompt logprobs: the first chunk waits until the prompt is scored (an
+              // output token or the end comes after its last chunk).
+              ready = !lead || !score_prompt || pending->finished || !pending->logprobs.empty();
+              if (ready) {
+                text.swap(pending->text);
+                finished = pending->finished;
+                new_logprobs.assign(pending->logprobs.begin() + static_cast<std::ptrdiff_t>(logprobs_sent),
+                                    pending->logprobs.end());
+                new_prompt_logprobs.assign(
+                    pending->prompt_logprobs.begin() + static_cast<std::ptrdiff_t>(prompt_logprobs_sent),
+                    pending->prompt_logprobs.end());
+              }
             }
+            logprobs_sent += new_logprobs.size();
+            prompt_logprobs_sent += new_prompt_logprobs.size();
             bool ok;
-            if (!text.empty() || (first && chat)) {
-              ok = write(sse(chunk_json(chat, response_id, created, text, first, nullptr)));
+            if (ready && (!text.empty() || (first && chat) || lead || !new_logprobs.empty())) {
+              const json logprobs = logprobs_json(new_prompt_logprobs, first, new_logprobs, text_offset);
+              ok = write(sse(chunk_json(chat, response_id, created, (lead ? echo_text : "") + text, first, nullptr,
+                                        logprobs)));
               first = false;
             } else if (!finished) {
               ok = write(": keep-alive\n\n");  // finds a client that has gone away
@@ -295,6 +351,8 @@ struct Server::Impl {
             std::lock_guard lock(pending->mutex);
             reason = pending->finish_reason, error = pending->error, metrics = pending->metrics;
           }
+          t_access.prompt_tokens = metrics.prompt_tokens;
+          t_access.completion_tokens = metrics.generated_tokens;
           bool ok;
           if (reason == "error" || reason == "cancelled") {
             ok = write(sse(error_json(reason == "error" ? "generation failed: " + error : "the request was cancelled",
@@ -352,7 +410,10 @@ struct Server::Impl {
     // The decoded body is capped by read_body; this makes httplib refuse a declared
     // Content-Length beyond the cap before reading it.
     http.set_payload_max_length(options.max_body_bytes);
-    http.set_request_guard([this](const httplib::Request& req, httplib::Response& res) { return check_api_key(req, res); });
+    http.set_request_guard([this](const httplib::Request& req, httplib::Response& res) {
+      t_access = AccessRecord{Clock::now()};
+      return check_api_key(req, res);
+    });
     http.set_error_body([](int status, const std::string& message, const std::string& code) {
       return json_text(error_json(message, status >= 500 ? "server_error" : "invalid_request_error", "", code));
     });
@@ -381,6 +442,9 @@ struct Server::Impl {
     };
     http.Post("/tokenize", json_route(&tokenize_response));
     http.Post("/detokenize", json_route(&detokenize_response));
+    http.Get("/tokenizer_info", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json_text(tokenizer_info_response(context())), kJson);
+    });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       json model_json = {{"id", options.model_name},
                          {"object", "model"},
@@ -443,9 +507,8 @@ struct Server::Impl {
       }
     });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      if (options.access_log)  // one line a request, as llama.cpp's and vLLM's servers write
-        std::fprintf(stderr, "[qspec] %s %s %s %d %zu\n", req.remote_addr.c_str(), req.method.c_str(),
-                     json_text(json(req.path)).c_str(), res.status, res.body.size());
+      if (options.access_log) write_access_log(req, res);
+      t_access = AccessRecord{};
       if (res.status == 429) ++responses_429;
       if (res.status >= 500)
         ++responses_5xx;
@@ -454,6 +517,33 @@ struct Server::Impl {
       else
         ++responses_2xx;
     });
+  }
+
+  // One line a request on stderr, as llama.cpp's and vLLM's servers write: peer, method, route,
+  // status, prompt / completion tokens (generation routes), latency from the request head to
+  // the response's end; ServerOptions::log_format picks text or one JSON object.
+  void write_access_log(const httplib::Request& req, const httplib::Response& res) const {
+    const double latency = t_access.start ? std::chrono::duration<double>(Clock::now() - *t_access.start).count() : 0.0;
+    std::string line;
+    if (options.log_format == LogFormat::json) {
+      json record = {{"time", unix_time()},         {"remote", req.remote_addr}, {"method", req.method},
+                     {"route", req.path},           {"status", res.status},      {"latency_s", latency},
+                     {"prompt_tokens", nullptr},    {"completion_tokens", nullptr}};
+      if (t_access.prompt_tokens >= 0) record["prompt_tokens"] = t_access.prompt_tokens;
+      if (t_access.completion_tokens >= 0) record["completion_tokens"] = t_access.completion_tokens;
+      line = json_text(record);
+    } else {
+      char tokens[64] = "";
+      if (t_access.prompt_tokens >= 0)
+        std::snprintf(tokens, sizeof tokens, " prompt=%lld completion=%lld", static_cast<long long>(t_access.prompt_tokens),
+                      static_cast<long long>(t_access.completion_tokens));
+      char tail[64];
+      std::snprintf(tail, sizeof tail, " %.3fs", latency);
+      line = "[qspec] " + req.remote_addr + " " + req.method + " " + json_text(json(req.path)) + " " +
+             std::to_string(res.status) + tokens + tail;
+    }
+    line += "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: lines of concurrent requests do not interleave
   }
 
   std::string metrics_text() const {

@@ -7,10 +7,13 @@
 //   GET  /health                200 while serving, 503 while draining
 //   GET  /metrics               Prometheus text: requests, tokens, queue, KV blocks, QSpec
 //   POST /tokenize, /detokenize vLLM's: text or messages -> ids, ids -> text
+//   GET  /tokenizer_info        vLLM's: special tokens, bos, context, chat template (lm-eval's
+//                               remote tokenizer)
 //
 // Request fields: model, prompt | messages, max_tokens (chat: also max_completion_tokens),
 // temperature, top_p, seed, stop (string or list), stream, stream_options.include_usage, n (1
-// only), and the extensions top_k, min_p, repetition_penalty, ignore_eos and
+// only), logprobs (chat: and top_logprobs), echo (completions; with max_tokens 0 it scores the
+// prompt), presence_penalty, frequency_penalty, logit_bias, and the extensions top_k, min_p, repetition_penalty, ignore_eos and
 //   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "w4a4-nvfp4" | "ngram" | ..., "gamma": 4,
 //             "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1,
 //             "draft_window": 0, "draft_sinks": 16}
@@ -51,6 +54,10 @@ class ApiError : public Error {
   std::string type, param, code;  // "" = null
 };
 
+// The access log's line format (--log-format): "[qspec] peer METHOD "route" status prompt=P
+// completion=C 0.123s", or one JSON object a line.
+enum class LogFormat { text, json };
+
 struct ServerOptions {
   std::string model_name = "qspec";   // the id clients pass as "model"
   DecodePlan default_plan;             // requests without "qspec": {...} (qspec/decode_plan.h)
@@ -58,7 +65,8 @@ struct ServerOptions {
   HttpLimits http;                    // connections, deadlines, head caps, drain (server/http_limits.h)
   std::optional<TlsFiles> tls;        // serve HTTPS with this certificate and key
   std::string api_key;                // "": no authentication
-  bool access_log = false;            // a line on stderr per request: peer, method, path, status, bytes
+  bool access_log = false;            // a line on stderr per request: peer, method, route, status, tokens, latency
+  LogFormat log_format = LogFormat::text;
   double heartbeat_seconds = 1.0;     // SSE comment after this long without tokens (finds closed clients)
   EngineOptions engine;
   std::optional<ChatTemplate> chat_template;  // none: /v1/chat/completions answers 400

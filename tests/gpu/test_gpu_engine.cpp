@@ -127,6 +127,61 @@ TEST(GpuEngine, GreedyW4A16EqualsTheCpuUnderContinuousBatching) {
   EXPECT_LT(metrics.steps, static_cast<int64_t>(prompts.size()) * max_tokens) << "requests ran one at a time";
 }
 
+// Log-probabilities on the GPU: each output token's, from the logit rows of the pass that chose
+// it (a decode step's, a QSpec verify's), close to the CPU engine's (f16 logits there); prompt
+// logprobs are refused at submit (the GPU keeps a few logit rows per sequence).
+TEST(GpuEngine, OutputLogprobsMatchTheCpuAndPromptLogprobsAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const auto prompts = question_prompts(*tokenizer, 6);
+  auto run = [&](const std::string& device, const std::string& mode) {
+    qspec::EngineOptions options = batching_options();
+    options.device = device;
+    qspec::Engine engine(*model, tokenizer.get(), options);
+    std::map<qspec::RequestId, std::vector<qspec::TokenLogprob>> logprobs;
+    std::map<qspec::RequestId, std::vector<int32_t>> tokens;
+    std::vector<qspec::RequestId> ids;
+    for (const auto& prompt : prompts) {
+      qspec::Request request;
+      request.prompt = prompt;
+      request.max_new_tokens = 32;
+      request.plan.mode = mode;
+      request.plan.draft = "w4a8";
+      request.logprobs = 2;
+      ids.push_back(engine.submit(request, [&](const qspec::TokenEvent& event) {
+        EXPECT_EQ(event.logprobs.size(), event.tokens.size());
+        logprobs[event.id].insert(logprobs[event.id].end(), event.logprobs.begin(), event.logprobs.end());
+        tokens[event.id].insert(tokens[event.id].end(), event.tokens.begin(), event.tokens.end());
+      }));
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<qspec::TokenLogprob>> out;
+    for (qspec::RequestId id : ids) out.push_back(logprobs[id]);
+    qspec::Request scoring;
+    scoring.prompt = prompts[0];
+    scoring.prompt_logprobs = true;
+    if (device == "cuda") {
+      EXPECT_THROW(engine.submit(scoring, {}), qspec::Error);
+    }
+    return out;
+  };
+  const auto cpu = run("cpu", "w4a16");
+  for (const char* mode : {"w4a16", "qspec"}) {
+    const auto gpu = run("cuda", mode);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(gpu[i].size(), cpu[i].size()) << mode << " request " << i;
+      for (size_t k = 0; k < gpu[i].size(); ++k) {
+        EXPECT_EQ(gpu[i][k].id, cpu[i][k].id);
+        EXPECT_NEAR(gpu[i][k].logprob, cpu[i][k].logprob, 0.05) << mode << " request " << i << " token " << k;
+        ASSERT_EQ(gpu[i][k].top.size(), 2u);
+        EXPECT_EQ(gpu[i][k].top[0].first, gpu[i][k].id);  // greedy
+      }
+    }
+  }
+}
+
 // QSpec on the GPU: w4a8 drafts (int8 activations, the s8-mma GEMM) over the same 4-bit weights
 // and KV cache, W4A16 verify runs of gamma + 1 tokens that overwrite the drafts' K/V, greedy
 // acceptance from the GPU's argmax ids, under continuous batching beside prompt chunks. The

@@ -189,6 +189,7 @@ class ShutdownTest(unittest.TestCase):
             self.assertEqual(chunks[-1].choices[0].finish_reason, "length")
             self.assertGreater(len("".join(c.choices[0].text for c in chunks)), 0)
             self.assertEqual(server.proc.wait(60), 0, "".join(server.log))
+            server.reader.join(10)  # the log's last lines (the access log writes one a request before them)
             self.assertTrue(any("stopped: 1 requests finished, 0 cancelled" in line for line in server.log),
                             "".join(server.log))
         finally:

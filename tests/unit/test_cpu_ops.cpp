@@ -196,6 +196,45 @@ TEST(Sampler, GreedyAndFilters) {
   EXPECT_EQ(qspec::Sampler(params).sample(logits, std::vector<int32_t>{1}), 3);
 }
 
+// OpenAI's presence / frequency penalties count the output's ids only (from output_start);
+// logit_bias is added to its ids. token_logprob ignores all of them (the model's distribution).
+TEST(Sampler, PresenceFrequencyPenaltiesAndLogitBias) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 2.5f, -1.0f};
+  qspec::SamplingParams params;
+  params.presence_penalty = 0.6f;  // token 1 (3.0) once in the output: 2.4 < 2.5
+  const std::vector<int32_t> history = {1, 3, 1};  // prompt {1, 3}, output {1}
+  EXPECT_EQ(qspec::Sampler(params, /*output_start=*/2).sample(logits, history), 3);
+  EXPECT_EQ(qspec::Sampler(params, /*output_start=*/3).sample(logits, history), 1);  // no output yet
+  params = {};
+  params.frequency_penalty = 0.3f;  // token 1 twice in the output: 2.4 < 2.5; once: 2.7
+  EXPECT_EQ(qspec::Sampler(params, 1).sample(logits, std::vector<int32_t>{3, 1, 1}), 3);
+  EXPECT_EQ(qspec::Sampler(params, 2).sample(logits, std::vector<int32_t>{3, 1, 1}), 1);
+  params = {};
+  params.logit_bias = {{4, 5.0f}};  // -1 + 5 = 4: the best
+  EXPECT_EQ(qspec::Sampler(params).sample(logits, {}), 4);
+  params.temperature = 1.0f;
+  const std::vector<float> probs = qspec::Sampler(params).probabilities(logits, {});
+  EXPECT_GT(probs[4], probs[1]);
+  params = {};
+  params.presence_penalty = 2.5f;
+  EXPECT_THROW(qspec::Sampler{params}, qspec::Error);
+  params = {};
+  params.logit_bias = {{1, 101.0f}};
+  EXPECT_THROW(qspec::Sampler{params}, qspec::Error);
+
+  const qspec::TokenLogprob lp = qspec::token_logprob(logits, 3, 2);
+  double total = 0;
+  for (float x : logits) total += std::exp(static_cast<double>(x));
+  EXPECT_NEAR(lp.logprob, 2.5 - std::log(total), 1e-6);
+  ASSERT_EQ(lp.top.size(), 2u);
+  EXPECT_EQ(lp.top[0].first, 1);
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(total), 1e-6);
+  EXPECT_TRUE(qspec::token_logprob(logits, 0, 0).top.empty());
+  const std::vector<float> tied = {1.0f, 2.0f, 2.0f};
+  EXPECT_EQ(qspec::token_logprob(tied, 0, 1).top[0].first, 1);  // ties: the lower id
+}
+
 // sample() is next_draw() then sample_with_draw() (the split the GPU sampler uses): the same
 // tokens for the same seed, and greedy tokens consume no draw.
 TEST(Sampler, SampleIsNextDrawThenSampleWithDraw) {

@@ -333,6 +333,97 @@ TEST(Engine, ChunkedPrefillAndPreemptionKeepTheTokens) {
   }
 }
 
+// Log-probabilities: the prompt's from the prefill rows (each position once, whatever the
+// chunking and preemption), the output's from the rows the tokens came from; QSpec's are the
+// verify's, equal to plain W4A16's. A scoring-only request (max_new_tokens 0) ends with its prompt.
+TEST(Engine, LogprobsSurviveChunkingAndPreemptionAndQSpecGivesW4A16s) {
+  const auto& prompts = fixture().prompts;
+  struct Scores {
+    std::map<qspec::RequestId, std::vector<qspec::TokenLogprob>> prompt, output;
+  };
+  auto run = [&](const qspec::EngineOptions& options, const std::string& run_mode, int64_t max_new_tokens,
+                 std::vector<qspec::RequestId>& ids, Outputs& out) {
+    auto scores = std::make_shared<Scores>();
+    qspec::Engine engine(*fixture().model, fixture().tokenizer.get(), options);
+    ids.clear();
+    for (const auto& p : prompts) {
+      qspec::Request r = request(p, max_new_tokens, run_mode);
+      r.logprobs = 3;
+      r.prompt_logprobs = true;
+      ids.push_back(engine.submit(r, [scores, callback = out.callback()](const qspec::TokenEvent& event) {
+        EXPECT_EQ(event.logprobs.size(), event.tokens.size());
+        for (size_t i = 0; i < event.tokens.size(); ++i) EXPECT_EQ(event.logprobs[i].id, event.tokens[i]);
+        auto& prompt = scores->prompt[event.id];
+        prompt.insert(prompt.end(), event.prompt_logprobs.begin(), event.prompt_logprobs.end());
+        auto& output = scores->output[event.id];
+        output.insert(output.end(), event.logprobs.begin(), event.logprobs.end());
+        callback(event);
+      }));
+    }
+    engine.run_until_idle();
+    EXPECT_EQ(engine.metrics().kv_blocks_used, 0);
+    return scores;
+  };
+  std::vector<qspec::RequestId> plain_ids, small_ids, qspec_ids, score_ids;
+  Outputs plain_out, small_out, qspec_out, score_out;
+  const auto plain = run({}, "w4a16", 24, plain_ids, plain_out);
+  qspec::EngineOptions small;
+  small.max_batch_size = 5;
+  small.prefill_chunk = 5;
+  small.max_batch_tokens = 12;
+  small.kv_block_size = 4;
+  small.kv_blocks = 30;
+  const auto chunked = run(small, "w4a16", 24, small_ids, small_out);
+  const auto verified = run({}, "qspec", 24, qspec_ids, qspec_out);
+  const auto scored = run({}, "w4a16", 0, score_ids, score_out);
+  int64_t preemptions = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    const auto& prompt = plain->prompt.at(plain_ids[i]);
+    ASSERT_EQ(prompt.size(), prompts[i].size() - 1);
+    for (size_t k = 0; k < prompt.size(); ++k) {
+      EXPECT_EQ(prompt[k].id, prompts[i][k + 1]);
+      EXPECT_LE(prompt[k].logprob, 0.0f);
+      ASSERT_EQ(prompt[k].top.size(), 3u);
+      EXPECT_GE(prompt[k].top[0].second, prompt[k].logprob);
+    }
+    const auto& output = plain->output.at(plain_ids[i]);
+    ASSERT_EQ(output.size(), plain_out.tokens[plain_ids[i]].size());
+    for (const auto& lp : output) EXPECT_EQ(lp.top[0].first, lp.id);  // greedy
+    // Chunked prefill and preemption: the same entries, each prompt position once.
+    preemptions += small_out.metrics[small_ids[i]].preemptions;
+    auto same = [](const std::vector<qspec::TokenLogprob>& a, const std::vector<qspec::TokenLogprob>& b,
+                   float tolerance) {
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        EXPECT_EQ(a[k].id, b[k].id);
+        EXPECT_NEAR(a[k].logprob, b[k].logprob, tolerance);
+        ASSERT_EQ(a[k].top.size(), b[k].top.size());
+        for (size_t t = 0; t < a[k].top.size(); ++t) EXPECT_EQ(a[k].top[t].first, b[k].top[t].first);
+      }
+    };
+    same(chunked->prompt.at(small_ids[i]), prompt, 1e-4f);
+    same(chunked->output.at(small_ids[i]), output, 1e-4f);
+    // QSpec: the verify's logprobs are W4A16's.
+    same(verified->prompt.at(qspec_ids[i]), prompt, 1e-4f);
+    same(verified->output.at(qspec_ids[i]), output, 1e-4f);
+    // Scoring only: the prompt's entries, no tokens, "length".
+    same(scored->prompt.at(score_ids[i]), prompt, 0.0f);
+    EXPECT_TRUE(score_out.tokens[score_ids[i]].empty());
+    EXPECT_EQ(score_out.finish_reason[score_ids[i]], "length");
+    EXPECT_EQ(score_out.finished_events[score_ids[i]], 1);
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to run out";
+
+  // Out of range, and scoring-only without prompt logprobs, are refused.
+  qspec::Engine engine(*fixture().model, fixture().tokenizer.get());
+  qspec::Request bad = request(prompts[0], 4);
+  bad.logprobs = qspec::kMaxTopLogprobs + 1;
+  EXPECT_THROW(engine.submit(bad, {}), qspec::Error);
+  bad = request(prompts[0], 0);
+  EXPECT_THROW(engine.submit(bad, {}), qspec::Error);
+}
+
 // Sampling: each request's own seeded state, so the engine reproduces generate() and
 // qspec_generate() at any batch size.
 TEST(Engine, SamplingMatchesTheSingleSequencePathsAtAnyBatchSize) {

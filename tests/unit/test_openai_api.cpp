@@ -1,4 +1,4 @@
-// parse_api_request on OpenAI options the server does not implement (issue 48, item 6): each is a 400 naming the field unless it carries its neutral value.
+// parse_api_request: OpenAI options the server does not implement are a 400 naming the field unless neutral (issue 48, item 6); logprobs, echo and their limits (issue 52).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -71,12 +71,7 @@ const std::vector<Case> kRefusedOnBoth = {
     {"n", 2},
     {"n", 0},
     {"best_of", 3},
-    {"echo", true},
     {"suffix", "\n\nThe end."},
-    {"top_logprobs", 2},
-    {"presence_penalty", 0.5},
-    {"frequency_penalty", -1},
-    {"logit_bias", {{"5", 100}}},
     {"tools", json::array({{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", json::object()}}}}})},
     {"tool_choice", "required"},
     {"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}},
@@ -127,16 +122,76 @@ TEST(OpenaiApi, UnsupportedOptionsAreA400NamingTheField) {
     for (const Case& c : kRefusedOnBoth) expect_refused(chat, c.field, c.value);
 }
 
-TEST(OpenaiApi, LogprobsAreA400OnBothEndpoints) {
-  // Chat: logprobs is a boolean (top_logprobs beside it); completions: the number of top
-  // logprobs, where even 0 asks for the sampled token's logprob.
-  expect_refused(/*chat=*/true, "logprobs", true);
-  expect_refused(/*chat=*/true, "logprobs", 1);
-  expect_refused(/*chat=*/false, "logprobs", 0);
-  expect_refused(/*chat=*/false, "logprobs", 5);
-  expect_refused(/*chat=*/false, "logprobs", true);
-  // top_logprobs without logprobs is refused on its own account.
-  expect_refused(/*chat=*/true, "top_logprobs", 5);
+// Expects parse to answer 400 naming `param` with a message containing `words`.
+void expect_bad(bool chat, const json& extra, const std::string& param, const std::string& words) {
+  SCOPED_TRACE(std::string(endpoint(chat)) + " " + extra.dump());
+  try {
+    parse(chat, extra);
+    ADD_FAILURE() << "accepted";
+  } catch (const qspec::ApiError& error) {
+    EXPECT_EQ(error.status, 400);
+    EXPECT_EQ(error.type, "invalid_request_error");
+    EXPECT_EQ(error.param, param);
+    EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
+  }
+}
+
+TEST(OpenaiApi, LogprobsAndEchoParse) {
+  // Completions: logprobs is the number of alternatives (0: the chosen token's alone).
+  EXPECT_EQ(parse(false, json::object()).request.logprobs, -1);
+  EXPECT_EQ(parse(false, json{{"logprobs", 0}}).request.logprobs, 0);
+  EXPECT_EQ(parse(false, json{{"logprobs", qspec::kMaxTopLogprobs}}).request.logprobs, qspec::kMaxTopLogprobs);
+  EXPECT_FALSE(parse(false, json{{"logprobs", 1}}).request.prompt_logprobs);
+  // Echo scores the prompt when logprobs are asked for, or when nothing is generated.
+  const qspec::ApiRequest echo = parse(false, json{{"logprobs", 1}, {"echo", true}, {"max_tokens", 0}});
+  EXPECT_TRUE(echo.echo);
+  EXPECT_TRUE(echo.request.prompt_logprobs);
+  EXPECT_EQ(echo.request.max_new_tokens, 0);
+  EXPECT_EQ(echo.echo_text, "Question: Tom has 3 apples.\nAnswer:");
+  EXPECT_TRUE(parse(false, json{{"echo", true}, {"max_tokens", 0}}).request.prompt_logprobs);
+  EXPECT_FALSE(parse(false, json{{"echo", true}}).request.prompt_logprobs);
+  // Chat: a boolean and top_logprobs beside it.
+  EXPECT_EQ(parse(true, json{{"logprobs", true}}).request.logprobs, 0);
+  EXPECT_EQ(parse(true, json{{"logprobs", true}, {"top_logprobs", 5}}).request.logprobs, 5);
+  EXPECT_EQ(parse(true, json{{"logprobs", false}, {"top_logprobs", 0}}).request.logprobs, -1);
+  // A batch of one token-id prompt (lm-eval's tokenized requests) is the prompt.
+  const qspec::ApiRequest ids = parse(false, json{{"prompt", json::array({json::array({5, 6, 7})})}});
+  EXPECT_EQ(ids.request.prompt, (std::vector<int32_t>{5, 6, 7}));
+}
+
+TEST(OpenaiApi, PenaltiesAndLogitBiasParse) {
+  const qspec::SamplingParams s =
+      parse(false, json{{"presence_penalty", 0.5}, {"frequency_penalty", -1}, {"logit_bias", {{"5", 100}, {"7", -2.5}}}})
+          .request.sampling;
+  EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty, -1.0f);
+  ASSERT_EQ(s.logit_bias.size(), 2u);
+  EXPECT_EQ(s.logit_bias[0], (std::pair<int32_t, float>{5, 100.0f}));
+  EXPECT_EQ(s.logit_bias[1], (std::pair<int32_t, float>{7, -2.5f}));
+  EXPECT_TRUE(parse(true, json{{"logit_bias", json::object()}}).request.sampling.logit_bias.empty());
+  expect_bad(false, json{{"presence_penalty", 2.5}}, "presence_penalty", "[-2");
+  expect_bad(true, json{{"frequency_penalty", -3}}, "frequency_penalty", "[-2");
+  expect_bad(false, json{{"logit_bias", {{"5", 101}}}}, "logit_bias", "[-100, 100]");
+  expect_bad(false, json{{"logit_bias", {{"abc", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(false, json{{"logit_bias", {{"100000", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(false, json{{"logit_bias", {{"-1", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(false, json{{"logit_bias", json::array({1})}}, "logit_bias", "must be an object");
+}
+
+TEST(OpenaiApi, LogprobsLimitsAreA400) {
+  const std::string most = std::to_string(qspec::kMaxTopLogprobs);
+  expect_bad(true, json{{"logprobs", true}, {"top_logprobs", 30}}, "top_logprobs", "[0, " + most + "]");
+  expect_bad(true, json{{"top_logprobs", 5}}, "top_logprobs", "needs \"logprobs\": true");
+  expect_bad(true, json{{"logprobs", 1}}, "logprobs", "must be a boolean");
+  expect_bad(false, json{{"logprobs", 21}}, "logprobs", "[0, " + most + "]");
+  expect_bad(false, json{{"logprobs", -1}}, "logprobs", "[0, " + most + "]");
+  expect_bad(false, json{{"logprobs", true}}, "logprobs", "must be an integer");
+  // max_tokens 0 only scores a prompt that is echoed.
+  expect_bad(false, json{{"max_tokens", 0}}, "max_tokens", "0 only with \"echo\": true");
+  // Chat has no echo; completions take the top count in logprobs, not top_logprobs.
+  expect_refused(true, "echo", true);
+  expect_refused(false, "top_logprobs", 2);
+  expect_bad(false, json{{"prompt", json::array({json::array({1}), json::array({2})})}}, "prompt", "batched prompts");
 }
 
 TEST(OpenaiApi, NeutralValuesOfUnsupportedOptionsAreAccepted) {
@@ -179,18 +234,16 @@ TEST(OpenaiApi, HarmlessAndUnknownFieldsAreIgnored) {
 
 TEST(OpenaiApi, RefusalComesWithTheAcceptedValues) {
   try {
-    parse(/*chat=*/false, json{{"presence_penalty", 0.5}});
+    parse(/*chat=*/false, json{{"best_of", 3}});
     ADD_FAILURE() << "accepted";
   } catch (const qspec::ApiError& error) {
-    EXPECT_EQ(std::string(error.what()),
-              "'presence_penalty' = 0.5 is not supported by this server (it accepts only 0)");
+    EXPECT_EQ(std::string(error.what()), "'best_of' = 3 is not supported by this server (it accepts only 1)");
   }
   try {  // a long value is shortened in the message
-    parse(/*chat=*/true, json{{"logit_bias", {{"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7},
-                                             {"8", 8}, {"9", 9}, {"10", 10}}}});
+    parse(/*chat=*/true, json{{"prediction", {{"type", "content"}, {"content", std::string(200, 'x')}}}});
     ADD_FAILURE() << "accepted";
   } catch (const qspec::ApiError& error) {
-    EXPECT_EQ(error.param, "logit_bias");
+    EXPECT_EQ(error.param, "prediction");
     EXPECT_LT(std::string(error.what()).size(), 160u) << error.what();
   }
 }

@@ -1,3 +1,4 @@
+// The host sampler (ops/sample.h): penalties, temperature, top-k / top-p / min-p, seeded draws; token log-probabilities.
 #include "ops/sample.h"
 
 #include <algorithm>
@@ -10,7 +11,10 @@
 
 namespace qspec {
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), generator_(params.seed) { check(params); }
+Sampler::Sampler(const SamplingParams& params, int64_t output_start)
+    : params_(params), output_start_(std::max<int64_t>(output_start, 0)), generator_(params.seed) {
+  check(params);
+}
 
 void Sampler::check(const SamplingParams& params) {
   QSPEC_CHECK(std::isfinite(params.temperature) && params.temperature >= 0, "temperature must be >= 0, got ",
@@ -20,6 +24,13 @@ void Sampler::check(const SamplingParams& params) {
   QSPEC_CHECK(params.min_p >= 0 && params.min_p <= 1, "min_p must be in [0, 1], got ", params.min_p);
   QSPEC_CHECK(params.repetition_penalty > 0, "repetition_penalty must be > 0, got ",
               params.repetition_penalty);
+  QSPEC_CHECK(std::isfinite(params.presence_penalty) && std::abs(params.presence_penalty) <= kMaxPenalty,
+              "presence_penalty must be in [-", kMaxPenalty, ", ", kMaxPenalty, "], got ", params.presence_penalty);
+  QSPEC_CHECK(std::isfinite(params.frequency_penalty) && std::abs(params.frequency_penalty) <= kMaxPenalty,
+              "frequency_penalty must be in [-", kMaxPenalty, ", ", kMaxPenalty, "], got ", params.frequency_penalty);
+  for (const auto& [id, bias] : params.logit_bias)
+    QSPEC_CHECK(id >= 0 && std::isfinite(bias) && std::abs(bias) <= kMaxLogitBias, "logit_bias: id ", id,
+                " must be >= 0 with a bias in [-", kMaxLogitBias, ", ", kMaxLogitBias, "], got ", bias);
 }
 
 uint64_t Sampler::random_seed() {
@@ -37,17 +48,33 @@ int32_t Sampler::argmax(std::span<const float> logits) {
 }
 
 namespace {
-// CTRL-style penalty as in transformers / llama.cpp: divide positive logits, multiply
-// negative ones, once per distinct token.
-std::vector<float> penalised(std::span<const float> logits, std::span<const int32_t> history, float penalty) {
+bool adjusts(const SamplingParams& p) { return p.repetition_penalty != 1.0f || p.has_additive_adjustments(); }
+
+// The scores the filters see: the CTRL-style repetition penalty as in transformers / llama.cpp
+// (divide positive logits, multiply negative ones, once per distinct token of the history),
+// then OpenAI's presence / frequency penalties over the output's ids (history from
+// output_start) and logit_bias (ids outside the row are ignored).
+std::vector<float> penalised(std::span<const float> logits, std::span<const int32_t> history, const SamplingParams& p,
+                             int64_t output_start) {
   std::vector<float> out(logits.begin(), logits.end());
-  if (penalty == 1.0f) return out;
-  std::vector<bool> seen(out.size(), false);
-  for (int32_t id : history) {
-    if (id < 0 || static_cast<size_t>(id) >= out.size() || seen[id]) continue;
-    seen[id] = true;
-    out[id] = out[id] > 0 ? out[id] / penalty : out[id] * penalty;
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(out.size(), false);
+    for (int32_t id : history) {
+      if (id < 0 || static_cast<size_t>(id) >= out.size() || seen[id]) continue;
+      seen[id] = true;
+      out[id] = out[id] > 0 ? out[id] / p.repetition_penalty : out[id] * p.repetition_penalty;
+    }
   }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::vector<int32_t> count(out.size(), 0);
+    for (size_t i = static_cast<size_t>(std::min<int64_t>(output_start, static_cast<int64_t>(history.size())));
+         i < history.size(); ++i)
+      if (history[i] >= 0 && static_cast<size_t>(history[i]) < out.size()) ++count[history[i]];
+    for (size_t id = 0; id < out.size(); ++id)
+      if (count[id] > 0) out[id] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count[id]);
+  }
+  for (const auto& [id, bias] : p.logit_bias)
+    if (id >= 0 && static_cast<size_t>(id) < out.size()) out[id] += bias;
   return out;
 }
 }  // namespace
@@ -62,8 +89,8 @@ std::vector<float> Sampler::probabilities(std::span<const float> logits, std::sp
   // No copy of the row without a penalty (a 128k row is half a megabyte of fresh pages a call).
   std::vector<float> penalised_scores;
   std::span<const float> scores = logits;
-  if (params_.repetition_penalty != 1.0f) {
-    penalised_scores = penalised(logits, history, params_.repetition_penalty);
+  if (adjusts(params_)) {
+    penalised_scores = penalised(logits, history, params_, output_start_);
     scores = penalised_scores;
   }
   for (float score : scores) QSPEC_CHECK(!std::isnan(score), "sampler: NaN in logits");
@@ -163,8 +190,8 @@ double Sampler::next_draw() { return static_cast<double>(generator_() >> 11) * 0
 int32_t Sampler::sample_with_draw(std::span<const float> logits, std::span<const int32_t> history,
                                   double draw) const {
   if (params_.greedy()) {
-    if (params_.repetition_penalty == 1.0f) return argmax(logits);
-    std::vector<float> scores = penalised(logits, history, params_.repetition_penalty);
+    if (!adjusts(params_)) return argmax(logits);
+    std::vector<float> scores = penalised(logits, history, params_, output_start_);
     return argmax(scores);
   }
   std::vector<float> probs = probabilities(logits, history);
@@ -178,6 +205,33 @@ int32_t Sampler::sample_with_draw(std::span<const float> logits, std::span<const
     if (draw < cumulative) return last_candidate;
   }
   return last_candidate;  // rounding left the draw just past the total
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int32_t top) {
+  QSPEC_CHECK(!logits.empty() && id >= 0 && static_cast<size_t>(id) < logits.size(), "token_logprob: id ", id,
+              " outside a row of ", logits.size());
+  float peak = logits[0];
+  for (float x : logits) peak = std::max(peak, x);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - peak);
+  const double log_total = peak + std::log(sum);
+  TokenLogprob out;
+  out.id = id;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_total);
+  if (top <= 0) return out;
+  // The `top` best ids in one pass: a small list kept sorted (score descending, lower id first).
+  const size_t keep = std::min(static_cast<size_t>(top), logits.size());
+  std::vector<int32_t> best;
+  best.reserve(keep + 1);
+  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const int32_t candidate = static_cast<int32_t>(i);
+    if (best.size() == keep && !before(candidate, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), candidate, before), candidate);
+    if (best.size() > keep) best.pop_back();
+  }
+  for (int32_t b : best) out.top.emplace_back(b, static_cast<float>(logits[static_cast<size_t>(b)] - log_total));
+  return out;
 }
 
 }  // namespace qspec

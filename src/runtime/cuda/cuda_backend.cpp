@@ -58,6 +58,9 @@ class CudaBackend final : public Backend {
                                          "w4a4*)");
   }
   bool kv_in_pool() const override { return false; }
+  // Its logit rows a step are bounded (GpuLlama's max_logit_rows, a few per sequence), below a
+  // prompt chunk's.
+  bool scores_prompts() const override { return false; }
 
   PassResult forward(const RunMode& mode, std::span<const PassRun> runs) override {
     PassResult result;
