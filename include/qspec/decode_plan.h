@@ -67,6 +67,8 @@ struct DecodePlan {
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
   // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
   bool ngram_draft() const { return qspec() && draft == decode_rules::kNgramDraft; }
+  // The sinks the draft's view keeps: draft_sinks with a window, none without one.
+  int64_t draft_view_sinks() const { return draft_window > 0 ? draft_sinks : 0; }
   // The most draft tokens one cycle can take (0 for plain decoding).
   int64_t gamma_bound() const { return qspec() ? (adaptive_gamma ? max_gamma : gamma) : 0; }
   // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft.

@@ -267,7 +267,7 @@ struct Engine::Impl {
       if (!seq->ngram) {
         seq->draft = runnable_mode(plan.draft, "draft");
         seq->draft.kv_window = plan.draft_window;
-        seq->draft.kv_sinks = plan.draft_window > 0 ? plan.draft_sinks : 0;
+        seq->draft.kv_sinks = plan.draft_view_sinks();
         QSPEC_CHECK(plan.draft_window + seq->draft.kv_sinks < context_limit, "request: draft_window ",
                     plan.draft_window, " + draft_sinks ", seq->draft.kv_sinks, " is not below the context (",
                     context_limit, " tokens): the draft would read the whole cache (draft_window 0 says that)");

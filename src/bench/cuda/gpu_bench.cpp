@@ -280,7 +280,7 @@ RunMode bench_draft_mode(const std::string& spec) {
               "`qspec eval qspec --device cuda`)");
   RunMode mode = parse_run_mode(plan.draft);
   mode.kv_window = plan.draft_window;
-  mode.kv_sinks = plan.draft_window > 0 ? plan.draft_sinks : 0;
+  mode.kv_sinks = plan.draft_view_sinks();
   return mode;
 }
 
