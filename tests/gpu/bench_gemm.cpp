@@ -324,9 +324,9 @@ int main(int argc, char** argv) {
           for (int tile : tiles) {
             const cuda::W4A16TiledConfig config{tile, 0};
             const std::string tile_name = cuda::w4a16_tiled_tile_name(tile);
-            if (tile == cuda::kW4A16WgmmaTile && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+            if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
             for (const auto& [act, name] : quantized_inputs) {
-              if (tile == cuda::kW4A16WgmmaTile && act != &xf16) continue;  // f16 values only
+              if (cuda::w4a16_is_wgmma_tile(tile)) continue;  // plain f16 activations only
               time_w4(std::string(name) + "_tiled_" + tile_name, [&](void* s, int i) {
                 cuda::w4_quantized_gemm_tiled(*act, m, views[i % w4_copies], y.as<uint16_t>(), shape.n,
                                               tiled_workspace.get(), tiled_ws, s, config);
@@ -450,7 +450,7 @@ int main(int argc, char** argv) {
         }
         for (int tile : tiles)
           for (int64_t splits : split_list) {
-            if (tile == cuda::kW4A16WgmmaTile && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+            if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
             const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits)};
             const std::string name =
                 "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) + (splits > 0 ? "_s" + std::to_string(splits) : "");

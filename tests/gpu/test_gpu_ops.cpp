@@ -1001,6 +1001,10 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled 128x128 split4", 4, 4),
                                  tiled("tiled wgmma 128x64", cuda::kW4A16WgmmaTile, 1),
                                  tiled("tiled wgmma 128x64 split3", cuda::kW4A16WgmmaTile, 3),
+                                 tiled("tiled wgmma 128x32", cuda::kW4A16WgmmaTile32, 1),
+                                 tiled("tiled wgmma 128x32 split5", cuda::kW4A16WgmmaTile32, 5),
+                                 tiled("tiled wgmma 128x128", cuda::kW4A16WgmmaTile128, 1),
+                                 tiled("tiled wgmma 128x128 split2", cuda::kW4A16WgmmaTile128, 2),
                                  tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
                                  tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
@@ -1008,8 +1012,8 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
       for (const Path& path : paths) {
         // small_m: the same kernel as v1 past 64 (sliced); tiled runs at every m.
         if (path.path == cuda::W4A16Path::small_m && path.config.variant >= 2 && m > 64) continue;
-        // The wgmma tile runs on sm_90a only (an H100 runs it here).
-        if (path.tiled.tile == cuda::kW4A16WgmmaTile && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+        // The wgmma tiles run on sm_90a only (an H100 / H200 runs them here).
+        if (cuda::w4a16_is_wgmma_tile(path.tiled.tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
         const size_t bytes = std::max(cuda::w4a16_workspace_bytes(m, s.n, s.k, path.path),
                                       cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4);
         // The tiled split-K runs ask for more splits than its heuristic's bound: room for 5.
@@ -1116,8 +1120,9 @@ TEST_F(Gpu, W4A16TiledMatchesSmallMBitwise) {
         return download<f16>(d_y, static_cast<size_t>(m * n));
       };
       const std::vector<f16> expected = run(false, 0);
+      // The wgmma tiles fold the group scales into f16 weights: their own bound above, not these bits.
       for (int tile = 1; tile <= cuda::kW4A16TiledTiles; ++tile) {
-        if (tile != cuda::kW4A16WgmmaTile || cuda::w4a16_wgmma_tile_runs_here()) {
+        if (!cuda::w4a16_is_wgmma_tile(tile)) {
           ASSERT_EQ(run(true, tile), expected) << "tile " << cuda::w4a16_tiled_tile_name(tile) << " m" << m << " n" << n
                                                << " k" << k << " g" << group;
         }

@@ -2,6 +2,8 @@
 // packed weights, the checked activation rows of quantized inputs, and whether an sm_90a-only
 // kernel runs here.
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "ops/cuda/kernels/w4_activation.cuh"
@@ -31,5 +33,11 @@ bool sm90a_build_runs(Kernel* kernel) {
   }
   return attributes.binaryVersion == 90;
 }
+
+// A row-major f16 matrix [rows][cols] (rows `pitch_bytes` apart, 16-byte aligned) as boxes of
+// box_cols x box_rows in the 128-byte swizzle the wgmma descriptors read (box_cols * 2 == 128);
+// rows and columns outside the matrix read as zeros (defined in w4_s8_wgmma.cu).
+CUtensorMap f16_box_map(const void* base, int64_t rows, int64_t cols, int64_t pitch_bytes, int box_cols, int box_rows,
+                        const char* who);
 
 }  // namespace qspec::cuda::detail

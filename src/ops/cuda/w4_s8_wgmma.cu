@@ -76,6 +76,27 @@ CUtensorMap int8_box_map(const void* base, int64_t rows, int64_t cols, int64_t p
   return map;
 }
 
+}  // namespace
+
+CUtensorMap detail::f16_box_map(const void* base, int64_t rows, int64_t cols, int64_t pitch_bytes, int box_cols,
+                                int box_rows, const char* who) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(pitch_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(base), dims,
+                                         strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QSPEC_CHECK(result == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(result),
+              ") for a ", rows, " x ", cols, " f16 matrix, pitch ", pitch_bytes, " bytes, box ", box_cols, " x ",
+              box_rows);
+  return map;
+}
+
+namespace {
+
 // The packed weights (ops/w4a16_pack.h: [row blocks][k * 8 bytes]) as 128-byte rows, k / 16 of
 // them a row block, in boxes of one stage (8 rows) of 8 row blocks, 128-byte swizzle; row blocks
 // past the matrix read as zeros.

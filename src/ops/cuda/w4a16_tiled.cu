@@ -52,9 +52,9 @@ struct TiledKernel {
   void (*launch)(const kernels::W4A16TiledParams&, dim3, cudaStream_t);
 };
 
-// One kernel of the tiled path: KERNEL (the wgmma one or the mma.sync one) on ROWS x TOKENS tiles,
-// THREADS a block, SMEM bytes of dynamic shared memory.
-template <auto KERNEL, bool WGMMA, int THREADS, int SMEM, int ROWS, int TOKENS>
+// One kernel of the tiled path: the mma.sync KERNEL on ROWS x TOKENS tiles, THREADS a block, SMEM
+// bytes of dynamic shared memory.
+template <auto KERNEL, int THREADS, int SMEM, int ROWS, int TOKENS>
 struct TileLauncher {
   // Once per process: opt in to the shared memory, then ask how many blocks fit.
   static int configure() {
@@ -65,8 +65,7 @@ struct TileLauncher {
   }
   static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
     launch_pdl(KERNEL, grid, dim3(THREADS), SMEM, stream, params);
-    if constexpr (WGMMA) QSPEC_CUDA_CHECK_LAUNCH("w4a16_wgmma_kernel");
-    else QSPEC_CUDA_CHECK_LAUNCH("w4_tiled_kernel");
+    QSPEC_CUDA_CHECK_LAUNCH("w4_tiled_kernel");
   }
   static TiledKernel get() {
     static const int blocks_per_sm = configure();
@@ -76,7 +75,7 @@ struct TileLauncher {
 
 // Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
 template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile, SWIGLU>>
-using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, false, Tile::kThreads,
+using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, Tile::kThreads,
                                    Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
 // QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage, as before the late
 // refill (A/B runs; the default takes kernels::kTiledLateRefill's choice a tile).
@@ -85,15 +84,42 @@ bool late_refill() {
   return on;
 }
 
-// Tile 5: the wgmma kernel (kernels/w4a16_wgmma.cuh), f16 activation values only.
-template <class Act, int G>
-using WgmmaLauncher = TileLauncher<kernels::w4a16_wgmma_kernel<Act, G>, true, kernels::W4A16WgmmaTile::kThreads,
-                                   kernels::W4A16WgmmaTile::kSmemBytes, kernels::W4A16WgmmaTile::kRows,
-                                   kernels::W4A16WgmmaTile::kTokens>;
+// Tiles 5, 7 and 8: the wgmma kernel (kernels/w4a16_wgmma.cuh) at 64, 32 and 128 tokens, f16
+// activation values only. Its x arrives by TMA: each launch encodes x's tensor map (a kernel
+// parameter, so a captured graph keeps it).
+using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6>;
+using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 8>;
+using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4>;
+template <class Shape, int G>
+struct WgmmaLauncher {
+  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G>;
+  static int configure() {
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+    return 1;
+  }
+  static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
+    const CUtensorMap x_map = detail::f16_box_map(params.a.x, params.m, params.w.k, params.a.ldx * 2, 64,
+                                                  Shape::kTokens, "cuda::w4a16_gemm_tiled (wgmma)");
+    launch_pdl(kKernel, grid, dim3(Shape::kThreads), Shape::kSmemBytes, stream, x_map, params);
+    QSPEC_CUDA_CHECK_LAUNCH("w4a16_wgmma_kernel");
+  }
+  static TiledKernel get() {
+    static const int blocks_per_sm = configure();
+    return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch};
+  }
+};
+template <class Shape>
+TiledKernel wgmma_kernel_for_group(int64_t group) {
+  switch (group) {
+    case 32: return WgmmaLauncher<Shape, 32>::get();
+    case 64: return WgmmaLauncher<Shape, 64>::get();
+    default: return WgmmaLauncher<Shape, 128>::get();
+  }
+}
 
-// Whether this GPU runs the wgmma tile's sm_90a code (an H100 / H200 and a build with sm_90a).
+// Whether this GPU runs the wgmma tiles' sm_90a code (an H100 / H200 and a build with sm_90a).
 bool wgmma_tile_runs_here() {
-  static const bool runs = detail::sm90a_build_runs(kernels::w4a16_wgmma_kernel<kernels::ActF16, 128>);
+  static const bool runs = detail::sm90a_build_runs(kernels::w4a16_wgmma_kernel<WgmmaShape64, 128>);
   return runs;
 }
 
@@ -120,14 +146,10 @@ TiledKernel tiled_kernel_for_group(int64_t group) {
 template <class Act, bool SWIGLU = false>
 TiledKernel tiled_kernel(int tile, int64_t group) {
   static_assert(!SWIGLU || std::is_same_v<Act, kernels::ActF16>, "the SwiGLU epilogue takes f16 activations");
-  if constexpr (kF16Values<Act> && !SWIGLU) {
-    if (tile == kW4A16WgmmaTile) {
-      switch (group) {
-        case 32: return WgmmaLauncher<Act, 32>::get();
-        case 64: return WgmmaLauncher<Act, 64>::get();
-        default: return WgmmaLauncher<Act, 128>::get();
-      }
-    }
+  if constexpr (std::is_same_v<Act, kernels::ActF16> && !SWIGLU) {
+    if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64>(group);
+    if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32>(group);
+    if (tile == kW4A16WgmmaTile128) return wgmma_kernel_for_group<WgmmaShape128>(group);
   }
   switch (tile) {
     case 1: return tiled_kernel_for_group<Act, Tile256x64, SWIGLU>(group);
@@ -163,7 +185,8 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool wgmma_asked = env_int("QSPEC_W4A16_WGMMA", 0, 0, 1) == 1;
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
   static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
-  if (kF16Values<Act> && m > 16 && wgmma_asked && wgmma_tile_runs_here()) return kW4A16WgmmaTile;
+  if (std::is_same_v<Act, kernels::ActF16> && m > 16 && wgmma_asked && wgmma_tile_runs_here())
+    return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
   const bool narrow_fits = narrow_allowed && narrow.blocks_per_sm >= 2;
@@ -185,7 +208,9 @@ std::string w4a16_tiled_tile_name(int tile) {
     case 2: return "128x64";
     case 3: return "256x32";
     case 4: return "128x128";
-    case 5: return "wgmma_128x64";
+    case kW4A16WgmmaTile: return "wgmma_128x64";
+    case kW4A16WgmmaTile32: return "wgmma_128x32";
+    case kW4A16WgmmaTile128: return "wgmma_128x128";
     case kW4A16Tile128x32: return "128x32";
     default: return "auto";
   }
@@ -212,8 +237,9 @@ template <class Act>
 TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layout& layout, const void* workspace,
                      size_t workspace_bytes, const W4A16TiledConfig& config) {
   const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
-  QSPEC_CHECK(tile != kW4A16WgmmaTile || (kF16Values<Act> && wgmma_tile_runs_here()),
-              "cuda::w4a16_gemm_tiled: the wgmma tile (5) needs f16 activation values and an sm_90a GPU and build");
+  QSPEC_CHECK(!w4a16_is_wgmma_tile(tile) || (std::is_same_v<Act, kernels::ActF16> && wgmma_tile_runs_here()),
+              "cuda::w4a16_gemm_tiled: the wgmma tiles (5, 7, 8) need f16 activation values and an sm_90a GPU and "
+              "build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
   const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
   QSPEC_CHECK(row_tiles <= 65535, "cuda::w4a16_gemm_tiled: n ", w.n, " too large");

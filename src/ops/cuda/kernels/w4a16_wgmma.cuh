@@ -1,230 +1,290 @@
-// W4A16 GEMM for tens of tokens on Hopper's wgmma, with the weights' A fragments from registers:
-// tile 5 of the tiled kernel (w4a16_tiled.cuh), the same parameters, split-K and fix-up, and the
-// same bits.
+// W4A16 GEMM for tens to thousands of tokens on Hopper's own machinery: warpgroup MMA (wgmma)
+// with the 4-bit weights as the register A operand, fed by the bulk copy engine, warp-specialised
+// (a producer warp copies, two mma warpgroups dequantize and multiply), tokens of x read by the
+// tensor cores straight from shared memory in their natural k order.
 //
-// Why: at 32-64 tokens the mma.sync tiled kernel runs the Llama-3-8B layer GEMMs in ~3x their
-// bytes' time (perf-notes), although neither the bytes nor the f16 mma rate explain it: every
-// mma.sync costs issue slots for its operands (a B fragment a token tile and a k16 step from
-// shared memory) and its accumulators' dependences. A wgmma reads the tokens (B) straight from
-// shared memory, 64 rows x 64 tokens x 16 k a warpgroup an instruction, asynchronously.
+// Why this shape (issue 53; docs/perf-notes.md, "W4A16 at batch 16-64, and the QSpec verify"):
+// the mma.sync tiles take about their bytes' time plus their mma time at 32-64 tokens, and the
+// first wgmma kernel here (register A in the packed k order) had to transpose x in shared memory
+// every stage behind two block barriers and wait for its wgmma at every scale group: slower.
+// Here nothing waits for anything but data:
+// * x arrives by TMA (a 2D tensor map, 64 k x NT tokens a box, the 128-byte swizzle the wgmma
+//   descriptor reads), in natural k order, so no thread touches it;
+// * the weights stay in their one packed layout (ops/w4a16_pack.h, shared with every other W4A16
+//   kernel). Lane 4g + t holds, for each 32-k pair, physical k 8t .. 8t + 7 of rows g and g + 8,
+//   where a wgmma k16 step wants k 2t, 2t + 1, 2t + 8, 2t + 9: a 4 x 4 transpose of 16-bit
+//   pieces among the 4 lanes of a quad (two shfl.xor rounds) turns each lane's two words into the
+//   two packed words of its A fragments in natural order (pair_to_natural below);
+// * the group scale is folded into the dequantized weights (f16 (u - 8) * s, as Marlin and
+//   Machete do), so the f32 accumulators run across the whole k range and each warpgroup only
+//   waits for the wgmma of the pair before last (double-buffered A registers).
+// The price: the products are of f16-rounded scaled weights (relative 2^-11 a weight) summed in
+// 16-k steps of natural order, so the output is not the mma.sync tiles' bit for bit; it is
+// within the same bound of the CPU reference (the gpu tests check both).
 //
-// The A fragments are the tiled kernel's: each lane unpacks its own 16 bytes of a chunk of the
-// packed layout (ops/w4a16_pack.h) with ActF16::unpack into exact f16 integers, which are the
-// mma.m16n8k16 A fragments of the two k16 steps of each pair in its permuted k order. A wgmma's
-// A register fragment is that same layout for each warp's 16 rows. So the tokens in shared memory
-// must be in that permuted k order too: the k16 step s of a 32-k pair holds, at logical k 8h + 2t + e,
-// the physical k 8t + 4s + 2h + e. That is, with the pair's 64 bytes of a token as four 16-byte
-// pieces t of four 4-byte words j, logical piece j = (word j of pieces 0, 1, 2, 3): a 4 x 4
-// transpose of words, done in shared memory after the copy (below).
-// Then every wgmma multiplies the same products as the tiled kernel's mma.sync pair, in the same
-// k order and the same scale groups (f32 group sums, scaled into f32 totals at each group's end),
-// so the output is the tiled kernel's bit for bit (the gpu tests check it).
-//
-// The block: 2 warpgroups x 64 weight rows (128 rows, 8 row blocks), 64 tokens (n64), stages
-// of 2 chunks (128 k, 8 wgmma a warpgroup). Weights: bulk copies (1 KB and the scales a row block
-// a stage, each warp its own) into a kWStages ring, an mbarrier a slot, the first ones before
-// griddepcontrol.wait.
-// Tokens: a kXStages ring of 18-KB slots, filled kXStages - 1 stages ahead by one bulk copy a
-// token row (an mbarrier a slot); each stage, every thread moves one (token, pair) in place into
-// the two 128-byte-swizzled boxes of 64 tokens x 64 k the wgmma read, transposed. (The first
-// version scattered 4-byte cp.async copies straight to the transposed places: 11-18 % slower at
-// 32 tokens, 0-7 % at 64.)
-// Each warpgroup waits for its own wgmma at the end of each scale group (the group sums are then
-// scaled); the other warpgroup's wgmma and unpacking overlap it.
+// The block: warpgroup 0 is the producer (its warp 0, lane 0 issues every copy), warpgroups 1 and
+// 2 multiply, 64 weight rows each (a row block of 16 a warp), NT = 8 * TILES tokens. A ring of
+// STAGES slots of 128 k (4 pairs): x (two 64-k boxes), the 8 row blocks' codes (1 KB each) and
+// scales; a full barrier a slot (the producer's expect-tx, completed by the copies) and an empty
+// barrier a slot (one arrival a mma warp once its wgmma reading the slot are done). Weights of
+// the first STAGES stages go out before griddepcontrol.wait (no earlier kernel writes them).
+// Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'.
 #pragma once
+#include <cuda.h>  // CUtensorMap
+
+#include <type_traits>
+
+#include "ops/cuda/kernels/w4_activation.cuh"  // prmt
 #include "ops/cuda/kernels/w4a16_tiled.cuh"
 #include "ops/cuda/kernels/wgmma.cuh"
 
 namespace qspec::cuda::kernels {
 
-struct W4A16WgmmaTile {
-  static constexpr int kRows = 128, kTokens = 64, kThreads = 256;
-  static constexpr int kChunks = 2;                                // 64-k chunks a stage
-  static constexpr int kPairs = 2 * kChunks;                       // 32-k pairs a stage
-  static constexpr int kWStages = 5;                               // weight ring slots
-  static constexpr int kXStages = 3;                               // token ring slots
-  static constexpr int kCodeBytes = kChunks * 512;                 // a row block's packed weights a stage
-  static constexpr int kScaleBytes = kPairs * 32;                  // its scales: at most a group a pair (G = 32)
-  static constexpr int kRowBlockBytes = kCodeBytes + kScaleBytes;
-  static constexpr int kWStageBytes = kRows / 16 * kRowBlockBytes;  // 9 KB
-  static constexpr int kBoxBytes = kTokens * 128;                  // 64 tokens x 64 k, 128B-swizzled
-  // A token slot holds the stage's rows as copied (kStagedRowBytes apart: 16 bytes of padding
-  // spread a quarter warp's reads over all banks), then, in place, the two boxes the wgmma read.
-  static constexpr int kStagedRowBytes = kPairs * 64 + 16;
-  static constexpr int kXStageBytes = (kTokens * kStagedRowBytes + 1023) / 1024 * 1024;  // 18 KB
-  static constexpr int kSmemBytes = kXStages * kXStageBytes + kWStages * kWStageBytes + 1024;
-  static_assert(kChunks * kBoxBytes <= kXStageBytes && kThreads == kTokens * kPairs,
-                "x: one (token, pair) a thread a stage");
-  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks a multiprocessor");
+template <int TILES_, int STAGES_>
+struct W4A16WgmmaShape {
+  static constexpr int TILES = TILES_, STAGES = STAGES_;
+  static constexpr int kTokens = 8 * TILES;
+  static constexpr int kRows = 128, kRowBlocks = 8;
+  static constexpr int kThreads = 384;                       // producer warpgroup + 2 mma warpgroups
+  static constexpr int kPairs = 4;                           // 32-k pairs a stage (128 k)
+  static constexpr int kBoxBytes = kTokens * 128;            // 64 k x NT tokens of f16, 128B-swizzled
+  static constexpr int kXBytes = 2 * kBoxBytes;              // two boxes a stage
+  static constexpr int kCodeBytes = kPairs * 256;            // a row block's codes a stage
+  static constexpr int kScaleBytes = kPairs * 32;            // its scales: at most a group a pair (G = 32)
+  static constexpr int kWBytes = kRowBlocks * (kCodeBytes + kScaleBytes);
+  static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;  // boxes stay 1024-aligned
+  static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;                // + the alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "the ring fits a multiprocessor");
 };
 
-template <class Act, int G>
-__global__ __launch_bounds__(W4A16WgmmaTile::kThreads, 2) void w4a16_wgmma_kernel(const W4A16TiledParams p) {
-#if QSPEC_WGMMA
-  using T = W4A16WgmmaTile;
-  static_assert(sizeof(typename Act::Elem) == 2, "f16 activations");
-  constexpr int PPG = G / 32;               // pairs a scale group
-  constexpr int GC = G >= 64 ? G / 64 : 1;  // chunks a group (a group of 32 is half a chunk)
-  static_assert(T::kPairs % PPG == 0 && T::kChunks % GC == 0, "a stage holds whole scale groups");
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* const x_ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* const w_ring = x_ring + T::kXStages * T::kXStageBytes;
-  __shared__ uint64_t w_full[T::kWStages];
-  __shared__ uint64_t x_full[T::kXStages];
+// Lane 4g + t's two words of one pair (w0: k 8t .. 8t + 3, w1: 8t + 4 .. 8t + 7, rows g and g + 8,
+// ops/w4a16_pack.h) -> the packed words of k16 steps 0 and 1 in natural order: step s's word holds
+// k 16s + 2t, + 1 and 16s + 8 + 2t, + 1 of rows g and g + 8 in the nibble order dequant_int4x8
+// reads (a[0] = row g k 2t, 2t + 1, a[1] = row g + 8, a[2] / a[3] k + 8: the A fragment).
+//
+// A 16-bit piece (j, h) of a word is its bytes h and h + 2: both rows at k 8t + 4j + 2h, + 1.
+// Lane t's piece t' of source lane t'' ... in short: lane t needs piece t (j = t >> 1, h = t & 1)
+// from each lane of its quad, a 4 x 4 transpose of pieces: two butterfly rounds (xor 1, xor 2),
+// each sending the two pieces whose slot bit differs from the lane's. `sel` holds the lane's
+// byte selectors (pair_selectors).
+struct PairSelectors {
+  uint32_t send1, keep_lo, keep_hi;
+  bool t0, t1;
+};
+__device__ __forceinline__ PairSelectors pair_selectors(int t) {
+  PairSelectors s;
+  s.t0 = (t & 1) != 0;
+  s.t1 = (t & 2) != 0;
+  s.send1 = s.t0 ? 0x5410u : 0x7632u;    // slots (0, !t0), (1, !t0): the halves !t0 of lo and hi
+  s.keep_lo = s.t0 ? 0x3254u : 0x5410u;  // lo' = slot (0, 0), (0, 1): own half t0, received low half
+  s.keep_hi = s.t0 ? 0x3276u : 0x7610u;  // hi' = slot (1, 0), (1, 1): own half t0, received high half
+  return s;
+}
+__device__ __forceinline__ void pair_to_natural(uint32_t w0, uint32_t w1, const PairSelectors& sel, uint32_t& step0,
+                                                uint32_t& step1) {
+  // Slots q = 2j + h: lo = (q 0, q 1) = w0's halves, hi = (q 2, q 3) = w1's.
+  uint32_t lo = prmt(w0, w0, 0x3120u), hi = prmt(w1, w1, 0x3120u);
+  const uint32_t got1 = __shfl_xor_sync(0xffffffffu, prmt(lo, hi, sel.send1), 1);
+  const uint32_t lo1 = prmt(lo, got1, sel.keep_lo), hi1 = prmt(hi, got1, sel.keep_hi);
+  const uint32_t got2 = __shfl_xor_sync(0xffffffffu, sel.t1 ? lo1 : hi1, 2);
+  lo = sel.t1 ? got2 : lo1;
+  hi = sel.t1 ? hi1 : got2;
+  // lo = (piece from lane 0, lane 1), hi = (lane 2, lane 3): bytes (a.b0, b.b0, a.b1, b.b1).
+  step0 = prmt(lo, lo, 0x3120u);
+  step1 = prmt(hi, hi, 0x3120u);
+}
 
-  const int tid = threadIdx.x, lane = tid & 31, warp_in_block = tid >> 5;  // warpgroup warp_in_block / 4
-  const int g = lane >> 2, t = lane & 3;
+// A packed word (natural order, above) -> the A fragment with the group scales folded in: rows g
+// (scale s.x) and g + 8 (s.y) as f16 (u - 8) * s.
+__device__ __forceinline__ void dequant_scaled(uint32_t word, uint32_t scale_pair, uint32_t (&a)[4]) {
+  dequant_int4x8(word, a);
+  const uint32_t row_g = prmt(scale_pair, scale_pair, 0x1010u), row_g8 = prmt(scale_pair, scale_pair, 0x3232u);
+  const __half2 sg = *reinterpret_cast<const __half2*>(&row_g), sg8 = *reinterpret_cast<const __half2*>(&row_g8);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2 v = *reinterpret_cast<__half2*>(&a[i]);
+    v = __hmul2(v, (i & 1) ? sg8 : sg);
+    a[i] = *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <class Shape, int G>
+__global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
+                                                                          const W4A16TiledParams p) {
+#if QSPEC_WGMMA
+  using T = Shape;
+  constexpr int TILES = T::TILES, STAGES = T::STAGES, PPG = G / 32;
+  static_assert(T::kPairs % PPG == 0, "a stage holds whole scale groups");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  __shared__ uint64_t full[STAGES], empty[STAGES];
+
+  // The warp index through a shuffle: provably uniform across the warp, so the compiler keeps the
+  // wgmma of the mma warps' branch pipelined (it serialises wgmma on paths it thinks divergent).
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int m_tile = blockIdx.x, row_tile = blockIdx.y, split = blockIdx.z;
   const int m0 = m_tile * T::kTokens, tile_m = min(T::kTokens, p.m - m0);
-  // Splits start and end at scale-group boundaries (as the tiled kernel's), so every stage does.
-  const int group_units = p.w.full_chunks / GC;
-  const int chunk_begin = static_cast<int>(static_cast<int64_t>(split) * group_units / p.splits) * GC;
-  const int chunk_end = static_cast<int>(static_cast<int64_t>(split + 1) * group_units / p.splits) * GC;
-  const bool do_tail = p.w.tail && split == p.splits - 1;  // k % 64 == 32: a last stage of one pair
-  const int full_stages = (chunk_end - chunk_begin + T::kChunks - 1) / T::kChunks;
-  const int stages = full_stages + (do_tail ? 1 : 0);
-  // Stage st: its first pair (of the whole k) and how many it has.
-  auto stage_pair0 = [&](int st) { return st < full_stages ? 2 * (chunk_begin + st * T::kChunks) : 2 * p.w.full_chunks; };
-  auto stage_pairs = [&](int st) {
-    return st < full_stages ? 2 * min(T::kChunks, chunk_end - chunk_begin - st * T::kChunks) : 1;
-  };
+  // Stages of 4 pairs (128 k); the last may be short (k % 128 != 0). Splits cut at stages.
+  const int total_pairs = 2 * p.w.full_chunks + p.w.tail;
+  const int all_stages = (total_pairs + T::kPairs - 1) / T::kPairs;
+  const int stage_begin = static_cast<int>(static_cast<int64_t>(split) * all_stages / p.splits);
+  const int stage_end = static_cast<int>(static_cast<int64_t>(split + 1) * all_stages / p.splits);
+  const int stages = stage_end - stage_begin;
+  auto stage_pairs = [&](int st) { return min(T::kPairs, total_pairs - (stage_begin + st) * T::kPairs); };
 
-  // Weights and their scales: each warp's lane 0 copies its own row block (past the matrix: the
-  // last one again, outputs dropped) and arrives on the slot's barrier (8 arrivals a phase): one
-  // thread issuing all 16 copies of a stage held its warpgroup's wgmma back. The scales ride with
-  // the codes: a load from global memory at the flush would wait out DRAM's latency every stage.
-  const int own_row_block = min(row_tile * (T::kRows / 16) + warp_in_block, p.w.row_blocks - 1);
-  const uint8_t* const own_codes = p.w.codes + static_cast<int64_t>(own_row_block) * p.w.k * 8;
-  const uint32_t* const own_scales = p.w.scales + static_cast<int64_t>(own_row_block) * p.w.groups * 8;
-  auto load_weights = [&](int st) {  // lane 0 of each warp
-    const int slot = st % T::kWStages, pairs = stage_pairs(st), pair0 = stage_pair0(st);
-    const int groups = pairs / PPG;  // whole groups: stages start and end at group boundaries
-    uint8_t* const dst = w_ring + slot * T::kWStageBytes + warp_in_block * T::kRowBlockBytes;
-    mbarrier_arrive_expect_tx(&w_full[slot], static_cast<uint32_t>(pairs * 256 + groups * 32));
-    bulk_copy_to_shared(dst, own_codes + static_cast<int64_t>(pair0) * 256, pairs * 256, &w_full[slot]);
-    bulk_copy_to_shared(dst + T::kCodeBytes, own_scales + (pair0 / PPG) * 8, groups * 32, &w_full[slot]);
-  };
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < T::kWStages; ++i) mbarrier_init(&w_full[i], T::kRows / 16);
-#pragma unroll
-    for (int i = 0; i < T::kXStages; ++i) mbarrier_init(&x_full[i], T::kThreads / 32);
+    for (int i = 0; i < STAGES; ++i) {
+      mbarrier_init(&full[i], 1);
+      mbarrier_init(&empty[i], 8);  // the 8 mma warps
+    }
     fence_proxy_async_shared();
   }
   __syncthreads();
-  // The weights are no earlier kernel's output: their first copies go out before the wait.
-  if (lane == 0)
-    for (int st = 0; st < T::kWStages && st < stages; ++st) load_weights(st);
   grid_launch_dependents();
 
-  const uint32_t w_lane = smem_address(w_ring) + warp_in_block * T::kRowBlockBytes;
-
-  // x: lanes 0-7 of each warp copy one token row each of the stage (pairs x 64 bytes, one bulk
-  // copy; rows past the tile's tokens are skipped: their columns are never stored); lane 0 arrives
-  // with the warp's bytes (8 arrivals a phase).
-  const int copy_row = warp_in_block * 8 + lane;  // lanes 0-7
-  const char* const copy_src = static_cast<const char*>(p.a.x) + static_cast<int64_t>(m0 + copy_row) * p.a.ldx * 2;
-  const int warp_rows = max(0, min(8, tile_m - warp_in_block * 8));
-  auto load_x = [&](int st) {  // the whole warp
-    const int pairs = stage_pairs(st), slot = st % T::kXStages;
-    if (lane == 0)
-      mbarrier_arrive_expect_tx(&x_full[slot], static_cast<uint32_t>(warp_rows * pairs * 64));
-    __syncwarp();
-    if (lane < warp_rows)
-      bulk_copy_to_shared(x_ring + slot * T::kXStageBytes + copy_row * T::kStagedRowBytes,
-                          copy_src + static_cast<int64_t>(stage_pair0(st)) * 64, pairs * 64, &x_full[slot]);
-  };
-  // Then each thread moves its (token, pair): four 16-byte pieces in, the 4 x 4 word transpose by
-  // naming, four pieces out to box pair / 2, bytes 64 (pair % 2) + 16 j of the token's row. A
-  // quarter warp is 8 tokens of one pair: conflict-free both ways.
-  const int x_token = tid % T::kTokens, x_pair = tid / T::kTokens;
-  const uint32_t x_staged = x_token * T::kStagedRowBytes + x_pair * 64;
-  const uint32_t x_box = (x_pair / 2) * T::kBoxBytes;
-
-  float acc[1][8][4];
-  float gacc[1][8][4];
-  zero_accumulators<Act>(acc, gacc);
-  uint32_t a[T::kPairs][2][4];  // the stage's A fragments: live until its wgmma are waited for
-
-  grid_dependency_wait();  // x comes from the previous kernel
-  for (int st = 0; st < T::kXStages - 1 && st < stages; ++st) load_x(st);
-
-  for (int st = 0; st < stages; ++st) {
-    const uint32_t x_stage = smem_address(x_ring) + (st % T::kXStages) * T::kXStageBytes;
-    mbarrier_wait(&x_full[st % T::kXStages], (st / T::kXStages) & 1);
-    const int pairs = stage_pairs(st), pair0 = stage_pair0(st), w_slot = st % T::kWStages;
-    uint4 piece[4];
-    const bool moves = x_pair < pairs;
-    if (moves)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) piece[j] = load_shared_16(x_stage + x_staged + 16 * j);
-    __syncthreads();  // every staged row is read (and every warpgroup is done with stage st - 1)
-    if (moves) {
-      const uint4 logical[4] = {
-          make_uint4(piece[0].x, piece[1].x, piece[2].x, piece[3].x),
-          make_uint4(piece[0].y, piece[1].y, piece[2].y, piece[3].y),
-          make_uint4(piece[0].z, piece[1].z, piece[2].z, piece[3].z),
-          make_uint4(piece[0].w, piece[1].w, piece[2].w, piece[3].w),
+  if (warp == 0) {
+    // ---- producer: lane 0 issues every copy of every stage ----
+    if (lane == 0) {
+      const uint64_t policy = l2_evict_first_policy();
+      // The bytes of a stage: codes (pairs x 256 a row block), scales (whole groups), x boxes.
+      auto w_bytes = [&](int pairs) { return T::kRowBlocks * (pairs * 256 + (pairs / PPG) * 32); };
+      auto load_w = [&](int st) {
+        const int slot = st % STAGES, pairs = stage_pairs(st), pair0 = (stage_begin + st) * T::kPairs;
+        uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
+#pragma unroll 1
+        for (int r = 0; r < T::kRowBlocks; ++r) {
+          const int rb = min(row_tile * T::kRowBlocks + r, p.w.row_blocks - 1);
+          const uint8_t* codes = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8 + static_cast<int64_t>(pair0) * 256;
+          const uint32_t* scales = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + pair0 / PPG) * 8;
+          bulk_copy_to_shared_hinted(w_dst + r * T::kCodeBytes, codes, pairs * 256, &full[slot], policy);
+          bulk_copy_to_shared(w_dst + T::kRowBlocks * T::kCodeBytes + r * T::kScaleBytes, scales, (pairs / PPG) * 32,
+                              &full[slot]);
+        }
       };
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t address = x_stage + x_box + swizzled_offset(x_token, ((x_pair % 2) * 4 + j) * 16);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(logical[j].x),
-                     "r"(logical[j].y), "r"(logical[j].z), "r"(logical[j].w)
-                     : "memory");
+      auto load_x = [&](int st) {
+        const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
+        uint8_t* const x_dst = ring + slot * T::kStageBytes;
+        // Both boxes even in a short last stage: k past the matrix reads as zeros, which its
+        // zero A fragments multiply (stale shared memory could hold NaN bits).
+        tma_load_2d(x_dst, &x_map, k0, m0, &full[slot]);
+        tma_load_2d(x_dst + T::kBoxBytes, &x_map, k0 + 64, m0, &full[slot]);
+      };
+      // The first STAGES stages: the weights before the wait for the previous kernel, x after it.
+      const int first = min(STAGES, stages);
+      for (int st = 0; st < first; ++st) {
+        const int pairs = stage_pairs(st);
+        mbarrier_arrive_expect_tx(&full[st], static_cast<uint32_t>(w_bytes(pairs) + T::kXBytes));
+        load_w(st);
+      }
+      grid_dependency_wait();
+      for (int st = 0; st < first; ++st) load_x(st);
+      for (int st = STAGES; st < stages; ++st) {
+        const int slot = st % STAGES, pairs = stage_pairs(st);
+        mbarrier_wait(&empty[slot], ((st / STAGES) - 1) & 1);
+        mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(w_bytes(pairs) + T::kXBytes));
+        load_w(st);
+        load_x(st);
       }
     }
-    fence_proxy_async_shared();  // the stores (generic proxy) are read next by wgmma (the async proxy)
-    __syncthreads();  // the boxes of stage st are complete
-    if (st + T::kXStages - 1 < stages) load_x(st + T::kXStages - 1);  // into stage st - 1's slot
-    if (lane == 0 && st >= 1 && st - 1 + T::kWStages < stages) load_weights(st - 1 + T::kWStages);
-    mbarrier_wait(&w_full[w_slot], (st / T::kWStages) & 1);
-    const uint32_t w_stage = w_lane + w_slot * T::kWStageBytes;
-    const bool tail_stage = st >= full_stages;
+  }
+  grid_dependency_wait();  // every thread: the epilogue writes y, which an earlier kernel may read
+
+  float acc[TILES][4];
 #pragma unroll
-    for (int group = 0; group < T::kPairs / PPG; ++group) {
-      if (group * PPG >= pairs) break;  // uniform: a short last stage
+  for (int i = 0; i < TILES; ++i)
 #pragma unroll
-      for (int q = group * PPG; q < (group + 1) * PPG; ++q) {
-        // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the tail's
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+
+  const int mma_warp = warp - 4;  // 0 .. 7: warpgroup mma_warp / 4, row block mma_warp
+  if (warp >= 4) {
+    const PairSelectors sel = pair_selectors(t);
+    const uint32_t ring_address = smem_address(ring);
+    // The A fragments of a stage ([parity][pair][k16 step]): a stage's are all made before its
+    // first wgmma and stay until its wgmma are waited for, one stage later.
+    uint32_t a[2][T::kPairs][2][4];
+    auto run_stage = [&](int st, auto parity_tag) {
+      constexpr int PARITY = decltype(parity_tag)::value;
+      const int slot = st % STAGES, pairs = stage_pairs(st);
+      const bool tail_chunk = (stage_begin + st) * T::kPairs + pairs == total_pairs && p.w.tail;
+      mbarrier_wait(&full[slot], (st / STAGES) & 1);
+      const uint32_t x_stage = ring_address + slot * T::kStageBytes;
+      const uint32_t codes = x_stage + T::kXBytes + mma_warp * T::kCodeBytes;
+      const uint32_t scales = x_stage + T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * T::kScaleBytes;
+#pragma unroll
+      for (int q = 0; q < T::kPairs; ++q) {
+        if (q >= pairs) {  // a short last stage: zero A fragments (the wgmma below run unconditionally)
+#pragma unroll
+          for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[PARITY][q][s][r] = 0;
+          continue;
+        }
+        // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the k tail's
         // half chunk: 8 bytes a lane).
-        const uint32_t address = tail_stage ? w_stage + lane * 8 : w_stage + (q / 2) * 512 + lane * 16 + (q % 2) * 8;
-        uint32_t w0, w1;
+        const bool tail_pair = tail_chunk && q == pairs - 1;
+        const uint32_t address = codes + (q / 2) * 512 + (tail_pair ? lane * 8 : lane * 16 + (q % 2) * 8);
+        uint32_t w0, w1, scale_pair;
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
-        const typename Act::Weights unpacked = Act::unpack(w0, w1);
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) a[q][s][r] = unpacked.a[s][r];
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(scales + (q / PPG) * 32 + g * 4));
+        uint32_t step0, step1;
+        pair_to_natural(w0, w1, sel, step0, step1);
+        dequant_scaled(step0, scale_pair, a[PARITY][q][0]);
+        dequant_scaled(step1, scale_pair, a[PARITY][q][1]);
       }
       wgmma_fence();
-      wgmma_fence_operands(gacc[0]);
 #pragma unroll
-      for (int q = group * PPG; q < (group + 1) * PPG; ++q)
+      for (int q = 0; q < T::kPairs; ++q) {  // no branch among the wgmma: it would serialise them
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
           // Pair q of the stage: box q / 2, bytes 64 (q % 2) + 32 s of each token row.
-          const uint64_t b_desc = wgmma_descriptor_128b(x_stage + (q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32);
-          wgmma_f16_m64n64k16_rs(gacc[0], a[q][s], b_desc);
+          const uint64_t desc = wgmma_descriptor_128b(x_stage + (q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32);
+          wgmma_f16_rs<TILES>(acc, a[PARITY][q][s], desc);
         }
+      }
       wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(gacc[0]);
+      wgmma_wait<1>();  // the stage before is done: its A registers and ring slot are free
 #pragma unroll
-      for (int q = group * PPG; q < (group + 1) * PPG; ++q)
+      for (int q = 0; q < T::kPairs; ++q)
 #pragma unroll
         for (int s = 0; s < 2; ++s)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[q][s][r])::"memory");
-      uint32_t scale_word;  // rows g / g + 8 of the group
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_word) : "r"(w_stage + T::kCodeBytes + group * 32 + g * 4));
-      flush_group<Act, G>(acc[0], gacc[0], scale_word, p.a, pair0 / PPG + group, m0, t, tile_m - 1);
+          for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[1 - PARITY][q][s][r])::"memory");
+      if (st > 0) {
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(&empty[(st - 1) % STAGES]);
+      }
+    };
+    for (int st = 0; st < stages; st += 2) {
+      run_stage(st, std::integral_constant<int, 0>{});
+      if (st + 1 < stages) run_stage(st + 1, std::integral_constant<int, 1>{});
     }
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+#pragma unroll
+    for (int q = 0; q < T::kPairs; ++q)
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[0][q][s][r]), "+r"(a[1][q][s][r])::"memory");
   }
 
-  tiled_epilogue<Act, T::kThreads, T::kRows>(acc, p, row_tile * (T::kRows / 16) + warp_in_block, m_tile,
-                                              row_tile, split, t, g);
+  // Epilogue: the mma warps store their row block (or split-K partials); every thread joins the
+  // split-K fix-up (it synchronises the block).
+  float* partials = p.splits > 1 ? p.partials + static_cast<int64_t>(p.splits) * m0 * p.w.n : nullptr;
+  if (warp >= 4) {
+    const int rb = row_tile * T::kRowBlocks + mma_warp;
+    if (rb < p.w.row_blocks)
+      store_fragment<TILES>(acc, rb, t, g, p.w.n, tile_m, p.splits, split, p.y + static_cast<int64_t>(m0) * p.ldy,
+                            p.ldy, partials);
+  }
+  if (p.splits == 1) return;
+  const int row_begin = row_tile * T::kRows;
+  splitk_finish<T::kThreads>(p.counters, row_tile * p.m_tiles + m_tile, p.splits, partials,
+                             p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, row_begin,
+                             min(T::kRows, p.w.n - row_begin));
 #else
+  (void)x_map;
   (void)p;
   __trap();
 #endif
