@@ -34,6 +34,11 @@ bool sm90a_build_runs(Kernel* kernel) {
   return attributes.binaryVersion == 90;
 }
 
+// A tensor map of `rank` (2 or 3) dimensions, innermost first: dims in elements, the byte strides of
+// dimensions 1 .. rank - 1, the box in elements; boxes past the tensor read as zeros; throws naming
+// `who` when the driver refuses it (defined in w4_s8_wgmma.cu).
+CUtensorMap tiled_tensor_map(CUtensorMapDataType type, int rank, const void* base, const uint64_t* dims,
+                             const uint64_t* strides, const uint32_t* box, CUtensorMapSwizzle swizzle, const char* who);
 // A row-major f16 matrix [rows][cols] (rows `pitch_bytes` apart, 16-byte aligned) as boxes of
 // box_cols x box_rows in the 128-byte swizzle the wgmma descriptors read (box_cols * 2 == 128);
 // rows and columns outside the matrix read as zeros (defined in w4_s8_wgmma.cu).

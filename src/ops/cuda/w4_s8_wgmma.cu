@@ -1,6 +1,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <string>
+
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4_s8_wgmma.cuh"
 #include "ops/cuda/kernels/w4_s8_wgmma_fused.cuh"
@@ -77,6 +79,26 @@ CUtensorMap int8_box_map(const void* base, int64_t rows, int64_t cols, int64_t p
 }
 
 }  // namespace
+
+CUtensorMap detail::tiled_tensor_map(CUtensorMapDataType type, int rank, const void* base, const uint64_t* dims,
+                                     const uint64_t* strides, const uint32_t* box, CUtensorMapSwizzle swizzle,
+                                     const char* who) {
+  CUtensorMap map{};
+  cuuint64_t dims_[3] = {}, strides_[2] = {};
+  cuuint32_t box_[3] = {}, element_strides[3] = {1, 1, 1};
+  for (int i = 0; i < rank; ++i) {
+    dims_[i] = dims[i];
+    box_[i] = box[i];
+    if (i + 1 < rank) strides_[i] = strides[i];
+  }
+  const CUresult result =
+      encode_tiled()(&map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims_, strides_, box_,
+                     element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QSPEC_CHECK(result == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(result), ") for a ",
+              rank, "-d tensor of ", dims[0], " x ", dims[1], rank > 2 ? " x " + std::to_string(dims[2]) : "");
+  return map;
+}
 
 CUtensorMap detail::f16_box_map(const void* base, int64_t rows, int64_t cols, int64_t pitch_bytes, int box_cols,
                                 int box_rows, const char* who) {

@@ -98,9 +98,23 @@ struct WgmmaLauncher {
     return 1;
   }
   static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
-    const CUtensorMap x_map = detail::f16_box_map(params.a.x, params.m, params.w.k, params.a.ldx * 2, 64,
-                                                  Shape::kTokens, "cuda::w4a16_gemm_tiled (wgmma)");
-    launch_pdl(kKernel, grid, dim3(Shape::kThreads), Shape::kSmemBytes, stream, x_map, params);
+    constexpr const char* who = "cuda::w4a16_gemm_tiled (wgmma)";
+    const kernels::W4A16Layout& w = params.w;
+    kernels::W4A16WgmmaMaps maps;
+    maps.x = detail::f16_box_map(params.a.x, params.m, w.k, params.a.ldx * 2, 64, Shape::kTokens, who);
+    // Codes: [row blocks][k / 16 rows][128 bytes], a box = a stage (8 rows) of the tile's 8 row blocks.
+    const uint64_t code_dims[3] = {128, static_cast<uint64_t>(w.k / 16), static_cast<uint64_t>(w.row_blocks)};
+    const uint64_t code_strides[2] = {128, static_cast<uint64_t>(w.k) * 8};
+    const uint32_t code_box[3] = {128, Shape::kCodeBytes / 128, Shape::kRowBlocks};
+    maps.codes = detail::tiled_tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, w.codes, code_dims, code_strides, code_box,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, who);
+    // Scales: [row blocks][groups][8 words], a box = a stage's groups of the 8 row blocks.
+    const uint64_t scale_dims[3] = {8, static_cast<uint64_t>(w.groups), static_cast<uint64_t>(w.row_blocks)};
+    const uint64_t scale_strides[2] = {32, static_cast<uint64_t>(w.groups) * 32};
+    const uint32_t scale_box[3] = {8, static_cast<uint32_t>(Shape::kPairs / (G / 32)), Shape::kRowBlocks};
+    maps.scales = detail::tiled_tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, w.scales, scale_dims, scale_strides,
+                                           scale_box, CU_TENSOR_MAP_SWIZZLE_NONE, who);
+    launch_pdl(kKernel, grid, dim3(Shape::kThreads), Shape::kSmemBytes, stream, maps, params);
     QSPEC_CUDA_CHECK_LAUNCH("w4a16_wgmma_kernel");
   }
   static TiledKernel get() {

@@ -22,10 +22,11 @@
 // 16-k steps of natural order, so the output is not the mma.sync tiles' bit for bit; it is
 // within the same bound of the CPU reference (the gpu tests check both).
 //
-// The block: warpgroup 0 is the producer (its warp 0, lane 0 issues every copy), warpgroups 1 and
-// 2 multiply, 64 weight rows each (a row block of 16 a warp), NT = 8 * TILES tokens. A ring of
-// STAGES slots of 128 k (4 pairs): x (two 64-k boxes), the 8 row blocks' codes (1 KB each) and
-// scales; a full barrier a slot (the producer's expect-tx, completed by the copies) and an empty
+// The block: warpgroup 0 is the producer (its warp 0, lane 0 issues every copy: four TMA a
+// stage), warpgroups 1 and 2 multiply, 64 weight rows each (a row block of 16 a warp), NT = 8 *
+// TILES tokens. A ring of STAGES slots of 128 k (4 pairs): x (two 64-k boxes), the 8 row blocks'
+// codes (1 KB each) and scales; a full barrier a slot (the producer's expect-tx, completed by the
+// copies) and an empty
 // barrier a slot (one arrival a mma warp once its wgmma reading the slot are done). Weights of
 // the first STAGES stages go out before griddepcontrol.wait (no earlier kernel writes them).
 // Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'.
@@ -108,13 +109,26 @@ __device__ __forceinline__ void dequant_scaled(uint32_t word, uint32_t scale_pai
   }
 }
 
+// The kernel's tensor maps (made by the launcher for each launch, w4a16_tiled.cu): x [m][k] f16 in
+// 64 k x NT-token boxes, 128-byte swizzle; the packed codes as [row blocks][k / 16][128 bytes] in
+// boxes of a stage (8 rows of 128 bytes) of 8 row blocks; the scales as [row blocks][groups][8
+// words] in boxes of a stage's groups of 8 row blocks. Boxes past the matrix read as zeros. One
+// TMA a stage each, from one thread: bulk copies a row block (16 a stage) issued by one thread
+// took ~1.4 us a stage, five times the stage's bytes (H200, 758f954).
+struct W4A16WgmmaMaps {
+  CUtensorMap x, codes, scales;
+};
+
 template <class Shape, int G>
-__global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
+__global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
                                                                           const W4A16TiledParams p) {
 #if QSPEC_WGMMA
   using T = Shape;
   constexpr int TILES = T::TILES, STAGES = T::STAGES, PPG = G / 32;
   static_assert(T::kPairs % PPG == 0, "a stage holds whole scale groups");
+  constexpr int GROUPS = T::kPairs / PPG;          // scale groups a stage
+  constexpr int SCALE_STRIDE = GROUPS * 32;        // a row block's scales in a stage, in the ring
+  constexpr uint32_t kStageTx = T::kXBytes + T::kRowBlocks * (T::kCodeBytes + SCALE_STRIDE);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   __shared__ uint64_t full[STAGES], empty[STAGES];
@@ -146,43 +160,35 @@ __global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const _
   if (warp == 0) {
     // ---- producer: lane 0 issues every copy of every stage ----
     if (lane == 0) {
-      const uint64_t policy = l2_evict_first_policy();
-      // The bytes of a stage: codes (pairs x 256 a row block), scales (whole groups), x boxes.
-      auto w_bytes = [&](int pairs) { return T::kRowBlocks * (pairs * 256 + (pairs / PPG) * 32); };
+      // A stage's weights: its 8 row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
+      // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
       auto load_w = [&](int st) {
-        const int slot = st % STAGES, pairs = stage_pairs(st), pair0 = (stage_begin + st) * T::kPairs;
+        const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
         uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
-#pragma unroll 1
-        for (int r = 0; r < T::kRowBlocks; ++r) {
-          const int rb = min(row_tile * T::kRowBlocks + r, p.w.row_blocks - 1);
-          const uint8_t* codes = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8 + static_cast<int64_t>(pair0) * 256;
-          const uint32_t* scales = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + pair0 / PPG) * 8;
-          bulk_copy_to_shared_hinted(w_dst + r * T::kCodeBytes, codes, pairs * 256, &full[slot], policy);
-          bulk_copy_to_shared(w_dst + T::kRowBlocks * T::kCodeBytes + r * T::kScaleBytes, scales, (pairs / PPG) * 32,
-                              &full[slot]);
-        }
+        tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
+        tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
+                    &full[slot]);
       };
       auto load_x = [&](int st) {
         const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
         uint8_t* const x_dst = ring + slot * T::kStageBytes;
         // Both boxes even in a short last stage: k past the matrix reads as zeros, which its
         // zero A fragments multiply (stale shared memory could hold NaN bits).
-        tma_load_2d(x_dst, &x_map, k0, m0, &full[slot]);
-        tma_load_2d(x_dst + T::kBoxBytes, &x_map, k0 + 64, m0, &full[slot]);
+        tma_load_2d(x_dst, &maps.x, k0, m0, &full[slot]);
+        tma_load_2d(x_dst + T::kBoxBytes, &maps.x, k0 + 64, m0, &full[slot]);
       };
       // The first STAGES stages: the weights before the wait for the previous kernel, x after it.
       const int first = min(STAGES, stages);
       for (int st = 0; st < first; ++st) {
-        const int pairs = stage_pairs(st);
-        mbarrier_arrive_expect_tx(&full[st], static_cast<uint32_t>(w_bytes(pairs) + T::kXBytes));
+        mbarrier_arrive_expect_tx(&full[st], kStageTx);
         load_w(st);
       }
       grid_dependency_wait();
       for (int st = 0; st < first; ++st) load_x(st);
       for (int st = STAGES; st < stages; ++st) {
-        const int slot = st % STAGES, pairs = stage_pairs(st);
+        const int slot = st % STAGES;
         mbarrier_wait(&empty[slot], ((st / STAGES) - 1) & 1);
-        mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(w_bytes(pairs) + T::kXBytes));
+        mbarrier_arrive_expect_tx(&full[slot], kStageTx);
         load_w(st);
         load_x(st);
       }
@@ -210,7 +216,7 @@ __global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const _
       mbarrier_wait(&full[slot], (st / STAGES) & 1);
       const uint32_t x_stage = ring_address + slot * T::kStageBytes;
       const uint32_t codes = x_stage + T::kXBytes + mma_warp * T::kCodeBytes;
-      const uint32_t scales = x_stage + T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * T::kScaleBytes;
+      const uint32_t scales = x_stage + T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * SCALE_STRIDE;
 #pragma unroll
       for (int q = 0; q < T::kPairs; ++q) {
         if (q >= pairs) {  // a short last stage: zero A fragments (the wgmma below run unconditionally)
@@ -284,7 +290,7 @@ __global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const _
                              p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, row_begin,
                              min(T::kRows, p.w.n - row_begin));
 #else
-  (void)x_map;
+  (void)maps;
   (void)p;
   __trap();
 #endif
