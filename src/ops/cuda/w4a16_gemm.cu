@@ -87,13 +87,21 @@ bool quantized_activations_use_f16(quant::Format format) {
 #ifndef QSPEC_W4A16_TILED_M_MAX
 #define QSPEC_W4A16_TILED_M_MAX 128
 #endif
+// Where the wgmma tiles run (sm_90a), the tiled path keeps the GEMMs up to kTiledMaxMWgmma tokens:
+// its 128 x 128 wgmma tile beats dequantize + cuBLAS there on every Llama-3-8B layer GEMM (H200,
+// at 256 tokens: gate_up 149 vs 166 us, down 69 vs 76, qkv 37.0 vs 37.6, o 26.6 vs 25.6; at 1024
+// dequantize + cuBLAS wins, gate_up 385 vs 554; bench/results/gpu-w4a16-wgmma-gemm-llama3-8b-h200-ce796e9.log).
+#ifndef QSPEC_W4A16_TILED_M_MAX_WGMMA
+#define QSPEC_W4A16_TILED_M_MAX_WGMMA 256
+#endif
+static constexpr int64_t kTiledMaxMWgmma = QSPEC_W4A16_TILED_M_MAX_WGMMA;
 static constexpr int64_t kSmallMMax = QSPEC_W4A16_SMALL_M_MAX;
 static constexpr int64_t kSmallMMaxPreload = QSPEC_W4A16_SMALL_M_MAX_PRELOAD;
 static constexpr int64_t kTiledMaxM = QSPEC_W4A16_TILED_M_MAX;
 
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
   if (m <= (w4a16_preload_runs_here() ? kSmallMMaxPreload : kSmallMMax)) return W4A16Path::small_m;
-  if (m <= kTiledMaxM) return W4A16Path::tiled;
+  if (m <= (w4a16_wgmma_tile_runs_here() ? kTiledMaxMWgmma : kTiledMaxM)) return W4A16Path::tiled;
   return W4A16Path::dequant_cublas;
 }
 

@@ -190,17 +190,26 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 //   shapes, 33-4096 tokens: 2-9 % faster than 256x64 on average, at most 5 % slower at a point;
 //   Qwen2.5-7B's gate_up 21 % faster, its 148 row tiles of 256 leaving a second wave of 16
 //   blocks), 256x64 where they do not; 256x32 up to 32 tokens where 128x32's two blocks do not fit.
+// * Plain f16 activations past kWgmmaMinTokens on sm_90a: the wgmma kernel's 128 x 128 tile
+//   (kernels/w4a16_wgmma.cuh), faster than every mma.sync tile on every Llama-3-8B layer GEMM
+//   at 128 and 256 tokens on the H200 (gate_up 75 vs 105 us, down 40 vs 54, qkv 27 vs 32, o 18 vs
+//   21 at 128; bench/results/gpu-w4a16-wgmma-gemm-llama3-8b-h200-ce796e9.log), and slower at 16-64
+//   (its stage costs ~0.9 us whatever the tokens: issue 53 is open).
+//   QSPEC_W4A16_WGMMA=0 never takes the wgmma tiles, =1 takes them from 17 tokens (by m: 32, 64
+//   or 128 tokens a tile), unset: the rule above.
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
-// tile (A/B runs). The wgmma tile only where QSPEC_W4A16_WGMMA=1 asks for it (f16 values on
-// sm_90a, from 17 tokens): measured slower than these on the H100 (perf-notes, "W4A16 on wgmma").
+// tile (A/B runs).
+constexpr int64_t kWgmmaMinTokens = 96;
 template <class Act>
 int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   // A/B switches, 0 or 1 (env_int refuses anything else by name).
-  static const bool wgmma_asked = env_int("QSPEC_W4A16_WGMMA", 0, 0, 1) == 1;
+  static const int wgmma_switch = env_int("QSPEC_W4A16_WGMMA", 2, 0, 2);
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
   static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
-  if (std::is_same_v<Act, kernels::ActF16> && m > 16 && wgmma_asked && wgmma_tile_runs_here())
-    return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
+  if (std::is_same_v<Act, kernels::ActF16> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
+    if (wgmma_switch == 1 && m > 16) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
+    if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
+  }
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
   const bool narrow_fits = narrow_allowed && narrow.blocks_per_sm >= 2;
