@@ -87,15 +87,21 @@ bool late_refill() {
 // Tiles 5, 7 and 8: the wgmma kernel (kernels/w4a16_wgmma.cuh) at 64, 32 and 128 tokens, f16
 // activation values only. Its x arrives by TMA: each launch encodes x's tensor map (a kernel
 // parameter, so a captured graph keeps it).
-using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6>;
-using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 8>;
-using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4>;
+// (token tiles of 8, ring stages, blocks a multiprocessor, pairs a wgmma batch): two blocks a
+// multiprocessor at 32 tokens, for twice the mma warps to hide the dequantization's latency (at
+// 64 tokens two blocks' 80 registers a thread made ptxas serialise the wgmma, C7512).
+using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6, 1, 2>;
+using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 6, 2, 2>;
+using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
 template <class Shape, int G>
 struct WgmmaLauncher {
   static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G>;
   static int configure() {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
-    return 1;
+    int blocks = 0;
+    QSPEC_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, Shape::kThreads, Shape::kSmemBytes));
+    return std::max(blocks, 1);
   }
   static void launch(const kernels::W4A16TiledParams& params, dim3 grid, cudaStream_t stream) {
     constexpr const char* who = "cuda::w4a16_gemm_tiled (wgmma)";

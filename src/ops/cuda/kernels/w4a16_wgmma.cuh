@@ -17,7 +17,8 @@
 //   two packed words of its A fragments in natural order (pair_to_natural below);
 // * the group scale is folded into the dequantized weights (f16 (u - 8) * s, as Marlin and
 //   Machete do), so the f32 accumulators run across the whole k range and each warpgroup only
-//   waits for the wgmma of the pair before last (double-buffered A registers).
+//   waits for the wgmma of the batch before last (double-buffered A registers, a batch = one or
+//   two pairs).
 // The price: the products are of f16-rounded scaled weights (relative 2^-11 a weight) summed in
 // 16-k steps of natural order, so the output is not the mma.sync tiles' bit for bit; it is
 // within the same bound of the CPU reference (the gpu tests check both).
@@ -41,9 +42,10 @@
 
 namespace qspec::cuda::kernels {
 
-template <int TILES_, int STAGES_>
+// (token tiles of 8, ring stages, blocks a multiprocessor, pairs a wgmma batch)
+template <int TILES_, int STAGES_, int MIN_BLOCKS_, int BATCH_PAIRS_>
 struct W4A16WgmmaShape {
-  static constexpr int TILES = TILES_, STAGES = STAGES_;
+  static constexpr int TILES = TILES_, STAGES = STAGES_, kMinBlocks = MIN_BLOCKS_, kBatchPairs = BATCH_PAIRS_;
   static constexpr int kTokens = 8 * TILES;
   static constexpr int kRows = 128, kRowBlocks = 8;
   static constexpr int kThreads = 384;                       // producer warpgroup + 2 mma warpgroups
@@ -55,7 +57,7 @@ struct W4A16WgmmaShape {
   static constexpr int kWBytes = kRowBlocks * (kCodeBytes + kScaleBytes);
   static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;  // boxes stay 1024-aligned
   static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;                // + the alignment slack
-  static_assert(kSmemBytes <= 227 * 1024, "the ring fits a multiprocessor");
+  static_assert(MIN_BLOCKS_ * (kSmemBytes + 1024) <= 228 * 1024, "the rings of kMinBlocks blocks fit a multiprocessor");
 };
 
 // Lane 4g + t's two words of one pair (w0: k 8t .. 8t + 3, w1: 8t + 4 .. 8t + 7, rows g and g + 8,
@@ -120,7 +122,7 @@ struct W4A16WgmmaMaps {
 };
 
 template <class Shape, int G>
-__global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
+__global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
                                                                           const W4A16TiledParams p) {
 #if QSPEC_WGMMA
   using T = Shape;
@@ -206,11 +208,15 @@ __global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const _
   if (warp >= 4) {
     const PairSelectors sel = pair_selectors(t);
     const uint32_t ring_address = smem_address(ring);
-    // The A fragments of a stage ([parity][pair][k16 step]): a stage's are all made before its
-    // first wgmma and stay until its wgmma are waited for, one stage later.
-    uint32_t a[2][T::kPairs][2][4];
-    auto run_stage = [&](int st, auto parity_tag) {
-      constexpr int PARITY = decltype(parity_tag)::value;
+    // A stage runs as batches of BP pairs: batch b's A fragments ([b % 2][pair][k16 step]) are
+    // made before its first wgmma and stay until its wgmma are waited for, one batch later. An
+    // even number of batches a stage keeps the parity static without unrolling the stage loop, and
+    // only two batches' fragments live in registers (two blocks a multiprocessor fit).
+    constexpr int BP = T::kBatchPairs, BATCHES = T::kPairs / BP;
+    static_assert(BATCHES % 2 == 0, "an even number of batches a stage");
+    uint32_t a[2][BP][2][4];
+#pragma unroll 1
+    for (int st = 0; st < stages; ++st) {
       const int slot = st % STAGES, pairs = stage_pairs(st);
       const bool tail_chunk = (stage_begin + st) * T::kPairs + pairs == total_pairs && p.w.tail;
       mbarrier_wait(&full[slot], (st / STAGES) & 1);
@@ -218,61 +224,61 @@ __global__ __launch_bounds__(Shape::kThreads, 1) void w4a16_wgmma_kernel(const _
       const uint32_t codes = x_stage + T::kXBytes + mma_warp * T::kCodeBytes;
       const uint32_t scales = x_stage + T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * SCALE_STRIDE;
 #pragma unroll
-      for (int q = 0; q < T::kPairs; ++q) {
-        if (q >= pairs) {  // a short last stage: zero A fragments (the wgmma below run unconditionally)
+      for (int b = 0; b < BATCHES; ++b) {
+#pragma unroll
+        for (int i = 0; i < BP; ++i) {
+          const int q = BP * b + i;  // the pair of the stage
+          if (q >= pairs) {  // a short last stage: zero A fragments (the wgmma below run unconditionally)
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) a[b % 2][i][s][r] = 0;
+            continue;
+          }
+          // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the k tail's
+          // half chunk: 8 bytes a lane).
+          const bool tail_pair = tail_chunk && q == pairs - 1;
+          const uint32_t address = codes + (q / 2) * 512 + (tail_pair ? lane * 8 : lane * 16 + (q % 2) * 8);
+          uint32_t w0, w1, scale_pair;
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(scales + (q / PPG) * 32 + g * 4));
+          uint32_t step0, step1;
+          pair_to_natural(w0, w1, sel, step0, step1);
+          dequant_scaled(step0, scale_pair, a[b % 2][i][0]);
+          dequant_scaled(step1, scale_pair, a[b % 2][i][1]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < BP; ++i)  // no branch among the wgmma: it would serialise them
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            // Pair q of the stage: box q / 2, bytes 64 (q % 2) + 32 s of each token row.
+            const int q = BP * b + i;
+            const uint64_t desc = wgmma_descriptor_128b(x_stage + (q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32);
+            wgmma_f16_rs<TILES>(acc, a[b % 2][i][s], desc);
+          }
+        wgmma_commit();
+        wgmma_wait<1>();  // the batch before is done: its A registers (and, at b = 0, the ring slot) are free
+#pragma unroll
+        for (int i = 0; i < BP; ++i)
 #pragma unroll
           for (int s = 0; s < 2; ++s)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[PARITY][q][s][r] = 0;
-          continue;
-        }
-        // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the k tail's
-        // half chunk: 8 bytes a lane).
-        const bool tail_pair = tail_chunk && q == pairs - 1;
-        const uint32_t address = codes + (q / 2) * 512 + (tail_pair ? lane * 8 : lane * 16 + (q % 2) * 8);
-        uint32_t w0, w1, scale_pair;
-        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(scales + (q / PPG) * 32 + g * 4));
-        uint32_t step0, step1;
-        pair_to_natural(w0, w1, sel, step0, step1);
-        dequant_scaled(step0, scale_pair, a[PARITY][q][0]);
-        dequant_scaled(step1, scale_pair, a[PARITY][q][1]);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int q = 0; q < T::kPairs; ++q) {  // no branch among the wgmma: it would serialise them
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          // Pair q of the stage: box q / 2, bytes 64 (q % 2) + 32 s of each token row.
-          const uint64_t desc = wgmma_descriptor_128b(x_stage + (q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32);
-          wgmma_f16_rs<TILES>(acc, a[PARITY][q][s], desc);
+            for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[1 - b % 2][i][s][r])::"memory");
+        if (b == 0 && st > 0) {  // the previous stage's last batch is done: its slot goes back
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(&empty[(st - 1) % STAGES]);
         }
       }
-      wgmma_commit();
-      wgmma_wait<1>();  // the stage before is done: its A registers and ring slot are free
-#pragma unroll
-      for (int q = 0; q < T::kPairs; ++q)
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[1 - PARITY][q][s][r])::"memory");
-      if (st > 0) {
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[(st - 1) % STAGES]);
-      }
-    };
-    for (int st = 0; st < stages; st += 2) {
-      run_stage(st, std::integral_constant<int, 0>{});
-      if (st + 1 < stages) run_stage(st + 1, std::integral_constant<int, 1>{});
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
 #pragma unroll
-    for (int q = 0; q < T::kPairs; ++q)
+    for (int i = 0; i < BP; ++i)
 #pragma unroll
       for (int s = 0; s < 2; ++s)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[0][q][s][r]), "+r"(a[1][q][s][r])::"memory");
+        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[0][i][s][r]), "+r"(a[1][i][s][r])::"memory");
   }
 
   // Epilogue: the mma warps store their row block (or split-K partials); every thread joins the
