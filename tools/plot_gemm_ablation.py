@@ -35,7 +35,7 @@ def style(spec):
         return dict(color="tab:blue", linewidth=1.4, linestyle="-.", marker="^")
     statics = ["small_m_v1", "small_m_v2", "small_m_v3", "small_m_v4", "tiled_256x64", "tiled_128x64",
                "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-               "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32"]
+               "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32", "wgmma_128x128"]
     name = spec[len("forced:"):]
     color = plt.get_cmap("tab20")(statics.index(name) / 20.0) if name in statics else None
     return dict(linewidth=0.9, alpha=0.8, marker=".", color=color)

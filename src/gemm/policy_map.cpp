@@ -18,7 +18,7 @@ namespace {
 constexpr std::string_view kNames[kStrategies] = {
     "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
     "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32"};
+    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32", "wgmma_128x128"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -46,6 +46,7 @@ bool strategy_supports(Strategy strategy, std::string_view activations) {
   // The wgmma kernel's operands are 8-bit: int8 codes, or e4m3 codes with the weights unpacked to e4m3.
   if (strategy == Strategy::s8_wgmma_128x128) return activations == "int8" || activations == "fp8";
   if (strategy == Strategy::small_m_v5) return activations == "f16";
+  if (strategy == Strategy::wgmma_128x128) return activations == "f16";  // f16 values as wgmma's B operand
   if (activations == "f16") return true;
   return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;
 }

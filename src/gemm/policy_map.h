@@ -39,8 +39,9 @@ enum class Strategy : uint8_t {
   s8_wgmma_128x128,  // int8, k % 128 == 0, groups of 128, sm_90a: weights unpacked to int8 scratch, wgmma (large M)
   small_m_v5,        // f16, up to 16 tokens a launch: the preload kernel (bulk copies into shared memory, sm_90a)
   tiled_128x32,      // the tiled kernel's 256x32 warp tile in blocks of 4 warps, two a multiprocessor
+  wgmma_128x128,     // f16, sm_90a: the warp-specialised wgmma kernel, 128 rows x 128 tokens (tens to hundreds of tokens)
 };
-inline constexpr int kStrategies = 15;
+inline constexpr int kStrategies = 16;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.

@@ -1310,10 +1310,10 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
 // and small shapes whose last row tile has fewer gate row blocks than its warps take, groups of
 // 32 / 64 / 128, k with a half chunk at the end, 17-100 tokens (several M tiles, the last one
 // partly filled); act rows wider than n / 2 keep their padding; a relaunch gives the same bits.
-// The dispatcher (no map) takes this epilogue for Llama-3-8B's gate_up at 17-90 tokens on 132
-// multiprocessors (one split: at most a wave of blocks), not where it splits k (nor past 96
-// tokens on sm_90a, where the wgmma tile runs). Refused: n % 32, splits > 1, the 128x128 and
-// wgmma tiles, ld_act < n / 2.
+// The dispatcher (no map) takes this epilogue for Llama-3-8B's gate_up at 17-100 tokens on 132
+// multiprocessors (one split: at most a wave of blocks), not where it splits k, nor past 64
+// tokens on sm_90a, where the wgmma tile runs (tile 0 has no SwiGLU there). Refused: n % 32,
+// splits > 1, the 128x128 and wgmma tiles, ld_act < n / 2.
 TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 528, 2048, 128}}) {
@@ -1321,17 +1321,20 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
     const std::vector<int> tiles = n == 28672 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3, 6};
-    for (int64_t m : {17, 24, 32, 33, 64, 65, 90}) {
+    for (int64_t m : {17, 24, 32, 33, 64, 65, 100}) {
       auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      const bool wgmma_takes_it = m > 64 && cuda::w4a16_wgmma_tile_runs_here();
       if (n == 28672 && qspec::cuda::multiprocessor_count() == 132) {
-        EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
-                    qspec::SwigluGemm::Kernel::tiled)
+        EXPECT_EQ(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
+                      qspec::SwigluGemm::Kernel::tiled,
+                  !wgmma_takes_it)
             << "m" << m;
       }
       for (int tile : tiles) {
+        if (tile == 0 && wgmma_takes_it) continue;  // the default tile is the wgmma one: no SwiGLU epilogue
         const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
                                   " g" + std::to_string(group) + " tile " + std::to_string(tile);
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);

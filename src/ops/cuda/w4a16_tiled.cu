@@ -198,14 +198,15 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 //   blocks), 256x64 where they do not; 256x32 up to 32 tokens where 128x32's two blocks do not fit.
 // * Plain f16 activations past kWgmmaMinTokens on sm_90a: the wgmma kernel's 128 x 128 tile
 //   (kernels/w4a16_wgmma.cuh), faster than every mma.sync tile on every Llama-3-8B layer GEMM
-//   at 128 and 256 tokens on the H200 (gate_up 75 vs 105 us, down 40 vs 54, qkv 27 vs 32, o 18 vs
-//   21 at 128; bench/results/gpu-w4a16-wgmma-gemm-llama3-8b-h200-ce796e9.log), and slower at 16-64
-//   (its stage costs ~0.9 us whatever the tokens: issue 53 is open).
+//   at 96, 128 and 256 tokens on the H200 (at 96: gate_up 71 vs 93 us, down 36 vs 53, qkv 24 vs
+//   32, o 16 vs 21; bench/results/gpu-w4a16-wgmma-gemm-llama3-8b-h200-76b2e57.log), slower at
+//   16-64 (its stage costs ~1 us whatever the tokens: issue 53 is open). The mma.sync tiles' time
+//   steps with their token tiles of 32 and 64, so 65 tokens cost them what 96 do.
 //   QSPEC_W4A16_WGMMA=0 never takes the wgmma tiles, =1 takes them from 17 tokens (by m: 32, 64
 //   or 128 tokens a tile), unset: the rule above.
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
 // tile (A/B runs).
-constexpr int64_t kWgmmaMinTokens = 96;
+constexpr int64_t kWgmmaMinTokens = 64;
 template <class Act>
 int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   // A/B switches, 0 or 1 (env_int refuses anything else by name).
