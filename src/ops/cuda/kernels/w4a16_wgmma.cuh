@@ -30,7 +30,9 @@
 // copies) and an empty
 // barrier a slot (one arrival a mma warp once its wgmma reading the slot are done). Weights of
 // the first STAGES stages go out before griddepcontrol.wait (no earlier kernel writes them).
-// Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'.
+// Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'. A short
+// last stage (k % 128 != 0) takes no branch: TMA fills what lies past the tensors with zeros, so
+// the pairs past k multiply zero weights (zero codes and zero scales) by zero x.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
@@ -97,12 +99,20 @@ __device__ __forceinline__ void pair_to_natural(uint32_t w0, uint32_t w1, const 
   step1 = prmt(hi, hi, 0x3120u);
 }
 
-// A packed word (natural order, above) -> the A fragment with the group scales folded in: rows g
-// (scale s.x) and g + 8 (s.y) as f16 (u - 8) * s.
-__device__ __forceinline__ void dequant_scaled(uint32_t word, uint32_t scale_pair, uint32_t (&a)[4]) {
-  dequant_int4x8(word, a);
+// The scales of rows g and g + 8 (a scale word: f16 pair (s_g, s_g+8)), each in both halves.
+struct RowScales {
+  __half2 g, g8;
+};
+__device__ __forceinline__ RowScales row_scales(uint32_t scale_pair) {
   const uint32_t row_g = prmt(scale_pair, scale_pair, 0x1010u), row_g8 = prmt(scale_pair, scale_pair, 0x3232u);
-  const __half2 sg = *reinterpret_cast<const __half2*>(&row_g), sg8 = *reinterpret_cast<const __half2*>(&row_g8);
+  return {*reinterpret_cast<const __half2*>(&row_g), *reinterpret_cast<const __half2*>(&row_g8)};
+}
+
+// A packed word (natural order, above) -> the A fragment with the group scales folded in: rows g
+// and g + 8 as f16 (u - 8) * s.
+__device__ __forceinline__ void dequant_scaled(uint32_t word, const RowScales& scales, uint32_t (&a)[4]) {
+  dequant_int4x8(word, a);
+  const __half2 sg = scales.g, sg8 = scales.g8;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     __half2 v = *reinterpret_cast<__half2*>(&a[i]);
@@ -215,46 +225,46 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
     constexpr int BP = T::kBatchPairs, BATCHES = T::kPairs / BP;
     static_assert(BATCHES % 2 == 0, "an even number of batches a stage");
     uint32_t a[2][BP][2][4];
+    // This lane's codes and scales in a stage's slot, past its x boxes.
+    const uint32_t lane_codes = T::kXBytes + mma_warp * T::kCodeBytes + lane * 16;
+    const uint32_t lane_scales = T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * SCALE_STRIDE + g * 4;
 #pragma unroll 1
     for (int st = 0; st < stages; ++st) {
       const int slot = st % STAGES, pairs = stage_pairs(st);
-      const bool tail_chunk = (stage_begin + st) * T::kPairs + pairs == total_pairs && p.w.tail;
+      // The k tail's half chunk (k % 64 == 32), the last pair of the matrix: 8 bytes a lane. Pairs
+      // past the matrix need no care: their codes and scales arrive as zeros (TMA's fill past the
+      // tensor), so their A fragments are (0 - 8) * 0 = 0, and so are their x columns.
+      const int tail_q = (stage_begin + st) * T::kPairs + pairs == total_pairs && p.w.tail ? pairs - 1 : -1;
       mbarrier_wait(&full[slot], (st / STAGES) & 1);
       const uint32_t x_stage = ring_address + slot * T::kStageBytes;
-      const uint32_t codes = x_stage + T::kXBytes + mma_warp * T::kCodeBytes;
-      const uint32_t scales = x_stage + T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * SCALE_STRIDE;
+      const uint64_t desc_stage = wgmma_descriptor_128b(x_stage);
 #pragma unroll
       for (int b = 0; b < BATCHES; ++b) {
 #pragma unroll
         for (int i = 0; i < BP; ++i) {
           const int q = BP * b + i;  // the pair of the stage
-          if (q >= pairs) {  // a short last stage: zero A fragments (the wgmma below run unconditionally)
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) a[b % 2][i][s][r] = 0;
-            continue;
-          }
-          // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the k tail's
-          // half chunk: 8 bytes a lane).
-          const bool tail_pair = tail_chunk && q == pairs - 1;
-          const uint32_t address = codes + (q / 2) * 512 + (tail_pair ? lane * 8 : lane * 16 + (q % 2) * 8);
+          // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the tail's
+          // half chunk: bytes 8 lane).
+          const uint32_t address =
+              x_stage + lane_codes + (q / 2) * 512 + (q == tail_q ? -static_cast<uint32_t>(lane * 8) : (q % 2) * 8);
           uint32_t w0, w1, scale_pair;
           asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(scales + (q / PPG) * 32 + g * 4));
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(x_stage + lane_scales + (q / PPG) * 32));
           uint32_t step0, step1;
           pair_to_natural(w0, w1, sel, step0, step1);
-          dequant_scaled(step0, scale_pair, a[b % 2][i][0]);
-          dequant_scaled(step1, scale_pair, a[b % 2][i][1]);
+          const RowScales scales = row_scales(scale_pair);
+          dequant_scaled(step0, scales, a[b % 2][i][0]);
+          dequant_scaled(step1, scales, a[b % 2][i][1]);
         }
         wgmma_fence();
 #pragma unroll
         for (int i = 0; i < BP; ++i)  // no branch among the wgmma: it would serialise them
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
-            // Pair q of the stage: box q / 2, bytes 64 (q % 2) + 32 s of each token row.
+            // Pair q of the stage: box q / 2, bytes 64 (q % 2) + 32 s of each token row (the
+            // descriptor's start address counts 16-byte units).
             const int q = BP * b + i;
-            const uint64_t desc = wgmma_descriptor_128b(x_stage + (q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32);
+            const uint64_t desc = desc_stage + (((q / 2) * T::kBoxBytes + (q % 2) * 64 + s * 32) >> 4);
             wgmma_f16_rs<TILES>(acc, a[b % 2][i][s], desc);
           }
         wgmma_commit();
