@@ -148,6 +148,7 @@ TEST(GpuEngine, OutputLogprobsMatchTheCpuAndPromptLogprobsAreRefused) {
       request.prompt = prompt;
       request.max_new_tokens = 32;
       request.plan.mode = mode;
+      if (request.plan.qspec()) request.plan.draft = std::string(qspec::decode_rules::kCheapestDraft);
       request.plan.draft = "w4a8";
       request.logprobs = 2;
       ids.push_back(engine.submit(request, [&](const qspec::TokenEvent& event) {

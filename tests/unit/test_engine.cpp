@@ -84,11 +84,14 @@ struct Outputs {
   }
 };
 
+// A request in `run_mode`; QSpec drafts in the cheapest named draft (these tests cover the draft
+// passes; draft auto, the default, has its own tests below).
 qspec::Request request(const std::vector<int32_t>& prompt, int64_t max_new_tokens, const std::string& run_mode = "w4a16") {
   qspec::Request r;
   r.prompt = prompt;
   r.max_new_tokens = max_new_tokens;
   r.plan.mode = run_mode;
+  if (r.plan.qspec()) r.plan.draft = std::string(qspec::decode_rules::kCheapestDraft);
   return r;
 }
 
