@@ -52,6 +52,7 @@ struct BenchArgs {
   // --qspec-costs-out: the step-cost table's file, and the contexts it is measured at.
   std::string qspec_costs_out;
   std::vector<int64_t> costs_contexts;
+  std::string costs_acceptance;  // a `qspec eval qspec` result: per-draft acceptance priors
 };
 
 // Writes `table` to `path`, merged into the table already there (same device and model: its
@@ -89,15 +90,15 @@ void write_cost_table(QSpecCostTable table, const std::string& path) {
   std::printf("wrote %s\n", path.c_str());
 }
 
-// The `qspec eval qspec` result --accept-trace names, or null.
-nlohmann::json read_accept_trace(const std::string& path) {
+// The `qspec eval qspec` result --qspec-costs-acceptance names, or null.
+nlohmann::json read_acceptance(const std::string& path) {
   if (path.empty()) return nullptr;
   std::ifstream file(path);
-  QSPEC_CHECK(file.good(), "bench: cannot read --accept-trace ", path);
+  QSPEC_CHECK(file.good(), "bench: cannot read --qspec-costs-acceptance ", path);
   try {
     return nlohmann::json::parse(file);
   } catch (const nlohmann::json::exception& e) {
-    fail("bench: --accept-trace ", path, " is not JSON: ", e.what());
+    fail("bench: --qspec-costs-acceptance ", path, " is not JSON: ", e.what());
   }
 }
 
@@ -153,7 +154,7 @@ void run_gpu(const BenchArgs& args) {
                 "--qspec-gammas (and the drafts to price, --qspec-drafts)");
     shape = ModelShape::of(args.gpu.synthetic.empty() ? LlamaModel::load(args.model_dir)->config()
                                                       : synthetic_model_config(args.gpu.synthetic));
-    trace = read_accept_trace(args.gpu.accept_trace);
+    trace = read_acceptance(args.costs_acceptance);
   }
   // One bench run a context (the bench times decode steps at one context); the cost table
   // gathers them.
@@ -332,10 +333,10 @@ void run_qspec_costs_cpu(const BenchArgs& args, const CLI::App& command) {
   if (table.model.empty()) table.model = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename().string();
   table.commit = git_commit();
   table.command = args.command_line;
-  const nlohmann::json trace = read_accept_trace(args.gpu.accept_trace);
+  const nlohmann::json trace = read_acceptance(args.costs_acceptance);
   if (!trace.is_null()) {
     const std::vector<std::string> drafts = table.drafts();
-    for (const auto& [draft, a] : acceptance_from_trace(trace, args.gpu.accept_trace))
+    for (const auto& [draft, a] : acceptance_from_trace(trace, args.costs_acceptance))
       if (std::find(drafts.begin(), drafts.end(), draft) != drafts.end()) table.acceptance[draft] = a;
   }
   write_cost_table(std::move(table), args.qspec_costs_out);
@@ -391,6 +392,11 @@ void register_bench(CLI::App& app) {
                           " is where --qspec-costs auto finds it. cpu: through the engine's CPU backend (defaults: "
                           "--batch-sizes 1,4, --qspec-costs-contexts 256,2048); cuda: from the QSpec cycles of "
                           "--modes w4a16 --qspec-gammas --qspec-drafts");
+  command->add_option("--qspec-costs-acceptance", args->costs_acceptance,
+                      "--qspec-costs-out: per-draft acceptance priors for the table, from a `qspec eval qspec` result "
+                      "on a real checkpoint (e.g. bench/results/qspec-acceptance-smollm2.json); without them the "
+                      "planner assumes 0.5 until a sequence shows its own")
+      ->check(CLI::ExistingFile);
   command->add_option("--qspec-costs-contexts", args->costs_contexts,
                       "--qspec-costs-out: the contexts (cached positions a sequence) measured (cuda: one bench run "
                       "each; default --context)")
@@ -448,7 +454,8 @@ void register_bench(CLI::App& app) {
     QSPEC_CHECK(!args->model_dir.empty() && args->gpu.synthetic.empty(),
                 "bench: the CPU benchmark needs a model directory (--synthetic is for --device cuda)");
     if (!args->qspec_costs_out.empty()) return run_qspec_costs_cpu(*args, *command);
-    QSPEC_CHECK(args->costs_contexts.empty(), "bench: --qspec-costs-contexts needs --qspec-costs-out");
+    QSPEC_CHECK(args->costs_contexts.empty() && args->costs_acceptance.empty(),
+                "bench: --qspec-costs-contexts and --qspec-costs-acceptance need --qspec-costs-out");
     if (command->count("--modes") > 0) return run_bench_modes(*args);
     QSPEC_CHECK(command->count("--weights") == 0 && command->count("--group-size") == 0,
                 "bench: --weights and --group-size need --modes (the CPU benchmark without it times the "

@@ -98,8 +98,8 @@ class QSpecCostTable {
   // The table `qspec bench --device cuda --qspec-gammas ... --qspec-drafts ...` measured (its JSON
   // record, gpu_bench.h): the W4A16 decode rows give the step, its QSpec rows each draft's step
   // (draft_ms / gamma, the mean over gammas) and the verify of each gamma (the mean over drafts),
-  // all at the record's one context; "ngram" joins at cost 0. `accept_trace` (optional, the
-  // `qspec eval qspec` result the bench replayed) gives per-token acceptance priors.
+  // all at the record's one context; "ngram" joins at cost 0. `accept_trace` (optional, a
+  // `qspec eval qspec` result on a real checkpoint) gives per-token acceptance priors.
   static QSpecCostTable from_gpu_bench_record(const nlohmann::json& record, const ModelShape& shape,
                                               const std::string& model, const nlohmann::json* accept_trace = nullptr);
 };

@@ -15,11 +15,13 @@ namespace qspec {
 void DraftAcceptance::observe(int64_t kept, bool rejected) {
   kept_ = kept_ * planner_rules::kAcceptanceDecay + static_cast<double>(kept);
   rejections_ = rejections_ * planner_rules::kAcceptanceDecay + (rejected ? 1.0 : 0.0);
+  prior_share_ *= planner_rules::kAcceptanceDecay;
 }
 
 double DraftAcceptance::estimate(double prior, double weight) const {
-  const double total = kept_ + rejections_ + weight;
-  return total > 0 ? (kept_ + prior * weight) / total : prior;
+  const double w = weight * prior_share_;
+  const double total = kept_ + rejections_ + w;
+  return total > 0 ? (kept_ + prior * w) / total : prior;
 }
 
 void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,

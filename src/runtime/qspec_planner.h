@@ -46,10 +46,12 @@ inline constexpr double kPriorWeight = 4.0;
 // follows a sequence moving from prose to code and back.
 inline constexpr double kAcceptanceDecay = 0.9;
 // Without a cost table for this device and model: n-gram drafts only (they read no weights, so
-// their cycle costs one verify pass), priced as if a verify token cost half a W4A16 step. Measured,
-// a verify token costs 0.04-0.08 of a step on the H200 at batch 1-16 and ~0.1-0.2 on the CPU
-// (docs/perf-notes.md), so this misprices a real gain as none rather than a loss as a gain.
-inline constexpr double kFallbackVerifyTokenCost = 0.5;
+// their cycle costs one verify pass), priced as if each verify token beyond the first cost 0.75
+// of a W4A16 step. Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at
+// batch 64 and 8 K context, and 0.2-0.7 on the CPU (SmolLM2, 2 threads: the most at batch 4,
+// where the f32 lm_head runs for every verify row; docs/perf-notes.md), so this misprices real
+// gains as none rather than losses as gains: only lookups accepted ~85 % of the time run.
+inline constexpr double kFallbackVerifyTokenCost = 0.75;
 // The fallback's largest gamma.
 inline constexpr int64_t kFallbackMaxGamma = 8;
 }  // namespace planner_rules
@@ -57,7 +59,9 @@ inline constexpr int64_t kFallbackMaxGamma = 8;
 // A sequence's running acceptance of one draft: decayed counts of kept drafts and of
 // rejections. A cycle ends at its first rejection, so an observation adds its kept count and one
 // rejection unless every proposed draft was kept; kept / (kept + rejections) is then the
-// estimate of a per-token acceptance a. A prior counts as `weight` tokens at its rate.
+// estimate of a per-token acceptance a. The prior counts as `weight` tokens at its rate before
+// the first observation and decays with the evidence (as if the counts had started there), so
+// it steers a new sequence without biasing one that has shown its own acceptance.
 class DraftAcceptance {
  public:
   void observe(int64_t kept, bool rejected);
@@ -66,6 +70,7 @@ class DraftAcceptance {
 
  private:
   double kept_ = 0, rejections_ = 0;
+  double prior_share_ = 1.0;  // what is left of the prior's weight: kAcceptanceDecay^observations
 };
 
 // The n-gram draft's acceptance for a sequence, measured for free while it does not run: what
