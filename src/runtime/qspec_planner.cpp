@@ -40,7 +40,7 @@ void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int
   start_ = tokens.size();
 }
 
-QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::vector<std::string> drafts,
+QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::optional<std::vector<std::string>> drafts,
                            std::string table_source, double min_gain)
     : table_(std::move(table)), table_source_(std::move(table_source)), min_gain_(min_gain) {
   const std::string ngram(decode_rules::kNgramDraft);
@@ -51,8 +51,7 @@ QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::vector<std:
   }
   table_->validate(table_source_.empty() ? "the step-cost table" : table_source_);
   const std::vector<std::string> known = table_->drafts();
-  if (drafts.empty()) drafts = known;
-  for (const std::string& draft : drafts) {
+  for (const std::string& draft : drafts.value_or(known)) {
     QSPEC_CHECK(std::find(known.begin(), known.end(), draft) != known.end(), "qspec planner: draft ", draft,
                 " is not in the step-cost table ", table_source_);
     // N-gram drafts start from nothing: only what a sequence's probe measures makes them pay.

@@ -118,10 +118,11 @@ class QSpecPlanner {
   };
 
   // `table`: the costs measured for this device and model, or nothing (the fallback: n-gram
-  // drafts at planner_rules' costs). `drafts`: the table's drafts this engine can run (the
-  // table's own list when empty); ignored without a table.
-  explicit QSpecPlanner(std::optional<QSpecCostTable> table, std::vector<std::string> drafts = {},
-                        std::string table_source = "", double min_gain = planner_rules::kMinGain);
+  // drafts at planner_rules' costs). `drafts`: the table's drafts this engine can run, in this
+  // order (none: plain W4A16 only; not given: all the table's); ignored without a table.
+  explicit QSpecPlanner(std::optional<QSpecCostTable> table,
+                        std::optional<std::vector<std::string>> drafts = std::nullopt, std::string table_source = "",
+                        double min_gain = planner_rules::kMinGain);
 
   const std::vector<Candidate>& candidates() const { return candidates_; }
   bool has_table() const { return table_.has_value(); }

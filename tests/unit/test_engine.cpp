@@ -449,6 +449,24 @@ TEST(Engine, DraftAutoRefusesACostTableOfAnotherDeviceOrModel) {
   qspec::QSpecCostTable broken = switching_table();
   broken.points[3].w4a16_step_ms = 0;
   refused(broken, "points[3].w4a16_step_ms: must be > 0");
+  // A table none of whose drafts runs here (ARC drafts on a checkpoint without ARC): plain W4A16.
+  qspec::QSpecCostTable arc_only = switching_table();
+  for (qspec::StepCostPoint& p : arc_only.points) p.draft_step_ms = {{"w4a4-nvfp4-arc", 0.01}};
+  const std::string arc_file = temp_file("qspec-engine-arc-costs");
+  arc_only.save(arc_file);
+  qspec::EngineOptions arc_options;
+  arc_options.qspec_costs = arc_file;
+  qspec::Engine arc_engine(*fixture().model, fixture().tokenizer.get(), arc_options);
+  EXPECT_NE(arc_engine.qspec_planner().find("drafts none"), std::string::npos) << arc_engine.qspec_planner();
+  Outputs out;
+  qspec::Request plain = request(fixture().prompts[1], 16, "qspec");
+  plain.plan.draft = "auto";
+  const qspec::RequestId id = arc_engine.submit(plain, out.callback());
+  arc_engine.run_until_idle();
+  EXPECT_EQ(out.tokens[id], reference(fixture().prompts[1], 16));
+  EXPECT_EQ(out.metrics[id].qspec.cycles, 0);
+  EXPECT_EQ(out.metrics[id].qspec.plan_steps.size(), 1u);  // "w4a16" only
+  std::filesystem::remove(arc_file);
   // A request for draft auto names its broken rule.
   qspec::Engine engine(*fixture().model, fixture().tokenizer.get());
   qspec::Request r = request(fixture().prompts[0], 8, "qspec");

@@ -362,7 +362,7 @@ TEST(QSpecPlanner, PredictedGainIsExpectedTokensOverCycleCost) {
 TEST(QSpecPlanner, PicksADraftWhereTheTableAndTheAcceptanceSayItPays) {
   const QSpecPlanner planner(table_of({point(1, 512, 10, 0.1, {{"ngram", 0}, {"w4a8", 1}}),
                                        point(4, 512, 20, 0.1, {{"ngram", 0}, {"w4a8", 2}})}),
-                             {"ngram"});
+                             std::vector<std::string>{"ngram"});
   ASSERT_EQ(planner.candidates().size(), 1u);  // only the drafts it was given
   const qspec::StepPlan plan = planner.plan(std::vector<PlannerSequence>{sequence(planner, 512, 0.8)});
   ASSERT_TRUE(plan.speculates()) << plan.reason;
@@ -424,12 +424,18 @@ TEST(QSpecPlanner, FallsBackToProvenNgramDraftsWithoutATable) {
 TEST(QSpecPlanner, CandidatesComeFromTheTableWithItsPriors) {
   QSpecCostTable t = gpu_like();
   t.acceptance["w4a8"] = 0.91;
-  const QSpecPlanner planner(t, {"w4a8", "ngram"}, "t.json");
+  const QSpecPlanner planner(t, std::vector<std::string>{"w4a8", "ngram"}, "t.json");
   ASSERT_EQ(planner.candidates().size(), 2u);
   EXPECT_DOUBLE_EQ(planner.candidates()[0].prior, 0.91);
   EXPECT_DOUBLE_EQ(planner.candidates()[1].prior, 0.0);  // n-gram: probed, never assumed
   EXPECT_NE(planner.describe().find("t.json"), std::string::npos);
-  EXPECT_THROW(QSpecPlanner(t, {"w4a4-int4"}, "t.json"), qspec::Error);
+  EXPECT_THROW(QSpecPlanner(t, std::vector<std::string>{"w4a4-int4"}, "t.json"), qspec::Error);
+  // None of its drafts runs here: plain W4A16 only.
+  const QSpecPlanner none(t, std::vector<std::string>{}, "t.json");
+  EXPECT_TRUE(none.candidates().empty());
+  const qspec::StepPlan plain = none.plan(std::vector<PlannerSequence>{sequence(none, 512, 1.0)});
+  EXPECT_FALSE(plain.speculates());
+  EXPECT_NE(plain.reason.find("no draft to price"), std::string::npos) << plain.reason;
   PlannerSequence wrong = sequence(planner, 512, 0.9);
   wrong.acceptance.pop_back();
   EXPECT_THROW(planner.plan(std::vector<PlannerSequence>{wrong}), qspec::Error);
