@@ -152,6 +152,9 @@ void run_gpu(const BenchArgs& args) {
                     !options.qspec_gammas.empty(),
                 "bench --qspec-costs-out: the GPU's step costs come from its QSpec cycles: give --modes w4a16 and "
                 "--qspec-gammas (and the drafts to price, --qspec-drafts)");
+    QSPEC_CHECK(options.accept_trace.empty(),
+                "bench --qspec-costs-out: leave out --accept-trace (the bench skips the (draft, gamma) cycles its "
+                "trace lacks, and the table needs every one; acceptance priors go in --qspec-costs-acceptance)");
     shape = ModelShape::of(args.gpu.synthetic.empty() ? LlamaModel::load(args.model_dir)->config()
                                                       : synthetic_model_config(args.gpu.synthetic));
     trace = read_acceptance(args.costs_acceptance);

@@ -418,7 +418,11 @@ QSpecCostTable QSpecCostTable::from_gpu_bench_record(const json& record, const M
     for (const auto& [name, a] : acceptance_from_trace(*accept_trace, "--accept-trace"))
       if (std::find(drafts.begin(), drafts.end(), name) != drafts.end()) table.acceptance[name] = a;
   }
-  table.validate(source);
+  try {
+    table.validate(source);
+  } catch (const Error& e) {
+    fail(e.what(), " (the table needs every draft timed at every gamma and batch)");
+  }
   return table;
 }
 

@@ -424,6 +424,46 @@ TEST(Engine, DraftAutoGreedyEqualsW4A16WhateverThePlannerPicks) {
   std::filesystem::remove(ngram_file);
 }
 
+// Sampled requests with draft auto: cycles of a model draft (its distributions q go to the
+// rejection sampler) and plain steps (the acceptor's picks) mix without error, and the run is
+// reproducible: the same seeds give the same tokens.
+TEST(Engine, DraftAutoSamplesThroughPlainStepsAndCycles) {
+  const auto& prompts = fixture().prompts;
+  const std::string table_file = temp_file("qspec-engine-sampling-costs");
+  switching_table().save(table_file);
+  auto run = [&] {
+    qspec::EngineOptions options;
+    options.max_batch_size = 5;
+    options.qspec_costs = table_file;
+    qspec::Engine engine(*fixture().model, fixture().tokenizer.get(), options);
+    Outputs out;
+    std::vector<qspec::RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      qspec::Request r = request(prompts[i], 64, "qspec");
+      r.plan.draft = "auto";
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 20;
+      r.sampling.seed = 7 + i;
+      ids.push_back(engine.submit(r, out.callback()));
+      engine.step();  // the batch grows past 2 (plain steps) and drains (cycles)
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> tokens;
+    qspec::QSpecMetrics total;
+    for (qspec::RequestId id : ids) {
+      EXPECT_TRUE(out.finish_reason[id] == "length" || out.finish_reason[id] == "eos") << out.finish_reason[id];
+      tokens.push_back(out.tokens[id]);
+      total.add(out.metrics[id].qspec);
+    }
+    std::printf("draft auto, sampled: %s\n", qspec::describe_planner_metrics(total).c_str());
+    EXPECT_GT(total.cycles, 0);
+    EXPECT_GT(total.plan_steps["w4a16"], 0);
+    return tokens;
+  };
+  EXPECT_EQ(run(), run());
+  std::filesystem::remove(table_file);
+}
+
 // A table for another device or another model, or a broken one, is refused when the engine is
 // built, naming what does not match.
 TEST(Engine, DraftAutoRefusesACostTableOfAnotherDeviceOrModel) {
@@ -612,6 +652,7 @@ TEST(Engine, SamplingMatchesTheSingleSequencePathsAtAnyBatchSize) {
       r.sampling.seed = 100 + i;
       plain.push_back(engine.submit(r, out.callback()));
       r.plan.mode = "qspec";
+      r.plan.draft = std::string(qspec::decode_rules::kCheapestDraft);
       r.plan.gamma = 3;
       speculative.push_back(engine.submit(r, out.callback()));
     }
