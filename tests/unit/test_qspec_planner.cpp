@@ -441,15 +441,15 @@ TEST(QSpecPlanner, CandidatesComeFromTheTableWithItsPriors) {
   EXPECT_THROW(planner.plan(std::vector<PlannerSequence>{wrong}), qspec::Error);
 }
 
-// The step-cost tables committed in bench/policies load (every field valid) and each names its
-// device and model in its file name, as `bench --qspec-costs-out`'s default naming does.
+// The step-cost tables committed in bench/policies load (every field valid) and say how they
+// were made.
 TEST(QSpecCosts, CommittedTablesLoad) {
   int tables = 0;
   for (const auto& item : fs::directory_iterator(std::string(QSPEC_SOURCE_DIR) + "/bench/policies")) {
     if (item.path().filename().string().rfind("qspec-costs-", 0) != 0) continue;
     const QSpecCostTable t = QSpecCostTable::load(item.path().string());
-    EXPECT_EQ(item.path().filename().string(), qspec::cost_table_file_name(t.device, t.model));
-    EXPECT_FALSE(t.command.empty());
+    EXPECT_FALSE(t.command.empty()) << item.path();
+    EXPECT_FALSE(t.model.empty()) << item.path();
     ++tables;
   }
   EXPECT_GE(tables, 1);
