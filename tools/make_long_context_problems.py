@@ -6,6 +6,9 @@ the end and the sinks of such a prompt; its acceptance here is what the GPU benc
 
     python3 tools/make_long_context_problems.py data/wikitext-2/wiki.test.raw --words 1500 \
         --count 16 > /tmp/long-context.jsonl
+
+--request replaces the summary request: with "Repeat the text above word for word." and short
+passages the answers repeat their prompts, the text prompt lookup (--draft ngram) is for.
 """
 import argparse
 import json
@@ -33,6 +36,8 @@ def main():
     parser.add_argument("raw", help="wiki.test.raw (data/wikitext-2)")
     parser.add_argument("--words", type=int, default=1500, help="words of article a prompt (about 1.3 tokens each)")
     parser.add_argument("--count", type=int, default=16, help="prompts")
+    parser.add_argument("--request", default="Summarize the article above in three sentences.",
+                        help="what the prompt asks after the passage")
     args = parser.parse_args()
     with open(args.raw, encoding="utf-8") as f:
         text = f.read()
@@ -42,7 +47,7 @@ def main():
         if len(words) < args.words:
             continue
         passage = " ".join(words[: args.words])
-        question = f"{title}\n\n{passage}\n\nSummarize the article above in three sentences."
+        question = f"{title}\n\n{passage}\n\n{args.request}"
         print(json.dumps({"question": question, "answer": ""}))
         made += 1
         if made == args.count:

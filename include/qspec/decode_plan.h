@@ -17,8 +17,16 @@ namespace decode_rules {
 inline constexpr std::string_view kQSpecMode = "qspec";
 // QSpec's target: its greedy output is W4A16's, token for token.
 inline constexpr std::string_view kVerifyMode = "w4a16";
-// The draft when none is named: the cheapest activation format.
-inline constexpr std::string_view kDefaultDraft = "w4a4-nvfp4";
+// The draft that is a planner (runtime/qspec_planner.h): every step it picks plain W4A16 or a
+// draft and gamma from the measured step costs of this device and model (a table from `qspec
+// bench --qspec-costs-out`) and each sequence's running acceptance, so that QSpec never runs
+// where it is predicted to be slower than W4A16.
+inline constexpr std::string_view kAutoDraft = "auto";
+// The draft when none is named: the planner. (`eval qspec --drafts` and `bench --qspec-drafts`
+// name concrete drafts; kCheapestDraft is the bench's default.)
+inline constexpr std::string_view kDefaultDraft = kAutoDraft;
+// The cheapest activation format on the weights: what `bench --qspec-drafts` times by default.
+inline constexpr std::string_view kCheapestDraft = "w4a4-nvfp4";
 // The draft that reads no weights: the continuation of the longest recent n-gram of the prompt
 // and output that matches their end (prompt lookup; vLLM's `ngram`, llama.cpp's lookup
 // decoding). It pays where text repeats (code edits, summaries, retrieval prompts).
@@ -49,11 +57,13 @@ inline constexpr int64_t kDefaultMaxGamma = 8;
 
 struct DecodePlan {
   std::string mode{decode_rules::kDefaultMode};    // a run mode (w16a16, w4a16, w4a8, ...) or "qspec"
-  std::string draft{decode_rules::kDefaultDraft};  // qspec: the low-precision drafting mode (w4a8*, w4a4*), or "ngram"
+  std::string draft{decode_rules::kDefaultDraft};  // qspec: "auto" (the planner), a low-precision drafting mode (w4a8*, w4a4*), or "ngram"
   std::string verify{decode_rules::kVerifyMode};   // qspec: the target mode
-  int64_t gamma = decode_rules::kDefaultGamma;     // qspec: draft tokens per cycle (1..kMaxGamma)
+  int64_t gamma = decode_rules::kDefaultGamma;     // qspec: draft tokens per cycle (1..kMaxGamma); auto: unused
   bool adaptive_gamma = false;                     // qspec: move gamma with the recent acceptance
-  int64_t max_gamma = decode_rules::kDefaultMaxGamma;  // qspec: adaptive gamma's bound (gamma..kMaxGamma)
+  // qspec: adaptive gamma's bound (gamma..kMaxGamma); draft auto: the largest gamma the planner
+  // may pick (1..kMaxGamma)
+  int64_t max_gamma = decode_rules::kDefaultMaxGamma;
   bool kv_overwrite = true;                        // qspec: false = the paper's no-overwrite ablation
   int64_t ngram_max = decode_rules::kDefaultNgramMax;  // draft ngram: the longest n-gram matched (ngram_min..kMaxNgram)
   int64_t ngram_min = decode_rules::kDefaultNgramMin;  // draft ngram: the shortest (1..ngram_max)
@@ -67,11 +77,15 @@ struct DecodePlan {
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
   // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
   bool ngram_draft() const { return qspec() && draft == decode_rules::kNgramDraft; }
+  // QSpec whose draft and gamma the planner picks every step.
+  bool auto_draft() const { return qspec() && draft == decode_rules::kAutoDraft; }
   // The sinks the draft's view keeps: draft_sinks with a window, none without one.
   int64_t draft_view_sinks() const { return draft_window > 0 ? draft_sinks : 0; }
   // The most draft tokens one cycle can take (0 for plain decoding).
-  int64_t gamma_bound() const { return qspec() ? (adaptive_gamma ? max_gamma : gamma) : 0; }
-  // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft.
+  int64_t gamma_bound() const { return qspec() ? (adaptive_gamma || auto_draft() ? max_gamma : gamma) : 0; }
+  // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft
+  // (the verify alone for n-gram drafts, and for the planner: its drafts run on the same 4-bit
+  // weights, and the engine checks each against its cost table).
   std::vector<std::string> modes() const;
 };
 
@@ -84,7 +98,7 @@ class DecodePlanError : public Error {
 };
 
 // A draft in one word, as `eval qspec --drafts` and `bench --qspec-drafts` list them and their
-// records name them: "MODE" (w4a8, ...), "ngram", or "MODE@WINDOW" / "MODE@WINDOW+SINKS" for a
+// records name them: "MODE" (w4a8, ...), "ngram", "auto", or "MODE@WINDOW" / "MODE@WINDOW+SINKS" for a
 // sparse view of the cache (draft_window, draft_sinks; SINKS defaults to kDefaultDraftSinks).
 // Sets plan.draft, draft_window and draft_sinks; throws DecodePlanError("draft") on bad syntax
 // (the rules are validate()'s).
@@ -93,9 +107,11 @@ std::string draft_spec(const DecodePlan& plan);
 
 // Throws DecodePlanError naming the field at fault (`field_prefix` + "mode", "draft", "gamma",
 // "max_gamma", "ngram_max", "draft_window", ...) when a rule above is broken: an unknown mode, a
-// draft that is neither "ngram" nor a 4-bit-weight low-precision-activation mode (or, with a
-// draft_window, the verify's mode), gamma, max_gamma, the n-gram lengths or the draft's window
-// and sinks out of range. (The window's bound by the context is the engine's: it knows the context.)
+// draft that is neither "auto", "ngram" nor a 4-bit-weight low-precision-activation mode (or,
+// with a draft_window, the verify's mode), gamma, max_gamma, the n-gram lengths or the draft's
+// window and sinks out of range, a window or the no-overwrite ablation with draft auto (the
+// planner's drafts come from its cost table). (The window's bound by the context is the
+// engine's: it knows the context.)
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");
 
 }  // namespace qspec

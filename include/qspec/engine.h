@@ -56,6 +56,12 @@ struct EngineOptions {
   // and the host samples (the A/B baseline). QSpec cycles that sample stay on the host
   // (rejection sampling needs both distributions).
   bool gpu_sampling = true;
+  // The step costs QSpec requests with draft "auto" are planned with (runtime/qspec_costs.h, made
+  // by `qspec bench --qspec-costs-out`): a table file; "auto": the table for this device and
+  // model in bench/policies (or $QSPEC_GEMM_POLICY_DIR) when there is one; "" or "none": no table
+  // (the planner's fallback: n-gram drafts where a sequence's probed acceptance pays, else plain
+  // W4A16). A table that does not match the device or the model is refused at construction.
+  std::string qspec_costs;
 };
 
 // A request: its prompt, sampling, limits and decode plan (qspec/decode_plan.h: plain decoding
@@ -165,6 +171,8 @@ class Engine {
   // Positions a sequence may hold (options.max_context, else the model's context).
   int64_t context_limit() const;
   const EngineOptions& options() const;
+  // What draft "auto" plans with, in a line: the step-cost table and its drafts, or the fallback.
+  std::string qspec_planner() const;
 
   // Text -> prompt ids with the model's bos convention (needs a tokenizer).
   std::vector<int32_t> tokenize(const std::string& text) const;

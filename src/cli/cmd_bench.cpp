@@ -2,6 +2,9 @@
 // baseline and the weight-bytes roofline (bytes per token over a measured copy bandwidth), or
 // (--modes) each run mode's prefill and decode on the 4-bit weights;
 // --device cuda: GPU decode steps per batch size and time-to-first-token (bench/cuda/gpu_bench.h).
+// --qspec-costs-out FILE: the step-cost table `--draft auto` plans with (runtime/qspec_costs.h),
+// measured on the CPU through the engine's backend (bench/step_costs.h) or taken from the GPU
+// bench's own QSpec cycles, merged into FILE when it exists.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,10 +20,16 @@
 
 #include "qspec/decode_plan.h"
 #include "base/thread_pool.h"
+#include "bench/step_costs.h"
 #include "cli/commands.h"
 #include "model/llama.h"
 #include "qspec/error.h"
+#include "runtime/backend.h"
+#include "runtime/qspec_costs.h"
 #include "bench/cuda/gpu_bench.h"  // GpuBenchOptions (declarations only: builds without CUDA include it too)
+#ifdef QSPEC_HAVE_CUDA
+#include "model/cuda/llama_gpu.h"  // synthetic_model_config
+#endif
 
 namespace qspec::cli {
 namespace {
@@ -40,7 +49,58 @@ struct BenchArgs {
   GpuBenchOptions gpu;
   bool no_graphs = false;
   bool no_pdl = false;
+  // --qspec-costs-out: the step-cost table's file, and the contexts it is measured at.
+  std::string qspec_costs_out;
+  std::vector<int64_t> costs_contexts;
+  std::string costs_acceptance;  // a `qspec eval qspec` result: per-draft acceptance priors
 };
+
+// Writes `table` to `path`, merged into the table already there (same device and model: its
+// other points are kept, the ones measured again replaced), and prints its points.
+void write_cost_table(QSpecCostTable table, const std::string& path) {
+  if (std::filesystem::exists(path)) {
+    QSpecCostTable merged = QSpecCostTable::load(path);
+    try {
+      merged.merge(table);
+      merged.validate(path);
+    } catch (const Error& e) {
+      fail("bench --qspec-costs-out ", path, ": cannot add these points to the table there (", e.what(),
+           "); give another file");
+    }
+    table = std::move(merged);
+  }
+  table.save(path);
+  std::printf("\nstep costs (ms) for --draft auto, %s, %s:\n", table.device.c_str(), table.model.c_str());
+  std::printf("%6s %8s %10s", "batch", "context", "w4a16");
+  for (const std::string& d : table.drafts()) std::printf(" %14s", d.c_str());
+  for (int64_t g : table.gammas()) std::printf(" %11s", ("verify g" + std::to_string(g)).c_str());
+  std::printf("\n");
+  for (const StepCostPoint& p : table.points) {
+    std::printf("%6lld %8lld %10.3f", static_cast<long long>(p.batch), static_cast<long long>(p.context),
+                p.w4a16_step_ms);
+    for (const auto& [d, ms] : p.draft_step_ms) std::printf(" %14.3f", ms);
+    for (const auto& [g, ms] : p.verify_ms) std::printf(" %11.3f", ms);
+    std::printf("\n");
+  }
+  if (!table.acceptance.empty()) {
+    std::printf("acceptance priors:");
+    for (const auto& [d, a] : table.acceptance) std::printf(" %s %.3f", d.c_str(), a);
+    std::printf("\n");
+  }
+  std::printf("wrote %s\n", path.c_str());
+}
+
+// The `qspec eval qspec` result --qspec-costs-acceptance names, or null.
+nlohmann::json read_acceptance(const std::string& path) {
+  if (path.empty()) return nullptr;
+  std::ifstream file(path);
+  QSPEC_CHECK(file.good(), "bench: cannot read --qspec-costs-acceptance ", path);
+  try {
+    return nlohmann::json::parse(file);
+  } catch (const nlohmann::json::exception& e) {
+    fail("bench: --qspec-costs-acceptance ", path, " is not JSON: ", e.what());
+  }
+}
 
 void write_record(const nlohmann::json& record, const std::string& out_dir,
                   const std::string& file_name) {
@@ -82,14 +142,40 @@ void run_gpu(const BenchArgs& args) {
   options.programmatic_launch = !args.no_pdl;
   options.command_line = args.command_line;
   options.commit = git_commit();
-  const nlohmann::json record = run_gpu_bench(options);
-  if (args.gpu.profile_step) return;
   std::string name = args.gpu.synthetic;
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
-  std::string gpu = record["gpu"].get<std::string>();
-  for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
-  write_record(record, args.out_dir,
-               (args.gpu.gemm_ablation.empty() ? "gpu-decode-" : "gemm-ablation-") + name + "-" + gpu + ".json");
+  const bool costs = !args.qspec_costs_out.empty();
+  ModelShape shape;
+  nlohmann::json trace;
+  if (costs) {
+    QSPEC_CHECK(std::find(options.modes.begin(), options.modes.end(), "w4a16") != options.modes.end() &&
+                    !options.qspec_gammas.empty(),
+                "bench --qspec-costs-out: the GPU's step costs come from its QSpec cycles: give --modes w4a16 and "
+                "--qspec-gammas (and the drafts to price, --qspec-drafts)");
+    QSPEC_CHECK(options.accept_trace.empty(),
+                "bench --qspec-costs-out: leave out --accept-trace (the bench skips the (draft, gamma) cycles its "
+                "trace lacks, and the table needs every one; acceptance priors go in --qspec-costs-acceptance)");
+    shape = ModelShape::of(args.gpu.synthetic.empty() ? LlamaModel::load(args.model_dir)->config()
+                                                      : synthetic_model_config(args.gpu.synthetic));
+    trace = read_acceptance(args.costs_acceptance);
+  }
+  // One bench run a context (the bench times decode steps at one context); the cost table
+  // gathers them.
+  const std::vector<int64_t> contexts =
+      costs && !args.costs_contexts.empty() ? args.costs_contexts : std::vector<int64_t>{args.gpu.context};
+  for (int64_t context : contexts) {
+    options.context = context;
+    const nlohmann::json record = run_gpu_bench(options);
+    if (args.gpu.profile_step) return;
+    std::string gpu = record["gpu"].get<std::string>();
+    for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
+    write_record(record, args.out_dir,
+                 (args.gpu.gemm_ablation.empty() ? "gpu-decode-" : "gemm-ablation-") + name + "-" + gpu +
+                     (contexts.size() > 1 ? "-ctx" + std::to_string(context) : std::string()) + ".json");
+    if (costs)
+      write_cost_table(QSpecCostTable::from_gpu_bench_record(record, shape, name, trace.is_null() ? nullptr : &trace),
+                       args.qspec_costs_out);
+  }
 #else
   fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");
 #endif
@@ -221,6 +307,44 @@ void run_bench_modes(const BenchArgs& args) {
   write_record(record, args.out_dir, record_file("cpu-modes", args.model_dir));
 }
 
+// --qspec-costs-out on the CPU: the step costs through the engine's CPU backend, on the model's
+// 4-bit weights (quantized at load as --weights says when the checkpoint has none).
+void run_qspec_costs_cpu(const BenchArgs& args, const CLI::App& command) {
+  auto model = LlamaModel::load(args.model_dir);
+  StepCostOptions options;
+  if (command.count("--batch-sizes") > 0) options.batches = args.gpu.batch_sizes;
+  if (!args.costs_contexts.empty()) options.contexts = args.costs_contexts;
+  if (command.count("--qspec-gammas") > 0) options.gammas = args.gpu.qspec_gammas;
+  if (command.count("--qspec-drafts") > 0) options.drafts = args.gpu.qspec_drafts;
+  if (std::find(options.drafts.begin(), options.drafts.end(), decode_rules::kNgramDraft) == options.drafts.end())
+    options.drafts.push_back(std::string(decode_rules::kNgramDraft));  // free: it reads no weights
+  options.repeats = args.repeats;
+  std::vector<RunMode> modes = {parse_run_mode(decode_rules::kVerifyMode)};
+  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
+  options.group_size = modes[0].activations.group_size;
+  const std::unique_ptr<Backend> backend = make_cpu_backend(*model);
+  std::printf("step costs of %s (4-bit weights %s) on %s: batches", args.model_dir.c_str(), weights.c_str(),
+              backend->device_name().c_str());
+  for (int64_t b : options.batches) std::printf(" %lld", static_cast<long long>(b));
+  std::printf(", contexts");
+  for (int64_t c : options.contexts) std::printf(" %lld", static_cast<long long>(c));
+  std::printf(", median of %d\n", options.repeats);
+  ProgressBar bar("qspec costs");
+  options.progress = [&](size_t done, size_t total) { bar.update(done, total); };
+  QSpecCostTable table = measure_step_costs(*model, *backend, options);
+  table.model = std::filesystem::path(args.model_dir).lexically_normal().filename().string();
+  if (table.model.empty()) table.model = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename().string();
+  table.commit = git_commit();
+  table.command = args.command_line;
+  const nlohmann::json trace = read_acceptance(args.costs_acceptance);
+  if (!trace.is_null()) {
+    const std::vector<std::string> drafts = table.drafts();
+    for (const auto& [draft, a] : acceptance_from_trace(trace, args.costs_acceptance))
+      if (std::find(drafts.begin(), drafts.end(), draft) != drafts.end()) table.acceptance[draft] = a;
+  }
+  write_cost_table(std::move(table), args.qspec_costs_out);
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -240,7 +364,7 @@ void register_bench(CLI::App& app) {
                       "other modes run without ARC)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  command->add_option("--batch-sizes", args->gpu.batch_sizes, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
+  command->add_option("--batch-sizes", args->gpu.batch_sizes, "cuda: decode batch sizes (and --qspec-costs-out's)")->delimiter(',')->capture_default_str();
   command->add_option("--context", args->gpu.context, "cuda: cached positions per sequence during decode steps")
       ->check(CLI::PositiveNumber)->capture_default_str();
   command->add_option("--steps", args->gpu.steps, "cuda: timed decode steps per batch size")
@@ -253,15 +377,34 @@ void register_bench(CLI::App& app) {
   command->add_option("--workloads-file", args->gpu.workloads_file, "cuda: prompt/output lengths per dataset")
       ->capture_default_str();
   command->add_option("--qspec-gammas", args->gpu.qspec_gammas,
-                      "cuda, mode w4a16: time QSpec cycles (drafts + W4A16 verify) for these draft lengths")
+                      "cuda, mode w4a16: time QSpec cycles (drafts + W4A16 verify) for these draft lengths; "
+                      "--qspec-costs-out on the CPU: the verify gammas timed (default 2,4,7)")
       ->delimiter(',')
       ->check(CLI::Range(1, 7));
   command->add_option("--qspec-drafts", args->gpu.qspec_drafts,
                       "cuda: drafts of the QSpec cycles: modes (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4), "
                       "MODE@WINDOW[+SINKS] for a sparse view of the cache (w4a16@512: the verify's mode over the last "
-                      "512 positions and 16 sinks)")
+                      "512 positions and 16 sinks); --qspec-costs-out on the CPU: the drafts priced (default w4a8; "
+                      "ngram always, at cost 0)")
       ->delimiter(',')
       ->capture_default_str();
+  command->add_option("--qspec-costs-out", args->qspec_costs_out,
+                      "Measure the step costs `--draft auto` plans with on this device (a W4A16 step, each draft's "
+                      "step, the verify of each gamma, per batch and context) into this table, merged into the file "
+                      "when it exists; bench/policies/" + cost_table_file_name("DEVICE", "MODEL") +
+                          " is where --qspec-costs auto finds it. cpu: through the engine's CPU backend (defaults: "
+                          "--batch-sizes 1,4, --qspec-costs-contexts 256,2048); cuda: from the QSpec cycles of "
+                          "--modes w4a16 --qspec-gammas --qspec-drafts");
+  command->add_option("--qspec-costs-acceptance", args->costs_acceptance,
+                      "--qspec-costs-out: per-draft acceptance priors for the table, from a `qspec eval qspec` result "
+                      "on a real checkpoint (e.g. bench/results/qspec-acceptance-smollm2.json); without them the "
+                      "planner assumes 0.5 until a sequence shows its own")
+      ->check(CLI::ExistingFile);
+  command->add_option("--qspec-costs-contexts", args->costs_contexts,
+                      "--qspec-costs-out: the contexts (cached positions a sequence) measured (cuda: one bench run "
+                      "each; default --context)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   command->add_option("--gemm-policy", args->gpu.gemm_policy,
                       "cuda: the 4-bit GEMMs follow this policy map (qspec tune); default: the built-in crossovers")
       ->check(CLI::ExistingFile);
@@ -313,6 +456,9 @@ void register_bench(CLI::App& app) {
     }
     QSPEC_CHECK(!args->model_dir.empty() && args->gpu.synthetic.empty(),
                 "bench: the CPU benchmark needs a model directory (--synthetic is for --device cuda)");
+    if (!args->qspec_costs_out.empty()) return run_qspec_costs_cpu(*args, *command);
+    QSPEC_CHECK(args->costs_contexts.empty() && args->costs_acceptance.empty(),
+                "bench: --qspec-costs-contexts and --qspec-costs-acceptance need --qspec-costs-out");
     if (command->count("--modes") > 0) return run_bench_modes(*args);
     QSPEC_CHECK(command->count("--weights") == 0 && command->count("--group-size") == 0,
                 "bench: --weights and --group-size need --modes (the CPU benchmark without it times the "

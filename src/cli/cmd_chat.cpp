@@ -38,6 +38,7 @@ struct ChatArgs {
   int64_t group_size = 0;
   int64_t max_context = 0;
   std::string device = "cpu";
+  std::string qspec_costs = "auto";  // --draft auto's step-cost table
 };
 
 constexpr const char* kHelp =
@@ -67,7 +68,9 @@ void run_chat(const ChatArgs& args) {
   options.device = args.device;
   if (args.device == "cuda") options.gpu_mode = plan.qspec() ? plan.verify : plan.mode;
   options.max_context = args.max_context;
+  options.qspec_costs = args.qspec_costs;
   Engine engine(*model, tokenizer.get(), options);
+  if (plan.auto_draft()) std::fprintf(stderr, "[qspec] draft auto: %s\n", engine.qspec_planner().c_str());
 
   SamplingParams sampling = args.sampling;
   choose_seed(sampling, args.seed_given);
@@ -144,7 +147,7 @@ void register_chat(CLI::App& app) {
   add_sampling_options(command, args->sampling, args->seed_given);
   command->add_option("--mode", args->plan.mode, "auto (the checkpoint's format), a run mode, or qspec")
       ->capture_default_str();
-  add_qspec_options(command, args->plan, /*adaptive=*/false, "--mode qspec: ");
+  add_qspec_options(command, args->plan, /*adaptive=*/false, "--mode qspec: ", args->qspec_costs);
   command->add_option("--weights", args->weights, "4-bit weight format when the checkpoint has none (RTN at load)");
   command->add_option("--group-size", args->group_size, "int4 group size (0: automatic)");
   command->add_option("-c,--ctx-size", args->max_context, "Positions the conversation may hold (0: the model's)")

@@ -492,6 +492,7 @@ struct QSpecEvalArgs {
   bool chat = false;  // prompt = the model's chat template over one user message
   std::string reference_file;       // load the W4A16 reference outputs instead of running them
   std::string save_reference_file;  // write the W4A16 reference outputs here
+  std::string qspec_costs = "auto";  // --drafts auto: the planner's step-cost table
 };
 
 struct EngineRun {
@@ -504,10 +505,12 @@ struct EngineRun {
 
 EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer,
                              const std::vector<std::vector<int32_t>>& prompts, const Request& base, int64_t batch,
-                             const std::string& device, const std::function<void()>& on_done) {
+                             const std::string& device, const std::function<void()>& on_done,
+                             const std::string& qspec_costs = "") {
   EngineOptions options;
   options.max_batch_size = batch;
   options.device = device;
+  options.qspec_costs = qspec_costs;
   Engine engine(model, &tokenizer, options);
   EngineRun run;
   run.outputs.resize(prompts.size());
@@ -605,8 +608,10 @@ void run_qspec_eval(QSpecEvalArgs args) {
     } catch (const DecodePlanError& e) {
       fail("--drafts: ", e.what());
     }
-    // n-gram drafts run no mode; the verify's mode (a sparse-view draft) is prepared already
-    if (plan.draft != decode_rules::kNgramDraft && std::find(names.begin(), names.end(), plan.draft) == names.end())
+    // n-gram drafts run no mode, nor does the planner (its drafts are its table's, checked by the
+    // engine); the verify's mode (a sparse-view draft) is prepared already
+    if (plan.draft != decode_rules::kNgramDraft && plan.draft != decode_rules::kAutoDraft &&
+        std::find(names.begin(), names.end(), plan.draft) == names.end())
       names.push_back(plan.draft);
   }
   PreparedModel prepared = load_model_for_modes(args.model_dir, names, args.weights, args.group_size);
@@ -672,7 +677,11 @@ void run_qspec_eval(QSpecEvalArgs args) {
     for (const std::string& draft : args.drafts)
       for (int64_t gamma : args.gammas)
         for (bool overwrite : overwrites) {
-          if (!overwrite && draft == decode_rules::kNgramDraft) {  // no draft rows to keep
+          // The n-gram draft has no draft rows to keep; the planner picks its own gamma (up to the
+          // largest of --gammas: one run).
+          const bool planner = draft == decode_rules::kAutoDraft;
+          if ((!overwrite && (draft == decode_rules::kNgramDraft || planner)) ||
+              (planner && gamma != *std::max_element(args.gammas.begin(), args.gammas.end()))) {
             for (size_t i = 0; i < prompts.size(); ++i) tick();
             continue;
           }
@@ -682,9 +691,11 @@ void run_qspec_eval(QSpecEvalArgs args) {
           plan.verify = prepared.modes[0].name;
           set_draft_spec(plan, draft);
           plan.gamma = gamma;
+          if (planner) plan.max_gamma = gamma;
           plan.kv_overwrite = overwrite;
           validate(plan, "eval qspec: ");
-          const EngineRun run = run_through_engine(model, *tokenizer, prompts, request, batch, args.device, tick);
+          const EngineRun run =
+              run_through_engine(model, *tokenizer, prompts, request, batch, args.device, tick, args.qspec_costs);
           int64_t identical = 0, tie = 0, mismatch = 0;
           for (size_t i = 0; i < prompts.size(); ++i) {
             const std::string verdict =
@@ -716,6 +727,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
                       {"identical_to_w4a16", identical},
                       {"exact_logit_ties", tie},
                       {"mismatches", mismatch}});
+          if (planner) row["planner"] = qspec_planner_json(sum);
           rows.push_back(row);
         }
   }
@@ -805,7 +817,12 @@ void register_eval(CLI::App& app) {
   qspec_command->add_option("model,-m,--model", qspec_args->model_dir, "Model directory")->required();
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
-  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16)")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--qspec-costs", qspec_args->qspec_costs,
+                            "--drafts auto: the step-cost table (auto: bench/policies' for this device and model; "
+                            "none: the planner's fallback; or a file)")
+      ->check(CLI::IsMember({"auto", "none"}) | CLI::ExistingFile)
+      ->capture_default_str();
   qspec_command->add_option("--gammas", qspec_args->gammas, "Draft lengths")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--batch-sizes", qspec_args->batch_sizes, "Engine batch sizes")
       ->capture_default_str()

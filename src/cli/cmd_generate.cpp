@@ -41,6 +41,7 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   std::string device = "cpu";
   std::string gemm_policy = "auto";
+  std::string qspec_costs = "auto";  // --draft auto's step-cost table
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -71,7 +72,10 @@ void run_generate(const GenerateArgs& args) {
   std::vector<RunMode> modes;
   for (const std::string& name : plan.modes()) modes.push_back(parse_run_mode(name));
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
-  if (use_qspec) {
+  if (use_qspec && plan.auto_draft()) {
+    std::fprintf(stderr, "[qspec] weights %s, qspec: draft auto (the planner, gamma up to %lld), verify %s\n",
+                 weights.c_str(), static_cast<long long>(plan.max_gamma), plan.verify.c_str());
+  } else if (use_qspec) {
     std::fprintf(stderr, "[qspec] weights %s, qspec: draft %s, verify %s, gamma %lld%s%s\n", weights.c_str(),
                  plan.draft.c_str(), plan.verify.c_str(), static_cast<long long>(plan.gamma),
                  plan.adaptive_gamma ? " (adaptive)" : "", plan.kv_overwrite ? "" : ", no KV overwrite");
@@ -94,7 +98,9 @@ void run_generate(const GenerateArgs& args) {
     engine_options.gpu_gemm_policy = args.gemm_policy;
   }
   engine_options.max_context = args.max_context;
+  engine_options.qspec_costs = args.qspec_costs;
   Engine engine(*model, tokenizer.get(), engine_options);
+  if (plan.auto_draft()) std::fprintf(stderr, "[qspec] draft auto: %s\n", engine.qspec_planner().c_str());
   Request request;
   request.prompt = tokenizer->encode(prompt, add_bos);
   request.sampling = args.sampling;
@@ -145,6 +151,8 @@ void run_generate(const GenerateArgs& args) {
     described.draft.name = plan.draft;  // a mode, or ngram (no mode: modes holds the verify only)
     described.overwrite_kv = !args.no_kv_overwrite;
     std::fprintf(stderr, "[qspec] %s\n", describe_qspec_metrics(metrics.qspec, described).c_str());
+    if (plan.auto_draft())
+      std::fprintf(stderr, "[qspec] planner: %s\n", describe_planner_metrics(metrics.qspec).c_str());
   }
 }
 
@@ -170,10 +178,11 @@ void register_generate(CLI::App& app) {
   std::string modes;
   for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
   command->add_option("--mode", args->plan.mode, "Weights and activations: " + modes +
-                                                "|qspec (draft in --draft, verify in w4a16)|auto (w4a16 on a 4-bit "
+                                                "|qspec (verify in w4a16; drafts as --draft says, by default the "
+                                                "planner: never predicted slower than w4a16)|auto (w4a16 on a 4-bit "
                                                 "checkpoint, else w16a16)")
       ->capture_default_str();
-  add_qspec_options(command, args->plan, /*adaptive=*/true, "--mode qspec: ");
+  add_qspec_options(command, args->plan, /*adaptive=*/true, "--mode qspec: ", args->qspec_costs);
   command->add_option("--gemm-policy", args->gemm_policy,
                       "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "
                       "(or $QSPEC_GEMM_POLICY_DIR) for this GPU and model, if any; none: built-in crossovers")

@@ -39,7 +39,11 @@ struct ServeArgs {
   std::string ssl_certfile, ssl_keyfile;
   bool no_access_log = false;
   std::string log_format = "text";
-  EngineOptions engine;
+  EngineOptions engine = [] {
+    EngineOptions e;
+    e.qspec_costs = "auto";  // --draft auto's step-cost table: the one for this device and model
+    return e;
+  }();
 };
 
 // Whether `host` only reaches this machine (no API key needed there).
@@ -146,6 +150,8 @@ void run_serve(const ServeArgs& args) {
                args.plan.draft.c_str(), static_cast<long long>(args.plan.gamma), weights.c_str(),
                static_cast<long long>(args.engine.max_batch_size), static_cast<long long>(args.max_queue),
                static_cast<long long>(server.engine().context_limit()));
+  // Any request may ask for QSpec with draft auto (the default draft), so say what it plans with.
+  std::fprintf(stderr, "[qspec] draft auto: %s\n", server.engine().qspec_planner().c_str());
   std::fprintf(stderr, "[qspec] listening on %s://%s:%d%s\n", tls ? "https" : "http", args.host.c_str(), port,
                has_key ? " (API key required)" : "");
   std::fflush(stderr);
@@ -193,7 +199,7 @@ void register_serve(CLI::App& app) {
   command->add_option("--mode", args->plan.mode,
                       "Default mode of requests (\"qspec\": {\"mode\": ...} overrides): " + modes + "|qspec")
       ->capture_default_str();
-  add_qspec_options(command, args->plan, /*adaptive=*/false, "Default QSpec ");
+  add_qspec_options(command, args->plan, /*adaptive=*/false, "Default QSpec ", args->engine.qspec_costs);
   command->add_option("--weights", args->weights, "4-bit weight format (RTN at load; default int4)");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: automatic)");
   command->add_option("--chat-template", args->chat_template,

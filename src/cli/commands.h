@@ -35,11 +35,13 @@ std::string prepare_model_for_modes(LlamaModel& model, std::vector<RunMode>& mod
 // The sampling flags `generate` and `chat` share, in llama.cpp's spellings: --temperature /
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, and --seed (which sets seed_given).
 void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given);
-// The QSpec flags of the commands that decode (generate, chat, serve): --draft, --gamma, the
-// n-gram draft's --ngram-max / --ngram-min, the draft's sparse KV view --draft-window /
-// --draft-sinks, and with `adaptive` --adaptive-gamma / --max-gamma. `what` prefixes each help
+// The QSpec flags of the commands that decode (generate, chat, serve): --draft (auto, the
+// planner, by default), --gamma, --max-gamma, the n-gram draft's --ngram-max / --ngram-min, the
+// draft's sparse KV view --draft-window / --draft-sinks, --qspec-costs (the planner's step-cost
+// table, into `qspec_costs`), and with `adaptive` --adaptive-gamma. `what` prefixes each help
 // line ("--mode qspec: ", or serve's "Default QSpec ").
-void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what);
+void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what,
+                       std::string& qspec_costs);
 // Without --seed a sampled run draws a new seed each time (as llama.cpp and vLLM do) and prints
 // it on stderr, so the run can be repeated.
 void choose_seed(SamplingParams& sampling, bool seed_given);

@@ -85,13 +85,26 @@ void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& see
       ->each([&seed_given](const std::string&) { seed_given = true; });
 }
 
-void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what) {
+void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what,
+                       std::string& qspec_costs) {
   command->add_option("--draft", plan.draft,
-                      what + "draft: a mode (w4a8, w4a8-fp8, w4a4-int4, ...), ngram (prompt lookup: the "
+                      what + "draft: auto (the planner: each step plain w4a16 or the draft and gamma its measured "
+                             "step costs and each sequence's acceptance predict to be faster, see --qspec-costs), "
+                             "a mode (w4a8, w4a8-fp8, w4a4-int4, ...), ngram (prompt lookup: the "
                              "continuation of the last n-gram's earlier occurrence, no weights read), or with "
                              "--draft-window the verify's mode w4a16")
       ->capture_default_str();
-  command->add_option("--gamma", plan.gamma, what + "draft tokens per cycle")->capture_default_str();
+  command->add_option("--gamma", plan.gamma, what + "draft tokens per cycle (a named draft)")->capture_default_str();
+  command->add_option("--max-gamma", plan.max_gamma,
+                      what + "the largest gamma --draft auto may pick" +
+                          (adaptive ? std::string(", and adaptive gamma's bound") : std::string()))
+      ->capture_default_str();
+  command->add_option("--qspec-costs", qspec_costs,
+                      what + "--draft auto's step costs: a table from `qspec bench --qspec-costs-out`; auto: the one "
+                             "in bench/policies (or $QSPEC_GEMM_POLICY_DIR) for this device and model, if any; none: "
+                             "no table (n-gram drafts where a sequence's probed acceptance pays, else plain w4a16)")
+      ->check(CLI::IsMember({"auto", "none"}) | CLI::ExistingFile)
+      ->capture_default_str();
   command->add_option("--ngram-max", plan.ngram_max, "--draft ngram: the longest n-gram matched")->capture_default_str();
   command->add_option("--ngram-min", plan.ngram_min, "--draft ngram: the shortest n-gram matched")->capture_default_str();
   command->add_option("--draft-window", plan.draft_window,
@@ -104,7 +117,6 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
       ->capture_default_str();
   if (!adaptive) return;
   command->add_flag("--adaptive-gamma", plan.adaptive_gamma, what + "move gamma with the recent acceptance (1..--max-gamma)");
-  command->add_option("--max-gamma", plan.max_gamma, what + "upper bound of adaptive gamma")->capture_default_str();
 }
 
 void choose_seed(SamplingParams& sampling, bool seed_given) {

@@ -62,6 +62,9 @@ class Backend {
   // Whether the engine's KV pool holds the K/V rows (with storage); else they live on the
   // device and the pool only counts blocks.
   virtual bool kv_in_pool() const = 0;
+  // The machine whose step costs this backend has, as step-cost tables name it
+  // (runtime/qspec_costs.h): the GPU's name, or the CPU's model and thread count.
+  virtual std::string device_name() const = 0;
 
   // One forward pass in `mode` over `runs` (one GEMM per projection over all their tokens),
   // writing their K/V from each run's base.
@@ -102,6 +105,9 @@ class Backend {
 
 // The CPU backend, over every mode the model's weights allow.
 std::unique_ptr<Backend> make_cpu_backend(const LlamaModel& model);
+// "cpu: MODEL NAME, N threads" (/proc/cpuinfo's model name, the global thread pool's size): a CPU
+// step costs what its cores and the threads it runs on give.
+std::string cpu_device_name();
 // The GPU backend, running `mode` (and QSpec drafts beside it on a 4-bit model) for
 // options.max_batch_size sequences of context_limit positions. Throws, naming what is missing,
 // when this build has no CUDA backend or the machine no suitable GPU, or the model does not fit.

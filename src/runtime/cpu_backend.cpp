@@ -1,8 +1,11 @@
 // The engine's CPU backend (runtime/backend.h): LlamaModel::forward_batch in f32, the K/V rows
 // in the engine's block pool, every mode the loaded weights allow. It gives logit rows only:
 // the scheduler samples and accepts from them on the host.
+#include <fstream>
+#include <string>
 #include <utility>
 
+#include "base/thread_pool.h"
 #include "runtime/backend.h"
 
 namespace qspec {
@@ -14,6 +17,7 @@ class CpuBackend final : public Backend {
 
   void check_mode(const RunMode&, const std::string&) const override {}  // the weights' checks suffice
   bool kv_in_pool() const override { return true; }
+  std::string device_name() const override { return cpu_device_name(); }
 
   PassResult forward(const RunMode& mode, std::span<const PassRun> runs) override {
     chunks_.clear();
@@ -48,5 +52,18 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const LlamaModel& model) { return std::make_unique<CpuBackend>(model); }
+
+std::string cpu_device_name() {
+  std::string name = "unknown";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    name = line.substr(line.find_first_not_of(" \t", colon + 1));
+    break;
+  }
+  return "cpu: " + name + ", " + std::to_string(ThreadPool::global().size()) + " threads";
+}
 
 }  // namespace qspec

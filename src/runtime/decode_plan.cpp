@@ -9,7 +9,7 @@
 namespace qspec {
 
 std::vector<std::string> DecodePlan::modes() const {
-  if (ngram_draft()) return {verify};
+  if (ngram_draft() || auto_draft()) return {verify};
   if (qspec()) return {verify, draft};
   return {mode};
 }
@@ -69,7 +69,14 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
   const RunMode verify = known(plan.verify, "verify");
   check(verify.quantized_weights, "verify", "the target mode ", plan.verify,
         " must run the 4-bit weights (QSpec keeps one weight set)");
-  if (plan.ngram_draft()) {
+  if (plan.auto_draft()) {
+    check(plan.kv_overwrite, "kv_overwrite", "draft auto plans for outputs equal to the verify's (the no-overwrite "
+          "ablation needs a named drafting mode)");
+    check(plan.draft_window == 0, "draft_window", "draft auto picks its drafts' views from the cost table (a window "
+          "needs a named drafting mode)");
+    check(plan.max_gamma >= 1 && plan.max_gamma <= kMaxGamma, "max_gamma", "must be in 1..", kMaxGamma,
+          " (draft auto: the largest gamma the planner may pick), got ", plan.max_gamma);
+  } else if (plan.ngram_draft()) {
     check(plan.ngram_max >= 1 && plan.ngram_max <= kMaxNgram, "ngram_max", "must be in 1..", kMaxNgram, ", got ",
           plan.ngram_max);
     check(plan.ngram_min >= 1 && plan.ngram_min <= plan.ngram_max, "ngram_min", "must be in 1..ngram_max (",
@@ -82,14 +89,14 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
     const bool low_precision = draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized;
     const bool sparse_verify_mode = plan.draft_window > 0 && plan.draft == plan.verify;
     check(low_precision || sparse_verify_mode, "draft", plan.draft,
-          " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*), ngram, or (with a "
-          "draft_window) the verify's mode ", plan.verify);
+          " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*), auto (the "
+          "planner), ngram, or (with a draft_window) the verify's mode ", plan.verify);
   }
   check(plan.draft_window >= 0, "draft_window", "must be >= 0 (0: the whole cache), got ", plan.draft_window);
   check(plan.draft_sinks >= 0 && plan.draft_sinks <= kMaxDraftSinks, "draft_sinks", "must be in 0..", kMaxDraftSinks,
         ", got ", plan.draft_sinks);
   check(plan.gamma >= 1 && plan.gamma <= kMaxGamma, "gamma", "must be in 1..", kMaxGamma, ", got ", plan.gamma);
-  check(!plan.adaptive_gamma || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
+  check(!plan.adaptive_gamma || plan.auto_draft() || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
         "must be in gamma..", kMaxGamma, " (gamma ", plan.gamma, "), got ", plan.max_gamma);
 }
 

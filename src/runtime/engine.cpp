@@ -4,7 +4,9 @@
 //      the KV pool for their first prompt chunk;
 //   3. plan each running sequence's work: a decode token, a QSpec cycle (gamma drafts + one
 //      verify over gamma + 1 tokens) or a prompt chunk (chunked prefill: decoding goes first,
-//      prompt chunks fill the rest of max_batch_tokens). KV blocks are reserved here; when the
+//      prompt chunks fill the rest of max_batch_tokens). Sequences with draft "auto" follow one
+//      plan for the step, the planner's (runtime/qspec_planner.h): plain decode tokens, or cycles
+//      of one draft and gamma. KV blocks are reserved here; when the
 //      pool is short, the most recently admitted sequence is preempted (its blocks freed, its
 //      tokens kept, recomputed when it is admitted again);
 //   4. run: the draft passes of every QSpec sequence, batched per draft mode, one token each;
@@ -27,11 +29,13 @@
 #include <unordered_set>
 
 #include "base/thread_pool.h"
+#include "gemm/policy_map.h"
 #include "model/llama.h"
 #include "runtime/backend.h"
 #include "runtime/kv_cache.h"
 #include "runtime/ngram_draft.h"
 #include "runtime/qspec.h"
+#include "runtime/qspec_planner.h"
 #include "ops/sample.h"
 #include "tokenizer/tokenizer.h"
 
@@ -86,6 +90,7 @@ struct Sequence {
   TokenCallback callback;
   bool qspec = false;
   bool ngram = false;  // qspec with prompt-lookup drafts (no draft passes)
+  bool auto_draft = false;  // qspec whose draft and gamma the planner picks each step
   RunMode mode;   // plain decoding, or the verify mode of qspec (prompt chunks run in it too)
   RunMode draft;  // qspec with draft passes only
   std::vector<int32_t> tokens;  // prompt + committed output
@@ -99,6 +104,9 @@ struct Sequence {
   std::optional<QSpecAcceptor> acceptor;  // qspec
   std::optional<StreamDecoder> decoder;   // with a tokenizer
   std::optional<StopStrings> stops;
+  // Draft auto: its running acceptance of each planner candidate, and the n-gram draft's probe.
+  std::vector<DraftAcceptance> acceptance;
+  NgramProbe ngram_probe;
   RequestMetrics metrics;
   Clock::time_point submitted;
   bool scheduled = false;
@@ -124,6 +132,9 @@ struct Unit {
   bool scores = false;  // a prompt chunk with rows to score (Request::prompt_logprobs): every row's logits
   // cycle:
   int64_t gamma = 0;
+  bool ngram = false;              // prompt-lookup drafts (no draft passes)
+  const RunMode* draft = nullptr;  // else the drafting mode
+  int candidate = -1;              // draft auto: the planner's candidate
   std::vector<int32_t> drafts;
   std::vector<std::vector<float>> draft_probs;
   bool draft_ended = false;  // an eos draft ends the draft
@@ -145,6 +156,12 @@ struct Engine::Impl {
   int64_t activation_group_size = quant::kDefaultGroupSize;
   std::unique_ptr<Backend> backend;  // where the forward passes run (options.device)
   KvBlockPool pool;
+  // Draft auto: the planner over this device's step costs, and its candidates' drafting modes
+  // (index-aligned with planner->candidates(); unused for n-gram).
+  std::optional<QSpecPlanner> planner;
+  std::vector<RunMode> candidate_modes;
+  int ngram_candidate = -1;
+  std::string planner_description;
 
   // Shared with submitting threads.
   mutable std::mutex queue_mutex;
@@ -184,6 +201,59 @@ struct Engine::Impl {
     totals.kv_blocks_total = pool.num_blocks();
     totals.batch_size_histogram.assign(static_cast<size_t>(options.max_batch_size + 1), 0);
     published = totals;
+    make_planner();
+  }
+
+  // Draft auto's planner: the step-cost table options.qspec_costs names (or finds, "auto") for
+  // this device and model, over the table's drafts that run here; without one, the fallback.
+  void make_planner() {
+    std::string path = options.qspec_costs;
+    const std::string device = backend->device_name();
+    const ModelShape shape = ModelShape::of(model.config());
+    if (path == "none") path.clear();
+    if (path == "auto") path = find_cost_table(gemm::default_policy_dirs(), device, shape);
+    if (path.empty()) {
+      planner.emplace(std::nullopt);
+      ngram_candidate = 0;
+      candidate_modes.resize(1);
+      planner_description = planner->describe();
+      return;
+    }
+    QSpecCostTable table = QSpecCostTable::load(path);
+    QSPEC_CHECK(table.device == device, "engine: qspec_costs ", path, " was measured on '", table.device,
+                "'; this engine runs on '", device, "' (tune this device: qspec bench --qspec-costs-out)");
+    QSPEC_CHECK(table.shape == shape, "engine: qspec_costs ", path, " is for a model with ", table.shape.describe(),
+                "; this model has ", shape.describe());
+    // The table's drafts that run here (a mode this backend drafts in, a window within the
+    // context); the others are named in the description, not fatal: a table may list drafts
+    // another build or checkpoint runs.
+    std::vector<std::string> usable;
+    std::string skipped;
+    for (const std::string& spec : table.drafts()) {
+      DecodePlan probe;
+      probe.mode = std::string(decode_rules::kQSpecMode);
+      set_draft_spec(probe, spec);
+      if (probe.ngram_draft()) {
+        usable.push_back(spec);
+        candidate_modes.emplace_back();
+        continue;
+      }
+      try {
+        RunMode mode = runnable_mode(probe.draft, "draft");
+        mode.kv_window = probe.draft_window;
+        mode.kv_sinks = probe.draft_view_sinks();
+        QSPEC_CHECK(probe.draft_window + mode.kv_sinks < context_limit, "its view is not below the context (",
+                    context_limit, ")");
+        usable.push_back(spec);
+        candidate_modes.push_back(mode);
+      } catch (const Error& e) {
+        skipped += (skipped.empty() ? "" : "; ") + spec + ": " + e.what();
+      }
+    }
+    planner.emplace(std::move(table), usable, path);
+    for (size_t c = 0; c < usable.size(); ++c)
+      if (usable[c] == decode_rules::kNgramDraft) ngram_candidate = static_cast<int>(c);
+    planner_description = planner->describe() + (skipped.empty() ? "" : " (skipped " + skipped + ")");
   }
 
   static void check_options(const EngineOptions& o) {
@@ -264,7 +334,10 @@ struct Engine::Impl {
     if (seq->qspec) {
       seq->mode = runnable_mode(plan.verify, "verify");
       seq->ngram = plan.ngram_draft();
-      if (!seq->ngram) {
+      seq->auto_draft = plan.auto_draft();
+      if (seq->auto_draft) {
+        seq->acceptance.resize(planner->candidates().size());
+      } else if (!seq->ngram) {
         seq->draft = runnable_mode(plan.draft, "draft");
         seq->draft.kv_window = plan.draft_window;
         seq->draft.kv_sinks = plan.draft_view_sinks();
@@ -417,9 +490,49 @@ struct Engine::Impl {
     return true;
   }
 
+  // Draft auto: the step's one plan for every auto sequence that decodes, from their contexts,
+  // room and acceptance (each n-gram probe resolved and renewed first), recorded in their metrics.
+  StepPlan plan_auto_step() {
+    std::vector<Sequence*> autos;
+    for (const auto& seq : running)
+      if (!seq->finished && seq->auto_draft && seq->decoding()) autos.push_back(seq.get());
+    if (autos.empty()) return {};
+    const std::vector<QSpecPlanner::Candidate>& candidates = planner->candidates();
+    std::vector<PlannerSequence> batch(autos.size());
+    for (size_t i = 0; i < autos.size(); ++i) {
+      Sequence& seq = *autos[i];
+      const DecodePlan& plan = seq.request.plan;
+      PlannerSequence& p = batch[i];
+      p.context = seq.kv.length();
+      p.room = std::min(plan.max_gamma, seq.budget - seq.generated() - 1);
+      std::vector<int32_t> lookup;
+      if (ngram_candidate >= 0) {
+        seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max,
+                               seq.acceptance[static_cast<size_t>(ngram_candidate)]);
+        lookup = ngram_draft(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
+      }
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        p.acceptance.push_back(seq.acceptance[c].estimate(candidates[c].prior));
+        p.proposable.push_back(static_cast<int>(c) == ngram_candidate ? static_cast<int64_t>(lookup.size()) : p.room);
+      }
+    }
+    StepPlan step = planner->plan(batch);
+    for (Sequence* seq : autos) {
+      QSpecMetrics& m = seq->metrics.qspec;
+      ++m.plan_steps[step.label];
+      if (step.speculates()) {
+        m.predicted_gain_sum += step.predicted_gain;
+        ++m.predicted_steps;
+      }
+      m.plan_reason = step.reason;
+    }
+    return step;
+  }
+
   std::vector<Unit> plan() {
     std::vector<Unit> units;
     int64_t budget = options.max_batch_tokens;
+    const StepPlan auto_step = plan_auto_step();
     // Decoding first (one token, or a QSpec cycle of gamma + 1), then prompt chunks.
     for (int pass = 0; pass < 2; ++pass) {
       for (size_t i = 0; i < running.size(); ++i) {
@@ -428,11 +541,20 @@ struct Engine::Impl {
         Unit unit;
         unit.seq = seq;
         unit.base = seq->kv.length();
-        if (pass == 0 && seq->qspec) {
+        if (pass == 0 && seq->auto_draft && auto_step.speculates()) {
           unit.kind = Unit::Kind::cycle;
+          unit.candidate = auto_step.candidate;
+          unit.ngram = auto_step.candidate == ngram_candidate;
+          if (!unit.ngram) unit.draft = &candidate_modes[static_cast<size_t>(auto_step.candidate)];
+          unit.gamma = std::min({auto_step.gamma, seq->request.plan.max_gamma, seq->budget - seq->generated() - 1});
+          unit.count = unit.gamma + 1;
+        } else if (pass == 0 && seq->qspec && !seq->auto_draft) {
+          unit.kind = Unit::Kind::cycle;
+          unit.ngram = seq->ngram;
+          if (!unit.ngram) unit.draft = &seq->draft;
           unit.gamma = std::min<int64_t>(seq->gamma, seq->budget - seq->generated() - 1);
           unit.count = unit.gamma + 1;
-        } else if (pass == 0) {
+        } else if (pass == 0) {  // plain decoding, or a plain step of draft auto
           unit.kind = Unit::Kind::decode;
           unit.count = 1;
           unit.emits = true;
@@ -468,12 +590,12 @@ struct Engine::Impl {
     std::map<std::string, std::vector<Unit*>> by_mode;
     for (Unit& unit : units) {
       if (unit.kind != Unit::Kind::cycle || unit.gamma == 0) continue;
-      if (unit.seq->ngram) draft_by_lookup(unit);
-      else by_mode[unit.seq->draft.key()].push_back(&unit);
+      if (unit.ngram) draft_by_lookup(unit);
+      else by_mode[unit.draft->key()].push_back(&unit);
     }
     if (!by_mode.empty()) backend->begin_step();
     for (auto& [name, group] : by_mode) {
-      const RunMode& draft = group.front()->seq->draft;
+      const RunMode& draft = *group.front()->draft;
       const auto start = Clock::now();
       for (Unit* unit : group) unit->draft_probs.resize(static_cast<size_t>(unit->gamma));
       std::vector<int64_t> draft_steps(group.size(), 0);
@@ -817,7 +939,11 @@ struct Engine::Impl {
     }
     // The cache keeps every committed token but the last; rows of rejected drafts are dropped.
     seq.kv.truncate(pool, unit.base + emitted);
-    if (seq.request.plan.adaptive_gamma && drafted > 0) {
+    // Draft auto: a model draft's outcome is its acceptance evidence (n-gram drafts have their
+    // probe, which sees these tokens too).
+    if (seq.auto_draft && !unit.ngram && unit.candidate >= 0 && drafted > 0)
+      seq.acceptance[static_cast<size_t>(unit.candidate)].observe(outcome.accepted, outcome.accepted < drafted);
+    if (seq.request.plan.adaptive_gamma && !seq.auto_draft && drafted > 0) {
       if (outcome.accepted == drafted && drafted == seq.gamma)
         seq.gamma = std::min(seq.gamma + 1, seq.request.plan.max_gamma);
       else if (2 * outcome.accepted < drafted) seq.gamma = std::max<int64_t>(1, seq.gamma - 1);
@@ -1022,6 +1148,7 @@ EngineMetrics Engine::metrics() const {
 }
 
 const EngineOptions& Engine::options() const { return impl_->options; }
+std::string Engine::qspec_planner() const { return impl_->planner_description; }
 int64_t Engine::context_limit() const { return impl_->context_limit; }
 
 std::vector<int32_t> Engine::tokenize(const std::string& text) const {

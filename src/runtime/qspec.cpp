@@ -279,6 +279,26 @@ nlohmann::json qspec_counters_json(const QSpecMetrics& metrics) {
           {"accepted_histogram", metrics.accepted_histogram}};
 }
 
+nlohmann::json qspec_planner_json(const QSpecMetrics& metrics) {
+  if (metrics.plan_steps.empty()) return nullptr;
+  return {{"steps", metrics.plan_steps},
+          {"mean_predicted_gain", metrics.predicted_steps > 0 ? nlohmann::json(metrics.mean_predicted_gain()) : nlohmann::json()},
+          {"reason", metrics.plan_reason}};
+}
+
+std::string describe_planner_metrics(const QSpecMetrics& metrics) {
+  if (metrics.plan_steps.empty()) return "";
+  std::string text;
+  for (const auto& [plan, steps] : metrics.plan_steps)
+    text += (text.empty() ? "" : ", ") + plan + " " + std::to_string(steps) + (steps == 1 ? " step" : " steps");
+  if (metrics.predicted_steps > 0) {
+    char gain[96];
+    std::snprintf(gain, sizeof gain, "; mean predicted gain of the cycles %.2fx", metrics.mean_predicted_gain());
+    text += gain;
+  }
+  return text + "; last plan: " + metrics.plan_reason;
+}
+
 std::string describe_qspec_metrics(const QSpecMetrics& m, const QSpecOptions& qspec) {
   char buffer[256];
   std::snprintf(buffer, sizeof buffer,

@@ -92,5 +92,11 @@ std::string describe_qspec_metrics(const QSpecMetrics& metrics, const QSpecOptio
 // The acceptance counters every JSON report of QSpec carries (the server's usage.qspec, the
 // rows of eval qspec): cycles, drafted, accepted, acceptance_rate, accepted_histogram.
 nlohmann::json qspec_counters_json(const QSpecMetrics& metrics);
+// Draft auto's report (metrics.plan_steps and the rest): {"steps": {"w4a16": 120, "ngram g3": 14},
+// "mean_predicted_gain": 1.31, "reason": "..."}; null when the planner never ran.
+nlohmann::json qspec_planner_json(const QSpecMetrics& metrics);
+// "w4a16 120 steps, ngram g3 14 steps; mean predicted gain of the cycles 1.31x; last plan: ..."
+// ("" when the planner never ran).
+std::string describe_planner_metrics(const QSpecMetrics& metrics);
 
 }  // namespace qspec

@@ -363,6 +363,8 @@ json usage_json(const RequestMetrics& metrics, bool qspec) {
                      {"mean_accepted_length", q.mean_accepted_length()},
                      {"draft_seconds", q.draft_seconds},
                      {"verify_seconds", q.verify_seconds}});
+    // Draft auto: which plans ran (steps by plan), the gain predicted for the cycles, and why.
+    if (!q.plan_steps.empty()) counters["planner"] = qspec_planner_json(q);
     usage["qspec"] = counters;
   }
   return usage;

@@ -600,6 +600,13 @@ struct Server::Impl {
     p.sample("qspec_spec_accepted_length_bucket", static_cast<double>(q.cycles), "le=\"+Inf\"");
     p.sample("qspec_spec_accepted_length_sum", static_cast<double>(q.accepted));
     p.sample("qspec_spec_accepted_length_count", static_cast<double>(q.cycles));
+    // Draft auto: sequence steps by the plan the planner chose ("w4a16" plain, or "DRAFT gGAMMA").
+    if (!q.plan_steps.empty()) {
+      p.header("qspec_spec_plan_steps_total", "counter",
+               "Draft auto: decode steps of finished requests by the planner's plan");
+      for (const auto& [plan, steps] : q.plan_steps)
+        p.sample("qspec_spec_plan_steps_total", static_cast<double>(steps), "plan=\"" + plan + "\"");
+    }
     p.header("qspec_batch_size_steps_total", "counter", "Engine steps by running sequences");
     for (size_t b = 0; b < m.batch_size_histogram.size(); ++b)
       if (m.batch_size_histogram[b] > 0)

@@ -14,9 +14,11 @@
 // temperature, top_p, seed, stop (string or list), stream, stream_options.include_usage, n (1
 // only), logprobs (chat: and top_logprobs), echo (completions; with max_tokens 0 it scores the
 // prompt), presence_penalty, frequency_penalty, logit_bias, and the extensions top_k, min_p, repetition_penalty, ignore_eos and
-//   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "w4a4-nvfp4" | "ngram" | ..., "gamma": 4,
-//             "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1,
+//   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "auto" | "w4a4-nvfp4" | "ngram" | ...,
+//             "gamma": 4, "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1,
 //             "draft_window": 0, "draft_sinks": 16}
+//   ("auto", the default draft, is the planner: its usage.qspec.planner says which plans ran
+//   and why.)
 // Every bad request is a 4xx with {"error": {"message", "type", "param", "code"}}; a full
 // queue is 429; a field the server does not implement is a 400 naming it. A streaming client
 // that disconnects has its request cancelled (its KV blocks go back to the pool).

@@ -1,23 +1,30 @@
 // Greedy QSpec equals greedy W4A16 on gsm-synth-llama's held-out problems (RTN int4 weights,
 // prompt "Question: Q\nAnswer:", at most 160 tokens, eos stops): all 400 problems through the
 // continuous-batching engine (batch 16, staggered arrivals) with a w4a4-nvfp4 draft and with
-// prompt-lookup (n-gram) drafts, gamma 4, and every draft mode x gamma 1..6 on a subset with the single-sequence path. A mismatch
+// prompt-lookup (n-gram) drafts, gamma 4, with draft auto (the planner switching between plain
+// steps and cycles as the batch fills and drains), and every draft mode x gamma 1..6 on a subset
+// with the single-sequence path. A mismatch
 // fails unless the verify logits at the first differing position hold an exact tie for the
 // top, which is printed. The whole grid (every draft, gamma 1..6, batch 1/3/16, 400 problems)
 // is tools/qspec_grid.py's job; its results are in bench/results/qspec-grid-*.json.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "model/llama.h"
 #include "qspec/engine.h"
 #include "quant/quantized_linear.h"
+#include "runtime/backend.h"
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
+#include "runtime/qspec_costs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -102,11 +109,13 @@ bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got,
 // an exact logit tie).
 static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
                                                         qspec::quant::Format weights = qspec::quant::Format::int4,
-                                                        int64_t draft_window = 0, int64_t draft_sinks = 0) {
+                                                        int64_t draft_window = 0, int64_t draft_sinks = 0,
+                                                        const std::string& qspec_costs = "") {
   Fixture& f = fixture(weights);
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
   options.max_batch_size = 16;
+  options.qspec_costs = qspec_costs;
   qspec::Engine engine(*f.model, f.tokenizer.get(), options);
   qspec::Request base;
   base.max_new_tokens = kMaxTokens;
@@ -153,6 +162,11 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
               static_cast<long long>(totals.drafted), 100.0 * totals.acceptance_rate());
   EXPECT_GT(totals.drafted, 0) << "the draft never proposed a token";
   EXPECT_EQ(matched, 400);
+  if (draft == qspec::decode_rules::kAutoDraft) {
+    std::printf("  planner: %s\n", qspec::describe_planner_metrics(totals).c_str());
+    EXPECT_GT(totals.plan_steps["w4a16"], 0) << "the planner never chose a plain step";
+    EXPECT_GT(totals.cycles, 0) << "the planner never chose a cycle";
+  }
 }
 
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4DraftGamma4) {
@@ -174,6 +188,34 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNgramDraft
 // and 4 attention sinks, far fewer than a problem's prompt): the same promise.
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredSparseKvDraftGamma3) {
   expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4);
+}
+
+// Draft auto over a step-cost table (this machine's CPU, this model's shapes) where drafts pay at
+// batch 1-8 or a mean context up to 96 (a w4a8 or w4a4-nvfp4 step a tenth of a W4A16 step, a
+// verify token 5 % of one) and nothing pays at batch 9+ from context 160 on: as the staggered
+// batch fills to 16, its mean context moves across that line and the batch drains, the planner
+// moves between cycles and plain steps; every output stays W4A16's.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredDraftAutoSwitchingPlans) {
+  qspec::QSpecCostTable table;
+  table.device = qspec::cpu_device_name();
+  table.model = "gsm-synth-llama";
+  table.shape = qspec::ModelShape::of(fixture().model->config());
+  for (int64_t context : {32, 96, 160, 512})
+    for (int64_t batch : {1, 8, 9, 16}) {
+      qspec::StepCostPoint p;
+      p.batch = batch;
+      p.context = context;
+      p.w4a16_step_ms = 1.0;
+      const bool pays = batch <= 8 || context <= 96;
+      for (int64_t g : {1, 2, 4}) p.verify_ms[g] = 1.0 + (pays ? 0.05 : 2.0) * static_cast<double>(g);
+      p.draft_step_ms = {{"ngram", 0.0}, {"w4a8", pays ? 0.1 : 3.0}, {"w4a4-nvfp4", pays ? 0.1 : 3.0}};
+      table.points.push_back(p);
+    }
+  const std::string file =
+      (std::filesystem::temp_directory_path() / ("qspec-gsm-auto-costs-" + std::to_string(::getpid()) + ".json")).string();
+  table.save(file);
+  expect_engine_equals_w4a16_on_all_problems("auto", 4, qspec::quant::Format::int4, 0, 0, file);
+  std::filesystem::remove(file);
 }
 
 // tests/data/gsm/w4a16_greedy_reference.json, the W4A16 reference the gpu tests compare the GPU

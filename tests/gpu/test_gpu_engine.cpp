@@ -2,10 +2,12 @@
 // "cuda"): the same scheduler, sampling and streaming as on the CPU, with the model, its paged
 // KV cache and the greedy argmax on the GPU.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,9 +17,12 @@
 #include "gpu_model_fixture.h"
 #include "model/llama.h"
 #include "model/quantize.h"
+#include "ops/cuda/device.h"
 #include "ops/cuda/device_info.h"
 #include "qspec/engine.h"
 #include "qspec/error.h"
+#include "runtime/qspec.h"
+#include "runtime/qspec_costs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -148,6 +153,7 @@ TEST(GpuEngine, OutputLogprobsMatchTheCpuAndPromptLogprobsAreRefused) {
       request.prompt = prompt;
       request.max_new_tokens = 32;
       request.plan.mode = mode;
+      if (request.plan.qspec()) request.plan.draft = std::string(qspec::decode_rules::kCheapestDraft);
       request.plan.draft = "w4a8";
       request.logprobs = 2;
       ids.push_back(engine.submit(request, [&](const qspec::TokenEvent& event) {
@@ -261,6 +267,74 @@ INSTANTIATE_TEST_SUITE_P(DraftModes, GpuEngineDrafts,
                              if (ch == '-' || ch == '@' || ch == '+') ch = '_';
                            return name;
                          });
+
+// Draft auto on the GPU: a step-cost table for this GPU where drafts pay at batch 1-8 or a mean
+// context up to 96 (a w4a8 step a tenth of a W4A16 step, a verify token 5 % of one) and nothing
+// pays from batch 9 and context 160 on, so as the batch of 16 drains and its contexts grow the
+// planner moves between plain steps, w4a8 cycles (drafts chained on the device) and n-gram
+// cycles: greedy output stays W4A16's.
+TEST(GpuEngine, DraftAutoGreedyEqualsW4A16WhateverThePlannerPicks) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto model = qspec::LlamaModel::load(kModelDir);
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  model->quantize_weights(qspec::quant::Format::int4);
+  const Reference reference = load_reference(*tokenizer, 24);
+  qspec::QSpecCostTable table;
+  table.device = qspec::cuda::device_name();
+  table.model = "gsm-synth-llama";
+  table.shape = qspec::ModelShape::of(model->config());
+  for (int64_t context : {32, 96, 160, 512})
+    for (int64_t batch : {1, 8, 9, 16}) {
+      qspec::StepCostPoint p;
+      p.batch = batch;
+      p.context = context;
+      p.w4a16_step_ms = 1.0;
+      const bool pays = batch <= 8 || context <= 96;
+      for (int64_t g : {1, 2, 4}) p.verify_ms[g] = 1.0 + (pays ? 0.05 : 2.0) * static_cast<double>(g);
+      p.draft_step_ms = {{"ngram", 0.0}, {"w4a8", pays ? 0.1 : 3.0}};
+      table.points.push_back(p);
+    }
+  const std::string file =
+      (std::filesystem::temp_directory_path() / ("qspec-gpu-auto-costs-" + std::to_string(::getpid()) + ".json")).string();
+  table.save(file);
+  std::vector<qspec::Request> requests;
+  for (const auto& prompt : reference.prompts) {
+    qspec::Request request;
+    request.prompt = prompt;
+    request.max_new_tokens = reference.max_tokens;
+    request.plan.mode = "qspec";
+    request.plan.draft = "auto";
+    request.plan.max_gamma = 4;
+    requests.push_back(request);
+  }
+  qspec::EngineOptions options = batching_options();
+  options.qspec_costs = file;
+  qspec::Engine gpu_engine(*model, tokenizer.get(), options);
+  EXPECT_NE(gpu_engine.qspec_planner().find("drafts ngram, w4a8"), std::string::npos) << gpu_engine.qspec_planner();
+  const Outputs gpu = run_all(gpu_engine, requests);
+  std::vector<std::vector<int32_t>> references = reference.outputs;
+  if (references.empty()) {
+    qspec::EngineOptions cpu_options = batching_options();
+    cpu_options.device = "cpu";
+    qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
+    std::vector<qspec::Request> plain = requests;
+    for (qspec::Request& request : plain) request.plan.mode = "w4a16";
+    references = run_all(cpu_engine, plain).ids;
+  }
+  ASSERT_EQ(references.size(), requests.size());
+  size_t identical = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(gpu.finish_reasons[i] == "eos" || gpu.finish_reasons[i] == "length") << gpu.finish_reasons[i];
+    identical += gpu.ids[i] == references[i];
+    EXPECT_EQ(gpu.ids[i], references[i]) << "problem " << i;
+  }
+  const qspec::QSpecMetrics q = gpu_engine.metrics().qspec;
+  std::printf("  GPU engine draft auto == W4A16 greedy on %zu / %zu problems; planner: %s\n", identical,
+              requests.size(), qspec::describe_planner_metrics(q).c_str());
+  EXPECT_GT(q.cycles, 0);
+  EXPECT_GT(q.plan_steps.count("w4a16") ? q.plan_steps.at("w4a16") : 0, 0);
+  std::filesystem::remove(file);
+}
 
 // Sampled requests, a repetition penalty (logit rows come back from the GPU), determinism by
 // seed, and the requests the GPU engine cannot run refused at submit with the reason.

@@ -172,6 +172,74 @@ TEST(CliErrors, CpuBenchRunsModesAndRefusesUnknownOnes) {
       << weights.stderr_text;
 }
 
+// The ids `generate --print-ids` printed on stderr ("ids: 5 17 ..."), or "" when there were none.
+std::string printed_ids(const std::string& stderr_text) {
+  const size_t at = stderr_text.find("\nids:");
+  if (at == std::string::npos) return "";
+  return stderr_text.substr(at + 1, stderr_text.find('\n', at + 1) - at - 1);
+}
+
+// `--mode qspec` means the planner (draft auto) unless a draft is named: its greedy output is
+// --mode w4a16's, and it says what it plans with and which plans ran. With a step-cost table from
+// `bench --qspec-costs-out` (the CPU's, through the engine's backend) the same; a broken table is
+// refused naming the file and the field at fault.
+TEST(CliErrors, GenerateQSpecDefaultsToThePlannerAndBenchWritesItsCostTable) {
+  const std::string generate = "generate '" + kModelDir.string() +
+                               "' -n 40 --temperature 0 --print-ids -p 'Question: A box holds 12 pens. How many pens "
+                               "are in 4 boxes?\nAnswer:' ";
+  CommandResult plain = run_qspec(generate + "--mode w4a16");
+  ASSERT_EQ(plain.exit_code, 0) << plain.stderr_text;
+  ASSERT_NE(printed_ids(plain.stderr_text), "");
+  CommandResult planned = run_qspec(generate + "--mode qspec --qspec-costs none");
+  ASSERT_EQ(planned.exit_code, 0) << planned.stderr_text;
+  EXPECT_EQ(printed_ids(planned.stderr_text), printed_ids(plain.stderr_text));
+  EXPECT_NE(planned.stderr_text.find("[qspec] draft auto: no step-cost table"), std::string::npos) << planned.stderr_text;
+  EXPECT_NE(planned.stderr_text.find("[qspec] planner: w4a16 "), std::string::npos) << planned.stderr_text;
+
+  const fs::path costs = fs::temp_directory_path() / ("qspec-cli-costs-" + std::to_string(::getpid()) + ".json");
+  fs::remove(costs);
+  CommandResult bench = run_qspec("-t 1 bench '" + kModelDir.string() + "' --qspec-costs-out '" + costs.string() +
+                                  "' --batch-sizes 1,2 --qspec-costs-contexts 32,128 --qspec-gammas 1,3 "
+                                  "--qspec-drafts w4a8,w4a16@16+4 --repeats 1");
+  ASSERT_EQ(bench.exit_code, 0) << bench.stderr_text;
+  std::ifstream table_file(costs);
+  const nlohmann::json table = nlohmann::json::parse(table_file);
+  EXPECT_EQ(table["format"], "qspec-step-costs");
+  ASSERT_EQ(table["points"].size(), 4u);
+  for (const auto& point : table["points"]) {
+    EXPECT_GT(point["w4a16_step_ms"].get<double>(), 0);
+    EXPECT_EQ(point["draft_step_ms"].size(), 3u);  // w4a8, the windowed draft, ngram (free)
+    EXPECT_EQ(point["draft_step_ms"]["ngram"], 0.0);
+    EXPECT_EQ(point["verify_ms"].size(), 2u);
+  }
+  // Measured again at one more batch: merged into the file.
+  bench = run_qspec("-t 1 bench '" + kModelDir.string() + "' --qspec-costs-out '" + costs.string() +
+                    "' --batch-sizes 4 --qspec-costs-contexts 32,128 --qspec-gammas 1,3 --qspec-drafts w4a8,w4a16@16+4 "
+                    "--repeats 1");
+  ASSERT_EQ(bench.exit_code, 0) << bench.stderr_text;
+  std::ifstream merged_file(costs);
+  EXPECT_EQ(nlohmann::json::parse(merged_file)["points"].size(), 6u);
+  CommandResult tabled = run_qspec("-t 1 " + generate + "--mode qspec --qspec-costs '" + costs.string() + "'");
+  ASSERT_EQ(tabled.exit_code, 0) << tabled.stderr_text;
+  EXPECT_EQ(printed_ids(tabled.stderr_text), printed_ids(plain.stderr_text));
+  EXPECT_NE(tabled.stderr_text.find("[qspec] draft auto: step costs " + costs.string()), std::string::npos)
+      << tabled.stderr_text;
+  // Another draft set cannot be merged into it.
+  bench = run_qspec("-t 1 bench '" + kModelDir.string() + "' --qspec-costs-out '" + costs.string() +
+                    "' --batch-sizes 8 --qspec-costs-contexts 32 --qspec-gammas 1,3 --qspec-drafts w4a8 --repeats 1");
+  EXPECT_EQ(bench.exit_code, 1) << bench.stderr_text;
+  EXPECT_NE(bench.stderr_text.find("cannot add these points"), std::string::npos) << bench.stderr_text;
+  // A broken table: the file and the field.
+  nlohmann::json broken = table;
+  broken["points"][1]["verify_ms"]["3"] = "slow";
+  std::ofstream(costs) << broken.dump();
+  CommandResult refused = run_qspec(generate + "--mode qspec --qspec-costs '" + costs.string() + "'");
+  EXPECT_EQ(refused.exit_code, 1) << refused.stderr_text;
+  EXPECT_NE(refused.stderr_text.find(costs.string() + ": points[1].verify_ms.3: expected a number"), std::string::npos)
+      << refused.stderr_text;
+  fs::remove(costs);
+}
+
 TEST_F(BrokenCheckpoint, TruncatedShard) {
   fs::resize_file(dir_ / kShard3, fs::file_size(dir_ / kShard3) / 2);
   expect_clean_failure(kShard3);

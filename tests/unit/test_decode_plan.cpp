@@ -39,8 +39,15 @@ TEST(DecodePlan, DefaultsAreTheRulebooksConstantsAndValid) {
   EXPECT_EQ(broken_field(p), "");
   EXPECT_EQ(broken_field(qspec_plan()), "");
   EXPECT_EQ(p.modes(), std::vector<std::string>{std::string(rules::kDefaultMode)});
-  EXPECT_EQ(qspec_plan().modes(),
-            (std::vector<std::string>{std::string(rules::kVerifyMode), std::string(rules::kDefaultDraft)}));
+  // The default draft is the planner: only the verify's mode to prepare (its drafts run on the
+  // same 4-bit weights, checked by the engine against its cost table).
+  EXPECT_EQ(rules::kDefaultDraft, rules::kAutoDraft);
+  EXPECT_TRUE(qspec_plan().auto_draft());
+  EXPECT_EQ(qspec_plan().modes(), std::vector<std::string>{std::string(rules::kVerifyMode)});
+  DecodePlan named = qspec_plan();
+  named.draft = std::string(rules::kCheapestDraft);
+  EXPECT_EQ(named.modes(),
+            (std::vector<std::string>{std::string(rules::kVerifyMode), std::string(rules::kCheapestDraft)}));
 }
 
 TEST(DecodePlan, EachBrokenRuleNamesItsField) {
@@ -69,6 +76,7 @@ TEST(DecodePlan, EachBrokenRuleNamesItsField) {
   EXPECT_EQ(broken_field(p), "");
 
   p = qspec_plan();
+  p.draft = "w4a8";
   p.adaptive_gamma = true;
   p.gamma = 6;
   p.max_gamma = 5;
@@ -103,6 +111,41 @@ TEST(DecodePlan, NgramDraftsNeedNoModeAndCheckTheirLengths) {
   plain.ngram_min = 0;
   EXPECT_EQ(broken_field(plain), "");
   EXPECT_FALSE(plain.ngram_draft());
+}
+
+// Draft auto: the planner picks the draft and gamma (up to max_gamma) each step, so a window or
+// the no-overwrite ablation (which need a named drafting mode) are refused, and max_gamma alone
+// bounds gamma (whatever gamma says).
+TEST(DecodePlan, AutoDraftIsThePlannerWithItsOwnRules) {
+  DecodePlan p = qspec_plan();
+  qspec::set_draft_spec(p, "auto");
+  EXPECT_TRUE(p.auto_draft());
+  EXPECT_FALSE(p.ngram_draft());
+  EXPECT_EQ(qspec::draft_spec(p), "auto");
+  EXPECT_EQ(broken_field(p), "");
+  EXPECT_EQ(p.gamma_bound(), rules::kDefaultMaxGamma);
+  p.gamma = 6;
+  p.max_gamma = 2;  // below gamma: fine for the planner (gamma is a named draft's)
+  EXPECT_EQ(broken_field(p), "");
+  EXPECT_EQ(p.gamma_bound(), 2);
+  p.max_gamma = 0;
+  EXPECT_EQ(broken_field(p), "max_gamma");
+  p.max_gamma = rules::kMaxGamma + 1;
+  EXPECT_EQ(broken_field(p), "max_gamma");
+  p.max_gamma = rules::kMaxGamma;
+  EXPECT_EQ(broken_field(p), "");
+  p.kv_overwrite = false;
+  EXPECT_EQ(broken_field(p), "kv_overwrite");
+  p.kv_overwrite = true;
+  p.draft_window = 256;
+  EXPECT_EQ(broken_field(p), "draft_window");
+  EXPECT_THROW(qspec::set_draft_spec(p, "auto@x"), qspec::DecodePlanError);
+  qspec::set_draft_spec(p, "auto@256");  // good syntax, broken rule
+  EXPECT_EQ(broken_field(p), "draft_window");
+  DecodePlan plain;  // not QSpec: the draft field is not read
+  plain.draft = std::string(rules::kAutoDraft);
+  EXPECT_FALSE(plain.auto_draft());
+  EXPECT_EQ(plain.gamma_bound(), 0);
 }
 
 // A draft's sparse view of the cache: a window (with sinks) on a drafting mode, which may then be

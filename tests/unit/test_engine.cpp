@@ -4,8 +4,11 @@
 // sequence's tokens; greedy QSpec equals greedy W4A16; sampling equals the single-sequence
 // paths at the same seed; stop strings, cancellation and bad requests.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -13,9 +16,11 @@
 
 #include "model/llama.h"
 #include "qspec/engine.h"
+#include "runtime/backend.h"
 #include "runtime/generate.h"
 #include "runtime/kv_cache.h"
 #include "runtime/qspec.h"
+#include "runtime/qspec_costs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -60,6 +65,34 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int64_t max_n
   return qspec::generate(*fixture().model, prompt, options).ids;
 }
 
+// A step-cost table for the fixture on this machine (this process's CPU device name): at batch
+// 1-2 a w4a8 step costs a tenth of a W4A16 step and a verify token 5 % of one, so drafts pay; from
+// batch 3 on a draft step costs three W4A16 steps and a verify token two, so nothing does. A run
+// whose batch grows and shrinks then has plain steps and cycles (ARC drafts, which this
+// checkpoint cannot run, are listed to be skipped).
+qspec::QSpecCostTable switching_table() {
+  qspec::QSpecCostTable t;
+  t.device = qspec::cpu_device_name();
+  t.model = "gsm-synth-llama";
+  t.shape = qspec::ModelShape::of(fixture().model->config());
+  for (int64_t context : {16, 512})
+    for (int64_t batch : {1, 2, 3, 8}) {
+      qspec::StepCostPoint p;
+      p.batch = batch;
+      p.context = context;
+      p.w4a16_step_ms = 1.0;
+      const bool pays = batch <= 2;
+      for (int64_t g : {1, 3, 5}) p.verify_ms[g] = 1.0 + (pays ? 0.05 : 2.0) * static_cast<double>(g);
+      p.draft_step_ms = {{"ngram", 0.0}, {"w4a8", pays ? 0.1 : 3.0}, {"w4a4-nvfp4-arc", 0.1}};
+      t.points.push_back(p);
+    }
+  return t;
+}
+
+std::string temp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".json")).string();
+}
+
 // Collects each request's events.
 struct Outputs {
   std::mutex mutex;
@@ -84,11 +117,14 @@ struct Outputs {
   }
 };
 
+// A request in `run_mode`; QSpec drafts in the cheapest named draft (these tests cover the draft
+// passes; draft auto, the default, has its own tests below).
 qspec::Request request(const std::vector<int32_t>& prompt, int64_t max_new_tokens, const std::string& run_mode = "w4a16") {
   qspec::Request r;
   r.prompt = prompt;
   r.max_new_tokens = max_new_tokens;
   r.plan.mode = run_mode;
+  if (r.plan.qspec()) r.plan.draft = std::string(qspec::decode_rules::kCheapestDraft);
   return r;
 }
 
@@ -306,6 +342,179 @@ TEST(Engine, GreedyQSpecEqualsW4A16ForEveryDraftModeUnderBatching) {
     }
 }
 
+// Draft auto: whatever the planner picks step by step (plain W4A16 steps, w4a8 cycles, n-gram
+// cycles, as the batch grows and shrinks), greedy output is W4A16's, token for token; the metrics
+// say which plans ran and why. With the switching table every kind of step runs; without a table
+// (the fallback) the outputs are W4A16's as well.
+TEST(Engine, DraftAutoGreedyEqualsW4A16WhateverThePlannerPicks) {
+  const auto& prompts = fixture().prompts;
+  const std::vector<int64_t> lengths = {16, 48, 24, 56, 32};
+  std::vector<std::vector<int32_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(reference(prompts[i], lengths[i]));
+  const std::string table_file = temp_file("qspec-engine-switching-costs");
+  switching_table().save(table_file);
+  // N-gram drafts only, with a verify token at 1 % of a step: whatever lookups the probe has
+  // seen accepted pay, so n-gram cycles run.
+  qspec::QSpecCostTable ngram = switching_table();
+  for (qspec::StepCostPoint& p : ngram.points) {
+    p.draft_step_ms = {{"ngram", 0.0}};
+    for (auto& [g, ms] : p.verify_ms) ms = 1.0 + 0.01 * static_cast<double>(g);
+  }
+  const std::string ngram_file = temp_file("qspec-engine-ngram-costs");
+  ngram.save(ngram_file);
+  for (const std::string& costs : {table_file, ngram_file, std::string("none")}) {
+    qspec::EngineOptions options;
+    options.max_batch_size = 5;
+    options.qspec_costs = costs;
+    qspec::Engine engine(*fixture().model, fixture().tokenizer.get(), options);
+    if (costs == table_file) {
+      EXPECT_NE(engine.qspec_planner().find("drafts ngram, w4a8"), std::string::npos) << engine.qspec_planner();
+      EXPECT_NE(engine.qspec_planner().find("skipped w4a4-nvfp4-arc"), std::string::npos) << engine.qspec_planner();
+    } else if (costs == "none") {
+      EXPECT_NE(engine.qspec_planner().find("no step-cost table"), std::string::npos) << engine.qspec_planner();
+    }
+    Outputs out;
+    std::vector<qspec::RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      qspec::Request r = request(prompts[i], lengths[i], "qspec");
+      r.plan.draft = std::string(qspec::decode_rules::kAutoDraft);
+      r.plan.max_gamma = 5;
+      ids.push_back(engine.submit(r, out.callback()));
+      for (int s = 0; s < 3; ++s) engine.step();  // the batch grows one sequence at a time
+    }
+    engine.run_until_idle();
+    qspec::QSpecMetrics total;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(out.tokens[ids[i]], expected[i]) << costs << " request " << i;
+      const qspec::QSpecMetrics& q = out.metrics[ids[i]].qspec;
+      EXPECT_EQ(q.accepted + q.rejected, q.drafted);
+      int64_t steps = 0;
+      for (const auto& [plan, n] : q.plan_steps) steps += n;
+      const int64_t plain = q.plan_steps.count("w4a16") ? q.plan_steps.at("w4a16") : 0;
+      // Every decode step was planned: one token a plain step, a cycle's accepted + 1 (an eos
+      // among them ends the output there).
+      EXPECT_EQ(steps - plain, q.cycles) << costs << " request " << i;
+      EXPECT_GE(plain + q.cycles + q.accepted, static_cast<int64_t>(expected[i].size()) - 1)
+          << costs << " request " << i;
+      EXPECT_FALSE(q.plan_reason.empty());
+      total.add(q);
+    }
+    const std::string what = costs == table_file ? "switching table" : costs == ngram_file ? "n-gram table" : "none";
+    std::printf("draft auto, costs %s: %s\n", what.c_str(), qspec::describe_planner_metrics(total).c_str());
+    EXPECT_EQ(engine.metrics().qspec.plan_steps, total.plan_steps);
+    EXPECT_EQ(engine.metrics().kv_blocks_used, 0);
+    if (costs == table_file) {
+      EXPECT_GT(total.plan_steps["w4a16"], 0) << "the batch of 3 and more never ran plain";
+      int64_t w4a8_cycles = 0;
+      for (const auto& [plan, n] : total.plan_steps)
+        if (plan.rfind("w4a8 g", 0) == 0) w4a8_cycles += n;
+      EXPECT_GT(w4a8_cycles, 0) << "the batch of 1-2 never drafted in w4a8";
+      EXPECT_GT(total.accepted, 0);
+      EXPECT_GT(total.mean_predicted_gain(), 1.05);
+    }
+    if (costs == ngram_file) {
+      int64_t ngram_cycles = 0;
+      for (const auto& [plan, n] : total.plan_steps)
+        if (plan.rfind("ngram g", 0) == 0) ngram_cycles += n;
+      EXPECT_GT(ngram_cycles, 0) << "the n-gram draft never ran";
+      EXPECT_EQ(total.draft_steps, 0);  // no draft passes
+    }
+  }
+  std::filesystem::remove(table_file);
+  std::filesystem::remove(ngram_file);
+}
+
+// Sampled requests with draft auto: cycles of a model draft (its distributions q go to the
+// rejection sampler) and plain steps (the acceptor's picks) mix without error, and the run is
+// reproducible: the same seeds give the same tokens.
+TEST(Engine, DraftAutoSamplesThroughPlainStepsAndCycles) {
+  const auto& prompts = fixture().prompts;
+  const std::string table_file = temp_file("qspec-engine-sampling-costs");
+  switching_table().save(table_file);
+  auto run = [&] {
+    qspec::EngineOptions options;
+    options.max_batch_size = 5;
+    options.qspec_costs = table_file;
+    qspec::Engine engine(*fixture().model, fixture().tokenizer.get(), options);
+    Outputs out;
+    std::vector<qspec::RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      qspec::Request r = request(prompts[i], 64, "qspec");
+      r.plan.draft = "auto";
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 20;
+      r.sampling.seed = 7 + i;
+      ids.push_back(engine.submit(r, out.callback()));
+      engine.step();  // the batch grows past 2 (plain steps) and drains (cycles)
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> tokens;
+    qspec::QSpecMetrics total;
+    for (qspec::RequestId id : ids) {
+      EXPECT_TRUE(out.finish_reason[id] == "length" || out.finish_reason[id] == "eos") << out.finish_reason[id];
+      tokens.push_back(out.tokens[id]);
+      total.add(out.metrics[id].qspec);
+    }
+    std::printf("draft auto, sampled: %s\n", qspec::describe_planner_metrics(total).c_str());
+    EXPECT_GT(total.cycles, 0);
+    EXPECT_GT(total.plan_steps["w4a16"], 0);
+    return tokens;
+  };
+  EXPECT_EQ(run(), run());
+  std::filesystem::remove(table_file);
+}
+
+// A table for another device or another model, or a broken one, is refused when the engine is
+// built, naming what does not match.
+TEST(Engine, DraftAutoRefusesACostTableOfAnotherDeviceOrModel) {
+  auto refused = [](const qspec::QSpecCostTable& table, const std::string& fragment) {
+    const std::string file = temp_file("qspec-engine-bad-costs");
+    std::ofstream(file) << table.to_json().dump();
+    qspec::EngineOptions options;
+    options.qspec_costs = file;
+    try {
+      qspec::Engine engine(*fixture().model, fixture().tokenizer.get(), options);
+      ADD_FAILURE() << "an engine was built over a table it should refuse (" << fragment << ")";
+    } catch (const qspec::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+    std::filesystem::remove(file);
+  };
+  qspec::QSpecCostTable other_device = switching_table();
+  other_device.device = "NVIDIA H200";
+  refused(other_device, "was measured on 'NVIDIA H200'");
+  qspec::QSpecCostTable other_model = switching_table();
+  other_model.shape.hidden *= 2;
+  refused(other_model, "is for a model with");
+  qspec::QSpecCostTable broken = switching_table();
+  broken.points[3].w4a16_step_ms = 0;
+  refused(broken, "points[3].w4a16_step_ms: must be > 0");
+  // A table none of whose drafts runs here (ARC drafts on a checkpoint without ARC): plain W4A16.
+  qspec::QSpecCostTable arc_only = switching_table();
+  for (qspec::StepCostPoint& p : arc_only.points) p.draft_step_ms = {{"w4a4-nvfp4-arc", 0.01}};
+  const std::string arc_file = temp_file("qspec-engine-arc-costs");
+  arc_only.save(arc_file);
+  qspec::EngineOptions arc_options;
+  arc_options.qspec_costs = arc_file;
+  qspec::Engine arc_engine(*fixture().model, fixture().tokenizer.get(), arc_options);
+  EXPECT_NE(arc_engine.qspec_planner().find("drafts none"), std::string::npos) << arc_engine.qspec_planner();
+  Outputs out;
+  qspec::Request plain = request(fixture().prompts[1], 16, "qspec");
+  plain.plan.draft = "auto";
+  const qspec::RequestId id = arc_engine.submit(plain, out.callback());
+  arc_engine.run_until_idle();
+  EXPECT_EQ(out.tokens[id], reference(fixture().prompts[1], 16));
+  EXPECT_EQ(out.metrics[id].qspec.cycles, 0);
+  EXPECT_EQ(out.metrics[id].qspec.plan_steps.size(), 1u);  // "w4a16" only
+  std::filesystem::remove(arc_file);
+  // A request for draft auto names its broken rule.
+  qspec::Engine engine(*fixture().model, fixture().tokenizer.get());
+  qspec::Request r = request(fixture().prompts[0], 8, "qspec");
+  r.plan.draft = "auto";
+  r.plan.kv_overwrite = false;
+  EXPECT_THROW(engine.submit(r, {}), qspec::DecodePlanError);
+}
+
 TEST(Engine, ChunkedPrefillAndPreemptionKeepTheTokens) {
   const auto& prompts = fixture().prompts;
   std::vector<std::vector<int32_t>> expected;
@@ -443,6 +652,7 @@ TEST(Engine, SamplingMatchesTheSingleSequencePathsAtAnyBatchSize) {
       r.sampling.seed = 100 + i;
       plain.push_back(engine.submit(r, out.callback()));
       r.plan.mode = "qspec";
+      r.plan.draft = std::string(qspec::decode_rules::kCheapestDraft);
       r.plan.gamma = 3;
       speculative.push_back(engine.submit(r, out.callback()));
     }

@@ -308,6 +308,41 @@ TEST(Server, QSpecModePerRequestMatchesW4A16AndReportsAcceptance) {
   EXPECT_NE(res->body.find("w3a1"), std::string::npos);
 }
 
+// "draft": "auto" (and QSpec without a draft: auto is the default) is the planner: W4A16's text,
+// and usage.qspec.planner says which plans ran and why; /metrics counts the steps by plan. A
+// rule it breaks is a 400 naming the field.
+TEST(Server, QSpecDraftAutoMatchesW4A16AndReportsThePlanner) {
+  Running server(base_options());
+  const Reference ref = reference(encode_prompt(kPrompt), 32);
+  for (const json& qspec : {json{{"mode", "qspec"}, {"draft", "auto"}, {"max_gamma", 4}}, json{{"mode", "qspec"}}}) {
+    auto res = server.post("/v1/completions",
+                           json{{"prompt", kPrompt}, {"max_tokens", 32}, {"temperature", 0}, {"qspec", qspec}});
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json body = json::parse(res->body);
+    EXPECT_EQ(body["choices"][0]["text"], ref.text);
+    const json& planner = body["usage"]["qspec"]["planner"];
+    ASSERT_TRUE(planner.is_object()) << res->body;
+    int64_t steps = 0;
+    for (const auto& [plan, n] : planner["steps"].items()) steps += n.get<int64_t>();
+    EXPECT_GE(steps + body["usage"]["qspec"]["accepted"].get<int64_t>(),
+              body["usage"]["completion_tokens"].get<int64_t>() - 1);  // every decode step was planned
+    EXPECT_NE(planner["reason"].get<std::string>().find("costs"), std::string::npos) << planner.dump();
+  }
+  std::map<std::string, double> metrics;
+  EXPECT_TRUE(wait_for([&] {
+    metrics = parse_prometheus(server.get("/metrics")->body);
+    double steps = 0;
+    for (const auto& [name, value] : metrics)
+      if (name.rfind("qspec_spec_plan_steps_total{plan=", 0) == 0) steps += value;
+    return steps > 0;
+  }));
+  auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "qspec"}, {"draft", "auto"},
+                                                                                  {"draft_window", 64}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("qspec.draft_window"), std::string::npos) << res->body;
+}
+
 TEST(Server, ChatRendersTheTemplateAndStreams) {
   Running server(chat_options());
   const json messages = json::array({{{"role", "system"}, {"content", "You solve math problems."}},

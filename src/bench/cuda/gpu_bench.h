@@ -52,8 +52,9 @@ struct GpuBenchOptions {
   // accept_rate, the probability that a draft token is accepted given its predecessors were
   // (1.0 = the upper bound, every draft kept), and the output says which was used.
   std::vector<int64_t> qspec_gammas;
-  // Draft modes timed (each a low-precision activation mode); the default: the engine's default draft.
-  std::vector<std::string> qspec_drafts = {std::string(decode_rules::kDefaultDraft)};
+  // Draft modes timed (each a low-precision activation mode, or MODE@WINDOW[+SINKS]); the default:
+  // the cheapest activation format (the engine's default draft is the planner, which is no mode).
+  std::vector<std::string> qspec_drafts = {std::string(decode_rules::kCheapestDraft)};
   double accept_rate = 1.0;
   // Accepted lengths recorded on a real checkpoint (a `qspec eval qspec` result JSON, or
   // tools/qspec_grid.py's: results with draft, gamma, kv_overwrite and accepted_histogram): when

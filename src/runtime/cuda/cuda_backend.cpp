@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "model/cuda/llama_gpu.h"
+#include "ops/cuda/device.h"
 #include "qspec/decode_plan.h"
 #include "qspec/engine.h"
 #include "runtime/backend.h"
@@ -58,6 +59,7 @@ class CudaBackend final : public Backend {
                                          "w4a4*)");
   }
   bool kv_in_pool() const override { return false; }
+  std::string device_name() const override { return cuda::device_name(); }
   // Its logit rows a step are bounded (GpuLlama's max_logit_rows, a few per sequence), below a
   // prompt chunk's.
   bool scores_prompts() const override { return false; }

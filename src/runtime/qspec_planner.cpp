@@ -1,0 +1,178 @@
+// The `--draft auto` planner (runtime/qspec_planner.h): acceptance estimates, the n-gram probe,
+// and the per-step choice of plain W4A16 or a draft and gamma.
+#include "runtime/qspec_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "qspec/decode_plan.h"
+#include "qspec/error.h"
+#include "runtime/ngram_draft.h"
+
+namespace qspec {
+
+void DraftAcceptance::observe(int64_t kept, bool rejected) {
+  kept_ = kept_ * planner_rules::kAcceptanceDecay + static_cast<double>(kept);
+  rejections_ = rejections_ * planner_rules::kAcceptanceDecay + (rejected ? 1.0 : 0.0);
+  prior_share_ *= planner_rules::kAcceptanceDecay;
+}
+
+double DraftAcceptance::estimate(double prior, double weight) const {
+  const double w = weight * prior_share_;
+  const double total = kept_ + rejections_ + w;
+  return total > 0 ? (kept_ + prior * w) / total : prior;
+}
+
+void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
+                        DraftAcceptance& acceptance) {
+  if (!proposal_.empty()) {
+    const size_t committed = tokens.size() >= start_ ? tokens.size() - start_ : 0;
+    const size_t checkable = std::min(committed, proposal_.size());
+    size_t kept = 0;
+    while (kept < checkable && proposal_[kept] == tokens[start_ + kept]) ++kept;
+    if (kept < checkable) acceptance.observe(static_cast<int64_t>(kept), /*rejected=*/true);
+    else if (kept == proposal_.size()) acceptance.observe(static_cast<int64_t>(kept), /*rejected=*/false);
+    else return;  // undecided: the tokens so far agree and more are to come
+    proposal_.clear();
+  }
+  proposal_ = ngram_draft(tokens, max_tokens, ngram_min, ngram_max);
+  start_ = tokens.size();
+}
+
+QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::optional<std::vector<std::string>> drafts,
+                           std::string table_source, double min_gain)
+    : table_(std::move(table)), table_source_(std::move(table_source)), min_gain_(min_gain) {
+  const std::string ngram(decode_rules::kNgramDraft);
+  if (!table_) {
+    candidates_.push_back({ngram, 0.0});
+    max_gamma_ = planner_rules::kFallbackMaxGamma;
+    return;
+  }
+  table_->validate(table_source_.empty() ? "the step-cost table" : table_source_);
+  const std::vector<std::string> known = table_->drafts();
+  for (const std::string& draft : drafts.value_or(known)) {
+    QSPEC_CHECK(std::find(known.begin(), known.end(), draft) != known.end(), "qspec planner: draft ", draft,
+                " is not in the step-cost table ", table_source_);
+    // N-gram drafts start from nothing: only what a sequence's probe measures makes them pay.
+    const auto prior = table_->acceptance.find(draft);
+    candidates_.push_back({draft, draft == ngram                  ? 0.0
+                                  : prior != table_->acceptance.end() ? prior->second
+                                                                      : planner_rules::kDefaultAcceptancePrior});
+  }
+  max_gamma_ = table_->gammas().back();
+}
+
+std::string QSpecPlanner::describe() const {
+  std::string drafts;
+  for (const Candidate& c : candidates_) drafts += (drafts.empty() ? "" : ", ") + c.draft;
+  if (!table_)
+    return detail::concat("no step-cost table for this device and model: n-gram drafts where a sequence's probed "
+                          "acceptance pays at fallback costs (a verify token = ",
+                          planner_rules::kFallbackVerifyTokenCost, " W4A16 step), else plain W4A16");
+  return detail::concat("step costs ", table_source_.empty() ? std::string("(given)") : table_source_, " (",
+                        table_->device, ", ", table_->points.size(), " points); drafts ",
+                        drafts.empty() ? std::string("none") : drafts, "; gamma up to ", max_gamma_);
+}
+
+StepCosts QSpecPlanner::costs_at(std::span<const PlannerSequence> batch, double* mean_context) const {
+  double context = 0;
+  for (const PlannerSequence& s : batch) context += static_cast<double>(s.context);
+  // Attention reads every sequence's K/V once a step, so the batch's total (B x the mean context)
+  // is what prices it.
+  context /= static_cast<double>(std::max<size_t>(batch.size(), 1));
+  *mean_context = context;
+  if (table_) return table_->at(static_cast<double>(batch.size()), context);
+  StepCosts fallback;  // in units of one W4A16 step
+  fallback.w4a16_step_ms = 1.0;
+  for (int64_t g = 1; g <= planner_rules::kFallbackMaxGamma; ++g) {
+    fallback.gammas.push_back(g);
+    fallback.verify_ms.push_back(1.0 + planner_rules::kFallbackVerifyTokenCost * static_cast<double>(g));
+  }
+  fallback.draft_step_ms[std::string(decode_rules::kNgramDraft)] = 0.0;
+  return fallback;
+}
+
+double QSpecPlanner::gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
+                               int64_t gamma) const {
+  const size_t c = static_cast<size_t>(candidate);
+  double tokens = 0, verified = 0;
+  int64_t draft_steps = 0;
+  for (const PlannerSequence& s : batch) {
+    QSPEC_CHECK(s.acceptance.size() == candidates_.size() && s.proposable.size() == candidates_.size(),
+                "qspec planner: a sequence's acceptance and proposable hold ", s.acceptance.size(), " and ",
+                s.proposable.size(), " entries for ", candidates_.size(), " candidates");
+    const int64_t g = std::clamp<int64_t>(std::min(gamma, s.proposable[c]), 0, std::max<int64_t>(s.room, 0));
+    const double a = std::clamp(s.acceptance[c], 0.0, 1.0);
+    tokens += a >= 1.0 ? static_cast<double>(g + 1) : (1.0 - std::pow(a, static_cast<double>(g + 1))) / (1.0 - a);
+    verified += static_cast<double>(g);
+    // Draft passes run until the longest unit has its drafts (a model draft drafts its room).
+    draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
+  }
+  const double n = static_cast<double>(batch.size());
+  const double cycle = static_cast<double>(draft_steps) * costs.draft_step_ms.at(candidates_[c].draft) +
+                       costs.verify(verified / n);
+  if (cycle <= 0) return 0.0;
+  return (tokens / cycle) / (n / costs.w4a16_step_ms);
+}
+
+double QSpecPlanner::predicted_gain(std::span<const PlannerSequence> batch, int candidate, int64_t gamma) const {
+  QSPEC_CHECK(candidate >= 0 && static_cast<size_t>(candidate) < candidates_.size(), "qspec planner: no candidate ",
+              candidate);
+  if (batch.empty()) return 0.0;
+  double context = 0;
+  const StepCosts costs = costs_at(batch, &context);
+  return gain_with(costs, batch, candidate, gamma);
+}
+
+StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
+  StepPlan best;
+  best.label = std::string(decode_rules::kVerifyMode);
+  if (batch.empty()) {
+    best.reason = "w4a16: no sequence decoding";
+    return best;
+  }
+  double context = 0;
+  const StepCosts costs = costs_at(batch, &context);
+  int best_candidate = -1;
+  int64_t best_gamma = 0;
+  for (size_t c = 0; c < candidates_.size(); ++c)
+    for (int64_t g = 1; g <= max_gamma_; ++g) {
+      const double gain = gain_with(costs, batch, static_cast<int>(c), g);
+      if (gain > best.predicted_gain + 1e-12) {  // ties: the shorter gamma, the earlier candidate
+        best.predicted_gain = gain;
+        best_candidate = static_cast<int>(c);
+        best_gamma = g;
+      }
+    }
+  double acceptance = 0;
+  if (best_candidate >= 0)
+    for (const PlannerSequence& s : batch) acceptance += s.acceptance[static_cast<size_t>(best_candidate)];
+  acceptance /= static_cast<double>(batch.size());
+  char where[160];
+  std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context,
+                table_ ? "measured costs" : "fallback costs (no step-cost table)");
+  char line[320];
+  if (best_candidate < 0) {
+    std::snprintf(line, sizeof line, "w4a16: no draft to price (%s)", where);
+    best.reason = line;
+    return best;
+  }
+  const std::string draft = candidates_[static_cast<size_t>(best_candidate)].draft;
+  const std::string choice = draft + " g" + std::to_string(best_gamma);
+  if (best.predicted_gain < min_gain_) {
+    std::snprintf(line, sizeof line, "w4a16: best draft %s predicted %.2fx (< %.2fx), acceptance %.2f (%s)",
+                  choice.c_str(), best.predicted_gain, min_gain_, acceptance, where);
+    best.reason = line;
+    return best;
+  }
+  best.candidate = best_candidate;
+  best.gamma = best_gamma;
+  best.label = choice;
+  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f (%s)", choice.c_str(),
+                best.predicted_gain, acceptance, where);
+  best.reason = line;
+  return best;
+}
+
+}  // namespace qspec

@@ -1,0 +1,148 @@
+// The `--draft auto` planner (issue 50): for every engine step, plain W4A16 or one draft and
+// gamma for the batch's auto sequences, from the step costs measured on this device for this
+// model (runtime/qspec_costs.h) and each sequence's running acceptance. Pure: no engine state,
+// no clock; the engine (runtime/engine.cpp) feeds it and follows its plan.
+//
+// The model. A sequence whose drafts are each kept with probability a (given the ones before
+// were) yields, per cycle of gamma drafts, the accepted prefix plus the verify's own token:
+//   E = 1 + a + a^2 + ... + a^g = (1 - a^(g+1)) / (1 - a),   g = min(gamma, drafts it has, room)
+// A cycle of the batch costs gamma draft steps plus one verify of (g + 1) tokens a sequence; a
+// plain step costs one W4A16 step for one token a sequence. The predicted gain of (draft, gamma)
+// is (sum of E over the batch / cycle time) / (batch / W4A16 step time); the planner takes the
+// best, and speculates only when it is at least kMinGain, so a plan is never predicted to lose.
+//
+// One plan per step for the whole batch, not per sequence: a draft pass is one forward over
+// every drafting sequence, so splitting the batch between drafts would run more passes, each
+// at a smaller batch where the table says less about it; one plan keeps the engine's passes as
+// they are (the drafting group, then one W4A16 pass over every sequence, plain decode tokens
+// and verify runs alike) and the cost model exact for the step it prices. Sequences differ only
+// in what the plan yields for them (their acceptance, the n-gram drafts they have), which the
+// sum of E already weighs.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/qspec_costs.h"
+
+namespace qspec {
+
+namespace planner_rules {
+// Speculate only when the predicted gain over plain W4A16 is at least this much: the cost
+// model's errors (interpolation between grid points, step-time jitter, acceptance that moves)
+// must not turn a predicted gain into a loss. The issue's bar is >= 0.98x W4A16 everywhere.
+inline constexpr double kMinGain = 1.05;
+// A model draft's per-token acceptance before a sequence has shown its own: the table's prior
+// (`acceptance`, from a real checkpoint's trace) or this. SmolLM2 keeps 74-95 % of w4a4 / w4a8
+// drafts and 34-46 % of sparse-view ones (docs/perf-notes.md); 0.5 is below all but the last.
+inline constexpr double kDefaultAcceptancePrior = 0.5;
+// How much a prior counts, in draft tokens: a sequence's own evidence outweighs it within a
+// few cycles.
+inline constexpr double kPriorWeight = 4.0;
+// Each new observation (a cycle's outcome, a resolved n-gram probe) keeps this share of the
+// evidence before it: acceptance is an exponential moving average over ~10 observations, so it
+// follows a sequence moving from prose to code and back.
+inline constexpr double kAcceptanceDecay = 0.9;
+// Without a cost table for this device and model: n-gram drafts only (they read no weights, so
+// their cycle costs one verify pass), priced as if each verify token beyond the first cost 0.75
+// of a W4A16 step. Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at
+// batch 64 and 8 K context, and 0.2-0.7 on the CPU (SmolLM2, 2 threads: the most at batch 4,
+// where the f32 lm_head runs for every verify row; docs/perf-notes.md), so this misprices real
+// gains as none rather than losses as gains: only lookups accepted ~85 % of the time run.
+inline constexpr double kFallbackVerifyTokenCost = 0.75;
+// The fallback's largest gamma.
+inline constexpr int64_t kFallbackMaxGamma = 8;
+}  // namespace planner_rules
+
+// A sequence's running acceptance of one draft: decayed counts of kept drafts and of
+// rejections. A cycle ends at its first rejection, so an observation adds its kept count and one
+// rejection unless every proposed draft was kept; kept / (kept + rejections) is then the
+// estimate of a per-token acceptance a. The prior counts as `weight` tokens at its rate before
+// the first observation and decays with the evidence (as if the counts had started there), so
+// it steers a new sequence without biasing one that has shown its own acceptance.
+class DraftAcceptance {
+ public:
+  void observe(int64_t kept, bool rejected);
+  double estimate(double prior, double weight = planner_rules::kPriorWeight) const;
+  double evidence() const { return kept_ + rejections_; }  // decayed draft tokens seen
+
+ private:
+  double kept_ = 0, rejections_ = 0;
+  double prior_share_ = 1.0;  // what is left of the prior's weight: kAcceptanceDecay^observations
+};
+
+// The n-gram draft's acceptance for a sequence, measured for free while it does not run: what
+// prompt lookup would have proposed at some point, checked against the tokens the sequence then
+// committed (by plain steps or cycles of any draft alike; when n-gram cycles run, what they
+// commit is the verify's, so the probe measures exactly what they would keep).
+class NgramProbe {
+ public:
+  // Resolves the outstanding proposal once `tokens` decide it (a mismatch, or all of it
+  // matched), feeding `acceptance`; then, when none is outstanding, proposes up to `max_tokens`
+  // from `tokens`.
+  void update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
+              DraftAcceptance& acceptance);
+
+ private:
+  std::vector<int32_t> proposal_;
+  size_t start_ = 0;  // tokens.size() when proposed
+};
+
+// One auto sequence in a step, as the planner sees it.
+struct PlannerSequence {
+  int64_t context = 0;  // positions in its cache
+  // Drafts it may take this cycle: its max_gamma, and its token budget less the verify's token.
+  int64_t room = 0;
+  std::vector<double> acceptance;   // per candidate (QSpecPlanner::candidates()): per-token estimate
+  std::vector<int64_t> proposable;  // per candidate: drafts it has now (n-gram: the lookup's length; a model draft: room)
+};
+
+struct StepPlan {
+  int candidate = -1;  // index into QSpecPlanner::candidates(); -1: plain W4A16
+  int64_t gamma = 0;
+  // Predicted tokens/s over plain W4A16's: the plan's, or when plain, the best draft's (below
+  // kMinGain; 0 when there was none to price).
+  double predicted_gain = 0;
+  std::string label;   // "w4a16", or "DRAFT g GAMMA" ("ngram g3")
+  std::string reason;  // why, in a line: the prediction, the batch, the costs it came from
+  bool speculates() const { return candidate >= 0; }
+};
+
+class QSpecPlanner {
+ public:
+  struct Candidate {
+    std::string draft;  // a draft spec (set_draft_spec's spelling)
+    double prior = 0;   // per-token acceptance before a sequence's own evidence
+  };
+
+  // `table`: the costs measured for this device and model, or nothing (the fallback: n-gram
+  // drafts at planner_rules' costs). `drafts`: the table's drafts this engine can run, in this
+  // order (none: plain W4A16 only; not given: all the table's); ignored without a table.
+  explicit QSpecPlanner(std::optional<QSpecCostTable> table,
+                        std::optional<std::vector<std::string>> drafts = std::nullopt, std::string table_source = "",
+                        double min_gain = planner_rules::kMinGain);
+
+  const std::vector<Candidate>& candidates() const { return candidates_; }
+  bool has_table() const { return table_.has_value(); }
+  // The costs and drafts it plans with, in a line (the CLI prints it; usage reports it).
+  std::string describe() const;
+
+  StepPlan plan(std::span<const PlannerSequence> batch) const;
+  // The model's prediction for one (candidate, gamma) over `batch` (the tests check it; plan()
+  // maximises it).
+  double predicted_gain(std::span<const PlannerSequence> batch, int candidate, int64_t gamma) const;
+
+ private:
+  StepCosts costs_at(std::span<const PlannerSequence> batch, double* mean_context) const;
+  double gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate, int64_t gamma) const;
+
+  std::optional<QSpecCostTable> table_;
+  std::string table_source_;
+  std::vector<Candidate> candidates_;
+  int64_t max_gamma_ = 0;  // the largest gamma it prices: the table's largest measured one
+  double min_gain_;
+};
+
+}  // namespace qspec
