@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <new>
@@ -198,7 +199,8 @@ void LlamaModel::bind_weights() {
     lm_head_ = bind_matrix(ckpt, "lm_head.weight", c.vocab_size, c.hidden_size);
   }
   layers_.resize(static_cast<size_t>(c.num_layers));
-  weight_bytes_ = matrix_bytes(lm_head_);
+  weight_bytes_ = 0;
+  bind_lm_head_int8();
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     LayerWeights& layer = layers_[i];
@@ -243,6 +245,18 @@ void LlamaModel::bind_weights() {
                                   &layer.gate_proj, &layer.up_proj, &layer.down_proj})
       weight_bytes_ += matrix_bytes(*m);
   }
+}
+
+void LlamaModel::bind_lm_head_int8() {
+  weight_bytes_ -= lm_head_bytes_;
+  lm_head_int8_.reset();
+  const char* forced = std::getenv("QSPEC_CPU_LM_HEAD");
+  const std::string choice = forced ? forced : "";
+  QSPEC_CHECK(choice.empty() || choice == "auto" || choice == "f32", "QSPEC_CPU_LM_HEAD=", choice,
+              ": unknown lm_head storage (auto: int8 blocks when exact, f32: as loaded)");
+  if (choice != "f32") lm_head_int8_ = cpu::exact_int8_blocks(lm_head_);
+  lm_head_bytes_ = lm_head_int8_ ? lm_head_int8_->bytes() : matrix_bytes(lm_head_);
+  weight_bytes_ += lm_head_bytes_;
 }
 
 std::string LlamaModel::weight_dtype() const {
@@ -384,6 +398,7 @@ void LlamaModel::apply_hadamard_rotation(uint64_t seed) {
   quant::fold_norm_into_linear(final_norm_.data(), mutable_f32(head), head.rows, head.cols);
   quant::rotate_linear_input(q, mutable_f32(head), head.rows, head.cols);
   lm_head_ = std::move(head);
+  bind_lm_head_int8();  // the rotated matrix is no longer int8 blocks
   std::fill(final_norm_.begin(), final_norm_.end(), 1.0f);
   config_.tie_word_embeddings = false;
   make_owned_f32(embedding_);
@@ -639,7 +654,8 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
   for (int64_t i = 0; i < rows; ++i)
     if (logit_rows[i] != i) std::copy_n(&x[logit_rows[i] * hidden], hidden, &x[i * hidden]);
   cpu::rmsnorm(x.data(), final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
-  cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
+  if (lm_head_int8_) cpu::int8_linear(workspace.normed.data(), rows, *lm_head_int8_, nullptr, logits.data());
+  else cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
   if (c.final_logit_softcapping)
     cpu::soft_cap(logits.data(), rows * c.vocab_size, static_cast<float>(*c.final_logit_softcapping));
 }

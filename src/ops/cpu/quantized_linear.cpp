@@ -67,7 +67,9 @@ KernelIsa initial_isa() {
 
 std::atomic<int> current_isa{-1};  // -1: not chosen yet
 
-const q4::Kernels& kernels_for(KernelIsa isa) {
+}  // namespace
+
+const q4::Kernels& q4::kernels_for(KernelIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(_M_X64)
     case KernelIsa::avx2:
@@ -81,8 +83,6 @@ const q4::Kernels& kernels_for(KernelIsa isa) {
       return q4::portable_kernels();
   }
 }
-
-}  // namespace
 
 std::string_view kernel_isa_name(KernelIsa isa) {
   switch (isa) {
@@ -139,21 +139,8 @@ void set_kernel_isa(KernelIsa isa) {
 
 // ---- the GEMMs --------------------------------------------------------------------------------
 
-namespace {
-
-// Runs body(row_begin, row_end) over the output rows in blocks of 8 (the kernels' row tile),
-// with enough rows per hand-off to be worth it (~32K multiply-adds).
-template <typename Body>
-void for_row_blocks(int64_t n, int64_t work_per_row, const Body& body) {
-  constexpr int64_t kRows = 8;
-  const int64_t row_blocks = (n + kRows - 1) / kRows;
-  const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row * kRows)));
-  ThreadPool::global().parallel_for(static_cast<size_t>(row_blocks), grain, [&](size_t begin, size_t end) {
-    body(static_cast<int64_t>(begin) * kRows, std::min(n, static_cast<int64_t>(end) * kRows));
-  });
-}
-
-}  // namespace
+using q4::for_row_blocks;
+using q4::kernels_for;
 
 void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight, const float* bias, float* y) {
   if (tokens <= 0 || weight.rows == 0) return;
