@@ -18,6 +18,9 @@ namespace qspec::cpu {
 
 // Applies an activation mode to tokens x [tokens, k] in place (per token; f32 is a no-op).
 void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens, int64_t k);
+// x[i] = f16_to_f32(f32_to_f16(x[i])) (mode f16's rounding), 8 at a time with F16C when the
+// build has it; the same values (a NaN may come back with another payload).
+void round_to_f16(float* x, int64_t n);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] + bias[n] with W the dequantized 4-bit weights and x as
 // given (apply the activation mode first). Each (token, row) sum is one 8-lane FMA chain over K

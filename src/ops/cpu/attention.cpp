@@ -38,6 +38,7 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
   const size_t work_items = static_cast<size_t>(tokens * shape.num_heads);
   ThreadPool::global().parallel_for(work_items, 4, [&](size_t begin, size_t end) {
     std::vector<float> scores;
+    std::vector<int64_t> rows;  // the cache row of each visible key, in position order
     for (size_t item = begin; item < end; ++item) {
       const int64_t t = static_cast<int64_t>(item) / shape.num_heads;
       const int64_t h = static_cast<int64_t>(item) % shape.num_heads;
@@ -47,13 +48,27 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
       const int64_t first =
           shape.sliding_window > 0 ? std::max<int64_t>(0, last - shape.sliding_window + 1) : 0;
       const int64_t sinks = std::min(shape.sliding_window > 0 ? shape.sink_tokens : 0, first);
-      auto position_of = [&](int64_t i) { return i < sinks ? i : first + (i - sinks); };
       const int64_t visible = sinks + (last - first + 1);
+      // Rows walked block by block: PagedKv::row's division a key cost more than its dot product.
+      rows.clear();
+      auto add_rows = [&](int64_t from, int64_t to) {  // positions from..to - 1
+        if (from >= to) return;
+        int64_t block = from / kv.block_size, offset = from % kv.block_size;
+        for (int64_t p = from; p < to; ++p) {
+          rows.push_back(static_cast<int64_t>(kv.block_table[block]) * kv.block_size + offset);
+          if (++offset == kv.block_size) {
+            offset = 0;
+            ++block;
+          }
+        }
+      };
+      add_rows(0, sinks);
+      add_rows(first, last + 1);
       const float* query = q + (t * shape.num_heads + h) * head_dim;
       scores.resize(static_cast<size_t>(visible));
       float max_score = -INFINITY;
       for (int64_t i = 0; i < visible; ++i) {
-        const float* key = kv.keys + kv.row(position_of(i)) * kv_stride + kv_head * head_dim;
+        const float* key = kv.keys + rows[static_cast<size_t>(i)] * kv_stride + kv_head * head_dim;
         const float score = dot(query, key, head_dim) * scale;
         scores[static_cast<size_t>(i)] = score;
         max_score = std::max(max_score, score);
@@ -67,7 +82,7 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
       std::fill(result, result + head_dim, 0.0f);
       for (int64_t i = 0; i < visible; ++i) {
         const float weight = scores[static_cast<size_t>(i)] / denominator;
-        const float* value = kv.values + kv.row(position_of(i)) * kv_stride + kv_head * head_dim;
+        const float* value = kv.values + rows[static_cast<size_t>(i)] * kv_stride + kv_head * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
       }
     }

@@ -12,6 +12,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #endif
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "base/thread_pool.h"
 #include "ops/cpu/q4_kernels.h"
@@ -22,12 +25,22 @@ namespace qspec {
 
 namespace cpu {
 
+void round_to_f16(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  // vcvtps2ph rounds to nearest even, as f32_to_f16 does; the two differ only in a NaN's payload.
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+#endif
+  for (; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+}
+
 void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens, int64_t k) {
   switch (mode.kind) {
     case ActivationMode::Kind::f32:
       return;
     case ActivationMode::Kind::f16:
-      for (int64_t i = 0; i < tokens * k; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+      round_to_f16(x, tokens * k);
       return;
     case ActivationMode::Kind::quantized: {
       const quant::RowFormat format =
