@@ -190,6 +190,31 @@ TEST(CpuOps, PagedAttentionEqualsContiguousAttentionBitForBit) {
   }
 }
 
+// The attention's SIMD loops (keys scored four at a time, values summed in registers) give the
+// portable loops' bits, at head sizes that leave every tail: not a multiple of 32, of 8.
+TEST(CpuOps, AttentionSimdEqualsPortableBitForBit) {
+  const qspec::cpu::KernelIsa saved = qspec::cpu::kernel_isa();
+  for (int64_t head_dim : {8, 12, 32, 64, 72, 128}) {
+    qspec::cpu::AttentionShape shape{6, 2, head_dim, 0};
+    const int64_t history = 23, tokens = 4;  // 20..23 keys visible: not a multiple of four
+    const int64_t kv_stride = shape.num_kv_heads * head_dim, q_stride = shape.num_heads * head_dim;
+    const std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
+    const std::vector<float> q = random_vector(tokens * q_stride);
+    const std::vector<int32_t> positions = {19, 20, 21, 22};
+    std::vector<float> out[2];
+    for (int portable = 0; portable < 2; ++portable) {
+      qspec::cpu::set_kernel_isa(portable ? qspec::cpu::KernelIsa::portable : saved);
+      out[portable].assign(static_cast<size_t>(tokens * q_stride), NAN);
+      qspec::cpu::attention(q.data(), tokens, positions.data(), keys.data(), values.data(), shape, out[portable].data());
+    }
+    qspec::cpu::set_kernel_isa(saved);
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(out[0][i])) << "head_dim " << head_dim << " output " << i;
+      ASSERT_EQ(out[0][i], out[1][i]) << "head_dim " << head_dim << " output " << i;
+    }
+  }
+}
+
 // Mode f16's rounding (SIMD where the build has F16C) is the scalar round trip for every finite
 // value: ties to even, subnormals, the largest finite f16, overflow to infinity.
 TEST(CpuOps, RoundToF16IsTheScalarRoundTrip) {
