@@ -547,10 +547,26 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   // then each sequence's queries attend over their own cache (within the layer's window).
   const RopeTables& rope = layer_rope_[static_cast<size_t>(l)];
   cpu::rmsnorm(x, layer.attention_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
+  // Projections that share a site's input: on 4-bit weights one parallel region for all of them.
+  auto project_all = [&](const SiteInput& in, std::initializer_list<const WeightMatrix*> weights,
+                         std::initializer_list<QuantizedMatrix Q::*> quantized,
+                         std::initializer_list<const std::vector<float>*> biases, std::initializer_list<float*> outs) {
+    if (!mode.quantized_weights) {
+      for (size_t i = 0; i < weights.size(); ++i)
+        project(in, *weights.begin()[i], quantized.begin()[i], *biases.begin()[i], outs.begin()[i]);
+      return;
+    }
+    cpu::LinearOutput fused[4];
+    for (size_t i = 0; i < quantized.size(); ++i)
+      fused[i] = {&(quantized_layers_[static_cast<size_t>(l)].*quantized.begin()[i]), bias_or_null(*biases.begin()[i]),
+                  outs.begin()[i]};
+    const std::span<const cpu::LinearOutput> outputs(fused, quantized.size());
+    if (in.int8) return cpu::quantized_linear(*in.int8, outputs);
+    cpu::quantized_linear(in.values, count, outputs);
+  };
   SiteInput in = input(LinearSite::attention_in, w.normed.data(), hidden);
-  project(in, layer.q_proj, &Q::q_proj, layer.q_bias, w.q.data());
-  project(in, layer.k_proj, &Q::k_proj, layer.k_bias, w.k.data());
-  project(in, layer.v_proj, &Q::v_proj, layer.v_bias, w.v.data());
+  project_all(in, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, {&Q::q_proj, &Q::k_proj, &Q::v_proj},
+              {&layer.q_bias, &layer.k_bias, &layer.v_bias}, {w.q.data(), w.k.data(), w.v.data()});
   if (recipe_.qk_norm) {  // per head, in place
     cpu::rmsnorm(w.q.data(), layer.q_norm.data(), count * c.num_heads, c.head_dim, c.rms_norm_eps, w.q.data());
     cpu::rmsnorm(w.k.data(), layer.k_norm.data(), count * c.num_kv_heads, c.head_dim, c.rms_norm_eps, w.k.data());
@@ -578,8 +594,8 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   // MLP block: down(act(gate) * up), SwiGLU or GeGLU.
   cpu::rmsnorm(x, layer.mlp_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
   in = input(LinearSite::mlp_in, w.normed.data(), hidden);
-  project(in, layer.gate_proj, &Q::gate_proj, layer.gate_bias, w.gate.data());
-  project(in, layer.up_proj, &Q::up_proj, layer.up_bias, w.up.data());
+  project_all(in, {&layer.gate_proj, &layer.up_proj}, {&Q::gate_proj, &Q::up_proj}, {&layer.gate_bias, &layer.up_bias},
+              {w.gate.data(), w.up.data()});
   if (recipe_.activation == MlpActivation::gelu_tanh) cpu::gelu_tanh_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
   else cpu::silu_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
   if (rotated_) quant::rotate_rows(mlp_rotation_, w.gate.data(), count);  // online Q2 (W_down holds Q2 too)

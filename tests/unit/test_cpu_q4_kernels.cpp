@@ -290,3 +290,50 @@ TEST(CpuQ4Kernels, AModelForcedOntoThePortableKernelsGivesTheSameLogits) {
     expect_same_bits(logits[1], logits[0], std::string(name) + " on " + std::string(qspec::cpu::kernel_isa_name(guard.saved)));
   }
 }
+
+TEST(CpuQ4Kernels, FusedCallsGiveEachMatrixItsOwnCallsBits) {
+  // q/k/v and gate/up in one parallel region: each output as its own call gives it, on every
+  // ISA, for float and int8 activations, 4-bit integer and E2M1 weights; a K that is not the
+  // input's is an error naming the matrix.
+  IsaGuard guard;
+  for (Format format : {Format::int4, Format::int4_asym, Format::nvfp4}) {
+    const qspec::QuantizedMatrix q = random_matrix(format, 43, 192, 64, 51), k = random_matrix(format, 8, 192, 64, 52),
+                                 v = random_matrix(format, 5, 192, 64, 53);
+    const std::vector<float> bias = random_values(43, 1.0f, 54);
+    for (int64_t tokens : {1, 3}) {
+      const std::vector<float> x = random_values(static_cast<size_t>(tokens * 192), 1.0f, 55);
+      for (KernelIsa isa : supported_isas()) {
+        const std::string what = std::string(qspec::quant::format_name(format)) + " tokens " + std::to_string(tokens) +
+                                 " on " + std::string(qspec::cpu::kernel_isa_name(isa));
+        for (bool int8 : {false, true}) {
+          std::vector<float> fused[3];
+          const qspec::QuantizedMatrix* matrices[3] = {&q, &k, &v};
+          qspec::cpu::LinearOutput outputs[3];
+          for (int m = 0; m < 3; ++m) {
+            fused[m].assign(static_cast<size_t>(tokens * matrices[m]->rows), std::numeric_limits<float>::quiet_NaN());
+            outputs[m] = {matrices[m], m == 0 ? bias.data() : nullptr, fused[m].data()};
+          }
+          qspec::cpu::set_kernel_isa(isa);
+          qspec::cpu::Int8Activations activations;
+          qspec::cpu::quantize_activations_int8(x.data(), tokens, 192, activations);
+          if (int8) qspec::cpu::quantized_linear(activations, outputs);
+          else qspec::cpu::quantized_linear(x.data(), tokens, outputs);
+          for (int m = 0; m < 3; ++m) {
+            const float* b = m == 0 ? bias.data() : nullptr;
+            const std::vector<float> alone = int8 ? run_a8(isa, x, tokens, *matrices[m], b) : run_a16(isa, x, tokens, *matrices[m], b);
+            expect_same_bits(fused[m], alone, what + (int8 ? " int8" : " float") + " matrix " + std::to_string(m));
+          }
+        }
+      }
+    }
+  }
+  const qspec::QuantizedMatrix narrow = random_matrix(Format::int4, 8, 128, 64, 56), wide = random_matrix(Format::int4, 8, 192, 64, 57);
+  std::vector<float> x(192, 1.0f), y1(8), y2(8);
+  const qspec::cpu::LinearOutput mixed[2] = {{&wide, nullptr, y1.data()}, {&narrow, nullptr, y2.data()}};
+  try {
+    qspec::cpu::quantized_linear(x.data(), 1, mixed);
+    FAIL() << "matrices of different K in one call";
+  } catch (const qspec::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("test.weight: K = 128"), std::string::npos) << error.what();
+  }
+}

@@ -69,4 +69,24 @@ void for_row_blocks(int64_t n, int64_t work_per_row, const Body& body) {
   });
 }
 
+// The same over several matrices that share one input (q/k/v, gate/up): their row tiles split
+// together in one parallel region, so the threads meet once; run(matrix, row_begin, row_end)
+// gets ranges within one matrix. At most kMaxFused matrices.
+inline constexpr size_t kMaxFused = 4;
+template <typename Run>
+void for_row_blocks_of(const int64_t* rows, size_t count, int64_t work_per_row, const Run& run) {
+  constexpr int64_t kRows = 8;
+  int64_t first_block[kMaxFused + 1] = {};
+  for (size_t m = 0; m < count; ++m) first_block[m + 1] = first_block[m] + (rows[m] + kRows - 1) / kRows;
+  const int64_t row_blocks = first_block[count];
+  const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row * kRows)));
+  ThreadPool::global().parallel_for(static_cast<size_t>(row_blocks), grain, [&](size_t begin, size_t end) {
+    for (size_t m = 0; m < count; ++m) {
+      const int64_t from = std::max<int64_t>(static_cast<int64_t>(begin), first_block[m]);
+      const int64_t to = std::min<int64_t>(static_cast<int64_t>(end), first_block[m + 1]);
+      if (from < to) run(m, (from - first_block[m]) * kRows, std::min(rows[m], (to - first_block[m]) * kRows));
+    }
+  });
+}
+
 }  // namespace qspec::cpu::q4

@@ -152,17 +152,48 @@ void set_kernel_isa(KernelIsa isa) {
 
 // ---- the GEMMs --------------------------------------------------------------------------------
 
-using q4::for_row_blocks;
 using q4::kernels_for;
 
-void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight, const float* bias, float* y) {
-  if (tokens <= 0 || weight.rows == 0) return;
-  q4::A16Problem problem{x, tokens, &weight, bias, y, {}};
+namespace {
+
+q4::A16Problem a16_problem(const float* x, int64_t tokens, const LinearOutput& out) {
+  q4::A16Problem problem{x, tokens, out.weight, out.bias, out.y, {}};
   // The element value of each code, as QuantizedMatrix::dequantize_row decodes it.
-  for (uint8_t code = 0; code < 16; ++code) problem.nibble_values[code] = quant::element_value(weight.format, &code, 0);
-  const q4::Kernels& kernels = q4::a16_simd_fits(problem) ? kernels_for(kernel_isa()) : q4::portable_kernels();
-  for_row_blocks(weight.rows, weight.cols() * tokens,
-                 [&](int64_t begin, int64_t end) { kernels.a16(problem, begin, end); });
+  for (uint8_t code = 0; code < 16; ++code)
+    problem.nibble_values[code] = quant::element_value(out.weight->format, &code, 0);
+  return problem;
+}
+
+void check_fused(std::span<const LinearOutput> outputs, int64_t k) {
+  QSPEC_CHECK(outputs.size() <= q4::kMaxFused, "quantized_linear: ", outputs.size(), " matrices in one call (at most ",
+              q4::kMaxFused, ")");
+  for (const LinearOutput& out : outputs)
+    QSPEC_CHECK(out.weight->cols() == k, out.weight->name, ": K = ", out.weight->cols(), " in a call whose input has ",
+                k, " values a token");
+}
+
+}  // namespace
+
+void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight, const float* bias, float* y) {
+  const LinearOutput out{&weight, bias, y};
+  quantized_linear(x, tokens, std::span<const LinearOutput>(&out, 1));
+}
+
+void quantized_linear(const float* x, int64_t tokens, std::span<const LinearOutput> outputs) {
+  if (tokens <= 0 || outputs.empty()) return;
+  const int64_t k = outputs[0].weight->cols();
+  check_fused(outputs, k);
+  q4::A16Problem problems[q4::kMaxFused];
+  const q4::Kernels* kernels[q4::kMaxFused];
+  int64_t rows[q4::kMaxFused];
+  for (size_t m = 0; m < outputs.size(); ++m) {
+    problems[m] = a16_problem(x, tokens, outputs[m]);
+    kernels[m] = q4::a16_simd_fits(problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    rows[m] = outputs[m].weight->rows;
+  }
+  q4::for_row_blocks_of(rows, outputs.size(), k * tokens, [&](size_t m, int64_t begin, int64_t end) {
+    kernels[m]->a16(problems[m], begin, end);
+  });
 }
 
 void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Activations& out) {
@@ -202,12 +233,40 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
   });
 }
 
+namespace {
+bool integer_weights(const QuantizedMatrix& weight) {
+  const quant::Format format = weight.format.format;
+  return format == quant::Format::int4 || format == quant::Format::int4_channel || format == quant::Format::int4_asym;
+}
+}  // namespace
+
+void quantized_linear(const Int8Activations& x, std::span<const LinearOutput> outputs) {
+  if (x.tokens <= 0 || outputs.empty()) return;
+  check_fused(outputs, x.k);
+  bool integer = true;
+  for (const LinearOutput& out : outputs) integer = integer && integer_weights(*out.weight);
+  if (!integer) {  // E2M1 weights take the float GEMM: one call each
+    for (const LinearOutput& out : outputs) quantized_linear(x, *out.weight, out.bias, out.y);
+    return;
+  }
+  q4::A8Problem problems[q4::kMaxFused];
+  const q4::Kernels* kernels[q4::kMaxFused];
+  int64_t rows[q4::kMaxFused];
+  for (size_t m = 0; m < outputs.size(); ++m) {
+    problems[m] = q4::A8Problem{&x, outputs[m].weight, outputs[m].bias, outputs[m].y};
+    kernels[m] = q4::a8_simd_fits(problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    rows[m] = outputs[m].weight->rows;
+  }
+  q4::for_row_blocks_of(rows, outputs.size(), x.k * x.tokens, [&](size_t m, int64_t begin, int64_t end) {
+    kernels[m]->a8(problems[m], begin, end);
+  });
+}
+
 void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, const float* bias, float* y) {
   QSPEC_CHECK(x.k == weight.cols(), weight.name, ": int8 activations of ", x.k, " values a token for K = ",
               weight.cols());
   if (x.tokens <= 0 || weight.rows == 0) return;
-  const quant::Format format = weight.format.format;
-  if (format != quant::Format::int4 && format != quant::Format::int4_channel && format != quant::Format::int4_asym) {
+  if (!integer_weights(weight)) {
     // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
     thread_local std::vector<float> values;
     values.resize(static_cast<size_t>(x.tokens * x.k));
@@ -221,10 +280,8 @@ void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, c
     quantized_linear(values.data(), x.tokens, weight, bias, y);
     return;
   }
-  const q4::A8Problem problem{&x, &weight, bias, y};
-  const q4::Kernels& kernels = q4::a8_simd_fits(problem) ? kernels_for(kernel_isa()) : q4::portable_kernels();
-  for_row_blocks(weight.rows, weight.cols() * x.tokens,
-                 [&](int64_t begin, int64_t end) { kernels.a8(problem, begin, end); });
+  const LinearOutput out{&weight, bias, y};
+  quantized_linear(x, std::span<const LinearOutput>(&out, 1));
 }
 
 }  // namespace cpu
