@@ -337,3 +337,37 @@ TEST(CpuQ4Kernels, FusedCallsGiveEachMatrixItsOwnCallsBits) {
     EXPECT_NE(std::string(error.what()).find("test.weight: K = 128"), std::string::npos) << error.what();
   }
 }
+
+TEST(CpuQ4Kernels, Int8ActivationQuantizerSimdEqualsPortable) {
+  // The AVX2 quantizer (k % 64 == 0) against the portable one (quant::quantize_row, then the
+  // interleave): codes, scales and sums, with halfway cases, an all-zero token and a loud one;
+  // a NaN is refused by both with the quantizer's error.
+  IsaGuard guard;
+  for (int64_t k : {64, 576, 1536}) {
+    const int64_t tokens = 4;
+    std::vector<float> x = random_values(static_cast<size_t>(tokens * k), 3.0f, 61);
+    for (int64_t e = 0; e < k; ++e) x[static_cast<size_t>(e)] = static_cast<float>(e % 255 - 127) * 0.5f;  // ties at s = 0.5
+    for (int64_t e = 0; e < k; ++e) x[static_cast<size_t>(k + e)] = 0.0f;
+    x[static_cast<size_t>(2 * k + 5)] = 1e6f;
+    qspec::cpu::Int8Activations a[2];
+    for (int portable = 0; portable < 2; ++portable) {
+      qspec::cpu::set_kernel_isa(portable ? KernelIsa::portable : guard.saved);
+      qspec::cpu::quantize_activations_int8(x.data(), tokens, k, a[portable]);
+    }
+    EXPECT_EQ(a[0].codes, a[1].codes) << "k " << k;
+    EXPECT_EQ(a[0].scales, a[1].scales) << "k " << k;
+    EXPECT_EQ(a[0].chunk_sums, a[1].chunk_sums) << "k " << k;
+    EXPECT_EQ(a[0].half_chunk_sums, a[1].half_chunk_sums) << "k " << k;
+    x[static_cast<size_t>(3 * k + 7)] = std::numeric_limits<float>::quiet_NaN();
+    for (KernelIsa isa : {guard.saved, KernelIsa::portable}) {
+      qspec::cpu::set_kernel_isa(isa);
+      qspec::cpu::Int8Activations refused;
+      try {
+        qspec::cpu::quantize_activations_int8(x.data(), tokens, k, refused);
+        FAIL() << "quantized a NaN on " << qspec::cpu::kernel_isa_name(isa);
+      } catch (const qspec::Error& error) {
+        EXPECT_NE(std::string(error.what()).find("value 7"), std::string::npos) << error.what();
+      }
+    }
+  }
+}

@@ -12,7 +12,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #endif
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -196,6 +196,78 @@ void quantized_linear(const float* x, int64_t tokens, std::span<const LinearOutp
   });
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+namespace {
+
+// One token of quantize_activations_int8 in AVX2 when k % 64 == 0: quant::quantize_row's int8
+// arithmetic (amax, s = amax / 127, clamp(round_half_even(x / s))) on eight values at a time,
+// read straight into the interleaved order (each chunk's evens, then its odds). False (nothing
+// written) when a value is not finite: the portable path then names it.
+bool quantize_token_int8_avx2(const float* x, int64_t k, int8_t* codes, float* scale, int32_t* chunk_sums,
+                              int32_t* half_sums) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  __m256 amax = _mm256_setzero_ps();
+  __m256i non_finite = _mm256_setzero_si256();
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256i bits = _mm256_and_si256(_mm256_castps_si256(v), exponent);
+    non_finite = _mm256_or_si256(non_finite, _mm256_cmpeq_epi32(bits, exponent));
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+  }
+  if (!_mm256_testz_si256(non_finite, non_finite)) return false;
+  float lanes[8];
+  _mm256_storeu_ps(lanes, amax);
+  float row_amax = 0.0f;
+  for (float lane : lanes) row_amax = std::max(row_amax, lane);
+  const float s = row_amax / 127.0f;
+  *scale = s;
+  const __m256 divisor = _mm256_set1_ps(s), low = _mm256_set1_ps(-127.0f), high = _mm256_set1_ps(127.0f);
+  // Codes of 8 values: x / s rounded half to even (the default rounding mode's nearbyint), clamped.
+  auto encode = [&](__m256 v) {
+    if (s == 0.0f) return _mm256_setzero_si256();
+    const __m256 rounded = _mm256_round_ps(_mm256_div_ps(v, divisor), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, low), high));
+  };
+  // 32 int32 codes (four registers, in order) as 32 bytes in order.
+  auto pack = [](__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  };
+  auto lane_sum = [](__m256i v) {
+    int32_t lanes32[8];
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes32), v);
+    int32_t sum = 0;
+    for (int32_t lane : lanes32) sum += lane;
+    return sum;
+  };
+  for (int64_t c = 0; c < k / 64; ++c) {
+    __m256i even[4], odd[4];
+    for (int j = 0; j < 4; ++j) {  // values 16j .. 16j + 15 of the chunk
+      const __m256 a = _mm256_loadu_ps(x + c * 64 + 16 * j), b = _mm256_loadu_ps(x + c * 64 + 16 * j + 8);
+      // [a0 a2 b0 b2 | a4 a6 b4 b6] -> a0 a2 a4 a6 b0 b2 b4 b6 (64-bit units 0, 2, 1, 3)
+      const __m256 evens = _mm256_castpd_ps(_mm256_permute4x64_pd(
+          _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)));
+      const __m256 odds = _mm256_castpd_ps(_mm256_permute4x64_pd(
+          _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)));
+      even[j] = encode(evens);
+      odd[j] = encode(odds);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c * 64), pack(even[0], even[1], even[2], even[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c * 64 + 32), pack(odd[0], odd[1], odd[2], odd[3]));
+    // Values 0..31 of the chunk are evens and odds 0..15: registers 0 and 1 of each.
+    const int32_t first = lane_sum(_mm256_add_epi32(_mm256_add_epi32(even[0], even[1]), _mm256_add_epi32(odd[0], odd[1])));
+    const int32_t second = lane_sum(_mm256_add_epi32(_mm256_add_epi32(even[2], even[3]), _mm256_add_epi32(odd[2], odd[3])));
+    half_sums[2 * c] = first;
+    half_sums[2 * c + 1] = second;
+    chunk_sums[c] = first + second;
+  }
+  return true;
+}
+
+}  // namespace
+#endif
+
 void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Activations& out) {
   const quant::RowFormat format = quant::make_row_format(quant::Format::int8, quant::Role::activation, k);
   out.tokens = tokens;
@@ -206,11 +278,17 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
   out.scales.resize(static_cast<size_t>(tokens));
   out.chunk_sums.resize(static_cast<size_t>(tokens * chunks));
   out.half_chunk_sums.resize(static_cast<size_t>(tokens * chunks * 2));
+  [[maybe_unused]] const bool simd = out.interleaved && kernel_isa() != KernelIsa::portable;
   ThreadPool::global().parallel_for(static_cast<size_t>(tokens), 1, [&](size_t begin, size_t end) {
     thread_local std::vector<uint8_t> codes;
     codes.resize(static_cast<size_t>(format.code_bytes()));
     uint8_t scale[4];
     for (int64_t t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+#if defined(__AVX2__) && defined(__FMA__)
+      if (simd && quantize_token_int8_avx2(x + t * k, k, out.codes.data() + t * k, &out.scales[static_cast<size_t>(t)],
+                                           out.chunk_sums.data() + t * chunks, out.half_chunk_sums.data() + t * chunks * 2))
+        continue;
+#endif
       quant::quantize_row(format, x + t * k, codes.data(), scale);
       out.scales[static_cast<size_t>(t)] = quant::block_scale(format, scale, 0);
       int8_t* row = out.codes.data() + t * k;
