@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The summary of a scripts/cpu-vs-llamacpp.sh log: each engine's prefill and decode tokens/s per
-round and their medians, qspec's ratios to llama.cpp (median over median), and the load averages
-the runs saw. Prints JSON.
+round and their medians, qspec's ratios to each llama.cpp run (median over median), and the load
+averages the runs saw. Engines are named by their round headers (`== round N NAME`; a qspec run
+gives one engine per mode, "qspec w4a16"). Prints JSON.
 
     python3 scripts/cpu-vs-llamacpp-summary.py OUT_PREFIX.log > OUT_PREFIX.json
 """
@@ -10,7 +11,7 @@ import re
 import statistics
 import sys
 
-ROUND = re.compile(r"^== round (\d+) (qspec|llama\.cpp)$")
+ROUND = re.compile(r"^== round (\d+) (qspec|llama\.cpp.*)$")
 QSPEC_ROW = re.compile(r"^(w\S+)\s+([\d.]+) t/s\s+([\d.]+) t/s$")
 LLAMA_ROW = re.compile(r"^\|.*\|\s*(pp|tg)(\d+)\s*\|\s*([\d.]+) ± ([\d.]+)\s*\|$")
 LOAD = re.compile(r"load average: ([\d.]+), ([\d.]+), ([\d.]+)")
@@ -36,24 +37,25 @@ def summarize(lines):
             if match:
                 runs.setdefault(("qspec " + match.group(1), "prefill"), []).append(float(match.group(2)))
                 runs.setdefault(("qspec " + match.group(1), "decode"), []).append(float(match.group(3)))
-        elif engine == "llama.cpp":
+        elif engine is not None:
             match = LLAMA_ROW.match(line)
             if match:
                 metric = "prefill" if match.group(1) == "pp" else "decode"
-                runs.setdefault(("llama.cpp", metric), []).append(float(match.group(3)))
+                runs.setdefault((engine, metric), []).append(float(match.group(3)))
     if not runs:
         sys.exit("no qspec or llama-bench results in the log")
     engines = {}
     for (name, metric), values in runs.items():
         engines.setdefault(name, {})[metric] = {"per_round": values, "median": statistics.median(values)}
     ratios = {}
-    peer = engines.get("llama.cpp", {})
+    peers = {name: metrics for name, metrics in engines.items() if name.startswith("llama.cpp")}
     for name, metrics in engines.items():
-        if name == "llama.cpp":
+        if name in peers:
             continue
-        for metric, value in metrics.items():
-            if metric in peer:
-                ratios[f"{name} {metric} / llama.cpp {metric}"] = round(value["median"] / peer[metric]["median"], 3)
+        for peer_name, peer in peers.items():
+            for metric, value in metrics.items():
+                if metric in peer:
+                    ratios[f"{name} {metric} / {peer_name} {metric}"] = round(value["median"] / peer[metric]["median"], 3)
     return {
         "benchmark": "cpu_vs_llamacpp",
         "header": header,

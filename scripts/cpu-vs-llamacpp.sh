@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # qspec's CPU bench and llama.cpp's llama-bench side by side on one machine, alternated A B A B
 # (a shared machine's load moves between runs), with each run's load average; then the medians
-# (scripts/cpu-vs-llamacpp-summary.py). llama-bench is built from the tree of
-# ../shared/peers/make-llamacpp-tree.sh (see ../shared/peers/README.md), outside this repository.
+# (scripts/cpu-vs-llamacpp-summary.py). llama-bench runs twice a round: as it comes, and with
+# `--poll 0` (its threads sleep instead of spinning at barriers, which a shared machine punishes).
+# llama-bench is built from the tree of ../shared/peers/make-llamacpp-tree.sh (see
+# ../shared/peers/README.md), outside this repository.
 #
 # usage: scripts/cpu-vs-llamacpp.sh LLAMA_BENCH QSPEC MODEL_DIR GGUF OUT_PREFIX [ROUNDS [THREADS [PROMPT [DECODE]]]]
 #   writes OUT_PREFIX.log (every run's output, `== round N qspec|llama.cpp` headers, uptime lines)
@@ -27,8 +29,8 @@ mkdir -p "$(dirname "$prefix")"
 } > "$log"
 for round in $(seq 1 "$rounds"); do
   # Odd rounds start with qspec, even rounds with llama.cpp.
-  order=(qspec llama.cpp)
-  (( round % 2 == 0 )) && order=(llama.cpp qspec)
+  order=(qspec llama.cpp "llama.cpp --poll 0")
+  (( round % 2 == 0 )) && order=("llama.cpp --poll 0" llama.cpp qspec)
   for which in "${order[@]}"; do
     echo "== round $round $which" >> "$log"
     echo "uptime: $(uptime)" >> "$log"
@@ -36,7 +38,8 @@ for round in $(seq 1 "$rounds"); do
       "$qspec" -t "$threads" bench "$model" --modes "$modes" --prompt-tokens "$prompt" --decode-tokens "$decode" \
         --repeats 3 >> "$log" 2>&1
     else
-      "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt" -n "$decode" -r 3 -o md >> "$log" 2>&1
+      extra=(); [[ $which == *poll* ]] && extra=(--poll 0)
+      "$llama_bench" -m "$gguf" -t "$threads" "${extra[@]}" -p "$prompt" -n "$decode" -r 3 -o md >> "$log" 2>&1
     fi
     echo "uptime after: $(uptime)" >> "$log"
   done

@@ -41,6 +41,7 @@ def main():
     for i, (p16, d16, p8, d8, pp, tg, load) in enumerate(rounds, 1):
         log += f"== round {i} qspec\n" + uptime(load) + QSPEC.format(p16=p16, d16=d16, p8=p8, d8=d8)
         log += f"== round {i} llama.cpp\n" + uptime(load + 1) + LLAMA.format(pp=pp, tg=tg)
+        log += f"== round {i} llama.cpp --poll 0\n" + LLAMA.format(pp=2 * pp, tg=2 * tg)
     result = run(log)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -54,6 +55,9 @@ def main():
     assert ratios["qspec w4a16 decode / llama.cpp decode"] == round(150.0 / 110.0, 3), ratios
     assert ratios["qspec w4a8 decode / llama.cpp decode"] == round(190.0 / 110.0, 3), ratios
     assert ratios["qspec w4a8 prefill / llama.cpp prefill"] == round(310.0 / 200.0, 3), ratios
+    assert engines["llama.cpp --poll 0"]["decode"]["median"] == 220.0, engines
+    assert ratios["qspec w4a16 decode / llama.cpp --poll 0 decode"] == round(150.0 / 220.0, 3), ratios
+    assert len(ratios) == 8, ratios
     loads = summary["load_average_1min"]
     assert loads["per_run"] == [1.5, 2.5, 2.5, 3.5, 0.5, 1.5], loads
     assert (loads["min"], loads["median"], loads["max"]) == (0.5, 2.0, 3.5), loads
