@@ -58,6 +58,9 @@ def main():
     assert engines["llama.cpp --poll 0"]["decode"]["median"] == 220.0, engines
     assert ratios["qspec w4a16 decode / llama.cpp --poll 0 decode"] == round(150.0 / 220.0, 3), ratios
     assert len(ratios) == 8, ratios
+    paired = summary["ratios_within_rounds"]["qspec w4a16 decode / llama.cpp decode"]
+    assert paired["per_round"] == [round(150 / 120, 3), round(140 / 100, 3), round(160 / 110, 3)], paired
+    assert paired["median"] == round(140 / 100, 3), paired
     loads = summary["load_average_1min"]
     assert loads["per_run"] == [1.5, 2.5, 2.5, 3.5, 0.5, 1.5], loads
     assert (loads["min"], loads["median"], loads["max"]) == (0.5, 2.0, 3.5), loads
