@@ -26,6 +26,8 @@ mkdir -p "$(dirname "$prefix")"
   echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores)"
   echo "# $("$qspec" --version 2>/dev/null | head -1) at $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
   echo "# rounds $rounds, threads $threads, prompt $prompt, decode $decode, qspec modes $modes"
+  echo "# qspec: $qspec -t $threads bench $model --modes $modes --prompt-tokens $prompt --decode-tokens $decode --repeats 3"
+  echo "# llama.cpp: $llama_bench -m $gguf -t $threads [--poll 0] -p $prompt -n $decode -r 3 -o md"
 } > "$log"
 for round in $(seq 1 "$rounds"); do
   # Odd rounds start with qspec, even rounds with llama.cpp.
