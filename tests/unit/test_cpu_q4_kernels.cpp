@@ -96,6 +96,8 @@ const Shape kShapes[] = {
     {Format::int4_asym, 64, 37, 192}, {Format::int4_asym, 128, 8, 256}, {Format::int4_asym, 32, 13, 128},
     {Format::int4_asym, 8, 11, 200},  {Format::int4_asym, 6, 9, 96}, {Format::int4_asym, 32, 21, 192},
     {Format::int4, 32, 21, 192},
+    // 8+ blocks a row: the W4A8 tile's scales go through its 8 x 8 transpose (and its tail).
+    {Format::int4_asym, 32, 19, 576}, {Format::int4, 64, 11, 1536},
 };
 
 std::string describe(const Shape& s, int64_t tokens) {
