@@ -44,6 +44,9 @@ void run_info(const std::string& model_dir) {
   if (c.final_logit_softcapping) std::printf("logit softcap:  %g\n", *c.final_logit_softcapping);
   std::printf("weights:        %s, %.2f MiB read per token\n", model->weight_dtype().c_str(),
               static_cast<double>(model->weight_bytes()) / (1 << 20));
+  if (const cpu::Int8BlockMatrix* head = model->lm_head_int8())
+    std::printf("lm_head (cpu):  int8 blocks of %lld, exactly the checkpoint's values, %.2f MiB\n",
+                static_cast<long long>(cpu::Int8BlockMatrix::kBlock), static_cast<double>(head->bytes()) / (1 << 20));
   const double kv_bytes_per_token = 2.0 * static_cast<double>(c.num_layers * c.kv_dim()) * sizeof(float);
   std::printf("kv cache:       %.1f KiB per token (f32), %.1f MiB at full context\n", kv_bytes_per_token / 1024,
               kv_bytes_per_token * static_cast<double>(c.max_position_embeddings) / (1 << 20));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <new>
@@ -198,7 +199,8 @@ void LlamaModel::bind_weights() {
     lm_head_ = bind_matrix(ckpt, "lm_head.weight", c.vocab_size, c.hidden_size);
   }
   layers_.resize(static_cast<size_t>(c.num_layers));
-  weight_bytes_ = matrix_bytes(lm_head_);
+  weight_bytes_ = 0;
+  bind_lm_head_int8();
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     LayerWeights& layer = layers_[i];
@@ -243,6 +245,18 @@ void LlamaModel::bind_weights() {
                                   &layer.gate_proj, &layer.up_proj, &layer.down_proj})
       weight_bytes_ += matrix_bytes(*m);
   }
+}
+
+void LlamaModel::bind_lm_head_int8() {
+  weight_bytes_ -= lm_head_bytes_;
+  lm_head_int8_.reset();
+  const char* forced = std::getenv("QSPEC_CPU_LM_HEAD");
+  const std::string choice = forced ? forced : "";
+  QSPEC_CHECK(choice.empty() || choice == "auto" || choice == "f32", "QSPEC_CPU_LM_HEAD=", choice,
+              ": unknown lm_head storage (auto: int8 blocks when exact, f32: as loaded)");
+  if (choice != "f32") lm_head_int8_ = cpu::exact_int8_blocks(lm_head_);
+  lm_head_bytes_ = lm_head_int8_ ? lm_head_int8_->bytes() : matrix_bytes(lm_head_);
+  weight_bytes_ += lm_head_bytes_;
 }
 
 std::string LlamaModel::weight_dtype() const {
@@ -384,6 +398,7 @@ void LlamaModel::apply_hadamard_rotation(uint64_t seed) {
   quant::fold_norm_into_linear(final_norm_.data(), mutable_f32(head), head.rows, head.cols);
   quant::rotate_linear_input(q, mutable_f32(head), head.rows, head.cols);
   lm_head_ = std::move(head);
+  bind_lm_head_int8();  // the rotated matrix is no longer int8 blocks
   std::fill(final_norm_.begin(), final_norm_.end(), 1.0f);
   config_.tie_word_embeddings = false;
   make_owned_f32(embedding_);
@@ -532,10 +547,26 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   // then each sequence's queries attend over their own cache (within the layer's window).
   const RopeTables& rope = layer_rope_[static_cast<size_t>(l)];
   cpu::rmsnorm(x, layer.attention_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
+  // Projections that share a site's input: on 4-bit weights one parallel region for all of them.
+  auto project_all = [&](const SiteInput& in, std::initializer_list<const WeightMatrix*> weights,
+                         std::initializer_list<QuantizedMatrix Q::*> quantized,
+                         std::initializer_list<const std::vector<float>*> biases, std::initializer_list<float*> outs) {
+    if (!mode.quantized_weights) {
+      for (size_t i = 0; i < weights.size(); ++i)
+        project(in, *weights.begin()[i], quantized.begin()[i], *biases.begin()[i], outs.begin()[i]);
+      return;
+    }
+    cpu::LinearOutput fused[4];
+    for (size_t i = 0; i < quantized.size(); ++i)
+      fused[i] = {&(quantized_layers_[static_cast<size_t>(l)].*quantized.begin()[i]), bias_or_null(*biases.begin()[i]),
+                  outs.begin()[i]};
+    const std::span<const cpu::LinearOutput> outputs(fused, quantized.size());
+    if (in.int8) return cpu::quantized_linear(*in.int8, outputs);
+    cpu::quantized_linear(in.values, count, outputs);
+  };
   SiteInput in = input(LinearSite::attention_in, w.normed.data(), hidden);
-  project(in, layer.q_proj, &Q::q_proj, layer.q_bias, w.q.data());
-  project(in, layer.k_proj, &Q::k_proj, layer.k_bias, w.k.data());
-  project(in, layer.v_proj, &Q::v_proj, layer.v_bias, w.v.data());
+  project_all(in, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, {&Q::q_proj, &Q::k_proj, &Q::v_proj},
+              {&layer.q_bias, &layer.k_bias, &layer.v_bias}, {w.q.data(), w.k.data(), w.v.data()});
   if (recipe_.qk_norm) {  // per head, in place
     cpu::rmsnorm(w.q.data(), layer.q_norm.data(), count * c.num_heads, c.head_dim, c.rms_norm_eps, w.q.data());
     cpu::rmsnorm(w.k.data(), layer.k_norm.data(), count * c.num_kv_heads, c.head_dim, c.rms_norm_eps, w.k.data());
@@ -563,8 +594,8 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   // MLP block: down(act(gate) * up), SwiGLU or GeGLU.
   cpu::rmsnorm(x, layer.mlp_norm.data(), count, hidden, c.rms_norm_eps, w.normed.data());
   in = input(LinearSite::mlp_in, w.normed.data(), hidden);
-  project(in, layer.gate_proj, &Q::gate_proj, layer.gate_bias, w.gate.data());
-  project(in, layer.up_proj, &Q::up_proj, layer.up_bias, w.up.data());
+  project_all(in, {&layer.gate_proj, &layer.up_proj}, {&Q::gate_proj, &Q::up_proj}, {&layer.gate_bias, &layer.up_bias},
+              {w.gate.data(), w.up.data()});
   if (recipe_.activation == MlpActivation::gelu_tanh) cpu::gelu_tanh_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
   else cpu::silu_mul(w.gate.data(), w.up.data(), count * inter, w.gate.data());
   if (rotated_) quant::rotate_rows(mlp_rotation_, w.gate.data(), count);  // online Q2 (W_down holds Q2 too)
@@ -639,7 +670,8 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
   for (int64_t i = 0; i < rows; ++i)
     if (logit_rows[i] != i) std::copy_n(&x[logit_rows[i] * hidden], hidden, &x[i * hidden]);
   cpu::rmsnorm(x.data(), final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
-  cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
+  if (lm_head_int8_) cpu::int8_linear(workspace.normed.data(), rows, *lm_head_int8_, nullptr, logits.data());
+  else cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
   if (c.final_logit_softcapping)
     cpu::soft_cap(logits.data(), rows * c.vocab_size, static_cast<float>(*c.final_logit_softcapping));
 }

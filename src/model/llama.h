@@ -3,6 +3,7 @@
 // (io/model_config.h) and per-layer attention (window, RoPE).
 #pragma once
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "ops/attention.h"
+#include "ops/int8_linear.h"
 #include "ops/linear.h"
 #include "ops/quantized_linear.h"
 #include "quant/hadamard.h"
@@ -150,6 +152,10 @@ class LlamaModel {
   KvCache new_cache(int64_t capacity = 0) const;  // 0: max_position_embeddings
   const WeightMatrix& embedding() const { return embedding_; }
   const WeightMatrix& lm_head() const { return lm_head_; }
+  // The lm_head as int8 blocks when it is exactly that (a GGUF's Q8_0 output matrix converted to
+  // f32, as SmolLM2's): the CPU forward pass reads it instead of the f32 matrix, with the same
+  // logits bit for bit. Null otherwise, or when QSPEC_CPU_LM_HEAD=f32 was set at load.
+  const cpu::Int8BlockMatrix* lm_head_int8() const { return lm_head_int8_ ? &*lm_head_int8_ : nullptr; }
   const std::vector<float>& final_norm() const { return final_norm_; }
 
   // Runs `tokens` at positions cache.length() ... and appends their K/V. Writes logits for
@@ -248,6 +254,9 @@ class LlamaModel {
   ModelConfig config_;
   Checkpoint checkpoint_;
   WeightMatrix embedding_, lm_head_;
+  std::optional<cpu::Int8BlockMatrix> lm_head_int8_;
+  size_t lm_head_bytes_ = 0;  // the lm_head's share of weight_bytes_
+  void bind_lm_head_int8();  // sets lm_head_int8_ from lm_head_, and its share of weight_bytes_
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   std::vector<QuantizedLayerWeights> quantized_layers_;

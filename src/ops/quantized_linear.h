@@ -9,6 +9,7 @@
 // never an output.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -18,6 +19,9 @@ namespace qspec::cpu {
 
 // Applies an activation mode to tokens x [tokens, k] in place (per token; f32 is a no-op).
 void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens, int64_t k);
+// x[i] = f16_to_f32(f32_to_f16(x[i])) (mode f16's rounding), 8 at a time with F16C when the
+// build has it; the same values (a NaN may come back with another payload).
+void round_to_f16(float* x, int64_t n);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] + bias[n] with W the dequantized 4-bit weights and x as
 // given (apply the activation mode first). Each (token, row) sum is one 8-lane FMA chain over K
@@ -54,6 +58,18 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
 // be null.
 void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, const float* bias,
                       float* y);
+
+// One matrix of a fused call: y = x W^T + bias, W sharing x with the call's other matrices.
+struct LinearOutput {
+  const QuantizedMatrix* weight;
+  const float* bias;  // may be null
+  float* y;           // [tokens, weight->rows]
+};
+// quantized_linear on each of up to four matrices that read the same x (q/k/v, gate/up), their
+// rows split over the threads together: one parallel region instead of one each. The same bits
+// as the separate calls. Every matrix's K must be x's.
+void quantized_linear(const float* x, int64_t tokens, std::span<const LinearOutput> outputs);
+void quantized_linear(const Int8Activations& x, std::span<const LinearOutput> outputs);
 
 // The instruction sets the 4-bit kernels can use, best last.
 enum class KernelIsa : uint8_t {

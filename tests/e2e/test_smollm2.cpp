@@ -42,6 +42,9 @@ TEST(SmolLM2, ChatPromptsMatchFloat64Reference) {
   auto& [model, tokenizer, goldens] = fixture();
   ASSERT_EQ(model->config().vocab_size, goldens["config"]["vocab"].get<int64_t>());
   ASSERT_EQ(tokenizer->eos_ids, std::vector<int32_t>{goldens["eos_id"].get<int32_t>()});  // <|im_end|>
+  // The GGUF's Q8_0 output matrix, converted to f32, is read back as int8 blocks (ops/int8_linear.h):
+  // these goldens check the logits of that path.
+  ASSERT_NE(model->lm_head_int8(), nullptr);
   const nlohmann::json& prompts = goldens["prompts"];
   ASSERT_EQ(prompts.size(), 4u);
   double worst_relative = 0.0;
@@ -104,6 +107,7 @@ TEST(SmolLM2, CommandLineInfoAndGenerate) {
   ASSERT_EQ(run_qspec("info '" + kModelDir + "'", output), 0) << output;
   EXPECT_NE(output.find("LlamaForCausalLM"), std::string::npos) << output;
   EXPECT_NE(output.find("134515008"), std::string::npos) << output;
+  EXPECT_NE(output.find("lm_head (cpu):  int8 blocks of 32"), std::string::npos) << output;
 
   const auto prompt_file = std::filesystem::temp_directory_path() / ("qspec-smollm2-prompt-" + std::to_string(::getpid()));
   {

@@ -3,14 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
 
+#include "base/dtype.h"
 #include "base/thread_pool.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
+#include "ops/quantized_linear.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "qspec/error.h"
@@ -152,6 +155,85 @@ TEST(CpuOps, GroupedQueryAttentionWithCausalityWindowAndSinks) {
         }
       }
     EXPECT_LT(relative_error(out, ref), 1e-5) << "window " << c.window << " sinks " << c.sinks;
+  }
+}
+
+// Paged K/V rows (blocks of 2 in a shuffled table) give the contiguous cache's bits, with windows
+// and sinks whose ranges start and end inside blocks (the rows are walked block by block).
+TEST(CpuOps, PagedAttentionEqualsContiguousAttentionBitForBit) {
+  struct Case {
+    int64_t window, sinks;
+  };
+  for (const Case c : {Case{0, 0}, Case{3, 0}, Case{4, 3}, Case{5, 1}}) {
+    qspec::cpu::AttentionShape shape{4, 2, 16, c.window};
+    shape.sink_tokens = c.sinks;
+    const int64_t history = 11, tokens = 3, block = 2, blocks = (history + block - 1) / block;
+    const int64_t kv_stride = shape.num_kv_heads * shape.head_dim, q_stride = shape.num_heads * shape.head_dim;
+    const std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
+    const std::vector<float> q = random_vector(tokens * q_stride);
+    const std::vector<int32_t> positions = {8, 9, 10};
+    std::vector<float> contiguous(tokens * q_stride, NAN), paged(tokens * q_stride, NAN);
+    qspec::cpu::attention(q.data(), tokens, positions.data(), keys.data(), values.data(), shape, contiguous.data());
+    // Logical block b lives in pool block table[b]; the pool has one spare block.
+    const std::vector<int32_t> table = {4, 0, 5, 2, 1, 3};
+    ASSERT_EQ(static_cast<int64_t>(table.size()), blocks);
+    std::vector<float> pool_keys((blocks + 1) * block * kv_stride, NAN), pool_values(pool_keys.size(), NAN);
+    for (int64_t p = 0; p < history; ++p) {
+      const int64_t row = table[p / block] * block + p % block;
+      std::copy_n(keys.begin() + p * kv_stride, kv_stride, pool_keys.begin() + row * kv_stride);
+      std::copy_n(values.begin() + p * kv_stride, kv_stride, pool_values.begin() + row * kv_stride);
+    }
+    const qspec::cpu::PagedKv kv{pool_keys.data(), pool_values.data(), table.data(), block};
+    qspec::cpu::attention(q.data(), tokens, positions.data(), kv, shape, paged.data());
+    for (size_t i = 0; i < paged.size(); ++i)
+      ASSERT_EQ(paged[i], contiguous[i]) << "window " << c.window << " sinks " << c.sinks << " output " << i;
+  }
+}
+
+// The attention's SIMD loops (keys scored four at a time, values summed in registers) give the
+// portable loops' bits, at head sizes that leave every tail: not a multiple of 32, of 8.
+TEST(CpuOps, AttentionSimdEqualsPortableBitForBit) {
+  const qspec::cpu::KernelIsa saved = qspec::cpu::kernel_isa();
+  for (int64_t head_dim : {8, 12, 32, 64, 72, 128}) {
+    qspec::cpu::AttentionShape shape{6, 2, head_dim, 0};
+    const int64_t history = 23, tokens = 4;  // 20..23 keys visible: not a multiple of four
+    const int64_t kv_stride = shape.num_kv_heads * head_dim, q_stride = shape.num_heads * head_dim;
+    const std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
+    const std::vector<float> q = random_vector(tokens * q_stride);
+    const std::vector<int32_t> positions = {19, 20, 21, 22};
+    std::vector<float> out[2];
+    for (int portable = 0; portable < 2; ++portable) {
+      qspec::cpu::set_kernel_isa(portable ? qspec::cpu::KernelIsa::portable : saved);
+      out[portable].assign(static_cast<size_t>(tokens * q_stride), NAN);
+      qspec::cpu::attention(q.data(), tokens, positions.data(), keys.data(), values.data(), shape, out[portable].data());
+    }
+    qspec::cpu::set_kernel_isa(saved);
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(out[0][i])) << "head_dim " << head_dim << " output " << i;
+      ASSERT_EQ(out[0][i], out[1][i]) << "head_dim " << head_dim << " output " << i;
+    }
+  }
+}
+
+// Mode f16's rounding (SIMD where the build has F16C) is the scalar round trip for every finite
+// value: ties to even, subnormals, the largest finite f16, overflow to infinity.
+TEST(CpuOps, RoundToF16IsTheScalarRoundTrip) {
+  std::vector<float> x = random_vector(1000, 100.0f);
+  for (float v : {0.0f, -0.0f, 1.0f + 1.0f / 2048.0f, 1.0f + 3.0f / 2048.0f, 5.96e-8f, 2.98e-8f, 8.9e-8f, 6.1e-5f,
+                  65504.0f, 65519.0f, 65520.0f, -70000.0f, 1e-30f, INFINITY, -INFINITY})
+    x.push_back(v);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 1000; ++i) x.push_back(std::ldexp(static_cast<float>(rng() % 4096), -static_cast<int>(rng() % 40)));
+  x.push_back(NAN);
+  std::vector<float> rounded = x;
+  qspec::cpu::round_to_f16(rounded.data(), static_cast<int64_t>(rounded.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float expected = qspec::f16_to_f32(qspec::f32_to_f16(x[i]));
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(rounded[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(rounded[i]), std::bit_cast<uint32_t>(expected)) << "value " << x[i];
   }
 }
 

@@ -96,6 +96,8 @@ const Shape kShapes[] = {
     {Format::int4_asym, 64, 37, 192}, {Format::int4_asym, 128, 8, 256}, {Format::int4_asym, 32, 13, 128},
     {Format::int4_asym, 8, 11, 200},  {Format::int4_asym, 6, 9, 96}, {Format::int4_asym, 32, 21, 192},
     {Format::int4, 32, 21, 192},
+    // 8+ blocks a row: the W4A8 tile's scales go through its 8 x 8 transpose (and its tail).
+    {Format::int4_asym, 32, 19, 576}, {Format::int4, 64, 11, 1536},
 };
 
 std::string describe(const Shape& s, int64_t tokens) {
@@ -117,7 +119,7 @@ TEST(CpuQ4Kernels, W4A16EveryIsaGivesThePortableBitsAndTheF32GemmOfTheDequantize
     dense.owned.resize(static_cast<size_t>(s.rows * s.cols));
     for (int64_t r = 0; r < s.rows; ++r) w.dequantize_row(r, dense.owned.data() + r * s.cols);
     dense.data = dense.owned.data();
-    for (int64_t tokens : {1, 2, 3, 4, 5, 9}) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {  // 2-7: verify tiles; 8+: prefill tiles of 3 tokens
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * s.cols), 1.0f, 11);
       const std::vector<float> bias = random_values(static_cast<size_t>(s.rows), 1.0f, 13);
       const std::vector<float> portable = run_a16(KernelIsa::portable, x, tokens, w, bias.data());
@@ -288,5 +290,86 @@ TEST(CpuQ4Kernels, AModelForcedOntoThePortableKernelsGivesTheSameLogits) {
       logits[i].insert(logits[i].end(), step.begin(), step.end());
     }
     expect_same_bits(logits[1], logits[0], std::string(name) + " on " + std::string(qspec::cpu::kernel_isa_name(guard.saved)));
+  }
+}
+
+TEST(CpuQ4Kernels, FusedCallsGiveEachMatrixItsOwnCallsBits) {
+  // q/k/v and gate/up in one parallel region: each output as its own call gives it, on every
+  // ISA, for float and int8 activations, 4-bit integer and E2M1 weights; a K that is not the
+  // input's is an error naming the matrix.
+  IsaGuard guard;
+  for (Format format : {Format::int4, Format::int4_asym, Format::nvfp4}) {
+    const qspec::QuantizedMatrix q = random_matrix(format, 43, 192, 64, 51), k = random_matrix(format, 8, 192, 64, 52),
+                                 v = random_matrix(format, 5, 192, 64, 53);
+    const std::vector<float> bias = random_values(43, 1.0f, 54);
+    for (int64_t tokens : {1, 3}) {
+      const std::vector<float> x = random_values(static_cast<size_t>(tokens * 192), 1.0f, 55);
+      for (KernelIsa isa : supported_isas()) {
+        const std::string what = std::string(qspec::quant::format_name(format)) + " tokens " + std::to_string(tokens) +
+                                 " on " + std::string(qspec::cpu::kernel_isa_name(isa));
+        for (bool int8 : {false, true}) {
+          std::vector<float> fused[3];
+          const qspec::QuantizedMatrix* matrices[3] = {&q, &k, &v};
+          qspec::cpu::LinearOutput outputs[3];
+          for (int m = 0; m < 3; ++m) {
+            fused[m].assign(static_cast<size_t>(tokens * matrices[m]->rows), std::numeric_limits<float>::quiet_NaN());
+            outputs[m] = {matrices[m], m == 0 ? bias.data() : nullptr, fused[m].data()};
+          }
+          qspec::cpu::set_kernel_isa(isa);
+          qspec::cpu::Int8Activations activations;
+          qspec::cpu::quantize_activations_int8(x.data(), tokens, 192, activations);
+          if (int8) qspec::cpu::quantized_linear(activations, outputs);
+          else qspec::cpu::quantized_linear(x.data(), tokens, outputs);
+          for (int m = 0; m < 3; ++m) {
+            const float* b = m == 0 ? bias.data() : nullptr;
+            const std::vector<float> alone = int8 ? run_a8(isa, x, tokens, *matrices[m], b) : run_a16(isa, x, tokens, *matrices[m], b);
+            expect_same_bits(fused[m], alone, what + (int8 ? " int8" : " float") + " matrix " + std::to_string(m));
+          }
+        }
+      }
+    }
+  }
+  const qspec::QuantizedMatrix narrow = random_matrix(Format::int4, 8, 128, 64, 56), wide = random_matrix(Format::int4, 8, 192, 64, 57);
+  std::vector<float> x(192, 1.0f), y1(8), y2(8);
+  const qspec::cpu::LinearOutput mixed[2] = {{&wide, nullptr, y1.data()}, {&narrow, nullptr, y2.data()}};
+  try {
+    qspec::cpu::quantized_linear(x.data(), 1, mixed);
+    FAIL() << "matrices of different K in one call";
+  } catch (const qspec::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("test.weight: K = 128"), std::string::npos) << error.what();
+  }
+}
+
+TEST(CpuQ4Kernels, Int8ActivationQuantizerSimdEqualsPortable) {
+  // The AVX2 quantizer (k % 64 == 0) against the portable one (quant::quantize_row, then the
+  // interleave): codes, scales and sums, with halfway cases, an all-zero token and a loud one;
+  // a NaN is refused by both with the quantizer's error.
+  IsaGuard guard;
+  for (int64_t k : {64, 576, 1536}) {
+    const int64_t tokens = 4;
+    std::vector<float> x = random_values(static_cast<size_t>(tokens * k), 3.0f, 61);
+    for (int64_t e = 0; e < k; ++e) x[static_cast<size_t>(e)] = static_cast<float>(e % 255 - 127) * 0.5f;  // ties at s = 0.5
+    for (int64_t e = 0; e < k; ++e) x[static_cast<size_t>(k + e)] = 0.0f;
+    x[static_cast<size_t>(2 * k + 5)] = 1e6f;
+    qspec::cpu::Int8Activations a[2];
+    for (int portable = 0; portable < 2; ++portable) {
+      qspec::cpu::set_kernel_isa(portable ? KernelIsa::portable : guard.saved);
+      qspec::cpu::quantize_activations_int8(x.data(), tokens, k, a[portable]);
+    }
+    EXPECT_EQ(a[0].codes, a[1].codes) << "k " << k;
+    EXPECT_EQ(a[0].scales, a[1].scales) << "k " << k;
+    EXPECT_EQ(a[0].chunk_sums, a[1].chunk_sums) << "k " << k;
+    EXPECT_EQ(a[0].half_chunk_sums, a[1].half_chunk_sums) << "k " << k;
+    x[static_cast<size_t>(3 * k + 7)] = std::numeric_limits<float>::quiet_NaN();
+    for (KernelIsa isa : {guard.saved, KernelIsa::portable}) {
+      qspec::cpu::set_kernel_isa(isa);
+      qspec::cpu::Int8Activations refused;
+      try {
+        qspec::cpu::quantize_activations_int8(x.data(), tokens, k, refused);
+        FAIL() << "quantized a NaN on " << qspec::cpu::kernel_isa_name(isa);
+      } catch (const qspec::Error& error) {
+        EXPECT_NE(std::string(error.what()).find("value 7"), std::string::npos) << error.what();
+      }
+    }
   }
 }

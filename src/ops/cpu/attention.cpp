@@ -6,19 +6,106 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "ops/quantized_linear.h"
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace qspec::cpu {
 namespace {
-// Eight partial sums: the compiler vectorises this without -ffast-math reassociation (a
-// single running sum is one dependent chain of head_dim FMAs).
-inline float dot(const float* a, const float* b, int64_t n) {
-  float partial[8] = {};
+// Keys scored kKeys at a time: each key's dot product is eight partial sums, lane l summing
+// elements l, l + 8, ... by FMA, then summed in a fixed tree; the keys' chains are independent,
+// so kKeys of them keep the FMA units busy where one key's chain of head_dim / 8 FMAs would wait
+// on each. The arithmetic is that of the one-key loop this replaced, as GCC compiled it (it
+// contracts a * b + c into an FMA), so the logits did not move.
+constexpr int64_t kKeys = 4;
+
+inline float reduce(const float partial[8]) {
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+// Portable: the reference of the SIMD versions below, lane for lane.
+template <int64_t K>
+inline void dots_portable(const float* a, const float* const* keys, int64_t n, float* out) {
+  float partial[K][8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int lane = 0; lane < 8; ++lane) partial[lane] += a[i + lane] * b[i + lane];
-  float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+    for (int64_t key = 0; key < K; ++key)
+      for (int lane = 0; lane < 8; ++lane) partial[key][lane] = std::fma(a[i + lane], keys[key][i + lane], partial[key][lane]);
+  for (int64_t key = 0; key < K; ++key) {
+    float sum = reduce(partial[key]);
+    for (int64_t j = i; j < n; ++j) sum = std::fma(a[j], keys[key][j], sum);
+    out[key] = sum;
+  }
+}
+
+// The weighted sum of the value rows, kValueLanes dimensions at a time held in registers across
+// every key (a loop over `out` in memory waited on its own store each key), each dimension the
+// same FMA chain over the keys in position order.
+constexpr int64_t kValueLanes = 32;
+
+template <int64_t W>
+inline void weighted_values_portable(const float* weights, const float* const* values, int64_t count, int64_t d0,
+                                     float* out) {
+  float acc[W] = {};
+  for (int64_t i = 0; i < count; ++i) {
+    const float* value = values[i] + d0;
+    for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(weights[i], value[j], acc[j]);
+  }
+  for (int64_t j = 0; j < W; ++j) out[d0 + j] = acc[j];
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+template <int64_t K>
+inline void dots(const float* a, const float* const* keys, int64_t n, float* out) {
+  if (n % 8 != 0) return dots_portable<K>(a, keys, n, out);
+  __m256 acc[K];
+  for (int64_t key = 0; key < K; ++key) acc[key] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(a + i);
+    for (int64_t key = 0; key < K; ++key) acc[key] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys[key] + i), acc[key]);
+  }
+  for (int64_t key = 0; key < K; ++key) {
+    float partial[8];
+    _mm256_storeu_ps(partial, acc[key]);
+    out[key] = reduce(partial);
+  }
+}
+
+template <int64_t W>
+inline void weighted_values(const float* weights, const float* const* values, int64_t count, int64_t d0, float* out) {
+  if constexpr (W % 8 != 0) {
+    return weighted_values_portable<W>(weights, values, count, d0, out);
+  } else {
+    __m256 acc[W / 8];
+    for (int64_t j = 0; j < W / 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < count; ++i) {
+      const __m256 weight = _mm256_broadcast_ss(weights + i);
+      const float* value = values[i] + d0;
+      for (int64_t j = 0; j < W / 8; ++j) acc[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * j), acc[j]);
+    }
+    for (int64_t j = 0; j < W / 8; ++j) _mm256_storeu_ps(out + d0 + 8 * j, acc[j]);
+  }
+}
+#endif
+
+// The SIMD loops where the build has them and the kernel choice (ops/quantized_linear.h
+// kernel_isa) is not the portable set, else the portable ones: the same bits either way.
+template <int64_t K>
+inline void score_keys(bool simd, const float* a, const float* const* keys, int64_t n, float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (simd) return dots<K>(a, keys, n, out);
+#endif
+  dots_portable<K>(a, keys, n, out);
+}
+
+template <int64_t W>
+inline void sum_values(bool simd, const float* weights, const float* const* values, int64_t count, int64_t d0,
+                       float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (simd) return weighted_values<W>(weights, values, count, d0, out);
+#endif
+  weighted_values_portable<W>(weights, values, count, d0, out);
 }
 }  // namespace
 
@@ -36,8 +123,11 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
   const int64_t kv_stride = shape.num_kv_heads * head_dim;
   const float scale = shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   const size_t work_items = static_cast<size_t>(tokens * shape.num_heads);
+  const bool simd = kernel_isa() != KernelIsa::portable;
   ThreadPool::global().parallel_for(work_items, 4, [&](size_t begin, size_t end) {
     std::vector<float> scores;
+    std::vector<int64_t> rows;  // the cache row of each visible key, in position order
+    std::vector<const float*> heads;  // each visible key's (then value's) head
     for (size_t item = begin; item < end; ++item) {
       const int64_t t = static_cast<int64_t>(item) / shape.num_heads;
       const int64_t h = static_cast<int64_t>(item) % shape.num_heads;
@@ -47,15 +137,33 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
       const int64_t first =
           shape.sliding_window > 0 ? std::max<int64_t>(0, last - shape.sliding_window + 1) : 0;
       const int64_t sinks = std::min(shape.sliding_window > 0 ? shape.sink_tokens : 0, first);
-      auto position_of = [&](int64_t i) { return i < sinks ? i : first + (i - sinks); };
       const int64_t visible = sinks + (last - first + 1);
+      // Rows walked block by block: PagedKv::row's division a key cost more than its dot product.
+      rows.clear();
+      auto add_rows = [&](int64_t from, int64_t to) {  // positions from..to - 1
+        if (from >= to) return;
+        int64_t block = from / kv.block_size, offset = from % kv.block_size;
+        for (int64_t p = from; p < to; ++p) {
+          rows.push_back(static_cast<int64_t>(kv.block_table[block]) * kv.block_size + offset);
+          if (++offset == kv.block_size) {
+            offset = 0;
+            ++block;
+          }
+        }
+      };
+      add_rows(0, sinks);
+      add_rows(first, last + 1);
       const float* query = q + (t * shape.num_heads + h) * head_dim;
       scores.resize(static_cast<size_t>(visible));
+      heads.resize(static_cast<size_t>(visible));
+      for (int64_t i = 0; i < visible; ++i)
+        heads[static_cast<size_t>(i)] = kv.keys + rows[static_cast<size_t>(i)] * kv_stride + kv_head * head_dim;
+      int64_t i = 0;
+      for (; i + kKeys <= visible; i += kKeys) score_keys<kKeys>(simd, query, heads.data() + i, head_dim, scores.data() + i);
+      for (; i < visible; ++i) score_keys<1>(simd, query, heads.data() + i, head_dim, scores.data() + i);
       float max_score = -INFINITY;
-      for (int64_t i = 0; i < visible; ++i) {
-        const float* key = kv.keys + kv.row(position_of(i)) * kv_stride + kv_head * head_dim;
-        const float score = dot(query, key, head_dim) * scale;
-        scores[static_cast<size_t>(i)] = score;
+      for (float& score : scores) {
+        score *= scale;
         max_score = std::max(max_score, score);
       }
       float denominator = 0.0f;
@@ -63,13 +171,15 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
         score = std::exp(score - max_score);
         denominator += score;
       }
+      for (float& score : scores) score /= denominator;  // each key's weight
+      for (int64_t j = 0; j < visible; ++j)
+        heads[static_cast<size_t>(j)] = kv.values + rows[static_cast<size_t>(j)] * kv_stride + kv_head * head_dim;
       float* result = out + (t * shape.num_heads + h) * head_dim;
-      std::fill(result, result + head_dim, 0.0f);
-      for (int64_t i = 0; i < visible; ++i) {
-        const float weight = scores[static_cast<size_t>(i)] / denominator;
-        const float* value = kv.values + kv.row(position_of(i)) * kv_stride + kv_head * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
-      }
+      int64_t d0 = 0;
+      for (; d0 + kValueLanes <= head_dim; d0 += kValueLanes)
+        sum_values<kValueLanes>(simd, scores.data(), heads.data(), visible, d0, result);
+      for (; d0 + 8 <= head_dim; d0 += 8) sum_values<8>(simd, scores.data(), heads.data(), visible, d0, result);
+      for (; d0 < head_dim; ++d0) sum_values<1>(simd, scores.data(), heads.data(), visible, d0, result);
     }
   });
 }

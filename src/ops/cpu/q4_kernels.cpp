@@ -1,4 +1,4 @@
-// The portable 4-bit GEMM kernels (plain C++): the reference order every SIMD kernel of
+// The portable low-bit GEMM kernels (plain C++): the reference order every SIMD kernel of
 // q4_kernels_x86.inc reproduces bit for bit, and the path for CPUs without AVX2.
 #include "ops/cpu/q4_kernels.h"
 
@@ -90,10 +90,36 @@ void a8_portable(const A8Problem& p, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// int8-block weights: each row decoded (code * scale, exactly the f32 matrix's values), then the
+// f32 order of a16_portable.
+void i8_portable(const I8Problem& p, int64_t row_begin, int64_t row_end) {
+  const Int8BlockMatrix& w = *p.weight;
+  const int64_t n = w.rows, k = w.cols, blocks = w.blocks(), k8 = k / 8 * 8;
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(k));
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int8_t* codes = w.codes.data() + r * k;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float scale = w.scales[static_cast<size_t>(r * blocks + b)];
+      for (int64_t e = b * Int8BlockMatrix::kBlock; e < (b + 1) * Int8BlockMatrix::kBlock; ++e)
+        row[static_cast<size_t>(e)] = static_cast<float>(codes[e]) * scale;
+    }
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      const float* x = p.x + t * k;
+      float lanes[8] = {};
+      for (int64_t i = 0; i < k8; i += 8)
+        for (int j = 0; j < 8; ++j) lanes[j] = std::fma(x[i + j], row[static_cast<size_t>(i + j)], lanes[j]);
+      float sum = lane_sum(lanes);
+      for (int64_t i = k8; i < k; ++i) sum = std::fma(x[i], row[static_cast<size_t>(i)], sum);
+      p.y[t * n + r] = sum + (p.bias ? p.bias[r] : 0.0f);
+    }
+  }
+}
+
 }  // namespace
 
 const Kernels& portable_kernels() {
-  static const Kernels kernels{a16_portable, a8_portable};
+  static const Kernels kernels{a16_portable, a8_portable, i8_portable};
   return kernels;
 }
 

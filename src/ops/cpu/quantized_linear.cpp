@@ -12,6 +12,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #endif
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "base/thread_pool.h"
 #include "ops/cpu/q4_kernels.h"
@@ -22,12 +25,22 @@ namespace qspec {
 
 namespace cpu {
 
+void round_to_f16(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  // vcvtps2ph rounds to nearest even, as f32_to_f16 does; the two differ only in a NaN's payload.
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+#endif
+  for (; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+}
+
 void apply_activation_mode(const ActivationMode& mode, float* x, int64_t tokens, int64_t k) {
   switch (mode.kind) {
     case ActivationMode::Kind::f32:
       return;
     case ActivationMode::Kind::f16:
-      for (int64_t i = 0; i < tokens * k; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+      round_to_f16(x, tokens * k);
       return;
     case ActivationMode::Kind::quantized: {
       const quant::RowFormat format =
@@ -67,7 +80,9 @@ KernelIsa initial_isa() {
 
 std::atomic<int> current_isa{-1};  // -1: not chosen yet
 
-const q4::Kernels& kernels_for(KernelIsa isa) {
+}  // namespace
+
+const q4::Kernels& q4::kernels_for(KernelIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(_M_X64)
     case KernelIsa::avx2:
@@ -81,8 +96,6 @@ const q4::Kernels& kernels_for(KernelIsa isa) {
       return q4::portable_kernels();
   }
 }
-
-}  // namespace
 
 std::string_view kernel_isa_name(KernelIsa isa) {
   switch (isa) {
@@ -139,31 +152,121 @@ void set_kernel_isa(KernelIsa isa) {
 
 // ---- the GEMMs --------------------------------------------------------------------------------
 
+using q4::kernels_for;
+
 namespace {
 
-// Runs body(row_begin, row_end) over the output rows in blocks of 8 (the kernels' row tile),
-// with enough rows per hand-off to be worth it (~32K multiply-adds).
-template <typename Body>
-void for_row_blocks(int64_t n, int64_t work_per_row, const Body& body) {
-  constexpr int64_t kRows = 8;
-  const int64_t row_blocks = (n + kRows - 1) / kRows;
-  const size_t grain = static_cast<size_t>(std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row * kRows)));
-  ThreadPool::global().parallel_for(static_cast<size_t>(row_blocks), grain, [&](size_t begin, size_t end) {
-    body(static_cast<int64_t>(begin) * kRows, std::min(n, static_cast<int64_t>(end) * kRows));
-  });
+q4::A16Problem a16_problem(const float* x, int64_t tokens, const LinearOutput& out) {
+  q4::A16Problem problem{x, tokens, out.weight, out.bias, out.y, {}};
+  // The element value of each code, as QuantizedMatrix::dequantize_row decodes it.
+  for (uint8_t code = 0; code < 16; ++code)
+    problem.nibble_values[code] = quant::element_value(out.weight->format, &code, 0);
+  return problem;
+}
+
+void check_fused(std::span<const LinearOutput> outputs, int64_t k) {
+  QSPEC_CHECK(outputs.size() <= q4::kMaxFused, "quantized_linear: ", outputs.size(), " matrices in one call (at most ",
+              q4::kMaxFused, ")");
+  for (const LinearOutput& out : outputs)
+    QSPEC_CHECK(out.weight->cols() == k, out.weight->name, ": K = ", out.weight->cols(), " in a call whose input has ",
+                k, " values a token");
 }
 
 }  // namespace
 
 void quantized_linear(const float* x, int64_t tokens, const QuantizedMatrix& weight, const float* bias, float* y) {
-  if (tokens <= 0 || weight.rows == 0) return;
-  q4::A16Problem problem{x, tokens, &weight, bias, y, {}};
-  // The element value of each code, as QuantizedMatrix::dequantize_row decodes it.
-  for (uint8_t code = 0; code < 16; ++code) problem.nibble_values[code] = quant::element_value(weight.format, &code, 0);
-  const q4::Kernels& kernels = q4::a16_simd_fits(problem) ? kernels_for(kernel_isa()) : q4::portable_kernels();
-  for_row_blocks(weight.rows, weight.cols() * tokens,
-                 [&](int64_t begin, int64_t end) { kernels.a16(problem, begin, end); });
+  const LinearOutput out{&weight, bias, y};
+  quantized_linear(x, tokens, std::span<const LinearOutput>(&out, 1));
 }
+
+void quantized_linear(const float* x, int64_t tokens, std::span<const LinearOutput> outputs) {
+  if (tokens <= 0 || outputs.empty()) return;
+  const int64_t k = outputs[0].weight->cols();
+  check_fused(outputs, k);
+  q4::A16Problem problems[q4::kMaxFused];
+  const q4::Kernels* kernels[q4::kMaxFused];
+  int64_t rows[q4::kMaxFused];
+  for (size_t m = 0; m < outputs.size(); ++m) {
+    problems[m] = a16_problem(x, tokens, outputs[m]);
+    kernels[m] = q4::a16_simd_fits(problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    rows[m] = outputs[m].weight->rows;
+  }
+  q4::for_row_blocks_of(rows, outputs.size(), k * tokens, [&](size_t m, int64_t begin, int64_t end) {
+    kernels[m]->a16(problems[m], begin, end);
+  });
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+namespace {
+
+// One token of quantize_activations_int8 in AVX2 when k % 64 == 0: quant::quantize_row's int8
+// arithmetic (amax, s = amax / 127, clamp(round_half_even(x / s))) on eight values at a time,
+// read straight into the interleaved order (each chunk's evens, then its odds). False (nothing
+// written) when a value is not finite: the portable path then names it.
+bool quantize_token_int8_avx2(const float* x, int64_t k, int8_t* codes, float* scale, int32_t* chunk_sums,
+                              int32_t* half_sums) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  __m256 amax = _mm256_setzero_ps();
+  __m256i non_finite = _mm256_setzero_si256();
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256i bits = _mm256_and_si256(_mm256_castps_si256(v), exponent);
+    non_finite = _mm256_or_si256(non_finite, _mm256_cmpeq_epi32(bits, exponent));
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+  }
+  if (!_mm256_testz_si256(non_finite, non_finite)) return false;
+  float lanes[8];
+  _mm256_storeu_ps(lanes, amax);
+  float row_amax = 0.0f;
+  for (float lane : lanes) row_amax = std::max(row_amax, lane);
+  const float s = row_amax / 127.0f;
+  *scale = s;
+  const __m256 divisor = _mm256_set1_ps(s), low = _mm256_set1_ps(-127.0f), high = _mm256_set1_ps(127.0f);
+  // Codes of 8 values: x / s rounded half to even (the default rounding mode's nearbyint), clamped.
+  auto encode = [&](__m256 v) {
+    if (s == 0.0f) return _mm256_setzero_si256();
+    const __m256 rounded = _mm256_round_ps(_mm256_div_ps(v, divisor), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, low), high));
+  };
+  // 32 int32 codes (four registers, in order) as 32 bytes in order.
+  auto pack = [](__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  };
+  auto lane_sum = [](__m256i v) {
+    int32_t lanes32[8];
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes32), v);
+    int32_t sum = 0;
+    for (int32_t lane : lanes32) sum += lane;
+    return sum;
+  };
+  for (int64_t c = 0; c < k / 64; ++c) {
+    __m256i even[4], odd[4];
+    for (int j = 0; j < 4; ++j) {  // values 16j .. 16j + 15 of the chunk
+      const __m256 a = _mm256_loadu_ps(x + c * 64 + 16 * j), b = _mm256_loadu_ps(x + c * 64 + 16 * j + 8);
+      // [a0 a2 b0 b2 | a4 a6 b4 b6] -> a0 a2 a4 a6 b0 b2 b4 b6 (64-bit units 0, 2, 1, 3)
+      const __m256 evens = _mm256_castpd_ps(_mm256_permute4x64_pd(
+          _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)));
+      const __m256 odds = _mm256_castpd_ps(_mm256_permute4x64_pd(
+          _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)));
+      even[j] = encode(evens);
+      odd[j] = encode(odds);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c * 64), pack(even[0], even[1], even[2], even[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c * 64 + 32), pack(odd[0], odd[1], odd[2], odd[3]));
+    // Values 0..31 of the chunk are evens and odds 0..15: registers 0 and 1 of each.
+    const int32_t first = lane_sum(_mm256_add_epi32(_mm256_add_epi32(even[0], even[1]), _mm256_add_epi32(odd[0], odd[1])));
+    const int32_t second = lane_sum(_mm256_add_epi32(_mm256_add_epi32(even[2], even[3]), _mm256_add_epi32(odd[2], odd[3])));
+    half_sums[2 * c] = first;
+    half_sums[2 * c + 1] = second;
+    chunk_sums[c] = first + second;
+  }
+  return true;
+}
+
+}  // namespace
+#endif
 
 void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Activations& out) {
   const quant::RowFormat format = quant::make_row_format(quant::Format::int8, quant::Role::activation, k);
@@ -175,11 +278,17 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
   out.scales.resize(static_cast<size_t>(tokens));
   out.chunk_sums.resize(static_cast<size_t>(tokens * chunks));
   out.half_chunk_sums.resize(static_cast<size_t>(tokens * chunks * 2));
+  [[maybe_unused]] const bool simd = out.interleaved && kernel_isa() != KernelIsa::portable;
   ThreadPool::global().parallel_for(static_cast<size_t>(tokens), 1, [&](size_t begin, size_t end) {
     thread_local std::vector<uint8_t> codes;
     codes.resize(static_cast<size_t>(format.code_bytes()));
     uint8_t scale[4];
     for (int64_t t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+#if defined(__AVX2__) && defined(__FMA__)
+      if (simd && quantize_token_int8_avx2(x + t * k, k, out.codes.data() + t * k, &out.scales[static_cast<size_t>(t)],
+                                           out.chunk_sums.data() + t * chunks, out.half_chunk_sums.data() + t * chunks * 2))
+        continue;
+#endif
       quant::quantize_row(format, x + t * k, codes.data(), scale);
       out.scales[static_cast<size_t>(t)] = quant::block_scale(format, scale, 0);
       int8_t* row = out.codes.data() + t * k;
@@ -202,12 +311,40 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
   });
 }
 
+namespace {
+bool integer_weights(const QuantizedMatrix& weight) {
+  const quant::Format format = weight.format.format;
+  return format == quant::Format::int4 || format == quant::Format::int4_channel || format == quant::Format::int4_asym;
+}
+}  // namespace
+
+void quantized_linear(const Int8Activations& x, std::span<const LinearOutput> outputs) {
+  if (x.tokens <= 0 || outputs.empty()) return;
+  check_fused(outputs, x.k);
+  bool integer = true;
+  for (const LinearOutput& out : outputs) integer = integer && integer_weights(*out.weight);
+  if (!integer) {  // E2M1 weights take the float GEMM: one call each
+    for (const LinearOutput& out : outputs) quantized_linear(x, *out.weight, out.bias, out.y);
+    return;
+  }
+  q4::A8Problem problems[q4::kMaxFused];
+  const q4::Kernels* kernels[q4::kMaxFused];
+  int64_t rows[q4::kMaxFused];
+  for (size_t m = 0; m < outputs.size(); ++m) {
+    problems[m] = q4::A8Problem{&x, outputs[m].weight, outputs[m].bias, outputs[m].y};
+    kernels[m] = q4::a8_simd_fits(problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    rows[m] = outputs[m].weight->rows;
+  }
+  q4::for_row_blocks_of(rows, outputs.size(), x.k * x.tokens, [&](size_t m, int64_t begin, int64_t end) {
+    kernels[m]->a8(problems[m], begin, end);
+  });
+}
+
 void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, const float* bias, float* y) {
   QSPEC_CHECK(x.k == weight.cols(), weight.name, ": int8 activations of ", x.k, " values a token for K = ",
               weight.cols());
   if (x.tokens <= 0 || weight.rows == 0) return;
-  const quant::Format format = weight.format.format;
-  if (format != quant::Format::int4 && format != quant::Format::int4_channel && format != quant::Format::int4_asym) {
+  if (!integer_weights(weight)) {
     // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
     thread_local std::vector<float> values;
     values.resize(static_cast<size_t>(x.tokens * x.k));
@@ -221,10 +358,8 @@ void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, c
     quantized_linear(values.data(), x.tokens, weight, bias, y);
     return;
   }
-  const q4::A8Problem problem{&x, &weight, bias, y};
-  const q4::Kernels& kernels = q4::a8_simd_fits(problem) ? kernels_for(kernel_isa()) : q4::portable_kernels();
-  for_row_blocks(weight.rows, weight.cols() * x.tokens,
-                 [&](int64_t begin, int64_t end) { kernels.a8(problem, begin, end); });
+  const LinearOutput out{&weight, bias, y};
+  quantized_linear(x, std::span<const LinearOutput>(&out, 1));
 }
 
 }  // namespace cpu
