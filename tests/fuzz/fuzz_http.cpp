@@ -20,9 +20,13 @@
 namespace {
 
 std::string source_root() {
+#ifdef QSPEC_FUZZ_SOURCE_ROOT
+  return QSPEC_FUZZ_SOURCE_ROOT;
+#else
   std::string here = __FILE__;  // .../tests/fuzz/fuzz_http.cpp
   const size_t slash = here.rfind("/tests/fuzz/");
   return slash == std::string::npos ? std::string(".") : here.substr(0, slash);
+#endif
 }
 
 struct Served {
