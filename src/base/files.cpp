@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "qspec/error.h"
 
@@ -66,6 +68,17 @@ std::string read_text_file(const std::string& path, uint64_t max_bytes) {
   ::close(fd);
   text.resize(done);  // shrank while being read: what is there
   return text;
+}
+
+std::vector<std::string> sorted_json_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) return files;
+  for (const auto& item : fs::directory_iterator(dir, error))
+    if (item.path().extension() == ".json") files.push_back(item.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace qspec

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace qspec {
 
@@ -21,5 +22,10 @@ int open_regular_file(const std::string& path, uint64_t* size_out);
 // The whole content of the regular file `path`; an Error names the path when it is not a
 // regular file, cannot be read, or holds more than max_bytes.
 std::string read_text_file(const std::string& path, uint64_t max_bytes);
+
+// The paths of the .json files directly in `dir`, sorted (the order a search over them takes);
+// none when `dir` is not a directory. The GEMM policy maps and the QSpec cost tables are found
+// this way.
+std::vector<std::string> sorted_json_files(const std::string& dir);
 
 }  // namespace qspec

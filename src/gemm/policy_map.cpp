@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <tuple>
 #include <nlohmann/json.hpp>
+
+#include "base/files.h"
 #include <sstream>
 
 #include "qspec/error.h"
@@ -321,21 +322,14 @@ std::vector<std::string> default_policy_dirs() {
 
 std::string find_policy_map(const std::vector<std::string>& dirs, const std::string& gpu,
                             const std::vector<std::pair<int64_t, int64_t>>& shapes) {
-  namespace fs = std::filesystem;
   for (const std::string& dir : dirs) {
-    std::error_code error;
-    if (!fs::is_directory(dir, error)) continue;
-    std::vector<fs::path> files;
-    for (const auto& item : fs::directory_iterator(dir, error))
-      if (item.path().extension() == ".json") files.push_back(item.path());
-    std::sort(files.begin(), files.end());
-    for (const fs::path& file : files) {
+    for (const std::string& file : sorted_json_files(dir)) {
       try {
-        const PolicyMap map = PolicyMap::load(file.string());
+        const PolicyMap map = PolicyMap::load(file);
         if (map.gpu != gpu) continue;
         bool covers = true;
         for (const auto& [n, k] : shapes) covers = covers && map.contains("f16", n, k);
-        if (covers) return file.string();
+        if (covers) return file;
       } catch (const Error&) {
         continue;  // not a policy map
       }

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/files.h"
 #include "qspec/decode_plan.h"
 #include "qspec/error.h"
 
@@ -440,22 +441,15 @@ std::string cost_table_file_name(const std::string& device, const std::string& m
 }
 
 std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape) {
-  namespace fs = std::filesystem;
   for (const std::string& dir : dirs) {
-    std::error_code error;
-    if (!fs::is_directory(dir, error)) continue;
-    std::vector<fs::path> files;
-    for (const auto& item : fs::directory_iterator(dir, error))
-      if (item.path().extension() == ".json") files.push_back(item.path());
-    std::sort(files.begin(), files.end());
-    for (const fs::path& file : files) {
+    for (const std::string& file : sorted_json_files(dir)) {
       std::ifstream in(file);
       std::stringstream text;
       text << in.rdbuf();
       const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
       if (!j.is_object() || !j.contains("format") || j["format"] != QSpecCostTable::kFormat) continue;
-      const QSpecCostTable table = QSpecCostTable::from_json(text.str(), file.string());
-      if (table.device == device && table.shape == shape) return file.string();
+      const QSpecCostTable table = QSpecCostTable::from_json(text.str(), file);
+      if (table.device == device && table.shape == shape) return file;
     }
   }
   return "";
