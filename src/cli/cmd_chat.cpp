@@ -140,7 +140,7 @@ void run_chat(const ChatArgs& args) {
 void register_chat(CLI::App& app) {
   auto args = std::make_shared<ChatArgs>();
   CLI::App* command = app.add_subcommand("chat", "An interactive conversation with the model's chat template");
-  command->add_option("model,-m,--model", args->model_dir, "Model directory")->required();
+  add_model_argument(command, args->model_dir);
   command->add_option("--system", args->system, "System message");
   command->add_option("--chat-template", args->chat_template, "Jinja chat template file (instead of the model's)");
   command->add_option("-n,--max-tokens", args->max_tokens, "Tokens a reply may take")->capture_default_str();

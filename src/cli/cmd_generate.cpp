@@ -161,7 +161,7 @@ void run_generate(const GenerateArgs& args) {
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* command = app.add_subcommand("generate", "Generate a continuation of a prompt");
-  command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  add_model_argument(command, args->model_dir);
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
   command->add_option("-c,--ctx-size", args->max_context,
                       "Positions the sequence may hold, prompt and output (0: the model's context)")

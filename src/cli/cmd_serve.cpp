@@ -188,7 +188,7 @@ void run_serve(const ServeArgs& args) {
 void register_serve(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, metrics)");
-  command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  add_model_argument(command, args->model_dir);
   command->add_option("--host", args->host, "Address to listen on")->capture_default_str();
   command->add_option("--port", args->port, "Port (0: an ephemeral port, printed at start-up)")
       ->check(CLI::Range(0, 65535))

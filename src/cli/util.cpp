@@ -74,6 +74,10 @@ std::string shell_line(const char* command) {
 }
 
 // QSPEC_COMMIT names the commit where the sources travel without .git (the GPU machine).
+void add_model_argument(CLI::App* command, std::string& model_dir) {
+  command->add_option("model,-m,--model", model_dir, "Model directory (Hugging Face layout)")->required();
+}
+
 void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given) {
   command->add_option("--temperature,--temp", sampling.temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str();
