@@ -35,14 +35,27 @@ inline constexpr std::string_view kNgramDraft = "ngram";
 inline constexpr int64_t kDefaultNgramMax = 3;
 inline constexpr int64_t kDefaultNgramMin = 1;
 inline constexpr int64_t kMaxNgram = 16;
-// The mode of a request that names none (serve's default too): the 4-bit weights' own mode.
+// A DecodePlan's mode when none is set (an engine Request built in code): the 4-bit weights'
+// own mode. The commands default to kCommandMode instead.
 inline constexpr std::string_view kDefaultMode = "w4a16";
-// The mode name that means "what the checkpoint holds": W4A16 on a 4-bit checkpoint, else
-// W16A16 (`generate`'s and `eval`'s default, as llama.cpp and vLLM take the format from the file).
-inline constexpr std::string_view kAutoMode = "auto";
-inline std::string_view auto_mode(bool checkpoint_has_4bit_weights) {
+// The mode a checkpoint's weights are: W4A16 on 4-bit weights, else W16A16 (the GPU engine's
+// mode when none is named; `eval --modes auto`'s quality rows, as llama.cpp and vLLM take the
+// format from the file).
+inline std::string_view checkpoint_mode(bool checkpoint_has_4bit_weights) {
   return checkpoint_has_4bit_weights ? "w4a16" : "w16a16";
 }
+// The mode name that means "the fastest mode that keeps the checkpoint's output"
+// (resolve_auto_mode below). On 4-bit weights that is QSpec verifying in W4A16: its greedy output
+// is W4A16's token for token and sampling keeps W4A16's distribution, and its default draft, the
+// planner, runs each step plain W4A16 unless the measured step costs predict a draft and gamma to
+// be faster by planner_rules::kMinGain, so a step speculates only where it pays. On 16-bit
+// weights, W16A16: QSpec needs 4-bit ones, and quantizing would change the output.
+inline constexpr std::string_view kAutoMode = "auto";
+// The --mode of `generate`, `chat` and `serve` when none is given. The server's too: its
+// requests share one engine, and the planner prices each step for the whole running batch, so
+// it speculates only at the batch sizes where that pays and a request's output is the same
+// either way; a request's "qspec": {"mode": ...} still names any mode.
+inline constexpr std::string_view kCommandMode = kAutoMode;
 // A draft's sparse view of the shared KV cache (DecodePlan::draft_window): the window's default
 // sinks (attention sinks: the first positions, which take much of every head's attention;
 // StreamingLLM keeps 4, one 16-position KV block costs nothing more), and the bound on sinks.
@@ -113,5 +126,17 @@ std::string draft_spec(const DecodePlan& plan);
 // planner's drafts come from its cost table). (The window's bound by the context is the
 // engine's: it knows the context.)
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");
+
+// The plan of a command before its flags: mode kCommandMode, the other fields DecodePlan's.
+inline DecodePlan command_plan() {
+  DecodePlan plan;
+  plan.mode = std::string(decode_rules::kCommandMode);
+  return plan;
+}
+
+// Turns mode "auto" into what it means for a checkpoint (kAutoMode): QSpec on 4-bit weights
+// (verify w4a16; the plan's draft, by default the planner), else W16A16. Returns why, in words
+// for a log line ("" when the mode was not auto: the plan is left as it was).
+std::string resolve_auto_mode(DecodePlan& plan, bool checkpoint_has_4bit_weights);
 
 }  // namespace qspec

@@ -18,15 +18,7 @@ double median_ms(std::vector<double> seconds) {
 
 // A draft spec as the run mode the engine gives its draft passes (the request's rules).
 RunMode draft_mode(const std::string& spec, int64_t group_size, int64_t context_limit) {
-  DecodePlan plan;
-  plan.mode = std::string(decode_rules::kQSpecMode);
-  try {
-    set_draft_spec(plan, spec);
-    QSPEC_CHECK(!plan.auto_draft(), "auto is the planner, not a draft to time");
-    validate(plan);
-  } catch (const Error& e) {
-    fail("qspec costs: draft ", spec, ": ", e.what());
-  }
+  const DecodePlan plan = cost_table_draft_plan(spec, "qspec costs");
   RunMode mode = parse_run_mode(plan.draft);
   mode.activations.group_size = group_size;
   mode.kv_window = plan.draft_window;

@@ -29,11 +29,7 @@ struct ChatArgs {
     return s;
   }();
   bool seed_given = false;
-  DecodePlan plan = [] {
-    DecodePlan p;
-    p.mode = decode_rules::kAutoMode;
-    return p;
-  }();
+  DecodePlan plan = command_plan();
   std::string weights;
   int64_t group_size = 0;
   int64_t max_context = 0;
@@ -49,8 +45,9 @@ void run_chat(const ChatArgs& args) {
   DecodePlan plan = args.plan;
   if (plan.mode != decode_rules::kAutoMode) validate(plan, "--");
   auto model = LlamaModel::load(args.model_dir);
-  if (plan.mode == decode_rules::kAutoMode) plan.mode = decode_rules::auto_mode(model->has_quantized_weights());
+  const std::string auto_choice = resolve_auto_mode(plan, model->has_quantized_weights());
   validate(plan, "--");
+  if (!auto_choice.empty()) std::fprintf(stderr, "[qspec] %s\n", auto_choice.c_str());
   std::vector<RunMode> modes;
   for (const std::string& name : plan.modes()) modes.push_back(parse_run_mode(name));
   prepare_model_for_modes(*model, modes, args.weights, args.group_size);
@@ -140,13 +137,12 @@ void run_chat(const ChatArgs& args) {
 void register_chat(CLI::App& app) {
   auto args = std::make_shared<ChatArgs>();
   CLI::App* command = app.add_subcommand("chat", "An interactive conversation with the model's chat template");
-  command->add_option("model,-m,--model", args->model_dir, "Model directory")->required();
+  add_model_argument(command, args->model_dir);
   command->add_option("--system", args->system, "System message");
   command->add_option("--chat-template", args->chat_template, "Jinja chat template file (instead of the model's)");
   command->add_option("-n,--max-tokens", args->max_tokens, "Tokens a reply may take")->capture_default_str();
   add_sampling_options(command, args->sampling, args->seed_given);
-  command->add_option("--mode", args->plan.mode, "auto (the checkpoint's format), a run mode, or qspec")
-      ->capture_default_str();
+  add_mode_option(command, args->plan.mode, "Weights and activations");
   add_qspec_options(command, args->plan, /*adaptive=*/false, "--mode qspec: ", args->qspec_costs);
   command->add_option("--weights", args->weights, "4-bit weight format when the checkpoint has none (RTN at load)");
   command->add_option("--group-size", args->group_size, "int4 group size (0: automatic)");

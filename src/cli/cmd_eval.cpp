@@ -214,6 +214,18 @@ void write_report(const std::string& out_file, const char* benchmark, const std:
   std::printf("wrote %s\n", out_file.c_str());
 }
 
+// The fields of a report on greedy answers to a problems file (eval gsm, eval qspec): the
+// problems, and the parameters both runs have; `parameters` brings the run's own.
+nlohmann::json problems_report(const std::string& problems_file, size_t problems, int64_t max_tokens, int64_t limit,
+                               const std::string& weights, int64_t group_size, nlohmann::json parameters) {
+  parameters.update({{"max_tokens", max_tokens},
+                     {"limit", limit},
+                     {"decoding", "greedy"},
+                     {"weights", weights},
+                     {"group_size", group_size}});
+  return {{"problems_file", problems_file}, {"problems", problems}, {"parameters", std::move(parameters)}};
+}
+
 // ---- eval gsm ----
 
 // A number as GSM8K writes it, normalized: no "$" or thousands commas, no trailing "." or
@@ -357,20 +369,13 @@ void run_gsm(const GsmArgs& args) {
                     {"text_tokens", r.text_tokens},
                     {"seconds", r.seconds}});
   }
-  if (!args.out_file.empty())
-    write_report(args.out_file, "eval_gsm", args.model_dir,
-                 {{"problems_file", args.problems_file},
-                  {"problems", problems.size()},
-                  {"parameters",
-                   {{"few_shot", args.few_shot},
-                    {"shots_file", args.shots_file},
-                    {"max_tokens", args.max_tokens},
-                    {"limit", args.limit},
-                    {"decoding", "greedy"},
-                    {"stop", {"\\nQuestion:", "eos"}},
-                    {"weights", prepared.weights},
-                    {"group_size", prepared.group_size}}},
-                  {"results", rows}});
+  if (args.out_file.empty()) return;
+  nlohmann::json report =
+      problems_report(args.problems_file, problems.size(), args.max_tokens, args.limit, prepared.weights,
+                      prepared.group_size,
+                      {{"few_shot", args.few_shot}, {"shots_file", args.shots_file}, {"stop", {"\\nQuestion:", "eos"}}});
+  report["results"] = rows;
+  write_report(args.out_file, "eval_gsm", args.model_dir, report);
 }
 
 void add_gsm_options(CLI::App* command, GsmArgs& args) {
@@ -745,29 +750,21 @@ void run_qspec_eval(QSpecEvalArgs args) {
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   std::printf("greedy QSpec (kv overwrite on) vs W4A16: %lld exact logit ties, %lld mismatches\n",
               static_cast<long long>(ties), static_cast<long long>(mismatches));
-  if (!args.out_file.empty())
-    write_report(args.out_file, "eval_qspec", args.model_dir,
-                 {{"problems_file", args.problems_file},
-                  {"problems", problems.size()},
-                  {"parameters",
-                   {{"max_tokens", args.max_tokens},
-                    {"limit", args.limit},
-                    {"decoding", "greedy"},
-                    {"prompt", args.chat ? "chat template, user: {question}" : "Question: {question}\\nAnswer:"},
-                    {"stop", "eos"},
-                    {"weights", prepared.weights},
-                    {"group_size", prepared.modes[0].activations.group_size},
-                    {"arrivals", "1 or 2 new requests per engine step"},
-                    {"reference", args.reference_file.empty()
-                                      ? "plain greedy w4a16 through the engine at the first batch size"
-                                      : "plain greedy w4a16 outputs from " + args.reference_file},
-                    {"device", args.device},
-                    {"threads_note", args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill"
-                                                          : "tokens/s include prefill"}}},
-                  {"baseline_w4a16", baselines},
-                  {"exact_logit_ties", ties},
-                  {"mismatches", mismatches},
-                  {"results", rows}});
+  if (!args.out_file.empty()) {
+    nlohmann::json report = problems_report(
+        args.problems_file, problems.size(), args.max_tokens, args.limit, prepared.weights,
+        prepared.modes[0].activations.group_size,
+        {{"prompt", args.chat ? "chat template, user: {question}" : "Question: {question}\\nAnswer:"},
+         {"stop", "eos"},
+         {"arrivals", "1 or 2 new requests per engine step"},
+         {"reference", args.reference_file.empty() ? "plain greedy w4a16 through the engine at the first batch size"
+                                                   : "plain greedy w4a16 outputs from " + args.reference_file},
+         {"device", args.device},
+         {"threads_note",
+          args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill" : "tokens/s include prefill"}});
+    report.update({{"baseline_w4a16", baselines}, {"exact_logit_ties", ties}, {"mismatches", mismatches}, {"results", rows}});
+    write_report(args.out_file, "eval_qspec", args.model_dir, report);
+  }
   QSPEC_CHECK(mismatches == 0, "eval qspec: ", mismatches, " outputs differ from W4A16 without an exact logit tie");
 }
 
@@ -786,7 +783,7 @@ void register_eval(CLI::App& app) {
   auto gsm = std::make_shared<GsmArgs>();
   CLI::App* gsm_command =
       eval->add_subcommand("gsm", "Greedy GSM8K-style strict/flexible exact match and text perplexity, per mode");
-  gsm_command->add_option("model,-m,--model", gsm->model_dir, "Model directory")->required();
+  add_model_argument(gsm_command, gsm->model_dir);
   gsm_command->add_option("file", gsm->problems_file,
                           "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
   add_gsm_options(gsm_command, *gsm);
@@ -797,7 +794,7 @@ void register_eval(CLI::App& app) {
 
   auto ppl = std::make_shared<PplArgs>();
   CLI::App* ppl_command = eval->add_subcommand("ppl", "Sliding-window perplexity of a text (WikiText-2), per mode");
-  ppl_command->add_option("model,-m,--model", ppl->model_dir, "Model directory")->required();
+  add_model_argument(ppl_command, ppl->model_dir);
   ppl_command->add_option("--data", ppl->data_file, "UTF-8 text (default: data/wikitext-2/wiki.test.raw)");
   ppl_command->add_option("--context", ppl->context, "Window length in tokens (0: min(2048, model context))")
       ->capture_default_str();
@@ -814,7 +811,7 @@ void register_eval(CLI::App& app) {
   auto qspec_args = std::make_shared<QSpecEvalArgs>();
   CLI::App* qspec_command = eval->add_subcommand(
       "qspec", "QSpec acceptance per draft mode and gamma (greedy, verify w4a16), tokens/s vs plain w4a16");
-  qspec_command->add_option("model,-m,--model", qspec_args->model_dir, "Model directory")->required();
+  add_model_argument(qspec_command, qspec_args->model_dir);
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
   qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');

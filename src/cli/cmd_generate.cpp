@@ -28,11 +28,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool print_ids = false;
   std::string bos = "auto";
-  DecodePlan plan = [] {
-    DecodePlan p;
-    p.mode = decode_rules::kAutoMode;
-    return p;
-  }();
+  DecodePlan plan = command_plan();
   std::string weights;  // "" = int4, or the checkpoint's own 4-bit weights
   int64_t group_size = 0;
   bool no_kv_overwrite = false;  // --mode qspec: the paper's no-overwrite ablation
@@ -64,9 +60,10 @@ void run_generate(const GenerateArgs& args) {
   const bool auto_mode = plan.mode == decode_rules::kAutoMode;
   if (!auto_mode) validate(plan, "--");  // bad flags fail before the model loads
   auto model = LlamaModel::load(args.model_dir);
+  const std::string auto_choice = resolve_auto_mode(plan, model->has_quantized_weights());
   if (auto_mode) {
-    plan.mode = decode_rules::auto_mode(model->has_quantized_weights());
     validate(plan, "--");
+    std::fprintf(stderr, "[qspec] %s\n", auto_choice.c_str());
   }
   const bool use_qspec = plan.qspec();
   std::vector<RunMode> modes;
@@ -161,7 +158,7 @@ void run_generate(const GenerateArgs& args) {
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* command = app.add_subcommand("generate", "Generate a continuation of a prompt");
-  command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  add_model_argument(command, args->model_dir);
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
   command->add_option("-c,--ctx-size", args->max_context,
                       "Positions the sequence may hold, prompt and output (0: the model's context)")
@@ -175,13 +172,7 @@ void register_generate(CLI::App& app) {
   command->add_flag("--stream", args->stream, "Print tokens as they are generated");
   command->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   command->add_flag("--print-ids", args->print_ids, "Print the generated token ids to stderr");
-  std::string modes;
-  for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
-  command->add_option("--mode", args->plan.mode, "Weights and activations: " + modes +
-                                                "|qspec (verify in w4a16; drafts as --draft says, by default the "
-                                                "planner: never predicted slower than w4a16)|auto (w4a16 on a 4-bit "
-                                                "checkpoint, else w16a16)")
-      ->capture_default_str();
+  add_mode_option(command, args->plan.mode, "Weights and activations");
   add_qspec_options(command, args->plan, /*adaptive=*/true, "--mode qspec: ", args->qspec_costs);
   command->add_option("--gemm-policy", args->gemm_policy,
                       "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "

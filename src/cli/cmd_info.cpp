@@ -88,7 +88,7 @@ void run_info(const std::string& model_dir) {
 void register_info(CLI::App& app) {
   auto model_dir = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand("info", "Show a model's architecture, size and memory");
-  command->add_option("model,-m,--model", *model_dir, "Model directory")->required();
+  add_model_argument(command, *model_dir);
   command->callback([model_dir] { run_info(*model_dir); });
 }
 

@@ -28,7 +28,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string model_name;  // "" = the model directory's name
-  DecodePlan plan;  // the default of requests that name none
+  DecodePlan plan = command_plan();  // the default of requests that name none
   std::string weights;
   int64_t group_size = 0;
   std::string chat_template;
@@ -63,16 +63,24 @@ void run_serve(const ServeArgs& args) {
        "rebuild with cpp-httplib installed)");
 #else
   // Which modes requests may ask for: the default, and QSpec's verify and draft (any request
-  // may ask for QSpec), so the draft and gamma must be valid whatever the default mode.
-  validate(args.plan, "--");
-  DecodePlan as_qspec = args.plan;
+  // may ask for QSpec), so the draft and gamma must be valid whatever the default mode. Bad
+  // flags fail before the model loads; auto is known once it has.
+  DecodePlan plan = args.plan;
+  const bool auto_mode = plan.mode == decode_rules::kAutoMode;
+  if (!auto_mode) validate(plan, "--");
+  DecodePlan as_qspec = plan;
   as_qspec.mode = decode_rules::kQSpecMode;
   validate(as_qspec, "--");
-  std::vector<RunMode> modes;
-  if (!args.plan.qspec()) modes.push_back(parse_run_mode(args.plan.mode));
-  for (const std::string& name : as_qspec.modes()) modes.push_back(parse_run_mode(name));
 
   auto model = LlamaModel::load(args.model_dir);
+  const std::string auto_choice = resolve_auto_mode(plan, model->has_quantized_weights());
+  if (auto_mode) {
+    validate(plan, "--");
+    std::fprintf(stderr, "[qspec] default %s\n", auto_choice.c_str());
+  }
+  std::vector<RunMode> modes;
+  if (!plan.qspec()) modes.push_back(parse_run_mode(plan.mode));
+  for (const std::string& name : as_qspec.modes()) modes.push_back(parse_run_mode(name));
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
   auto tokenizer = Tokenizer::load(args.model_dir);
   tokenizer->check_model_vocab(model->config().vocab_size, args.model_dir);
@@ -83,7 +91,8 @@ void run_serve(const ServeArgs& args) {
     options.model_name = std::filesystem::path(args.model_dir).lexically_normal().filename().string();
   if (options.model_name.empty())
     options.model_name = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename().string();
-  options.default_plan = args.plan;
+  options.default_plan = plan;
+  options.default_plan_choice = auto_choice;
   options.max_body_bytes = args.max_body_bytes;
   options.http = args.http;
   options.api_key = args.api_key;
@@ -99,8 +108,7 @@ void run_serve(const ServeArgs& args) {
   // The GPU engine runs one mode, the default's (the engine refuses one the GPU does not run);
   // requests for another get a 400.
   // QSpec requests verify in the plan's verify mode there.
-  if (options.engine.device == "cuda")
-    options.engine.gpu_mode = args.plan.qspec() ? args.plan.verify : args.plan.mode;
+  if (options.engine.device == "cuda") options.engine.gpu_mode = plan.qspec() ? plan.verify : plan.mode;
   options.chat_template = load_server_chat_template(args.model_dir, args.chat_template);
   if (!options.chat_template)
     std::fprintf(stderr, "[qspec] %s has no chat template: /v1/chat/completions answers 400 (--chat-template FILE)\n",
@@ -146,8 +154,8 @@ void run_serve(const ServeArgs& args) {
   std::fprintf(stderr,
                "[qspec] serving %s as '%s': mode %s (draft %s, gamma %lld), weights %s, batch %lld, queue %lld, "
                "context %lld\n",
-               args.model_dir.c_str(), server.options().model_name.c_str(), args.plan.mode.c_str(),
-               args.plan.draft.c_str(), static_cast<long long>(args.plan.gamma), weights.c_str(),
+               args.model_dir.c_str(), server.options().model_name.c_str(), plan.mode.c_str(),
+               plan.draft.c_str(), static_cast<long long>(plan.gamma), weights.c_str(),
                static_cast<long long>(args.engine.max_batch_size), static_cast<long long>(args.max_queue),
                static_cast<long long>(server.engine().context_limit()));
   // Any request may ask for QSpec with draft auto (the default draft), so say what it plans with.
@@ -188,17 +196,13 @@ void run_serve(const ServeArgs& args) {
 void register_serve(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, metrics)");
-  command->add_option("model,-m,--model", args->model_dir, "Model directory (Hugging Face layout)")->required();
+  add_model_argument(command, args->model_dir);
   command->add_option("--host", args->host, "Address to listen on")->capture_default_str();
   command->add_option("--port", args->port, "Port (0: an ephemeral port, printed at start-up)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   command->add_option("--served-model-name", args->model_name, "The model id clients send (default: the directory name)");
-  std::string modes;
-  for (const std::string& name : run_mode_names()) modes += (modes.empty() ? "" : "|") + name;
-  command->add_option("--mode", args->plan.mode,
-                      "Default mode of requests (\"qspec\": {\"mode\": ...} overrides): " + modes + "|qspec")
-      ->capture_default_str();
+  add_mode_option(command, args->plan.mode, "Default mode of requests (\"qspec\": {\"mode\": ...} overrides)");
   add_qspec_options(command, args->plan, /*adaptive=*/false, "Default QSpec ", args->engine.qspec_costs);
   command->add_option("--weights", args->weights, "4-bit weight format (RTN at load; default int4)");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: automatic)");

@@ -32,6 +32,12 @@ void register_tune(CLI::App& app);
 std::string prepare_model_for_modes(LlamaModel& model, std::vector<RunMode>& modes, const std::string& weights,
                                     int64_t group_size);
 
+// The model directory every command that loads one takes, positional or as -m / --model (the
+// spelling of llama.cpp and vLLM alike), required.
+void add_model_argument(CLI::App* command, std::string& model_dir);
+// --mode of the commands that decode (generate, chat, serve): auto (decode_rules::kCommandMode,
+// the default), a run mode, or qspec; `what` opens the help line.
+void add_mode_option(CLI::App* command, std::string& mode, const std::string& what);
 // The sampling flags `generate` and `chat` share, in llama.cpp's spellings: --temperature /
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, and --seed (which sets seed_given).
 void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given);

@@ -1,3 +1,6 @@
+// What the qspec subcommands share (cli/commands.h): the progress bar, the command line, the flags of
+// the commands that decode (--mode, sampling, QSpec), the seed and commit they record, and preparing a
+// model for its modes.
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
@@ -74,6 +77,21 @@ std::string shell_line(const char* command) {
 }
 
 // QSPEC_COMMIT names the commit where the sources travel without .git (the GPU machine).
+void add_model_argument(CLI::App* command, std::string& model_dir) {
+  command->add_option("model,-m,--model", model_dir, "Model directory (Hugging Face layout)")->required();
+}
+
+void add_mode_option(CLI::App* command, std::string& mode, const std::string& what) {
+  std::string modes;
+  for (const std::string& name : run_mode_names()) modes += name + "|";
+  command->add_option("--mode", mode,
+                      what + ": auto (on a 4-bit checkpoint qspec with the planner: plain w4a16 steps but where a "
+                             "draft is predicted faster, w4a16's output; on a 16-bit one w16a16)|" + modes +
+                          "qspec (verify in w4a16; drafts as --draft says, by default the planner: never predicted "
+                          "slower than w4a16)")
+      ->capture_default_str();
+}
+
 void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given) {
   command->add_option("--temperature,--temp", sampling.temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str();

@@ -5,6 +5,7 @@
 
 #include "qspec/error.h"
 #include "quant/quantized_linear.h"
+#include "runtime/qspec_planner.h"
 
 namespace qspec {
 
@@ -98,6 +99,27 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
   check(plan.gamma >= 1 && plan.gamma <= kMaxGamma, "gamma", "must be in 1..", kMaxGamma, ", got ", plan.gamma);
   check(!plan.adaptive_gamma || plan.auto_draft() || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
         "must be in gamma..", kMaxGamma, " (gamma ", plan.gamma, "), got ", plan.max_gamma);
+}
+
+std::string resolve_auto_mode(DecodePlan& plan, bool checkpoint_has_4bit_weights) {
+  using namespace decode_rules;
+  if (plan.mode != kAutoMode) return "";
+  std::ostringstream why;
+  if (!checkpoint_has_4bit_weights) {
+    plan.mode = std::string(checkpoint_mode(false));
+    why << "mode auto: " << plan.mode << ", the 16-bit checkpoint's own (QSpec needs 4-bit weights: `qspec "
+        << "quantize`, or --mode w4a16 / qspec to quantize at load)";
+    return why.str();
+  }
+  plan.mode = std::string(kQSpecMode);
+  plan.verify = std::string(kVerifyMode);
+  why << "mode auto: qspec, the fastest mode that keeps the 4-bit checkpoint's " << plan.verify << " output, ";
+  if (plan.auto_draft())
+    why << "with the planner: each step plain " << plan.verify << " unless a draft and gamma are predicted >= "
+        << planner_rules::kMinGain << "x faster";
+  else
+    why << "with draft " << draft_spec(plan) << " as named";
+  return why.str();
 }
 
 }  // namespace qspec

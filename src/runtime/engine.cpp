@@ -292,7 +292,7 @@ struct Engine::Impl {
                                                int64_t group_size) {
     if (o.device == "cpu") return make_cpu_backend(model);
     const std::string mode =
-        !o.gpu_mode.empty() ? o.gpu_mode : std::string(decode_rules::auto_mode(model.has_quantized_weights()));
+        !o.gpu_mode.empty() ? o.gpu_mode : std::string(decode_rules::checkpoint_mode(model.has_quantized_weights()));
     return make_cuda_backend(model, model_mode(model, group_size, mode, "gpu_mode"), o, context);
   }
 

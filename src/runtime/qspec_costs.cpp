@@ -66,6 +66,14 @@ Bracket bracket(const std::vector<Key>& keys, double x, Map map) {
 
 // A draft spec in its canonical spelling, or fail naming where.
 void check_draft_spec(const std::string& spec, const std::string& where) {
+  const DecodePlan plan = cost_table_draft_plan(spec, where);
+  QSPEC_CHECK(draft_spec(plan) == spec, where, ": draft \"", spec, "\" is spelled \"", draft_spec(plan),
+              "\" (the spelling requests and records use)");
+}
+
+}  // namespace
+
+DecodePlan cost_table_draft_plan(const std::string& spec, const std::string& where) {
   DecodePlan plan;
   plan.mode = std::string(decode_rules::kQSpecMode);
   try {
@@ -75,11 +83,8 @@ void check_draft_spec(const std::string& spec, const std::string& where) {
   } catch (const Error& e) {
     fail(where, ": draft \"", spec, "\": ", e.what());
   }
-  QSPEC_CHECK(draft_spec(plan) == spec, where, ": draft \"", spec, "\" is spelled \"", draft_spec(plan),
-              "\" (the spelling requests and records use)");
+  return plan;
 }
-
-}  // namespace
 
 ModelShape ModelShape::of(const ModelConfig& c) {
   return {c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size};

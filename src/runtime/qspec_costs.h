@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "io/model_config.h"
+#include "qspec/decode_plan.h"
 
 namespace qspec {
 
@@ -103,6 +104,11 @@ class QSpecCostTable {
   static QSpecCostTable from_gpu_bench_record(const nlohmann::json& record, const ModelShape& shape,
                                               const std::string& model, const nlohmann::json* accept_trace = nullptr);
 };
+
+// The QSpec plan of a draft a cost table holds or a bench times: a draft spec by the request's
+// rules, and a named one (the planner "auto" has no cost of its own). Else fails with
+// `where: draft "SPEC": why`.
+DecodePlan cost_table_draft_plan(const std::string& spec, const std::string& where);
 
 // Per-token acceptance of each draft in a `qspec eval qspec` result (cycles with KV overwrite
 // on): accepted drafts over accepted drafts plus rejections, summed over its gammas, the

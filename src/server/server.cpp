@@ -104,7 +104,7 @@ std::string read_file(const std::string& path) { return read_text_file(path, kMa
 // Prometheus metric lines.
 struct PromText {
   std::string out;
-  void header(const std::string& name, const char* type, const char* help) {
+  void header(const std::string& name, const char* type, const std::string& help) {
     out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
   }
   void sample(const std::string& name, double value, const std::string& labels = "") {
@@ -607,6 +607,16 @@ struct Server::Impl {
       for (const auto& [plan, steps] : q.plan_steps)
         p.sample("qspec_spec_plan_steps_total", static_cast<double>(steps), "plan=\"" + plan + "\"");
     }
+    // The plan of requests that name no mode, and whether --mode auto chose it (and why): QSpec
+    // with the planner, say, whose plan_steps above show where it speculated.
+    const DecodePlan& plan = options.default_plan;
+    p.header("qspec_default_plan_info", "gauge",
+             options.default_plan_choice.empty() ? "The plan of requests that name no mode (--mode)"
+                                                 : "The plan of requests that name no mode; " +
+                                                       options.default_plan_choice);
+    p.sample("qspec_default_plan_info", 1.0,
+             "mode=\"" + plan.mode + "\",draft=\"" + (plan.qspec() ? draft_spec(plan) : std::string()) +
+                 "\",chosen_by=\"" + (options.default_plan_choice.empty() ? "flag" : "auto") + "\"");
     p.header("qspec_batch_size_steps_total", "counter", "Engine steps by running sequences");
     for (size_t b = 0; b < m.batch_size_histogram.size(); ++b)
       if (m.batch_size_histogram[b] > 0)

@@ -63,6 +63,9 @@ enum class LogFormat { text, json };
 struct ServerOptions {
   std::string model_name = "qspec";   // the id clients pass as "model"
   DecodePlan default_plan;             // requests without "qspec": {...} (qspec/decode_plan.h)
+  // Why default_plan is what it is, when --mode auto chose it (resolve_auto_mode's words); "":
+  // the mode was named. /metrics shows it.
+  std::string default_plan_choice;
   size_t max_body_bytes = size_t{1} << 20;  // the decoded body (after chunking and gzip); 413 beyond
   HttpLimits http;                    // connections, deadlines, head caps, drain (server/http_limits.h)
   std::optional<TlsFiles> tls;        // serve HTTPS with this certificate and key

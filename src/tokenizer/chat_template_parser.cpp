@@ -296,23 +296,18 @@ class Parser {
     return e;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr left = parse_and();
-    while (is_name("or")) {
+  // A left-associative chain of the keyword operator `word` (or, and) over what parse_next parses.
+  ExprPtr parse_keyword_level(std::string_view word, ExprKind kind, ExprPtr (Parser::*parse_next)()) {
+    ExprPtr left = (this->*parse_next)();
+    while (is_name(word)) {
       SourcePos pos = next().pos;
-      left = binary(ExprKind::Or, pos, std::move(left), parse_and());
+      left = binary(kind, pos, std::move(left), (this->*parse_next)());
     }
     return left;
   }
 
-  ExprPtr parse_and() {
-    ExprPtr left = parse_not();
-    while (is_name("and")) {
-      SourcePos pos = next().pos;
-      left = binary(ExprKind::And, pos, std::move(left), parse_not());
-    }
-    return left;
-  }
+  ExprPtr parse_or() { return parse_keyword_level("or", ExprKind::Or, &Parser::parse_and); }
+  ExprPtr parse_and() { return parse_keyword_level("and", ExprKind::And, &Parser::parse_not); }
 
   ExprPtr parse_not() {
     if (!is_name("not")) return parse_compare();
@@ -460,32 +455,37 @@ class Parser {
     return tuple;
   }
 
-  ExprPtr parse_list() {
-    auto e = make_expr(ExprKind::List, next().pos);
-    while (!is_op("]")) {
-      e->args.push_back(parse_expression());
+  // Comma-separated items up to the operator `close` (consumed; a trailing comma is allowed):
+  // parse_item parses each.
+  template <typename ParseItem>
+  void parse_separated(std::string_view close, ParseItem parse_item) {
+    while (!is_op(close)) {
+      parse_item();
       if (!accept_op(",")) break;
     }
-    expect_op("]");
+    expect_op(close);
+  }
+
+  ExprPtr parse_list() {
+    auto e = make_expr(ExprKind::List, next().pos);
+    parse_separated("]", [&] { e->args.push_back(parse_expression()); });
     return e;
   }
 
   ExprPtr parse_dict() {
     auto e = make_expr(ExprKind::Dict, next().pos);
-    while (!is_op("}")) {
+    parse_separated("}", [&] {
       e->args.push_back(parse_expression());
       expect_op(":");
       e->args.push_back(parse_expression());
-      if (!accept_op(",")) break;
-    }
-    expect_op("}");
+    });
     return e;
   }
 
   // ( positional..., name=value... )
   void parse_call_arguments(Expr& call) {
     expect_op("(");
-    while (!is_op(")")) {
+    parse_separated(")", [&] {
       if (peek().kind == TokenKind::Name && is_op("=", 1)) {
         std::string key = next().text;
         next();
@@ -494,9 +494,7 @@ class Parser {
         if (!call.kwargs.empty()) fail_at(peek().pos, "positional argument after keyword argument");
         call.args.push_back(parse_expression());
       }
-      if (!accept_op(",")) break;
-    }
-    expect_op(")");
+    });
   }
 
   ExprPtr parse_postfix(ExprPtr e) {
@@ -513,16 +511,28 @@ class Parser {
     }
   }
 
+  // The name after '.', '|' or 'is' (the caller consumed those), and where it stands.
+  std::string expect_operation_name(SourcePos& pos, const char* what) {
+    pos = peek().pos;
+    if (peek().kind != TokenKind::Name) unexpected(what);
+    return next().text;
+  }
+
+  // A named operation on an operand (attribute, method, filter, test): the operand its first argument.
+  ExprPtr named_operation(ExprKind kind, SourcePos pos, std::string name, ExprPtr operand) {
+    auto e = make_expr(kind, pos);
+    e->name = std::move(name);
+    e->args.push_back(std::move(operand));
+    return e;
+  }
+
   ExprPtr parse_attribute(ExprPtr object) {
     next();
-    SourcePos pos = peek().pos;
-    if (peek().kind != TokenKind::Name) unexpected("an attribute name after '.'");
-    std::string name = next().text;
+    SourcePos pos;
+    std::string name = expect_operation_name(pos, "an attribute name after '.'");
     bool call = is_op("(");
     if (call && !is_known_method(name)) fail_at(pos, "unknown method '.", name, "()'");
-    auto e = make_expr(call ? ExprKind::Method : ExprKind::Attribute, pos);
-    e->name = name;
-    e->args.push_back(std::move(object));
+    auto e = named_operation(call ? ExprKind::Method : ExprKind::Attribute, pos, name, std::move(object));
     if (call) parse_call_arguments(*e);
     return e;
   }
@@ -547,26 +557,16 @@ class Parser {
   }
 
   ExprPtr parse_filters_and_tests(ExprPtr e) {
-    while (true) {
-      if (is_op("|")) {
-        e = parse_filter(std::move(e));
-      } else if (is_name("is")) {
-        e = parse_test(std::move(e));
-      } else {
-        return e;
-      }
-    }
+    while (is_op("|") || is_name("is")) e = is_op("|") ? parse_filter(std::move(e)) : parse_test(std::move(e));
+    return e;
   }
 
   ExprPtr parse_filter(ExprPtr operand) {
     next();
-    SourcePos pos = peek().pos;
-    if (peek().kind != TokenKind::Name) unexpected("a filter name after '|'");
-    std::string name = next().text;
+    SourcePos pos;
+    std::string name = expect_operation_name(pos, "a filter name after '|'");
     if (!is_known_filter(name)) fail_at(pos, "unknown filter '", name, "'");
-    auto e = make_expr(ExprKind::Filter, pos);
-    e->name = name;
-    e->args.push_back(std::move(operand));
+    auto e = named_operation(ExprKind::Filter, pos, name, std::move(operand));
     if (is_op("(")) parse_call_arguments(*e);
     return e;
   }
@@ -574,14 +574,11 @@ class Parser {
   ExprPtr parse_test(ExprPtr operand) {
     next();
     bool negated = accept_name("not");
-    SourcePos pos = peek().pos;
-    if (peek().kind != TokenKind::Name) unexpected("a test name after 'is'");
-    std::string name = next().text;
+    SourcePos pos;
+    std::string name = expect_operation_name(pos, "a test name after 'is'");
     if (!is_known_test(name)) fail_at(pos, "unknown test '", name, "'");
-    auto e = make_expr(ExprKind::Test, pos);
-    e->name = name;
+    auto e = named_operation(ExprKind::Test, pos, name, std::move(operand));
     e->negated = negated;
-    e->args.push_back(std::move(operand));
     if (is_op("(")) parse_call_arguments(*e);
     if (!e->kwargs.empty()) fail_at(pos, "test '", name, "' takes no keyword arguments");
     return e;

@@ -118,14 +118,29 @@ class Matcher {
   std::unique_ptr<Regex> regex_;
 };
 
-// ---------------------------------------------------------------- normalizers
-class SequenceNormalizer : public Normalizer {
+// A "Sequence" normalizer (Input: the text) or pre-tokenizer (Input: the pieces): its parts in
+// order, each applied to what the one before left.
+template <class Part, class Input>
+class Sequence : public Part {
  public:
-  std::vector<std::unique_ptr<Normalizer>> parts;
-  void apply(std::string& text) const override {
-    for (const auto& part : parts) part->apply(text);
+  std::vector<std::unique_ptr<Part>> parts;
+  void apply(Input& input) const override {
+    for (const auto& part : parts) part->apply(input);
   }
 };
+
+// A "Sequence" spec: `make` (make_normalizer or make_pre_tokenizer) on each entry of its array
+// `key`, dropping the entries it makes nothing of (null).
+template <class Part, class Input>
+std::unique_ptr<Part> make_sequence(const json& spec, const char* key, const std::string& file,
+                                    std::unique_ptr<Part> (*make)(const json&, const std::string&)) {
+  auto sequence = std::make_unique<Sequence<Part, Input>>();
+  for (const json& entry : spec.at(key))
+    if (auto part = make(entry, file)) sequence->parts.push_back(std::move(part));
+  return sequence;
+}
+
+// ---------------------------------------------------------------- normalizers
 
 class PrependNormalizer : public Normalizer {
  public:
@@ -269,14 +284,6 @@ class SplitPreTokenizer : public PreTokenizer {
   bool invert_;
 };
 
-class SequencePreTokenizer : public PreTokenizer {
- public:
-  std::vector<std::unique_ptr<PreTokenizer>> parts;
-  void apply(std::vector<Piece>& pieces) const override {
-    for (const auto& part : parts) part->apply(pieces);
-  }
-};
-
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -370,13 +377,7 @@ class MetaspacePreTokenizer : public PreTokenizer {
 std::unique_ptr<Normalizer> make_normalizer(const json& spec, const std::string& file) {
   if (spec.is_null()) return nullptr;
   const std::string type = type_of(spec);
-  if (type == "Sequence") {
-    auto sequence = std::make_unique<SequenceNormalizer>();
-    for (const json& part : spec.at("normalizers")) {
-      if (auto normalizer = make_normalizer(part, file)) sequence->parts.push_back(std::move(normalizer));
-    }
-    return sequence;
-  }
+  if (type == "Sequence") return make_sequence<Normalizer, std::string>(spec, "normalizers", file, make_normalizer);
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(spec.at("prepend").get<std::string>());
   if (type == "Replace") return std::make_unique<ReplaceNormalizer>(spec, file);
   if (type == "NFC") return std::make_unique<NfcNormalizer>(file);
@@ -386,13 +387,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& spec, const std::string&
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& spec, const std::string& file) {
   if (spec.is_null()) return nullptr;
   const std::string type = type_of(spec);
-  if (type == "Sequence") {
-    auto sequence = std::make_unique<SequencePreTokenizer>();
-    for (const json& part : spec.at("pretokenizers")) {
-      if (auto pre = make_pre_tokenizer(part, file)) sequence->parts.push_back(std::move(pre));
-    }
-    return sequence;
-  }
+  if (type == "Sequence")
+    return make_sequence<PreTokenizer, std::vector<Piece>>(spec, "pretokenizers", file, make_pre_tokenizer);
   if (type == "Split") {
     bool is_regex = false;
     std::string pattern = pattern_of(spec, "tokenizer " + file + ": Split pre-tokenizer", is_regex);

@@ -62,8 +62,9 @@ class Server:
 
 
 def standalone(prompt, max_tokens):
-    """`qspec generate` greedy output (w4a16, the server's default mode)."""
-    out = subprocess.run([ARGS.qspec, "generate", ARGS.model, "--mode", "w4a16", "-n", str(max_tokens), "-p", prompt],
+    """`qspec generate` greedy output in its default mode, which is the server's (`--mode auto`:
+    w16a16 on the bundled 16-bit checkpoint, qspec with the planner on a 4-bit one)."""
+    out = subprocess.run([ARGS.qspec, "generate", ARGS.model, "-n", str(max_tokens), "-p", prompt],
                          check=True, capture_output=True, text=True).stdout
     assert out.startswith(prompt) and out.endswith("\n"), out
     return out[len(prompt):-1]
@@ -131,8 +132,9 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(usage.prompt_tokens, full.usage.prompt_tokens)
 
     def test_qspec_extension(self):
-        expected = self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=24,
-                                                  temperature=0).choices[0].text
+        # A request names its mode: plain w4a16 here (the 16-bit checkpoint's default is w16a16).
+        expected = self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                                  extra_body={"qspec": {"mode": "w4a16"}}).choices[0].text
         r = self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=24, temperature=0,
                                            extra_body={"qspec": {"mode": "qspec", "draft": "w4a8", "gamma": 4}})
         self.assertEqual(r.choices[0].text, expected)  # greedy QSpec == greedy w4a16

@@ -86,6 +86,24 @@ TEST(CliErrors, FamiliarFlagsModelAndThreadsAfterTheSubcommand) {
   EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
 }
 
+// The default mode, auto, on the bundled 16-bit checkpoint: its own W16A16 (QSpec needs 4-bit
+// weights), said on stderr; chat and serve take the same default. (test_quantize_cli.cpp: auto
+// on a 4-bit checkpoint.)
+TEST(CliErrors, DefaultModeOnASixteenBitCheckpointIsW16A16) {
+  CommandResult result = run_qspec("generate '" + kModelDir.string() + "' -n 2 -p 'Question: 1 + 1?'");
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("[qspec] mode auto: w16a16"), std::string::npos) << result.stderr_text;
+  EXPECT_EQ(result.stderr_text.find("[qspec] planner"), std::string::npos) << result.stderr_text;
+  for (const char* command : {"generate", "chat", "serve"}) {
+    const fs::path help = fs::temp_directory_path() / ("qspec-help-" + std::to_string(::getpid()));
+    std::system((std::string(QSPEC_BINARY) + " " + command + " --help >'" + help.string() + "'").c_str());
+    std::ifstream in(help);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(help);
+    EXPECT_NE(text.find("--mode TEXT=auto"), std::string::npos) << command << ":\n" << text;
+  }
+}
+
 // generate with prompt-lookup drafts: no draft mode is prepared, and the QSpec summary names
 // the draft (it once read a draft mode that n-gram plans do not have).
 TEST(CliErrors, GenerateWithNgramDraftsRunsAndReports) {

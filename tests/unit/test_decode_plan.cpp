@@ -202,3 +202,43 @@ TEST(DecodePlan, EveryLowPrecisionDraftIsAccepted) {
 }
 
 }  // namespace
+
+// The commands' default mode, auto, resolves by the checkpoint: QSpec with the planner (verify
+// w4a16) on 4-bit weights, W16A16 on 16-bit ones, saying why; a named mode is left alone, and a
+// named draft stays the draft auto's QSpec runs.
+TEST(DecodePlan, AutoModeIsQSpecWithThePlannerOnFourBitWeightsElseW16A16) {
+  EXPECT_EQ(rules::kCommandMode, rules::kAutoMode);
+  DecodePlan four_bit = qspec::command_plan();
+  EXPECT_EQ(four_bit.mode, rules::kAutoMode);
+  EXPECT_EQ(broken_field(four_bit), "mode");  // auto is resolved before a plan runs
+  const std::string why = qspec::resolve_auto_mode(four_bit, /*checkpoint_has_4bit_weights=*/true);
+  EXPECT_TRUE(four_bit.qspec());
+  EXPECT_TRUE(four_bit.auto_draft());
+  EXPECT_EQ(four_bit.verify, rules::kVerifyMode);
+  EXPECT_EQ(broken_field(four_bit), "");
+  EXPECT_NE(why.find("mode auto: qspec"), std::string::npos) << why;
+  EXPECT_NE(why.find("the planner"), std::string::npos) << why;
+
+  DecodePlan sixteen_bit = qspec::command_plan();
+  const std::string why16 = qspec::resolve_auto_mode(sixteen_bit, /*checkpoint_has_4bit_weights=*/false);
+  EXPECT_EQ(sixteen_bit.mode, "w16a16");
+  EXPECT_EQ(sixteen_bit.mode, rules::checkpoint_mode(false));
+  EXPECT_EQ(broken_field(sixteen_bit), "");
+  EXPECT_NE(why16.find("mode auto: w16a16"), std::string::npos) << why16;
+
+  for (const char* named : {"w4a16", "w16a16", "qspec"}) {
+    DecodePlan plan = qspec::command_plan();
+    plan.mode = named;
+    EXPECT_EQ(qspec::resolve_auto_mode(plan, true), "") << named;
+    EXPECT_EQ(plan.mode, named);
+  }
+  DecodePlan bad = qspec::command_plan();
+  bad.mode = "w5a16";
+  EXPECT_EQ(qspec::resolve_auto_mode(bad, true), "");
+  EXPECT_EQ(broken_field(bad), "mode");
+
+  DecodePlan ngram = qspec::command_plan();
+  ngram.draft = std::string(rules::kNgramDraft);
+  EXPECT_NE(qspec::resolve_auto_mode(ngram, true).find("draft ngram"), std::string::npos);
+  EXPECT_TRUE(ngram.ngram_draft());
+}

@@ -293,10 +293,30 @@ TEST_F(QuantizeCli, RtnRunLoadsMatchesInProcessAndEvaluates) {
   EXPECT_TRUE(w16.exited) << w16.err;
   EXPECT_EQ(w16.exit_code, 1) << w16.err;
   EXPECT_NE(w16.err.find("16-bit weights"), std::string::npos) << w16.err;
-  // Default settings take the format from the checkpoint (mode auto): w4a16 here.
-  const QspecRun gen = qspec("generate " + quoted(out) + " -n 4 -p 'Question: 1 + 1?'");
-  EXPECT_EQ(gen.exit_code, 0) << gen.err;
-  EXPECT_NE(gen.err.find("mode w4a16"), std::string::npos) << gen.err;
+  // Default settings take the format from the checkpoint (mode auto): on these 4-bit weights
+  // QSpec with the planner, whose greedy output is --mode w4a16's token for token; it says so.
+  const std::string generate = "generate " + quoted(out) +
+                               " -n 40 --temperature 0 --print-ids -p 'Question: A box holds 12 pens. How many pens "
+                               "are in 4 boxes?\nAnswer:'";
+  const QspecRun gen = qspec(generate);
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_NE(gen.err.find("[qspec] mode auto: qspec"), std::string::npos) << gen.err;
+  EXPECT_NE(gen.err.find("[qspec] planner: "), std::string::npos) << gen.err;
+  const QspecRun w4a16 = qspec(generate + " --mode w4a16");
+  ASSERT_EQ(w4a16.exit_code, 0) << w4a16.err;
+  EXPECT_NE(w4a16.err.find("mode w4a16"), std::string::npos) << w4a16.err;
+  EXPECT_EQ(w4a16.err.find("mode auto"), std::string::npos) << w4a16.err;
+  EXPECT_EQ(w4a16.err.find("[qspec] planner"), std::string::npos) << w4a16.err;
+  auto ids_line = [](const std::string& err) {
+    const size_t at = err.find("\nids:");
+    return at == std::string::npos ? std::string() : err.substr(at + 1, err.find('\n', at + 1) - at - 1);
+  };
+  ASSERT_NE(ids_line(w4a16.err), "") << w4a16.err;
+  EXPECT_EQ(ids_line(gen.err), ids_line(w4a16.err));
+  // A mode name that is none: a clear error before anything runs.
+  const QspecRun typo = qspec("generate " + quoted(out) + " --mode w5a16 -n 1 -p hi");
+  EXPECT_EQ(typo.exit_code, 1) << typo.err;
+  EXPECT_NE(typo.err.find("qspec: error: --mode: unknown mode 'w5a16'"), std::string::npos) << typo.err;
   const QspecRun eval_default = qspec("eval gsm " + quoted(out) + " --limit 1");
   EXPECT_EQ(eval_default.exit_code, 0) << eval_default.err;
   EXPECT_NE(eval_default.out.find("w4a16"), std::string::npos) << eval_default.out;

@@ -343,6 +343,35 @@ TEST(Server, QSpecDraftAutoMatchesW4A16AndReportsThePlanner) {
   EXPECT_NE(res->body.find("qspec.draft_window"), std::string::npos) << res->body;
 }
 
+// serve's default, mode auto, on 4-bit weights: QSpec with the planner as the plan of requests
+// that name no mode (W4A16's text, usage.qspec.planner), and /metrics says auto chose it and
+// why; a request that names a mode still gets it.
+TEST(Server, DefaultPlanChosenByAutoModeIsReported) {
+  qspec::ServerOptions options = base_options();
+  options.default_plan = qspec::command_plan();
+  options.default_plan_choice = qspec::resolve_auto_mode(options.default_plan, /*checkpoint_has_4bit_weights=*/true);
+  Running server(options);
+  const Reference ref = reference(encode_prompt(kPrompt), 24);
+  auto res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 24}, {"temperature", 0}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["text"], ref.text);
+  EXPECT_TRUE(body["usage"]["qspec"]["planner"].is_object()) << res->body;
+  res = server.post("/v1/completions",
+                    json{{"prompt", kPrompt}, {"max_tokens", 24}, {"temperature", 0}, {"qspec", {{"mode", "w4a16"}}}});
+  ASSERT_EQ(res->status, 200) << res->body;
+  body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["text"], ref.text);
+  EXPECT_FALSE(body["usage"].contains("qspec")) << res->body;
+  const std::string text = server.get("/metrics")->body;
+  EXPECT_EQ(parse_prometheus(text)["qspec_default_plan_info{mode=\"qspec\",draft=\"auto\",chosen_by=\"auto\"}"], 1)
+      << text;
+  EXPECT_NE(text.find("# HELP qspec_default_plan_info The plan of requests that name no mode; mode auto: qspec"),
+            std::string::npos)
+      << text;
+}
+
 TEST(Server, ChatRendersTheTemplateAndStreams) {
   Running server(chat_options());
   const json messages = json::array({{{"role", "system"}, {"content", "You solve math problems."}},
