@@ -61,6 +61,12 @@ inline constexpr std::string_view kCommandMode = kAutoMode;
 // StreamingLLM keeps 4, one 16-position KV block costs nothing more), and the bound on sinks.
 inline constexpr int64_t kDefaultDraftSinks = 16;
 inline constexpr int64_t kMaxDraftSinks = 1024;
+// A draft's cheaper lm_head (DecodePlan::draft_vocab): the draft scores only the N most frequent
+// vocabulary rows of the model's draft vocabulary table (model/draft_vocab.h; FR-Spec). The
+// smallest subset worth a table row: below it the draft's argmax is mostly wrong.
+inline constexpr int64_t kMinDraftVocab = 64;
+// The spec suffix that names the subset: "MODE/v4096", "w4a16@256+16/v8192".
+inline constexpr std::string_view kDraftVocabTag = "/v";
 inline constexpr int64_t kDefaultGamma = 4;
 // Draft tokens a cycle at most: the GPU's on-device draft chain holds this many.
 inline constexpr int64_t kMaxGamma = 16;
@@ -86,6 +92,12 @@ struct DecodePlan {
   // the draft may run the verify's own mode (w4a16): the window is then its whole diet.
   int64_t draft_window = 0;
   int64_t draft_sinks = decode_rules::kDefaultDraftSinks;
+  // qspec: the draft's lm_head. 0: the whole vocabulary. N > 0: the draft scores only the N most
+  // frequent token ids of the model's draft vocabulary table (its distribution is the softmax
+  // over them, zero elsewhere); the verify keeps the full lm_head, so the output is unchanged.
+  // With a vocabulary subset the draft may run the verify's mode (w4a16). N is bounded by the
+  // table's length: the engine checks that (it knows the model).
+  int64_t draft_vocab = 0;
 
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
   // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
@@ -94,6 +106,9 @@ struct DecodePlan {
   bool auto_draft() const { return qspec() && draft == decode_rules::kAutoDraft; }
   // The sinks the draft's view keeps: draft_sinks with a window, none without one.
   int64_t draft_view_sinks() const { return draft_window > 0 ? draft_sinks : 0; }
+  // Whether the draft runs a diet that reads less than the verify whatever its activation mode
+  // (a sparse KV view or a vocabulary subset): then it may run the verify's own mode.
+  bool draft_has_diet() const { return draft_window > 0 || draft_vocab > 0; }
   // The most draft tokens one cycle can take (0 for plain decoding).
   int64_t gamma_bound() const { return qspec() ? (adaptive_gamma || auto_draft() ? max_gamma : gamma) : 0; }
   // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft
@@ -112,17 +127,20 @@ class DecodePlanError : public Error {
 
 // A draft in one word, as `eval qspec --drafts` and `bench --qspec-drafts` list them and their
 // records name them: "MODE" (w4a8, ...), "ngram", "auto", or "MODE@WINDOW" / "MODE@WINDOW+SINKS" for a
-// sparse view of the cache (draft_window, draft_sinks; SINKS defaults to kDefaultDraftSinks).
-// Sets plan.draft, draft_window and draft_sinks; throws DecodePlanError("draft") on bad syntax
-// (the rules are validate()'s).
+// sparse view of the cache (draft_window, draft_sinks; SINKS defaults to kDefaultDraftSinks),
+// each optionally followed by "/vN" for a vocabulary subset of N rows (draft_vocab):
+// "w4a8/v8192", "w4a16@256+16/v4096". Sets plan.draft, draft_window, draft_sinks and
+// draft_vocab; throws DecodePlanError("draft") on bad syntax (the rules are validate()'s).
 void set_draft_spec(DecodePlan& plan, std::string_view spec);
 std::string draft_spec(const DecodePlan& plan);
 
 // Throws DecodePlanError naming the field at fault (`field_prefix` + "mode", "draft", "gamma",
 // "max_gamma", "ngram_max", "draft_window", ...) when a rule above is broken: an unknown mode, a
 // draft that is neither "auto", "ngram" nor a 4-bit-weight low-precision-activation mode (or,
-// with a draft_window, the verify's mode), gamma, max_gamma, the n-gram lengths or the draft's
-// window and sinks out of range, a window or the no-overwrite ablation with draft auto (the
+// with a draft_window or draft_vocab, the verify's mode), gamma, max_gamma, the n-gram lengths,
+// the draft's window and sinks or draft_vocab out of range (draft_vocab: 0 or kMinDraftVocab ..
+// the table's length, which the engine checks), a window, a vocabulary subset or the
+// no-overwrite ablation with draft auto (the
 // planner's drafts come from its cost table). (The window's bound by the context is the
 // engine's: it knows the context.)
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");

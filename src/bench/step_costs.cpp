@@ -23,6 +23,7 @@ RunMode draft_mode(const std::string& spec, int64_t group_size, int64_t context_
   mode.activations.group_size = group_size;
   mode.kv_window = plan.draft_window;
   mode.kv_sinks = plan.draft_view_sinks();
+  mode.vocab_subset = plan.draft_vocab;
   QSPEC_CHECK(plan.draft_window + mode.kv_sinks < context_limit, "qspec costs: draft ", spec,
               ": its view is not below the largest context timed (", context_limit, ")");
   return mode;

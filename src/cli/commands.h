@@ -23,6 +23,7 @@ void register_eval(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_tune(CLI::App& app);
+void register_tune_draft(CLI::App& app);
 
 // Makes a loaded model ready to run `modes`: when a mode needs 4-bit weights and the
 // checkpoint has none, quantizes them now (RTN, `weights` format, "" = int4); a qspec 4-bit
@@ -43,7 +44,7 @@ void add_mode_option(CLI::App* command, std::string& mode, const std::string& wh
 void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given);
 // The QSpec flags of the commands that decode (generate, chat, serve): --draft (auto, the
 // planner, by default), --gamma, --max-gamma, the n-gram draft's --ngram-max / --ngram-min, the
-// draft's sparse KV view --draft-window / --draft-sinks, --qspec-costs (the planner's step-cost
+// draft's sparse KV view --draft-window / --draft-sinks, its vocabulary subset --draft-vocab, --qspec-costs (the planner's step-cost
 // table, into `qspec_costs`), and with `adaptive` --adaptive-gamma. `what` prefixes each help
 // line ("--mode qspec: ", or serve's "Default QSpec ").
 void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what,

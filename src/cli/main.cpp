@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   qspec::cli::register_quantize(app);
   qspec::cli::register_serve(app);
   qspec::cli::register_tune(app);
+  qspec::cli::register_tune_draft(app);
 
   app.parse_complete_callback([&] {
     if (threads > 0) qspec::ThreadPool::set_global_threads(threads);

@@ -110,7 +110,7 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
                              "step costs and each sequence's acceptance predict to be faster, see --qspec-costs), "
                              "a mode (w4a8, w4a8-fp8, w4a4-int4, ...), ngram (prompt lookup: the "
                              "continuation of the last n-gram's earlier occurrence, no weights read), or with "
-                             "--draft-window the verify's mode w4a16")
+                             "--draft-window / --draft-vocab the verify's mode w4a16")
       ->capture_default_str();
   command->add_option("--gamma", plan.gamma, what + "draft tokens per cycle (a named draft)")->capture_default_str();
   command->add_option("--max-gamma", plan.max_gamma,
@@ -131,6 +131,12 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   command->add_option("--draft-sinks", plan.draft_sinks, "--draft-window: the first positions the draft also sees")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--draft-vocab", plan.draft_vocab,
+                      what + "draft steps score only the N most frequent token ids of the model's draft vocabulary "
+                             "table (made by `qspec tune-draft`): a smaller lm_head read; the verify scores all "
+                             "(0: the whole vocabulary)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   if (!adaptive) return;

@@ -16,6 +16,8 @@
 #include "ops/rope.h"
 #include "model/quant_checkpoint.h"
 #include "model/quantize.h"
+#include "ops/sample.h"
+#include "qspec/decode_plan.h"
 #include "qspec/error.h"
 
 namespace qspec {
@@ -143,7 +145,7 @@ void check_layer_count(const Checkpoint& checkpoint, const ModelConfig& config, 
 
 }  // namespace
 
-std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
+std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, bool read_draft_vocab) {
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->dir_ = dir;
   // Every size is bounded and checked against the tensors before it sizes anything, so running
@@ -159,6 +161,9 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir) {
     if (model->loaded_from_quantized_) model->bind_quantized_weights(read_quant_manifest(manifest_path.string()));
     for (int64_t l = 0; l < model->config_.num_layers; ++l)
       model->layer_rope_.push_back(rope_tables(model->config_, model->config_.layer_rope(l)));
+    const std::filesystem::path table_path = std::filesystem::path(dir) / kDraftVocabFile;
+    if (read_draft_vocab && std::filesystem::exists(table_path, ignored))
+      model->set_draft_vocab(read_draft_vocab_table(table_path.string()), table_path.string());
   } catch (const std::bad_alloc&) {
     fail(dir, ": out of memory while loading the model");
   } catch (const std::length_error& error) {
@@ -248,6 +253,11 @@ void LlamaModel::bind_weights() {
 }
 
 void LlamaModel::bind_lm_head_int8() {
+  {
+    // The draft heads are copies of the lm_head's rows: a new lm_head makes them anew.
+    std::lock_guard<std::mutex> lock(draft_heads_->mutex);
+    draft_heads_->by_rows.clear();
+  }
   weight_bytes_ -= lm_head_bytes_;
   lm_head_int8_.reset();
   const char* forced = std::getenv("QSPEC_CPU_LM_HEAD");
@@ -257,6 +267,71 @@ void LlamaModel::bind_lm_head_int8() {
   if (choice != "f32") lm_head_int8_ = cpu::exact_int8_blocks(lm_head_);
   lm_head_bytes_ = lm_head_int8_ ? lm_head_int8_->bytes() : matrix_bytes(lm_head_);
   weight_bytes_ += lm_head_bytes_;
+}
+
+size_t DraftHead::bytes() const {
+  if (int8) return int8->bytes();
+  return static_cast<size_t>(weight.rows * weight.cols) * (weight.dtype == DType::BF16 ? 2 : 4);
+}
+
+void LlamaModel::set_draft_vocab(DraftVocabTable table, const std::string& source) {
+  check_draft_vocab_table(table, *this, source);
+  QSPEC_CHECK(static_cast<int64_t>(table.ids.size()) >= decode_rules::kMinDraftVocab, source, ": field 'ids' holds ",
+              table.ids.size(), " ids; a draft subset needs at least ", decode_rules::kMinDraftVocab);
+  draft_vocab_ = std::move(table);
+  std::lock_guard<std::mutex> lock(draft_heads_->mutex);
+  draft_heads_->by_rows.clear();
+}
+
+void LlamaModel::check_draft_vocab(int64_t n) const {
+  QSPEC_CHECK(draft_vocab_, "draft_vocab ", n, ": ", missing_draft_vocab_message(dir_));
+  const int64_t available = static_cast<int64_t>(draft_vocab_->ids.size());
+  QSPEC_CHECK(n >= decode_rules::kMinDraftVocab && n <= available, "draft_vocab ", n, " is outside ",
+              decode_rules::kMinDraftVocab, "..", available, " (the ids of ", dir_, "/", kDraftVocabFile,
+              "; `qspec tune-draft --vocab N` keeps more)");
+}
+
+std::shared_ptr<const DraftHead> LlamaModel::draft_head(int64_t n) const {
+  check_draft_vocab(n);
+  std::lock_guard<std::mutex> lock(draft_heads_->mutex);
+  std::shared_ptr<const DraftHead>& slot = draft_heads_->by_rows[n];
+  if (slot) return slot;
+  auto head = std::make_shared<DraftHead>();
+  head->ids.assign(draft_vocab_->ids.begin(), draft_vocab_->ids.begin() + n);
+  const int64_t cols = lm_head_.cols;
+  WeightMatrix& w = head->weight;
+  w.name = "draft lm_head";
+  w.rows = n;
+  w.cols = cols;
+  w.dtype = lm_head_.dtype;
+  if (lm_head_int8_) {
+    const cpu::Int8BlockMatrix& full = *lm_head_int8_;
+    cpu::Int8BlockMatrix sub;
+    sub.name = w.name;
+    sub.rows = n;
+    sub.cols = full.cols;
+    sub.codes.resize(static_cast<size_t>(n * full.cols));
+    sub.scales.resize(static_cast<size_t>(n * full.blocks()));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t id = head->ids[static_cast<size_t>(j)];
+      std::copy_n(&full.codes[static_cast<size_t>(id * full.cols)], full.cols, &sub.codes[static_cast<size_t>(j * full.cols)]);
+      std::copy_n(&full.scales[static_cast<size_t>(id * full.blocks())], full.blocks(),
+                  &sub.scales[static_cast<size_t>(j * full.blocks())]);
+    }
+    head->int8 = std::move(sub);
+  } else if (lm_head_.dtype == DType::BF16) {
+    head->bf16.resize(static_cast<size_t>(n * cols));
+    const auto* bits = static_cast<const uint16_t*>(lm_head_.data);
+    for (int64_t j = 0; j < n; ++j)
+      std::copy_n(bits + head->ids[static_cast<size_t>(j)] * cols, cols, &head->bf16[static_cast<size_t>(j * cols)]);
+    w.data = head->bf16.data();
+  } else {
+    w.owned.resize(static_cast<size_t>(n * cols));
+    for (int64_t j = 0; j < n; ++j) lm_head_.row_to_f32(head->ids[static_cast<size_t>(j)], &w.owned[static_cast<size_t>(j * cols)]);
+    w.data = w.owned.data();
+  }
+  slot = std::move(head);
+  return slot;
 }
 
 std::string LlamaModel::weight_dtype() const {
@@ -670,6 +745,19 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
   for (int64_t i = 0; i < rows; ++i)
     if (logit_rows[i] != i) std::copy_n(&x[logit_rows[i] * hidden], hidden, &x[i * hidden]);
   cpu::rmsnorm(x.data(), final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
+  if (mode.vocab_subset > 0) {
+    // A draft with a vocabulary subset: its rows of the lm_head only, every other logit -inf
+    // (the softmax over the subset; the same values as the whole lm_head's on those ids).
+    const std::shared_ptr<const DraftHead> head = draft_head(mode.vocab_subset);
+    const int64_t n = head->rows();
+    std::vector<float> subset(static_cast<size_t>(rows * n));
+    if (head->int8) cpu::int8_linear(workspace.normed.data(), rows, *head->int8, nullptr, subset.data());
+    else cpu::linear(workspace.normed.data(), rows, head->weight, nullptr, subset.data());
+    if (c.final_logit_softcapping)
+      cpu::soft_cap(subset.data(), rows * n, static_cast<float>(*c.final_logit_softcapping));
+    cpu::scatter_subset_logits(subset.data(), rows, n, head->ids.data(), c.vocab_size, logits.data());
+    return;
+  }
   if (lm_head_int8_) cpu::int8_linear(workspace.normed.data(), rows, *lm_head_int8_, nullptr, logits.data());
   else cpu::linear(workspace.normed.data(), rows, lm_head_, nullptr, logits.data());
   if (c.final_logit_softcapping)

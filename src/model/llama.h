@@ -2,7 +2,9 @@
 // tensors, and its CPU forward pass; the families differ only by their LayerRecipe
 // (io/model_config.h) and per-layer attention (window, RoPE).
 #pragma once
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -11,6 +13,7 @@
 
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/draft_vocab.h"
 #include "ops/attention.h"
 #include "ops/int8_linear.h"
 #include "ops/linear.h"
@@ -137,11 +140,25 @@ class ForwardObserver {
   virtual void observe(int64_t layer, LinearSite site, const float* input, int64_t tokens, int64_t k) = 0;
 };
 
+// A QSpec draft's lm_head over a vocabulary subset (RunMode::vocab_subset): the lm_head rows of
+// the first rows() ids of the model's draft vocabulary table, copied contiguously in the
+// lm_head's own storage (int8 blocks, bf16 or f32), so a draft step reads rows() rows of it.
+struct DraftHead {
+  std::vector<int32_t> ids;  // row j scores token ids[j]
+  WeightMatrix weight;       // [rows, hidden], a view of `bf16` or its own f32 copy
+  std::vector<uint16_t> bf16;
+  std::optional<cpu::Int8BlockMatrix> int8;  // set when the lm_head is int8 blocks
+  int64_t rows() const { return static_cast<int64_t>(ids.size()); }
+  size_t bytes() const;  // what a draft step reads of it
+};
+
 class LlamaModel {
  public:
   // Loads DIR (config.json + safetensors). Every tensor's presence, dtype and shape is
   // checked against the config; errors name the tensor.
-  static std::unique_ptr<LlamaModel> load(const std::string& dir);
+  // read_draft_vocab: also read DIR/kDraftVocabFile when present (tune-draft, which remakes it,
+  // does not).
+  static std::unique_ptr<LlamaModel> load(const std::string& dir, bool read_draft_vocab = true);
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
@@ -157,6 +174,18 @@ class LlamaModel {
   // logits bit for bit. Null otherwise, or when QSPEC_CPU_LM_HEAD=f32 was set at load.
   const cpu::Int8BlockMatrix* lm_head_int8() const { return lm_head_int8_ ? &*lm_head_int8_ : nullptr; }
   const std::vector<float>& final_norm() const { return final_norm_; }
+
+  // The draft vocabulary table (model/draft_vocab.h): read at load from DIR/kDraftVocabFile when
+  // there is one (an error names the file and field when it was made for another model), or
+  // installed with set_draft_vocab (checked the same way); null without one.
+  const DraftVocabTable* draft_vocab() const { return draft_vocab_ ? &*draft_vocab_ : nullptr; }
+  void set_draft_vocab(DraftVocabTable table, const std::string& source = "draft vocabulary table");
+  // The lm_head of a draft with a vocabulary subset of n ids: made on first use for each n and
+  // kept (thread-safe). Throws naming the table file when the model has no table (and how to
+  // make one) or n is outside kMinDraftVocab..its length.
+  std::shared_ptr<const DraftHead> draft_head(int64_t n) const;
+  // draft_head's checks alone (a GPU run keeps its own copy of the rows).
+  void check_draft_vocab(int64_t n) const;
 
   // Runs `tokens` at positions cache.length() ... and appends their K/V. Writes logits for
   // the last token ([vocab]) or, with all_logits, for every token ([tokens, vocab]).
@@ -257,6 +286,13 @@ class LlamaModel {
   std::optional<cpu::Int8BlockMatrix> lm_head_int8_;
   size_t lm_head_bytes_ = 0;  // the lm_head's share of weight_bytes_
   void bind_lm_head_int8();  // sets lm_head_int8_ from lm_head_, and its share of weight_bytes_
+  std::optional<DraftVocabTable> draft_vocab_;
+  // draft_head's copies by n, behind a pointer so the model stays movable.
+  struct DraftHeads {
+    std::mutex mutex;
+    std::map<int64_t, std::shared_ptr<const DraftHead>> by_rows;
+  };
+  std::unique_ptr<DraftHeads> draft_heads_ = std::make_unique<DraftHeads>();
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   std::vector<QuantizedLayerWeights> quantized_layers_;

@@ -11,6 +11,14 @@
 
 namespace qspec {
 
+namespace cpu {
+// A vocabulary subset's logits as whole rows (a QSpec draft's cheaper lm_head,
+// RunMode::vocab_subset): out[r, ids[j]] = subset[r, j] for j < n, every other entry of out
+// [rows, vocab] -inf, so argmax and sampling over out see the softmax over the subset and zero
+// elsewhere. ids: distinct, in [0, vocab). CPU twin of cuda::scatter_subset_logits.
+void scatter_subset_logits(const float* subset, int64_t rows, int64_t n, const int32_t* ids, int64_t vocab, float* out);
+}  // namespace cpu
+
 class Sampler {
  public:
   // Throws for parameters check() refuses. `output_start`: where the output begins in the

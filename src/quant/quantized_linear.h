@@ -41,9 +41,16 @@ struct RunMode {
   int64_t kv_window = 0;
   int64_t kv_sinks = 0;
   bool sparse_kv() const { return kv_window > 0; }
-  // Names the mode with its view: passes that share a key run together.
+  // A QSpec draft's vocabulary subset (DecodePlan::draft_vocab): > 0, the lm_head scores only the
+  // first vocab_subset ids of the model's draft vocabulary table and every other logit is -inf
+  // (LlamaModel::draft_head). 0: the whole vocabulary.
+  int64_t vocab_subset = 0;
+  // Names the mode with its view and its vocabulary: passes that share a key run together.
   std::string key() const {
-    return sparse_kv() ? name + "/kv" + std::to_string(kv_window) + "+" + std::to_string(kv_sinks) : name;
+    std::string key = name;
+    if (sparse_kv()) key += "/kv" + std::to_string(kv_window) + "+" + std::to_string(kv_sinks);
+    if (vocab_subset > 0) key += "/v" + std::to_string(vocab_subset);
+    return key;
   }
 };
 

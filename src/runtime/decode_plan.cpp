@@ -16,13 +16,7 @@ std::vector<std::string> DecodePlan::modes() const {
 }
 
 void set_draft_spec(DecodePlan& plan, std::string_view spec) {
-  const size_t at = spec.find('@');
-  plan.draft = std::string(spec.substr(0, at));
-  plan.draft_window = 0;
-  plan.draft_sinks = decode_rules::kDefaultDraftSinks;
-  if (at == std::string_view::npos) return;
-  const std::string view(spec.substr(at + 1));
-  const size_t plus = view.find('+');
+  using decode_rules::kDraftVocabTag;
   auto number = [&](const std::string& text) {
     size_t used = 0;
     long long value = -1;
@@ -33,16 +27,32 @@ void set_draft_spec(DecodePlan& plan, std::string_view spec) {
     }
     if (used == 0 || used != text.size() || value < 0)
       throw DecodePlanError("draft", "draft '" + std::string(spec) +
-                                         "': expected MODE@WINDOW or MODE@WINDOW+SINKS with whole numbers");
+                                         "': expected MODE, MODE@WINDOW or MODE@WINDOW+SINKS, optionally followed by "
+                                         "/vN (a vocabulary subset of N rows), with whole numbers");
     return static_cast<int64_t>(value);
   };
+  plan.draft_vocab = 0;
+  std::string_view head = spec;
+  if (const size_t tag = spec.find(kDraftVocabTag); tag != std::string_view::npos) {
+    plan.draft_vocab = number(std::string(spec.substr(tag + kDraftVocabTag.size())));
+    head = spec.substr(0, tag);
+  }
+  const size_t at = head.find('@');
+  plan.draft = std::string(head.substr(0, at));
+  plan.draft_window = 0;
+  plan.draft_sinks = decode_rules::kDefaultDraftSinks;
+  if (at == std::string_view::npos) return;
+  const std::string view(head.substr(at + 1));
+  const size_t plus = view.find('+');
   plan.draft_window = number(view.substr(0, plus));
   if (plus != std::string::npos) plan.draft_sinks = number(view.substr(plus + 1));
 }
 
 std::string draft_spec(const DecodePlan& plan) {
-  if (plan.draft_window <= 0) return plan.draft;
-  return plan.draft + "@" + std::to_string(plan.draft_window) + "+" + std::to_string(plan.draft_sinks);
+  std::string spec = plan.draft;
+  if (plan.draft_window > 0) spec += "@" + std::to_string(plan.draft_window) + "+" + std::to_string(plan.draft_sinks);
+  if (plan.draft_vocab > 0) spec += std::string(decode_rules::kDraftVocabTag) + std::to_string(plan.draft_vocab);
+  return spec;
 }
 
 void validate(const DecodePlan& plan, std::string_view field_prefix) {
@@ -75,6 +85,8 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
           "ablation needs a named drafting mode)");
     check(plan.draft_window == 0, "draft_window", "draft auto picks its drafts' views from the cost table (a window "
           "needs a named drafting mode)");
+    check(plan.draft_vocab == 0, "draft_vocab", "draft auto picks its drafts' vocabulary subsets from the cost table "
+          "(a subset needs a named drafting mode)");
     check(plan.max_gamma >= 1 && plan.max_gamma <= kMaxGamma, "max_gamma", "must be in 1..", kMaxGamma,
           " (draft auto: the largest gamma the planner may pick), got ", plan.max_gamma);
   } else if (plan.ngram_draft()) {
@@ -85,17 +97,22 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
     check(plan.kv_overwrite, "kv_overwrite", "the n-gram draft writes no K/V rows, so there are none to keep "
           "(the no-overwrite ablation needs a drafting mode)");
     check(plan.draft_window == 0, "draft_window", "the n-gram draft reads no K/V (a window needs a drafting mode)");
+    check(plan.draft_vocab == 0, "draft_vocab", "the n-gram draft scores no vocabulary (a subset needs a drafting "
+          "mode)");
   } else {
     const RunMode draft = known(plan.draft, "draft");
     const bool low_precision = draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized;
-    const bool sparse_verify_mode = plan.draft_window > 0 && plan.draft == plan.verify;
-    check(low_precision || sparse_verify_mode, "draft", plan.draft,
+    const bool diet_verify_mode = plan.draft_has_diet() && plan.draft == plan.verify;
+    check(low_precision || diet_verify_mode, "draft", plan.draft,
           " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*), auto (the "
-          "planner), ngram, or (with a draft_window) the verify's mode ", plan.verify);
+          "planner), ngram, or (with a draft_window or draft_vocab) the verify's mode ", plan.verify);
   }
   check(plan.draft_window >= 0, "draft_window", "must be >= 0 (0: the whole cache), got ", plan.draft_window);
   check(plan.draft_sinks >= 0 && plan.draft_sinks <= kMaxDraftSinks, "draft_sinks", "must be in 0..", kMaxDraftSinks,
         ", got ", plan.draft_sinks);
+  check(plan.draft_vocab == 0 || plan.draft_vocab >= kMinDraftVocab, "draft_vocab", "must be 0 (the whole "
+        "vocabulary) or >= ", kMinDraftVocab, " (the most frequent ids of the model's draft vocabulary table), got ",
+        plan.draft_vocab);
   check(plan.gamma >= 1 && plan.gamma <= kMaxGamma, "gamma", "must be in 1..", kMaxGamma, ", got ", plan.gamma);
   check(!plan.adaptive_gamma || plan.auto_draft() || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
         "must be in gamma..", kMaxGamma, " (gamma ", plan.gamma, "), got ", plan.max_gamma);

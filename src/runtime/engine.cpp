@@ -242,8 +242,10 @@ struct Engine::Impl {
         RunMode mode = runnable_mode(probe.draft, "draft");
         mode.kv_window = probe.draft_window;
         mode.kv_sinks = probe.draft_view_sinks();
+        mode.vocab_subset = probe.draft_vocab;
         QSPEC_CHECK(probe.draft_window + mode.kv_sinks < context_limit, "its view is not below the context (",
                     context_limit, ")");
+        if (mode.vocab_subset > 0) model.check_draft_vocab(mode.vocab_subset);  // a table that holds it
         usable.push_back(spec);
         candidate_modes.push_back(mode);
       } catch (const Error& e) {
@@ -344,6 +346,14 @@ struct Engine::Impl {
         QSPEC_CHECK(plan.draft_window + seq->draft.kv_sinks < context_limit, "request: draft_window ",
                     plan.draft_window, " + draft_sinks ", seq->draft.kv_sinks, " is not below the context (",
                     context_limit, " tokens): the draft would read the whole cache (draft_window 0 says that)");
+        seq->draft.vocab_subset = plan.draft_vocab;
+        if (plan.draft_vocab > 0) {
+          try {
+            model.check_draft_vocab(plan.draft_vocab);  // the table holds it: an error now, not mid-request
+          } catch (const Error& e) {
+            fail("request: ", e.what());
+          }
+        }
       }
       QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
                   "does not run on the GPU (it needs the K/V rows in the host's pool)");

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "model/draft_vocab.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
 #include "quant/quantized_linear.h"
@@ -25,6 +26,7 @@
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
 #include "runtime/qspec_costs.h"
+#include "tokenizer/calibration_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -53,6 +55,14 @@ struct Fixture {
     }
     qspec::GenerationOptions options = generation_options();
     for (const auto& prompt : prompts) references.push_back(qspec::generate(*model, prompt, options).ids);
+    // The draft vocabulary table as `qspec tune-draft` makes it, from the model's own calibration
+    // text (which shares nothing with the eval problems): drafts with a vocabulary subset use it.
+    const qspec::CalibrationSet text = qspec::load_calibration_text(
+        QSPEC_SOURCE_DIR "/data/calibration/gsm-synth-self.txt", *tokenizer, 1 << 20, 512);
+    const std::vector<int32_t> ranked =
+        qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, tokenizer->eos_ids);
+    model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()),
+                                                         {text.source}, text.tokens));
   }
   qspec::RunMode mode(const std::string& name) const {
     qspec::RunMode m = qspec::parse_run_mode(name);
@@ -110,7 +120,7 @@ bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got,
 static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
                                                         qspec::quant::Format weights = qspec::quant::Format::int4,
                                                         int64_t draft_window = 0, int64_t draft_sinks = 0,
-                                                        const std::string& qspec_costs = "") {
+                                                        const std::string& qspec_costs = "", int64_t draft_vocab = 0) {
   Fixture& f = fixture(weights);
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
@@ -124,6 +134,7 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
   base.plan.gamma = gamma;
   base.plan.draft_window = draft_window;
   base.plan.draft_sinks = draft_sinks;
+  base.plan.draft_vocab = draft_vocab;
   std::vector<std::vector<int32_t>> outputs(f.prompts.size());
   std::vector<bool> finished(f.prompts.size(), false);
   qspec::QSpecMetrics totals;
@@ -151,7 +162,7 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
                             (draft_window > 0 ? " window " + std::to_string(draft_window) + "+" +
                                                     std::to_string(draft_sinks)
                                               : "") +
-                            " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
+                            (draft_vocab > 0 ? " vocab " + std::to_string(draft_vocab) : "") + " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
@@ -188,6 +199,20 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNgramDraft
 // and 4 attention sinks, far fewer than a problem's prompt): the same promise.
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredSparseKvDraftGamma3) {
   expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4);
+}
+
+// Drafts that score only the most frequent ids (a vocabulary subset, FR-Spec; 128 and 96 of the
+// 477 ids, from the model's calibration text): in a low-precision mode, and in the verify's own
+// mode composed with a sparse KV view. The drafts' argmax misses every id outside the subset,
+// the verify scores all of them: the same promise.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredVocabSubsetW4a8DraftGamma4) {
+  Fixture& f = fixture();
+  ASSERT_NE(f.model->draft_vocab(), nullptr);
+  expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4, 0, 0, "", 128);
+}
+
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredVocabSubsetSparseKvDraftGamma3) {
+  expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4, "", 96);
 }
 
 // Draft auto over a step-cost table (this machine's CPU, this model's shapes) where drafts pay at

@@ -15,8 +15,11 @@
 #include <sstream>
 
 #include "real_model_fixture.h"
+#include "model/draft_vocab.h"
 #include "model/llama.h"
+#include "qspec/engine.h"
 #include "runtime/generate.h"
+#include "tokenizer/calibration_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -150,4 +153,80 @@ TEST(SmolLM2, DefaultModeOnFourBitWeightsIsThePlannerWithW4A16Output) {
   EXPECT_EQ(plain.find("[qspec] planner"), std::string::npos) << plain;
   ASSERT_NE(ids_of(plain), "") << plain;
   EXPECT_EQ(ids_of(planned), ids_of(plain));
+}
+
+// QSpec drafts that score only the most frequent ids (a draft vocabulary table made as `qspec
+// tune-draft` makes it, from the MT-Bench questions, with <|im_end|> and the special tokens
+// first) on a real chat model: greedy QSpec through the continuous-batching engine (the four
+// chat prompts at once) equals greedy W4A16, token for token, for each draft and subset size,
+// and the drafts do get accepted (the subset holds what the model writes).
+TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
+  ASSERT_TRUE(model_present());
+  auto model = qspec::LlamaModel::load(kModelDir);  // its own copy: 4-bit weights are added to it
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  const nlohmann::json goldens = nlohmann::json::parse(std::ifstream(kGoldens));
+  qspec::cpu::set_f32_weight_cache(true);
+  model->quantize_weights(qspec::quant::Format::int4);
+  qspec::cpu::set_f32_weight_cache(false);
+  const qspec::CalibrationSet text = qspec::load_calibration_text(
+      QSPEC_SOURCE_DIR "/data/calibration/mt-bench-questions.txt", *tokenizer, 1 << 20, 4096);
+  std::vector<int32_t> first = tokenizer->eos_ids;
+  for (int32_t id = 0; id < model->config().vocab_size; ++id)
+    if (tokenizer->is_special(id)) first.push_back(id);
+  const std::vector<int32_t> ranked = qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, first);
+  model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, 16384, {text.source}, text.tokens));
+
+  constexpr int64_t kMaxTokens = 64;
+  std::vector<std::vector<int32_t>> prompts, references;
+  qspec::RunMode w4a16 = qspec::parse_run_mode("w4a16");
+  w4a16.activations.group_size = model->quantization().group_size;
+  for (const nlohmann::json& golden : goldens["prompts"]) {
+    prompts.push_back(tokenizer->encode(golden["prompt"].get<std::string>()));
+    qspec::GenerationOptions options;
+    options.max_new_tokens = kMaxTokens;
+    options.eos_ids = tokenizer->eos_ids;
+    options.mode = w4a16;
+    references.push_back(qspec::generate(*model, prompts.back(), options).ids);
+  }
+  ASSERT_EQ(prompts.size(), 4u);
+
+  struct Case {
+    std::string draft;  // a draft spec: MODE[@WINDOW+SINKS]/vN
+    int64_t gamma;
+  };
+  for (const Case& c : {Case{"w4a8/v4096", 4}, Case{"w4a4-nvfp4/v8192", 3}, Case{"w4a16@32+4/v16384", 2},
+                        Case{"w4a8/v16384", 3}}) {
+    SCOPED_TRACE(c.draft);
+    qspec::EngineOptions options;
+    options.max_batch_size = 4;
+    qspec::Engine engine(*model, tokenizer.get(), options);
+    std::vector<std::vector<int32_t>> outputs(prompts.size());
+    size_t finished = 0;
+    qspec::QSpecMetrics totals;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      qspec::Request request;
+      request.prompt = prompts[i];
+      request.max_new_tokens = kMaxTokens;
+      request.plan.mode = "qspec";
+      qspec::set_draft_spec(request.plan, c.draft);
+      request.plan.gamma = c.gamma;
+      engine.submit(request, [&, i](const qspec::TokenEvent& event) {
+        outputs[i].insert(outputs[i].end(), event.tokens.begin(), event.tokens.end());
+        if (event.finished) {
+          EXPECT_NE(event.finish_reason, "error") << event.error;
+          totals.add(event.metrics->qspec);
+          ++finished;
+        }
+      });
+    }
+    for (int64_t step = 0; finished < prompts.size(); ++step) {
+      ASSERT_LT(step, 4 * kMaxTokens) << "the requests did not finish";
+      engine.step();
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(outputs[i], references[i]) << "prompt " << i;
+    std::printf("SmolLM2 %s gamma %lld: acceptance %lld/%lld = %.1f%%\n", c.draft.c_str(),
+                static_cast<long long>(c.gamma), static_cast<long long>(totals.accepted),
+                static_cast<long long>(totals.drafted), 100.0 * totals.acceptance_rate());
+    EXPECT_GT(totals.accepted, totals.drafted / 4) << "the subset's drafts are mostly refused";
+  }
 }

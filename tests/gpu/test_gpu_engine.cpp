@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_model_fixture.h"
+#include "model/draft_vocab.h"
 #include "model/llama.h"
 #include "model/quantize.h"
 #include "ops/cuda/device.h"
@@ -23,6 +24,7 @@
 #include "qspec/error.h"
 #include "runtime/qspec.h"
 #include "runtime/qspec_costs.h"
+#include "tokenizer/calibration_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -199,20 +201,26 @@ class GpuEngineDrafts : public testing::TestWithParam<const char*> {};
 // QSpec output is W4A16's, token for token.
 // A parameter "MODE@W+S" drafts in MODE with a sparse view of the cache: the last W positions
 // and S sinks (DecodePlan::draft_window / draft_sinks).
+// A parameter ".../vN" scores only the N most frequent ids of a draft vocabulary table made from
+// the model's calibration text (DecodePlan::draft_vocab; the GPU's subset GEMM and scatter).
 TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
   const std::string param = GetParam();
-  const size_t at = param.find('@');
-  const std::string draft = param.substr(0, at);
-  int64_t window = 0, sinks = 0;
-  if (at != std::string::npos) {
-    const size_t plus = param.find('+', at);
-    window = std::stoll(param.substr(at + 1, plus - at - 1));
-    sinks = std::stoll(param.substr(plus + 1));
-  }
+  qspec::DecodePlan spec;
+  qspec::set_draft_spec(spec, param);
+  const std::string draft = spec.draft;
+  const int64_t window = spec.draft_window, sinks = spec.draft_window > 0 ? spec.draft_sinks : 0;
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   auto model = qspec::LlamaModel::load(kModelDir);
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
   model->quantize_weights(qspec::quant::Format::int4);
+  if (spec.draft_vocab > 0) {
+    const qspec::CalibrationSet text = qspec::load_calibration_text(
+        QSPEC_SOURCE_DIR "/data/calibration/gsm-synth-self.txt", *tokenizer, 1 << 20, 512);
+    const std::vector<int32_t> ranked =
+        qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, tokenizer->eos_ids);
+    model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()),
+                                                         {text.source}, text.tokens));
+  }
   const Reference reference = load_reference(*tokenizer, 24);
   std::vector<std::vector<int32_t>> references = reference.outputs;
   std::vector<qspec::Request> requests;
@@ -225,6 +233,7 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
     request.plan.verify = "w4a16";
     request.plan.draft_window = window;
     request.plan.draft_sinks = sinks;
+    request.plan.draft_vocab = spec.draft_vocab;
     request.plan.gamma = 1 + static_cast<int64_t>(i % 6);
     request.plan.adaptive_gamma = i % 5 == 4;
     request.plan.max_gamma = 8;
@@ -260,11 +269,12 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
 
 INSTANTIATE_TEST_SUITE_P(DraftModes, GpuEngineDrafts,
                          testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram",
-                                         "w4a16@24+4", "w4a8@40+16"),
+                                         "w4a16@24+4", "w4a8@40+16", "w4a8/v128", "w4a4-nvfp4/v256",
+                                         "w4a16@24+4/v96"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& ch : name)
-                             if (ch == '-' || ch == '@' || ch == '+') ch = '_';
+                             if (ch == '-' || ch == '@' || ch == '+' || ch == '/') ch = '_';
                            return name;
                          });
 

@@ -24,6 +24,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "ops/quantized_linear.h"
@@ -405,6 +406,41 @@ TEST_F(Gpu, ArgmaxPicksTheLowestIdOnTies) {
       const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
       EXPECT_EQ(ids[r], qspec::Sampler::argmax(row)) << shape_name({rows, vocab}) << " row " << r;
       EXPECT_EQ(ids16[r], qspec::Sampler::argmax(row)) << "f16 " << shape_name({rows, vocab}) << " row " << r;
+    }
+  }
+}
+
+// A draft's vocabulary-subset logits scattered to whole rows (QSpec draft_vocab) against the CPU
+// twin on the same f16 values: exact (a copy and a fill), every entry of every row, with ids in
+// a random order (a frequency ranking is no order of ids); and the argmax of the scattered rows
+// is the subset's argmax mapped back to its id.
+TEST_F(Gpu, ScatterSubsetLogitsEqualsItsCpuTwin) {
+  for (auto [rows, n, vocab] : {std::tuple{1, 64, 477}, {5, 477, 477}, {17, 4096, 49152}, {3, 16384, 128256}}) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng());
+    ids.resize(static_cast<size_t>(n));
+    const std::vector<float> subset = random_f16_values(static_cast<size_t>(rows * n), 4.0f);
+    std::vector<float> want(static_cast<size_t>(rows * vocab));
+    qspec::cpu::scatter_subset_logits(subset.data(), rows, n, ids.data(), vocab, want.data());
+    auto d_subset = upload(to_f16(subset));
+    auto d_ids = upload(ids);
+    auto d_out = poisoned(static_cast<size_t>(rows * vocab) * 2);
+    auto d_argmax = poisoned(static_cast<size_t>(rows) * 4);
+    cuda::scatter_subset_logits(d_subset.as<f16>(), rows, n, d_ids.as<int32_t>(), vocab, d_out.as<f16>(), nullptr);
+    cuda::argmax_f16(d_out.as<f16>(), rows, vocab, d_argmax.as<int32_t>(), nullptr);
+    const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(rows * vocab)));
+    const std::vector<int32_t> argmax = download<int32_t>(d_argmax, static_cast<size_t>(rows));
+    size_t differing = 0;
+    for (size_t i = 0; i < got.size(); ++i) differing += got[i] != want[i];
+    EXPECT_EQ(differing, 0u) << shape_name({rows, n, vocab});
+    for (int r = 0; r < rows; ++r) {
+      const float* row = subset.data() + static_cast<size_t>(r) * n;
+      const int64_t best = std::max_element(row, row + n) - row;  // first maximum: a tie goes to the lower id below
+      int32_t mapped = ids[static_cast<size_t>(best)];
+      for (int64_t j = 0; j < n; ++j)
+        if (row[j] == row[best]) mapped = std::min(mapped, ids[static_cast<size_t>(j)]);
+      EXPECT_EQ(argmax[r], mapped) << shape_name({rows, n, vocab}) << " row " << r;
     }
   }
 }

@@ -242,3 +242,50 @@ TEST(DecodePlan, AutoModeIsQSpecWithThePlannerOnFourBitWeightsElseW16A16) {
   EXPECT_NE(qspec::resolve_auto_mode(ngram, true).find("draft ngram"), std::string::npos);
   EXPECT_TRUE(ngram.ngram_draft());
 }
+
+// A draft's vocabulary subset (draft_vocab): 0 or kMinDraftVocab.., on a drafting mode (which
+// may then be the verify's own), composable with a window; never on n-gram or auto drafts.
+TEST(DecodePlan, VocabularySubsetDraftsCheckTheirSize) {
+  DecodePlan p = qspec_plan();
+  EXPECT_EQ(p.draft_vocab, 0);
+  p.draft = "w4a16";
+  EXPECT_EQ(broken_field(p), "draft");
+  p.draft_vocab = 4096;
+  EXPECT_EQ(broken_field(p), "");  // the subset alone is a diet: the verify's mode may draft
+  p.draft_window = 256;
+  EXPECT_EQ(broken_field(p), "");
+  p.draft = "w4a4-nvfp4";
+  EXPECT_EQ(broken_field(p), "");
+  p.draft_vocab = rules::kMinDraftVocab - 1;
+  EXPECT_EQ(broken_field(p), "draft_vocab");
+  p.draft_vocab = -1;
+  EXPECT_EQ(broken_field(p), "draft_vocab");
+  p.draft_vocab = rules::kMinDraftVocab;
+  EXPECT_EQ(broken_field(p), "");
+  p.draft_window = 0;
+  p.draft = std::string(rules::kNgramDraft);
+  EXPECT_EQ(broken_field(p), "draft_vocab");
+  p.draft = std::string(rules::kAutoDraft);
+  EXPECT_EQ(broken_field(p), "draft_vocab");
+}
+
+// "/vN" after a mode or a window names the subset; it spells back the same way.
+TEST(DecodePlan, VocabularySubsetDraftSpecsRoundTripAndRefuseBadSyntax) {
+  DecodePlan p = qspec_plan();
+  qspec::set_draft_spec(p, "w4a8/v8192");
+  EXPECT_EQ(p.draft, "w4a8");
+  EXPECT_EQ(p.draft_vocab, 8192);
+  EXPECT_EQ(p.draft_window, 0);
+  EXPECT_EQ(qspec::draft_spec(p), "w4a8/v8192");
+  qspec::set_draft_spec(p, "w4a16@256/v4096");
+  EXPECT_EQ(p.draft, "w4a16");
+  EXPECT_EQ(p.draft_window, 256);
+  EXPECT_EQ(p.draft_sinks, rules::kDefaultDraftSinks);
+  EXPECT_EQ(p.draft_vocab, 4096);
+  EXPECT_EQ(qspec::draft_spec(p), "w4a16@256+16/v4096");
+  EXPECT_EQ(broken_field(p), "");
+  qspec::set_draft_spec(p, "w4a8");  // a spec without the suffix clears an earlier subset
+  EXPECT_EQ(p.draft_vocab, 0);
+  for (const char* bad : {"w4a8/v", "w4a8/vx", "w4a8/v-5", "w4a8/v12k", "w4a16@64/v"})
+    EXPECT_THROW(qspec::set_draft_spec(p, bad), qspec::DecodePlanError) << bad;
+}

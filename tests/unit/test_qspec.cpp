@@ -11,7 +11,9 @@
 #include <map>
 #include <random>
 
+#include "model/draft_vocab.h"
 #include "model/llama.h"
+#include "qspec/decode_plan.h"
 #include "qspec/error.h"
 #include "runtime/generate.h"
 #include "runtime/qspec.h"
@@ -220,9 +222,22 @@ TEST(QSpec, MetricsAreConsistent) {
 // Rejection sampling: with temperature > 0 the second token (drafted in w4a4-int4, then
 // accepted, or replaced from norm(max(0, p - q))) must follow the W4A16 distribution
 // sum_t0 p(t0) p(t1 | t0). Chi-square over 6000 fixed seeds on a tiny 96-token model.
-TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
+// The rejection-sampling test with drafts in `draft_mode`, scoring only the first `vocab_subset`
+// ids of a draft vocabulary table when > 0 (the even ids first, then the odd: much of each
+// distribution's mass lies outside a subset of two thirds of the vocabulary, so the residual
+// draws those tokens).
+static void expect_rejection_sampling_keeps_the_verify_distribution(const std::string& draft_mode,
+                                                                     int64_t vocab_subset) {
   auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
   model->quantize_weights(qspec::quant::Format::int4);
+  std::vector<bool> in_subset(static_cast<size_t>(model->config().vocab_size), vocab_subset == 0);
+  if (vocab_subset > 0) {
+    std::vector<int32_t> ranked;
+    for (int32_t parity : {0, 1})
+      for (int32_t id = parity; id < model->config().vocab_size; id += 2) ranked.push_back(id);
+    model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()), {}, 0));
+    for (int64_t j = 0; j < vocab_subset; ++j) in_subset[static_cast<size_t>(ranked[static_cast<size_t>(j)])] = true;
+  }
   auto make_mode = [&](const std::string& name) {
     qspec::RunMode m = qspec::parse_run_mode(name);
     m.activations.group_size = model->auto_group_size();
@@ -237,7 +252,8 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
   options.max_new_tokens = 3;  // the first token, then one cycle drafting one token
   options.sampling = sampling;
   qspec::QSpecOptions q;
-  q.draft = make_mode("w4a4-int4");
+  q.draft = make_mode(draft_mode);
+  q.draft.vocab_subset = vocab_subset;
   q.verify = make_mode("w4a16");
   q.gamma = 3;
 
@@ -261,6 +277,8 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
     model->forward(context, draft_cache, logits, false, q.draft);
     const std::vector<float> draft_second = sampler.probabilities(logits, context);
     for (int32_t t1 = 0; t1 < vocab; ++t1) {
+      // A subset draft's distribution is zero off the subset.
+      if (!in_subset[static_cast<size_t>(t1)]) EXPECT_EQ(draft_second[t1], 0.0f) << t1;
       expected[t1] += static_cast<double>(first[t0]) * second[t1];
       total_variation += 0.5 * first[t0] * std::fabs(second[t1] - draft_second[t1]);
     }
@@ -330,6 +348,20 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
   std::printf("2%% shifted: chi2 %.2f (critical %.2f)\n", shifted_chi2, shifted_critical);
   std::printf("chi2 %.2f (df %.0f, critical %.2f), rejected %lld/%d, draft TV %.3f\n", chi2, df, critical,
               static_cast<long long>(rejected), runs, total_variation);
+}
+
+TEST(QSpec, RejectionSamplingKeepsTheVerifyDistribution) {
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a4-int4", 0);
+}
+
+// A draft that scores only a vocabulary subset (draft_vocab): its distribution is the softmax
+// over the subset, zero elsewhere; tokens outside it come from the residual. Still exact, in the
+// verify's own mode (the subset is the only difference) and in a low-precision one.
+TEST(QSpec, RejectionSamplingKeepsTheVerifyDistributionWithAVocabularySubsetDraft) {
+  auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
+  ASSERT_GT(model->config().vocab_size, qspec::decode_rules::kMinDraftVocab);  // a proper subset
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a16", qspec::decode_rules::kMinDraftVocab);
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a4-int4", qspec::decode_rules::kMinDraftVocab);
 }
 
 // Greedy acceptance from argmax ids (the GPU engine's) is accept() on the logit rows those ids

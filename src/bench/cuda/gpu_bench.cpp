@@ -1,6 +1,7 @@
 #include "bench/cuda/gpu_bench.h"
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -265,7 +266,8 @@ struct AcceptTrace {
   }
 };
 
-// A --qspec-drafts entry (set_draft_spec's "MODE" or "MODE@WINDOW[+SINKS]") as the run mode the
+// A --qspec-drafts entry (set_draft_spec's "MODE" or "MODE@WINDOW[+SINKS]", each with an optional
+// "/vN" vocabulary subset) as the run mode the
 // engine gives its draft passes; the plan's rules checked as a request's are.
 RunMode bench_draft_mode(const std::string& spec) {
   DecodePlan plan;
@@ -281,6 +283,7 @@ RunMode bench_draft_mode(const std::string& spec) {
   RunMode mode = parse_run_mode(plan.draft);
   mode.kv_window = plan.draft_window;
   mode.kv_sinks = plan.draft_view_sinks();
+  mode.vocab_subset = plan.draft_vocab;
   return mode;
 }
 
@@ -293,6 +296,15 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
   const std::unique_ptr<Backend> backend = make_cuda_backend(gpu, verify_mode);
   for (const std::string& draft_spelling : options.qspec_drafts) {
     const RunMode draft_mode = bench_draft_mode(draft_spelling);
+    if (draft_mode.vocab_subset > 0) {
+      // Random weights have no token frequencies: the first N ids stand for the table's N most
+      // frequent (the speed is the same; only N rows are read).
+      QSPEC_CHECK(draft_mode.vocab_subset <= config.vocab_size, "bench: --qspec-drafts ", draft_spelling,
+                  ": a subset of ", draft_mode.vocab_subset, " ids exceeds the vocabulary (", config.vocab_size, ")");
+      std::vector<int32_t> ids(static_cast<size_t>(draft_mode.vocab_subset));
+      std::iota(ids.begin(), ids.end(), 0);
+      gpu.set_draft_vocab(ids);
+    }
     // The canonical spelling (w4a16@256 -> w4a16@256+16): records and trace lookups name it so,
     // as `eval qspec` does.
     DecodePlan spelled;
@@ -417,6 +429,7 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
   }
   gpu.set_activations(GpuActivations::f16);
   gpu.set_kv_view(0, 0);
+  gpu.set_vocab_subset(0);
   return out;
 }
 

@@ -248,6 +248,12 @@ struct GpuLlama::State {
   GpuActivations activations = GpuActivations::f16;
   // The attention's view of the cache in the following steps (GpuLlama::set_kv_view).
   int64_t kv_window = 0, kv_sinks = 0;
+  // The lm_head's vocabulary subset in the following steps (GpuLlama::set_vocab_subset; 0: all of
+  // it), over draft_head: the lm_head rows of the draft vocabulary's ids (set_draft_vocab), f16
+  // [draft_ids rows, hidden] like the lm_head, scored into subset_logits [max_logit_rows, rows].
+  int64_t vocab_subset = 0;
+  DeviceMemory draft_head, draft_ids, subset_logits;
+  int64_t draft_rows = 0;
   std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true, verify_graphs = false;
@@ -287,7 +293,8 @@ struct GpuLlama::State {
   DeviceMemory sample_params, sample_penalty_ids, sample_ids;
   // (batch, context bucket, whether run r is sequence r, activations, kv view): graphs read the
   // block tables there.
-  using KvViewKey = std::pair<int64_t, int64_t>;
+  // A draft's diet: its KV view (window, sinks) and its vocabulary subset.
+  using KvViewKey = std::tuple<int64_t, int64_t, int64_t>;
   std::map<std::tuple<int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> decode_graphs;
   // (runs, tokens a run, context bucket, whether run r is sequence r, activations, kv view): verify steps.
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> verify_graphs_by_shape;
@@ -498,7 +505,7 @@ struct GpuLlama::State {
       return;
     }
     const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    auto key = std::make_tuple(runs, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks});
+    auto key = std::make_tuple(runs, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset});
     auto found = decode_graphs.find(key);
     if (found == decode_graphs.end()) {
       cuda::Graph graph =
@@ -519,7 +526,7 @@ struct GpuLlama::State {
       return;
     }
     const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks});
+    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset});
     auto found = verify_graphs_by_shape.find(key);
     if (found == verify_graphs_by_shape.end()) {
       cuda::Graph graph = cuda::Graph::capture(
@@ -923,7 +930,17 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     cuda::embedding(input_logit_rows(), logit_rows, norm_out, tokens, hidden, gathered.as<f16_bits>(), stream);
     rows = gathered.as<f16_bits>();
   }
-  gemm(lm_head, rows, logit_rows, logits.as<f16_bits>());
+  if (vocab_subset > 0) {
+    // A draft's vocabulary subset: the first vocab_subset rows of the draft head (the most
+    // frequent ids), scattered into whole rows with -inf elsewhere, so the argmax, the sampler
+    // and the host's logits see the subset's softmax (cuda::scatter_subset_logits).
+    cuda::linear_w16(*blas, rows, logit_rows, hidden, draft_head.as<uint16_t>(), vocab_subset,
+                     subset_logits.as<f16_bits>(), cuda::Dtype16::f16, stream);
+    cuda::scatter_subset_logits(subset_logits.as<f16_bits>(), logit_rows, vocab_subset, draft_ids.as<int32_t>(),
+                                c.vocab_size, logits.as<f16_bits>(), stream);
+  } else {
+    gemm(lm_head, rows, logit_rows, logits.as<f16_bits>());
+  }
   cuda::argmax_f16(logits.as<f16_bits>(), logit_rows, c.vocab_size, out_ids.as<int32_t>(), stream);
 }
 
@@ -1208,6 +1225,42 @@ void GpuLlama::set_kv_view(int64_t window, int64_t sinks) {
               " sinks ", sinks, " (sinks need a window)");
   state_->kv_window = window;
   state_->kv_sinks = window > 0 ? sinks : 0;
+}
+
+void GpuLlama::set_draft_vocab(std::span<const int32_t> ids) {
+  State& s = *state_;
+  const ModelConfig& c = s.config;
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  QSPEC_CHECK(rows >= 1 && rows <= c.vocab_size, "GPU model: a draft vocabulary of ", rows, " ids outside 1..",
+              c.vocab_size);
+  std::vector<bool> seen(static_cast<size_t>(c.vocab_size), false);
+  for (int32_t id : ids) {
+    QSPEC_CHECK(id >= 0 && id < c.vocab_size && !seen[static_cast<size_t>(id)], "GPU model: draft vocabulary id ", id,
+                " is outside [0, ", c.vocab_size, ") or repeated");
+    seen[static_cast<size_t>(id)] = true;
+  }
+  QSPEC_CHECK(!s.lm_head.quantized, "GPU model: the lm_head is not f16");
+  s.vocab_subset = 0;
+  s.draft_ids = upload(std::vector<int32_t>(ids.begin(), ids.end()), "draft vocabulary ids");
+  // The rows gathered on the device from the lm_head itself (the embedding gather, with the
+  // lm_head as its table): the same f16 values, for real and synthetic weights alike.
+  s.draft_head = allocate(static_cast<size_t>(rows * c.hidden_size) * 2, "draft lm_head");
+  cuda::embedding(s.draft_ids.as<int32_t>(), rows, s.lm_head.w16.as<f16_bits>(), c.vocab_size, c.hidden_size,
+                  s.draft_head.as<f16_bits>(), s.stream);
+  s.subset_logits = allocate(static_cast<size_t>(s.max_logit_rows * rows) * 2, "draft subset logits");
+  cuda::stream_synchronize(s.stream);
+  s.draft_rows = rows;
+  // Captured graphs read the old buffers.
+  s.decode_graphs.clear();
+  s.verify_graphs_by_shape.clear();
+}
+
+int64_t GpuLlama::draft_vocab_rows() const { return state_->draft_rows; }
+
+void GpuLlama::set_vocab_subset(int64_t n) {
+  QSPEC_CHECK(n >= 0 && n <= state_->draft_rows, "GPU model: a vocabulary subset of ", n, " ids, but the draft "
+              "vocabulary holds ", state_->draft_rows, " (GpuLlama::set_draft_vocab)");
+  state_->vocab_subset = n;
 }
 
 int64_t GpuLlama::length(int64_t seq) const {

@@ -148,6 +148,13 @@ class GpuLlama {
   // The attention's view of the cache in the following steps (a QSpec draft's sparse view,
   // RunMode::kv_window / kv_sinks; 0: the whole cache). Decode graphs are kept per view.
   void set_kv_view(int64_t window, int64_t sinks);
+  // A QSpec draft's vocabulary subset (RunMode::vocab_subset): set_draft_vocab copies the lm_head
+  // rows of `ids` (the draft vocabulary table's ranking, most frequent first) on the device;
+  // set_vocab_subset(n) makes the following steps score the first n of them only, every other
+  // logit -inf (0: the whole lm_head). Decode graphs are kept per subset.
+  void set_draft_vocab(std::span<const int32_t> ids);
+  int64_t draft_vocab_rows() const;
+  void set_vocab_subset(int64_t n);
 
   // Replaces the GEMM policy map (GpuLlamaOptions::gemm_policy; null = built-in crossovers):
   // captured graphs are dropped, Bitwise's bit-plane weight copies made or freed. Throws for a

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -31,6 +32,15 @@ void Sampler::check(const SamplingParams& params) {
   for (const auto& [id, bias] : params.logit_bias)
     QSPEC_CHECK(id >= 0 && std::isfinite(bias) && std::abs(bias) <= kMaxLogitBias, "logit_bias: id ", id,
                 " must be >= 0 with a bias in [-", kMaxLogitBias, ", ", kMaxLogitBias, "], got ", bias);
+}
+
+void cpu::scatter_subset_logits(const float* subset, int64_t rows, int64_t n, const int32_t* ids, int64_t vocab,
+                                float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = out + r * vocab;
+    std::fill(row, row + vocab, -std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; ++j) row[ids[j]] = subset[r * n + j];
+  }
 }
 
 uint64_t Sampler::random_seed() {

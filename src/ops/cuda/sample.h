@@ -16,6 +16,13 @@ namespace qspec::cuda {
 void argmax_f32(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
 void argmax_f16(const f16_bits* logits, int64_t rows, int64_t vocab, int32_t* ids, void* stream);
 
+// out[r, ids[j]] = subset[r, j] for j < n, every other entry of out [rows, vocab] -inf (f16): a
+// QSpec draft's vocabulary-subset logits as whole rows, so argmax_f16 and sample_logits_f16 see
+// the softmax over the subset (cpu::scatter_subset_logits is the CPU twin). ids: distinct, in
+// [0, vocab), device. One block a row.
+void scatter_subset_logits(const f16_bits* subset, int64_t rows, int64_t n, const int32_t* ids, int64_t vocab,
+                           f16_bits* out, void* stream);
+
 // Sampling on the device: one logit row's parameters (SamplingParams as plain numbers, plus the
 // request generator's uniform draw in [0, 1), Sampler::next_draw).
 struct SampleRowParams {

@@ -20,7 +20,7 @@ namespace {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const LlamaModel& model, const RunMode& mode, const EngineOptions& options, int64_t context_limit)
-      : mode_(mode), target_(gpu_activations(mode)) {
+      : mode_(mode), target_(gpu_activations(mode)), draft_vocab_(model.draft_vocab()) {
     GpuLlamaOptions gpu_options;
     gpu_options.max_seqs = options.max_batch_size;
     gpu_options.max_context = context_limit;
@@ -118,6 +118,15 @@ class CudaBackend final : public Backend {
     const GpuActivations activations = mode.name == mode_.name ? target_ : gpu_activations(mode);
     if (gpu_->activations() != activations) gpu_->set_activations(activations);
     gpu_->set_kv_view(mode.kv_window, mode.kv_sinks);
+    if (mode.vocab_subset > gpu_->draft_vocab_rows()) {
+      // The model's draft vocabulary table on the device, on the first draft that asks for it
+      // (a model built elsewhere brings its own, GpuLlama::set_draft_vocab).
+      QSPEC_CHECK(draft_vocab_ && static_cast<int64_t>(draft_vocab_->ids.size()) >= mode.vocab_subset,
+                  "request: draft_vocab ", mode.vocab_subset, ": the GPU model has no draft vocabulary table that "
+                  "holds it");
+      gpu_->set_draft_vocab(draft_vocab_->ids);
+    }
+    gpu_->set_vocab_subset(mode.vocab_subset);
   }
 
   // Each run in its sequence's slot, the slot's rows past the run's base forgotten (a preempted
@@ -149,6 +158,7 @@ class CudaBackend final : public Backend {
 
   RunMode mode_;
   GpuActivations target_;
+  const DraftVocabTable* draft_vocab_ = nullptr;  // the model's, for drafts with a vocabulary subset
   std::unique_ptr<GpuLlama> owned_;  // null when the caller owns the model
   GpuLlama* gpu_ = nullptr;
   std::vector<uint64_t> slot_owner_;  // the sequence in each cache slot; 0: free
