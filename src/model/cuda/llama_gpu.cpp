@@ -212,6 +212,9 @@ Linear make_synthetic_arc_linear(int64_t n, const ArcSite& site, uint64_t seed, 
 
 struct Layer {
   DeviceMemory attention_norm, mlp_norm;  // f32
+  // What rope_kv_write (or the decode attention) does to the qkv rows before RoPE, f32 where the
+  // model has them: q|k|v biases (Qwen2), per-head q and k norms (Qwen3).
+  DeviceMemory qkv_bias, q_norm, k_norm;
   Linear qkv, o, gate_up, down;
 };
 
@@ -248,7 +251,6 @@ struct GpuLlama::State {
   GpuActivations activations = GpuActivations::f16;
   // The attention's view of the cache in the following steps (GpuLlama::set_kv_view).
   int64_t kv_window = 0, kv_sinks = 0;
-  std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true, verify_graphs = false;
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
@@ -475,6 +477,15 @@ struct GpuLlama::State {
     return w4_gemm_swiglu_epilogue(gemm_policy.get(), gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
   }
 
+  // The layer's biases and q/k norms as the RoPE step takes them (none: an empty prologue).
+  cuda::QkvPrologue prologue(const Layer& layer) const {
+    cuda::QkvPrologue p;
+    p.bias = layer.qkv_bias.as<float>();
+    p.q_norm = layer.q_norm.as<float>();
+    p.k_norm = layer.k_norm.as<float>();
+    p.eps = static_cast<float>(config.rms_norm_eps);
+    return p;
+  }
   // The constructor's mode: weights, first activation precision, int4 activation group.
   void set_mode(const RunMode& mode) {
     quantized = mode.quantized_weights;
@@ -712,8 +723,9 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   QSPEC_CHECK(uniform_layers, "GPU model: ", c.architecture_name, ": per-layer sliding windows / RoPE bases, "
               "query_pre_attn_scalar and final_logit_softcapping are not on the GPU yet; run it with --device cpu");
   check_supported(c, mode);
-  QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
-              "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
+  // q/k/v biases (Qwen2) are on the GPU (the RoPE step adds them); o_proj and MLP biases are not.
+  QSPEC_CHECK(!c.attention_output_bias && !c.mlp_bias, "GPU model: ", c.architecture_name,
+              ": o_proj / MLP biases (Llama attention_bias, mlp_bias) are not on the GPU yet; run it with --device cpu");
   QSPEC_CHECK(!model.rotated(), "GPU model: Hadamard-rotated models are not on the GPU yet");
   QSPEC_CHECK(options.max_context <= c.max_position_embeddings, "GPU model: max_context ", options.max_context,
               " outside 1..", c.max_position_embeddings);
@@ -754,6 +766,16 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
     Layer layer;
     layer.attention_norm = upload(w.attention_norm, "layer norm");
     layer.mlp_norm = upload(w.mlp_norm, "layer norm");
+    if (c.attention_bias) {
+      std::vector<float> bias = w.q_bias;
+      bias.insert(bias.end(), w.k_bias.begin(), w.k_bias.end());
+      bias.insert(bias.end(), w.v_bias.begin(), w.v_bias.end());
+      layer.qkv_bias = upload(bias, "qkv biases");
+    }
+    if (recipe.qk_norm) {
+      layer.q_norm = upload(w.q_norm, "q norm");
+      layer.k_norm = upload(w.k_norm, "k norm");
+    }
     if (s.quantized) {
       const QuantizedLayerWeights& qw = model.quantized_layers()[static_cast<size_t>(l)];
       auto site = [&](LinearSite s) -> const ArcSite& { return qw.sites[static_cast<int>(s)]; };
@@ -793,8 +815,9 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   State& s = *gpu->state_;
   s.config = c;
   s.set_mode(mode);
-  if (c.attention_bias || c.attention_output_bias || c.mlp_bias)
-    s.model_note = "synthetic: linear biases omitted (a few vectors; the GPU path has no bias add yet)";
+  QSPEC_CHECK(!c.attention_output_bias && !c.mlp_bias, "GPU model: synthetic ", c.architecture_name,
+              ": o_proj / MLP biases are not on the GPU yet");
+  QSPEC_CHECK(!c.recipe().qk_norm, "GPU model: synthetic models have no q/k norms");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
   const cuda::MemoryInfo memory = cuda::memory_info();
   QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
@@ -817,6 +840,13 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
     Layer layer;
     layer.attention_norm = upload(ones, "layer norm");
     layer.mlp_norm = upload(ones, "layer norm");
+    if (c.attention_bias) {  // q/k/v biases (qwen2.5-7b), so a benchmark step pays for them
+      std::vector<float> bias(static_cast<size_t>(c.q_dim() + 2 * c.kv_dim()));
+      std::mt19937_64 random(layer_seed + 9);
+      std::uniform_real_distribution<float> uniform(-0.5f, 0.5f);
+      for (float& b : bias) b = uniform(random);
+      layer.qkv_bias = upload(bias, "synthetic qkv biases");
+    }
     if (s.quantized && options.synthetic_arc_channels > 0) {
       // One calibration a site, shared by the projections it feeds (qkv, gate_up), as in a checkpoint.
       const int64_t arc = options.synthetic_arc_channels, group = 128;
@@ -887,13 +917,15 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
     // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
     // one launch in decode steps, two in the others.
+    // The q/k/v biases and q/k norms go in the same launch as RoPE (cuda::QkvPrologue).
+    const cuda::QkvPrologue qkv_prologue = prologue(layer);
     if (decode) {
       cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq.as<float>(), rope_scaling,
                                         kv, shape, attn_out, q_dim, attention_workspace.get(),
-                                        attention_workspace_bytes, stream);
+                                        attention_workspace_bytes, stream, qkv_prologue);
     } else {
       cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
-                          rope_scaling, kv, stream);
+                          rope_scaling, kv, stream, qkv_prologue);
       cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
                                     attention_workspace_bytes, stream);
     }

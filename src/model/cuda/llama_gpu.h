@@ -17,9 +17,12 @@
 // ARC-calibrated checkpoints run in every mode: each projection's input is reordered into its
 // augmented width (ops.h gather_columns), and the *-arc modes quantize the outlier channels'
 // residuals into the augmented columns (ops.h quantize_activations), as LlamaModel::site_input.
-// Scope: no biases, no Hadamard rotation (each
-// rejected at construction with a qspec::Error naming it). Synthetic models (random weights
-// drawn on the GPU, for benchmarks at full-size shapes) may omit q/k/v biases: they say so.
+// Families (io/model_config.h LayerRecipe): Llama, Mistral, Qwen2 (q/k/v biases, added in the
+// RoPE step: cuda::QkvPrologue) and Qwen3 (per-head q/k RMSNorm, there too). Refused at
+// construction with a qspec::Error naming what is missing: o_proj / MLP biases, Hadamard
+// rotation, Gemma 3 ((1 + w) and output norms, GeGLU, scaled embeddings, per-layer windows and
+// RoPE, query_pre_attn_scalar, logit softcapping). Synthetic models (random weights drawn on the
+// GPU, for benchmarks at full-size shapes) carry random q/k/v biases where the shapes' family has them.
 #pragma once
 #include <cstdint>
 #include <memory>
