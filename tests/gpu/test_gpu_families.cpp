@@ -147,7 +147,7 @@ TEST_P(GpuFamilies, EveryActivationModeRunsNearTheCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GpuFamilies, testing::Values(Family::qwen2), family_test_name);
+INSTANTIATE_TEST_SUITE_P(Families, GpuFamilies, testing::Values(Family::qwen2, Family::qwen3), family_test_name);
 
 // An ARC-calibrated Qwen2 (reordered inputs, augmented columns) runs W4A16 and the ARC modes
 // with its biases: logits near the CPU's in each.
@@ -270,7 +270,7 @@ TEST_P(GpuFamilyDrafts, GreedyQSpecEqualsW4A16OnTheGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, GpuFamilyDrafts,
-                         testing::Combine(testing::Values(Family::qwen2),
+                         testing::Combine(testing::Values(Family::qwen2, Family::qwen3),
                                           testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4",
                                                           "ngram", "w4a16@24+4", "w4a8@40+16")),
                          [](const testing::TestParamInfo<DraftCase>& info) {

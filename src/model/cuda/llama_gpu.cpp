@@ -712,8 +712,6 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   const ModelConfig& c = model.config();
   // The CPU-only parts of the layer recipes (io/model_config.h), named so the user knows what is missing.
   const LayerRecipe recipe = c.recipe();
-  QSPEC_CHECK(!recipe.qk_norm, "GPU model: ", c.architecture_name,
-              ": the per-head q/k RMSNorm (Qwen3, Gemma 3) is not on the GPU yet; run it with --device cpu");
   QSPEC_CHECK(!recipe.norm_adds_one && !recipe.output_norms && !recipe.scale_embeddings &&
                   recipe.activation == MlpActivation::silu,
               "GPU model: ", c.architecture_name, ": Gemma's (1 + w) norms, output norms, scaled embeddings and "
