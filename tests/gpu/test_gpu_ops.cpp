@@ -337,6 +337,58 @@ TEST_F(Gpu, SiluMulMatchesCpuFusedAndSeparate) {
   }
 }
 
+// GeGLU (Gemma's MLP): gelu_tanh(gate) * up against cpu::gelu_tanh_mul, fused rows and separate
+// tensors, vectorized and scalar shapes, strided output with its padding untouched.
+TEST_F(Gpu, GeluTanhMulMatchesCpu) {
+  for (auto [rows, cols] : {std::pair{1, 8}, {3, 13}, {19, 704}, {4, 14336}}) {
+    for (bool fused : {true, false}) {
+      const int64_t stride = fused ? 2 * cols : cols;
+      const std::vector<float> gu = random_f16_values(static_cast<size_t>(rows * 2 * cols), 2.0f);
+      auto d_gu = upload(to_f16(gu));
+      const f16* gate = d_gu.as<f16>();
+      const f16* up = fused ? gate + cols : gate + rows * cols;
+      const int64_t out_stride = cols + (cols % 8 == 0 ? 8 : 1);
+      auto d_out = poisoned(static_cast<size_t>(rows * out_stride) * 2);
+      cuda::gelu_tanh_mul(gate, up, rows, cols, stride, d_out.as<f16>(), nullptr, cuda::NextKernel::other, out_stride);
+      std::vector<float> g(static_cast<size_t>(rows * cols)), u(g.size()), expected(g.size()), silu(g.size());
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          g[r * cols + c] = gu[fused ? r * stride + c : r * cols + c];
+          u[r * cols + c] = gu[fused ? r * stride + cols + c : rows * cols + r * cols + c];
+        }
+      qspec::cpu::gelu_tanh_mul(g.data(), u.data(), rows * cols, expected.data());
+      const std::vector<f16> out = download<f16>(d_out, static_cast<size_t>(rows * out_stride));
+      std::vector<float> got;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < out_stride; ++c) {
+          if (c < cols) got.push_back(qspec::f16_to_f32(out[r * out_stride + c]));
+          else ASSERT_EQ(out[r * out_stride + c], uint16_t{0xffff}) << "gelu_tanh_mul wrote its output's padding";
+        }
+      EXPECT_CLOSE(got, expected, 2e-3, "gelu_tanh_mul " + shape_name({rows, cols}) + (fused ? " fused" : ""));
+      // Not SiLU: the activations differ by far more than the bound.
+      qspec::cpu::silu_mul(g.data(), u.data(), rows * cols, silu.data());
+      EXPECT_GT(compare(got, silu).relative, 2e-2) << "gelu_tanh_mul computed SwiGLU";
+    }
+  }
+}
+
+// Gemma's final_logit_softcapping on f16 logits against cpu::soft_cap: in place, f32 math, one
+// rounding; large logits squeezed under the cap.
+TEST_F(Gpu, SoftCapMatchesCpu) {
+  for (int64_t count : {1, 7, 1000, 262144 + 3}) {
+    for (float cap : {30.0f, 5.0f}) {
+      std::vector<float> x = random_f16_values(static_cast<size_t>(count), 20.0f);
+      auto d_x = upload(to_f16(x));
+      cuda::soft_cap(d_x.as<f16>(), count, cap, nullptr);
+      const std::vector<float> got = from_f16(download<f16>(d_x, x.size()));
+      qspec::cpu::soft_cap(x.data(), count, cap);
+      EXPECT_CLOSE(got, x, 2e-3, "soft_cap " + std::to_string(count) + " cap " + std::to_string(cap));
+      for (float v : got) ASSERT_LE(std::fabs(v), cap) << "soft_cap left a logit above the cap";
+    }
+  }
+  EXPECT_THROW(cuda::soft_cap(nullptr, 4, 0.0f, nullptr), qspec::Error);
+}
+
 TEST_F(Gpu, AddIsExactF16OfTheF32Sum) {
   for (int64_t count : {1, 7, 8, 1000, 4099, 1 << 20}) {
     const std::vector<float> a = random_f16_values(static_cast<size_t>(count)), b = random_f16_values(a.size());
@@ -586,15 +638,18 @@ struct PagedFixture {
 struct AttentionCase {
   int64_t heads, kv_heads, head_dim, window;
   int64_t sinks = 0;  // with a window: a QSpec draft's sparse view (attention sinks + window)
+  float scale = 0.0f;  // what q.k is multiplied by (0: 1 / sqrt(head_dim); Gemma's query_pre_attn_scalar)
   qspec::cpu::AttentionShape shape() const {
     qspec::cpu::AttentionShape s{heads, kv_heads, head_dim, window};
     s.sink_tokens = sinks;
+    s.scale = scale;
     return s;
   }
 };
 std::string case_name(const AttentionCase& c) {
   return "H" + std::to_string(c.heads) + " KV" + std::to_string(c.kv_heads) + " D" + std::to_string(c.head_dim) +
-         (c.window ? " W" + std::to_string(c.window) : "") + (c.sinks ? " S" + std::to_string(c.sinks) : "");
+         (c.window ? " W" + std::to_string(c.window) : "") + (c.sinks ? " S" + std::to_string(c.sinks) : "") +
+         (c.scale > 0 ? " scale " + std::to_string(c.scale) : "");
 }
 
 }  // namespace
@@ -604,7 +659,9 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
                                             {28, 4, 128, 0},  {14, 2, 64, 0},        {9, 3, 64, 0},
                                             {16, 1, 128, 0},  {32, 8, 128, 100},     {8, 8, 32, 4096},
                                             {32, 8, 128, 256, 16}, {32, 8, 128, 100, 20}, {12, 12, 64, 64, 4},
-                                            {8, 4, 32, 200, 7}};
+                                            {8, 4, 32, 200, 7},
+                                            // Gemma 3: query_pre_attn_scalar^-1/2, a sliding layer's window
+                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
   // Every decode kernel: the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block,
@@ -925,7 +982,9 @@ TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
   };
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},  {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
                                             {9, 3, 64, 0},  {32, 8, 128, 77}, {16, 2, 64, 1000},
-                                            {32, 8, 128, 77, 16}, {16, 2, 64, 130, 5}};
+                                            {32, 8, 128, 77, 16}, {16, 2, 64, 130, 5},
+                                            // Gemma 3: query_pre_attn_scalar^-1/2, a sliding layer's window
+                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f}};
   const std::vector<std::vector<Run>> batches = {
       {{0, 1}},                              // one token, empty cache
       {{0, 17}, {40, 5}, {100, 1}},          // prefill + verify runs (gamma + 1 = 5)

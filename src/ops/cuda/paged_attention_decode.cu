@@ -128,7 +128,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.head_chunks = static_cast<int>(head_chunks);
   params.window = static_cast<int>(shape.sliding_window);
   params.sinks = static_cast<int>(shape.sink_tokens);
-  params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  params.scale_log2 = detail::attention_scale_log2(shape);
   params.split_len = static_cast<int>(split_len);
   params.splits = static_cast<int>(splits);
   params.out = reinterpret_cast<__half*>(out);
