@@ -18,11 +18,12 @@
 // augmented width (ops.h gather_columns), and the *-arc modes quantize the outlier channels'
 // residuals into the augmented columns (ops.h quantize_activations), as LlamaModel::site_input.
 // Families (io/model_config.h LayerRecipe): Llama, Mistral, Qwen2 (q/k/v biases, added in the
-// RoPE step: cuda::QkvPrologue) and Qwen3 (per-head q/k RMSNorm, there too). Refused at
-// construction with a qspec::Error naming what is missing: o_proj / MLP biases, Hadamard
-// rotation, Gemma 3 ((1 + w) and output norms, GeGLU, scaled embeddings, per-layer windows and
-// RoPE, query_pre_attn_scalar, logit softcapping). Synthetic models (random weights drawn on the
-// GPU, for benchmarks at full-size shapes) carry random q/k/v biases where the shapes' family has them.
+// RoPE step: cuda::QkvPrologue), Qwen3 (per-head q/k RMSNorm, there too) and Gemma 3 ((1 + w)
+// norms folded into the weights at load, output norms, GeGLU, embeddings scaled in the uploaded
+// table, per-layer sliding windows and RoPE, query_pre_attn_scalar, logit soft-capping).
+// Refused at construction with a qspec::Error naming what is missing: o_proj / MLP biases,
+// Hadamard rotation. Synthetic models (random weights drawn on the GPU, for benchmarks at
+// full-size shapes) carry random q/k/v biases where the shapes' family has them.
 #pragma once
 #include <cstdint>
 #include <memory>
