@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -338,3 +339,33 @@ INSTANTIATE_TEST_SUITE_P(Drafts, GpuFamilyDrafts,
                              if (ch == '-' || ch == '@' || ch == '+') ch = '_';
                            return name;
                          });
+
+// The synthetic qwen2.5-7b benchmark model carries its q/k/v biases (random, drawn from the seed),
+// so `qspec bench --synthetic qwen2.5-7b` pays for them: qwen2.5-7b-nobias (the same shapes, seed
+// and weights without biases, the A/B of their cost) gives other logits; both stay finite through
+// prefill and decode steps.
+TEST(GpuFamiliesSynthetic, Qwen25SyntheticModelCarriesItsBiases) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  const qspec::ModelConfig config = qspec::synthetic_model_config("qwen2.5-7b");
+  ASSERT_TRUE(config.attention_bias);
+  qspec::GpuLlamaOptions options;
+  options.max_seqs = 1;
+  options.max_context = 512;
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 997 % config.vocab_size);
+  auto run = [&](const qspec::ModelConfig& shapes) {
+    auto gpu = qspec::GpuLlama::synthetic(shapes, qspec::parse_run_mode("w4a16"), options, 3);
+    int32_t next = gpu->forward(prompt);
+    for (int step = 0; step < 4; ++step) next = gpu->forward(std::span<const int32_t>(&next, 1));
+    const std::vector<float> logits = gpu->logits();
+    for (float v : logits) EXPECT_TRUE(std::isfinite(v));
+    return logits;
+  };
+  const std::vector<float> with_biases = run(config);
+  const qspec::ModelConfig bias_free = qspec::synthetic_model_config("qwen2.5-7b-nobias");  // the bench's A/B
+  ASSERT_FALSE(bias_free.attention_bias);
+  ASSERT_EQ(bias_free.parameter_count() + config.num_layers * (config.q_dim() + 2 * config.kv_dim()),
+            config.parameter_count());
+  const std::vector<float> without = run(bias_free);
+  EXPECT_GT(relative_error(with_biases, without), 1e-3) << "the synthetic biases changed nothing";
+}

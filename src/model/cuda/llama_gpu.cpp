@@ -1366,6 +1366,12 @@ const SyntheticShape kSyntheticShapes[] = {
          "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
          "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
          "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},
+    // The same shapes without the q/k/v biases: what the biases cost, in an A/B of two bench runs.
+    {"qwen2.5-7b-nobias",
+     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3584,
+         "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},
 };
 
 }  // namespace

@@ -69,7 +69,8 @@ struct GpuLlamaOptions {
   Swiglu swiglu = Swiglu::automatic;
 };
 
-// The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
+// The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b"
+// (with its q/k/v biases), "qwen2.5-7b-nobias" (without them: the biases' cost).
 ModelConfig synthetic_model_config(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 
