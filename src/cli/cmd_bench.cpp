@@ -353,7 +353,7 @@ void register_bench(CLI::App& app) {
   command->add_option("model,-m,--model", args->model_dir, "Model directory (or --synthetic with --device cuda)");
   command->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   command->add_option("--synthetic", args->gpu.synthetic,
-                      "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b)");
+                      "cuda: random weights of a full-size model drawn on the GPU (llama3-8b, llama2-7b, qwen2.5-7b, qwen2.5-7b-nobias)");
   command->add_option("--modes", args->modes,
                       "modes (cpu: each mode's prefill and decode, all threads; cuda: w16a16, w4a16, w4a8, w4a8-fp8, w4a4, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4, and "
                       "w4a4-int4-arc, w4a4-nvfp4-arc, w4a4-mxfp4-arc on ARC checkpoints or --synthetic)")

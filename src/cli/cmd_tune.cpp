@@ -218,7 +218,7 @@ void register_tune(CLI::App& app) {
   CLI::App* command = app.add_subcommand("tune", "time every 4-bit GEMM strategy on a model's shapes and write the "
                                                  "GPU's policy map (ADAngel)");
   command->add_option("model,-m,--model", args->model_dir, "model directory (its GEMM shapes and group size)");
-  command->add_option("--synthetic", args->synthetic, "a well-known model's shapes instead (llama3-8b, llama2-7b, qwen2.5-7b)");
+  command->add_option("--synthetic", args->synthetic, "a well-known model's shapes instead (llama3-8b, llama2-7b, qwen2.5-7b, qwen2.5-7b-nobias)");
   command->add_option("--activations", args->activations, "activation kinds to tune (f16, int8, int4, fp8, nvfp4, mxfp4)")
       ->delimiter(',')
       ->capture_default_str();

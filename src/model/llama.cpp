@@ -681,6 +681,12 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   for (int64_t i = 0; i < count * hidden; ++i) x[i] += w.projected[i];
 }
 
+void LlamaModel::input_embedding(int32_t id, float* row) const {
+  embedding_.row_to_f32(id, row);
+  if (recipe_.scale_embeddings)
+    for (int64_t i = 0; i < config_.hidden_size; ++i) row[i] = round_to_dtype(row[i] * embed_scale_, embedding_dtype_);
+}
+
 void LlamaModel::forward(std::span<const int32_t> tokens, KvCache& cache, std::vector<float>& logits,
                          bool all_logits, const RunMode& mode, ForwardObserver* observer) const {
   const int64_t count = static_cast<int64_t>(tokens.size());
@@ -723,10 +729,7 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
       const int32_t id = chunk.tokens[static_cast<size_t>(t)];
       QSPEC_CHECK(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary [0, ",
                   c.vocab_size, ")");
-      float* row = &x[static_cast<size_t>((first + t) * hidden)];
-      embedding_.row_to_f32(id, row);
-      if (recipe_.scale_embeddings)
-        for (int64_t i = 0; i < hidden; ++i) row[i] = round_to_dtype(row[i] * embed_scale_, embedding_dtype_);
+      input_embedding(id, &x[static_cast<size_t>((first + t) * hidden)]);
       positions.push_back(static_cast<int32_t>(chunk.start + t));
     }
     segments.push_back(Segment{first, n, chunk.kv});

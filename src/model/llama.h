@@ -168,6 +168,10 @@ class LlamaModel {
 
   KvCache new_cache(int64_t capacity = 0) const;  // 0: max_position_embeddings
   const WeightMatrix& embedding() const { return embedding_; }
+  // Token `id`'s input row [hidden] as the forward pass starts from it: the embedding row, times
+  // sqrt(hidden) rounded as transformers rounds it where the family scales (Gemma). The GPU
+  // model's embedding table holds these rows.
+  void input_embedding(int32_t id, float* row) const;
   const WeightMatrix& lm_head() const { return lm_head_; }
   // The lm_head as int8 blocks when it is exactly that (a GGUF's Q8_0 output matrix converted to
   // f32, as SmolLM2's): the CPU forward pass reads it instead of the f32 matrix, with the same

@@ -338,6 +338,58 @@ TEST_F(Gpu, SiluMulMatchesCpuFusedAndSeparate) {
   }
 }
 
+// GeGLU (Gemma's MLP): gelu_tanh(gate) * up against cpu::gelu_tanh_mul, fused rows and separate
+// tensors, vectorized and scalar shapes, strided output with its padding untouched.
+TEST_F(Gpu, GeluTanhMulMatchesCpu) {
+  for (auto [rows, cols] : {std::pair{1, 8}, {3, 13}, {19, 704}, {4, 14336}}) {
+    for (bool fused : {true, false}) {
+      const int64_t stride = fused ? 2 * cols : cols;
+      const std::vector<float> gu = random_f16_values(static_cast<size_t>(rows * 2 * cols), 2.0f);
+      auto d_gu = upload(to_f16(gu));
+      const f16* gate = d_gu.as<f16>();
+      const f16* up = fused ? gate + cols : gate + rows * cols;
+      const int64_t out_stride = cols + (cols % 8 == 0 ? 8 : 1);
+      auto d_out = poisoned(static_cast<size_t>(rows * out_stride) * 2);
+      cuda::gelu_tanh_mul(gate, up, rows, cols, stride, d_out.as<f16>(), nullptr, cuda::NextKernel::other, out_stride);
+      std::vector<float> g(static_cast<size_t>(rows * cols)), u(g.size()), expected(g.size()), silu(g.size());
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          g[r * cols + c] = gu[fused ? r * stride + c : r * cols + c];
+          u[r * cols + c] = gu[fused ? r * stride + cols + c : rows * cols + r * cols + c];
+        }
+      qspec::cpu::gelu_tanh_mul(g.data(), u.data(), rows * cols, expected.data());
+      const std::vector<f16> out = download<f16>(d_out, static_cast<size_t>(rows * out_stride));
+      std::vector<float> got;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < out_stride; ++c) {
+          if (c < cols) got.push_back(qspec::f16_to_f32(out[r * out_stride + c]));
+          else ASSERT_EQ(out[r * out_stride + c], uint16_t{0xffff}) << "gelu_tanh_mul wrote its output's padding";
+        }
+      EXPECT_CLOSE(got, expected, 2e-3, "gelu_tanh_mul " + shape_name({rows, cols}) + (fused ? " fused" : ""));
+      // Not SiLU: the activations differ by far more than the bound.
+      qspec::cpu::silu_mul(g.data(), u.data(), rows * cols, silu.data());
+      EXPECT_GT(compare(got, silu).relative, 2e-2) << "gelu_tanh_mul computed SwiGLU";
+    }
+  }
+}
+
+// Gemma's final_logit_softcapping on f16 logits against cpu::soft_cap: in place, f32 math, one
+// rounding; large logits squeezed under the cap.
+TEST_F(Gpu, SoftCapMatchesCpu) {
+  for (int64_t count : {1, 7, 1000, 262144 + 3}) {
+    for (float cap : {30.0f, 5.0f}) {
+      std::vector<float> x = random_f16_values(static_cast<size_t>(count), 20.0f);
+      auto d_x = upload(to_f16(x));
+      cuda::soft_cap(d_x.as<f16>(), count, cap, nullptr);
+      const std::vector<float> got = from_f16(download<f16>(d_x, x.size()));
+      qspec::cpu::soft_cap(x.data(), count, cap);
+      EXPECT_CLOSE(got, x, 2e-3, "soft_cap " + std::to_string(count) + " cap " + std::to_string(cap));
+      for (float v : got) ASSERT_LE(std::fabs(v), cap) << "soft_cap left a logit above the cap";
+    }
+  }
+  EXPECT_THROW(cuda::soft_cap(nullptr, 4, 0.0f, nullptr), qspec::Error);
+}
+
 TEST_F(Gpu, AddIsExactF16OfTheF32Sum) {
   for (int64_t count : {1, 7, 8, 1000, 4099, 1 << 20}) {
     const std::vector<float> a = random_f16_values(static_cast<size_t>(count)), b = random_f16_values(a.size());
@@ -622,15 +674,18 @@ struct PagedFixture {
 struct AttentionCase {
   int64_t heads, kv_heads, head_dim, window;
   int64_t sinks = 0;  // with a window: a QSpec draft's sparse view (attention sinks + window)
+  float scale = 0.0f;  // what q.k is multiplied by (0: 1 / sqrt(head_dim); Gemma's query_pre_attn_scalar)
   qspec::cpu::AttentionShape shape() const {
     qspec::cpu::AttentionShape s{heads, kv_heads, head_dim, window};
     s.sink_tokens = sinks;
+    s.scale = scale;
     return s;
   }
 };
 std::string case_name(const AttentionCase& c) {
   return "H" + std::to_string(c.heads) + " KV" + std::to_string(c.kv_heads) + " D" + std::to_string(c.head_dim) +
-         (c.window ? " W" + std::to_string(c.window) : "") + (c.sinks ? " S" + std::to_string(c.sinks) : "");
+         (c.window ? " W" + std::to_string(c.window) : "") + (c.sinks ? " S" + std::to_string(c.sinks) : "") +
+         (c.scale > 0 ? " scale " + std::to_string(c.scale) : "");
 }
 
 }  // namespace
@@ -640,7 +695,9 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
                                             {28, 4, 128, 0},  {14, 2, 64, 0},        {9, 3, 64, 0},
                                             {16, 1, 128, 0},  {32, 8, 128, 100},     {8, 8, 32, 4096},
                                             {32, 8, 128, 256, 16}, {32, 8, 128, 100, 20}, {12, 12, 64, 64, 4},
-                                            {8, 4, 32, 200, 7}};
+                                            {8, 4, 32, 200, 7},
+                                            // Gemma 3: query_pre_attn_scalar^-1/2, a sliding layer's window
+                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
   // Every decode kernel: the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block,
@@ -786,13 +843,184 @@ TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
   cuda::set_decode_attention(cuda::DecodeAttention::automatic);
 }
 
+// rope_kv_write with a family's prologue (cuda::QkvPrologue: Qwen2's q/k/v biases, Qwen3's
+// per-head q/k RMSNorm, both) against its CPU twin, the CPU forward's chain: bias added (as
+// cpu::linear does), cpu::rmsnorm over each q and k head, cpu::rope. The rows hold the biased v
+// and the normalized, rotated q and k; the pool rows at each token's position hold bitwise the
+// row's k and v; bytes past the heads stay untouched.
+TEST_F(Gpu, RopeKvWriteWithBiasesAndQkNormsMatchesCpu) {
+  struct Case {
+    int64_t heads, kv_heads, head_dim;
+    bool bias, norm;
+  };
+  for (const Case c : {Case{4, 2, 64, true, false}, Case{28, 4, 128, true, false}, Case{8, 2, 128, false, true},
+                       Case{4, 4, 32, true, true}, Case{16, 8, 64, false, true}, Case{2, 1, 256, true, true}}) {
+    const std::vector<int64_t> run_lengths = {1, 6, 19};
+    const std::vector<int64_t> run_starts = {33, 0, 5};
+    const int64_t seqs = 3, max_blocks = 8, D = c.head_dim, q_dim = c.heads * D, kv_width = c.kv_heads * D;
+    const int64_t width = q_dim + 2 * kv_width, stride = width + 8;
+    std::vector<int32_t> query_start{0}, positions;
+    for (int64_t s = 0; s < seqs; ++s) {
+      for (int64_t i = 0; i < run_lengths[s]; ++i) positions.push_back(static_cast<int32_t>(run_starts[s] + i));
+      query_start.push_back(static_cast<int32_t>(positions.size()));
+    }
+    const int64_t tokens = static_cast<int64_t>(positions.size());
+    std::vector<int32_t> tables(static_cast<size_t>(seqs * max_blocks));
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng());
+    const size_t pool_halves = static_cast<size_t>(seqs * max_blocks * 16 * kv_width);
+    std::vector<float> inv_freq(static_cast<size_t>(D / 2));
+    for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(1000000.0f, -2.0f * static_cast<float>(i) / D);
+    const std::vector<float> x = random_f16_values(static_cast<size_t>(tokens * stride));
+    // Biases of Qwen2's size (k biases reach tens); norm weights around 1.
+    const std::vector<float> bias = random_f16_values(static_cast<size_t>(width), 4.0f);
+    std::vector<float> q_norm = random_f16_values(static_cast<size_t>(D), 0.3f), k_norm = q_norm;
+    for (float& w : q_norm) w += 1.0f;
+    for (float& w : k_norm) w = 1.0f - w;
+    auto d_qkv = upload(to_f16(x));
+    auto d_tables = upload(tables);
+    auto d_start = upload(query_start);
+    auto d_positions = upload(positions);
+    auto d_inv = upload(inv_freq);
+    auto d_bias = upload(bias);
+    auto d_q_norm = upload(q_norm);
+    auto d_k_norm = upload(k_norm);
+    auto d_k = poisoned(pool_halves * 2);
+    auto d_v = poisoned(pool_halves * 2);
+    cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), max_blocks};
+    cuda::QueryBatch batch{seqs, tokens, d_start.as<int32_t>(), d_positions.as<int32_t>(), 19, 53};
+    cuda::QkvPrologue prologue;
+    prologue.bias = c.bias ? d_bias.as<float>() : nullptr;
+    prologue.q_norm = c.norm ? d_q_norm.as<float>() : nullptr;
+    prologue.k_norm = c.norm ? d_k_norm.as<float>() : nullptr;
+    prologue.eps = 1e-6f;
+    cuda::rope_kv_write(d_qkv.as<f16>(), stride, c.heads, c.kv_heads, D, batch, d_inv.as<float>(), 1.0f, kv, nullptr,
+                        prologue);
+    const std::vector<f16> got_bits = download<f16>(d_qkv, x.size());
+    const std::vector<float> got = from_f16(got_bits);
+    const std::vector<f16> k_pool = download<f16>(d_k, pool_halves), v_pool = download<f16>(d_v, pool_halves);
+    // The CPU twin, token by token.
+    std::vector<float> expected_qk, got_qk, expected_v, got_v;
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<float> row(x.begin() + t * stride, x.begin() + t * stride + width);
+      if (c.bias)
+        for (int64_t i = 0; i < width; ++i) row[i] += bias[i];
+      if (c.norm) {
+        qspec::cpu::rmsnorm(row.data(), q_norm.data(), c.heads, D, 1e-6, row.data());
+        qspec::cpu::rmsnorm(row.data() + q_dim, k_norm.data(), c.kv_heads, D, 1e-6, row.data() + q_dim);
+      }
+      qspec::cpu::rope(row.data(), 1, c.heads + c.kv_heads, D, &positions[t], inv_freq.data(), 1.0f);
+      expected_qk.insert(expected_qk.end(), row.begin(), row.begin() + q_dim + kv_width);
+      got_qk.insert(got_qk.end(), got.begin() + t * stride, got.begin() + t * stride + q_dim + kv_width);
+      expected_v.insert(expected_v.end(), row.begin() + q_dim + kv_width, row.end());
+      got_v.insert(got_v.end(), got.begin() + t * stride + q_dim + kv_width, got.begin() + t * stride + width);
+      for (int64_t i = width; i < stride; ++i) ASSERT_EQ(got[t * stride + i], x[t * stride + i]) << "wrote past the heads";
+      // The cache rows: bitwise the row's k and v.
+      int64_t seq = 0;
+      while (query_start[seq + 1] <= t) ++seq;
+      const int64_t slot = static_cast<int64_t>(tables[seq * max_blocks + positions[t] / 16]) * 16 + positions[t] % 16;
+      for (int64_t i = 0; i < kv_width; ++i) {
+        ASSERT_EQ(k_pool[slot * kv_width + i], got_bits[t * stride + q_dim + i]) << "k cache, token " << t;
+        ASSERT_EQ(v_pool[slot * kv_width + i], got_bits[t * stride + q_dim + kv_width + i]) << "v cache, token " << t;
+      }
+    }
+    const std::string name = shape_name({c.heads, c.kv_heads, D}) + (c.bias ? " bias" : "") + (c.norm ? " qk-norm" : "");
+    EXPECT_CLOSE(got_qk, expected_qk, 2e-3, "rope_kv_write q, k " + name);
+    EXPECT_CLOSE(got_v, expected_v, 2e-3, "rope_kv_write v " + name);
+  }
+}
+
+// The decode attention with q/k/v biases folded in (the Qwen2 decode step) gives bitwise what
+// rope_kv_write with the same biases, then paged_attention_decode give: the attention output and
+// both pools (the new slots start as NaN). With q/k norms the call takes those two launches
+// itself, so it gives their bits too.
+TEST_F(Gpu, PagedDecodeRopeWithAPrologueEqualsRopeKvWriteThenDecodeBitwise) {
+  const std::vector<AttentionCase> cases = {{28, 4, 128, 0}, {8, 2, 64, 0}, {4, 4, 32, 0}, {16, 2, 128, 100, 16}};
+  const std::vector<std::vector<int64_t>> batches = {{1}, {17, 300, 5}, {64}};
+  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles}) {
+    cuda::set_decode_attention(kernel);
+    ASSERT_TRUE(cuda::decode_rope_folded()) << "run without QSPEC_DECODE_ROPE=separate";
+    for (const bool norm : {false, true}) {
+      for (const AttentionCase& c : cases) {
+        for (const std::vector<int64_t>& contexts : batches) {
+          const int64_t seqs = static_cast<int64_t>(contexts.size());
+          const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+          PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+          std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1)), positions;
+          std::vector<int32_t> lens(contexts.begin(), contexts.end());
+          std::iota(query_start.begin(), query_start.end(), 0);
+          for (size_t s = 0; s < contexts.size(); ++s) {
+            const int64_t p = contexts[s] - 1;
+            positions.push_back(static_cast<int32_t>(p));
+            const int64_t slot = static_cast<int64_t>(pool.block_tables[s * pool.max_blocks + p / 16]) * 16 + p % 16;
+            for (int64_t i = 0; i < pool.kv_width; ++i) pool.k_pool[slot * pool.kv_width + i] = kNaN16;
+            for (int64_t i = 0; i < pool.kv_width; ++i) pool.v_pool[slot * pool.kv_width + i] = kNaN16;
+          }
+          const int64_t q_width = c.heads * c.head_dim, width = q_width + 2 * pool.kv_width, stride = width + 8;
+          const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
+          std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
+          for (int64_t i = 0; i < c.head_dim / 2; ++i)
+            inv_freq[i] = std::pow(1000000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
+          auto d_tables = upload(pool.block_tables);
+          auto d_lens = upload(lens);
+          auto d_start = upload(query_start);
+          auto d_positions = upload(positions);
+          auto d_inv = upload(inv_freq);
+          auto d_bias = upload(random_f16_values(static_cast<size_t>(width), 4.0f));
+          std::vector<float> weights = random_f16_values(static_cast<size_t>(c.head_dim), 0.3f);
+          for (float& w : weights) w += 1.0f;
+          auto d_norm = upload(weights);
+          cuda::QkvPrologue prologue;
+          prologue.bias = d_bias.as<float>();
+          prologue.q_norm = norm ? d_norm.as<float>() : nullptr;
+          prologue.k_norm = norm ? d_norm.as<float>() : nullptr;
+          const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
+          const qspec::cpu::AttentionShape shape = c.shape();
+          const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+          const std::string name = case_name(c) + (norm ? " bias + qk-norm" : " bias") + " contexts " +
+                                   std::to_string(contexts.front()) + ".. (" + std::to_string(seqs) + ")";
+          std::vector<f16> results[2][3];  // [by hand, paged_attention_decode_rope][out, k pool, v pool]
+          for (int api = 0; api < 2; ++api) {
+            auto d_qkv = upload(qkv);
+            auto d_k = upload(pool.k_pool);
+            auto d_v = upload(pool.v_pool);
+            auto d_workspace = poisoned(workspace_bytes);
+            cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
+            auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+            cuda::PagedKv kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), pool.max_blocks};
+            if (api) {
+              cuda::paged_attention_decode_rope(d_qkv.as<f16>(), stride, batch, d_lens.as<int32_t>(), d_inv.as<float>(),
+                                                1.0f, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),
+                                                workspace_bytes, nullptr, prologue);
+            } else {
+              cuda::rope_kv_write(d_qkv.as<f16>(), stride, c.heads, c.kv_heads, c.head_dim, batch, d_inv.as<float>(),
+                                  1.0f, kv, nullptr, prologue);
+              cuda::paged_attention_decode(d_qkv.as<f16>(), stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                           d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+            }
+            results[api][0] = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
+            results[api][1] = download<f16>(d_k, pool.k_pool.size());
+            results[api][2] = download<f16>(d_v, pool.v_pool.size());
+          }
+          for (const f16 value : results[1][0]) ASSERT_FALSE(std::isnan(qspec::f16_to_f32(value))) << name;
+          for (int part = 0; part < 3; ++part)
+            ASSERT_TRUE(results[1][part] == results[0][part]) << name << ": part " << part << " differs";
+        }
+      }
+    }
+  }
+  cuda::set_decode_attention(cuda::DecodeAttention::automatic);
+}
+
 TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
   struct Run {
     int64_t cached, new_tokens;  // the run sits at positions cached .. cached + new_tokens - 1
   };
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},  {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
                                             {9, 3, 64, 0},  {32, 8, 128, 77}, {16, 2, 64, 1000},
-                                            {32, 8, 128, 77, 16}, {16, 2, 64, 130, 5}};
+                                            {32, 8, 128, 77, 16}, {16, 2, 64, 130, 5},
+                                            // Gemma 3: query_pre_attn_scalar^-1/2, a sliding layer's window
+                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f}};
   const std::vector<std::vector<Run>> batches = {
       {{0, 1}},                              // one token, empty cache
       {{0, 17}, {40, 5}, {100, 1}},          // prefill + verify runs (gamma + 1 = 5)

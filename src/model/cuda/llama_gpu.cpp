@@ -212,8 +212,23 @@ Linear make_synthetic_arc_linear(int64_t n, const ArcSite& site, uint64_t seed, 
 
 struct Layer {
   DeviceMemory attention_norm, mlp_norm;  // f32
+  // What rope_kv_write (or the decode attention) does to the qkv rows before RoPE, f32 where the
+  // model has them: q|k|v biases (Qwen2), per-head q and k norms (Qwen3).
+  DeviceMemory qkv_bias, q_norm, k_norm;
+  // RMSNorm of the attention and MLP outputs before each residual add (Gemma 3), f32; empty: none.
+  DeviceMemory attention_out_norm, mlp_out_norm;
+  // The layer's RoPE (Gemma 3's sliding and full layers differ): f32 [head_dim / 2], and the scale
+  // of cos / sin.
+  DeviceMemory inv_freq;
+  float rope_scaling = 1.0f;
   Linear qkv, o, gate_up, down;
 };
+
+// A layer's RoPE tables on the device.
+void set_layer_rope(Layer& layer, const RopeTables& rope) {
+  layer.inv_freq = upload(rope.inv_freq, "rope inv_freq");
+  layer.rope_scaling = rope.attention_scaling;
+}
 
 // Decode graphs are captured for a context bucket: the attention launch sizes its split-K grid
 // from the largest context, so one graph serves every context up to its bucket.
@@ -254,15 +269,13 @@ struct GpuLlama::State {
   int64_t vocab_subset = 0;
   DeviceMemory draft_head, draft_ids, subset_logits;
   int64_t draft_rows = 0;
-  std::string model_note;
   int64_t max_seqs = 1, max_context = 0, blocks_per_seq = 0, max_step_tokens = 0, max_logit_rows = 0;
   bool cuda_graphs = true, verify_graphs = false;
   GpuLlamaOptions::Swiglu swiglu = GpuLlamaOptions::Swiglu::automatic;
   int64_t swiglu_epilogue_layers = 0;
   void* stream = nullptr;
   std::unique_ptr<cuda::Blas> blas;
-  DeviceMemory embedding, final_norm, inv_freq;  // f16 [vocab, hidden], f32, f32
-  float rope_scaling = 1.0f;
+  DeviceMemory embedding, final_norm;  // f16 [vocab, hidden] (LlamaModel::input_embedding rows), f32
   Linear lm_head;
   std::vector<Layer> layers;
   std::vector<DeviceMemory> k_pools, v_pools;
@@ -475,13 +488,22 @@ struct GpuLlama::State {
     }();
     if (swiglu == Swiglu::never || (swiglu == Swiglu::automatic && separate_by_env)) return {};
     if (!gate_up.quantized || activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
-        gate_up.in_k != config.hidden_size)
-      return {};
+        gate_up.in_k != config.hidden_size || config.recipe().activation != MlpActivation::silu)
+      return {};  // (the GEMM epilogues compute SwiGLU only: GeGLU runs gelu_tanh_mul after the GEMM)
     if (swiglu == Swiglu::always && cuda::w4a16_swiglu_runs(gate_up.view, m))
       return SwigluGemm{SwigluGemm::Kernel::preload, {}};
     return w4_gemm_swiglu_epilogue(gemm_policy.get(), gate_up.view, m, gemm_workspace.get(), gemm_workspace_bytes);
   }
 
+  // The layer's biases and q/k norms as the RoPE step takes them (none: an empty prologue).
+  cuda::QkvPrologue prologue(const Layer& layer) const {
+    cuda::QkvPrologue p;
+    p.bias = layer.qkv_bias.as<float>();
+    p.q_norm = layer.q_norm.as<float>();
+    p.k_norm = layer.k_norm.as<float>();
+    p.eps = static_cast<float>(config.rms_norm_eps);
+    return p;
+  }
   // The constructor's mode: weights, first activation precision, int4 activation group.
   void set_mode(const RunMode& mode) {
     quantized = mode.quantized_weights;
@@ -706,21 +728,14 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, int64_t max_tok
 GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaOptions& options)
     : state_(std::make_unique<State>()) {
   const ModelConfig& c = model.config();
-  // The CPU-only parts of the layer recipes (io/model_config.h), named so the user knows what is missing.
+  // Every LayerRecipe (io/model_config.h) runs here: (1 + w) norms arrive folded into the weights
+  // (LlamaModel stores the factor), scaled embeddings in the uploaded table, the rest in
+  // enqueue_forward. Per-layer windows, RoPE and the attention scale too.
   const LayerRecipe recipe = c.recipe();
-  QSPEC_CHECK(!recipe.qk_norm, "GPU model: ", c.architecture_name,
-              ": the per-head q/k RMSNorm (Qwen3, Gemma 3) is not on the GPU yet; run it with --device cpu");
-  QSPEC_CHECK(!recipe.norm_adds_one && !recipe.output_norms && !recipe.scale_embeddings &&
-                  recipe.activation == MlpActivation::silu,
-              "GPU model: ", c.architecture_name, ": Gemma's (1 + w) norms, output norms, scaled embeddings and "
-              "GeGLU are not on the GPU yet; run it with --device cpu");
-  bool uniform_layers = !c.rope_local && !c.query_pre_attn_scalar && !c.final_logit_softcapping;
-  for (int64_t l = 0; l < c.num_layers; ++l) uniform_layers &= c.layer_window(l) == c.layer_window(0);
-  QSPEC_CHECK(uniform_layers, "GPU model: ", c.architecture_name, ": per-layer sliding windows / RoPE bases, "
-              "query_pre_attn_scalar and final_logit_softcapping are not on the GPU yet; run it with --device cpu");
   check_supported(c, mode);
-  QSPEC_CHECK(!c.attention_bias && !c.attention_output_bias && !c.mlp_bias,
-              "GPU model: linear biases (Qwen2, Llama attention_bias) are not on the GPU yet");
+  // q/k/v biases (Qwen2) are on the GPU (the RoPE step adds them); o_proj and MLP biases are not.
+  QSPEC_CHECK(!c.attention_output_bias && !c.mlp_bias, "GPU model: ", c.architecture_name,
+              ": o_proj / MLP biases (Llama attention_bias, mlp_bias) are not on the GPU yet; run it with --device cpu");
   QSPEC_CHECK(!model.rotated(), "GPU model: Hadamard-rotated models are not on the GPU yet");
   QSPEC_CHECK(options.max_context <= c.max_position_embeddings, "GPU model: max_context ", options.max_context,
               " outside 1..", c.max_position_embeddings);
@@ -746,21 +761,39 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   s.blas = std::make_unique<cuda::Blas>();
 
   {
+    // The rows the forward pass starts from (Gemma's scaled by sqrt(hidden), rounded as on the
+    // CPU); the tied lm_head keeps the unscaled matrix.
     std::vector<f16_bits> table;
     table.reserve(static_cast<size_t>(c.vocab_size * c.hidden_size));
-    append_f16(model.embedding(), table);
+    std::vector<float> row(static_cast<size_t>(c.hidden_size));
+    for (int64_t id = 0; id < c.vocab_size; ++id) {
+      model.input_embedding(static_cast<int32_t>(id), row.data());
+      for (float v : row) table.push_back(f32_to_f16(v));
+    }
     s.embedding = upload(table, "embedding");
   }
   s.final_norm = upload(model.final_norm(), "final norm");
-  const RopeTables rope = rope_tables(c);
-  s.inv_freq = upload(rope.inv_freq, "rope inv_freq");
-  s.rope_scaling = rope.attention_scaling;
   s.lm_head = make_linear({&model.lm_head()}, "lm_head");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = model.layer_weights(l);
     Layer layer;
     layer.attention_norm = upload(w.attention_norm, "layer norm");
     layer.mlp_norm = upload(w.mlp_norm, "layer norm");
+    if (c.attention_bias) {
+      std::vector<float> bias = w.q_bias;
+      bias.insert(bias.end(), w.k_bias.begin(), w.k_bias.end());
+      bias.insert(bias.end(), w.v_bias.begin(), w.v_bias.end());
+      layer.qkv_bias = upload(bias, "qkv biases");
+    }
+    if (recipe.qk_norm) {
+      layer.q_norm = upload(w.q_norm, "q norm");
+      layer.k_norm = upload(w.k_norm, "k norm");
+    }
+    if (recipe.output_norms) {
+      layer.attention_out_norm = upload(w.attention_out_norm, "attention output norm");
+      layer.mlp_out_norm = upload(w.mlp_out_norm, "MLP output norm");
+    }
+    set_layer_rope(layer, rope_tables(c, c.layer_rope(l)));
     if (s.quantized) {
       const QuantizedLayerWeights& qw = model.quantized_layers()[static_cast<size_t>(l)];
       auto site = [&](LinearSite s) -> const ArcSite& { return qw.sites[static_cast<int>(s)]; };
@@ -800,8 +833,11 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   State& s = *gpu->state_;
   s.config = c;
   s.set_mode(mode);
-  if (c.attention_bias || c.attention_output_bias || c.mlp_bias)
-    s.model_note = "synthetic: linear biases omitted (a few vectors; the GPU path has no bias add yet)";
+  QSPEC_CHECK(!c.attention_output_bias && !c.mlp_bias, "GPU model: synthetic ", c.architecture_name,
+              ": o_proj / MLP biases are not on the GPU yet");
+  const LayerRecipe recipe = c.recipe();
+  QSPEC_CHECK(!recipe.qk_norm && !recipe.output_norms && recipe.activation == MlpActivation::silu,
+              "GPU model: synthetic models are Llama / Qwen2 shapes (no q/k or output norms, SwiGLU)");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
   const cuda::MemoryInfo memory = cuda::memory_info();
   QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
@@ -814,9 +850,6 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
                         s.stream);
   const std::vector<float> ones(static_cast<size_t>(hidden), 1.0f);
   s.final_norm = upload(ones, "final norm");
-  const RopeTables rope = rope_tables(c);
-  s.inv_freq = upload(rope.inv_freq, "rope inv_freq");
-  s.rope_scaling = rope.attention_scaling;
   // The lm_head stays f16 in both modes, as for real checkpoints (LlamaModel::lm_head()).
   s.lm_head = make_synthetic_linear(c.vocab_size, hidden, false, seed + 7, s.stream);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -824,6 +857,14 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
     Layer layer;
     layer.attention_norm = upload(ones, "layer norm");
     layer.mlp_norm = upload(ones, "layer norm");
+    set_layer_rope(layer, rope_tables(c, c.layer_rope(l)));
+    if (c.attention_bias) {  // q/k/v biases (qwen2.5-7b), so a benchmark step pays for them
+      std::vector<float> bias(static_cast<size_t>(c.q_dim() + 2 * c.kv_dim()));
+      std::mt19937_64 random(layer_seed + 9);
+      std::uniform_real_distribution<float> uniform(-0.5f, 0.5f);
+      for (float& b : bias) b = uniform(random);
+      layer.qkv_bias = upload(bias, "synthetic qkv biases");
+    }
     if (s.quantized && options.synthetic_arc_channels > 0) {
       // One calibration a site, shared by the projections it feeds (qkv, gate_up), as in a checkpoint.
       const int64_t arc = options.synthetic_arc_channels, group = 128;
@@ -869,8 +910,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), inter = c.intermediate_size,
                 width = qkv_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  // Every layer alike on the GPU (per-layer windows and scales are refused at load).
-  const cpu::AttentionShape shape = attention_shape(c, 0, kv_window, kv_sinks);
+  const bool geglu = c.recipe().activation == MlpActivation::gelu_tanh;
   cuda::QueryBatch batch;
   batch.num_seqs = runs;
   batch.num_tokens = tokens;
@@ -890,21 +930,30 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
     const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
+    // The layer's window (Gemma 3's sliding layers) narrowed by a draft's view, and its scale.
+    const cpu::AttentionShape shape = attention_shape(c, static_cast<int64_t>(l), kv_window, kv_sinks);
+    const float* inv_freq = layer.inv_freq.as<float>();
+    const float rope_scaling = layer.rope_scaling;
     // Attention block; the previous layer's MLP residual is added in the same pass as this norm.
     norm_then_gemm(xs, l == 0 ? nullptr : proj_out, layer.attention_norm, layer.qkv, tokens, norm_out, qkv_out);
     // RoPE on the q and k heads of the qkv rows, the rotated k with v into the cache, attention:
     // one launch in decode steps, two in the others.
+    // The q/k/v biases and q/k norms go in the same launch as RoPE (cuda::QkvPrologue).
+    const cuda::QkvPrologue qkv_prologue = prologue(layer);
     if (decode) {
-      cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq.as<float>(), rope_scaling,
+      cuda::paged_attention_decode_rope(qkv_out, width, batch, input_context_lens(), inv_freq, rope_scaling,
                                         kv, shape, attn_out, q_dim, attention_workspace.get(),
-                                        attention_workspace_bytes, stream);
+                                        attention_workspace_bytes, stream, qkv_prologue);
     } else {
-      cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq.as<float>(),
-                          rope_scaling, kv, stream);
+      cuda::rope_kv_write(qkv_out, width, c.num_heads, c.num_kv_heads, c.head_dim, batch, inv_freq, rope_scaling, kv,
+                          stream, qkv_prologue);
       cuda::paged_attention_prefill(qkv_out, width, batch, kv, shape, attn_out, q_dim, attention_workspace.get(),
                                     attention_workspace_bytes, stream);
     }
     gemm(layer.o, attn_out, tokens, proj_out);
+    // Gemma 3's output norms: in place (each thread of a row reads its values before it writes them).
+    if (layer.attention_out_norm.get() != nullptr)
+      cuda::rmsnorm(proj_out, layer.attention_out_norm.as<float>(), tokens, hidden, eps, proj_out, stream);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
     // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
     if (const SwigluGemm swiglu_gemm = swiglu_in_gemm(layer.gate_up, tokens);
@@ -917,10 +966,15 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
       norm_then_gemm(xs, proj_out, layer.mlp_norm, layer.gate_up, tokens, norm_out, gate_up_out);
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
                                   (!layer.down.reordered() || layer.down.input_ordered);
-      cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream,
-                     down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other, act_stride());
+      const cuda::NextKernel next = down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other;
+      if (geglu)
+        cuda::gelu_tanh_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream, next, act_stride());
+      else
+        cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream, next, act_stride());
     }
     gemm(layer.down, act_out, tokens, proj_out, act_stride());
+    if (layer.mlp_out_norm.get() != nullptr)
+      cuda::rmsnorm(proj_out, layer.mlp_out_norm.as<float>(), tokens, hidden, eps, proj_out, stream);
   }
   // Logits: the last MLP residual and the final norm in one pass, then the rows that need them.
   cuda::add_rmsnorm(xs, proj_out, final_norm.as<float>(), tokens, hidden, eps, norm_out, stream);
@@ -942,6 +996,12 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     gemm(lm_head, rows, logit_rows, logits.as<f16_bits>());
   }
   cuda::argmax_f16(logits.as<f16_bits>(), logit_rows, c.vocab_size, out_ids.as<int32_t>(), stream);
+  // Gemma's soft cap after the argmax, which it cannot change (tanh is increasing) but could tie: in
+  // f16 the squeezed top logits may round together where the CPU's f32 ones stay apart. The logits
+  // a sampler reads are capped.
+  if (c.final_logit_softcapping)
+    cuda::soft_cap(logits.as<f16_bits>(), logit_rows * c.vocab_size, static_cast<float>(*c.final_logit_softcapping),
+                   stream);
 }
 
 std::vector<int32_t> GpuLlama::step(std::span<const Run> runs, bool all_tokens) {
@@ -1307,7 +1367,8 @@ size_t GpuLlama::kv_bytes_per_position() const {
 
 size_t GpuLlama::device_bytes() const {
   const State& s = *state_;
-  size_t total = weight_bytes() + s.embedding.bytes() + s.inv_freq.bytes();
+  size_t total = weight_bytes() + s.embedding.bytes();
+  for (const Layer& layer : s.layers) total += layer.inv_freq.bytes();
   for (const DeviceMemory* m : {&s.block_tables, &s.inputs, &s.x, &s.normed, &s.qkv, &s.attn, &s.proj,
                                 &s.gate_up, &s.act, &s.gathered, &s.logits, &s.out_ids, &s.gemm_workspace,
                                 &s.attention_workspace})
@@ -1355,6 +1416,12 @@ const SyntheticShape kSyntheticShapes[] = {
          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})"},
     {"qwen2.5-7b",
      R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+         "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},
+    // The same shapes without the q/k/v biases: what the biases cost, in an A/B of two bench runs.
+    {"qwen2.5-7b-nobias",
+     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3584,
          "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
          "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
          "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},

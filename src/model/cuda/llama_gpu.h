@@ -17,9 +17,13 @@
 // ARC-calibrated checkpoints run in every mode: each projection's input is reordered into its
 // augmented width (ops.h gather_columns), and the *-arc modes quantize the outlier channels'
 // residuals into the augmented columns (ops.h quantize_activations), as LlamaModel::site_input.
-// Scope: no biases, no Hadamard rotation (each
-// rejected at construction with a qspec::Error naming it). Synthetic models (random weights
-// drawn on the GPU, for benchmarks at full-size shapes) may omit q/k/v biases: they say so.
+// Families (io/model_config.h LayerRecipe): Llama, Mistral, Qwen2 (q/k/v biases, added in the
+// RoPE step: cuda::QkvPrologue), Qwen3 (per-head q/k RMSNorm, there too) and Gemma 3 ((1 + w)
+// norms folded into the weights at load, output norms, GeGLU, embeddings scaled in the uploaded
+// table, per-layer sliding windows and RoPE, query_pre_attn_scalar, logit soft-capping).
+// Refused at construction with a qspec::Error naming what is missing: o_proj / MLP biases,
+// Hadamard rotation. Synthetic models (random weights drawn on the GPU, for benchmarks at
+// full-size shapes) carry random q/k/v biases where the shapes' family has them.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -65,7 +69,8 @@ struct GpuLlamaOptions {
   Swiglu swiglu = Swiglu::automatic;
 };
 
-// The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b".
+// The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b"
+// (with its q/k/v biases), "qwen2.5-7b-nobias" (without them: the biases' cost).
 ModelConfig synthetic_model_config(const std::string& name);
 std::vector<std::string> synthetic_model_names();
 

@@ -46,12 +46,31 @@ struct QueryBatch {
 void paged_kv_write(const f16_bits* k, const f16_bits* v, int64_t row_stride, const QueryBatch& batch,
                     const PagedKv& kv, int64_t num_kv_heads, int64_t head_dim, void* stream);
 
+// What a family does to a token's q, k and v heads between the QKV GEMM and RoPE
+// (io/model_config.h LayerRecipe, ModelConfig::attention_bias), done where RoPE is, so that every
+// activation path's GEMM (cuBLAS, W4A16, the low-bit kernels, ARC) gets it and no pass of its own
+// reads the qkv rows again: the q/k/v biases (Qwen2) are added to the GEMM's f16 output and the
+// sum rounded to f16 (what a bias in the GEMM's epilogue would store), then each q and k head is
+// RMS-normalized with its weights (Qwen3, Gemma 3; f32 statistics, no rounding before RoPE).
+// Device pointers, null where the model has none. CPU twin: the bias of cpu::linear, cpu::rmsnorm
+// over head_dim rows and cpu::rope, in that order (LlamaModel::run_layer).
+struct QkvPrologue {
+  const float* bias = nullptr;    // f32 [num_heads * head_dim + 2 * num_kv_heads * head_dim]: q | k | v
+  const float* q_norm = nullptr;  // f32 [head_dim] (with k_norm)
+  const float* k_norm = nullptr;  // f32 [head_dim]
+  float eps = 1e-6f;
+  bool normalizes() const { return q_norm != nullptr; }
+  bool any() const { return bias != nullptr || q_norm != nullptr; }
+};
+
 // rope on the q and k heads of fused qkv rows ([tokens, row_stride]: num_heads q heads, then
 // num_kv_heads k heads, then the v heads), then paged_kv_write of the rotated k and the v: one
 // launch where the two ops take two, bitwise the same results (the model's per-layer path).
+// With a prologue, the biases and q/k norms first (a warp a head, in the same launch); the
+// rows then hold the biased v and the normalized, rotated q and k.
 void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                    const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
-                   void* stream);
+                   void* stream, const QkvPrologue& prologue = {});
 
 // Scratch for split-K attention (partial outputs + softmax statistics), bytes for `rows`
 // = tokens * num_heads query rows. The launchers need at least this much workspace when they
@@ -90,10 +109,13 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
 // launch reads context_lens, the block tables and the cache's earlier positions before its
 // grid-dependency wait (PDL, common.h): the kernel before it on the stream must not write them
 // (in a decode step the host or the draft chain's input update does, before the first layer).
+// A prologue's biases are folded into the one launch too (bitwise rope_kv_write's); q/k norms
+// take the two launches (not folded yet: one more launch a layer in Qwen3's decode steps).
 void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
                                  const int32_t* context_lens, const float* inv_freq, float attention_scaling,
                                  const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
-                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream);
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream,
+                                 const QkvPrologue& prologue = {});
 // Whether paged_attention_decode_rope runs one launch: QSPEC_DECODE_ROPE (folded, the default,
 // or separate) and the tiles kernel selected.
 bool decode_rope_folded();

@@ -46,6 +46,14 @@ enum class NextKernel { other, w4a16_gemm };
 void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
               f16_bits* out, void* stream, NextKernel next = NextKernel::other, int64_t out_stride = 0);
 
+// The same with GELU's tanh approximation on the gate (GeGLU, Gemma): cpu::gelu_tanh_mul's twin.
+void gelu_tanh_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
+                   f16_bits* out, void* stream, NextKernel next = NextKernel::other, int64_t out_stride = 0);
+
+// x <- cap * tanh(x / cap) in place, f32 math, one f16 rounding (final_logit_softcapping on the
+// logits): cpu::soft_cap's twin.
+void soft_cap(f16_bits* x, int64_t count, float cap, void* stream);
+
 // out = a + b elementwise (f16, f32 add, one rounding). out may alias a or b.
 void add(const f16_bits* a, const f16_bits* b, int64_t count, f16_bits* out, void* stream);
 

@@ -128,7 +128,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.head_chunks = static_cast<int>(head_chunks);
   params.window = static_cast<int>(shape.sliding_window);
   params.sinks = static_cast<int>(shape.sink_tokens);
-  params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  params.scale_log2 = detail::attention_scale_log2(shape);
   params.split_len = static_cast<int>(split_len);
   params.splits = static_cast<int>(splits);
   params.out = reinterpret_cast<__half*>(out);
@@ -167,7 +167,8 @@ void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seq
 void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryBatch& batch,
                                  const int32_t* context_lens, const float* inv_freq, float attention_scaling,
                                  const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
-                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream,
+                                 const QkvPrologue& prologue) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
   check_decode_shape("paged_attention_decode_rope", shape, qkv_stride, out_stride, batch.num_seqs, batch.max_context);
   QSPEC_CHECK(batch.num_tokens == batch.num_seqs && batch.max_query_len <= 1,
@@ -175,13 +176,15 @@ void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryB
               " tokens, ", batch.num_seqs, " sequences)");
   QSPEC_CHECK(qkv_stride >= (H + 2 * KV) * D, "cuda::paged_attention_decode_rope: qkv_stride ", qkv_stride,
               " is narrower than the q, k and v heads (", (H + 2 * KV) * D, ")");
-  if (!decode_rope_folded()) {  // the two launches: RoPE + KV write rotates qkv in place
-    rope_kv_write(qkv, qkv_stride, H, KV, D, batch, inv_freq, attention_scaling, kv, stream);
+  QSPEC_CHECK(prologue.bias == nullptr || is_aligned_16(prologue.bias),
+              "cuda::paged_attention_decode_rope: the biases are not 16-byte aligned");
+  if (!decode_rope_folded() || prologue.normalizes()) {  // the two launches: RoPE + KV write rotates qkv in place
+    rope_kv_write(qkv, qkv_stride, H, KV, D, batch, inv_freq, attention_scaling, kv, stream, prologue);
     launch_decode(qkv, qkv_stride, batch.num_seqs, context_lens, batch.max_context, kv, shape, out, out_stride,
                   workspace, workspace_bytes, stream, kernels::DecodeRope{});
     return;
   }
-  const kernels::DecodeRope rope{batch.positions, inv_freq, attention_scaling};
+  const kernels::DecodeRope rope{batch.positions, inv_freq, attention_scaling, prologue.bias};
   launch_decode(qkv, qkv_stride, batch.num_seqs, context_lens, batch.max_context, kv, shape, out, out_stride,
                 workspace, workspace_bytes, stream, rope);
 }

@@ -94,7 +94,7 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   params.group = static_cast<int>(group);
   params.window = static_cast<int>(shape.sliding_window);
   params.sinks = static_cast<int>(shape.sink_tokens);
-  params.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(D)));
+  params.scale_log2 = detail::attention_scale_log2(shape);
   params.splits = static_cast<int>(splits);
   params.rows = rows;
   params.out = reinterpret_cast<__half*>(out);

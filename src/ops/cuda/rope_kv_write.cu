@@ -1,3 +1,5 @@
+// Launcher of the fused RoPE + paged KV write (attention.h rope_kv_write), with or without a
+// family's q/k/v biases and q/k norms.
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/rope_kv_write.cuh"
 #include "ops/cuda/ops.h"
@@ -6,7 +8,7 @@ namespace qspec::cuda {
 
 void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                    const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
-                   void* stream) {
+                   void* stream, const QkvPrologue& prologue) {
   const int64_t width = num_kv_heads * head_dim, q_dim = num_heads * head_dim;
   QSPEC_CHECK(num_heads > 0 && num_kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0 &&
                   row_stride >= q_dim + 2 * width,
@@ -15,6 +17,10 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
   QSPEC_CHECK(batch.num_seqs >= 0 && batch.num_seqs < 65536 && batch.max_query_len >= 0,
               "cuda::rope_kv_write: bad batch (", batch.num_seqs, " sequences, max_query_len ", batch.max_query_len,
               ")");
+  QSPEC_CHECK((prologue.q_norm == nullptr) == (prologue.k_norm == nullptr),
+              "cuda::rope_kv_write: q_norm and k_norm come together");
+  QSPEC_CHECK(!prologue.any() || head_dim <= 64 * kernels::kPrologueMaxPairsPerLane, "cuda::rope_kv_write: head_dim ",
+              head_dim, " above ", 64 * kernels::kPrologueMaxPairsPerLane, " with biases or q/k norms");
   if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
   const bool vec = width % 8 == 0 && q_dim % 8 == 0 && row_stride % 8 == 0 && is_aligned_16(qkv) &&
                    is_aligned_16(kv.k_pool) && is_aligned_16(kv.v_pool);
@@ -32,6 +38,20 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
   params.max_blocks = kv.max_blocks_per_seq;
   params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
   params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
+  if (prologue.any()) {
+    params.bias = prologue.bias;
+    params.q_norm = prologue.q_norm;
+    params.k_norm = prologue.k_norm;
+    params.eps = prologue.eps;
+    // A warp a head (q, k and v heads): 8 warps a block, as many blocks a token as that takes.
+    const int64_t heads = num_heads + 2 * num_kv_heads;
+    const int64_t parts = std::min<int64_t>((heads + 7) / 8, 64);
+    const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs),
+                    static_cast<unsigned>(parts));
+    launch_pdl(kernels::rope_kv_write_prologue_kernel, grid, dim3(256), 0, as_stream(stream), params);
+    QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_prologue_kernel");
+    return;
+  }
   // One rotation (and at most one V vector) a thread: 256-thread blocks, as many a token as that takes.
   const int64_t work = std::max((num_heads + num_kv_heads) * head_dim / 2, vec ? width / 8 : width);
   const int64_t threads = std::min<int64_t>(256, (work + 31) / 32 * 32);

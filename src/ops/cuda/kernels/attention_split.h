@@ -2,10 +2,25 @@
 // attention_workspace_bytes (plain C++; included by .cu files).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/attention.h"
+
 namespace qspec::cuda::detail {
+
+// What the kernels multiply q.k by, in log2 units: log2(e) times the shape's scale (cpu::attention's
+// rule: 0 means 1 / sqrt(head_dim); Gemma's query_pre_attn_scalar sets another).
+// The default scale, however it is spelled (0, or the f32 1 / sqrt(head_dim) that attention_shape
+// sets for every family but Gemma), keeps the bits the kernels have always used.
+inline float attention_scale_log2(const cpu::AttentionShape& shape) {
+  constexpr double kLog2e = 1.4426950408889634;
+  const double default_scale = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
+  if (shape.scale > 0.0f && shape.scale != static_cast<float>(default_scale))
+    return static_cast<float>(kLog2e * static_cast<double>(shape.scale));
+  return static_cast<float>(kLog2e / std::sqrt(static_cast<double>(shape.head_dim)));
+}
 
 inline constexpr int64_t kMaxAttentionSplits = 32;
 // The workspace starts with arrival counters (zeroed once by attention_workspace_init; each

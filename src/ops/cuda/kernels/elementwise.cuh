@@ -1,10 +1,24 @@
-// SwiGLU (silu(gate) * up) and the residual add on f16 tensors.
+// The gated MLP activations (SwiGLU silu(gate) * up, GeGLU gelu_tanh(gate) * up), the residual
+// add and logit soft-capping on f16 tensors.
 #pragma once
 #include "ops/cuda/common.h"
 
 namespace qspec::cuda::kernels {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+// PyTorch's gelu(approximate="tanh"), as cpu::gelu_tanh_mul spells it (accurate tanhf: no fast math).
+__device__ __forceinline__ float gelu_tanh(float g) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
+  return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + kCubic * g * g * g)));
+}
+
+// Which activation a gated MLP kernel applies to the gate.
+enum class Gate { silu, gelu_tanh };
+template <Gate G>
+__device__ __forceinline__ float gate_activation(float g) {
+  if constexpr (G == Gate::silu) return silu(g);
+  else return gelu_tanh(g);
+}
 
 // silu_mul's output from a GEMM's f32 sums of gate and up, each rounded to f16 first as the GEMM
 // stores them: the bits of the GEMM then silu_mul (the SwiGLU epilogues of the 4-bit GEMMs).
@@ -14,8 +28,9 @@ __device__ __forceinline__ __half swiglu_of_sums(float gate_sum, float up_sum) {
   return __float2half_rn(silu(gate) * up);
 }
 
-// Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8.
-template <int VEC>
+// Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8. G: the
+// gate's activation (SwiGLU or GeGLU).
+template <int VEC, Gate G = Gate::silu>
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,
                                 int64_t cols, int64_t in_stride, __half* __restrict__ out, int64_t out_stride,
                                 bool release_first) {
@@ -29,11 +44,11 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
       half8_to_float(*reinterpret_cast<const uint4*>(gate + r * in_stride + c), g);
       half8_to_float(*reinterpret_cast<const uint4*>(up + r * in_stride + c), u);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) g[e] = silu(g[e]) * u[e];
+      for (int e = 0; e < 8; ++e) g[e] = gate_activation<G>(g[e]) * u[e];
       *reinterpret_cast<uint4*>(out + r * out_stride + c) = float8_to_half(g);
     } else {
       out[r * out_stride + c] =
-          __float2half_rn(silu(__half2float(gate[r * in_stride + c])) * __half2float(up[r * in_stride + c]));
+          __float2half_rn(gate_activation<G>(__half2float(gate[r * in_stride + c])) * __half2float(up[r * in_stride + c]));
     }
   }
 }
@@ -54,6 +69,15 @@ __global__ void add_kernel(const __half* a, const __half* b, int64_t count, __ha
       out[item] = __float2half_rn(__half2float(a[item]) + __half2float(b[item]));
     }
   }
+}
+
+// x <- cap * tanh(x / cap) (cpu::soft_cap) in f32, one f16 rounding; grid-stride. Static: this
+// header is included by several .cu files (a non-template kernel defined in each would clash).
+static __global__ void soft_cap_kernel(__half* x, int64_t count, float cap) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __float2half_rn(cap * tanhf(__half2float(x[i]) / cap));
 }
 
 }  // namespace qspec::cuda::kernels

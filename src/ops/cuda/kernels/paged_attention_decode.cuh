@@ -15,6 +15,9 @@ struct DecodeRope {
   const int32_t* positions;
   const float* inv_freq;  // [head_dim / 2]
   float attention_scaling;
+  // The q/k/v biases (QkvPrologue::bias, attention.h), added to the unrotated row as
+  // rope_kv_write adds them; null: none.
+  const float* bias;
 };
 
 struct DecodeParams {

@@ -36,8 +36,22 @@
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
 #include "ops/cuda/kernels/paged_kv_write.cuh"  // kv_pool_row
 #include "ops/cuda/kernels/rope.cuh"
+#include "ops/cuda/kernels/rope_kv_write.cuh"  // add_bias_f16
 
 namespace qspec::cuda::kernels {
+
+// A lane's slice of 8 values with their biases added (add_bias_f16: rope_kv_write's bits); bias
+// null: the slice as it is. The sums are f16 values, so the repacking rounds nothing.
+__device__ __forceinline__ uint4 add_bias_slice(const uint4& slice, const float* bias) {
+  if (bias == nullptr) return slice;
+  const __half* values = reinterpret_cast<const __half*>(&slice);
+  const float4 low = __ldg(reinterpret_cast<const float4*>(bias)), high = __ldg(reinterpret_cast<const float4*>(bias) + 1);
+  const float b[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+  float sums[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sums[e] = add_bias_f16(values[e], b[e]);
+  return float8_to_half(sums);
+}
 
 // RoPE on a lane's slice of a head: `own` holds elements li * 8 .. + 7, `partner` the 8 elements
 // head_dim / 2 away; cosine / sine of the slice's 8 pairs. Bitwise rope_row's result.
@@ -315,17 +329,23 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   if (rope) {
     const __half* row = p.q + seq * p.q_stride;
     const int partner_li = li ^ (LPK / 2);
+    // The biases of the row's values (bias[i] for row element i), or null.
+    auto bias_at = [&](const __half* element) -> const float* {
+      return p.rope.bias != nullptr ? p.rope.bias + (element - row) : nullptr;
+    };
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       if (MMA && g % kDecodeWarps != warp) continue;  // MMA: warp w rotates heads w, w + 4
       const __half* q_head = row + (head0 + min(g, heads_here - 1)) * D;
-      q_own[g] = *reinterpret_cast<const uint4*>(q_head + li * 8);
-      q_partner[g] = *reinterpret_cast<const uint4*>(q_head + partner_li * 8);
+      q_own[g] = add_bias_slice(*reinterpret_cast<const uint4*>(q_head + li * 8), bias_at(q_head + li * 8));
+      q_partner[g] =
+          add_bias_slice(*reinterpret_cast<const uint4*>(q_head + partner_li * 8), bias_at(q_head + partner_li * 8));
     }
     const __half* k_head = row + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
-    k_own = *reinterpret_cast<const uint4*>(k_head + li * 8);
-    k_partner = *reinterpret_cast<const uint4*>(k_head + partner_li * 8);
-    new_v = *reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8);
+    k_own = add_bias_slice(*reinterpret_cast<const uint4*>(k_head + li * 8), bias_at(k_head + li * 8));
+    k_partner = add_bias_slice(*reinterpret_cast<const uint4*>(k_head + partner_li * 8), bias_at(k_head + partner_li * 8));
+    new_v = add_bias_slice(*reinterpret_cast<const uint4*>(k_head + kv_stride + li * 8),
+                           bias_at(k_head + kv_stride + li * 8));
   } else {
     context_range();
     if constexpr (MMA) {
