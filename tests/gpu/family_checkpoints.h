@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ enum class Family { qwen2, qwen3, gemma3 };
 inline const char* family_name(Family family) {
   return family == Family::qwen2 ? "qwen2" : family == Family::qwen3 ? "qwen3" : "gemma3";
 }
+// gtest prints test parameters with it (instead of their bytes).
+inline void PrintTo(Family family, std::ostream* out) { *out << family_name(family); }
 
 // A directory holding config.json and model.safetensors (f32) of a 2-layer model, removed when
 // the object goes. Weights are normal: projections of spread 1 / sqrt(k), norms around 1, biases

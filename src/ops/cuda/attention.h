@@ -94,7 +94,7 @@ void set_decode_attention(DecodeAttention kernel);
 // Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
 // out_stride apart), sequence s attends to its context_lens[s] cached positions (the query
 // sits at position context_lens[s] - 1). GQA, head_dim 32/64/128, flash-decoding split-K over
-// the context when the batch alone does not fill the GPU. Scores scaled by 1/sqrt(head_dim).
+// the context when the batch alone does not fill the GPU. Scores scaled by shape.scale (0: 1/sqrt(head_dim)).
 void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                             int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape,
                             f16_bits* out, int64_t out_stride, void* workspace, size_t workspace_bytes,

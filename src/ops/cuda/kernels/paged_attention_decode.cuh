@@ -31,7 +31,7 @@ struct DecodeParams {
   int num_seqs, num_heads, num_kv_heads, group, head_chunks;
   int window;          // 0: off
   int sinks;           // with a window: the first `sinks` positions stay visible too (KeyView)
-  float scale_log2;    // log2(e) / sqrt(head_dim)
+  float scale_log2;    // log2(e) times the shape's scale (1 / sqrt(head_dim) unless set: detail::attention_scale_log2)
   int split_len;       // keys per split (multiple of 16)
   int splits;
   __half* out;

@@ -23,7 +23,7 @@ struct PrefillParams {
   int num_heads, num_kv_heads, group;
   int window;        // 0: off
   int sinks;         // with a window: positions 0 .. sinks - 1 stay visible (read as whole tiles)
-  float scale_log2;  // log2(e) / sqrt(head_dim)
+  float scale_log2;  // log2(e) times the shape's scale (1 / sqrt(head_dim) unless set: detail::attention_scale_log2)
   int splits;
   int64_t rows;      // num_tokens * num_heads (partials)
   __half* out;
