@@ -53,8 +53,8 @@ inline std::string_view checkpoint_mode(bool checkpoint_has_4bit_weights) {
 inline constexpr std::string_view kAutoMode = "auto";
 // The --mode of `generate`, `chat` and `serve` when none is given. The server's too: its
 // requests share one engine, and the planner prices each step for the whole running batch, so
-// it speculates only at the batch sizes where that pays and a request's output is the same
-// either way; a request's "qspec": {"mode": ...} still names any mode.
+// it speculates only at the batch sizes where that pays, while on 4-bit weights a request's
+// output is W4A16's either way; a request's "qspec": {"mode": ...} still names any mode.
 inline constexpr std::string_view kCommandMode = kAutoMode;
 // A draft's sparse view of the shared KV cache (DecodePlan::draft_window): the window's default
 // sinks (attention sinks: the first positions, which take much of every head's attention;
