@@ -1399,39 +1399,40 @@ namespace {
 
 struct SyntheticShape {
   const char* name;
-  const char* config_json;
+  const char* architecture;  // config.json's architectures and model_type
+  const char* shape;         // the rest of its fields: shapes and RoPE
 };
+
+constexpr const char* kLlamaArchitecture = R"("architectures": ["LlamaForCausalLM"], "model_type": "llama")";
+constexpr const char* kQwen2Architecture = R"("architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2")";
+constexpr const char* kQwen25_7bShape =
+    R"("hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+       "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+       "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false)";
 
 // config.json fields of the published checkpoints (shapes and RoPE only).
 const SyntheticShape kSyntheticShapes[] = {
-    {"llama3-8b",
-     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-         "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-         "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false})"},
-    {"llama2-7b",
-     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-         "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-         "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})"},
-    {"qwen2.5-7b",
-     R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-         "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-         "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
-         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},
-    // The same shapes without the q/k/v biases: what the biases cost, in an A/B of two bench runs.
-    {"qwen2.5-7b-nobias",
-     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3584,
-         "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-         "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
-         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})"},
+    {"llama3-8b", kLlamaArchitecture,
+     R"("hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false)"},
+    {"llama2-7b", kLlamaArchitecture,
+     R"("hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false)"},
+    {"qwen2.5-7b", kQwen2Architecture, kQwen25_7bShape},
+    // The same shapes as a Llama layout, without the q/k/v biases: what the biases cost, in an
+    // A/B of two bench runs.
+    {"qwen2.5-7b-nobias", kLlamaArchitecture, kQwen25_7bShape},
 };
 
 }  // namespace
 
 ModelConfig synthetic_model_config(const std::string& name) {
   for (const SyntheticShape& shape : kSyntheticShapes)
-    if (name == shape.name) return parse_model_config(shape.config_json, std::string("synthetic ") + shape.name);
+    if (name == shape.name)
+      return parse_model_config(std::string("{") + shape.architecture + ", " + shape.shape + "}",
+                                std::string("synthetic ") + shape.name);
   std::string names;
   for (const SyntheticShape& shape : kSyntheticShapes) names += std::string(names.empty() ? "" : ", ") + shape.name;
   fail("unknown synthetic model '", name, "' (known: ", names, ")");
