@@ -384,7 +384,9 @@ void register_bench(CLI::App& app) {
   command->add_option("--qspec-drafts", args->gpu.qspec_drafts,
                       "cuda: drafts of the QSpec cycles: modes (w4a8, w4a8-fp8, w4a4-int4, w4a4-nvfp4, w4a4-mxfp4), "
                       "MODE@WINDOW[+SINKS] for a sparse view of the cache (w4a16@512: the verify's mode over the last "
-                      "512 positions and 16 sinks); --qspec-costs-out on the CPU: the drafts priced (default w4a8; "
+                      "512 positions and 16 sinks), each optionally /vN for a vocabulary subset of N lm_head rows "
+                      "(w4a8/v16384; synthetic weights score the first N ids); --qspec-costs-out on the CPU: the "
+                      "drafts priced (default w4a8; "
                       "ngram always, at cost 0)")
       ->delimiter(',')
       ->capture_default_str();

@@ -609,7 +609,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
   for (const std::string& draft : args.drafts) {
     DecodePlan plan;
     try {
-      set_draft_spec(plan, draft);  // "MODE" or "MODE@WINDOW[+SINKS]"
+      set_draft_spec(plan, draft);  // "MODE" or "MODE@WINDOW[+SINKS]", optionally "/vN"
     } catch (const DecodePlanError& e) {
       fail("--drafts: ", e.what());
     }
@@ -814,7 +814,7 @@ void register_eval(CLI::App& app) {
   add_model_argument(qspec_command, qspec_args->model_dir);
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
-  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), either with /vN (a vocabulary subset: the model's N most frequent ids, qspec tune-draft: w4a8/v8192), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--qspec-costs", qspec_args->qspec_costs,
                             "--drafts auto: the step-cost table (auto: bench/policies' for this device and model; "
                             "none: the planner's fallback; or a file)")

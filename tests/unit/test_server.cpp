@@ -341,6 +341,16 @@ TEST(Server, QSpecDraftAutoMatchesW4A16AndReportsThePlanner) {
                                                                                   {"draft_window", 64}}}});
   expect_error(res, 400);
   EXPECT_NE(res->body.find("qspec.draft_window"), std::string::npos) << res->body;
+  // A vocabulary subset below the smallest, and one the model has no table for: 400s that name
+  // the field and say how to make the table.
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "qspec"}, {"draft", "w4a8"},
+                                                                             {"draft_vocab", 10}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("qspec.draft_vocab"), std::string::npos) << res->body;
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "qspec"}, {"draft", "w4a8"},
+                                                                             {"draft_vocab", 128}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("tune-draft"), std::string::npos) << res->body;
 }
 
 // serve's default, mode auto, on 4-bit weights: QSpec with the planner as the plan of requests
