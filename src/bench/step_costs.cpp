@@ -6,6 +6,7 @@
 
 #include "qspec/decode_plan.h"
 #include "qspec/error.h"
+#include "runtime/draft_mode.h"
 #include "runtime/kv_cache.h"
 
 namespace qspec {
@@ -19,11 +20,8 @@ double median_ms(std::vector<double> seconds) {
 // A draft spec as the run mode the engine gives its draft passes (the request's rules).
 RunMode draft_mode(const std::string& spec, int64_t group_size, int64_t context_limit) {
   const DecodePlan plan = cost_table_draft_plan(spec, "qspec costs");
-  RunMode mode = parse_run_mode(plan.draft);
+  RunMode mode = with_draft_diets(parse_run_mode(plan.draft), plan);
   mode.activations.group_size = group_size;
-  mode.kv_window = plan.draft_window;
-  mode.kv_sinks = plan.draft_view_sinks();
-  mode.vocab_subset = plan.draft_vocab;
   QSPEC_CHECK(plan.draft_window + mode.kv_sinks < context_limit, "qspec costs: draft ", spec,
               ": its view is not below the largest context timed (", context_limit, ")");
   return mode;

@@ -5,6 +5,7 @@
 
 #include "qspec/error.h"
 #include "quant/quantized_linear.h"
+#include "runtime/draft_mode.h"
 #include "runtime/qspec_planner.h"
 
 namespace qspec {
@@ -137,6 +138,13 @@ std::string resolve_auto_mode(DecodePlan& plan, bool checkpoint_has_4bit_weights
   else
     why << "with draft " << draft_spec(plan) << " as named";
   return why.str();
+}
+
+RunMode with_draft_diets(RunMode mode, const DecodePlan& plan) {
+  mode.kv_window = plan.draft_window;
+  mode.kv_sinks = plan.draft_view_sinks();
+  mode.vocab_subset = plan.draft_vocab;
+  return mode;
 }
 
 }  // namespace qspec

@@ -32,6 +32,7 @@
 #include "gemm/policy_map.h"
 #include "model/llama.h"
 #include "runtime/backend.h"
+#include "runtime/draft_mode.h"
 #include "runtime/kv_cache.h"
 #include "runtime/ngram_draft.h"
 #include "runtime/qspec.h"
@@ -239,10 +240,7 @@ struct Engine::Impl {
         continue;
       }
       try {
-        RunMode mode = runnable_mode(probe.draft, "draft");
-        mode.kv_window = probe.draft_window;
-        mode.kv_sinks = probe.draft_view_sinks();
-        mode.vocab_subset = probe.draft_vocab;
+        const RunMode mode = with_draft_diets(runnable_mode(probe.draft, "draft"), probe);
         QSPEC_CHECK(probe.draft_window + mode.kv_sinks < context_limit, "its view is not below the context (",
                     context_limit, ")");
         if (mode.vocab_subset > 0) model.check_draft_vocab(mode.vocab_subset);  // a table that holds it
@@ -340,13 +338,10 @@ struct Engine::Impl {
       if (seq->auto_draft) {
         seq->acceptance.resize(planner->candidates().size());
       } else if (!seq->ngram) {
-        seq->draft = runnable_mode(plan.draft, "draft");
-        seq->draft.kv_window = plan.draft_window;
-        seq->draft.kv_sinks = plan.draft_view_sinks();
+        seq->draft = with_draft_diets(runnable_mode(plan.draft, "draft"), plan);
         QSPEC_CHECK(plan.draft_window + seq->draft.kv_sinks < context_limit, "request: draft_window ",
                     plan.draft_window, " + draft_sinks ", seq->draft.kv_sinks, " is not below the context (",
                     context_limit, " tokens): the draft would read the whole cache (draft_window 0 says that)");
-        seq->draft.vocab_subset = plan.draft_vocab;
         if (plan.draft_vocab > 0) {
           try {
             model.check_draft_vocab(plan.draft_vocab);  // the table holds it: an error now, not mid-request

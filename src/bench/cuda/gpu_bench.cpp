@@ -20,6 +20,7 @@
 #include "qspec/error.h"
 #include "ops/sample.h"
 #include "runtime/cuda/cuda_backend.h"
+#include "runtime/draft_mode.h"
 
 namespace qspec {
 namespace {
@@ -280,11 +281,7 @@ RunMode bench_draft_mode(const std::string& spec) {
   }
   QSPEC_CHECK(!plan.ngram_draft(), "bench: --qspec-drafts ngram: n-gram drafts need real text (time them with "
               "`qspec eval qspec --device cuda`)");
-  RunMode mode = parse_run_mode(plan.draft);
-  mode.kv_window = plan.draft_window;
-  mode.kv_sinks = plan.draft_view_sinks();
-  mode.vocab_subset = plan.draft_vocab;
-  return mode;
+  return with_draft_diets(parse_run_mode(plan.draft), plan);
 }
 
 nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, const ModelConfig& config,
