@@ -19,15 +19,7 @@
 
 namespace {
 
-std::string source_root() {
-#ifdef QSPEC_FUZZ_SOURCE_ROOT
-  return QSPEC_FUZZ_SOURCE_ROOT;
-#else
-  std::string here = __FILE__;  // .../tests/fuzz/fuzz_http.cpp
-  const size_t slash = here.rfind("/tests/fuzz/");
-  return slash == std::string::npos ? std::string(".") : here.substr(0, slash);
-#endif
-}
+std::string source_root() { return QSPEC_FUZZ_SOURCE_ROOT; }  // set by tests/CMakeLists.txt
 
 struct Served {
   std::unique_ptr<qspec::LlamaModel> model;

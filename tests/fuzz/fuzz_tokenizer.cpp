@@ -13,12 +13,8 @@
 
 namespace {
 
-std::string default_path() {
-  std::string here = __FILE__;  // .../tests/fuzz/fuzz_tokenizer.cpp
-  const size_t slash = here.rfind("/tests/fuzz/");
-  const std::string root = slash == std::string::npos ? std::string(".") : here.substr(0, slash);
-  return root + "/models/gsm-synth-llama/tokenizer.json";
-}
+// QSPEC_FUZZ_SOURCE_ROOT: the source tree (tests/CMakeLists.txt sets it for every fuzzer).
+std::string default_path() { return std::string(QSPEC_FUZZ_SOURCE_ROOT) + "/models/gsm-synth-llama/tokenizer.json"; }
 
 bool valid_utf8(const std::string& s) {
   size_t i = 0;
