@@ -1,16 +1,19 @@
 // What the model-level gpu tests share: the bundled fixture model, the GPU check (the gpu tests
-// fail without a GPU, they never skip) and the eval questions as prompts.
+// fail without a GPU, they never skip), the eval questions as prompts and running an engine's
+// requests to the end.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "ops/cuda/device_info.h"
+#include "qspec/engine.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qspec_gpu_test {
@@ -42,6 +45,30 @@ inline std::vector<std::vector<int32_t>> question_prompts(const qspec::Tokenizer
     prompts.push_back(tokenizer.encode("Question: " + problem["question"].get<std::string>() + "\nAnswer:"));
   }
   return prompts;
+}
+
+// Each request's emitted ids and finish reason (": error" appended when there is one).
+struct Outputs {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> finish_reasons;
+};
+
+// Submits every request at once and steps the engine until all have finished.
+inline Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& requests) {
+  Outputs out;
+  out.ids.resize(requests.size());
+  out.finish_reasons.resize(requests.size());
+  std::map<qspec::RequestId, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const qspec::RequestId id = engine.submit(requests[i], [&out, &index](const qspec::TokenEvent& event) {
+      const size_t at = index.at(event.id);
+      out.ids[at].insert(out.ids[at].end(), event.tokens.begin(), event.tokens.end());
+      if (event.finished) out.finish_reasons[at] = event.finish_reason + (event.error.empty() ? "" : ": " + event.error);
+    });
+    index[id] = i;
+  }
+  engine.run_until_idle();
+  return out;
 }
 
 }  // namespace qspec_gpu_test

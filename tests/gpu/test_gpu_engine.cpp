@@ -30,31 +30,11 @@
 namespace {
 
 using qspec_gpu_test::kModelDir;
+using qspec_gpu_test::Outputs;
 using qspec_gpu_test::question_prompts;
 using qspec_gpu_test::require_gpu;
+using qspec_gpu_test::run_all;
 
-struct Outputs {
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<std::string> finish_reasons;
-};
-
-// Submits every request at once and steps the engine until all have finished.
-Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& requests) {
-  Outputs out;
-  out.ids.resize(requests.size());
-  out.finish_reasons.resize(requests.size());
-  std::map<qspec::RequestId, size_t> index;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const qspec::RequestId id = engine.submit(requests[i], [&out, &index](const qspec::TokenEvent& event) {
-      const size_t at = index.at(event.id);
-      out.ids[at].insert(out.ids[at].end(), event.tokens.begin(), event.tokens.end());
-      if (event.finished) out.finish_reasons[at] = event.finish_reason + (event.error.empty() ? "" : ": " + event.error);
-    });
-    index[id] = i;
-  }
-  engine.run_until_idle();
-  return out;
-}
 
 // The W4A16 greedy references: all 400 eval problems from the committed CPU reference
 // (gpu_reference_path), else (QSPEC_GPU_REFERENCE set empty) `fallback` question prompts with no

@@ -30,8 +30,10 @@ namespace {
 
 using qspec_gpu_test::Family;
 using qspec_gpu_test::FamilyCheckpoint;
+using qspec_gpu_test::Outputs;
 using qspec_gpu_test::random_prompts;
 using qspec_gpu_test::require_gpu;
+using qspec_gpu_test::run_all;
 
 // ||a - b|| / ||b||.
 double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
@@ -253,28 +255,6 @@ TEST(GpuFamiliesArc, ArcCalibratedQwen2RunsItsModesNearTheCpu) {
 }
 
 namespace {
-
-struct Outputs {
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<std::string> finish_reasons;
-};
-
-Outputs run_all(qspec::Engine& engine, const std::vector<qspec::Request>& requests) {
-  Outputs out;
-  out.ids.resize(requests.size());
-  out.finish_reasons.resize(requests.size());
-  std::map<qspec::RequestId, size_t> index;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const qspec::RequestId id = engine.submit(requests[i], [&out, &index](const qspec::TokenEvent& event) {
-      const size_t at = index.at(event.id);
-      out.ids[at].insert(out.ids[at].end(), event.tokens.begin(), event.tokens.end());
-      if (event.finished) out.finish_reasons[at] = event.finish_reason + (event.error.empty() ? "" : ": " + event.error);
-    });
-    index[id] = i;
-  }
-  engine.run_until_idle();
-  return out;
-}
 
 qspec::EngineOptions family_engine_options() {
   qspec::EngineOptions options;
