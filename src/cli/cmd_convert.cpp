@@ -35,7 +35,8 @@ void register_convert(CLI::App& app) {
   from_gguf->add_option("out_dir", gguf->out_dir, "Output directory")->required();
   from_gguf->add_flag("--keep-4bit", gguf->keep_4bit,
                       "Keep Q4_0 / Q4_1 / Q4_K projections 4-bit: a qspec int4-asym g32 checkpoint whose weights equal "
-                      "ggml's dequantization exactly (default: every tensor dequantized to F32)");
+                      "ggml's dequantization exactly; projections of other types (Q5_0 / Q6_K / Q8_0 in Q4_K_M files) "
+                      "are re-quantized into it (default: every tensor dequantized to F32)");
   from_gguf->callback([gguf] {
     ProgressBar bar("converting");
     GgufConvertOptions options;

@@ -22,6 +22,7 @@ struct QuantizeArgs {
   std::string format{quant::format_name(quant::kDefaultWeightFormat)};
   int64_t group_size = 0;
   std::string method = "rtn";
+  std::string fit{quant::block_fit_name(quant::BlockFit::range)};
   std::string calib_file;
   int64_t calib_samples = 128;
   int64_t calib_length = 512;
@@ -46,6 +47,7 @@ void run_quantize(const QuantizeArgs& args) {
               " is not a weight format (int4, int4-channel, int4-asym, nvfp4, mxfp4)");
   options.group_size = args.group_size;
   options.method = args.method;
+  options.block_fit = quant::parse_block_fit(args.fit);
   options.gptq_damp = args.damp;
   options.gptq_act_order = args.act_order;
   options.rotate = args.rotate;
@@ -116,6 +118,11 @@ void register_quantize(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--method", args->method, "rtn (round to nearest) or gptq")
       ->check(CLI::IsMember({"rtn", "gptq"}))
+      ->capture_default_str();
+  command->add_option("--fit", args->fit,
+                      "How each group's scale (and int4-asym minimum) is chosen: range (from the group's extremes) or "
+                      "mse (the clipped grid of least squared error), for rtn and gptq")
+      ->check(CLI::IsMember({"range", "mse"}))
       ->capture_default_str();
   command->add_option("--calib", args->calib_file, "Calibration text file (UTF-8), for gptq and --arc");
   command->add_option("--calib-samples", args->calib_samples, "Calibration sequences")->capture_default_str();

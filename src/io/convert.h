@@ -27,8 +27,10 @@ void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_
 // their blocks become the engine's int4-asym weights, group 32 (gguf_to_int4_asym), and OUT_DIR is
 // a qspec 4-bit checkpoint (model/quant_checkpoint.h, method "gguf") whose W4A16 weights equal
 // ggml's dequantization bit for bit. The other tensors are stored F32 as above. A projection of
-// another type (the Q5 / Q6 / Q8 tensors of a Q4_K_M file) is an error naming it: the engine's
-// 4-bit weight set holds one format for every projection.
+// another type (the Q5_0 / Q6_K / Q8_0 tensors a Q4_K_M file mixes in) is dequantized and
+// re-quantized into the same int4-asym g32 format on the grids of least squared error
+// (quant::BlockFit::mse): the engine's 4-bit weight set holds one format for every projection.
+// The manifest counts the projections kept and re-quantized per ggml type.
 struct GgufConvertOptions {
   bool keep_4bit = false;
 };

@@ -873,12 +873,6 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
     const GgmlTypeInfo* info = ggml_type_info(tensor->type);
     QSPEC_CHECK(info != nullptr && info->dequantizable, path, ": tensor '", entry.gguf_name, "' has ggml type ",
                 ggml_type_name(tensor->type), ", which is not supported (supported: ", kSupportedTypes, ")");
-    if (convert_options.keep_4bit && projection(entry.gguf_name))
-      QSPEC_CHECK(gguf_int4_asym_type(tensor->type), path, ": --keep-4bit: tensor '", entry.gguf_name, "' is ",
-                  ggml_type_name(tensor->type),
-                  ", not Q4_0 / Q4_1 / Q4_K; the engine's 4-bit weight set holds one format for every projection, so "
-                  "a file that mixes in other projection types (Q4_K_M's Q6_K ones) cannot be kept 4-bit yet: convert "
-                  "without --keep-4bit (F32) and run qspec quantize --format int4-asym");
     used[entry.gguf_name] = true;
   }
   for (const GgufTensor& tensor : file->tensors()) {
@@ -977,7 +971,8 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   writer.set_metadata("format", convert_options.keep_4bit ? "qspec-4bit" : "pt");
   const size_t total = expected.size() + 1;
   size_t done = 0;
-  std::map<std::string, int64_t> kept_types;  // --keep-4bit: projections per ggml type
+  std::map<std::string, int64_t> kept_types;         // --keep-4bit: projections kept, per ggml type
+  std::map<std::string, int64_t> requantized_types;  // --keep-4bit: projections re-quantized, per ggml type
   for (const Expected& entry : expected) {
     const GgufTensor& tensor = *file->find_tensor(entry.gguf_name);
     if (convert_options.keep_4bit && projection(entry.gguf_name)) {
@@ -988,8 +983,19 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
           quant::make_row_format(quant::Format::int4_asym, quant::Role::weight, cols, kGgufInt4AsymGroup);
       std::vector<uint8_t> codes(static_cast<size_t>(rows * format.code_bytes()));
       std::vector<uint8_t> scales(static_cast<size_t>(rows * format.scale_bytes()));
+      const bool exact = gguf_int4_asym_type(tensor.type);
       try {
-        gguf_to_int4_asym(tensor.type, tensor.data, rows, cols, codes.data(), scales.data());
+        if (exact) {
+          gguf_to_int4_asym(tensor.type, tensor.data, rows, cols, codes.data(), scales.data());
+        } else {
+          // Another type (Q4_K_M mixes Q5_0, Q6_K and Q8_0 projections in): the engine's weight set
+          // is one 4-bit format, so its values are re-quantized into int4-asym g32 on the grids of
+          // least squared error, in the file's row order (permuted below like the kept blocks).
+          const std::vector<float> values = file->dequantize(tensor);
+          for (int64_t row = 0; row < rows; ++row)
+            quant::quantize_row(format, values.data() + row * cols, codes.data() + row * format.code_bytes(),
+                                scales.data() + row * format.scale_bytes(), quant::BlockFit::mse);
+        }
       } catch (const Error& error) {
         fail(path, ": tensor '", entry.gguf_name, "': ", error.what());
       }
@@ -1006,7 +1012,7 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
       }
       writer.add(entry.hf_name + ".qcodes", DType::U8, {rows, format.code_bytes()}, codes.data(), codes.size());
       writer.add(entry.hf_name + ".qscales", DType::U8, {rows, format.scale_bytes()}, scales.data(), scales.size());
-      ++kept_types[ggml_type_name(tensor.type)];
+      ++(exact ? kept_types : requantized_types)[ggml_type_name(tensor.type)];
       if (progress) progress(++done, total);
       continue;
     }
@@ -1022,14 +1028,15 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   hf::write_model_directory(out_dir, writer, config, tokenizer_json, options, *tokens);
   if (convert_options.keep_4bit) {
     // The manifest of a qspec 4-bit checkpoint (model/quant_checkpoint.h).
-    nlohmann::json types = nlohmann::json::object();
+    nlohmann::json types = nlohmann::json::object(), requantized = nlohmann::json::object();
     for (const auto& [type, count] : kept_types) types[type] = count;
+    for (const auto& [type, count] : requantized_types) requantized[type] = count;
     hf::write_json(std::filesystem::path(out_dir) / kQuantManifestFile,
                    {{"qspec_quantization", kQuantManifestVersion},
                     {"format", quant::format_name(quant::Format::int4_asym)},
                     {"group_size", kGgufInt4AsymGroup},
                     {"method", "gguf"},
-                    {"details", {{"gguf_types", types}}},
+                    {"details", {{"gguf_types", types}, {"requantized_types", requantized}, {"requantized_fit", "mse"}}},
                     {"tool", "qspec convert gguf --keep-4bit"},
                     {"source", gguf_path}});
   }

@@ -93,6 +93,7 @@ QuantizedMatrix quantize_gptq(const WeightMatrix& weight, const ArcSite& site, c
   GptqOptions gptq;
   gptq.damp_percent = options.gptq_damp;
   gptq.act_order = options.gptq_act_order;
+  gptq.block_fit = options.block_fit;
   QuantizedMatrix out = gptq_quantize(weight.name, main.data(), weight.rows, k, std::move(h), options.format,
                                       group_size, gptq);
   if (site.tail == 0) return out;
@@ -215,7 +216,8 @@ void quantize_model(LlamaModel& model, const QuantizeOptions& options, const Cal
       const ArcSite& site = out.sites[static_cast<int>(p.site)];
       const std::vector<float> rows = augmented_rows(weight, site);
       out.*p.quantized =
-          quantize_rtn(f32_view(weight.name, rows.data(), weight.rows, weight.cols + site.tail), options.format, group_size);
+          quantize_rtn(f32_view(weight.name, rows.data(), weight.rows, weight.cols + site.tail), options.format, group_size,
+                       options.block_fit);
     }
   };
 
@@ -273,6 +275,7 @@ void quantize_model(LlamaModel& model, const QuantizeOptions& options, const Cal
   info.group_size = quant::format_has_groups(options.format) ? group_size : 0;
   info.method = options.method;
   info.details = nlohmann::json::object();
+  info.details["block_fit"] = quant::block_fit_name(options.block_fit);
   if (gptq)
     info.details["gptq"] = {{"damp_percent", options.gptq_damp}, {"act_order", options.gptq_act_order},
                             {"static_groups", options.gptq_act_order}, {"sequential", "layer"}};

@@ -33,6 +33,9 @@ struct QuantizeOptions {
   quant::Format format = quant::kDefaultWeightFormat;
   int64_t group_size = 0;      // int4 groups; 0: LlamaModel::auto_group_size()
   std::string method = "rtn";  // "rtn" or "gptq"
+  // How each group's scale (and int4-asym minimum) is chosen: from its range, or the grid of least
+  // squared error (quant::BlockFit). Applies to rtn and gptq alike.
+  quant::BlockFit block_fit = quant::BlockFit::range;
   double gptq_damp = 0.01;     // lambda = damp * mean(diag H)
   bool gptq_act_order = false;
   bool rotate = false;            // QuaRot-style Hadamard rotation first (LlamaModel::apply_hadamard_rotation)

@@ -311,20 +311,82 @@ void with_codec(const RowFormat& format, float nvfp4_scale, Fn&& fn) {
   fail("unknown quantization format ", static_cast<int>(format.format));
 }
 
-// A block's scale from its `count` values: from the range for int4-asym, else from the amax.
+// The squared error of a block's values on the grid of `block`.
 template <typename Codec, typename Values>
-typename Codec::Block block_from_values(const Codec& codec, int64_t count, Values&& values) {
+double block_squared_error(const Codec& codec, const typename Codec::Block& block, int64_t count, Values& values) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double error = static_cast<double>(values(i)) - codec.decode(codec.encode(values(i), block), block);
+    sum += error * error;
+  }
+  return sum;
+}
+
+// BlockFit::mse for int4-asym: step counts 14.0, 14.1, ..., 16.0 over the range [lo, hi] give
+// codes, and each set of codes its least-squares (scale, minimum); the candidate with the least
+// squared error wins, the range's own grid (`best`) unless one beats it.
+template <typename Values>
+AsymCodec::Block searched_asym_block(const AsymCodec& codec, int64_t count, Values& values, float lo, float hi,
+                                     AsymCodec::Block best) {
+  if (!(hi > lo)) return best;
+  double best_error = block_squared_error(codec, best, count, values);
+  for (int step = 0; step <= 20; ++step) {
+    const double inverse = (14.0 + 0.1 * step) / (static_cast<double>(hi) - lo);
+    double n = 0, sum_l = 0, sum_ll = 0, sum_x = 0, sum_lx = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double x = values(i);
+      const double l = std::clamp(std::nearbyint((x - lo) * inverse), 0.0, static_cast<double>(kInt4AsymMaxCode));
+      n += 1;
+      sum_l += l;
+      sum_ll += l * l;
+      sum_x += x;
+      sum_lx += l * x;
+    }
+    const double determinant = n * sum_ll - sum_l * sum_l;
+    if (!(determinant > 0)) continue;
+    const AsymCodec::Block candidate{static_cast<float>((n * sum_lx - sum_l * sum_x) / determinant),
+                                     static_cast<float>((sum_ll * sum_x - sum_l * sum_lx) / determinant)};
+    if (!(candidate.scale > 0.0f) || !std::isfinite(candidate.scale) || !std::isfinite(candidate.min)) continue;
+    const double error = block_squared_error(codec, candidate, count, values);
+    if (error < best_error) {
+      best_error = error;
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+// A block's scale from its `count` values: from the range for int4-asym, else from the amax;
+// BlockFit::mse searches clipped grids of the 4-bit integer formats (formats.h).
+template <typename Codec, typename Values>
+typename Codec::Block block_from_values(const Codec& codec, int64_t count, Values&& values,
+                                        BlockFit fit = BlockFit::range) {
   if constexpr (std::is_same_v<Codec, AsymCodec>) {
     float lo = values(0), hi = values(0);
     for (int64_t i = 1; i < count; ++i) {
       lo = std::min(lo, values(i));
       hi = std::max(hi, values(i));
     }
-    return codec.from_range(lo, hi);
+    const AsymCodec::Block range = codec.from_range(lo, hi);
+    return fit == BlockFit::mse ? searched_asym_block(codec, count, values, lo, hi, range) : range;
   } else {
     float amax = 0.0f;
     for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(values(i)));
-    return codec.from_amax(amax);
+    typename Codec::Block best = codec.from_amax(amax);
+    if constexpr (std::is_same_v<Codec, IntegerCodec>) {
+      if (fit == BlockFit::mse && codec.max_code == 7 && amax > 0.0f) {
+        double best_error = block_squared_error(codec, best, count, values);
+        for (int shrink = 1; shrink <= 20; ++shrink) {
+          const typename Codec::Block candidate = codec.from_amax(amax * (1.0f - 0.02f * static_cast<float>(shrink)));
+          const double error = block_squared_error(codec, candidate, count, values);
+          if (error < best_error) {
+            best_error = error;
+            best = candidate;
+          }
+        }
+      }
+    }
+    return best;
   }
 }
 
@@ -401,11 +463,11 @@ struct DequantSink {
 // directly or as the residual of that block's own quantization.
 template <typename Codec, typename Sink>
 void quantize_blocks(const Codec& codec, const BlockPlan& plan, int64_t block, const float* x,
-                     Sink& sink) {
+                     Sink& sink, BlockFit fit = BlockFit::range) {
   for (int64_t position = 0; position < plan.augmented_blocks(); ++position) {
     BlockSource source = plan.source(position);
     const float* input = x + source.block * block;
-    auto primary = block_from_values(codec, block, [input](int64_t i) { return input[i]; });
+    auto primary = block_from_values(codec, block, [input](int64_t i) { return input[i]; }, fit);
     if (!source.residual) {
       sink.put(position, codec, primary, [input](int64_t i) { return input[i]; });
       continue;
@@ -415,7 +477,7 @@ void quantize_blocks(const Codec& codec, const BlockPlan& plan, int64_t block, c
     auto residual = [&codec, &primary, input](int64_t i) {
       return input[i] - codec.decode(codec.encode(input[i], primary), primary);
     };
-    sink.put(position, codec, block_from_values(codec, block, residual), residual);
+    sink.put(position, codec, block_from_values(codec, block, residual, fit), residual);
   }
 }
 
@@ -448,12 +510,12 @@ int64_t nvfp4_token_scale_offset(const RowFormat& format) { return format.blocks
 
 // Shared by the plain and ARC entry points.
 void quantize_planned(const RowFormat& format, const BlockPlan& plan, const float* x,
-                      int64_t input_count, uint8_t* codes, uint8_t* scales) {
+                      int64_t input_count, uint8_t* codes, uint8_t* scales, BlockFit fit = BlockFit::range) {
   float row_amax = checked_abs_max(format, x, input_count);
   float tensor_scale = nvfp4_row_scale(format, row_amax);
   with_codec(format, tensor_scale, [&](const auto& codec) {
     PackSink sink{codes, scales, format.block, is_four_bit(format.format)};
-    quantize_blocks(codec, plan, format.block, x, sink);
+    quantize_blocks(codec, plan, format.block, x, sink, fit);
   });
   if (format.format == Format::nvfp4 && format.role == Role::activation)
     store_le(scales + nvfp4_token_scale_offset(format), tensor_scale);
@@ -607,9 +669,17 @@ float nvfp4_tensor_scale(float amax) {
   return amax / (448.0f * 6.0f);
 }
 
-void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8_t* scales) {
+std::string_view block_fit_name(BlockFit fit) { return fit == BlockFit::mse ? "mse" : "range"; }
+
+BlockFit parse_block_fit(std::string_view name) {
+  if (name == "range") return BlockFit::range;
+  if (name == "mse") return BlockFit::mse;
+  fail("unknown block fit '", name, "' (known: range, mse)");
+}
+
+void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8_t* scales, BlockFit fit) {
   quantize_planned(format, BlockPlan{format.blocks(), 0, ArcLayout::concatenated}, x, format.k,
-                   codes, scales);
+                   codes, scales, fit);
 }
 
 void fake_quantize_row(const RowFormat& format, float* x) {
@@ -692,11 +762,18 @@ void store_asym_block(const RowFormat& format, uint8_t* scales, int64_t block, f
 }
 
 void quantize_block_scale(const RowFormat& format, const float* values, int64_t block,
-                          uint8_t* scales) {
+                          uint8_t* scales, BlockFit fit) {
   float amax = checked_abs_max(format, values, format.block);
   if (format.format == Format::int4_asym) {
     AsymCodec codec;
-    codec.store(scales, block, block_from_values(codec, format.block, [values](int64_t i) { return values[i]; }));
+    codec.store(scales, block, block_from_values(codec, format.block, [values](int64_t i) { return values[i]; }, fit));
+    return;
+  }
+  if (fit == BlockFit::mse && (format.format == Format::int4 || format.format == Format::int4_channel)) {
+    with_codec(format, 0.0f, [&](const auto& codec) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(codec)>, IntegerCodec>)
+        codec.store(scales, block, block_from_values(codec, format.block, [values](int64_t i) { return values[i]; }, fit));
+    });
     return;
   }
   float tensor_scale = 0.0f;

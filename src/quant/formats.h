@@ -136,9 +136,23 @@ float abs_max(const float* values, int64_t count);
 // batch, which QSpec's draft/verify equivalence needs.
 float nvfp4_tensor_scale(float amax);
 
+// How a block's scale (and int4-asym minimum) is chosen from the block's values.
+//   range: from the amax (int4-asym: from the minimum and maximum), so every value lies within
+//     half a step of its code. The rule for activations, and round to nearest (RTN).
+//   mse: the grid with the least squared error over the block's values: clipped ranges are
+//     searched (int4: the amax times 1, 0.98, ..., 0.6; int4-asym: 21 step counts around 15
+//     over the range, each refit by least squares), the range's own grid among them, so it is
+//     never worse than range in squared error. A few outliers are clipped so that the rest
+//     resolve finer (llama.cpp's make_qkx2_quants, GPTQ's mse option do the same). int4,
+//     int4-channel and int4-asym only: the other formats keep their range rule.
+enum class BlockFit { range, mse };
+std::string_view block_fit_name(BlockFit fit);
+BlockFit parse_block_fit(std::string_view name);  // "range" or "mse"; throws naming the value
+
 // Per-row work, no allocation: buffers are caller-provided, sized by code_bytes() and
 // scale_bytes(). fake_quantize_row replaces x by dequantize_row(quantize_row(x)), bit for bit.
-void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8_t* scales);
+void quantize_row(const RowFormat& format, const float* x, uint8_t* codes, uint8_t* scales,
+                  BlockFit fit = BlockFit::range);
 void dequantize_row(const RowFormat& format, const uint8_t* codes, const uint8_t* scales,
                     float* out);
 void fake_quantize_row(const RowFormat& format, float* x);
@@ -164,7 +178,7 @@ float row_tensor_scale(const RowFormat& format, const uint8_t* scales);
 // (2688 * tensor_scale; GPTQ's updated values can outgrow the original matrix) saturates the
 // block scale at E4M3's 448 instead of throwing. Throws on NaN or infinite values.
 void quantize_block_scale(const RowFormat& format, const float* values, int64_t block,
-                          uint8_t* scales);
+                          uint8_t* scales, BlockFit fit = BlockFit::range);
 // x encoded under the stored scale of block `block`: its code (4-bit formats: the low nibble)
 // and exactly the value dequantize_row decodes from that code and scale. Throws on NaN or
 // infinite x.

@@ -251,7 +251,7 @@ QuantizedMatrix gptq_quantize(const std::string& name, const float* weight, int6
             // Static groups: every scale from the original (dead-zeroed) row, before any update.
             for (int64_t c = 0; c < k; ++c) scratch[static_cast<size_t>(c)] = dead[static_cast<size_t>(c)] ? 0.0f : source[c];
             quant::quantize_row(row_format, scratch.data(), scratch_codes.data(),
-                                out.scales.data() + (row0 + r) * scale_bytes);
+                                out.scales.data() + (row0 + r) * scale_bytes, options.block_fit);
           }
         }
         for (int64_t b0 = 0; b0 < k; b0 += width) {
@@ -268,7 +268,7 @@ QuantizedMatrix gptq_quantize(const std::string& name, const float* weight, int6
               if (!options.act_order && c % block == 0) {
                 // Natural order: c == j, and the block's columns [j, j + block) are up to date.
                 for (int64_t i = 0; i < block; ++i) scratch[static_cast<size_t>(i)] = static_cast<float>(wr[j + i]);
-                quant::quantize_block_scale(row_format, scratch.data(), c_block, row_scales);
+                quant::quantize_block_scale(row_format, scratch.data(), c_block, row_scales, options.block_fit);
               }
               const double current = wr[j];
               const quant::QuantizedElement q =

@@ -63,6 +63,7 @@ struct GptqOptions {
   double damp_percent = 0.01;
   bool act_order = false;       // process columns by descending H_jj (static groups, see above)
   int64_t block_columns = 128;  // lazy-batch width
+  quant::BlockFit block_fit = quant::BlockFit::range;  // how each block's scale is chosen (formats.h)
 };
 
 // Optional details of one run (for logs and tests).

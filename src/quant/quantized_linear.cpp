@@ -121,7 +121,8 @@ void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
   }
 }
 
-QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, int64_t group_size) {
+QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, int64_t group_size,
+                             quant::BlockFit fit) {
   QSPEC_CHECK(quant::format_supports(format, quant::Role::weight), weight.name, ": '",
               quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, nvfp4, mxfp4)");
   QuantizedMatrix out;
@@ -148,7 +149,7 @@ QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, i
     weight.row_to_f32(r, row.data());
     try {
       quant::quantize_row(out.format, row.data(), out.codes.data() + r * code_bytes,
-                          out.scales.data() + r * scale_bytes);
+                          out.scales.data() + r * scale_bytes, fit);
     } catch (const Error& error) {
       fail(weight.name, " row ", r, ": ", error.what());
     }

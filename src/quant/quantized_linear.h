@@ -88,9 +88,11 @@ struct QuantizedMatrix {
 };
 
 // Round-to-nearest quantization of a checkpoint matrix (nvfp4 gets its tensor scale from the
-// whole matrix). Errors name the matrix when its K is not a multiple of the format's block.
+// whole matrix), on grids chosen by `fit` (formats.h). Errors name the matrix when its K is not
+// a multiple of the format's block.
 QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format,
-                             int64_t group_size = quant::kDefaultGroupSize);
+                             int64_t group_size = quant::kDefaultGroupSize,
+                             quant::BlockFit fit = quant::BlockFit::range);
 
 namespace cpu {
 // CPU backend option: keep a dequantized f32 copy of each 4-bit matrix prepared after this

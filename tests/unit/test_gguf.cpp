@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -231,6 +232,7 @@ class GgufBuilder {
 struct SpmShape {
   uint64_t dim = 8, ffn = 8, heads = 2, kv_heads = 1, head_dim = 4;
   uint32_t projection_type = 0;  // 0: F32
+  std::string f32_projection;     // with projection_type: this projection stays F32 (a mixed file)
 };
 struct SpmLlama {
   static constexpr int kDim = 8, kFfn = 8, kHeads = 2, kKvHeads = 1, kHeadDim = 4;
@@ -294,7 +296,7 @@ struct SpmLlama {
       const bool projection = list[t].name.starts_with("blk.0.") && list[t].name.find("norm") == std::string::npos;
       if (list[t].name == "blk.0.attn_q.weight" && q_type != 0) {
         builder.tensor(list[t].name, list[t].dims, q_type, std::vector<uint8_t>(n * 4, 0));
-      } else if (projection && shape.projection_type != 0) {
+      } else if (projection && shape.projection_type != 0 && list[t].name != shape.f32_projection) {
         builder.tensor(list[t].name, list[t].dims, shape.projection_type,
                        random_4bit_blocks(shape.projection_type, n, static_cast<uint32_t>(t)));
       } else {
@@ -456,20 +458,59 @@ TEST(Gguf, KeepFourBitWritesAnInt4AsymCheckpointEqualToTheF32Conversion) {
   }
 }
 
-TEST(Gguf, KeepFourBitRefusesOtherProjectionTypesNamingTheTensor) {
-  // q_proj Q4_0, the other projections F32 (as a Q4_K_M file mixes Q6_K in): refused, nothing written.
-  SpmLlama model("llama", 0, 1, {256, 256, 4, 2, 64, 0});
+TEST(Gguf, KeepFourBitRequantizesOtherProjectionTypesOnLeastSquaresGrids) {
+  // Six projections Q4_1, k_proj F32 (as a Q4_K_M file mixes Q5_0 / Q6_K / Q8_0 in): the Q4_1
+  // ones are kept bit for bit, k_proj is the F32 conversion's rows quantized into int4-asym g32
+  // with BlockFit::mse (rows are quantized alone, so quantizing before the k row permutation
+  // gives the permuted rows' codes).
+  SpmLlama model("llama", 0, 1,
+                 {256, 256, 4, 2, 64, static_cast<uint32_t>(qspec::GgmlType::Q4_1), "blk.0.attn_k.weight"});
   fs::path dir = temp_dir("keep4-mixed");
   write_bytes(dir / "m.gguf", model.builder.build());
+  qspec::convert_gguf((dir / "m.gguf").string(), (dir / "f32").string());
   qspec::GgufConvertOptions options;
   options.keep_4bit = true;
-  const std::string error = error_of(
-      [&] { qspec::convert_gguf((dir / "m.gguf").string(), (dir / "out").string(), {}, options); });
-  EXPECT_NE(error.find("m.gguf"), std::string::npos) << error;
-  EXPECT_NE(error.find("blk.0.attn_q.weight"), std::string::npos) << error;
-  EXPECT_NE(error.find("F32"), std::string::npos) << error;
-  EXPECT_NE(error.find("--keep-4bit"), std::string::npos) << error;
-  EXPECT_FALSE(fs::exists(dir / "out" / "model.safetensors"));
+  qspec::convert_gguf((dir / "m.gguf").string(), (dir / "q4").string(), {}, options);
+  const json manifest = read_json(dir / "q4" / qspec::kQuantManifestFile);
+  EXPECT_EQ(manifest["details"]["gguf_types"], json({{"Q4_1", 6}}));
+  EXPECT_EQ(manifest["details"]["requantized_types"], json({{"F32", 1}}));
+  auto f32 = qspec::SafetensorsFile::open((dir / "f32" / "model.safetensors").string());
+  auto q4 = qspec::LlamaModel::load((dir / "q4").string());
+  const qspec::QuantizedLayerWeights& layer = q4->quantized_layers()[0];
+  int requantized = 0;
+  for (const qspec::QuantizedMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+    SCOPED_TRACE(m->name);
+    const qspec::TensorView* want = f32->find(m->name);
+    ASSERT_NE(want, nullptr);
+    const float* source = reinterpret_cast<const float*>(want->data);
+    std::vector<float> row(m->cols()), range_row(m->cols());
+    for (int64_t r = 0; r < m->rows; ++r) {
+      const float* values = source + r * m->cols();
+      m->dequantize_row(r, row.data());
+      if (m != &layer.k_proj) {
+        size_t diff = 0;
+        ASSERT_TRUE(same_bits_up_to_zero_sign(row.data(), values, m->cols(), false, &diff)) << "row " << r;
+        continue;
+      }
+      std::vector<uint8_t> codes(m->format.code_bytes()), scales(m->format.scale_bytes());
+      qspec::quant::quantize_row(m->format, values, codes.data(), scales.data(), qspec::quant::BlockFit::mse);
+      ASSERT_EQ(std::memcmp(codes.data(), m->codes.data() + r * m->format.code_bytes(), codes.size()), 0) << "row " << r;
+      ASSERT_EQ(std::memcmp(scales.data(), m->scales.data() + r * m->format.scale_bytes(), scales.size()), 0)
+          << "row " << r;
+      // Never worse than the range grids in squared error.
+      std::copy(values, values + m->cols(), range_row.begin());
+      qspec::quant::fake_quantize_row(m->format, range_row.data());
+      double mse_error = 0, range_error = 0;
+      for (int64_t i = 0; i < m->cols(); ++i) {
+        mse_error += std::pow(static_cast<double>(values[i]) - row[i], 2);
+        range_error += std::pow(static_cast<double>(values[i]) - range_row[i], 2);
+      }
+      ASSERT_LE(mse_error, range_error) << "row " << r;
+    }
+    requantized += m == &layer.k_proj;
+  }
+  EXPECT_EQ(requantized, 1);
   fs::remove_all(dir);
 }
 

@@ -451,6 +451,62 @@ TEST(QuantFormatsPacking, Int4AsymGroupsHoldScaleAndMinimum) {
   EXPECT_EQ(flat.dequantized, (std::vector<float>{-3, -3, -3, -3}));
 }
 
+// BlockFit::mse: per block never more squared error than the range grid (which it searches
+// among its candidates), less where an outlier stretches the range, none where the values lie on
+// a 4-bit grid already; the other formats keep their range rule.
+TEST(QuantFormatsBlockFit, MseGridsNeverLoseToTheRangeAndWinOnOutliers) {
+  std::mt19937 rng(55);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  auto block_errors = [](const RowFormat& f, const std::vector<float>& x, BlockFit fit) {
+    std::vector<uint8_t> codes(f.code_bytes()), scales(f.scale_bytes());
+    std::vector<float> y(f.k);
+    quantize_row(f, x.data(), codes.data(), scales.data(), fit);
+    dequantize_row(f, codes.data(), scales.data(), y.data());
+    std::vector<double> errors(f.blocks(), 0.0);
+    for (int64_t i = 0; i < f.k; ++i) errors[i / f.block] += std::pow(static_cast<double>(x[i]) - y[i], 2);
+    return errors;
+  };
+  for (Format format : {Format::int4, Format::int4_asym, Format::int4_channel}) {
+    for (int64_t group : {32, 64, 128}) {
+      const RowFormat f = make_row_format(format, Role::weight, 512, group);
+      SCOPED_TRACE(std::string(format_name(format)) + " g" + std::to_string(f.block));
+      double range_total = 0, mse_total = 0;
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<float> x(512);
+        for (float& v : x) v = normal(rng);
+        x[(trial * 37) % 512] = 0.2f * (trial % 2 ? 1.0f : -1.0f);  // one outlier a row
+        const std::vector<double> range = block_errors(f, x, BlockFit::range), mse = block_errors(f, x, BlockFit::mse);
+        for (size_t b = 0; b < range.size(); ++b) {
+          ASSERT_LE(mse[b], range[b]) << "trial " << trial << " block " << b;
+          range_total += range[b];
+          mse_total += mse[b];
+        }
+      }
+      EXPECT_LT(mse_total, 0.9 * range_total);
+    }
+  }
+  // Values on an int4-asym grid (a Q4_1 block: code * 0.01 - 0.07) come back exactly.
+  const RowFormat asym = make_row_format(Format::int4_asym, Role::weight, 32, 32);
+  std::vector<float> on_grid(32);
+  for (int i = 0; i < 32; ++i) on_grid[i] = std::fma(static_cast<float>((i * 7) % 16), 0.01f, -0.07f);
+  EXPECT_EQ(block_errors(asym, on_grid, BlockFit::mse)[0], 0.0);
+  // nvfp4 / mxfp4: the fit changes nothing.
+  for (Format format : {Format::nvfp4, Format::mxfp4}) {
+    RowFormat f = make_row_format(format, Role::weight, 64, 0);
+    std::vector<float> x(64);
+    for (float& v : x) v = normal(rng);
+    f.tensor_scale = nvfp4_tensor_scale(abs_max(x.data(), 64));
+    std::vector<uint8_t> a(f.code_bytes()), b(f.code_bytes()), sa(f.scale_bytes()), sb(f.scale_bytes());
+    quantize_row(f, x.data(), a.data(), sa.data(), BlockFit::range);
+    quantize_row(f, x.data(), b.data(), sb.data(), BlockFit::mse);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(sa, sb);
+  }
+  EXPECT_EQ(parse_block_fit("mse"), BlockFit::mse);
+  EXPECT_EQ(block_fit_name(parse_block_fit("range")), "range");
+  EXPECT_THROW(parse_block_fit("minmax"), qspec::Error);
+}
+
 TEST(QuantFormatsPacking, Int4AsymStoredBlocksDecodeAsCodeTimesScalePlusMinimum) {
   // What an importer of GGUF blocks does: store (scale, minimum) as given, then decode.
   RowFormat f = make_row_format(Format::int4_asym, Role::weight, 64, 32);
