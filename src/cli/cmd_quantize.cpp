@@ -22,7 +22,7 @@ struct QuantizeArgs {
   std::string format{quant::format_name(quant::kDefaultWeightFormat)};
   int64_t group_size = 0;
   std::string method = "rtn";
-  std::string fit{quant::block_fit_name(quant::BlockFit::range)};
+  std::string fit{quant::block_fit_name(QuantizeOptions{}.block_fit)};
   std::string calib_file;
   int64_t calib_samples = 128;
   int64_t calib_length = 512;

@@ -388,6 +388,7 @@ void LlamaModel::quantize_weights(quant::Format format, int64_t group_size) {
   QuantizeOptions options;
   options.format = format;
   options.group_size = group_size;
+  options.block_fit = quant::BlockFit::range;  // load time: the ~40x cheaper grids (quantize.h)
   quantize_model(*this, options, nullptr);
 }
 
