@@ -1174,6 +1174,11 @@ TEST_F(Gpu, AttentionRejectsUnsupportedHeadDim) {
   }
   EXPECT_THROW(cuda::paged_attention_prefill(nullptr, 2048, one, kv, wide, nullptr, 2048, nullptr, 0, nullptr),
                qspec::Error);
+  // The GPU model's load check: every listed head_dim runs on an sm_90 GPU (256's prefill block takes
+  // 160 KB of shared memory), others are refused.
+  for (const int64_t d : cuda::kAttentionHeadDims) EXPECT_NO_THROW(cuda::check_attention_runs_here(d)) << d;
+  EXPECT_THROW(cuda::check_attention_runs_here(96), qspec::Error);
+  EXPECT_THROW(cuda::check_attention_runs_here(512), qspec::Error);
 }
 
 // ---- GEMMs ---------------------------------------------------------------------------------
