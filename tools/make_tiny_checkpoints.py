@@ -75,6 +75,15 @@ def variants():
                      "sliding_attention", "sliding_attention"],
         hidden_activation="gelu_pytorch_tanh",
         **gemma3_rope(1000000.0, 10000.0, {"rope_type": "linear", "factor": 4.0})))
+    # Gemma 3 at head_dim 256 (Gemma 3 270M's heads: 4 query heads on 1 KV head,
+    # query_pre_attn_scalar = head_dim, no RoPE scaling), the width of the GPU's widest attention
+    # kernels: a sliding layer (window 8) then a full one, bf16 weights (~0.8 MB).
+    yield ("gemma3-hd256", torch.bfloat16, Gemma3ForCausalLM, Gemma3TextConfig(
+        **{**COMMON, "num_hidden_layers": 2, "num_key_value_heads": 1}, head_dim=256,
+        sliding_window=8, query_pre_attn_scalar=256, final_logit_softcapping=30.0,
+        attn_logit_softcapping=None, tie_word_embeddings=True,
+        layer_types=["sliding_attention", "full_attention"], hidden_activation="gelu_pytorch_tanh",
+        **gemma3_rope(1000000.0, 10000.0)))
 
 def main(out_root, only=None):
     torch.manual_seed(0)

@@ -3,10 +3,11 @@
 // norms, an explicit head_dim wider than hidden / heads) and Gemma 3 ((1 + w) norms before and
 // after attention and MLP, GeGLU, scaled embeddings, q/k norms, sliding layers of window 8 with
 // their own RoPE base around a full layer with linear RoPE scaling, query_pre_attn_scalar, logit
-// soft-capping). The CPU family checkpoints of tests/data/tiny (transformers goldens) have
-// head_dim 16, 24 and 32 and sizes that 128-wide int4 groups do not divide; these have the same
-// layouts at head_dim 64 and 128-multiples, and the CPU forward pass (checked against
-// transformers on those) is their reference.
+// soft-capping), and Gemma 3 at head_dim 256 (Gemma 3 270M's heads: 4 query heads on 1 KV head,
+// query_pre_attn_scalar = head_dim). The CPU family checkpoints of tests/data/tiny (transformers
+// goldens) have head_dim 16-32 (and 256: gemma3-hd256) and sizes that 128-wide int4 groups do not
+// divide; these have the same layouts at head_dim 64 / 256 and 128-multiples, and the CPU forward
+// pass (checked against transformers on those) is their reference.
 #pragma once
 #include <unistd.h>
 
@@ -24,10 +25,13 @@
 
 namespace qspec_gpu_test {
 
-enum class Family { qwen2, qwen3, gemma3 };
+enum class Family { qwen2, qwen3, gemma3, gemma3_hd256 };
 
 inline const char* family_name(Family family) {
-  return family == Family::qwen2 ? "qwen2" : family == Family::qwen3 ? "qwen3" : "gemma3";
+  return family == Family::qwen2    ? "qwen2"
+         : family == Family::qwen3  ? "qwen3"
+         : family == Family::gemma3 ? "gemma3"
+                                    : "gemma3_hd256";
 }
 // gtest prints test parameters with it (instead of their bytes).
 inline void PrintTo(Family family, std::ostream* out) { *out << family_name(family); }
@@ -46,9 +50,12 @@ class FamilyCheckpoint {
                .string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    const bool qwen2 = family == Family::qwen2, gemma = family == Family::gemma3;
-    const int64_t vocab = 256, hidden = qwen2 || gemma ? 256 : 128, heads = 4, kv_heads = 2, head_dim = 64,
-                  inter = qwen2 || gemma ? 512 : 384, layers = gemma ? 4 : 2;
+    const bool qwen2 = family == Family::qwen2, wide = family == Family::gemma3_hd256;
+    const bool gemma = family == Family::gemma3 || wide;
+    // wide: the GPU's attention at head_dim 256 (q_dim 1024 on a 256-wide hidden, as Gemma 3 270M's
+    // 1024 on 640), a GQA group of 4 (every decode kernel's 4-heads-a-block variant).
+    const int64_t vocab = 256, hidden = qwen2 || gemma ? 256 : 128, heads = 4, kv_heads = wide ? 1 : 2,
+                  head_dim = wide ? 256 : 64, inter = qwen2 || gemma ? 512 : 384, layers = gemma ? 4 : 2;
     const char* architecture = qwen2 ? "Qwen2ForCausalLM" : gemma ? "Gemma3ForCausalLM" : "Qwen3ForCausalLM";
     nlohmann::json config = {{"architectures", {architecture}},
                              {"model_type", qwen2 ? "qwen2" : gemma ? "gemma3_text" : "qwen3"},
@@ -70,7 +77,8 @@ class FamilyCheckpoint {
       config["hidden_activation"] = "gelu_pytorch_tanh";
       config["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention", "sliding_attention"};
       config["sliding_window"] = 8;
-      config["query_pre_attn_scalar"] = 48;
+      // wide: Gemma 3 270M's query_pre_attn_scalar = head_dim (the default 1 / sqrt(head_dim) scale).
+      config["query_pre_attn_scalar"] = wide ? 256 : 48;
       config["final_logit_softcapping"] = 30.0;
       config["rope_local_base_freq"] = 10000.0;
       config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};

@@ -1,18 +1,20 @@
 // Qwen2 (q/k/v biases, tied embeddings), Qwen3 (per-head q/k RMSNorm, explicit head_dim) and
 // Gemma 3 ((1 + w) and output norms, GeGLU, scaled embeddings, sliding layers with their own
-// RoPE, query_pre_attn_scalar, logit soft-capping) on the GPU against the CPU forward pass, on
-// tiny random checkpoints of each layout (family_checkpoints.h): W16A16 logits within the
+// RoPE, query_pre_attn_scalar, logit soft-capping; at head_dim 64 and 256) on the GPU against the
+// CPU forward pass, on tiny random checkpoints of each layout (family_checkpoints.h): W16A16 logits within the
 // GPU-vs-CPU bound along prefill and decode steps, W4A16 greedy ids equal to the CPU's, every
 // activation mode (ARC ones on an ARC-calibrated Qwen2) running with logits near the CPU's in that
-// mode, and greedy QSpec equal to greedy W4A16 on the GPU for every draft. Label `gpu`: fails
-// without a GPU.
+// mode, and greedy QSpec equal to greedy W4A16 on the GPU for every draft; and the head_dim-256
+// Gemma 3 of tests/data/tiny against transformers' logits. Label `gpu`: fails without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -223,7 +225,9 @@ TEST_P(GpuFamilies, EveryActivationModeRunsNearTheCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GpuFamilies, testing::Values(Family::qwen2, Family::qwen3, Family::gemma3), family_test_name);
+INSTANTIATE_TEST_SUITE_P(Families, GpuFamilies,
+                         testing::Values(Family::qwen2, Family::qwen3, Family::gemma3, Family::gemma3_hd256),
+                         family_test_name);
 
 // An ARC-calibrated Qwen2 (reordered inputs, augmented columns) runs W4A16 and the ARC modes
 // with its biases: logits near the CPU's in each.
@@ -252,6 +256,38 @@ TEST(GpuFamiliesArc, ArcCalibratedQwen2RunsItsModesNearTheCpu) {
     std::printf("  ARC-calibrated Qwen2 %s: worst relative logit error against the CPU %.3g (bound %.3g)\n", name.c_str(), worst,
                 bound);
   }
+}
+
+// Gemma 3 at head_dim 256 against transformers itself (tests/data/tiny/gemma3-hd256, made by
+// tools/make_tiny_checkpoints.py: Gemma 3 270M's heads, a sliding layer of window 8 and a full
+// one, fp32 goldens): W16A16 logits on the GPU within 1e-2 relative of transformers' at every
+// position of each golden prompt, its first half as one prefill, the rest as decode steps (the
+// 29-token prompt runs past the window in both).
+TEST(GpuFamiliesTransformers, Gemma3HeadDim256MatchesTransformersLogits) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  const std::string dir = std::string(QSPEC_SOURCE_DIR) + "/tests/data/tiny/gemma3-hd256";
+  auto model = qspec::LlamaModel::load(dir);
+  ASSERT_EQ(model->config().head_dim, 256);
+  std::ifstream file(dir + "/golden.json");
+  ASSERT_TRUE(file.good()) << dir;
+  const nlohmann::json golden = nlohmann::json::parse(file);
+  double worst = 0;
+  for (size_t p = 0; p < golden["prompts"].size(); ++p) {
+    const auto prompt = golden["prompts"][p].get<std::vector<int32_t>>();
+    const auto expected = golden["logits"][p].get<std::vector<std::vector<float>>>();
+    qspec::GpuLlama gpu(*model, qspec::parse_run_mode("w16a16"), model->config().max_position_embeddings);
+    const size_t prefill = (prompt.size() + 1) / 2;
+    gpu.forward(std::span<const int32_t>(prompt.data(), prefill));
+    for (size_t t = prefill - 1; t < prompt.size(); ++t) {
+      if (t >= prefill) gpu.forward(std::span<const int32_t>(&prompt[t], 1));
+      const std::vector<float> got = gpu.logits();
+      ASSERT_EQ(got.size(), expected[t].size());
+      const double error = relative_error(got, expected[t]);
+      worst = std::max(worst, error);
+      EXPECT_LT(error, 1e-2) << "prompt " << p << " position " << t << (t < prefill ? " (prefill)" : " (decode)");
+    }
+  }
+  std::printf("  gemma3-hd256 W16A16: worst relative logit error against transformers %.3g\n", worst);
 }
 
 namespace {
@@ -336,7 +372,8 @@ TEST_P(GpuFamilyDrafts, GreedyQSpecEqualsW4A16OnTheGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, GpuFamilyDrafts,
-                         testing::Combine(testing::Values(Family::qwen2, Family::qwen3, Family::gemma3),
+                         testing::Combine(testing::Values(Family::qwen2, Family::qwen3, Family::gemma3,
+                                                          Family::gemma3_hd256),
                                           testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4",
                                                           "ngram", "w4a16@24+4", "w4a8@40+16")),
                          [](const testing::TestParamInfo<DraftCase>& info) {

@@ -241,7 +241,7 @@ TEST_F(Gpu, RopeMatchesCpuInsideStridedRows) {
 // against the CPU above and below); the v heads and the rest of the pool stay untouched.
 TEST_F(Gpu, RopeKvWriteEqualsRopeThenKvWriteBitwise) {
   for (auto [heads, kv_heads, head_dim, vectorized] :
-       {std::tuple{8, 2, 64, true}, {32, 8, 128, true}, {4, 4, 32, true}, {3, 1, 6, false}}) {
+       {std::tuple{8, 2, 64, true}, {32, 8, 128, true}, {4, 4, 32, true}, {3, 1, 6, false}, {4, 1, 256, true}}) {
     const std::vector<int64_t> run_lengths = {1, 5, 17};
     const std::vector<int64_t> run_starts = {40, 0, 3};  // cached positions before each run
     const int64_t seqs = static_cast<int64_t>(run_lengths.size()), max_blocks = 8, kv_width = kv_heads * head_dim;
@@ -697,10 +697,14 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
                                             {32, 8, 128, 256, 16}, {32, 8, 128, 100, 20}, {12, 12, 64, 64, 4},
                                             {8, 4, 32, 200, 7},
                                             // Gemma 3: query_pre_attn_scalar^-1/2, a sliding layer's window
-                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f}};
+                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f},
+                                            // head_dim 256 (Gemma 3 270M: 4 heads on 1 KV head, windows of
+                                            // 512) at every heads-a-block (8, 4, 2, 1: tiles of 4-16 keys)
+                                            {4, 1, 256, 512}, {8, 1, 256, 0, 0, 0.0625f}, {6, 3, 256, 100, 16},
+                                            {3, 3, 256, 0}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {2048, 2048, 7, 513},
                                                      {64}, {65, 128, 129}};
-  // Every decode kernel: the tiles kernel in tiles of 16-128 keys by head_dim and the heads a block,
+  // Every decode kernel: the tiles kernel in tiles of 4-128 keys by head_dim and the heads a block,
   // on tensor cores (mma; head_dim 32 runs the f32 tiles there) and in f32 FMAs; the chunked one.
   for (const cuda::DecodeAttention kernel :
        {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles, cuda::DecodeAttention::chunked}) {
@@ -761,7 +765,9 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
 TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
   const std::vector<AttentionCase> cases = {{8, 4, 32, 0},   {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
                                             {16, 1, 128, 0}, {9, 3, 64, 0},   {32, 8, 128, 100},
-                                            {32, 8, 128, 256, 16}, {12, 12, 64, 100, 20}};
+                                            {32, 8, 128, 256, 16}, {12, 12, 64, 100, 20},
+                                            // head_dim 256 (Gemma 3)
+                                            {4, 1, 256, 0}, {16, 2, 256, 100, 16}, {2, 2, 256, 0}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {64}, {65, 128, 129, 32, 33}};
   // With the chunked kernel the call runs the two launches itself (rotating qkv in place).
   for (const cuda::DecodeAttention kernel :
@@ -854,7 +860,8 @@ TEST_F(Gpu, RopeKvWriteWithBiasesAndQkNormsMatchesCpu) {
     bool bias, norm;
   };
   for (const Case c : {Case{4, 2, 64, true, false}, Case{28, 4, 128, true, false}, Case{8, 2, 128, false, true},
-                       Case{4, 4, 32, true, true}, Case{16, 8, 64, false, true}, Case{2, 1, 256, true, true}}) {
+                       Case{4, 4, 32, true, true}, Case{16, 8, 64, false, true}, Case{2, 1, 256, true, true},
+                       Case{4, 1, 256, false, true}, Case{8, 2, 256, true, false}}) {
     const std::vector<int64_t> run_lengths = {1, 6, 19};
     const std::vector<int64_t> run_starts = {33, 0, 5};
     const int64_t seqs = 3, max_blocks = 8, D = c.head_dim, q_dim = c.heads * D, kv_width = c.kv_heads * D;
@@ -935,7 +942,8 @@ TEST_F(Gpu, RopeKvWriteWithBiasesAndQkNormsMatchesCpu) {
 // both pools (the new slots start as NaN). With q/k norms the call takes those two launches
 // itself, so it gives their bits too.
 TEST_F(Gpu, PagedDecodeRopeWithAPrologueEqualsRopeKvWriteThenDecodeBitwise) {
-  const std::vector<AttentionCase> cases = {{28, 4, 128, 0}, {8, 2, 64, 0}, {4, 4, 32, 0}, {16, 2, 128, 100, 16}};
+  const std::vector<AttentionCase> cases = {{28, 4, 128, 0}, {8, 2, 64, 0},         {4, 4, 32, 0},
+                                            {16, 2, 128, 100, 16}, {4, 1, 256, 0}, {6, 2, 256, 100, 16}};
   const std::vector<std::vector<int64_t>> batches = {{1}, {17, 300, 5}, {64}};
   for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::mma, cuda::DecodeAttention::tiles}) {
     cuda::set_decode_attention(kernel);
@@ -1020,7 +1028,11 @@ TEST_F(Gpu, PagedKvWriteThenPrefillMatchesCpuAttention) {
                                             {9, 3, 64, 0},  {32, 8, 128, 77}, {16, 2, 64, 1000},
                                             {32, 8, 128, 77, 16}, {16, 2, 64, 130, 5},
                                             // Gemma 3: query_pre_attn_scalar^-1/2, a sliding layer's window
-                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f}};
+                                            {8, 4, 64, 0, 0, 0.1443376f}, {4, 2, 128, 8, 0, 0.0625f},
+                                            // head_dim 256 (Gemma 3 270M: 4 heads on 1 KV head; a window
+                                            // of 8, sinks, an explicit scale, MHA)
+                                            {4, 1, 256, 0}, {4, 1, 256, 8, 0, 0.0625f}, {8, 2, 256, 77, 16},
+                                            {3, 3, 256, 0}};
   const std::vector<std::vector<Run>> batches = {
       {{0, 1}},                              // one token, empty cache
       {{0, 17}, {40, 5}, {100, 1}},          // prefill + verify runs (gamma + 1 = 5)
@@ -1152,6 +1164,21 @@ TEST_F(Gpu, AttentionRejectsUnsupportedHeadDim) {
   EXPECT_THROW(cuda::paged_attention_decode_rope(nullptr, 384, one, nullptr, nullptr, 1.0f, kv, ok, nullptr, 256,
                                                  nullptr, 0, nullptr),
                qspec::Error);
+  // Past the widest (256), by the prefill too, naming the one list of head_dims.
+  const qspec::cpu::AttentionShape wide{4, 2, 512, 0};
+  try {
+    cuda::paged_attention_decode(nullptr, 2048, 1, nullptr, 16, kv, wide, nullptr, 2048, nullptr, 0, nullptr);
+    ADD_FAILURE() << "head_dim 512 was taken";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 512 (supported: 32, 64, 128, 256)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cuda::paged_attention_prefill(nullptr, 2048, one, kv, wide, nullptr, 2048, nullptr, 0, nullptr),
+               qspec::Error);
+  // The GPU model's load check: every listed head_dim runs on an sm_90 GPU (256's prefill block takes
+  // 160 KB of shared memory), others are refused.
+  for (const int64_t d : cuda::kAttentionHeadDims) EXPECT_NO_THROW(cuda::check_attention_runs_here(d)) << d;
+  EXPECT_THROW(cuda::check_attention_runs_here(96), qspec::Error);
+  EXPECT_THROW(cuda::check_attention_runs_here(512), qspec::Error);
 }
 
 // ---- GEMMs ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Qwen3 and Gemma 3 (tests/data/tiny/qwen3-qknorm, gemma3-swa) beyond the fp32 logits of
+// Qwen3 and Gemma 3 (tests/data/tiny/qwen3-qknorm, gemma3-swa, gemma3-hd256) beyond the fp32 logits of
 // test_tiny_models.cpp: every CPU mode runs from RTN and ARC-calibrated 4-bit weights, a
 // batched forward equals token-by-token bit for bit (the premise of QSpec's verify pass, here
 // across Gemma's sliding-window layers), greedy QSpec equals greedy W4A16 for every draft, a
@@ -202,7 +202,7 @@ TEST_P(Family, HadamardRotationKeepsQwen3AndRefusesGemma3) {
   std::filesystem::remove_all(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, Family, testing::Values("qwen3-qknorm", "gemma3-swa"),
+INSTANTIATE_TEST_SUITE_P(Tiny, Family, testing::Values("qwen3-qknorm", "gemma3-swa", "gemma3-hd256"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name)

@@ -4,8 +4,9 @@
 // embeddings, Mistral with a sliding window shorter than the prompt, Qwen3 with per-head q/k
 // norms and head_dim != hidden / heads, Gemma 3 with (1 + w) norms, four norms per layer,
 // GeGLU, scaled embeddings, sliding layers (window 8, own RoPE base) around a global layer
-// with linear RoPE scaling, query_pre_attn_scalar and final logit soft-capping. Weights in
-// f32, bf16 and f16 exercise every load path.
+// with linear RoPE scaling, query_pre_attn_scalar and final logit soft-capping, and Gemma 3 at
+// head_dim 256 (Gemma 3 270M's heads; the GPU's widest attention). Weights in f32, bf16 and f16
+// exercise every load path.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,7 +62,7 @@ TEST_P(TinyModel, LogitsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModel,
                          testing::Values("llama3-rope", "llama-yarn", "llama-linear-bias", "qwen2-tied",
-                                         "mistral-swa", "qwen3-qknorm", "gemma3-swa"),
+                                         "mistral-swa", "qwen3-qknorm", "gemma3-swa", "gemma3-hd256"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name)

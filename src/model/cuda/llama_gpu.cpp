@@ -573,8 +573,9 @@ void check_supported(const ModelConfig& c, const RunMode& mode) {
   QSPEC_CHECK(cuda::compute_capability() >= 80, "GPU model: ", cuda::device_name(), " is sm_",
               cuda::compute_capability(), "; the CUDA backend needs sm_80 or newer");
   (void)gpu_activations(mode);  // throws for modes the GPU does not run
-  QSPEC_CHECK(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128, "GPU model: head_dim ", c.head_dim,
-              " (the attention kernels take 32, 64, 128)");
+  QSPEC_CHECK(cuda::attention_head_dim_supported(c.head_dim), "GPU model: head_dim ", c.head_dim,
+              " (the attention kernels take ", cuda::attention_head_dims_text(), ")");
+  cuda::check_attention_runs_here(c.head_dim);  // head_dim 256's prefill needs 160 KB a block
   QSPEC_CHECK(c.hidden_size % 8 == 0 && c.intermediate_size % 8 == 0 && c.q_dim() % 8 == 0 && c.kv_dim() % 8 == 0,
               "GPU model: hidden, intermediate and head sizes must be multiples of 8");
 }

@@ -19,6 +19,33 @@ namespace qspec::cuda {
 // p % kKvBlockSize.
 inline constexpr int kKvBlockSize = 16;
 
+// The head_dims the attention kernels (decode, prefill, their split-K combine) are built for:
+// each is a template instantiation, so a model of another head_dim is refused at load rather
+// than run on a kernel that was never compiled. Every launcher and the GPU model check this
+// one list (256: Gemma 3).
+inline constexpr int64_t kAttentionHeadDims[] = {32, 64, 128, 256};
+constexpr bool attention_head_dim_supported(int64_t head_dim) {
+  for (const int64_t d : kAttentionHeadDims)
+    if (d == head_dim) return true;
+  return false;
+}
+constexpr int64_t attention_max_head_dim() {
+  int64_t widest = 0;
+  for (const int64_t d : kAttentionHeadDims) widest = d > widest ? d : widest;
+  return widest;
+}
+// "32, 64, 128, 256": the list for error messages.
+inline std::string attention_head_dims_text() {
+  std::string text;
+  for (const int64_t d : kAttentionHeadDims) text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return text;
+}
+// Throws unless the attention kernels of head_dim run on the current device: one of
+// kAttentionHeadDims, and the prefill block's shared memory (160 KB at 256) within what the device
+// gives a block. The GPU model calls it at load, so a Gemma 3 on an sm_89 card is refused there
+// rather than at its first prefill.
+void check_attention_runs_here(int64_t head_dim);
+
 struct PagedKv {
   f16_bits* k_pool = nullptr;
   f16_bits* v_pool = nullptr;
@@ -81,7 +108,7 @@ size_t attention_workspace_bytes(int64_t tokens, int64_t num_heads, int64_t head
 void attention_workspace_init(void* workspace, size_t bytes, void* stream);
 
 // Which decode attention kernel paged_attention_decode launches: mma (the tiles kernel with its
-// scores and P V on tensor cores, head_dim 64 and 128; tiles at head_dim 32), tiles (each
+// scores and P V on tensor cores, head_dim 64 and up; tiles at head_dim 32), tiles (each
 // block's keys and values of two tiles in flight at once, scores and P V in f32 FMAs), chunked
 // (the earlier kernel: keys, then values, 32 at a time) or automatic (the default: mma, which
 // runs the f32 tiles at head_dim 32).
@@ -93,8 +120,8 @@ void set_decode_attention(DecodeAttention kernel);
 
 // Decode: one query per sequence (q, out: [num_seqs, num_heads * head_dim] rows q_stride /
 // out_stride apart), sequence s attends to its context_lens[s] cached positions (the query
-// sits at position context_lens[s] - 1). GQA, head_dim 32/64/128, flash-decoding split-K over
-// the context when the batch alone does not fill the GPU. Scores scaled by shape.scale (0: 1/sqrt(head_dim)).
+// sits at position context_lens[s] - 1). GQA, head_dims of kAttentionHeadDims, flash-decoding split-K
+// over the context when the batch alone does not fill the GPU. Scores scaled by shape.scale (0: 1/sqrt(head_dim)).
 void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                             int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape,
                             f16_bits* out, int64_t out_stride, void* workspace, size_t workspace_bytes,

@@ -1,3 +1,4 @@
+// Split-K attention: the workspace's size and counters, and the prefill's combine launch.
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_combine.cuh"
 #include "ops/cuda/kernels/attention_split.h"
@@ -31,12 +32,15 @@ void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {
   const float* part_o = attention_partial_o(workspace);
   const auto* part_ml = reinterpret_cast<const float2*>(attention_partial_ml(workspace, splits, rows, head_dim));
-  QSPEC_CHECK(splits <= kernels::kCombineMaxSplits && (head_dim == 32 || head_dim == 64 || head_dim == 128),
-              "attention combine: ", splits, " splits, head_dim ", head_dim);
+  QSPEC_CHECK(splits <= kernels::kCombineMaxSplits, "attention combine: ", splits, " splits (at most ",
+              kernels::kCombineMaxSplits, ")");
+  QSPEC_CHECK(attention_head_dim_supported(head_dim), "attention combine: head_dim ", head_dim, " (supported: ",
+              attention_head_dims_text(), ")");
   const dim3 grid(static_cast<unsigned>((rows + 3) / 4)), block(128);
-  auto* kernel = head_dim == 32   ? kernels::attention_combine_kernel<32>
-                 : head_dim == 64 ? kernels::attention_combine_kernel<64>
-                                  : kernels::attention_combine_kernel<128>;
+  auto* kernel = head_dim == 32    ? kernels::attention_combine_kernel<32>
+                 : head_dim == 64  ? kernels::attention_combine_kernel<64>
+                 : head_dim == 128 ? kernels::attention_combine_kernel<128>
+                                   : kernels::attention_combine_kernel<256>;
   launch_pdl(kernel, grid, block, 0, stream, part_o, part_ml, static_cast<int>(splits), rows,
              static_cast<int>(num_heads), out, out_stride);
   QSPEC_CUDA_CHECK_LAUNCH("attention_combine_kernel");

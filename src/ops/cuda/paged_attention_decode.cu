@@ -1,3 +1,4 @@
+// Launchers of the decode attention (one query a sequence; chunked, tiles and tensor-core tiles kernels).
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -22,7 +23,7 @@ auto* tiles_kernel(int heads_per_block) {
                                 : kernels::paged_attention_decode_tiles_kernel<D, 8, MMA>;
 }
 
-// automatic: the tensor-core tiles wherever they run (head_dim 64 and 128; the f32 tiles at 32).
+// automatic: the tensor-core tiles wherever they run (head_dim 64 and up; the f32 tiles at 32).
 // Measured on the H100 (docs/perf-journal/perf-notes-journal-2026.md, "Decode attention on tensor cores" and "The decode
 // attention's automatic choice at long contexts"), W4A16 steps against the f32 tiles: at contexts
 // of 512-560 keys 1-4 % shorter at batch 8-64 (the same at batch 1), at 2048 keys 3.5-12 % shorter
@@ -87,7 +88,8 @@ namespace {
 void check_decode_shape(const char* op, const cpu::AttentionShape& shape, int64_t q_stride, int64_t out_stride,
                         int64_t num_seqs, int64_t max_context) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
-  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::", op, ": head_dim ", D, " (supported: 32, 64, 128)");
+  QSPEC_CHECK(attention_head_dim_supported(D), "cuda::", op, ": head_dim ", D, " (supported: ",
+              attention_head_dims_text(), ")");
   QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0, "cuda::", op,
               ": bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
   QSPEC_CHECK(shape.sliding_window >= 0 && shape.sink_tokens >= 0, "cuda::", op, ": bad window ",
@@ -147,7 +149,8 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   cudaStream_t s = as_stream(stream);
   if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
   else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
-  else launch_decode_d<128>(params, heads_per_block, grid, s);
+  else if (D == 128) launch_decode_d<128>(params, heads_per_block, grid, s);
+  else launch_decode_d<256>(params, heads_per_block, grid, s);
 #if defined(QSPEC_ATTENTION_STAMPS) && defined(QSPEC_ATTENTION_STAMPS_TWICE)
   // Measurement build: the same launch again (it is idempotent) with its code and data warm and
   // its dependency met; the step's time with it says what a warm launch costs (perf-notes).

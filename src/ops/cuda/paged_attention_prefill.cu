@@ -1,3 +1,4 @@
+// Launcher of the multi-query paged attention (prefill, QSpec verify) and its split-K combine.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -14,11 +15,33 @@ void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int
 }
 
 namespace {
+// The prefill block's dynamic shared memory: Q and two stages of K and V, 64 rows each, 80 KB at
+// head_dim 128 and 160 KB at 256 (an H100 / H200 / A100 block takes up to 227 / 227 / 163 KB,
+// sm_86 and sm_89 only 99).
+size_t prefill_smem_bytes(int64_t D) {
+  return D == 32    ? kernels::PrefillSmem<32>::kBytes
+         : D == 64  ? kernels::PrefillSmem<64>::kBytes
+         : D == 128 ? kernels::PrefillSmem<128>::kBytes
+                    : kernels::PrefillSmem<256>::kBytes;
+}
+}  // namespace
+
+void check_attention_runs_here(int64_t head_dim) {
+  QSPEC_CHECK(attention_head_dim_supported(head_dim), "cuda attention: head_dim ", head_dim, " (supported: ",
+              attention_head_dims_text(), ")");
+  const cudaDeviceProp& device = current_device_properties();
+  QSPEC_CHECK(prefill_smem_bytes(head_dim) <= device.sharedMemPerBlockOptin, "cuda attention: head_dim ", head_dim,
+              " takes ", prefill_smem_bytes(head_dim), " bytes of shared memory a prefill block; ", device.name,
+              " gives a block at most ", device.sharedMemPerBlockOptin);
+}
+
+namespace {
 template <int D, int KW>
 void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
   constexpr size_t bytes = kernels::PrefillSmem<D>::kBytes;
   static bool configured = false;  // per instantiation; attribute setting is idempotent
   if (!configured) {
+    check_attention_runs_here(D);  // the opt-in below fails on a device without that much
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D, KW>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     configured = true;
@@ -54,8 +77,8 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
                              const cpu::AttentionShape& shape, f16_bits* out, int64_t out_stride, void* workspace,
                              size_t workspace_bytes, void* stream) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
-  QSPEC_CHECK(D == 32 || D == 64 || D == 128, "cuda::paged_attention_prefill: head_dim ", D,
-              " (supported: 32, 64, 128)");
+  QSPEC_CHECK(attention_head_dim_supported(D), "cuda::paged_attention_prefill: head_dim ", D, " (supported: ",
+              attention_head_dims_text(), ")");
   QSPEC_CHECK(KV > 0 && H % KV == 0 && q_stride >= H * D && out_stride >= H * D && q_stride % 8 == 0 &&
                   out_stride % 2 == 0,
               "cuda::paged_attention_prefill: bad shape heads ", H, " kv_heads ", KV, " q_stride ", q_stride);
@@ -108,7 +131,8 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   cudaStream_t s = as_stream(stream);
   if (D == 32) launch_prefill_kw<32>(key_warps, params, grid, s);
   else if (D == 64) launch_prefill_kw<64>(key_warps, params, grid, s);
-  else launch_prefill_kw<128>(key_warps, params, grid, s);
+  else if (D == 128) launch_prefill_kw<128>(key_warps, params, grid, s);
+  else launch_prefill_kw<256>(key_warps, params, grid, s);
   if (splits > 1)
     detail::launch_attention_combine(workspace, splits, rows, H, D, reinterpret_cast<__half*>(out), out_stride, s);
 }

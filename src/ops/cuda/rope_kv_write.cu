@@ -6,6 +6,11 @@
 
 namespace qspec::cuda {
 
+// The prologue kernel holds a head in registers, so the widest head the attention takes must fit
+// there: every supported model gets its biases and q/k norms (Gemma 3's at head_dim 256).
+static_assert(attention_max_head_dim() <= 64 * kernels::kPrologueMaxPairsPerLane,
+              "rope_kv_write_prologue_kernel: raise kPrologueMaxPairsPerLane for the widest attention head_dim");
+
 void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                    const QueryBatch& batch, const float* inv_freq, float attention_scaling, const PagedKv& kv,
                    void* stream, const QkvPrologue& prologue) {

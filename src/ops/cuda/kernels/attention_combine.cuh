@@ -19,6 +19,7 @@ __device__ __forceinline__ void combine_attention_row(const float* __restrict__ 
                                                       const float2* __restrict__ part_ml, int splits, int64_t rows,
                                                       int64_t row, __half* __restrict__ out_row) {
   constexpr int kPerLane = D / 32;
+  static_assert(kPerLane == 1 || kPerLane == 2 || kPerLane == 4 || kPerLane == 8, "head_dim 32, 64, 128 or 256");
   constexpr int kBatch = 8;  // splits whose o loads are in flight at once
   const int lane = threadIdx.x & 31;
   const float* lane_o = part_o + row * D + lane * kPerLane;  // split s: + s * rows * D
@@ -30,6 +31,11 @@ __device__ __forceinline__ void combine_attention_row(const float* __restrict__ 
       if (s0 + u >= splits) {
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) o[u][j] = 0.0f;
+      } else if constexpr (kPerLane == 8) {  // head_dim 256: two 16-byte loads
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(at));
+        const float4 w = __ldcg(reinterpret_cast<const float4*>(at) + 1);
+        o[u][0] = v.x, o[u][1] = v.y, o[u][2] = v.z, o[u][3] = v.w;
+        o[u][4] = w.x, o[u][5] = w.y, o[u][6] = w.z, o[u][7] = w.w;
       } else if constexpr (kPerLane == 4) {
         const float4 v = __ldcg(reinterpret_cast<const float4*>(at));
         o[u][0] = v.x, o[u][1] = v.y, o[u][2] = v.z, o[u][3] = v.w;

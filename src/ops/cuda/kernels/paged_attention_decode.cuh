@@ -262,7 +262,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, float (&acc)
   merge_splits<D>(p, seq, head0, heads_here);
 }
 
-// D: head_dim (32, 64, 128); GM: query heads per block (1, 2, 4, 8).
+// D: head_dim (32, 64, 128, 256: a warp a key there); GM: query heads per block (1, 2, 4, 8).
 template <int D, int GM>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_kernel(const DecodeParams p) {
   pdl_prologue();  // launched with launch_pdl (common.h)

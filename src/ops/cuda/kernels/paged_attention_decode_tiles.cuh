@@ -23,7 +23,7 @@
 // rotation's round trips move into this kernel); the early copies make the step 0.8 / 2.5 /
 // 1.6 % shorter at batch 8 / 16 / 64, and batch 1 is unchanged.
 //
-// MMA (DecodeAttention::mma, head_dim 64 / 128): ncu put the f32 kernel at one warp a scheduler
+// MMA (DecodeAttention::mma, head_dim 64 and up): ncu put the f32 kernel at one warp a scheduler
 // issuing every 5.4 cycles, ~970 instructions a warp a 32-key tile (16-lane shuffle sums a key a
 // head, then 8 FMAs a key a head for P V): a chain of instructions, not of bytes. Here the
 // scores are one mma row tile of 16 keys a warp against the 8 query-head columns (D / 16 steps),
@@ -72,8 +72,13 @@ __device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partn
 // A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block, whose
 // reduce buffer takes 16 KB; static shared memory stops at 48). Two stages: the next tile's
 // copies are in flight while the block computes on this one. Tile keys: 32 at head_dim 128.
-template <int D, int GM>
-inline constexpr int kDecodeTileKeys = (GM >= 8 ? 2048 : 4096) / D;
+// head_dim 256 (Gemma 3) keeps 16 keys a tile (a stage of 16 KB) wherever the f32 reduce buffer
+// ([warps][GM][256] f32: 4 KB a head) leaves room, and under MMA, which has no reduce buffer and
+// needs whole 16-key row tiles; the f32 tiles take 8 keys at 4 heads a block and 4 at 8 (static
+// shared memory 34 and 42 KB; 38-42 KB for the others).
+template <int D, int GM, bool MMA>
+inline constexpr int kDecodeTileKeys =
+    D == 256 ? (MMA || GM <= 2 ? 16 : 32 / GM) : (GM >= 8 ? 2048 : 4096) / D;
 inline constexpr int kDecodeStages = 2;
 
 // ---- the tensor-core (MMA) tile steps ----------------------------------------------------
@@ -218,17 +223,19 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
   } while (0)
 #endif
 
-// D: head_dim (32, 64, 128; MMA: 64, 128); GM: query heads per block (1, 2, 4, 8); MMA: the
+// D: head_dim (32, 64, 128, 256; MMA: 64 and up); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
 template <int D, int GM, bool MMA = false>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
-  static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 or 128 (8 chunks a key row for the swizzle)");
+  static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 and up (8 chunks a key row for the swizzle)");
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;
-  constexpr int TILE = kDecodeTileKeys<D, GM>;
+  constexpr int TILE = kDecodeTileKeys<D, GM, MMA>;
   constexpr int U = TILE / STEP;  // keys a lane copies a tile (K and V each)
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
+  static_assert(!MMA || (TILE % 16 == 0 && TILE / 16 <= kDecodeWarps),
+                "MMA: a tile is whole 16-key row tiles, a score warp each");
   __shared__ __align__(16) __half k_tiles[kDecodeStages][TILE * D];  // a tile's key j at j * D
   __shared__ __align__(16) __half v_tiles[kDecodeStages][TILE * D];
   __shared__ float logits[GM][TILE];

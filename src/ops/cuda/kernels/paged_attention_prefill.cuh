@@ -47,7 +47,8 @@ template <int D>
 struct PrefillSmem {
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kTileHalves = 64 * D;
-  static constexpr size_t kBytes = static_cast<size_t>(5 * kTileHalves) * sizeof(__half);  // Q + 2 x (K, V)
+  // Q + 2 x (K, V): 80 KB at head_dim 128, 160 KB at 256 (one block a multiprocessor there).
+  static constexpr size_t kBytes = static_cast<size_t>(5 * kTileHalves) * sizeof(__half);
   // Half offset of (row, 16-byte chunk) in a 64 x D tile, XOR-swizzled so that the 8 rows an
   // ldmatrix phase touches hit distinct banks.
   __device__ static __forceinline__ int offset(int row, int chunk) {
@@ -152,12 +153,18 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
     cp_async_commit();
     cp_async_wait<1>();  // the Q tile
     __syncthreads();
-    uint32_t q_frag[D / 16][4];
+    // Q's A fragments of this warp's 16 rows, held in registers up to head_dim 128; at 256 they
+    // would take 64 registers a thread beside O's 128 and S's, so each k step of S = Q K^T reads
+    // its fragments again from the Q tile (which stays in shared memory).
+    constexpr bool kQInRegisters = D <= 128;
+    uint32_t q_frag[kQInRegisters ? D / 16 : 1][4];
+    if constexpr (kQInRegisters) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int m = lane >> 3;
-      const int r = rw * 16 + (m & 1) * 8 + (lane & 7);
-      ldmatrix_x4(q_frag[kk], smem_address(q_tile + Smem::offset(r, kk * 2 + (m >> 1))));
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int m = lane >> 3;
+        const int r = rw * 16 + (m & 1) * 8 + (lane & 7);
+        ldmatrix_x4(q_frag[kk], smem_address(q_tile + Smem::offset(r, kk * 2 + (m >> 1))));
+      }
     }
 
     for (int tile = tile_begin; tile < tile_end; ++tile) {
@@ -175,16 +182,37 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.0f;
+      if constexpr (kQInRegisters) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          const int m = lane >> 3;
-          const int r = kw * KEYS_W + np * 16 + (m >> 1) * 8 + (lane & 7);
-          uint32_t b[4];
-          ldmatrix_x4(b, smem_address(k_tile + Smem::offset(r, kk * 2 + (m & 1))));
-          mma_f16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
-          mma_f16_16816(s_acc[2 * np + 1], q_frag[kk], b[2], b[3]);
+          for (int np = 0; np < NT / 2; ++np) {
+            const int m = lane >> 3;
+            const int r = kw * KEYS_W + np * 16 + (m >> 1) * 8 + (lane & 7);
+            uint32_t b[4];
+            ldmatrix_x4(b, smem_address(k_tile + Smem::offset(r, kk * 2 + (m & 1))));
+            mma_f16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
+            mma_f16_16816(s_acc[2 * np + 1], q_frag[kk], b[2], b[3]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t a[4];
+          {
+            const int m = lane >> 3;
+            const int r = rw * 16 + (m & 1) * 8 + (lane & 7);
+            ldmatrix_x4(a, smem_address(q_tile + Smem::offset(r, kk * 2 + (m >> 1))));
+          }
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) {
+            const int m = lane >> 3;
+            const int r = kw * KEYS_W + np * 16 + (m >> 1) * 8 + (lane & 7);
+            uint32_t b[4];
+            ldmatrix_x4(b, smem_address(k_tile + Smem::offset(r, kk * 2 + (m & 1))));
+            mma_f16_16816(s_acc[2 * np], a, b[0], b[1]);
+            mma_f16_16816(s_acc[2 * np + 1], a, b[2], b[3]);
+          }
         }
       }
       // Mask, online softmax (log2 domain).
