@@ -162,6 +162,11 @@ __device__ __forceinline__ void cp_async_wait() {
 // kernel variants).
 inline bool is_aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
+// A hint: the 128-byte line holding `address` is fetched into L2 (no register waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched with launch_pdl may start
 // while the previous kernel on the stream drains: it must call grid_dependency_wait() before it
 // reads that kernel's outputs or writes global memory (loads of constant data, such as weights,

@@ -325,6 +325,23 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     if (threadIdx.x < D / 2)
       rope_cos_sin(static_cast<float>(new_position), __ldg(p.rope.inv_freq + threadIdx.x), p.rope.attention_scaling,
                    rope_cosine[threadIdx.x], rope_sine[threadIdx.x]);
+    if (p.rope.bias != nullptr) {
+      // The biases are weights, not the QKV GEMM's output: pulled into L2 before the wait, so that
+      // adding them after it (below) costs an L2 hit instead of a DRAM round trip on the step's
+      // critical path (the step's weight stream has evicted them since the last layer).
+      const int partner_li = li ^ (LPK / 2);
+#pragma unroll
+      for (int g = 0; g < GM; ++g) {
+        if (MMA && g % kDecodeWarps != warp) continue;
+        const float* q_bias = p.rope.bias + (head0 + min(g, heads_here - 1)) * D;
+        prefetch_l2(q_bias + li * 8);
+        prefetch_l2(q_bias + partner_li * 8);
+      }
+      const float* k_bias = p.rope.bias + static_cast<int64_t>(p.num_heads) * D + kv_head * D;
+      prefetch_l2(k_bias + li * 8);
+      prefetch_l2(k_bias + partner_li * 8);
+      prefetch_l2(k_bias + kv_stride + li * 8);
+    }
   }
   pdl_prologue();  // launched with launch_pdl (common.h)
   QSPEC_ATTENTION_STAMP(1);
