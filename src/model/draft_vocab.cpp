@@ -1,4 +1,5 @@
-// The draft vocabulary table (model/draft_vocab.h): ranking, identity, and its JSON file.
+// The draft vocabulary table (model/draft_vocab.h): ranking, identity, and its JSON file; and
+// what every draft table shares (DraftTableIdentity, the JSON file's reading and writing).
 #include "model/draft_vocab.h"
 
 #include <algorithm>

@@ -2,7 +2,9 @@
 // their frequency in calibration text, most frequent first. A QSpec draft with
 // DecodePlan::draft_vocab = N scores only the first N ids' lm_head rows; the verify keeps the
 // whole lm_head. Made by `qspec tune-draft` and stored beside the checkpoint (kDraftVocabFile),
-// where LlamaModel::load finds it and checks that it was made for this model.
+// where LlamaModel::load finds it and checks that it was made for this model. Also what every
+// draft table shares (DraftTableIdentity: the model it was made for, its file's reading and
+// writing); the layer skip table (model/draft_skip.h) is the other.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
