@@ -67,6 +67,10 @@ inline constexpr int64_t kMaxDraftSinks = 1024;
 inline constexpr int64_t kMinDraftVocab = 64;
 // The spec suffix that names the subset: "MODE/v4096", "w4a16@256+16/v8192".
 inline constexpr std::string_view kDraftVocabTag = "/v";
+// A draft's layer skipping (DecodePlan::draft_skip): the draft skips the first N layers of the
+// model's draft skip table (model/draft_skip.h; Draft & Verify, SWIFT). The spec suffix that
+// names it, after any vocabulary subset: "MODE/s8", "w4a8@256+16/v8192/s6".
+inline constexpr std::string_view kDraftSkipTag = "/s";
 inline constexpr int64_t kDefaultGamma = 4;
 // Draft tokens a cycle at most: the GPU's on-device draft chain holds this many.
 inline constexpr int64_t kMaxGamma = 16;
@@ -98,6 +102,13 @@ struct DecodePlan {
   // With a vocabulary subset the draft may run the verify's mode (w4a16). N is bounded by the
   // table's length: the engine checks that (it knows the model).
   int64_t draft_vocab = 0;
+  // qspec: the draft's layers. 0: all of them. N > 0: the draft skips the first N layers of the
+  // model's draft skip table (each the identity on the residual stream, no K/V written); the
+  // verify runs every layer and rewrites every layer's K/V of the cycle, so the output is
+  // unchanged. With skipped layers the draft may run the verify's mode (w4a16). N is bounded by
+  // the table's length: the engine checks that (it knows the model). Needs kv_overwrite (the
+  // draft has no K/V rows of the skipped layers to keep).
+  int64_t draft_skip = 0;
 
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
   // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
@@ -107,8 +118,8 @@ struct DecodePlan {
   // The sinks the draft's view keeps: draft_sinks with a window, none without one.
   int64_t draft_view_sinks() const { return draft_window > 0 ? draft_sinks : 0; }
   // Whether the draft runs a diet that reads less than the verify whatever its activation mode
-  // (a sparse KV view or a vocabulary subset): then it may run the verify's own mode.
-  bool draft_has_diet() const { return draft_window > 0 || draft_vocab > 0; }
+  // (a sparse KV view, a vocabulary subset or skipped layers): then it may run the verify's own mode.
+  bool draft_has_diet() const { return draft_window > 0 || draft_vocab > 0 || draft_skip > 0; }
   // The most draft tokens one cycle can take (0 for plain decoding).
   int64_t gamma_bound() const { return qspec() ? (adaptive_gamma || auto_draft() ? max_gamma : gamma) : 0; }
   // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft
@@ -128,9 +139,10 @@ class DecodePlanError : public Error {
 // A draft in one word, as `eval qspec --drafts` and `bench --qspec-drafts` list them and their
 // records name them: "MODE" (w4a8, ...), "ngram", "auto", or "MODE@WINDOW" / "MODE@WINDOW+SINKS" for a
 // sparse view of the cache (draft_window, draft_sinks; SINKS defaults to kDefaultDraftSinks),
-// each optionally followed by "/vN" for a vocabulary subset of N rows (draft_vocab):
-// "w4a8/v8192", "w4a16@256+16/v4096". Sets plan.draft, draft_window, draft_sinks and
-// draft_vocab; throws DecodePlanError("draft") on bad syntax (the rules are validate()'s).
+// each optionally followed by "/vN" for a vocabulary subset of N rows (draft_vocab) and then
+// "/sN" for N skipped layers (draft_skip): "w4a8/v8192", "w4a16@256+16/v4096", "w4a8/s6",
+// "w4a16/v4096/s8". Sets plan.draft, draft_window, draft_sinks, draft_vocab and draft_skip;
+// throws DecodePlanError("draft") on bad syntax (the rules are validate()'s).
 void set_draft_spec(DecodePlan& plan, std::string_view spec);
 std::string draft_spec(const DecodePlan& plan);
 
@@ -139,8 +151,9 @@ std::string draft_spec(const DecodePlan& plan);
 // draft that is neither "auto", "ngram" nor a 4-bit-weight low-precision-activation mode (or,
 // with a draft_window or draft_vocab, the verify's mode), gamma, max_gamma, the n-gram lengths,
 // the draft's window and sinks or draft_vocab out of range (draft_vocab: 0 or kMinDraftVocab ..
-// the table's length, which the engine checks), a window, a vocabulary subset or the
-// no-overwrite ablation with draft auto (the
+// the table's length, which the engine checks), draft_skip < 0 (its bound is the skip table's,
+// which the engine checks), skipped layers without kv_overwrite, a window, a vocabulary
+// subset, skipped layers or the no-overwrite ablation with draft auto (the
 // planner's drafts come from its cost table). (The window's bound by the context is the
 // engine's: it knows the context.)
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");

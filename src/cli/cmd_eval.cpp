@@ -682,10 +682,12 @@ void run_qspec_eval(QSpecEvalArgs args) {
     for (const std::string& draft : args.drafts)
       for (int64_t gamma : args.gammas)
         for (bool overwrite : overwrites) {
-          // The n-gram draft has no draft rows to keep; the planner picks its own gamma (up to the
-          // largest of --gammas: one run).
+          // The n-gram draft has no draft rows to keep, a skipping draft none in the layers it
+          // skips; the planner picks its own gamma (up to the largest of --gammas: one run).
           const bool planner = draft == decode_rules::kAutoDraft;
-          if ((!overwrite && (draft == decode_rules::kNgramDraft || planner)) ||
+          DecodePlan spelled;
+          set_draft_spec(spelled, draft);
+          if ((!overwrite && (draft == decode_rules::kNgramDraft || planner || spelled.draft_skip > 0)) ||
               (planner && gamma != *std::max_element(args.gammas.begin(), args.gammas.end()))) {
             for (size_t i = 0; i < prompts.size(); ++i) tick();
             continue;
@@ -814,7 +816,7 @@ void register_eval(CLI::App& app) {
   add_model_argument(qspec_command, qspec_args->model_dir);
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
-  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), either with /vN (a vocabulary subset: the model's N most frequent ids, qspec tune-draft: w4a8/v8192), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), either with /vN (a vocabulary subset: the model's N most frequent ids, qspec tune-draft: w4a8/v8192) and then /sN (N skipped layers from the model's skip table, qspec tune-draft: w4a8/s6, w4a16/v8192/s8), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--qspec-costs", qspec_args->qspec_costs,
                             "--drafts auto: the step-cost table (auto: bench/policies' for this device and model; "
                             "none: the planner's fallback; or a file)")

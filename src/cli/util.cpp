@@ -110,7 +110,7 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
                              "step costs and each sequence's acceptance predict to be faster, see --qspec-costs), "
                              "a mode (w4a8, w4a8-fp8, w4a4-int4, ...), ngram (prompt lookup: the "
                              "continuation of the last n-gram's earlier occurrence, no weights read), or with "
-                             "--draft-window / --draft-vocab the verify's mode w4a16")
+                             "--draft-window / --draft-vocab / --draft-skip the verify's mode w4a16")
       ->capture_default_str();
   command->add_option("--gamma", plan.gamma, what + "draft tokens per cycle (a named draft)")->capture_default_str();
   command->add_option("--max-gamma", plan.max_gamma,
@@ -137,6 +137,11 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
                       what + "draft steps score only the N most frequent token ids of the model's draft vocabulary "
                              "table (made by `qspec tune-draft`): a smaller lm_head read; the verify scores all "
                              "(0: the whole vocabulary)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--draft-skip", plan.draft_skip,
+                      what + "draft steps skip the first N layers of the model's draft skip table (made by `qspec "
+                             "tune-draft`): fewer layers read; the verify runs all (0: every layer; CPU only)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   if (!adaptive) return;

@@ -1,4 +1,5 @@
-// The draft vocabulary table (model/draft_vocab.h): ranking, identity, and its JSON file.
+// The draft vocabulary table (model/draft_vocab.h): ranking, identity, and its JSON file; and
+// what every draft table shares (DraftTableIdentity, the JSON file's reading and writing).
 #include "model/draft_vocab.h"
 
 #include <algorithm>
@@ -71,56 +72,35 @@ std::string draft_vocab_fingerprint(const LlamaModel& model) {
   return text;
 }
 
-DraftVocabTable make_draft_vocab_table(const LlamaModel& model, std::span<const int32_t> ranked, int64_t rows,
-                                       std::vector<std::string> calibration, int64_t calibration_tokens) {
+DraftTableIdentity draft_table_identity(const LlamaModel& model, std::vector<std::string> calibration,
+                                        int64_t calibration_tokens) {
   const ModelConfig& c = model.config();
-  QSPEC_CHECK(rows >= 1 && rows <= static_cast<int64_t>(ranked.size()), "draft vocabulary: --vocab ", rows,
-              " outside 1..", ranked.size(), " (the vocabulary)");
-  DraftVocabTable table;
-  table.model = std::filesystem::path(model.dir()).filename().string();
-  if (table.model.empty()) table.model = model.dir();
-  table.architecture = c.architecture_name;
-  table.vocab_size = c.vocab_size;
-  table.hidden_size = c.hidden_size;
-  table.num_layers = c.num_layers;
-  table.lm_head_fingerprint = draft_vocab_fingerprint(model);
-  table.calibration = std::move(calibration);
-  table.calibration_tokens = calibration_tokens;
-  table.ids.assign(ranked.begin(), ranked.begin() + rows);
-  return table;
+  DraftTableIdentity identity;
+  identity.model = std::filesystem::path(model.dir()).filename().string();
+  if (identity.model.empty()) identity.model = model.dir();
+  identity.architecture = c.architecture_name;
+  identity.vocab_size = c.vocab_size;
+  identity.hidden_size = c.hidden_size;
+  identity.num_layers = c.num_layers;
+  identity.lm_head_fingerprint = draft_vocab_fingerprint(model);
+  identity.calibration = std::move(calibration);
+  identity.calibration_tokens = calibration_tokens;
+  return identity;
 }
 
-void write_draft_vocab_table(const DraftVocabTable& table, const std::string& dir) {
-  nlohmann::json j;
-  j["format"] = kDraftVocabFormat;
-  j["model"] = table.model;
-  j["architecture"] = table.architecture;
-  j["vocab_size"] = table.vocab_size;
-  j["hidden_size"] = table.hidden_size;
-  j["num_layers"] = table.num_layers;
-  j["lm_head_fingerprint"] = table.lm_head_fingerprint;
-  j["calibration"] = table.calibration;
-  j["calibration_tokens"] = table.calibration_tokens;
-  j["ids"] = table.ids;
-  const std::filesystem::path path = std::filesystem::path(dir) / kDraftVocabFile;
-  const std::filesystem::path staging = path.string() + ".tmp";
-  {
-    std::ofstream out(staging);
-    QSPEC_CHECK(out.good(), staging.string(), ": cannot write the draft vocabulary table");
-    out << j.dump() << "\n";
-    QSPEC_CHECK(out.good(), staging.string(), ": cannot write the draft vocabulary table");
-  }
-  std::filesystem::rename(staging, path);  // whole or not at all
+void write_draft_table_identity(const DraftTableIdentity& identity, std::string_view format, nlohmann::json& j) {
+  j["format"] = format;
+  j["model"] = identity.model;
+  j["architecture"] = identity.architecture;
+  j["vocab_size"] = identity.vocab_size;
+  j["hidden_size"] = identity.hidden_size;
+  j["num_layers"] = identity.num_layers;
+  j["lm_head_fingerprint"] = identity.lm_head_fingerprint;
+  j["calibration"] = identity.calibration;
+  j["calibration_tokens"] = identity.calibration_tokens;
 }
 
-DraftVocabTable read_draft_vocab_table(const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path, kMaxDraftVocabFileBytes));
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": not a JSON draft vocabulary table (", e.what(), ")");
-  }
-  QSPEC_CHECK(j.is_object(), path, ": a draft vocabulary table is a JSON object");
+DraftTableIdentity read_draft_table_identity(const nlohmann::json& j, std::string_view format, const std::string& path) {
   auto field = [&](const char* name) -> const nlohmann::json& {
     QSPEC_CHECK(j.contains(name), path, ": missing field '", name, "'");
     return j[name];
@@ -135,24 +115,89 @@ DraftVocabTable read_draft_vocab_table(const std::string& path) {
     QSPEC_CHECK(v.is_number_integer(), path, ": field '", name, "' must be an integer");
     return v.get<int64_t>();
   };
-  QSPEC_CHECK(text("format") == kDraftVocabFormat, path, ": field 'format' is '", text("format"), "', expected '",
-              kDraftVocabFormat, "'");
-  DraftVocabTable table;
-  table.model = text("model");
-  table.architecture = text("architecture");
-  table.vocab_size = number("vocab_size");
-  table.hidden_size = number("hidden_size");
-  table.num_layers = number("num_layers");
-  table.lm_head_fingerprint = text("lm_head_fingerprint");
-  table.calibration_tokens = number("calibration_tokens");
+  QSPEC_CHECK(text("format") == format, path, ": field 'format' is '", text("format"), "', expected '", format, "'");
+  DraftTableIdentity identity;
+  identity.model = text("model");
+  identity.architecture = text("architecture");
+  identity.vocab_size = number("vocab_size");
+  identity.hidden_size = number("hidden_size");
+  identity.num_layers = number("num_layers");
+  identity.lm_head_fingerprint = text("lm_head_fingerprint");
+  identity.calibration_tokens = number("calibration_tokens");
   const nlohmann::json& calibration = field("calibration");
   QSPEC_CHECK(calibration.is_array(), path, ": field 'calibration' must be a list of file names");
   for (const nlohmann::json& name : calibration) {
     QSPEC_CHECK(name.is_string(), path, ": field 'calibration' must be a list of file names");
-    table.calibration.push_back(name.get<std::string>());
+    identity.calibration.push_back(name.get<std::string>());
   }
-  QSPEC_CHECK(table.vocab_size > 0, path, ": field 'vocab_size' must be > 0, got ", table.vocab_size);
-  const nlohmann::json& ids = field("ids");
+  QSPEC_CHECK(identity.vocab_size > 0, path, ": field 'vocab_size' must be > 0, got ", identity.vocab_size);
+  QSPEC_CHECK(identity.num_layers > 0, path, ": field 'num_layers' must be > 0, got ", identity.num_layers);
+  return identity;
+}
+
+void check_draft_table_identity(const DraftTableIdentity& identity, const LlamaModel& model, const std::string& source) {
+  const ModelConfig& c = model.config();
+  auto mismatch = [&](const char* field, const auto& theirs, const auto& ours) {
+    fail(source, ": field '", field, "' is ", theirs, " but the model in ", model.dir(), " has ", ours,
+         ": this table was made for another model ('", identity.model, "'); remake it with `qspec "
+         "tune-draft ", model.dir(), " --calibration FILE`");
+  };
+  if (identity.vocab_size != c.vocab_size) mismatch("vocab_size", identity.vocab_size, c.vocab_size);
+  if (identity.hidden_size != c.hidden_size) mismatch("hidden_size", identity.hidden_size, c.hidden_size);
+  if (identity.num_layers != c.num_layers) mismatch("num_layers", identity.num_layers, c.num_layers);
+  if (identity.architecture != c.architecture_name) mismatch("architecture", identity.architecture, c.architecture_name);
+  const std::string fingerprint = draft_vocab_fingerprint(model);
+  if (identity.lm_head_fingerprint != fingerprint)
+    mismatch("lm_head_fingerprint", identity.lm_head_fingerprint, fingerprint);
+}
+
+nlohmann::json read_draft_table_json(const std::string& path, uint64_t max_bytes, std::string_view what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path, max_bytes));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": not a JSON ", what, " (", e.what(), ")");
+  }
+  QSPEC_CHECK(j.is_object(), path, ": a ", what, " is a JSON object");
+  return j;
+}
+
+void write_draft_table_json(const nlohmann::json& j, const std::string& dir, std::string_view file,
+                            std::string_view what) {
+  const std::filesystem::path path = std::filesystem::path(dir) / file;
+  const std::filesystem::path staging = path.string() + ".tmp";
+  {
+    std::ofstream out(staging);
+    QSPEC_CHECK(out.good(), staging.string(), ": cannot write the ", what);
+    out << j.dump() << "\n";
+    QSPEC_CHECK(out.good(), staging.string(), ": cannot write the ", what);
+  }
+  std::filesystem::rename(staging, path);  // whole or not at all
+}
+
+DraftVocabTable make_draft_vocab_table(const LlamaModel& model, std::span<const int32_t> ranked, int64_t rows,
+                                       std::vector<std::string> calibration, int64_t calibration_tokens) {
+  QSPEC_CHECK(rows >= 1 && rows <= static_cast<int64_t>(ranked.size()), "draft vocabulary: --vocab ", rows,
+              " outside 1..", ranked.size(), " (the vocabulary)");
+  DraftVocabTable table;
+  static_cast<DraftTableIdentity&>(table) = draft_table_identity(model, std::move(calibration), calibration_tokens);
+  table.ids.assign(ranked.begin(), ranked.begin() + rows);
+  return table;
+}
+
+void write_draft_vocab_table(const DraftVocabTable& table, const std::string& dir) {
+  nlohmann::json j;
+  write_draft_table_identity(table, kDraftVocabFormat, j);
+  j["ids"] = table.ids;
+  write_draft_table_json(j, dir, kDraftVocabFile, "draft vocabulary table");
+}
+
+DraftVocabTable read_draft_vocab_table(const std::string& path) {
+  const nlohmann::json j = read_draft_table_json(path, kMaxDraftVocabFileBytes, "draft vocabulary table");
+  DraftVocabTable table;
+  static_cast<DraftTableIdentity&>(table) = read_draft_table_identity(j, kDraftVocabFormat, path);
+  QSPEC_CHECK(j.contains("ids"), path, ": missing field 'ids'");
+  const nlohmann::json& ids = j["ids"];
   QSPEC_CHECK(ids.is_array() && !ids.empty() && static_cast<int64_t>(ids.size()) <= table.vocab_size, path,
               ": field 'ids' must be a list of 1..vocab_size (", table.vocab_size, ") token ids");
   std::vector<bool> seen(static_cast<size_t>(table.vocab_size), false);
@@ -169,18 +214,7 @@ DraftVocabTable read_draft_vocab_table(const std::string& path) {
 }
 
 void check_draft_vocab_table(const DraftVocabTable& table, const LlamaModel& model, const std::string& source) {
-  const ModelConfig& c = model.config();
-  auto mismatch = [&](const char* field, const auto& theirs, const auto& ours) {
-    fail(source, ": field '", field, "' is ", theirs, " but the model in ", model.dir(), " has ", ours,
-         ": this draft vocabulary table was made for another model ('", table.model, "'); remake it with `qspec "
-         "tune-draft ", model.dir(), " --calibration FILE`");
-  };
-  if (table.vocab_size != c.vocab_size) mismatch("vocab_size", table.vocab_size, c.vocab_size);
-  if (table.hidden_size != c.hidden_size) mismatch("hidden_size", table.hidden_size, c.hidden_size);
-  if (table.num_layers != c.num_layers) mismatch("num_layers", table.num_layers, c.num_layers);
-  if (table.architecture != c.architecture_name) mismatch("architecture", table.architecture, c.architecture_name);
-  const std::string fingerprint = draft_vocab_fingerprint(model);
-  if (table.lm_head_fingerprint != fingerprint) mismatch("lm_head_fingerprint", table.lm_head_fingerprint, fingerprint);
+  check_draft_table_identity(table, model, source);
 }
 
 std::string missing_draft_vocab_message(const std::string& model_dir) {

@@ -2,9 +2,12 @@
 // their frequency in calibration text, most frequent first. A QSpec draft with
 // DecodePlan::draft_vocab = N scores only the first N ids' lm_head rows; the verify keeps the
 // whole lm_head. Made by `qspec tune-draft` and stored beside the checkpoint (kDraftVocabFile),
-// where LlamaModel::load finds it and checks that it was made for this model.
+// where LlamaModel::load finds it and checks that it was made for this model. Also what every
+// draft table shares (DraftTableIdentity: the model it was made for, its file's reading and
+// writing); the layer skip table (model/draft_skip.h) is the other.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,17 +28,39 @@ inline constexpr int64_t kDefaultDraftVocabRows = 16384;
 // tune-draft reports each table's share against it.
 inline constexpr double kMaxDraftTableShare = 0.05;
 
-struct DraftVocabTable {
+// What a draft table of a checkpoint (this vocabulary table, the layer skip table of
+// model/draft_skip.h) says about the model it was made for, and the text it was made from. One
+// struct, so that every table is written, read and checked against the checkpoint alike.
+struct DraftTableIdentity {
   std::string model;         // the directory it was made from (for the reader; a copy may live elsewhere)
   std::string architecture;  // these four and the fingerprint must match the checkpoint at load
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   std::string lm_head_fingerprint;  // draft_vocab_fingerprint of the model it was made for
-  std::vector<std::string> calibration;  // the calibration files counted
+  std::vector<std::string> calibration;  // the calibration files read
   int64_t calibration_tokens = 0;
+};
+
+struct DraftVocabTable : DraftTableIdentity {
   std::vector<int32_t> ids;  // ranked, most frequent first; distinct, in [0, vocab_size)
 };
+
+// `model`'s identity as a table made now from `calibration` records it.
+DraftTableIdentity draft_table_identity(const LlamaModel& model, std::vector<std::string> calibration,
+                                        int64_t calibration_tokens);
+// The identity's fields into / out of a table's JSON object (`path` names the file in errors,
+// with the field at fault), and `format` checked as the object's "format".
+void write_draft_table_identity(const DraftTableIdentity& identity, std::string_view format, nlohmann::json& j);
+DraftTableIdentity read_draft_table_identity(const nlohmann::json& j, std::string_view format, const std::string& path);
+// Throws naming `source` and the field when the table was made for another model (vocab_size,
+// hidden_size, num_layers, architecture, lm_head_fingerprint).
+void check_draft_table_identity(const DraftTableIdentity& identity, const LlamaModel& model, const std::string& source);
+// A table's JSON object read from `path` (at most max_bytes), and written as DIR/FILE whole or
+// not at all; `what` names the table in errors ("draft vocabulary table").
+nlohmann::json read_draft_table_json(const std::string& path, uint64_t max_bytes, std::string_view what);
+void write_draft_table_json(const nlohmann::json& j, const std::string& dir, std::string_view file,
+                            std::string_view what);
 
 // Every id of [0, vocab_size) ranked: `first` (in its order), then the others by their count in
 // `sequences`, most frequent first (ties and unseen ids by lower id, so the ranking is

@@ -145,7 +145,7 @@ void check_layer_count(const Checkpoint& checkpoint, const ModelConfig& config, 
 
 }  // namespace
 
-std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, bool read_draft_vocab) {
+std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, bool read_draft_tables) {
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->dir_ = dir;
   // Every size is bounded and checked against the tensors before it sizes anything, so running
@@ -162,8 +162,11 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& dir, bool read_d
     for (int64_t l = 0; l < model->config_.num_layers; ++l)
       model->layer_rope_.push_back(rope_tables(model->config_, model->config_.layer_rope(l)));
     const std::filesystem::path table_path = std::filesystem::path(dir) / kDraftVocabFile;
-    if (read_draft_vocab && std::filesystem::exists(table_path, ignored))
+    if (read_draft_tables && std::filesystem::exists(table_path, ignored))
       model->set_draft_vocab(read_draft_vocab_table(table_path.string()), table_path.string());
+    const std::filesystem::path skip_path = std::filesystem::path(dir) / kDraftSkipFile;
+    if (read_draft_tables && std::filesystem::exists(skip_path, ignored))
+      model->set_draft_skip(read_draft_skip_table(skip_path.string()), skip_path.string());
   } catch (const std::bad_alloc&) {
     fail(dir, ": out of memory while loading the model");
   } catch (const std::length_error& error) {
@@ -289,6 +292,25 @@ void LlamaModel::check_draft_vocab(int64_t n) const {
   QSPEC_CHECK(n >= decode_rules::kMinDraftVocab && n <= available, "draft_vocab ", n, " is outside ",
               decode_rules::kMinDraftVocab, "..", available, " (the ids of ", dir_, "/", kDraftVocabFile,
               "; `qspec tune-draft --vocab N` keeps more)");
+}
+
+void LlamaModel::set_draft_skip(DraftSkipTable table, const std::string& source) {
+  check_draft_skip_table(table, *this, source);
+  draft_skip_ = std::move(table);
+}
+
+void LlamaModel::check_draft_skip(int64_t n) const {
+  QSPEC_CHECK(draft_skip_, "draft_skip ", n, ": ", missing_draft_skip_message(dir_));
+  QSPEC_CHECK(n >= 1 && n <= draft_skip_->max_skip(), "draft_skip ", n, " is outside 1..", draft_skip_->max_skip(),
+              " (the layers ", dir_, "/", kDraftSkipFile, " orders; `qspec tune-draft --skip-max N` orders more)");
+}
+
+std::vector<bool> LlamaModel::skipped_layers(int64_t n) const {
+  std::vector<bool> skipped(static_cast<size_t>(config_.num_layers), false);
+  if (n == 0) return skipped;
+  check_draft_skip(n);
+  for (int64_t i = 0; i < n; ++i) skipped[static_cast<size_t>(draft_skip_->order[static_cast<size_t>(i)])] = true;
+  return skipped;
 }
 
 std::shared_ptr<const DraftHead> LlamaModel::draft_head(int64_t n) const {
@@ -740,15 +762,27 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
       logit_rows.push_back(first + n - 1);
   }
   Workspace workspace = make_workspace(count);
-  for (int64_t l = 0; l < c.num_layers; ++l) run_layer(l, x.data(), count, positions.data(), segments, mode, observer, workspace);
+  // A draft's skipped layers are the identity on the residual stream and write no K/V: the
+  // verify, which runs them all, rewrites every layer's rows of the cycle.
+  const std::vector<bool> skipped = skipped_layers(mode.skip_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (!skipped[static_cast<size_t>(l)])
+      run_layer(l, x.data(), count, positions.data(), segments, mode, observer, workspace);
 
   const int64_t rows = static_cast<int64_t>(logit_rows.size());
-  logits.resize(static_cast<size_t>(rows * c.vocab_size));
-  if (rows == 0) return;
   // Gather the wanted rows (in place: row i <= logit_rows[i]), then norm + lm_head.
   for (int64_t i = 0; i < rows; ++i)
     if (logit_rows[i] != i) std::copy_n(&x[logit_rows[i] * hidden], hidden, &x[i * hidden]);
-  cpu::rmsnorm(x.data(), final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
+  output_logits(x.data(), rows, mode, workspace, logits);
+}
+
+void LlamaModel::output_logits(const float* x, int64_t rows, const RunMode& mode, Workspace& workspace,
+                               std::vector<float>& logits) const {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  logits.resize(static_cast<size_t>(rows * c.vocab_size));
+  if (rows == 0) return;
+  cpu::rmsnorm(x, final_norm_.data(), rows, hidden, c.rms_norm_eps, workspace.normed.data());
   if (mode.vocab_subset > 0) {
     // A draft with a vocabulary subset: its rows of the lm_head only, every other logit -inf
     // (the softmax over the subset; the same values as the whole lm_head's on those ids).

@@ -13,6 +13,7 @@
 
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/draft_skip.h"
 #include "model/draft_vocab.h"
 #include "ops/attention.h"
 #include "ops/int8_linear.h"
@@ -156,9 +157,9 @@ class LlamaModel {
  public:
   // Loads DIR (config.json + safetensors). Every tensor's presence, dtype and shape is
   // checked against the config; errors name the tensor.
-  // read_draft_vocab: also read DIR/kDraftVocabFile when present (tune-draft, which remakes it,
-  // does not).
-  static std::unique_ptr<LlamaModel> load(const std::string& dir, bool read_draft_vocab = true);
+  // read_draft_tables: also read DIR/kDraftVocabFile and DIR/kDraftSkipFile when present
+  // (tune-draft, which remakes them, does not).
+  static std::unique_ptr<LlamaModel> load(const std::string& dir, bool read_draft_tables = true);
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
@@ -190,6 +191,18 @@ class LlamaModel {
   std::shared_ptr<const DraftHead> draft_head(int64_t n) const;
   // draft_head's checks alone (a GPU run keeps its own copy of the rows).
   void check_draft_vocab(int64_t n) const;
+
+  // The draft skip table (model/draft_skip.h): read at load from DIR/kDraftSkipFile when there is
+  // one (an error names the file and field when it was made for another model), or installed
+  // with set_draft_skip (checked the same way); null without one.
+  const DraftSkipTable* draft_skip() const { return draft_skip_ ? &*draft_skip_ : nullptr; }
+  void set_draft_skip(DraftSkipTable table, const std::string& source = "draft skip table");
+  // Throws naming the table file when the model has no table (and how to make one) or n is
+  // outside 1..its length.
+  void check_draft_skip(int64_t n) const;
+  // The layers a pass with RunMode::skip_layers = n skips ([num_layers], true = skipped): the
+  // first n of the table's order; none for n = 0. Throws as check_draft_skip.
+  std::vector<bool> skipped_layers(int64_t n) const;
 
   // Runs `tokens` at positions cache.length() ... and appends their K/V. Writes logits for
   // the last token ([vocab]) or, with all_logits, for every token ([tokens, vocab]).
@@ -267,6 +280,11 @@ class LlamaModel {
   // The same over a batch of sequences (positions[t] is token t's position in its sequence).
   void run_layer(int64_t l, float* x, int64_t count, const int32_t* positions, std::span<const Segment> segments,
                  const RunMode& mode, ForwardObserver* observer, Workspace& workspace) const;
+  // The end of a forward pass: the final norm and the lm_head (the mode's vocabulary subset, if
+  // any) over the `rows` residual rows x [rows, hidden], into logits [rows, vocab]. Used by
+  // forward and by the layer skip search (which runs the layers itself).
+  void output_logits(const float* x, int64_t rows, const RunMode& mode, Workspace& workspace,
+                     std::vector<float>& logits) const;
 
  private:
   LlamaModel() = default;
@@ -291,6 +309,7 @@ class LlamaModel {
   size_t lm_head_bytes_ = 0;  // the lm_head's share of weight_bytes_
   void bind_lm_head_int8();  // sets lm_head_int8_ from lm_head_, and its share of weight_bytes_
   std::optional<DraftVocabTable> draft_vocab_;
+  std::optional<DraftSkipTable> draft_skip_;
   // draft_head's copies by n, behind a pointer so the model stays movable.
   struct DraftHeads {
     std::mutex mutex;

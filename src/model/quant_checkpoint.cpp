@@ -10,6 +10,7 @@
 #include <random>
 
 #include "base/files.h"
+#include "model/draft_skip.h"
 #include "model/draft_vocab.h"
 #include "model/llama.h"
 #include "qspec/error.h"
@@ -314,8 +315,8 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
       if (!entry.is_regular_file() || file.ends_with(".safetensors") || file == "model.safetensors.index.json" ||
           file == kQuantManifestFile)
         continue;
-      // A draft vocabulary table names the lm_head it was made for: a rotated one is another.
-      if (file == kDraftVocabFile && rotated_) continue;
+      // A draft table names the lm_head it was made for: a rotated one is another.
+      if ((file == kDraftVocabFile || file == kDraftSkipFile) && rotated_) continue;
       if (file == "config.json" && rotated_) {
         // The rotated lm_head differs from the rotated embedding: never tied.
         nlohmann::json config = nlohmann::json::parse(read_text_file(entry.path().string(), kMaxConfigJsonBytes));

@@ -45,11 +45,17 @@ struct RunMode {
   // first vocab_subset ids of the model's draft vocabulary table and every other logit is -inf
   // (LlamaModel::draft_head). 0: the whole vocabulary.
   int64_t vocab_subset = 0;
-  // Names the mode with its view and its vocabulary: passes that share a key run together.
+  // A QSpec draft's layer skipping (DecodePlan::draft_skip): > 0, the pass skips the first
+  // skip_layers layers of the model's draft skip table (LlamaModel::skipped_layers): each is the
+  // identity on the residual stream and writes no K/V. 0: every layer.
+  int64_t skip_layers = 0;
+  // Names the mode with its view, its vocabulary and its skipped layers: passes that share a key
+  // run together.
   std::string key() const {
     std::string key = name;
     if (sparse_kv()) key += "/kv" + std::to_string(kv_window) + "+" + std::to_string(kv_sinks);
     if (vocab_subset > 0) key += "/v" + std::to_string(vocab_subset);
+    if (skip_layers > 0) key += "/s" + std::to_string(skip_layers);
     return key;
   }
 };

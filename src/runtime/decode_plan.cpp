@@ -17,7 +17,14 @@ std::vector<std::string> DecodePlan::modes() const {
 }
 
 void set_draft_spec(DecodePlan& plan, std::string_view spec) {
+  using decode_rules::kDraftSkipTag;
   using decode_rules::kDraftVocabTag;
+  auto bad = [&]() {
+    return DecodePlanError("draft", "draft '" + std::string(spec) +
+                                        "': expected MODE, MODE@WINDOW or MODE@WINDOW+SINKS, optionally followed by "
+                                        "/vN (a vocabulary subset of N rows) and then /sN (N skipped layers), with "
+                                        "whole numbers");
+  };
   auto number = [&](const std::string& text) {
     size_t used = 0;
     long long value = -1;
@@ -26,18 +33,22 @@ void set_draft_spec(DecodePlan& plan, std::string_view spec) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != text.size() || value < 0)
-      throw DecodePlanError("draft", "draft '" + std::string(spec) +
-                                         "': expected MODE, MODE@WINDOW or MODE@WINDOW+SINKS, optionally followed by "
-                                         "/vN (a vocabulary subset of N rows), with whole numbers");
+    if (used == 0 || used != text.size() || value < 0) throw bad();
     return static_cast<int64_t>(value);
   };
+  // The suffixes, each at most once and in draft_spec's order: "/vN", then "/sN".
   plan.draft_vocab = 0;
+  plan.draft_skip = 0;
   std::string_view head = spec;
-  if (const size_t tag = spec.find(kDraftVocabTag); tag != std::string_view::npos) {
-    plan.draft_vocab = number(std::string(spec.substr(tag + kDraftVocabTag.size())));
-    head = spec.substr(0, tag);
+  if (const size_t tag = head.find(kDraftSkipTag); tag != std::string_view::npos) {
+    plan.draft_skip = number(std::string(head.substr(tag + kDraftSkipTag.size())));
+    head = head.substr(0, tag);
   }
+  if (const size_t tag = head.find(kDraftVocabTag); tag != std::string_view::npos) {
+    plan.draft_vocab = number(std::string(head.substr(tag + kDraftVocabTag.size())));
+    head = head.substr(0, tag);
+  }
+  if (head.find('/') != std::string_view::npos) throw bad();
   const size_t at = head.find('@');
   plan.draft = std::string(head.substr(0, at));
   plan.draft_window = 0;
@@ -53,6 +64,7 @@ std::string draft_spec(const DecodePlan& plan) {
   std::string spec = plan.draft;
   if (plan.draft_window > 0) spec += "@" + std::to_string(plan.draft_window) + "+" + std::to_string(plan.draft_sinks);
   if (plan.draft_vocab > 0) spec += std::string(decode_rules::kDraftVocabTag) + std::to_string(plan.draft_vocab);
+  if (plan.draft_skip > 0) spec += std::string(decode_rules::kDraftSkipTag) + std::to_string(plan.draft_skip);
   return spec;
 }
 
@@ -88,6 +100,8 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
           "needs a named drafting mode)");
     check(plan.draft_vocab == 0, "draft_vocab", "draft auto picks its drafts' vocabulary subsets from the cost table "
           "(a subset needs a named drafting mode)");
+    check(plan.draft_skip == 0, "draft_skip", "draft auto picks its drafts' skipped layers from the cost table "
+          "(skipping needs a named drafting mode)");
     check(plan.max_gamma >= 1 && plan.max_gamma <= kMaxGamma, "max_gamma", "must be in 1..", kMaxGamma,
           " (draft auto: the largest gamma the planner may pick), got ", plan.max_gamma);
   } else if (plan.ngram_draft()) {
@@ -100,13 +114,14 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
     check(plan.draft_window == 0, "draft_window", "the n-gram draft reads no K/V (a window needs a drafting mode)");
     check(plan.draft_vocab == 0, "draft_vocab", "the n-gram draft scores no vocabulary (a subset needs a drafting "
           "mode)");
+    check(plan.draft_skip == 0, "draft_skip", "the n-gram draft runs no layers (skipping needs a drafting mode)");
   } else {
     const RunMode draft = known(plan.draft, "draft");
     const bool low_precision = draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized;
     const bool diet_verify_mode = plan.draft_has_diet() && plan.draft == plan.verify;
     check(low_precision || diet_verify_mode, "draft", plan.draft,
           " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*), auto (the "
-          "planner), ngram, or (with a draft_window or draft_vocab) the verify's mode ", plan.verify);
+          "planner), ngram, or (with a draft_window, draft_vocab or draft_skip) the verify's mode ", plan.verify);
   }
   check(plan.draft_window >= 0, "draft_window", "must be >= 0 (0: the whole cache), got ", plan.draft_window);
   check(plan.draft_sinks >= 0 && plan.draft_sinks <= kMaxDraftSinks, "draft_sinks", "must be in 0..", kMaxDraftSinks,
@@ -114,6 +129,12 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
   check(plan.draft_vocab == 0 || plan.draft_vocab >= kMinDraftVocab, "draft_vocab", "must be 0 (the whole "
         "vocabulary) or >= ", kMinDraftVocab, " (the most frequent ids of the model's draft vocabulary table), got ",
         plan.draft_vocab);
+  check(plan.draft_skip >= 0, "draft_skip", "must be >= 0 (0: every layer; N: the first N layers of the model's "
+        "draft skip table), got ", plan.draft_skip);
+  // The no-overwrite ablation keeps the draft's K/V rows; a skipping draft has none in the
+  // layers it skips, so the verify's rows would have to stand in: not the ablation any more.
+  check(plan.draft_skip == 0 || plan.kv_overwrite, "kv_overwrite", "a draft that skips layers writes no K/V rows "
+        "in them, so the no-overwrite ablation has none to keep (draft_skip needs kv_overwrite on)");
   check(plan.gamma >= 1 && plan.gamma <= kMaxGamma, "gamma", "must be in 1..", kMaxGamma, ", got ", plan.gamma);
   check(!plan.adaptive_gamma || plan.auto_draft() || (plan.max_gamma >= plan.gamma && plan.max_gamma <= kMaxGamma), "max_gamma",
         "must be in gamma..", kMaxGamma, " (gamma ", plan.gamma, "), got ", plan.max_gamma);
@@ -144,6 +165,7 @@ RunMode with_draft_diets(RunMode mode, const DecodePlan& plan) {
   mode.kv_window = plan.draft_window;
   mode.kv_sinks = plan.draft_view_sinks();
   mode.vocab_subset = plan.draft_vocab;
+  mode.skip_layers = plan.draft_skip;
   return mode;
 }
 

@@ -1,5 +1,5 @@
 // The run mode of a QSpec draft's passes: its activation mode with the plan's draft diets set on
-// it (the view of the KV cache, the vocabulary subset). One place, so that a new diet is one line
+// it (the view of the KV cache, the vocabulary subset, the skipped layers). One place, so that a new diet is one line
 // here for the engine, the CPU step-cost bench and the GPU bench alike.
 #pragma once
 #include "qspec/decode_plan.h"
@@ -8,8 +8,8 @@
 namespace qspec {
 
 // `mode`: plan.draft as the caller resolves it (the engine's runnable mode, the benches'
-// parse_run_mode); returned with the plan's draft_window, the sinks its view keeps and its
-// draft_vocab.
+// parse_run_mode); returned with the plan's draft_window, the sinks its view keeps, its
+// draft_vocab and its draft_skip.
 RunMode with_draft_diets(RunMode mode, const DecodePlan& plan);
 
 }  // namespace qspec

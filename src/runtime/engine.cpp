@@ -244,6 +244,8 @@ struct Engine::Impl {
         QSPEC_CHECK(probe.draft_window + mode.kv_sinks < context_limit, "its view is not below the context (",
                     context_limit, ")");
         if (mode.vocab_subset > 0) model.check_draft_vocab(mode.vocab_subset);  // a table that holds it
+        if (mode.skip_layers > 0) model.check_draft_skip(mode.skip_layers);
+        backend->check_mode(mode, "draft");  // with its diets: a backend may lack one
         usable.push_back(spec);
         candidate_modes.push_back(mode);
       } catch (const Error& e) {
@@ -342,13 +344,14 @@ struct Engine::Impl {
         QSPEC_CHECK(plan.draft_window + seq->draft.kv_sinks < context_limit, "request: draft_window ",
                     plan.draft_window, " + draft_sinks ", seq->draft.kv_sinks, " is not below the context (",
                     context_limit, " tokens): the draft would read the whole cache (draft_window 0 says that)");
-        if (plan.draft_vocab > 0) {
-          try {
-            model.check_draft_vocab(plan.draft_vocab);  // the table holds it: an error now, not mid-request
-          } catch (const Error& e) {
-            fail("request: ", e.what());
-          }
+        // The tables hold the diets, and the backend runs them: an error now, not mid-request.
+        try {
+          if (plan.draft_vocab > 0) model.check_draft_vocab(plan.draft_vocab);
+          if (plan.draft_skip > 0) model.check_draft_skip(plan.draft_skip);
+        } catch (const Error& e) {
+          fail("request: ", e.what());
         }
+        backend->check_mode(seq->draft, "draft");
       }
       QSPEC_CHECK(backend->kv_in_pool() || plan.kv_overwrite, "request: the no-overwrite ablation (kv_overwrite off) "
                   "does not run on the GPU (it needs the K/V rows in the host's pool)");

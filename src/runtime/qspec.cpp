@@ -149,6 +149,8 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
               " tokens; the model's context is ", context, " tokens");
   QSPEC_CHECK(options.max_new_tokens >= 0, "qspec: max_new_tokens must be >= 0");
   QSPEC_CHECK(qspec.gamma >= 1, "qspec: gamma must be >= 1, got ", qspec.gamma);
+  QSPEC_CHECK(qspec.overwrite_kv || qspec.draft.skip_layers == 0, "qspec: a draft that skips layers writes no K/V "
+              "rows in them, so the no-overwrite ablation has none to keep");
 
   QSpecResult result;
   QSpecMetrics& metrics = result.metrics;

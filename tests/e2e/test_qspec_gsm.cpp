@@ -1,7 +1,8 @@
 // Greedy QSpec equals greedy W4A16 on gsm-synth-llama's held-out problems (RTN int4 weights,
 // prompt "Question: Q\nAnswer:", at most 160 tokens, eos stops): all 400 problems through the
 // continuous-batching engine (batch 16, staggered arrivals) with a w4a4-nvfp4 draft and with
-// prompt-lookup (n-gram) drafts, gamma 4, with draft auto (the planner switching between plain
+// prompt-lookup (n-gram) drafts, gamma 4, with drafts that skip layers (a skip table searched on the
+// model's calibration text), with draft auto (the planner switching between plain
 // steps and cycles as the batch fills and drains), and every draft mode x gamma 1..6 on a subset
 // with the single-sequence path. A mismatch
 // fails unless the verify logits at the first differing position hold an exact tie for the
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "model/draft_skip.h"
 #include "model/draft_vocab.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
@@ -63,6 +65,15 @@ struct Fixture {
         qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, tokenizer->eos_ids);
     model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()),
                                                          {text.source}, text.tokens));
+    // The layer skip table as `qspec tune-draft` makes it (half the layers, w4a8 drafts), from
+    // the first 256 tokens of the same text.
+    std::vector<std::vector<int32_t>> skip_text;
+    for (size_t i = 0; i < 2 && i < text.sequences.size(); ++i)
+      skip_text.emplace_back(text.sequences[i].begin(), text.sequences[i].begin() + 128);
+    qspec::DraftSkipTable skip = qspec::search_draft_skip(*model, skip_text, mode("w4a8"), verify,
+                                                          model->config().num_layers / 2);
+    static_cast<qspec::DraftTableIdentity&>(skip) = qspec::draft_table_identity(*model, {text.source}, 256);
+    model->set_draft_skip(std::move(skip));
   }
   qspec::RunMode mode(const std::string& name) const {
     qspec::RunMode m = qspec::parse_run_mode(name);
@@ -120,7 +131,8 @@ bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got,
 static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
                                                         qspec::quant::Format weights = qspec::quant::Format::int4,
                                                         int64_t draft_window = 0, int64_t draft_sinks = 0,
-                                                        const std::string& qspec_costs = "", int64_t draft_vocab = 0) {
+                                                        const std::string& qspec_costs = "", int64_t draft_vocab = 0,
+                                                        int64_t draft_skip = 0) {
   Fixture& f = fixture(weights);
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
@@ -135,6 +147,7 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
   base.plan.draft_window = draft_window;
   base.plan.draft_sinks = draft_sinks;
   base.plan.draft_vocab = draft_vocab;
+  base.plan.draft_skip = draft_skip;
   std::vector<std::vector<int32_t>> outputs(f.prompts.size());
   std::vector<bool> finished(f.prompts.size(), false);
   qspec::QSpecMetrics totals;
@@ -162,7 +175,8 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
                             (draft_window > 0 ? " window " + std::to_string(draft_window) + "+" +
                                                     std::to_string(draft_sinks)
                                               : "") +
-                            (draft_vocab > 0 ? " vocab " + std::to_string(draft_vocab) : "") + " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
+                            (draft_vocab > 0 ? " vocab " + std::to_string(draft_vocab) : "") +
+                            (draft_skip > 0 ? " skip " + std::to_string(draft_skip) : "") + " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
@@ -213,6 +227,24 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredVocabSubse
 
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredVocabSubsetSparseKvDraftGamma3) {
   expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4, "", 96);
+}
+
+// Drafts that skip layers (half of the 8, the table's first 2 and 4): a low-precision draft
+// skipping 2, and the verify's own mode skipping 4 composed with a sparse KV view and a
+// vocabulary subset. The skipped layers' K/V rows of a cycle are never written by the draft;
+// the verify writes every layer's: the same promise.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredLayerSkipW4a8DraftGamma4) {
+  Fixture& f = fixture();
+  ASSERT_NE(f.model->draft_skip(), nullptr);
+  std::printf("skip order:");
+  for (size_t i = 0; i < f.model->draft_skip()->order.size(); ++i)
+    std::printf(" %d (%.1f%%)", f.model->draft_skip()->order[i], 100 * f.model->draft_skip()->agreement[i + 1]);
+  std::printf("\n");
+  expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4, 0, 0, "", 0, 2);
+}
+
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredLayerSkipVocabSparseKvDraftGamma3) {
+  expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4, "", 96, 4);
 }
 
 // Draft auto over a step-cost table (this machine's CPU, this model's shapes) where drafts pay at

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "real_model_fixture.h"
+#include "model/draft_skip.h"
 #include "model/draft_vocab.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
@@ -156,12 +157,18 @@ TEST(SmolLM2, DefaultModeOnFourBitWeightsIsThePlannerWithW4A16Output) {
   EXPECT_EQ(ids_of(planned), ids_of(plain));
 }
 
-// QSpec drafts that score only the most frequent ids (a draft vocabulary table made as `qspec
-// tune-draft` makes it, from the MT-Bench questions, with <|im_end|> and the special tokens
-// first) on a real chat model: greedy QSpec through the continuous-batching engine (the four
-// chat prompts at once) equals greedy W4A16, token for token, for each draft and subset size,
-// and the drafts do get accepted (the subset holds what the model writes).
-TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
+// A QSpec draft spec and its gamma.
+struct DietCase {
+  std::string draft;  // a draft spec: MODE[@WINDOW+SINKS][/vN][/sN]
+  int64_t gamma;
+};
+
+// Greedy QSpec through the continuous-batching engine (the four chat prompts at once) equals
+// greedy W4A16, token for token, for each draft, and the drafts do get accepted. The model has a
+// draft vocabulary table made as `qspec tune-draft` makes it (from the MT-Bench questions, with
+// <|im_end|> and the special tokens first) and the layer skip table tune-draft made from the same
+// text (bench/results/qspec-draft-skip-smollm2-ba32d84.json: layers 5, 25, 17, 14 first).
+static void expect_greedy_qspec_with_diets_equals_w4a16(const std::vector<DietCase>& cases) {
   ASSERT_TRUE(model_present());
   auto model = qspec::LlamaModel::load(kModelDir);  // its own copy: 4-bit weights are added to it
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
@@ -176,6 +183,12 @@ TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
     if (tokenizer->is_special(id)) first.push_back(id);
   const std::vector<int32_t> ranked = qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, first);
   model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, 16384, {text.source}, text.tokens));
+  qspec::DraftSkipTable skip;
+  static_cast<qspec::DraftTableIdentity&>(skip) = qspec::draft_table_identity(*model, {text.source}, 256);
+  skip.draft_mode = skip.target_mode = "w4a16";
+  skip.order = {5, 25, 17, 14};
+  skip.agreement = {1.0, 0.758, 0.641, 0.547, 0.504};
+  model->set_draft_skip(skip);
 
   constexpr int64_t kMaxTokens = 64;
   std::vector<std::vector<int32_t>> prompts, references;
@@ -191,12 +204,7 @@ TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
   }
   ASSERT_EQ(prompts.size(), 4u);
 
-  struct Case {
-    std::string draft;  // a draft spec: MODE[@WINDOW+SINKS]/vN
-    int64_t gamma;
-  };
-  for (const Case& c : {Case{"w4a8/v4096", 4}, Case{"w4a4-nvfp4/v8192", 3}, Case{"w4a16@32+4/v16384", 2},
-                        Case{"w4a8/v16384", 3}}) {
+  for (const DietCase& c : cases) {
     SCOPED_TRACE(c.draft);
     qspec::EngineOptions options;
     options.max_batch_size = 4;
@@ -228,6 +236,18 @@ TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
     std::printf("SmolLM2 %s gamma %lld: acceptance %lld/%lld = %.1f%%\n", c.draft.c_str(),
                 static_cast<long long>(c.gamma), static_cast<long long>(totals.accepted),
                 static_cast<long long>(totals.drafted), 100.0 * totals.acceptance_rate());
-    EXPECT_GT(totals.accepted, totals.drafted / 4) << "the subset's drafts are mostly refused";
+    EXPECT_GT(totals.accepted, totals.drafted / 4) << "the drafts are mostly refused";
   }
+}
+
+// Drafts that score only the most frequent ids (the subset holds what the model writes).
+TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
+  expect_greedy_qspec_with_diets_equals_w4a16({{"w4a8/v4096", 4}, {"w4a4-nvfp4/v8192", 3}, {"w4a16@32+4/v16384", 2},
+                                               {"w4a8/v16384", 3}});
+}
+
+// Drafts that skip layers (the skipped layers' K/V rows of a cycle written only by the verify),
+// alone and composed with a window and a subset.
+TEST(SmolLM2, GreedyQSpecWithLayerSkipDraftsEqualsW4A16) {
+  expect_greedy_qspec_with_diets_equals_w4a16({{"w4a8/s1", 3}, {"w4a16/s2", 2}, {"w4a16@32+4/v16384/s4", 2}});
 }

@@ -377,6 +377,15 @@ TEST(GpuEngine, SamplesFromGpuLogitsAndRefusesWhatItCannotRun) {
   qspec_request.plan.draft = "w4a8";
   qspec_request.plan.kv_overwrite = false;
   refused(qspec_request, "GPU");
+  // Layer-skipping drafts: the model has a skip table, but the GPU model runs every layer.
+  qspec::DraftSkipTable skip;
+  static_cast<qspec::DraftTableIdentity&>(skip) = qspec::draft_table_identity(*model, {}, 0);
+  skip.order = {1};
+  skip.agreement = {1.0, 0.5};
+  model->set_draft_skip(skip);
+  qspec_request.plan.kv_overwrite = true;
+  qspec_request.plan.draft_skip = 1;
+  refused(qspec_request, "CPU only");
   qspec::Request other_mode;
   other_mode.prompt = prompts[0];
   other_mode.plan.mode = "w4a8";

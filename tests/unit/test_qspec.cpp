@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "model/draft_skip.h"
 #include "model/draft_vocab.h"
 #include "model/llama.h"
 #include "qspec/decode_plan.h"
@@ -226,8 +227,9 @@ TEST(QSpec, MetricsAreConsistent) {
 // ids of a draft vocabulary table when > 0 (the even ids first, then the odd: much of each
 // distribution's mass lies outside a subset of two thirds of the vocabulary, so the residual
 // draws those tokens).
+// With skip_layers > 0 the draft also skips the model's last layer (a table of one).
 static void expect_rejection_sampling_keeps_the_verify_distribution(const std::string& draft_mode,
-                                                                     int64_t vocab_subset) {
+                                                                     int64_t vocab_subset, int64_t skip_layers = 0) {
   auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
   model->quantize_weights(qspec::quant::Format::int4);
   std::vector<bool> in_subset(static_cast<size_t>(model->config().vocab_size), vocab_subset == 0);
@@ -237,6 +239,13 @@ static void expect_rejection_sampling_keeps_the_verify_distribution(const std::s
       for (int32_t id = parity; id < model->config().vocab_size; id += 2) ranked.push_back(id);
     model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()), {}, 0));
     for (int64_t j = 0; j < vocab_subset; ++j) in_subset[static_cast<size_t>(ranked[static_cast<size_t>(j)])] = true;
+  }
+  if (skip_layers > 0) {
+    qspec::DraftSkipTable table;
+    static_cast<qspec::DraftTableIdentity&>(table) = qspec::draft_table_identity(*model, {}, 0);
+    table.order = {static_cast<int32_t>(model->config().num_layers - 1)};
+    table.agreement = {1.0, 0.5};
+    model->set_draft_skip(table);
   }
   auto make_mode = [&](const std::string& name) {
     qspec::RunMode m = qspec::parse_run_mode(name);
@@ -254,6 +263,7 @@ static void expect_rejection_sampling_keeps_the_verify_distribution(const std::s
   qspec::QSpecOptions q;
   q.draft = make_mode(draft_mode);
   q.draft.vocab_subset = vocab_subset;
+  q.draft.skip_layers = skip_layers;
   q.verify = make_mode("w4a16");
   q.gamma = 3;
 
@@ -362,6 +372,14 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistributionWithAVocabularySubsetDraf
   ASSERT_GT(model->config().vocab_size, qspec::decode_rules::kMinDraftVocab);  // a proper subset
   expect_rejection_sampling_keeps_the_verify_distribution("w4a16", qspec::decode_rules::kMinDraftVocab);
   expect_rejection_sampling_keeps_the_verify_distribution("w4a4-int4", qspec::decode_rules::kMinDraftVocab);
+}
+
+// A draft that skips a layer (draft_skip; the tiny model's last of two): its distribution is
+// another model's, and its K/V rows of that layer are never written; the verify rewrites them.
+// Still exact, in the verify's own mode and composed with a low-precision mode and a subset.
+TEST(QSpec, RejectionSamplingKeepsTheVerifyDistributionWithALayerSkipDraft) {
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a16", 0, 1);
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a4-int4", qspec::decode_rules::kMinDraftVocab, 1);
 }
 
 // Greedy acceptance from argmax ids (the GPU engine's) is accept() on the logit rows those ids

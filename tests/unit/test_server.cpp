@@ -351,6 +351,17 @@ TEST(Server, QSpecDraftAutoMatchesW4A16AndReportsThePlanner) {
                                                                              {"draft_vocab", 128}}}});
   expect_error(res, 400);
   EXPECT_NE(res->body.find("tune-draft"), std::string::npos) << res->body;
+  // Layer skipping without a skip table (the message says how to make one), and a negative
+  // count: 400s naming the field.
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "qspec"}, {"draft", "w4a8"},
+                                                                             {"draft_skip", 2}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("draft_skip"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("tune-draft"), std::string::npos) << res->body;
+  res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "qspec"}, {"draft", "w4a8"},
+                                                                             {"draft_skip", -1}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("'draft_skip' must be in"), std::string::npos) << res->body;
 }
 
 // serve's default, mode auto, on 4-bit weights: QSpec with the planner as the plan of requests

@@ -281,6 +281,8 @@ RunMode bench_draft_mode(const std::string& spec) {
   }
   QSPEC_CHECK(!plan.ngram_draft(), "bench: --qspec-drafts ngram: n-gram drafts need real text (time them with "
               "`qspec eval qspec --device cuda`)");
+  QSPEC_CHECK(plan.draft_skip == 0, "bench: --qspec-drafts ", spec, ": layer skipping drafts run on the CPU only "
+              "(the GPU model runs every layer)");
   return with_draft_diets(parse_run_mode(plan.draft), plan);
 }
 

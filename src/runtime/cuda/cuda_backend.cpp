@@ -57,6 +57,10 @@ class CudaBackend final : public Backend {
                 mode_.name == "w16a16" ? " only"
                                        : " only, with QSpec drafts in a low-precision activation mode (w4a8*, "
                                          "w4a4*)");
+    // GpuLlama's layer loop fuses each layer's residual add into the next layer's norm and is
+    // captured in CUDA graphs: it has no way to leave a layer out yet.
+    QSPEC_CHECK(mode.skip_layers == 0, "request: draft_skip ", mode.skip_layers,
+                ": layer skipping drafts run on the CPU only (the GPU model runs every layer)");
   }
   bool kv_in_pool() const override { return false; }
   std::string device_name() const override { return cuda::device_name(); }
