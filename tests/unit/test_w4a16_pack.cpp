@@ -154,12 +154,49 @@ TEST(W4A16Pack, DecodesToTheQuantizedWeights) {
 TEST(W4A16Pack, RejectsFormatsTheKernelCannotRun) {
   EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::nvfp4, 16)), qspec::Error);
   EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 48, qspec::quant::Format::int4, 16)), qspec::Error);
-  // Zero points (int4-asym) have no GPU kernels: refused with the format named, never packed as int4.
+  EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 48, qspec::quant::Format::int4_asym, 16)), qspec::Error);
+}
+
+// int4-asym: unsigned nibbles and f16 minimums beside the f16 scales; with the blocks rounded to
+// f16 first (round_zero_point_blocks_to_f16) the packed matrix decodes to the CPU's weights.
+TEST(W4A16Pack, ZeroPointsDecodeToTheRoundedQuantizedWeights) {
+  using qspec::quant::Format;
+  for (auto [n, k, group, kernel_group] : {std::tuple{16, 64, 64, 64}, {33, 96, 32, 32}, {7, 256, 128, 128},
+                                           {40, 704, 64, 64}, {17, 512, 256, 128}}) {
+    qspec::QuantizedMatrix weight = random_int4(n, k, Format::int4_asym, group);
+    qspec::gemm::round_zero_point_blocks_to_f16(weight);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    EXPECT_EQ(packed.group, kernel_group);
+    ASSERT_TRUE(packed.has_min());
+    ASSERT_EQ(packed.mins.size(), packed.scales.size());
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < packed.row_blocks() * 16; ++r) {
+      if (r < n) weight.dequantize_row(r, row.data());
+      for (int64_t col = 0; col < k; ++col) {
+        const float expected = r < n ? row[col] : 0.0f;
+        ASSERT_EQ(packed.value(r, col), expected) << n << "x" << k << " row " << r << " col " << col;
+      }
+    }
+  }
+  // Symmetric int4 has no minimums, and the rounding leaves it alone.
+  qspec::QuantizedMatrix int4 = random_int4(16, 64, Format::int4, 32);
+  const std::vector<uint8_t> scales = int4.scales;
+  qspec::gemm::round_zero_point_blocks_to_f16(int4);
+  EXPECT_EQ(int4.scales, scales);
+  EXPECT_FALSE(qspec::gemm::pack_w4a16(int4).has_min());
+}
+
+// A group whose f32 minimum f16 cannot hold is refused, naming the matrix, not uploaded as inf.
+TEST(W4A16Pack, ZeroPointsBeyondF16AreRefused) {
+  qspec::QuantizedMatrix weight = random_int4(4, 64, qspec::quant::Format::int4_asym, 32);
+  qspec::quant::store_asym_block(weight.format, weight.scales.data(), 1, 1.0f, -1e6f);
+  weight.prepare();
   try {
-    qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::int4_asym, 32));
-    ADD_FAILURE() << "packed int4-asym weights";
+    qspec::gemm::pack_w4a16(weight);
+    ADD_FAILURE() << "packed a minimum of -1e6 into f16";
   } catch (const qspec::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("pack.weight"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("minimum"), std::string::npos) << error.what();
   }
 }
 
