@@ -368,7 +368,7 @@ bool swiglu_tile(int tile) { return tile == 1 || tile == 2 || tile == 3 || tile 
 bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
                                    const void* workspace, size_t workspace_bytes) {
   check_tiled_config(config);
-  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
+  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0 || w.has_min()) return false;
   const TiledPlan plan =
       plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
   return swiglu_tile(plan.tile) && plan.splits == 1;
