@@ -34,6 +34,7 @@
 #include "qspec/decode_plan.h"
 #include "gemm/policy_map.h"
 #include "model/llama.h"
+#include "quant/formats.h"
 #include "qspec/sampling.h"
 
 namespace qspec {
@@ -53,6 +54,9 @@ struct GpuLlamaOptions {
   // with this many residual channels for each 4-bit format (a random channel order a site, the
   // augmented tail S rounded up to the weight group), so ARC steps can be timed at full size.
   int64_t synthetic_arc_channels = 0;
+  // Synthetic models only: the 4-bit weight format, int4 or int4-asym (the same random codes and
+  // scales plus f16 group minimums: an A/B of the zero-point kernels against int4's). Group 128.
+  quant::Format synthetic_weights = quant::Format::int4;
   // ADAngel's policy map for the 4-bit GEMMs (gemm/policy_map.h, made by `qspec tune` on this
   // GPU): every 4-bit GEMM runs the strategy it picks for its (activations, n, k, m). Null: the
   // kernels' built-in crossovers.
