@@ -1391,6 +1391,9 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
       size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::dequant_cublas);
       for (auto path : {cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
         bytes = std::max(bytes, cuda::w4a16_workspace_bytes(m, s.n, s.k, path));
+      // Room for the explicit tiled splits below (up to 3).
+      bytes = std::max(bytes, cuda::w4a16_workspace_bytes(1, s.n, s.k, cuda::W4A16Path::tiled) +
+                                  static_cast<size_t>(3 * m * s.n) * sizeof(float));
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
       const std::string name = " m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" + std::to_string(s.k) +
@@ -1431,14 +1434,22 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
           EXPECT_THROW(small_m(d_y.as<f16>()), qspec::Error) << name;
         }
       }
-      auto tiled = [&](f16* y) {
-        cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr);
-      };
-      if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m)) {
-        check("tiled", tiled);
-      } else {
-        auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
-        EXPECT_THROW(tiled(d_y.as<f16>()), qspec::Error) << name;
+      // The tiled path: its own tile by m, then each wgmma tile in one split and in several (the
+      // zero-point instances; an mma.sync tile is refused).
+      for (auto [tile, splits] : {std::pair{0, 0}, {cuda::kW4A16WgmmaTile32, 1}, {cuda::kW4A16WgmmaTile32, 3},
+                                  {cuda::kW4A16WgmmaTile, 1}, {cuda::kW4A16WgmmaTile, 2},
+                                  {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2}, {2, 1}}) {
+        auto tiled = [&](f16* y) {
+          cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
+                                 cuda::W4A16TiledConfig{tile, splits});
+        };
+        const std::string what = "tiled " + std::to_string(tile) + " split" + std::to_string(splits);
+        if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m) && (tile == 0 || cuda::w4a16_is_wgmma_tile(tile))) {
+          check(what, tiled);
+        } else {
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          EXPECT_THROW(tiled(d_y.as<f16>()), qspec::Error) << what << name;
+        }
       }
     }
   }

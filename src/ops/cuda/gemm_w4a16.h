@@ -35,7 +35,8 @@ enum class W4A16Path { automatic, small_m, dequant_cublas, tiled };
 // Whether a W4A16 path runs weights with minimums (W4A16Weights::mins) at m tokens here: the one
 // rule the dispatchers (w4a16_choose_path, gemm/cuda/gemm_dispatch.cpp) route such weights by.
 // dequant_cublas runs every M; small_m the preload kernel's zero-point instance (sm_90a, at most
-// 16 tokens); the tiled kernels have no zero-point variants yet. automatic: false (ask per path).
+// 16 tokens); tiled the wgmma tiles' (sm_90a; the mma.sync tiles have none). automatic: false (ask
+// per path).
 bool w4a16_runs_zero_points(W4A16Path path, int64_t m);
 
 // Workspace a W4A16 GEMM of this size may use: split-K partials and counters for the small-M

@@ -110,6 +110,8 @@ bool w4a16_runs_zero_points(W4A16Path path, int64_t m) {
       return true;
     case W4A16Path::small_m:  // the preload kernel (ActF16Zp), 16 tokens a launch, sm_90a
       return m <= 16 && w4a16_preload_runs_here();
+    case W4A16Path::tiled:  // the wgmma tiles' zero-point instances (any m, in M tiles), sm_90a
+      return w4a16_wgmma_tile_runs_here();
     default:
       return false;
   }
