@@ -574,4 +574,17 @@ TEST(GpuEngine, Int4AsymW4A16AndW4A16DraftsEqualTheCpu) {
     std::printf("    %s: accepted %lld / %lld drafts\n", param, static_cast<long long>(after.accepted - before.accepted),
                 static_cast<long long>(after.drafted - before.drafted));
   }
+  // Drafts with quantized activations have no zero-point kernels on the GPU: refused at submit.
+  for (const char* draft : {"w4a8", "w4a4-nvfp4"}) {
+    qspec::Request request = plain[0];
+    request.plan.mode = "qspec";
+    request.plan.draft = draft;
+    request.plan.verify = "w4a16";
+    try {
+      gpu_engine.submit(std::move(request), [](const qspec::TokenEvent&) {});
+      ADD_FAILURE() << "accepted " << draft << " drafts on int4-asym weights";
+    } catch (const qspec::Error& error) {
+      EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+    }
+  }
 }

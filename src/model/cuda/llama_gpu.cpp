@@ -1295,17 +1295,12 @@ void GpuLlama::set_activations(GpuActivations activations) {
   State& s = *state_;
   QSPEC_CHECK(activations == GpuActivations::f16 || s.quantized,
               "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
+  check_activations(activations);  // before any change: a refused switch leaves the model as it was
   const GpuActivations previous = s.activations;
   s.activations = activations;
   const bool int4 = activations == GpuActivations::int4 || activations == GpuActivations::int4_arc;
   for (const Layer& layer : s.layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
-      if (activations != GpuActivations::f16 && linear->has_min()) {
-        s.activations = previous;
-        fail("GPU model: int4-asym weights (zero points) run f16 activations only on the GPU (mode w4a16 and its "
-             "w4a16 drafts, e.g. w4a16@W+S, /vN); quantized-activation modes and drafts (w4a8, w4a4-*, ARC) run "
-             "them with --device cpu");
-      }
       if (int4 && !(s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
                     linear->k % s.activation_group == 0 && linear->in_k % s.activation_group == 0)) {
         s.activations = previous;
@@ -1317,6 +1312,17 @@ void GpuLlama::set_activations(GpuActivations activations) {
         fail("GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
       }
     }
+}
+
+void GpuLlama::check_activations(GpuActivations activations) const {
+  const State& s = *state_;
+  if (activations == GpuActivations::f16) return;
+  for (const Layer& layer : s.layers)
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      QSPEC_CHECK(!linear->has_min(),
+                  "GPU model: int4-asym weights (zero points) run f16 activations only on the GPU (mode w4a16 and its "
+                  "w4a16 drafts, e.g. w4a16@W+S, /vN, or prompt lookup); quantized-activation modes and drafts (w4a8, "
+                  "w4a4-*, ARC) run them with --device cpu");
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }

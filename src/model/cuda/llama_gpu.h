@@ -153,6 +153,10 @@ class GpuLlama {
   // the first, gpu_activations(mode)). int4 uses the constructor mode's activation group size.
   // Decode graphs are kept per precision.
   void set_activations(GpuActivations activations);
+  // Throws the reason when this model's weights cannot run these activations at all: int4-asym
+  // weights (zero points) have f16-activation kernels only (W4A16 and its W4A16 drafts). The
+  // engine's backend asks it of a request's draft mode before any step (set_activations too).
+  void check_activations(GpuActivations activations) const;
   GpuActivations activations() const;
   // The attention's view of the cache in the following steps (a QSpec draft's sparse view,
   // RunMode::kv_window / kv_sinks; 0: the whole cache). Decode graphs are kept per view.

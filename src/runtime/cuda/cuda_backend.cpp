@@ -57,6 +57,8 @@ class CudaBackend final : public Backend {
                 mode_.name == "w16a16" ? " only"
                                        : " only, with QSpec drafts in a low-precision activation mode (w4a8*, "
                                          "w4a4*)");
+    // A draft mode these weights cannot run (int4-asym: f16 activations only), refused at submit.
+    if (mode.name != mode_.name) gpu_->check_activations(gpu_activations(mode));
   }
   bool kv_in_pool() const override { return false; }
   std::string device_name() const override { return cuda::device_name(); }
