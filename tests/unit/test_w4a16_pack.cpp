@@ -53,6 +53,20 @@ void dequant_word(uint32_t q, float (&regs)[4][2]) {
   }
 }
 
+// int4-asym (zero points): the unsigned codes of one packed word, as dequant_uint4x8 makes them:
+// hsub2(lo, 1024), hfma2(hi, 1/16, -64), exact in f16.
+void dequant_word_unsigned(uint32_t q, float (&regs)[4][2]) {
+  for (int step = 0; step < 2; ++step) {
+    const uint32_t lo = (q & 0x000f000fu) | 0x64006400u;
+    const uint32_t hi = (q & 0x00f000f0u) | 0x64006400u;
+    regs[2 * step][0] = half_lo(lo) - 1024.0f;
+    regs[2 * step][1] = half_hi(lo) - 1024.0f;
+    regs[2 * step + 1][0] = half_lo(hi) * 0.0625f - 64.0f;
+    regs[2 * step + 1][1] = half_hi(hi) * 0.0625f - 64.0f;
+    q >>= 8;
+  }
+}
+
 // The kernel for one row block and all tokens, simulated per lane with the PTX fragment
 // layouts of mma.m16n8k16 (A row-major 16x16: a0a1 (g, 2t..), a2a3 (g+8, 2t..), a4a5 (g, 2t+8..),
 // a6a7 (g+8, 2t+8..); B 16x8: b0b1 (k 2t.., n g), b2b3 (k 2t+8.., n g); C: c0c1 (g, 2t..),
@@ -76,7 +90,20 @@ void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, cons
         const int64_t offset = tail ? chunk * 512 + lane * 8 + j * 4 : chunk * 512 + lane * 16 + ((pair & 1) * 2 + j) * 4;
         std::memcpy(&word, block + offset, 4);
         float a[4][2];
-        dequant_word(word, a);
+        if (packed.has_min()) {
+          // ActF16Zp: codes, then hfma2(code, s, m) with the group's f16 scale and minimum of rows
+          // g (registers 0, 2) and g + 8 (1, 3): one f16 rounding of the exact value.
+          dequant_word_unsigned(word, a);
+          const size_t group_word = static_cast<size_t>((rb * packed.groups() + pair / pairs_per_group) * 8 + g);
+          const uint32_t s = packed.scales[group_word], mn = packed.mins[group_word];
+          for (int r = 0; r < 4; ++r)
+            for (int h = 0; h < 2; ++h) {
+              const float scale = (r & 1) ? half_hi(s) : half_lo(s), min = (r & 1) ? half_hi(mn) : half_lo(mn);
+              a[r][h] = qspec::f16_to_f32(qspec::f32_to_f16(std::fma(a[r][h], scale, min)));
+            }
+        } else {
+          dequant_word(word, a);
+        }
         A[g][2 * t] = a[0][0], A[g][2 * t + 1] = a[0][1];
         A[g + 8][2 * t] = a[1][0], A[g + 8][2 * t + 1] = a[1][1];
         A[g][2 * t + 8] = a[2][0], A[g][2 * t + 9] = a[2][1];
@@ -106,7 +133,8 @@ void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, cons
         for (int64_t lane = 0; lane < 32; ++lane) {
           const uint32_t s = packed.scales[static_cast<size_t>((rb * packed.groups() + q) * 8 + lane / 4)];
           for (int64_t c = 0; c < 4; ++c) {
-            const float scale = c >= 2 ? half_hi(s) : half_lo(s);
+            // (zero points: the scales are in the weights already)
+            const float scale = packed.has_min() ? 1.0f : c >= 2 ? half_hi(s) : half_lo(s);
             float& g = gacc[(nt * 32 + lane) * 4 + c];
             acc[(nt * 32 + lane) * 4 + c] += scale * g;
             g = 0;
@@ -219,5 +247,30 @@ TEST(W4A16Pack, SimulatedTensorCoreKernelMatchesCpuGemm) {
       norm += expected[i] * expected[i];
     }
     EXPECT_LT(std::sqrt(diff / norm), 1e-5) << m << "x" << n << "x" << k << " g" << group;
+  }
+}
+
+// The same simulation of the zero-point path (ActF16Zp: unsigned codes, fma(code, s, m) folded
+// into f16 weights before the mma) against the CPU GEMM on the same (f16-rounded) int4-asym
+// blocks: within the f16 rounding of the folded weights (the GPU tests' bound for it is 3e-3).
+TEST(W4A16Pack, SimulatedZeroPointKernelMatchesCpuGemm) {
+  for (auto [m, n, k, group] : {std::tuple{1, 16, 64, 64}, {3, 33, 96, 32}, {9, 20, 256, 128}, {16, 17, 704, 64},
+                                {5, 31, 160, 32}, {4, 16, 512, 256}}) {
+    qspec::QuantizedMatrix weight = random_int4(n, k, qspec::quant::Format::int4_asym, group);
+    qspec::gemm::round_zero_point_blocks_to_f16(weight);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = qspec::f16_to_f32(qspec::f32_to_f16(normal(rng())));
+    std::vector<float> expected(static_cast<size_t>(m * n)), got(expected.size(), NAN);
+    qspec::cpu::quantized_linear(x.data(), m, weight, nullptr, expected.data());
+    for (int64_t rb = 0; rb < packed.row_blocks(); ++rb) simulate_row_block(packed, rb, x, m, got);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << i;
+      diff += (got[i] - expected[i]) * (got[i] - expected[i]);
+      norm += expected[i] * expected[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 2e-3) << m << "x" << n << "x" << k << " g" << group;
   }
 }
