@@ -27,7 +27,8 @@
 //
 // int4-asym (zero points, issue 55): the nibbles are the unsigned codes 0..15 themselves (value
 // fma(code, s, m)), and `mins` holds an f16 minimum per group in the scales' layout (word r =
-// (m[r], m[r+8])), a separate array so the symmetric kernels' scale loads stay as they are. The
+// (m[r], m[r+8])), a separate array so the symmetric kernels' scale loads stay as they are (the
+// GPU keeps it right after the scales in their buffer, cuda::W4A16Weights::mins). The
 // format's f32 scale and minimum are rounded to f16 here (the GPU's one weight set); the
 // kernels turn (q & 0x000f000f) | 0x64006400 into 1024 + code and subtract 1024.
 #pragma once

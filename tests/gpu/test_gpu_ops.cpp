@@ -1181,15 +1181,20 @@ std::vector<float> cpu_quantized_linear(const std::vector<float>& x, int64_t m, 
   return y;
 }
 
+// int4-asym: the minimums follow the scales in their buffer (cuda::W4A16Weights::mins).
+std::vector<uint32_t> scales_then_mins(const qspec::gemm::W4A16Packed& packed) {
+  std::vector<uint32_t> words = packed.scales;
+  words.insert(words.end(), packed.mins.begin(), packed.mins.end());
+  return words;
+}
+
 struct DeviceW4 {
-  cuda::DeviceMemory codes, scales, mins;
+  cuda::DeviceMemory codes, scales;
   cuda::W4A16Weights view;
-  explicit DeviceW4(const qspec::gemm::W4A16Packed& packed) : codes(upload(packed.codes)), scales(upload(packed.scales)) {
+  explicit DeviceW4(const qspec::gemm::W4A16Packed& packed)
+      : codes(upload(packed.codes)), scales(upload(scales_then_mins(packed))) {
     view = {codes.get(), scales.get(), packed.n, packed.k, packed.group};
-    if (packed.has_min()) {  // int4-asym
-      mins = upload(packed.mins);
-      view.mins = mins.get();
-    }
+    if (packed.has_min()) view.mins = scales.as<uint32_t>() + packed.scales.size();
   }
 };
 

@@ -56,8 +56,7 @@ void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
 struct Linear {
   int64_t n = 0, k = 0, in_k = 0;
   DeviceMemory w16;            // f16 [n, k] (W16A16)
-  DeviceMemory codes, scales;  // ops/w4a16_pack.h layout (W4A16)
-  DeviceMemory mins;           // int4-asym: the f16 group minimums beside the scales (else empty)
+  DeviceMemory codes, scales;  // ops/w4a16_pack.h layout (W4A16); int4-asym: the f16 group minimums after the scales
   DeviceMemory bitplanes;      // ops/w4_bitplanes.h copy, only where the GEMM policy runs Bitwise
   cuda::W4A16Weights view{};
   bool quantized = false;
@@ -68,7 +67,7 @@ struct Linear {
   bool input_ordered = false;
   bool reordered() const { return site.calibrated(); }
 
-  size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes() + mins.bytes(); }  // what a step reads
+  size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }  // what a step reads
   bool has_min() const { return view.has_min(); }
 };
 
@@ -134,13 +133,12 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
     scales.insert(scales.end(), packed.scales.begin(), packed.scales.end());
     mins.insert(mins.end(), packed.mins.begin(), packed.mins.end());
   }
+  const size_t scale_words = scales.size();
+  scales.insert(scales.end(), mins.begin(), mins.end());  // int4-asym: the minimums follow the scales
   linear.codes = upload(codes, name + " codes");
   linear.scales = upload(scales, name + " scales");
   linear.view = {linear.codes.get(), linear.scales.get(), linear.n, linear.k, group};
-  if (has_min) {
-    linear.mins = upload(mins, name + " minimums");
-    linear.view.mins = linear.mins.get();
-  }
+  if (has_min) linear.view.mins = linear.scales.as<uint32_t>() + scale_words;
   linear.in_k = linear.k - site.tail;
   if (site.calibrated()) {
     QSPEC_CHECK(static_cast<int64_t>(site.order.size()) == linear.in_k && linear.in_k % 8 == 0, "GPU model: ", name,
@@ -189,15 +187,16 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
   const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
   const size_t scale_halves = static_cast<size_t>(row_blocks * (k / group) * 16);
   linear.codes = allocate(code_bytes, "synthetic codes");
-  linear.scales = allocate(scale_halves * 2, "synthetic scales");
+  // int4-asym: the minimums after the scales, in their buffer (cuda::W4A16Weights::mins).
+  linear.scales = allocate(scale_halves * 2 * (zero_points ? 2 : 1), "synthetic scales");
   cuda::fill_random_u32(linear.codes.as<uint32_t>(), code_bytes / 4, seed, stream);
   const float scale = 1.0f / (4.6f * static_cast<float>(std::max<int64_t>(1, static_cast<int64_t>(std::sqrt(k)))));
   cuda::fill_random_f16(linear.scales.as<f16_bits>(), scale_halves, 0.5f * scale, 1.5f * scale, seed + 1, stream);
   linear.view = {linear.codes.get(), linear.scales.get(), n, k, group};
   if (zero_points) {
-    linear.mins = allocate(scale_halves * 2, "synthetic minimums");
-    cuda::fill_random_f16(linear.mins.as<f16_bits>(), scale_halves, -8.0f * scale, -7.5f * scale, seed + 2, stream);
-    linear.view.mins = linear.mins.get();
+    f16_bits* mins = linear.scales.as<f16_bits>() + scale_halves;
+    cuda::fill_random_f16(mins, scale_halves, -8.0f * scale, -7.5f * scale, seed + 2, stream);
+    linear.view.mins = mins;
   }
   return linear;
 }

@@ -23,7 +23,9 @@ struct W4A16Weights {
   // Optional bit-plane copy of the codes (ops/w4_bitplanes.h) for the Bitwise strategy.
   const void* bitplanes = nullptr;
   // int4-asym (ops/w4a16_pack.h): f16 group minimums in the scales' layout, the codes unsigned;
-  // null for int4. Only the paths of w4a16_runs_zero_points take them (the others throw).
+  // null for int4. They must follow the scales in one buffer (mins == scales + ceil(n/16) *
+  // (k/group) * 8 words): the kernels find them there, so int4's kernel parameters are unchanged.
+  // Only the paths of w4a16_runs_zero_points take them (the others throw).
   const void* mins = nullptr;
   bool has_min() const { return mins != nullptr; }
 };

@@ -13,7 +13,7 @@
 namespace qspec::cuda::detail {
 
 // The kernels' view of w, checked. Weights with minimums (int4-asym) are refused unless the
-// calling kernel runs them (zero_points: it reads layout.mins): every kernel without a
+// calling kernel runs them (zero_points: it reads kernels::zero_point_mins): every kernel without a
 // zero-point variant throws here rather than compute int4 values from unsigned codes.
 kernels::W4A16Layout w4a16_layout(const W4A16Weights& w, bool zero_points = false);
 // Throws naming `who` when x does not fit w (alignment, ldx, int4 groups) or lacks scales.

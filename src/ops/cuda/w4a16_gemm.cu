@@ -14,7 +14,6 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w, bool zero_points) {
   QSPEC_CHECK(zero_points || w.mins == nullptr,
               "cuda::w4a16: this kernel has no int4-asym (zero point) variant; weights with minimums run on the "
               "W4A16 paths of cuda::w4a16_runs_zero_points (cuda::w4a16_gemm's automatic path routes them)");
-  QSPEC_CHECK(w.mins == nullptr || reinterpret_cast<uintptr_t>(w.mins) % 4 == 0, "cuda::w4a16: misaligned minimums");
   QSPEC_CHECK(w.group == 32 || w.group == 64 || w.group == 128, "cuda::w4a16: kernel group ", w.group,
               " (supported: 32, 64, 128; see ops/w4a16_pack.h)");
   QSPEC_CHECK(w.n > 0 && w.k > 0 && w.k % w.group == 0 && w.n < (1ll << 31) && w.k < (1ll << 28),
@@ -30,7 +29,11 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w, bool zero_points) {
   layout.full_chunks = static_cast<int>(w.k / 64);
   layout.tail = w.k % 64 == 32 ? 1 : 0;
   layout.groups = static_cast<int>(w.k / w.group);
-  layout.mins = static_cast<const uint32_t*>(w.mins);
+  // The minimums directly after the scales (kernels::zero_point_mins reads them there).
+  QSPEC_CHECK(w.mins == nullptr ||
+                  w.mins == static_cast<const uint32_t*>(w.scales) + static_cast<int64_t>(layout.row_blocks) * layout.groups * 8,
+              "cuda::w4a16: W4A16Weights::mins must follow the scales in their buffer (scales + ceil(n/16) * (k/group) * 8 "
+              "words)");
   return layout;
 }
 

@@ -93,7 +93,7 @@ bool late_refill() {
 using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6, 1, 2>;
 using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 6, 2, 2>;
 using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
-// ZP: the zero-point instance (int4-asym weights, W4A16Layout::mins).
+// ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins).
 template <class Shape, int G, bool ZP = false>
 struct WgmmaLauncher {
   static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP>;

@@ -13,10 +13,15 @@ struct W4A16Layout {
   int full_chunks;          // k / 64
   int tail;                 // 1 when k % 64 == 32 (a last chunk of one pair)
   int groups;               // k / group
-  // int4-asym: [row_blocks][groups][8] f16 pairs of group minimums, laid out as scales; null for
-  // int4 (only kernels instantiated with zero points read it; see w4a16_layout).
-  const uint32_t* mins;
 };
+
+// int4-asym: the group minimums, [row_blocks][groups][8] f16 pairs laid out as the scales and
+// stored right after them in one buffer (W4A16Weights::mins, checked by w4a16_layout). The layout
+// has no field for them, so the int4 kernels' parameters (and code) stay as they were; only
+// kernels instantiated with zero points call this.
+__device__ __forceinline__ const uint32_t* zero_point_mins(const W4A16Layout& w) {
+  return w.scales + static_cast<int64_t>(w.row_blocks) * w.groups * 8;
+}
 
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;

@@ -15,7 +15,7 @@ namespace qspec::cuda::kernels {
 //    store. Rows are padded by 64 bytes (stride = 64 mod 128 bytes), so the 16-byte
 //    shared stores of rows g, g + 1 land in distinct bank groups.
 // out = f16(code * scale), correctly rounded (code is an exact f16 integer); with kHasMin
-// (int4-asym: unsigned codes, layout.mins) out = f16(fma(code, scale, min)), one rounding.
+// (int4-asym: unsigned codes, zero_point_mins) out = f16(fma(code, scale, min)), one rounding.
 template <int TILE_CHUNKS, int WARPS, bool kHasMin = false>
 __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16Layout w, int group,
                                                                     __half* __restrict__ out) {
@@ -33,7 +33,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
   const int pairs = 2 * w.full_chunks + w.tail, pairs_per_group = group / 32;
   const uint8_t* codes = w.codes + static_cast<int64_t>(rb) * w.k * 8;
   const uint32_t* scales = w.scales + static_cast<int64_t>(rb) * w.groups * 8 + g;
-  const uint32_t* mins = kHasMin ? w.mins + static_cast<int64_t>(rb) * w.groups * 8 + g : nullptr;
+  const uint32_t* mins = kHasMin ? zero_point_mins(w) + static_cast<int64_t>(rb) * w.groups * 8 + g : nullptr;
 
   uint4 q[CPW];
   uint32_t s[CPW][2];

@@ -126,7 +126,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
                         : min(tile * block_rbs + rbi, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
-  const uint32_t* m_block = ZP ? p.w.mins + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
+  const uint32_t* m_block = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(WARPS) * R * Shape::kSlotBytes) + warp * R;
 

@@ -249,7 +249,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
     // ZP: this lane's minimums (rows g, g + 8) of the warp's row block, clamped to the last row
     // block (a tile past n multiplies, like its zero codes, rows that are never stored).
     const uint32_t* lane_mins =
-        ZP ? p.w.mins + static_cast<int64_t>(min(row_tile * T::kRowBlocks + mma_warp, p.w.row_blocks - 1)) *
+        ZP ? zero_point_mins(p.w) + static_cast<int64_t>(min(row_tile * T::kRowBlocks + mma_warp, p.w.row_blocks - 1)) *
                             p.w.groups * 8 + g
            : nullptr;
 #pragma unroll 1
