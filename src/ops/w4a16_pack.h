@@ -24,6 +24,13 @@
 // Scales: per row block, per kernel group of `group` k values (32, 64 or 128), 8 words: word
 // r = f16 pair (s[r], s[r+8]) (low half s[r]), so lane 4g+t reads word g for its two rows.
 // A format group larger than 128 (int4-channel: one scale per row) repeats its scale.
+//
+// int4-asym (zero points, issue 55): the nibbles are the unsigned codes 0..15 themselves (value
+// fma(code, s, m)), and `mins` holds an f16 minimum per group in the scales' layout (word r =
+// (m[r], m[r+8])), a separate array so the symmetric kernels' scale loads stay as they are (the
+// GPU keeps it right after the scales in their buffer, cuda::W4A16Weights::mins). The
+// format's f32 scale and minimum are rounded to f16 here (the GPU's one weight set); the
+// kernels turn (q & 0x000f000f) | 0x64006400 into 1024 + code and subtract 1024.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -37,17 +44,23 @@ struct W4A16Packed {
   int64_t group = 0;              // kernel group: 32, 64 or 128
   std::vector<uint8_t> codes;     // row_blocks() * k * 8 bytes
   std::vector<uint32_t> scales;   // row_blocks() * (k / group) * 8 f16 pairs
+  std::vector<uint32_t> mins;     // int4-asym: as scales, the f16 group minimums; empty otherwise
 
   int64_t row_blocks() const { return (n + 15) / 16; }
   int64_t groups() const { return k / group; }
+  bool has_min() const { return !mins.empty(); }
   // The weight W[row][col] this layout encodes (reference decoding, f32).
   float value(int64_t row, int64_t col) const;
 };
 
 // Largest kernel group (128, 64, 32) that divides the format's block, or 0 when the matrix
-// cannot be packed (not int4 / int4-channel, or a block not a multiple of 32).
+// cannot be packed (not int4 / int4-channel / int4-asym, or a block not a multiple of 32).
 int64_t w4a16_kernel_group(const QuantizedMatrix& weight);
 // Throws qspec::Error naming the matrix when w4a16_kernel_group is 0.
 W4A16Packed pack_w4a16(const QuantizedMatrix& weight);
+// int4-asym: rounds every group's f32 scale and minimum to the f16 values pack_w4a16 keeps (the
+// codes unchanged), so that the CPU then decodes exactly the GPU's weights (tests compare the two
+// this way). No-op for the other formats.
+void round_zero_point_blocks_to_f16(QuantizedMatrix& weight);
 
 }  // namespace qspec::gemm

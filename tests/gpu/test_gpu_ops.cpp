@@ -1208,13 +1208,31 @@ std::vector<float> cpu_quantized_linear(const std::vector<float>& x, int64_t m, 
   return y;
 }
 
+// int4-asym: the minimums follow the scales in their buffer (cuda::W4A16Weights::mins).
+std::vector<uint32_t> scales_then_mins(const qspec::gemm::W4A16Packed& packed) {
+  std::vector<uint32_t> words = packed.scales;
+  words.insert(words.end(), packed.mins.begin(), packed.mins.end());
+  return words;
+}
+
 struct DeviceW4 {
   cuda::DeviceMemory codes, scales;
   cuda::W4A16Weights view;
-  explicit DeviceW4(const qspec::gemm::W4A16Packed& packed) : codes(upload(packed.codes)), scales(upload(packed.scales)) {
+  explicit DeviceW4(const qspec::gemm::W4A16Packed& packed)
+      : codes(upload(packed.codes)), scales(upload(scales_then_mins(packed))) {
     view = {codes.get(), scales.get(), packed.n, packed.k, packed.group};
+    if (packed.has_min()) view.mins = scales.as<uint32_t>() + packed.scales.size();
   }
 };
+
+// Random int4-asym weights with their group scales and minimums rounded to the f16 values the
+// GPU keeps (gemm::round_zero_point_blocks_to_f16), so the CPU reference computes with the
+// GPU's weights.
+qspec::QuantizedMatrix random_zero_point_weights(int64_t n, int64_t k, int64_t group) {
+  qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4_asym, group);
+  qspec::gemm::round_zero_point_blocks_to_f16(weight);
+  return weight;
+}
 
 }  // namespace
 
@@ -1352,6 +1370,139 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
       }
     }
   }
+}
+
+TEST_F(Gpu, W4A16DequantizeZeroPointsIsExact) {
+  // int4-asym: f16(fma(code, scale, min)) of the unsigned codes, one rounding, groups 32 / 64 / 128,
+  // k tails of one 32-value pair, odd n (rows past n in the last row block zero).
+  for (auto [n, k, group] : {std::tuple{33, 96, 32}, {130, 704, 64}, {7, 4096, 128}, {17, 512, 256}}) {
+    const qspec::QuantizedMatrix weight = random_zero_point_weights(n, k, group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    ASSERT_TRUE(packed.has_min());
+    DeviceW4 w(packed);
+    auto d_out = poisoned(static_cast<size_t>(n * k) * 2);
+    cuda::w4a16_dequantize(w.view, d_out.as<f16>(), nullptr);
+    const std::vector<f16> out = download<f16>(d_out, static_cast<size_t>(n * k));
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < n; ++r) {
+      weight.dequantize_row(r, row.data());
+      for (int64_t c = 0; c < k; ++c) {
+        ASSERT_EQ(packed.value(r, c), row[c]) << "the packed layout decodes to the CPU's weights";
+        ASSERT_EQ(out[r * k + c], qspec::f32_to_f16(row[c])) << shape_name({n, k}) << " " << r << "," << c;
+      }
+    }
+  }
+}
+
+// int4-asym weights (zero points) against the CPU's quantized_linear on the same (f16-rounded)
+// blocks, at the M values of every W4A16 path: through the automatic path and the GEMM
+// dispatcher (every strategy of a policy map must land on a kernel that runs zero points), and
+// on each path directly: the paths of cuda::w4a16_runs_zero_points compare, the others refuse
+// the weights rather than read unsigned codes as int4.
+TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
+  struct Shape {
+    int64_t n, k, group;
+  };
+  const std::vector<Shape> shapes = {{256, 256, 64}, {33, 96, 32},  {1000, 160, 32},
+                                     {129, 704, 64}, {4097, 4096, 128}, {7, 512, 256}};
+  const std::vector<int64_t> ms = {1, 2, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 257, 1024};
+  qspec::cuda::Blas blas;
+  for (const Shape& s : shapes) {
+    const qspec::QuantizedMatrix weight = random_zero_point_weights(s.n, s.k, s.group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    for (int64_t m : ms) {
+      if (s.n * s.k * m > 6e9) continue;  // CPU reference time
+      const int64_t ldx = s.k + 8, ldy = s.n + 3;
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      std::vector<float> x_dense(static_cast<size_t>(m * s.k));
+      for (int64_t t = 0; t < m; ++t)
+        std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
+      std::vector<float> expected(static_cast<size_t>(m * s.n));
+      qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+      auto d_x = upload(to_f16(x));
+      size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::dequant_cublas);
+      for (auto path : {cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
+        bytes = std::max(bytes, cuda::w4a16_workspace_bytes(m, s.n, s.k, path));
+      // Room for the explicit tiled splits below (up to 3).
+      bytes = std::max(bytes, cuda::w4a16_workspace_bytes(1, s.n, s.k, cuda::W4A16Path::tiled) +
+                                  static_cast<size_t>(3 * m * s.n) * sizeof(float));
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      const std::string name = " m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" + std::to_string(s.k) +
+                               " g" + std::to_string(s.group);
+      auto check = [&](const std::string& what, auto&& launch) {
+        auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+        launch(d_y.as<f16>());
+        const std::vector<float> y = from_f16(download<f16>(d_y, static_cast<size_t>(m * ldy)));
+        std::vector<float> got(expected.size());
+        for (int64_t t = 0; t < m; ++t) std::copy(y.begin() + t * ldy, y.begin() + t * ldy + s.n, got.begin() + t * s.n);
+        EXPECT_CLOSE(got, expected, 3e-3, what + name);
+      };
+      check("automatic", [&](f16* y) {
+        cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr);
+      });
+      check("dequant+cublas", [&](f16* y) {
+        cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
+                         cuda::W4A16Path::dequant_cublas);
+      });
+      EXPECT_TRUE(cuda::w4a16_runs_zero_points(cuda::w4a16_choose_path(m, w.view), m)) << name;
+      // Every f16 strategy a policy map may name, through run_w4_gemm (what dispatch_w4_gemm runs).
+      const qspec::W4GemmInput input{d_x.as<f16>(), ldx, nullptr};
+      for (qspec::gemm::Strategy strategy : qspec::gemm::strategies_for("f16")) {
+        if (strategy == qspec::gemm::Strategy::wgmma_128x128 && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+        check(std::string("strategy ") + std::string(qspec::gemm::strategy_name(strategy)), [&](f16* y) {
+          qspec::run_w4_gemm(strategy, blas, input, m, w.view, y, ldy, workspace.get(), bytes, nullptr);
+        });
+      }
+      // The small-M and tiled entry points: compared where they run zero points, refused elsewhere.
+      if (m <= 64) {
+        auto small_m = [&](f16* y) {
+          cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr);
+        };
+        if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::small_m, m)) {
+          check("small_m", small_m);
+        } else {
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          EXPECT_THROW(small_m(d_y.as<f16>()), qspec::Error) << name;
+        }
+      }
+      // The tiled path: its own tile by m, then each wgmma tile in one split and in several (the
+      // zero-point instances; an mma.sync tile is refused).
+      for (auto [tile, splits] : {std::pair{0, 0}, {cuda::kW4A16WgmmaTile32, 1}, {cuda::kW4A16WgmmaTile32, 3},
+                                  {cuda::kW4A16WgmmaTile, 1}, {cuda::kW4A16WgmmaTile, 2},
+                                  {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2}, {2, 1}}) {
+        auto tiled = [&](f16* y) {
+          cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
+                                 cuda::W4A16TiledConfig{tile, splits});
+        };
+        const std::string what = "tiled " + std::to_string(tile) + " split" + std::to_string(splits);
+        if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m) && (tile == 0 || cuda::w4a16_is_wgmma_tile(tile))) {
+          check(what, tiled);
+        } else {
+          auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+          EXPECT_THROW(tiled(d_y.as<f16>()), qspec::Error) << what << name;
+        }
+      }
+    }
+  }
+  // Quantized activations (W4A8 and below) have no zero-point kernels on the GPU: refused.
+  const qspec::QuantizedMatrix weight = random_zero_point_weights(64, 256, 64);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  const int64_t m = 4;
+  cuda::DeviceMemory x(static_cast<size_t>(m * 256) * 2), codes(static_cast<size_t>(m * 256) * 2),
+      scales(static_cast<size_t>(m) * 4), y(static_cast<size_t>(m * 64) * 2);
+  cuda::fill_bytes(x.get(), 0, x.bytes(), nullptr);
+  const cuda::QuantizedActivations q = cuda::quantize_activations(qspec::quant::Format::int8, 64, x.as<f16>(), m, 256,
+                                                                  256, codes.get(), 256, scales.as<float>(), 1, nullptr);
+  const size_t bytes = cuda::w4a16_workspace_bytes(m, 64, 256, cuda::W4A16Path::dequant_cublas);
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  EXPECT_THROW(qspec::dispatch_w4_gemm(nullptr, blas, qspec::W4GemmInput{nullptr, 0, &q}, m, w.view, y.as<f16>(), 64,
+                                       workspace.get(), bytes, nullptr),
+               qspec::Error);
+  EXPECT_THROW(qspec::run_w4_gemm(qspec::gemm::Strategy::small_m_v1, blas, qspec::W4GemmInput{nullptr, 0, &q}, m,
+                                  w.view, y.as<f16>(), 64, workspace.get(), bytes, nullptr),
+               qspec::Error);
 }
 
 // One workspace serves every path, as in the model: a large-M launch (dequantize + cuBLAS) must

@@ -53,6 +53,20 @@ void dequant_word(uint32_t q, float (&regs)[4][2]) {
   }
 }
 
+// int4-asym (zero points): the unsigned codes of one packed word, as dequant_uint4x8 makes them:
+// hsub2(lo, 1024), hfma2(hi, 1/16, -64), exact in f16.
+void dequant_word_unsigned(uint32_t q, float (&regs)[4][2]) {
+  for (int step = 0; step < 2; ++step) {
+    const uint32_t lo = (q & 0x000f000fu) | 0x64006400u;
+    const uint32_t hi = (q & 0x00f000f0u) | 0x64006400u;
+    regs[2 * step][0] = half_lo(lo) - 1024.0f;
+    regs[2 * step][1] = half_hi(lo) - 1024.0f;
+    regs[2 * step + 1][0] = half_lo(hi) * 0.0625f - 64.0f;
+    regs[2 * step + 1][1] = half_hi(hi) * 0.0625f - 64.0f;
+    q >>= 8;
+  }
+}
+
 // The kernel for one row block and all tokens, simulated per lane with the PTX fragment
 // layouts of mma.m16n8k16 (A row-major 16x16: a0a1 (g, 2t..), a2a3 (g+8, 2t..), a4a5 (g, 2t+8..),
 // a6a7 (g+8, 2t+8..); B 16x8: b0b1 (k 2t.., n g), b2b3 (k 2t+8.., n g); C: c0c1 (g, 2t..),
@@ -76,7 +90,20 @@ void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, cons
         const int64_t offset = tail ? chunk * 512 + lane * 8 + j * 4 : chunk * 512 + lane * 16 + ((pair & 1) * 2 + j) * 4;
         std::memcpy(&word, block + offset, 4);
         float a[4][2];
-        dequant_word(word, a);
+        if (packed.has_min()) {
+          // ActF16Zp: codes, then hfma2(code, s, m) with the group's f16 scale and minimum of rows
+          // g (registers 0, 2) and g + 8 (1, 3): one f16 rounding of the exact value.
+          dequant_word_unsigned(word, a);
+          const size_t group_word = static_cast<size_t>((rb * packed.groups() + pair / pairs_per_group) * 8 + g);
+          const uint32_t s = packed.scales[group_word], mn = packed.mins[group_word];
+          for (int r = 0; r < 4; ++r)
+            for (int h = 0; h < 2; ++h) {
+              const float scale = (r & 1) ? half_hi(s) : half_lo(s), min = (r & 1) ? half_hi(mn) : half_lo(mn);
+              a[r][h] = qspec::f16_to_f32(qspec::f32_to_f16(std::fma(a[r][h], scale, min)));
+            }
+        } else {
+          dequant_word(word, a);
+        }
         A[g][2 * t] = a[0][0], A[g][2 * t + 1] = a[0][1];
         A[g + 8][2 * t] = a[1][0], A[g + 8][2 * t + 1] = a[1][1];
         A[g][2 * t + 8] = a[2][0], A[g][2 * t + 9] = a[2][1];
@@ -106,7 +133,8 @@ void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, cons
         for (int64_t lane = 0; lane < 32; ++lane) {
           const uint32_t s = packed.scales[static_cast<size_t>((rb * packed.groups() + q) * 8 + lane / 4)];
           for (int64_t c = 0; c < 4; ++c) {
-            const float scale = c >= 2 ? half_hi(s) : half_lo(s);
+            // (zero points: the scales are in the weights already)
+            const float scale = packed.has_min() ? 1.0f : c >= 2 ? half_hi(s) : half_lo(s);
             float& g = gacc[(nt * 32 + lane) * 4 + c];
             acc[(nt * 32 + lane) * 4 + c] += scale * g;
             g = 0;
@@ -154,12 +182,49 @@ TEST(W4A16Pack, DecodesToTheQuantizedWeights) {
 TEST(W4A16Pack, RejectsFormatsTheKernelCannotRun) {
   EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::nvfp4, 16)), qspec::Error);
   EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 48, qspec::quant::Format::int4, 16)), qspec::Error);
-  // Zero points (int4-asym) have no GPU kernels: refused with the format named, never packed as int4.
+  EXPECT_THROW(qspec::gemm::pack_w4a16(random_int4(4, 48, qspec::quant::Format::int4_asym, 16)), qspec::Error);
+}
+
+// int4-asym: unsigned nibbles and f16 minimums beside the f16 scales; with the blocks rounded to
+// f16 first (round_zero_point_blocks_to_f16) the packed matrix decodes to the CPU's weights.
+TEST(W4A16Pack, ZeroPointsDecodeToTheRoundedQuantizedWeights) {
+  using qspec::quant::Format;
+  for (auto [n, k, group, kernel_group] : {std::tuple{16, 64, 64, 64}, {33, 96, 32, 32}, {7, 256, 128, 128},
+                                           {40, 704, 64, 64}, {17, 512, 256, 128}}) {
+    qspec::QuantizedMatrix weight = random_int4(n, k, Format::int4_asym, group);
+    qspec::gemm::round_zero_point_blocks_to_f16(weight);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    EXPECT_EQ(packed.group, kernel_group);
+    ASSERT_TRUE(packed.has_min());
+    ASSERT_EQ(packed.mins.size(), packed.scales.size());
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < packed.row_blocks() * 16; ++r) {
+      if (r < n) weight.dequantize_row(r, row.data());
+      for (int64_t col = 0; col < k; ++col) {
+        const float expected = r < n ? row[col] : 0.0f;
+        ASSERT_EQ(packed.value(r, col), expected) << n << "x" << k << " row " << r << " col " << col;
+      }
+    }
+  }
+  // Symmetric int4 has no minimums, and the rounding leaves it alone.
+  qspec::QuantizedMatrix int4 = random_int4(16, 64, Format::int4, 32);
+  const std::vector<uint8_t> scales = int4.scales;
+  qspec::gemm::round_zero_point_blocks_to_f16(int4);
+  EXPECT_EQ(int4.scales, scales);
+  EXPECT_FALSE(qspec::gemm::pack_w4a16(int4).has_min());
+}
+
+// A group whose f32 minimum f16 cannot hold is refused, naming the matrix, not uploaded as inf.
+TEST(W4A16Pack, ZeroPointsBeyondF16AreRefused) {
+  qspec::QuantizedMatrix weight = random_int4(4, 64, qspec::quant::Format::int4_asym, 32);
+  qspec::quant::store_asym_block(weight.format, weight.scales.data(), 1, 1.0f, -1e6f);
+  weight.prepare();
   try {
-    qspec::gemm::pack_w4a16(random_int4(4, 64, qspec::quant::Format::int4_asym, 32));
-    ADD_FAILURE() << "packed int4-asym weights";
+    qspec::gemm::pack_w4a16(weight);
+    ADD_FAILURE() << "packed a minimum of -1e6 into f16";
   } catch (const qspec::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("pack.weight"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("minimum"), std::string::npos) << error.what();
   }
 }
 
@@ -182,5 +247,30 @@ TEST(W4A16Pack, SimulatedTensorCoreKernelMatchesCpuGemm) {
       norm += expected[i] * expected[i];
     }
     EXPECT_LT(std::sqrt(diff / norm), 1e-5) << m << "x" << n << "x" << k << " g" << group;
+  }
+}
+
+// The same simulation of the zero-point path (ActF16Zp: unsigned codes, fma(code, s, m) folded
+// into f16 weights before the mma) against the CPU GEMM on the same (f16-rounded) int4-asym
+// blocks: within the f16 rounding of the folded weights (the GPU tests' bound for it is 3e-3).
+TEST(W4A16Pack, SimulatedZeroPointKernelMatchesCpuGemm) {
+  for (auto [m, n, k, group] : {std::tuple{1, 16, 64, 64}, {3, 33, 96, 32}, {9, 20, 256, 128}, {16, 17, 704, 64},
+                                {5, 31, 160, 32}, {4, 16, 512, 256}}) {
+    qspec::QuantizedMatrix weight = random_int4(n, k, qspec::quant::Format::int4_asym, group);
+    qspec::gemm::round_zero_point_blocks_to_f16(weight);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = qspec::f16_to_f32(qspec::f32_to_f16(normal(rng())));
+    std::vector<float> expected(static_cast<size_t>(m * n)), got(expected.size(), NAN);
+    qspec::cpu::quantized_linear(x.data(), m, weight, nullptr, expected.data());
+    for (int64_t rb = 0; rb < packed.row_blocks(); ++rb) simulate_row_block(packed, rb, x, m, got);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << i;
+      diff += (got[i] - expected[i]) * (got[i] - expected[i]);
+      norm += expected[i] * expected[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 2e-3) << m << "x" << n << "x" << k << " g" << group;
   }
 }

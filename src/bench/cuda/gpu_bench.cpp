@@ -453,6 +453,7 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
   if (!options.gemm_policy.empty())
     gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gemm_policy));
   if (checkpoint != nullptr) return std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options);
+  gpu_options.synthetic_weights = options.synthetic_weights;
   if (runs_arc_activations(options, mode)) {
     QSPEC_CHECK(options.synthetic_arc_channels > 0, "bench: ", mode.name,
                 " on a synthetic model needs --synthetic-arc-channels > 0 (the residual channels a site)");
@@ -870,6 +871,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
 
   cuda::set_pdl_enabled(options.programmatic_launch);
   const Ceilings ceilings = options.profile_step ? Ceilings{1e12, 1e15} : measure_ceilings(stream);
+  if (!options.synthetic.empty()) model_name += std::string(" (") + std::string(quant::format_name(options.synthetic_weights)) + ")";
   std::printf("GPU %s | model %s | copy %.0f GB/s (read + write) | cuBLAS f16 %.0f TFLOP/s\n",
               cuda::device_name().c_str(), model_name.c_str(), ceilings.copy_bytes_per_s / 1e9,
               ceilings.gemm_flops_per_s / 1e12);
@@ -887,6 +889,9 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"gemm_flops_per_second", ceilings.gemm_flops_per_s},
                            {"synthetic_arc_channels",
                             options.synthetic.empty() ? nlohmann::json() : nlohmann::json(options.synthetic_arc_channels)},
+                           {"synthetic_weights", options.synthetic.empty()
+                                                     ? nlohmann::json()
+                                                     : nlohmann::json(quant::format_name(options.synthetic_weights))},
                            {"modes", nlohmann::json::object()}};
   if (!options.gemm_ablation.empty()) {
     record["gemm_ablation"] = run_gemm_ablation(options, checkpoint.get(), config);

@@ -23,6 +23,7 @@
 
 #include "gemm/policy_map.h"
 #include "qspec/decode_plan.h"
+#include "quant/formats.h"
 
 namespace qspec {
 
@@ -66,6 +67,8 @@ struct GpuBenchOptions {
   // weights ARC-calibrated with this many residual channels a site (GpuLlamaOptions::
   // synthetic_arc_channels), every other mode on plain weights: ARC on / off side by side.
   int64_t synthetic_arc_channels = 128;
+  // Synthetic models: the 4-bit weight format (GpuLlamaOptions::synthetic_weights), int4 or int4-asym.
+  quant::Format synthetic_weights = quant::Format::int4;
   // ADAngel's ablation (issue 6, the paper's Fig. 12) instead of the tables above: per mode one
   // model, each GEMM policy in turn ("builtin" = the kernels' crossovers, "paper-rule",
   // "forced:STRATEGY", or a map file), decode steps at every batch size and TTFT at every prompt

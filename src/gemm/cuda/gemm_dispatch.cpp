@@ -45,12 +45,33 @@ int tiled_strategy_tile(gemm::Strategy strategy) {
   }
 }
 
+// The W4A16 path a strategy's kernel belongs to (cuda::w4a16_runs_zero_points asks per path).
+cuda::W4A16Path strategy_path(gemm::Strategy strategy) {
+  using gemm::Strategy;
+  switch (strategy) {
+    case Strategy::dequant_cublas:
+      return cuda::W4A16Path::dequant_cublas;
+    case Strategy::small_m_v1:
+    case Strategy::small_m_v2:
+    case Strategy::small_m_v3:
+    case Strategy::small_m_v4:
+    case Strategy::small_m_v5:
+    case Strategy::split_small_m:
+    case Strategy::bitwise_b1:
+      return cuda::W4A16Path::small_m;
+    default:
+      return cuda::W4A16Path::tiled;
+  }
+}
+
 }  // namespace
 
 SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                                    const void* workspace, size_t workspace_bytes) {
   SwigluGemm plan;
   if (m < 1 || w.n % 32 != 0) return plan;
+  // int4-asym weights: neither SwiGLU epilogue (preload, tiled) has a zero-point instance.
+  if (w.has_min()) return plan;
   // The GEMM dispatch_w4_gemm would run: the map's strategy, or (no map) the kernels' automatic path.
   bool preload = false;
   int tile = 0;  // a tiled strategy's tile; 0 without a map: the tiled path's own choice
@@ -107,6 +128,17 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
   using gemm::Strategy;
   QSPEC_CHECK(gemm::strategy_supports(strategy, x.activations()), "GEMM dispatch: strategy ",
               gemm::strategy_name(strategy), " does not run ", x.activations(), " activations");
+  // Weights with minimums (int4-asym) run f16 activations on the paths with zero-point kernels
+  // only (cuda::w4a16_runs_zero_points): a strategy elsewhere becomes the kernels' own automatic
+  // choice for these weights (a map tuned on int4 kernels may name any).
+  if (w.has_min()) {
+    QSPEC_CHECK(x.quantized == nullptr, "GEMM dispatch: int4-asym weights run f16 activations only (W4A16), not ",
+                x.activations());
+    const cuda::W4A16Path path = strategy_path(strategy);
+    cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream,
+                     cuda::w4a16_runs_zero_points(path, m) ? path : cuda::W4A16Path::automatic);
+    return;
+  }
   if (strategy == Strategy::dequant_cublas &&
       workspace_bytes < cuda::w4a16_workspace_bytes(m, w.n, w.k, cuda::W4A16Path::dequant_cublas))
     strategy = Strategy::tiled_128x64;

@@ -56,7 +56,7 @@ void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
 struct Linear {
   int64_t n = 0, k = 0, in_k = 0;
   DeviceMemory w16;            // f16 [n, k] (W16A16)
-  DeviceMemory codes, scales;  // ops/w4a16_pack.h layout (W4A16)
+  DeviceMemory codes, scales;  // ops/w4a16_pack.h layout (W4A16); int4-asym: the f16 group minimums after the scales
   DeviceMemory bitplanes;      // ops/w4_bitplanes.h copy, only where the GEMM policy runs Bitwise
   cuda::W4A16Weights view{};
   bool quantized = false;
@@ -68,6 +68,7 @@ struct Linear {
   bool reordered() const { return site.calibrated(); }
 
   size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }  // what a step reads
+  bool has_min() const { return view.has_min(); }
 };
 
 Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::string& name) {
@@ -113,25 +114,31 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
   Linear linear;
   linear.quantized = true;
   std::vector<uint8_t> codes;
-  std::vector<uint32_t> scales;
+  std::vector<uint32_t> scales, mins;
   int64_t group = 0;
+  bool has_min = false;
   for (const QuantizedMatrix* part : parts) {
     const gemm::W4A16Packed packed = gemm::pack_w4a16(*part);
     if (linear.n == 0) {
       linear.k = packed.k;
       group = packed.group;
+      has_min = packed.has_min();
     }
-    QSPEC_CHECK(packed.k == linear.k && packed.group == group, "GPU model: ", name,
-                ": parts with different input sizes or groups");
+    QSPEC_CHECK(packed.k == linear.k && packed.group == group && packed.has_min() == has_min, "GPU model: ", name,
+                ": parts with different input sizes, groups or weight formats");
     QSPEC_CHECK(parts.size() == 1 || packed.n % 16 == 0, "GPU model: ", name, ": ", part->name, " has ", packed.n,
                 " rows; fused projections need multiples of 16");
     linear.n += packed.n;
     codes.insert(codes.end(), packed.codes.begin(), packed.codes.end());
     scales.insert(scales.end(), packed.scales.begin(), packed.scales.end());
+    mins.insert(mins.end(), packed.mins.begin(), packed.mins.end());
   }
+  const size_t scale_words = scales.size();
+  scales.insert(scales.end(), mins.begin(), mins.end());  // int4-asym: the minimums follow the scales
   linear.codes = upload(codes, name + " codes");
   linear.scales = upload(scales, name + " scales");
   linear.view = {linear.codes.get(), linear.scales.get(), linear.n, linear.k, group};
+  if (has_min) linear.view.mins = linear.scales.as<uint32_t>() + scale_words;
   linear.in_k = linear.k - site.tail;
   if (site.calibrated()) {
     QSPEC_CHECK(static_cast<int64_t>(site.order.size()) == linear.in_k && linear.in_k % 8 == 0, "GPU model: ", name,
@@ -161,7 +168,10 @@ int64_t gather_quantize_min_rows() {
 
 // Random weights of the same layout, drawn on the GPU. Scales / values keep each output near
 // unit size for unit-size inputs (k terms of ~4.6 scale or ~0.017), so 32+ layers stay finite.
-Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream) {
+// int4-asym (zero_points): the same codes read as unsigned, and minimums of -7.5 to -8 scales,
+// so the values stay centred as int4's (a benchmark of the asymmetric kernels on the same bytes).
+Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream,
+                             bool zero_points = false) {
   Linear linear;
   linear.n = n;
   linear.k = k;
@@ -177,11 +187,17 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
   const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
   const size_t scale_halves = static_cast<size_t>(row_blocks * (k / group) * 16);
   linear.codes = allocate(code_bytes, "synthetic codes");
-  linear.scales = allocate(scale_halves * 2, "synthetic scales");
+  // int4-asym: the minimums after the scales, in their buffer (cuda::W4A16Weights::mins).
+  linear.scales = allocate(scale_halves * 2 * (zero_points ? 2 : 1), "synthetic scales");
   cuda::fill_random_u32(linear.codes.as<uint32_t>(), code_bytes / 4, seed, stream);
   const float scale = 1.0f / (4.6f * static_cast<float>(std::max<int64_t>(1, static_cast<int64_t>(std::sqrt(k)))));
   cuda::fill_random_f16(linear.scales.as<f16_bits>(), scale_halves, 0.5f * scale, 1.5f * scale, seed + 1, stream);
   linear.view = {linear.codes.get(), linear.scales.get(), n, k, group};
+  if (zero_points) {
+    f16_bits* mins = linear.scales.as<f16_bits>() + scale_halves;
+    cuda::fill_random_f16(mins, scale_halves, -8.0f * scale, -7.5f * scale, seed + 2, stream);
+    linear.view.mins = mins;
+  }
   return linear;
 }
 
@@ -647,11 +663,18 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
       if (linear->quantized)
         for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}, int64_t{256},
                           int64_t{512}, max_step_tokens})
-          if (m <= max_step_tokens)
+          if (m <= max_step_tokens) {
             for (auto path : {cuda::W4A16Path::automatic, cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
               if (path == cuda::W4A16Path::automatic || m <= 512)  // a policy map (set now or later) may pick any kernel
                 gemm_workspace_bytes =
                     std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k, path));
+            // int4-asym: the path its weights take (cuda::w4a16_choose_path), dequantize + cuBLAS where no
+            // zero-point kernel runs.
+            if (linear->has_min())
+              gemm_workspace_bytes = std::max(
+                  gemm_workspace_bytes,
+                  cuda::w4a16_workspace_bytes(m, linear->n, linear->k, cuda::w4a16_choose_path(m, linear->view)));
+          }
   // Split-K attention partials for decode and verify batches; a long prefill plans fewer splits
   // to fit (it fills the GPU without them).
   attention_workspace_bytes = cuda::attention_workspace_bytes(
@@ -745,10 +768,12 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   s.set_mode(mode);
   if (s.quantized) {
     QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
-    // Zero points (issue 55) have CPU kernels only: refuse here, before anything is uploaded.
-    QSPEC_CHECK(!quant::format_has_min(model.quantization().format), "GPU model: mode ", mode.name, ": ",
-                model.quantized_format(), " weights (4-bit with zero points / minimums) have no GPU kernels yet; run "
-                "them with --device cpu, or quantize with --format int4 for the GPU");
+    // Zero points (issue 55) have W4A16 kernels only on the GPU: refuse the other modes here,
+    // before anything is uploaded (set_activations refuses them as QSpec drafts).
+    QSPEC_CHECK(!quant::format_has_min(model.quantization().format) || s.activations == GpuActivations::f16,
+                "GPU model: mode ", mode.name, ": ", model.quantized_format(), " weights (4-bit with zero points / "
+                "minimums) run mode w4a16 only on the GPU (and its w4a16 QSpec drafts); run ", mode.name,
+                " with --device cpu, or quantize with --format int4 for the GPU");
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
   }
@@ -839,6 +864,12 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   const LayerRecipe recipe = c.recipe();
   QSPEC_CHECK(!recipe.qk_norm && !recipe.output_norms && recipe.activation == MlpActivation::silu,
               "GPU model: synthetic models are Llama / Qwen2 shapes (no q/k or output norms, SwiGLU)");
+  QSPEC_CHECK(options.synthetic_weights == quant::Format::int4 || options.synthetic_weights == quant::Format::int4_asym,
+              "GPU model: synthetic_weights ", quant::format_name(options.synthetic_weights),
+              ": synthetic models have int4 or int4-asym weights");
+  const bool zero_points = s.quantized && options.synthetic_weights == quant::Format::int4_asym;
+  QSPEC_CHECK(!zero_points || (s.activations == GpuActivations::f16 && options.synthetic_arc_channels == 0),
+              "GPU model: synthetic int4-asym weights run mode w4a16 only (not ", mode.name, ", nor ARC calibrations)");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
   const cuda::MemoryInfo memory = cuda::memory_info();
   QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
@@ -881,10 +912,13 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
                                              layer_seed + 4, s.stream);
       layer.down.input_ordered = true;  // as GpuLlama's constructor folds it into gate_up's (random) rows
     } else {
-      layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream);
-      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream);
-      layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream);
-      layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream);
+      layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream,
+                                        zero_points);
+      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, zero_points);
+      layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream,
+                                            zero_points);
+      layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream,
+                                         zero_points);
     }
     s.layers.push_back(std::move(layer));
   }
@@ -1261,6 +1295,7 @@ void GpuLlama::set_activations(GpuActivations activations) {
   State& s = *state_;
   QSPEC_CHECK(activations == GpuActivations::f16 || s.quantized,
               "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
+  check_activations(activations);  // before any change: a refused switch leaves the model as it was
   const GpuActivations previous = s.activations;
   s.activations = activations;
   const bool int4 = activations == GpuActivations::int4 || activations == GpuActivations::int4_arc;
@@ -1277,6 +1312,17 @@ void GpuLlama::set_activations(GpuActivations activations) {
         fail("GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
       }
     }
+}
+
+void GpuLlama::check_activations(GpuActivations activations) const {
+  const State& s = *state_;
+  if (activations == GpuActivations::f16) return;
+  for (const Layer& layer : s.layers)
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      QSPEC_CHECK(!linear->has_min(),
+                  "GPU model: int4-asym weights (zero points) run f16 activations only on the GPU (mode w4a16 and its "
+                  "w4a16 drafts, e.g. w4a16@W+S, /vN, or prompt lookup); quantized-activation modes and drafts (w4a8, "
+                  "w4a4-*, ARC) run them with --device cpu");
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }

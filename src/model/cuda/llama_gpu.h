@@ -34,6 +34,7 @@
 #include "qspec/decode_plan.h"
 #include "gemm/policy_map.h"
 #include "model/llama.h"
+#include "quant/formats.h"
 #include "qspec/sampling.h"
 
 namespace qspec {
@@ -53,6 +54,9 @@ struct GpuLlamaOptions {
   // with this many residual channels for each 4-bit format (a random channel order a site, the
   // augmented tail S rounded up to the weight group), so ARC steps can be timed at full size.
   int64_t synthetic_arc_channels = 0;
+  // Synthetic models only: the 4-bit weight format, int4 or int4-asym (the same random codes and
+  // scales plus f16 group minimums: an A/B of the zero-point kernels against int4's). Group 128.
+  quant::Format synthetic_weights = quant::Format::int4;
   // ADAngel's policy map for the 4-bit GEMMs (gemm/policy_map.h, made by `qspec tune` on this
   // GPU): every 4-bit GEMM runs the strategy it picks for its (activations, n, k, m). Null: the
   // kernels' built-in crossovers.
@@ -149,6 +153,10 @@ class GpuLlama {
   // the first, gpu_activations(mode)). int4 uses the constructor mode's activation group size.
   // Decode graphs are kept per precision.
   void set_activations(GpuActivations activations);
+  // Throws the reason when this model's weights cannot run these activations at all: int4-asym
+  // weights (zero points) have f16-activation kernels only (W4A16 and its W4A16 drafts). The
+  // engine's backend asks it of a request's draft mode before any step (set_activations too).
+  void check_activations(GpuActivations activations) const;
   GpuActivations activations() const;
   // The attention's view of the cache in the following steps (a QSpec draft's sparse view,
   // RunMode::kv_window / kv_sinks; 0: the whole cache). Decode graphs are kept per view.

@@ -1,5 +1,6 @@
 #include "ops/w4a16_pack.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "base/dtype.h"
@@ -8,19 +9,37 @@
 namespace qspec::gemm {
 namespace {
 
-// Offset-binary nibble (code + 8) of W[row][col]; 8 (value 0) past the last row.
-uint32_t offset_nibble(const QuantizedMatrix& weight, int64_t row, int64_t col) {
+// The packed nibble of W[row][col]: offset binary (code + 8) for int4, the unsigned code itself
+// for int4-asym; 8 (int4 value 0) past the last row, whose scales (and minimums) are zero.
+uint32_t packed_nibble(const QuantizedMatrix& weight, int64_t row, int64_t col) {
   if (row >= weight.rows) return 8;
   const uint8_t byte = weight.codes[static_cast<size_t>(row * weight.format.code_bytes() + col / 2)];
-  const uint32_t code = (col & 1) ? (byte >> 4) : (byte & 0xf);  // two's complement nibble
-  return code ^ 0x8u;
+  const uint32_t code = (col & 1) ? (byte >> 4) : (byte & 0xf);  // two's complement nibble (int4), unsigned (asym)
+  return weight.has_min() ? code : code ^ 0x8u;
+}
+
+// An int4-asym group's f32 scale or minimum as the kernels' f16, refused where f16 cannot hold it.
+uint16_t asym_f16(const QuantizedMatrix& weight, float value, const char* what, int64_t row, int64_t block) {
+  const uint16_t bits = f32_to_f16(value);
+  QSPEC_CHECK(std::isfinite(f16_to_f32(bits)), weight.name, ": int4-asym ", what, " ", value, " of row ", row,
+              " group ", block, " overflows the GPU's f16");
+  return bits;
 }
 
 uint16_t scale_bits(const QuantizedMatrix& weight, int64_t row, int64_t col) {
   if (row >= weight.rows) return 0;
   const int64_t block = col / weight.format.block;
-  const uint8_t* scales = weight.scales.data() + row * weight.format.scale_bytes() + block * 2;
+  const uint8_t* row_scales = weight.scales.data() + row * weight.format.scale_bytes();
+  if (weight.has_min()) return asym_f16(weight, quant::block_scale(weight.format, row_scales, block), "scale", row, block);
+  const uint8_t* scales = row_scales + block * 2;
   return static_cast<uint16_t>(scales[0] | (scales[1] << 8));  // little-endian f16
+}
+
+uint16_t min_bits(const QuantizedMatrix& weight, int64_t row, int64_t col) {
+  if (row >= weight.rows) return 0;
+  const int64_t block = col / weight.format.block;
+  const uint8_t* row_scales = weight.scales.data() + row * weight.format.scale_bytes();
+  return asym_f16(weight, quant::block_min(weight.format, row_scales, block), "minimum", row, block);
 }
 
 // Byte offset, inside a row block, of the word of (pair, tile j, lane).
@@ -35,7 +54,8 @@ int64_t word_offset(int64_t k, int64_t pair, int64_t j, int64_t lane) {
 
 int64_t w4a16_kernel_group(const QuantizedMatrix& weight) {
   const quant::Format format = weight.format.format;
-  if (format != quant::Format::int4 && format != quant::Format::int4_channel) return 0;
+  if (format != quant::Format::int4 && format != quant::Format::int4_channel && format != quant::Format::int4_asym)
+    return 0;
   for (int64_t group : {128, 64, 32})
     if (weight.format.block % group == 0) return group;
   return 0;
@@ -43,9 +63,9 @@ int64_t w4a16_kernel_group(const QuantizedMatrix& weight) {
 
 W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
   const int64_t group = w4a16_kernel_group(weight);
-  QSPEC_CHECK(group != 0, weight.name, ": the W4A16 GPU kernels take int4 / int4-channel weights with groups of a "
-              "multiple of 32 (got ", quant::format_name(weight.format.format), ", block ", weight.format.block,
-              quant::format_has_min(weight.format.format) ? "; zero points have no GPU kernels yet" : "", ")");
+  QSPEC_CHECK(group != 0, weight.name, ": the W4A16 GPU kernels take int4 / int4-channel / int4-asym weights with "
+              "groups of a multiple of 32 (got ", quant::format_name(weight.format.format), ", block ",
+              weight.format.block, ")");
   QSPEC_CHECK(weight.codes.size() == static_cast<size_t>(weight.rows * weight.format.code_bytes()) &&
                   weight.scales.size() == static_cast<size_t>(weight.rows * weight.format.scale_bytes()),
               weight.name, ": codes / scales do not match its shape");
@@ -56,6 +76,7 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
   const int64_t k = out.k, blocks = out.row_blocks(), pairs = k / 32;
   out.codes.assign(static_cast<size_t>(blocks * k * 8), 0);
   out.scales.assign(static_cast<size_t>(blocks * out.groups() * 8), 0);
+  if (weight.has_min()) out.mins.assign(out.scales.size(), 0);
   for (int64_t rb = 0; rb < blocks; ++rb) {
     uint8_t* block_codes = out.codes.data() + rb * k * 8;
     for (int64_t pair = 0; pair < pairs; ++pair)
@@ -65,10 +86,10 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
           const int64_t p = 32 * pair + 8 * t + 4 * j;
           const int64_t r0 = rb * 16 + g, r1 = r0 + 8;
           const uint32_t nibbles[8] = {
-              offset_nibble(weight, r0, p),     offset_nibble(weight, r1, p),
-              offset_nibble(weight, r0, p + 2), offset_nibble(weight, r1, p + 2),
-              offset_nibble(weight, r0, p + 1), offset_nibble(weight, r1, p + 1),
-              offset_nibble(weight, r0, p + 3), offset_nibble(weight, r1, p + 3)};
+              packed_nibble(weight, r0, p),     packed_nibble(weight, r1, p),
+              packed_nibble(weight, r0, p + 2), packed_nibble(weight, r1, p + 2),
+              packed_nibble(weight, r0, p + 1), packed_nibble(weight, r1, p + 1),
+              packed_nibble(weight, r0, p + 3), packed_nibble(weight, r1, p + 3)};
           uint32_t word = 0;
           for (int i = 0; i < 8; ++i) word |= nibbles[i] << (4 * i);
           std::memcpy(block_codes + word_offset(k, pair, j, lane), &word, 4);
@@ -78,9 +99,28 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
         const int64_t col = q * group;
         const uint32_t lo = scale_bits(weight, rb * 16 + r, col), hi = scale_bits(weight, rb * 16 + r + 8, col);
         out.scales[static_cast<size_t>((rb * out.groups() + q) * 8 + r)] = lo | (hi << 16);
+        if (weight.has_min())
+          out.mins[static_cast<size_t>((rb * out.groups() + q) * 8 + r)] =
+              min_bits(weight, rb * 16 + r, col) | (static_cast<uint32_t>(min_bits(weight, rb * 16 + r + 8, col)) << 16);
       }
   }
   return out;
+}
+
+void round_zero_point_blocks_to_f16(QuantizedMatrix& weight) {
+  if (!weight.has_min()) return;
+  const int64_t blocks = weight.cols() / weight.format.block;
+  for (int64_t row = 0; row < weight.rows; ++row) {
+    uint8_t* row_scales = weight.scales.data() + row * weight.format.scale_bytes();
+    for (int64_t block = 0; block < blocks; ++block) {
+      const float scale = f16_to_f32(asym_f16(weight, quant::block_scale(weight.format, row_scales, block), "scale",
+                                              row, block));
+      const float min = f16_to_f32(asym_f16(weight, quant::block_min(weight.format, row_scales, block), "minimum",
+                                            row, block));
+      quant::store_asym_block(weight.format, row_scales, block, scale, min);
+    }
+  }
+  weight.prepare();  // the decoded block values (and a cached f32 decode) from the new scales
 }
 
 float W4A16Packed::value(int64_t row, int64_t col) const {
@@ -93,10 +133,15 @@ float W4A16Packed::value(int64_t row, int64_t col) const {
   // s = 0, 1, 2, 3 -> nibbles (n0, n4, n2, n6) for row g, (n1, n5, n3, n7) for row g + 8.
   static constexpr int kNibble[4] = {0, 4, 2, 6};
   const int nibble = kNibble[s] + static_cast<int>(high_row);
-  const int code = static_cast<int>((word >> (4 * nibble)) & 0xf) - 8;
-  const uint32_t pair_bits = scales[static_cast<size_t>((rb * groups() + col / group) * 8 + g)];
-  const uint16_t bits = static_cast<uint16_t>(high_row ? pair_bits >> 16 : pair_bits & 0xffff);
-  return static_cast<float>(code) * f16_to_f32(bits);
+  const int nibble_value = static_cast<int>((word >> (4 * nibble)) & 0xf);
+  const size_t group_word = static_cast<size_t>((rb * groups() + col / group) * 8 + g);
+  auto half_of = [&](uint32_t pair_bits) {
+    return f16_to_f32(static_cast<uint16_t>(high_row ? pair_bits >> 16 : pair_bits & 0xffff));
+  };
+  const float scale = half_of(scales[group_word]);
+  // int4-asym: fma(code, s, m), as the CPU format decodes (exact for f16 s, m of nearby exponents).
+  if (has_min()) return std::fma(static_cast<float>(nibble_value), scale, half_of(mins[group_word]));
+  return static_cast<float>(nibble_value - 8) * scale;
 }
 
 }  // namespace qspec::gemm

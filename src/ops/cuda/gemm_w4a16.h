@@ -22,11 +22,24 @@ struct W4A16Weights {
   int64_t group = 0;  // 32, 64 or 128
   // Optional bit-plane copy of the codes (ops/w4_bitplanes.h) for the Bitwise strategy.
   const void* bitplanes = nullptr;
+  // int4-asym (ops/w4a16_pack.h): f16 group minimums in the scales' layout, the codes unsigned;
+  // null for int4. They must follow the scales in one buffer (mins == scales + ceil(n/16) *
+  // (k/group) * 8 words): the kernels find them there, so int4's kernel parameters are unchanged.
+  // Only the paths of w4a16_runs_zero_points take them (the others throw).
+  const void* mins = nullptr;
+  bool has_min() const { return mins != nullptr; }
 };
 
 // small_m: kernels/w4a16_small_m.cuh (few tokens); tiled: kernels/w4a16_tiled.cuh (tens to
 // hundreds of tokens); dequant_cublas: dequantize to f16 scratch, then cuBLAS.
 enum class W4A16Path { automatic, small_m, dequant_cublas, tiled };
+
+// Whether a W4A16 path runs weights with minimums (W4A16Weights::mins) at m tokens here: the one
+// rule the dispatchers (w4a16_choose_path, gemm/cuda/gemm_dispatch.cpp) route such weights by.
+// dequant_cublas runs every M; small_m the preload kernel's zero-point instance (sm_90a, at most
+// 16 tokens); tiled the wgmma tiles' (sm_90a; the mma.sync tiles have none). automatic: false (ask
+// per path).
+bool w4a16_runs_zero_points(W4A16Path path, int64_t m);
 
 // Workspace a W4A16 GEMM of this size may use: split-K partials and counters for the small-M
 // and tiled kernels, or the dequantized f16 weights for the cuBLAS path (n * k * 2 bytes). The counters
@@ -36,6 +49,8 @@ void w4a16_workspace_init(void* workspace, size_t bytes, void* stream);
 // The path `automatic` takes for m tokens (small_m up to a measured M threshold: 16 tokens where
 // the preload kernel runs, 8 elsewhere; tiled, then dequantize + cuBLAS).
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
+// The same for these weights: weights with minimums go to a path of w4a16_runs_zero_points.
+W4A16Path w4a16_choose_path(int64_t m, const W4A16Weights& w);
 
 // y[m, n] = x[m, k] (f16, rows ldx apart, ldx % 8 == 0, 16-byte aligned) * W^T, f16 out
 // (rows ldy apart), f32 accumulation.

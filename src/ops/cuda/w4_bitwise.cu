@@ -51,7 +51,7 @@ void launch_tiles(int tiles, const kernels::W4A16SmallMParams& params, dim3 grid
 
 bool w4_bitwise_supports(const W4A16Weights& w, quant::Format format) {
   return (format == quant::Format::int8 || format == quant::Format::int4) && w.group == gemm::kBitplaneGroup &&
-         w.k % gemm::kBitplaneGroup == 0;
+         w.k % gemm::kBitplaneGroup == 0 && !w.has_min();  // no int4-asym variant
 }
 
 void w4_bitplanes_from_packed(const W4A16Weights& w, void* bitplanes, void* stream) {

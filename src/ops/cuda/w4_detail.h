@@ -12,7 +12,10 @@
 
 namespace qspec::cuda::detail {
 
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w);
+// The kernels' view of w, checked. Weights with minimums (int4-asym) are refused unless the
+// calling kernel runs them (zero_points: it reads kernels::zero_point_mins): every kernel without a
+// zero-point variant throws here rather than compute int4 values from unsigned codes.
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w, bool zero_points = false);
 // Throws naming `who` when x does not fit w (alignment, ldx, int4 groups) or lacks scales.
 kernels::ActivationRows activation_rows(const QuantizedActivations& x, int64_t m, const W4A16Weights& w,
                                         const char* who);

@@ -213,7 +213,7 @@ int8_t* unpacked_weights_in(void* workspace) {
 
 bool w4_s8_wgmma_supports(const W4A16Weights& w, quant::Format format) {
   return (format == quant::Format::int8 || format == quant::Format::fp8) && w.k % Tile::kStageK == 0 &&
-         w.group == 128 && wgmma_kernel_runs_here();
+         w.group == 128 && !w.has_min() && wgmma_kernel_runs_here();  // no int4-asym variant
 }
 
 size_t w4_s8_wgmma_workspace_bytes(int64_t n, int64_t k) {

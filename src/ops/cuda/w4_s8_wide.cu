@@ -41,7 +41,7 @@ void launch_wide_for_group(const kernels::W4S8WideParams& params, int64_t m, int
 
 bool w4_s8_wide_supports(const W4A16Weights& w, quant::Format format) {
   return format == quant::Format::int8 && w.k % WideTile128::kStageK == 0 &&
-         (w.group == 32 || w.group == 64 || w.group == 128);
+         (w.group == 32 || w.group == 64 || w.group == 128) && !w.has_min();  // no int4-asym variant
 }
 
 void w4_quantized_gemm_s8_wide(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,

@@ -9,8 +9,11 @@
 namespace qspec::cuda {
 namespace detail {
 
-kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
+kernels::W4A16Layout w4a16_layout(const W4A16Weights& w, bool zero_points) {
   QSPEC_CHECK(w.codes != nullptr && w.scales != nullptr, "cuda::w4a16: null weights");
+  QSPEC_CHECK(zero_points || w.mins == nullptr,
+              "cuda::w4a16: this kernel has no int4-asym (zero point) variant; weights with minimums run on the "
+              "W4A16 paths of cuda::w4a16_runs_zero_points (cuda::w4a16_gemm's automatic path routes them)");
   QSPEC_CHECK(w.group == 32 || w.group == 64 || w.group == 128, "cuda::w4a16: kernel group ", w.group,
               " (supported: 32, 64, 128; see ops/w4a16_pack.h)");
   QSPEC_CHECK(w.n > 0 && w.k > 0 && w.k % w.group == 0 && w.n < (1ll << 31) && w.k < (1ll << 28),
@@ -26,6 +29,11 @@ kernels::W4A16Layout w4a16_layout(const W4A16Weights& w) {
   layout.full_chunks = static_cast<int>(w.k / 64);
   layout.tail = w.k % 64 == 32 ? 1 : 0;
   layout.groups = static_cast<int>(w.k / w.group);
+  // The minimums directly after the scales (kernels::zero_point_mins reads them there).
+  QSPEC_CHECK(w.mins == nullptr ||
+                  w.mins == static_cast<const uint32_t*>(w.scales) + static_cast<int64_t>(layout.row_blocks) * layout.groups * 8,
+              "cuda::w4a16: W4A16Weights::mins must follow the scales in their buffer (scales + ceil(n/16) * (k/group) * 8 "
+              "words)");
   return layout;
 }
 
@@ -99,6 +107,24 @@ static constexpr int64_t kSmallMMax = QSPEC_W4A16_SMALL_M_MAX;
 static constexpr int64_t kSmallMMaxPreload = QSPEC_W4A16_SMALL_M_MAX_PRELOAD;
 static constexpr int64_t kTiledMaxM = QSPEC_W4A16_TILED_M_MAX;
 
+bool w4a16_runs_zero_points(W4A16Path path, int64_t m) {
+  switch (path) {
+    case W4A16Path::dequant_cublas:
+      return true;
+    case W4A16Path::small_m:  // the preload kernel (ActF16Zp), 16 tokens a launch, sm_90a
+      return m <= 16 && w4a16_preload_runs_here();
+    case W4A16Path::tiled:  // the wgmma tiles' zero-point instances (any m, in M tiles), sm_90a
+      return w4a16_wgmma_tile_runs_here();
+    default:
+      return false;
+  }
+}
+
+W4A16Path w4a16_choose_path(int64_t m, const W4A16Weights& w) {
+  const W4A16Path path = w4a16_choose_path(m, w.n, w.k);
+  return !w.has_min() || w4a16_runs_zero_points(path, m) ? path : W4A16Path::dequant_cublas;
+}
+
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
   if (m <= (w4a16_preload_runs_here() ? kSmallMMaxPreload : kSmallMMax)) return W4A16Path::small_m;
   if (m <= (w4a16_wgmma_tile_runs_here() ? kTiledMaxMWgmma : kTiledMaxM)) return W4A16Path::tiled;
@@ -132,7 +158,7 @@ void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weig
 
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
-  if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w.n, w.k);
+  if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w);
   if (path == W4A16Path::small_m) {
     w4a16_gemm_small_m(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
     return;

@@ -411,6 +411,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
 // where the scales are 16-byte aligned (variant 1 elsewhere, and where the preload kernel
 // cannot run).
 int small_m_variant(const W4A16Weights& w, const W4A16SmallMConfig& config) {
+  if (w.has_min()) return 5;  // int4-asym: the one small-M kernel with zero points (w4a16_runs_zero_points)
   if (config.variant != 0) return config.variant;
   if (reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return 1;
   const int variant = default_variant();
@@ -439,12 +440,13 @@ bool w4a16_preload_supported(const W4A16Weights& w) {
 }
 
 bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
-  return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
+  // (int4-asym: the SwiGLU epilogue has no zero-point instance)
+  return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w) && !w.has_min();
 }
 
 bool w4a16_small_m_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
                                     const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 16 || small_m_variant(w, config) != 5) return false;
+  if (m < 1 || m > 16 || w.has_min() || small_m_variant(w, config) != 5) return false;  // (no zero-point SwiGLU)
   const PreloadPlan plan = plan_preload(detail::w4a16_layout(w), m, config, workspace, workspace_bytes);
   return plan.splits == 1 && plan.k_slices <= kSwigluMaxKSlices;
 }
@@ -470,7 +472,10 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                         void* workspace, size_t workspace_bytes, void* stream, const W4A16SmallMConfig& config) {
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w, /*zero_points=*/true);
+  QSPEC_CHECK(!w.has_min() || w4a16_runs_zero_points(W4A16Path::small_m, m),
+              "cuda::w4a16_gemm: int4-asym weights (zero points) run the small-M path only on the preload kernel "
+              "(sm_90a, up to 16 tokens; got ", m, "); cuda::w4a16_gemm's automatic path routes them");
   QSPEC_CHECK(m >= 0 && ldx >= w.k && ldx % 8 == 0 && ldy >= w.n && reinterpret_cast<uintptr_t>(x) % 16 == 0,
               "cuda::w4a16_gemm: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ldy >= n (m ", m,
               ", ldx ", ldx, ", ldy ", ldy, ")");
@@ -490,8 +495,10 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     const int64_t slice = std::min(detail::kW4A16MaxSliceM, m - m0);
     const int mt = slice <= 8 ? 1 : slice <= 16 ? 2 : slice <= 32 ? 4 : 8;
     if (variant == 5 && mt <= 2) {
-      launch_preload<kernels::ActF16>(preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice),
-                                      plan_preload(layout, slice, config, workspace, workspace_bytes), workspace, s);
+      const kernels::W4A16SmallMParams params = preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice);
+      const PreloadPlan plan = plan_preload(layout, slice, config, workspace, workspace_bytes);
+      if (w.has_min()) launch_preload<kernels::ActF16Zp>(params, plan, workspace, s);  // int4-asym
+      else launch_preload<kernels::ActF16>(params, plan, workspace, s);
       continue;
     }
     if (variant >= 3 && variant <= 4 && mt <= 4) {

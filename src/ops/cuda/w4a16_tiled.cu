@@ -93,9 +93,10 @@ bool late_refill() {
 using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6, 1, 2>;
 using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 6, 2, 2>;
 using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
-template <class Shape, int G>
+// ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins).
+template <class Shape, int G, bool ZP = false>
 struct WgmmaLauncher {
-  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G>;
+  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP>;
   static int configure() {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
     int blocks = 0;
@@ -128,13 +129,21 @@ struct WgmmaLauncher {
     return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch};
   }
 };
-template <class Shape>
+template <class Shape, bool ZP = false>
 TiledKernel wgmma_kernel_for_group(int64_t group) {
   switch (group) {
-    case 32: return WgmmaLauncher<Shape, 32>::get();
-    case 64: return WgmmaLauncher<Shape, 64>::get();
-    default: return WgmmaLauncher<Shape, 128>::get();
+    case 32: return WgmmaLauncher<Shape, 32, ZP>::get();
+    case 64: return WgmmaLauncher<Shape, 64, ZP>::get();
+    default: return WgmmaLauncher<Shape, 128, ZP>::get();
   }
+}
+
+// The wgmma tiles' zero-point instances (int4-asym): the tiled path's only kernels for such
+// weights (the mma.sync tiles apply the group scale after the mma and have none).
+TiledKernel wgmma_zero_point_kernel(int tile, int64_t group) {
+  if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32, true>(group);
+  if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64, true>(group);
+  return wgmma_kernel_for_group<WgmmaShape128, true>(group);
 }
 
 // Whether this GPU runs the wgmma tiles' sm_90a code (an H100 / H200 and a build with sm_90a).
@@ -336,6 +345,29 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   plain_launch_kernel<Act>(plan, m, w).launch(params, grid, as_stream(stream));
 }
 
+// int4-asym weights on the tiled path: the wgmma tiles' zero-point instances (sm_90a), config's
+// wgmma tile or one by m (32, 64 or 128 tokens a tile), planned as the int4 tile.
+void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y,
+                              int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
+                              const W4A16TiledConfig& config) {
+  check_tiled_config(config);
+  QSPEC_CHECK(w4a16_runs_zero_points(W4A16Path::tiled, m) && (config.tile == 0 || w4a16_is_wgmma_tile(config.tile)),
+              "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the wgmma tiles (5, 7, 8) only, on an "
+              "sm_90a GPU and build (tile ", config.tile, "); cuda::w4a16_gemm's automatic path routes them");
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0, "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned");
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w, /*zero_points=*/true);
+  if (m == 0) return;
+  const int tile = config.tile != 0 ? config.tile
+                   : m <= 32       ? kW4A16WgmmaTile32
+                   : m <= 64       ? kW4A16WgmmaTile
+                                   : kW4A16WgmmaTile128;
+  TiledPlan plan = plan_tiled<kernels::ActF16>(m, w, layout, workspace, workspace_bytes, {tile, config.splits});
+  fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
+  const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
+                  static_cast<unsigned>(plan.splits));
+  wgmma_zero_point_kernel(tile, w.group).launch(params, grid, as_stream(stream));
+}
+
 }  // namespace
 
 void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,
@@ -346,6 +378,10 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
               ", ldx ", ldx, ", ldy ", ldy, ")");
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
+  if (w.has_min()) {
+    launch_tiled_zero_points(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+    return;
+  }
   launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
 }
 
@@ -368,7 +404,7 @@ bool swiglu_tile(int tile) { return tile == 1 || tile == 2 || tile == 3 || tile 
 bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
                                    const void* workspace, size_t workspace_bytes) {
   check_tiled_config(config);
-  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
+  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0 || w.has_min()) return false;
   const TiledPlan plan =
       plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
   return swiglu_tile(plan.tile) && plan.splits == 1;

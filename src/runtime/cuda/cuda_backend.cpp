@@ -61,6 +61,8 @@ class CudaBackend final : public Backend {
     // captured in CUDA graphs: it has no way to leave a layer out yet.
     QSPEC_CHECK(mode.skip_layers == 0, "request: draft_skip ", mode.skip_layers,
                 ": layer skipping drafts run on the CPU only (the GPU model runs every layer)");
+    // A draft mode these weights cannot run (int4-asym: f16 activations only), refused at submit.
+    if (mode.name != mode_.name) gpu_->check_activations(gpu_activations(mode));
   }
   bool kv_in_pool() const override { return false; }
   std::string device_name() const override { return cuda::device_name(); }

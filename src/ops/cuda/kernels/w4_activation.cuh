@@ -116,6 +116,38 @@ struct ActF16Scaled : ActF16 {
   static constexpr bool kTokenScale = true;
 };
 
+// f16 activations on int4-asym weights (zero points, W4A16 only): unsigned codes, and each
+// group's scale and minimum folded into the f16 weights before the mma, fma(code, s, m) (one
+// hfma2 a register, Marlin-style), so the mma sums finished products straight into the f32
+// totals and no group flush (nor a per-group activation sum for the minimum) is needed. The
+// weights are rounded to f16 once, as the dequantize + cuBLAS path rounds them (the same bound).
+// Kernels ask kActZeroPoints<Act> (compile time) and leave their int4 code as it was.
+struct ActF16Zp : ActF16 {
+  __device__ static __forceinline__ Weights unpack(uint32_t w0, uint32_t w1) {
+    Weights w;
+    dequant_uint4x8(w0, w.a[0]);
+    dequant_uint4x8(w1, w.a[1]);
+    return w;
+  }
+  // scale_word / min_word: the group's f16 pairs (row g low, row g + 8 high, ops/w4a16_pack.h);
+  // registers 0 and 2 of a tile hold row g, 1 and 3 row g + 8 (dequant_int4x8's order).
+  __device__ static __forceinline__ void fold(Weights& w, uint32_t scale_word, uint32_t min_word) {
+    const __half2 s = *reinterpret_cast<const __half2*>(&scale_word), m = *reinterpret_cast<const __half2*>(&min_word);
+    const __half2 s_g = __low2half2(s), s_g8 = __high2half2(s), m_g = __low2half2(m), m_g8 = __high2half2(m);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        __half2 v = __hfma2(*reinterpret_cast<const __half2*>(&w.a[j][i]), (i & 1) ? s_g8 : s_g, (i & 1) ? m_g8 : m_g);
+        w.a[j][i] = *reinterpret_cast<uint32_t*>(&v);
+      }
+  }
+};
+template <class Act>
+inline constexpr bool kActZeroPoints = false;
+template <>
+inline constexpr bool kActZeroPoints<ActF16Zp> = true;
+
 struct ActS8 {
   using Elem = int8_t;
   using Frag = uint2;    // 8 int8 values

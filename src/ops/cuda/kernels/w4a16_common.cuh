@@ -15,6 +15,14 @@ struct W4A16Layout {
   int groups;               // k / group
 };
 
+// int4-asym: the group minimums, [row_blocks][groups][8] f16 pairs laid out as the scales and
+// stored right after them in one buffer (W4A16Weights::mins, checked by w4a16_layout). The layout
+// has no field for them, so the int4 kernels' parameters (and code) stay as they were; only
+// kernels instantiated with zero points call this.
+__device__ __forceinline__ const uint32_t* zero_point_mins(const W4A16Layout& w) {
+  return w.scales + static_cast<int64_t>(w.row_blocks) * w.groups * 8;
+}
+
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
@@ -41,6 +49,39 @@ __device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) {
     a[2 * step + 1] = *reinterpret_cast<uint32_t*>(&h);
     q >>= 8;
   }
+}
+
+// The same for unsigned codes 0..15 (int4-asym, ops/w4a16_pack.h): a[] = (n0, n4) ... as f16
+// integer values 0..15, for fma(code, scale, minimum). The instructions of dequant_int4x8 with
+// other constants (subtract 1024, then (1024 + 16 u) / 16 - 64).
+__device__ __forceinline__ void dequant_uint4x8(uint32_t q, uint32_t (&a)[4]) {
+  constexpr uint32_t kLow = 0x000f000f, kHigh = 0x00f000f0, kExponent = 0x64006400;
+  constexpr uint32_t kSub = 0x64006400;  // f16x2 (1024, 1024)
+  constexpr uint32_t kMul = 0x2c002c00;  // f16x2 (1/16, 1/16)
+  constexpr uint32_t kAdd = 0xd400d400;  // f16x2 (-64, -64)
+  const __half2 sub = *reinterpret_cast<const __half2*>(&kSub);
+  const __half2 mul = *reinterpret_cast<const __half2*>(&kMul);
+  const __half2 add = *reinterpret_cast<const __half2*>(&kAdd);
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    uint32_t lo = lop3_and_or(q, kLow, kExponent);   // 1024 + u
+    uint32_t hi = lop3_and_or(q, kHigh, kExponent);  // 1024 + 16 u
+    __half2 l = __hsub2(*reinterpret_cast<__half2*>(&lo), sub);
+    __half2 h = __hfma2(*reinterpret_cast<__half2*>(&hi), mul, add);
+    a[2 * step] = *reinterpret_cast<uint32_t*>(&l);
+    a[2 * step + 1] = *reinterpret_cast<uint32_t*>(&h);
+    q >>= 8;
+  }
+}
+
+// The codes of one packed word as f16 values (kernels templated on kHasMin: int4-asym's unsigned
+// codes, else int4's signed ones); the weight is then code * s (int4) or fma(code, s, m).
+template <bool kHasMin>
+__device__ __forceinline__ void dequant_codes4x8(uint32_t q, uint32_t (&a)[4]) {
+  if constexpr (kHasMin)
+    dequant_uint4x8(q, a);
+  else
+    dequant_int4x8(q, a);
 }
 
 // The split-K tail every 4-bit kernel shares, called by all threads of a block once it has

@@ -14,8 +14,9 @@ namespace qspec::cuda::kernels {
 //    dequantized into shared memory and written back row by row, 512 contiguous bytes per warp
 //    store. Rows are padded by 64 bytes (stride = 64 mod 128 bytes), so the 16-byte
 //    shared stores of rows g, g + 1 land in distinct bank groups.
-// out = f16(code * scale), correctly rounded (code is an exact f16 integer).
-template <int TILE_CHUNKS, int WARPS>
+// out = f16(code * scale), correctly rounded (code is an exact f16 integer); with kHasMin
+// (int4-asym: unsigned codes, zero_point_mins) out = f16(fma(code, scale, min)), one rounding.
+template <int TILE_CHUNKS, int WARPS, bool kHasMin = false>
 __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16Layout w, int group,
                                                                     __half* __restrict__ out) {
   pdl_prologue();  // launched with launch_pdl (common.h)
@@ -32,9 +33,11 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
   const int pairs = 2 * w.full_chunks + w.tail, pairs_per_group = group / 32;
   const uint8_t* codes = w.codes + static_cast<int64_t>(rb) * w.k * 8;
   const uint32_t* scales = w.scales + static_cast<int64_t>(rb) * w.groups * 8 + g;
+  const uint32_t* mins = kHasMin ? zero_point_mins(w) + static_cast<int64_t>(rb) * w.groups * 8 + g : nullptr;
 
   uint4 q[CPW];
   uint32_t s[CPW][2];
+  uint32_t mn[CPW][kHasMin ? 2 : 1];
 #pragma unroll
   for (int i = 0; i < CPW; ++i) {
     const int c = chunk0 + warp * CPW + i;
@@ -50,11 +53,17 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
     for (int hp = 0; hp < 2; ++hp) {
       const int pair = 2 * c + hp;
       s[i][hp] = pair < pairs ? __ldg(scales + (pair / pairs_per_group) * 8) : 0u;
+      if constexpr (kHasMin) mn[i][hp] = pair < pairs ? __ldg(mins + (pair / pairs_per_group) * 8) : 0u;
     }
   }
 
-  auto scaled = [](uint32_t v, __half2 scale) {
-    __half2 r = __hmul2(*reinterpret_cast<__half2*>(&v), scale);
+  // code * scale (int4), fma(code, scale, min) (int4-asym): one instruction either way.
+  auto scaled = [](uint32_t v, __half2 scale, __half2 min) {
+    __half2 r;
+    if constexpr (kHasMin)
+      r = __hfma2(*reinterpret_cast<__half2*>(&v), scale, min);
+    else
+      r = __hmul2(*reinterpret_cast<__half2*>(&v), scale);
     return *reinterpret_cast<uint32_t*>(&r);
   };
 #pragma unroll
@@ -63,14 +72,21 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
     for (int hp = 0; hp < 2; ++hp) {
       const __half2 pair_scale = *reinterpret_cast<const __half2*>(&s[i][hp]);
       const __half2 s_low = __low2half2(pair_scale), s_high = __high2half2(pair_scale);
+      __half2 m_low = s_low, m_high = s_high;  // unused without minimums
+      if constexpr (kHasMin) {
+        const __half2 pair_min = *reinterpret_cast<const __half2*>(&mn[i][hp]);
+        m_low = __low2half2(pair_min);
+        m_high = __high2half2(pair_min);
+      }
       uint32_t a[4], b[4];
-      dequant_int4x8(hp ? q[i].z : q[i].x, a);
-      dequant_int4x8(hp ? q[i].w : q[i].y, b);
+      dequant_codes4x8<kHasMin>(hp ? q[i].z : q[i].x, a);
+      dequant_codes4x8<kHasMin>(hp ? q[i].w : q[i].y, b);
       const int col = ((warp * CPW + i) * 2 + hp) * 32 + t * 8;
-      *reinterpret_cast<uint4*>(tile + g * ROW_HALVES + col) =
-          make_uint4(scaled(a[0], s_low), scaled(a[2], s_low), scaled(b[0], s_low), scaled(b[2], s_low));
+      *reinterpret_cast<uint4*>(tile + g * ROW_HALVES + col) = make_uint4(
+          scaled(a[0], s_low, m_low), scaled(a[2], s_low, m_low), scaled(b[0], s_low, m_low), scaled(b[2], s_low, m_low));
       *reinterpret_cast<uint4*>(tile + (g + 8) * ROW_HALVES + col) =
-          make_uint4(scaled(a[1], s_high), scaled(a[3], s_high), scaled(b[1], s_high), scaled(b[3], s_high));
+          make_uint4(scaled(a[1], s_high, m_high), scaled(a[3], s_high, m_high), scaled(b[1], s_high, m_high),
+                     scaled(b[3], s_high, m_high));
     }
   __syncthreads();
 

@@ -36,6 +36,12 @@
 // the gate warps write y = silu(gate) * up, n / 2 values a token. Each of gate and up is rounded
 // to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's (same k slices)
 // then silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
+//
+// Zero points (Act = ActF16Zp, int4-asym weights; kActZeroPoints, compile time): each pair's
+// group scale and minimum are folded into its f16 weights before the mma (ActF16Zp::fold), which
+// then sums into the f32 totals with no group flush. The minimums come straight from global
+// memory (L2), requested before the slot's wait, so the rings, their copies and the shared memory
+// budget are int4's. The int4 instances compile as before.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
@@ -87,6 +93,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   using GroupAcc = typename Act::GroupAcc;
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
+  constexpr bool ZP = kActZeroPoints<Act>;
+  static_assert(!ZP || !SWIGLU, "the SwiGLU epilogue has no zero-point instance");
   // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
   // with the rest spill at the 128-register cap (2 blocks a multiprocessor). With XA < 2 * SC the
   // warp holds XA pairs and reloads pair p + XA into pair p's registers once p's mma has read
@@ -118,6 +126,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
                         : min(tile * block_rbs + rbi, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
+  const uint32_t* m_block = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(WARPS) * R * Shape::kSlotBytes) + warp * R;
 
@@ -167,6 +176,15 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
   };
+  // Zero points: the pair's group scale and minimum folded in, the products into the totals.
+  auto pair_mma_folded = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], uint32_t scale_word, uint32_t min_word) {
+    if constexpr (ZP) {
+      typename Act::Weights a = Act::unpack(w0, w1);
+      Act::fold(a, scale_word, min_word);
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) Act::mma(acc[0][nt], a, xf[nt]);
+    }
+  };
 
   static_assert(PPG == 1 || PPG == 2 || PPG == 4, "scale groups of 32, 64 or 128");
   static_assert((2 * SC) % PPG == 0, "a whole slot that starts on a group boundary ends on one");
@@ -185,6 +203,13 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int pp = 0; pp < XA; ++pp)
       if (pp < 2 * nc) load_x(pp);
+    // Zero points: the slot's group minimums (clamped to the row block's last group: a short last
+    // slot reads past its groups, unused), in flight during the wait.
+    uint32_t zmin[ZP ? NG : 1];
+    if constexpr (ZP) {
+#pragma unroll
+      for (int j = 0; j < NG; ++j) zmin[j] = __ldg(m_block + min(g0 + j, p.w.groups - 1) * 8);
+    }
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
     // The whole slot, also past a short last slot's nc chunks / ng groups (stale, never used):
@@ -219,9 +244,13 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pp = 2 * ch + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          if constexpr (ZP)
+            pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], scale[pp / PPG],
+                            zmin[pp / PPG]);
+          else
+            pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           if (pp + XA < 2 * SC) load_x(pp + XA);
-          if ((2 * ch + hp + 1) % PPG == 0)
+          if (!ZP && (2 * ch + hp + 1) % PPG == 0)
             flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
                                 p.m - 1);
         }
@@ -233,9 +262,17 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pair = 2 * (c0 + ch) + hp, pp = 2 * ch + hp;
-          pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          if constexpr (ZP) {
+            // The pair's group in the slot, (lead + pp) / PPG, as one of two compile-time indices
+            // (lead is 0, or 2 for groups of 128), as the flush below picks its scale.
+            const int j0 = pp / PPG, j2 = min((pp + 2) / PPG, NG - 1);
+            pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], lead == 0 ? scale[j0] : scale[j2],
+                            lead == 0 ? zmin[j0] : zmin[j2]);
+          } else {
+            pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
+          }
           if (pp + XA < 2 * SC && pp + XA < 2 * nc) load_x(pp + XA);
-          if ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end) {
+          if (!ZP && ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end)) {
             // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
             // the compiler folds back into one) puts the array in local memory.
             const uint32_t group_scale =
@@ -251,8 +288,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
-    pair_mma(w.x, w.y, xf);
-    flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
+    if constexpr (ZP) {
+      pair_mma_folded(w.x, w.y, xf, __ldg(s_block + (pair / PPG) * 8 + g), __ldg(m_block + (pair / PPG) * 8));
+    } else {
+      pair_mma(w.x, w.y, xf);
+      flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
+    }
   }
 
   // Epilogue: thread holds rows (rb*16 + g, + 8) x tokens (nt*8 + 2t, + 1).

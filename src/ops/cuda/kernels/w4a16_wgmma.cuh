@@ -33,6 +33,12 @@
 // Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'. A short
 // last stage (k % 128 != 0) takes no branch: TMA fills what lies past the tensors with zeros, so
 // the pairs past k multiply zero weights (zero codes and zero scales) by zero x.
+//
+// Zero points (ZP, int4-asym weights, ops/w4a16_pack.h): unsigned codes, f16 (u * s + m) folded
+// the same way (dequant_folded: one hfma2 a register where int4 has its hmul2). The group
+// minimums come from global memory (L2), a stage's few words a lane requested before its full
+// barrier's wait, so the ring, its copies and the tensor maps are int4's; int4's instances
+// (ZP false) compile as before. Pairs past k still multiply zero x.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
@@ -121,6 +127,18 @@ __device__ __forceinline__ void dequant_scaled(uint32_t word, const RowScales& s
   }
 }
 
+// The same for int4-asym: unsigned codes, rows g and g + 8 as f16 fma(u, s, m), one rounding.
+__device__ __forceinline__ void dequant_folded(uint32_t word, const RowScales& scales, const RowScales& mins,
+                                               uint32_t (&a)[4]) {
+  dequant_uint4x8(word, a);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2 v = *reinterpret_cast<__half2*>(&a[i]);
+    v = __hfma2(v, (i & 1) ? scales.g8 : scales.g, (i & 1) ? mins.g8 : mins.g);
+    a[i] = *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
 // The kernel's tensor maps (made by the launcher for each launch, w4a16_tiled.cu): x [m][k] f16 in
 // 64 k x NT-token boxes, 128-byte swizzle; the packed codes as [row blocks][k / 16][128 bytes] in
 // boxes of a stage (8 rows of 128 bytes) of 8 row blocks; the scales as [row blocks][groups][8
@@ -131,7 +149,7 @@ struct W4A16WgmmaMaps {
   CUtensorMap x, codes, scales;
 };
 
-template <class Shape, int G>
+template <class Shape, int G, bool ZP = false>
 __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
                                                                           const W4A16TiledParams p) {
 #if QSPEC_WGMMA
@@ -228,9 +246,23 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
     // This lane's codes and scales in a stage's slot, past its x boxes.
     const uint32_t lane_codes = T::kXBytes + mma_warp * T::kCodeBytes + lane * 16;
     const uint32_t lane_scales = T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * SCALE_STRIDE + g * 4;
+    // ZP: this lane's minimums (rows g, g + 8) of the warp's row block, clamped to the last row
+    // block (a tile past n multiplies, like its zero codes, rows that are never stored).
+    const uint32_t* lane_mins =
+        ZP ? zero_point_mins(p.w) + static_cast<int64_t>(min(row_tile * T::kRowBlocks + mma_warp, p.w.row_blocks - 1)) *
+                            p.w.groups * 8 + g
+           : nullptr;
 #pragma unroll 1
     for (int st = 0; st < stages; ++st) {
       const int slot = st % STAGES, pairs = stage_pairs(st);
+      // ZP: the stage's group minimums, in flight during the wait (groups past k clamped: their
+      // weights meet zero x).
+      uint32_t zmin[ZP ? GROUPS : 1];
+      if constexpr (ZP) {
+        const int group0 = (stage_begin + st) * T::kPairs / PPG;
+#pragma unroll
+        for (int j = 0; j < GROUPS; ++j) zmin[j] = __ldg(lane_mins + min(group0 + j, p.w.groups - 1) * 8);
+      }
       // The k tail's half chunk (k % 64 == 32), the last pair of the matrix: 8 bytes a lane. Pairs
       // past the matrix need no care: their codes and scales arrive as zeros (TMA's fill past the
       // tensor), so their A fragments are (0 - 8) * 0 = 0, and so are their x columns.
@@ -253,8 +285,14 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
           uint32_t step0, step1;
           pair_to_natural(w0, w1, sel, step0, step1);
           const RowScales scales = row_scales(scale_pair);
-          dequant_scaled(step0, scales, a[b % 2][i][0]);
-          dequant_scaled(step1, scales, a[b % 2][i][1]);
+          if constexpr (ZP) {
+            const RowScales mins = row_scales(zmin[q / PPG]);
+            dequant_folded(step0, scales, mins, a[b % 2][i][0]);
+            dequant_folded(step1, scales, mins, a[b % 2][i][1]);
+          } else {
+            dequant_scaled(step0, scales, a[b % 2][i][0]);
+            dequant_scaled(step1, scales, a[b % 2][i][1]);
+          }
         }
         wgmma_fence();
 #pragma unroll
