@@ -1676,21 +1676,25 @@ void expect_swiglu_bits(Launch&& launch, const std::vector<uint16_t>& expected, 
 // padding; a relaunch gives the same bits; shapes it cannot run are refused. At 9-16 tokens the
 // kernel holds x half a slot ahead (swiglu_x_half_slot; QSPEC_W4A16_PRELOAD_X_HALF=0 runs this
 // test with a whole slot). The 272-block shape is more than a wave of one-slice blocks on 132
-// multiprocessors, so it runs 2 slices (plan_k_slices).
+// multiprocessors, so it runs 2 slices (plan_k_slices). int4-asym weights (zero points) take
+// the same comparison: the kernel's zero-point instance folds scale and minimum into the sums the
+// epilogue reads.
 TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
   if (qspec::cuda::compute_capability() != 90) {
     std::printf("  skipped: the preload kernel runs on sm_90a only (this GPU is sm_%d)\n",
                 qspec::cuda::compute_capability());
     return;
   }
+  for (const bool zero_points : {false, true})
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 512, 14336, 128}, {2 * 17408, 1024, 128}}) {
-    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group)
+                                                      : random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
     for (int64_t m : {1, 2, 7, 8, 9, 16}) {
-      const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + " g" +
-                                std::to_string(group);
+      const std::string where = std::string(zero_points ? "int4-asym " : "int4 ") + "m" + std::to_string(m) + " n" +
+                                std::to_string(n) + " k" + std::to_string(k) + " g" + std::to_string(group);
       auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
       cuda::DeviceMemory workspace(bytes);
@@ -1739,6 +1743,12 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
   EXPECT_TRUE(tiled_plan.kernel == qspec::SwigluGemm::Kernel::tiled);
   EXPECT_EQ(tiled_plan.tiled.tile, 1);
   EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(&cublas_map, w64.view, 17, nullptr, 0));
+  // int4-asym: the preload kernel's epilogue, never the tiled one (no zero-point instance).
+  DeviceW4 asym64(qspec::gemm::pack_w4a16(random_zero_point_weights(64, 128, 128)));
+  EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(&preload_map, asym64.view, 1, nullptr, 0).kernel ==
+              qspec::SwigluGemm::Kernel::preload);
+  EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(&tiled_map, asym64.view, 1, nullptr, 0).kernel ==
+              qspec::SwigluGemm::Kernel::none);
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 1, 128, w.view, d_act.as<f16>(), 24, nullptr, 0, nullptr),
                qspec::Error);
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 17, 128, w64.view, d_act.as<f16>(), 32, nullptr, 0, nullptr),

@@ -440,21 +440,22 @@ bool w4a16_preload_supported(const W4A16Weights& w) {
 }
 
 bool w4a16_swiglu_runs(const W4A16Weights& w, int64_t m) {
-  // (int4-asym: the SwiGLU epilogue has no zero-point instance)
-  return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w) && !w.has_min();
+  // int4-asym too: its zero-point instance folds scale and minimum into acc, which the epilogue reads.
+  return m >= 1 && m <= 16 && w.n % 32 == 0 && w4a16_preload_supported(w);
 }
 
 bool w4a16_small_m_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16SmallMConfig& config,
                                     const void* workspace, size_t workspace_bytes) {
-  if (m < 1 || m > 16 || w.has_min() || small_m_variant(w, config) != 5) return false;  // (no zero-point SwiGLU)
-  const PreloadPlan plan = plan_preload(detail::w4a16_layout(w), m, config, workspace, workspace_bytes);
+  if (m < 1 || m > 16 || small_m_variant(w, config) != 5) return false;
+  const PreloadPlan plan =
+      plan_preload(detail::w4a16_layout(w, /*zero_points=*/true), m, config, workspace, workspace_bytes);
   return plan.splits == 1 && plan.k_slices <= kSwigluMaxKSlices;
 }
 
 int w4a16_swiglu_k_slices(const W4A16Weights& w, int64_t m, const void* workspace, size_t workspace_bytes) {
   QSPEC_CHECK(w4a16_swiglu_runs(w, m), "cuda::w4a16_swiglu_k_slices: the SwiGLU GEMM does not run these weights / ", m,
               " tokens here");
-  return plan_swiglu(detail::w4a16_layout(w), m, workspace, workspace_bytes).k_slices;
+  return plan_swiglu(detail::w4a16_layout(w, /*zero_points=*/true), m, workspace, workspace_bytes).k_slices;
 }
 
 void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* act, int64_t ld_act,
@@ -464,10 +465,12 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
   QSPEC_CHECK(ldx >= w.k && ldx % 8 == 0 && ld_act >= w.n / 2 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
               "cuda::w4a16_gemm_swiglu: x must be 16-byte aligned with ldx >= k and ldx % 8 == 0, ld_act >= n / 2 (ldx ",
               ldx, ", ld_act ", ld_act, ")");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w);
-  launch_preload<kernels::ActF16, true>(
-      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m),
-      plan_swiglu(layout, m, workspace, workspace_bytes), workspace, as_stream(stream));
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w, /*zero_points=*/true);
+  const kernels::W4A16SmallMParams params =
+      preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m);
+  const PreloadPlan plan = plan_swiglu(layout, m, workspace, workspace_bytes);
+  if (w.has_min()) launch_preload<kernels::ActF16Zp, true>(params, plan, workspace, as_stream(stream));  // int4-asym
+  else launch_preload<kernels::ActF16, true>(params, plan, workspace, as_stream(stream));
 }
 
 void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y, int64_t ldy,

@@ -94,7 +94,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
   constexpr bool ZP = kActZeroPoints<Act>;
-  static_assert(!ZP || !SWIGLU, "the SwiGLU epilogue has no zero-point instance");
   // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
   // with the rest spill at the 128-register cap (2 blocks a multiprocessor). With XA < 2 * SC the
   // warp holds XA pairs and reloads pair p + XA into pair p's registers once p's mma has read
