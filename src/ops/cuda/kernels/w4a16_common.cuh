@@ -29,13 +29,16 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t
   return d;
 }
 
-// One packed word (8 offset-binary nibbles) -> four f16x2 registers of integer values -8..7:
-// a[0] = (n0, n4), a[1] = (n1, n5), a[2] = (n2, n6), a[3] = (n3, n7). Exact.
-__device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) {
+// One packed word (8 nibbles) -> four f16x2 registers of integer values: a[0] = (n0, n4),
+// a[1] = (n1, n5), a[2] = (n2, n6), a[3] = (n3, n7). Exact. kUnsigned: the codes 0..15 of
+// int4-asym (ops/w4a16_pack.h, for fma(code, scale, minimum)), else int4's offset-binary -8..7.
+// (1024 + u) - 1032 or - 1024; (1024 + 16 u) / 16 - 72 or - 64.
+template <bool kUnsigned>
+__device__ __forceinline__ void dequant_nibbles4x8(uint32_t q, uint32_t (&a)[4]) {
   constexpr uint32_t kLow = 0x000f000f, kHigh = 0x00f000f0, kExponent = 0x64006400;
-  constexpr uint32_t kSub = 0x64086408;  // f16x2 (1032, 1032)
-  constexpr uint32_t kMul = 0x2c002c00;  // f16x2 (1/16, 1/16)
-  constexpr uint32_t kAdd = 0xd480d480;  // f16x2 (-72, -72)
+  constexpr uint32_t kSub = kUnsigned ? 0x64006400 : 0x64086408;  // f16x2 (1024, 1024) or (1032, 1032)
+  constexpr uint32_t kMul = 0x2c002c00;                            // f16x2 (1/16, 1/16)
+  constexpr uint32_t kAdd = kUnsigned ? 0xd400d400 : 0xd480d480;  // f16x2 (-64, -64) or (-72, -72)
   const __half2 sub = *reinterpret_cast<const __half2*>(&kSub);
   const __half2 mul = *reinterpret_cast<const __half2*>(&kMul);
   const __half2 add = *reinterpret_cast<const __half2*>(&kAdd);
@@ -50,38 +53,14 @@ __device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) {
     q >>= 8;
   }
 }
-
-// The same for unsigned codes 0..15 (int4-asym, ops/w4a16_pack.h): a[] = (n0, n4) ... as f16
-// integer values 0..15, for fma(code, scale, minimum). The instructions of dequant_int4x8 with
-// other constants (subtract 1024, then (1024 + 16 u) / 16 - 64).
-__device__ __forceinline__ void dequant_uint4x8(uint32_t q, uint32_t (&a)[4]) {
-  constexpr uint32_t kLow = 0x000f000f, kHigh = 0x00f000f0, kExponent = 0x64006400;
-  constexpr uint32_t kSub = 0x64006400;  // f16x2 (1024, 1024)
-  constexpr uint32_t kMul = 0x2c002c00;  // f16x2 (1/16, 1/16)
-  constexpr uint32_t kAdd = 0xd400d400;  // f16x2 (-64, -64)
-  const __half2 sub = *reinterpret_cast<const __half2*>(&kSub);
-  const __half2 mul = *reinterpret_cast<const __half2*>(&kMul);
-  const __half2 add = *reinterpret_cast<const __half2*>(&kAdd);
-#pragma unroll
-  for (int step = 0; step < 2; ++step) {
-    uint32_t lo = lop3_and_or(q, kLow, kExponent);   // 1024 + u
-    uint32_t hi = lop3_and_or(q, kHigh, kExponent);  // 1024 + 16 u
-    __half2 l = __hsub2(*reinterpret_cast<__half2*>(&lo), sub);
-    __half2 h = __hfma2(*reinterpret_cast<__half2*>(&hi), mul, add);
-    a[2 * step] = *reinterpret_cast<uint32_t*>(&l);
-    a[2 * step + 1] = *reinterpret_cast<uint32_t*>(&h);
-    q >>= 8;
-  }
-}
+__device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) { dequant_nibbles4x8<false>(q, a); }
+__device__ __forceinline__ void dequant_uint4x8(uint32_t q, uint32_t (&a)[4]) { dequant_nibbles4x8<true>(q, a); }
 
 // The codes of one packed word as f16 values (kernels templated on kHasMin: int4-asym's unsigned
 // codes, else int4's signed ones); the weight is then code * s (int4) or fma(code, s, m).
 template <bool kHasMin>
 __device__ __forceinline__ void dequant_codes4x8(uint32_t q, uint32_t (&a)[4]) {
-  if constexpr (kHasMin)
-    dequant_uint4x8(q, a);
-  else
-    dequant_int4x8(q, a);
+  dequant_nibbles4x8<kHasMin>(q, a);
 }
 
 // The split-K tail every 4-bit kernel shares, called by all threads of a block once it has
