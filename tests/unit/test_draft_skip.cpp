@@ -11,6 +11,7 @@
 
 #include "model/draft_skip.h"
 #include "model/llama.h"
+#include "cli_run.h"
 #include "model_dir_copy.h"
 #include "qspec/decode_plan.h"
 #include "qspec/engine.h"
@@ -21,29 +22,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-template <typename Action>
-std::string error_of(Action&& action) {
-  try {
-    action();
-  } catch (const qspec::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// The qspec binary's stdout (and stderr unless stdout_only), and its exit code.
-std::string run_qspec(const std::string& args, int& exit_code, bool stdout_only = false) {
-  const fs::path out = fs::temp_directory_path() / ("qspec-draft-skip-" + std::to_string(::getpid()));
-  const std::string redirect = " >'" + out.string() + (stdout_only ? "' 2>/dev/null" : "' 2>&1");
-  const int status = std::system((std::string(QSPEC_BINARY) + " " + args + redirect).c_str());
-  exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  fs::remove(out);
-  return text.str();
-}
+using qspec_test::error_of;
+using qspec_test::run_qspec;
 
 // A table of `model` skipping `order` (agreements made up: only the order matters to a pass).
 qspec::DraftSkipTable table_of(const qspec::LlamaModel& model, std::vector<int32_t> order) {

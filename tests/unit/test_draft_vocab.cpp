@@ -12,6 +12,7 @@
 
 #include "model/draft_vocab.h"
 #include "model/llama.h"
+#include "cli_run.h"
 #include "model_dir_copy.h"
 #include "ops/sample.h"
 #include "qspec/decode_plan.h"
@@ -21,30 +22,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-// What an Error from `action` says ("" when nothing was thrown).
-template <typename Action>
-std::string error_of(Action&& action) {
-  try {
-    action();
-  } catch (const qspec::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// The qspec binary's stdout (and stderr unless stdout_only), and its exit code.
-std::string run_qspec(const std::string& args, int& exit_code, bool stdout_only = false) {
-  const fs::path out = fs::temp_directory_path() / ("qspec-draft-vocab-" + std::to_string(::getpid()));
-  const std::string redirect = " >'" + out.string() + (stdout_only ? "' 2>/dev/null" : "' 2>&1");
-  const int status = std::system((std::string(QSPEC_BINARY) + " " + args + redirect).c_str());
-  exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  fs::remove(out);
-  return text.str();
-}
+using qspec_test::error_of;
+using qspec_test::run_qspec;
 
 class DraftVocab : public ModelDirCopy {
  protected:
