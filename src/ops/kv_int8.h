@@ -14,12 +14,34 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #if defined(__CUDACC__)
 #define QSPEC_KV8_HD __host__ __device__
 #else
 #define QSPEC_KV8_HD
 #endif
+
+namespace qspec {
+
+// What a KV cache stores: f16, each backend's full-precision rows (f32 on the CPU, f16 on the
+// GPU), or int8, the format below. `--kv-cache f16|int8`; every mode of a run shares one cache.
+enum class KvCacheFormat : uint8_t { f16, int8 };
+// What a pass reads of an int8 cache: every bit (the verify, plain steps, full-view drafts) or the
+// high nibbles only (a draft with the `/k4` diet). A full-precision cache has only the full view.
+enum class KvView : uint8_t { full, high_nibble };
+
+inline const char* kv_cache_format_name(KvCacheFormat format) {
+  return format == KvCacheFormat::int8 ? "int8" : "f16";
+}
+inline std::optional<KvCacheFormat> parse_kv_cache_format(std::string_view text) {
+  if (text == "f16") return KvCacheFormat::f16;
+  if (text == "int8") return KvCacheFormat::int8;
+  return std::nullopt;
+}
+
+}  // namespace qspec
 
 namespace qspec::kv8 {
 
