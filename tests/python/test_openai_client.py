@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 import openai
 
@@ -49,8 +51,26 @@ class Server:
         # Keep reading stderr so the pipe never fills.
         self.reader = threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True)
         self.reader.start()
+        self.wait_until_answering()
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused",
                                     max_retries=0, timeout=120)
+
+    def wait_until_answering(self):
+        # The "listening" line comes after bind(); under a loaded CI machine the first connection of
+        # a test once failed right after it (APIConnectionError with max_retries=0). /health needs no
+        # key, so poll it until the server answers, and fail with the server's log if it never does.
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=10) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError("qspec serve never answered /health:\n" + "".join(self.log))
+            time.sleep(0.2)
 
     def close(self):
         if self.proc.poll() is None:
