@@ -148,9 +148,15 @@ void run_gpu(const BenchArgs& args) {
                 "brings its own 4-bit weights)");
     options.synthetic_weights = quant::parse_format(args.weights);
   }
+  if (args.group_size != 0) {
+    QSPEC_CHECK(!args.gpu.synthetic.empty(), "bench --device cuda: --group-size is for --synthetic models (a checkpoint "
+                "brings its own 4-bit weights)");
+    options.synthetic_group = args.group_size;
+  }
   std::string name = args.gpu.synthetic;
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
   if (options.synthetic_weights != quant::Format::int4) name += "-" + std::string(quant::format_name(options.synthetic_weights));
+  if (options.synthetic_group != 128) name += "-g" + std::to_string(options.synthetic_group);
   const bool costs = !args.qspec_costs_out.empty();
   ModelShape shape;
   nlohmann::json trace;
@@ -448,9 +454,10 @@ void register_bench(CLI::App& app) {
   command->add_option("--weights", args->weights,
                       "cpu --modes: 4-bit weight format quantized at load by RTN (default int4; a qspec 4-bit "
                       "checkpoint uses its own): int4|int4-asym|int4-channel|nvfp4|mxfp4; cuda --synthetic: "
-                      "int4|int4-asym (random weights, group 128)");
+                      "int4|int4-asym (random weights, group 128 or --group-size)");
   command->add_option("--group-size", args->group_size,
-                      "cpu --modes: int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")
+                      "cpu --modes: int4 group size along K (0: 128, or the largest of 64, 32 dividing every K); "
+                      "cuda --synthetic: the random weights' group, 32|64|128 (0: 128)")
       ->capture_default_str();
   command->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length")->capture_default_str();
   command->add_option("--decode-tokens", args->decode_tokens, "Tokens decoded per run")->capture_default_str();

@@ -1466,17 +1466,20 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
           EXPECT_THROW(small_m(d_y.as<f16>()), qspec::Error) << name;
         }
       }
-      // The tiled path: its own tile by m, then each wgmma tile in one split and in several (the
-      // zero-point instances; an mma.sync tile is refused).
+      // The tiled path: its own tile by m, then each tile with a zero-point instance (the wgmma
+      // tiles, 128x64 and 128x32) in one split and in several; the other mma.sync tiles are refused.
       for (auto [tile, splits] : {std::pair{0, 0}, {cuda::kW4A16WgmmaTile32, 1}, {cuda::kW4A16WgmmaTile32, 3},
                                   {cuda::kW4A16WgmmaTile, 1}, {cuda::kW4A16WgmmaTile, 2},
-                                  {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2}, {2, 1}}) {
+                                  {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2}, {2, 1}, {2, 3},
+                                  {cuda::kW4A16Tile128x32, 1}, {cuda::kW4A16Tile128x32, 2}, {1, 1}, {3, 1}}) {
         auto tiled = [&](f16* y) {
           cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
                                  cuda::W4A16TiledConfig{tile, splits});
         };
         const std::string what = "tiled " + std::to_string(tile) + " split" + std::to_string(splits);
-        if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m) && (tile == 0 || cuda::w4a16_is_wgmma_tile(tile))) {
+        const bool has_instance =
+            tile == 0 || tile == 2 || tile == cuda::kW4A16Tile128x32 || cuda::w4a16_is_wgmma_tile(tile);
+        if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m) && has_instance) {
           check(what, tiled);
         } else {
           auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
@@ -1743,12 +1746,16 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
   EXPECT_TRUE(tiled_plan.kernel == qspec::SwigluGemm::Kernel::tiled);
   EXPECT_EQ(tiled_plan.tiled.tile, 1);
   EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(&cublas_map, w64.view, 17, nullptr, 0));
-  // int4-asym: the preload kernel's epilogue, never the tiled one (no zero-point instance).
+  // int4-asym: the preload kernel's epilogue, and the tiled one on the tiles with a zero-point
+  // instance (128x64, 128x32), not on 256x64.
   DeviceW4 asym64(qspec::gemm::pack_w4a16(random_zero_point_weights(64, 128, 128)));
   EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(&preload_map, asym64.view, 1, nullptr, 0).kernel ==
               qspec::SwigluGemm::Kernel::preload);
   EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(&tiled_map, asym64.view, 1, nullptr, 0).kernel ==
               qspec::SwigluGemm::Kernel::none);
+  const qspec::gemm::PolicyMap tiled_128x64_map = qspec::gemm::PolicyMap::forced(qspec::gemm::Strategy::tiled_128x64);
+  EXPECT_TRUE(qspec::w4_gemm_swiglu_epilogue(&tiled_128x64_map, asym64.view, 24, nullptr, 0).kernel ==
+              qspec::SwigluGemm::Kernel::tiled);
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 1, 128, w.view, d_act.as<f16>(), 24, nullptr, 0, nullptr),
                qspec::Error);
   EXPECT_THROW(cuda::w4a16_gemm_swiglu(d_x.as<f16>(), 17, 128, w64.view, d_act.as<f16>(), 32, nullptr, 0, nullptr),
@@ -1767,12 +1774,18 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
 // tokens on sm_90a, where the wgmma tile runs (tile 0 has no SwiGLU there). Refused: n % 32,
 // splits > 1, the 128x128 and wgmma tiles, ld_act < n / 2.
 TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
+  // int4-asym (zero points, sm_90a): the tiles with its instances, 128x64 (2) and 128x32 (6).
+  for (const bool zero_points : {false, true})
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 528, 2048, 128}}) {
-    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    if (zero_points && !cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, 17)) continue;
+    const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group)
+                                                      : random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
-    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3, 6};
+    const std::vector<int> tiles = n == 28672 ? std::vector<int>{0}
+                                   : zero_points ? std::vector<int>{0, 2, 6}
+                                                 : std::vector<int>{0, 1, 2, 3, 6};
     for (int64_t m : {17, 24, 32, 33, 64, 65, 100}) {
       auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
@@ -1787,8 +1800,9 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
       }
       for (int tile : tiles) {
         if (tile == 0 && wgmma_takes_it) continue;  // the default tile is the wgmma one: no SwiGLU epilogue
-        const std::string where = "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
-                                  " g" + std::to_string(group) + " tile " + std::to_string(tile);
+        const std::string where = std::string(zero_points ? "int4-asym " : "int4 ") + "m" + std::to_string(m) + " n" +
+                                  std::to_string(n) + " k" + std::to_string(k) + " g" + std::to_string(group) +
+                                  " tile " + std::to_string(tile);
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
         cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, nullptr, 0, nullptr,
                                cuda::W4A16TiledConfig{tile, 1});

@@ -454,6 +454,7 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
     gpu_options.gemm_policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(options.gemm_policy));
   if (checkpoint != nullptr) return std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options);
   gpu_options.synthetic_weights = options.synthetic_weights;
+  gpu_options.synthetic_group = options.synthetic_group;
   if (runs_arc_activations(options, mode)) {
     QSPEC_CHECK(options.synthetic_arc_channels > 0, "bench: ", mode.name,
                 " on a synthetic model needs --synthetic-arc-channels > 0 (the residual channels a site)");

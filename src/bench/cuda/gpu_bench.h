@@ -69,6 +69,7 @@ struct GpuBenchOptions {
   int64_t synthetic_arc_channels = 128;
   // Synthetic models: the 4-bit weight format (GpuLlamaOptions::synthetic_weights), int4 or int4-asym.
   quant::Format synthetic_weights = quant::Format::int4;
+  int64_t synthetic_group = 128;  // their group along k (GpuLlamaOptions::synthetic_group)
   // ADAngel's ablation (issue 6, the paper's Fig. 12) instead of the tables above: per mode one
   // model, each GEMM policy in turn ("builtin" = the kernels' crossovers, "paper-rule",
   // "forced:STRATEGY", or a map file), decode steps at every batch size and TTFT at every prompt

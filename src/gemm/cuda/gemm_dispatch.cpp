@@ -70,8 +70,8 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
                                    const void* workspace, size_t workspace_bytes) {
   SwigluGemm plan;
   if (m < 1 || w.n % 32 != 0) return plan;
-  // int4-asym weights: the preload kernel's SwiGLU has a zero-point instance, the tiled one none
-  // (w4a16_tiled_swiglu_partition says no).
+  // int4-asym weights: the preload kernel's SwiGLU has a zero-point instance, the tiled one on
+  // 128x64 and 128x32 (w4a16_tiled_swiglu_partition says where).
   // The GEMM dispatch_w4_gemm would run: the map's strategy, or (no map) the kernels' automatic path.
   bool preload = false;
   int tile = 0;  // a tiled strategy's tile; 0 without a map: the tiled path's own choice

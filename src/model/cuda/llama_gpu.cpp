@@ -171,7 +171,7 @@ int64_t gather_quantize_min_rows() {
 // int4-asym (zero_points): the same codes read as unsigned, and minimums of -7.5 to -8 scales,
 // so the values stay centred as int4's (a benchmark of the asymmetric kernels on the same bytes).
 Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream,
-                             bool zero_points = false) {
+                             bool zero_points = false, int64_t group = 128) {
   Linear linear;
   linear.n = n;
   linear.k = k;
@@ -182,8 +182,8 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
     cuda::fill_random_f16(linear.w16.as<f16_bits>(), static_cast<size_t>(n * k), -0.03f, 0.03f, seed, stream);
     return linear;
   }
-  const int64_t group = 128, row_blocks = (n + 15) / 16;
-  QSPEC_CHECK(k % group == 0, "GPU model: synthetic k ", k, " is not a multiple of 128");
+  const int64_t row_blocks = (n + 15) / 16;
+  QSPEC_CHECK(k % group == 0, "GPU model: synthetic k ", k, " is not a multiple of the group ", group);
   const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
   const size_t scale_halves = static_cast<size_t>(row_blocks * (k / group) * 16);
   linear.codes = allocate(code_bytes, "synthetic codes");
@@ -868,6 +868,9 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
               "GPU model: synthetic_weights ", quant::format_name(options.synthetic_weights),
               ": synthetic models have int4 or int4-asym weights");
   const bool zero_points = s.quantized && options.synthetic_weights == quant::Format::int4_asym;
+  const int64_t wgroup = options.synthetic_group;
+  QSPEC_CHECK(wgroup == 32 || wgroup == 64 || wgroup == 128, "GPU model: synthetic_group ", wgroup,
+              " (the synthetic 4-bit weights take groups of 32, 64 or 128)");
   QSPEC_CHECK(!zero_points || (s.activations == GpuActivations::f16 && options.synthetic_arc_channels == 0),
               "GPU model: synthetic int4-asym weights run mode w4a16 only (not ", mode.name, ", nor ARC calibrations)");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
@@ -913,12 +916,12 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
       layer.down.input_ordered = true;  // as GpuLlama's constructor folds it into gate_up's (random) rows
     } else {
       layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream,
-                                        zero_points);
-      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, zero_points);
+                                        zero_points, wgroup);
+      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, zero_points, wgroup);
       layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream,
-                                            zero_points);
+                                            zero_points, wgroup);
       layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream,
-                                         zero_points);
+                                         zero_points, wgroup);
     }
     s.layers.push_back(std::move(layer));
   }

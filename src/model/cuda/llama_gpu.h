@@ -55,8 +55,10 @@ struct GpuLlamaOptions {
   // augmented tail S rounded up to the weight group), so ARC steps can be timed at full size.
   int64_t synthetic_arc_channels = 0;
   // Synthetic models only: the 4-bit weight format, int4 or int4-asym (the same random codes and
-  // scales plus f16 group minimums: an A/B of the zero-point kernels against int4's). Group 128.
+  // scales plus f16 group minimums: an A/B of the zero-point kernels against int4's).
   quant::Format synthetic_weights = quant::Format::int4;
+  // Synthetic models only: the 4-bit weights' group along k, 32, 64 or 128.
+  int64_t synthetic_group = 128;
   // ADAngel's policy map for the 4-bit GEMMs (gemm/policy_map.h, made by `qspec tune` on this
   // GPU): every 4-bit GEMM runs the strategy it picks for its (activations, n, k, m). Null: the
   // kernels' built-in crossovers.

@@ -138,8 +138,8 @@ TiledKernel wgmma_kernel_for_group(int64_t group) {
   }
 }
 
-// The wgmma tiles' zero-point instances (int4-asym): the tiled path's only kernels for such
-// weights (the mma.sync tiles apply the group scale after the mma and have none).
+// The wgmma tiles' zero-point instances (int4-asym; beside the mma.sync tiles 128x64 and 128x32,
+// zero_point_tile).
 TiledKernel wgmma_zero_point_kernel(int tile, int64_t group) {
   if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32, true>(group);
   if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64, true>(group);
@@ -154,6 +154,10 @@ bool wgmma_tile_runs_here() {
 
 template <class Act>
 constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
+// Plain f16 activations, on int4 or int4-asym (zero point) weights: the policies with wgmma
+// tiles, a SwiGLU epilogue and the 8-warp forms.
+template <class Act>
+constexpr bool kPlainF16 = std::is_same_v<Act, kernels::ActF16> || std::is_same_v<Act, kernels::ActF16Zp>;
 
 template <class Act, class Tile, bool SWIGLU, bool LATE>
 TiledKernel tiled_kernel_for_refill(int64_t group) {
@@ -172,22 +176,32 @@ TiledKernel tiled_kernel_for_group(int64_t group) {
 }
 
 // SWIGLU (f16 activations only): the mma.sync tiles with the SwiGLU epilogue; the wgmma tile has none.
+// Zero points (ActF16Zp): the wgmma tiles, 128x64 and 128x32 only (zero_point_tile picks among them).
 template <class Act, bool SWIGLU = false>
 TiledKernel tiled_kernel(int tile, int64_t group) {
-  static_assert(!SWIGLU || std::is_same_v<Act, kernels::ActF16>, "the SwiGLU epilogue takes f16 activations");
+  static_assert(!SWIGLU || kPlainF16<Act>, "the SwiGLU epilogue takes f16 activations");
   if constexpr (std::is_same_v<Act, kernels::ActF16> && !SWIGLU) {
     if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64>(group);
     if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32>(group);
     if (tile == kW4A16WgmmaTile128) return wgmma_kernel_for_group<WgmmaShape128>(group);
   }
-  switch (tile) {
-    case 1: return tiled_kernel_for_group<Act, Tile256x64, SWIGLU>(group);
-    case 2: return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
-    case 3: return tiled_kernel_for_group<Act, Tile256x32, SWIGLU>(group);
-    case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
-    default:
-      if constexpr (SWIGLU) fail("cuda::w4a16_gemm_tiled_swiglu: tile ", tile, " has no SwiGLU epilogue");
-      else return tiled_kernel_for_group<Act, Tile128x128, false>(group);
+  if constexpr (kernels::kActZeroPoints<Act>) {
+    if (!SWIGLU && w4a16_is_wgmma_tile(tile)) return wgmma_zero_point_kernel(tile, group);
+    if (tile == 2) return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
+    if (tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
+    fail("cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the tiles 128x64 (2), 128x32 (",
+         kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8)", SWIGLU ? " (with SwiGLU: 2 and 6 only)" : "",
+         ", not tile ", tile);
+  } else {
+    switch (tile) {
+      case 1: return tiled_kernel_for_group<Act, Tile256x64, SWIGLU>(group);
+      case 2: return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
+      case 3: return tiled_kernel_for_group<Act, Tile256x32, SWIGLU>(group);
+      case kW4A16Tile128x32: return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
+      default:
+        if constexpr (SWIGLU) fail("cuda::w4a16_gemm_tiled_swiglu: tile ", tile, " has no SwiGLU epilogue");
+        else return tiled_kernel_for_group<Act, Tile128x128, false>(group);
+    }
   }
 }
 
@@ -222,7 +236,7 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const int wgmma_switch = env_int("QSPEC_W4A16_WGMMA", 2, 0, 2);
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
   static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
-  if (std::is_same_v<Act, kernels::ActF16> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
+  if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
     if (wgmma_switch == 1 && m > 16) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
   }
@@ -276,7 +290,7 @@ template <class Act>
 TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layout& layout, const void* workspace,
                      size_t workspace_bytes, const W4A16TiledConfig& config) {
   const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
-  QSPEC_CHECK(!w4a16_is_wgmma_tile(tile) || (std::is_same_v<Act, kernels::ActF16> && wgmma_tile_runs_here()),
+  QSPEC_CHECK(!w4a16_is_wgmma_tile(tile) || (kPlainF16<Act> && wgmma_tile_runs_here()),
               "cuda::w4a16_gemm_tiled: the wgmma tiles (5, 7, 8) need f16 activation values and an sm_90a GPU and "
               "build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
@@ -302,7 +316,7 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
 // and splits; the SwiGLU launches keep their (gate, up) pairs a warp and never take it.
 template <class Act>
 TiledKernel plain_launch_kernel(const TiledPlan& plan, int64_t m, const W4A16Weights& w) {
-  if constexpr (std::is_same_v<Act, kernels::ActF16>) {
+  if constexpr (kPlainF16<Act>) {
     if ((plan.tile == 2 || plan.tile == kW4A16Tile128x32) && warps8_allowed() && m <= kWarps8MaxTokens &&
         ceil_div(w.k, plan.splits) <= kWarps8MaxSplitK) {
       const TiledKernel warps8 = plan.tile == 2 ? tiled_kernel_for_group<Act, Tile128x64w8, false>(w.group)
@@ -345,27 +359,32 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   plain_launch_kernel<Act>(plan, m, w).launch(params, grid, as_stream(stream));
 }
 
-// int4-asym weights on the tiled path: the wgmma tiles' zero-point instances (sm_90a), config's
-// wgmma tile or one by m (32, 64 or 128 tokens a tile), planned as the int4 tile.
+// The tile of an int4-asym launch: config's, or the int4 rule's (default_tile), where that is one
+// with a zero-point instance (128x64, 128x32, the wgmma tiles), else the wgmma tile by m (32, 64
+// or 128 tokens a tile). So on the H200 17-64 tokens take the mma.sync tiles as int4 does.
+int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
+  const int tile = config_tile != 0 ? config_tile : default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
+  if (tile == 2 || tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(tile)) return tile;
+  return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
+}
+
+// int4-asym weights on the tiled path (sm_90a): the zero-point instances, planned as int4's.
 void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y,
                               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                               const W4A16TiledConfig& config) {
   check_tiled_config(config);
-  QSPEC_CHECK(w4a16_runs_zero_points(W4A16Path::tiled, m) && (config.tile == 0 || w4a16_is_wgmma_tile(config.tile)),
-              "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the wgmma tiles (5, 7, 8) only, on an "
-              "sm_90a GPU and build (tile ", config.tile, "); cuda::w4a16_gemm's automatic path routes them");
+  QSPEC_CHECK(w4a16_runs_zero_points(W4A16Path::tiled, m),
+              "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the tiled path on an sm_90a GPU and "
+              "build only; cuda::w4a16_gemm's automatic path routes them");
   QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0, "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned");
   const kernels::W4A16Layout layout = detail::w4a16_layout(w, /*zero_points=*/true);
   if (m == 0) return;
-  const int tile = config.tile != 0 ? config.tile
-                   : m <= 32       ? kW4A16WgmmaTile32
-                   : m <= 64       ? kW4A16WgmmaTile
-                                   : kW4A16WgmmaTile128;
-  TiledPlan plan = plan_tiled<kernels::ActF16>(m, w, layout, workspace, workspace_bytes, {tile, config.splits});
+  const TiledPlan plan = plan_tiled<kernels::ActF16Zp>(m, w, layout, workspace, workspace_bytes,
+                                                       {zero_point_tile(m, w, config.tile), config.splits});
   fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
   const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
                   static_cast<unsigned>(plan.splits));
-  wgmma_zero_point_kernel(tile, w.group).launch(params, grid, as_stream(stream));
+  plain_launch_kernel<kernels::ActF16Zp>(plan, m, w).launch(params, grid, as_stream(stream));
 }
 
 }  // namespace
@@ -404,7 +423,15 @@ bool swiglu_tile(int tile) { return tile == 1 || tile == 2 || tile == 3 || tile 
 bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16TiledConfig& config,
                                    const void* workspace, size_t workspace_bytes) {
   check_tiled_config(config);
-  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0 || w.has_min()) return false;
+  if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
+  if (w.has_min()) {  // int4-asym: 128x64 and 128x32 have the SwiGLU epilogue's zero-point instances
+    if (!w4a16_runs_zero_points(W4A16Path::tiled, m)) return false;
+    const int tile = zero_point_tile(m, w, config.tile);
+    if (tile != 2 && tile != kW4A16Tile128x32) return false;
+    const TiledPlan plan = plan_tiled<kernels::ActF16Zp>(m, w, detail::w4a16_layout(w, /*zero_points=*/true),
+                                                         workspace, workspace_bytes, {tile, config.splits});
+    return plan.splits == 1;
+  }
   const TiledPlan plan =
       plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
   return swiglu_tile(plan.tile) && plan.splits == 1;
@@ -419,12 +446,22 @@ void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4
               m, ", ldx ", ldx, ", n ", w.n, ", ld_act ", ld_act, ")");
   check_tiled_config(config);
   QSPEC_CHECK(config.splits <= 1, "cuda::w4a16_gemm_tiled_swiglu: one split only (asked for ", config.splits, ")");
-  const kernels::W4A16Layout layout = checked_layout(w);
+  const bool zero_points = w.has_min();
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
+              "cuda::w4a16_gemm_tiled_swiglu: the scales must be 16-byte aligned (cp.async)");
+  QSPEC_CHECK(!zero_points || w4a16_runs_zero_points(W4A16Path::tiled, std::max<int64_t>(m, 1)),
+              "cuda::w4a16_gemm_tiled_swiglu: int4-asym weights need an sm_90a GPU and build");
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w, zero_points);
   if (m == 0) return;
-  const TiledPlan plan = plan_tiled<kernels::ActF16>(m, w, layout, nullptr, 0, W4A16TiledConfig{config.tile, 1});
-  QSPEC_CHECK(swiglu_tile(plan.tile), "cuda::w4a16_gemm_tiled_swiglu: tile ", plan.tile,
-              " has no SwiGLU epilogue (the wgmma tile 5 and 128x128, tile 4)");
-  const TiledKernel kernel = tiled_kernel<kernels::ActF16, true>(plan.tile, w.group);
+  const TiledPlan plan =
+      zero_points ? plan_tiled<kernels::ActF16Zp>(m, w, layout, nullptr, 0, {zero_point_tile(m, w, config.tile), 1})
+                  : plan_tiled<kernels::ActF16>(m, w, layout, nullptr, 0, W4A16TiledConfig{config.tile, 1});
+  QSPEC_CHECK(swiglu_tile(plan.tile) && (!zero_points || plan.tile == 2 || plan.tile == kW4A16Tile128x32),
+              "cuda::w4a16_gemm_tiled_swiglu: tile ", plan.tile,
+              " has no SwiGLU epilogue (the wgmma tiles and 128x128, tile 4; with zero points only 2 and ",
+              kW4A16Tile128x32, ")");
+  const TiledKernel kernel = zero_points ? tiled_kernel<kernels::ActF16Zp, true>(plan.tile, w.group)
+                                         : tiled_kernel<kernels::ActF16, true>(plan.tile, w.group);
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
   fill_launch(params, layout, m, act, ld_act, plan.m_tiles, 1, nullptr);

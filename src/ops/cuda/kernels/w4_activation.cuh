@@ -116,12 +116,15 @@ struct ActF16Scaled : ActF16 {
   static constexpr bool kTokenScale = true;
 };
 
-// f16 activations on int4-asym weights (zero points, W4A16 only): unsigned codes, and each
-// group's scale and minimum folded into the f16 weights before the mma, fma(code, s, m) (one
-// hfma2 a register, Marlin-style), so the mma sums finished products straight into the f32
-// totals and no group flush (nor a per-group activation sum for the minimum) is needed. The
-// weights are rounded to f16 once, as the dequantize + cuBLAS path rounds them (the same bound).
-// Kernels ask kActZeroPoints<Act> (compile time) and leave their int4 code as it was.
+// f16 activations on int4-asym weights (zero points, W4A16 only): unsigned codes u, a weight
+// s u + m. Two ways a kernel takes the minimum term (kActZeroPoints<Act>, compile time):
+// * broadcast_mins: the group's minimums as an A operand constant along k, one more mma a k16
+//   tile into the f32 totals (m times the tile's x), the codes' sums scaled at the group flush
+//   as int4's are (the preload kernel, few tokens: the mma is cheaper than a per-weight fold);
+// * fold: scale and minimum folded into the f16 weights before the mma, fma(u, s, m) (one
+//   hfma2 a register, Marlin-style), the products summed straight into the f32 totals with no
+//   group flush; the weights are rounded to f16 once, as the dequantize + cuBLAS path rounds
+//   them (the same bound). It pays where one unpacked fragment feeds many token tiles.
 struct ActF16Zp : ActF16 {
   __device__ static __forceinline__ Weights unpack(uint32_t w0, uint32_t w1) {
     Weights w;
@@ -131,6 +134,16 @@ struct ActF16Zp : ActF16 {
   }
   // scale_word / min_word: the group's f16 pairs (row g low, row g + 8 high, ops/w4a16_pack.h);
   // registers 0 and 2 of a tile hold row g, 1 and 3 row g + 8 (dequant_int4x8's order).
+  __device__ static __forceinline__ void broadcast_mins(Weights& w, uint32_t min_word) {
+    const __half2 m = *reinterpret_cast<const __half2*>(&min_word);
+    const __half2 m_g = __low2half2(m), m_g8 = __high2half2(m);
+    const uint32_t row_g = *reinterpret_cast<const uint32_t*>(&m_g), row_g8 = *reinterpret_cast<const uint32_t*>(&m_g8);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      w.a[j][0] = w.a[j][2] = row_g;
+      w.a[j][1] = w.a[j][3] = row_g8;
+    }
+  }
   __device__ static __forceinline__ void fold(Weights& w, uint32_t scale_word, uint32_t min_word) {
     const __half2 s = *reinterpret_cast<const __half2*>(&scale_word), m = *reinterpret_cast<const __half2*>(&min_word);
     const __half2 s_g = __low2half2(s), s_g8 = __high2half2(s), m_g = __low2half2(m), m_g8 = __high2half2(m);

@@ -38,6 +38,14 @@
 // Each of gate and up is rounded to f16 first, as the GEMM stores them for silu_mul, so the bits
 // are the one-split GEMM's then silu_mul's (as in w4a16_preload.cuh), and the step loses
 // silu_mul's launch, its dependent round trip and the y it reads.
+//
+// Zero points (Act = ActF16Zp, int4-asym weights; kActZeroPoints): each unpacked pair gets its
+// group's scale and minimum folded in (ActF16Zp::fold, one hfma2 a register) and the mma sums
+// into the f32 totals, so there is no group accumulator and no flush. The fold is paid once a
+// fragment and shared by the warp's MT token tiles, where a minimum mma (the preload kernel's
+// way) would be paid per token tile; at MT 4-8 it costs about what int4's group flushes do. The
+// scales come from the stage as int4's; the minimums (a separate array after the scales) are
+// read from global memory (L2) one stage ahead into registers, so the rings are int4's.
 #pragma once
 #include <type_traits>
 
@@ -182,6 +190,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   constexpr int NG = Tile::template groups_per_stage<G>();
   constexpr int STAGE_BYTES = Tile::template stage_bytes<G>();
   static_assert(!SWIGLU || RPW % 2 == 0, "SwiGLU: a warp's row blocks in (gate, up) pairs");
+  constexpr bool ZP = kActZeroPoints<Act>;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -198,12 +207,25 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   // This warp's row blocks (past the matrix: the last one again, outputs dropped).
   const uint8_t* w_block[RPW];
   const uint32_t* s_block[RPW];
+  const uint32_t* m_lane[RPW];  // zero points: this lane's minimum words (rows g, g + 8)
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, r);
     w_block[r] = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
     s_block[r] = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
+    m_lane[r] = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
   }
+  // Zero points: the minimums of stage st's NG groups (past the matrix: its last group, unused).
+  uint32_t zmin_next[ZP ? RPW : 1][ZP ? NG : 1];
+  auto load_mins = [&](int st) {
+    if constexpr (ZP) {
+      const int group0 = (2 * (chunk_begin + st * CH)) / PPG;
+#pragma unroll
+      for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int j = 0; j < NG; ++j) zmin_next[r][j] = __ldg(m_lane[r] + min(group0 + j, p.w.groups - 1) * 8);
+    }
+  };
   // Ring slot layout: [weights: warp, r, ch, 512 B][x: TOKENS rows x XH halves][scales: warp, r, NG x 8 words].
   auto w_smem = [&](int slot, int r, int ch) {
     return smem + slot * STAGE_BYTES + ((warp * RPW + r) * CH + ch) * 512 + lane * 16;
@@ -344,7 +366,17 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     return g * XH + ((value / PIECE) ^ x_swizzle<Act>(g)) * PIECE + value % PIECE;
   };
 
+  load_mins(0);
   for (int st = 0; st < stages; ++st) {
+    // Zero points: this stage's minimums (loaded a stage ago), and the next stage's requested.
+    uint32_t zmin[ZP ? RPW : 1][ZP ? NG : 1];
+    if constexpr (ZP) {
+#pragma unroll
+      for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int j = 0; j < NG; ++j) zmin[r][j] = zmin_next[r][j];
+      load_mins(st + 1);
+    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage st landed for every thread; slot (st - 1) % STAGES is free
     const int next = st + STAGES - 1;
@@ -370,18 +402,25 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
       for (int hp = 0; hp < 2; ++hp) {
         typename Act::Weights a[RPW];
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
+        for (int r = 0; r < RPW; ++r) {
+          a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
+          if constexpr (ZP) {
+            const int j = (2 * ch + hp) / PPG;  // the pair's group in the stage
+            Act::fold(a[r], s_smem(slot, r)[j * 8 + g], zmin[r][j]);
+          }
+        }
         const int x_off = x_lane(ch, hp);
 #pragma unroll
         for (int nt = 0; nt < MT; ++nt) {
           const typename Act::Frag xf = Act::load_shared(xs + x_off + nt * 8 * XH);
 #pragma unroll
           for (int r = 0; r < RPW; ++r) {
-            if ((2 * ch + hp) % PPG == 0) Act::mma_first(gacc[r][nt], a[r], xf);  // static: a group starts
+            if constexpr (ZP) Act::mma(acc[r][nt], a[r], xf);  // folded: finished products
+            else if ((2 * ch + hp) % PPG == 0) Act::mma_first(gacc[r][nt], a[r], xf);  // static: a group starts
             else Act::mma(gacc[r][nt], a[r], xf);
           }
         }
-        if ((2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
+        if (!ZP && (2 * ch + hp + 1) % PPG == 0) {  // the stage starts a group: static
 #pragma unroll
           for (int r = 0; r < RPW; ++r)
             flush(r, s_smem(slot, r)[((2 * ch + hp) / PPG) * 8 + g], (2 * c + hp) / PPG);
@@ -407,16 +446,22 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     for (int r = 0; r < RPW; ++r) {
       const uint2 wq = load_stream_8(w_block[r] + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
       a[r] = Act::unpack(wq.x, wq.y);
+      if constexpr (ZP) Act::fold(a[r], __ldg(s_block[r] + (pair / PPG) * 8 + g), __ldg(m_lane[r] + (pair / PPG) * 8));
     }
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) {
       const int token = m0 + min(nt * 8 + g, tile_m - 1);
       const typename Act::Frag xf = Act::load(x_base + static_cast<int64_t>(token) * ldx + pair * 32 + t * 8);
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) Act::mma(gacc[r][nt], a[r], xf);
+      for (int r = 0; r < RPW; ++r) {
+        if constexpr (ZP) Act::mma(acc[r][nt], a[r], xf);
+        else Act::mma(gacc[r][nt], a[r], xf);
+      }
     }
+    if constexpr (!ZP) {
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g), pair / PPG);
+      for (int r = 0; r < RPW; ++r) flush(r, __ldg(s_block[r] + (pair / PPG) * 8 + g), pair / PPG);
+    }
   }
 
   if constexpr (SWIGLU) tiled_swiglu_epilogue<Act, Tile>(acc, p, m_tile, row_tile, warp, t, g);
