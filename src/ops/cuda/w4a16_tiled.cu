@@ -362,9 +362,16 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 // The tile of an int4-asym launch: config's, or the int4 rule's (default_tile), where that is one
 // with a zero-point instance (128x64, 128x32, the wgmma tiles), else the wgmma tile by m (32, 64
 // or 128 tokens a tile). So on the H200 17-64 tokens take the mma.sync tiles as int4 does.
+// QSPEC_W4A16_ZP_MMA_SYNC=0 keeps int4-asym on the wgmma tiles at every m (A/B runs).
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
-  const int tile = config_tile != 0 ? config_tile : default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
-  if (tile == 2 || tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(tile)) return tile;
+  const bool has_instance = config_tile == 2 || config_tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(config_tile);
+  QSPEC_CHECK(config_tile == 0 || has_instance, "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the "
+              "tiles 128x64 (2), 128x32 (", kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ", config_tile);
+  if (config_tile != 0) return config_tile;
+  static const bool mma_sync = env_int("QSPEC_W4A16_ZP_MMA_SYNC", 1, 0, 1) == 1;
+  const int tile = default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
+  if (mma_sync && (tile == 2 || tile == kW4A16Tile128x32)) return tile;
+  if (w4a16_is_wgmma_tile(tile)) return tile;
   return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
 }
 
@@ -426,6 +433,7 @@ bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16T
   if (m < 1 || w.n % 32 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return false;
   if (w.has_min()) {  // int4-asym: 128x64 and 128x32 have the SwiGLU epilogue's zero-point instances
     if (!w4a16_runs_zero_points(W4A16Path::tiled, m)) return false;
+    if (config.tile != 0 && config.tile != 2 && config.tile != kW4A16Tile128x32) return false;
     const int tile = zero_point_tile(m, w, config.tile);
     if (tile != 2 && tile != kW4A16Tile128x32) return false;
     const TiledPlan plan = plan_tiled<kernels::ActF16Zp>(m, w, detail::w4a16_layout(w, /*zero_points=*/true),

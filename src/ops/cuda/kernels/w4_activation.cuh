@@ -31,6 +31,8 @@
 // A scale group's integer sum is exact in s32 (128 products of at most 8 x 127), then scaled
 // by the weight group scale in f32 like the f16 path's group sums.
 #pragma once
+#include <type_traits>
+
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "quant/formats.h"
@@ -156,10 +158,17 @@ struct ActF16Zp : ActF16 {
       }
   }
 };
+// The same weights, the minimum term by broadcast_mins' mma in the kernels that have both ways
+// (the preload kernel; elsewhere it is ActF16Zp).
+struct ActF16ZpMma : ActF16Zp {};
 template <class Act>
 inline constexpr bool kActZeroPoints = false;
 template <>
 inline constexpr bool kActZeroPoints<ActF16Zp> = true;
+template <>
+inline constexpr bool kActZeroPoints<ActF16ZpMma> = true;
+template <class Act>
+inline constexpr bool kZeroPointsByMma = std::is_same_v<Act, ActF16ZpMma>;
 
 struct ActS8 {
   using Elem = int8_t;
