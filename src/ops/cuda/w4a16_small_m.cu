@@ -369,13 +369,6 @@ bool swiglu_x_half_slot() {
   return half;
 }
 
-// int4-asym in the preload kernel: the minimum term by mma (kernels::ActF16ZpMma) or the
-// per-weight fold (ActF16Zp, the default). QSPEC_W4A16_ZP_MMA=0 / 1 (A/B runs).
-bool zero_points_by_mma() {
-  static const bool mma = env_int("QSPEC_W4A16_ZP_MMA", 0, 0, 1) == 1;
-  return mma;
-}
-
 // One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
 // its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
 // split and at most 4 k slices: plan_swiglu).
@@ -476,9 +469,7 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
   const kernels::W4A16SmallMParams params =
       preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m);
   const PreloadPlan plan = plan_swiglu(layout, m, workspace, workspace_bytes);
-  if (w.has_min() && zero_points_by_mma())  // int4-asym
-    launch_preload<kernels::ActF16ZpMma, true>(params, plan, workspace, as_stream(stream));
-  else if (w.has_min()) launch_preload<kernels::ActF16Zp, true>(params, plan, workspace, as_stream(stream));
+  if (w.has_min()) launch_preload<kernels::ActF16Zp, true>(params, plan, workspace, as_stream(stream));  // int4-asym
   else launch_preload<kernels::ActF16, true>(params, plan, workspace, as_stream(stream));
 }
 
@@ -509,8 +500,7 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     if (variant == 5 && mt <= 2) {
       const kernels::W4A16SmallMParams params = preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice);
       const PreloadPlan plan = plan_preload(layout, slice, config, workspace, workspace_bytes);
-      if (w.has_min() && zero_points_by_mma()) launch_preload<kernels::ActF16ZpMma>(params, plan, workspace, s);
-      else if (w.has_min()) launch_preload<kernels::ActF16Zp>(params, plan, workspace, s);  // int4-asym
+      if (w.has_min()) launch_preload<kernels::ActF16Zp>(params, plan, workspace, s);  // int4-asym
       else launch_preload<kernels::ActF16>(params, plan, workspace, s);
       continue;
     }

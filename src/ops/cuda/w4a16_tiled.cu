@@ -362,13 +362,18 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 // The tile of an int4-asym launch: config's, or the int4 rule's (default_tile), where that is one
 // with a zero-point instance (128x64, 128x32, the wgmma tiles), else the wgmma tile by m (32, 64
 // or 128 tokens a tile). So on the H200 17-64 tokens take the mma.sync tiles as int4 does.
-// QSPEC_W4A16_ZP_MMA_SYNC=0 keeps int4-asym on the wgmma tiles at every m (A/B runs).
+// The mma.sync tiles only for groups of 32 and 64: their fold replaces int4's group flush of every
+// pair or two, where at groups of 128 it costs more than the flush it saves. Measured (H200,
+// synthetic Llama-3-8B, steps against int4's of the same group in one call, fb62428): mma.sync
+// tiles +2.5 / +3.0 % at batch 32 / 64 (g32), +3.2 / +3.2 % (g64), +17 / +10 % (g128); the wgmma
+// tiles +13 / +4.4 % (g32), +11 / +7 % (g64), +10.5 / +2.9 % (g128)
+// (bench/results/gpu-decode-int4-asym-ab-llama3-8b-h200-fb62428.log).
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
   const bool has_instance = config_tile == 2 || config_tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(config_tile);
   QSPEC_CHECK(config_tile == 0 || has_instance, "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the "
               "tiles 128x64 (2), 128x32 (", kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ", config_tile);
   if (config_tile != 0) return config_tile;
-  static const bool mma_sync = env_int("QSPEC_W4A16_ZP_MMA_SYNC", 1, 0, 1) == 1;
+  const bool mma_sync = w.group <= 64;
   const int tile = default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
   if (mma_sync && (tile == 2 || tile == kW4A16Tile128x32)) return tile;
   if (w4a16_is_wgmma_tile(tile)) return tile;

@@ -31,8 +31,6 @@
 // A scale group's integer sum is exact in s32 (128 products of at most 8 x 127), then scaled
 // by the weight group scale in f32 like the f16 path's group sums.
 #pragma once
-#include <type_traits>
-
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_common.cuh"
 #include "quant/formats.h"
@@ -118,15 +116,15 @@ struct ActF16Scaled : ActF16 {
   static constexpr bool kTokenScale = true;
 };
 
-// f16 activations on int4-asym weights (zero points, W4A16 only): unsigned codes u, a weight
-// s u + m. Two ways a kernel takes the minimum term (kActZeroPoints<Act>, compile time):
-// * broadcast_mins: the group's minimums as an A operand constant along k, one more mma a k16
-//   tile into the f32 totals (m times the tile's x), the codes' sums scaled at the group flush
-//   as int4's are (the preload kernel, few tokens: the mma is cheaper than a per-weight fold);
-// * fold: scale and minimum folded into the f16 weights before the mma, fma(u, s, m) (one
-//   hfma2 a register, Marlin-style), the products summed straight into the f32 totals with no
-//   group flush; the weights are rounded to f16 once, as the dequantize + cuBLAS path rounds
-//   them (the same bound). It pays where one unpacked fragment feeds many token tiles.
+// f16 activations on int4-asym weights (zero points, W4A16 only): unsigned codes, and each
+// group's scale and minimum folded into the f16 weights before the mma, fma(code, s, m) (one
+// hfma2 a register, Marlin-style), so the mma sums finished products straight into the f32
+// totals and no group flush (nor a per-group activation sum for the minimum) is needed. The
+// weights are rounded to f16 once, as the dequantize + cuBLAS path rounds them (the same bound).
+// Kernels ask kActZeroPoints<Act> (compile time) and leave their int4 code as it was.
+// (Measured against one more mma a k16 tile with the minimums broadcast along k as its A operand
+// and int4's loop and flush otherwise: slower at every batch and group in the preload kernel,
+// +2-8 % a step at batch 1-16; bench/results/gpu-decode-int4-asym-ab-llama3-8b-h200-fb62428.log.)
 struct ActF16Zp : ActF16 {
   __device__ static __forceinline__ Weights unpack(uint32_t w0, uint32_t w1) {
     Weights w;
@@ -136,16 +134,6 @@ struct ActF16Zp : ActF16 {
   }
   // scale_word / min_word: the group's f16 pairs (row g low, row g + 8 high, ops/w4a16_pack.h);
   // registers 0 and 2 of a tile hold row g, 1 and 3 row g + 8 (dequant_int4x8's order).
-  __device__ static __forceinline__ void broadcast_mins(Weights& w, uint32_t min_word) {
-    const __half2 m = *reinterpret_cast<const __half2*>(&min_word);
-    const __half2 m_g = __low2half2(m), m_g8 = __high2half2(m);
-    const uint32_t row_g = *reinterpret_cast<const uint32_t*>(&m_g), row_g8 = *reinterpret_cast<const uint32_t*>(&m_g8);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      w.a[j][0] = w.a[j][2] = row_g;
-      w.a[j][1] = w.a[j][3] = row_g8;
-    }
-  }
   __device__ static __forceinline__ void fold(Weights& w, uint32_t scale_word, uint32_t min_word) {
     const __half2 s = *reinterpret_cast<const __half2*>(&scale_word), m = *reinterpret_cast<const __half2*>(&min_word);
     const __half2 s_g = __low2half2(s), s_g8 = __high2half2(s), m_g = __low2half2(m), m_g8 = __high2half2(m);
@@ -158,17 +146,11 @@ struct ActF16Zp : ActF16 {
       }
   }
 };
-// The same weights, the minimum term by broadcast_mins' mma in the kernels that have both ways
-// (the preload kernel; elsewhere it is ActF16Zp).
-struct ActF16ZpMma : ActF16Zp {};
 template <class Act>
 inline constexpr bool kActZeroPoints = false;
 template <>
 inline constexpr bool kActZeroPoints<ActF16Zp> = true;
-template <>
-inline constexpr bool kActZeroPoints<ActF16ZpMma> = true;
-template <class Act>
-inline constexpr bool kZeroPointsByMma = std::is_same_v<Act, ActF16ZpMma>;
+
 
 struct ActS8 {
   using Elem = int8_t;

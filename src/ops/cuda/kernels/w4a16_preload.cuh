@@ -37,17 +37,11 @@
 // to f16 first, as the GEMM stores them for silu_mul, so the bits are the GEMM's (same k slices)
 // then silu_mul's, and the step loses silu_mul's launch and its dependent round trips.
 //
-// Zero points (int4-asym weights; kActZeroPoints, compile time), a weight s u + m (u the
-// unsigned code), two ways:
-// * Act = ActF16Zp: each pair's group scale and minimum folded into its f16 weights before the
-//   mma (ActF16Zp::fold, one hfma2 a register), which then sums into the f32 totals with no group
-//   flush;
-// * Act = ActF16ZpMma: a row's sum is s sum(u x) + m sum(x) a group; the first term is int4's
-//   loop on unsigned codes (its group flush), the second one more mma a k16 tile whose A operand
-//   is the group's minimums broadcast along k (ActF16Zp::broadcast_mins), into the f32 totals.
-// The minimums come straight from global memory (L2), requested before the slot's wait, so the
-// rings, their copies and the shared memory budget are int4's. The int4 instances compile as
-// before.
+// Zero points (Act = ActF16Zp, int4-asym weights; kActZeroPoints, compile time): each pair's
+// group scale and minimum are folded into its f16 weights before the mma (ActF16Zp::fold), which
+// then sums into the f32 totals with no group flush. The minimums come straight from global
+// memory (L2), requested before the slot's wait, so the rings, their copies and the shared memory
+// budget are int4's. The int4 instances compile as before.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
@@ -99,8 +93,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   using GroupAcc = typename Act::GroupAcc;
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
-  constexpr bool ZP = kActZeroPoints<Act>, ZP_MMA = kZeroPointsByMma<Act>;
-  constexpr bool FLUSH = !ZP || ZP_MMA;  // group sums scaled at group ends (int4, and the minimums' mma)
+  constexpr bool ZP = kActZeroPoints<Act>;
   // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
   // with the rest spill at the 128-register cap (2 blocks a multiprocessor). With XA < 2 * SC the
   // warp holds XA pairs and reloads pair p + XA into pair p's registers once p's mma has read
@@ -182,22 +175,13 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
   };
-  // Zero points, folded: the pair's group scale and minimum folded in, the products into the totals.
+  // Zero points: the pair's group scale and minimum folded in, the products into the totals.
   auto pair_mma_folded = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], uint32_t scale_word, uint32_t min_word) {
-    if constexpr (ZP && !ZP_MMA) {
+    if constexpr (ZP) {
       typename Act::Weights a = Act::unpack(w0, w1);
       Act::fold(a, scale_word, min_word);
 #pragma unroll
       for (int nt = 0; nt < MT; ++nt) Act::mma(acc[0][nt], a, xf[nt]);
-    }
-  };
-  // Zero points by mma: the pair's minimum term, m x summed over the pair's k into the totals.
-  auto pair_min_mma = [&](uint32_t min_word, const Frag (&xf)[MT]) {
-    if constexpr (ZP_MMA) {
-      typename Act::Weights mins;
-      Act::broadcast_mins(mins, min_word);
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt) Act::mma(acc[0][nt], mins, xf[nt]);
     }
   };
 
@@ -259,13 +243,13 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pp = 2 * ch + hp;
-          if constexpr (FLUSH) pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
-          else
+          if constexpr (ZP)
             pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], scale[pp / PPG],
                             zmin[pp / PPG]);
-          if constexpr (ZP_MMA) pair_min_mma(zmin[pp / PPG], xf[pp % XA]);
+          else
+            pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           if (pp + XA < 2 * SC) load_x(pp + XA);
-          if (FLUSH && (2 * ch + hp + 1) % PPG == 0)
+          if (!ZP && (2 * ch + hp + 1) % PPG == 0)
             flush_group<Act, G>(acc[0], gacc[0], scale[(2 * ch + hp) / PPG], p.a, (2 * (c0 + ch) + hp) / PPG, 0, t,
                                 p.m - 1);
         }
@@ -281,18 +265,13 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
             // The pair's group in the slot, (lead + pp) / PPG, as one of two compile-time indices
             // (lead is 0, or 2 for groups of 128), as the flush below picks its scale.
             const int j0 = pp / PPG, j2 = min((pp + 2) / PPG, NG - 1);
-            if constexpr (ZP_MMA) {
-              pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
-              pair_min_mma(lead == 0 ? zmin[j0] : zmin[j2], xf[pp % XA]);
-            } else {
-              pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA],
-                              lead == 0 ? scale[j0] : scale[j2], lead == 0 ? zmin[j0] : zmin[j2]);
-            }
+            pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], lead == 0 ? scale[j0] : scale[j2],
+                            lead == 0 ? zmin[j0] : zmin[j2]);
           } else {
             pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           }
           if (pp + XA < 2 * SC && pp + XA < 2 * nc) load_x(pp + XA);
-          if (FLUSH && ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end)) {
+          if (!ZP && ((lead + 2 * ch + hp + 1) % PPG == 0 || pair + 1 == pair_end)) {
             // scale[pair / PPG - g0] with compile-time indices: a runtime index (or a select chain
             // the compiler folds back into one) puts the array in local memory.
             const uint32_t group_scale =
@@ -308,12 +287,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
-    if constexpr (FLUSH) {
-      pair_mma(w.x, w.y, xf);
-      if constexpr (ZP_MMA) pair_min_mma(__ldg(m_block + (pair / PPG) * 8), xf);
-      flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
-    } else {
+    if constexpr (ZP) {
       pair_mma_folded(w.x, w.y, xf, __ldg(s_block + (pair / PPG) * 8 + g), __ldg(m_block + (pair / PPG) * 8));
+    } else {
+      pair_mma(w.x, w.y, xf);
+      flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
     }
   }
 
