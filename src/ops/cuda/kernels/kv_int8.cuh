@@ -57,18 +57,16 @@ __device__ __forceinline__ void kv8_store_chunk(const Kv8Planes& pool, int64_t r
 }
 
 // Quantizes a row held as 8-element f16 chunks, one a lane, by groups of D / 8 lanes (the whole
-// warp calls it; lanes with `valid` false take part in the amax with zeros and store nothing), and
-// stores it. Returns the chunk and the scale (the decode attention keeps them for its tile).
+// warp calls it: a group that holds no row passes zeros), and where `store`, stores the lane's
+// chunk. Returns the chunk and the scale (the decode attention keeps them for its tile).
 template <int D>
-__device__ __forceinline__ Kv8Chunk kv8_quantize_store(const uint4& values, bool valid, const Kv8Planes& pool,
+__device__ __forceinline__ Kv8Chunk kv8_quantize_store(const uint4& values, bool store, const Kv8Planes& pool,
                                                        int64_t row, int li, float& scale) {
   float x[8];
   half8_to_float(values, x);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = valid ? x[e] : 0.0f;
   scale = kv8::row_scale_f32(kv8_row_amax<D / 8>(x));
   const Kv8Chunk chunk = kv8_quantize_chunk(x, scale);
-  if (valid) kv8_store_chunk<D>(pool, row, li, chunk, scale);
+  if (store) kv8_store_chunk<D>(pool, row, li, chunk, scale);
   return chunk;
 }
 

@@ -73,7 +73,7 @@ __global__ void paged_kv_write_int8_kernel(const __half* __restrict__ k, const _
   const bool is_k = r < num_kv_heads;
   const int head = is_k ? r : r - num_kv_heads;
   uint4 values = make_uint4(0, 0, 0, 0);
-  if (valid) values = reinterpret_cast<const uint4*>((is_k ? k : v) + token * row_stride + head * D)[li];
+  if (valid) values = reinterpret_cast<const uint4*>((is_k ? k : v) + token * row_stride + head * D)[li];  // else zeros
   float scale;
   kv8_quantize_store<D>(values, valid, is_k ? k_pool : v_pool,
                         kv8_row(block, head, position % kKvBlockSize, num_kv_heads), li, scale);
