@@ -86,6 +86,10 @@ size_t kv_pool_bytes_per_position(KvCacheFormat format, int64_t num_kv_heads, in
 // attention of this pass reads (the verify, plain steps and full-view drafts: full; a `/k4`
 // draft: high_nibble, int8 only). The block tables and the positions are the same in both.
 struct PagedKv {
+  PagedKv() = default;
+  // An f16 cache (the fields after max_blocks_per_seq keep their defaults).
+  PagedKv(f16_bits* k, f16_bits* v, const int32_t* tables, int64_t max_blocks)
+      : k_pool(k), v_pool(v), block_tables(tables), max_blocks_per_seq(max_blocks) {}
   f16_bits* k_pool = nullptr;
   f16_bits* v_pool = nullptr;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
