@@ -6,47 +6,6 @@
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
-namespace {
-// rope_kv_write into an int8 cache: the q and k heads rotated in place (cuda::rope, or the
-// prologue kernel with its biases and norms, writing no cache), then paged_kv_write quantizes the
-// rotated k and the v rows whole (a row's scale needs all of it, which rope_kv_write_kernel's
-// threads do not hold). Bitwise the f16 path's rows, so the codes are kv8's of what an f16 cache
-// would hold. One launch more than the f16 cache's: to fold later, a warp a head as in the
-// prologue kernel.
-void rope_then_kv_write_int8(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, const QueryBatch& batch, const float* inv_freq, float attention_scaling,
-                             const PagedKv& kv, void* stream, const QkvPrologue& prologue) {
-  const int64_t q_dim = num_heads * head_dim, width = num_kv_heads * head_dim;
-  if (prologue.any()) {
-    kernels::RopeKvWriteParams params{};
-    params.qkv = reinterpret_cast<__half*>(qkv);
-    params.row_stride = row_stride;
-    params.num_heads = num_heads;
-    params.num_kv_heads = num_kv_heads;
-    params.head_dim = head_dim;
-    params.query_start = batch.query_start;
-    params.positions = batch.positions;
-    params.inv_freq = inv_freq;
-    params.attention_scaling = attention_scaling;
-    params.block_tables = kv.block_tables;  // read for the row's slot, which kCache false never writes
-    params.max_blocks = kv.max_blocks_per_seq;
-    params.bias = prologue.bias;
-    params.q_norm = prologue.q_norm;
-    params.k_norm = prologue.k_norm;
-    params.eps = prologue.eps;
-    const int64_t heads = num_heads + 2 * num_kv_heads;
-    const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs),
-                    static_cast<unsigned>(std::min<int64_t>((heads + 7) / 8, 64)));
-    launch_pdl(kernels::rope_kv_write_prologue_kernel<false>, grid, dim3(256), 0, as_stream(stream), params);
-    QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_prologue_kernel");
-  } else {
-    rope(qkv, batch.num_tokens, num_heads + num_kv_heads, head_dim, row_stride, batch.positions, inv_freq,
-         attention_scaling, stream);
-  }
-  detail::paged_kv_write_int8(qkv + q_dim, qkv + q_dim + width, row_stride, batch, kv, num_kv_heads, head_dim,
-                              as_stream(stream));
-}
-}  // namespace
 
 // The prologue kernel holds a head in registers, so the widest head the attention takes must fit
 // there: every supported model gets its biases and q/k norms (Gemma 3's at head_dim 256).
@@ -70,11 +29,6 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
               head_dim, " above ", 64 * kernels::kPrologueMaxPairsPerLane, " with biases or q/k norms");
   check_paged_kv("rope_kv_write", kv, head_dim);
   if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
-  if (kv.int8()) {  // two launches: the rows rotated in place, then quantized into the cache
-    rope_then_kv_write_int8(qkv, row_stride, num_heads, num_kv_heads, head_dim, batch, inv_freq, attention_scaling,
-                            kv, stream, prologue);
-    return;
-  }
   const bool vec = width % 8 == 0 && q_dim % 8 == 0 && row_stride % 8 == 0 && is_aligned_16(qkv) &&
                    is_aligned_16(kv.k_pool) && is_aligned_16(kv.v_pool);
   kernels::RopeKvWriteParams params{};
@@ -91,6 +45,15 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
   params.max_blocks = kv.max_blocks_per_seq;
   params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
   params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
+  // An int8 cache: the q and k heads rotated in place (cuda::rope, or the prologue kernel writing no
+  // cache), then paged_kv_write quantizes the rotated k and the v rows whole (a row's scale needs
+  // all of it, which rope_kv_write_kernel's threads do not hold). The rows are bitwise the f16
+  // path's, so the codes are kv8's of what an f16 cache would hold. One launch more than the f16
+  // cache's (to fold later: a warp a head, as in the prologue kernel).
+  const auto write_int8 = [&] {
+    detail::paged_kv_write_int8(qkv + q_dim, qkv + q_dim + width, row_stride, batch, kv, num_kv_heads, head_dim,
+                                as_stream(stream));
+  };
   if (prologue.any()) {
     params.bias = prologue.bias;
     params.q_norm = prologue.q_norm;
@@ -101,8 +64,20 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
     const int64_t parts = std::min<int64_t>((heads + 7) / 8, 64);
     const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs),
                     static_cast<unsigned>(parts));
+    if (kv.int8()) {
+      launch_pdl(kernels::rope_kv_write_prologue_kernel<false>, grid, dim3(256), 0, as_stream(stream), params);
+      QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_prologue_kernel");
+      write_int8();
+      return;
+    }
     launch_pdl(kernels::rope_kv_write_prologue_kernel<true>, grid, dim3(256), 0, as_stream(stream), params);
     QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_prologue_kernel");
+    return;
+  }
+  if (kv.int8()) {
+    rope(qkv, batch.num_tokens, num_heads + num_kv_heads, head_dim, row_stride, batch.positions, inv_freq,
+         attention_scaling, stream);
+    write_int8();
     return;
   }
   // One rotation (and at most one V vector) a thread: 256-thread blocks, as many a token as that takes.
