@@ -35,6 +35,7 @@
 #include "gemm/cuda/gemm_dispatch.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/kv_int8.h"
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
 #include "ops/linear.h"
@@ -1179,6 +1180,510 @@ TEST_F(Gpu, AttentionRejectsUnsupportedHeadDim) {
   for (const int64_t d : cuda::kAttentionHeadDims) EXPECT_NO_THROW(cuda::check_attention_runs_here(d)) << d;
   EXPECT_THROW(cuda::check_attention_runs_here(96), qspec::Error);
   EXPECT_THROW(cuda::check_attention_runs_here(512), qspec::Error);
+}
+
+// ---- the int8 KV cache (issue 50, diet 2) ----------------------------------------------------
+// Writes against kv8::row_scale_f32 / kv8::encode of the same f16 rows (bitwise), and attention
+// over an int8 cache (both views) against cpu::attention over rows dequantized on the host with
+// kv8::decode / decode_high from the very planes and scales the GPU cache holds, read back: the
+// CPU twin of a /k4 draft and of the verify. Bounds as the f16 tests'.
+
+namespace {
+
+// An int8 pool pair (K, V) of num_blocks blocks, poisoned (codes -1, scales NaN: an unwritten row
+// read shows as NaN).
+struct Int8Cache {
+  int64_t num_blocks, kv_heads, head_dim;
+  size_t bytes;
+  cuda::DeviceMemory k, v;
+  cuda::Kv8Planes k8, v8;
+  Int8Cache(int64_t blocks, int64_t heads, int64_t dim)
+      : num_blocks(blocks), kv_heads(heads), head_dim(dim), bytes(cuda::kv8_pool_bytes(blocks, heads, dim)),
+        k(poisoned(bytes)), v(poisoned(bytes)) {
+    k8 = cuda::kv8_planes_in(k.get(), blocks, heads, dim);
+    v8 = cuda::kv8_planes_in(v.get(), blocks, heads, dim);
+  }
+  cuda::PagedKv paged(const int32_t* tables, int64_t max_blocks, qspec::KvView view) const {
+    cuda::PagedKv kv{nullptr, nullptr, tables, max_blocks};
+    kv.format = qspec::KvCacheFormat::int8;
+    kv.k8 = k8;
+    kv.v8 = v8;
+    kv.view = view;
+    return kv;
+  }
+};
+
+// A pool read back: each row's codes (joined from the two planes by the layout's nibble order) and
+// scale bits.
+struct Int8Rows {
+  int64_t kv_heads, head_dim;
+  std::vector<uint8_t> bytes;  // the whole allocation
+  const uint8_t* high;
+  const uint8_t* low;
+  const uint16_t* scales;
+  Int8Rows(const cuda::DeviceMemory& pool, const cuda::Kv8Planes& planes, int64_t heads, int64_t dim)
+      : kv_heads(heads), head_dim(dim), bytes(download<uint8_t>(pool, pool.bytes())) {
+    const uint8_t* base = static_cast<const uint8_t*>(pool.get());
+    high = bytes.data() + (planes.high - base);
+    low = bytes.data() + (planes.low - base);
+    scales = reinterpret_cast<const uint16_t*>(bytes.data() + (reinterpret_cast<const uint8_t*>(planes.scales) - base));
+  }
+  int8_t code(int64_t row, int64_t e) const {
+    const int64_t n = cuda::kv8_nibble_index(e);
+    const int shift = static_cast<int>(4 * (n % 2));
+    const int hn = (high[row * head_dim / 2 + n / 2] >> shift) & 15, ln = (low[row * head_dim / 2 + n / 2] >> shift) & 15;
+    return static_cast<int8_t>(static_cast<uint8_t>(hn << 4 | ln));
+  }
+  uint16_t scale_bits(int64_t row) const { return scales[row]; }
+  // Position p of a sequence (its block table row) as the view reads it: [kv_heads * head_dim].
+  void dequantized(const int32_t* table, int64_t p, qspec::KvView view, float* out) const {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t row = cuda::kv8_row(table[p / 16], h, p % 16, kv_heads);
+      const float scale = qspec::f16_to_f32(scale_bits(row));
+      for (int64_t e = 0; e < head_dim; ++e)
+        out[h * head_dim + e] = view == qspec::KvView::full ? qspec::kv8::decode(code(row, e), scale)
+                                                            : qspec::kv8::decode_high(code(row, e), scale);
+    }
+  }
+};
+
+// The expected row: kv8's scale bits and codes of f16 values x[0 .. head_dim).
+void expect_kv8_row(const Int8Rows& rows, int64_t row, const float* x, const std::string& what) {
+  float amax = 0.0f;
+  for (int64_t e = 0; e < rows.head_dim; ++e) amax = std::max(amax, std::abs(x[e]));
+  const float scale = qspec::kv8::row_scale_f32(amax);
+  ASSERT_EQ(rows.scale_bits(row), qspec::f32_to_f16(scale)) << what << ": scale of amax " << amax;
+  for (int64_t e = 0; e < rows.head_dim; ++e)
+    ASSERT_EQ(rows.code(row, e), qspec::kv8::encode(x[e], scale)) << what << ": element " << e << " = " << x[e];
+}
+
+// Rows of f16 values over a wide range of magnitudes (row r scaled by 4^(r % 7 - 3)), one row in 13
+// all zeros, some rows with exact halves of a code step: the scale, rounding and clamping cases.
+std::vector<float> kv8_test_values(int64_t rows, int64_t width, int64_t head_dim) {
+  std::vector<float> x = random_f16_values(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i) {
+      const int64_t head_row = r * (width / head_dim) + i / head_dim;
+      float& value = x[r * width + i];
+      if (head_row % 13 == 5) value = 0.0f;
+      else value = qspec::f16_to_f32(qspec::f32_to_f16(value * std::ldexp(1.0f, static_cast<int>(2 * (head_row % 7) - 6))));
+    }
+  return x;
+}
+
+// Writes every position 0 .. contexts[s] - 1 of the fixture's sequences into an int8 cache with
+// paged_kv_write (one run a sequence), as a prefill would.
+void write_fixture_int8(const PagedFixture& pool, const std::vector<int64_t>& contexts, const cuda::PagedKv& kv,
+                        int64_t kv_heads, int64_t head_dim) {
+  std::vector<int32_t> query_start{0}, positions;
+  std::vector<float> rows;
+  int64_t max_run = 0;
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    for (int64_t p = 0; p < contexts[s]; ++p) {
+      positions.push_back(static_cast<int32_t>(p));
+      rows.insert(rows.end(), pool.keys[s].begin() + p * pool.kv_width, pool.keys[s].begin() + (p + 1) * pool.kv_width);
+      rows.insert(rows.end(), pool.values[s].begin() + p * pool.kv_width,
+                  pool.values[s].begin() + (p + 1) * pool.kv_width);
+    }
+    query_start.push_back(static_cast<int32_t>(positions.size()));
+    max_run = std::max(max_run, contexts[s]);
+  }
+  auto d_rows = upload(to_f16(rows));
+  auto d_start = upload(query_start);
+  auto d_positions = upload(positions);
+  const cuda::QueryBatch batch{static_cast<int64_t>(contexts.size()), static_cast<int64_t>(positions.size()),
+                               d_start.as<int32_t>(), d_positions.as<int32_t>(), max_run, max_run};
+  const f16* k = d_rows.as<f16>();
+  cuda::paged_kv_write(k, k + pool.kv_width, 2 * pool.kv_width, batch, kv, kv_heads, head_dim, nullptr);
+  cuda::synchronize();
+}
+
+// Each sequence's K and V as the view reads them from the cache, for cpu::attention.
+void int8_reference_rows(const Int8Cache& cache, const PagedFixture& pool, const std::vector<int64_t>& contexts,
+                         qspec::KvView view, std::vector<std::vector<float>>& keys,
+                         std::vector<std::vector<float>>& values) {
+  const Int8Rows k_rows(cache.k, cache.k8, cache.kv_heads, cache.head_dim);
+  const Int8Rows v_rows(cache.v, cache.v8, cache.kv_heads, cache.head_dim);
+  keys.assign(contexts.size(), {});
+  values.assign(contexts.size(), {});
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    keys[s].resize(static_cast<size_t>(contexts[s] * pool.kv_width));
+    values[s].resize(keys[s].size());
+    const int32_t* table = pool.block_tables.data() + s * pool.max_blocks;
+    for (int64_t p = 0; p < contexts[s]; ++p) {
+      k_rows.dequantized(table, p, view, keys[s].data() + p * pool.kv_width);
+      v_rows.dequantized(table, p, view, values[s].data() + p * pool.kv_width);
+    }
+  }
+}
+
+const char* view_name(qspec::KvView view) { return view == qspec::KvView::full ? "int8 " : "int8/k4 "; }
+
+}  // namespace
+
+// paged_kv_write into an int8 cache: every written row's scale bits and codes are kv8's of the same
+// f16 row (no exceptions: the GPU divides, rounds and clamps in f32 as kv8::encode does, IEEE
+// division and rintf on both sides, so ties fall the same way); unwritten rows keep their poison.
+// Then an overwrite (a verify rewriting its drafts' positions with other rows): the rewritten rows
+// hold the new rows' codes and scales in both planes, the others are unchanged.
+TEST_F(Gpu, KvWriteInt8EqualsKv8EncodeBitwiseAndOverwrites) {
+  for (const int64_t head_dim : cuda::kAttentionHeadDims) {
+    for (const int64_t kv_heads : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+      const int64_t width = kv_heads * head_dim, max_blocks = 6, seqs = 3;
+      const std::vector<int64_t> lengths = {37, 1, 70};
+      std::vector<int32_t> tables(static_cast<size_t>(seqs * max_blocks));
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), rng());
+      Int8Cache cache(seqs * max_blocks, kv_heads, head_dim);
+      auto d_tables = upload(tables);
+      const cuda::PagedKv kv = cache.paged(d_tables.as<int32_t>(), max_blocks, qspec::KvView::full);
+      const std::string name = shape_name({kv_heads, head_dim});
+      // (the first write, then the overwrite of each sequence's last 4 positions)
+      std::vector<int32_t> positions, query_start{0}, over_positions, over_start{0};
+      for (int64_t s = 0; s < seqs; ++s) {
+        for (int64_t p = 0; p < lengths[s]; ++p) positions.push_back(static_cast<int32_t>(p));
+        query_start.push_back(static_cast<int32_t>(positions.size()));
+        for (int64_t p = std::max<int64_t>(0, lengths[s] - 4); p < lengths[s]; ++p)
+          over_positions.push_back(static_cast<int32_t>(p));
+        over_start.push_back(static_cast<int32_t>(over_positions.size()));
+      }
+      std::vector<std::vector<float>> expected(static_cast<size_t>(seqs * max_blocks * 16));  // [slot] k | v
+      for (int pass = 0; pass < 2; ++pass) {
+        const std::vector<int32_t>& pos = pass ? over_positions : positions;
+        const std::vector<int32_t>& start = pass ? over_start : query_start;
+        const int64_t tokens = static_cast<int64_t>(pos.size()), stride = 2 * width + 8;
+        const std::vector<float> x = kv8_test_values(tokens, stride, head_dim);
+        auto d_x = upload(to_f16(x));
+        auto d_start = upload(start);
+        auto d_pos = upload(pos);
+        const cuda::QueryBatch batch{seqs, tokens, d_start.as<int32_t>(), d_pos.as<int32_t>(), 70, 70};
+        cuda::paged_kv_write(d_x.as<f16>(), d_x.as<f16>() + width, stride, batch, kv, kv_heads, head_dim, nullptr);
+        for (int64_t s = 0; s < seqs; ++s)
+          for (int64_t t = start[s]; t < start[s + 1]; ++t) {
+            const int64_t slot = tables[s * max_blocks + pos[t] / 16] * 16 + pos[t] % 16;
+            expected[slot].assign(x.begin() + t * stride, x.begin() + t * stride + 2 * width);
+          }
+        const Int8Rows k_rows(cache.k, cache.k8, kv_heads, head_dim), v_rows(cache.v, cache.v8, kv_heads, head_dim);
+        for (size_t slot = 0; slot < expected.size(); ++slot)
+          for (int64_t h = 0; h < kv_heads; ++h) {
+            const int64_t row = cuda::kv8_row(static_cast<int64_t>(slot) / 16, h, static_cast<int64_t>(slot) % 16, kv_heads);
+            const std::string what = name + (pass ? " overwrite" : " write") + " slot " + std::to_string(slot) +
+                                     " head " + std::to_string(h);
+            if (expected[slot].empty()) {  // never written: the poison is still there
+              ASSERT_EQ(k_rows.scale_bits(row), 0xffff) << what;
+              ASSERT_EQ(k_rows.code(row, 0), -1) << what;
+              continue;
+            }
+            expect_kv8_row(k_rows, row, expected[slot].data() + h * head_dim, what + " K");
+            expect_kv8_row(v_rows, row, expected[slot].data() + width + h * head_dim, what + " V");
+          }
+      }
+    }
+  }
+}
+
+// rope_kv_write into an int8 cache (with and without a family's biases and q/k norms): the qkv rows
+// end as the f16 cache's call leaves them, bitwise, and the cache holds kv8's codes of the rotated k
+// and the v rows the f16 cache gets.
+TEST_F(Gpu, RopeKvWriteInt8QuantizesTheF16CachesRows) {
+  for (auto [heads, kv_heads, head_dim] : {std::tuple{8, 2, 64}, {32, 8, 128}, {4, 4, 32}, {4, 1, 256}}) {
+    for (const bool with_prologue : {false, true}) {
+      const std::vector<int64_t> run_lengths = {1, 5, 17}, run_starts = {40, 0, 3};
+      const int64_t seqs = 3, max_blocks = 8, kv_width = kv_heads * head_dim;
+      const int64_t width = heads * head_dim + 2 * kv_width, stride = width + 8;
+      std::vector<int32_t> query_start{0}, positions;
+      for (int64_t s = 0; s < seqs; ++s) {
+        for (int64_t i = 0; i < run_lengths[s]; ++i) positions.push_back(static_cast<int32_t>(run_starts[s] + i));
+        query_start.push_back(static_cast<int32_t>(positions.size()));
+      }
+      const int64_t tokens = static_cast<int64_t>(positions.size());
+      std::vector<int32_t> tables(static_cast<size_t>(seqs * max_blocks));
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), rng());
+      std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+      for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / head_dim);
+      const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(tokens * stride)));
+      auto d_tables = upload(tables);
+      auto d_start = upload(query_start);
+      auto d_positions = upload(positions);
+      auto d_inv = upload(inv_freq);
+      auto d_bias = upload(random_f16_values(static_cast<size_t>(width), 2.0f));
+      std::vector<float> weights = random_f16_values(static_cast<size_t>(head_dim), 0.3f);
+      for (float& w : weights) w += 1.0f;
+      auto d_norm = upload(weights);
+      cuda::QkvPrologue prologue;
+      if (with_prologue) {
+        prologue.bias = d_bias.as<float>();
+        prologue.q_norm = prologue.k_norm = d_norm.as<float>();
+      }
+      const cuda::QueryBatch batch{seqs, tokens, d_start.as<int32_t>(), d_positions.as<int32_t>(), 17, 57};
+      // The f16 cache's call: its rows and its pool.
+      const size_t pool_halves = static_cast<size_t>(seqs * max_blocks * 16 * kv_width);
+      auto d_f16_qkv = upload(qkv);
+      auto d_k = poisoned(pool_halves * 2), d_v = poisoned(pool_halves * 2);
+      const cuda::PagedKv f16_kv{d_k.as<f16>(), d_v.as<f16>(), d_tables.as<int32_t>(), max_blocks};
+      cuda::rope_kv_write(d_f16_qkv.as<f16>(), stride, heads, kv_heads, head_dim, batch, d_inv.as<float>(), 1.1f, f16_kv,
+                          nullptr, prologue);
+      const std::vector<float> k_pool = from_f16(download<f16>(d_k, pool_halves));
+      const std::vector<float> v_pool = from_f16(download<f16>(d_v, pool_halves));
+      // The int8 cache's.
+      auto d_qkv = upload(qkv);
+      Int8Cache cache(seqs * max_blocks, kv_heads, head_dim);
+      cuda::rope_kv_write(d_qkv.as<f16>(), stride, heads, kv_heads, head_dim, batch, d_inv.as<float>(), 1.1f,
+                          cache.paged(d_tables.as<int32_t>(), max_blocks, qspec::KvView::full), nullptr, prologue);
+      const std::string name = shape_name({heads, kv_heads, head_dim}) + (with_prologue ? " bias + qk-norm" : "");
+      ASSERT_EQ(download<f16>(d_qkv, qkv.size()), download<f16>(d_f16_qkv, qkv.size())) << name << ": qkv rows";
+      const Int8Rows k_rows(cache.k, cache.k8, kv_heads, head_dim), v_rows(cache.v, cache.v8, kv_heads, head_dim);
+      for (int64_t s = 0; s < seqs; ++s)
+        for (int64_t t = query_start[s]; t < query_start[s + 1]; ++t) {
+          const int64_t block = tables[s * max_blocks + positions[t] / 16], slot = block * 16 + positions[t] % 16;
+          for (int64_t h = 0; h < kv_heads; ++h) {
+            const int64_t row = cuda::kv8_row(block, h, positions[t] % 16, kv_heads);
+            const std::string what = name + " token " + std::to_string(t) + " head " + std::to_string(h);
+            expect_kv8_row(k_rows, row, k_pool.data() + slot * kv_width + h * head_dim, what + " K");
+            expect_kv8_row(v_rows, row, v_pool.data() + slot * kv_width + h * head_dim, what + " V");
+          }
+        }
+    }
+  }
+}
+
+// Decode over an int8 cache (the automatic kernel: tensor cores, the f32 tiles at head_dim 32), both
+// views, with and without split-K (contexts of 1 .. 9000), GQA 1-16, windows with sinks.
+TEST_F(Gpu, PagedDecodeInt8MatchesCpuAttentionOverItsCodes) {
+  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},     {32, 8, 128, 0},        {12, 12, 64, 0},
+                                            {28, 4, 128, 0},   {16, 1, 128, 0},        {9, 3, 64, 0},
+                                            {32, 8, 128, 256, 16}, {8, 4, 32, 200, 7}, {12, 12, 64, 64, 4},
+                                            {4, 2, 128, 8, 0, 0.0625f}, {4, 1, 256, 512}, {8, 1, 256, 0, 0, 0.0625f},
+                                            {6, 3, 256, 100, 16}, {3, 3, 256, 0}};
+  const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {9000, 33}, {64}, {65, 128, 129}};
+  cuda::set_decode_attention(cuda::DecodeAttention::automatic);
+  for (const AttentionCase& c : cases) {
+    for (const std::vector<int64_t>& contexts : batches) {
+      const int64_t seqs = static_cast<int64_t>(contexts.size());
+      const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+      const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+      Int8Cache cache(pool.num_blocks, c.kv_heads, c.head_dim);
+      auto d_tables = upload(pool.block_tables);
+      write_fixture_int8(pool, contexts, cache.paged(d_tables.as<int32_t>(), pool.max_blocks, qspec::KvView::full),
+                         c.kv_heads, c.head_dim);
+      const int64_t q_width = c.heads * c.head_dim, q_stride = q_width + 8 * 3;
+      const std::vector<float> q = random_f16_values(static_cast<size_t>(seqs * q_stride));
+      std::vector<int32_t> lens(contexts.begin(), contexts.end());
+      auto d_q = upload(to_f16(q));
+      auto d_lens = upload(lens);
+      const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+      auto d_workspace = poisoned(workspace_bytes);
+      cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
+      const qspec::cpu::AttentionShape shape = c.shape();
+      for (const qspec::KvView view : {qspec::KvView::full, qspec::KvView::high_nibble}) {
+        auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+        cuda::paged_attention_decode(d_q.as<f16>(), q_stride, seqs, d_lens.as<int32_t>(), max_context,
+                                     cache.paged(d_tables.as<int32_t>(), pool.max_blocks, view), shape, d_out.as<f16>(),
+                                     q_width, d_workspace.get(), workspace_bytes, nullptr);
+        const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(seqs * q_width)));
+        std::vector<std::vector<float>> keys, values;
+        int8_reference_rows(cache, pool, contexts, view, keys, values);
+        std::vector<float> expected(got.size());
+        for (int64_t s = 0; s < seqs; ++s) {
+          const int32_t position = static_cast<int32_t>(contexts[s] - 1);
+          qspec::cpu::attention(q.data() + s * q_stride, 1, &position, keys[s].data(), values[s].data(), shape,
+                                expected.data() + s * q_width);
+        }
+        std::string batch_name;
+        for (int64_t ctx : contexts) batch_name += " " + std::to_string(ctx);
+        EXPECT_CLOSE(got, expected, 4e-3, view_name(view) + std::string("decode ") + case_name(c) + " contexts" + batch_name);
+      }
+    }
+  }
+}
+
+// The folded decode (RoPE + the new token's quantized row + attention, one launch) over an int8
+// cache gives bitwise what rope_kv_write then paged_attention_decode give: the output and both
+// pools whole (the new rows start poisoned), in both views; and it matches the CPU over the codes.
+TEST_F(Gpu, PagedDecodeRopeInt8EqualsRopeKvWriteThenDecodeBitwise) {
+  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},  {32, 8, 128, 0}, {12, 12, 64, 0}, {16, 1, 128, 0},
+                                            {32, 8, 128, 256, 16}, {12, 12, 64, 100, 20}, {4, 1, 256, 0},
+                                            {16, 2, 256, 100, 16}};
+  const std::vector<std::vector<int64_t>> batches = {{1}, {17}, {5, 16, 300, 1}, {5000}, {65, 128, 129, 32, 33}};
+  cuda::set_decode_attention(cuda::DecodeAttention::automatic);
+  ASSERT_TRUE(cuda::decode_rope_folded()) << "run without QSPEC_DECODE_ROPE=separate";
+  for (const AttentionCase& c : cases) {
+    for (const std::vector<int64_t>& contexts : batches) {
+      for (const qspec::KvView view : {qspec::KvView::full, qspec::KvView::high_nibble}) {
+        const int64_t seqs = static_cast<int64_t>(contexts.size());
+        const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+        const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+        std::vector<int64_t> cached;  // every position but the new token's
+        std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1)), positions;
+        std::vector<int32_t> lens(contexts.begin(), contexts.end());
+        std::iota(query_start.begin(), query_start.end(), 0);
+        for (int64_t ctx : contexts) {
+          cached.push_back(ctx - 1);
+          positions.push_back(static_cast<int32_t>(ctx - 1));
+        }
+        const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width + 8;
+        const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
+        std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
+        for (int64_t i = 0; i < c.head_dim / 2; ++i)
+          inv_freq[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
+        auto d_tables = upload(pool.block_tables);
+        auto d_lens = upload(lens);
+        auto d_start = upload(query_start);
+        auto d_positions = upload(positions);
+        auto d_inv = upload(inv_freq);
+        const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
+        const qspec::cpu::AttentionShape shape = c.shape();
+        const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+        const std::string name = view_name(view) + case_name(c) + " contexts " + std::to_string(contexts.front()) +
+                                 ".. (" + std::to_string(seqs) + ")";
+        std::vector<uint8_t> pools[2][2];
+        std::vector<f16> outs[2], rows[2];
+        std::vector<std::vector<float>> keys, values;
+        for (int folded = 0; folded < 2; ++folded) {
+          Int8Cache cache(pool.num_blocks, c.kv_heads, c.head_dim);
+          const cuda::PagedKv kv = cache.paged(d_tables.as<int32_t>(), pool.max_blocks, view);
+          write_fixture_int8(pool, cached, kv, c.kv_heads, c.head_dim);
+          auto d_qkv = upload(qkv);
+          auto d_workspace = poisoned(workspace_bytes);
+          cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
+          auto d_out = poisoned(static_cast<size_t>(seqs * q_width) * 2);
+          if (folded) {
+            cuda::paged_attention_decode_rope(d_qkv.as<f16>(), stride, batch, d_lens.as<int32_t>(), d_inv.as<float>(),
+                                              1.0f, kv, shape, d_out.as<f16>(), q_width, d_workspace.get(),
+                                              workspace_bytes, nullptr);
+          } else {
+            cuda::rope_kv_write(d_qkv.as<f16>(), stride, c.heads, c.kv_heads, c.head_dim, batch, d_inv.as<float>(),
+                                1.0f, kv, nullptr);
+            cuda::paged_attention_decode(d_qkv.as<f16>(), stride, seqs, d_lens.as<int32_t>(), max_context, kv, shape,
+                                         d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+            rows[0] = download<f16>(d_qkv, qkv.size());  // rotated in place: the CPU reference's q
+            int8_reference_rows(cache, pool, contexts, view, keys, values);
+          }
+          outs[folded] = download<f16>(d_out, static_cast<size_t>(seqs * q_width));
+          pools[folded][0] = download<uint8_t>(cache.k, cache.bytes);
+          pools[folded][1] = download<uint8_t>(cache.v, cache.bytes);
+        }
+        ASSERT_TRUE(pools[1][0] == pools[0][0]) << name << ": K cache differs";
+        ASSERT_TRUE(pools[1][1] == pools[0][1]) << name << ": V cache differs";
+        ASSERT_TRUE(outs[1] == outs[0]) << name << ": output differs";
+        const std::vector<float> q_rotated = from_f16(rows[0]);
+        std::vector<float> expected(static_cast<size_t>(seqs * q_width));
+        for (int64_t s = 0; s < seqs; ++s)
+          qspec::cpu::attention(q_rotated.data() + s * stride, 1, &positions[s], keys[s].data(), values[s].data(), shape,
+                                expected.data() + s * q_width);
+        EXPECT_CLOSE(from_f16(outs[1]), expected, 4e-3, "folded decode " + name);
+      }
+    }
+  }
+}
+
+// Prefill and QSpec verify runs over an int8 cache (the runs' own rows written by paged_kv_write
+// first): multi-token runs, key warps 1 / 2 / 4, split-K over long caches, windows and sinks, both views.
+TEST_F(Gpu, PagedKvWriteInt8ThenPrefillMatchesCpuAttentionOverItsCodes) {
+  struct Run {
+    int64_t cached, new_tokens;
+  };
+  const std::vector<AttentionCase> cases = {{8, 4, 32, 0},  {32, 8, 128, 0}, {12, 12, 64, 0}, {28, 4, 128, 0},
+                                            {9, 3, 64, 0},  {32, 8, 128, 77}, {32, 8, 128, 77, 16},
+                                            {4, 2, 128, 8, 0, 0.0625f}, {4, 1, 256, 0}, {8, 2, 256, 77, 16}};
+  const std::vector<std::vector<Run>> batches = {{{0, 1}},   {{0, 17}, {40, 5}, {100, 1}}, {{5000, 5}}, {{0, 300}, {3, 64}},
+                                                 {{2000, 5}, {2000, 5}, {63, 2}, {1, 65}},
+                                                 {{3000, 4}, {700, 4}, {64, 4}}};
+  for (const AttentionCase& c : cases) {
+    for (const std::vector<Run>& runs : batches) {
+      std::vector<int64_t> contexts, cached;
+      for (const Run& r : runs) {
+        contexts.push_back(r.cached + r.new_tokens);
+        cached.push_back(r.cached);
+      }
+      const int64_t seqs = static_cast<int64_t>(runs.size());
+      const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
+      const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+      Int8Cache cache(pool.num_blocks, c.kv_heads, c.head_dim);
+      auto d_tables = upload(pool.block_tables);
+      const cuda::PagedKv kv_full = cache.paged(d_tables.as<int32_t>(), pool.max_blocks, qspec::KvView::full);
+      write_fixture_int8(pool, cached, kv_full, c.kv_heads, c.head_dim);  // the cached part (none for 0)
+      std::vector<int32_t> query_start{0}, positions;
+      int64_t max_run = 0;
+      for (size_t s = 0; s < runs.size(); ++s) {
+        for (int64_t p = runs[s].cached; p < contexts[s]; ++p) positions.push_back(static_cast<int32_t>(p));
+        query_start.push_back(static_cast<int32_t>(positions.size()));
+        max_run = std::max(max_run, runs[s].new_tokens);
+      }
+      const int64_t tokens = static_cast<int64_t>(positions.size());
+      const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width;
+      std::vector<float> qkv = random_f16_values(static_cast<size_t>(tokens * stride));
+      for (int64_t s = 0, t = 0; s < seqs; ++s)
+        for (int64_t p = runs[s].cached; p < contexts[s]; ++p, ++t)
+          for (int64_t i = 0; i < pool.kv_width; ++i) {
+            qkv[t * stride + q_width + i] = pool.keys[s][p * pool.kv_width + i];
+            qkv[t * stride + q_width + pool.kv_width + i] = pool.values[s][p * pool.kv_width + i];
+          }
+      auto d_qkv = upload(to_f16(qkv));
+      auto d_start = upload(query_start);
+      auto d_positions = upload(positions);
+      const cuda::QueryBatch batch{seqs, tokens, d_start.as<int32_t>(), d_positions.as<int32_t>(), max_run, max_context};
+      const f16* q = d_qkv.as<f16>();
+      cuda::paged_kv_write(q + q_width, q + q_width + pool.kv_width, stride, batch, kv_full, c.kv_heads, c.head_dim,
+                           nullptr);
+      std::vector<float> q_rows(static_cast<size_t>(tokens * q_width));
+      for (int64_t t = 0; t < tokens; ++t)
+        std::copy(qkv.begin() + t * stride, qkv.begin() + t * stride + q_width, q_rows.begin() + t * q_width);
+      const size_t workspace_bytes = cuda::attention_workspace_bytes(tokens, c.heads, c.head_dim, max_context);
+      auto d_workspace = poisoned(workspace_bytes);
+      cuda::attention_workspace_init(d_workspace.get(), workspace_bytes, nullptr);
+      const qspec::cpu::AttentionShape shape = c.shape();
+      for (const qspec::KvView view : {qspec::KvView::full, qspec::KvView::high_nibble}) {
+        auto d_out = poisoned(static_cast<size_t>(tokens * q_width) * 2);
+        cuda::paged_attention_prefill(q, stride, batch, cache.paged(d_tables.as<int32_t>(), pool.max_blocks, view), shape,
+                                      d_out.as<f16>(), q_width, d_workspace.get(), workspace_bytes, nullptr);
+        const std::vector<float> got = from_f16(download<f16>(d_out, static_cast<size_t>(tokens * q_width)));
+        std::vector<std::vector<float>> keys, values;
+        int8_reference_rows(cache, pool, contexts, view, keys, values);
+        std::vector<float> expected(got.size());
+        for (size_t s = 0; s < runs.size(); ++s) {
+          const int64_t first = query_start[s];
+          qspec::cpu::attention(q_rows.data() + first * q_width, runs[s].new_tokens, positions.data() + first,
+                                keys[s].data(), values[s].data(), shape, expected.data() + first * q_width);
+        }
+        std::string batch_name;
+        for (const Run& r : runs) batch_name += " " + std::to_string(r.cached) + "+" + std::to_string(r.new_tokens);
+        EXPECT_CLOSE(got, expected, 4e-3, view_name(view) + std::string("prefill ") + case_name(c) + " runs" + batch_name);
+      }
+    }
+  }
+}
+
+// What an int8 cache refuses: the decode kernels automatic does not pick (chunked; the f32 tiles at
+// head_dim 64 and up), and the 4-bit view of an f16 cache.
+TEST_F(Gpu, AttentionInt8RefusesOtherDecodeKernelsAndF16HighNibble) {
+  Int8Cache cache(2, 2, 64);
+  const std::vector<int32_t> tables = {0, 1};
+  auto d_tables = upload(tables);
+  const std::vector<int32_t> lens = {20};
+  auto d_lens = upload(lens);
+  auto d_q = upload(to_f16(random_f16_values(256)));
+  auto d_out = poisoned(512);
+  const qspec::cpu::AttentionShape shape{4, 2, 64, 0};
+  const cuda::PagedKv kv = cache.paged(d_tables.as<int32_t>(), 2, qspec::KvView::full);
+  for (const cuda::DecodeAttention kernel : {cuda::DecodeAttention::chunked, cuda::DecodeAttention::tiles}) {
+    cuda::set_decode_attention(kernel);
+    EXPECT_THROW(cuda::paged_attention_decode(d_q.as<f16>(), 256, 1, d_lens.as<int32_t>(), 20, kv, shape,
+                                              d_out.as<f16>(), 256, nullptr, 0, nullptr),
+                 qspec::Error);
+  }
+  cuda::set_decode_attention(cuda::DecodeAttention::automatic);
+  cuda::PagedKv f16_high{reinterpret_cast<f16*>(cache.k.get()), reinterpret_cast<f16*>(cache.v.get()),
+                         d_tables.as<int32_t>(), 2};
+  f16_high.view = qspec::KvView::high_nibble;
+  try {
+    cuda::paged_attention_decode(d_q.as<f16>(), 256, 1, d_lens.as<int32_t>(), 20, f16_high, shape, d_out.as<f16>(), 256,
+                                 nullptr, 0, nullptr);
+    ADD_FAILURE() << "the 4-bit view of an f16 cache was taken";
+  } catch (const qspec::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("high_nibble"), std::string::npos) << e.what();
+  }
 }
 
 // ---- GEMMs ---------------------------------------------------------------------------------

@@ -279,6 +279,10 @@ struct GpuLlama::State {
   GpuActivations activations = GpuActivations::f16;
   // The attention's view of the cache in the following steps (GpuLlama::set_kv_view).
   int64_t kv_window = 0, kv_sinks = 0;
+  // The cache's format (GpuLlamaOptions::kv_cache) and what the following steps read of it
+  // (GpuLlama::set_kv_cache_view).
+  KvCacheFormat kv_format = KvCacheFormat::f16;
+  KvView kv_read = KvView::full;
   // The lm_head's vocabulary subset in the following steps (GpuLlama::set_vocab_subset; 0: all of
   // it), over draft_head: the lm_head rows of the draft vocabulary's ids (set_draft_vocab), f16
   // [draft_ids rows, hidden] like the lm_head, scored into subset_logits [max_logit_rows, rows].
@@ -294,7 +298,20 @@ struct GpuLlama::State {
   DeviceMemory embedding, final_norm;  // f16 [vocab, hidden] (LlamaModel::input_embedding rows), f32
   Linear lm_head;
   std::vector<Layer> layers;
-  std::vector<DeviceMemory> k_pools, v_pools;
+  std::vector<DeviceMemory> k_pools, v_pools;  // a layer's K / V pool: f16 rows, or int8 planes + scales
+  std::vector<cuda::Kv8Planes> k8, v8;         // int8: the planes and scales inside k_pools / v_pools
+  // Layer l's cache as the kernels take it, with the view of the following steps.
+  cuda::PagedKv paged_kv(size_t l, const int32_t* tables) const {
+    cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
+    kv.format = kv_format;
+    if (kv_format == KvCacheFormat::int8) {
+      kv.k_pool = kv.v_pool = nullptr;  // the f16 pointers are not rows of an int8 pool
+      kv.k8 = k8[l];
+      kv.v8 = v8[l];
+    }
+    kv.view = kv_read;
+    return kv;
+  }
   DeviceMemory block_tables;  // [max_seqs, blocks_per_seq]: sequence s owns blocks s * blocks_per_seq ...
   // Step inputs, one device buffer filled by one copy: ids | positions | query_start | context_lens |
   // logit_rows | run tables. The run tables ([runs, blocks_per_seq], the block-table rows of the
@@ -323,7 +340,7 @@ struct GpuLlama::State {
   // (batch, context bucket, whether run r is sequence r, activations, kv view): graphs read the
   // block tables there.
   // A draft's diet: its KV view (window, sinks) and its vocabulary subset.
-  using KvViewKey = std::tuple<int64_t, int64_t, int64_t>;
+  using KvViewKey = std::tuple<int64_t, int64_t, int64_t, KvView>;
   std::map<std::tuple<int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> decode_graphs;
   // (runs, tokens a run, context bucket, whether run r is sequence r, activations, kv view): verify steps.
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> verify_graphs_by_shape;
@@ -543,7 +560,7 @@ struct GpuLlama::State {
       return;
     }
     const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    auto key = std::make_tuple(runs, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset});
+    auto key = std::make_tuple(runs, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset, kv_read});
     auto found = decode_graphs.find(key);
     if (found == decode_graphs.end()) {
       cuda::Graph graph =
@@ -564,7 +581,7 @@ struct GpuLlama::State {
       return;
     }
     const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset});
+    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset, kv_read});
     auto found = verify_graphs_by_shape.find(key);
     if (found == verify_graphs_by_shape.end()) {
       cuda::Graph graph = cuda::Graph::capture(
@@ -636,8 +653,14 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
 
   // Everything below must fit next to the weights: check before allocating (a clear error at
   // load time instead of a failed allocation half way through).
+  kv_format = options.kv_cache;
+  const int64_t pool_blocks = max_seqs * blocks_per_seq;
+  if (kv_format == KvCacheFormat::int8)
+    QSPEC_CHECK(cuda::attention_head_dim_supported(c.head_dim), "GPU model: an int8 KV cache at head_dim ", c.head_dim);
   const size_t pool_bytes =
-      static_cast<size_t>(max_seqs * blocks_per_seq * cuda::kKvBlockSize) * static_cast<size_t>(c.kv_dim()) * 2;
+      kv_format == KvCacheFormat::int8
+          ? cuda::kv8_pool_bytes(pool_blocks, c.num_kv_heads, c.head_dim)
+          : static_cast<size_t>(pool_blocks * cuda::kKvBlockSize) * static_cast<size_t>(c.kv_dim()) * 2;
   const size_t t = static_cast<size_t>(max_step_tokens);
   const size_t activation_bytes =
       t * 2 * static_cast<size_t>(2 * c.hidden_size + qkv_width() + c.q_dim() + c.hidden_size + 2 * c.intermediate_size +
@@ -691,6 +714,10 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     k_pools.push_back(allocate(pool_bytes, "K cache"));
     v_pools.push_back(allocate(pool_bytes, "V cache"));
+    if (kv_format == KvCacheFormat::int8) {
+      k8.push_back(cuda::kv8_planes_in(k_pools.back().get(), pool_blocks, c.num_kv_heads, c.head_dim));
+      v8.push_back(cuda::kv8_planes_in(v_pools.back().get(), pool_blocks, c.num_kv_heads, c.head_dim));
+    }
   }
   std::vector<int32_t> table(static_cast<size_t>(max_seqs * blocks_per_seq));
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
@@ -928,9 +955,22 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   s.allocate_runtime(options);
   // The cache holds random values too (benchmarks attend to contexts they never prefilled).
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const size_t halves = s.k_pools[static_cast<size_t>(l)].bytes() / 2;
-    cuda::fill_random_f16(s.k_pools[static_cast<size_t>(l)].as<f16_bits>(), halves, -1.0f, 1.0f, seed + 11 + l, s.stream);
-    cuda::fill_random_f16(s.v_pools[static_cast<size_t>(l)].as<f16_bits>(), halves, -1.0f, 1.0f, seed + 13 + l, s.stream);
+    const size_t li = static_cast<size_t>(l);
+    if (s.kv_format == KvCacheFormat::int8) {
+      // Random plane bytes (any byte is two valid nibbles) and scales of rows of values in [-1, 1].
+      for (const cuda::Kv8Planes* planes : {&s.k8[li], &s.v8[li]}) {
+        const size_t plane_halves = static_cast<size_t>(planes->low - planes->high);  // 2 planes' bytes / 2
+        const uint64_t salt = planes == &s.k8[li] ? 11 : 13;
+        cuda::fill_random_f16(reinterpret_cast<f16_bits*>(planes->high), plane_halves, -1.0f, 1.0f, seed + salt + l,
+                              s.stream);
+        const size_t scales = static_cast<size_t>(s.max_seqs * s.blocks_per_seq * cuda::kKvBlockSize * c.num_kv_heads);
+        cuda::fill_random_f16(planes->scales, scales, 0.5f / 127, 1.0f / 127, seed + salt + 2 + l, s.stream);
+      }
+      continue;
+    }
+    const size_t halves = s.k_pools[li].bytes() / 2;
+    cuda::fill_random_f16(s.k_pools[li].as<f16_bits>(), halves, -1.0f, 1.0f, seed + 11 + l, s.stream);
+    cuda::fill_random_f16(s.v_pools[li].as<f16_bits>(), halves, -1.0f, 1.0f, seed + 13 + l, s.stream);
   }
   cuda::stream_synchronize(s.stream);
   gpu->lengths_.assign(static_cast<size_t>(s.max_seqs), 0);
@@ -967,7 +1007,7 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
   cuda::embedding(input_ids(), tokens, embedding.as<f16_bits>(), c.vocab_size, hidden, xs, stream);
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& layer = layers[l];
-    const cuda::PagedKv kv{k_pools[l].as<f16_bits>(), v_pools[l].as<f16_bits>(), tables, blocks_per_seq};
+    const cuda::PagedKv kv = paged_kv(l, tables);
     // The layer's window (Gemma 3's sliding layers) narrowed by a draft's view, and its scale.
     const cpu::AttentionShape shape = attention_shape(c, static_cast<int64_t>(l), kv_window, kv_sinks);
     const float* inv_freq = layer.inv_freq.as<float>();
@@ -1337,6 +1377,15 @@ void GpuLlama::set_kv_view(int64_t window, int64_t sinks) {
   state_->kv_sinks = window > 0 ? sinks : 0;
 }
 
+void GpuLlama::set_kv_cache_view(KvView view) {
+  QSPEC_CHECK(view == KvView::full || state_->kv_format == KvCacheFormat::int8,
+              "GPU model: the 4-bit KV view (a /k4 draft) reads an int8 KV cache; this model's cache is ",
+              kv_cache_format_name(state_->kv_format), " (--kv-cache int8)");
+  state_->kv_read = view;
+}
+
+KvCacheFormat GpuLlama::kv_cache_format() const { return state_->kv_format; }
+
 void GpuLlama::set_draft_vocab(std::span<const int32_t> ids) {
   State& s = *state_;
   const ModelConfig& c = s.config;
@@ -1412,7 +1461,8 @@ size_t GpuLlama::weight_bytes() const {
 
 size_t GpuLlama::kv_bytes_per_position() const {
   const ModelConfig& c = state_->config;
-  return static_cast<size_t>(c.num_layers * 2 * c.kv_dim() * 2);
+  return static_cast<size_t>(c.num_layers) * 2 *
+         cuda::kv_pool_bytes_per_position(state_->kv_format, c.num_kv_heads, c.head_dim);
 }
 
 size_t GpuLlama::device_bytes() const {

@@ -34,6 +34,7 @@
 #include "qspec/decode_plan.h"
 #include "gemm/policy_map.h"
 #include "model/llama.h"
+#include "ops/kv_int8.h"
 #include "quant/formats.h"
 #include "qspec/sampling.h"
 
@@ -73,6 +74,10 @@ struct GpuLlamaOptions {
   // other partitions), automatic beyond 16 tokens; never: the GEMM, then silu_mul.
   enum class Swiglu { automatic, always, never };
   Swiglu swiglu = Swiglu::automatic;
+  // What the KV cache stores (ops/kv_int8.h; `--kv-cache f16|int8`): f16 rows, or int8 codes with a
+  // scale a (token, KV head) row in two nibble planes (cuda::Kv8Planes), half the bytes. Every mode
+  // and draft of the model shares the one cache; GpuLlama::set_kv_cache_view picks what a pass reads.
+  KvCacheFormat kv_cache = KvCacheFormat::f16;
 };
 
 // The shapes of a well-known model, for synthetic runs: "llama3-8b", "llama2-7b", "qwen2.5-7b"
@@ -163,6 +168,12 @@ class GpuLlama {
   // The attention's view of the cache in the following steps (a QSpec draft's sparse view,
   // RunMode::kv_window / kv_sinks; 0: the whole cache). Decode graphs are kept per view.
   void set_kv_view(int64_t window, int64_t sinks);
+  // What the following steps' attention reads of an int8 cache (GpuLlamaOptions::kv_cache): every
+  // bit (KvView::full: the verify, plain steps, full-view drafts) or the high nibbles only (a `/k4`
+  // draft: a quarter of an f16 cache's K/V bytes). Writes always store whole rows. Throws for
+  // high_nibble on an f16 cache. Decode and verify graphs are kept per view.
+  void set_kv_cache_view(KvView view);
+  KvCacheFormat kv_cache_format() const;
   // A QSpec draft's vocabulary subset (RunMode::vocab_subset): set_draft_vocab copies the lm_head
   // rows of `ids` (the draft vocabulary table's ranking, most frequent first) on the device;
   // set_vocab_subset(n) makes the following steps score the first n of them only, every other
@@ -187,7 +198,7 @@ class GpuLlama {
   int64_t max_context() const;
   size_t device_bytes() const;  // weights + cache + scratch held on the GPU
   size_t weight_bytes() const;  // what one decode step reads of weights (lm_head included, embedding not)
-  size_t kv_bytes_per_position() const;  // K + V of one position, all layers
+  size_t kv_bytes_per_position() const;  // K + V of one position, all layers (int8: codes and scales)
   int64_t graphs_captured() const;
   // Layers whose SwiGLU ran in the gate_up GEMM's epilogue, over every forward pass enqueued
   // (captured into a graph or launched).

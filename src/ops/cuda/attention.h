@@ -9,6 +9,7 @@
 
 #include "ops/cuda/device.h"
 #include "ops/attention.h"
+#include "ops/kv_int8.h"
 
 namespace qspec::cuda {
 
@@ -46,12 +47,62 @@ inline std::string attention_head_dims_text() {
 // rather than at its first prefill.
 void check_attention_runs_here(int64_t head_dim);
 
+// ---- the 8-bit cache (KvCacheFormat::int8; the numbers are ops/kv_int8.h's) ----------------
+// A layer's K (and its V) is three arrays, each block of the pool holding its kKvBlockSize
+// positions head by head, so that the 16 rows of one KV head a decode or prefill block reads are
+// one contiguous run (full 32-byte sectors at every head_dim, one sector of scales):
+//   high   [num_blocks][num_kv_heads][kKvBlockSize][head_dim / 2] bytes: each code's high 4 bits
+//          (two's complement, code >> 4), two codes a byte;
+//   low    the same shape: each code's low 4 bits (code & 15);
+//   scales [num_blocks][num_kv_heads][kKvBlockSize] f16: the row's kv8 scale.
+// A 4-bit-view pass (KvView::high_nibble) reads only `high` and `scales`: a quarter of the f16
+// cache's bytes. Within a plane row, each 4-byte word holds 8 consecutive elements, element e of
+// the word in nibble (e / 2) + 4 (e % 2) (little-endian nibble order: bits 4n .. 4n + 3), so
+// that one mask of 0x000F000F picks the pair (2i, 2i + 1) into the two halves of an f16x2
+// (kernels/kv_int8.cuh): kv8_nibble_index gives an element's nibble in its row.
+struct Kv8Planes {
+  uint8_t* high = nullptr;
+  uint8_t* low = nullptr;
+  f16_bits* scales = nullptr;
+};
+// The nibble of a plane row (byte index / 2, bits 4 (index % 2) ..) that holds element e.
+constexpr int64_t kv8_nibble_index(int64_t e) { return e / 8 * 8 + (e % 8) / 2 + 4 * (e % 2); }
+// The row of (pool block, KV head, position in the block) in the planes (head_dim / 2 bytes a
+// row) and the scales (one a row).
+constexpr int64_t kv8_row(int64_t block, int64_t kv_head, int64_t slot, int64_t num_kv_heads) {
+  return (block * num_kv_heads + kv_head) * kKvBlockSize + slot;
+}
+// Bytes of one int8 pool (K or V of a layer) of num_blocks blocks in one allocation: the high
+// plane, the low plane, then the scales, each 256-byte aligned (kv8_planes_in carves them).
+size_t kv8_pool_bytes(int64_t num_blocks, int64_t num_kv_heads, int64_t head_dim);
+Kv8Planes kv8_planes_in(void* pool, int64_t num_blocks, int64_t num_kv_heads, int64_t head_dim);
+// Bytes one position takes in one layer's K or V pool: num_kv_heads * head_dim * 2 in f16,
+// num_kv_heads * (head_dim + 2) in int8 (codes and a scale a row).
+size_t kv_pool_bytes_per_position(KvCacheFormat format, int64_t num_kv_heads, int64_t head_dim);
+
+// A layer's cache as the kernels see it. f16: k_pool / v_pool, [num_blocks, kKvBlockSize,
+// num_kv_heads * head_dim] (above). int8: k8 / v8 (layout above), k_pool / v_pool unused. Every
+// write stores whole rows (f16 values, or both planes and the scale); `view` is what the
+// attention of this pass reads (the verify, plain steps and full-view drafts: full; a `/k4`
+// draft: high_nibble, int8 only). The block tables and the positions are the same in both.
 struct PagedKv {
+  PagedKv() = default;
+  // An f16 cache (the fields after max_blocks_per_seq keep their defaults).
+  PagedKv(f16_bits* k, f16_bits* v, const int32_t* tables, int64_t max_blocks)
+      : k_pool(k), v_pool(v), block_tables(tables), max_blocks_per_seq(max_blocks) {}
   f16_bits* k_pool = nullptr;
   f16_bits* v_pool = nullptr;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
   int64_t max_blocks_per_seq = 0;
+  KvCacheFormat format = KvCacheFormat::f16;
+  Kv8Planes k8, v8;
+  KvView view = KvView::full;
+  bool int8() const { return format == KvCacheFormat::int8; }
 };
+// Throws (naming `op`) unless the kernels take kv's format and view at this head_dim: the 4-bit
+// view only on an int8 cache; int8 at the head_dims of kAttentionHeadDims with its six arrays
+// present and 16-byte aligned.
+void check_paged_kv(const char* op, const PagedKv& kv, int64_t head_dim);
 
 // A batch of query runs: sequence s owns tokens query_start[s] .. query_start[s + 1] - 1 of
 // q / out (device arrays), token t sits at positions[t] and attends causally to positions

@@ -11,6 +11,11 @@
 #include "ops/cuda/ops.h"
 
 namespace qspec::cuda {
+namespace detail {
+// paged_attention_decode_int8.cu: the tiles kernel's INT8 instances.
+void launch_decode_int8(const kernels::DecodeParams& params, int64_t head_dim, int heads_per_block, dim3 grid,
+                        cudaStream_t stream);
+}  // namespace detail
 namespace {
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
 std::atomic<int> decode_attention_override{-1};
@@ -85,8 +90,8 @@ bool decode_rope_folded() {
 namespace {
 // Both entry points check first, so the folded call's two-launch fallback never runs
 // rope_kv_write on a shape the attention would refuse.
-void check_decode_shape(const char* op, const cpu::AttentionShape& shape, int64_t q_stride, int64_t out_stride,
-                        int64_t num_seqs, int64_t max_context) {
+void check_decode_shape(const char* op, const cpu::AttentionShape& shape, const PagedKv& kv, int64_t q_stride,
+                        int64_t out_stride, int64_t num_seqs, int64_t max_context) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
   QSPEC_CHECK(attention_head_dim_supported(D), "cuda::", op, ": head_dim ", D, " (supported: ",
               attention_head_dims_text(), ")");
@@ -96,6 +101,14 @@ void check_decode_shape(const char* op, const cpu::AttentionShape& shape, int64_
               shape.sliding_window, " / sinks ", shape.sink_tokens);
   QSPEC_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_context > 0, "cuda::", op, ": bad batch (", num_seqs,
               " sequences, max_context ", max_context, ")");
+  check_paged_kv(op, kv, D);
+  // An int8 cache has the kernel automatic picks only (tensor cores; the f32 tiles at head_dim 32).
+  const DecodeAttention choice = decode_attention();
+  QSPEC_CHECK(!kv.int8() || choice == DecodeAttention::automatic || choice == DecodeAttention::mma ||
+                  (choice == DecodeAttention::tiles && D == 32),
+              "cuda::", op, ": an int8 KV cache runs on the automatic decode attention (mma), not ",
+              choice == DecodeAttention::chunked ? "chunked" : "tiles", " at head_dim ", D,
+              " (QSPEC_DECODE_ATTENTION / set_decode_attention)");
 }
 
 // rope.positions null: q arrives rotated and the cache holds the new K/V.
@@ -147,6 +160,13 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   }
   const dim3 grid(static_cast<unsigned>(KV * head_chunks), static_cast<unsigned>(num_seqs), static_cast<unsigned>(splits));
   cudaStream_t s = as_stream(stream);
+  if (kv.int8()) {
+    params.k8 = kv.k8;
+    params.v8 = kv.v8;
+    params.high_only = kv.view == KvView::high_nibble;
+    detail::launch_decode_int8(params, D, heads_per_block, grid, s);
+    return;
+  }
   if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
   else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
   else if (D == 128) launch_decode_d<128>(params, heads_per_block, grid, s);
@@ -162,7 +182,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
 void paged_attention_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const int32_t* context_lens,
                             int64_t max_context, const PagedKv& kv, const cpu::AttentionShape& shape, f16_bits* out,
                             int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream) {
-  check_decode_shape("paged_attention_decode", shape, q_stride, out_stride, num_seqs, max_context);
+  check_decode_shape("paged_attention_decode", shape, kv, q_stride, out_stride, num_seqs, max_context);
   launch_decode(q, q_stride, num_seqs, context_lens, max_context, kv, shape, out, out_stride, workspace,
                 workspace_bytes, stream, kernels::DecodeRope{});
 }
@@ -173,7 +193,7 @@ void paged_attention_decode_rope(f16_bits* qkv, int64_t qkv_stride, const QueryB
                                  int64_t out_stride, void* workspace, size_t workspace_bytes, void* stream,
                                  const QkvPrologue& prologue) {
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
-  check_decode_shape("paged_attention_decode_rope", shape, qkv_stride, out_stride, batch.num_seqs, batch.max_context);
+  check_decode_shape("paged_attention_decode_rope", shape, kv, qkv_stride, out_stride, batch.num_seqs, batch.max_context);
   QSPEC_CHECK(batch.num_tokens == batch.num_seqs && batch.max_query_len <= 1,
               "cuda::paged_attention_decode_rope: a decode batch has one token a sequence (", batch.num_tokens,
               " tokens, ", batch.num_seqs, " sequences)");

@@ -35,27 +35,13 @@ void check_attention_runs_here(int64_t head_dim) {
               " gives a block at most ", device.sharedMemPerBlockOptin);
 }
 
-namespace {
-template <int D, int KW>
-void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
-  constexpr size_t bytes = kernels::PrefillSmem<D>::kBytes;
-  static bool configured = false;  // per instantiation; attribute setting is idempotent
-  if (!configured) {
-    check_attention_runs_here(D);  // the opt-in below fails on a device without that much
-    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D, KW>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    configured = true;
-  }
-  launch_pdl(kernels::paged_attention_prefill_kernel<D, KW>, dim3(grid), dim3(128), bytes, stream, params);
-  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_prefill_kernel");
-}
+namespace detail {
+// paged_attention_prefill_int8.cu: the INT8 instances.
+void launch_prefill_int8(const kernels::PrefillParams& params, int64_t head_dim, int key_warps, dim3 grid,
+                         cudaStream_t stream);
+}  // namespace detail
 
-template <int D>
-void launch_prefill_kw(int key_warps, const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
-  if (key_warps == 4) launch_prefill_d<D, 4>(params, grid, stream);
-  else if (key_warps == 2) launch_prefill_d<D, 2>(params, grid, stream);
-  else launch_prefill_d<D, 1>(params, grid, stream);
-}
+namespace {
 
 // Warps that split a tile's keys (kernels::kPrefillBlockRows): as many as keep every row group
 // full of a run's (token, head) rows. QSPEC_PREFILL_KEY_WARPS=1|2|4 forces one (A/B runs).
@@ -86,6 +72,7 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
                   batch.max_context > 0,
               "cuda::paged_attention_prefill: bad batch (", batch.num_seqs, " sequences, ", batch.num_tokens,
               " tokens, max_query_len ", batch.max_query_len, ", max_context ", batch.max_context, ")");
+  check_paged_kv("paged_attention_prefill", kv, D);
   if (batch.num_seqs == 0 || batch.max_query_len == 0 || batch.num_tokens == 0) return;
   const int64_t group = H / KV;
   const int key_warps = prefill_key_warps(batch.max_query_len * group);
@@ -129,10 +116,20 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch.num_seqs),
                   static_cast<unsigned>(KV * splits));
   cudaStream_t s = as_stream(stream);
-  if (D == 32) launch_prefill_kw<32>(key_warps, params, grid, s);
-  else if (D == 64) launch_prefill_kw<64>(key_warps, params, grid, s);
-  else if (D == 128) launch_prefill_kw<128>(key_warps, params, grid, s);
-  else launch_prefill_kw<256>(key_warps, params, grid, s);
+  if (kv.int8()) {
+    params.k8 = kv.k8;
+    params.v8 = kv.v8;
+    params.high_only = kv.view == KvView::high_nibble;
+    detail::launch_prefill_int8(params, D, key_warps, grid, s);
+  } else if (D == 32) {
+    detail::launch_prefill_kw<32, false>(key_warps, params, grid, s);
+  } else if (D == 64) {
+    detail::launch_prefill_kw<64, false>(key_warps, params, grid, s);
+  } else if (D == 128) {
+    detail::launch_prefill_kw<128, false>(key_warps, params, grid, s);
+  } else {
+    detail::launch_prefill_kw<256, false>(key_warps, params, grid, s);
+  }
   if (splits > 1)
     detail::launch_attention_combine(workspace, splits, rows, H, D, reinterpret_cast<__half*>(out), out_stride, s);
 }

@@ -1,6 +1,7 @@
 // Launcher of the fused RoPE + paged KV write (attention.h rope_kv_write), with or without a
 // family's q/k/v biases and q/k norms.
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/kv_int8.cuh"
 #include "ops/cuda/kernels/rope_kv_write.cuh"
 #include "ops/cuda/ops.h"
 
@@ -26,6 +27,7 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
               "cuda::rope_kv_write: q_norm and k_norm come together");
   QSPEC_CHECK(!prologue.any() || head_dim <= 64 * kernels::kPrologueMaxPairsPerLane, "cuda::rope_kv_write: head_dim ",
               head_dim, " above ", 64 * kernels::kPrologueMaxPairsPerLane, " with biases or q/k norms");
+  check_paged_kv("rope_kv_write", kv, head_dim);
   if (batch.num_seqs == 0 || batch.max_query_len == 0) return;
   const bool vec = width % 8 == 0 && q_dim % 8 == 0 && row_stride % 8 == 0 && is_aligned_16(qkv) &&
                    is_aligned_16(kv.k_pool) && is_aligned_16(kv.v_pool);
@@ -43,6 +45,15 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
   params.max_blocks = kv.max_blocks_per_seq;
   params.k_pool = reinterpret_cast<__half*>(kv.k_pool);
   params.v_pool = reinterpret_cast<__half*>(kv.v_pool);
+  // An int8 cache: the q and k heads rotated in place (cuda::rope, or the prologue kernel writing no
+  // cache), then paged_kv_write quantizes the rotated k and the v rows whole (a row's scale needs
+  // all of it, which rope_kv_write_kernel's threads do not hold). The rows are bitwise the f16
+  // path's, so the codes are kv8's of what an f16 cache would hold. One launch more than the f16
+  // cache's (to fold later: a warp a head, as in the prologue kernel).
+  const auto write_int8 = [&] {
+    detail::paged_kv_write_int8(qkv + q_dim, qkv + q_dim + width, row_stride, batch, kv, num_kv_heads, head_dim,
+                                as_stream(stream));
+  };
   if (prologue.any()) {
     params.bias = prologue.bias;
     params.q_norm = prologue.q_norm;
@@ -53,8 +64,20 @@ void rope_kv_write(f16_bits* qkv, int64_t row_stride, int64_t num_heads, int64_t
     const int64_t parts = std::min<int64_t>((heads + 7) / 8, 64);
     const dim3 grid(static_cast<unsigned>(batch.max_query_len), static_cast<unsigned>(batch.num_seqs),
                     static_cast<unsigned>(parts));
-    launch_pdl(kernels::rope_kv_write_prologue_kernel, grid, dim3(256), 0, as_stream(stream), params);
+    if (kv.int8()) {
+      launch_pdl(kernels::rope_kv_write_prologue_kernel<false>, grid, dim3(256), 0, as_stream(stream), params);
+      QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_prologue_kernel");
+      write_int8();
+      return;
+    }
+    launch_pdl(kernels::rope_kv_write_prologue_kernel<true>, grid, dim3(256), 0, as_stream(stream), params);
     QSPEC_CUDA_CHECK_LAUNCH("rope_kv_write_prologue_kernel");
+    return;
+  }
+  if (kv.int8()) {
+    rope(qkv, batch.num_tokens, num_heads + num_kv_heads, head_dim, row_stride, batch.positions, inv_freq,
+         attention_scaling, stream);
+    write_int8();
     return;
   }
   // One rotation (and at most one V vector) a thread: 256-thread blocks, as many a token as that takes.

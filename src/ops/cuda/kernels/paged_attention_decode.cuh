@@ -2,6 +2,7 @@
 // KV head, up to GM of its query heads, one sequence and one split of the context; K and V
 // are read once per block with 16-byte loads, scores and softmax in f32 (log2 domain).
 #pragma once
+#include "ops/cuda/attention.h"
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_combine.cuh"
 
@@ -40,6 +41,10 @@ struct DecodeParams {
   float2* part_ml;     // splits > 1: [splits][num_seqs * num_heads]
   unsigned* counters;  // splits > 1: one per (sequence, blockIdx.x), zero before and after a launch
   DecodeRope rope;
+  // An int8 cache (the tiles kernel's INT8 instances; attention.h Kv8Planes): its K and V planes
+  // and scales (k_pool / v_pool unused), and whether this pass reads the high nibbles only.
+  Kv8Planes k8, v8;
+  bool high_only;
 };
 
 inline constexpr int kDecodeWarps = 4;
@@ -116,9 +121,10 @@ __device__ __forceinline__ DecodeThread decode_thread(const DecodeParams& p) {
 
 // Each query head's score against one key in f32 FMAs: this lane's 8 elements, summed over the
 // key's LPK lanes; the key's first lane stores it at logits[g][index] when `store`.
+// key_scale: an int8 cache's K scale (key holds codes), 1 for an f16 cache.
 template <int D, int GM, int N>
 __device__ __forceinline__ void score_key(const float (&qr)[GM][8], const uint4& key, int li, bool store,
-                                          float (&logits)[GM][N], int index) {
+                                          float (&logits)[GM][N], int index, float key_scale = 1.0f) {
   constexpr int LPK = D / 8;
   float kf[8];
   half8_to_float(key, kf);
@@ -129,7 +135,7 @@ __device__ __forceinline__ void score_key(const float (&qr)[GM][8], const uint4&
     for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], kf[e], dot);
 #pragma unroll
     for (int offset = LPK / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    if (li == 0 && store) logits[g][index] = dot;
+    if (li == 0 && store) logits[g][index] = dot * key_scale;
   }
 }
 

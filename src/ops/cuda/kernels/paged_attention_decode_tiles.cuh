@@ -33,6 +33,7 @@
 // scaled after the mma. Each warp's P V accumulators are whole for its dimensions, so the block
 // needs no reduction at the end.
 #pragma once
+#include "ops/cuda/kernels/kv_int8.cuh"
 #include "ops/cuda/kernels/paged_attention_decode.cuh"
 #include "ops/cuda/kernels/paged_kv_write.cuh"  // kv_pool_row
 #include "ops/cuda/kernels/rope.cuh"
@@ -102,9 +103,12 @@ __device__ __forceinline__ float2 column_pair(const float* x, int in_group, int 
 // Scores of a 16-key row tile (keys key0 .. key0 + 15 of the tile) against the 8 query-head
 // columns (q_frag: Q^T's B fragments, D / 16 k steps), in two accumulator chains (even and odd k
 // steps: half the dependent mma latency), scaled into log2 units into logits[head][key].
-template <int D, int GM, int TILE>
+// KEY_SCALES (an int8 cache): the tile holds codes, and each key's score is multiplied by its K
+// scale, key_scales[key] (the scale folded into the score: q . code in f32, then one multiply).
+template <int D, int GM, int TILE, bool KEY_SCALES = false>
 __device__ __forceinline__ void mma_tile_scores(const __half* k_tile, int key0, const uint32_t (&q_frag)[D / 16][2],
-                                                float scale_log2, float (&logits)[GM][TILE]) {
+                                                float scale_log2, float (&logits)[GM][TILE],
+                                                const float* key_scales = nullptr) {
   const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
   float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f}, scores_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int key = key0 + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -117,7 +121,12 @@ __device__ __forceinline__ void mma_tile_scores(const __half* k_tile, int key0, 
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int h = 2 * in_group + (c & 1);  // scores[c]: key key0 + group_id (+ 8), head h
-    if (h < GM) logits[h][key0 + group_id + (c >> 1) * 8] = (scores[c] + scores_odd[c]) * scale_log2;
+    const int key = key0 + group_id + (c >> 1) * 8;
+    if constexpr (KEY_SCALES) {
+      if (h < GM) logits[h][key] = (scores[c] + scores_odd[c]) * scale_log2 * key_scales[key];
+    } else {
+      if (h < GM) logits[h][key] = (scores[c] + scores_odd[c]) * scale_log2;
+    }
   }
 }
 
@@ -223,9 +232,21 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
   } while (0)
 #endif
 
+// INT8 (an int8 cache, attention.h Kv8Planes; the instances automatic runs: MMA at head_dim 64 and
+// up, the f32 tiles at 32): a stage holds each key's row of bytes (K high, K low, V high, V low
+// plane rows, head_dim / 2 bytes each; a lane copies one 16-byte piece of it, the low planes'
+// lanes none in a high-nibble pass) and the two scales (4-byte copies of the slot pair's word).
+// After a tile's copies are in, each thread turns its keys' 8-element chunks (the f16 copies'
+// assignment) into f16 in registers (kv8_chunk_to_half) and stores them into one f16 tile, which
+// the scores and P V then read as they read an f16 cache's. K stays codes, exact in f16 whatever
+// the scale, and its scale multiplies the f32 score; V is stored as value * scale in f16 (what an
+// f16 cache would hold): its scale cannot go into P, which the mma takes in f16, without P * scale
+// falling into f16's subnormals for small scales. The new token's row (RoPE folded in) is
+// quantized from registers as paged_kv_write quantizes it (a row's amax over its D / 8 lanes) and
+// its chunk replaces the stale copy at conversion.
 // D: head_dim (32, 64, 128, 256; MMA: 64 and up); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
-template <int D, int GM, bool MMA = false>
+template <int D, int GM, bool MMA = false, bool INT8 = false>
 __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
   static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 and up (8 chunks a key row for the swizzle)");
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
@@ -236,8 +257,15 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
   static_assert(!MMA || (TILE % 16 == 0 && TILE / 16 <= kDecodeWarps),
                 "MMA: a tile is whole 16-key row tiles, a score warp each");
-  __shared__ __align__(16) __half k_tiles[kDecodeStages][TILE * D];  // a tile's key j at j * D
-  __shared__ __align__(16) __half v_tiles[kDecodeStages][TILE * D];
+  // INT8: one f16 tile (converted from the stage's bytes), the stages in kv8_rows.
+  constexpr int kF16Stages = INT8 ? 1 : kDecodeStages;
+  __shared__ __align__(16) __half k_tiles[kF16Stages][TILE * D];  // a tile's key j at j * D
+  __shared__ __align__(16) __half v_tiles[kF16Stages][TILE * D];
+  // INT8 only (absent from the f16 instances: unused shared arrays are not allocated): key j's
+  // plane rows at j * 2D, its K and V scale pair words, the tile's K scales in f32.
+  __shared__ __align__(16) uint8_t kv8_rows[INT8 ? kDecodeStages : 1][INT8 ? TILE * 2 * D : 16];
+  __shared__ uint32_t kv8_scale_pairs[INT8 ? kDecodeStages : 1][2][INT8 ? TILE : 1];
+  __shared__ float key_scales[INT8 ? TILE : 1];
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
@@ -283,7 +311,30 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
   // the table entry there may be no block).
+  // INT8: lane li copies piece li % (D / 32) of plane li / (D / 32) (K high, K low, V high, V low)
+  // of each of its keys' rows; lanes 0 and 1 the K and V scale pair words.
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
+    if constexpr (INT8) {
+      constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row
+      const int plane = li / kPieces;
+      const uint8_t* source = plane == 0 ? p.k8.high : plane == 1 ? p.k8.low : plane == 2 ? p.v8.high : p.v8.low;
+      const bool copies = !(p.high_only && (plane & 1));  // a high-nibble pass reads no low plane
+      if (tile_begin < end) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int j = tile_begin + key_offset(u);
+          const int64_t row = j < end ? kv8_row(blocks[u], kv_head, view.position(j) & 15, p.num_kv_heads) : 0;
+          if (copies)
+            cp_async_16(smem_address(kv8_rows[stage] + key_offset(u) * 2 * D + li * 16),
+                        source + row * (D / 2) + (li % kPieces) * 16, j < end ? 16 : 0);
+          if (li < 2)
+            cp_async_4(smem_address(&kv8_scale_pairs[stage][li][key_offset(u)]),
+                       (li == 0 ? p.k8.scales : p.v8.scales) + (row & ~int64_t{1}), j < end ? 4 : 0);
+        }
+      }
+      cp_async_commit();
+      return;
+    }
     if (tile_begin < end) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -403,6 +454,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // cache gets the key below), and the thread that copied it overwrites its own copy once the
   // tile is in (only that thread reads it back, so no barrier). Each pair's angle once a block.
   uint4 new_k = make_uint4(0, 0, 0, 0);
+  Kv8Chunk new_k8{0u, 0u}, new_v8{0u, 0u};  // INT8: the new row's chunks as the cache holds them, and scales
+  float new_k_scale = 0.0f, new_v_scale = 0.0f;
   if (rope) {
     const bool holds_new_key = new_key >= begin && new_key < end;
     __syncthreads();  // the angles
@@ -433,7 +486,13 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     if (holds_new_key) {
       new_k = rope_slice<D>(k_own, k_partner, li, cosine, sine);
       // The cache gets it from one block of the head chunks (warp 0's first key lanes, a slice each).
-      if (chunk_of_heads == 0 && warp == 0 && lg == 0) {
+      const bool writer = chunk_of_heads == 0 && warp == 0 && lg == 0;
+      if constexpr (INT8) {  // every lane group quantizes (the row's amax), the writer stores
+        const int64_t row = kv8_row(p.block_tables[seq * p.max_blocks + new_position / 16], kv_head,
+                                    new_position % 16, p.num_kv_heads);
+        new_k8 = kv8_quantize_store<D>(new_k, writer, p.k8, row, li, new_k_scale);
+        new_v8 = kv8_quantize_store<D>(new_v, writer, p.v8, row, li, new_v_scale);
+      } else if (writer) {
         const int64_t at = kv_pool_row(p.block_tables, p.max_blocks, seq, new_position) * kv_stride + kv_head * D + li * 8;
         *reinterpret_cast<uint4*>(p.k_pool + at) = new_k;
         *reinterpret_cast<uint4*>(p.v_pool + at) = new_v;
@@ -464,9 +523,33 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
     // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
     cp_async_wait<1>();
-    const __half* k_tile = k_tiles[stage];
-    const __half* v_tile = v_tiles[stage];
-    if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
+    const __half* k_tile = k_tiles[INT8 ? 0 : stage];
+    const __half* v_tile = v_tiles[INT8 ? 0 : stage];
+    float kv8_key_scale[U] = {};  // INT8: this lane's keys' K scales
+    if constexpr (INT8) {
+      __syncthreads();  // a lane converts bytes that other lanes copied
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k = key_offset(u), j = tile_begin + k;
+        Kv8Chunk key = new_k8, value = new_v8;
+        __half k_scale = __float2half_rn(new_k_scale), v_scale = __float2half_rn(new_v_scale);
+        if (j != new_key) {  // the cache's row; the new key's (stale there) comes from registers
+          const uint8_t* bytes = kv8_rows[stage] + k * 2 * D + li * 4;
+          key.high = *reinterpret_cast<const uint32_t*>(bytes);
+          key.low = p.high_only ? 0u : *reinterpret_cast<const uint32_t*>(bytes + D / 2);
+          value.high = *reinterpret_cast<const uint32_t*>(bytes + D);
+          value.low = p.high_only ? 0u : *reinterpret_cast<const uint32_t*>(bytes + 3 * D / 2);
+          const int position = view.position(j);  // its parity picks the half of the slot pair's word
+          k_scale = kv8_scale_of(kv8_scale_pairs[stage][0][k], position);
+          v_scale = kv8_scale_of(kv8_scale_pairs[stage][1][k], position);
+        }
+        *reinterpret_cast<uint4*>(k_tiles[0] + tile_at(k, li)) = kv8_chunk_to_half(key, p.high_only);
+        *reinterpret_cast<uint4*>(v_tiles[0] + tile_at(k, li)) =
+            kv8_scale_half8(kv8_chunk_to_half(value, p.high_only), v_scale);
+        kv8_key_scale[u] = __half2float(k_scale);
+        if (MMA && li == 0) key_scales[k] = kv8_key_scale[u];
+      }
+    } else if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (tile_begin + key_offset(u) == new_key) {
@@ -477,13 +560,14 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     // 2. Scores.
     if constexpr (MMA) {
       __syncthreads();  // every thread's copies (ldmatrix reads rows other threads copied)
-      if (warp < kScoreWarps) mma_tile_scores<D, GM, TILE>(k_tile, warp * 16, q_frag, p.scale_log2, logits);
+      if (warp < kScoreWarps)
+        mma_tile_scores<D, GM, TILE, INT8>(k_tile, warp * 16, q_frag, p.scale_log2, logits, key_scales);
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = tile_begin + key_offset(u);
         score_key<D, GM>(qr, *reinterpret_cast<const uint4*>(k_tile + tile_at(key_offset(u), li)), li, j < end, logits,
-                         j - tile_begin);
+                         j - tile_begin, INT8 ? kv8_key_scale[u] : 1.0f);
       }
     }
     __syncthreads();

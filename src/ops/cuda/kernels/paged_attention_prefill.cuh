@@ -6,8 +6,18 @@
 // keys are gathered from the paged pool with cp.async into a double-buffered, XOR-swizzled
 // shared-memory ring; S = Q K^T and O += P V use ldmatrix (.trans for V). Optional split-K
 // over the key range writes unnormalised partials for attention_combine_kernel.
+//
+// An int8 cache (INT8; attention.h Kv8Planes): the two stages hold each key's row of plane bytes
+// (K high, K low, V high, V low; 16-byte cp.async pieces, no low planes in a high-nibble pass) and
+// the rows' scale pair words; after a stage lands, the block turns it into one f16 K tile (codes)
+// and one f16 V tile (value * scale) in the same swizzled layout, in registers chunk by chunk
+// (kernels/kv_int8.cuh), and the mma loop runs as for an f16 cache, each score multiplied by its
+// key's K scale (paged_attention_decode_tiles.cuh says why V is scaled and K is not). Same shared
+// memory: the f16 tiles take the f16 cache's K stages, the byte stages its V stages.
 #pragma once
+#include "ops/cuda/attention.h"
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/kv_int8.cuh"
 
 namespace qspec::cuda::kernels {
 
@@ -30,6 +40,10 @@ struct PrefillParams {
   int64_t out_stride;
   float* part_o;
   float2* part_ml;
+  // An int8 cache (INT8 instances): its planes and scales, and whether the pass reads the high
+  // nibbles only.
+  Kv8Planes k8, v8;
+  bool high_only;
 };
 
 inline constexpr int kPrefillRows = 64;  // query rows per block at most (4 warps x 16)
@@ -57,7 +71,7 @@ struct PrefillSmem {
   }
 };
 
-template <int D, int KW = 1>
+template <int D, int KW = 1, bool INT8 = false>
 __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const PrefillParams p) {
   static_assert(KW == 1 || KW == 2 || KW == 4, "key warps: 1, 2 or 4");
   constexpr int ROWS = kPrefillBlockRows<KW>;  // query rows of the block
@@ -70,6 +84,13 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
   __half* q_tile = reinterpret_cast<__half*>(smem_raw);
   __half* k_tiles = q_tile + Smem::kTileHalves;          // [2][64 * D]
   __half* v_tiles = k_tiles + 2 * Smem::kTileHalves;     // [2][64 * D]
+  // INT8: the f16 K and V tiles over the f16 cache's K stages, the byte stages over its V stages
+  // (64 keys x 2D bytes each: a stage of V's size), the scale pair words, the tile's K scales.
+  __half* const kv8_k_tile = k_tiles;
+  __half* const kv8_v_tile = k_tiles + Smem::kTileHalves;
+  uint8_t* const kv8_rows = reinterpret_cast<uint8_t*>(v_tiles);  // stage s at s * 128 * D bytes
+  __shared__ uint32_t kv8_scale_pairs[INT8 ? 2 : 1][2][INT8 ? kPrefillKeys : 1];
+  __shared__ float key_scales[INT8 ? kPrefillKeys : 1];
   __shared__ int row_position[kPrefillRows];
   __shared__ int warp_max[2], warp_min[2];
 
@@ -119,6 +140,26 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
   const int tile_end = min(last_tile + 1, tile_begin + per_split);
 
   auto load_kv = [&](int tile, int stage) {
+    if constexpr (INT8) {
+      constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row; C a key's 4 rows
+      for (int i = tid; i < kPrefillKeys * C; i += 128) {
+        const int r = i / C, c = i % C, key = tile * kPrefillKeys + r, plane = c / kPieces;
+        if (p.high_only && (plane & 1)) continue;  // no low plane in a high-nibble pass
+        const bool valid = key >= key_min && key <= key_max;
+        const int64_t row = valid ? kv8_row(table[key >> 4], kv_head, key & 15, p.num_kv_heads) : 0;
+        const uint8_t* src = plane == 0 ? p.k8.high : plane == 1 ? p.k8.low : plane == 2 ? p.v8.high : p.v8.low;
+        cp_async_16(smem_address(kv8_rows + stage * 128 * D + r * 2 * D + c * 16),
+                    src + row * (D / 2) + (c % kPieces) * 16, valid ? 16 : 0);
+      }
+      {  // threads 0-63 the K scale pairs, 64-127 the V ones
+        const int r = tid % kPrefillKeys, which = tid / kPrefillKeys, key = tile * kPrefillKeys + r;
+        const bool valid = key >= key_min && key <= key_max;
+        const int64_t row = valid ? kv8_row(table[key >> 4], kv_head, key & 15, p.num_kv_heads) : 0;
+        cp_async_4(smem_address(&kv8_scale_pairs[stage][which][r]),
+                   (which == 0 ? p.k8.scales : p.v8.scales) + (row & ~int64_t{1}), valid ? 4 : 0);
+      }
+      return;
+    }
     __half* k_dst = k_tiles + stage * Smem::kTileHalves;
     __half* v_dst = v_tiles + stage * Smem::kTileHalves;
     for (int i = tid; i < kPrefillKeys * C; i += 128) {
@@ -173,8 +214,27 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
-      const __half* k_tile = k_tiles + stage * Smem::kTileHalves;
-      const __half* v_tile = v_tiles + stage * Smem::kTileHalves;
+      if constexpr (INT8) {  // the stage's bytes into the f16 tiles (the previous tile's readers are past
+                             // the barrier that ends each iteration)
+#pragma unroll 1  // O's accumulators stay live across it: at head_dim 256 an unrolled loop spills
+        for (int i = tid; i < kPrefillKeys * C; i += 128) {
+          const int r = i / C, c = i % C, key = tile * kPrefillKeys + r;
+          const uint8_t* bytes = kv8_rows + stage * 128 * D + r * 2 * D + c * 4;
+          const Kv8Chunk k_chunk{*reinterpret_cast<const uint32_t*>(bytes),
+                                 p.high_only ? 0u : *reinterpret_cast<const uint32_t*>(bytes + D / 2)};
+          const Kv8Chunk v_chunk{*reinterpret_cast<const uint32_t*>(bytes + D),
+                                 p.high_only ? 0u : *reinterpret_cast<const uint32_t*>(bytes + 3 * D / 2)};
+          const __half k_scale = kv8_scale_of(kv8_scale_pairs[stage][0][r], key);  // key = position
+          const __half v_scale = kv8_scale_of(kv8_scale_pairs[stage][1][r], key);
+          *reinterpret_cast<uint4*>(kv8_k_tile + Smem::offset(r, c)) = kv8_chunk_to_half(k_chunk, p.high_only);
+          *reinterpret_cast<uint4*>(kv8_v_tile + Smem::offset(r, c)) =
+              kv8_scale_half8(kv8_chunk_to_half(v_chunk, p.high_only), v_scale);
+          if (c == 0) key_scales[r] = __half2float(k_scale);
+        }
+        __syncthreads();
+      }
+      const __half* k_tile = INT8 ? kv8_k_tile : k_tiles + stage * Smem::kTileHalves;
+      const __half* v_tile = INT8 ? kv8_v_tile : v_tiles + stage * Smem::kTileHalves;
 
       // S = Q K^T for this warp's 16 rows x its KEYS_W keys of the tile.
       float s_acc[NT][4];
@@ -224,7 +284,11 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
           const int key = tile * kPrefillKeys + kw * KEYS_W + nt * 8 + 2 * tq + (e & 1);
           const int position = e < 2 ? pos_a : pos_b;
           const bool visible = key <= position && (p.window <= 0 || key > position - p.window || key < p.sinks);
-          const float s = visible ? s_acc[nt][e] * p.scale_log2 : -INFINITY;
+          float s;
+          if constexpr (INT8)
+            s = visible ? s_acc[nt][e] * p.scale_log2 * key_scales[kw * KEYS_W + nt * 8 + 2 * tq + (e & 1)] : -INFINITY;
+          else
+            s = visible ? s_acc[nt][e] * p.scale_log2 : -INFINITY;
           s_acc[nt][e] = s;
           if (e < 2) tile_max_a = fmaxf(tile_max_a, s);
           else tile_max_b = fmaxf(tile_max_b, s);
@@ -369,3 +433,30 @@ __global__ __launch_bounds__(128) void paged_attention_prefill_kernel(const Pref
 }
 
 }  // namespace qspec::cuda::kernels
+
+namespace qspec::cuda::detail {
+
+// The launch of one instance: its dynamic shared memory opted into once (check_attention_runs_here
+// first: the opt-in fails on a device without that much), then the kernel with PDL.
+template <int D, int KW, bool INT8>
+void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
+  constexpr size_t bytes = kernels::PrefillSmem<D>::kBytes;
+  static bool configured = false;  // per instantiation; attribute setting is idempotent
+  if (!configured) {
+    check_attention_runs_here(D);
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D, KW, INT8>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    configured = true;
+  }
+  launch_pdl(kernels::paged_attention_prefill_kernel<D, KW, INT8>, dim3(grid), dim3(128), bytes, stream, params);
+  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_prefill_kernel");
+}
+
+template <int D, bool INT8>
+void launch_prefill_kw(int key_warps, const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
+  if (key_warps == 4) launch_prefill_d<D, 4, INT8>(params, grid, stream);
+  else if (key_warps == 2) launch_prefill_d<D, 2, INT8>(params, grid, stream);
+  else launch_prefill_d<D, 1, INT8>(params, grid, stream);
+}
+
+}  // namespace qspec::cuda::detail

@@ -44,3 +44,39 @@ __global__ void paged_kv_write_kernel(const __half* __restrict__ k, const __half
 }
 
 }  // namespace qspec::cuda::kernels
+
+#include "ops/cuda/kernels/kv_int8.cuh"
+
+namespace qspec::cuda::kernels {
+
+// The int8 cache's write (attention.h Kv8Planes): grid (max_query_len, num_seqs, parts), 128
+// threads; a (token, K or V head) row a group of D / 8 lanes (a lane's 16-byte chunk of 8
+// values), rows K heads first, then V heads, spread over the blocks of z. Each row is quantized
+// whole (kv8: amax over the group, f16 scale, codes) and overwrites both planes and the scale, so a
+// QSpec verify that rewrites a draft's positions leaves nothing of the draft's row behind.
+template <int D>
+__global__ void paged_kv_write_int8_kernel(const __half* __restrict__ k, const __half* __restrict__ v,
+                                           int64_t row_stride, const int32_t* __restrict__ query_start,
+                                           const int32_t* __restrict__ positions,
+                                           const int32_t* __restrict__ block_tables, int64_t max_blocks,
+                                           int num_kv_heads, Kv8Planes k_pool, Kv8Planes v_pool) {
+  pdl_prologue();  // launched with launch_pdl (common.h)
+  constexpr int LPK = D / 8;                // lanes a row
+  constexpr int kRowsPerBlock = 128 / LPK;  // 128 threads
+  const int seq = blockIdx.y;
+  const int64_t token = query_start[seq] + blockIdx.x;
+  if (token >= query_start[seq + 1]) return;
+  const int32_t position = positions[token];
+  const int block = block_tables[seq * max_blocks + position / kKvBlockSize];
+  const int r = blockIdx.z * kRowsPerBlock + threadIdx.x / LPK, li = threadIdx.x % LPK;
+  const bool valid = r < 2 * num_kv_heads;  // whole groups: every lane of a warp reaches the shuffles
+  const bool is_k = r < num_kv_heads;
+  const int head = is_k ? r : r - num_kv_heads;
+  uint4 values = make_uint4(0, 0, 0, 0);
+  if (valid) values = reinterpret_cast<const uint4*>((is_k ? k : v) + token * row_stride + head * D)[li];  // else zeros
+  float scale;
+  kv8_quantize_store<D>(values, valid, is_k ? k_pool : v_pool,
+                        kv8_row(block, head, position % kKvBlockSize, num_kv_heads), li, scale);
+}
+
+}  // namespace qspec::cuda::kernels

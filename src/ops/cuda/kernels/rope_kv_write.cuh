@@ -69,7 +69,8 @@ namespace qspec::cuda::kernels {
 // rotation, rounded to f16 once, into the row (and a k head into the cache). Lane l holds pairs
 // l, l + 32, ... of the head, so the sum needs no shared memory and no barrier.
 // Static: this header is included by rope_kv_write.cu and the decode attention (as rope.cuh's
-// rope_kernel is).
+// rope_kernel is). kCache false: the rows only (an int8 cache's write quantizes them after).
+template <bool kCache = true>
 static __global__ void rope_kv_write_prologue_kernel(const RopeKvWriteParams p) {
   pdl_prologue();  // launched with launch_pdl (common.h)
   const int seq = blockIdx.y;
@@ -91,7 +92,7 @@ static __global__ void rope_kv_write_prologue_kernel(const RopeKvWriteParams p) 
       for (int64_t i = lane; i < D; i += 32) {
         const __half v = bias != nullptr ? __float2half_rn(add_bias_f16(x[i], bias[i])) : x[i];
         x[i] = v;
-        cached[i] = v;
+        if constexpr (kCache) cached[i] = v;
       }
       continue;
     }
@@ -113,7 +114,7 @@ static __global__ void rope_kv_write_prologue_kernel(const RopeKvWriteParams p) 
       for (int offset = 16; offset > 0; offset >>= 1) sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, offset);
       inverse_rms = rsqrtf(__fadd_rn(__fdiv_rn(sum_squares, static_cast<float>(D)), p.eps));
     }
-    __half* cached = head >= p.num_heads ? p.k_pool + pool_row * width + (head - p.num_heads) * D : nullptr;
+    __half* cached = kCache && head >= p.num_heads ? p.k_pool + pool_row * width + (head - p.num_heads) * D : nullptr;
 #pragma unroll
     for (int j = 0; j < kPrologueMaxPairsPerLane; ++j) {
       const int64_t i = lane + 32 * j;
