@@ -71,6 +71,10 @@ inline constexpr std::string_view kDraftVocabTag = "/v";
 // model's draft skip table (model/draft_skip.h; Draft & Verify, SWIFT). The spec suffix that
 // names it, after any vocabulary subset: "MODE/s8", "w4a8@256+16/v8192/s6".
 inline constexpr std::string_view kDraftSkipTag = "/s";
+// A draft that reads only the high 4 bits of each 8-bit KV code (DecodePlan::draft_kv4; QuantSpec's
+// hierarchical KV, on `--kv-cache int8`). The spec suffix that names it, last: "w4a8/k4",
+// "w4a16@256+16/k4", "w4a16/v4096/s2/k4".
+inline constexpr std::string_view kDraftKv4Tag = "/k4";
 inline constexpr int64_t kDefaultGamma = 4;
 // Draft tokens a cycle at most: the GPU's on-device draft chain holds this many.
 inline constexpr int64_t kMaxGamma = 16;
@@ -109,6 +113,11 @@ struct DecodePlan {
   // the table's length: the engine checks that (it knows the model). Needs kv_overwrite (the
   // draft has no K/V rows of the skipped layers to keep).
   int64_t draft_skip = 0;
+  // qspec: the draft's view of an 8-bit KV cache (`--kv-cache int8`). false: all 8 bits of each
+  // code. true: only the high nibble (the middle of its 16 codes, ops/kv_int8.h), half the code
+  // bytes; the verify reads all 8 bits, so the output is unchanged. With it the draft may run the
+  // verify's mode (w4a16). Needs an int8 cache: the engine checks that (it knows the cache).
+  bool draft_kv4 = false;
 
   bool qspec() const { return mode == decode_rules::kQSpecMode; }
   // QSpec with n-gram drafts: no draft passes, so no draft mode to prepare.
@@ -118,8 +127,9 @@ struct DecodePlan {
   // The sinks the draft's view keeps: draft_sinks with a window, none without one.
   int64_t draft_view_sinks() const { return draft_window > 0 ? draft_sinks : 0; }
   // Whether the draft runs a diet that reads less than the verify whatever its activation mode
-  // (a sparse KV view, a vocabulary subset or skipped layers): then it may run the verify's own mode.
-  bool draft_has_diet() const { return draft_window > 0 || draft_vocab > 0 || draft_skip > 0; }
+  // (a sparse KV view, a vocabulary subset, skipped layers or the 4-bit view of an 8-bit cache):
+  // then it may run the verify's own mode.
+  bool draft_has_diet() const { return draft_window > 0 || draft_vocab > 0 || draft_skip > 0 || draft_kv4; }
   // The most draft tokens one cycle can take (0 for plain decoding).
   int64_t gamma_bound() const { return qspec() ? (adaptive_gamma || auto_draft() ? max_gamma : gamma) : 0; }
   // The run modes the model must be prepared for: the plain mode, or QSpec's verify and draft
@@ -139,10 +149,11 @@ class DecodePlanError : public Error {
 // A draft in one word, as `eval qspec --drafts` and `bench --qspec-drafts` list them and their
 // records name them: "MODE" (w4a8, ...), "ngram", "auto", or "MODE@WINDOW" / "MODE@WINDOW+SINKS" for a
 // sparse view of the cache (draft_window, draft_sinks; SINKS defaults to kDefaultDraftSinks),
-// each optionally followed by "/vN" for a vocabulary subset of N rows (draft_vocab) and then
-// "/sN" for N skipped layers (draft_skip): "w4a8/v8192", "w4a16@256+16/v4096", "w4a8/s6",
-// "w4a16/v4096/s8". Sets plan.draft, draft_window, draft_sinks, draft_vocab and draft_skip;
-// throws DecodePlanError("draft") on bad syntax (the rules are validate()'s).
+// each optionally followed by "/vN" for a vocabulary subset of N rows (draft_vocab), then
+// "/sN" for N skipped layers (draft_skip), then "/k4" for the 4-bit view of an 8-bit KV cache
+// (draft_kv4): "w4a8/v8192", "w4a16@256+16/v4096", "w4a8/s6", "w4a16/v4096/s8", "w4a8/k4".
+// Sets plan.draft, draft_window, draft_sinks, draft_vocab, draft_skip and draft_kv4; throws
+// DecodePlanError("draft") on bad syntax (the rules are validate()'s).
 void set_draft_spec(DecodePlan& plan, std::string_view spec);
 std::string draft_spec(const DecodePlan& plan);
 
@@ -153,9 +164,10 @@ std::string draft_spec(const DecodePlan& plan);
 // the draft's window and sinks or draft_vocab out of range (draft_vocab: 0 or kMinDraftVocab ..
 // the table's length, which the engine checks), draft_skip < 0 (its bound is the skip table's,
 // which the engine checks), skipped layers without kv_overwrite, a window, a vocabulary
-// subset, skipped layers or the no-overwrite ablation with draft auto (the
-// planner's drafts come from its cost table). (The window's bound by the context is the
-// engine's: it knows the context.)
+// subset, skipped layers, the 4-bit KV view or the no-overwrite ablation with draft auto (the
+// planner's drafts come from its cost table), the 4-bit KV view with n-gram drafts. (The
+// window's bound by the context, and the 4-bit view's need of an int8 cache, are the engine's:
+// it knows the context and the cache.)
 void validate(const DecodePlan& plan, std::string_view field_prefix = "");
 
 // The plan of a command before its flags: mode kCommandMode, the other fields DecodePlan's.

@@ -62,6 +62,13 @@ struct EngineOptions {
   // (the planner's fallback: n-gram drafts where a sequence's probed acceptance pays, else plain
   // W4A16). A table that does not match the device or the model is refused at construction.
   std::string qspec_costs;
+  // What the KV cache stores (`--kv-cache`): "f16", each backend's full-precision rows (f32 on the
+  // CPU), or "int8", 8-bit codes per (position, KV head) row with an f16 scale (ops/kv_int8.h):
+  // ~3.8x the positions of the CPU's f32 rows in the same memory, for every mode, and what QSpec
+  // drafts with the 4-bit view (DecodePlan::draft_kv4, `/k4`) need. Engine-wide: every request
+  // shares the cache. The CPU backend stores both; the GPU's int8 cache is not there yet (refused
+  // when the engine is built).
+  std::string kv_cache = "f16";
 };
 
 // A request: its prompt, sampling, limits and decode plan (qspec/decode_plan.h: plain decoding
@@ -124,6 +131,7 @@ struct EngineMetrics {
   int64_t steps = 0, forward_passes = 0, preemptions = 0;
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  size_t kv_cache_bytes = 0;  // the host pool's rows (0 when they live on the device)
   double busy_seconds = 0;  // time spent in steps
   QSpecMetrics qspec;       // summed over finished qspec requests (draft/verify seconds per request)
   std::vector<int64_t> batch_size_histogram;  // steps by running sequences

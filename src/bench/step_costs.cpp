@@ -55,14 +55,15 @@ QSpecCostTable measure_step_costs(const LlamaModel& model, Backend& backend, con
       continue;
     }
     drafts.emplace_back(spec, draft_mode(spec, options.group_size, max_context));
+    check_draft_kv_cache(drafts.back().second, options.kv_cache);
     backend.check_mode(drafts.back().second, "draft");
   }
 
   // Every sequence's rows: the context (zeros: attention costs the same whatever the keys hold)
   // and the verify's gamma + 1 beyond it.
   const int64_t rows = max_context + max_gamma + 1;
-  KvBlockPool pool(config.num_layers, config.kv_dim(), max_batch * ((rows + 15) / 16 + 1), 16,
-                   /*with_storage=*/backend.kv_in_pool());
+  KvBlockPool pool(config.num_layers, config.num_kv_heads, config.head_dim, options.kv_cache,
+                   max_batch * ((rows + 15) / 16 + 1), 16, /*with_storage=*/backend.kv_in_pool());
   std::vector<SequenceKv> kv(static_cast<size_t>(max_batch));
   for (SequenceKv& s : kv) QSPEC_CHECK(s.reserve(pool, rows), "qspec costs: the KV pool is short");
   std::vector<int32_t> tokens(static_cast<size_t>(max_batch * (max_gamma + 1)));

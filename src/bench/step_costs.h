@@ -24,6 +24,9 @@ struct StepCostOptions {
   std::vector<std::string> drafts = {"w4a8"};
   int repeats = 5;           // each cost: the median of this many, after one warm-up
   int64_t group_size = 0;    // int4 activation groups (the engine's: the weights' group size)
+  // The KV cache every step reads (`--kv-cache`): a `/k4` draft needs int8, and an int8 cache's
+  // steps cost what its engine's will.
+  KvCacheFormat kv_cache = KvCacheFormat::f16;
   std::function<void(size_t done, size_t total)> progress;
 };
 

@@ -53,6 +53,7 @@ struct BenchArgs {
   std::string qspec_costs_out;
   std::vector<int64_t> costs_contexts;
   std::string costs_acceptance;  // a `qspec eval qspec` result: per-draft acceptance priors
+  std::string kv_cache = "f16";  // --kv-cache: the CPU benchmarks' KV cache
 };
 
 // Writes `table` to `path`, merged into the table already there (same device and model: its
@@ -123,7 +124,8 @@ nlohmann::json cpu_record(const std::string& benchmark, const BenchArgs& args, i
           {"command", args.command_line},
           {"prompt_tokens", args.prompt_tokens},
           {"decode_tokens", args.decode_tokens},
-          {"repeats", args.repeats}};
+          {"repeats", args.repeats},
+          {"kv_cache", args.kv_cache}};
 }
 
 // A record's file name: PREFIX-<the model directory's name>.json.
@@ -231,7 +233,7 @@ Throughput measure(const LlamaModel& model, const BenchArgs& args, const RunMode
   std::vector<double> prefill, decode;
   std::vector<float> logits;
   for (int repeat = 0; repeat < args.repeats + 1; ++repeat) {  // the first run warms up
-    KvCache cache = model.new_cache(args.prompt_tokens + args.decode_tokens);
+    KvCache cache = model.new_cache(args.prompt_tokens + args.decode_tokens, kv_cache_flag(args.kv_cache));
     auto start = std::chrono::steady_clock::now();
     model.forward(prompt, cache, logits, false, mode);
     double prefill_seconds = seconds_since(start);
@@ -335,6 +337,7 @@ void run_qspec_costs_cpu(const BenchArgs& args, const CLI::App& command) {
   std::vector<RunMode> modes = {parse_run_mode(decode_rules::kVerifyMode)};
   const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
   options.group_size = modes[0].activations.group_size;
+  options.kv_cache = kv_cache_flag(args.kv_cache);
   const std::unique_ptr<Backend> backend = make_cpu_backend(*model);
   std::printf("step costs of %s (4-bit weights %s) on %s: batches", args.model_dir.c_str(), weights.c_str(),
               backend->device_name().c_str());
@@ -465,9 +468,12 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("-o,--out-dir", args->out_dir,
                       "Also write the JSON record into this directory (e.g. bench/results); default: tables only");
+  add_kv_cache_option(command, args->kv_cache);
   command->callback([args, command] {
     args->command_line = command_line();
     if (args->device == "cuda") {
+      QSPEC_CHECK(cuda_stores_kv_cache(kv_cache_flag(args->kv_cache)), "bench: --kv-cache ", args->kv_cache,
+                  ": the CUDA backend has no such KV cache yet (--kv-cache f16 on --device cuda)");
       run_gpu(*args);
       return;
     }

@@ -35,6 +35,7 @@ struct ChatArgs {
   int64_t max_context = 0;
   std::string device = "cpu";
   std::string qspec_costs = "auto";  // --draft auto's step-cost table
+  std::string kv_cache = "f16";      // --kv-cache
 };
 
 constexpr const char* kHelp =
@@ -47,6 +48,7 @@ void run_chat(const ChatArgs& args) {
   auto model = LlamaModel::load(args.model_dir);
   const std::string auto_choice = resolve_auto_mode(plan, model->has_quantized_weights());
   validate(plan, "--");
+  check_plan_kv_cache(plan, args.kv_cache);
   if (!auto_choice.empty()) std::fprintf(stderr, "[qspec] %s\n", auto_choice.c_str());
   std::vector<RunMode> modes;
   for (const std::string& name : plan.modes()) modes.push_back(parse_run_mode(name));
@@ -66,6 +68,7 @@ void run_chat(const ChatArgs& args) {
   if (args.device == "cuda") options.gpu_mode = plan.qspec() ? plan.verify : plan.mode;
   options.max_context = args.max_context;
   options.qspec_costs = args.qspec_costs;
+  options.kv_cache = args.kv_cache;
   Engine engine(*model, tokenizer.get(), options);
   if (plan.auto_draft()) std::fprintf(stderr, "[qspec] draft auto: %s\n", engine.qspec_planner().c_str());
 
@@ -144,6 +147,7 @@ void register_chat(CLI::App& app) {
   add_sampling_options(command, args->sampling, args->seed_given);
   add_mode_option(command, args->plan.mode, "Weights and activations");
   add_qspec_options(command, args->plan, /*adaptive=*/false, "--mode qspec: ", args->qspec_costs);
+  add_kv_cache_option(command, args->kv_cache);
   command->add_option("--weights", args->weights, "4-bit weight format when the checkpoint has none (RTN at load)");
   command->add_option("--group-size", args->group_size, "int4 group size (0: automatic)");
   command->add_option("-c,--ctx-size", args->max_context, "Positions the conversation may hold (0: the model's)")

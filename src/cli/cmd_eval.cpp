@@ -46,6 +46,7 @@ struct CommonArgs {
   int64_t group_size = 0;
   int64_t limit = 0;
   std::string out_file;
+  std::string kv_cache = "f16";  // --kv-cache: every mode's cache
 };
 
 struct GsmArgs : CommonArgs {
@@ -73,6 +74,7 @@ void add_common_options(CLI::App* command, CommonArgs& args, const char* limit_h
   command->add_option("--group-size", args.group_size, "int4 group size (0: auto)")->capture_default_str();
   command->add_option("--limit", args.limit, limit_help)->capture_default_str();
   command->add_option("-o,--out", args.out_file, "Write the results as JSON here");
+  add_kv_cache_option(command, args.kv_cache);
 }
 
 // ---- the model, once for every mode ----
@@ -270,8 +272,8 @@ struct GsmResult {
 };
 
 GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, const RunMode& mode,
-                       const std::vector<Problem>& problems, const std::string& shots_prefix, int64_t max_tokens,
-                       ProgressBar& progress, size_t& done, size_t total) {
+                       KvCacheFormat kv_cache, const std::vector<Problem>& problems, const std::string& shots_prefix,
+                       int64_t max_tokens, ProgressBar& progress, size_t& done, size_t total) {
   GsmResult result;
   result.mode = mode.name;
   const auto start = std::chrono::steady_clock::now();
@@ -279,6 +281,7 @@ GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, cons
   options.max_new_tokens = max_tokens;
   options.eos_ids = tokenizer.eos_ids;
   options.mode = mode;
+  options.kv_cache = kv_cache;
   const int64_t model_context = model.config().max_position_embeddings;
   for (const Problem& problem : problems) {
     const std::string prompt = shots_prefix + format_problem(problem);
@@ -310,6 +313,7 @@ GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, cons
       ppl.context = n;
       ppl.stride = n - 1;
       ppl.mode = mode;
+      ppl.kv_cache = kv_cache;
       const PerplexityResult scored = sliding_window_perplexity(model, full, ppl);
       result.text_nll += scored.nll_sum;
       result.text_tokens += scored.tokens;
@@ -343,12 +347,12 @@ void run_gsm(const GsmArgs& args) {
   const size_t total = problems.size() * prepared.modes.size();
   std::vector<GsmResult> results;
   for (const RunMode& mode : prepared.modes)
-    results.push_back(evaluate_gsm(*prepared.model, *tokenizer, mode, problems, shots_prefix, args.max_tokens,
-                                   progress, done, total));
+    results.push_back(evaluate_gsm(*prepared.model, *tokenizer, mode, kv_cache_flag(args.kv_cache), problems,
+                                   shots_prefix, args.max_tokens, progress, done, total));
 
-  std::printf("model %s, %s: %zu problems, %lld-shot, greedy, 4-bit weights: %s\n", args.model_dir.c_str(),
-              args.problems_file.c_str(), problems.size(), static_cast<long long>(args.few_shot),
-              prepared.weights.c_str());
+  std::printf("model %s, %s: %zu problems, %lld-shot, greedy, 4-bit weights: %s, KV cache %s\n",
+              args.model_dir.c_str(), args.problems_file.c_str(), problems.size(),
+              static_cast<long long>(args.few_shot), prepared.weights.c_str(), args.kv_cache.c_str());
   std::printf("%-12s %12s %12s %18s %10s\n", "mode", "strict", "flexible", "text perplexity", "seconds");
   nlohmann::json rows = nlohmann::json::array();
   for (const GsmResult& r : results) {
@@ -373,7 +377,10 @@ void run_gsm(const GsmArgs& args) {
   nlohmann::json report =
       problems_report(args.problems_file, problems.size(), args.max_tokens, args.limit, prepared.weights,
                       prepared.group_size,
-                      {{"few_shot", args.few_shot}, {"shots_file", args.shots_file}, {"stop", {"\\nQuestion:", "eos"}}});
+                      {{"few_shot", args.few_shot},
+                       {"shots_file", args.shots_file},
+                       {"stop", {"\\nQuestion:", "eos"}},
+                       {"kv_cache", args.kv_cache}});
   report["results"] = rows;
   write_report(args.out_file, "eval_gsm", args.model_dir, report);
 }
@@ -419,6 +426,7 @@ void run_ppl(const PplArgs& args) {
   options.context = args.context > 0 ? args.context : std::min<int64_t>(2048, model_context);
   options.stride = args.stride > 0 ? args.stride : options.context / 2;
   options.max_windows = args.max_windows;
+  options.kv_cache = kv_cache_flag(args.kv_cache);
   const int64_t total_windows =
       perplexity_window_count(static_cast<int64_t>(tokens.size()), options.context, std::max<int64_t>(options.stride, 1));
   const int64_t windows_per_mode = args.max_windows > 0 ? std::min(args.max_windows, total_windows) : total_windows;
@@ -436,11 +444,11 @@ void run_ppl(const PplArgs& args) {
 
   const PerplexityResult& first = results.front().second;
   std::printf("model %s, %s: %zu tokens (%.1fs to tokenize), context %lld, stride %lld, %lld of %lld windows, "
-              "4-bit weights: %s\n",
+              "4-bit weights: %s, KV cache %s\n",
               args.model_dir.c_str(), args.data_file.c_str(), tokens.size(), tokenize_seconds,
               static_cast<long long>(first.context), static_cast<long long>(first.stride),
               static_cast<long long>(first.windows), static_cast<long long>(first.total_windows),
-              prepared.weights.c_str());
+              prepared.weights.c_str(), args.kv_cache.c_str());
   std::printf("%-12s %12s %10s %8s %10s %10s\n", "mode", "perplexity", "tokens", "windows", "seconds", "tokens/s");
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [mode, r] : results) {
@@ -469,7 +477,8 @@ void run_ppl(const PplArgs& args) {
                     {"tokens", tokens.size()},
                     {"bos", tokenizer->add_bos_by_default},
                     {"weights", prepared.weights},
-                    {"group_size", prepared.group_size}}},
+                    {"group_size", prepared.group_size},
+                    {"kv_cache", args.kv_cache}}},
                   {"results", rows}});
 }
 
@@ -498,6 +507,7 @@ struct QSpecEvalArgs {
   std::string reference_file;       // load the W4A16 reference outputs instead of running them
   std::string save_reference_file;  // write the W4A16 reference outputs here
   std::string qspec_costs = "auto";  // --drafts auto: the planner's step-cost table
+  std::string kv_cache = "f16";      // --kv-cache: the engine's cache, W4A16's reference runs included
 };
 
 struct EngineRun {
@@ -510,12 +520,13 @@ struct EngineRun {
 
 EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer,
                              const std::vector<std::vector<int32_t>>& prompts, const Request& base, int64_t batch,
-                             const std::string& device, const std::function<void()>& on_done,
-                             const std::string& qspec_costs = "") {
+                             const std::string& device, const std::string& kv_cache,
+                             const std::function<void()>& on_done, const std::string& qspec_costs = "") {
   EngineOptions options;
   options.max_batch_size = batch;
   options.device = device;
   options.qspec_costs = qspec_costs;
+  options.kv_cache = kv_cache;
   Engine engine(model, &tokenizer, options);
   EngineRun run;
   run.outputs.resize(prompts.size());
@@ -548,15 +559,16 @@ EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer
 
 // "identical", "tie" (the W4A16 logits of the two tokens at the first difference are exactly
 // equal) or "mismatch".
-std::string compare_with_reference(const LlamaModel& model, const RunMode& verify, const std::vector<int32_t>& prompt,
-                                   const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+std::string compare_with_reference(const LlamaModel& model, const RunMode& verify, KvCacheFormat kv_cache,
+                                   const std::vector<int32_t>& prompt, const std::vector<int32_t>& got,
+                                   const std::vector<int32_t>& want) {
   if (got == want) return "identical";
   size_t first = 0;
   while (first < got.size() && first < want.size() && got[first] == want[first]) ++first;
   if (first == got.size() || first == want.size()) return "mismatch";  // one stopped early
   std::vector<int32_t> context = prompt;
   context.insert(context.end(), want.begin(), want.begin() + static_cast<long>(first));
-  KvCache cache = model.new_cache(static_cast<int64_t>(context.size()));
+  KvCache cache = model.new_cache(static_cast<int64_t>(context.size()), kv_cache);
   std::vector<float> logits;
   model.forward(context, cache, logits, false, verify);
   return logits[static_cast<size_t>(got[first])] == logits[static_cast<size_t>(want[first])] ? "tie" : "mismatch";
@@ -613,6 +625,12 @@ void run_qspec_eval(QSpecEvalArgs args) {
     } catch (const DecodePlanError& e) {
       fail("--drafts: ", e.what());
     }
+    plan.mode = decode_rules::kQSpecMode;
+    try {
+      check_plan_kv_cache(plan, args.kv_cache);  // a /k4 draft needs --kv-cache int8: before any run
+    } catch (const Error& e) {
+      fail("--drafts ", draft, ": ", e.what());
+    }
     // n-gram drafts run no mode, nor does the planner (its drafts are its table's, checked by the
     // engine); the verify's mode (a sparse-view draft) is prepared already
     if (plan.draft != decode_rules::kNgramDraft && plan.draft != decode_rules::kAutoDraft &&
@@ -666,7 +684,8 @@ void run_qspec_eval(QSpecEvalArgs args) {
     if (args.reference_file.empty()) {
       Request plain = base;
       plain.plan.mode = prepared.modes[0].name;
-      const EngineRun baseline = run_through_engine(model, *tokenizer, prompts, plain, batch, args.device, tick);
+      const EngineRun baseline =
+          run_through_engine(model, *tokenizer, prompts, plain, batch, args.device, args.kv_cache, tick);
       int64_t baseline_differs = 0;
       if (references.empty()) references = baseline.outputs;
       for (size_t i = 0; i < prompts.size(); ++i) baseline_differs += baseline.outputs[i] != references[i];
@@ -701,12 +720,13 @@ void run_qspec_eval(QSpecEvalArgs args) {
           if (planner) plan.max_gamma = gamma;
           plan.kv_overwrite = overwrite;
           validate(plan, "eval qspec: ");
-          const EngineRun run =
-              run_through_engine(model, *tokenizer, prompts, request, batch, args.device, tick, args.qspec_costs);
+          const EngineRun run = run_through_engine(model, *tokenizer, prompts, request, batch, args.device,
+                                                   args.kv_cache, tick, args.qspec_costs);
           int64_t identical = 0, tie = 0, mismatch = 0;
           for (size_t i = 0; i < prompts.size(); ++i) {
             const std::string verdict =
-                compare_with_reference(model, prepared.modes[0], prompts[i], run.outputs[i], references[i]);
+                compare_with_reference(model, prepared.modes[0], kv_cache_flag(args.kv_cache), prompts[i],
+                                       run.outputs[i], references[i]);
             identical += verdict == "identical", tie += verdict == "tie", mismatch += verdict == "mismatch";
           }
           if (overwrite) mismatches += mismatch, ties += tie;  // no-overwrite may legitimately differ
@@ -739,10 +759,10 @@ void run_qspec_eval(QSpecEvalArgs args) {
         }
   }
 
-  std::printf("model %s, %zu problems, greedy, max %lld tokens, 4-bit weights: %s; verify w4a16; engine with "
-              "staggered arrivals\n",
+  std::printf("model %s, %zu problems, greedy, max %lld tokens, 4-bit weights: %s; KV cache %s; verify w4a16; "
+              "engine with staggered arrivals\n",
               args.model_dir.c_str(), problems.size(), static_cast<long long>(args.max_tokens),
-              prepared.weights.c_str());
+              prepared.weights.c_str(), args.kv_cache.c_str());
   for (const auto& b : baselines)
     std::printf("plain w4a16, batch %lld: %lld tokens, %.1f tok/s (prefill included)\n",
                 static_cast<long long>(b["batch_size"].get<int64_t>()),
@@ -762,6 +782,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
          {"reference", args.reference_file.empty() ? "plain greedy w4a16 through the engine at the first batch size"
                                                    : "plain greedy w4a16 outputs from " + args.reference_file},
          {"device", args.device},
+         {"kv_cache", args.kv_cache},
          {"threads_note",
           args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill" : "tokens/s include prefill"}});
     report.update({{"baseline_w4a16", baselines}, {"exact_logit_ties", ties}, {"mismatches", mismatches}, {"results", rows}});
@@ -816,7 +837,7 @@ void register_eval(CLI::App& app) {
   add_model_argument(qspec_command, qspec_args->model_dir);
   qspec_command->add_option("file", qspec_args->problems_file,
                             "GSM8K JSON lines: question/answer (default: MODEL/eval_problems.jsonl)");
-  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), either with /vN (a vocabulary subset: the model's N most frequent ids, qspec tune-draft: w4a8/v8192) and then /sN (N skipped layers from the model's skip table, qspec tune-draft: w4a8/s6, w4a16/v8192/s8), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
+  qspec_command->add_option("--drafts", qspec_args->drafts, "Drafts: modes (w4a8, w4a4-nvfp4, ...), ngram (prompt lookup), MODE@WINDOW[+SINKS] (a sparse view of the cache: w4a16@256+16), either with /vN (a vocabulary subset: the model's N most frequent ids, qspec tune-draft: w4a8/v8192), then /sN (N skipped layers from the model's skip table, qspec tune-draft: w4a8/s6, w4a16/v8192/s8), then /k4 (the high 4 bits of the 8-bit KV cache, --kv-cache int8: w4a8/k4, w4a16/k4), auto (the planner, gamma up to the largest of --gammas: one run)")->capture_default_str()->delimiter(',');
   qspec_command->add_option("--qspec-costs", qspec_args->qspec_costs,
                             "--drafts auto: the step-cost table (auto: bench/policies' for this device and model; "
                             "none: the planner's fallback; or a file)")
@@ -845,6 +866,7 @@ void register_eval(CLI::App& app) {
   qspec_command->add_flag("--chat", qspec_args->chat,
                           "Prompt with the model's chat template (one user message: the question)");
   qspec_command->add_option("-o,--out", qspec_args->out_file, "Write the results as JSON here");
+  add_kv_cache_option(qspec_command, qspec_args->kv_cache);
   qspec_command->callback([qspec_args] {
     if (qspec_args->problems_file.empty()) qspec_args->problems_file = qspec_args->model_dir + "/eval_problems.jsonl";
     run_qspec_eval(*qspec_args);

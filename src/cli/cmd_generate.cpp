@@ -38,6 +38,7 @@ struct GenerateArgs {
   std::string device = "cpu";
   std::string gemm_policy = "auto";
   std::string qspec_costs = "auto";  // --draft auto's step-cost table
+  std::string kv_cache = "f16";      // --kv-cache
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -65,6 +66,7 @@ void run_generate(const GenerateArgs& args) {
     validate(plan, "--");
     std::fprintf(stderr, "[qspec] %s\n", auto_choice.c_str());
   }
+  check_plan_kv_cache(plan, args.kv_cache);
   const bool use_qspec = plan.qspec();
   std::vector<RunMode> modes;
   for (const std::string& name : plan.modes()) modes.push_back(parse_run_mode(name));
@@ -96,6 +98,7 @@ void run_generate(const GenerateArgs& args) {
   }
   engine_options.max_context = args.max_context;
   engine_options.qspec_costs = args.qspec_costs;
+  engine_options.kv_cache = args.kv_cache;
   Engine engine(*model, tokenizer.get(), engine_options);
   if (plan.auto_draft()) std::fprintf(stderr, "[qspec] draft auto: %s\n", engine.qspec_planner().c_str());
   Request request;
@@ -174,6 +177,7 @@ void register_generate(CLI::App& app) {
   command->add_flag("--print-ids", args->print_ids, "Print the generated token ids to stderr");
   add_mode_option(command, args->plan.mode, "Weights and activations");
   add_qspec_options(command, args->plan, /*adaptive=*/true, "--mode qspec: ", args->qspec_costs);
+  add_kv_cache_option(command, args->kv_cache);
   command->add_option("--gemm-policy", args->gemm_policy,
                       "cuda: a GEMM policy map from `qspec tune` on this GPU; auto: the one in bench/policies "
                       "(or $QSPEC_GEMM_POLICY_DIR) for this GPU and model, if any; none: built-in crossovers")

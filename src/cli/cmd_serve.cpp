@@ -71,6 +71,7 @@ void run_serve(const ServeArgs& args) {
   DecodePlan as_qspec = plan;
   as_qspec.mode = decode_rules::kQSpecMode;
   validate(as_qspec, "--");
+  check_plan_kv_cache(as_qspec, args.engine.kv_cache);  // the engine-wide cache every request shares
 
   auto model = LlamaModel::load(args.model_dir);
   const std::string auto_choice = resolve_auto_mode(plan, model->has_quantized_weights());
@@ -204,6 +205,7 @@ void register_serve(CLI::App& app) {
   command->add_option("--served-model-name", args->model_name, "The model id clients send (default: the directory name)");
   add_mode_option(command, args->plan.mode, "Default mode of requests (\"qspec\": {\"mode\": ...} overrides)");
   add_qspec_options(command, args->plan, /*adaptive=*/false, "Default QSpec ", args->engine.qspec_costs);
+  add_kv_cache_option(command, args->engine.kv_cache);
   command->add_option("--weights", args->weights, "4-bit weight format (RTN at load; default int4)");
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: automatic)");
   command->add_option("--chat-template", args->chat_template,

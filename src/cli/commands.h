@@ -44,11 +44,19 @@ void add_mode_option(CLI::App* command, std::string& mode, const std::string& wh
 void add_sampling_options(CLI::App* command, SamplingParams& sampling, bool& seed_given);
 // The QSpec flags of the commands that decode (generate, chat, serve): --draft (auto, the
 // planner, by default), --gamma, --max-gamma, the n-gram draft's --ngram-max / --ngram-min, the
-// draft's sparse KV view --draft-window / --draft-sinks, its vocabulary subset --draft-vocab, --qspec-costs (the planner's step-cost
+// draft's sparse KV view --draft-window / --draft-sinks, its vocabulary subset --draft-vocab, its
+// skipped layers --draft-skip, its 4-bit KV view --draft-kv4, --qspec-costs (the planner's step-cost
 // table, into `qspec_costs`), and with `adaptive` --adaptive-gamma. `what` prefixes each help
 // line ("--mode qspec: ", or serve's "Default QSpec ").
 void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const std::string& what,
                        std::string& qspec_costs);
+// --kv-cache f16|int8 (EngineOptions::kv_cache) of the commands that hold a KV cache: the
+// value is checked by parse_kv_cache_format as the flags are read.
+void add_kv_cache_option(CLI::App* command, std::string& kv_cache);
+// The format --kv-cache names (throws naming the flag on anything else).
+KvCacheFormat kv_cache_flag(const std::string& kv_cache);
+// Before a model loads: a QSpec plan's draft with --draft-kv4 (`/k4`) needs --kv-cache int8.
+void check_plan_kv_cache(const DecodePlan& plan, const std::string& kv_cache);
 // Without --seed a sampled run draws a new seed each time (as llama.cpp and vLLM do) and prints
 // it on stderr, so the run can be repeated.
 void choose_seed(SamplingParams& sampling, bool seed_given);

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "model/llama.h"
 #include "ops/sample.h"
+#include "runtime/draft_mode.h"
 #include "qspec/error.h"
 
 namespace qspec::cli {
@@ -144,8 +145,36 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
                              "tune-draft`): fewer layers read; the verify runs all (0: every layer; CPU only)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command->add_flag("--draft-kv4", plan.draft_kv4,
+                    what + "draft steps read only the high 4 bits of each code of the 8-bit KV cache (needs "
+                           "--kv-cache int8): half its code bytes; the verify reads all 8 bits");
   if (!adaptive) return;
   command->add_flag("--adaptive-gamma", plan.adaptive_gamma, what + "move gamma with the recent acceptance (1..--max-gamma)");
+}
+
+void add_kv_cache_option(CLI::App* command, std::string& kv_cache) {
+  const CLI::Validator format(
+      [](std::string& text) {
+        return parse_kv_cache_format(text) ? std::string() : "must be f16 or int8, got '" + text + "'";
+      },
+      "f16|int8");
+  command->add_option("--kv-cache", kv_cache,
+                      "What the KV cache stores: f16 (full precision: f32 rows on the CPU, f16 on the GPU) or int8 "
+                      "(8-bit codes per position and KV head with an f16 scale: ~3.8x the CPU's positions in the "
+                      "same memory, for every mode; needed by --draft-kv4 / /k4 drafts; CPU only for now)")
+      ->check(format)
+      ->capture_default_str();
+}
+
+KvCacheFormat kv_cache_flag(const std::string& kv_cache) {
+  const std::optional<KvCacheFormat> format = parse_kv_cache_format(kv_cache);
+  QSPEC_CHECK(format, "--kv-cache must be f16 or int8, got '", kv_cache, "'");
+  return *format;
+}
+
+void check_plan_kv_cache(const DecodePlan& plan, const std::string& kv_cache) {
+  if (plan.qspec() && !plan.auto_draft() && !plan.ngram_draft())
+    check_draft_kv_cache(with_draft_diets(RunMode{}, plan), kv_cache_flag(kv_cache));
 }
 
 void choose_seed(SamplingParams& sampling, bool seed_given) {

@@ -32,20 +32,12 @@ cpu::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int64_t
   return shape;
 }
 
-KvCache::KvCache(int64_t layers, int64_t capacity, int64_t kv_dim)
-    : capacity_(capacity), kv_dim_(kv_dim), keys_(layers), values_(layers) {
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    keys_[layer].resize(static_cast<size_t>(capacity * kv_dim));
-    values_[layer].resize(static_cast<size_t>(capacity * kv_dim));
-  }
-}
+KvCache::KvCache(int64_t layers, int64_t capacity, int64_t num_kv_heads, int64_t head_dim, KvCacheFormat format)
+    : capacity_(capacity), storage_(layers, std::max<int64_t>(capacity, 1), num_kv_heads, head_dim, format) {}
 
 KvBlocks KvCache::blocks() {
   static const int32_t kSingleBlock[1] = {0};
-  key_pointers_.resize(keys_.size());
-  value_pointers_.resize(values_.size());
-  for (size_t l = 0; l < keys_.size(); ++l) key_pointers_[l] = keys_[l].data(), value_pointers_[l] = values_[l].data();
-  return KvBlocks{key_pointers_.data(), value_pointers_.data(), kSingleBlock, std::max<int64_t>(capacity_, 1)};
+  return storage_.blocks(kSingleBlock, std::max<int64_t>(capacity_, 1));
 }
 
 void KvCache::set_length(int64_t length) {
@@ -389,9 +381,9 @@ std::string QuantizationInfo::describe() const {
   return text;
 }
 
-KvCache LlamaModel::new_cache(int64_t capacity) const {
+KvCache LlamaModel::new_cache(int64_t capacity, KvCacheFormat format) const {
   if (capacity <= 0) capacity = config_.max_position_embeddings;
-  return KvCache(config_.num_layers, capacity, config_.kv_dim());
+  return KvCache(config_.num_layers, capacity, config_.num_kv_heads, config_.head_dim, format);
 }
 
 namespace {
@@ -673,14 +665,32 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
   cpu::rope(w.k.data(), count, c.num_kv_heads, c.head_dim, positions, rope.inv_freq.data(), rope.attention_scaling);
   const cpu::AttentionShape shape = attention_shape(c, l, mode);
   for (const Segment& segment : segments) {
-    float* keys = segment.kv.keys[l];
-    float* values = segment.kv.values[l];
-    for (int64_t t = segment.first; t < segment.first + segment.count; ++t) {
-      const int64_t row = segment.kv.row(positions[t]);
-      std::copy_n(w.k.data() + t * kv_dim, kv_dim, keys + row * kv_dim);
-      std::copy_n(w.v.data() + t * kv_dim, kv_dim, values + row * kv_dim);
+    cpu::PagedKv kv;
+    kv.block_table = segment.kv.block_table;
+    kv.block_size = segment.kv.block_size;
+    kv.format = segment.kv.format;
+    if (segment.kv.format == KvCacheFormat::int8) {
+      // The 8-bit cache: each (position, KV head) row quantized as it is written (kv8's rule),
+      // read back in the mode's view (a `/k4` draft: the high nibbles).
+      kv.keys8 = segment.kv.keys8[l];
+      kv.values8 = segment.kv.values8[l];
+      kv.view = mode.kv_view;
+      for (int64_t t = segment.first; t < segment.first + segment.count; ++t) {
+        const int64_t row = segment.kv.row(positions[t]);
+        cpu::kv8_write_row(kv.keys8, row, w.k.data() + t * kv_dim, c.num_kv_heads, c.head_dim);
+        cpu::kv8_write_row(kv.values8, row, w.v.data() + t * kv_dim, c.num_kv_heads, c.head_dim);
+      }
+    } else {
+      float* keys = segment.kv.keys[l];
+      float* values = segment.kv.values[l];
+      for (int64_t t = segment.first; t < segment.first + segment.count; ++t) {
+        const int64_t row = segment.kv.row(positions[t]);
+        std::copy_n(w.k.data() + t * kv_dim, kv_dim, keys + row * kv_dim);
+        std::copy_n(w.v.data() + t * kv_dim, kv_dim, values + row * kv_dim);
+      }
+      kv.keys = keys;
+      kv.values = values;
     }
-    const cpu::PagedKv kv{keys, values, segment.kv.block_table, segment.kv.block_size};
     cpu::attention(w.q.data() + segment.first * q_dim, segment.count, positions + segment.first, kv, shape,
                    w.attn.data() + segment.first * q_dim);
   }
@@ -746,8 +756,10 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
     QSPEC_CHECK(n > 0, "forward: a sequence chunk has no tokens");
     QSPEC_CHECK(chunk.start >= 0 && chunk.start + n <= c.max_position_embeddings, "forward: positions ",
                 chunk.start, "..", chunk.start + n - 1, " exceed the model's context of ", c.max_position_embeddings);
-    QSPEC_CHECK(chunk.kv.keys && chunk.kv.values && chunk.kv.block_table && chunk.kv.block_size > 0,
-                "forward: a sequence chunk has no KV cache");
+    QSPEC_CHECK(chunk.kv.has_rows(), "forward: a sequence chunk has no KV cache");
+    QSPEC_CHECK(mode.kv_view == KvView::full || chunk.kv.format == KvCacheFormat::int8, "forward: mode ", mode.key(),
+                " reads the high nibbles of an 8-bit KV cache (a /k4 draft); this cache is ",
+                kv_cache_format_name(chunk.kv.format), " (--kv-cache int8)");
     for (int64_t t = 0; t < n; ++t) {
       const int32_t id = chunk.tokens[static_cast<size_t>(t)];
       QSPEC_CHECK(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary [0, ",

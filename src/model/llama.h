@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/draft_skip.h"
 #include "model/draft_vocab.h"
+#include "model/kv_storage.h"
 #include "ops/attention.h"
 #include "ops/int8_linear.h"
 #include "ops/linear.h"
@@ -33,39 +34,26 @@ inline cpu::AttentionShape attention_shape(const ModelConfig& config, int64_t la
   return attention_shape(config, layer, mode.kv_window, mode.kv_sinks);
 }
 
-// Where one sequence's K/V rows live in every layer: per-layer pools of f32 rows [*, kv_dim],
-// position p at row block_table[p / block_size] * block_size + p % block_size (see
-// cpu::PagedKv). The contiguous KvCache below and the paged cache of runtime/kv_cache.h both
-// hand the model one of these.
-struct KvBlocks {
-  float* const* keys = nullptr;    // [layers] pool bases
-  float* const* values = nullptr;  // [layers]
-  const int32_t* block_table = nullptr;
-  int64_t block_size = 0;
-  int64_t row(int64_t position) const {
-    return static_cast<int64_t>(block_table[position / block_size]) * block_size + position % block_size;
-  }
-};
-
-// Keys and values of one sequence, contiguous per layer: [capacity, kv_dim] f32 (one block
-// as large as the cache).
+// Keys and values of one sequence, contiguous per layer: [capacity, kv_dim] rows (one block as
+// large as the cache) in the cache format (f32 rows, or the 8-bit cache's planes).
 class KvCache {
  public:
-  KvCache(int64_t layers, int64_t capacity, int64_t kv_dim);
+  KvCache(int64_t layers, int64_t capacity, int64_t num_kv_heads, int64_t head_dim,
+          KvCacheFormat format = KvCacheFormat::f16);
   int64_t length() const { return length_; }
   int64_t capacity() const { return capacity_; }
+  KvCacheFormat format() const { return storage_.format(); }
+  size_t bytes() const { return storage_.bytes(); }
   void set_length(int64_t length);  // truncate (e.g. roll back), never grow past written data
-  float* keys(int64_t layer) { return keys_[layer].data(); }
-  float* values(int64_t layer) { return values_[layer].data(); }
+  float* keys(int64_t layer) { return storage_.keys(layer); }  // format f16 only
+  float* values(int64_t layer) { return storage_.values(layer); }
   KvBlocks blocks();
 
  private:
   friend class LlamaModel;
   int64_t capacity_;
-  int64_t kv_dim_;
   int64_t length_ = 0;
-  std::vector<std::vector<float>> keys_, values_;
-  std::vector<float*> key_pointers_, value_pointers_;
+  KvStorage storage_;
 };
 
 // One sequence's part of a batched forward pass (LlamaModel::forward_batch).
@@ -167,7 +155,8 @@ class LlamaModel {
   size_t weight_bytes() const { return weight_bytes_; }
   std::string weight_dtype() const;
 
-  KvCache new_cache(int64_t capacity = 0) const;  // 0: max_position_embeddings
+  // capacity 0: max_position_embeddings.
+  KvCache new_cache(int64_t capacity = 0, KvCacheFormat format = KvCacheFormat::f16) const;
   const WeightMatrix& embedding() const { return embedding_; }
   // Token `id`'s input row [hidden] as the forward pass starts from it: the embedding row, times
   // sqrt(hidden) rounded as transformers rounds it where the family scales (Gemma). The GPU

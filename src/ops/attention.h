@@ -1,7 +1,10 @@
-// Causal grouped-query attention of new tokens over a contiguous K/V history.
+// Causal grouped-query attention of new tokens over a contiguous or paged K/V history, in f32
+// rows or in the 8-bit cache's rows (ops/kv8_rows.h) read in a view.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+
+#include "ops/kv8_rows.h"
 
 namespace qspec::cpu {
 
@@ -30,6 +33,11 @@ struct PagedKv {
   const float* values = nullptr;
   const int32_t* block_table = nullptr;
   int64_t block_size = 0;
+  // An int8 cache (format int8): keys / values are null and the rows are keys8 / values8, read in
+  // `view`. The result equals, bit for bit, f32 attention over kv8_dequantize_rows of the rows.
+  KvCacheFormat format = KvCacheFormat::f16;
+  Kv8Rows keys8{}, values8{};
+  KvView view = KvView::full;
   int64_t row(int64_t position) const {
     return static_cast<int64_t>(block_table[position / block_size]) * block_size + position % block_size;
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/weight_matrix.h"
+#include "ops/kv_int8.h"
 #include "quant/formats.h"
 
 namespace qspec {
@@ -49,13 +50,17 @@ struct RunMode {
   // skip_layers layers of the model's draft skip table (LlamaModel::skipped_layers): each is the
   // identity on the residual stream and writes no K/V. 0: every layer.
   int64_t skip_layers = 0;
-  // Names the mode with its view, its vocabulary and its skipped layers: passes that share a key
-  // run together.
+  // What the attention reads of an 8-bit KV cache (DecodePlan::draft_kv4: a QSpec draft's `/k4`
+  // reads the high nibbles only). Every other pass reads the full view; an f16 cache has no other.
+  KvView kv_view = KvView::full;
+  // Names the mode with its view, its vocabulary, its skipped layers and its KV bits: passes that
+  // share a key run together.
   std::string key() const {
     std::string key = name;
     if (sparse_kv()) key += "/kv" + std::to_string(kv_window) + "+" + std::to_string(kv_sinks);
     if (vocab_subset > 0) key += "/v" + std::to_string(vocab_subset);
     if (skip_layers > 0) key += "/s" + std::to_string(skip_layers);
+    if (kv_view == KvView::high_nibble) key += "/k4";
     return key;
   }
 };

@@ -10,6 +10,12 @@ std::vector<int32_t> Backend::sample_rows(std::span<const RowDraw>) {
   fail("engine: this backend does not sample on the device (samples_on_device is false)");
 }
 
+bool cuda_stores_kv_cache(KvCacheFormat format) {
+  // The GPU's 8-bit cache (its kernels, to ops/kv_int8.h's rule) is not in yet: this is the one
+  // place that accepts KvCacheFormat::int8 on the GPU once it is.
+  return format == KvCacheFormat::f16;
+}
+
 #ifndef QSPEC_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(const LlamaModel&, const RunMode&, const EngineOptions&, int64_t) {
   fail("engine: device cuda: this qspec was built without the CUDA backend (configure with -DQSPEC_CUDA=ON on a "

@@ -113,5 +113,8 @@ std::string cpu_device_name();
 // when this build has no CUDA backend or the machine no suitable GPU, or the model does not fit.
 std::unique_ptr<Backend> make_cuda_backend(const LlamaModel& model, const RunMode& mode, const EngineOptions& options,
                                            int64_t context_limit);
+// Whether the GPU backend stores a KV cache of `format` (EngineOptions::kv_cache); the engine
+// refuses the others when it is built, before any request.
+bool cuda_stores_kv_cache(KvCacheFormat format);
 
 }  // namespace qspec

@@ -17,13 +17,14 @@ std::vector<std::string> DecodePlan::modes() const {
 }
 
 void set_draft_spec(DecodePlan& plan, std::string_view spec) {
+  using decode_rules::kDraftKv4Tag;
   using decode_rules::kDraftSkipTag;
   using decode_rules::kDraftVocabTag;
   auto bad = [&]() {
     return DecodePlanError("draft", "draft '" + std::string(spec) +
                                         "': expected MODE, MODE@WINDOW or MODE@WINDOW+SINKS, optionally followed by "
-                                        "/vN (a vocabulary subset of N rows) and then /sN (N skipped layers), with "
-                                        "whole numbers");
+                                        "/vN (a vocabulary subset of N rows), then /sN (N skipped layers), then /k4 "
+                                        "(the 4-bit view of an 8-bit KV cache), with whole numbers");
   };
   auto number = [&](const std::string& text) {
     size_t used = 0;
@@ -36,10 +37,15 @@ void set_draft_spec(DecodePlan& plan, std::string_view spec) {
     if (used == 0 || used != text.size() || value < 0) throw bad();
     return static_cast<int64_t>(value);
   };
-  // The suffixes, each at most once and in draft_spec's order: "/vN", then "/sN".
+  // The suffixes, each at most once and in draft_spec's order: "/vN", then "/sN", then "/k4".
   plan.draft_vocab = 0;
   plan.draft_skip = 0;
+  plan.draft_kv4 = false;
   std::string_view head = spec;
+  if (head.ends_with(kDraftKv4Tag)) {
+    plan.draft_kv4 = true;
+    head.remove_suffix(kDraftKv4Tag.size());
+  }
   if (const size_t tag = head.find(kDraftSkipTag); tag != std::string_view::npos) {
     plan.draft_skip = number(std::string(head.substr(tag + kDraftSkipTag.size())));
     head = head.substr(0, tag);
@@ -65,6 +71,7 @@ std::string draft_spec(const DecodePlan& plan) {
   if (plan.draft_window > 0) spec += "@" + std::to_string(plan.draft_window) + "+" + std::to_string(plan.draft_sinks);
   if (plan.draft_vocab > 0) spec += std::string(decode_rules::kDraftVocabTag) + std::to_string(plan.draft_vocab);
   if (plan.draft_skip > 0) spec += std::string(decode_rules::kDraftSkipTag) + std::to_string(plan.draft_skip);
+  if (plan.draft_kv4) spec += decode_rules::kDraftKv4Tag;
   return spec;
 }
 
@@ -102,6 +109,8 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
           "(a subset needs a named drafting mode)");
     check(plan.draft_skip == 0, "draft_skip", "draft auto picks its drafts' skipped layers from the cost table "
           "(skipping needs a named drafting mode)");
+    check(!plan.draft_kv4, "draft_kv4", "draft auto picks its drafts' KV view from the cost table (the 4-bit view "
+          "needs a named drafting mode)");
     check(plan.max_gamma >= 1 && plan.max_gamma <= kMaxGamma, "max_gamma", "must be in 1..", kMaxGamma,
           " (draft auto: the largest gamma the planner may pick), got ", plan.max_gamma);
   } else if (plan.ngram_draft()) {
@@ -115,13 +124,15 @@ void validate(const DecodePlan& plan, std::string_view field_prefix) {
     check(plan.draft_vocab == 0, "draft_vocab", "the n-gram draft scores no vocabulary (a subset needs a drafting "
           "mode)");
     check(plan.draft_skip == 0, "draft_skip", "the n-gram draft runs no layers (skipping needs a drafting mode)");
+    check(!plan.draft_kv4, "draft_kv4", "the n-gram draft reads no K/V (the 4-bit view needs a drafting mode)");
   } else {
     const RunMode draft = known(plan.draft, "draft");
     const bool low_precision = draft.quantized_weights && draft.activations.kind == ActivationMode::Kind::quantized;
     const bool diet_verify_mode = plan.draft_has_diet() && plan.draft == plan.verify;
     check(low_precision || diet_verify_mode, "draft", plan.draft,
           " is not a low-precision activation mode on the 4-bit weights (w4a8, w4a8-fp8, w4a4-*), auto (the "
-          "planner), ngram, or (with a draft_window, draft_vocab or draft_skip) the verify's mode ", plan.verify);
+          "planner), ngram, or (with a draft_window, draft_vocab, draft_skip or draft_kv4) the verify's mode ",
+          plan.verify);
   }
   check(plan.draft_window >= 0, "draft_window", "must be >= 0 (0: the whole cache), got ", plan.draft_window);
   check(plan.draft_sinks >= 0 && plan.draft_sinks <= kMaxDraftSinks, "draft_sinks", "must be in 0..", kMaxDraftSinks,
@@ -166,7 +177,14 @@ RunMode with_draft_diets(RunMode mode, const DecodePlan& plan) {
   mode.kv_sinks = plan.draft_view_sinks();
   mode.vocab_subset = plan.draft_vocab;
   mode.skip_layers = plan.draft_skip;
+  mode.kv_view = plan.draft_kv4 ? KvView::high_nibble : KvView::full;
   return mode;
+}
+
+void check_draft_kv_cache(const RunMode& draft, KvCacheFormat format) {
+  QSPEC_CHECK(draft.kv_view == KvView::full || format == KvCacheFormat::int8, "draft_kv4 (",
+              decode_rules::kDraftKv4Tag, ", --draft-kv4): the draft reads the high 4 bits of each code of an 8-bit "
+              "KV cache; this cache is ", kv_cache_format_name(format), " (use --kv-cache int8)");
 }
 
 }  // namespace qspec

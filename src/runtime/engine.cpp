@@ -142,7 +142,7 @@ struct Unit {
   // GPU greedy drafts still on the device (GpuLlama::draft_chain_async): `drafts` holds gamma
   // placeholders until the verify step reads them back with its ids.
   int64_t chain_offset = -1, chain_stride = 0;
-  std::vector<std::vector<float>> saved_keys, saved_values;  // no-overwrite ablation: draft rows
+  std::vector<std::vector<uint8_t>> saved_rows;  // no-overwrite ablation: the draft rows of each layer
   std::vector<int32_t> target_tokens;
 };
 
@@ -155,6 +155,7 @@ struct Engine::Impl {
   std::vector<int32_t> eos_ids;
   int64_t context_limit = 0;  // positions a sequence may hold: options.max_context, else the model's
   int64_t activation_group_size = quant::kDefaultGroupSize;
+  KvCacheFormat kv_format = KvCacheFormat::f16;  // options.kv_cache
   std::unique_ptr<Backend> backend;  // where the forward passes run (options.device)
   KvBlockPool pool;
   // Draft auto: the planner over this device's step costs, and its candidates' drafting modes
@@ -191,8 +192,10 @@ struct Engine::Impl {
         options(o),
         context_limit(context_of(m, o)),
         activation_group_size(activation_group_size_of(m, o)),
-        backend(make_backend(m, o, context_limit, activation_group_size)),
-        pool(m.config().num_layers, m.config().kv_dim(), pool_blocks(m, o, context_limit, backend->kv_in_pool()), o.kv_block_size,
+        kv_format(kv_format_of(o)),
+        backend(make_backend(m, o, kv_format, context_limit, activation_group_size)),
+        pool(m.config().num_layers, m.config().num_kv_heads, m.config().head_dim, kv_format,
+             pool_blocks(m, o, kv_format, context_limit, backend->kv_in_pool()), o.kv_block_size,
              /*with_storage=*/backend->kv_in_pool()) {
     // End of sequence: the tokenizer's eos ids and the checkpoint's (generation_config.json
     // may name more, e.g. an instruct model's end-of-turn token).
@@ -200,6 +203,7 @@ struct Engine::Impl {
     for (int32_t id : model.config().eos_token_ids)
       if (std::find(eos_ids.begin(), eos_ids.end(), id) == eos_ids.end()) eos_ids.push_back(id);
     totals.kv_blocks_total = pool.num_blocks();
+    totals.kv_cache_bytes = pool.bytes();
     totals.batch_size_histogram.assign(static_cast<size_t>(options.max_batch_size + 1), 0);
     published = totals;
     make_planner();
@@ -245,6 +249,7 @@ struct Engine::Impl {
                     context_limit, ")");
         if (mode.vocab_subset > 0) model.check_draft_vocab(mode.vocab_subset);  // a table that holds it
         if (mode.skip_layers > 0) model.check_draft_skip(mode.skip_layers);
+        check_kv_view(mode);
         backend->check_mode(mode, "draft");  // with its diets: a backend may lack one
         usable.push_back(spec);
         candidate_modes.push_back(mode);
@@ -266,6 +271,15 @@ struct Engine::Impl {
     QSPEC_CHECK(o.kv_blocks >= 0, "engine: kv_blocks must be >= 0, got ", o.kv_blocks);
     QSPEC_CHECK(o.device == "cpu" || o.device == "cuda", "engine: device must be cpu or cuda, got '", o.device, "'");
   }
+
+  static KvCacheFormat kv_format_of(const EngineOptions& o) {
+    const std::optional<KvCacheFormat> format = parse_kv_cache_format(o.kv_cache);
+    QSPEC_CHECK(format, "engine: kv_cache (--kv-cache) must be f16 or int8, got '", o.kv_cache, "'");
+    return *format;
+  }
+
+  // A pass that reads the high nibbles of the cache (a `/k4` draft) needs an 8-bit cache.
+  void check_kv_view(const RunMode& mode) const { check_draft_kv_cache(mode, kv_format); }
 
   // The engine's context: options.max_context within the model's, else the model's.
   static int64_t context_of(const LlamaModel& model, const EngineOptions& o) {
@@ -290,21 +304,24 @@ struct Engine::Impl {
   }
 
   // The backend of options.device; on the GPU it runs one mode (gpu_mode, else the weights' own).
-  static std::unique_ptr<Backend> make_backend(const LlamaModel& model, const EngineOptions& o, int64_t context,
-                                               int64_t group_size) {
+  static std::unique_ptr<Backend> make_backend(const LlamaModel& model, const EngineOptions& o, KvCacheFormat format,
+                                               int64_t context, int64_t group_size) {
     if (o.device == "cpu") return make_cpu_backend(model);
+    QSPEC_CHECK(cuda_stores_kv_cache(format), "--kv-cache ", kv_cache_format_name(format), ": the CUDA backend has "
+                "no ", kv_cache_format_name(format), " KV cache yet (use --kv-cache f16 on --device cuda, or the CPU)");
     const std::string mode =
         !o.gpu_mode.empty() ? o.gpu_mode : std::string(decode_rules::checkpoint_mode(model.has_quantized_weights()));
     return make_cuda_backend(model, model_mode(model, group_size, mode, "gpu_mode"), o, context);
   }
 
-  static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o, int64_t context, bool kv_in_pool) {
+  static int64_t pool_blocks(const LlamaModel& model, const EngineOptions& o, KvCacheFormat format, int64_t context,
+                             bool kv_in_pool) {
     if (o.kv_blocks > 0) return o.kv_blocks;
     const ModelConfig& c = model.config();
     const int64_t per_sequence = (context + o.kv_block_size - 1) / o.kv_block_size + 1;
     // Rows on the device: the pool only counts blocks.
     if (!kv_in_pool) return o.max_batch_size * per_sequence;
-    const size_t block_bytes = 2 * static_cast<size_t>(c.num_layers * o.kv_block_size * c.kv_dim()) * sizeof(float);
+    const size_t block_bytes = KvBlockPool::block_bytes(c.num_layers, c.num_kv_heads, c.head_dim, o.kv_block_size, format);
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(o.kv_memory_bytes / block_bytes));
     return std::min(o.max_batch_size * per_sequence, cap);
   }
@@ -344,10 +361,12 @@ struct Engine::Impl {
         QSPEC_CHECK(plan.draft_window + seq->draft.kv_sinks < context_limit, "request: draft_window ",
                     plan.draft_window, " + draft_sinks ", seq->draft.kv_sinks, " is not below the context (",
                     context_limit, " tokens): the draft would read the whole cache (draft_window 0 says that)");
-        // The tables hold the diets, and the backend runs them: an error now, not mid-request.
+        // The tables hold the diets, the cache the view, and the backend runs them: an error now,
+        // not mid-request.
         try {
           if (plan.draft_vocab > 0) model.check_draft_vocab(plan.draft_vocab);
           if (plan.draft_skip > 0) model.check_draft_skip(plan.draft_skip);
+          check_kv_view(seq->draft);
         } catch (const Error& e) {
           fail("request: ", e.what());
         }
@@ -743,31 +762,24 @@ struct Engine::Impl {
   // No-overwrite ablation (K/V rows in the pool only): the rows the drafts wrote (for last,
   // d_0 .. d_{drafted-2}).
   void save_draft_rows(Unit& unit) {
-    const int64_t layers = model.config().num_layers, kv_dim = model.config().kv_dim();
+    const ModelConfig& c = model.config();
     const int64_t rows = static_cast<int64_t>(unit.drafts.size());
     const KvBlocks blocks = unit.seq->kv.blocks(pool);
-    unit.saved_keys.assign(static_cast<size_t>(layers), {});
-    unit.saved_values.assign(static_cast<size_t>(layers), {});
-    for (int64_t l = 0; l < layers; ++l)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = blocks.row(unit.base + r);
-        const float* k = blocks.keys[l] + row * kv_dim;
-        const float* v = blocks.values[l] + row * kv_dim;
-        unit.saved_keys[l].insert(unit.saved_keys[l].end(), k, k + kv_dim);
-        unit.saved_values[l].insert(unit.saved_values[l].end(), v, v + kv_dim);
-      }
+    unit.saved_rows.assign(static_cast<size_t>(c.num_layers), {});
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      for (int64_t r = 0; r < rows; ++r)
+        save_kv_row(blocks, l, blocks.row(unit.base + r), c.num_kv_heads, c.head_dim, unit.saved_rows[l]);
   }
 
   void restore_draft_rows(Unit& unit, int64_t rows) {
-    const int64_t layers = model.config().num_layers, kv_dim = model.config().kv_dim();
+    const ModelConfig& c = model.config();
+    const size_t row_bytes = KvStorage::position_bytes(c.num_kv_heads, c.head_dim, kv_format);
     rows = std::min<int64_t>(rows, static_cast<int64_t>(unit.drafts.size()));
     const KvBlocks blocks = unit.seq->kv.blocks(pool);
-    for (int64_t l = 0; l < layers && !unit.saved_keys.empty(); ++l)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = blocks.row(unit.base + r);
-        std::copy_n(unit.saved_keys[l].data() + r * kv_dim, kv_dim, blocks.keys[l] + row * kv_dim);
-        std::copy_n(unit.saved_values[l].data() + r * kv_dim, kv_dim, blocks.values[l] + row * kv_dim);
-      }
+    for (int64_t l = 0; l < c.num_layers && !unit.saved_rows.empty(); ++l)
+      for (int64_t r = 0; r < rows; ++r)
+        restore_kv_row(blocks, l, blocks.row(unit.base + r), c.num_kv_heads, c.head_dim,
+                       unit.saved_rows[l].data() + static_cast<size_t>(r) * row_bytes);
   }
 
   // Target passes: one per run mode over every prompt chunk, decode token and verify run. A

@@ -23,7 +23,7 @@ GenerationResult generate(const LlamaModel& model, std::span<const int32_t> prom
   result.finish_reason = budget < options.max_new_tokens ? "context" : "length";
   if (budget == 0) return result;
 
-  KvCache cache = model.new_cache(std::min<int64_t>(context, result.prompt_tokens + budget));
+  KvCache cache = model.new_cache(std::min<int64_t>(context, result.prompt_tokens + budget), options.kv_cache);
   Sampler sampler(options.sampling);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;

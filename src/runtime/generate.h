@@ -17,6 +17,7 @@ struct GenerationOptions {
   SamplingParams sampling;
   std::vector<int32_t> eos_ids;  // stop when one is produced (it is kept in the output)
   RunMode mode;                  // weights and activation precision of every forward pass
+  KvCacheFormat kv_cache = KvCacheFormat::f16;  // what the KV cache stores (--kv-cache)
 };
 
 struct GenerationResult {

@@ -4,30 +4,32 @@
 
 namespace qspec {
 
-KvBlockPool::KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size, bool with_storage)
-    : kv_dim_(kv_dim), num_blocks_(num_blocks), block_size_(block_size), with_storage_(with_storage) {
-  QSPEC_CHECK(layers > 0 && kv_dim > 0, "KV pool: bad shape (", layers, " layers, kv_dim ", kv_dim, ")");
+namespace {
+int64_t checked_rows(int64_t layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size) {
+  QSPEC_CHECK(layers > 0 && num_kv_heads > 0 && head_dim > 0, "KV pool: bad shape (", layers, " layers, ",
+              num_kv_heads, " KV heads of ", head_dim, ")");
   QSPEC_CHECK(num_blocks > 0, "KV pool: needs at least one block, got ", num_blocks);
   QSPEC_CHECK(block_size > 0, "KV pool: block size must be positive, got ", block_size);
-  const size_t floats = static_cast<size_t>(num_blocks * block_size * kv_dim);
-  keys_.resize(static_cast<size_t>(layers));
-  values_.resize(static_cast<size_t>(layers));
-  for (int64_t l = 0; l < layers; ++l) {
-    if (with_storage) {
-      keys_[l].assign(floats, 0.0f);
-      values_[l].assign(floats, 0.0f);
-    }
-    key_pointers_.push_back(keys_[l].data());
-    value_pointers_.push_back(values_[l].data());
-  }
+  return num_blocks * block_size;
+}
+}  // namespace
+
+KvBlockPool::KvBlockPool(int64_t layers, int64_t num_kv_heads, int64_t head_dim, KvCacheFormat format,
+                         int64_t num_blocks, int64_t block_size, bool with_storage)
+    : layers_(layers),
+      kv_dim_(num_kv_heads * head_dim),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      storage_(layers, checked_rows(layers, num_kv_heads, head_dim, num_blocks, block_size), num_kv_heads, head_dim,
+               format, with_storage) {
   allocated_.assign(static_cast<size_t>(num_blocks), 0);
   // Block 0 on top of the stack: a fresh pool hands out 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
-size_t KvBlockPool::bytes() const {
-  if (!with_storage_) return 0;
-  return 2 * keys_.size() * static_cast<size_t>(num_blocks_ * block_size_ * kv_dim_) * sizeof(float);
+size_t KvBlockPool::block_bytes(int64_t layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                KvCacheFormat format) {
+  return static_cast<size_t>(layers * block_size) * KvStorage::position_bytes(num_kv_heads, head_dim, format);
 }
 
 int32_t KvBlockPool::allocate() {

@@ -15,11 +15,16 @@ class KvBlockPool {
  public:
   static constexpr int64_t kDefaultBlockSize = 16;
 
-  // layers x num_blocks x block_size rows of kv_dim f32 keys and values. Without storage the
-  // pool only does the block accounting (the GPU engine: the rows live in the GPU's cache) and
-  // key_pools() / value_pools() hold null pointers.
+  // layers x num_blocks x block_size rows of keys and values, num_kv_heads heads of head_dim
+  // each, in `format` (f32 rows, or the 8-bit cache's planes: model/kv_storage.h). Without
+  // storage the pool only does the block accounting (the GPU engine: the rows live in the GPU's
+  // cache) and its blocks hold null pointers.
+  KvBlockPool(int64_t layers, int64_t num_kv_heads, int64_t head_dim, KvCacheFormat format, int64_t num_blocks,
+              int64_t block_size = kDefaultBlockSize, bool with_storage = true);
+  // f32 rows of kv_dim values (the f16 format's rows need no heads).
   KvBlockPool(int64_t layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size = kDefaultBlockSize,
-              bool with_storage = true);
+              bool with_storage = true)
+      : KvBlockPool(layers, 1, kv_dim, KvCacheFormat::f16, num_blocks, block_size, with_storage) {}
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
@@ -27,21 +32,26 @@ class KvBlockPool {
   int64_t num_blocks() const { return num_blocks_; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
   int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
-  int64_t layers() const { return static_cast<int64_t>(keys_.size()); }
+  int64_t layers() const { return layers_; }
   int64_t kv_dim() const { return kv_dim_; }
-  size_t bytes() const;
+  KvCacheFormat format() const { return storage_.format(); }
+  size_t bytes() const { return storage_.bytes(); }
+  // Bytes of one block of `format` rows (every layer's K and V): what a memory budget divides by.
+  static size_t block_bytes(int64_t layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                            KvCacheFormat format);
 
   int32_t allocate();          // throws qspec::Error when no block is free (check free_blocks)
   void release(int32_t block);  // throws on a block that is not allocated
 
-  float* const* key_pools() const { return key_pointers_.data(); }
-  float* const* value_pools() const { return value_pointers_.data(); }
+  // The pool's rows as a block table sees them.
+  KvBlocks blocks(const int32_t* block_table) const { return storage_.blocks(block_table, block_size_); }
+  // Format f16: the per-layer bases of the f32 rows (null without storage); null on an int8 pool.
+  float* const* key_pools() const { return blocks(nullptr).keys; }
+  float* const* value_pools() const { return blocks(nullptr).values; }
 
  private:
-  int64_t kv_dim_, num_blocks_, block_size_;
-  bool with_storage_ = true;
-  std::vector<std::vector<float>> keys_, values_;  // [layer][num_blocks * block_size * kv_dim]
-  std::vector<float*> key_pointers_, value_pointers_;
+  int64_t layers_, kv_dim_, num_blocks_, block_size_;
+  KvStorage storage_;  // num_blocks * block_size rows
   std::vector<int32_t> free_;      // a stack: the most recently freed block is reused first
   std::vector<uint8_t> allocated_;  // per block
 };
@@ -75,7 +85,7 @@ class SequenceKv {
   void release(KvBlockPool& pool);
 
   KvBlocks blocks(const KvBlockPool& pool) const {
-    return KvBlocks{pool.key_pools(), pool.value_pools(), block_table_.data(), pool.block_size()};
+    return pool.blocks(block_table_.data());
   }
 
  private:

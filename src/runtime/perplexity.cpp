@@ -56,7 +56,7 @@ PerplexityResult sliding_window_perplexity(const LlamaModel& model, std::span<co
     // Score positions [first, end): those after the previous window's end (never t_begin,
     // which has no context inside the window; stride < context keeps it scored earlier).
     const int64_t first = std::max(previous_end, begin + 1);
-    KvCache cache = model.new_cache(end - begin);
+    KvCache cache = model.new_cache(end - begin, options.kv_cache);
     for (int64_t chunk = begin; chunk < end; chunk += kChunk) {
       const int64_t chunk_end = std::min(chunk + kChunk, end);
       // The logits at position p predict t_{p+1}: this chunk scores (chunk, chunk_end].

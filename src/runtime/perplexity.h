@@ -31,6 +31,7 @@ struct PerplexityOptions {
   int64_t stride = 0;       // window step, 1 <= stride < context; 0: context / 2
   int64_t max_windows = 0;  // stop after this many windows; 0: all
   RunMode mode;             // weights and activation precision of every forward pass
+  KvCacheFormat kv_cache = KvCacheFormat::f16;  // what each window's KV cache stores (--kv-cache)
   // Called after each window with (windows done, windows planned); may be empty.
   std::function<void(int64_t, int64_t)> on_window;
 };

@@ -37,29 +37,29 @@ int32_t draw_from(std::span<const float> probs, double draw) {
   return last_candidate;
 }
 
-// K/V rows [first, first + count) of every layer, saved for the no-overwrite ablation.
+// K/V rows [first, first + count) of every layer, saved for the no-overwrite ablation (in the
+// cache's own format: model/kv_storage.h's row bytes).
 struct SavedRows {
-  int64_t first = 0, count = 0, kv_dim = 0;
-  std::vector<std::vector<float>> keys, values;
+  int64_t first = 0, count = 0, heads = 0, head_dim = 0;
+  size_t row_bytes = 0;
+  std::vector<std::vector<uint8_t>> layers;
 
-  void save(KvCache& cache, int64_t layers, int64_t kv, int64_t first_row, int64_t rows) {
-    first = first_row, count = rows, kv_dim = kv;
-    keys.resize(static_cast<size_t>(layers));
-    values.resize(static_cast<size_t>(layers));
-    for (int64_t l = 0; l < layers; ++l) {
-      const float* k = cache.keys(l) + first * kv_dim;
-      const float* v = cache.values(l) + first * kv_dim;
-      keys[l].assign(k, k + count * kv_dim);
-      values[l].assign(v, v + count * kv_dim);
-    }
+  void save(KvCache& cache, const ModelConfig& config, int64_t first_row, int64_t rows) {
+    first = first_row, count = rows, heads = config.num_kv_heads, head_dim = config.head_dim;
+    row_bytes = KvStorage::position_bytes(heads, head_dim, cache.format());
+    const KvBlocks kv = cache.blocks();
+    layers.assign(static_cast<size_t>(config.num_layers), {});
+    for (int64_t l = 0; l < config.num_layers; ++l)
+      for (int64_t r = 0; r < count; ++r) save_kv_row(kv, l, kv.row(first + r), heads, head_dim, layers[l]);
   }
   // Writes back the first `rows` saved rows.
   void restore(KvCache& cache, int64_t rows) const {
     rows = std::min(rows, count);
-    for (size_t l = 0; l < keys.size(); ++l) {
-      std::copy_n(keys[l].data(), rows * kv_dim, cache.keys(static_cast<int64_t>(l)) + first * kv_dim);
-      std::copy_n(values[l].data(), rows * kv_dim, cache.values(static_cast<int64_t>(l)) + first * kv_dim);
-    }
+    const KvBlocks kv = cache.blocks();
+    for (size_t l = 0; l < layers.size(); ++l)
+      for (int64_t r = 0; r < rows; ++r)
+        restore_kv_row(kv, static_cast<int64_t>(l), kv.row(first + r), heads, head_dim,
+                       layers[l].data() + static_cast<size_t>(r) * row_bytes);
   }
 };
 
@@ -162,7 +162,8 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
   if (budget == 0) return result;
 
   std::optional<KvCache> own_cache;
-  if (!external_cache) own_cache.emplace(model.new_cache(std::min<int64_t>(context, result.prompt_tokens + budget)));
+  if (!external_cache)
+    own_cache.emplace(model.new_cache(std::min<int64_t>(context, result.prompt_tokens + budget), options.kv_cache));
   KvCache& cache = external_cache ? *external_cache : *own_cache;
   QSPEC_CHECK(cache.length() == 0, "qspec: the given KV cache is not empty");
   QSPEC_CHECK(cache.capacity() >= result.prompt_tokens + budget, "qspec: the KV cache holds ", cache.capacity(),
@@ -234,7 +235,7 @@ QSpecResult qspec_generate(const LlamaModel& model, std::span<const int32_t> pro
     metrics.draft_seconds += seconds_since(draft_start);
     // The draft wrote rows base .. base + drafted - 1 (for last, d_0 .. d_{drafted-2}).
     if (!qspec.overwrite_kv && cache.length() > base)
-      saved.save(cache, config.num_layers, config.kv_dim(), base, cache.length() - base);
+      saved.save(cache, config, base, cache.length() - base);
     cache.set_length(base);
 
     // Verify: one pass over [last, d_0 .. d_{drafted-1}], logits for every position.

@@ -581,6 +581,11 @@ struct Server::Impl {
     p.metric("qspec_kv_block_usage_ratio", "gauge", "Fraction of KV blocks in use",
              m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / static_cast<double>(m.kv_blocks_total)
                                    : 0.0);
+    // The engine-wide KV cache format (--kv-cache) and the bytes its host pool holds.
+    p.header("qspec_kv_cache_info", "gauge", "The KV cache's format (--kv-cache): f16 or int8");
+    p.sample("qspec_kv_cache_info", 1.0, "format=\"" + options.engine.kv_cache + "\"");
+    p.metric("qspec_kv_cache_bytes", "gauge", "Bytes of the KV cache's host pool (0 when its rows are on the GPU)",
+             static_cast<double>(m.kv_cache_bytes));
     const QSpecMetrics& q = m.qspec;
     p.metric("qspec_spec_drafted_tokens_total", "counter", "QSpec draft tokens offered for verification",
              static_cast<double>(q.drafted));

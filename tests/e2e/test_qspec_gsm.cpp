@@ -41,6 +41,7 @@ struct Fixture {
   std::unique_ptr<qspec::LlamaModel> model = qspec::LlamaModel::load(kModelDir);
   std::unique_ptr<qspec::Tokenizer> tokenizer = qspec::Tokenizer::load(kModelDir);
   std::vector<std::vector<int32_t>> prompts, references;  // references: greedy W4A16
+  std::vector<std::vector<int32_t>> references_int8;      // greedy W4A16 on the 8-bit KV cache, on first use
   qspec::RunMode verify;
   explicit Fixture(qspec::quant::Format weights) {
     // Decoded f32 weights: same outputs bit for bit (tested), about twice the CPU speed.
@@ -80,12 +81,22 @@ struct Fixture {
     m.activations.group_size = model->auto_group_size();
     return m;
   }
-  qspec::GenerationOptions generation_options() const {
+  qspec::GenerationOptions generation_options(qspec::KvCacheFormat kv_cache = qspec::KvCacheFormat::f16) const {
     qspec::GenerationOptions options;
     options.max_new_tokens = kMaxTokens;
     options.eos_ids = tokenizer->eos_ids;
     options.mode = verify;
+    options.kv_cache = kv_cache;
     return options;
+  }
+  // Greedy W4A16 on a KV cache of `kv_cache`: what QSpec on that cache must equal.
+  const std::vector<std::vector<int32_t>>& references_for(qspec::KvCacheFormat kv_cache) {
+    if (kv_cache == qspec::KvCacheFormat::f16) return references;
+    if (references_int8.empty()) {
+      const qspec::GenerationOptions options = generation_options(kv_cache);
+      for (const auto& prompt : prompts) references_int8.push_back(qspec::generate(*model, prompt, options).ids);
+    }
+    return references_int8;
   }
 };
 
@@ -101,15 +112,16 @@ Fixture& fixture(qspec::quant::Format weights = qspec::quant::Format::int4) {
 
 // Compares one QSpec output with the W4A16 reference: true when equal or when the first
 // difference sits on an exact tie of the W4A16 logits (printed).
-bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got, const std::string& label) {
-  const std::vector<int32_t>& want = f.references[problem];
+bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got, const std::string& label,
+                    qspec::KvCacheFormat kv_cache = qspec::KvCacheFormat::f16) {
+  const std::vector<int32_t>& want = f.references_for(kv_cache)[problem];
   if (got == want) return true;
   size_t i = 0;
   while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
   if (i < got.size() && i < want.size()) {
     std::vector<int32_t> context = f.prompts[problem];
     context.insert(context.end(), want.begin(), want.begin() + static_cast<std::ptrdiff_t>(i));
-    qspec::KvCache cache = f.model->new_cache(static_cast<int64_t>(context.size()));
+    qspec::KvCache cache = f.model->new_cache(static_cast<int64_t>(context.size()), kv_cache);
     std::vector<float> logits;
     f.model->forward(context, cache, logits, false, f.verify);
     if (logits[static_cast<size_t>(got[i])] == logits[static_cast<size_t>(want[i])]) {
@@ -127,17 +139,21 @@ bool matches_or_tie(Fixture& f, size_t problem, const std::vector<int32_t>& got,
 
 // All 400 problems through the engine (batch 16, one or two arrivals a step: sequences join and
 // leave mid-flight) with QSpec drafting in `draft`; every output must equal W4A16's (or part at
-// an exact logit tie).
+// an exact logit tie). On an 8-bit KV cache (kv_cache int8) the W4A16 reference runs on it too;
+// draft_kv4: the drafts read only its high nibbles.
 static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft, int64_t gamma,
                                                         qspec::quant::Format weights = qspec::quant::Format::int4,
                                                         int64_t draft_window = 0, int64_t draft_sinks = 0,
                                                         const std::string& qspec_costs = "", int64_t draft_vocab = 0,
-                                                        int64_t draft_skip = 0) {
+                                                        int64_t draft_skip = 0,
+                                                        qspec::KvCacheFormat kv_cache = qspec::KvCacheFormat::f16,
+                                                        bool draft_kv4 = false) {
   Fixture& f = fixture(weights);
   ASSERT_EQ(f.prompts.size(), 400u);
   qspec::EngineOptions options;
   options.max_batch_size = 16;
   options.qspec_costs = qspec_costs;
+  options.kv_cache = qspec::kv_cache_format_name(kv_cache);
   qspec::Engine engine(*f.model, f.tokenizer.get(), options);
   qspec::Request base;
   base.max_new_tokens = kMaxTokens;
@@ -148,6 +164,7 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
   base.plan.draft_sinks = draft_sinks;
   base.plan.draft_vocab = draft_vocab;
   base.plan.draft_skip = draft_skip;
+  base.plan.draft_kv4 = draft_kv4;
   std::vector<std::vector<int32_t>> outputs(f.prompts.size());
   std::vector<bool> finished(f.prompts.size(), false);
   qspec::QSpecMetrics totals;
@@ -176,11 +193,12 @@ static void expect_engine_equals_w4a16_on_all_problems(const std::string& draft,
                                                     std::to_string(draft_sinks)
                                               : "") +
                             (draft_vocab > 0 ? " vocab " + std::to_string(draft_vocab) : "") +
-                            (draft_skip > 0 ? " skip " + std::to_string(draft_skip) : "") + " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
+                            (draft_skip > 0 ? " skip " + std::to_string(draft_skip) : "") +
+                            (draft_kv4 ? " kv4" : "") + " kv-cache " + qspec::kv_cache_format_name(kv_cache) + " gamma " + std::to_string(gamma) + " " + std::string(qspec::quant::format_name(weights));
   int64_t matched = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     ASSERT_TRUE(finished[i]) << i;
-    matched += matches_or_tie(f, i, outputs[i], label);
+    matched += matches_or_tie(f, i, outputs[i], label, kv_cache);
   }
   std::printf("%s, batch 16: %lld/400 equal to w4a16 (or exact ties), acceptance %lld/%lld = %.1f%%\n", label.c_str(),
               static_cast<long long>(matched), static_cast<long long>(totals.accepted),
@@ -245,6 +263,25 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredLayerSkipW
 
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredLayerSkipVocabSparseKvDraftGamma3) {
   expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4, "", 96, 4);
+}
+
+// The 8-bit KV cache (issue 50, diet 2), W4A16's reference on it too: a plain w4a8 draft reading
+// all 8 bits of each code, and a w4a8 draft reading only the high nibbles (/k4), whose K/V rows the
+// verify rewrites at 8 bits: the same promise.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredW4a8DraftGamma4Int8KvCache) {
+  expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4, 0, 0, "", 0, 0,
+                                             qspec::KvCacheFormat::int8);
+}
+
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredKv4W4a8DraftGamma4Int8KvCache) {
+  expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4, 0, 0, "", 0, 0,
+                                             qspec::KvCacheFormat::int8, /*draft_kv4=*/true);
+}
+
+// The 4-bit view composed with the verify's mode, a sparse view and a vocabulary subset.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredKv4SparseVocabDraftGamma3Int8KvCache) {
+  expect_engine_equals_w4a16_on_all_problems("w4a16", 3, qspec::quant::Format::int4, 24, 4, "", 96, 0,
+                                             qspec::KvCacheFormat::int8, /*draft_kv4=*/true);
 }
 
 // Draft auto over a step-cost table (this machine's CPU, this model's shapes) where drafts pay at

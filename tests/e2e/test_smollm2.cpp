@@ -168,7 +168,9 @@ struct DietCase {
 // draft vocabulary table made as `qspec tune-draft` makes it (from the MT-Bench questions, with
 // <|im_end|> and the special tokens first) and the layer skip table tune-draft made from the same
 // text (bench/results/qspec-draft-skip-smollm2-ba32d84.json: layers 5, 25, 17, 14 first).
-static void expect_greedy_qspec_with_diets_equals_w4a16(const std::vector<DietCase>& cases) {
+// On an 8-bit KV cache (kv_cache "int8") both W4A16 and QSpec run on it.
+static void expect_greedy_qspec_with_diets_equals_w4a16(const std::vector<DietCase>& cases,
+                                                        const std::string& kv_cache = "f16") {
   ASSERT_TRUE(model_present());
   auto model = qspec::LlamaModel::load(kModelDir);  // its own copy: 4-bit weights are added to it
   auto tokenizer = qspec::Tokenizer::load(kModelDir);
@@ -200,6 +202,7 @@ static void expect_greedy_qspec_with_diets_equals_w4a16(const std::vector<DietCa
     options.max_new_tokens = kMaxTokens;
     options.eos_ids = tokenizer->eos_ids;
     options.mode = w4a16;
+    options.kv_cache = *qspec::parse_kv_cache_format(kv_cache);
     references.push_back(qspec::generate(*model, prompts.back(), options).ids);
   }
   ASSERT_EQ(prompts.size(), 4u);
@@ -208,6 +211,7 @@ static void expect_greedy_qspec_with_diets_equals_w4a16(const std::vector<DietCa
     SCOPED_TRACE(c.draft);
     qspec::EngineOptions options;
     options.max_batch_size = 4;
+    options.kv_cache = kv_cache;
     qspec::Engine engine(*model, tokenizer.get(), options);
     std::vector<std::vector<int32_t>> outputs(prompts.size());
     size_t finished = 0;
@@ -233,8 +237,8 @@ static void expect_greedy_qspec_with_diets_equals_w4a16(const std::vector<DietCa
       engine.step();
     }
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(outputs[i], references[i]) << "prompt " << i;
-    std::printf("SmolLM2 %s gamma %lld: acceptance %lld/%lld = %.1f%%\n", c.draft.c_str(),
-                static_cast<long long>(c.gamma), static_cast<long long>(totals.accepted),
+    std::printf("SmolLM2 %s gamma %lld, KV cache %s: acceptance %lld/%lld = %.1f%%\n", c.draft.c_str(),
+                static_cast<long long>(c.gamma), kv_cache.c_str(), static_cast<long long>(totals.accepted),
                 static_cast<long long>(totals.drafted), 100.0 * totals.acceptance_rate());
     EXPECT_GT(totals.accepted, totals.drafted / 4) << "the drafts are mostly refused";
   }
@@ -250,4 +254,12 @@ TEST(SmolLM2, GreedyQSpecWithDraftVocabularySubsetsEqualsW4A16) {
 // alone and composed with a window and a subset.
 TEST(SmolLM2, GreedyQSpecWithLayerSkipDraftsEqualsW4A16) {
   expect_greedy_qspec_with_diets_equals_w4a16({{"w4a8/s1", 3}, {"w4a16/s2", 2}, {"w4a16@32+4/v16384/s4", 2}});
+}
+
+// The 8-bit KV cache (issue 50, diet 2): W4A16 and QSpec both on it, with drafts that read all 8
+// bits of each code and drafts that read only the high nibbles (/k4), alone and composed with a
+// window, a subset and skipped layers. The verify rewrites every draft row at 8 bits.
+TEST(SmolLM2, GreedyQSpecOnInt8KvCacheWithKv4DraftsEqualsW4A16) {
+  expect_greedy_qspec_with_diets_equals_w4a16(
+      {{"w4a8", 3}, {"w4a8/k4", 3}, {"w4a16/k4", 2}, {"w4a16@32+4/v16384/s2/k4", 2}}, "int8");
 }

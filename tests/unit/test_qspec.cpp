@@ -227,9 +227,12 @@ TEST(QSpec, MetricsAreConsistent) {
 // ids of a draft vocabulary table when > 0 (the even ids first, then the odd: much of each
 // distribution's mass lies outside a subset of two thirds of the vocabulary, so the residual
 // draws those tokens).
-// With skip_layers > 0 the draft also skips the model's last layer (a table of one).
+// With skip_layers > 0 the draft also skips the model's last layer (a table of one). With kv4 every
+// pass runs on an 8-bit KV cache and the draft reads only its high nibbles (/k4).
 static void expect_rejection_sampling_keeps_the_verify_distribution(const std::string& draft_mode,
-                                                                     int64_t vocab_subset, int64_t skip_layers = 0) {
+                                                                     int64_t vocab_subset, int64_t skip_layers = 0,
+                                                                     bool kv4 = false) {
+  const qspec::KvCacheFormat kv_cache = kv4 ? qspec::KvCacheFormat::int8 : qspec::KvCacheFormat::f16;
   auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
   model->quantize_weights(qspec::quant::Format::int4);
   std::vector<bool> in_subset(static_cast<size_t>(model->config().vocab_size), vocab_subset == 0);
@@ -260,10 +263,12 @@ static void expect_rejection_sampling_keeps_the_verify_distribution(const std::s
   qspec::GenerationOptions options;
   options.max_new_tokens = 3;  // the first token, then one cycle drafting one token
   options.sampling = sampling;
+  options.kv_cache = kv_cache;
   qspec::QSpecOptions q;
   q.draft = make_mode(draft_mode);
   q.draft.vocab_subset = vocab_subset;
   q.draft.skip_layers = skip_layers;
+  q.draft.kv_view = kv4 ? qspec::KvView::high_nibble : qspec::KvView::full;
   q.verify = make_mode("w4a16");
   q.gamma = 3;
 
@@ -272,7 +277,7 @@ static void expect_rejection_sampling_keeps_the_verify_distribution(const std::s
   std::vector<double> expected(static_cast<size_t>(vocab), 0.0);
   std::vector<float> logits;
   {
-    qspec::KvCache cache = model->new_cache(16);
+    qspec::KvCache cache = model->new_cache(16, kv_cache);
     model->forward(prompt, cache, logits, false, q.verify);
   }
   const std::vector<float> first = sampler.probabilities(logits, prompt);
@@ -281,7 +286,7 @@ static void expect_rejection_sampling_keeps_the_verify_distribution(const std::s
     if (first[t0] <= 0) continue;
     std::vector<int32_t> context = prompt;
     context.push_back(t0);
-    qspec::KvCache cache = model->new_cache(16), draft_cache = model->new_cache(16);
+    qspec::KvCache cache = model->new_cache(16, kv_cache), draft_cache = model->new_cache(16, kv_cache);
     model->forward(context, cache, logits, false, q.verify);
     const std::vector<float> second = sampler.probabilities(logits, context);
     model->forward(context, draft_cache, logits, false, q.draft);
@@ -380,6 +385,16 @@ TEST(QSpec, RejectionSamplingKeepsTheVerifyDistributionWithAVocabularySubsetDraf
 TEST(QSpec, RejectionSamplingKeepsTheVerifyDistributionWithALayerSkipDraft) {
   expect_rejection_sampling_keeps_the_verify_distribution("w4a16", 0, 1);
   expect_rejection_sampling_keeps_the_verify_distribution("w4a4-int4", qspec::decode_rules::kMinDraftVocab, 1);
+}
+
+// A draft that reads only the high nibbles of an 8-bit KV cache (/k4; the verify and the
+// reference on the same cache at 8 bits): its distribution is another model's, its K/V rows are
+// rewritten by the verify. Still exact, in the verify's own mode and composed with a
+// low-precision mode, a subset and a skipped layer.
+TEST(QSpec, RejectionSamplingKeepsTheVerifyDistributionWithAKv4DraftOnAnInt8Cache) {
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a16", 0, 0, /*kv4=*/true);
+  expect_rejection_sampling_keeps_the_verify_distribution("w4a4-int4", qspec::decode_rules::kMinDraftVocab, 1,
+                                                          /*kv4=*/true);
 }
 
 // Greedy acceptance from argmax ids (the GPU engine's) is accept() on the logit rows those ids

@@ -1083,3 +1083,35 @@ TEST(ServerHardening, ServeBytesAnswersRawRequestsWithoutASocket) {
 }
 
 }  // namespace
+
+// The 8-bit KV cache (--kv-cache int8, engine-wide): a QSpec request whose draft reads only the
+// high nibbles (qspec.draft_kv4) runs there, and /metrics names the format; on an f16 cache the
+// same request is a 400 naming the field, before it runs.
+TEST(Server, Kv4DraftsNeedTheInt8KvCache) {
+  const json request{{"prompt", kPrompt},
+                     {"max_tokens", 16},
+                     {"temperature", 0},
+                     {"qspec", {{"mode", "qspec"}, {"draft", "w4a8"}, {"draft_kv4", true}}}};
+  {
+    Running server(base_options());
+    auto res = server.post("/v1/completions", request);
+    expect_error(res, 400);
+    EXPECT_NE(res->body.find("draft_kv4"), std::string::npos) << res->body;
+    EXPECT_NE(res->body.find("--kv-cache int8"), std::string::npos) << res->body;
+    res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"draft_kv4", "yes"}}}});
+    expect_error(res, 400, "draft_kv4");
+    const std::map<std::string, double> metrics = parse_prometheus(server.get("/metrics")->body);
+    EXPECT_EQ(metrics.count("qspec_kv_cache_info{format=\"f16\"}"), 1u);
+  }
+  qspec::ServerOptions options = base_options();
+  options.engine.kv_cache = "int8";
+  Running server(options);
+  auto res = server.post("/v1/completions", request);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_GT(body["usage"]["completion_tokens"].get<int64_t>(), 0) << res->body;
+  const std::map<std::string, double> metrics = parse_prometheus(server.get("/metrics")->body);
+  EXPECT_EQ(metrics.count("qspec_kv_cache_info{format=\"int8\"}"), 1u);
+  EXPECT_GT(metrics.at("qspec_kv_cache_bytes"), 0.0);
+}

@@ -1,4 +1,5 @@
-// Causal grouped-query attention on the CPU over paged or contiguous K/V rows.
+// Causal grouped-query attention on the CPU over paged or contiguous K/V rows: f32 rows, or the
+// 8-bit cache's rows dequantized a chunk of keys at a time into the same f32 loops.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -44,10 +45,14 @@ inline void dots_portable(const float* a, const float* const* keys, int64_t n, f
 // same FMA chain over the keys in position order.
 constexpr int64_t kValueLanes = 32;
 
+// `accumulate`: continue the chains from out (the int8 path sums its keys chunk by chunk; a
+// value stored and loaded again is the same float, so the chains are the one-pass ones).
 template <int64_t W>
 inline void weighted_values_portable(const float* weights, const float* const* values, int64_t count, int64_t d0,
-                                     float* out) {
+                                     float* out, bool accumulate) {
   float acc[W] = {};
+  if (accumulate)
+    for (int64_t j = 0; j < W; ++j) acc[j] = out[d0 + j];
   for (int64_t i = 0; i < count; ++i) {
     const float* value = values[i] + d0;
     for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(weights[i], value[j], acc[j]);
@@ -73,12 +78,13 @@ inline void dots(const float* a, const float* const* keys, int64_t n, float* out
 }
 
 template <int64_t W>
-inline void weighted_values(const float* weights, const float* const* values, int64_t count, int64_t d0, float* out) {
+inline void weighted_values(const float* weights, const float* const* values, int64_t count, int64_t d0, float* out,
+                            bool accumulate) {
   if constexpr (W % 8 != 0) {
-    return weighted_values_portable<W>(weights, values, count, d0, out);
+    return weighted_values_portable<W>(weights, values, count, d0, out, accumulate);
   } else {
     __m256 acc[W / 8];
-    for (int64_t j = 0; j < W / 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < W / 8; ++j) acc[j] = accumulate ? _mm256_loadu_ps(out + d0 + 8 * j) : _mm256_setzero_ps();
     for (int64_t i = 0; i < count; ++i) {
       const __m256 weight = _mm256_broadcast_ss(weights + i);
       const float* value = values[i] + d0;
@@ -101,23 +107,137 @@ inline void score_keys(bool simd, const float* a, const float* const* keys, int6
 
 template <int64_t W>
 inline void sum_values(bool simd, const float* weights, const float* const* values, int64_t count, int64_t d0,
-                       float* out) {
+                       float* out, bool accumulate) {
 #if defined(__AVX2__) && defined(__FMA__)
-  if (simd) return weighted_values<W>(weights, values, count, d0, out);
+  if (simd) return weighted_values<W>(weights, values, count, d0, out, accumulate);
 #endif
-  weighted_values_portable<W>(weights, values, count, d0, out);
+  weighted_values_portable<W>(weights, values, count, d0, out, accumulate);
+}
+
+// Scores of `count` keys (their head rows) against one query, kKeys at a time.
+inline void score_all(bool simd, const float* query, const float* const* keys, int64_t count, int64_t head_dim,
+                      float* scores) {
+  int64_t i = 0;
+  for (; i + kKeys <= count; i += kKeys) score_keys<kKeys>(simd, query, keys + i, head_dim, scores + i);
+  for (; i < count; ++i) score_keys<1>(simd, query, keys + i, head_dim, scores + i);
+}
+
+// out [head_dim] = the weights' sum of `count` value rows (continuing out's sums: accumulate).
+inline void sum_all(bool simd, const float* weights, const float* const* values, int64_t count, int64_t head_dim,
+                    float* out, bool accumulate) {
+  int64_t d0 = 0;
+  for (; d0 + kValueLanes <= head_dim; d0 += kValueLanes)
+    sum_values<kValueLanes>(simd, weights, values, count, d0, out, accumulate);
+  for (; d0 + 8 <= head_dim; d0 += 8) sum_values<8>(simd, weights, values, count, d0, out, accumulate);
+  for (; d0 < head_dim; ++d0) sum_values<1>(simd, weights, values, count, d0, out, accumulate);
+}
+
+// Scaled scores -> each key's softmax weight, in place.
+inline void softmax_weights(std::vector<float>& scores, float scale) {
+  float max_score = -INFINITY;
+  for (float& score : scores) {
+    score *= scale;
+    max_score = std::max(max_score, score);
+  }
+  float denominator = 0.0f;
+  for (float& score : scores) {
+    score = std::exp(score - max_score);
+    denominator += score;
+  }
+  for (float& score : scores) score /= denominator;
+}
+
+// The cache rows a token at position `last` sees, in position order: the sinks 0 .. sinks - 1,
+// then first .. last. Walked block by block: PagedKv::row's division a key cost more than its
+// dot product.
+void visible_rows(const PagedKv& kv, const AttentionShape& shape, int64_t last, std::vector<int64_t>& rows) {
+  const int64_t first = shape.sliding_window > 0 ? std::max<int64_t>(0, last - shape.sliding_window + 1) : 0;
+  const int64_t sinks = std::min(shape.sliding_window > 0 ? shape.sink_tokens : 0, first);
+  rows.clear();
+  auto add_rows = [&](int64_t from, int64_t to) {  // positions from..to - 1
+    if (from >= to) return;
+    int64_t block = from / kv.block_size, offset = from % kv.block_size;
+    for (int64_t p = from; p < to; ++p) {
+      rows.push_back(static_cast<int64_t>(kv.block_table[block]) * kv.block_size + offset);
+      if (++offset == kv.block_size) {
+        offset = 0;
+        ++block;
+      }
+    }
+  };
+  add_rows(0, sinks);
+  add_rows(first, last + 1);
+}
+
+// Keys (then values) dequantized at a time by the int8 path: 64 rows of a head stay in L1.
+constexpr int64_t kInt8Chunk = 64;
+
+// The int8 cache: one work item per (token, KV head), so each row of a head is dequantized once
+// for every query head of its group; each chunk of rows is read in the pass's view into f32 and
+// fed to the f32 path's loops, so every score and sum is the f32 path's over the dequantized rows.
+void attention_int8(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
+                    const AttentionShape& shape, float* out) {
+  const int64_t head_dim = shape.head_dim, kv_heads = shape.num_kv_heads;
+  const int64_t group = shape.num_heads / kv_heads;
+  const float scale = shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const bool simd = kernel_isa() != KernelIsa::portable;
+  ThreadPool::global().parallel_for(static_cast<size_t>(tokens * kv_heads), 1, [&](size_t begin, size_t end) {
+    // Kept by each thread across calls: no allocation per pass once grown.
+    thread_local std::vector<float> chunk;
+    thread_local std::vector<const float*> heads;
+    thread_local std::vector<int64_t> rows;
+    thread_local std::vector<std::vector<float>> scores;
+    chunk.resize(static_cast<size_t>(kInt8Chunk * head_dim));
+    heads.resize(static_cast<size_t>(kInt8Chunk));
+    if (scores.size() < static_cast<size_t>(group)) scores.resize(static_cast<size_t>(group));
+    for (int64_t i = 0; i < kInt8Chunk; ++i) heads[static_cast<size_t>(i)] = chunk.data() + i * head_dim;
+    auto read_chunk = [&](const Kv8Rows& planes, int64_t from, int64_t count, int64_t kv_head) {
+      for (int64_t i = 0; i < count; ++i)
+        kv8_read_head(planes, rows[static_cast<size_t>(from + i)], kv_head, kv_heads, head_dim, kv.view,
+                      chunk.data() + i * head_dim);
+    };
+    for (size_t item = begin; item < end; ++item) {
+      const int64_t t = static_cast<int64_t>(item) / kv_heads;
+      const int64_t kv_head = static_cast<int64_t>(item) % kv_heads;
+      visible_rows(kv, shape, positions[t], rows);
+      const int64_t visible = static_cast<int64_t>(rows.size());
+      for (int64_t g = 0; g < group; ++g) scores[static_cast<size_t>(g)].resize(static_cast<size_t>(visible));
+      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
+        const int64_t count = std::min(kInt8Chunk, visible - from);
+        read_chunk(kv.keys8, from, count, kv_head);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* query = q + (t * shape.num_heads + kv_head * group + g) * head_dim;
+          score_all(simd, query, heads.data(), count, head_dim, scores[static_cast<size_t>(g)].data() + from);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) softmax_weights(scores[static_cast<size_t>(g)], scale);
+      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
+        const int64_t count = std::min(kInt8Chunk, visible - from);
+        read_chunk(kv.values8, from, count, kv_head);
+        for (int64_t g = 0; g < group; ++g) {
+          float* result = out + (t * shape.num_heads + kv_head * group + g) * head_dim;
+          sum_all(simd, scores[static_cast<size_t>(g)].data() + from, heads.data(), count, head_dim, result, from > 0);
+        }
+      }
+    }
+  });
 }
 }  // namespace
 
 void attention(const float* q, int64_t tokens, const int32_t* positions, const float* keys,
                const float* values, const AttentionShape& shape, float* out) {
   static const int32_t kSingleBlock[1] = {0};
-  const PagedKv contiguous{keys, values, kSingleBlock, int64_t{1} << 40};
+  PagedKv contiguous;
+  contiguous.keys = keys;
+  contiguous.values = values;
+  contiguous.block_table = kSingleBlock;
+  contiguous.block_size = int64_t{1} << 40;
   attention(q, tokens, positions, contiguous, shape, out);
 }
 
 void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
                const AttentionShape& shape, float* out) {
+  if (kv.format == KvCacheFormat::int8) return attention_int8(q, tokens, positions, kv, shape, out);
   const int64_t head_dim = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t kv_stride = shape.num_kv_heads * head_dim;
@@ -132,54 +252,19 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const P
       const int64_t t = static_cast<int64_t>(item) / shape.num_heads;
       const int64_t h = static_cast<int64_t>(item) % shape.num_heads;
       const int64_t kv_head = h / group;
-      const int64_t last = positions[t];
-      // Visible: the sinks 0 .. sinks - 1, then first .. last, in position order.
-      const int64_t first =
-          shape.sliding_window > 0 ? std::max<int64_t>(0, last - shape.sliding_window + 1) : 0;
-      const int64_t sinks = std::min(shape.sliding_window > 0 ? shape.sink_tokens : 0, first);
-      const int64_t visible = sinks + (last - first + 1);
-      // Rows walked block by block: PagedKv::row's division a key cost more than its dot product.
-      rows.clear();
-      auto add_rows = [&](int64_t from, int64_t to) {  // positions from..to - 1
-        if (from >= to) return;
-        int64_t block = from / kv.block_size, offset = from % kv.block_size;
-        for (int64_t p = from; p < to; ++p) {
-          rows.push_back(static_cast<int64_t>(kv.block_table[block]) * kv.block_size + offset);
-          if (++offset == kv.block_size) {
-            offset = 0;
-            ++block;
-          }
-        }
-      };
-      add_rows(0, sinks);
-      add_rows(first, last + 1);
+      visible_rows(kv, shape, positions[t], rows);
+      const int64_t visible = static_cast<int64_t>(rows.size());
       const float* query = q + (t * shape.num_heads + h) * head_dim;
       scores.resize(static_cast<size_t>(visible));
       heads.resize(static_cast<size_t>(visible));
       for (int64_t i = 0; i < visible; ++i)
         heads[static_cast<size_t>(i)] = kv.keys + rows[static_cast<size_t>(i)] * kv_stride + kv_head * head_dim;
-      int64_t i = 0;
-      for (; i + kKeys <= visible; i += kKeys) score_keys<kKeys>(simd, query, heads.data() + i, head_dim, scores.data() + i);
-      for (; i < visible; ++i) score_keys<1>(simd, query, heads.data() + i, head_dim, scores.data() + i);
-      float max_score = -INFINITY;
-      for (float& score : scores) {
-        score *= scale;
-        max_score = std::max(max_score, score);
-      }
-      float denominator = 0.0f;
-      for (float& score : scores) {
-        score = std::exp(score - max_score);
-        denominator += score;
-      }
-      for (float& score : scores) score /= denominator;  // each key's weight
+      score_all(simd, query, heads.data(), visible, head_dim, scores.data());
+      softmax_weights(scores, scale);  // each key's weight
       for (int64_t j = 0; j < visible; ++j)
         heads[static_cast<size_t>(j)] = kv.values + rows[static_cast<size_t>(j)] * kv_stride + kv_head * head_dim;
-      float* result = out + (t * shape.num_heads + h) * head_dim;
-      int64_t d0 = 0;
-      for (; d0 + kValueLanes <= head_dim; d0 += kValueLanes)
-        sum_values<kValueLanes>(simd, scores.data(), heads.data(), visible, d0, result);
-      for (; d0 + 8 <= head_dim; d0 += 8) sum_values<8>(simd, scores.data(), heads.data(), visible, d0, result);
-      for (; d0 < head_dim; ++d0) sum_values<1>(simd, scores.data(), heads.data(), visible, d0, result);
+      sum_all(simd, scores.data(), heads.data(), visible, head_dim, out + (t * shape.num_heads + h) * head_dim,
+              /*accumulate=*/false);
     }
   });
 }
