@@ -159,6 +159,8 @@ void run_gpu(const BenchArgs& args) {
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
   if (options.synthetic_weights != quant::Format::int4) name += "-" + std::string(quant::format_name(options.synthetic_weights));
   if (options.synthetic_group != 128) name += "-g" + std::to_string(options.synthetic_group);
+  options.kv_cache = kv_cache_flag(args.kv_cache);
+  if (options.kv_cache != KvCacheFormat::f16) name += "-kv" + std::string(kv_cache_format_name(options.kv_cache));
   const bool costs = !args.qspec_costs_out.empty();
   ModelShape shape;
   nlohmann::json trace;

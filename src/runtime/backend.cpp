@@ -11,9 +11,9 @@ std::vector<int32_t> Backend::sample_rows(std::span<const RowDraw>) {
 }
 
 bool cuda_stores_kv_cache(KvCacheFormat format) {
-  // The GPU's 8-bit cache (its kernels, to ops/kv_int8.h's rule) is not in yet: this is the one
-  // place that accepts KvCacheFormat::int8 on the GPU once it is.
-  return format == KvCacheFormat::f16;
+  // Both: the GPU's 8-bit cache is GpuLlamaOptions::kv_cache (its kernels follow ops/kv_int8.h's
+  // rule). The one place a format the GPU lacks would be refused.
+  return format == KvCacheFormat::f16 || format == KvCacheFormat::int8;
 }
 
 #ifndef QSPEC_HAVE_CUDA

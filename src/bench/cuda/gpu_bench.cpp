@@ -286,6 +286,13 @@ RunMode bench_draft_mode(const std::string& spec) {
   return with_draft_diets(parse_run_mode(plan.draft), plan);
 }
 
+// A draft of --qspec-drafts checked against the bench's cache (a /k4 draft needs --kv-cache int8).
+RunMode bench_draft_mode(const std::string& spec, KvCacheFormat kv_cache) {
+  const RunMode mode = bench_draft_mode(spec);
+  check_draft_kv_cache(mode, kv_cache);
+  return mode;
+}
+
 nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, const ModelConfig& config,
                                 const nlohmann::json& decode_rows, const Ceilings& ceilings) {
   nlohmann::json out = nlohmann::json::array();
@@ -294,7 +301,7 @@ nlohmann::json run_qspec_cycles(const GpuBenchOptions& options, GpuLlama& gpu, c
   const RunMode verify_mode = parse_run_mode(std::string(decode_rules::kVerifyMode));
   const std::unique_ptr<Backend> backend = make_cuda_backend(gpu, verify_mode);
   for (const std::string& draft_spelling : options.qspec_drafts) {
-    const RunMode draft_mode = bench_draft_mode(draft_spelling);
+    const RunMode draft_mode = bench_draft_mode(draft_spelling, options.kv_cache);
     if (draft_mode.vocab_subset > 0) {
       // Random weights have no token frequencies: the first N ids stand for the table's N most
       // frequent (the speed is the same; only N rows are read).
@@ -455,6 +462,7 @@ std::unique_ptr<GpuLlama> make_model(const GpuBenchOptions& options, const Llama
   if (checkpoint != nullptr) return std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options);
   gpu_options.synthetic_weights = options.synthetic_weights;
   gpu_options.synthetic_group = options.synthetic_group;
+  gpu_options.kv_cache = options.kv_cache;
   if (runs_arc_activations(options, mode)) {
     QSPEC_CHECK(options.synthetic_arc_channels > 0, "bench: ", mode.name,
                 " on a synthetic model needs --synthetic-arc-channels > 0 (the residual channels a site)");

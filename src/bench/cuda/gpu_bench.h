@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gemm/policy_map.h"
+#include "ops/kv_int8.h"
 #include "qspec/decode_plan.h"
 #include "quant/formats.h"
 
@@ -70,6 +71,7 @@ struct GpuBenchOptions {
   // Synthetic models: the 4-bit weight format (GpuLlamaOptions::synthetic_weights), int4 or int4-asym.
   quant::Format synthetic_weights = quant::Format::int4;
   int64_t synthetic_group = 128;  // their group along k (GpuLlamaOptions::synthetic_group)
+  KvCacheFormat kv_cache = KvCacheFormat::f16;  // --kv-cache (GpuLlamaOptions::kv_cache)
   // ADAngel's ablation (issue 6, the paper's Fig. 12) instead of the tables above: per mode one
   // model, each GEMM policy in turn ("builtin" = the kernels' crossovers, "paper-rule",
   // "forced:STRATEGY", or a map file), decode steps at every batch size and TTFT at every prompt

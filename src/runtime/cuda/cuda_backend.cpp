@@ -27,6 +27,7 @@ class CudaBackend final : public Backend {
     gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
     // QSpec verify runs return a logit row per token: gamma + 1 a sequence.
     gpu_options.max_logit_rows = options.max_batch_size * (decode_rules::kMaxGamma + 1);
+    gpu_options.kv_cache = *parse_kv_cache_format(options.kv_cache);  // the engine checked it (kv_format_of)
     // "auto": a map tuned on this GPU for this model's shapes when bench/policies has one; "none"
     // or "": the built-in crossovers; anything else: a map file.
     if (options.gpu_gemm_policy == "auto")
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend {
     const GpuActivations activations = mode.name == mode_.name ? target_ : gpu_activations(mode);
     if (gpu_->activations() != activations) gpu_->set_activations(activations);
     gpu_->set_kv_view(mode.kv_window, mode.kv_sinks);
+    gpu_->set_kv_cache_view(mode.kv_view);  // a /k4 draft: the int8 cache's high nibbles only
     if (mode.vocab_subset > gpu_->draft_vocab_rows()) {
       // The model's draft vocabulary table on the device, on the first draft that asks for it
       // (a model built elsewhere brings its own, GpuLlama::set_draft_vocab).
