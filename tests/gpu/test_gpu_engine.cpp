@@ -183,8 +183,14 @@ class GpuEngineDrafts : public testing::TestWithParam<const char*> {};
 // and S sinks (DecodePlan::draft_window / draft_sinks).
 // A parameter ".../vN" scores only the N most frequent ids of a draft vocabulary table made from
 // the model's calibration text (DecodePlan::draft_vocab; the GPU's subset GEMM and scatter).
+// A parameter "int8:..." runs on an 8-bit KV cache (--kv-cache int8); ".../k4" drafts read only
+// its high nibbles (DecodePlan::draft_kv4). The reference is then the GPU's own greedy W4A16 on
+// the same int8 cache (the committed reference is the f16 cache's): QSpec equals W4A16 on the
+// same cache format, whatever the draft reads.
 TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
-  const std::string param = GetParam();
+  std::string param = GetParam();
+  const bool int8_cache = param.rfind("int8:", 0) == 0;
+  if (int8_cache) param = param.substr(5);
   qspec::DecodePlan spec;
   qspec::set_draft_spec(spec, param);
   const std::string draft = spec.draft;
@@ -214,12 +220,27 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
     request.plan.draft_window = window;
     request.plan.draft_sinks = sinks;
     request.plan.draft_vocab = spec.draft_vocab;
+    request.plan.draft_kv4 = spec.draft_kv4;
     request.plan.gamma = 1 + static_cast<int64_t>(i % 6);
     request.plan.adaptive_gamma = i % 5 == 4;
     request.plan.max_gamma = 8;
     requests.push_back(request);
   }
-  qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
+  qspec::EngineOptions gpu_options = batching_options();
+  if (int8_cache) {
+    gpu_options.kv_cache = "int8";
+    qspec::Engine reference_engine(*model, tokenizer.get(), gpu_options);
+    std::vector<qspec::Request> plain = requests;
+    for (qspec::Request& request : plain) request.plan.mode = "w4a16";
+    const std::vector<std::vector<int32_t>> int8_references = run_all(reference_engine, plain).ids;
+    size_t same_as_f16 = 0;
+    for (size_t i = 0; i < int8_references.size() && i < references.size(); ++i)
+      same_as_f16 += int8_references[i] == references[i] ? 1 : 0;
+    std::printf("  W4A16 greedy on the int8 cache equals the f16 cache's on %zu / %zu problems\n", same_as_f16,
+                int8_references.size());
+    references = int8_references;
+  }
+  qspec::Engine gpu_engine(*model, tokenizer.get(), gpu_options);
   const Outputs gpu = run_all(gpu_engine, requests);
   if (references.empty()) {
     qspec::EngineOptions cpu_options = batching_options();
@@ -250,11 +271,12 @@ TEST_P(GpuEngineDrafts, GreedyQSpecEqualsW4A16UnderContinuousBatching) {
 INSTANTIATE_TEST_SUITE_P(DraftModes, GpuEngineDrafts,
                          testing::Values("w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4", "ngram",
                                          "w4a16@24+4", "w4a8@40+16", "w4a8/v128", "w4a4-nvfp4/v256",
-                                         "w4a16@24+4/v96"),
+                                         "w4a16@24+4/v96", "int8:w4a8", "int8:w4a16/k4", "int8:w4a8/k4",
+                                         "int8:w4a16@24+4/k4", "int8:ngram"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& ch : name)
-                             if (ch == '-' || ch == '@' || ch == '+' || ch == '/') ch = '_';
+                             if (ch == '-' || ch == '@' || ch == '+' || ch == '/' || ch == ':') ch = '_';
                            return name;
                          });
 
