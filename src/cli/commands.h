@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/kv_int8.h"
 #include "qspec/decode_plan.h"
 #include "qspec/sampling.h"
 #include "quant/quantized_linear.h"

@@ -674,7 +674,7 @@ void LlamaModel::run_layer(int64_t l, float* x, int64_t count, const int32_t* po
       // read back in the mode's view (a `/k4` draft: the high nibbles).
       kv.keys8 = segment.kv.keys8[l];
       kv.values8 = segment.kv.values8[l];
-      kv.view = mode.kv_view;
+      kv.view = mode.kv_high_nibble ? KvView::high_nibble : KvView::full;
       for (int64_t t = segment.first; t < segment.first + segment.count; ++t) {
         const int64_t row = segment.kv.row(positions[t]);
         cpu::kv8_write_row(kv.keys8, row, w.k.data() + t * kv_dim, c.num_kv_heads, c.head_dim);
@@ -757,7 +757,7 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
     QSPEC_CHECK(chunk.start >= 0 && chunk.start + n <= c.max_position_embeddings, "forward: positions ",
                 chunk.start, "..", chunk.start + n - 1, " exceed the model's context of ", c.max_position_embeddings);
     QSPEC_CHECK(chunk.kv.has_rows(), "forward: a sequence chunk has no KV cache");
-    QSPEC_CHECK(mode.kv_view == KvView::full || chunk.kv.format == KvCacheFormat::int8, "forward: mode ", mode.key(),
+    QSPEC_CHECK(!mode.kv_high_nibble || chunk.kv.format == KvCacheFormat::int8, "forward: mode ", mode.key(),
                 " reads the high nibbles of an 8-bit KV cache (a /k4 draft); this cache is ",
                 kv_cache_format_name(chunk.kv.format), " (--kv-cache int8)");
     for (int64_t t = 0; t < n; ++t) {

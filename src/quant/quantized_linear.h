@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "base/weight_matrix.h"
-#include "ops/kv_int8.h"
 #include "quant/formats.h"
 
 namespace qspec {
@@ -50,9 +49,11 @@ struct RunMode {
   // skip_layers layers of the model's draft skip table (LlamaModel::skipped_layers): each is the
   // identity on the residual stream and writes no K/V. 0: every layer.
   int64_t skip_layers = 0;
-  // What the attention reads of an 8-bit KV cache (DecodePlan::draft_kv4: a QSpec draft's `/k4`
-  // reads the high nibbles only). Every other pass reads the full view; an f16 cache has no other.
-  KvView kv_view = KvView::full;
+  // A QSpec draft's 4-bit view of an 8-bit KV cache (DecodePlan::draft_kv4, `/k4`): true, the
+  // attention reads only the high nibble of each code (KvView::high_nibble, ops/kv_int8.h; a bool
+  // here because quant/ sits below ops/). Every other pass reads every bit; an f16 cache has no
+  // other view.
+  bool kv_high_nibble = false;
   // Names the mode with its view, its vocabulary, its skipped layers and its KV bits: passes that
   // share a key run together.
   std::string key() const {
@@ -60,7 +61,7 @@ struct RunMode {
     if (sparse_kv()) key += "/kv" + std::to_string(kv_window) + "+" + std::to_string(kv_sinks);
     if (vocab_subset > 0) key += "/v" + std::to_string(vocab_subset);
     if (skip_layers > 0) key += "/s" + std::to_string(skip_layers);
-    if (kv_view == KvView::high_nibble) key += "/k4";
+    if (kv_high_nibble) key += "/k4";
     return key;
   }
 };

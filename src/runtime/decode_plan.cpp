@@ -177,12 +177,12 @@ RunMode with_draft_diets(RunMode mode, const DecodePlan& plan) {
   mode.kv_sinks = plan.draft_view_sinks();
   mode.vocab_subset = plan.draft_vocab;
   mode.skip_layers = plan.draft_skip;
-  mode.kv_view = plan.draft_kv4 ? KvView::high_nibble : KvView::full;
+  mode.kv_high_nibble = plan.draft_kv4;
   return mode;
 }
 
 void check_draft_kv_cache(const RunMode& draft, KvCacheFormat format) {
-  QSPEC_CHECK(draft.kv_view == KvView::full || format == KvCacheFormat::int8, "draft_kv4 (",
+  QSPEC_CHECK(!draft.kv_high_nibble || format == KvCacheFormat::int8, "draft_kv4 (",
               decode_rules::kDraftKv4Tag, ", --draft-kv4): the draft reads the high 4 bits of each code of an 8-bit "
               "KV cache; this cache is ", kv_cache_format_name(format), " (use --kv-cache int8)");
 }

@@ -3,9 +3,11 @@
 // against f32 attention over the dequantized rows (both views), the pools' byte accounting, the
 // `/k4` spelling and the errors of a `/k4` draft or an int8 cache where there is none.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -19,7 +21,9 @@
 #include "qspec/decode_plan.h"
 #include "qspec/engine.h"
 #include "runtime/draft_mode.h"
+#include "runtime/backend.h"
 #include "runtime/kv_cache.h"
+#include "runtime/qspec_costs.h"
 
 namespace {
 
@@ -314,7 +318,7 @@ TEST(KvInt8, Kv4DraftSpecAndRules) {
   // The verify's own mode is a draft with the 4-bit view as its only diet.
   qspec::set_draft_spec(plan, "w4a16/k4");
   EXPECT_NO_THROW(qspec::validate(plan));
-  EXPECT_EQ(qspec::with_draft_diets(qspec::parse_run_mode("w4a16"), plan).kv_view, KvView::high_nibble);
+  EXPECT_TRUE(qspec::with_draft_diets(qspec::parse_run_mode("w4a16"), plan).kv_high_nibble);
   EXPECT_EQ(qspec::with_draft_diets(qspec::parse_run_mode("w4a16"), plan).key(), "w4a16/k4");
   for (const char* draft : {"auto", "ngram"}) {
     qspec::DecodePlan p;
@@ -329,10 +333,43 @@ TEST(KvInt8, Kv4DraftSpecAndRules) {
     }
   }
   qspec::RunMode high = qspec::parse_run_mode("w4a8");
-  high.kv_view = KvView::high_nibble;
+  high.kv_high_nibble = true;
   EXPECT_NO_THROW(qspec::check_draft_kv_cache(high, KvCacheFormat::int8));
   EXPECT_NE(qspec_test::error_of([&] { qspec::check_draft_kv_cache(high, KvCacheFormat::f16); }).find("--kv-cache int8"),
             std::string::npos);
+}
+
+// A step-cost table may name a `/k4` draft: the planner of an int8 engine takes it as a candidate,
+// an f16 engine's skips it, saying why (the other drafts still plan).
+TEST(KvInt8, PlannerTablesNameKv4DraftsAndOnlyInt8EnginesUseThem) {
+  auto model = qspec::LlamaModel::load(kModel);
+  model->quantize_weights(qspec::quant::Format::int4);
+  qspec::QSpecCostTable table;
+  table.device = qspec::cpu_device_name();
+  table.model = "gsm-synth-llama";
+  table.shape = qspec::ModelShape::of(model->config());
+  for (int64_t batch : {1, 8}) {
+    qspec::StepCostPoint p;
+    p.batch = batch;
+    p.context = 128;
+    p.w4a16_step_ms = 1.0;
+    p.verify_ms = {{1, 1.1}, {2, 1.2}};
+    p.draft_step_ms = {{"w4a8", 0.5}, {"w4a8/k4", 0.4}};
+    table.points.push_back(p);
+  }
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("qspec-kv4-costs-" + std::to_string(::getpid()) + ".json")).string();
+  table.save(file);
+  qspec::EngineOptions options;
+  options.qspec_costs = file;
+  const qspec::Engine f16(*model, nullptr, options);
+  options.kv_cache = "int8";
+  const qspec::Engine int8(*model, nullptr, options);
+  std::filesystem::remove(file);
+  EXPECT_NE(f16.qspec_planner().find("skipped w4a8/k4"), std::string::npos) << f16.qspec_planner();
+  EXPECT_NE(f16.qspec_planner().find("--kv-cache int8"), std::string::npos) << f16.qspec_planner();
+  EXPECT_EQ(int8.qspec_planner().find("skipped"), std::string::npos) << int8.qspec_planner();
+  EXPECT_NE(int8.qspec_planner().find("w4a8/k4"), std::string::npos) << int8.qspec_planner();
 }
 
 // Bad input is an error before any request runs: an unknown --kv-cache, an int8 cache on the
@@ -365,7 +402,7 @@ TEST(KvInt8, BadInputIsAClearError) {
   qspec::KvCache cache = model->new_cache(8);
   qspec::RunMode high = qspec::parse_run_mode("w4a16");
   high.activations.group_size = model->auto_group_size();
-  high.kv_view = KvView::high_nibble;
+  high.kv_high_nibble = true;
   std::vector<float> logits;
   const std::vector<int32_t> tokens = {1, 2};
   EXPECT_NE(qspec_test::error_of([&] { model->forward(tokens, cache, logits, false, high); }).find("--kv-cache int8"),

@@ -268,7 +268,7 @@ static void expect_rejection_sampling_keeps_the_verify_distribution(const std::s
   q.draft = make_mode(draft_mode);
   q.draft.vocab_subset = vocab_subset;
   q.draft.skip_layers = skip_layers;
-  q.draft.kv_view = kv4 ? qspec::KvView::high_nibble : qspec::KvView::full;
+  q.draft.kv_high_nibble = kv4;
   q.verify = make_mode("w4a16");
   q.gamma = 3;
 
