@@ -66,8 +66,8 @@ struct EngineOptions {
   // CPU), or "int8", 8-bit codes per (position, KV head) row with an f16 scale (ops/kv_int8.h):
   // ~3.8x the positions of the CPU's f32 rows in the same memory, for every mode, and what QSpec
   // drafts with the 4-bit view (DecodePlan::draft_kv4, `/k4`) need. Engine-wide: every request
-  // shares the cache. The CPU backend stores both; the GPU's int8 cache is not there yet (refused
-  // when the engine is built).
+  // shares the cache. Both backends store both (the GPU's int8 attention is correct but not yet
+  // faster than its f16 one: docs/perf-notes.md, "The 8-bit KV cache").
   std::string kv_cache = "f16";
 };
 

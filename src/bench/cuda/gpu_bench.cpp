@@ -283,8 +283,6 @@ RunMode bench_draft_mode(const std::string& spec) {
               "`qspec eval qspec --device cuda`)");
   QSPEC_CHECK(plan.draft_skip == 0, "bench: --qspec-drafts ", spec, ": layer skipping drafts run on the CPU only "
               "(the GPU model runs every layer)");
-  QSPEC_CHECK(!plan.draft_kv4 || cuda_stores_kv_cache(KvCacheFormat::int8), "bench: --qspec-drafts ", spec,
-              ": a /k4 draft reads the 8-bit KV cache, which the GPU backend does not have yet");
   return with_draft_diets(parse_run_mode(plan.draft), plan);
 }
 

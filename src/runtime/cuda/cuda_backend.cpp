@@ -125,7 +125,7 @@ class CudaBackend final : public Backend {
     const GpuActivations activations = mode.name == mode_.name ? target_ : gpu_activations(mode);
     if (gpu_->activations() != activations) gpu_->set_activations(activations);
     gpu_->set_kv_view(mode.kv_window, mode.kv_sinks);
-    gpu_->set_kv_cache_view(mode.kv_view);  // a /k4 draft: the int8 cache's high nibbles only
+    gpu_->set_kv_cache_view(mode.kv_high_nibble ? KvView::high_nibble : KvView::full);  // a /k4 draft
     if (mode.vocab_subset > gpu_->draft_vocab_rows()) {
       // The model's draft vocabulary table on the device, on the first draft that asks for it
       // (a model built elsewhere brings its own, GpuLlama::set_draft_vocab).
