@@ -71,6 +71,7 @@ QSpecCostTable measure_step_costs(const LlamaModel& model, Backend& backend, con
 
   QSpecCostTable table;
   table.device = backend.device_name();
+  table.kv_cache = options.kv_cache;
   table.shape = ModelShape::of(config);
   const size_t total = options.contexts.size() * options.batches.size();
   size_t done = 0;

@@ -216,7 +216,7 @@ struct Engine::Impl {
     const std::string device = backend->device_name();
     const ModelShape shape = ModelShape::of(model.config());
     if (path == "none") path.clear();
-    if (path == "auto") path = find_cost_table(gemm::default_policy_dirs(), device, shape);
+    if (path == "auto") path = find_cost_table(gemm::default_policy_dirs(), device, shape, kv_format);
     if (path.empty()) {
       planner.emplace(std::nullopt);
       ngram_candidate = 0;
@@ -227,6 +227,9 @@ struct Engine::Impl {
     QSpecCostTable table = QSpecCostTable::load(path);
     QSPEC_CHECK(table.device == device, "engine: qspec_costs ", path, " was measured on '", table.device,
                 "'; this engine runs on '", device, "' (tune this device: qspec bench --qspec-costs-out)");
+    QSPEC_CHECK(table.kv_cache == kv_format, "engine: qspec_costs ", path, " was measured on an ",
+                kv_cache_format_name(table.kv_cache), " KV cache; this engine's is ", kv_cache_format_name(kv_format),
+                " (tune it: qspec bench --kv-cache ", kv_cache_format_name(kv_format), " --qspec-costs-out)");
     QSPEC_CHECK(table.shape == shape, "engine: qspec_costs ", path, " is for a model with ", table.shape.describe(),
                 "; this model has ", shape.describe());
     // The table's drafts that run here (a mode this backend drafts in, a window within the

@@ -163,6 +163,8 @@ StepCosts QSpecCostTable::at(double batch, double context) const {
 void QSpecCostTable::merge(const QSpecCostTable& other) {
   QSPEC_CHECK(other.device == device, "qspec costs: cannot merge a table measured on '", other.device,
               "' into one measured on '", device, "'");
+  QSPEC_CHECK(other.kv_cache == kv_cache, "qspec costs: cannot merge a table measured on an ",
+              kv_cache_format_name(other.kv_cache), " KV cache into one measured on an ", kv_cache_format_name(kv_cache));
   QSPEC_CHECK(other.shape == shape, "qspec costs: cannot merge a table of a model with ", other.shape.describe(),
               " into one of ", shape.describe());
   for (const StepCostPoint& p : other.points) {
@@ -230,6 +232,7 @@ json QSpecCostTable::to_json() const {
   json out = {{"format", kFormat},
               {"version", kVersion},
               {"device", device},
+              {"kv_cache", kv_cache_format_name(kv_cache)},
               {"model", model},
               {"shape",
                {{"layers", shape.layers},
@@ -277,6 +280,11 @@ QSpecCostTable QSpecCostTable::from_json(std::string_view text, const std::strin
   };
   QSpecCostTable table;
   table.device = string_at("device", true);
+  if (const std::string cache = string_at("kv_cache", false); !cache.empty()) {
+    const std::optional<KvCacheFormat> format = parse_kv_cache_format(cache);
+    QSPEC_CHECK(format, source, ": kv_cache: \"", cache, "\" (expected f16 or int8)");
+    table.kv_cache = *format;
+  }
   table.model = string_at("model", false);
   table.commit = string_at("commit", false);
   table.command = string_at("command", false);
@@ -384,6 +392,11 @@ QSpecCostTable QSpecCostTable::from_gpu_bench_record(const json& record, const M
               ": no QSpec cycles (run the bench with --qspec-gammas and --qspec-drafts)");
   QSpecCostTable table;
   table.device = record["gpu"].get<std::string>();
+  if (record.contains("kv_cache") && record["kv_cache"].is_string()) {
+    const std::optional<KvCacheFormat> format = parse_kv_cache_format(record["kv_cache"].get<std::string>());
+    QSPEC_CHECK(format, source, ": kv_cache: ", record["kv_cache"].dump(), " (expected f16 or int8)");
+    table.kv_cache = *format;
+  }
   table.model = model;
   table.shape = shape;
   table.commit = record.value("commit", std::string());
@@ -445,7 +458,8 @@ std::string cost_table_file_name(const std::string& device, const std::string& m
   return "qspec-costs-" + slug(device) + "-" + slug(model) + ".json";
 }
 
-std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape) {
+std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape,
+                            KvCacheFormat kv_cache) {
   for (const std::string& dir : dirs) {
     for (const std::string& file : sorted_json_files(dir)) {
       std::ifstream in(file);
@@ -454,7 +468,7 @@ std::string find_cost_table(const std::vector<std::string>& dirs, const std::str
       const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
       if (!j.is_object() || !j.contains("format") || j["format"] != QSpecCostTable::kFormat) continue;
       const QSpecCostTable table = QSpecCostTable::from_json(text.str(), file);
-      if (table.device == device && table.shape == shape) return file;
+      if (table.device == device && table.shape == shape && table.kv_cache == kv_cache) return file;
     }
   }
   return "";

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ops/kv_int8.h"
 #include "io/model_config.h"
 #include "qspec/decode_plan.h"
 
@@ -64,6 +65,9 @@ class QSpecCostTable {
   static constexpr int kVersion = 1;
 
   std::string device;  // Backend::device_name() of the machine it was measured on
+  // The KV cache the steps ran on (`--kv-cache`; "kv_cache" in the file, f16 when absent): an
+  // engine plans only with a table of its own cache, whose step and draft costs differ.
+  KvCacheFormat kv_cache = KvCacheFormat::f16;
   std::string model;   // a name for people (the file name carries it); matching goes by `shape`
   ModelShape shape;
   std::string commit, command;
@@ -122,6 +126,7 @@ std::string cost_table_file_name(const std::string& device, const std::string& m
 // where `--qspec-costs auto` looks) measured on `device` for `shape`; "" when there is none.
 // Files of other formats are skipped; a file that says it is a cost table but is malformed
 // throws (a broken table next to the policy maps should be fixed, not silently ignored).
-std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape);
+std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape,
+                            KvCacheFormat kv_cache = KvCacheFormat::f16);
 
 }  // namespace qspec

@@ -339,8 +339,9 @@ TEST(KvInt8, Kv4DraftSpecAndRules) {
             std::string::npos);
 }
 
-// A step-cost table may name a `/k4` draft: the planner of an int8 engine takes it as a candidate,
-// an f16 engine's skips it, saying why (the other drafts still plan).
+// A step-cost table may name a `/k4` draft: the planner of an int8 engine takes it as a candidate
+// (from a table measured on an int8 cache; one measured on f16 is refused), an f16 engine's skips
+// it, saying why (the other drafts still plan).
 TEST(KvInt8, PlannerTablesNameKv4DraftsAndOnlyInt8EnginesUseThem) {
   auto model = qspec::LlamaModel::load(kModel);
   model->quantize_weights(qspec::quant::Format::int4);
@@ -363,7 +364,12 @@ TEST(KvInt8, PlannerTablesNameKv4DraftsAndOnlyInt8EnginesUseThem) {
   qspec::EngineOptions options;
   options.qspec_costs = file;
   const qspec::Engine f16(*model, nullptr, options);
+  // An int8 engine plans with a table measured on an int8 cache only (QSpecCostTable::kv_cache).
   options.kv_cache = "int8";
+  const std::string mismatch = qspec_test::error_of([&] { qspec::Engine engine(*model, nullptr, options); });
+  EXPECT_NE(mismatch.find("measured on an f16 KV cache"), std::string::npos) << mismatch;
+  table.kv_cache = KvCacheFormat::int8;
+  table.save(file);
   const qspec::Engine int8(*model, nullptr, options);
   std::filesystem::remove(file);
   EXPECT_NE(f16.qspec_planner().find("skipped w4a8/k4"), std::string::npos) << f16.qspec_planner();

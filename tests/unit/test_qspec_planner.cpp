@@ -256,6 +256,25 @@ TEST(QSpecCosts, AutoFindsTheTableOfThisDeviceAndModelAndRefusesABrokenOne) {
   qspec::ModelShape another = kShape;
   another.hidden = 4096;
   EXPECT_EQ(qspec::find_cost_table({dir.string()}, "NVIDIA H200", another), "");
+  // The KV cache it was measured on: an int8 engine takes the int8 table, an f16 one the f16 table
+  // (a file without "kv_cache" is an f16 table, as every table before the 8-bit cache).
+  EXPECT_EQ(qspec::find_cost_table({dir.string()}, "NVIDIA H200", kShape, qspec::KvCacheFormat::int8), "");
+  QSpecCostTable mine_int8 = mine;
+  mine_int8.kv_cache = qspec::KvCacheFormat::int8;
+  write("f-mine-int8.json", mine_int8.to_json().dump());
+  EXPECT_EQ(qspec::find_cost_table({dir.string()}, "NVIDIA H200", kShape, qspec::KvCacheFormat::int8),
+            (dir / "f-mine-int8.json").string());
+  EXPECT_EQ(qspec::find_cost_table({dir.string()}, "NVIDIA H200", kShape), (dir / "e-mine.json").string());
+  EXPECT_EQ(QSpecCostTable::from_json(mine_int8.to_json().dump(), "t").kv_cache, qspec::KvCacheFormat::int8);
+  json no_format = mine.to_json();
+  no_format.erase("kv_cache");
+  EXPECT_EQ(QSpecCostTable::from_json(no_format.dump(), "t").kv_cache, qspec::KvCacheFormat::f16);
+  json bad_format = mine.to_json();
+  bad_format["kv_cache"] = "int4";
+  EXPECT_THROW(QSpecCostTable::from_json(bad_format.dump(), "t"), qspec::Error);
+  QSpecCostTable merged = mine;
+  EXPECT_THROW(merged.merge(mine_int8), qspec::Error);
+  fs::remove(dir / "f-mine-int8.json");
   // A file that says it is a cost table but is broken: an error naming it, not a silent skip.
   json broken = mine.to_json();
   broken["points"][0].erase("verify_ms");

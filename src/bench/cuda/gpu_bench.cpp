@@ -886,6 +886,7 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
               ceilings.gemm_flops_per_s / 1e12);
   nlohmann::json record = {{"benchmark", "gpu_decode"},
                            {"gpu", cuda::device_name()},
+                           {"kv_cache", kv_cache_format_name(options.kv_cache)},
                            {"model", model_name},
                            {"commit", options.commit},
                            {"gemm_policy", options.gemm_policy.empty() ? std::string("built-in crossovers") : options.gemm_policy},
