@@ -111,6 +111,101 @@ __device__ __forceinline__ __half kv8_scale_of(uint32_t pair, int slot) {
   return __ushort_as_half(static_cast<unsigned short>(slot & 1 ? pair >> 16 : pair & 0xffffu));
 }
 
+// ---- plane words straight into mma fragments (the decode attention's tensor-core path) ------
+// An f16x2 fragment register is two 4-bit fields of a high-plane word and the same two fields of
+// a low-plane word, each field in bits 0-3 and 16-19 (NIBBLE 0) or 4-7 and 20-23 (NIBBLE 1) of
+// the words as given (the caller shifts or permutes them there). Per register: one LOP3 a plane
+// and two f16 operations, all exact (kv8_chunk_to_half's argument):
+//   NIBBLE 0: H = 1024 + (hi + 8), L = 1024 + lo: code = (16 H - 17536) + L;
+//   NIBBLE 1: H = 1024 + 16 (hi + 8), L = 1024 + 16 lo: code = L / 16 + (H - 1216);
+// high_only (the draft's view): the middle of the high nibble's bin, 16 hi + 8, with no low word.
+template <int NIBBLE, bool HIGH_ONLY>
+__device__ __forceinline__ uint32_t kv8_fragment(uint32_t high, uint32_t low) {
+  static_assert(NIBBLE == 0 || NIBBLE == 1, "a field in the low or high half of its byte");
+  __half2 code;
+  if constexpr (NIBBLE == 0) {
+    const uint32_t h_bits = (high & 0x000f000fu) ^ 0x64086408u;
+    const uint32_t l_bits = HIGH_ONLY ? 0x64086408u : (low & 0x000f000fu) | 0x64006400u;
+    const __half2 t = __hfma2(*reinterpret_cast<const __half2*>(&h_bits), __half2half2(__ushort_as_half(0x4c00)),
+                              __half2half2(__ushort_as_half(0xf448)));  // 16 H - 17536
+    code = __hadd2(t, *reinterpret_cast<const __half2*>(&l_bits));
+  } else {
+    const uint32_t h_bits = (high & 0x00f000f0u) ^ 0x64806480u;
+    const __half2 h = *reinterpret_cast<const __half2*>(&h_bits);
+    if constexpr (HIGH_ONLY) {
+      code = __hadd2(h, __half2half2(__ushort_as_half(0xe478)));  // H - 1144 = 16 hi + 8
+    } else {
+      const uint32_t l_bits = (low & 0x00f000f0u) | 0x64006400u;
+      code = __hfma2(*reinterpret_cast<const __half2*>(&l_bits), __half2half2(__ushort_as_half(0x2c00)),
+                     __hadd2(h, __half2half2(__ushort_as_half(0xe4c0))));  // L / 16 + (H - 1216)
+    }
+  }
+  return *reinterpret_cast<const uint32_t*>(&code);
+}
+
+// Where 16-byte piece `piece` of key `key`'s row of plane bytes (K high, K low, V high, V low:
+// head_dim / 32 pieces each) sits in the decode's int8 stage: XOR-swizzled by the key's low three
+// bits (bit 0 onto piece bit 2, bits 1-2 onto bits 0-1), so that the fragment reads below hit
+// distinct banks: the score reads (16 bytes a lane, keys k and k + 1 in a phase) and the value
+// reads (4 bytes a lane, keys k, k + 2, k + 4, k + 6 in one instruction). head_dim >= 64.
+template <int D>
+__device__ __forceinline__ int kv8_stage_at(int key, int piece) {
+  return key * 2 * D + (piece ^ (((key & 1) << 2) | ((key >> 1) & 3))) * 16;
+}
+
+// The scores' operands. Lane in_group i of a score warp holds head_dim / 32 words of each K plane
+// of its two keys (rows g and g + 8 of the 16-key row tile): 16-byte pieces i, i + 4, ... of the
+// plane (at 64, bytes 8i .. 8i + 7). k step s takes the lane's word s / 2: pairs 0 and 1 (s even)
+// or 2 and 3 (s odd) of it, one register each (a0 / a1, a2 / a3 of the mma's A), so the k order
+// is permuted; the query's B fragments follow it (kv8_score_word).
+template <int D>
+__device__ __forceinline__ int kv8_score_word(int in_group, int u) {  // plane word of lane word u
+  if constexpr (D == 64) return in_group * 2 + u;
+  else return ((u / 4) * 4 + in_group) * 4 + u % 4;
+}
+// Loads the lane words 4q .. 4q + 3 (at 64: all two) of `plane` of key `key` from a stage.
+template <int D>
+__device__ __forceinline__ void kv8_load_score_words(const uint8_t* stage, int key, int plane, int in_group, int q,
+                                                     uint32_t (&words)[4]) {
+  constexpr int kPieces = D / 32;
+  if constexpr (D == 64) {
+    const uint2 v = *reinterpret_cast<const uint2*>(stage + kv8_stage_at<D>(key, plane * kPieces + in_group / 2) +
+                                                    (in_group & 1) * 8);
+    words[0] = v.x;
+    words[1] = v.y;
+  } else {
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + kv8_stage_at<D>(key, plane * kPieces + q * 4 + in_group));
+    words[0] = v.x;
+    words[1] = v.y;
+    words[2] = v.z;
+    words[3] = v.w;
+  }
+}
+
+// The values' operands (V^T, dims x keys). Lane g of a warp takes head_dim / 64 bytes of each V
+// plane row, bytes warp * (D / 8) + g * (D / 64) + b: its mt tile b's row g from the byte's low
+// field and row g + 8 from its high field, the fields of two keys packed into one register by a
+// byte permute. kv8_value_dim says which dimension that is (the P V output's rows).
+template <int D>
+__device__ __forceinline__ int kv8_value_byte(int warp, int group_id, int b) {
+  return warp * (D / 8) + group_id * (D / 64) + b;
+}
+template <int D>
+__device__ __forceinline__ int kv8_value_dim(int warp, int group_id, int b, int high_field) {
+  const int byte = kv8_value_byte<D>(warp, group_id, b);
+  const int nibble = 2 * (byte % 4) + high_field;  // element e sits in nibble e / 2 + 4 (e % 2)
+  return (byte / 4) * 8 + (nibble < 4 ? 2 * nibble : 2 * (nibble - 4) + 1);
+}
+// Two keys' words of one plane permuted so that byte `byte` (0..3) of each lands where
+// kv8_fragment reads: key a's in bits 0-7, key b's in bits 16-23.
+__device__ __forceinline__ uint32_t kv8_pair_bytes(uint32_t a, uint32_t b, int byte) {
+  return __byte_perm(a, b, static_cast<unsigned>(byte | (byte + 4) << 8));
+}
+// The f16 scales of two slots as one f16x2 (a's in the low half), from their pair words.
+__device__ __forceinline__ uint32_t kv8_scale_pair(uint32_t pair_a, int slot_a, uint32_t pair_b, int slot_b) {
+  return __byte_perm(pair_a, pair_b, static_cast<unsigned>((slot_a & 1 ? 0x32 : 0x10) | (slot_b & 1 ? 0x76 : 0x54) << 8));
+}
+
 }  // namespace qspec::cuda::kernels
 
 namespace qspec::cuda::detail {

@@ -77,9 +77,15 @@ __device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partn
 // ([warps][GM][256] f32: 4 KB a head) leaves room, and under MMA, which has no reduce buffer and
 // needs whole 16-key row tiles; the f32 tiles take 8 keys at 4 heads a block and 4 at 8 (static
 // shared memory 34 and 42 KB; 38-42 KB for the others).
+// An int8 cache under MMA (no f16 tile; a stage of plane bytes is half an f16 stage's size) takes
+// twice the keys, up to 64 (a 16-key score row tile for each of the 4 warps): the same bytes in
+// flight as the f16 cache's stages.
 template <int D, int GM, bool MMA>
+inline constexpr int kDecodeTileKeysF16 = D == 256 ? (MMA || GM <= 2 ? 16 : 32 / GM) : (GM >= 8 ? 2048 : 4096) / D;
+template <int D, int GM, bool MMA, bool INT8 = false>
 inline constexpr int kDecodeTileKeys =
-    D == 256 ? (MMA || GM <= 2 ? 16 : 32 / GM) : (GM >= 8 ? 2048 : 4096) / D;
+    INT8 && MMA ? (2 * kDecodeTileKeysF16<D, GM, MMA> < 64 ? 2 * kDecodeTileKeysF16<D, GM, MMA> : 64)
+                : kDecodeTileKeysF16<D, GM, MMA>;
 inline constexpr int kDecodeStages = 2;
 
 // ---- the tensor-core (MMA) tile steps ----------------------------------------------------
@@ -100,16 +106,29 @@ __device__ __forceinline__ float2 column_pair(const float* x, int in_group, int 
                      2 * in_group + 1 < heads_here ? x[2 * in_group + 1] : absent);
 }
 
+// A score row tile's two accumulator chains summed, scaled into log2 units (times each key's K
+// scale for an int8 cache: rows group_id and group_id + 8 of the tile, scale_g / scale_g8) into
+// logits[head][key].
+template <int GM, int TILE>
+__device__ __forceinline__ void store_tile_scores(const float (&scores)[4], const float (&scores_odd)[4], int key0,
+                                                  float scale_log2, float (&logits)[GM][TILE], float scale_g = 1.0f,
+                                                  float scale_g8 = 1.0f) {
+  const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int h = 2 * in_group + (c & 1);  // scores[c]: key key0 + group_id (+ 8), head h
+    const int key = key0 + group_id + (c >> 1) * 8;
+    if (h < GM) logits[h][key] = (scores[c] + scores_odd[c]) * scale_log2 * (c >> 1 ? scale_g8 : scale_g);
+  }
+}
+
 // Scores of a 16-key row tile (keys key0 .. key0 + 15 of the tile) against the 8 query-head
 // columns (q_frag: Q^T's B fragments, D / 16 k steps), in two accumulator chains (even and odd k
 // steps: half the dependent mma latency), scaled into log2 units into logits[head][key].
-// KEY_SCALES (an int8 cache): the tile holds codes, and each key's score is multiplied by its K
-// scale, key_scales[key] (the scale folded into the score: q . code in f32, then one multiply).
-template <int D, int GM, int TILE, bool KEY_SCALES = false>
+template <int D, int GM, int TILE>
 __device__ __forceinline__ void mma_tile_scores(const __half* k_tile, int key0, const uint32_t (&q_frag)[D / 16][2],
-                                                float scale_log2, float (&logits)[GM][TILE],
-                                                const float* key_scales = nullptr) {
-  const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+                                                float scale_log2, float (&logits)[GM][TILE]) {
+  const int lane = threadIdx.x & 31;
   float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f}, scores_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int key = key0 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -118,16 +137,77 @@ __device__ __forceinline__ void mma_tile_scores(const __half* k_tile, int key0, 
     ldmatrix_x4(a, smem_address(k_tile + decode_tile_at<D, true>(key, ks * 2 + (lane >> 4))));
     mma_f16_16816(ks % 2 ? scores_odd : scores, a, q_frag[ks][0], q_frag[ks][1]);
   }
+  store_tile_scores<GM, TILE>(scores, scores_odd, key0, scale_log2, logits);
+}
+
+// mma_tile_scores over an int8 stage (kv_int8.cuh, "plane words straight into mma fragments"):
+// the A fragments come from the plane words in registers, the k order permuted as
+// kv8_score_word says (q_frag follows it), and each key's score is multiplied by its K scale (the
+// codes are exact in f16 whatever the scale: q . code in f32, then one multiply). key_scale(k):
+// the f32 K scale of the tile's key k.
+template <int D, int GM, int TILE, bool HIGH_ONLY, typename KeyScale>
+__device__ __forceinline__ void mma_tile_scores_int8(const uint8_t* stage, int key0, const uint32_t (&q_frag)[D / 16][2],
+                                                     float scale_log2, float (&logits)[GM][TILE],
+                                                     const KeyScale& key_scale) {
+  const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+  constexpr int kWords = D == 64 ? 2 : 4;  // lane words a load gives (per plane and key)
+  float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f}, scores_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int h = 2 * in_group + (c & 1);  // scores[c]: key key0 + group_id (+ 8), head h
-    const int key = key0 + group_id + (c >> 1) * 8;
-    if constexpr (KEY_SCALES) {
-      if (h < GM) logits[h][key] = (scores[c] + scores_odd[c]) * scale_log2 * key_scales[key];
-    } else {
-      if (h < GM) logits[h][key] = (scores[c] + scores_odd[c]) * scale_log2;
+  for (int q = 0; q < D / 32 / kWords; ++q) {
+    uint32_t high[2][4], low[2][4] = {};  // rows group_id and group_id + 8
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      kv8_load_score_words<D>(stage, key0 + group_id + 8 * r, 0, in_group, q, high[r]);
+      if constexpr (!HIGH_ONLY) kv8_load_score_words<D>(stage, key0 + group_id + 8 * r, 1, in_group, q, low[r]);
     }
+#pragma unroll
+    for (int u = 0; u < kWords; ++u)
+#pragma unroll
+      for (int odd = 0; odd < 2; ++odd) {  // k step 2 (q kWords + u) + odd: pairs 2 odd, 2 odd + 1
+        const int ks = 2 * (q * kWords + u) + odd;
+        uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t h = high[r][u] >> (8 * odd), l = low[r][u] >> (8 * odd);
+          a[r] = kv8_fragment<0, HIGH_ONLY>(h, l);
+          a[r + 2] = kv8_fragment<1, HIGH_ONLY>(h, l);
+        }
+        mma_f16_16816(ks % 2 ? scores_odd : scores, a, q_frag[ks][0], q_frag[ks][1]);
+      }
   }
+  store_tile_scores<GM, TILE>(scores, scores_odd, key0, scale_log2, logits, key_scale(key0 + group_id),
+                              key_scale(key0 + group_id + 8));
+}
+
+// The P V accumulators times each head's rescale factor (the softmax's new maximum).
+template <int D>
+__device__ __forceinline__ void rescale_pv(const float* rescale, int heads_here, float (&pv)[D / 64][4],
+                                           float (&pv_lo)[D / 64][4]) {
+  const int in_group = threadIdx.x & 3;
+  const float2 alpha = column_pair(rescale, in_group, heads_here, 0.0f);
+#pragma unroll
+  for (int mt = 0; mt < D / 64; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      pv[mt][c] *= (c & 1) ? alpha.y : alpha.x;
+      pv_lo[mt][c] *= (c & 1) ? alpha.y : alpha.x;
+    }
+}
+
+// P^T's B fragments for k step ks (keys ks * 16 ..): the softmax weights in two f16 parts, hi and
+// the residual lo. P^T's column group_id is head group_id; logits past n are raw scores: weight 0.
+template <int GM, int TILE>
+__device__ __forceinline__ void pv_weight_fragments(const float (&logits)[GM][TILE], int ks, int n, int heads_here,
+                                                    uint32_t (&hi)[2], uint32_t (&lo)[2]) {
+  const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+  auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
+  const int k0 = ks * 16 + 2 * in_group;
+  const float w0 = weight(k0), w1 = weight(k0 + 1), w2 = weight(k0 + 8), w3 = weight(k0 + 9);
+  hi[0] = pack_half2(w0, w1);
+  hi[1] = pack_half2(w2, w3);
+  const float2 r0 = unpack_half2(hi[0]), r1 = unpack_half2(hi[1]);
+  lo[0] = pack_half2(w0 - r0.x, w1 - r0.y);
+  lo[1] = pack_half2(w2 - r1.x, w3 - r1.y);
 }
 
 // acc = acc * alpha + V^T P^T over a tile's first n keys, for this warp's D / 4 dimensions
@@ -137,32 +217,68 @@ template <int D, int GM, int TILE>
 __device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&logits)[GM][TILE], int n,
                                             int heads_here, const float* rescale, float (&pv)[D / 64][4],
                                             float (&pv_lo)[D / 64][4]) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
-  const float2 alpha = column_pair(rescale, in_group, heads_here, 0.0f);
-#pragma unroll
-  for (int mt = 0; mt < D / 64; ++mt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      pv[mt][c] *= (c & 1) ? alpha.y : alpha.x;
-      pv_lo[mt][c] *= (c & 1) ? alpha.y : alpha.x;
-    }
-  // P^T's column group_id is head group_id; logits past n are raw scores: weight 0.
-  auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  rescale_pv<D>(rescale, heads_here, pv, pv_lo);
 #pragma unroll
   for (int ks = 0; ks < TILE / 16; ++ks) {
-    const int k0 = ks * 16 + 2 * in_group;
-    const float w0 = weight(k0), w1 = weight(k0 + 1), w2 = weight(k0 + 8), w3 = weight(k0 + 9);
-    const uint32_t hi0 = pack_half2(w0, w1), hi1 = pack_half2(w2, w3);
-    const float2 r0 = unpack_half2(hi0), r1 = unpack_half2(hi1);
-    const uint32_t lo0 = pack_half2(w0 - r0.x, w1 - r0.y), lo1 = pack_half2(w2 - r1.x, w3 - r1.y);
+    uint32_t hi[2], lo[2];
+    pv_weight_fragments<GM, TILE>(logits, ks, n, heads_here, hi, lo);
     const int key = ks * 16 + (lane & 7) + (lane >> 4) * 8;
 #pragma unroll
     for (int mt = 0; mt < D / 64; ++mt) {
       const int chunk = (warp * (D / 4) + mt * 16) / 8 + ((lane >> 3) & 1);
       uint32_t a[4];
       ldmatrix_x4_trans(a, smem_address(v_tile + decode_tile_at<D, true>(key, chunk)));
-      mma_f16_16816(pv[mt], a, hi0, hi1);
-      mma_f16_16816(pv_lo[mt], a, lo0, lo1);
+      mma_f16_16816(pv[mt], a, hi[0], hi[1]);
+      mma_f16_16816(pv_lo[mt], a, lo[0], lo[1]);
+    }
+  }
+}
+
+// mma_tile_pv over an int8 stage: V^T's A fragments from the V plane words, two keys' fields a
+// register (kv8_value_byte: mt tile b's rows are this lane's byte b's two fields, so the rows are
+// the dimensions kv8_value_dim names), times the two keys' V scales in f16: value * scale rounded
+// once, as the f16 cache would hold it (P cannot take the scale: P * scale falls into f16's
+// subnormals for small scales). pair_scale(k): the f16x2 V scales of the tile's keys k, k + 1.
+template <int D, int GM, int TILE, bool HIGH_ONLY, typename PairScale>
+__device__ __forceinline__ void mma_tile_pv_int8(const uint8_t* stage, const float (&logits)[GM][TILE], int n,
+                                                 int heads_here, const float* rescale, float (&pv)[D / 64][4],
+                                                 float (&pv_lo)[D / 64][4], const PairScale& pair_scale) {
+  constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
+  rescale_pv<D>(rescale, heads_here, pv, pv_lo);
+  const int byte0 = kv8_value_byte<D>(warp, group_id, 0);  // this lane's bytes lie in one plane word
+  const int piece = byte0 / 16, word_offset = byte0 % 16 / 4 * 4, first = byte0 % 4;
+#pragma unroll
+  for (int ks = 0; ks < TILE / 16; ++ks) {
+    uint32_t hi[2], lo[2];
+    pv_weight_fragments<GM, TILE>(logits, ks, n, heads_here, hi, lo);
+    uint32_t a[D / 64][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // keys (2 in_group, + 1), then the pair 8 keys on
+      const int key = ks * 16 + 2 * in_group + 8 * half;
+      auto word = [&](int k, int plane) {
+        return *reinterpret_cast<const uint32_t*>(stage + kv8_stage_at<D>(k, plane * kPieces + piece) + word_offset);
+      };
+      const uint32_t high_a = word(key, 2), high_b = word(key + 1, 2);
+      const uint32_t low_a = HIGH_ONLY ? 0u : word(key, 3), low_b = HIGH_ONLY ? 0u : word(key + 1, 3);
+      const uint32_t scale_bits = pair_scale(key);
+      const __half2 scale = *reinterpret_cast<const __half2*>(&scale_bits);
+#pragma unroll
+      for (int b = 0; b < D / 64; ++b) {
+        const uint32_t h = kv8_pair_bytes(high_a, high_b, first + b);
+        const uint32_t l = HIGH_ONLY ? 0u : kv8_pair_bytes(low_a, low_b, first + b);
+        const uint32_t field0 = kv8_fragment<0, HIGH_ONLY>(h, l), field1 = kv8_fragment<1, HIGH_ONLY>(h, l);
+        const __half2 row_g = __hmul2(*reinterpret_cast<const __half2*>(&field0), scale);
+        const __half2 row_g8 = __hmul2(*reinterpret_cast<const __half2*>(&field1), scale);
+        a[b][2 * half] = *reinterpret_cast<const uint32_t*>(&row_g);       // a0 / a2: row group_id
+        a[b][2 * half + 1] = *reinterpret_cast<const uint32_t*>(&row_g8);  // a1 / a3: row group_id + 8
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < D / 64; ++b) {
+      mma_f16_16816(pv[b], a[b], hi[0], hi[1]);
+      mma_f16_16816(pv_lo[b], a[b], lo[0], lo[1]);
     }
   }
 }
@@ -170,16 +286,20 @@ __device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&
 // The MMA block's result (finish_split's twin): each warp's accumulators are whole for its
 // dimensions, so they are written as they are (no reduction) as this split's partials with its
 // (max, sum), or normalised into out when the context is not split; then the merge.
-template <int D>
+template <int D, bool INT8>
 __device__ __forceinline__ void finish_split_mma(const DecodeParams& p, const float (&pv)[D / 64][4],
                                                  const float* running_max, const float* running_sum, int seq,
                                                  int split, int head0, int heads_here) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   const int64_t row0 = static_cast<int64_t>(seq) * p.num_heads + head0;  // the block's first head's row
-  // pv[mt][c]: dimension dim0 + mt * 16 (+ 8 for c >= 2), head 2 * in_group (+ 1 for odd c).
+  // pv[mt][c]: dimension dim0 + mt * 16 (+ 8 for c >= 2), head 2 * in_group (+ 1 for odd c); an
+  // int8 cache's rows are the dimensions kv8_value_dim names.
   const int dim0 = warp * (D / 4) + group_id;
-  auto at = [&](int mt, int c) { return (2 * in_group + (c & 1)) * D + dim0 + mt * 16 + (c >> 1) * 8; };
+  auto at = [&](int mt, int c) {
+    const int dim = INT8 ? kv8_value_dim<D>(warp, group_id, mt, c >> 1) : dim0 + mt * 16 + (c >> 1) * 8;
+    return (2 * in_group + (c & 1)) * D + dim;
+  };
   if (p.splits > 1) {
     float* part = p.part_o + (split * rows + row0) * D;
 #pragma unroll
@@ -236,14 +356,17 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
 // up, the f32 tiles at 32): a stage holds each key's row of bytes (K high, K low, V high, V low
 // plane rows, head_dim / 2 bytes each; a lane copies one 16-byte piece of it, the low planes'
 // lanes none in a high-nibble pass) and the two scales (4-byte copies of the slot pair's word).
-// After a tile's copies are in, each thread turns its keys' 8-element chunks (the f16 copies'
-// assignment) into f16 in registers (kv8_chunk_to_half) and stores them into one f16 tile, which
-// the scores and P V then read as they read an f16 cache's. K stays codes, exact in f16 whatever
-// the scale, and its scale multiplies the f32 score; V is stored as value * scale in f16 (what an
-// f16 cache would hold): its scale cannot go into P, which the mma takes in f16, without P * scale
-// falling into f16's subnormals for small scales. The new token's row (RoPE folded in) is
-// quantized from registers as paged_kv_write quantizes it (a row's amax over its D / 8 lanes) and
-// its chunk replaces the stale copy at conversion.
+// K stays codes, exact in f16 whatever the scale, and its scale multiplies the f32 score; V is
+// taken as value * scale in f16 (what an f16 cache would hold). Under MMA the score and P V warps
+// turn the stage's plane words into their mma fragments in registers (kv_int8.cuh: a LOP3 a plane
+// and two f16 operations a register, a byte permute first for V, whose registers pair two keys):
+// no f16 tile and no barrier of its own, and a tile takes twice the f16 cache's keys (the same
+// bytes a stage). A first version turned each stage into an f16 tile in shared memory: a step at
+// 8 K context 1.45-1.50x the f16 cache's, its DRAM 29 % busy (ncu). The f32 tiles (head_dim 32)
+// still convert into an f16 tile. The new token's row (RoPE folded in) is quantized from
+// registers as paged_kv_write quantizes it (a row's amax over its D / 8 lanes); under MMA its
+// words and scales overwrite the stale copy in the stage, otherwise its chunk replaces it at
+// conversion.
 // D: head_dim (32, 64, 128, 256; MMA: 64 and up); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
 template <int D, int GM, bool MMA = false, bool INT8 = false>
@@ -252,20 +375,21 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
   constexpr int STEP = kDecodeWarps * KPW;
-  constexpr int TILE = kDecodeTileKeys<D, GM, MMA>;
+  constexpr int TILE = kDecodeTileKeys<D, GM, MMA, INT8>;
   constexpr int U = TILE / STEP;  // keys a lane copies a tile (K and V each)
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
   static_assert(!MMA || (TILE % 16 == 0 && TILE / 16 <= kDecodeWarps),
                 "MMA: a tile is whole 16-key row tiles, a score warp each");
-  // INT8: one f16 tile (converted from the stage's bytes), the stages in kv8_rows.
+  // INT8: the stages in kv8_rows; without MMA one f16 tile converted from them, under MMA none.
   constexpr int kF16Stages = INT8 ? 1 : kDecodeStages;
-  __shared__ __align__(16) __half k_tiles[kF16Stages][TILE * D];  // a tile's key j at j * D
-  __shared__ __align__(16) __half v_tiles[kF16Stages][TILE * D];
+  constexpr int kF16Tile = INT8 && MMA ? 8 : TILE * D;
+  __shared__ __align__(16) __half k_tiles[kF16Stages][kF16Tile];  // a tile's key j at j * D
+  __shared__ __align__(16) __half v_tiles[kF16Stages][kF16Tile];
   // INT8 only (absent from the f16 instances: unused shared arrays are not allocated): key j's
-  // plane rows at j * 2D, its K and V scale pair words, the tile's K scales in f32.
+  // plane rows at j * 2D (under MMA their pieces swizzled, kv8_stage_at), its K and V scale pair
+  // words.
   __shared__ __align__(16) uint8_t kv8_rows[INT8 ? kDecodeStages : 1][INT8 ? TILE * 2 * D : 16];
   __shared__ uint32_t kv8_scale_pairs[INT8 ? kDecodeStages : 1][2][INT8 ? TILE : 1];
-  __shared__ float key_scales[INT8 ? TILE : 1];
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
@@ -325,7 +449,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
           const int j = tile_begin + key_offset(u);
           const int64_t row = j < end ? kv8_row(blocks[u], kv_head, view.position(j) & 15, p.num_kv_heads) : 0;
           if (copies)
-            cp_async_16(smem_address(kv8_rows[stage] + key_offset(u) * 2 * D + li * 16),
+            cp_async_16(smem_address(kv8_rows[stage] + (MMA ? kv8_stage_at<D>(key_offset(u), li)
+                                                                : key_offset(u) * 2 * D + li * 16)),
                         source + row * (D / 2) + (li % kPieces) * 16, j < end ? 16 : 0);
           if (li < 2)
             cp_async_4(smem_address(&kv8_scale_pairs[stage][li][key_offset(u)]),
@@ -515,8 +640,12 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     __syncthreads();  // q_heads
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
-      q_frag[ks][0] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][ks * 16 + 2 * in_group]);
-      q_frag[ks][1] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][ks * 16 + 2 * in_group + 8]);
+      // INT8: k step ks holds pairs 2 (ks % 2) and 2 (ks % 2) + 1 of the plane word the lane's A
+      // fragments take (kv8_score_word), elements 4 (ks % 2) .. + 3 of its 8.
+      const int k0 = INT8 ? kv8_score_word<D>(in_group, ks / 2) * 8 + 4 * (ks % 2) : ks * 16 + 2 * in_group;
+      const int k1 = INT8 ? k0 + 2 : k0 + 8;
+      q_frag[ks][0] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][k0]);
+      q_frag[ks][1] = *reinterpret_cast<const uint32_t*>(&q_heads[group_id][k1]);
     }
   }
   QSPEC_ATTENTION_STAMP(2);
@@ -525,8 +654,37 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     cp_async_wait<1>();
     const __half* k_tile = k_tiles[INT8 ? 0 : stage];
     const __half* v_tile = v_tiles[INT8 ? 0 : stage];
-    float kv8_key_scale[U] = {};  // INT8: this lane's keys' K scales
-    if constexpr (INT8) {
+    float kv8_key_scale[U] = {};  // INT8 without MMA: this lane's keys' K scales
+    // INT8: the f16 K scale of the tile's key k, its V scales of keys k, k + 1 as an f16x2.
+    auto key_scale = [&](int k) {
+      return __half2float(kv8_scale_of(kv8_scale_pairs[stage][0][k], view.position(tile_begin + k)));
+    };
+    auto pair_scale = [&](int k) {
+      return kv8_scale_pair(kv8_scale_pairs[stage][1][k], view.position(tile_begin + k), kv8_scale_pairs[stage][1][k + 1],
+                            view.position(tile_begin + k + 1));
+    };
+    if constexpr (INT8 && MMA) {
+      __syncthreads();  // the fragments take words that other lanes copied
+      if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
+        // The new row's words and scales over its stale copy (whose copier waited above).
+        const int k = new_key - tile_begin;
+        if (warp == 0 && lg == 0) {  // lane li holds word li of each plane row
+          auto put = [&](int plane, uint32_t word) {
+            *reinterpret_cast<uint32_t*>(kv8_rows[stage] + kv8_stage_at<D>(k, plane * (D / 32) + li / 4) + li % 4 * 4) =
+                word;
+          };
+          put(0, new_k8.high);
+          put(1, new_k8.low);
+          put(2, new_v8.high);
+          put(3, new_v8.low);
+          if (li == 0) {
+            reinterpret_cast<__half*>(&kv8_scale_pairs[stage][0][k])[new_position & 1] = __float2half_rn(new_k_scale);
+            reinterpret_cast<__half*>(&kv8_scale_pairs[stage][1][k])[new_position & 1] = __float2half_rn(new_v_scale);
+          }
+        }
+        __syncthreads();
+      }
+    } else if constexpr (INT8) {
       __syncthreads();  // a lane converts bytes that other lanes copied
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -547,7 +705,6 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         *reinterpret_cast<uint4*>(v_tiles[0] + tile_at(k, li)) =
             kv8_scale_half8(kv8_chunk_to_half(value, p.high_only), v_scale);
         kv8_key_scale[u] = __half2float(k_scale);
-        if (MMA && li == 0) key_scales[k] = kv8_key_scale[u];
       }
     } else if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
 #pragma unroll
@@ -558,10 +715,16 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         }
     }
     // 2. Scores.
-    if constexpr (MMA) {
+    if constexpr (MMA && INT8) {
+      if (warp < kScoreWarps) {
+        if (p.high_only)
+          mma_tile_scores_int8<D, GM, TILE, true>(kv8_rows[stage], warp * 16, q_frag, p.scale_log2, logits, key_scale);
+        else
+          mma_tile_scores_int8<D, GM, TILE, false>(kv8_rows[stage], warp * 16, q_frag, p.scale_log2, logits, key_scale);
+      }
+    } else if constexpr (MMA) {
       __syncthreads();  // every thread's copies (ldmatrix reads rows other threads copied)
-      if (warp < kScoreWarps)
-        mma_tile_scores<D, GM, TILE, INT8>(k_tile, warp * 16, q_frag, p.scale_log2, logits, key_scales);
+      if (warp < kScoreWarps) mma_tile_scores<D, GM, TILE>(k_tile, warp * 16, q_frag, p.scale_log2, logits);
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -575,7 +738,14 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     update_softmax(logits, min(end - tile_begin, TILE), heads_here, running_max, running_sum, rescale);
     __syncthreads();
     // 4. acc = acc * alpha + P V over this tile.
-    if constexpr (MMA) {
+    if constexpr (MMA && INT8) {
+      if (p.high_only)
+        mma_tile_pv_int8<D, GM, TILE, true>(kv8_rows[stage], logits, min(end - tile_begin, TILE), heads_here, rescale,
+                                            pv, pv_lo, pair_scale);
+      else
+        mma_tile_pv_int8<D, GM, TILE, false>(kv8_rows[stage], logits, min(end - tile_begin, TILE), heads_here, rescale,
+                                             pv, pv_lo, pair_scale);
+    } else if constexpr (MMA) {
       mma_tile_pv<D, GM, TILE>(v_tile, logits, min(end - tile_begin, TILE), heads_here, rescale, pv, pv_lo);
     } else {
       rescale_accumulators(acc, rescale, heads_here);
@@ -603,7 +773,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
 #pragma unroll
       for (int c = 0; c < 4; ++c) pv[mt][c] += pv_lo[mt][c];
     QSPEC_ATTENTION_STAMP(5);
-    finish_split_mma<D>(p, pv, running_max, running_sum, seq, split, head0, heads_here);
+    finish_split_mma<D, INT8>(p, pv, running_max, running_sum, seq, split, head0, heads_here);
     QSPEC_ATTENTION_STAMP(6);  // after the arrival (and, in the last block, the merge)
 #ifdef QSPEC_ATTENTION_STAMPS
     if (threadIdx.x == 0 && stamp_launch - QSPEC_ATTENTION_STAMPS < 4u)
