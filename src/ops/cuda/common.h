@@ -90,6 +90,19 @@ __device__ __forceinline__ uint4 float8_to_half(const float (&in)[8]) {
 
 // ---- inline PTX shared by the matrix kernels --------------------------------------------
 
+// One LOP3 each: C's `(a & b) | c` or `(a & b) ^ c` with two constants compiles to two (a LOP3
+// takes one immediate), unless the constants come in registers, as here.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
+  return d;
+}
+__device__ __forceinline__ uint32_t lop3_and_xor(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) ^ c
+  return d;
+}
+
 // D = A * B + D, m16n8k16, f16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

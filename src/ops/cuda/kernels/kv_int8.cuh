@@ -124,18 +124,18 @@ __device__ __forceinline__ uint32_t kv8_fragment(uint32_t high, uint32_t low) {
   static_assert(NIBBLE == 0 || NIBBLE == 1, "a field in the low or high half of its byte");
   __half2 code;
   if constexpr (NIBBLE == 0) {
-    const uint32_t h_bits = (high & 0x000f000fu) ^ 0x64086408u;
-    const uint32_t l_bits = HIGH_ONLY ? 0x64086408u : (low & 0x000f000fu) | 0x64006400u;
+    const uint32_t h_bits = lop3_and_xor(high, 0x000f000fu, 0x64086408u);
+    const uint32_t l_bits = HIGH_ONLY ? 0x64086408u : lop3_and_or(low, 0x000f000fu, 0x64006400u);
     const __half2 t = __hfma2(*reinterpret_cast<const __half2*>(&h_bits), __half2half2(__ushort_as_half(0x4c00)),
                               __half2half2(__ushort_as_half(0xf448)));  // 16 H - 17536
     code = __hadd2(t, *reinterpret_cast<const __half2*>(&l_bits));
   } else {
-    const uint32_t h_bits = (high & 0x00f000f0u) ^ 0x64806480u;
+    const uint32_t h_bits = lop3_and_xor(high, 0x00f000f0u, 0x64806480u);
     const __half2 h = *reinterpret_cast<const __half2*>(&h_bits);
     if constexpr (HIGH_ONLY) {
       code = __hadd2(h, __half2half2(__ushort_as_half(0xe478)));  // H - 1144 = 16 hi + 8
     } else {
-      const uint32_t l_bits = (low & 0x00f000f0u) | 0x64006400u;
+      const uint32_t l_bits = lop3_and_or(low, 0x00f000f0u, 0x64006400u);
       code = __hfma2(*reinterpret_cast<const __half2*>(&l_bits), __half2half2(__ushort_as_half(0x2c00)),
                      __hadd2(h, __half2half2(__ushort_as_half(0xe4c0))));  // L / 16 + (H - 1216)
     }
@@ -200,10 +200,6 @@ __device__ __forceinline__ int kv8_value_dim(int warp, int group_id, int b, int 
 // kv8_fragment reads: key a's in bits 0-7, key b's in bits 16-23.
 __device__ __forceinline__ uint32_t kv8_pair_bytes(uint32_t a, uint32_t b, int byte) {
   return __byte_perm(a, b, static_cast<unsigned>(byte | (byte + 4) << 8));
-}
-// The f16 scales of two slots as one f16x2 (a's in the low half), from their pair words.
-__device__ __forceinline__ uint32_t kv8_scale_pair(uint32_t pair_a, int slot_a, uint32_t pair_b, int slot_b) {
-  return __byte_perm(pair_a, pair_b, static_cast<unsigned>((slot_a & 1 ? 0x32 : 0x10) | (slot_b & 1 ? 0x76 : 0x54) << 8));
 }
 
 }  // namespace qspec::cuda::kernels

@@ -390,6 +390,9 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // words.
   __shared__ __align__(16) uint8_t kv8_rows[INT8 ? kDecodeStages : 1][INT8 ? TILE * 2 * D : 16];
   __shared__ uint32_t kv8_scale_pairs[INT8 ? kDecodeStages : 1][2][INT8 ? TILE : 1];
+  // INT8 under MMA: the tile's V scales, taken out of their pair words once a tile (P V reads two
+  // keys' at once).
+  __shared__ __align__(4) __half kv8_value_scales[INT8 && MMA ? TILE : 2];
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
@@ -437,24 +440,41 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   // the table entry there may be no block).
   // INT8: lane li copies piece li % (D / 32) of plane li / (D / 32) (K high, K low, V high, V low)
   // of each of its keys' rows; lanes 0 and 1 the K and V scale pair words.
+  // INT8: this lane's plane (piece li of a key's row: plane li / (D / 32)) and its scales (lanes 0
+  // and 1: K's, V's) at this KV head's rows of block 0; a block's rows lie block_bytes (block_halves)
+  // further on (attention.h kv8_row: (block, head)-major, 16 slots).
+  constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row
+  const int kv8_plane = li / kPieces;
+  const uint8_t* const kv8_source =
+      (kv8_plane == 0 ? p.k8.high : kv8_plane == 1 ? p.k8.low : kv8_plane == 2 ? p.v8.high : p.v8.low) +
+      static_cast<int64_t>(kv_head) * 16 * (D / 2) + (li % kPieces) * 16;
+  const uint16_t* const kv8_scales =
+      reinterpret_cast<const uint16_t*>(li == 0 ? p.k8.scales : p.v8.scales) + static_cast<int64_t>(kv_head) * 16;
+  const uint32_t kv8_block_bytes = p.num_kv_heads * 16 * (D / 2), kv8_block_halves = p.num_kv_heads * 16;
+  const bool kv8_copies = INT8 && !(p.high_only && (kv8_plane & 1));  // a high-nibble pass reads no low plane
+  // Where the lane's piece of its key u lands in a stage: key_offset(u) = key_offset(0) + u STEP, so
+  // where STEP is a multiple of 8 the swizzle (the key's low 3 bits) is the same for every u.
+  auto kv8_stage_piece = [&](int u) {
+    if constexpr (!MMA) return key_offset(u) * 2 * D + li * 16;
+    else if constexpr (STEP % 8 == 0) return kv8_stage_at<D>(key_offset(0), li) + u * STEP * 2 * D;
+    else return kv8_stage_at<D>(key_offset(u), li);
+  };
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
     if constexpr (INT8) {
-      constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row
-      const int plane = li / kPieces;
-      const uint8_t* source = plane == 0 ? p.k8.high : plane == 1 ? p.k8.low : plane == 2 ? p.v8.high : p.v8.low;
-      const bool copies = !(p.high_only && (plane & 1));  // a high-nibble pass reads no low plane
       if (tile_begin < end) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int j = tile_begin + key_offset(u);
-          const int64_t row = j < end ? kv8_row(blocks[u], kv_head, view.position(j) & 15, p.num_kv_heads) : 0;
-          if (copies)
-            cp_async_16(smem_address(kv8_rows[stage] + (MMA ? kv8_stage_at<D>(key_offset(u), li)
-                                                                : key_offset(u) * 2 * D + li * 16)),
-                        source + row * (D / 2) + (li % kPieces) * 16, j < end ? 16 : 0);
-          if (li < 2)
-            cp_async_4(smem_address(&kv8_scale_pairs[stage][li][key_offset(u)]),
-                       (li == 0 ? p.k8.scales : p.v8.scales) + (row & ~int64_t{1}), j < end ? 4 : 0);
+          const int j = tile_begin + key_offset(u), slot = view.position(j) & 15;
+          const bool valid = j < end;
+          const uint64_t block = static_cast<uint32_t>(blocks[u]);  // a pool block: non-negative
+          const uint8_t* source = kv8_source + block * kv8_block_bytes + slot * (D / 2);
+          if (kv8_copies)
+            cp_async_16(smem_address(kv8_rows[stage] + kv8_stage_piece(u)), valid ? source : kv8_source, valid ? 16 : 0);
+          if (li < 2) {
+            const uint16_t* pair = kv8_scales + block * kv8_block_halves + (slot & ~1);
+            cp_async_4(smem_address(&kv8_scale_pairs[stage][li][key_offset(u)]), valid ? pair : kv8_scales,
+                       valid ? 4 : 0);
+          }
         }
       }
       cp_async_commit();
@@ -659,10 +679,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     auto key_scale = [&](int k) {
       return __half2float(kv8_scale_of(kv8_scale_pairs[stage][0][k], view.position(tile_begin + k)));
     };
-    auto pair_scale = [&](int k) {
-      return kv8_scale_pair(kv8_scale_pairs[stage][1][k], view.position(tile_begin + k), kv8_scale_pairs[stage][1][k + 1],
-                            view.position(tile_begin + k + 1));
-    };
+    auto pair_scale = [&](int k) { return *reinterpret_cast<const uint32_t*>(&kv8_value_scales[k]); };
     if constexpr (INT8 && MMA) {
       __syncthreads();  // the fragments take words that other lanes copied
       if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
@@ -684,6 +701,10 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
         }
         __syncthreads();
       }
+      // Read by P V, two barriers on.
+      if (threadIdx.x < TILE)
+        kv8_value_scales[threadIdx.x] =
+            kv8_scale_of(kv8_scale_pairs[stage][1][threadIdx.x], view.position(tile_begin + threadIdx.x));
     } else if constexpr (INT8) {
       __syncthreads();  // a lane converts bytes that other lanes copied
 #pragma unroll

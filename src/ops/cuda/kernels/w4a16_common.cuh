@@ -23,12 +23,6 @@ __device__ __forceinline__ const uint32_t* zero_point_mins(const W4A16Layout& w)
   return w.scales + static_cast<int64_t>(w.row_blocks) * w.groups * 8;
 }
 
-__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
-  return d;
-}
-
 // One packed word (8 nibbles) -> four f16x2 registers of integer values: a[0] = (n0, n4),
 // a[1] = (n1, n5), a[2] = (n2, n6), a[3] = (n3, n7). Exact. kUnsigned: the codes 0..15 of
 // int4-asym (ops/w4a16_pack.h, for fma(code, scale, minimum)), else int4's offset-binary -8..7.
