@@ -757,6 +757,41 @@ TEST_F(Gpu, PagedDecodeMatchesCpuAttention) {
   cuda::set_decode_attention(cuda::DecodeAttention::automatic);
 }
 
+// The inputs of a folded decode step (RoPE + the new token's K/V write + attention) over a paged
+// fixture: one new token a sequence at its context's last position, random unrotated qkv rows
+// (q, k, v and 8 padding halves), Llama-3's RoPE frequencies, all uploaded.
+struct FoldedDecodeInputs {
+  int64_t seqs, max_context, q_width, stride;
+  std::vector<int32_t> positions;
+  std::vector<f16> qkv;
+  cuda::DeviceMemory d_tables, d_lens, d_start, d_positions, d_inv;
+  cuda::QueryBatch batch;
+  qspec::cpu::AttentionShape shape;
+  size_t workspace_bytes;
+
+  FoldedDecodeInputs(const PagedFixture& pool, const std::vector<int64_t>& contexts, const AttentionCase& c)
+      : seqs(static_cast<int64_t>(contexts.size())),
+        max_context(*std::max_element(contexts.begin(), contexts.end())),
+        q_width(c.heads * c.head_dim),
+        stride(q_width + 2 * pool.kv_width + 8),
+        shape(c.shape()),
+        workspace_bytes(cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context)) {
+    std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1));
+    std::iota(query_start.begin(), query_start.end(), 0);
+    for (const int64_t context : contexts) positions.push_back(static_cast<int32_t>(context - 1));
+    qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
+    std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
+    for (int64_t i = 0; i < c.head_dim / 2; ++i)
+      inv_freq[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
+    d_tables = upload(pool.block_tables);
+    d_lens = upload(std::vector<int32_t>(contexts.begin(), contexts.end()));
+    d_start = upload(query_start);
+    d_positions = upload(positions);
+    d_inv = upload(inv_freq);
+    batch = cuda::QueryBatch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
+  }
+};
+
 // Decode with RoPE and the new token's K/V write folded into the attention (the model's decode
 // path) gives bitwise what rope_kv_write then paged_attention_decode give: the attention output,
 // and the whole K and V pools, whose new-token slots start as NaN (so the folded kernel must write
@@ -778,32 +813,20 @@ TEST_F(Gpu, PagedDecodeRopeEqualsRopeKvWriteThenDecodeBitwise) {
     ASSERT_EQ(one_launch, kernel != cuda::DecodeAttention::chunked) << "run without QSPEC_DECODE_ROPE=separate";
     for (const AttentionCase& c : cases) {
       for (const std::vector<int64_t>& contexts : batches) {
-        const int64_t seqs = static_cast<int64_t>(contexts.size());
-        const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
         PagedFixture pool(contexts, c.kv_heads, c.head_dim);
-        std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1)), positions;
-        std::vector<int32_t> lens(contexts.begin(), contexts.end());
-        std::iota(query_start.begin(), query_start.end(), 0);
-        for (size_t s = 0; s < contexts.size(); ++s) {
-          const int64_t p = contexts[s] - 1;  // the new token
-          positions.push_back(static_cast<int32_t>(p));
+        for (size_t s = 0; s < contexts.size(); ++s) {  // the new tokens' slots
+          const int64_t p = contexts[s] - 1;
           const int64_t slot = static_cast<int64_t>(pool.block_tables[s * pool.max_blocks + p / 16]) * 16 + p % 16;
           for (int64_t i = 0; i < pool.kv_width; ++i) pool.k_pool[slot * pool.kv_width + i] = kNaN16;
           for (int64_t i = 0; i < pool.kv_width; ++i) pool.v_pool[slot * pool.kv_width + i] = kNaN16;
         }
-        const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width + 8;
-        const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
-        std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
-        for (int64_t i = 0; i < c.head_dim / 2; ++i)
-          inv_freq[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
-        auto d_tables = upload(pool.block_tables);
-        auto d_lens = upload(lens);
-        auto d_start = upload(query_start);
-        auto d_positions = upload(positions);
-        auto d_inv = upload(inv_freq);
-        const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
-        const qspec::cpu::AttentionShape shape = c.shape();
-        const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+        const FoldedDecodeInputs in(pool, contexts, c);
+        const int64_t seqs = in.seqs, max_context = in.max_context, q_width = in.q_width, stride = in.stride;
+        const std::vector<f16>& qkv = in.qkv;
+        const cuda::QueryBatch& batch = in.batch;
+        const qspec::cpu::AttentionShape& shape = in.shape;
+        const size_t workspace_bytes = in.workspace_bytes;
+        const cuda::DeviceMemory &d_tables = in.d_tables, &d_lens = in.d_lens, &d_inv = in.d_inv;
         const std::string name = std::string(one_launch ? "one launch " : "two launches ") + case_name(c) +
                                  " contexts " + std::to_string(contexts.front()) + ".. (" + std::to_string(seqs) + ")";
         std::vector<f16> results[2][4];  // [by hand, paged_attention_decode_rope][out, k pool, v pool, qkv]
@@ -1511,30 +1534,17 @@ TEST_F(Gpu, PagedDecodeRopeInt8EqualsRopeKvWriteThenDecodeBitwise) {
   for (const AttentionCase& c : cases) {
     for (const std::vector<int64_t>& contexts : batches) {
       for (const qspec::KvView view : {qspec::KvView::full, qspec::KvView::high_nibble}) {
-        const int64_t seqs = static_cast<int64_t>(contexts.size());
-        const int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
         const PagedFixture pool(contexts, c.kv_heads, c.head_dim);
+        const FoldedDecodeInputs in(pool, contexts, c);
+        const int64_t seqs = in.seqs, max_context = in.max_context, q_width = in.q_width, stride = in.stride;
+        const std::vector<int32_t>& positions = in.positions;
+        const std::vector<f16>& qkv = in.qkv;
+        const cuda::QueryBatch& batch = in.batch;
+        const qspec::cpu::AttentionShape& shape = in.shape;
+        const size_t workspace_bytes = in.workspace_bytes;
+        const cuda::DeviceMemory &d_tables = in.d_tables, &d_lens = in.d_lens, &d_inv = in.d_inv;
         std::vector<int64_t> cached;  // every position but the new token's
-        std::vector<int32_t> query_start(static_cast<size_t>(seqs + 1)), positions;
-        std::vector<int32_t> lens(contexts.begin(), contexts.end());
-        std::iota(query_start.begin(), query_start.end(), 0);
-        for (int64_t ctx : contexts) {
-          cached.push_back(ctx - 1);
-          positions.push_back(static_cast<int32_t>(ctx - 1));
-        }
-        const int64_t q_width = c.heads * c.head_dim, stride = q_width + 2 * pool.kv_width + 8;
-        const std::vector<f16> qkv = to_f16(random_f16_values(static_cast<size_t>(seqs * stride)));
-        std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
-        for (int64_t i = 0; i < c.head_dim / 2; ++i)
-          inv_freq[i] = std::pow(500000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.head_dim));
-        auto d_tables = upload(pool.block_tables);
-        auto d_lens = upload(lens);
-        auto d_start = upload(query_start);
-        auto d_positions = upload(positions);
-        auto d_inv = upload(inv_freq);
-        const cuda::QueryBatch batch{seqs, seqs, d_start.as<int32_t>(), d_positions.as<int32_t>(), 1, max_context};
-        const qspec::cpu::AttentionShape shape = c.shape();
-        const size_t workspace_bytes = cuda::attention_workspace_bytes(seqs, c.heads, c.head_dim, max_context);
+        for (const int64_t context : contexts) cached.push_back(context - 1);
         const std::string name = view_name(view) + case_name(c) + " contexts " + std::to_string(contexts.front()) +
                                  ".. (" + std::to_string(seqs) + ")";
         std::vector<uint8_t> pools[2][2];

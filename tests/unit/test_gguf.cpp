@@ -30,6 +30,7 @@
 #include "quant/formats.h"
 #include "quant/quantized_linear.h"
 #include "tokenizer/tokenizer.h"
+#include "cli_run.h"  // error_of
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -61,14 +62,7 @@ void write_bytes(const fs::path& path, const std::vector<uint8_t>& bytes) {
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const qspec::Error& error) {
-    return error.what();
-  }
-  return "";
-}
+using qspec_test::error_of;
 
 std::string parse_error(const std::vector<uint8_t>& bytes) {
   return error_of([&] { qspec::GgufFile::parse(bytes.data(), bytes.size(), "test.gguf"); });

@@ -20,6 +20,7 @@
 #include "io/safetensors.h"
 #include "qspec/error.h"
 #include "tokenizer/tokenizer.h"
+#include "cli_run.h"  // error_of
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -39,14 +40,7 @@ json read_json(const fs::path& path) {
   return json::parse(in);
 }
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const qspec::Error& error) {
-    return error.what();
-  }
-  return "";
-}
+using qspec_test::error_of;
 
 // A tiny llama2.c checkpoint: dim 8, hidden 12, 2 layers, 2 heads (head size 4), 1 kv head,
 // vocab 8 with an unshared classifier (negative vocab_size), seq_len 4.

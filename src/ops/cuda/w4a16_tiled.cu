@@ -327,10 +327,12 @@ TiledKernel plain_launch_kernel(const TiledPlan& plan, int64_t m, const W4A16Wei
   return plan.kernel;
 }
 
-kernels::W4A16Layout checked_layout(const W4A16Weights& w) {
-  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
-              "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned (cp.async)");
-  return detail::w4a16_layout(w);
+// The kernels' view of w (with its zero points where asked), once its scales are checked to be
+// 16-byte aligned (cp.async); `op` names the entry point in the error.
+kernels::W4A16Layout checked_layout(const W4A16Weights& w, bool zero_points = false,
+                                    const char* op = "cuda::w4a16_gemm_tiled") {
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0, op, ": the scales must be 16-byte aligned (cp.async)");
+  return detail::w4a16_layout(w, zero_points);
 }
 
 void fill_launch(kernels::W4A16TiledParams& params, const kernels::W4A16Layout& layout, int64_t m, f16_bits* y,
@@ -388,8 +390,7 @@ void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const
   QSPEC_CHECK(w4a16_runs_zero_points(W4A16Path::tiled, m),
               "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the tiled path on an sm_90a GPU and "
               "build only; cuda::w4a16_gemm's automatic path routes them");
-  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0, "cuda::w4a16_gemm_tiled: the scales must be 16-byte aligned");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w, /*zero_points=*/true);
+  const kernels::W4A16Layout layout = checked_layout(w, /*zero_points=*/true);
   if (m == 0) return;
   const TiledPlan plan = plan_tiled<kernels::ActF16Zp>(m, w, layout, workspace, workspace_bytes,
                                                        {zero_point_tile(m, w, config.tile), config.splits});
@@ -460,11 +461,9 @@ void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4
   check_tiled_config(config);
   QSPEC_CHECK(config.splits <= 1, "cuda::w4a16_gemm_tiled_swiglu: one split only (asked for ", config.splits, ")");
   const bool zero_points = w.has_min();
-  QSPEC_CHECK(reinterpret_cast<uintptr_t>(w.scales) % 16 == 0,
-              "cuda::w4a16_gemm_tiled_swiglu: the scales must be 16-byte aligned (cp.async)");
   QSPEC_CHECK(!zero_points || w4a16_runs_zero_points(W4A16Path::tiled, std::max<int64_t>(m, 1)),
               "cuda::w4a16_gemm_tiled_swiglu: int4-asym weights need an sm_90a GPU and build");
-  const kernels::W4A16Layout layout = detail::w4a16_layout(w, zero_points);
+  const kernels::W4A16Layout layout = checked_layout(w, zero_points, "cuda::w4a16_gemm_tiled_swiglu");
   if (m == 0) return;
   const TiledPlan plan =
       zero_points ? plan_tiled<kernels::ActF16Zp>(m, w, layout, nullptr, 0, {zero_point_tile(m, w, config.tile), 1})

@@ -4,6 +4,7 @@
 #pragma once
 #include "ops/cuda/attention.h"
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/reduce.cuh"  // block_abs_max8
 #include "ops/kv_int8.h"
 
 namespace qspec::cuda::kernels {
@@ -18,18 +19,6 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int sr
 struct Kv8Chunk {
   uint32_t high, low;
 };
-
-// The largest |x| of a row spread over groups of LANES lanes (8 elements a lane; LANES a power of
-// two <= 32, the groups aligned): every lane of the warp must call it.
-template <int LANES>
-__device__ __forceinline__ float kv8_row_amax(const float (&x)[8]) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[e]));
-#pragma unroll
-  for (int offset = LANES / 2; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  return amax;
-}
 
 // The codes of 8 elements under `scale` (kv8::row_scale_f32 of the row's amax), kv8::encode's,
 // split into their nibbles in the planes' order (attention.h kv8_nibble_index): element e in
@@ -64,7 +53,7 @@ __device__ __forceinline__ Kv8Chunk kv8_quantize_store(const uint4& values, bool
                                                        int64_t row, int li, float& scale) {
   float x[8];
   half8_to_float(values, x);
-  scale = kv8::row_scale_f32(kv8_row_amax<D / 8>(x));
+  scale = kv8::row_scale_f32(block_abs_max8<D / 8>(x));
   const Kv8Chunk chunk = kv8_quantize_chunk(x, scale);
   if (store) kv8_store_chunk<D>(pool, row, li, chunk, scale);
   return chunk;

@@ -102,16 +102,6 @@ struct DeviceCodec<quant::Format::mxfp4> {
   }
 };
 
-template <int VPB>
-__device__ __forceinline__ float block_abs_max8(const float (&v)[8]) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-#pragma unroll
-  for (int offset = 1; offset < VPB; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  return amax;
-}
-
 // One row quantized by one block (a multiple of 32 threads): load(i, v) yields the input row's
 // 8-value vector i (called for the amax pass and again for the codes, so it must give the same
 // values both times; vectors past the input give zeros if the loader says so). k: output values

@@ -13,6 +13,19 @@ struct MaxOp {
   static constexpr float kIdentity = -INFINITY;
 };
 
+// The largest |v| of a block of 8 values a lane over groups of LANES lanes (a power of two <= 32,
+// the groups aligned): the activation quantizers' scale blocks, the int8 KV cache's rows. Every
+// lane of the warp must call it. fmaxf is exact, so the order of the shuffles changes no bit.
+template <int LANES>
+__device__ __forceinline__ float block_abs_max8(const float (&v)[8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+  for (int offset = 1; offset < LANES; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  return amax;
+}
+
 template <class Op>
 __device__ __forceinline__ float warp_reduce(float value) {
 #pragma unroll
