@@ -132,14 +132,13 @@ __device__ __forceinline__ uint32_t kv8_fragment(uint32_t high, uint32_t low) {
   return *reinterpret_cast<const uint32_t*>(&code);
 }
 
-// Where 16-byte piece `piece` of key `key`'s row of plane bytes (K high, K low, V high, V low:
-// head_dim / 32 pieces each) sits in the decode's int8 stage: XOR-swizzled by the key's low three
-// bits (bit 0 onto piece bit 2, bits 1-2 onto bits 0-1), so that the fragment reads below hit
-// distinct banks: the score reads (16 bytes a lane, keys k and k + 1 in a phase) and the value
-// reads (4 bytes a lane, keys k, k + 2, k + 4, k + 6 in one instruction). head_dim >= 64.
-template <int D>
-__device__ __forceinline__ int kv8_stage_at(int key, int piece) {
-  return key * 2 * D + (piece ^ (((key & 1) << 2) | ((key >> 1) & 3))) * 16;
+// The decode's int8 stage under MMA holds a tile's rows plane by plane (K high, K low, V high,
+// V low; TILE rows of head_dim / 2 bytes each), as the cache holds a block's 16 rows of one plane:
+// so a block's rows arrive in one bulk copy a plane (paged_attention_decode_tiles.cuh). Byte
+// offset of key `key`'s row of `plane`:
+template <int D, int TILE>
+__device__ __forceinline__ int kv8_stage_row(int plane, int key) {
+  return (plane * TILE + key) * (D / 2);
 }
 
 // The scores' operands. Lane in_group i of a score warp holds head_dim / 32 words of each K plane
@@ -153,17 +152,16 @@ __device__ __forceinline__ int kv8_score_word(int in_group, int u) {  // plane w
   else return ((u / 4) * 4 + in_group) * 4 + u % 4;
 }
 // Loads the lane words 4q .. 4q + 3 (at 64: all two) of `plane` of key `key` from a stage.
-template <int D>
+template <int D, int TILE>
 __device__ __forceinline__ void kv8_load_score_words(const uint8_t* stage, int key, int plane, int in_group, int q,
                                                      uint32_t (&words)[4]) {
-  constexpr int kPieces = D / 32;
+  const uint8_t* row = stage + kv8_stage_row<D, TILE>(plane, key);
   if constexpr (D == 64) {
-    const uint2 v = *reinterpret_cast<const uint2*>(stage + kv8_stage_at<D>(key, plane * kPieces + in_group / 2) +
-                                                    (in_group & 1) * 8);
+    const uint2 v = *reinterpret_cast<const uint2*>(row + in_group * 8);
     words[0] = v.x;
     words[1] = v.y;
   } else {
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + kv8_stage_at<D>(key, plane * kPieces + q * 4 + in_group));
+    const uint4 v = *reinterpret_cast<const uint4*>(row + (q * 4 + in_group) * 16);
     words[0] = v.x;
     words[1] = v.y;
     words[2] = v.z;

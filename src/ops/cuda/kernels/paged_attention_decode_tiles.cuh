@@ -38,6 +38,7 @@
 #include "ops/cuda/kernels/paged_kv_write.cuh"  // kv_pool_row
 #include "ops/cuda/kernels/rope.cuh"
 #include "ops/cuda/kernels/rope_kv_write.cuh"  // add_bias_f16
+#include "ops/cuda/kernels/wgmma.cuh"          // mbarriers, bulk copies, QSPEC_WGMMA
 
 namespace qspec::cuda::kernels {
 
@@ -157,8 +158,8 @@ __device__ __forceinline__ void mma_tile_scores_int8(const uint8_t* stage, int k
     uint32_t high[2][4], low[2][4] = {};  // rows group_id and group_id + 8
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      kv8_load_score_words<D>(stage, key0 + group_id + 8 * r, 0, in_group, q, high[r]);
-      if constexpr (!HIGH_ONLY) kv8_load_score_words<D>(stage, key0 + group_id + 8 * r, 1, in_group, q, low[r]);
+      kv8_load_score_words<D, TILE>(stage, key0 + group_id + 8 * r, 0, in_group, q, high[r]);
+      if constexpr (!HIGH_ONLY) kv8_load_score_words<D, TILE>(stage, key0 + group_id + 8 * r, 1, in_group, q, low[r]);
     }
 #pragma unroll
     for (int u = 0; u < kWords; ++u)
@@ -196,13 +197,15 @@ __device__ __forceinline__ void rescale_pv(const float* rescale, int heads_here,
 
 // P^T's B fragments for k step ks (keys ks * 16 ..): the softmax weights in two f16 parts, hi and
 // the residual lo. P^T's column group_id is head group_id; logits past n are raw scores: weight 0.
-template <int GM, int TILE>
+// k rows (2 in_group, + 1) are keys (ks * 16 + 2 in_group, + 1), or with PAIRS_4_APART (the int8
+// path's order, mma_tile_pv_int8) keys (ks * 16 + in_group, + 4); rows 8 on are keys 8 on.
+template <int GM, int TILE, bool PAIRS_4_APART = false>
 __device__ __forceinline__ void pv_weight_fragments(const float (&logits)[GM][TILE], int ks, int n, int heads_here,
                                                     uint32_t (&hi)[2], uint32_t (&lo)[2]) {
   const int lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
   auto weight = [&](int i) { return group_id < heads_here && i < n ? logits[min(group_id, GM - 1)][i] : 0.0f; };
-  const int k0 = ks * 16 + 2 * in_group;
-  const float w0 = weight(k0), w1 = weight(k0 + 1), w2 = weight(k0 + 8), w3 = weight(k0 + 9);
+  const int k0 = ks * 16 + (PAIRS_4_APART ? in_group : 2 * in_group), second = PAIRS_4_APART ? 4 : 1;
+  const float w0 = weight(k0), w1 = weight(k0 + second), w2 = weight(k0 + 8), w3 = weight(k0 + 8 + second);
   hi[0] = pack_half2(w0, w1);
   hi[1] = pack_half2(w2, w3);
   const float2 r0 = unpack_half2(hi[0]), r1 = unpack_half2(hi[1]);
@@ -239,29 +242,31 @@ __device__ __forceinline__ void mma_tile_pv(const __half* v_tile, const float (&
 // register (kv8_value_byte: mt tile b's rows are this lane's byte b's two fields, so the rows are
 // the dimensions kv8_value_dim names), times the two keys' V scales in f16: value * scale rounded
 // once, as the f16 cache would hold it (P cannot take the scale: P * scale falls into f16's
-// subnormals for small scales). pair_scale(k): the f16x2 V scales of the tile's keys k, k + 1.
+// subnormals for small scales). A register pairs keys k and k + 4 (k = ks * 16 + in_group, + 8):
+// the four in_group lanes then read four consecutive rows of a plane, two bank halves (rows of
+// 64 bytes at head_dim 128) where keys k, k + 2, k + 4, k + 6 would all fall in one.
+// pair_scale(k): the f16x2 V scales of the tile's keys k, k + 4.
 template <int D, int GM, int TILE, bool HIGH_ONLY, typename PairScale>
 __device__ __forceinline__ void mma_tile_pv_int8(const uint8_t* stage, const float (&logits)[GM][TILE], int n,
                                                  int heads_here, const float* rescale, float (&pv)[D / 64][4],
                                                  float (&pv_lo)[D / 64][4], const PairScale& pair_scale) {
-  constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group_id = lane >> 2, in_group = lane & 3;
   rescale_pv<D>(rescale, heads_here, pv, pv_lo);
   const int byte0 = kv8_value_byte<D>(warp, group_id, 0);  // this lane's bytes lie in one plane word
-  const int piece = byte0 / 16, word_offset = byte0 % 16 / 4 * 4, first = byte0 % 4;
+  const int word_offset = byte0 / 4 * 4, first = byte0 % 4;
 #pragma unroll
   for (int ks = 0; ks < TILE / 16; ++ks) {
     uint32_t hi[2], lo[2];
-    pv_weight_fragments<GM, TILE>(logits, ks, n, heads_here, hi, lo);
+    pv_weight_fragments<GM, TILE, true>(logits, ks, n, heads_here, hi, lo);
     uint32_t a[D / 64][4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // keys (2 in_group, + 1), then the pair 8 keys on
-      const int key = ks * 16 + 2 * in_group + 8 * half;
+    for (int half = 0; half < 2; ++half) {  // keys (in_group, + 4), then the pair 8 keys on
+      const int key = ks * 16 + in_group + 8 * half;
       auto word = [&](int k, int plane) {
-        return *reinterpret_cast<const uint32_t*>(stage + kv8_stage_at<D>(k, plane * kPieces + piece) + word_offset);
+        return *reinterpret_cast<const uint32_t*>(stage + kv8_stage_row<D, TILE>(plane, k) + word_offset);
       };
-      const uint32_t high_a = word(key, 2), high_b = word(key + 1, 2);
-      const uint32_t low_a = HIGH_ONLY ? 0u : word(key, 3), low_b = HIGH_ONLY ? 0u : word(key + 1, 3);
+      const uint32_t high_a = word(key, 2), high_b = word(key + 4, 2);
+      const uint32_t low_a = HIGH_ONLY ? 0u : word(key, 3), low_b = HIGH_ONLY ? 0u : word(key + 4, 3);
       const uint32_t scale_bits = pair_scale(key);
       const __half2 scale = *reinterpret_cast<const __half2*>(&scale_bits);
 #pragma unroll
@@ -369,8 +374,13 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
 // conversion.
 // D: head_dim (32, 64, 128, 256; MMA: 64 and up); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
+// Blocks a multiprocessor must hold: the int8 MMA instances up to head_dim 128 at 128 registers
+// a thread, 4 blocks (their shared memory allows 5); left alone they take 139 at head_dim 128.
+template <int D, bool MMA, bool INT8>
+inline constexpr int kDecodeMinBlocks = INT8 && MMA && D <= 128 ? 4 : 1;
 template <int D, int GM, bool MMA = false, bool INT8 = false>
-__global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tiles_kernel(const DecodeParams p) {
+__global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)) void paged_attention_decode_tiles_kernel(
+    const DecodeParams p) {
   static_assert(!MMA || D >= 64, "tensor-core tiles: head_dim 64 and up (8 chunks a key row for the swizzle)");
   constexpr int LPK = D / 8;     // lanes per key (16 bytes each)
   constexpr int KPW = 32 / LPK;  // keys per warp per step
@@ -380,19 +390,28 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   static_assert(U >= 1 && U * STEP == TILE, "a tile is whole steps");
   static_assert(!MMA || (TILE % 16 == 0 && TILE / 16 <= kDecodeWarps),
                 "MMA: a tile is whole 16-key row tiles, a score warp each");
+  // INT8 under MMA on sm_90a: without a window every tile is whole cache blocks (16 positions,
+  // splits and tiles multiples of 16), and the cache holds a block's rows of one plane as one
+  // run of bytes, which one bulk copy moves (a lane of warp 0 a run: 4 planes and 2 scale runs a
+  // block, 24 copies a 64-key tile). Key by key, each lane of a key copied one 16-byte piece of
+  // its row and lanes 0 and 1 its scales (ncu, batch 64 at 8 K: ~490 of ~1340 instructions a warp
+  // a tile). With a window (sinks + recent) positions are not whole blocks: key by key, as then.
+  constexpr bool kBulk = INT8 && MMA && QSPEC_WGMMA;
   // INT8: the stages in kv8_rows; without MMA one f16 tile converted from them, under MMA none.
   constexpr int kF16Stages = INT8 ? 1 : kDecodeStages;
   constexpr int kF16Tile = INT8 && MMA ? 8 : TILE * D;
   __shared__ __align__(16) __half k_tiles[kF16Stages][kF16Tile];  // a tile's key j at j * D
   __shared__ __align__(16) __half v_tiles[kF16Stages][kF16Tile];
   // INT8 only (absent from the f16 instances: unused shared arrays are not allocated): key j's
-  // plane rows at j * 2D (under MMA their pieces swizzled, kv8_stage_at), its K and V scale pair
-  // words.
-  __shared__ __align__(16) uint8_t kv8_rows[INT8 ? kDecodeStages : 1][INT8 ? TILE * 2 * D : 16];
+  // plane rows (at j * 2D; under MMA plane by plane, kv8_stage_row), its K and V scale pair words
+  // (copied key by key) or, from bulk copies, the scales themselves (16 a block).
+  __shared__ __align__(128) uint8_t kv8_rows[INT8 ? kDecodeStages : 1][INT8 ? TILE * 2 * D : 16];
   __shared__ uint32_t kv8_scale_pairs[INT8 ? kDecodeStages : 1][2][INT8 ? TILE : 1];
-  // INT8 under MMA: the tile's V scales, taken out of their pair words once a tile (P V reads two
-  // keys' at once).
+  __shared__ __align__(16) __half kv8_scale_halves[kBulk ? kDecodeStages : 1][2][kBulk ? TILE : 8];
+  // INT8 under MMA: the tile's V scales, out of their copies once a tile (P V reads two keys' at
+  // once), and the bulk copies' barrier a stage.
   __shared__ __align__(4) __half kv8_value_scales[INT8 && MMA ? TILE : 2];
+  __shared__ __align__(8) uint64_t kv8_full[kBulk ? kDecodeStages : 1];
   __shared__ float logits[GM][TILE];
   __shared__ float reduce[kDecodeWarps][GM][D];
   __shared__ float running_max[GM], running_sum[GM], rescale[GM];
@@ -452,14 +471,52 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
       reinterpret_cast<const uint16_t*>(li == 0 ? p.k8.scales : p.v8.scales) + static_cast<int64_t>(kv_head) * 16;
   const uint32_t kv8_block_bytes = p.num_kv_heads * 16 * (D / 2), kv8_block_halves = p.num_kv_heads * 16;
   const bool kv8_copies = INT8 && !(p.high_only && (kv8_plane & 1));  // a high-nibble pass reads no low plane
-  // Where the lane's piece of its key u lands in a stage: key_offset(u) = key_offset(0) + u STEP, so
-  // where STEP is a multiple of 8 the swizzle (the key's low 3 bits) is the same for every u.
+  // Where the lane's piece of its key u lands in a stage (under MMA: plane by plane).
   auto kv8_stage_piece = [&](int u) {
     if constexpr (!MMA) return key_offset(u) * 2 * D + li * 16;
-    else if constexpr (STEP % 8 == 0) return kv8_stage_at<D>(key_offset(0), li) + u * STEP * 2 * D;
-    else return kv8_stage_at<D>(key_offset(u), li);
+    else return kv8_stage_row<D, TILE>(kv8_plane, key_offset(u)) + (li % kPieces) * 16;
   };
+  const bool bulk = kBulk && p.window == 0;
+  if constexpr (kBulk) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kDecodeStages; ++s) mbarrier_init(&kv8_full[s], 1);
+      fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
+    }
+    __syncwarp();  // warp 0 issues the copies; the other warps wait on the barriers after a block barrier
+  }
+  uint32_t kv8_phases = 0;  // bit s: the parity of stage s's next completion
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
+    if constexpr (kBulk) {
+      if (bulk) {
+        // Lane l of warp 0: run l / (TILE / 16) (plane 0-3, then the K and V scales) of block
+        // l % (TILE / 16) of the tile (blocks[u] of warp 0 at u = 64 m / STEP is block m's entry).
+        constexpr int kBlocks = TILE / 16;
+        if (warp != 0 || tile_begin >= end) return;
+        const int blocks_here = min(kBlocks, (end - tile_begin + 15) / 16);
+        const int planes = p.high_only ? 2 : 4, run = lane / kBlocks, m = lane % kBlocks;
+        if (lane == 0)
+          mbarrier_arrive_expect_tx(&kv8_full[stage],
+                                    static_cast<uint32_t>(blocks_here * (planes * 16 * (D / 2) + 2 * 32)));
+        const int plane = run < 4 && p.high_only ? 2 * run : run;  // a high-nibble pass: K high, V high
+        if (m >= blocks_here || run >= planes + 2) return;
+        int block = 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (u == 16 * m / STEP) block = blocks[u];
+        const int64_t rows = (static_cast<int64_t>(block) * p.num_kv_heads + kv_head) * 16;  // attention.h kv8_row
+        fence_proxy_async_shared();  // this stage's earlier reads and writes before the copy's
+        if (run < planes) {
+          const uint8_t* source = plane == 0 ? p.k8.high : plane == 1 ? p.k8.low : plane == 2 ? p.v8.high : p.v8.low;
+          bulk_copy_to_shared(kv8_rows[stage] + kv8_stage_row<D, TILE>(plane, 16 * m), source + rows * (D / 2),
+                              16 * (D / 2), &kv8_full[stage]);
+        } else {
+          const int which = run - planes;
+          bulk_copy_to_shared(&kv8_scale_halves[stage][which][16 * m], (which ? p.v8.scales : p.k8.scales) + rows,
+                              32, &kv8_full[stage]);
+        }
+        return;
+      }
+    }
     if constexpr (INT8) {
       if (tile_begin < end) {
 #pragma unroll
@@ -670,41 +727,49 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
   }
   QSPEC_ATTENTION_STAMP(2);
   for (int tile_begin = begin, stage = 0; tile_begin < end; tile_begin += TILE, stage ^= 1) {
-    // 1. This tile's copies are in (every group but the newest, the next tile's, is complete).
-    cp_async_wait<1>();
+    // 1. This tile's copies are in (every group but the newest, the next tile's, is complete; with
+    // bulk copies, the stage's barrier phase).
+    if (kBulk && bulk) {
+      mbarrier_wait(&kv8_full[stage], (kv8_phases >> stage) & 1u);
+      kv8_phases ^= 1u << stage;
+    } else {
+      cp_async_wait<1>();
+    }
     const __half* k_tile = k_tiles[INT8 ? 0 : stage];
     const __half* v_tile = v_tiles[INT8 ? 0 : stage];
     float kv8_key_scale[U] = {};  // INT8 without MMA: this lane's keys' K scales
-    // INT8: the f16 K scale of the tile's key k, its V scales of keys k, k + 1 as an f16x2.
-    auto key_scale = [&](int k) {
-      return __half2float(kv8_scale_of(kv8_scale_pairs[stage][0][k], view.position(tile_begin + k)));
+    // INT8 under MMA: the f16 K (which 0) or V (1) scale of the tile's key k: the new row's (its
+    // copy is stale), zero past the split (V is code * scale, and a P weight of 0 must meet a
+    // finite value: a bulk copy brings a block's slots past the context too), else the copy's.
+    auto tile_scale = [&](int which, int k) -> __half {
+      const int j = tile_begin + k;
+      if (j == new_key) return __float2half_rn(which ? new_v_scale : new_k_scale);
+      if (j >= end) return __ushort_as_half(0);
+      if (kBulk && bulk) return kv8_scale_halves[stage][which][k];
+      return kv8_scale_of(kv8_scale_pairs[stage][which][k], view.position(j));
     };
-    auto pair_scale = [&](int k) { return *reinterpret_cast<const uint32_t*>(&kv8_value_scales[k]); };
+    auto key_scale = [&](int k) { return __half2float(tile_scale(0, k)); };
+    // kv8_value_scales holds key k's at kv8_value_scale_at(k): keys k and k + 4 side by side.
+    auto kv8_value_scale_at = [](int k) { return (k & ~7) + 2 * (k & 3) + ((k >> 2) & 1); };
+    auto pair_scale = [&](int k) { return *reinterpret_cast<const uint32_t*>(&kv8_value_scales[kv8_value_scale_at(k)]); };
     if constexpr (INT8 && MMA) {
-      __syncthreads();  // the fragments take words that other lanes copied
+      if (!bulk) __syncthreads();  // the fragments take words that other lanes copied
       if (static_cast<unsigned>(new_key - tile_begin) < static_cast<unsigned>(TILE)) {  // RoPE folded in
-        // The new row's words and scales over its stale copy (whose copier waited above).
+        // The new row's words over its stale copy (the writers' own wait above saw it land).
         const int k = new_key - tile_begin;
         if (warp == 0 && lg == 0) {  // lane li holds word li of each plane row
           auto put = [&](int plane, uint32_t word) {
-            *reinterpret_cast<uint32_t*>(kv8_rows[stage] + kv8_stage_at<D>(k, plane * (D / 32) + li / 4) + li % 4 * 4) =
-                word;
+            *reinterpret_cast<uint32_t*>(kv8_rows[stage] + kv8_stage_row<D, TILE>(plane, k) + li * 4) = word;
           };
           put(0, new_k8.high);
           put(1, new_k8.low);
           put(2, new_v8.high);
           put(3, new_v8.low);
-          if (li == 0) {
-            reinterpret_cast<__half*>(&kv8_scale_pairs[stage][0][k])[new_position & 1] = __float2half_rn(new_k_scale);
-            reinterpret_cast<__half*>(&kv8_scale_pairs[stage][1][k])[new_position & 1] = __float2half_rn(new_v_scale);
-          }
         }
         __syncthreads();
       }
-      // Read by P V, two barriers on.
-      if (threadIdx.x < TILE)
-        kv8_value_scales[threadIdx.x] =
-            kv8_scale_of(kv8_scale_pairs[stage][1][threadIdx.x], view.position(tile_begin + threadIdx.x));
+      if (threadIdx.x < TILE)  // read by P V, two barriers on
+        kv8_value_scales[kv8_value_scale_at(threadIdx.x)] = tile_scale(1, threadIdx.x);
     } else if constexpr (INT8) {
       __syncthreads();  // a lane converts bytes that other lanes copied
 #pragma unroll
@@ -783,7 +848,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void paged_attention_decode_tile
     // copies, read above; the barrier also keeps the compiler from moving those reads past
     // the copies), then the table entries of the one after it.
     issue_tile(tile_begin + 2 * TILE, stage, blocks0);
-    if (tile_begin + 3 * TILE < end) load_blocks(tile_begin + 3 * TILE, blocks0);
+    if (tile_begin + 3 * TILE < end && (!bulk || warp == 0)) load_blocks(tile_begin + 3 * TILE, blocks0);
     QSPEC_ATTENTION_STAMP_TILE();
   }
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
