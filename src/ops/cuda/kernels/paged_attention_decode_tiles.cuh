@@ -392,10 +392,11 @@ __global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)
                 "MMA: a tile is whole 16-key row tiles, a score warp each");
   // INT8 under MMA on sm_90a: without a window every tile is whole cache blocks (16 positions,
   // splits and tiles multiples of 16), and the cache holds a block's rows of one plane as one
-  // run of bytes, which one bulk copy moves (a lane of warp 0 a run: 4 planes and 2 scale runs a
-  // block, 24 copies a 64-key tile). Key by key, each lane of a key copied one 16-byte piece of
-  // its row and lanes 0 and 1 its scales (ncu, batch 64 at 8 K: ~490 of ~1340 instructions a warp
-  // a tile). With a window (sinks + recent) positions are not whole blocks: key by key, as then.
+  // run of bytes, which one bulk copy moves (a lane a run, spread over the warps: 4 planes and 2
+  // scale runs a block, 24 copies a 64-key tile). Key by key, each lane of a key copied one
+  // 16-byte piece of its row and lanes 0 and 1 its scales (ncu, batch 64 at 8 K: ~490 of ~1340
+  // instructions a warp a tile). With a window (sinks + recent) positions are not whole blocks:
+  // key by key, as then.
   constexpr bool kBulk = INT8 && MMA && QSPEC_WGMMA;
   // INT8: the stages in kv8_rows; without MMA one f16 tile converted from them, under MMA none.
   constexpr int kF16Stages = INT8 ? 1 : kDecodeStages;
@@ -482,19 +483,22 @@ __global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)
       for (int s = 0; s < kDecodeStages; ++s) mbarrier_init(&kv8_full[s], 1);
       fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
     }
-    __syncwarp();  // warp 0 issues the copies; the other warps wait on the barriers after a block barrier
+    __syncthreads();  // every warp issues copies that complete on them
   }
   uint32_t kv8_phases = 0;  // bit s: the parity of stage s's next completion
   auto issue_tile = [&](int tile_begin, int stage, const int (&blocks)[U]) {
     if constexpr (kBulk) {
       if (bulk) {
-        // Lane l of warp 0: run l / (TILE / 16) (plane 0-3, then the K and V scales) of block
-        // l % (TILE / 16) of the tile (blocks[u] of warp 0 at u = 64 m / STEP is block m's entry).
+        // Copy c = warp + 4 lane (lanes 0-5 of each warp at 64 keys: the work spread, or the other
+        // warps wait at the next barrier for the issuing one): run c / (TILE / 16) (plane 0-3, then
+        // the K and V scales) of block m = c % (TILE / 16) (blocks[u] at u = 16 m / STEP is its
+        // entry, in every warp). One arrival a phase, warp 0's lane 0: a copy may complete before it
+        // (the barrier's tx-count goes below zero, and the phase waits for the arrival).
         constexpr int kBlocks = TILE / 16;
-        if (warp != 0 || tile_begin >= end) return;
+        if (tile_begin >= end) return;
         const int blocks_here = min(kBlocks, (end - tile_begin + 15) / 16);
-        const int planes = p.high_only ? 2 : 4, run = lane / kBlocks, m = lane % kBlocks;
-        if (lane == 0)
+        const int planes = p.high_only ? 2 : 4, c = warp + kDecodeWarps * lane, run = c / kBlocks, m = c % kBlocks;
+        if (threadIdx.x == 0)
           mbarrier_arrive_expect_tx(&kv8_full[stage],
                                     static_cast<uint32_t>(blocks_here * (planes * 16 * (D / 2) + 2 * 32)));
         const int plane = run < 4 && p.high_only ? 2 * run : run;  // a high-nibble pass: K high, V high
@@ -504,7 +508,6 @@ __global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)
         for (int u = 0; u < U; ++u)
           if (u == 16 * m / STEP) block = blocks[u];
         const int64_t rows = (static_cast<int64_t>(block) * p.num_kv_heads + kv_head) * 16;  // attention.h kv8_row
-        fence_proxy_async_shared();  // this stage's earlier reads and writes before the copy's
         if (run < planes) {
           const uint8_t* source = plane == 0 ? p.k8.high : plane == 1 ? p.k8.low : plane == 2 ? p.v8.high : p.v8.low;
           bulk_copy_to_shared(kv8_rows[stage] + kv8_stage_row<D, TILE>(plane, 16 * m), source + rows * (D / 2),
@@ -765,6 +768,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)
           put(1, new_k8.low);
           put(2, new_v8.high);
           put(3, new_v8.low);
+          if (bulk) fence_proxy_async_shared();  // these writes before a later bulk copy into the stage
         }
         __syncthreads();
       }
@@ -848,7 +852,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)
     // copies, read above; the barrier also keeps the compiler from moving those reads past
     // the copies), then the table entries of the one after it.
     issue_tile(tile_begin + 2 * TILE, stage, blocks0);
-    if (tile_begin + 3 * TILE < end && (!bulk || warp == 0)) load_blocks(tile_begin + 3 * TILE, blocks0);
+    if (tile_begin + 3 * TILE < end) load_blocks(tile_begin + 3 * TILE, blocks0);
     QSPEC_ATTENTION_STAMP_TILE();
   }
   cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
