@@ -160,8 +160,8 @@ void add_kv_cache_option(CLI::App* command, std::string& kv_cache) {
       "f16|int8");
   command->add_option("--kv-cache", kv_cache,
                       "What the KV cache stores: f16 (full precision: f32 rows on the CPU, f16 on the GPU) or int8 "
-                      "(8-bit codes per position and KV head with an f16 scale: ~3.8x the CPU's positions in the "
-                      "same memory, for every mode; needed by --draft-kv4 / /k4 drafts; CPU only for now)")
+                      "(8-bit codes per position and KV head with an f16 scale, for every mode: ~3.8x the CPU's "
+                      "positions in the same memory, ~1.97x the GPU's; needed by --draft-kv4 / /k4 drafts)")
       ->check(format)
       ->capture_default_str();
 }
