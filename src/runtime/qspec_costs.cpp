@@ -20,6 +20,13 @@ namespace {
 
 using json = nlohmann::json;
 
+// The KV cache a table or bench record names in "kv_cache" (or fail naming the file).
+KvCacheFormat kv_cache_named(const std::string& name, const std::string& source) {
+  const std::optional<KvCacheFormat> format = parse_kv_cache_format(name);
+  QSPEC_CHECK(format, source, ": kv_cache: \"", name, "\" (expected f16 or int8)");
+  return *format;
+}
+
 // A number at `field` of `object` (or fail naming where).
 double number_at(const json& object, const char* field, const std::string& where) {
   QSPEC_CHECK(object.is_object() && object.contains(field), where, ": missing \"", field, "\"");
@@ -280,11 +287,7 @@ QSpecCostTable QSpecCostTable::from_json(std::string_view text, const std::strin
   };
   QSpecCostTable table;
   table.device = string_at("device", true);
-  if (const std::string cache = string_at("kv_cache", false); !cache.empty()) {
-    const std::optional<KvCacheFormat> format = parse_kv_cache_format(cache);
-    QSPEC_CHECK(format, source, ": kv_cache: \"", cache, "\" (expected f16 or int8)");
-    table.kv_cache = *format;
-  }
+  if (const std::string cache = string_at("kv_cache", false); !cache.empty()) table.kv_cache = kv_cache_named(cache, source);
   table.model = string_at("model", false);
   table.commit = string_at("commit", false);
   table.command = string_at("command", false);
@@ -392,11 +395,8 @@ QSpecCostTable QSpecCostTable::from_gpu_bench_record(const json& record, const M
               ": no QSpec cycles (run the bench with --qspec-gammas and --qspec-drafts)");
   QSpecCostTable table;
   table.device = record["gpu"].get<std::string>();
-  if (record.contains("kv_cache") && record["kv_cache"].is_string()) {
-    const std::optional<KvCacheFormat> format = parse_kv_cache_format(record["kv_cache"].get<std::string>());
-    QSPEC_CHECK(format, source, ": kv_cache: ", record["kv_cache"].dump(), " (expected f16 or int8)");
-    table.kv_cache = *format;
-  }
+  if (record.contains("kv_cache") && record["kv_cache"].is_string())
+    table.kv_cache = kv_cache_named(record["kv_cache"].get<std::string>(), source);
   table.model = model;
   table.shape = shape;
   table.commit = record.value("commit", std::string());

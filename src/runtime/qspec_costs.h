@@ -123,7 +123,8 @@ std::map<std::string, double> acceptance_from_trace(const nlohmann::json& trace,
 std::string cost_table_file_name(const std::string& device, const std::string& model);
 
 // The first table (*.json by file name, directories in order; gemm::default_policy_dirs() is
-// where `--qspec-costs auto` looks) measured on `device` for `shape`; "" when there is none.
+// where `--qspec-costs auto` looks) measured on `device` for `shape` on a `kv_cache` cache; ""
+// when there is none.
 // Files of other formats are skipped; a file that says it is a cost table but is malformed
 // throws (a broken table next to the policy maps should be fixed, not silently ignored).
 std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape,

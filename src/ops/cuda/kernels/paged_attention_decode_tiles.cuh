@@ -370,8 +370,8 @@ __device__ __forceinline__ unsigned long long attention_stamp_ns() {
 // 8 K context 1.45-1.50x the f16 cache's, its DRAM 29 % busy (ncu). The f32 tiles (head_dim 32)
 // still convert into an f16 tile. The new token's row (RoPE folded in) is quantized from
 // registers as paged_kv_write quantizes it (a row's amax over its D / 8 lanes); under MMA its
-// words and scales overwrite the stale copy in the stage, otherwise its chunk replaces it at
-// conversion.
+// words overwrite the stale copy in the stage and its scales replace the copied ones where they
+// are read (tile_scale), otherwise its chunk replaces it at conversion.
 // D: head_dim (32, 64, 128, 256; MMA: 64 and up); GM: query heads per block (1, 2, 4, 8); MMA: the
 // scores and P V on tensor cores (see the top of this file).
 // Blocks a multiprocessor must hold: the int8 MMA instances up to head_dim 128 at 128 registers
@@ -461,11 +461,10 @@ __global__ __launch_bounds__(kDecodeWarps * 32, (kDecodeMinBlocks<D, MMA, INT8>)
   // Copies this lane's keys and values of the tile at tile_begin into `stage`, as one cp.async
   // group (empty past the end; keys past the end are zero-filled from the pool's start, since
   // the table entry there may be no block).
-  // INT8: lane li copies piece li % (D / 32) of plane li / (D / 32) (K high, K low, V high, V low)
-  // of each of its keys' rows; lanes 0 and 1 the K and V scale pair words.
-  // INT8: this lane's plane (piece li of a key's row: plane li / (D / 32)) and its scales (lanes 0
-  // and 1: K's, V's) at this KV head's rows of block 0; a block's rows lie block_bytes (block_halves)
-  // further on (attention.h kv8_row: (block, head)-major, 16 slots).
+  // INT8, key by key: lane li copies piece li % (D / 32) of plane li / (D / 32) (K high, K low, V
+  // high, V low) of each of its keys' rows, lanes 0 and 1 the K and V scale pair words. Its plane
+  // piece and its scales at this KV head's rows of block 0; a block's rows lie block_bytes
+  // (block_halves) further on (attention.h kv8_row: (block, head)-major, 16 slots).
   constexpr int kPieces = D / 32;  // 16-byte pieces of a plane row
   const int kv8_plane = li / kPieces;
   const uint8_t* const kv8_source =
