@@ -144,7 +144,7 @@ void run_gpu(const BenchArgs& args) {
   options.programmatic_launch = !args.no_pdl;
   options.command_line = args.command_line;
   options.commit = git_commit();
-  // --weights on a synthetic model: its 4-bit format (int4 or int4-asym, GpuLlamaOptions::synthetic_weights).
+  // --weights on a synthetic model: its 4-bit format (int4, int4-asym or int4-zp, GpuLlamaOptions::synthetic_weights).
   if (!args.weights.empty()) {
     QSPEC_CHECK(!args.gpu.synthetic.empty(), "bench --device cuda: --weights is for --synthetic models (a checkpoint "
                 "brings its own 4-bit weights)");
@@ -458,8 +458,8 @@ void register_bench(CLI::App& app) {
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--weights", args->weights,
                       "cpu --modes: 4-bit weight format quantized at load by RTN (default int4; a qspec 4-bit "
-                      "checkpoint uses its own): int4|int4-asym|int4-channel|nvfp4|mxfp4; cuda --synthetic: "
-                      "int4|int4-asym (random weights, group 128 or --group-size)");
+                      "checkpoint uses its own): int4|int4-asym|int4-zp|int4-channel|nvfp4|mxfp4; cuda --synthetic: "
+                      "int4|int4-asym|int4-zp (random weights, group 128 or --group-size)");
   command->add_option("--group-size", args->group_size,
                       "cpu --modes: int4 group size along K (0: 128, or the largest of 64, 32 dividing every K); "
                       "cuda --synthetic: the random weights' group, 32|64|128 (0: 128)")

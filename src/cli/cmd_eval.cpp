@@ -70,7 +70,7 @@ void add_common_options(CLI::App* command, CommonArgs& args, const char* limit_h
       ->delimiter(',');
   command->add_option("--weights", args.weights,
                       "4-bit weight format, RTN at load (default int4; a qspec 4-bit checkpoint uses its own): "
-                      "int4|int4-asym|int4-channel|nvfp4|mxfp4");
+                      "int4|int4-asym|int4-zp|int4-channel|nvfp4|mxfp4");
   command->add_option("--group-size", args.group_size, "int4 group size (0: auto)")->capture_default_str();
   command->add_option("--limit", args.limit, limit_help)->capture_default_str();
   command->add_option("-o,--out", args.out_file, "Write the results as JSON here");

@@ -44,7 +44,7 @@ void run_quantize(const QuantizeArgs& args) {
   QuantizeOptions options;
   options.format = quant::parse_format(args.format);
   QSPEC_CHECK(quant::format_supports(options.format, quant::Role::weight), "--format ", args.format,
-              " is not a weight format (int4, int4-channel, int4-asym, nvfp4, mxfp4)");
+              " is not a weight format (int4, int4-channel, int4-asym, int4-zp, nvfp4, mxfp4)");
   options.group_size = args.group_size;
   options.method = args.method;
   options.block_fit = quant::parse_block_fit(args.fit);
@@ -113,14 +113,14 @@ void register_quantize(CLI::App& app) {
   CLI::App* command = app.add_subcommand("quantize", "Quantize a checkpoint to 4-bit weights (RTN or GPTQ, optional ARC)");
   command->add_option("in_dir", args->in_dir, "Input model directory (16-bit weights)")->required();
   command->add_option("out_dir", args->out_dir, "Output directory (must not exist)")->required();
-  command->add_option("--format", args->format, "Weight format: int4|int4-channel|int4-asym|nvfp4|mxfp4")->capture_default_str();
-  command->add_option("--group-size", args->group_size, "int4 / int4-asym group size along K (0: 128, or 64/32 when 128 does not divide every K)")
+  command->add_option("--format", args->format, "Weight format: int4|int4-channel|int4-asym|int4-zp|nvfp4|mxfp4")->capture_default_str();
+  command->add_option("--group-size", args->group_size, "int4 / int4-asym / int4-zp group size along K (0: 128, or 64/32 when 128 does not divide every K)")
       ->capture_default_str();
   command->add_option("--method", args->method, "rtn (round to nearest) or gptq")
       ->check(CLI::IsMember({"rtn", "gptq"}))
       ->capture_default_str();
   command->add_option("--fit", args->fit,
-                      "How each group's scale (and int4-asym minimum) is chosen: range (from the group's extremes) or "
+                      "How each group's scale (and int4-asym minimum, int4-zp zero point) is chosen: range (from the group's extremes) or "
                       "mse (the clipped grid of least squared error), for rtn and gptq")
       ->check(CLI::IsMember({"range", "mse"}))
       ->capture_default_str();

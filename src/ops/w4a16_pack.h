@@ -31,6 +31,17 @@
 // GPU keeps it right after the scales in their buffer, cuda::W4A16Weights::mins). The
 // format's f32 scale and minimum are rounded to f16 here (the GPU's one weight set); the
 // kernels turn (q & 0x000f000f) | 0x64006400 into 1024 + code and subtract 1024.
+//
+// int4-zp (integer zero points): the unsigned codes as int4-asym's, the f16 scales as int4's, and
+// in `mins` (flagged zero_codes) the zero points, 4 bits each: per row block, per group, 8 bytes,
+// byte r = z[r] | z[r + 8] << 4, a row block's groups padded to an even count (16 bytes a group
+// pair, so copies stay 16-byte aligned; zero_point_bytes_per_row_block). Lane 4g + t takes byte g
+// and makes from it the two constants the dequantization subtracts or adds where int4's are 1032
+// and -72: (byte & 0xf) | 0x6400 is f16 1024 + z[g] and (byte & 0xf0) | 0xd400 is f16 -(64 + z[g
+// + 8]) (a word's low nibbles are row g's, (1024 + u) - (1024 + z); its high ones row g + 8's,
+// (1024 + 16 u) / 16 - 64 - z), so the kernels run int4's loop and group flush with s * (u - z),
+// exactly. A quarter of the bytes f16 minimums take: +0.8 / 1.5 / 2.9 % over int4's codes and
+// scales at groups of 128 / 64 / 32.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -44,7 +55,8 @@ struct W4A16Packed {
   int64_t group = 0;              // kernel group: 32, 64 or 128
   std::vector<uint8_t> codes;     // row_blocks() * k * 8 bytes
   std::vector<uint32_t> scales;   // row_blocks() * (k / group) * 8 f16 pairs
-  std::vector<uint32_t> mins;     // int4-asym: as scales, the f16 group minimums; empty otherwise
+  std::vector<uint32_t> mins;     // int4-asym: as scales, the f16 group minimums; int4-zp: zero points (above)
+  bool zero_codes = false;        // int4-zp: mins holds packed zero points, not minimums
 
   int64_t row_blocks() const { return (n + 15) / 16; }
   int64_t groups() const { return k / group; }
@@ -53,6 +65,9 @@ struct W4A16Packed {
   float value(int64_t row, int64_t col) const;
 };
 
+// int4-zp: the bytes of a row block's packed zero points (8 a group, groups padded to even).
+inline int64_t zero_point_bytes_per_row_block(int64_t groups) { return 8 * (groups + (groups & 1)); }
+
 // Largest kernel group (128, 64, 32) that divides the format's block, or 0 when the matrix
 // cannot be packed (not int4 / int4-channel / int4-asym, or a block not a multiple of 32).
 int64_t w4a16_kernel_group(const QuantizedMatrix& weight);
@@ -60,7 +75,7 @@ int64_t w4a16_kernel_group(const QuantizedMatrix& weight);
 W4A16Packed pack_w4a16(const QuantizedMatrix& weight);
 // int4-asym: rounds every group's f32 scale and minimum to the f16 values pack_w4a16 keeps (the
 // codes unchanged), so that the CPU then decodes exactly the GPU's weights (tests compare the two
-// this way). No-op for the other formats.
+// this way). No-op for the other formats (int4-zp's values are the GPU's already).
 void round_zero_point_blocks_to_f16(QuantizedMatrix& weight);
 
 }  // namespace qspec::gemm

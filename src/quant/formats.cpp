@@ -198,6 +198,57 @@ struct AsymCodec {
   }
 };
 
+// int4-zp weights: unsigned codes 0..15, value = scale * (code - zero), an f16-valued scale and an
+// integer zero point; stored as AsymCodec's (scale, minimum = -scale * zero) pair, both exact.
+struct ZpCodec {
+  struct Block {
+    float scale;
+    int zero;
+  };
+  // The grid over [min(lo, 0), max(hi, 0)]: zero lies on it, so an all-positive or all-negative
+  // group keeps a code for 0 (as GPTQ's and AWQ's asymmetric grids do).
+  Block from_range(float lo, float hi) const {
+    lo = std::min(lo, 0.0f);
+    hi = std::max(hi, 0.0f);
+    const float range = (hi - lo) / static_cast<float>(kInt4AsymMaxCode);
+    const uint16_t half = f32_to_f16(range);
+    if (!std::isfinite(range) || (half & 0x7c00u) == 0x7c00u)
+      fail("int4-zp: group range [", lo, ", ", hi, "] needs a scale (hi - lo) / 15 = ", range,
+           " beyond the f16 range");
+    const float scale = f16_to_f32(half);
+    if (scale == 0.0f) return {0.0f, 0};
+    const float zero = std::clamp(std::nearbyint(-lo / scale), 0.0f, static_cast<float>(kInt4AsymMaxCode));
+    return {scale, static_cast<int>(zero)};
+  }
+  uint8_t encode(float x, const Block& block) const {
+    if (block.scale == 0.0f) return static_cast<uint8_t>(block.zero);
+    float rounded = std::nearbyint(x / block.scale) + static_cast<float>(block.zero);  // ties to even
+    rounded = std::clamp(rounded, 0.0f, static_cast<float>(kInt4AsymMaxCode));
+    return static_cast<uint8_t>(rounded);
+  }
+  float decode(uint8_t code, const Block& block) const {
+    return block.scale * static_cast<float>(static_cast<int>(code & 0xf) - block.zero);  // exact
+  }
+  void store(uint8_t* scales, int64_t index, const Block& block) const {
+    store_le(scales + kInt4AsymScaleBytes * index, block.scale);
+    store_le(scales + kInt4AsymScaleBytes * index + 4, block.zero == 0 ? 0.0f : -block.scale * static_cast<float>(block.zero));
+  }
+  // Refuses a pair that is not this format's: a scale that is no finite, non-negative f16 value,
+  // or a minimum that is not -scale times an integer 0..15.
+  Block load(const uint8_t* scales, int64_t index) const {
+    const float scale = checked_scale(load_le<float>(scales + kInt4AsymScaleBytes * index), Format::int4_zp, index);
+    const float min = load_le<float>(scales + kInt4AsymScaleBytes * index + 4);
+    if (!(scale >= 0.0f) || f16_to_f32(f32_to_f16(scale)) != scale)
+      fail("int4-zp scale of block ", index, " is ", scale, ", not a non-negative f16 value (corrupt scales)");
+    const float zero = scale == 0.0f ? 0.0f : -min / scale;
+    if (!(zero >= 0.0f && zero <= static_cast<float>(kInt4AsymMaxCode)) || std::nearbyint(zero) != zero ||
+        (scale == 0.0f && min != 0.0f))
+      fail("int4-zp minimum of block ", index, " is ", min, ", not -scale x an integer zero point 0..15 (scale ",
+           scale, "; corrupt scales)");
+    return {scale, static_cast<int>(zero)};
+  }
+};
+
 // fp8 activations: E4M3 elements under one f32 scale amax / 448.
 struct Fp8Codec {
   struct Block {
@@ -307,6 +358,9 @@ void with_codec(const RowFormat& format, float nvfp4_scale, Fn&& fn) {
     case Format::int4_asym:
       fn(AsymCodec{});
       return;
+    case Format::int4_zp:
+      fn(ZpCodec{});
+      return;
   }
   fail("unknown quantization format ", static_cast<int>(format.format));
 }
@@ -356,6 +410,64 @@ AsymCodec::Block searched_asym_block(const AsymCodec& codec, int64_t count, Valu
   return best;
 }
 
+// BlockFit::mse for int4-zp: searched_asym_block's step counts over the range (widened to hold 0)
+// give codes and each set of codes its least-squares (scale, minimum); the zero point is then the
+// nearest integer to -minimum / scale, and the scale the least-squares one for the codes that grid
+// gives, rounded to f16. The candidate with the least squared error wins, the range's own grid
+// (`best`) unless one beats it.
+template <typename Values>
+ZpCodec::Block searched_zp_block(const ZpCodec& codec, int64_t count, Values& values, float lo, float hi,
+                                 ZpCodec::Block best) {
+  lo = std::min(lo, 0.0f);
+  hi = std::max(hi, 0.0f);
+  if (!(hi > lo) || !(best.scale > 0.0f)) return best;
+  double best_error = block_squared_error(codec, best, count, values);
+  auto consider = [&](const ZpCodec::Block& candidate) {
+    if (!(candidate.scale > 0.0f) || !std::isfinite(candidate.scale)) return;
+    const double error = block_squared_error(codec, candidate, count, values);
+    if (error < best_error) {
+      best_error = error;
+      best = candidate;
+    }
+  };
+  auto f16_scale = [](double scale) {
+    const uint16_t half = f32_to_f16(static_cast<float>(scale));
+    return (half & 0x7c00u) == 0x7c00u ? 0.0f : f16_to_f32(half);
+  };
+  for (int step = 0; step <= 20; ++step) {
+    const double inverse = (14.0 + 0.1 * step) / (static_cast<double>(hi) - lo);
+    double n = 0, sum_l = 0, sum_ll = 0, sum_x = 0, sum_lx = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double x = values(i);
+      const double l = std::clamp(std::nearbyint((x - lo) * inverse), 0.0, static_cast<double>(kInt4AsymMaxCode));
+      n += 1;
+      sum_l += l;
+      sum_ll += l * l;
+      sum_x += x;
+      sum_lx += l * x;
+    }
+    const double determinant = n * sum_ll - sum_l * sum_l;
+    if (!(determinant > 0)) continue;
+    const double scale = (n * sum_lx - sum_l * sum_x) / determinant;
+    const double minimum = (sum_ll * sum_x - sum_l * sum_lx) / determinant;
+    if (!(scale > 0) || !std::isfinite(scale) || !std::isfinite(minimum)) continue;
+    ZpCodec::Block candidate{f16_scale(scale),
+                             static_cast<int>(std::clamp(std::nearbyint(-minimum / scale), 0.0,
+                                                         static_cast<double>(kInt4AsymMaxCode)))};
+    if (!(candidate.scale > 0.0f)) continue;
+    consider(candidate);
+    // The scale refit to the codes this grid gives, its zero point kept.
+    double sum_cc = 0, sum_cx = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double c = static_cast<double>(codec.encode(values(i), candidate)) - candidate.zero;
+      sum_cc += c * c;
+      sum_cx += c * values(i);
+    }
+    if (sum_cc > 0) consider({f16_scale(sum_cx / sum_cc), candidate.zero});
+  }
+  return best;
+}
+
 // A block's scale from its `count` values: from the range for int4-asym, else from the amax;
 // BlockFit::mse searches clipped grids of the 4-bit integer formats (formats.h).
 template <typename Codec, typename Values>
@@ -369,6 +481,14 @@ typename Codec::Block block_from_values(const Codec& codec, int64_t count, Value
     }
     const AsymCodec::Block range = codec.from_range(lo, hi);
     return fit == BlockFit::mse ? searched_asym_block(codec, count, values, lo, hi, range) : range;
+  } else if constexpr (std::is_same_v<Codec, ZpCodec>) {
+    float lo = values(0), hi = values(0);
+    for (int64_t i = 1; i < count; ++i) {
+      lo = std::min(lo, values(i));
+      hi = std::max(hi, values(i));
+    }
+    const ZpCodec::Block range = codec.from_range(lo, hi);
+    return fit == BlockFit::mse ? searched_zp_block(codec, count, values, lo, hi, range) : range;
   } else {
     float amax = 0.0f;
     for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(values(i)));
@@ -539,7 +659,7 @@ constexpr FormatName kFormatNames[] = {
     {Format::int4, "int4"},   {Format::int4_channel, "int4-channel"},
     {Format::nvfp4, "nvfp4"}, {Format::mxfp4, "mxfp4"},
     {Format::int8, "int8"},   {Format::fp8, "fp8"},
-    {Format::int4_asym, "int4-asym"},
+    {Format::int4_asym, "int4-asym"}, {Format::int4_zp, "int4-zp"},
 };
 
 }  // namespace
@@ -567,7 +687,7 @@ Format parse_format(std::string_view name) {
   for (const auto& entry : kFormatNames)
     if (entry.name == name) return entry.format;
   fail("unknown quantization format '", name,
-       "' (known: int4, int4-channel, int4-asym, nvfp4, mxfp4, int8, fp8)");
+       "' (known: int4, int4-channel, int4-asym, int4-zp, nvfp4, mxfp4, int8, fp8)");
 }
 
 std::string_view format_name(Format format) {
@@ -584,6 +704,7 @@ bool format_supports(Format format, Role role) {
       return true;
     case Format::int4_channel:
     case Format::int4_asym:
+    case Format::int4_zp:
       return role == Role::weight;
     case Format::int8:
     case Format::fp8:
@@ -592,14 +713,17 @@ bool format_supports(Format format, Role role) {
   return false;
 }
 
-bool format_has_groups(Format format) { return format == Format::int4 || format == Format::int4_asym; }
+bool format_has_groups(Format format) {
+  return format == Format::int4 || format == Format::int4_asym || format == Format::int4_zp;
+}
 
-bool format_has_min(Format format) { return format == Format::int4_asym; }
+bool format_has_min(Format format) { return format == Format::int4_asym || format == Format::int4_zp; }
 
 int64_t block_size(Format format, int64_t k, int64_t group_size) {
   switch (format) {
     case Format::int4:
     case Format::int4_asym:
+    case Format::int4_zp:
       return group_size;
     case Format::nvfp4:
       return 16;
@@ -621,6 +745,7 @@ int64_t RowFormat::scale_bytes() const {
     case Format::int4_channel:
       return blocks() * (role == Role::weight ? 2 : 4);
     case Format::int4_asym:
+    case Format::int4_zp:
       return blocks() * kInt4AsymScaleBytes;
     case Format::nvfp4:
       return blocks() + (role == Role::activation ? 4 : 0);
@@ -637,7 +762,7 @@ RowFormat make_row_format(Format format, Role role, int64_t k, int64_t group_siz
   std::string_view name = format_name(format);
   if (!format_supports(format, role)) {
     if (role == Role::weight)
-      fail(name, " is an activation format; weights use int4, int4-channel, int4-asym, nvfp4 or mxfp4");
+      fail(name, " is an activation format; weights use int4, int4-channel, int4-asym, int4-zp, nvfp4 or mxfp4");
     fail(name, " is a weight format; activations use int4, nvfp4, mxfp4, int8 or fp8");
   }
   QSPEC_CHECK(k > 0, name, ": a row needs at least one value, got K=", k);
@@ -721,6 +846,7 @@ float element_value(const RowFormat& format, const uint8_t* codes, int64_t index
       return static_cast<float>(nibble >= 8 ? nibble - 16 : nibble);
     }
     case Format::int4_asym:
+    case Format::int4_zp:
       return static_cast<float>((codes[index / 2] >> (4 * (index % 2))) & 0xf);
     case Format::nvfp4:
     case Format::mxfp4:
@@ -738,7 +864,7 @@ float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block)
   with_codec(format, 0.0f, [&](const auto& codec) {
     using Codec = std::decay_t<decltype(codec)>;
     if constexpr (std::is_same_v<Codec, IntegerCodec> || std::is_same_v<Codec, Fp8Codec> ||
-                  std::is_same_v<Codec, AsymCodec>) {
+                  std::is_same_v<Codec, AsymCodec> || std::is_same_v<Codec, ZpCodec>) {
       value = codec.load(scales, block).scale;
     } else {
       value = codec.load(scales, block).value;
@@ -749,7 +875,14 @@ float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block)
 
 float block_min(const RowFormat& format, const uint8_t* scales, int64_t block) {
   if (!format_has_min(format.format)) return 0.0f;
+  if (format.format == Format::int4_zp) ZpCodec{}.load(scales, block);  // checks the pair is int4-zp's
   return AsymCodec{}.load(scales, block).min;
+}
+
+int block_zero_point(const RowFormat& format, const uint8_t* scales, int64_t block) {
+  QSPEC_CHECK(format.format == Format::int4_zp, "block_zero_point: ", format_name(format.format),
+              " has no integer zero point (int4-zp only)");
+  return ZpCodec{}.load(scales, block).zero;
 }
 
 void store_asym_block(const RowFormat& format, uint8_t* scales, int64_t block, float scale, float min) {
@@ -769,6 +902,11 @@ void quantize_block_scale(const RowFormat& format, const float* values, int64_t 
     codec.store(scales, block, block_from_values(codec, format.block, [values](int64_t i) { return values[i]; }, fit));
     return;
   }
+  if (format.format == Format::int4_zp) {
+    ZpCodec codec;
+    codec.store(scales, block, block_from_values(codec, format.block, [values](int64_t i) { return values[i]; }, fit));
+    return;
+  }
   if (fit == BlockFit::mse && (format.format == Format::int4 || format.format == Format::int4_channel)) {
     with_codec(format, 0.0f, [&](const auto& codec) {
       if constexpr (std::is_same_v<std::decay_t<decltype(codec)>, IntegerCodec>)
@@ -784,7 +922,8 @@ void quantize_block_scale(const RowFormat& format, const float* values, int64_t 
     if (tensor_scale > 0.0f) amax = std::min(amax, 2688.0f * tensor_scale);
   }
   with_codec(format, tensor_scale, [&](const auto& codec) {
-    if constexpr (!std::is_same_v<std::decay_t<decltype(codec)>, AsymCodec>)  // handled above
+    if constexpr (!std::is_same_v<std::decay_t<decltype(codec)>, AsymCodec> &&
+                  !std::is_same_v<std::decay_t<decltype(codec)>, ZpCodec>)  // handled above
       codec.store(scales, block, codec.from_amax(amax));
   });
 }

@@ -17,6 +17,14 @@
 //               fused" rule above (an explicit std::fma / _mm256_fmadd_ps / __fmaf_rn in
 //               every implementation, so no compiler contraction can change it; for GGUF
 //               blocks code * s is exact and fma equals ggml's mul then add).
+//   int4-zp     weights only, groups along K with a scale and an integer zero point (GPTQ /
+//               AWQ style): lo = min(group, 0), hi = max(group, 0), s = f16(hi - lo) / 15),
+//               z = clamp(round_half_even(-lo / s), 0, 15);
+//               code = clamp(round_half_even(x / s) + z, 0, 15); s == 0 gives code 0, z 0.
+//               value = s * (code - z), exact in f32 (an f16 s times an integer of 5 bits).
+//               Stored as int4-asym's pair with m = -s * z (exact too), so fma(code, s, m) is
+//               the same value and every int4-asym kernel runs it; the GPU's W4A16 kernels
+//               subtract z where int4's subtract 8 (ops/w4a16_pack.h), at int4's cost.
 //   int8        s = amax / 127 (f32); code = clamp(round_half_even(x / s), -127, 127).
 //   fp8         s = amax / 448 (f32); code = f32_to_e4m3(x / s).
 //   nvfp4       t = tensor scale (FP32; see nvfp4_tensor_scale); block scale code
@@ -82,6 +90,7 @@ enum class Format : uint8_t {
   int8,          // symmetric int8, one scale per token (activations only)
   fp8,           // E4M3, one scale per token (activations only)
   int4_asym,     // unsigned int4 in groups along K, f32 scale + f32 minimum per group (weights)
+  int4_zp,       // unsigned int4 in groups along K, f16 scale + integer zero point per group (weights)
 };
 // Which side of a GEMM a row is: the scale encodings differ (see the table above).
 enum class Role : uint8_t { weight, activation };
@@ -89,19 +98,21 @@ enum class Role : uint8_t { weight, activation };
 inline constexpr int64_t kDefaultGroupSize = 128;  // int4 groups along K
 // The weight format `qspec quantize` and `--weights` use when none is named.
 inline constexpr Format kDefaultWeightFormat = Format::int4;
-// int4-asym: the bytes of one group's (scale, minimum) pair, and its largest code.
+// int4-asym / int4-zp: the bytes of one group's (scale, minimum) pair, and its largest code.
 inline constexpr int64_t kInt4AsymScaleBytes = 8;
 inline constexpr int kInt4AsymMaxCode = 15;
 
-// Names as users type them: "int4", "int4-channel", "int4-asym", "nvfp4", "mxfp4", "int8", "fp8".
+// Names as users type them: "int4", "int4-channel", "int4-asym", "int4-zp", "nvfp4", "mxfp4", "int8",
+// "fp8".
 // Unknown names throw qspec::Error listing the known ones.
 Format parse_format(std::string_view name);
 std::string_view format_name(Format format);
 bool format_supports(Format format, Role role);
-// Formats whose block is a user-chosen group along K (int4, int4-asym): the ones a group size
-// applies to.
+// Formats whose block is a user-chosen group along K (int4, int4-asym, int4-zp): the ones a group
+// size applies to.
 bool format_has_groups(Format format);
-// Formats whose blocks carry a minimum beside the scale (int4-asym).
+// Formats whose blocks carry a minimum beside the scale, value = fma(code, s, m) with unsigned
+// codes (int4-asym; int4-zp, whose minimum is -s * z).
 bool format_has_min(Format format);
 // Values that share one block scale: the group size for int4 / int4-asym, 16 for nvfp4, 32 for mxfp4,
 // the whole row (k) for int4-channel, int8 and fp8.
@@ -162,7 +173,9 @@ void fake_quantize_row(const RowFormat& format, float* x);
 // int4-asym (tensor scale 1) dequantized[i] = fma(element_value(i), block_scale, block_min).
 float element_value(const RowFormat& format, const uint8_t* codes, int64_t index);
 float block_scale(const RowFormat& format, const uint8_t* scales, int64_t block);
-float block_min(const RowFormat& format, const uint8_t* scales, int64_t block);  // 0 unless int4-asym
+float block_min(const RowFormat& format, const uint8_t* scales, int64_t block);  // 0 unless format_has_min
+// int4-zp: block `block`'s integer zero point z (0..15); its minimum is -scale * z.
+int block_zero_point(const RowFormat& format, const uint8_t* scales, int64_t block);
 // int4-asym: stores block `block`'s (scale, minimum) as given (importers of other 4-bit
 // formats, e.g. GGUF Q4_0 / Q4_1 / Q4_K, whose values are code * scale + minimum exactly).
 // The scale may be negative (ggml's Q4_0 stores d = max / -8; the quantizers here never do).

@@ -124,7 +124,7 @@ void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
 QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, int64_t group_size,
                              quant::BlockFit fit) {
   QSPEC_CHECK(quant::format_supports(format, quant::Role::weight), weight.name, ": '",
-              quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, nvfp4, mxfp4)");
+              quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, int4-zp, nvfp4, mxfp4)");
   QuantizedMatrix out;
   out.name = weight.name;
   out.rows = weight.rows;

@@ -542,80 +542,83 @@ TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
   }
 }
 
-// int4-asym weights (zero points, issue 55) in the GPU engine: W4A16 greedy output equals the CPU
+// int4-asym and int4-zp weights (zero points, issue 55) in the GPU engine: W4A16 greedy output equals the CPU
 // engine's on the same weights (f16 group scales and minimums on the GPU, f32 on the CPU), and
 // greedy QSpec with the drafts that run W4A16's kernels (a sparse-cache window, a vocabulary
 // subset, both) and with prompt lookup equals it, under continuous batching. 24 eval problems
 // (the committed reference is int4's).
 TEST(GpuEngine, Int4AsymW4A16AndW4A16DraftsEqualTheCpu) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
-  auto model = qspec::LlamaModel::load(kModelDir);
-  auto tokenizer = qspec::Tokenizer::load(kModelDir);
-  model->quantize_weights(qspec::quant::Format::int4_asym);
-  {
-    const qspec::CalibrationSet text = qspec::load_calibration_text(
-        QSPEC_SOURCE_DIR "/data/calibration/gsm-synth-self.txt", *tokenizer, 1 << 20, 512);
-    const std::vector<int32_t> ranked =
-        qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, tokenizer->eos_ids);
-    model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()),
-                                                         {text.source}, text.tokens));
-  }
-  std::vector<qspec::Request> plain;
-  for (const auto& prompt : question_prompts(*tokenizer, 24)) {
-    qspec::Request request;
-    request.prompt = prompt;
-    request.max_new_tokens = 96;
-    request.plan.mode = "w4a16";
-    plain.push_back(request);
-  }
-  qspec::EngineOptions cpu_options = batching_options();
-  cpu_options.device = "cpu";
-  qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
-  const std::vector<std::vector<int32_t>> expected = run_all(cpu_engine, plain).ids;
+  for (const qspec::quant::Format format : {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp}) {
+    SCOPED_TRACE(std::string(qspec::quant::format_name(format)));
+    auto model = qspec::LlamaModel::load(kModelDir);
+    auto tokenizer = qspec::Tokenizer::load(kModelDir);
+    model->quantize_weights(format);
+    {
+      const qspec::CalibrationSet text = qspec::load_calibration_text(
+          QSPEC_SOURCE_DIR "/data/calibration/gsm-synth-self.txt", *tokenizer, 1 << 20, 512);
+      const std::vector<int32_t> ranked =
+          qspec::rank_token_frequencies(text.sequences, model->config().vocab_size, tokenizer->eos_ids);
+      model->set_draft_vocab(qspec::make_draft_vocab_table(*model, ranked, static_cast<int64_t>(ranked.size()),
+                                                           {text.source}, text.tokens));
+    }
+    std::vector<qspec::Request> plain;
+    for (const auto& prompt : question_prompts(*tokenizer, 24)) {
+      qspec::Request request;
+      request.prompt = prompt;
+      request.max_new_tokens = 96;
+      request.plan.mode = "w4a16";
+      plain.push_back(request);
+    }
+    qspec::EngineOptions cpu_options = batching_options();
+    cpu_options.device = "cpu";
+    qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
+    const std::vector<std::vector<int32_t>> expected = run_all(cpu_engine, plain).ids;
 
-  qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
-  auto check = [&](const std::vector<qspec::Request>& requests, const std::string& what) {
-    const Outputs gpu = run_all(gpu_engine, requests);
-    size_t identical = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      if (gpu.ids[i] == expected[i]) ++identical;
-      EXPECT_EQ(gpu.ids[i], expected[i]) << what << " problem " << i;
+    qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
+    auto check = [&](const std::vector<qspec::Request>& requests, const std::string& what) {
+      const Outputs gpu = run_all(gpu_engine, requests);
+      size_t identical = 0;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (gpu.ids[i] == expected[i]) ++identical;
+        EXPECT_EQ(gpu.ids[i], expected[i]) << what << " problem " << i;
+      }
+      std::printf("  int4-asym weights, GPU %s == CPU W4A16 greedy on %zu / %zu problems\n", what.c_str(), identical,
+                  requests.size());
+    };
+    check(plain, "w4a16");
+    for (const char* param : {"w4a16@24+4", "w4a16@24+4/v96", "ngram"}) {
+      qspec::DecodePlan spec;
+      qspec::set_draft_spec(spec, param);
+      std::vector<qspec::Request> requests = plain;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        requests[i].plan.mode = "qspec";
+        requests[i].plan.draft = spec.draft;
+        requests[i].plan.verify = "w4a16";
+        requests[i].plan.draft_window = spec.draft_window;
+        requests[i].plan.draft_sinks = spec.draft_window > 0 ? spec.draft_sinks : 0;
+        requests[i].plan.draft_vocab = spec.draft_vocab;
+        requests[i].plan.gamma = 1 + static_cast<int64_t>(i % 6);
+      }
+      const qspec::QSpecMetrics before = gpu_engine.metrics().qspec;
+      check(requests, std::string("QSpec (") + param + " drafts)");
+      const qspec::QSpecMetrics after = gpu_engine.metrics().qspec;
+      EXPECT_GT(after.accepted, before.accepted) << param << ": no draft accepted";
+      std::printf("    %s: accepted %lld / %lld drafts\n", param, static_cast<long long>(after.accepted - before.accepted),
+                  static_cast<long long>(after.drafted - before.drafted));
     }
-    std::printf("  int4-asym weights, GPU %s == CPU W4A16 greedy on %zu / %zu problems\n", what.c_str(), identical,
-                requests.size());
-  };
-  check(plain, "w4a16");
-  for (const char* param : {"w4a16@24+4", "w4a16@24+4/v96", "ngram"}) {
-    qspec::DecodePlan spec;
-    qspec::set_draft_spec(spec, param);
-    std::vector<qspec::Request> requests = plain;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      requests[i].plan.mode = "qspec";
-      requests[i].plan.draft = spec.draft;
-      requests[i].plan.verify = "w4a16";
-      requests[i].plan.draft_window = spec.draft_window;
-      requests[i].plan.draft_sinks = spec.draft_window > 0 ? spec.draft_sinks : 0;
-      requests[i].plan.draft_vocab = spec.draft_vocab;
-      requests[i].plan.gamma = 1 + static_cast<int64_t>(i % 6);
-    }
-    const qspec::QSpecMetrics before = gpu_engine.metrics().qspec;
-    check(requests, std::string("QSpec (") + param + " drafts)");
-    const qspec::QSpecMetrics after = gpu_engine.metrics().qspec;
-    EXPECT_GT(after.accepted, before.accepted) << param << ": no draft accepted";
-    std::printf("    %s: accepted %lld / %lld drafts\n", param, static_cast<long long>(after.accepted - before.accepted),
-                static_cast<long long>(after.drafted - before.drafted));
-  }
-  // Drafts with quantized activations have no zero-point kernels on the GPU: refused at submit.
-  for (const char* draft : {"w4a8", "w4a4-nvfp4"}) {
-    qspec::Request request = plain[0];
-    request.plan.mode = "qspec";
-    request.plan.draft = draft;
-    request.plan.verify = "w4a16";
-    try {
-      gpu_engine.submit(std::move(request), [](const qspec::TokenEvent&) {});
-      ADD_FAILURE() << "accepted " << draft << " drafts on int4-asym weights";
-    } catch (const qspec::Error& error) {
-      EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+    // Drafts with quantized activations have no zero-point kernels on the GPU: refused at submit.
+    for (const char* draft : {"w4a8", "w4a4-nvfp4"}) {
+      qspec::Request request = plain[0];
+      request.plan.mode = "qspec";
+      request.plan.draft = draft;
+      request.plan.verify = "w4a16";
+      try {
+        gpu_engine.submit(std::move(request), [](const qspec::TokenEvent&) {});
+        ADD_FAILURE() << "accepted " << draft << " drafts on int4-asym weights";
+      } catch (const qspec::Error& error) {
+        EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
+      }
     }
   }
 }

@@ -535,61 +535,64 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
 }
 
-// int4-asym weights (zero points, issue 55) run W4A16 on the GPU: a model loads in mode w4a16,
+// int4-asym and int4-zp weights (zero points, issue 55) run W4A16 on the GPU: a model loads in mode w4a16,
 // its prefill and decode steps give the CPU's greedy tokens, and the modes without GPU zero-point
 // kernels (quantized activations: w4a8, w4a4-*) are refused at load, naming the mode and what runs,
 // and as activations of a loaded model (the QSpec drafts). Synthetic int4-asym weights (the
 // benchmark's A/B) step and stay finite.
 TEST(GpuModel, ZeroPointWeightsRunW4A16AndRefuseQuantizedActivations) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
-  auto model = qspec::LlamaModel::load(kModelDir);
-  auto tokenizer = qspec::Tokenizer::load(kModelDir);
-  model->quantize_weights(qspec::quant::Format::int4_asym);
-  qspec::RunMode w4a8 = qspec::parse_run_mode("w4a8");
-  w4a8.activations.group_size = 64;
-  try {
-    qspec::GpuLlama(*model, w4a8, 64);
-    ADD_FAILURE() << "w4a8 on int4-asym weights was accepted";
-  } catch (const qspec::Error& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("w4a8"), std::string::npos) << message;
-    EXPECT_NE(message.find("w4a16"), std::string::npos) << message;
-  }
-  qspec::GpuLlama gpu(*model, qspec::parse_run_mode("w4a16"), 256);
-  EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
-  EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::nvfp4), qspec::Error);
-  EXPECT_EQ(gpu.activations(), qspec::GpuActivations::f16) << "a refused switch leaves the activations as they were";
-  // Greedy tokens: a prefill then decode steps, against the CPU's W4A16 on the same weights (f32
-  // group scales and minimums there, f16 on the GPU).
-  const qspec::RunMode w4a16 = qspec::parse_run_mode("w4a16");
-  const std::vector<std::vector<int32_t>> prompts = question_prompts(*tokenizer, 8);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    qspec::GenerationOptions options;
-    options.max_new_tokens = 64;
-    options.eos_ids = tokenizer->eos_ids;
-    options.mode = w4a16;
-    const std::vector<int32_t> cpu = qspec::generate(*model, prompts[i], options).ids;
-    gpu.reset();
-    const std::vector<int32_t> got = qspec::gpu_greedy_generate(gpu, prompts[i], 64, tokenizer->eos_ids);
-    EXPECT_EQ(got, cpu) << "problem " << i << "\n  gpu: " << describe(got) << "\n  cpu: " << describe(cpu);
-  }
+  for (const qspec::quant::Format format : {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp}) {
+    SCOPED_TRACE(std::string(qspec::quant::format_name(format)));
+    auto model = qspec::LlamaModel::load(kModelDir);
+    auto tokenizer = qspec::Tokenizer::load(kModelDir);
+    model->quantize_weights(format);
+    qspec::RunMode w4a8 = qspec::parse_run_mode("w4a8");
+    w4a8.activations.group_size = 64;
+    try {
+      qspec::GpuLlama(*model, w4a8, 64);
+      ADD_FAILURE() << "w4a8 on int4-asym weights was accepted";
+    } catch (const qspec::Error& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("w4a8"), std::string::npos) << message;
+      EXPECT_NE(message.find("w4a16"), std::string::npos) << message;
+    }
+    qspec::GpuLlama gpu(*model, qspec::parse_run_mode("w4a16"), 256);
+    EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
+    EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::nvfp4), qspec::Error);
+    EXPECT_EQ(gpu.activations(), qspec::GpuActivations::f16) << "a refused switch leaves the activations as they were";
+    // Greedy tokens: a prefill then decode steps, against the CPU's W4A16 on the same weights (f32
+    // group scales and minimums there, f16 on the GPU).
+    const qspec::RunMode w4a16 = qspec::parse_run_mode("w4a16");
+    const std::vector<std::vector<int32_t>> prompts = question_prompts(*tokenizer, 8);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      qspec::GenerationOptions options;
+      options.max_new_tokens = 64;
+      options.eos_ids = tokenizer->eos_ids;
+      options.mode = w4a16;
+      const std::vector<int32_t> cpu = qspec::generate(*model, prompts[i], options).ids;
+      gpu.reset();
+      const std::vector<int32_t> got = qspec::gpu_greedy_generate(gpu, prompts[i], 64, tokenizer->eos_ids);
+      EXPECT_EQ(got, cpu) << "problem " << i << "\n  gpu: " << describe(got) << "\n  cpu: " << describe(cpu);
+    }
 
-  const qspec::ModelConfig config = qspec::synthetic_model_config("llama3-8b");
-  qspec::GpuLlamaOptions options;
-  options.max_seqs = 2;
-  options.max_context = 512;
-  options.synthetic_weights = qspec::quant::Format::int4_asym;
-  auto synthetic = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a16"), options);
-  std::vector<int32_t> prompt(200);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 101 % config.vocab_size);
-  for (int step = 0; step < 3; ++step) {
-    const int32_t id = step == 0 ? synthetic->forward(prompt) : synthetic->forward(std::vector<int32_t>{7});
-    EXPECT_GE(id, 0);
-    EXPECT_LT(id, config.vocab_size);
-    for (float v : synthetic->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic int4-asym weights, step " << step;
+    const qspec::ModelConfig config = qspec::synthetic_model_config("llama3-8b");
+    qspec::GpuLlamaOptions options;
+    options.max_seqs = 2;
+    options.max_context = 512;
+    options.synthetic_weights = format;
+    auto synthetic = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a16"), options);
+    std::vector<int32_t> prompt(200);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 101 % config.vocab_size);
+    for (int step = 0; step < 3; ++step) {
+      const int32_t id = step == 0 ? synthetic->forward(prompt) : synthetic->forward(std::vector<int32_t>{7});
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, config.vocab_size);
+      for (float v : synthetic->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic int4-asym weights, step " << step;
+    }
+    synthetic.reset();
+    EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a8"), options), qspec::Error);
   }
-  synthetic.reset();
-  EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a8"), options), qspec::Error);
 }
 
 // A W4A16 model switched to low-precision activations computes exactly what a model built in that

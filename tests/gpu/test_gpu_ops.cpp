@@ -1737,17 +1737,21 @@ struct DeviceW4 {
       : codes(upload(packed.codes)), scales(upload(scales_then_mins(packed))) {
     view = {codes.get(), scales.get(), packed.n, packed.k, packed.group};
     if (packed.has_min()) view.mins = scales.as<uint32_t>() + packed.scales.size();
+    view.zero_codes = packed.zero_codes;
   }
 };
 
 // Random int4-asym weights with their group scales and minimums rounded to the f16 values the
 // GPU keeps (gemm::round_zero_point_blocks_to_f16), so the CPU reference computes with the
-// GPU's weights.
-qspec::QuantizedMatrix random_zero_point_weights(int64_t n, int64_t k, int64_t group) {
-  qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4_asym, group);
+// GPU's weights; or int4-zp weights (the GPU's already: f16 scales, integer zero points).
+qspec::QuantizedMatrix random_zero_point_weights(int64_t n, int64_t k, int64_t group,
+                                                 qspec::quant::Format format = qspec::quant::Format::int4_asym) {
+  qspec::QuantizedMatrix weight = random_quantized(n, k, format, group);
   qspec::gemm::round_zero_point_blocks_to_f16(weight);
   return weight;
 }
+// The two formats with a word a group beside the scales (cuda::W4A16Weights::mins).
+constexpr qspec::quant::Format kZeroPointFormats[] = {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp};
 
 }  // namespace
 
@@ -1888,12 +1892,15 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
 }
 
 TEST_F(Gpu, W4A16DequantizeZeroPointsIsExact) {
-  // int4-asym: f16(fma(code, scale, min)) of the unsigned codes, one rounding, groups 32 / 64 / 128,
-  // k tails of one 32-value pair, odd n (rows past n in the last row block zero).
+  // int4-asym: f16(fma(code, scale, min)) of the unsigned codes, one rounding; int4-zp: f16((u - z)
+  // * s); groups 32 / 64 / 128, k tails of one 32-value pair, odd n (rows past n in the last row
+  // block zero).
+  for (const qspec::quant::Format format : kZeroPointFormats)
   for (auto [n, k, group] : {std::tuple{33, 96, 32}, {130, 704, 64}, {7, 4096, 128}, {17, 512, 256}}) {
-    const qspec::QuantizedMatrix weight = random_zero_point_weights(n, k, group);
+    const qspec::QuantizedMatrix weight = random_zero_point_weights(n, k, group, format);
     const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
     ASSERT_TRUE(packed.has_min());
+    ASSERT_EQ(packed.zero_codes, format == qspec::quant::Format::int4_zp);
     DeviceW4 w(packed);
     auto d_out = poisoned(static_cast<size_t>(n * k) * 2);
     cuda::w4a16_dequantize(w.view, d_out.as<f16>(), nullptr);
@@ -1922,8 +1929,9 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
                                      {129, 704, 64}, {4097, 4096, 128}, {7, 512, 256}};
   const std::vector<int64_t> ms = {1, 2, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 257, 1024};
   qspec::cuda::Blas blas;
+  for (const qspec::quant::Format format : kZeroPointFormats)
   for (const Shape& s : shapes) {
-    const qspec::QuantizedMatrix weight = random_zero_point_weights(s.n, s.k, s.group);
+    const qspec::QuantizedMatrix weight = random_zero_point_weights(s.n, s.k, s.group, format);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     for (int64_t m : ms) {
       if (s.n * s.k * m > 6e9) continue;  // CPU reference time
@@ -1943,8 +1951,8 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
                                   static_cast<size_t>(3 * m * s.n) * sizeof(float));
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      const std::string name = " m" + std::to_string(m) + " n" + std::to_string(s.n) + " k" + std::to_string(s.k) +
-                               " g" + std::to_string(s.group);
+      const std::string name = " " + std::string(qspec::quant::format_name(format)) + " m" + std::to_string(m) + " n" +
+                               std::to_string(s.n) + " k" + std::to_string(s.k) + " g" + std::to_string(s.group);
       auto check = [&](const std::string& what, auto&& launch) {
         auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
         launch(d_y.as<f16>());
@@ -2203,15 +2211,17 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
                 qspec::cuda::compute_capability());
     return;
   }
-  for (const bool zero_points : {false, true})
+  for (const qspec::quant::Format format :
+       {qspec::quant::Format::int4, qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp})
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 512, 14336, 128}, {2 * 17408, 1024, 128}}) {
-    const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group)
+    const bool zero_points = format != qspec::quant::Format::int4;
+    const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group, format)
                                                       : random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
     for (int64_t m : {1, 2, 7, 8, 9, 16}) {
-      const std::string where = std::string(zero_points ? "int4-asym " : "int4 ") + "m" + std::to_string(m) + " n" +
+      const std::string where = std::string(qspec::quant::format_name(format)) + " m" + std::to_string(m) + " n" +
                                 std::to_string(n) + " k" + std::to_string(k) + " g" + std::to_string(group);
       auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m);
@@ -2290,11 +2300,15 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
 // splits > 1, the 128x128 and wgmma tiles, ld_act < n / 2.
 TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
   // int4-asym (zero points, sm_90a): the tiles with its instances, 128x64 (2) and 128x32 (6).
-  for (const bool zero_points : {false, true})
+  // int4-zp: the same tiles, and the mma.sync ones at groups of 128 too (its loop is int4's).
+  for (const qspec::quant::Format format :
+       {qspec::quant::Format::int4, qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp})
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 528, 2048, 128}}) {
+    const bool zero_points = format != qspec::quant::Format::int4;
+    const bool asym = format == qspec::quant::Format::int4_asym;
     if (zero_points && !cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, 17)) continue;
-    const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group)
+    const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group, format)
                                                       : random_quantized(n, k, qspec::quant::Format::int4, group);
     DeviceW4 w(qspec::gemm::pack_w4a16(weight));
     const int64_t inter = n / 2, ld_act = inter + 24;
@@ -2307,7 +2321,7 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
       // int4-asym at groups of 128: the wgmma tiles from 17 tokens (w4a16_tiled.cu, zero_point_tile).
-      const bool wgmma_takes_it = (m > 64 || (zero_points && group == 128)) && cuda::w4a16_wgmma_tile_runs_here();
+      const bool wgmma_takes_it = (m > 64 || (asym && group == 128)) && cuda::w4a16_wgmma_tile_runs_here();
       if (n == 28672 && qspec::cuda::multiprocessor_count() == 132) {
         EXPECT_EQ(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
                       qspec::SwigluGemm::Kernel::tiled,
@@ -2316,7 +2330,7 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
       }
       for (int tile : tiles) {
         if (tile == 0 && wgmma_takes_it) continue;  // the default tile is the wgmma one: no SwiGLU epilogue
-        const std::string where = std::string(zero_points ? "int4-asym " : "int4 ") + "m" + std::to_string(m) + " n" +
+        const std::string where = std::string(qspec::quant::format_name(format)) + " m" + std::to_string(m) + " n" +
                                   std::to_string(n) + " k" + std::to_string(k) + " g" + std::to_string(group) +
                                   " tile " + std::to_string(tile);
         auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
@@ -2332,7 +2346,7 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
     }
     // Where the tiled GEMM splits k (a few row tiles, a workspace for the partials), the
     // dispatcher keeps SwiGLU out of it: its bits are not the one-split kernel's.
-    if (n == 2 * 528 && !zero_points) {  // (int4-asym at groups of 128 runs the wgmma tiles here)
+    if (n == 2 * 528 && !asym) {  // (int4-asym at groups of 128 runs the wgmma tiles here)
       const size_t bytes = cuda::w4a16_workspace_bytes(17, n, k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
       EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, 17, workspace.get(), bytes));

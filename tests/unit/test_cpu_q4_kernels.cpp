@@ -98,6 +98,8 @@ const Shape kShapes[] = {
     {Format::int4, 32, 21, 192},
     // 8+ blocks a row: the W4A8 tile's scales go through its 8 x 8 transpose (and its tail).
     {Format::int4_asym, 32, 19, 576}, {Format::int4, 64, 11, 1536},
+    // int4-zp: int4-asym's kernels with minimums -s z.
+    {Format::int4_zp, 64, 37, 192}, {Format::int4_zp, 32, 13, 128}, {Format::int4_zp, 64, 19, 576}, {Format::int4_zp, 128, 8, 256},
 };
 
 std::string describe(const Shape& s, int64_t tokens) {
@@ -145,7 +147,7 @@ TEST(CpuQ4Kernels, W4A16EveryIsaGivesThePortableBitsAndTheF32GemmOfTheDequantize
 TEST(CpuQ4Kernels, W4A8MatchesTheExactIntegerReferenceOnEveryIsa) {
   IsaGuard guard;
   for (const Shape& s : kShapes) {
-    if (s.format != Format::int4 && s.format != Format::int4_channel && s.format != Format::int4_asym) continue;
+    if (s.format != Format::int4 && s.format != Format::int4_channel && !qspec::quant::format_has_min(s.format)) continue;
     const int64_t group = s.group > 0 ? s.group : 128;
     const qspec::QuantizedMatrix w = random_matrix(s.format, s.rows, s.cols, group, 17);
     const int64_t blocks = w.format.blocks(), block = w.format.block;

@@ -51,7 +51,7 @@ struct FormatCase {
 
 const FormatCase kFormats[] = {
     {Format::int4, 32}, {Format::int4, 128}, {Format::int4_channel, 128}, {Format::nvfp4, 128}, {Format::mxfp4, 128},
-    {Format::int4_asym, 32}, {Format::int4_asym, 128},
+    {Format::int4_asym, 32}, {Format::int4_asym, 128}, {Format::int4_zp, 64},
 };
 
 std::vector<float> dequantized(const qspec::QuantizedMatrix& matrix) {

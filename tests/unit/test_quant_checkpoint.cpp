@@ -224,7 +224,8 @@ INSTANTIATE_TEST_SUITE_P(QuantCheckpoint, QuantCheckpointRoundTrip,
                                            Variant{Format::int4_channel, "rtn", false},
                                            Variant{Format::int4_channel, "gptq", false},
                                            Variant{Format::int4_asym, "rtn", false},
-                                           Variant{Format::int4_asym, "rtn", true}, Variant{Format::int4_asym, "gptq", true}),
+                                           Variant{Format::int4_asym, "rtn", true}, Variant{Format::int4_asym, "gptq", true},
+                                           Variant{Format::int4_zp, "rtn", false}, Variant{Format::int4_zp, "gptq", true}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return variant_name(info.param); });
 
 TEST(QuantCheckpoint, SaveRefusesAnExistingDirectoryAndAModelWithoutFourBitWeights) {

@@ -64,7 +64,8 @@ const Case kAllCases[] = {
     {Format::nvfp4, Role::activation, 0},    {Format::mxfp4, Role::weight, 0},
     {Format::mxfp4, Role::activation, 0},    {Format::int8, Role::activation, 0},
     {Format::fp8, Role::activation, 0},      {Format::int4_asym, Role::weight, 128},
-    {Format::int4_asym, Role::weight, 32},
+    {Format::int4_asym, Role::weight, 32},   {Format::int4_zp, Role::weight, 64},
+    {Format::int4_zp, Role::weight, 32},
 };
 
 std::string describe(const Case& c) {
@@ -126,6 +127,10 @@ void expect_within_bounds(const Quantized& q, const std::vector<float>& x,
           break;
         case Format::int4_asym:  // half a step, plus f32 rounding of x - m, / s and the fma
           bound = scale * (0.5 + 1e-5) + block_amax * 1e-6;
+          break;
+        case Format::int4_zp:  // half a step, another half where the zero point's rounding shifts the
+          // grid, and the f16 rounding of the scale over 15 steps
+          bound = scale * (1.0 + 15.0 / 2048 + 1e-5);
           break;
       }
       ASSERT_LE(error, bound) << what << ": element " << i << " x=" << x[i]
@@ -451,6 +456,50 @@ TEST(QuantFormatsPacking, Int4AsymGroupsHoldScaleAndMinimum) {
   EXPECT_EQ(flat.dequantized, (std::vector<float>{-3, -3, -3, -3}));
 }
 
+TEST(QuantFormatsPacking, Int4ZpGroupsHoldAnF16ScaleAndAnIntegerZeroPoint) {
+  // Group 0: lo 0 (the grid holds 0), hi 15 -> scale 1, zero 0; codes 1, 2 (2.5 ties to even), 4, 15.
+  // Group 1: lo -2, hi 1 -> scale 0.2 (f16), zero 10; codes 0, 15, 5, 10.
+  const std::vector<float> x = {1, 2.5f, 4, 15, -2, 1, -1, 0};
+  Quantized q = quantize(make_row_format(Format::int4_zp, Role::weight, 8, 4), x);
+  const float s1 = f16_to_f32(f32_to_f16(0.2f));
+  EXPECT_EQ(block_scale(q.format, q.scales.data(), 0), 1.0f);
+  EXPECT_EQ(block_zero_point(q.format, q.scales.data(), 0), 0);
+  EXPECT_EQ(block_scale(q.format, q.scales.data(), 1), s1);
+  EXPECT_EQ(block_zero_point(q.format, q.scales.data(), 1), 10);
+  EXPECT_EQ(block_min(q.format, q.scales.data(), 1), -10.0f * s1);  // stored as int4-asym's pair
+  EXPECT_EQ(q.codes, (std::vector<uint8_t>{0x21, 0xf4, 0xf0, 0xa5}));
+  // value = s * (code - z), exact, and the same as int4-asym's fma(code, s, -s z).
+  for (int i = 0; i < 8; ++i) {
+    const int code = (q.codes[i / 2] >> (4 * (i % 2))) & 0xf;
+    const float s = i < 4 ? 1.0f : s1;
+    const int z = i < 4 ? 0 : 10;
+    EXPECT_EQ(bits_of(q.dequantized[i]), bits_of(s * static_cast<float>(code - z))) << i;
+    EXPECT_EQ(bits_of(q.dequantized[i]), bits_of(std::fma(static_cast<float>(code), s, -s * static_cast<float>(z)))) << i;
+  }
+  // An all-negative group keeps 0 on its grid (z = 15); a zero group decodes to zeros.
+  Quantized negative = quantize(make_row_format(Format::int4_zp, Role::weight, 4, 4), {-3, -1.5f, -0.2f, -0.1f});
+  EXPECT_EQ(block_zero_point(negative.format, negative.scales.data(), 0), 15);
+  Quantized zero = quantize(make_row_format(Format::int4_zp, Role::weight, 4, 4), {0, 0, 0, 0});
+  EXPECT_EQ(zero.dequantized, (std::vector<float>{0, 0, 0, 0}));
+  EXPECT_THROW(block_zero_point(make_row_format(Format::int4_asym, Role::weight, 8, 4), q.scales.data(), 0),
+               qspec::Error);
+  // Pairs that are not int4-zp's are refused when decoding: a minimum off the -s z grid, a scale
+  // that is no f16 value, a zero point past 15.
+  auto corrupt = [&](int field, float value) {
+    std::vector<uint8_t> scales = q.scales;
+    std::memcpy(scales.data() + 4 * field, &value, 4);
+    std::vector<float> out(8);
+    EXPECT_THROW(dequantize_row(q.format, q.codes.data(), scales.data(), out.data()), qspec::Error) << field << " " << value;
+  };
+  corrupt(3, -9.5f * s1);
+  corrupt(2, 0.2f);  // not f16-exact
+  corrupt(3, -16.0f * s1);
+  corrupt(1, 1.0f);  // a positive minimum: z < 0
+  EXPECT_EQ(parse_format("int4-zp"), Format::int4_zp);
+  EXPECT_TRUE(format_has_min(Format::int4_zp) && format_has_groups(Format::int4_zp));
+  EXPECT_FALSE(format_supports(Format::int4_zp, Role::activation));
+}
+
 // BlockFit::mse: per block never more squared error than the range grid (which it searches
 // among its candidates), less where an outlier stretches the range, none where the values lie on
 // a 4-bit grid already; the other formats keep their range rule.
@@ -466,7 +515,7 @@ TEST(QuantFormatsBlockFit, MseGridsNeverLoseToTheRangeAndWinOnOutliers) {
     for (int64_t i = 0; i < f.k; ++i) errors[i / f.block] += std::pow(static_cast<double>(x[i]) - y[i], 2);
     return errors;
   };
-  for (Format format : {Format::int4, Format::int4_asym, Format::int4_channel}) {
+  for (Format format : {Format::int4, Format::int4_asym, Format::int4_zp, Format::int4_channel}) {
     for (int64_t group : {32, 64, 128}) {
       const RowFormat f = make_row_format(format, Role::weight, 512, group);
       SCOPED_TRACE(std::string(format_name(format)) + " g" + std::to_string(f.block));

@@ -67,6 +67,27 @@ void dequant_word_unsigned(uint32_t q, float (&regs)[4][2]) {
   }
 }
 
+// int4-zp: one packed word with its group's zero-point byte, as zero_constants and
+// dequant_zero_codes4x8 make it: sub = (byte & 0xf) | 0x6400 (f16 1024 + z_g), add = (byte & 0xf0) |
+// 0xd400 (f16 -(64 + z_g8)); hsub2(lo, sub) for row g, hfma2(hi, 1/16, add) for row g + 8, exact.
+void dequant_word_zero(uint32_t q, uint8_t zero_byte, float (&regs)[4][2]) {
+  const float sub = half_lo((zero_byte & 0xfu) | 0x6400u), add = half_lo((zero_byte & 0xf0u) | 0xd400u);
+  for (int step = 0; step < 2; ++step) {
+    const uint32_t lo = (q & 0x000f000fu) | 0x64006400u;
+    const uint32_t hi = (q & 0x00f000f0u) | 0x64006400u;
+    regs[2 * step][0] = half_lo(lo) - sub;
+    regs[2 * step][1] = half_hi(lo) - sub;
+    regs[2 * step + 1][0] = half_lo(hi) * 0.0625f + add;
+    regs[2 * step + 1][1] = half_hi(hi) * 0.0625f + add;
+    q >>= 8;
+  }
+}
+// int4-zp: the packed zero-point byte of rows (r, r + 8) of row block rb, group q (ops/w4a16_pack.h).
+uint8_t zero_byte_of(const qspec::gemm::W4A16Packed& packed, int64_t rb, int64_t q, int64_t r) {
+  return reinterpret_cast<const uint8_t*>(packed.mins.data())[rb * qspec::gemm::zero_point_bytes_per_row_block(packed.groups()) +
+                                                              q * 8 + r];
+}
+
 // The kernel for one row block and all tokens, simulated per lane with the PTX fragment
 // layouts of mma.m16n8k16 (A row-major 16x16: a0a1 (g, 2t..), a2a3 (g+8, 2t..), a4a5 (g, 2t+8..),
 // a6a7 (g+8, 2t+8..); B 16x8: b0b1 (k 2t.., n g), b2b3 (k 2t+8.., n g); C: c0c1 (g, 2t..),
@@ -90,7 +111,9 @@ void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, cons
         const int64_t offset = tail ? chunk * 512 + lane * 8 + j * 4 : chunk * 512 + lane * 16 + ((pair & 1) * 2 + j) * 4;
         std::memcpy(&word, block + offset, 4);
         float a[4][2];
-        if (packed.has_min()) {
+        if (packed.zero_codes) {  // ActF16Zc: u - z, then int4's group flush with the scale
+          dequant_word_zero(word, zero_byte_of(packed, rb, pair / pairs_per_group, g), a);
+        } else if (packed.has_min()) {
           // ActF16Zp: codes, then hfma2(code, s, m) with the group's f16 scale and minimum of rows
           // g (registers 0, 2) and g + 8 (1, 3): one f16 rounding of the exact value.
           dequant_word_unsigned(word, a);
@@ -134,7 +157,7 @@ void simulate_row_block(const qspec::gemm::W4A16Packed& packed, int64_t rb, cons
           const uint32_t s = packed.scales[static_cast<size_t>((rb * packed.groups() + q) * 8 + lane / 4)];
           for (int64_t c = 0; c < 4; ++c) {
             // (zero points: the scales are in the weights already)
-            const float scale = packed.has_min() ? 1.0f : c >= 2 ? half_hi(s) : half_lo(s);
+            const float scale = packed.has_min() && !packed.zero_codes ? 1.0f : c >= 2 ? half_hi(s) : half_lo(s);
             float& g = gacc[(nt * 32 + lane) * 4 + c];
             acc[(nt * 32 + lane) * 4 + c] += scale * g;
             g = 0;
@@ -214,6 +237,45 @@ TEST(W4A16Pack, ZeroPointsDecodeToTheRoundedQuantizedWeights) {
   EXPECT_FALSE(qspec::gemm::pack_w4a16(int4).has_min());
 }
 
+// int4-zp: unsigned nibbles, the f16 scales as int4's and packed zero points beside them; the
+// packed matrix decodes to the CPU's weights exactly (an f16 scale times u - z needs no rounding),
+// and every zero-point byte holds its two rows' zero points, groups padded to an even count.
+TEST(W4A16Pack, ZeroCodesDecodeToTheQuantizedWeights) {
+  using qspec::quant::Format;
+  for (auto [n, k, group, kernel_group] : {std::tuple{16, 64, 64, 64}, {33, 96, 32, 32}, {7, 256, 128, 128},
+                                           {40, 704, 64, 64}, {17, 512, 256, 128}}) {
+    const qspec::QuantizedMatrix weight = random_int4(n, k, Format::int4_zp, group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    EXPECT_EQ(packed.group, kernel_group);
+    ASSERT_TRUE(packed.has_min() && packed.zero_codes);
+    ASSERT_EQ(packed.mins.size() * 4,
+              static_cast<size_t>(packed.row_blocks() * qspec::gemm::zero_point_bytes_per_row_block(packed.groups())));
+    EXPECT_EQ(qspec::gemm::zero_point_bytes_per_row_block(3), 32);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < packed.row_blocks() * 16; ++r) {
+      if (r < n) weight.dequantize_row(r, row.data());
+      for (int64_t col = 0; col < k; ++col) {
+        const float expected = r < n ? row[col] : 0.0f;
+        ASSERT_EQ(packed.value(r, col), expected) << n << "x" << k << " row " << r << " col " << col;
+      }
+    }
+    for (int64_t rb = 0; rb < packed.row_blocks(); ++rb)
+      for (int64_t q = 0; q < packed.groups(); ++q)
+        for (int64_t r = 0; r < 8; ++r) {
+          const uint8_t byte = zero_byte_of(packed, rb, q, r);
+          auto zero_of = [&](int64_t row) {
+            return row < n ? qspec::quant::block_zero_point(weight.format, weight.scales.data() + row * weight.format.scale_bytes(),
+                                                            q * kernel_group / weight.format.block)
+                           : 0;
+          };
+          ASSERT_EQ(byte & 0xf, zero_of(rb * 16 + r));
+          ASSERT_EQ(byte >> 4, zero_of(rb * 16 + r + 8));
+        }
+  }
+  // int4-asym's minimums are not zero words.
+  EXPECT_FALSE(qspec::gemm::pack_w4a16(random_int4(16, 64, Format::int4_asym, 32)).zero_codes);
+}
+
 // A group whose f32 minimum f16 cannot hold is refused, naming the matrix, not uploaded as inf.
 TEST(W4A16Pack, ZeroPointsBeyondF16AreRefused) {
   qspec::QuantizedMatrix weight = random_int4(4, 64, qspec::quant::Format::int4_asym, 32);
@@ -233,6 +295,29 @@ TEST(W4A16Pack, SimulatedTensorCoreKernelMatchesCpuGemm) {
   for (auto [m, n, k, group] : {std::tuple{1, 16, 64, 64}, {3, 33, 96, 32}, {9, 20, 256, 128}, {16, 17, 704, 64},
                                 {5, 31, 160, 32}}) {
     const qspec::QuantizedMatrix weight = random_int4(n, k, Format::int4, group);
+    const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = qspec::f16_to_f32(qspec::f32_to_f16(normal(rng())));
+    std::vector<float> expected(static_cast<size_t>(m * n)), got(expected.size(), NAN);
+    qspec::cpu::quantized_linear(x.data(), m, weight, nullptr, expected.data());
+    for (int64_t rb = 0; rb < packed.row_blocks(); ++rb) simulate_row_block(packed, rb, x, m, got);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << i;
+      diff += (got[i] - expected[i]) * (got[i] - expected[i]);
+      norm += expected[i] * expected[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << m << "x" << n << "x" << k << " g" << group;
+  }
+}
+
+// The simulation of the integer zero-point path (ActF16Zc: u - z from the zero words, int4's group
+// flush) against the CPU GEMM on the same int4-zp weights: as close as int4's (exact weights).
+TEST(W4A16Pack, SimulatedZeroCodeKernelMatchesCpuGemm) {
+  for (auto [m, n, k, group] : {std::tuple{1, 16, 64, 64}, {3, 33, 96, 32}, {9, 20, 256, 128}, {16, 17, 704, 64},
+                                {5, 31, 160, 32}, {4, 16, 512, 256}}) {
+    const qspec::QuantizedMatrix weight = random_int4(n, k, qspec::quant::Format::int4_zp, group);
     const qspec::gemm::W4A16Packed packed = qspec::gemm::pack_w4a16(weight);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(m * k));

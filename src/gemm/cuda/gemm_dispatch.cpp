@@ -132,7 +132,7 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
   // only (cuda::w4a16_runs_zero_points): a strategy elsewhere becomes the kernels' own automatic
   // choice for these weights (a map tuned on int4 kernels may name any).
   if (w.has_min()) {
-    QSPEC_CHECK(x.quantized == nullptr, "GEMM dispatch: int4-asym weights run f16 activations only (W4A16), not ",
+    QSPEC_CHECK(x.quantized == nullptr, "GEMM dispatch: int4-asym / int4-zp weights run f16 activations only (W4A16), not ",
                 x.activations());
     const cuda::W4A16Path path = strategy_path(strategy);
     cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream,

@@ -116,15 +116,18 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
   std::vector<uint8_t> codes;
   std::vector<uint32_t> scales, mins;
   int64_t group = 0;
-  bool has_min = false;
+  bool has_min = false, zero_codes = false;
   for (const QuantizedMatrix* part : parts) {
     const gemm::W4A16Packed packed = gemm::pack_w4a16(*part);
     if (linear.n == 0) {
       linear.k = packed.k;
       group = packed.group;
       has_min = packed.has_min();
+      zero_codes = packed.zero_codes;
     }
-    QSPEC_CHECK(packed.k == linear.k && packed.group == group && packed.has_min() == has_min, "GPU model: ", name,
+    QSPEC_CHECK(packed.k == linear.k && packed.group == group && packed.has_min() == has_min &&
+                    packed.zero_codes == zero_codes,
+                "GPU model: ", name,
                 ": parts with different input sizes, groups or weight formats");
     QSPEC_CHECK(parts.size() == 1 || packed.n % 16 == 0, "GPU model: ", name, ": ", part->name, " has ", packed.n,
                 " rows; fused projections need multiples of 16");
@@ -134,11 +137,12 @@ Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const st
     mins.insert(mins.end(), packed.mins.begin(), packed.mins.end());
   }
   const size_t scale_words = scales.size();
-  scales.insert(scales.end(), mins.begin(), mins.end());  // int4-asym: the minimums follow the scales
+  scales.insert(scales.end(), mins.begin(), mins.end());  // int4-asym / int4-zp: minimums / zero words follow the scales
   linear.codes = upload(codes, name + " codes");
   linear.scales = upload(scales, name + " scales");
   linear.view = {linear.codes.get(), linear.scales.get(), linear.n, linear.k, group};
   if (has_min) linear.view.mins = linear.scales.as<uint32_t>() + scale_words;
+  linear.view.zero_codes = zero_codes;
   linear.in_k = linear.k - site.tail;
   if (site.calibrated()) {
     QSPEC_CHECK(static_cast<int64_t>(site.order.size()) == linear.in_k && linear.in_k % 8 == 0, "GPU model: ", name,
@@ -169,9 +173,10 @@ int64_t gather_quantize_min_rows() {
 // Random weights of the same layout, drawn on the GPU. Scales / values keep each output near
 // unit size for unit-size inputs (k terms of ~4.6 scale or ~0.017), so 32+ layers stay finite.
 // int4-asym (zero_points): the same codes read as unsigned, and minimums of -7.5 to -8 scales,
-// so the values stay centred as int4's (a benchmark of the asymmetric kernels on the same bytes).
+// so the values stay centred as int4's (a benchmark of the asymmetric kernels on the same bytes);
+// int4-zp (zero_codes too): zero points 7 or 8 instead (cuda::fill_random_zero_points).
 Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream,
-                             bool zero_points = false, int64_t group = 128) {
+                             bool zero_points = false, int64_t group = 128, bool zero_codes = false) {
   Linear linear;
   linear.n = n;
   linear.k = k;
@@ -195,8 +200,13 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
   linear.view = {linear.codes.get(), linear.scales.get(), n, k, group};
   if (zero_points) {
     f16_bits* mins = linear.scales.as<f16_bits>() + scale_halves;
-    cuda::fill_random_f16(mins, scale_halves, -8.0f * scale, -7.5f * scale, seed + 2, stream);
+    if (zero_codes)  // packed zero points (fewer bytes than the room the minimums would take)
+      cuda::fill_random_zero_points(reinterpret_cast<uint32_t*>(mins),
+                                    static_cast<size_t>(row_blocks * gemm::zero_point_bytes_per_row_block(k / group) / 4), 7,
+                                    8, seed + 2, stream);
+    else cuda::fill_random_f16(mins, scale_halves, -8.0f * scale, -7.5f * scale, seed + 2, stream);
     linear.view.mins = mins;
+    linear.view.zero_codes = zero_codes;
   }
   return linear;
 }
@@ -891,15 +901,17 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   const LayerRecipe recipe = c.recipe();
   QSPEC_CHECK(!recipe.qk_norm && !recipe.output_norms && recipe.activation == MlpActivation::silu,
               "GPU model: synthetic models are Llama / Qwen2 shapes (no q/k or output norms, SwiGLU)");
-  QSPEC_CHECK(options.synthetic_weights == quant::Format::int4 || options.synthetic_weights == quant::Format::int4_asym,
+  QSPEC_CHECK(options.synthetic_weights == quant::Format::int4 || quant::format_has_min(options.synthetic_weights),
               "GPU model: synthetic_weights ", quant::format_name(options.synthetic_weights),
-              ": synthetic models have int4 or int4-asym weights");
-  const bool zero_points = s.quantized && options.synthetic_weights == quant::Format::int4_asym;
+              ": synthetic models have int4, int4-asym or int4-zp weights");
+  const bool zero_points = s.quantized && quant::format_has_min(options.synthetic_weights);
+  const bool zero_codes = s.quantized && options.synthetic_weights == quant::Format::int4_zp;
   const int64_t wgroup = options.synthetic_group;
   QSPEC_CHECK(wgroup == 32 || wgroup == 64 || wgroup == 128, "GPU model: synthetic_group ", wgroup,
               " (the synthetic 4-bit weights take groups of 32, 64 or 128)");
   QSPEC_CHECK(!zero_points || (s.activations == GpuActivations::f16 && options.synthetic_arc_channels == 0),
-              "GPU model: synthetic int4-asym weights run mode w4a16 only (not ", mode.name, ", nor ARC calibrations)");
+              "GPU model: synthetic ", quant::format_name(options.synthetic_weights),
+              " weights run mode w4a16 only (not ", mode.name, ", nor ARC calibrations)");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
   const cuda::MemoryInfo memory = cuda::memory_info();
   QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
@@ -943,12 +955,13 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
       layer.down.input_ordered = true;  // as GpuLlama's constructor folds it into gate_up's (random) rows
     } else {
       layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream,
-                                        zero_points, wgroup);
-      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, zero_points, wgroup);
+                                        zero_points, wgroup, zero_codes);
+      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, zero_points, wgroup,
+                                      zero_codes);
       layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream,
-                                            zero_points, wgroup);
+                                            zero_points, wgroup, zero_codes);
       layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream,
-                                         zero_points, wgroup);
+                                         zero_points, wgroup, zero_codes);
     }
     s.layers.push_back(std::move(layer));
   }

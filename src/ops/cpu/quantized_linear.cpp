@@ -314,7 +314,7 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
 namespace {
 bool integer_weights(const QuantizedMatrix& weight) {
   const quant::Format format = weight.format.format;
-  return format == quant::Format::int4 || format == quant::Format::int4_channel || format == quant::Format::int4_asym;
+  return format == quant::Format::int4 || format == quant::Format::int4_channel || quant::format_has_min(format);
 }
 }  // namespace
 

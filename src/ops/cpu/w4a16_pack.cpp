@@ -10,7 +10,7 @@ namespace qspec::gemm {
 namespace {
 
 // The packed nibble of W[row][col]: offset binary (code + 8) for int4, the unsigned code itself
-// for int4-asym; 8 (int4 value 0) past the last row, whose scales (and minimums) are zero.
+// for int4-asym / int4-zp; 8 (int4 value 0) past the last row, whose scales (and minimums) are zero.
 uint32_t packed_nibble(const QuantizedMatrix& weight, int64_t row, int64_t col) {
   if (row >= weight.rows) return 8;
   const uint8_t byte = weight.codes[static_cast<size_t>(row * weight.format.code_bytes() + col / 2)];
@@ -18,10 +18,10 @@ uint32_t packed_nibble(const QuantizedMatrix& weight, int64_t row, int64_t col) 
   return weight.has_min() ? code : code ^ 0x8u;
 }
 
-// An int4-asym group's f32 scale or minimum as the kernels' f16, refused where f16 cannot hold it.
+// An int4-asym / int4-zp group's f32 scale or minimum as the kernels' f16, refused where f16 cannot hold it.
 uint16_t asym_f16(const QuantizedMatrix& weight, float value, const char* what, int64_t row, int64_t block) {
   const uint16_t bits = f32_to_f16(value);
-  QSPEC_CHECK(std::isfinite(f16_to_f32(bits)), weight.name, ": int4-asym ", what, " ", value, " of row ", row,
+  QSPEC_CHECK(std::isfinite(f16_to_f32(bits)), weight.name, ": ", quant::format_name(weight.format.format), " ", what, " ", value, " of row ", row,
               " group ", block, " overflows the GPU's f16");
   return bits;
 }
@@ -50,11 +50,22 @@ int64_t word_offset(int64_t k, int64_t pair, int64_t j, int64_t lane) {
   return chunk * 512 + lane * 16 + ((pair & 1) * 2 + j) * 4;
 }
 
+// int4-zp: the zero-point byte of rows (row, row + 8) at column col (ops/w4a16_pack.h); rows past
+// the matrix have zero point 0 (their scales are zero).
+uint8_t zero_byte(const QuantizedMatrix& weight, int64_t row, int64_t col) {
+  auto zero_of = [&](int64_t r) {
+    if (r >= weight.rows) return 0;
+    return quant::block_zero_point(weight.format, weight.scales.data() + r * weight.format.scale_bytes(),
+                                   col / weight.format.block);
+  };
+  return static_cast<uint8_t>(zero_of(row) | (zero_of(row + 8) << 4));
+}
+
 }  // namespace
 
 int64_t w4a16_kernel_group(const QuantizedMatrix& weight) {
   const quant::Format format = weight.format.format;
-  if (format != quant::Format::int4 && format != quant::Format::int4_channel && format != quant::Format::int4_asym)
+  if (format != quant::Format::int4 && format != quant::Format::int4_channel && !quant::format_has_min(format))
     return 0;
   for (int64_t group : {128, 64, 32})
     if (weight.format.block % group == 0) return group;
@@ -76,7 +87,10 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
   const int64_t k = out.k, blocks = out.row_blocks(), pairs = k / 32;
   out.codes.assign(static_cast<size_t>(blocks * k * 8), 0);
   out.scales.assign(static_cast<size_t>(blocks * out.groups() * 8), 0);
-  if (weight.has_min()) out.mins.assign(out.scales.size(), 0);
+  out.zero_codes = weight.format.format == quant::Format::int4_zp;
+  const int64_t zero_bytes = zero_point_bytes_per_row_block(out.groups());
+  if (out.zero_codes) out.mins.assign(static_cast<size_t>(blocks * zero_bytes / 4), 0);
+  else if (weight.has_min()) out.mins.assign(out.scales.size(), 0);
   for (int64_t rb = 0; rb < blocks; ++rb) {
     uint8_t* block_codes = out.codes.data() + rb * k * 8;
     for (int64_t pair = 0; pair < pairs; ++pair)
@@ -99,7 +113,9 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
         const int64_t col = q * group;
         const uint32_t lo = scale_bits(weight, rb * 16 + r, col), hi = scale_bits(weight, rb * 16 + r + 8, col);
         out.scales[static_cast<size_t>((rb * out.groups() + q) * 8 + r)] = lo | (hi << 16);
-        if (weight.has_min())
+        if (out.zero_codes)
+          reinterpret_cast<uint8_t*>(out.mins.data())[rb * zero_bytes + q * 8 + r] = zero_byte(weight, rb * 16 + r, col);
+        else if (weight.has_min())
           out.mins[static_cast<size_t>((rb * out.groups() + q) * 8 + r)] =
               min_bits(weight, rb * 16 + r, col) | (static_cast<uint32_t>(min_bits(weight, rb * 16 + r + 8, col)) << 16);
       }
@@ -108,7 +124,7 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
 }
 
 void round_zero_point_blocks_to_f16(QuantizedMatrix& weight) {
-  if (!weight.has_min()) return;
+  if (weight.format.format != quant::Format::int4_asym) return;
   const int64_t blocks = weight.cols() / weight.format.block;
   for (int64_t row = 0; row < weight.rows; ++row) {
     uint8_t* row_scales = weight.scales.data() + row * weight.format.scale_bytes();
@@ -139,6 +155,13 @@ float W4A16Packed::value(int64_t row, int64_t col) const {
     return f16_to_f32(static_cast<uint16_t>(high_row ? pair_bits >> 16 : pair_bits & 0xffff));
   };
   const float scale = half_of(scales[group_word]);
+  // int4-zp: s * (u - z), z this row's nibble of its zero-point byte (exact, as the CPU decodes).
+  if (zero_codes) {
+    const uint8_t byte = reinterpret_cast<const uint8_t*>(
+        mins.data())[rb * zero_point_bytes_per_row_block(groups()) + (col / group) * 8 + g];
+    const int zero = high_row ? byte >> 4 : byte & 0xf;
+    return scale * static_cast<float>(nibble_value - zero);
+  }
   // int4-asym: fma(code, s, m), as the CPU format decodes (exact for f16 s, m of nearby exponents).
   if (has_min()) return std::fma(static_cast<float>(nibble_value), scale, half_of(mins[group_word]));
   return static_cast<float>(nibble_value - 8) * scale;

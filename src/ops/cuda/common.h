@@ -165,6 +165,12 @@ __device__ __forceinline__ void cp_async_16_if(bool issue, uint32_t dst, const v
       "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(dst),
       "l"(src), "r"(src_bytes), "r"(static_cast<int>(issue)));
 }
+// 8-byte global -> shared copy (both 8-byte aligned), zero fill as cp_async_16; predicated on `issue`.
+__device__ __forceinline__ void cp_async_8_if(bool issue, uint32_t dst, const void* src, int src_bytes) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p cp.async.ca.shared.global [%0], [%1], 8, %2;\n}\n" ::"r"(dst),
+      "l"(src), "r"(src_bytes), "r"(static_cast<int>(issue)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

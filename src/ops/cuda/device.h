@@ -79,6 +79,9 @@ void set_pdl_enabled(bool enabled);
 // words, and f16 values uniform in [lo, hi).
 void fill_random_u32(uint32_t* dst, size_t count, uint64_t seed, void* stream = nullptr);
 void fill_random_f16(f16_bits* dst, size_t count, float lo, float hi, uint64_t seed, void* stream = nullptr);
+// int4-zp packed zero points (ops/w4a16_pack.h): `count` words of 8 nibbles, each uniform in [lo, hi]
+// (0 <= lo <= hi <= 15).
+void fill_random_zero_points(uint32_t* dst, size_t count, int lo, int hi, uint64_t seed, void* stream = nullptr);
 
 // Bandwidth probes for the roofline: a 16-byte-vector copy kernel (bytes read + written), and a
 // read-only pass (a checksum to `sink`, a device u32). bytes % 16 == 0, 16-byte aligned.

@@ -27,6 +27,9 @@ struct W4A16Weights {
   // (k/group) * 8 words): the kernels find them there, so int4's kernel parameters are unchanged.
   // Only the paths of w4a16_runs_zero_points take them (the others throw).
   const void* mins = nullptr;
+  // int4-zp: `mins` holds zero words (ops/w4a16_pack.h), not minimums; the same paths run them
+  // (w4a16_runs_zero_points), with integer-zero-point kernels at int4's cost.
+  bool zero_codes = false;
   bool has_min() const { return mins != nullptr; }
 };
 

@@ -263,6 +263,16 @@ __global__ void fill_random_f16_kernel(__half* dst, size_t count, float lo, floa
     dst[i] = __float2half_rn(lo + (hi - lo) * u);
   }
 }
+__global__ void fill_random_zero_points_kernel(uint32_t* dst, size_t count, int lo, int span, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix(seed, i);
+    uint32_t word = 0;
+    for (int nibble = 0; nibble < 8; ++nibble)
+      word |= static_cast<uint32_t>(lo + static_cast<int>((r >> (4 * nibble)) % span)) << (4 * nibble);
+    dst[i] = word;
+  }
+}
 // Bandwidth probes: 16-byte loads and stores, four in flight per thread, grid-stride.
 __global__ void copy16_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t count) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -318,6 +328,12 @@ void fill_random_u32(uint32_t* dst, size_t count, uint64_t seed, void* stream) {
   if (count == 0) return;
   fill_random_u32_kernel<<<fill_grid(count), 256, 0, as_stream(stream)>>>(dst, count, seed);
   QSPEC_CUDA_CHECK_LAUNCH("fill_random_u32");
+}
+void fill_random_zero_points(uint32_t* dst, size_t count, int lo, int hi, uint64_t seed, void* stream) {
+  QSPEC_CHECK(0 <= lo && lo <= hi && hi <= 15, "cuda::fill_random_zero_points: zero points ", lo, "..", hi, " (0..15)");
+  if (count == 0) return;
+  fill_random_zero_points_kernel<<<fill_grid(count), 256, 0, as_stream(stream)>>>(dst, count, lo, hi - lo + 1, seed);
+  QSPEC_CUDA_CHECK_LAUNCH("fill_random_zero_points");
 }
 void fill_random_f16(f16_bits* dst, size_t count, float lo, float hi, uint64_t seed, void* stream) {
   if (count == 0) return;

@@ -260,7 +260,7 @@ bool preload_kernel_runs_here() {
 template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
-  using Shape = kernels::W4A16PreloadShape<G>;
+  using Shape = kernels::W4A16PreloadShape<G, kernels::kActGroupWords<Act>>;
   auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD, ONE_SPLIT>;
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
@@ -277,9 +277,9 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
 
-template <int G>
+template <int G, bool GW>
 int preload_ring_slots(int64_t chunks_per_split, int64_t m) {
-  using Shape = kernels::W4A16PreloadShape<G>;
+  using Shape = kernels::W4A16PreloadShape<G, GW>;
   const int64_t chunks = preload_slot_chunks();
   const int64_t wanted = std::max<int64_t>(1, (chunks_per_split + chunks - 1) / chunks);
   const int64_t room = std::max<size_t>(1, preload_block_bytes(m) / Shape::smem_bytes(1));
@@ -384,7 +384,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   const bool two_tiles = params.m > 8;
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
-    const int ring = preload_ring_slots<G>(chunks_per_part, params.m);
+    const int ring = preload_ring_slots<G, kernels::kActGroupWords<Act>>(chunks_per_part, params.m);
     if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
       if (!two_tiles) preload_launch<Act, 1, G, true>(params, grid, ring, plan.k_slices, s);
       else if (swiglu_x_half_slot())
@@ -469,7 +469,8 @@ void w4a16_gemm_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Wei
   const kernels::W4A16SmallMParams params =
       preload_params(layout, reinterpret_cast<const __half*>(x), ldx, reinterpret_cast<__half*>(act), ld_act, m);
   const PreloadPlan plan = plan_swiglu(layout, m, workspace, workspace_bytes);
-  if (w.has_min()) launch_preload<kernels::ActF16Zp, true>(params, plan, workspace, as_stream(stream));  // int4-asym
+  if (w.zero_codes) launch_preload<kernels::ActF16Zc, true>(params, plan, workspace, as_stream(stream));  // int4-zp
+  else if (w.has_min()) launch_preload<kernels::ActF16Zp, true>(params, plan, workspace, as_stream(stream));  // int4-asym
   else launch_preload<kernels::ActF16, true>(params, plan, workspace, as_stream(stream));
 }
 
@@ -500,7 +501,8 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
     if (variant == 5 && mt <= 2) {
       const kernels::W4A16SmallMParams params = preload_params(layout, xh + m0 * ldx, ldx, yh + m0 * ldy, ldy, slice);
       const PreloadPlan plan = plan_preload(layout, slice, config, workspace, workspace_bytes);
-      if (w.has_min()) launch_preload<kernels::ActF16Zp>(params, plan, workspace, s);  // int4-asym
+      if (w.zero_codes) launch_preload<kernels::ActF16Zc>(params, plan, workspace, s);  // int4-zp
+      else if (w.has_min()) launch_preload<kernels::ActF16Zp>(params, plan, workspace, s);  // int4-asym
       else launch_preload<kernels::ActF16>(params, plan, workspace, s);
       continue;
     }

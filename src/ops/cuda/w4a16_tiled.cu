@@ -76,7 +76,8 @@ struct TileLauncher {
 // Tiles 1-4 and 6: the mma.sync kernel (kernels/w4a16_tiled.cuh); SWIGLU: its SwiGLU epilogue.
 template <class Act, class Tile, int G, bool SWIGLU = false, bool LATE = kernels::kTiledLateRefill<Act, Tile, SWIGLU>>
 using TiledLauncher = TileLauncher<kernels::w4_tiled_kernel<Act, Tile, G, SWIGLU, LATE>, Tile::kThreads,
-                                   Tile::template smem_bytes<G>(), Tile::kRows, Tile::kTokens>;
+                                   Tile::template smem_bytes<G, kernels::kActGroupWords<Act>>(), Tile::kRows,
+                                   Tile::kTokens>;
 // QSPEC_W4A16_LATE_REFILL=0: every tile refills its ring first in a stage, as before the late
 // refill (A/B runs; the default takes kernels::kTiledLateRefill's choice a tile).
 bool late_refill() {
@@ -93,10 +94,11 @@ bool late_refill() {
 using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6, 1, 2>;
 using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 6, 2, 2>;
 using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
-// ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins).
-template <class Shape, int G, bool ZP = false>
+// ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins); ZC: the integer
+// zero-point one (int4-zp, its zero words there).
+template <class Shape, int G, bool ZP = false, bool ZC = false>
 struct WgmmaLauncher {
-  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP>;
+  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP, ZC>;
   static int configure() {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
     int blocks = 0;
@@ -129,21 +131,22 @@ struct WgmmaLauncher {
     return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch};
   }
 };
-template <class Shape, bool ZP = false>
+template <class Shape, bool ZP = false, bool ZC = false>
 TiledKernel wgmma_kernel_for_group(int64_t group) {
   switch (group) {
-    case 32: return WgmmaLauncher<Shape, 32, ZP>::get();
-    case 64: return WgmmaLauncher<Shape, 64, ZP>::get();
-    default: return WgmmaLauncher<Shape, 128, ZP>::get();
+    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC>::get();
+    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC>::get();
+    default: return WgmmaLauncher<Shape, 128, ZP, ZC>::get();
   }
 }
 
-// The wgmma tiles' zero-point instances (int4-asym; beside the mma.sync tiles 128x64 and 128x32,
-// zero_point_tile).
+// The wgmma tiles' zero-point instances (int4-asym, or int4-zp's with ZC; beside the mma.sync
+// tiles 128x64 and 128x32, zero_point_tile).
+template <bool ZC>
 TiledKernel wgmma_zero_point_kernel(int tile, int64_t group) {
-  if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32, true>(group);
-  if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64, true>(group);
-  return wgmma_kernel_for_group<WgmmaShape128, true>(group);
+  if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32, !ZC, ZC>(group);
+  if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64, !ZC, ZC>(group);
+  return wgmma_kernel_for_group<WgmmaShape128, !ZC, ZC>(group);
 }
 
 // Whether this GPU runs the wgmma tiles' sm_90a code (an H100 / H200 and a build with sm_90a).
@@ -154,10 +157,10 @@ bool wgmma_tile_runs_here() {
 
 template <class Act>
 constexpr bool kF16Values = sizeof(typename Act::Elem) == 2;
-// Plain f16 activations, on int4 or int4-asym (zero point) weights: the policies with wgmma
+// Plain f16 activations, on int4, int4-asym or int4-zp (zero point) weights: the policies with wgmma
 // tiles, a SwiGLU epilogue and the 8-warp forms.
 template <class Act>
-constexpr bool kPlainF16 = std::is_same_v<Act, kernels::ActF16> || std::is_same_v<Act, kernels::ActF16Zp>;
+constexpr bool kPlainF16 = std::is_same_v<Act, kernels::ActF16> || kernels::kActGroupWords<Act>;
 
 template <class Act, class Tile, bool SWIGLU, bool LATE>
 TiledKernel tiled_kernel_for_refill(int64_t group) {
@@ -176,7 +179,7 @@ TiledKernel tiled_kernel_for_group(int64_t group) {
 }
 
 // SWIGLU (f16 activations only): the mma.sync tiles with the SwiGLU epilogue; the wgmma tile has none.
-// Zero points (ActF16Zp): the wgmma tiles, 128x64 and 128x32 only (zero_point_tile picks among them).
+// Zero points (ActF16Zp, ActF16Zc): the wgmma tiles, 128x64 and 128x32 only (zero_point_tile picks among them).
 template <class Act, bool SWIGLU = false>
 TiledKernel tiled_kernel(int tile, int64_t group) {
   static_assert(!SWIGLU || kPlainF16<Act>, "the SwiGLU epilogue takes f16 activations");
@@ -185,11 +188,11 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32>(group);
     if (tile == kW4A16WgmmaTile128) return wgmma_kernel_for_group<WgmmaShape128>(group);
   }
-  if constexpr (kernels::kActZeroPoints<Act>) {
-    if (!SWIGLU && w4a16_is_wgmma_tile(tile)) return wgmma_zero_point_kernel(tile, group);
+  if constexpr (kernels::kActGroupWords<Act>) {
+    if (!SWIGLU && w4a16_is_wgmma_tile(tile)) return wgmma_zero_point_kernel<kernels::kActZeroCodes<Act>>(tile, group);
     if (tile == 2) return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
     if (tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
-    fail("cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the tiles 128x64 (2), 128x32 (",
+    fail("cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
          kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8)", SWIGLU ? " (with SwiGLU: 2 and 6 only)" : "",
          ", not tile ", tile);
   } else {
@@ -370,19 +373,32 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 // tiles +2.5 / +3.0 % at batch 32 / 64 (g32), +3.2 / +3.2 % (g64), +17 / +10 % (g128); the wgmma
 // tiles +13 / +4.4 % (g32), +11 / +7 % (g64), +10.5 / +2.9 % (g128)
 // (bench/results/gpu-decode-int4-asym-ab-llama3-8b-h200-fb62428.log).
+//
+// int4-zp (zero codes): the mma.sync tiles at every group, since their loop and flushes are int4's.
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
   const bool has_instance = config_tile == 2 || config_tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(config_tile);
-  QSPEC_CHECK(config_tile == 0 || has_instance, "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the "
-              "tiles 128x64 (2), 128x32 (", kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ", config_tile);
+  QSPEC_CHECK(config_tile == 0 || has_instance, "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run "
+              "on the tiles 128x64 (2), 128x32 (", kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ",
+              config_tile);
   if (config_tile != 0) return config_tile;
-  const bool mma_sync = w.group <= 64;
-  const int tile = default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
+  const bool mma_sync = w.zero_codes || w.group <= 64;
+  const int tile = w.zero_codes ? default_tile<kernels::ActF16Zc>(m, w.n, w.k, w.group)
+                                : default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
   if (mma_sync && (tile == 2 || tile == kW4A16Tile128x32)) return tile;
   if (w4a16_is_wgmma_tile(tile)) return tile;
   return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
 }
 
-// int4-asym weights on the tiled path (sm_90a): the zero-point instances, planned as int4's.
+// Calls fn(policy) with the zero-point policy of these weights: ActF16Zc for int4-zp (zero
+// codes), ActF16Zp for int4-asym.
+template <class Fn>
+void with_zero_point_policy(const W4A16Weights& w, Fn&& fn) {
+  if (w.zero_codes) fn(kernels::ActF16Zc{});
+  else fn(kernels::ActF16Zp{});
+}
+
+// int4-asym / int4-zp weights on the tiled path (sm_90a): the zero-point instances, planned as int4's.
+template <class Act>
 void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const W4A16Weights& w, f16_bits* y,
                               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                               const W4A16TiledConfig& config) {
@@ -392,12 +408,12 @@ void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const
               "build only; cuda::w4a16_gemm's automatic path routes them");
   const kernels::W4A16Layout layout = checked_layout(w, /*zero_points=*/true);
   if (m == 0) return;
-  const TiledPlan plan = plan_tiled<kernels::ActF16Zp>(m, w, layout, workspace, workspace_bytes,
-                                                       {zero_point_tile(m, w, config.tile), config.splits});
+  const TiledPlan plan = plan_tiled<Act>(m, w, layout, workspace, workspace_bytes,
+                                         {zero_point_tile(m, w, config.tile), config.splits});
   fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
   const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
                   static_cast<unsigned>(plan.splits));
-  plain_launch_kernel<kernels::ActF16Zp>(plan, m, w).launch(params, grid, as_stream(stream));
+  plain_launch_kernel<Act>(plan, m, w).launch(params, grid, as_stream(stream));
 }
 
 }  // namespace
@@ -411,7 +427,9 @@ void w4a16_gemm_tiled(const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weig
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
   if (w.has_min()) {
-    launch_tiled_zero_points(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+    with_zero_point_policy(w, [&](auto policy) {
+      launch_tiled_zero_points<decltype(policy)>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
+    });
     return;
   }
   launch_tiled<kernels::ActF16>(params, m, w, y, ldy, workspace, workspace_bytes, stream, config);
@@ -442,9 +460,13 @@ bool w4a16_tiled_swiglu_partition(const W4A16Weights& w, int64_t m, const W4A16T
     if (config.tile != 0 && config.tile != 2 && config.tile != kW4A16Tile128x32) return false;
     const int tile = zero_point_tile(m, w, config.tile);
     if (tile != 2 && tile != kW4A16Tile128x32) return false;
-    const TiledPlan plan = plan_tiled<kernels::ActF16Zp>(m, w, detail::w4a16_layout(w, /*zero_points=*/true),
-                                                         workspace, workspace_bytes, {tile, config.splits});
-    return plan.splits == 1;
+    bool one_split = false;
+    with_zero_point_policy(w, [&](auto policy) {
+      one_split = plan_tiled<decltype(policy)>(m, w, detail::w4a16_layout(w, /*zero_points=*/true), workspace,
+                                               workspace_bytes, {tile, config.splits})
+                      .splits == 1;
+    });
+    return one_split;
   }
   const TiledPlan plan =
       plan_tiled<kernels::ActF16>(m, w, detail::w4a16_layout(w), workspace, workspace_bytes, config);
@@ -465,15 +487,20 @@ void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4
               "cuda::w4a16_gemm_tiled_swiglu: int4-asym weights need an sm_90a GPU and build");
   const kernels::W4A16Layout layout = checked_layout(w, zero_points, "cuda::w4a16_gemm_tiled_swiglu");
   if (m == 0) return;
-  const TiledPlan plan =
-      zero_points ? plan_tiled<kernels::ActF16Zp>(m, w, layout, nullptr, 0, {zero_point_tile(m, w, config.tile), 1})
-                  : plan_tiled<kernels::ActF16>(m, w, layout, nullptr, 0, W4A16TiledConfig{config.tile, 1});
+  TiledPlan plan{};
+  if (zero_points)
+    with_zero_point_policy(w, [&](auto policy) {
+      plan = plan_tiled<decltype(policy)>(m, w, layout, nullptr, 0, {zero_point_tile(m, w, config.tile), 1});
+    });
+  else
+    plan = plan_tiled<kernels::ActF16>(m, w, layout, nullptr, 0, W4A16TiledConfig{config.tile, 1});
   QSPEC_CHECK(swiglu_tile(plan.tile) && (!zero_points || plan.tile == 2 || plan.tile == kW4A16Tile128x32),
               "cuda::w4a16_gemm_tiled_swiglu: tile ", plan.tile,
               " has no SwiGLU epilogue (the wgmma tiles and 128x128, tile 4; with zero points only 2 and ",
               kW4A16Tile128x32, ")");
-  const TiledKernel kernel = zero_points ? tiled_kernel<kernels::ActF16Zp, true>(plan.tile, w.group)
-                                         : tiled_kernel<kernels::ActF16, true>(plan.tile, w.group);
+  const TiledKernel kernel = !zero_points ? tiled_kernel<kernels::ActF16, true>(plan.tile, w.group)
+                            : w.zero_codes ? tiled_kernel<kernels::ActF16Zc, true>(plan.tile, w.group)
+                                           : tiled_kernel<kernels::ActF16Zp, true>(plan.tile, w.group);
   kernels::W4A16TiledParams params{};
   params.a = kernels::ActivationRows{x, ldx, nullptr, 0, 0};
   fill_launch(params, layout, m, act, ld_act, plan.m_tiles, 1, nullptr);

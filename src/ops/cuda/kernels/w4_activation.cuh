@@ -151,6 +151,26 @@ inline constexpr bool kActZeroPoints = false;
 template <>
 inline constexpr bool kActZeroPoints<ActF16Zp> = true;
 
+// f16 activations on int4-zp weights (integer zero points, W4A16 only): unsigned codes turned into
+// exact f16 u - z with the group's constants (zero_constants, dequant_zero_codes4x8), then int4's
+// mma and group flush with the group scale, so the loop costs int4's instructions; the kernels
+// read the packed zero points where ActF16Zp's read minimums (kernels::zero_point_mins).
+struct ActF16Zc : ActF16 {
+  __device__ static __forceinline__ Weights unpack_zero(uint32_t w0, uint32_t w1, const ZeroConstants& zc) {
+    Weights w;
+    dequant_zero_codes4x8(w0, zc, w.a[0]);
+    dequant_zero_codes4x8(w1, zc, w.a[1]);
+    return w;
+  }
+};
+template <class Act>
+inline constexpr bool kActZeroCodes = false;
+template <>
+inline constexpr bool kActZeroCodes<ActF16Zc> = true;
+// Whether a kernel reads a word a group beside each scale: minimums (ActF16Zp) or zero words (ActF16Zc).
+template <class Act>
+inline constexpr bool kActGroupWords = kActZeroPoints<Act> || kActZeroCodes<Act>;
+
 
 struct ActS8 {
   using Elem = int8_t;

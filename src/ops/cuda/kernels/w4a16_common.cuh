@@ -50,6 +50,53 @@ __device__ __forceinline__ void dequant_nibbles4x8(uint32_t q, uint32_t (&a)[4])
 __device__ __forceinline__ void dequant_int4x8(uint32_t q, uint32_t (&a)[4]) { dequant_nibbles4x8<false>(q, a); }
 __device__ __forceinline__ void dequant_uint4x8(uint32_t q, uint32_t (&a)[4]) { dequant_nibbles4x8<true>(q, a); }
 
+// int4-zp (ops/w4a16_pack.h): a row block's packed zero points, 8 bytes a group, groups padded to
+// an even count, right after the scales (kernels::zero_point_mins).
+__device__ __forceinline__ const uint8_t* zero_point_bytes(const W4A16Layout& w, int rb) {
+  return reinterpret_cast<const uint8_t*>(zero_point_mins(w)) + static_cast<int64_t>(rb) * 8 * (w.groups + (w.groups & 1));
+}
+// The dequantization's constants of lane 4g + t for one group: sub = f16x2 1024 + z[g], add = f16x2
+// -(64 + z[g + 8]), where int4's are 1032 and -72.
+struct ZeroConstants {
+  uint32_t sub, add;
+};
+// The __byte_perm selector that puts byte g % 4 of a word into bytes 0 and 2 (zeros in 1 and 3).
+__device__ __forceinline__ uint32_t zero_byte_selector(int g) {
+  const uint32_t b = static_cast<uint32_t>(g) & 3u;
+  return b | 0x40u | (b << 8) | 0x4000u;
+}
+// From the 4 zero-point bytes of the group that hold byte g (its word g / 4): a byte permute and
+// two lop3, (byte & 0xf) | 0x6400 and (byte & 0xf0) | 0xd400 in each half.
+__device__ __forceinline__ ZeroConstants zero_constants(uint32_t four_bytes, uint32_t selector) {
+  const uint32_t both = __byte_perm(four_bytes, 0, selector);
+  return {lop3_and_or(both, 0x000f000fu, 0x64006400u), lop3_and_or(both, 0x00f000f0u, 0xd400d400u)};
+}
+// The word of group `group` (row block bytes `rb_bytes`) that holds lane g's byte, from global memory.
+__device__ __forceinline__ uint32_t zero_point_word(const uint8_t* rb_bytes, int group, int g) {
+  return __ldg(reinterpret_cast<const uint32_t*>(rb_bytes + group * 8) + (g >> 2));
+}
+
+// int4-zp: one packed word -> four f16x2 registers of u - z, exact, with each row's zero point in
+// the group's constants (zero_constants): dequant_int4x8's instructions with them where it has
+// 1032 and -72 (a word's low nibbles are row g's, its high ones row g + 8's).
+__device__ __forceinline__ void dequant_zero_codes4x8(uint32_t q, const ZeroConstants& zc, uint32_t (&a)[4]) {
+  constexpr uint32_t kLow = 0x000f000f, kHigh = 0x00f000f0, kExponent = 0x64006400;
+  constexpr uint32_t kMul = 0x2c002c00;  // f16x2 (1/16, 1/16)
+  const __half2 sub = *reinterpret_cast<const __half2*>(&zc.sub);
+  const __half2 add = *reinterpret_cast<const __half2*>(&zc.add);
+  const __half2 mul = *reinterpret_cast<const __half2*>(&kMul);
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    uint32_t lo = lop3_and_or(q, kLow, kExponent);   // 1024 + u (row g)
+    uint32_t hi = lop3_and_or(q, kHigh, kExponent);  // 1024 + 16 u (row g + 8)
+    __half2 l = __hsub2(*reinterpret_cast<__half2*>(&lo), sub);
+    __half2 h = __hfma2(*reinterpret_cast<__half2*>(&hi), mul, add);
+    a[2 * step] = *reinterpret_cast<uint32_t*>(&l);
+    a[2 * step + 1] = *reinterpret_cast<uint32_t*>(&h);
+    q >>= 8;
+  }
+}
+
 // The codes of one packed word as f16 values (kernels templated on kHasMin: int4-asym's unsigned
 // codes, else int4's signed ones); the weight is then code * s (int4) or fma(code, s, m).
 template <bool kHasMin>

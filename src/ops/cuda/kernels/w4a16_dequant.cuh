@@ -15,8 +15,9 @@ namespace qspec::cuda::kernels {
 //    store. Rows are padded by 64 bytes (stride = 64 mod 128 bytes), so the 16-byte
 //    shared stores of rows g, g + 1 land in distinct bank groups.
 // out = f16(code * scale), correctly rounded (code is an exact f16 integer); with kHasMin
-// (int4-asym: unsigned codes, zero_point_mins) out = f16(fma(code, scale, min)), one rounding.
-template <int TILE_CHUNKS, int WARPS, bool kHasMin = false>
+// (int4-asym: unsigned codes, zero_point_mins) out = f16(fma(code, scale, min)), one rounding;
+// with kZeroCodes (int4-zp: packed zero points there) out = f16((u - z) * scale).
+template <int TILE_CHUNKS, int WARPS, bool kHasMin = false, bool kZeroCodes = false>
 __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16Layout w, int group,
                                                                     __half* __restrict__ out) {
   pdl_prologue();  // launched with launch_pdl (common.h)
@@ -33,11 +34,13 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
   const int pairs = 2 * w.full_chunks + w.tail, pairs_per_group = group / 32;
   const uint8_t* codes = w.codes + static_cast<int64_t>(rb) * w.k * 8;
   const uint32_t* scales = w.scales + static_cast<int64_t>(rb) * w.groups * 8 + g;
+  constexpr bool kWords = kHasMin || kZeroCodes;
   const uint32_t* mins = kHasMin ? zero_point_mins(w) + static_cast<int64_t>(rb) * w.groups * 8 + g : nullptr;
+  const uint8_t* zeros = kZeroCodes ? zero_point_bytes(w, rb) : nullptr;
 
   uint4 q[CPW];
   uint32_t s[CPW][2];
-  uint32_t mn[CPW][kHasMin ? 2 : 1];
+  uint32_t mn[CPW][kWords ? 2 : 1];
 #pragma unroll
   for (int i = 0; i < CPW; ++i) {
     const int c = chunk0 + warp * CPW + i;
@@ -54,6 +57,7 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
       const int pair = 2 * c + hp;
       s[i][hp] = pair < pairs ? __ldg(scales + (pair / pairs_per_group) * 8) : 0u;
       if constexpr (kHasMin) mn[i][hp] = pair < pairs ? __ldg(mins + (pair / pairs_per_group) * 8) : 0u;
+      if constexpr (kZeroCodes) mn[i][hp] = pair < pairs ? zero_point_word(zeros, pair / pairs_per_group, g) : 0u;
     }
   }
 
@@ -79,8 +83,14 @@ __global__ __launch_bounds__(WARPS * 32) void w4a16_dequant_kernel(const W4A16La
         m_high = __high2half2(pair_min);
       }
       uint32_t a[4], b[4];
-      dequant_codes4x8<kHasMin>(hp ? q[i].z : q[i].x, a);
-      dequant_codes4x8<kHasMin>(hp ? q[i].w : q[i].y, b);
+      if constexpr (kZeroCodes) {
+        const ZeroConstants zc = zero_constants(mn[i][hp], zero_byte_selector(g));
+        dequant_zero_codes4x8(hp ? q[i].z : q[i].x, zc, a);
+        dequant_zero_codes4x8(hp ? q[i].w : q[i].y, zc, b);
+      } else {
+        dequant_codes4x8<kHasMin>(hp ? q[i].z : q[i].x, a);
+        dequant_codes4x8<kHasMin>(hp ? q[i].w : q[i].y, b);
+      }
       const int col = ((warp * CPW + i) * 2 + hp) * 32 + t * 8;
       *reinterpret_cast<uint4*>(tile + g * ROW_HALVES + col) = make_uint4(
           scaled(a[0], s_low, m_low), scaled(a[2], s_low, m_low), scaled(b[0], s_low, m_low), scaled(b[2], s_low, m_low));

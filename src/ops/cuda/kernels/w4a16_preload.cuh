@@ -39,9 +39,14 @@
 //
 // Zero points (Act = ActF16Zp, int4-asym weights; kActZeroPoints, compile time): each pair's
 // group scale and minimum are folded into its f16 weights before the mma (ActF16Zp::fold), which
-// then sums into the f32 totals with no group flush. The minimums come straight from global
-// memory (L2), requested before the slot's wait, so the rings, their copies and the shared memory
-// budget are int4's. The int4 instances compile as before.
+// then sums into the f32 totals with no group flush. Integer zero points (Act = ActF16Zc, int4-zp
+// weights; kActZeroCodes): each pair unpacks to u - z with its group's zero word
+// (ActF16Zc::unpack_zero) into int4's mma and group flush. Either way the slot's minimums or
+// packed zero points arrive by one more bulk copy into the slot, behind its scales
+// (W4A16PreloadShape<G, true>; the zero points' 8 bytes a group as a 16-byte aligned run of group
+// pairs), so the first slots have them in flight before griddepcontrol.wait as they have their
+// codes (read from L2 after the wait they cost a dependent round trip a slot). The int4 instances
+// compile as before.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
@@ -52,13 +57,15 @@
 
 namespace qspec::cuda::kernels {
 
-template <int G>
+// GW: the weights have a word a group beside each scale (kActGroupWords), a slot holds them too.
+template <int G, bool GW = false>
 struct W4A16PreloadShape {
   static constexpr int kWarps = 8;                     // 128 rows a block (kW4A16TileRows)
   static constexpr int kSlotChunks = 4;                // 256 k values, 2 KB of codes a warp slot
   static constexpr int kPairsPerGroup = G / 32;
   static constexpr int kSlotGroups = kSlotChunks * 64 / G + 1;  // a slot may straddle groups
-  static constexpr int kSlotBytes = kSlotChunks * 512 + (kSlotGroups * 32 + 15) / 16 * 16;
+  static constexpr int kScaleBytes = (kSlotGroups * 32 + 15) / 16 * 16;  // a slot's scales (and group words)
+  static constexpr int kSlotBytes = kSlotChunks * 512 + kScaleBytes * (GW ? 2 : 1);
   // Dynamic shared memory for R slots a warp: the rings, then one mbarrier a slot.
   static constexpr size_t smem_bytes(int ring_slots) {
     return static_cast<size_t>(kWarps) * ring_slots * (kSlotBytes + 8);
@@ -87,13 +94,13 @@ template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool O
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
-  using Shape = W4A16PreloadShape<G>;
+  using Shape = W4A16PreloadShape<G, kActGroupWords<Act>>;
   using Elem = typename Act::Elem;
   using Frag = typename Act::Frag;
   using GroupAcc = typename Act::GroupAcc;
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
-  constexpr bool ZP = kActZeroPoints<Act>;
+  constexpr bool ZP = kActZeroPoints<Act>, ZC = kActZeroCodes<Act>, GW = kActGroupWords<Act>;
   // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
   // with the rest spill at the 128-register cap (2 blocks a multiprocessor). With XA < 2 * SC the
   // warp holds XA pairs and reloads pair p + XA into pair p's registers once p's mma has read
@@ -125,7 +132,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
                         : min(tile * block_rbs + rbi, p.w.row_blocks - 1);
   const uint8_t* w_block = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
   const uint32_t* s_block = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
-  const uint32_t* m_block = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
+  const uint32_t* words_block = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 : nullptr;
+  const uint8_t* zero_block = ZC ? zero_point_bytes(p.w, rb) : nullptr;  // int4-zp: 8 bytes a group
+  const uint32_t zero_selector = zero_byte_selector(g);
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(WARPS) * R * Shape::kSlotBytes) + warp * R;
 
@@ -148,9 +157,14 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     slot_range(i, c0, nc, g0, ng);
     uint8_t* slot = ring + r * Shape::kSlotBytes;
     uint64_t* barrier = barriers + r;
-    mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32));
+    // int4-zp: the zero points of the group pairs the slot's groups touch (16-byte aligned runs).
+    const int pair0 = g0 & ~1, zero_bytes = 8 * (((g0 + ng + 1) & ~1) - pair0);
+    mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32 + (ZP ? ng * 32 : 0) +
+                                                             (ZC ? zero_bytes : 0)));
     copy(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier);
     copy(slot + SC * 512, s_block + g0 * 8, ng * 32, barrier);
+    if constexpr (ZP) copy(slot + SC * 512 + Shape::kScaleBytes, words_block + g0 * 8, ng * 32, barrier);
+    if constexpr (ZC) copy(slot + SC * 512 + Shape::kScaleBytes, zero_block + pair0 * 8, zero_bytes, barrier);
   };
 
   grid_launch_dependents();
@@ -174,6 +188,14 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const typename Act::Weights a = Act::unpack(w0, w1);
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
+  };
+  // Integer zero points: the pair as u - z, into the group sums as int4's.
+  auto pair_mma_zero = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], const ZeroConstants& zc) {
+    if constexpr (ZC) {
+      const typename Act::Weights a = Act::unpack_zero(w0, w1, zc);
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) Act::mma(gacc[0][nt], a, xf[nt]);
+    }
   };
   // Zero points: the pair's group scale and minimum folded in, the products into the totals.
   auto pair_mma_folded = [&](uint32_t w0, uint32_t w1, const Frag (&xf)[MT], uint32_t scale_word, uint32_t min_word) {
@@ -202,13 +224,6 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 #pragma unroll
     for (int pp = 0; pp < XA; ++pp)
       if (pp < 2 * nc) load_x(pp);
-    // Zero points: the slot's group minimums (clamped to the row block's last group: a short last
-    // slot reads past its groups, unused), in flight during the wait.
-    uint32_t zmin[ZP ? NG : 1];
-    if constexpr (ZP) {
-#pragma unroll
-      for (int j = 0; j < NG; ++j) zmin[j] = __ldg(m_block + min(g0 + j, p.w.groups - 1) * 8);
-    }
     const uint8_t* slot = ring + r * Shape::kSlotBytes;
     mbarrier_wait(barriers + r, phase);
     // The whole slot, also past a short last slot's nc chunks / ng groups (stale, never used):
@@ -220,6 +235,22 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const uint32_t* slot_scales = reinterpret_cast<const uint32_t*>(slot + SC * 512);
 #pragma unroll
     for (int j = 0; j < NG; ++j) scale[j] = slot_scales[j * 8 + g];
+    // Zero points: the slot's minimums, or its zero points' constants, behind its scales (past a
+    // short last slot's groups: stale, unused).
+    uint32_t zmin[ZP ? NG : 1];
+    ZeroConstants zc[ZC ? NG : 1];
+    if constexpr (ZP) {
+      const uint32_t* slot_words = reinterpret_cast<const uint32_t*>(slot + SC * 512 + Shape::kScaleBytes);
+#pragma unroll
+      for (int j = 0; j < NG; ++j) zmin[j] = slot_words[j * 8 + g];
+    }
+    if constexpr (ZC) {
+      // Group g0 + j's 8 bytes, (g0 & 1) groups into the run; this lane's word of them.
+      const uint32_t* slot_zeros =
+          reinterpret_cast<const uint32_t*>(slot + SC * 512 + Shape::kScaleBytes + (g0 & 1) * 8) + (g >> 2);
+#pragma unroll
+      for (int j = 0; j < NG; ++j) zc[j] = zero_constants(slot_zeros[2 * j], zero_selector);
+    }
     __syncwarp();  // every lane has read the slot
     if (lane == 0 && i + R < slots) {
       fence_proxy_async_shared();
@@ -246,6 +277,8 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
           if constexpr (ZP)
             pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], scale[pp / PPG],
                             zmin[pp / PPG]);
+          else if constexpr (ZC)
+            pair_mma_zero(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], zc[pp / PPG]);
           else
             pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           if (pp + XA < 2 * SC) load_x(pp + XA);
@@ -267,6 +300,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
             const int j0 = pp / PPG, j2 = min((pp + 2) / PPG, NG - 1);
             pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], lead == 0 ? scale[j0] : scale[j2],
                             lead == 0 ? zmin[j0] : zmin[j2]);
+          } else if constexpr (ZC) {
+            const int j0 = pp / PPG, j2 = min((pp + 2) / PPG, NG - 1);
+            pair_mma_zero(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], lead == 0 ? zc[j0] : zc[j2]);
           } else {
             pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           }
@@ -288,9 +324,10 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int nt = 0; nt < MT; ++nt) xf[nt] = Act::load(x_row[nt] + pair * 32);
     const uint2 w = load_stream_8(w_block + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
     if constexpr (ZP) {
-      pair_mma_folded(w.x, w.y, xf, __ldg(s_block + (pair / PPG) * 8 + g), __ldg(m_block + (pair / PPG) * 8));
+      pair_mma_folded(w.x, w.y, xf, __ldg(s_block + (pair / PPG) * 8 + g), __ldg(words_block + (pair / PPG) * 8 + g));
     } else {
-      pair_mma(w.x, w.y, xf);
+      if constexpr (ZC) pair_mma_zero(w.x, w.y, xf, zero_constants(zero_point_word(zero_block, pair / PPG, g), zero_selector));
+      else pair_mma(w.x, w.y, xf);
       flush_group<Act, G>(acc[0], gacc[0], __ldg(s_block + (pair / PPG) * 8 + g), p.a, pair / PPG, 0, t, p.m - 1);
     }
   }

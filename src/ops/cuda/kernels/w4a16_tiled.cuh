@@ -43,9 +43,13 @@
 // group's scale and minimum folded in (ActF16Zp::fold, one hfma2 a register) and the mma sums
 // into the f32 totals, so there is no group accumulator and no flush. The fold is paid once a
 // fragment and shared by the warp's MT token tiles, where a minimum mma (the preload kernel's
-// way) would be paid per token tile; at MT 4-8 it costs about what int4's group flushes do. The
-// scales come from the stage as int4's; the minimums (a separate array after the scales) are
-// read from global memory (L2) one stage ahead into registers, so the rings are int4's.
+// way) would be paid per token tile; at MT 4-8 it costs about what int4's group flushes do.
+// Integer zero points (Act = ActF16Zc, int4-zp weights; kActZeroCodes): each pair unpacks to
+// u - z with its group's zero word (ActF16Zc::unpack_zero) into int4's group sums and flushes:
+// int4's loop with the group's constants where int4 has 1032 and -72. Either way the stage's
+// minimums or packed zero points (a separate array after the scales) come into the stage with its
+// scales (cp.async, behind them: stage_bytes<G, true>), so the first stages have them in flight
+// before griddepcontrol.wait.
 #pragma once
 #include <type_traits>
 
@@ -72,10 +76,13 @@ struct W4A16TileShape {
   // Scale groups a stage covers exactly (splits start at group boundaries, CH % chunks per group == 0).
   template <int G>
   static constexpr int groups_per_stage() { return (2 * CH) / (G / 32); }
+  // A stage's scales, and as many bytes again for the words a group of zero-point weights (GW).
   template <int G>
-  static constexpr int stage_bytes() { return kWBytes + kXBytes + WARPS * RPW * groups_per_stage<G>() * 32; }
-  template <int G>
-  static constexpr int smem_bytes() { return STAGES * stage_bytes<G>(); }
+  static constexpr int scale_bytes() { return WARPS * RPW * groups_per_stage<G>() * 32; }
+  template <int G, bool GW = false>
+  static constexpr int stage_bytes() { return kWBytes + kXBytes + scale_bytes<G>() * (GW ? 2 : 1); }
+  template <int G, bool GW = false>
+  static constexpr int smem_bytes() { return STAGES * stage_bytes<G, GW>(); }
   static_assert(CH >= 1 && STAGES >= 2 && MT >= 1 && RPW >= 1, "bad W4A16 tile shape");
 };
 
@@ -188,9 +195,9 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   constexpr int GC = G >= 64 ? G / 64 : 1;   // chunks per group (a group of 32 is half a chunk)
   static_assert(CH % GC == 0, "a stage holds whole scale groups");
   constexpr int NG = Tile::template groups_per_stage<G>();
-  constexpr int STAGE_BYTES = Tile::template stage_bytes<G>();
+  constexpr bool ZP = kActZeroPoints<Act>, ZC = kActZeroCodes<Act>, GW = kActGroupWords<Act>;
+  constexpr int STAGE_BYTES = Tile::template stage_bytes<G, GW>();
   static_assert(!SWIGLU || RPW % 2 == 0, "SwiGLU: a warp's row blocks in (gate, up) pairs");
-  constexpr bool ZP = kActZeroPoints<Act>;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -207,26 +214,18 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   // This warp's row blocks (past the matrix: the last one again, outputs dropped).
   const uint8_t* w_block[RPW];
   const uint32_t* s_block[RPW];
-  const uint32_t* m_lane[RPW];  // zero points: this lane's minimum words (rows g, g + 8)
+  const uint32_t* m_lane[RPW];  // int4-asym: this lane's minimum words (rows g, g + 8)
+  const uint8_t* zero_rb[RPW];   // int4-zp: the row block's packed zero points
 #pragma unroll
   for (int r = 0; r < RPW; ++r) {
     const int rb = tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, r);
     w_block[r] = p.w.codes + static_cast<int64_t>(rb) * p.w.k * 8;
     s_block[r] = p.w.scales + static_cast<int64_t>(rb) * p.w.groups * 8;
     m_lane[r] = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
+    zero_rb[r] = ZC ? zero_point_bytes(p.w, rb) : nullptr;
   }
-  // Zero points: the minimums of stage st's NG groups (past the matrix: its last group, unused).
-  uint32_t zmin_next[ZP ? RPW : 1][ZP ? NG : 1];
-  auto load_mins = [&](int st) {
-    if constexpr (ZP) {
-      const int group0 = (2 * (chunk_begin + st * CH)) / PPG;
-#pragma unroll
-      for (int r = 0; r < RPW; ++r)
-#pragma unroll
-        for (int j = 0; j < NG; ++j) zmin_next[r][j] = __ldg(m_lane[r] + min(group0 + j, p.w.groups - 1) * 8);
-    }
-  };
-  // Ring slot layout: [weights: warp, r, ch, 512 B][x: TOKENS rows x XH halves][scales: warp, r, NG x 8 words].
+  // Ring slot layout: [weights: warp, r, ch, 512 B][x: TOKENS rows x XH halves][scales: warp, r, NG x 8 words]
+  // [GW: the words a group, as the scales].
   auto w_smem = [&](int slot, int r, int ch) {
     return smem + slot * STAGE_BYTES + ((warp * RPW + r) * CH + ch) * 512 + lane * 16;
   };
@@ -235,6 +234,14 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   auto s_smem = [&](int slot, int r) {
     return reinterpret_cast<uint32_t*>(scales_smem(slot)) + (warp * RPW + r) * NG * 8;
   };
+  constexpr int WORDS_OFFSET = Tile::template scale_bytes<G>();  // the words a group, behind the scales
+  auto words_smem = [&](int slot, int r) {
+    return reinterpret_cast<uint32_t*>(scales_smem(slot) + WORDS_OFFSET) + (warp * RPW + r) * NG * 8;
+  };
+  const uint32_t* words_base = ZP ? zero_point_mins(p.w) : nullptr;
+  // int4-zp: 8 bytes a group and row block in the stage (the first 8 NG of the words' room).
+  auto zeros_smem = [&](int slot, int r) { return scales_smem(slot) + WORDS_OFFSET + (warp * RPW + r) * NG * 8; };
+  const uint32_t zero_selector = zero_byte_selector(g);
 
   // Weights and scales of stage st (this warp's row blocks) into ring slot `slot`.
   constexpr int SCALE_PIECES = RPW * NG * 2;  // 16 bytes each: half a group's 8 words
@@ -258,9 +265,18 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
         const int group = group0 + (j >> 1);
         const bool valid = group < p.w.groups;
         const int rb = tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, r);
-        const uint32_t* src = p.w.scales + (static_cast<int64_t>(rb) * p.w.groups + (valid ? group : 0)) * 8 + (j & 1) * 4;
-        cp_async_16(smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), src, valid ? 16 : 0);
+        const int64_t word = (static_cast<int64_t>(rb) * p.w.groups + (valid ? group : 0)) * 8 + (j & 1) * 4;
+        cp_async_16(smem_address(s_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), p.w.scales + word, valid ? 16 : 0);
+        if constexpr (ZP)
+          cp_async_16(smem_address(words_smem(slot, r) + (j >> 1) * 8 + (j & 1) * 4), words_base + word, valid ? 16 : 0);
       }
+    }
+    if constexpr (ZC) {  // RPW x NG pieces of 8 bytes
+      static_assert(RPW * NG <= 32, "one zero-point piece a lane");
+      const int r = min(lane / NG, RPW - 1), j = lane % NG, group = group0 + j;
+      const bool valid = group < p.w.groups;
+      cp_async_8_if(lane < RPW * NG, smem_address(zeros_smem(slot, r) + j * 8),
+                    zero_rb[r] + (valid ? group : 0) * 8, valid ? 8 : 0);
     }
   };
   // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
@@ -299,11 +315,15 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
   static_assert(!LATE_REFILL || SCALE_PIECES <= 32, "one scale piece a lane");
   const int s_row = lane / (2 * NG), s_piece = lane % (2 * NG);
   const int s_group0 = (2 * chunk_begin) / PPG + (s_piece >> 1);  // the lane's group at stage 0
-  const uint32_t* s_src =
-      p.w.scales +
+  const int64_t s_word =
       (static_cast<int64_t>(tiled_row_block<Tile, SWIGLU>(p.w, row_tile, warp, min(s_row, RPW - 1))) * p.w.groups +
        min(s_group0, p.w.groups - 1)) * 8 + (s_piece & 1) * 4;
+  const uint32_t* s_src = p.w.scales + s_word;
   const int s_dst = ((warp * RPW + s_row) * NG * 8 + (s_piece >> 1) * 8 + (s_piece & 1) * 4) * 4;
+  // int4-zp: this lane's 8-byte zero-point piece (row block z_row, group z_j of each stage).
+  const int z_row = min(lane / NG, RPW - 1), z_j = lane % NG;
+  const int z_group0 = (2 * chunk_begin) / PPG + z_j;
+  const uint8_t* z_src = ZC ? zero_rb[z_row] + min(z_group0, p.w.groups - 1) * 8 : nullptr;
   auto late_load_w = [&](int slot, int st, bool live) {
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
@@ -318,6 +338,14 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     cp_async_16_if(live && lane < SCALE_PIECES,
                    smem_address(scales_smem(slot) + s_dst),
                    s_src + (s_valid ? st * NG * 8 : 0), s_valid ? 16 : 0);
+    if constexpr (ZP)
+      cp_async_16_if(live && lane < SCALE_PIECES, smem_address(scales_smem(slot) + WORDS_OFFSET + s_dst),
+                     words_base + s_word + (s_valid ? st * NG * 8 : 0), s_valid ? 16 : 0);
+    if constexpr (ZC) {
+      const bool z_valid = z_group0 + st * NG < p.w.groups;
+      cp_async_8_if(live && lane < RPW * NG, smem_address(zeros_smem(slot, z_row) + z_j * 8),
+                    z_src + (z_valid ? st * NG * 8 : 0), z_valid ? 8 : 0);
+    }
   };
   const Elem* x_src_split = x_src0 + static_cast<int64_t>(chunk_begin) * 64;  // row x_row0, clamped
   const int x_chunk = x_piece / PIECES_PER_CHUNK;  // this piece's chunk within a stage
@@ -366,17 +394,7 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     return g * XH + ((value / PIECE) ^ x_swizzle<Act>(g)) * PIECE + value % PIECE;
   };
 
-  load_mins(0);
   for (int st = 0; st < stages; ++st) {
-    // Zero points: this stage's minimums (loaded a stage ago), and the next stage's requested.
-    uint32_t zmin[ZP ? RPW : 1][ZP ? NG : 1];
-    if constexpr (ZP) {
-#pragma unroll
-      for (int r = 0; r < RPW; ++r)
-#pragma unroll
-        for (int j = 0; j < NG; ++j) zmin[r][j] = zmin_next[r][j];
-      load_mins(st + 1);
-    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage st landed for every thread; slot (st - 1) % STAGES is free
     const int next = st + STAGES - 1;
@@ -403,11 +421,14 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
         typename Act::Weights a[RPW];
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-          a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
-          if constexpr (ZP) {
-            const int j = (2 * ch + hp) / PPG;  // the pair's group in the stage
-            Act::fold(a[r], s_smem(slot, r)[j * 8 + g], zmin[r][j]);
-          }
+          const int j = (2 * ch + hp) / PPG;  // the pair's group in the stage
+          if constexpr (ZC)
+            a[r] = Act::unpack_zero(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y,
+                                    zero_constants(reinterpret_cast<const uint32_t*>(zeros_smem(slot, r) + j * 8)[g >> 2],
+                                                   zero_selector));
+          else
+            a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
+          if constexpr (ZP) Act::fold(a[r], s_smem(slot, r)[j * 8 + g], words_smem(slot, r)[j * 8 + g]);
         }
         const int x_off = x_lane(ch, hp);
 #pragma unroll
@@ -445,7 +466,9 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const uint2 wq = load_stream_8(w_block[r] + static_cast<int64_t>(p.w.full_chunks) * 512 + lane * 8);
-      a[r] = Act::unpack(wq.x, wq.y);
+      if constexpr (ZC)
+        a[r] = Act::unpack_zero(wq.x, wq.y, zero_constants(zero_point_word(zero_rb[r], pair / PPG, g), zero_selector));
+      else a[r] = Act::unpack(wq.x, wq.y);
       if constexpr (ZP) Act::fold(a[r], __ldg(s_block[r] + (pair / PPG) * 8 + g), __ldg(m_lane[r] + (pair / PPG) * 8));
     }
 #pragma unroll

@@ -39,6 +39,10 @@
 // minimums come from global memory (L2), a stage's few words a lane requested before its full
 // barrier's wait, so the ring, its copies and the tensor maps are int4's; int4's instances
 // (ZP false) compile as before. Pairs past k still multiply zero x.
+//
+// Integer zero points (ZC, int4-zp weights): the packed zero points come as the minimums do (a
+// word a group a lane), and each word unpacks to u - z (dequant_zero_codes4x8) then takes int4's
+// hmul2 by the scales.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
@@ -127,6 +131,18 @@ __device__ __forceinline__ void dequant_scaled(uint32_t word, const RowScales& s
   }
 }
 
+// The same for int4-zp: rows g and g + 8 as f16 (u - z) * s, z in the group's constants.
+__device__ __forceinline__ void dequant_zero_scaled(uint32_t word, const RowScales& scales, const ZeroConstants& zc,
+                                                    uint32_t (&a)[4]) {
+  dequant_zero_codes4x8(word, zc, a);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2 v = *reinterpret_cast<__half2*>(&a[i]);
+    v = __hmul2(v, (i & 1) ? scales.g8 : scales.g);
+    a[i] = *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
 // The same for int4-asym: unsigned codes, rows g and g + 8 as f16 fma(u, s, m), one rounding.
 __device__ __forceinline__ void dequant_folded(uint32_t word, const RowScales& scales, const RowScales& mins,
                                                uint32_t (&a)[4]) {
@@ -149,7 +165,7 @@ struct W4A16WgmmaMaps {
   CUtensorMap x, codes, scales;
 };
 
-template <class Shape, int G, bool ZP = false>
+template <class Shape, int G, bool ZP = false, bool ZC = false>
 __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
                                                                           const W4A16TiledParams p) {
 #if QSPEC_WGMMA
@@ -248,6 +264,10 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
     const uint32_t lane_scales = T::kXBytes + T::kRowBlocks * T::kCodeBytes + mma_warp * SCALE_STRIDE + g * 4;
     // ZP: this lane's minimums (rows g, g + 8) of the warp's row block, clamped to the last row
     // block (a tile past n multiplies, like its zero codes, rows that are never stored).
+    constexpr bool GW = ZP || ZC;  // a word a group beside the scales
+    const uint32_t zero_selector = zero_byte_selector(g);
+    const uint8_t* lane_zeros =  // ZC: the warp's row block's packed zero points
+        ZC ? zero_point_bytes(p.w, min(row_tile * T::kRowBlocks + mma_warp, p.w.row_blocks - 1)) : nullptr;
     const uint32_t* lane_mins =
         ZP ? zero_point_mins(p.w) + static_cast<int64_t>(min(row_tile * T::kRowBlocks + mma_warp, p.w.row_blocks - 1)) *
                             p.w.groups * 8 + g
@@ -257,11 +277,13 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
       const int slot = st % STAGES, pairs = stage_pairs(st);
       // ZP: the stage's group minimums, in flight during the wait (groups past k clamped: their
       // weights meet zero x).
-      uint32_t zmin[ZP ? GROUPS : 1];
-      if constexpr (ZP) {
+      uint32_t zmin[GW ? GROUPS : 1];
+      if constexpr (GW) {
         const int group0 = (stage_begin + st) * T::kPairs / PPG;
 #pragma unroll
-        for (int j = 0; j < GROUPS; ++j) zmin[j] = __ldg(lane_mins + min(group0 + j, p.w.groups - 1) * 8);
+        for (int j = 0; j < GROUPS; ++j)
+          zmin[j] = ZP ? __ldg(lane_mins + min(group0 + j, p.w.groups - 1) * 8)
+                       : zero_point_word(lane_zeros, min(group0 + j, p.w.groups - 1), g);
       }
       // The k tail's half chunk (k % 64 == 32), the last pair of the matrix: 8 bytes a lane. Pairs
       // past the matrix need no care: their codes and scales arrive as zeros (TMA's fill past the
@@ -289,6 +311,10 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
             const RowScales mins = row_scales(zmin[q / PPG]);
             dequant_folded(step0, scales, mins, a[b % 2][i][0]);
             dequant_folded(step1, scales, mins, a[b % 2][i][1]);
+          } else if constexpr (ZC) {
+            const ZeroConstants zc = zero_constants(zmin[q / PPG], zero_selector);
+            dequant_zero_scaled(step0, scales, zc, a[b % 2][i][0]);
+            dequant_zero_scaled(step1, scales, zc, a[b % 2][i][1]);
           } else {
             dequant_scaled(step0, scales, a[b % 2][i][0]);
             dequant_scaled(step1, scales, a[b % 2][i][1]);
