@@ -100,11 +100,15 @@ struct Fixture {
   }
 };
 
-// The model with symmetric int4 weights (the default), or with int4-asym ones (zero points).
+// The model with symmetric int4 weights (the default), or with int4-asym / int4-zp ones (zero points).
 Fixture& fixture(qspec::quant::Format weights = qspec::quant::Format::int4) {
   if (weights == qspec::quant::Format::int4_asym) {
     static Fixture asym(weights);
     return asym;
+  }
+  if (weights == qspec::quant::Format::int4_zp) {
+    static Fixture zp(weights);
+    return zp;
   }
   static Fixture instance(qspec::quant::Format::int4);
   return instance;
@@ -220,6 +224,10 @@ TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4Draft
 // minimum term (per-group activation sums) and W4A16's fma(code, scale, min) decode.
 TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredW4a8DraftGamma4Int4Asym) {
   expect_engine_equals_w4a16_on_all_problems("w4a8", 4, qspec::quant::Format::int4_asym);
+}
+// Integer zero points (int4-zp) with 4-bit activation drafts: the float GEMM on its exact values.
+TEST(QSpecGsm, EngineGreedyEqualsW4A16OnAll400ProblemsBatch16StaggeredNvfp4DraftGamma4Int4Zp) {
+  expect_engine_equals_w4a16_on_all_problems("w4a4-nvfp4", 4, qspec::quant::Format::int4_zp);
 }
 
 // Prompt-lookup drafts (no draft passes): the same promise.
