@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "qspec/error.h"
 #include "quant/formats.h"
 
@@ -461,7 +462,7 @@ TEST(QuantFormatsPacking, Int4ZpGroupsHoldAnF16ScaleAndAnIntegerZeroPoint) {
   // Group 1: lo -2, hi 1 -> scale 0.2 (f16), zero 10; codes 0, 15, 5, 10.
   const std::vector<float> x = {1, 2.5f, 4, 15, -2, 1, -1, 0};
   Quantized q = quantize(make_row_format(Format::int4_zp, Role::weight, 8, 4), x);
-  const float s1 = f16_to_f32(f32_to_f16(0.2f));
+  const float s1 = qspec::f16_to_f32(qspec::f32_to_f16(0.2f));
   EXPECT_EQ(block_scale(q.format, q.scales.data(), 0), 1.0f);
   EXPECT_EQ(block_zero_point(q.format, q.scales.data(), 0), 0);
   EXPECT_EQ(block_scale(q.format, q.scales.data(), 1), s1);
@@ -531,7 +532,8 @@ TEST(QuantFormatsBlockFit, MseGridsNeverLoseToTheRangeAndWinOnOutliers) {
           mse_total += mse[b];
         }
       }
-      EXPECT_LT(mse_total, 0.9 * range_total);
+      // int4-zp's grids keep an integer zero point, so its search gains less (8-9 % here).
+      EXPECT_LT(mse_total, (format == Format::int4_zp ? 0.95 : 0.9) * range_total);
     }
   }
   // Values on an int4-asym grid (a Q4_1 block: code * 0.01 - 0.07) come back exactly.
@@ -817,8 +819,8 @@ TEST(QuantFormatsRows, NegativeZeroKeepsItsSignInFloatFormats) {
 
 TEST(QuantFormatsRows, HugeAndTinyMagnitudes) {
   for (const Case& c : kAllCases) {
-    bool f16_scales =
-        c.role == Role::weight && (c.format == Format::int4 || c.format == Format::int4_channel);
+    bool f16_scales = c.role == Role::weight &&
+                      (c.format == Format::int4 || c.format == Format::int4_channel || c.format == Format::int4_zp);
     for (float magnitude : {1e-30f, 1e-20f, 1e20f, 1e37f}) {
       std::vector<float> x = gaussian_row(9, 256);
       for (auto& value : x) value *= magnitude;
