@@ -376,30 +376,42 @@ double block_squared_error(const Codec& codec, const typename Codec::Block& bloc
   return sum;
 }
 
+// The range searches' candidate grids: step `step` (0 .. kRangeFitSteps) divides [lo, hi] into
+// 14 + 0.1 step steps, which give each value a code 0..15, and the codes their least-squares
+// (scale, minimum). False where the codes are all one (no fit).
+constexpr int kRangeFitSteps = 20;
+template <typename Values>
+bool least_squares_grid(int64_t count, Values& values, float lo, float hi, int step, double& scale, double& minimum) {
+  const double inverse = (14.0 + 0.1 * step) / (static_cast<double>(hi) - lo);
+  double n = 0, sum_l = 0, sum_ll = 0, sum_x = 0, sum_lx = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double x = values(i);
+    const double l = std::clamp(std::nearbyint((x - lo) * inverse), 0.0, static_cast<double>(kInt4AsymMaxCode));
+    n += 1;
+    sum_l += l;
+    sum_ll += l * l;
+    sum_x += x;
+    sum_lx += l * x;
+  }
+  const double determinant = n * sum_ll - sum_l * sum_l;
+  if (!(determinant > 0)) return false;
+  scale = (n * sum_lx - sum_l * sum_x) / determinant;
+  minimum = (sum_ll * sum_x - sum_l * sum_lx) / determinant;
+  return true;
+}
+
 // BlockFit::mse for int4-asym: step counts 14.0, 14.1, ..., 16.0 over the range [lo, hi] give
 // codes, and each set of codes its least-squares (scale, minimum); the candidate with the least
 // squared error wins, the range's own grid (`best`) unless one beats it.
 template <typename Values>
-AsymCodec::Block searched_asym_block(const AsymCodec& codec, int64_t count, Values& values, float lo, float hi,
+AsymCodec::Block searched_range_block(const AsymCodec& codec, int64_t count, Values& values, float lo, float hi,
                                      AsymCodec::Block best) {
   if (!(hi > lo)) return best;
   double best_error = block_squared_error(codec, best, count, values);
-  for (int step = 0; step <= 20; ++step) {
-    const double inverse = (14.0 + 0.1 * step) / (static_cast<double>(hi) - lo);
-    double n = 0, sum_l = 0, sum_ll = 0, sum_x = 0, sum_lx = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      const double x = values(i);
-      const double l = std::clamp(std::nearbyint((x - lo) * inverse), 0.0, static_cast<double>(kInt4AsymMaxCode));
-      n += 1;
-      sum_l += l;
-      sum_ll += l * l;
-      sum_x += x;
-      sum_lx += l * x;
-    }
-    const double determinant = n * sum_ll - sum_l * sum_l;
-    if (!(determinant > 0)) continue;
-    const AsymCodec::Block candidate{static_cast<float>((n * sum_lx - sum_l * sum_x) / determinant),
-                                     static_cast<float>((sum_ll * sum_x - sum_l * sum_lx) / determinant)};
+  for (int step = 0; step <= kRangeFitSteps; ++step) {
+    double scale, minimum;
+    if (!least_squares_grid(count, values, lo, hi, step, scale, minimum)) continue;
+    const AsymCodec::Block candidate{static_cast<float>(scale), static_cast<float>(minimum)};
     if (!(candidate.scale > 0.0f) || !std::isfinite(candidate.scale) || !std::isfinite(candidate.min)) continue;
     const double error = block_squared_error(codec, candidate, count, values);
     if (error < best_error) {
@@ -410,13 +422,13 @@ AsymCodec::Block searched_asym_block(const AsymCodec& codec, int64_t count, Valu
   return best;
 }
 
-// BlockFit::mse for int4-zp: searched_asym_block's step counts over the range (widened to hold 0)
+// BlockFit::mse for int4-zp: the int4-asym search's step counts over the range (widened to hold 0)
 // give codes and each set of codes its least-squares (scale, minimum); the zero point is then the
 // nearest integer to -minimum / scale, and the scale the least-squares one for the codes that grid
 // gives, rounded to f16. The candidate with the least squared error wins, the range's own grid
 // (`best`) unless one beats it.
 template <typename Values>
-ZpCodec::Block searched_zp_block(const ZpCodec& codec, int64_t count, Values& values, float lo, float hi,
+ZpCodec::Block searched_range_block(const ZpCodec& codec, int64_t count, Values& values, float lo, float hi,
                                  ZpCodec::Block best) {
   lo = std::min(lo, 0.0f);
   hi = std::max(hi, 0.0f);
@@ -434,22 +446,9 @@ ZpCodec::Block searched_zp_block(const ZpCodec& codec, int64_t count, Values& va
     const uint16_t half = f32_to_f16(static_cast<float>(scale));
     return (half & 0x7c00u) == 0x7c00u ? 0.0f : f16_to_f32(half);
   };
-  for (int step = 0; step <= 20; ++step) {
-    const double inverse = (14.0 + 0.1 * step) / (static_cast<double>(hi) - lo);
-    double n = 0, sum_l = 0, sum_ll = 0, sum_x = 0, sum_lx = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      const double x = values(i);
-      const double l = std::clamp(std::nearbyint((x - lo) * inverse), 0.0, static_cast<double>(kInt4AsymMaxCode));
-      n += 1;
-      sum_l += l;
-      sum_ll += l * l;
-      sum_x += x;
-      sum_lx += l * x;
-    }
-    const double determinant = n * sum_ll - sum_l * sum_l;
-    if (!(determinant > 0)) continue;
-    const double scale = (n * sum_lx - sum_l * sum_x) / determinant;
-    const double minimum = (sum_ll * sum_x - sum_l * sum_lx) / determinant;
+  for (int step = 0; step <= kRangeFitSteps; ++step) {
+    double scale, minimum;
+    if (!least_squares_grid(count, values, lo, hi, step, scale, minimum)) continue;
     if (!(scale > 0) || !std::isfinite(scale) || !std::isfinite(minimum)) continue;
     ZpCodec::Block candidate{f16_scale(scale),
                              static_cast<int>(std::clamp(std::nearbyint(-minimum / scale), 0.0,
@@ -468,27 +467,19 @@ ZpCodec::Block searched_zp_block(const ZpCodec& codec, int64_t count, Values& va
   return best;
 }
 
-// A block's scale from its `count` values: from the range for int4-asym, else from the amax;
+// A block's scale from its `count` values: from the range for int4-asym / int4-zp, else from the amax;
 // BlockFit::mse searches clipped grids of the 4-bit integer formats (formats.h).
 template <typename Codec, typename Values>
 typename Codec::Block block_from_values(const Codec& codec, int64_t count, Values&& values,
                                         BlockFit fit = BlockFit::range) {
-  if constexpr (std::is_same_v<Codec, AsymCodec>) {
+  if constexpr (std::is_same_v<Codec, AsymCodec> || std::is_same_v<Codec, ZpCodec>) {
     float lo = values(0), hi = values(0);
     for (int64_t i = 1; i < count; ++i) {
       lo = std::min(lo, values(i));
       hi = std::max(hi, values(i));
     }
-    const AsymCodec::Block range = codec.from_range(lo, hi);
-    return fit == BlockFit::mse ? searched_asym_block(codec, count, values, lo, hi, range) : range;
-  } else if constexpr (std::is_same_v<Codec, ZpCodec>) {
-    float lo = values(0), hi = values(0);
-    for (int64_t i = 1; i < count; ++i) {
-      lo = std::min(lo, values(i));
-      hi = std::max(hi, values(i));
-    }
-    const ZpCodec::Block range = codec.from_range(lo, hi);
-    return fit == BlockFit::mse ? searched_zp_block(codec, count, values, lo, hi, range) : range;
+    const typename Codec::Block range = codec.from_range(lo, hi);
+    return fit == BlockFit::mse ? searched_range_block(codec, count, values, lo, hi, range) : range;
   } else {
     float amax = 0.0f;
     for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(values(i)));
