@@ -8,12 +8,14 @@
 // a CUDA graph of one launch per copy (at least 8), timed with CUDA events; 3 warm-up runs;
 // the median over 25 replays, divided by the launches in the graph.
 //
-// usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--shapes qkv,o,...] [--ms 1,2,16]
+// usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--weights int4] [--shapes qkv,o,...] [--ms 1,2,16]
 //        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
 //        [--int8]
 // --variants: small-M kernel variants (m <= 128; 5, the preload kernel, m <= 16 on sm_90a); --tiles: tiled kernel tiles (every m; 5 = wgmma, sm_90a; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
+// --weights int4|int4-asym|int4-zp: the weight format (cuda::make_synthetic_w4a16, as synthetic
+// models); int4-asym / int4-zp time only the W4A16 paths that run them (w4a16_runs_zero_points).
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
 // --int8: W4A8 instead (int8 activations quantized on the GPU, the tiled kernel's tiles), with
 // the measured mma.sync peaks (s8, f16) and cuBLAS's plain int8 GEMM (int8 weights, int32 out) as
@@ -40,6 +42,8 @@
 
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/synthetic_w4a16.h"
+#include "qspec/error.h"
 
 #ifndef QSPEC_GIT_COMMIT
 #define QSPEC_GIT_COMMIT "unknown"
@@ -90,6 +94,7 @@ int main(int argc, char** argv) {
     return values;
   };
   int64_t group = 128;
+  qspec::quant::Format weight_format = qspec::quant::Format::int4;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") quick = true;
@@ -121,6 +126,19 @@ int main(int argc, char** argv) {
       for (int64_t v : parse_list(argv[++i])) tiles.push_back(static_cast<int>(v));
     }
     else if (arg == "--group" && i + 1 < argc) group = std::atoll(argv[++i]);
+    else if (arg == "--weights" && i + 1 < argc) {
+      try {
+        weight_format = qspec::quant::parse_format(argv[++i]);
+      } catch (const qspec::Error& error) {
+        std::fprintf(stderr, "--weights: %s\n", error.what());
+        return 2;
+      }
+    }
+  }
+  const bool zero_points = weight_format != qspec::quant::Format::int4;
+  if (zero_points && int8) {
+    std::fprintf(stderr, "--int8 runs int4 weights only (the GPU's W4A8 kernels refuse zero points)\n");
+    return 2;
   }
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
@@ -198,20 +216,18 @@ int main(int argc, char** argv) {
         continue;
       const int64_t row_blocks = (shape.n + 15) / 16;
       const size_t code_bytes = static_cast<size_t>(row_blocks * shape.k * 8);
-      const size_t scale_bytes = static_cast<size_t>(row_blocks * (shape.k / group) * 8 * 4);
-      const size_t w4_bytes = static_cast<size_t>(shape.n * shape.k / 2 + shape.n * (shape.k / group) * 2);
+      const size_t scale_bytes = cuda::synthetic_w4a16_scale_bytes(shape.n, shape.k, group, weight_format);
+      const size_t w4_bytes = code_bytes + scale_bytes;
       const size_t w16_bytes = static_cast<size_t>(shape.n * shape.k * 2);
       const int w4_copies = cuda::weight_copies_beyond_l2(w4_bytes);
       const int w16_copies = cuda::weight_copies_beyond_l2(w16_bytes);
-      std::vector<cuda::DeviceMemory> codes, scales, w16;
+      std::vector<cuda::SyntheticW4A16> w4;
+      std::vector<cuda::DeviceMemory> w16;
       std::vector<cuda::W4A16Weights> views;
       for (int c = 0; c < w4_copies; ++c) {
-        codes.emplace_back(code_bytes);
-        scales.emplace_back(scale_bytes);
-        cuda::fill_random_u32(codes.back().as<uint32_t>(), code_bytes / 4, 100 + c, stream);
-        // Scales: f16 in [0.001, 0.01] (both halves of each pair word).
-        cuda::fill_random_f16(scales.back().as<uint16_t>(), scale_bytes / 2, 0.001f, 0.01f, 200 + c, stream);
-        views.push_back({codes.back().get(), scales.back().get(), shape.n, shape.k, group});
+        // Scales: f16 in [0.001, 0.01].
+        w4.push_back(cuda::make_synthetic_w4a16(shape.n, shape.k, group, weight_format, 0.001f, 0.01f, 100 + 3 * c, stream));
+        views.push_back(w4.back().view);
       }
       for (int c = 0; c < w16_copies; ++c) {
         w16.emplace_back(w16_bytes);
@@ -426,6 +442,7 @@ int main(int argc, char** argv) {
             if (variant >= 2 && m > 32) continue;  // m > 32 always runs the 8-warp kernel
             if (variant == 5 && (m > 16 || !cuda::w4a16_preload_supported(views[0]))) continue;  // else variant 1
             if (variant >= 3 && staging != 0) continue;  // the ring kernels always stage x
+            if (zero_points && variant != 5) continue;      // only the preload kernel has zero-point instances
             const cuda::W4A16SmallMConfig config{variant, static_cast<int>(splits), staging};
             if (profile) {
               for (int i = 0; i < 2; ++i)
@@ -451,6 +468,8 @@ int main(int argc, char** argv) {
         for (int tile : tiles)
           for (int64_t splits : split_list) {
             if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+            // Zero points: the tiles with zero-point instances (128x64, 128x32 and the wgmma tiles).
+            if (zero_points && tile != 2 && tile != cuda::kW4A16Tile128x32 && !cuda::w4a16_is_wgmma_tile(tile)) continue;
             const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits)};
             const std::string name =
                 "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) + (splits > 0 ? "_s" + std::to_string(splits) : "");
@@ -509,8 +528,8 @@ int main(int argc, char** argv) {
                              {"memcpy_gbps", memcpy_gbps},
                              {"copy_kernel_gbps", kernel_copy_gbps},
                              {"read_kernel_gbps", read_gbps},
-                             {"weights", "int4 symmetric, group " + std::to_string(group) +
-                                             ", f16 scales, random (generated on the GPU)"},
+                             {"weights", std::string(qspec::quant::format_name(weight_format)) + ", group " +
+                                             std::to_string(group) + ", f16 scales, random (generated on the GPU)"},
                              {"method", "median of 25 CUDA-graph replays (events), each replay one launch per weight "
                                         "copy (copies cover 3x L2), 3 warm-up runs; bytes = 4-bit weights + scales "
                                         "(f16 weights for cublas_f16) + x + y"},

@@ -17,6 +17,7 @@
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/synthetic_w4a16.h"
 #include "qspec/error.h"
 #include "ops/sample.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -83,24 +84,20 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
           {"lm_head", c.vocab_size, c.hidden_size, 1, false}};
 }
 
-// Random packed 4-bit weights (groups of 128) of an (n, k) GEMM, in enough copies that a round
-// robin over them streams every launch's weights from device memory (cuda::weight_copies_beyond_l2).
+// Random packed 4-bit weights of an (n, k) GEMM in the benched format and group
+// (cuda::make_synthetic_w4a16, the synthetic model's recipe), in enough copies that a round robin
+// over them streams every launch's weights from device memory (cuda::weight_copies_beyond_l2).
 struct W4Copies {
-  std::vector<DeviceMemory> codes, scales;
+  std::vector<cuda::SyntheticW4A16> weights;
   std::vector<cuda::W4A16Weights> views;
 };
-W4Copies random_w4_copies(int64_t n, int64_t k, void* stream) {
-  const int64_t row_blocks = (n + 15) / 16, group = 128;
-  const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
-  const size_t scale_bytes = static_cast<size_t>(row_blocks * (k / group) * 16) * 2;
-  const int copies = cuda::weight_copies_beyond_l2(code_bytes + scale_bytes);
+W4Copies random_w4_copies(int64_t n, int64_t k, quant::Format format, int64_t group, void* stream) {
+  const size_t bytes = static_cast<size_t>((n + 15) / 16 * k * 8) + cuda::synthetic_w4a16_scale_bytes(n, k, group, format);
+  const int copies = cuda::weight_copies_beyond_l2(bytes);
   W4Copies w;
   for (int i = 0; i < copies; ++i) {
-    w.codes.emplace_back(code_bytes);
-    w.scales.emplace_back(scale_bytes);
-    cuda::fill_random_u32(w.codes.back().as<uint32_t>(), code_bytes / 4, 10 + 2 * i, stream);
-    cuda::fill_random_f16(w.scales.back().as<f16_bits>(), scale_bytes / 2, 0.001f, 0.002f, 11 + 2 * i, stream);
-    w.views.push_back(cuda::W4A16Weights{w.codes.back().get(), w.scales.back().get(), n, k, group});
+    w.weights.push_back(cuda::make_synthetic_w4a16(n, k, group, format, 0.001f, 0.002f, 10 + 3 * i, stream));
+    w.views.push_back(w.weights.back().view);
   }
   return w;
 }
@@ -152,7 +149,8 @@ nlohmann::json gate_up_swiglu_us(const GemmShape& shape, int64_t m, const f16_bi
 // the replays go round-robin over enough copies to cover 3x the L2 cache (one copy of a 33.5 MB
 // f16 o projection replayed alone stays in the H100's 50 MB L2 and took 8-10 us instead of
 // 14-16; qspec_gpu_bench's method).
-double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* stream, nlohmann::json& detail) {
+double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, quant::Format format, int64_t group, void* stream,
+                   nlohmann::json& detail) {
   const bool quantized = mode.quantized_weights;
   const bool low_precision = mode.activations.kind == ActivationMode::Kind::quantized;
   cuda::Blas blas;
@@ -164,7 +162,7 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, void* s
     double ms = 0;
     int copies = 1;
     if (w4) {
-      const W4Copies weights = random_w4_copies(shape.n, shape.k, stream);
+      const W4Copies weights = random_w4_copies(shape.n, shape.k, format, group, stream);
       const std::vector<cuda::W4A16Weights>& views = weights.views;
       copies = static_cast<int>(views.size());
       const size_t workspace_bytes = w4_gemm_workspace_bytes(m, shape.n, shape.k);
@@ -902,6 +900,8 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
                            {"synthetic_weights", options.synthetic.empty()
                                                      ? nlohmann::json()
                                                      : nlohmann::json(quant::format_name(options.synthetic_weights))},
+                           {"gemm_sum_weights", std::string(quant::format_name(options.synthetic_weights)) + " g" +
+                                                    std::to_string(options.synthetic_group)},
                            {"modes", nlohmann::json::object()}};
   if (!options.gemm_ablation.empty()) {
     record["gemm_ablation"] = run_gemm_ablation(options, checkpoint.get(), config);
@@ -991,7 +991,9 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
         const double compute_ms = flops / ceilings.gemm_flops_per_s * 1e3;
         const double roofline_ms = std::max(memory_ms, compute_ms);
         nlohmann::json gemms = nlohmann::json::object();
-        const double gemm_ms = gemm_sum_ms(config, mode, batch, stream, gemms);
+        // Synthetic models: the GEMMs in their weight format and group; checkpoints: int4 g128.
+        const double gemm_ms =
+            gemm_sum_ms(config, mode, batch, options.synthetic_weights, options.synthetic_group, stream, gemms);
         std::printf("%6lld %10.3f %12.0f %12.3f %9.1f%% %9s %12.3f %9.3f %11.3f\n", static_cast<long long>(batch),
                     step_ms, static_cast<double>(batch) / (step_ms * 1e-3), roofline_ms, 100.0 * roofline_ms / step_ms,
                     memory_ms >= compute_ms ? "memory" : "compute", gemm_ms, step_ms / gemm_ms, chained_ms);

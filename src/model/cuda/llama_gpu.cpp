@@ -15,6 +15,7 @@
 #include "gemm/cuda/gemm_dispatch.h"
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
+#include "ops/cuda/synthetic_w4a16.h"
 #include "qspec/error.h"
 #include "ops/sample.h"
 
@@ -170,13 +171,12 @@ int64_t gather_quantize_min_rows() {
   return rows;
 }
 
-// Random weights of the same layout, drawn on the GPU. Scales / values keep each output near
-// unit size for unit-size inputs (k terms of ~4.6 scale or ~0.017), so 32+ layers stay finite.
-// int4-asym (zero_points): the same codes read as unsigned, and minimums of -7.5 to -8 scales,
-// so the values stay centred as int4's (a benchmark of the asymmetric kernels on the same bytes);
-// int4-zp (zero_codes too): zero points 7 or 8 instead (cuda::fill_random_zero_points).
+// Random weights of the same layout, drawn on the GPU (cuda::make_synthetic_w4a16). Scales /
+// values keep each output near unit size for unit-size inputs (k terms of ~4.6 scale or ~0.017),
+// so 32+ layers stay finite. int4-asym / int4-zp: the same codes read as unsigned, with minimums or
+// zero points that keep the values centred as int4's (a benchmark of those kernels on the same bytes).
 Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed, void* stream,
-                             bool zero_points = false, int64_t group = 128, bool zero_codes = false) {
+                             quant::Format format = quant::Format::int4, int64_t group = 128) {
   Linear linear;
   linear.n = n;
   linear.k = k;
@@ -187,26 +187,15 @@ Linear make_synthetic_linear(int64_t n, int64_t k, bool quantized, uint64_t seed
     cuda::fill_random_f16(linear.w16.as<f16_bits>(), static_cast<size_t>(n * k), -0.03f, 0.03f, seed, stream);
     return linear;
   }
-  const int64_t row_blocks = (n + 15) / 16;
   QSPEC_CHECK(k % group == 0, "GPU model: synthetic k ", k, " is not a multiple of the group ", group);
-  const size_t code_bytes = static_cast<size_t>(row_blocks * k * 8);
-  const size_t scale_halves = static_cast<size_t>(row_blocks * (k / group) * 16);
-  linear.codes = allocate(code_bytes, "synthetic codes");
-  // int4-asym: the minimums after the scales, in their buffer (cuda::W4A16Weights::mins).
-  linear.scales = allocate(scale_halves * 2 * (zero_points ? 2 : 1), "synthetic scales");
-  cuda::fill_random_u32(linear.codes.as<uint32_t>(), code_bytes / 4, seed, stream);
   const float scale = 1.0f / (4.6f * static_cast<float>(std::max<int64_t>(1, static_cast<int64_t>(std::sqrt(k)))));
-  cuda::fill_random_f16(linear.scales.as<f16_bits>(), scale_halves, 0.5f * scale, 1.5f * scale, seed + 1, stream);
-  linear.view = {linear.codes.get(), linear.scales.get(), n, k, group};
-  if (zero_points) {
-    f16_bits* mins = linear.scales.as<f16_bits>() + scale_halves;
-    if (zero_codes)  // packed zero points (fewer bytes than the room the minimums would take)
-      cuda::fill_random_zero_points(reinterpret_cast<uint32_t*>(mins),
-                                    static_cast<size_t>(row_blocks * gemm::zero_point_bytes_per_row_block(k / group) / 4), 7,
-                                    8, seed + 2, stream);
-    else cuda::fill_random_f16(mins, scale_halves, -8.0f * scale, -7.5f * scale, seed + 2, stream);
-    linear.view.mins = mins;
-    linear.view.zero_codes = zero_codes;
+  try {
+    cuda::SyntheticW4A16 w = cuda::make_synthetic_w4a16(n, k, group, format, 0.5f * scale, 1.5f * scale, seed, stream);
+    linear.codes = std::move(w.codes);
+    linear.scales = std::move(w.scales);
+    linear.view = w.view;
+  } catch (const Error& error) {
+    fail("GPU model: synthetic weights (", n, " x ", k, "): ", error.what());
   }
   return linear;
 }
@@ -905,7 +894,7 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
               "GPU model: synthetic_weights ", quant::format_name(options.synthetic_weights),
               ": synthetic models have int4, int4-asym or int4-zp weights");
   const bool zero_points = s.quantized && quant::format_has_min(options.synthetic_weights);
-  const bool zero_codes = s.quantized && options.synthetic_weights == quant::Format::int4_zp;
+  const quant::Format wformat = options.synthetic_weights;
   const int64_t wgroup = options.synthetic_group;
   QSPEC_CHECK(wgroup == 32 || wgroup == 64 || wgroup == 128, "GPU model: synthetic_group ", wgroup,
               " (the synthetic 4-bit weights take groups of 32, 64 or 128)");
@@ -955,13 +944,12 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
       layer.down.input_ordered = true;  // as GpuLlama's constructor folds it into gate_up's (random) rows
     } else {
       layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream,
-                                        zero_points, wgroup, zero_codes);
-      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, zero_points, wgroup,
-                                      zero_codes);
+                                        wformat, wgroup);
+      layer.o = make_synthetic_linear(hidden, c.q_dim(), s.quantized, layer_seed + 2, s.stream, wformat, wgroup);
       layer.gate_up = make_synthetic_linear(2 * c.intermediate_size, hidden, s.quantized, layer_seed + 3, s.stream,
-                                            zero_points, wgroup, zero_codes);
+                                            wformat, wgroup);
       layer.down = make_synthetic_linear(hidden, c.intermediate_size, s.quantized, layer_seed + 4, s.stream,
-                                         zero_points, wgroup, zero_codes);
+                                         wformat, wgroup);
     }
     s.layers.push_back(std::move(layer));
   }
