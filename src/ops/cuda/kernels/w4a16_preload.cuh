@@ -237,8 +237,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int j = 0; j < NG; ++j) scale[j] = slot_scales[j * 8 + g];
     // Zero points: the slot's minimums, or its zero points' constants, behind its scales (past a
     // short last slot's groups: stale, unused).
+    // int4-zp: each group's word of packed zero points, read here (the refill below overwrites the
+    // slot) and turned into the group's constants where a group starts (zero_constants: an array
+    // of ZeroConstants picked by `lead` went to local memory, 24 bytes of stack).
     uint32_t zmin[ZP ? NG : 1];
-    ZeroConstants zc[ZC ? NG : 1];
+    uint32_t zword[ZC ? NG : 1];
     if constexpr (ZP) {
       const uint32_t* slot_words = reinterpret_cast<const uint32_t*>(slot + SC * 512 + Shape::kScaleBytes);
 #pragma unroll
@@ -249,7 +252,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       const uint32_t* slot_zeros =
           reinterpret_cast<const uint32_t*>(slot + SC * 512 + Shape::kScaleBytes + (g0 & 1) * 8) + (g >> 2);
 #pragma unroll
-      for (int j = 0; j < NG; ++j) zc[j] = zero_constants(slot_zeros[2 * j], zero_selector);
+      for (int j = 0; j < NG; ++j) zword[j] = slot_zeros[2 * j];
     }
     __syncwarp();  // every lane has read the slot
     if (lane == 0 && i + R < slots) {
@@ -269,16 +272,19 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       // can only be its last, so the group flushes sit at compile-time pairs. The general body
       // below tests every pair, and a flush it skips still issues (predicated off): ~11
       // instructions a pair in an issue-bound loop (SASS of the batch-1 instance).
+      ZeroConstants zc{};  // int4-zp: the current group's, made at its first pair
 #pragma unroll
       for (int ch = 0; ch < SC; ++ch)
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
           const int pp = 2 * ch + hp;
+          if constexpr (ZC)
+            if (pp % PPG == 0) zc = zero_constants(zword[pp / PPG], zero_selector);
           if constexpr (ZP)
             pair_mma_folded(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], scale[pp / PPG],
                             zmin[pp / PPG]);
           else if constexpr (ZC)
-            pair_mma_zero(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], zc[pp / PPG]);
+            pair_mma_zero(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], zc);
           else
             pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           if (pp + XA < 2 * SC) load_x(pp + XA);
@@ -302,7 +308,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
                             lead == 0 ? zmin[j0] : zmin[j2]);
           } else if constexpr (ZC) {
             const int j0 = pp / PPG, j2 = min((pp + 2) / PPG, NG - 1);
-            pair_mma_zero(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA], lead == 0 ? zc[j0] : zc[j2]);
+            // (rare: a short last slot or a part not starting on a group; constants a pair)
+            pair_mma_zero(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA],
+                          zero_constants(lead == 0 ? zword[j0] : zword[j2], zero_selector));
           } else {
             pair_mma(hp ? w[ch].z : w[ch].x, hp ? w[ch].w : w[ch].y, xf[pp % XA]);
           }

@@ -224,6 +224,13 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     m_lane[r] = ZP ? zero_point_mins(p.w) + static_cast<int64_t>(rb) * p.w.groups * 8 + g : nullptr;
     zero_rb[r] = ZC ? zero_point_bytes(p.w, rb) : nullptr;
   }
+  // int4-zp: this lane's 8-byte zero-point piece of a stage (row block z_row, group z_j), its row
+  // block's bytes picked by selects (zero_rb[z_row], a runtime index, put the array in local memory).
+  const int z_row = min(lane / NG, RPW - 1), z_j = lane % NG;
+  const uint8_t* z_rb = zero_rb[0];
+#pragma unroll
+  for (int r = 1; r < RPW; ++r)
+    if (z_row == r) z_rb = zero_rb[r];
   // Ring slot layout: [weights: warp, r, ch, 512 B][x: TOKENS rows x XH halves][scales: warp, r, NG x 8 words]
   // [GW: the words a group, as the scales].
   auto w_smem = [&](int slot, int r, int ch) {
@@ -273,10 +280,10 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     }
     if constexpr (ZC) {  // RPW x NG pieces of 8 bytes
       static_assert(RPW * NG <= 32, "one zero-point piece a lane");
-      const int r = min(lane / NG, RPW - 1), j = lane % NG, group = group0 + j;
+      const int group = group0 + z_j;
       const bool valid = group < p.w.groups;
-      cp_async_8_if(lane < RPW * NG, smem_address(zeros_smem(slot, r) + j * 8),
-                    zero_rb[r] + (valid ? group : 0) * 8, valid ? 8 : 0);
+      cp_async_8_if(lane < RPW * NG, smem_address(zeros_smem(slot, z_row) + z_j * 8), z_rb + (valid ? group : 0) * 8,
+                    valid ? 8 : 0);
     }
   };
   // The x slab of a stage: tokens m0 .. m0 + tile_m - 1 (rows past them and k past the split are
@@ -320,10 +327,8 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
        min(s_group0, p.w.groups - 1)) * 8 + (s_piece & 1) * 4;
   const uint32_t* s_src = p.w.scales + s_word;
   const int s_dst = ((warp * RPW + s_row) * NG * 8 + (s_piece >> 1) * 8 + (s_piece & 1) * 4) * 4;
-  // int4-zp: this lane's 8-byte zero-point piece (row block z_row, group z_j of each stage).
-  const int z_row = min(lane / NG, RPW - 1), z_j = lane % NG;
   const int z_group0 = (2 * chunk_begin) / PPG + z_j;
-  const uint8_t* z_src = ZC ? zero_rb[z_row] + min(z_group0, p.w.groups - 1) * 8 : nullptr;
+  const uint8_t* z_src = ZC ? z_rb + min(z_group0, p.w.groups - 1) * 8 : nullptr;
   auto late_load_w = [&](int slot, int st, bool live) {
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
@@ -409,6 +414,9 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
     const int slot = st % STAGES;
     const int c0 = chunk_begin + st * CH;
     const Elem* xs = x_smem(slot);
+    // int4-zp: each row block's constants of the current group, made at the group's first pair
+    // in the stage (once a group and row block, not a pair).
+    uint32_t zsub[ZC ? RPW : 1], zadd[ZC ? RPW : 1];
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch) {
       const int c = c0 + ch;
@@ -422,11 +430,15 @@ __global__ __launch_bounds__(Tile::kThreads, Tile::kMinBlocks) void w4_tiled_ker
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
           const int j = (2 * ch + hp) / PPG;  // the pair's group in the stage
-          if constexpr (ZC)
-            a[r] = Act::unpack_zero(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y,
-                                    zero_constants(reinterpret_cast<const uint32_t*>(zeros_smem(slot, r) + j * 8)[g >> 2],
-                                                   zero_selector));
-          else
+          if constexpr (ZC) {
+            if ((2 * ch + hp) % PPG == 0) {  // static: a group starts (a stage starts on one)
+              const ZeroConstants zc =
+                  zero_constants(reinterpret_cast<const uint32_t*>(zeros_smem(slot, r) + j * 8)[g >> 2], zero_selector);
+              zsub[r] = zc.sub;
+              zadd[r] = zc.add;
+            }
+            a[r] = Act::unpack_zero(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y, ZeroConstants{zsub[r], zadd[r]});
+          } else
             a[r] = Act::unpack(hp ? wq[r].z : wq[r].x, hp ? wq[r].w : wq[r].y);
           if constexpr (ZP) Act::fold(a[r], s_smem(slot, r)[j * 8 + g], words_smem(slot, r)[j * 8 + g]);
         }
