@@ -260,8 +260,14 @@ bool preload_kernel_runs_here() {
 template <class Act, int MT, int G, bool SWIGLU, int X_AHEAD = 0, bool ONE_SPLIT = SWIGLU>
 void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int ring_slots, int k_slices,
                     cudaStream_t stream) {
-  using Shape = kernels::W4A16PreloadShape<G, kernels::kActGroupWords<Act>>;
+  using Shape = kernels::W4A16PreloadShape<G, kernels::kActZeroPoints<Act>>;
   auto* kernel = kernels::w4_preload_kernel<Act, MT, G, SWIGLU, X_AHEAD, ONE_SPLIT>;
+  // int4-zp: each warp's zero points for its whole part after the rings (kernels/w4a16_preload.cuh).
+  size_t smem_bytes = Shape::smem_bytes(ring_slots);
+  if constexpr (kernels::kActZeroCodes<Act>)
+    smem_bytes = kernels::preload_zero_offset(smem_bytes, Shape::kWarps) +
+                 static_cast<size_t>(Shape::kWarps) *
+                     kernels::preload_zero_bytes(G, params.w.full_chunks, params.splits * k_slices);
   static const bool configured = [&] {
     // The opt-in limit less the kernel's static shared memory (the split-K flag).
     cudaFuncAttributes attributes{};
@@ -272,7 +278,7 @@ void preload_launch(const kernels::W4A16SmallMParams& params, dim3 grid, int rin
     return true;
   }();
   (void)configured;
-  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), Shape::smem_bytes(ring_slots), stream, params, ring_slots,
+  launch_pdl(kernel, grid, dim3(Shape::kWarps * 32), smem_bytes, stream, params, ring_slots,
              preload_slot_chunks(), k_slices);
   QSPEC_CUDA_CHECK_LAUNCH("w4_preload_kernel");
 }
@@ -384,7 +390,7 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   const bool two_tiles = params.m > 8;
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
-    const int ring = preload_ring_slots<G, kernels::kActGroupWords<Act>>(chunks_per_part, params.m);
+    const int ring = preload_ring_slots<G, kernels::kActZeroPoints<Act>>(chunks_per_part, params.m);
     if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
       if (!two_tiles) preload_launch<Act, 1, G, true>(params, grid, ring, plan.k_slices, s);
       else if (swiglu_x_half_slot())

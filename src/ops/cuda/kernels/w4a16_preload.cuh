@@ -41,12 +41,13 @@
 // group scale and minimum are folded into its f16 weights before the mma (ActF16Zp::fold), which
 // then sums into the f32 totals with no group flush. Integer zero points (Act = ActF16Zc, int4-zp
 // weights; kActZeroCodes): each pair unpacks to u - z with its group's zero word
-// (ActF16Zc::unpack_zero) into int4's mma and group flush. Either way the slot's minimums or
-// packed zero points arrive by one more bulk copy into the slot, behind its scales
-// (W4A16PreloadShape<G, true>; the zero points' 8 bytes a group as a 16-byte aligned run of group
-// pairs), so the first slots have them in flight before griddepcontrol.wait as they have their
-// codes (read from L2 after the wait they cost a dependent round trip a slot). The int4 instances
-// compile as before.
+// (ActF16Zc::unpack_zero) into int4's mma and group flush. The slot's minimums arrive by one more
+// bulk copy into the slot, behind its scales (W4A16PreloadShape<G, true>), so the first slots have
+// them in flight before griddepcontrol.wait as they have their codes (read from L2 after the wait
+// they cost a dependent round trip a slot). The packed zero points, 8 bytes a group, are few
+// enough that a warp takes its whole part's in one bulk copy at the start, issued before its first
+// slots, into a region of its own after the rings (preload_zero_bytes): a copy a slot cost ~10
+// instructions a slot in this issue-bound loop. The int4 instances compile as before.
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/elementwise.cuh"  // swiglu_of_sums
@@ -57,7 +58,8 @@
 
 namespace qspec::cuda::kernels {
 
-// GW: the weights have a word a group beside each scale (kActGroupWords), a slot holds them too.
+// GW: the weights have a word a group beside each scale (int4-asym's minimums, kActZeroPoints), a
+// slot holds them too.
 template <int G, bool GW = false>
 struct W4A16PreloadShape {
   static constexpr int kWarps = 8;                     // 128 rows a block (kW4A16TileRows)
@@ -78,6 +80,21 @@ struct W4A16PreloadShape {
   static_assert(reduction_bytes<2>() <= static_cast<size_t>(kWarps) * kSlotBytes, "a ring slot a warp holds the sums");
 };
 
+// int4-zp: the bytes of a warp's zero-point region, for parts of at most ceil(full_chunks / parts)
+// chunks, 8 bytes a group: the groups such a part touches (one more where it straddles), one more
+// where its run of group pairs starts on an odd group, and a slot's groups past its last (the last
+// slot reads a slot's worth, unused). The launcher adds kWarps of these (and an mbarrier a warp)
+// to the dynamic shared memory.
+__host__ __device__ constexpr int preload_zero_bytes(int group, int full_chunks, int parts) {
+  const int chunks = (full_chunks + parts - 1) / parts;
+  const int groups = (2 * chunks * 32 + group - 1) / group + 2 + W4A16PreloadShape<128>::kSlotChunks * 64 / group + 1;
+  return 16 * ((groups + 1) / 2);
+}
+// Where that region starts: after the rings and their mbarriers, and one mbarrier a warp for it.
+__host__ __device__ constexpr size_t preload_zero_offset(size_t rings_bytes, int warps) {
+  return (rings_bytes + static_cast<size_t>(warps) * 8 + 15) / 16 * 16;
+}
+
 // Blocks a multiprocessor the register budget is cut for (2: up to 128 registers a thread).
 // QSPEC_W4A16_PRELOAD_MIN_BLOCKS at build time overrides it, for experiments.
 #ifndef QSPEC_W4A16_PRELOAD_MIN_BLOCKS
@@ -94,13 +111,13 @@ template <class Act, int MT, int G, bool SWIGLU = false, int X_AHEAD = 0, bool O
 __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PRELOAD_MIN_BLOCKS) void w4_preload_kernel(
     const W4A16SmallMParams p, const int ring_slots, const int slot_chunks, const int k_slices) {
 #if QSPEC_WGMMA
-  using Shape = W4A16PreloadShape<G, kActGroupWords<Act>>;
+  using Shape = W4A16PreloadShape<G, kActZeroPoints<Act>>;
   using Elem = typename Act::Elem;
   using Frag = typename Act::Frag;
   using GroupAcc = typename Act::GroupAcc;
   constexpr int WARPS = Shape::kWarps, SC = Shape::kSlotChunks, PPG = Shape::kPairsPerGroup;
   constexpr int NG = Shape::kSlotGroups;
-  constexpr bool ZP = kActZeroPoints<Act>, ZC = kActZeroCodes<Act>, GW = kActGroupWords<Act>;
+  constexpr bool ZP = kActZeroPoints<Act>, ZC = kActZeroCodes<Act>;
   // x ahead: a slot's 2 * SC pairs of x for one token tile are 32 registers, for two 64, which
   // with the rest spill at the 128-register cap (2 blocks a multiprocessor). With XA < 2 * SC the
   // warp holds XA pairs and reloads pair p + XA into pair p's registers once p's mma has read
@@ -137,6 +154,12 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
   const uint32_t zero_selector = zero_byte_selector(g);
   uint8_t* ring = smem + static_cast<size_t>(warp) * R * Shape::kSlotBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(WARPS) * R * Shape::kSlotBytes) + warp * R;
+  // int4-zp: this warp's zero points (its part's group pairs from zero_pair0) and their mbarrier.
+  const size_t rings_bytes = Shape::smem_bytes(R);
+  uint64_t* zero_barrier = reinterpret_cast<uint64_t*>(smem + rings_bytes) + warp;
+  const int zero_region = ZC ? preload_zero_bytes(G, p.w.full_chunks, parts) : 0;
+  uint32_t* zero_smem = reinterpret_cast<uint32_t*>(smem + preload_zero_offset(rings_bytes, WARPS) + warp * zero_region);
+  const int zero_pair0 = ((2 * chunk_begin) / PPG) & ~1;
 
   // Slot i of this warp's split: its chunks and the scale groups they touch.
   auto slot_range = [&](int i, int& c0, int& nc, int& g0, int& ng) {
@@ -157,20 +180,24 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     slot_range(i, c0, nc, g0, ng);
     uint8_t* slot = ring + r * Shape::kSlotBytes;
     uint64_t* barrier = barriers + r;
-    // int4-zp: the zero points of the group pairs the slot's groups touch (16-byte aligned runs).
-    const int pair0 = g0 & ~1, zero_bytes = 8 * (((g0 + ng + 1) & ~1) - pair0);
-    mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32 + (ZP ? ng * 32 : 0) +
-                                                             (ZC ? zero_bytes : 0)));
+    mbarrier_arrive_expect_tx(barrier, static_cast<uint32_t>(nc * 512 + ng * 32 + (ZP ? ng * 32 : 0)));
     copy(slot, w_block + static_cast<int64_t>(c0) * 512, nc * 512, barrier);
     copy(slot + SC * 512, s_block + g0 * 8, ng * 32, barrier);
     if constexpr (ZP) copy(slot + SC * 512 + Shape::kScaleBytes, words_block + g0 * 8, ng * 32, barrier);
-    if constexpr (ZC) copy(slot + SC * 512 + Shape::kScaleBytes, zero_block + pair0 * 8, zero_bytes, barrier);
   };
 
   grid_launch_dependents();
   if (lane == 0) {
     for (int i = 0; i < R; ++i) mbarrier_init(barriers + i, 1);
+    if constexpr (ZC) mbarrier_init(zero_barrier, 1);
     fence_proxy_async_shared();  // the barriers' initialization, seen by the copy engine
+    if constexpr (ZC) {
+      // The part's zero points first: the group pairs from zero_pair0 through its last group's.
+      const int last_group = (2 * chunk_end - 1) / PPG;
+      const int bytes = chunk_end > chunk_begin ? 8 * (((last_group + 2) & ~1) - zero_pair0) : 0;
+      mbarrier_arrive_expect_tx(zero_barrier, static_cast<uint32_t>(bytes));
+      if (bytes > 0) copy(zero_smem, zero_block + zero_pair0 * 8, static_cast<uint32_t>(bytes), zero_barrier);
+    }
     for (int i = 0; i < min(R, slots); ++i) issue(i, i);
   }
   __syncwarp();
@@ -209,6 +236,7 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
 
   static_assert(PPG == 1 || PPG == 2 || PPG == 4, "scale groups of 32, 64 or 128");
   static_assert((2 * SC) % PPG == 0, "a whole slot that starts on a group boundary ends on one");
+  if constexpr (ZC) mbarrier_wait(zero_barrier, 0);  // issued before the first slots: here by now
   int r = 0;           // ring slot of slot i (i % R)
   uint32_t phase = 0;  // its mbarrier phase ((i / R) & 1)
   for (int i = 0; i < slots; ++i) {
@@ -237,9 +265,9 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     for (int j = 0; j < NG; ++j) scale[j] = slot_scales[j * 8 + g];
     // Zero points: the slot's minimums, or its zero points' constants, behind its scales (past a
     // short last slot's groups: stale, unused).
-    // int4-zp: each group's word of packed zero points, read here (the refill below overwrites the
-    // slot) and turned into the group's constants where a group starts (zero_constants: an array
-    // of ZeroConstants picked by `lead` went to local memory, 24 bytes of stack).
+    // int4-zp: each group's word of packed zero points (from the warp's region), turned into the
+    // group's constants where a group starts (zero_constants: an array of ZeroConstants picked by
+    // `lead` went to local memory, 24 bytes of stack).
     uint32_t zmin[ZP ? NG : 1];
     uint32_t zword[ZC ? NG : 1];
     if constexpr (ZP) {
@@ -248,11 +276,11 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
       for (int j = 0; j < NG; ++j) zmin[j] = slot_words[j * 8 + g];
     }
     if constexpr (ZC) {
-      // Group g0 + j's 8 bytes, (g0 & 1) groups into the run; this lane's word of them.
-      const uint32_t* slot_zeros =
-          reinterpret_cast<const uint32_t*>(slot + SC * 512 + Shape::kScaleBytes + (g0 & 1) * 8) + (g >> 2);
+      // Group g0 + j's 8 bytes, g0 + j - zero_pair0 groups into the region; this lane's word of them
+      // (past the part's last group: stale, unused).
+      const uint32_t* zeros = zero_smem + 2 * (g0 - zero_pair0) + (g >> 2);
 #pragma unroll
-      for (int j = 0; j < NG; ++j) zword[j] = slot_zeros[2 * j];
+      for (int j = 0; j < NG; ++j) zword[j] = zeros[2 * j];
     }
     __syncwarp();  // every lane has read the slot
     if (lane == 0 && i + R < slots) {
