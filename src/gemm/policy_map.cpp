@@ -46,7 +46,8 @@ bool strategy_supports(Strategy strategy, std::string_view activations) {
   if (strategy == Strategy::s8_wide_128x128) return activations == "int8";
   // The wgmma kernel's operands are 8-bit: int8 codes, or e4m3 codes with the weights unpacked to e4m3.
   if (strategy == Strategy::s8_wgmma_128x128) return activations == "int8" || activations == "fp8";
-  if (strategy == Strategy::small_m_v5) return activations == "f16";
+  // The preload kernel: f16, and W4A8's int8 codes with a scale a token (up to 8 tokens a launch).
+  if (strategy == Strategy::small_m_v5) return activations == "f16" || activations == "int8";
   if (strategy == Strategy::wgmma_128x128) return activations == "f16";  // f16 values as wgmma's B operand
   if (activations == "f16") return true;
   return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;

@@ -37,7 +37,7 @@ enum class Strategy : uint8_t {
   bitwise_b1,     // int8 / int4, weight groups of 128: DPR Bitwise, 1-bit planes on b1 mma and.popc
   s8_wide_128x128,  // int8, k % 128 == 0: weights unpacked once per 128 x 128 block (large M, compute-bound)
   s8_wgmma_128x128,  // int8, k % 128 == 0, groups of 128, sm_90a: weights unpacked to int8 scratch, wgmma (large M)
-  small_m_v5,        // f16, up to 16 tokens a launch: the preload kernel (bulk copies into shared memory, sm_90a)
+  small_m_v5,        // f16 (up to 16 tokens a launch) or int8 (up to 8): the preload kernel (bulk copies into shared memory, sm_90a)
   tiled_128x32,      // the tiled kernel's 256x32 warp tile in blocks of 4 warps, two a multiprocessor
   wgmma_128x128,     // f16, sm_90a: the warp-specialised wgmma kernel, 128 rows x 128 tokens (tens to hundreds of tokens)
 };

@@ -2605,12 +2605,20 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
         cuda::W4A16SmallMConfig config;
         cuda::W4A16TiledConfig tiled{-1, 0};  // tile >= 0: the tiled kernel
       };
-      for (const Variant& v : {Variant{"v1", {1, 0}}, Variant{"v2", {2, 0}}, Variant{"v1 split3", {1, 3}},
-                               Variant{"v1 x shared", {1, 0, 1}}, Variant{"v2 x global split3", {2, 3, 2}},
-                               Variant{"automatic", {}}, Variant{"tiled auto", {}, {0, 0}},
-                               Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x64", {}, {2, 1}},
-                               Variant{"tiled 256x32 split5", {}, {3, 5}}, Variant{"tiled 128x128", {}, {4, 1}},
-                               Variant{"tiled 128x32 split3", {}, {cuda::kW4A16Tile128x32, 3}}}) {
+      std::vector<Variant> variants = {Variant{"v1", {1, 0}}, Variant{"v2", {2, 0}}, Variant{"v1 split3", {1, 3}},
+                                       Variant{"v1 x shared", {1, 0, 1}}, Variant{"v2 x global split3", {2, 3, 2}},
+                                       Variant{"automatic", {}}, Variant{"tiled auto", {}, {0, 0}},
+                                       Variant{"tiled 256x64 split3", {}, {1, 3}}, Variant{"tiled 128x64", {}, {2, 1}},
+                                       Variant{"tiled 256x32 split5", {}, {3, 5}}, Variant{"tiled 128x128", {}, {4, 1}},
+                                       Variant{"tiled 128x32 split3", {}, {cuda::kW4A16Tile128x32, 3}}};
+      if (cuda::w4a16_preload_supported(w.view)) {  // the preload kernel (sm_90a; up to 8 tokens a slice)
+        cuda::W4A16SmallMConfig k_slices{5, 1};
+        k_slices.k_slices = 4;
+        variants.push_back(Variant{"v5 preload", {5, 0}});
+        variants.push_back(Variant{"v5 split3", {5, 3}});
+        variants.push_back(Variant{"v5 k slices 4", k_slices});
+      }
+      for (const Variant& v : variants) {
         const bool tiled = v.tiled.tile >= 0;
         const bool automatic = !tiled && v.config.variant == 0;
         // Room for the tiled runs' forced splits (beyond their heuristic's bound).
@@ -2661,6 +2669,61 @@ TEST_F(Gpu, W4A8GemmMatchesCpuOverShapesAndVariants) {
   EXPECT_THROW(cuda::w4a8_gemm_tiled(reinterpret_cast<int8_t*>(256), nullptr, 4, 128, none, nullptr, 16, nullptr, 0,
                                      nullptr),
                qspec::Error);  // no scales
+}
+
+// W4A8 on the preload kernel (sm_90a, 1-8 tokens a slice) sums each group exactly and the groups
+// in the register-ring kernel's order for the same partition of k (splits, or k slices in the
+// block), so the two give the same bits.
+TEST_F(Gpu, W4A8PreloadEqualsRegisterRingBitwise) {
+  if (qspec::cuda::compute_capability() != 90) {
+    std::printf("  skipped: variant 5 runs on sm_90a only (this GPU is sm_%d)\n", qspec::cuda::compute_capability());
+    return;
+  }
+  for (auto [n, k, group] : {std::tuple{4097, 4096, 128}, {300, 14336, 128}, {1000, 160, 32}, {256, 704, 64},
+                             {33, 96, 32}, {6144, 4096, 128}}) {
+    const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, group);
+    DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+    ASSERT_TRUE(cuda::w4a16_preload_supported(w.view)) << "sm_90 device, aligned weights: variant 5 must run";
+    for (int64_t m : {1, 3, 8, 9}) {
+      const int64_t ldq = k + 16;
+      auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+      auto d_q = poisoned(static_cast<size_t>(m * ldq));
+      auto d_scales = poisoned(static_cast<size_t>(m) * 4);
+      cuda::quantize_int8_rows(d_x.as<f16>(), m, k, k, d_q.as<int8_t>(), ldq, d_scales.as<float>(), nullptr);
+      const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::small_m) * 4;
+      cuda::DeviceMemory workspace(bytes);
+      cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+      auto run = [&](int variant, int splits, int k_slices = 1) {
+        auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+        cuda::W4A16SmallMConfig config{variant, splits};
+        config.k_slices = variant == 5 ? k_slices : 0;
+        cuda::w4a8_gemm_small_m(d_q.as<int8_t>(), d_scales.as<float>(), m, ldq, w.view, d_y.as<f16>(), n,
+                                workspace.get(), bytes, nullptr, config);
+        return download<f16>(d_y, static_cast<size_t>(m * n));
+      };
+      for (int splits : {1, 3, 8}) {
+        const std::vector<f16> expected = run(1, splits);
+        ASSERT_EQ(run(5, splits), expected) << "splits " << splits << " m" << m << " n" << n << " k" << k << " g" << group;
+        ASSERT_EQ(run(5, splits), expected) << "again (counters reset): splits " << splits << " m" << m << " n" << n;
+      }
+      if (m > 8) continue;  // beyond 8 tokens a slice variant 5 runs the register ring
+      for (int k_slices : {2, 4, 8}) {
+        const std::vector<f16> expected = run(1, k_slices);
+        ASSERT_EQ(run(5, 1, k_slices), expected) << "k slices " << k_slices << " m" << m << " n" << n << " k" << k
+                                                 << " g" << group;
+      }
+    }
+  }
+  // Variant 5 takes int8 activations only (not the Split strategy's).
+  const qspec::QuantizedMatrix weight = random_quantized(256, 256, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  cuda::W4A16SmallMConfig split{5, 0};
+  split.split_activations = true;
+  const size_t bytes = cuda::w4a16_workspace_bytes(1, 256, 256, cuda::W4A16Path::small_m);
+  cuda::DeviceMemory workspace(bytes), d_q(512), d_s(16), d_y(1024);
+  EXPECT_THROW(cuda::w4a8_gemm_small_m(d_q.as<int8_t>(), d_s.as<float>(), 1, 256, w.view, d_y.as<f16>(), 256,
+                                       workspace.get(), bytes, nullptr, split),
+               qspec::Error);
 }
 
 // The s8 kernels keep each group sum in s32 started at the bits of 1.5 * 2^23 and read it as an

@@ -122,7 +122,8 @@ TEST(PolicyMap, ForcedAndPaperRuleMaps) {
 TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "f16"));
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::small_m_v5, "f16"));
-  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::small_m_v5, "int8"));
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::small_m_v5, "int8"));  // W4A8's int8 codes too
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::small_m_v5, "fp8"));
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::wgmma_128x128, "f16"));  // the f16 wgmma kernel
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::wgmma_128x128, "int8"));
   EXPECT_EQ(qspec::gemm::parse_strategy("wgmma_128x128"), Strategy::wgmma_128x128);

@@ -156,8 +156,10 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
       return;
     }
     case Strategy::small_m_v5: {
-      // f16 only (strategy_supports).
-      cuda::w4a16_gemm_small_m(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, small_m_v5_config(w));
+      // f16 or int8 (strategy_supports).
+      if (x.quantized)
+        cuda::w4_quantized_gemm_small_m(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream, small_m_v5_config(w));
+      else cuda::w4a16_gemm_small_m(x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, small_m_v5_config(w));
       return;
     }
     case Strategy::tiled_256x64:

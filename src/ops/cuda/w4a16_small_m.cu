@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <type_traits>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
@@ -375,9 +376,15 @@ bool swiglu_x_half_slot() {
   return half;
 }
 
-// One launch of the preload kernel for a slice of at most 16 tokens, each warp's ring as deep as
-// its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) * up (the plan has one
-// split and at most 4 k slices: plan_swiglu).
+// The activation policies of quantized activations that run on the preload kernel: W4A8's int8
+// codes with a scale a token (ActS8), at one token tile (1-8 tokens, the small-M path's range
+// for quantized activations: gemm_w4_lowbit.h).
+template <class Act>
+inline constexpr bool kQuantizedPreload = std::is_same_v<Act, kernels::ActS8>;
+
+// One launch of the preload kernel for a slice of at most 16 tokens (kQuantizedPreload: 8), each
+// warp's ring as deep as its part of k or the budget. SWIGLU: gate_up's weights, y = silu(gate) *
+// up (the plan has one split and at most 4 k slices: plan_swiglu).
 template <class Act, bool SWIGLU = false>
 void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, void* workspace, cudaStream_t s) {
   const kernels::W4A16Layout& layout = params.w;
@@ -391,7 +398,13 @@ void launch_preload(kernels::W4A16SmallMParams params, const PreloadPlan& plan, 
   auto run = [&](auto group) {
     constexpr int G = decltype(group)::value;
     const int ring = preload_ring_slots<G, kernels::kActZeroPoints<Act>>(chunks_per_part, params.m);
-    if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
+    if constexpr (kQuantizedPreload<Act>) {  // one token tile: the one-split kernel or the general one
+      static_assert(!SWIGLU, "the SwiGLU epilogue is W4A16's");
+      QSPEC_CHECK(!two_tiles, "cuda::w4_quantized_gemm_small_m: the preload kernel takes up to 8 tokens of ",
+                  "quantized activations a slice, not ", params.m);
+      if (plan.splits == 1 && one_split_kernel_on()) preload_launch<Act, 1, G, false, 0, true>(params, grid, ring, plan.k_slices, s);
+      else preload_launch<Act, 1, G, false>(params, grid, ring, plan.k_slices, s);
+    } else if constexpr (SWIGLU) {  // one split; only SwiGLU instantiates the half-slot kernels
       if (!two_tiles) preload_launch<Act, 1, G, true>(params, grid, ring, plan.k_slices, s);
       else if (swiglu_x_half_slot())
         preload_launch<Act, 2, G, true, kernels::W4A16PreloadShape<G>::kSlotChunks>(params, grid, ring, plan.k_slices, s);
@@ -549,9 +562,15 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
   const kernels::ActivationRows rows = detail::activation_rows(x, m, w, "cuda::w4_quantized_gemm_small_m");
   QSPEC_CHECK(ldy >= w.n, "cuda::w4_quantized_gemm_small_m: ldy ", ldy, " < n ", w.n);
   if (m == 0) return;
-  const int variant = config.variant != 0 ? config.variant : 1;
-  QSPEC_CHECK(variant == 1 || variant == 2, "cuda::w4_quantized_gemm_small_m: small-M variant ", variant,
-              " does not exist for quantized activations (1 or 2)");
+  // W4A8 (int8 codes, a scale a token) takes the preload kernel by default where it runs, as
+  // W4A16 does (small_m_variant); the other activation formats the register-ring kernel.
+  const bool preload_runs = x.format == quant::Format::int8 && !config.split_activations && w4a16_preload_supported(w);
+  const int variant = config.variant != 0 ? config.variant : preload_runs && default_variant() == 5 ? 5 : 1;
+  QSPEC_CHECK(variant == 1 || variant == 2 || variant == 5, "cuda::w4_quantized_gemm_small_m: small-M variant ",
+              variant, " does not exist for quantized activations (1, 2, or 5 for int8)");
+  QSPEC_CHECK(variant != 5 || preload_runs, "cuda::w4_quantized_gemm_small_m: variant 5 (preload) takes int8 ",
+              "activations without the Split strategy, on an sm_90a GPU and build with 16-byte aligned weights (got ",
+              kernels::format_label(x.format), ")");
   QSPEC_CHECK(!config.split_activations || x.format == quant::Format::int8,
               "cuda::w4_quantized_gemm_small_m: the Split strategy takes int8 activations, not ",
               kernels::format_label(x.format));
@@ -565,6 +584,14 @@ void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W
       params.y = yh + m0 * ldy;
       params.ldy = ldy;
       params.m = static_cast<int>(std::min(detail::kW4A16MaxSliceM, m - m0));
+      if constexpr (kQuantizedPreload<Act>) {
+        if (variant == 5 && params.m <= 8) {  // (beyond 8 tokens a slice: the register ring)
+          params.evict_first = preload_evict_first() ? 1 : 0;
+          const PreloadPlan plan = plan_preload(layout, params.m, config, workspace, workspace_bytes);
+          launch_preload<Act>(params, plan, workspace, as_stream(stream));
+          continue;
+        }
+      }
       launch_register_ring<Act>(params, variant, config, workspace, workspace_bytes, as_stream(stream));
     }
   };
