@@ -516,6 +516,12 @@ struct EngineRun {
   double seconds = 0;
   int64_t tokens = 0;
   int64_t steps = 0;
+  // Each request's decode (its first token to its last: prefill and queueing left out), summed:
+  // decode_tokens / decode_seconds is the per-sequence decode speed, what speculation speeds up
+  // (at batch 1 llama-bench's tg; at larger batches the sequences' windows overlap).
+  double decode_seconds = 0;
+  int64_t decode_tokens = 0;
+  double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
 };
 
 EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer,
@@ -536,7 +542,13 @@ EngineRun run_through_engine(const LlamaModel& model, const Tokenizer& tokenizer
     out.insert(out.end(), event.tokens.begin(), event.tokens.end());
     if (event.finished) {
       if (event.finish_reason == "error") fail("eval qspec: request failed: ", event.error);
-      if (event.metrics) run.qspec.add(event.metrics->qspec);
+      if (event.metrics) {
+        run.qspec.add(event.metrics->qspec);
+        if (event.metrics->generated_tokens > 1) {
+          run.decode_seconds += event.metrics->total_seconds - event.metrics->time_to_first_token;
+          run.decode_tokens += event.metrics->generated_tokens - 1;
+        }
+      }
       on_done();
     }
   };
@@ -694,6 +706,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
                            {"generated_tokens", baseline.tokens},
                            {"seconds", baseline.seconds},
                            {"tokens_per_second", baseline.tokens / std::max(baseline.seconds, 1e-9)},
+                           {"decode_tokens_per_second", baseline.decode_tokens_per_second()},
                            {"differs_from_first_batch_size", baseline_differs}});
       if (!args.save_reference_file.empty() && baselines.size() == 1)
         save_reference(args.save_reference_file, args, prompts, references);
@@ -733,11 +746,11 @@ void run_qspec_eval(QSpecEvalArgs args) {
           const QSpecMetrics& sum = run.qspec;
           const double rate = run.tokens / std::max(run.seconds, 1e-9);
           char line[256];
-          std::snprintf(line, sizeof line, "%5lld %-12s %5lld %9s %10.1f%% %12.2f %10.1f %9lld/%zu %4lld %8lld",
+          std::snprintf(line, sizeof line, "%5lld %-12s %5lld %9s %10.1f%% %12.2f %10.1f %10.1f %9lld/%zu %4lld %8lld",
                         static_cast<long long>(batch), draft_spec(plan).c_str(), static_cast<long long>(gamma),
                         overwrite ? "on" : "off", 100 * sum.acceptance_rate(), sum.mean_accepted_length(), rate,
-                        static_cast<long long>(identical), prompts.size(), static_cast<long long>(tie),
-                        static_cast<long long>(mismatch));
+                        run.decode_tokens_per_second(), static_cast<long long>(identical), prompts.size(),
+                        static_cast<long long>(tie), static_cast<long long>(mismatch));
           lines.push_back(line);
           nlohmann::json row = qspec_counters_json(sum);
           row.update({{"batch_size", batch},
@@ -751,6 +764,7 @@ void run_qspec_eval(QSpecEvalArgs args) {
                       {"seconds", run.seconds},
                       {"engine_steps", run.steps},
                       {"tokens_per_second", rate},
+                      {"decode_tokens_per_second", run.decode_tokens_per_second()},
                       {"identical_to_w4a16", identical},
                       {"exact_logit_ties", tie},
                       {"mismatches", mismatch}});
@@ -764,11 +778,12 @@ void run_qspec_eval(QSpecEvalArgs args) {
               args.model_dir.c_str(), problems.size(), static_cast<long long>(args.max_tokens),
               prepared.weights.c_str(), args.kv_cache.c_str());
   for (const auto& b : baselines)
-    std::printf("plain w4a16, batch %lld: %lld tokens, %.1f tok/s (prefill included)\n",
+    std::printf("plain w4a16, batch %lld: %lld tokens, %.1f tok/s (prefill included), %.1f decode tok/s a sequence\n",
                 static_cast<long long>(b["batch_size"].get<int64_t>()),
-                static_cast<long long>(b["generated_tokens"].get<int64_t>()), b["tokens_per_second"].get<double>());
-  std::printf("%5s %-12s %5s %9s %11s %12s %10s %13s %4s %8s\n", "batch", "draft", "gamma", "kv-ovwr", "acceptance",
-              "mean acc/cyc", "tok/s", "== w4a16", "ties", "mismatch");
+                static_cast<long long>(b["generated_tokens"].get<int64_t>()), b["tokens_per_second"].get<double>(),
+                b["decode_tokens_per_second"].get<double>());
+  std::printf("%5s %-12s %5s %9s %11s %12s %10s %10s %13s %4s %8s\n", "batch", "draft", "gamma", "kv-ovwr",
+              "acceptance", "mean acc/cyc", "tok/s", "decode t/s", "== w4a16", "ties", "mismatch");
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   std::printf("greedy QSpec (kv overwrite on) vs W4A16: %lld exact logit ties, %lld mismatches\n",
               static_cast<long long>(ties), static_cast<long long>(mismatches));
@@ -783,8 +798,10 @@ void run_qspec_eval(QSpecEvalArgs args) {
                                                    : "plain greedy w4a16 outputs from " + args.reference_file},
          {"device", args.device},
          {"kv_cache", args.kv_cache},
-         {"threads_note",
-          args.device == "cpu" ? "CPU reference kernels; tokens/s include prefill" : "tokens/s include prefill"}});
+         {"rates",
+          "tokens_per_second: generated tokens over the whole run (prefill included); decode_tokens_per_second: each "
+          "request's tokens after its first over its first-to-last-token time, summed over requests (prefill and "
+          "queueing left out)"}});
     report.update({{"baseline_w4a16", baselines}, {"exact_logit_ties", ties}, {"mismatches", mismatches}, {"results", rows}});
     write_report(args.out_file, "eval_qspec", args.model_dir, report);
   }
