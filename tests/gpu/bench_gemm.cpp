@@ -219,16 +219,13 @@ int main(int argc, char** argv) {
       const size_t scale_bytes = cuda::synthetic_w4a16_scale_bytes(shape.n, shape.k, group, weight_format);
       const size_t w4_bytes = code_bytes + scale_bytes;
       const size_t w16_bytes = static_cast<size_t>(shape.n * shape.k * 2);
-      const int w4_copies = cuda::weight_copies_beyond_l2(w4_bytes);
       const int w16_copies = cuda::weight_copies_beyond_l2(w16_bytes);
-      std::vector<cuda::SyntheticW4A16> w4;
+      // Scales: f16 in [0.001, 0.01].
+      const cuda::SyntheticW4A16Copies w4 =
+          cuda::make_synthetic_w4a16_copies(shape.n, shape.k, group, weight_format, 0.001f, 0.01f, 100, stream);
+      const std::vector<cuda::W4A16Weights>& views = w4.views;
+      const int w4_copies = static_cast<int>(views.size());
       std::vector<cuda::DeviceMemory> w16;
-      std::vector<cuda::W4A16Weights> views;
-      for (int c = 0; c < w4_copies; ++c) {
-        // Scales: f16 in [0.001, 0.01].
-        w4.push_back(cuda::make_synthetic_w4a16(shape.n, shape.k, group, weight_format, 0.001f, 0.01f, 100 + 3 * c, stream));
-        views.push_back(w4.back().view);
-      }
       for (int c = 0; c < w16_copies; ++c) {
         w16.emplace_back(w16_bytes);
         cuda::fill_random_f16(w16.back().as<uint16_t>(), w16_bytes / 2, -0.05f, 0.05f, 300 + c, stream);

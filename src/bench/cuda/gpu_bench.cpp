@@ -84,24 +84,6 @@ std::vector<GemmShape> step_gemms(const ModelConfig& c) {
           {"lm_head", c.vocab_size, c.hidden_size, 1, false}};
 }
 
-// Random packed 4-bit weights of an (n, k) GEMM in the benched format and group
-// (cuda::make_synthetic_w4a16, the synthetic model's recipe), in enough copies that a round robin
-// over them streams every launch's weights from device memory (cuda::weight_copies_beyond_l2).
-struct W4Copies {
-  std::vector<cuda::SyntheticW4A16> weights;
-  std::vector<cuda::W4A16Weights> views;
-};
-W4Copies random_w4_copies(int64_t n, int64_t k, quant::Format format, int64_t group, void* stream) {
-  const size_t bytes = static_cast<size_t>((n + 15) / 16 * k * 8) + cuda::synthetic_w4a16_scale_bytes(n, k, group, format);
-  const int copies = cuda::weight_copies_beyond_l2(bytes);
-  W4Copies w;
-  for (int i = 0; i < copies; ++i) {
-    w.weights.push_back(cuda::make_synthetic_w4a16(n, k, group, format, 0.001f, 0.002f, 10 + 3 * i, stream));
-    w.views.push_back(w.weights.back().view);
-  }
-  return w;
-}
-
 // The workspace a 4-bit GEMM of m tokens may take on the path the dispatcher picks, or on the
 // small-M path (at most 64 tokens a launch).
 size_t w4_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
@@ -162,7 +144,9 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, quant::
     double ms = 0;
     int copies = 1;
     if (w4) {
-      const W4Copies weights = random_w4_copies(shape.n, shape.k, format, group, stream);
+      // Random weights in the benched format and group (the synthetic model's recipe), streamed.
+      const cuda::SyntheticW4A16Copies weights =
+          cuda::make_synthetic_w4a16_copies(shape.n, shape.k, group, format, 0.001f, 0.002f, 10, stream);
       const std::vector<cuda::W4A16Weights>& views = weights.views;
       copies = static_cast<int>(views.size());
       const size_t workspace_bytes = w4_gemm_workspace_bytes(m, shape.n, shape.k);

@@ -53,4 +53,16 @@ SyntheticW4A16 make_synthetic_w4a16(int64_t n, int64_t k, int64_t group, quant::
   return w;
 }
 
+SyntheticW4A16Copies make_synthetic_w4a16_copies(int64_t n, int64_t k, int64_t group, quant::Format format,
+                                                 float scale_lo, float scale_hi, uint64_t seed, void* stream) {
+  const size_t bytes = static_cast<size_t>((n + 15) / 16 * k * 8) + synthetic_w4a16_scale_bytes(n, k, group, format);
+  const int copies = weight_copies_beyond_l2(bytes);
+  SyntheticW4A16Copies out;
+  for (int i = 0; i < copies; ++i) {
+    out.weights.push_back(make_synthetic_w4a16(n, k, group, format, scale_lo, scale_hi, seed + 3 * i, stream));
+    out.views.push_back(out.weights.back().view);
+  }
+  return out;
+}
+
 }  // namespace qspec::cuda

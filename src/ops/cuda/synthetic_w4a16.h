@@ -3,6 +3,7 @@
 // so a benchmark of int4-asym or int4-zp runs those formats' kernels wherever it times a GEMM.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "ops/cuda/device.h"
 #include "ops/cuda/gemm_w4a16.h"
@@ -26,5 +27,15 @@ size_t synthetic_w4a16_scale_bytes(int64_t n, int64_t k, int64_t group, quant::F
 // int4-asym or int4-zp; group 32, 64 or 128 dividing k (qspec::Error otherwise).
 SyntheticW4A16 make_synthetic_w4a16(int64_t n, int64_t k, int64_t group, quant::Format format, float scale_lo,
                                     float scale_hi, uint64_t seed, void* stream);
+
+// Enough such matrices (weight_copies_beyond_l2, seeds `seed` + 3 i) that a round robin over them
+// streams every launch's weights from device memory, as consecutive layers do in a decode step:
+// the GEMM benchmarks' method.
+struct SyntheticW4A16Copies {
+  std::vector<SyntheticW4A16> weights;
+  std::vector<W4A16Weights> views;
+};
+SyntheticW4A16Copies make_synthetic_w4a16_copies(int64_t n, int64_t k, int64_t group, quant::Format format,
+                                                 float scale_lo, float scale_hi, uint64_t seed, void* stream);
 
 }  // namespace qspec::cuda
