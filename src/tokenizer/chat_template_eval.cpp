@@ -110,6 +110,9 @@ Value repeat(const Value& seq, int64_t n, SourcePos pos) {
   size_t count = size_t(std::max<int64_t>(n, 0));
   size_t unit = seq.is_string() ? seq.str().size() : seq.items().size();
   if (unit && count > kMaxOutput / unit) fail_at(pos, "repetition result too large");
+  // An empty sequence repeated is empty, however large the count: not a loop of `count` appends
+  // ("" * 2 ** 55 ran for hours; found by the fuzzer).
+  if (unit == 0) count = 0;
   if (seq.is_string()) {
     std::string out;
     for (size_t i = 0; i < count; ++i) out += seq.str();
