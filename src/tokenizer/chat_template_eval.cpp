@@ -109,7 +109,10 @@ Value numeric_op(Op op, const Value& a, const Value& b, SourcePos pos) {
 Value repeat(const Value& seq, int64_t n, SourcePos pos) {
   size_t count = size_t(std::max<int64_t>(n, 0));
   size_t unit = seq.is_string() ? seq.str().size() : seq.items().size();
-  if (unit && count > kMaxOutput / unit) fail_at(pos, "repetition result too large");
+  // A string up to the rendered text's bound, a list up to range()'s (its items are values, not
+  // bytes: 60 M of them took gigabytes).
+  const size_t most = seq.is_string() ? kMaxOutput : kMaxRange;
+  if (unit && count > most / unit) fail_at(pos, "repetition result too large");
   // An empty sequence repeated is empty, however large the count: not a loop of `count` appends
   // ("" * 2 ** 55 ran for hours; found by the fuzzer).
   if (unit == 0) count = 0;
@@ -126,6 +129,7 @@ Value repeat(const Value& seq, int64_t n, SourcePos pos) {
 Value add(const Value& a, const Value& b, SourcePos pos) {
   if (a.is_string() && b.is_string()) return Value::string(a.str() + b.str());
   if (a.is_list() && b.is_list()) {
+    if (a.items().size() + b.items().size() > kMaxRange) fail_at(pos, "list concatenation too large");
     List out = a.items();
     out.insert(out.end(), b.items().begin(), b.items().end());
     return Value::list(std::move(out));

@@ -540,6 +540,11 @@ TEST(ChatTemplateLimits, RunawayOutputAndLoops) {
   EXPECT_NE(error_of("{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}").find("exceeds"), std::string::npos);
   // Empty sequences times a huge count are empty at once (the fuzzer's "" * 2 ** 55 looped 2^55 times).
   EXPECT_EQ(render("{{ 2 ** 55 * '' }}|{{ '' * 2 ** 62 }}|{{ ([] * 2 ** 60) | length }}|{{ 'ab' * 0 }}"), "||0|");
+  // Lists are bounded in items as range() is (the fuzzer's messages * 10000000 took seconds and gigabytes).
+  EXPECT_NE(error_of("{{ (messages * 10000000) | length }}", R"({"messages": [1, 2, 3]})").find("too large"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ ([1, 2] * 500000) | length }}"), "1000000");
+  EXPECT_NE(error_of("{% set a = [1] * 1000000 %}{{ (a + a) | length }}").find("too large"), std::string::npos);
 }
 
 // ---- loading from a model directory ----
