@@ -105,8 +105,10 @@ struct Sequence {
   std::optional<QSpecAcceptor> acceptor;  // qspec
   std::optional<StreamDecoder> decoder;   // with a tokenizer
   std::optional<StopStrings> stops;
-  // Draft auto: its running acceptance of each planner candidate, and the n-gram draft's probe.
+  // Draft auto: its running acceptance of each model-draft candidate, and the n-gram draft's (by
+  // match length) with its probe.
   std::vector<DraftAcceptance> acceptance;
+  NgramAcceptance ngram_acceptance;
   NgramProbe ngram_probe;
   RequestMetrics metrics;
   Clock::time_point submitted;
@@ -535,15 +537,17 @@ struct Engine::Impl {
       PlannerSequence& p = batch[i];
       p.context = seq.kv.length();
       p.room = std::min(plan.max_gamma, seq.budget - seq.generated() - 1);
-      std::vector<int32_t> lookup;
+      NgramLookup lookup;
       if (ngram_candidate >= 0) {
-        seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max,
-                               seq.acceptance[static_cast<size_t>(ngram_candidate)]);
-        lookup = ngram_draft(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
+        seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance);
+        lookup = ngram_lookup(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
-        p.acceptance.push_back(seq.acceptance[c].estimate(candidates[c].prior));
-        p.proposable.push_back(static_cast<int>(c) == ngram_candidate ? static_cast<int64_t>(lookup.size()) : p.room);
+        const bool ngram = static_cast<int>(c) == ngram_candidate;
+        // N-gram: the acceptance of lookups that matched as long a suffix as this one.
+        p.acceptance.push_back(ngram ? seq.ngram_acceptance.estimate(lookup.match, candidates[c].prior)
+                                     : seq.acceptance[c].estimate(candidates[c].prior));
+        p.proposable.push_back(ngram ? static_cast<int64_t>(lookup.tokens.size()) : p.room);
       }
     }
     StepPlan step = planner->plan(batch);

@@ -13,4 +13,13 @@ namespace qspec {
 std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min,
                                  int64_t ngram_max);
 
+// The same lookup with the length of the suffix it matched (0 when none): a longer match is
+// kept more often (SmolLM2's GSM8K chat answers: the first draft 32 / 62 / 81 % of the time
+// after a match of 1 / 2 / 3 tokens), so the planner weighs each lookup by it.
+struct NgramLookup {
+  std::vector<int32_t> tokens;
+  int64_t match = 0;
+};
+NgramLookup ngram_lookup(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max);
+
 }  // namespace qspec

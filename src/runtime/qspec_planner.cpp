@@ -25,18 +25,20 @@ double DraftAcceptance::estimate(double prior, double weight) const {
 }
 
 void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-                        DraftAcceptance& acceptance) {
+                        NgramAcceptance& acceptance) {
   if (!proposal_.empty()) {
     const size_t committed = tokens.size() >= start_ ? tokens.size() - start_ : 0;
     const size_t checkable = std::min(committed, proposal_.size());
     size_t kept = 0;
     while (kept < checkable && proposal_[kept] == tokens[start_ + kept]) ++kept;
-    if (kept < checkable) acceptance.observe(static_cast<int64_t>(kept), /*rejected=*/true);
-    else if (kept == proposal_.size()) acceptance.observe(static_cast<int64_t>(kept), /*rejected=*/false);
+    if (kept < checkable) acceptance.observe(match_, static_cast<int64_t>(kept), /*rejected=*/true);
+    else if (kept == proposal_.size()) acceptance.observe(match_, static_cast<int64_t>(kept), /*rejected=*/false);
     else return;  // undecided: the tokens so far agree and more are to come
     proposal_.clear();
   }
-  proposal_ = ngram_draft(tokens, max_tokens, ngram_min, ngram_max);
+  NgramLookup lookup = ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
+  proposal_ = std::move(lookup.tokens);
+  match_ = lookup.match;
   start_ = tokens.size();
 }
 

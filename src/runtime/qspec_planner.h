@@ -19,6 +19,7 @@
 // in what the plan yields for them (their acceptance, the n-gram drafts they have), which the
 // sum of E already weighs.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -54,6 +55,9 @@ inline constexpr double kAcceptanceDecay = 0.9;
 inline constexpr double kFallbackVerifyTokenCost = 0.75;
 // The fallback's largest gamma.
 inline constexpr int64_t kFallbackMaxGamma = 8;
+// N-gram lookups are weighed by the length of the suffix they matched, in these classes: 1, 2,
+// and this many or more (runtime/ngram_draft.h: a longer match is kept more often).
+inline constexpr int64_t kNgramMatchClasses = 3;
 }  // namespace planner_rules
 
 // A sequence's running acceptance of one draft: decayed counts of kept drafts and of
@@ -73,6 +77,25 @@ class DraftAcceptance {
   double prior_share_ = 1.0;  // what is left of the prior's weight: kAcceptanceDecay^observations
 };
 
+// The n-gram draft's acceptance for a sequence: pooled, and per class of match length
+// (planner_rules::kNgramMatchClasses; each class's estimate starts from the pooled one and moves
+// to its own with its evidence).
+struct NgramAcceptance {
+  DraftAcceptance pooled;
+  DraftAcceptance by_match[planner_rules::kNgramMatchClasses];
+  static int64_t match_class(int64_t match) {
+    return std::clamp<int64_t>(match, 1, planner_rules::kNgramMatchClasses) - 1;
+  }
+  void observe(int64_t match, int64_t kept, bool rejected) {
+    pooled.observe(kept, rejected);
+    by_match[match_class(match)].observe(kept, rejected);
+  }
+  // The per-token estimate for a lookup that matched `match` tokens.
+  double estimate(int64_t match, double prior) const {
+    return by_match[match_class(match)].estimate(pooled.estimate(prior));
+  }
+};
+
 // The n-gram draft's acceptance for a sequence, measured for free while it does not run: what
 // prompt lookup would have proposed at some point, checked against the tokens the sequence then
 // committed (by plain steps or cycles of any draft alike; when n-gram cycles run, what they
@@ -80,14 +103,15 @@ class DraftAcceptance {
 class NgramProbe {
  public:
   // Resolves the outstanding proposal once `tokens` decide it (a mismatch, or all of it
-  // matched), feeding `acceptance`; then, when none is outstanding, proposes up to `max_tokens`
-  // from `tokens`.
+  // matched), feeding `acceptance` (in the class of the proposal's match); then, when none is
+  // outstanding, proposes up to `max_tokens` from `tokens`.
   void update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-              DraftAcceptance& acceptance);
+              NgramAcceptance& acceptance);
 
  private:
   std::vector<int32_t> proposal_;
-  size_t start_ = 0;  // tokens.size() when proposed
+  int64_t match_ = 0;  // the proposal's matched suffix length
+  size_t start_ = 0;   // tokens.size() when proposed
 };
 
 // One auto sequence in a step, as the planner sees it.

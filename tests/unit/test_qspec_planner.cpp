@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "qspec/error.h"
+#include "runtime/ngram_draft.h"
 #include "runtime/qspec_costs.h"
 #include "runtime/qspec_planner.h"
 
@@ -309,27 +310,45 @@ TEST(QSpecPlanner, AcceptanceIsAnEmaOfKeptOverKeptPlusRejectionsWithAPrior) {
   EXPECT_NEAR(steady.estimate(0.0, 100.0), 0.5, 1e-3);
 }
 
-// The probe checks what prompt lookup would have proposed against the tokens that came.
+// The probe checks what prompt lookup would have proposed against the tokens that came, and
+// files each outcome under the length of the suffix the lookup matched.
 TEST(QSpecPlanner, NgramProbeMeasuresLookupAcceptanceOnCommittedTokens) {
-  qspec::DraftAcceptance acceptance;
+  qspec::NgramAcceptance acceptance;
   qspec::NgramProbe probe;
-  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 9, 1, 2};  // "1 2" recurs: proposes 3 4 5 9
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 9, 1, 2};  // "1 2" recurs: proposes 3 4 5 9 (a match of 2)
   probe.update(tokens, 4, 1, 3, acceptance);
-  EXPECT_EQ(acceptance.evidence(), 0);
+  EXPECT_EQ(acceptance.pooled.evidence(), 0);
   tokens.push_back(3);  // agrees so far: undecided
   probe.update(tokens, 4, 1, 3, acceptance);
-  EXPECT_EQ(acceptance.evidence(), 0);
+  EXPECT_EQ(acceptance.pooled.evidence(), 0);
   tokens.push_back(4);
   tokens.push_back(7);  // 3 4 kept, then 7 instead of 5: two kept and a rejection
   probe.update(tokens, 4, 1, 3, acceptance);
-  EXPECT_DOUBLE_EQ(acceptance.estimate(0, 0), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(acceptance.pooled.estimate(0, 0), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(acceptance.by_match[1].estimate(0, 0), 2.0 / 3.0);  // filed under a match of 2
+  EXPECT_EQ(acceptance.by_match[0].evidence(), 0);
   // A new proposal from the tokens now: "7" never occurred before, "4 7" neither: nothing.
-  tokens.push_back(1);  // "1" recurs at the end: proposes 2 3 4 7 ...
+  tokens.push_back(1);  // "1" recurs at the end (a match of 1): proposes 2 3 4 7 ...
   probe.update(tokens, 4, 1, 3, acceptance);  // (the empty proposal resolves nothing; this proposes)
   for (int32_t t : {2, 3, 4, 7}) tokens.push_back(t);
   probe.update(tokens, 4, 1, 3, acceptance);  // all four kept
   const double d = qspec::planner_rules::kAcceptanceDecay;
-  EXPECT_NEAR(acceptance.estimate(0, 0), (2 * d + 4) / (2 * d + 4 + d), 1e-12);
+  EXPECT_NEAR(acceptance.pooled.estimate(0, 0), (2 * d + 4) / (2 * d + 4 + d), 1e-12);
+  EXPECT_DOUBLE_EQ(acceptance.by_match[0].estimate(0, 0), 1.0);
+  // A lookup is weighed by its class: a class without evidence starts from the pooled estimate.
+  EXPECT_DOUBLE_EQ(acceptance.estimate(1, 0.0), acceptance.by_match[0].estimate(acceptance.pooled.estimate(0.0)));
+  EXPECT_NEAR(acceptance.estimate(3, 0.0), acceptance.pooled.estimate(0.0), 1e-12);  // no match of 3+ seen yet
+  EXPECT_EQ(qspec::NgramAcceptance::match_class(7), qspec::planner_rules::kNgramMatchClasses - 1);
+}
+
+TEST(QSpecPlanner, NgramLookupReportsTheMatchedSuffixLength) {
+  const std::vector<int32_t> tokens = {5, 6, 7, 8, 1, 5, 6, 7};
+  const qspec::NgramLookup three = qspec::ngram_lookup(tokens, 2, 1, 3);
+  EXPECT_EQ(three.match, 3);
+  EXPECT_EQ(three.tokens, (std::vector<int32_t>{8, 1}));
+  EXPECT_EQ(qspec::ngram_lookup(tokens, 2, 1, 2).match, 2);
+  EXPECT_EQ(qspec::ngram_lookup(std::vector<int32_t>{1, 2, 3}, 2, 1, 3).match, 0);  // nothing recurs
+  EXPECT_EQ(qspec::ngram_draft(tokens, 2, 1, 3), three.tokens);
 }
 
 // ---- the planner ----
