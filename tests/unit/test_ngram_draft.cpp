@@ -32,6 +32,17 @@ TEST(NgramDraft, TakesTheMostRecentContinuationOfTheLongestRecurringSuffix) {
   EXPECT_EQ(ngram_draft(longer, 2, 1, 1), (Ids{9, 1}));  // only 1-grams: the last 2 at 4
 }
 
+// ngram_lookup also says how long a suffix it matched (the planner weighs lookups by it).
+TEST(NgramDraft, LookupReportsTheMatchedSuffixLength) {
+  const std::vector<int32_t> tokens = {5, 6, 7, 8, 1, 5, 6, 7};
+  const qspec::NgramLookup three = qspec::ngram_lookup(tokens, 2, 1, 3);
+  EXPECT_EQ(three.match, 3);
+  EXPECT_EQ(three.tokens, (std::vector<int32_t>{8, 1}));
+  EXPECT_EQ(qspec::ngram_lookup(tokens, 2, 1, 2).match, 2);
+  EXPECT_EQ(qspec::ngram_lookup(std::vector<int32_t>{1, 2, 3}, 2, 1, 3).match, 0);  // nothing recurs
+  EXPECT_EQ(qspec::ngram_draft(tokens, 2, 1, 3), three.tokens);
+}
+
 TEST(NgramDraft, NothingWithoutARecurrenceOrBelowTheShortestLength) {
   EXPECT_EQ(ngram_draft(Ids{1, 2, 3, 4}, 4, 1, 3), Ids{});
   EXPECT_EQ(ngram_draft(Ids{5}, 4, 1, 3), Ids{});

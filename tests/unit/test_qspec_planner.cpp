@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "qspec/error.h"
-#include "runtime/ngram_draft.h"
 #include "runtime/qspec_costs.h"
 #include "runtime/qspec_planner.h"
 
@@ -339,16 +338,6 @@ TEST(QSpecPlanner, NgramProbeMeasuresLookupAcceptanceOnCommittedTokens) {
   EXPECT_DOUBLE_EQ(acceptance.estimate(1, 0.0), acceptance.by_match[0].estimate(acceptance.pooled.estimate(0.0)));
   EXPECT_NEAR(acceptance.estimate(3, 0.0), acceptance.pooled.estimate(0.0), 1e-12);  // no match of 3+ seen yet
   EXPECT_EQ(qspec::NgramAcceptance::match_class(7), qspec::planner_rules::kNgramMatchClasses - 1);
-}
-
-TEST(QSpecPlanner, NgramLookupReportsTheMatchedSuffixLength) {
-  const std::vector<int32_t> tokens = {5, 6, 7, 8, 1, 5, 6, 7};
-  const qspec::NgramLookup three = qspec::ngram_lookup(tokens, 2, 1, 3);
-  EXPECT_EQ(three.match, 3);
-  EXPECT_EQ(three.tokens, (std::vector<int32_t>{8, 1}));
-  EXPECT_EQ(qspec::ngram_lookup(tokens, 2, 1, 2).match, 2);
-  EXPECT_EQ(qspec::ngram_lookup(std::vector<int32_t>{1, 2, 3}, 2, 1, 3).match, 0);  // nothing recurs
-  EXPECT_EQ(qspec::ngram_draft(tokens, 2, 1, 3), three.tokens);
 }
 
 // ---- the planner ----
