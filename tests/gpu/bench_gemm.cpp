@@ -465,8 +465,7 @@ int main(int argc, char** argv) {
         for (int tile : tiles)
           for (int64_t splits : split_list) {
             if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
-            // Zero points: the tiles with zero-point instances (128x64, 128x32 and the wgmma tiles).
-            if (zero_points && tile != 2 && tile != cuda::kW4A16Tile128x32 && !cuda::w4a16_is_wgmma_tile(tile)) continue;
+            if (zero_points && !cuda::w4a16_tile_has_zero_points(tile)) continue;
             const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits)};
             const std::string name =
                 "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) + (splits > 0 ? "_s" + std::to_string(splits) : "");

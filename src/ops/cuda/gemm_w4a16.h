@@ -130,6 +130,11 @@ inline constexpr int kW4A16WgmmaTile128 = 8;
 inline constexpr bool w4a16_is_wgmma_tile(int tile) {
   return tile == kW4A16WgmmaTile || tile == kW4A16WgmmaTile32 || tile == kW4A16WgmmaTile128;
 }
+// The tiles with zero-point instances (int4-asym / int4-zp weights): 128x64 (2), 128x32 and the
+// wgmma tiles.
+inline constexpr bool w4a16_tile_has_zero_points(int tile) {
+  return tile == 2 || tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(tile);
+}
 bool w4a16_wgmma_tile_runs_here();
 std::string w4a16_tiled_tile_name(int tile);  // "256x64" (rows x tokens) for tile 1, ...
 // The warps a block of the kernel w4a16_gemm_tiled(config) runs for these m >= 1 tokens (tests:

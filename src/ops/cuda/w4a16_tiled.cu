@@ -376,10 +376,9 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 //
 // int4-zp (zero codes): the mma.sync tiles at every group, since their loop and flushes are int4's.
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
-  const bool has_instance = config_tile == 2 || config_tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(config_tile);
-  QSPEC_CHECK(config_tile == 0 || has_instance, "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run "
-              "on the tiles 128x64 (2), 128x32 (", kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ",
-              config_tile);
+  QSPEC_CHECK(config_tile == 0 || w4a16_tile_has_zero_points(config_tile),
+              "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
+              kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ", config_tile);
   if (config_tile != 0) return config_tile;
   const bool mma_sync = w.zero_codes || w.group <= 64;
   const int tile = w.zero_codes ? default_tile<kernels::ActF16Zc>(m, w.n, w.k, w.group)

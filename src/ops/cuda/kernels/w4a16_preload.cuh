@@ -263,11 +263,10 @@ __global__ __launch_bounds__(W4A16PreloadShape<G>::kWarps * 32, QSPEC_W4A16_PREL
     const uint32_t* slot_scales = reinterpret_cast<const uint32_t*>(slot + SC * 512);
 #pragma unroll
     for (int j = 0; j < NG; ++j) scale[j] = slot_scales[j * 8 + g];
-    // Zero points: the slot's minimums, or its zero points' constants, behind its scales (past a
-    // short last slot's groups: stale, unused).
-    // int4-zp: each group's word of packed zero points (from the warp's region), turned into the
-    // group's constants where a group starts (zero_constants: an array of ZeroConstants picked by
-    // `lead` went to local memory, 24 bytes of stack).
+    // int4-asym: the slot's minimums, behind its scales (past a short last slot's groups: stale,
+    // unused). int4-zp: each group's word of packed zero points (from the warp's region), turned
+    // into the group's constants where a group starts (zero_constants: an array of ZeroConstants
+    // picked by `lead` went to local memory, 24 bytes of stack).
     uint32_t zmin[ZP ? NG : 1];
     uint32_t zword[ZC ? NG : 1];
     if constexpr (ZP) {
