@@ -21,6 +21,7 @@
 
 namespace qspec {
 
+class Backend;
 class LlamaModel;
 class Tokenizer;
 
@@ -151,6 +152,11 @@ class Engine {
   // The model (and tokenizer, when given) must outlive the engine. Without a tokenizer,
   // events carry no text and stop strings are refused.
   Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineOptions& options = {});
+  // Over a backend the caller built (runtime/backend.h) instead of options.device's: a GPU model
+  // made elsewhere (the benchmark's synthetic full-size models, with LlamaModel::without_weights
+  // for their shapes), or a backend wrapped by a test or benchmark. Null: options.device's.
+  Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineOptions& options,
+         std::unique_ptr<Backend> backend);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

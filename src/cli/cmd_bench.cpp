@@ -20,6 +20,7 @@
 
 #include "qspec/decode_plan.h"
 #include "base/thread_pool.h"
+#include "bench/replay.h"
 #include "bench/step_costs.h"
 #include "cli/commands.h"
 #include "model/llama.h"
@@ -54,6 +55,9 @@ struct BenchArgs {
   std::vector<int64_t> costs_contexts;
   std::string costs_acceptance;  // a `qspec eval qspec` result: per-draft acceptance priors
   std::string kv_cache = "f16";  // --kv-cache: the CPU benchmarks' KV cache
+  // --replay FILE: recorded text through the engine (bench/replay.h); batch sizes from --batch-sizes.
+  std::string replay;
+  ReplayOptions replay_options;
 };
 
 // Writes `table` to `path`, merged into the table already there (same device and model: its
@@ -363,6 +367,61 @@ void run_qspec_costs_cpu(const BenchArgs& args, const CLI::App& command) {
   write_cost_table(std::move(table), args.qspec_costs_out);
 }
 
+// The replay's options as the flags left them: its batch sizes are --batch-sizes'.
+ReplayOptions replay_options(const BenchArgs& args) {
+  ReplayOptions options = args.replay_options;
+  options.batch_sizes = args.gpu.batch_sizes;
+  options.engine.kv_cache = args.kv_cache;
+  return options;
+}
+
+std::string device_file_name(std::string device) {
+  for (char& ch : device) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
+  return device;
+}
+
+// --replay on the GPU: a synthetic full-size model (bench/cuda/gpu_bench.h's run_gpu_replay).
+void run_replay_gpu(const BenchArgs& args) {
+#ifdef QSPEC_HAVE_CUDA
+  GpuBenchOptions options = args.gpu;
+  options.cuda_graphs = !args.no_graphs;
+  options.programmatic_launch = !args.no_pdl;
+  options.command_line = args.command_line;
+  options.commit = git_commit();
+  if (!args.weights.empty()) options.synthetic_weights = quant::parse_format(args.weights);
+  if (args.group_size != 0) options.synthetic_group = args.group_size;
+  options.kv_cache = kv_cache_flag(args.kv_cache);
+  const nlohmann::json record = run_gpu_replay(options, replay_options(args), args.replay);
+  write_record(record, args.out_dir,
+               "replay-" + args.gpu.synthetic + "-" + device_file_name(record["gpu"].get<std::string>()) + ".json");
+#else
+  (void)args;
+  fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");
+#endif
+}
+
+// --replay on the CPU: a checkpoint (4-bit at load as --weights says), the engine's CPU backend.
+void run_replay_cpu(const BenchArgs& args) {
+  auto model = LlamaModel::load(args.model_dir);
+  std::vector<RunMode> modes = {parse_run_mode(decode_rules::kVerifyMode)};
+  const std::string weights = prepare_model_for_modes(*model, modes, args.weights, args.group_size);
+  const std::vector<ReplayText> texts = load_replay_texts(args.replay);
+  ReplayOptions options = replay_options(args);
+  options.engine.device = "cpu";
+  std::printf("%s (4-bit weights %s) on %s | replaying %zu texts of %s\n", args.model_dir.c_str(), weights.c_str(),
+              cpu_device_name().c_str(), texts.size(), args.replay.c_str());
+  const nlohmann::json rows =
+      run_replay(*model, texts, options, [&](int64_t) { return make_cpu_backend(*model); });
+  nlohmann::json record = cpu_record("cpu_replay", args, static_cast<int64_t>(ThreadPool::global().size()));
+  record.update({{"weights", weights},
+                 {"texts", args.replay},
+                 {"text_count", texts.size()},
+                 {"rounds", options.rounds},
+                 {"qspec_costs", options.qspec_costs},
+                 {"rows", rows}});
+  write_record(record, args.out_dir, record_file("replay", args.model_dir));
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -470,9 +529,45 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("-o,--out-dir", args->out_dir,
                       "Also write the JSON record into this directory (e.g. bench/results); default: tables only");
+  command->add_option("--replay", args->replay,
+                      "Replay the texts of a `qspec eval qspec --save-reference` record through the engine: in every "
+                      "W4A16 pass each row's next token is the text's, so prompt-lookup drafts and the planner "
+                      "(--replay-drafts) see that text's tokens while every pass runs at this model's shapes "
+                      "(cuda: --synthetic llama3-8b, ...); plain W4A16 beside each run at every --batch-sizes, "
+                      "tokens/s and the ratio (bench/replay.h)")
+      ->check(CLI::ExistingFile);
+  command->add_option("--replay-drafts", args->replay_options.drafts,
+                      "--replay: the QSpec runs beside plain W4A16 (auto, ngram, or a draft spelling as in `eval "
+                      "qspec --drafts`; model drafts on random weights are noise)")
+      ->delimiter(',')
+      ->capture_default_str();
+  command->add_option("--replay-gammas", args->replay_options.gammas,
+                      "--replay: draft lengths of each fixed draft (auto plans up to the largest)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, static_cast<int>(decode_rules::kMaxGamma)))
+      ->capture_default_str();
+  command->add_option("--replay-requests", args->replay_options.requests,
+                      "--replay: requests a run, the texts in turn, all queued at the start (0: max(16, 4 x batch))")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--replay-rounds", args->replay_options.rounds,
+                      "--replay: every run this many times in turn (medians reported)")
+      ->check(CLI::Range(1, 20))
+      ->capture_default_str();
+  command->add_option("--qspec-costs", args->replay_options.qspec_costs,
+                      "--replay, draft auto: the planner's step-cost table (auto: bench/policies' for this device and "
+                      "model; none: the planner's fallback; or a file)")
+      ->check(CLI::IsMember({"auto", "none"}) | CLI::ExistingFile)
+      ->capture_default_str();
   add_kv_cache_option(command, args->kv_cache);
   command->callback([args, command] {
     args->command_line = command_line();
+    if (!args->replay.empty()) {
+      if (args->device == "cuda") return run_replay_gpu(*args);
+      QSPEC_CHECK(!args->model_dir.empty() && args->gpu.synthetic.empty(),
+                  "bench --replay: the CPU replays on a model directory (--synthetic is for --device cuda)");
+      return run_replay_cpu(*args);
+    }
     if (args->device == "cuda") {
       QSPEC_CHECK(cuda_stores_kv_cache(kv_cache_flag(args->kv_cache)), "bench: --kv-cache ", args->kv_cache,
                   ": the CUDA backend has no such KV cache yet (--kv-cache f16 on --device cuda)");

@@ -524,6 +524,16 @@ void LlamaModel::set_rotation_from_manifest(uint64_t seed) {
   rotation_seed_ = seed;
 }
 
+std::unique_ptr<LlamaModel> LlamaModel::without_weights(const ModelConfig& config, QuantizationInfo quantization) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->config_ = config;
+  model->dir_ = "(weights elsewhere)";
+  model->weightless_ = true;
+  model->loaded_from_quantized_ = true;  // no 16-bit weights either
+  model->quantization_ = std::move(quantization);
+  return model;
+}
+
 bool LlamaModel::has_arc() const {
   for (const QuantizedLayerWeights& layer : quantized_layers_)
     for (const ArcSite& site : layer.sites)
@@ -737,6 +747,8 @@ void LlamaModel::forward_batch(std::span<const SequenceChunk> chunks, std::vecto
                                const RunMode& mode, ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   QSPEC_CHECK(!chunks.empty(), "forward: no sequences");
+  QSPEC_CHECK(!weightless_, "forward: this model has no weights here (LlamaModel::without_weights: its backend "
+              "holds them)");
   QSPEC_CHECK(!mode.quantized_weights || has_quantized_weights(), "mode ", mode.name,
               " needs 4-bit weights: quantize the model first (qspec --weights FORMAT)");
   QSPEC_CHECK(mode.quantized_weights || has_checkpoint_weights(), "mode ", mode.name, " needs the checkpoint's ",

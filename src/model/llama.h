@@ -148,6 +148,10 @@ class LlamaModel {
   // read_draft_tables: also read DIR/kDraftVocabFile and DIR/kDraftSkipFile when present
   // (tune-draft, which remakes them, does not).
   static std::unique_ptr<LlamaModel> load(const std::string& dir, bool read_draft_tables = true);
+  // A model of `config`'s shapes whose 4-bit weights (`quantization`) live elsewhere: an engine
+  // over a backend built around a synthetic full-size GPU model (Engine's backend constructor;
+  // `qspec bench --replay`) reads its config and format from it. Its forward passes throw.
+  static std::unique_ptr<LlamaModel> without_weights(const ModelConfig& config, QuantizationInfo quantization);
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
@@ -215,7 +219,7 @@ class LlamaModel {
   // layer's K, else the largest of 64, 32 that does (gsm-synth-llama's intermediate size is
   // 704 = 11 x 64). Throws when none does.
   int64_t auto_group_size() const;
-  bool has_quantized_weights() const { return !quantized_layers_.empty(); }
+  bool has_quantized_weights() const { return !quantized_layers_.empty() || weightless_; }
   // Whether the checkpoint weights are present (a qspec 4-bit checkpoint has only the
   // quantized ones, so it runs every mode except w16a16).
   bool has_checkpoint_weights() const { return !loaded_from_quantized_; }
@@ -292,6 +296,7 @@ class LlamaModel {
 
   std::string dir_;
   ModelConfig config_;
+  bool weightless_ = false;  // without_weights: config and format only
   Checkpoint checkpoint_;
   WeightMatrix embedding_, lm_head_;
   std::optional<cpu::Int8BlockMatrix> lm_head_int8_;

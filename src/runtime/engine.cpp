@@ -188,14 +188,14 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Sequence>> running;  // admission order
   EngineMetrics totals;
 
-  Impl(const LlamaModel& m, const Tokenizer* t, const EngineOptions& o)
+  Impl(const LlamaModel& m, const Tokenizer* t, const EngineOptions& o, std::unique_ptr<Backend> given = nullptr)
       : model(m),
         tokenizer(t),
         options(o),
         context_limit(context_of(m, o)),
         activation_group_size(activation_group_size_of(m, o)),
         kv_format(kv_format_of(o)),
-        backend(make_backend(m, o, kv_format, context_limit, activation_group_size)),
+        backend(given ? std::move(given) : make_backend(m, o, kv_format, context_limit, activation_group_size)),
         pool(m.config().num_layers, m.config().num_kv_heads, m.config().head_dim, kv_format,
              pool_blocks(m, o, kv_format, context_limit, backend->kv_in_pool()), o.kv_block_size,
              /*with_storage=*/backend->kv_in_pool()) {
@@ -1091,6 +1091,10 @@ struct Engine::Impl {
 
 Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(model, tokenizer, options)) {}
+
+Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineOptions& options,
+               std::unique_ptr<Backend> backend)
+    : impl_(std::make_unique<Impl>(model, tokenizer, options, std::move(backend))) {}
 
 Engine::~Engine() {
   if (impl_->worker.joinable()) stop(/*drain=*/false);

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "base/thread_pool.h"
+#include "bench/replay.h"
 #include "gemm/cuda/gemm_dispatch.h"
 #include "model/cuda/llama_gpu.h"
 #include "model/llama.h"
@@ -1064,6 +1065,66 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options) {
     record["modes"][mode_name] = mode_record;
   }
   return record;
+}
+
+nlohmann::json run_gpu_replay(const GpuBenchOptions& options, ReplayOptions replay, const std::string& texts_path) {
+  QSPEC_CHECK(!options.synthetic.empty(), "bench --device cuda --replay: give --synthetic NAME (a checkpoint replays "
+              "its own text with `qspec eval qspec --device cuda`)");
+  const std::vector<ReplayText> texts = load_replay_texts(texts_path);
+  const ModelConfig config = synthetic_model_config(options.synthetic);
+  QuantizationInfo quantization;
+  quantization.format = options.synthetic_weights;
+  quantization.group_size = options.synthetic_group;
+  quantization.method = "synthetic";
+  const std::unique_ptr<LlamaModel> model = LlamaModel::without_weights(config, quantization);
+  int64_t longest = 0;
+  for (const ReplayText& text : texts)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(text.prompt.size() + text.output.size()));
+  // Room for the longest text and a verify's drafts past its end.
+  const int64_t context = std::min<int64_t>(longest + decode_rules::kMaxGamma + 8, config.max_position_embeddings);
+  QSPEC_CHECK(longest <= context, "bench --replay ", texts_path, ": a text of ", longest,
+              " tokens exceeds the model's context (", config.max_position_embeddings, ")");
+  replay.engine.max_context = context;
+  replay.engine.device = "cuda";
+  replay.engine.kv_cache = std::string(kv_cache_format_name(options.kv_cache));
+  cuda::set_pdl_enabled(options.programmatic_launch);
+  const RunMode mode = parse_run_mode(decode_rules::kVerifyMode);
+  std::printf("GPU %s | model synthetic %s (%s g%lld) | replaying %zu texts of %s (at most %lld tokens) | %s\n",
+              cuda::device_name().c_str(), options.synthetic.c_str(),
+              std::string(quant::format_name(options.synthetic_weights)).c_str(),
+              static_cast<long long>(options.synthetic_group), texts.size(), texts_path.c_str(),
+              static_cast<long long>(longest), options.cuda_graphs ? "CUDA graphs" : "plain launches");
+  // One GPU model a batch size (its slots), the previous one freed first.
+  std::unique_ptr<GpuLlama> gpu;
+  int64_t gpu_batch = 0;
+  const ReplayBackendFactory make_backend = [&](int64_t batch) {
+    if (!gpu || gpu_batch != batch) {
+      gpu.reset();
+      EngineOptions engine = replay.engine;
+      engine.max_batch_size = batch;
+      GpuLlamaOptions gpu_options = engine_gpu_options(engine, context);
+      gpu_options.cuda_graphs = options.cuda_graphs;
+      gpu = make_model(options, nullptr, config, mode, gpu_options);
+      gpu_batch = batch;
+    }
+    return make_cuda_backend(*gpu, mode, GpuSlots::engine);
+  };
+  const nlohmann::json rows = run_replay(*model, texts, replay, make_backend);
+  return {{"benchmark", "gpu_replay"},
+          {"gpu", cuda::device_name()},
+          {"model", "synthetic " + options.synthetic},
+          {"weights", std::string(quant::format_name(options.synthetic_weights)) + " g" +
+                          std::to_string(options.synthetic_group)},
+          {"kv_cache", kv_cache_format_name(options.kv_cache)},
+          {"texts", texts_path},
+          {"text_count", texts.size()},
+          {"longest_text", longest},
+          {"rounds", replay.rounds},
+          {"qspec_costs", replay.qspec_costs},
+          {"commit", options.commit},
+          {"command", options.command_line},
+          {"cuda_graphs", options.cuda_graphs},
+          {"rows", rows}};
 }
 
 }  // namespace qspec

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/replay.h"  // ReplayOptions
 #include "gemm/policy_map.h"
 #include "ops/kv_int8.h"
 #include "qspec/decode_plan.h"
@@ -84,6 +85,11 @@ struct GpuBenchOptions {
 
 // Runs the benchmark, prints its tables, returns the JSON record.
 nlohmann::json run_gpu_bench(const GpuBenchOptions& options);
+
+// `--replay FILE`: the texts of FILE (`qspec eval qspec --save-reference`) replayed through the
+// engine on the synthetic model of `options` (bench/replay.h), plain W4A16 beside replay's runs
+// at every batch size of replay.batch_sizes. Prints the table, returns the JSON record.
+nlohmann::json run_gpu_replay(const GpuBenchOptions& options, ReplayOptions replay, const std::string& texts_path);
 
 // ADAngel's tuning inside the captured decode step (qspec tune --refine-steps): isolated GEMM
 // timings miss how a kernel overlaps its neighbours under programmatic dependent launch, so for

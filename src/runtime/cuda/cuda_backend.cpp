@@ -21,13 +21,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const LlamaModel& model, const RunMode& mode, const EngineOptions& options, int64_t context_limit)
       : mode_(mode), target_(gpu_activations(mode)), draft_vocab_(model.draft_vocab()) {
-    GpuLlamaOptions gpu_options;
-    gpu_options.max_seqs = options.max_batch_size;
-    gpu_options.max_context = context_limit;
-    gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
-    // QSpec verify runs return a logit row per token: gamma + 1 a sequence.
-    gpu_options.max_logit_rows = options.max_batch_size * (decode_rules::kMaxGamma + 1);
-    gpu_options.kv_cache = *parse_kv_cache_format(options.kv_cache);  // the engine checked it (kv_format_of)
+    GpuLlamaOptions gpu_options = engine_gpu_options(options, context_limit);
     // "auto": a map tuned on this GPU for this model's shapes when bench/policies has one; "none"
     // or "": the built-in crossovers; anything else: a map file.
     if (options.gpu_gemm_policy == "auto")
@@ -44,9 +38,11 @@ class CudaBackend final : public Backend {
     slot_owner_.assign(static_cast<size_t>(options.max_batch_size), 0);
   }
 
-  // Over a GPU model built elsewhere, sequence s + 1 in slot s.
-  CudaBackend(GpuLlama& gpu, const RunMode& mode) : mode_(mode), target_(gpu_activations(mode)), gpu_(&gpu) {
-    for (int64_t s = 0; s < gpu.max_seqs(); ++s) slot_owner_.push_back(static_cast<uint64_t>(s + 1));
+  // Over a GPU model built elsewhere: sequence s + 1 in slot s (GpuSlots::fixed), or every slot free.
+  CudaBackend(GpuLlama& gpu, const RunMode& mode, GpuSlots slots)
+      : mode_(mode), target_(gpu_activations(mode)), gpu_(&gpu) {
+    for (int64_t s = 0; s < gpu.max_seqs(); ++s)
+      slot_owner_.push_back(slots == GpuSlots::fixed ? static_cast<uint64_t>(s + 1) : 0);
   }
 
   // The engine's mode, and QSpec drafts in a low-precision activation mode over a 4-bit
@@ -174,13 +170,26 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+GpuLlamaOptions engine_gpu_options(const EngineOptions& options, int64_t context_limit) {
+  GpuLlamaOptions gpu_options;
+  gpu_options.max_seqs = options.max_batch_size;
+  gpu_options.max_context = context_limit;
+  gpu_options.max_step_tokens = std::max(options.max_batch_tokens, options.max_batch_size);
+  // QSpec verify runs return a logit row per token: gamma + 1 a sequence.
+  gpu_options.max_logit_rows = options.max_batch_size * (decode_rules::kMaxGamma + 1);
+  const std::optional<KvCacheFormat> kv_cache = parse_kv_cache_format(options.kv_cache);
+  QSPEC_CHECK(kv_cache, "engine: kv_cache must be f16 or int8, got '", options.kv_cache, "'");
+  gpu_options.kv_cache = *kv_cache;
+  return gpu_options;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const LlamaModel& model, const RunMode& mode, const EngineOptions& options,
                                            int64_t context_limit) {
   return std::make_unique<CudaBackend>(model, mode, options, context_limit);
 }
 
-std::unique_ptr<Backend> make_cuda_backend(GpuLlama& gpu, const RunMode& mode) {
-  return std::make_unique<CudaBackend>(gpu, mode);
+std::unique_ptr<Backend> make_cuda_backend(GpuLlama& gpu, const RunMode& mode, GpuSlots slots) {
+  return std::make_unique<CudaBackend>(gpu, mode, slots);
 }
 
 }  // namespace qspec

@@ -1,0 +1,213 @@
+// Recorded text replayed through the engine (bench/replay.h) on gsm-synth-llama's CPU backend:
+// the engine emits the text whatever the model would say, prompt-lookup drafts are accepted as
+// the text allows, run_replay checks and reports its runs; an engine over a model without weights
+// (LlamaModel::without_weights) and a backend that holds them decodes as the model itself does.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "bench/replay.h"
+#include "model/llama.h"
+#include "qspec/engine.h"
+#include "runtime/backend.h"
+#include "runtime/generate.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+const std::string kModel = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+
+struct Fixture {
+  std::unique_ptr<qspec::LlamaModel> model;
+  std::vector<std::vector<int32_t>> prompts;
+  Fixture() {
+    model = qspec::LlamaModel::load(kModel);
+    model->quantize_weights(qspec::quant::Format::int4);
+    const auto tokenizer = qspec::Tokenizer::load(kModel);
+    for (const char* q : {"Tom has 3 apples and buys 5 more. How many apples does he have?",
+                          "A box holds 12 pens. How many pens are in 4 boxes?",
+                          "Sara had 40 dollars and spent 15. How much money is left?"})
+      prompts.push_back(tokenizer->encode(std::string("Question: ") + q + "\nAnswer:"));
+  }
+};
+
+Fixture& fixture() {
+  static Fixture instance;
+  return instance;
+}
+
+// Texts the model would not write: each prompt's tokens from its fifth on, repeated to `length`
+// ids (a text that repeats, so prompt lookup has matches), or ids counting up from 100 (no
+// n-gram ever repeats: nothing to look up).
+std::vector<qspec::ReplayText> texts(bool repeating, size_t length = 40) {
+  std::vector<qspec::ReplayText> out;
+  for (const auto& prompt : fixture().prompts) {
+    qspec::ReplayText text{prompt, {}};
+    for (size_t i = 0; text.output.size() < length; ++i)
+      text.output.push_back(repeating ? prompt[4 + i % (prompt.size() - 4)] : static_cast<int32_t>(100 + i));
+    out.push_back(text);
+  }
+  return out;
+}
+
+struct RunOutcome {
+  std::vector<std::vector<int32_t>> outputs;
+  qspec::QSpecMetrics qspec;
+  int64_t replayed_rows = 0;
+};
+
+// Every text through an engine over a ReplayBackend on the CPU backend, `batch` at a time.
+RunOutcome replay(const std::vector<qspec::ReplayText>& all, const std::string& draft, int64_t gamma, int64_t batch) {
+  const qspec::LlamaModel& model = *fixture().model;
+  auto owned = std::make_unique<qspec::ReplayBackend>(qspec::make_cpu_backend(model),
+                                                      qspec::parse_run_mode("w4a16").key(), model.config().vocab_size);
+  qspec::ReplayBackend* backend = owned.get();
+  qspec::EngineOptions options;
+  options.max_batch_size = batch;
+  qspec::Engine engine(model, nullptr, options, std::move(owned));
+  RunOutcome outcome;
+  outcome.outputs.resize(all.size());
+  std::map<qspec::RequestId, size_t> index;
+  for (size_t i = 0; i < all.size(); ++i) {
+    qspec::Request request;
+    request.prompt = all[i].prompt;
+    request.max_new_tokens = static_cast<int64_t>(all[i].output.size());
+    request.ignore_eos = true;  // the model's eos ids may occur in a made-up text
+    if (draft.empty()) {
+      request.plan.mode = "w4a16";
+    } else {
+      request.plan.mode = "qspec";
+      request.plan.verify = "w4a16";
+      qspec::set_draft_spec(request.plan, draft);
+      request.plan.gamma = gamma;
+    }
+    const qspec::RequestId id = engine.submit(std::move(request), [&](const qspec::TokenEvent& event) {
+      auto& out = outcome.outputs[index.at(event.id)];
+      out.insert(out.end(), event.tokens.begin(), event.tokens.end());
+      if (event.finished && event.metrics) outcome.qspec.add(event.metrics->qspec);
+    });
+    index[id] = i;
+    backend->follow(id, &all[i]);
+  }
+  engine.run_until_idle();
+  outcome.replayed_rows = backend->replayed_rows();
+  return outcome;
+}
+
+TEST(Replay, PlainW4a16EmitsTheRecordedTextNotTheModels) {
+  const auto all = texts(/*repeating=*/false);
+  const RunOutcome outcome = replay(all, "", 0, 2);
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(outcome.outputs[i], all[i].output) << "text " << i;
+  // The model itself says something else: the replay is what made these outputs.
+  qspec::GenerationOptions options;
+  options.max_new_tokens = 40;
+  options.mode = qspec::parse_run_mode("w4a16");
+  options.mode.activations.group_size = fixture().model->auto_group_size();
+  EXPECT_NE(qspec::generate(*fixture().model, all[0].prompt, options).ids, all[0].output);
+  // One row a token of each text (its last prompt chunk's row, then each decode step's).
+  EXPECT_EQ(outcome.replayed_rows, static_cast<int64_t>(all.size() * 40));
+}
+
+TEST(Replay, PromptLookupDraftsAreAcceptedAsTheTextAllows) {
+  const auto repeating = texts(/*repeating=*/true);
+  const RunOutcome lookup = replay(repeating, "ngram", 4, 3);
+  for (size_t i = 0; i < repeating.size(); ++i) EXPECT_EQ(lookup.outputs[i], repeating[i].output) << "text " << i;
+  ASSERT_GT(lookup.qspec.drafted, 0);
+  // The text repeats its prompt: after the first period every lookup comes true.
+  EXPECT_GT(lookup.qspec.acceptance_rate(), 0.8) << lookup.qspec.accepted << " of " << lookup.qspec.drafted;
+
+  // Counting ids: a lookup finds the prompt's n-grams at most, never the text's continuation.
+  const auto counting = texts(/*repeating=*/false);
+  const RunOutcome none = replay(counting, "ngram", 4, 3);
+  for (size_t i = 0; i < counting.size(); ++i) EXPECT_EQ(none.outputs[i], counting[i].output) << "text " << i;
+  EXPECT_EQ(none.qspec.accepted, 0);
+}
+
+TEST(Replay, RunReplayReportsEveryRunAgainstPlainW4a16) {
+  const qspec::LlamaModel& model = *fixture().model;
+  qspec::ReplayOptions options;
+  options.batch_sizes = {1, 2};
+  options.drafts = {"ngram"};
+  options.gammas = {2, 3};
+  options.requests = 4;
+  options.rounds = 1;
+  options.qspec_costs = "none";
+  const auto all = texts(/*repeating=*/true, 24);
+  const nlohmann::json rows = qspec::run_replay(model, all, options, [&](int64_t) { return qspec::make_cpu_backend(model); });
+  ASSERT_EQ(rows.size(), 6u);  // per batch: w4a16, ngram g2, ngram g3
+  for (const auto& row : rows) {
+    EXPECT_EQ(row["identical_to_text"].get<int64_t>(), 4) << row.dump();
+    EXPECT_EQ(row["generated_tokens"].get<int64_t>(), 4 * 24) << row.dump();
+    EXPECT_GT(row["tokens_per_second"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(rows[0]["run"], "w4a16");
+  EXPECT_DOUBLE_EQ(rows[0]["over_w4a16"].get<double>(), 1.0);
+  EXPECT_EQ(rows[1]["run"], "ngram");
+  EXPECT_GT(rows[1]["qspec"]["accepted"].get<int64_t>(), 0);
+}
+
+TEST(Replay, TextsFileErrorsNameTheFile) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("replay-" + std::to_string(::getpid()) + ".json")).string();
+  auto write = [&](const std::string& body) { std::ofstream(path) << body; };
+  write(R"({"results": []})");
+  EXPECT_THROW(
+      {
+        try {
+          qspec::load_replay_texts(path);
+        } catch (const qspec::Error& e) {
+          EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("--save-reference"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      qspec::Error);
+  write(R"({"prompts": [[1, 2]], "outputs": [[3], [4]]})");
+  EXPECT_THROW(qspec::load_replay_texts(path), qspec::Error);
+  write(R"({"prompts": [[1, 2]], "outputs": [[]]})");
+  EXPECT_THROW(qspec::load_replay_texts(path), qspec::Error);  // no text with an output
+  write(R"({"prompts": [[1, 2], [5]], "outputs": [[3, 4], []]})");
+  const auto loaded = qspec::load_replay_texts(path);
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].output, (std::vector<int32_t>{3, 4}));
+  std::filesystem::remove(path);
+
+  // Ids beyond the model's vocabulary are refused before any run.
+  qspec::ReplayOptions options;
+  options.rounds = 1;
+  std::vector<qspec::ReplayText> bad = {{{1, 2}, {static_cast<int32_t>(fixture().model->config().vocab_size)}}};
+  EXPECT_THROW(qspec::run_replay(*fixture().model, bad, options,
+                                 [&](int64_t) { return qspec::make_cpu_backend(*fixture().model); }),
+               qspec::Error);
+}
+
+TEST(Replay, AnEngineOverAModelWithoutWeightsDecodesAsItsBackendsModel) {
+  const qspec::LlamaModel& model = *fixture().model;
+  const auto shapes = qspec::LlamaModel::without_weights(model.config(), model.quantization());
+  EXPECT_TRUE(shapes->has_quantized_weights());
+  EXPECT_FALSE(shapes->has_checkpoint_weights());
+  std::vector<float> logits;
+  qspec::KvCache cache = model.new_cache(64);
+  EXPECT_THROW(shapes->forward(fixture().prompts[0], cache, logits, false, qspec::parse_run_mode("w4a16")),
+               qspec::Error);
+
+  qspec::Engine engine(*shapes, nullptr, {}, qspec::make_cpu_backend(model));
+  qspec::Request request;
+  request.prompt = fixture().prompts[1];
+  request.max_new_tokens = 12;
+  request.plan.mode = "w4a16";
+  std::vector<int32_t> got;
+  engine.submit(request, [&](const qspec::TokenEvent& event) { got.insert(got.end(), event.tokens.begin(), event.tokens.end()); });
+  engine.run_until_idle();
+  qspec::GenerationOptions options;
+  options.max_new_tokens = 12;
+  options.mode = qspec::parse_run_mode("w4a16");
+  options.mode.activations.group_size = model.auto_group_size();
+  options.eos_ids = model.config().eos_token_ids;
+  EXPECT_EQ(got, qspec::generate(model, request.prompt, options).ids);
+}
+
+}  // namespace
