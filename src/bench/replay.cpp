@@ -113,6 +113,11 @@ struct RunResult {
   int64_t decode_tokens = 0;
   int64_t identical = 0, requests = 0;
   int64_t steps = 0;
+  // After the last request's first token (every prompt prefilled): decoding alone, the batch
+  // draining as its requests finish. With requests = batch (one wave) this is the decode
+  // throughput of a batch that starts full, without prefill chunks in its steps.
+  double drain_seconds = 0;
+  int64_t drain_tokens = 0;
   QSpecMetrics qspec;
 };
 
@@ -127,14 +132,24 @@ RunResult run_once(const LlamaModel& model, const std::vector<ReplayText>& texts
   engine_options.qspec_costs = options.qspec_costs;
   Engine engine(model, nullptr, engine_options, std::move(owned));
 
-  const int64_t requests =
-      options.requests > 0 ? options.requests : std::max<int64_t>(16, 4 * batch);
+  const int64_t requests = options.requests > 0 ? options.requests
+                           : options.waves > 0  ? std::max<int64_t>(8, options.waves * batch)
+                                                : std::max<int64_t>(16, 4 * batch);
   RunResult result;
   result.requests = requests;
   std::vector<std::vector<int32_t>> outputs(static_cast<size_t>(requests));
   std::map<RequestId, size_t> index;
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::pair<Clock::time_point, int64_t>> emitted;  // (when, tokens) of every event
+  std::vector<Clock::time_point> first_token(static_cast<size_t>(requests));
   auto callback = [&](const TokenEvent& event) {
-    auto& out = outputs[index.at(event.id)];
+    const size_t at = index.at(event.id);
+    auto& out = outputs[at];
+    if (!event.tokens.empty()) {
+      const Clock::time_point now = Clock::now();
+      if (out.empty()) first_token[at] = now;
+      emitted.emplace_back(now, static_cast<int64_t>(event.tokens.size()));
+    }
     out.insert(out.end(), event.tokens.begin(), event.tokens.end());
     if (!event.finished) return;
     QSPEC_CHECK(event.finish_reason != "error", "bench --replay: a request failed: ", event.error);
@@ -169,7 +184,12 @@ RunResult run_once(const LlamaModel& model, const std::vector<ReplayText>& texts
     replay->follow(id, &text);
   }
   engine.run_until_idle();
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Clock::time_point end = Clock::now();
+  result.seconds = std::chrono::duration<double>(end - start).count();
+  const Clock::time_point drain_start = *std::max_element(first_token.begin(), first_token.end());
+  result.drain_seconds = std::chrono::duration<double>(end - drain_start).count();
+  for (const auto& [when, tokens] : emitted)
+    if (when > drain_start) result.drain_tokens += tokens;
   result.steps = engine.metrics().steps;
   for (int64_t i = 0; i < requests; ++i) {
     const std::vector<int32_t>& want = texts[static_cast<size_t>(i) % texts.size()].output;
@@ -188,25 +208,18 @@ nlohmann::json run_replay(const LlamaModel& model, const std::vector<ReplayText>
                           const ReplayOptions& options, const ReplayBackendFactory& make_backend) {
   QSPEC_CHECK(!texts.empty(), "bench --replay: no texts");
   QSPEC_CHECK(options.rounds >= 1, "bench --replay: rounds must be >= 1, got ", options.rounds);
+  QSPEC_CHECK(options.requests == 0 || options.waves == 0, "bench --replay: give requests or waves, not both");
   for (const ReplayText& text : texts)
     for (const auto* ids : {&text.prompt, &text.output})
       for (int32_t id : *ids)
         QSPEC_CHECK(id >= 0 && id < model.config().vocab_size, "bench --replay: token id ", id,
                     " is outside this model's vocabulary (", model.config().vocab_size, ")");
   std::vector<ReplayRun> specs = {{"", 0}};
-  const int64_t max_gamma = options.gammas.empty() ? 0 : *std::max_element(options.gammas.begin(), options.gammas.end());
-  for (const std::string& draft : options.drafts) {
-    DecodePlan probe;
-    set_draft_spec(probe, draft);
-    if (probe.auto_draft()) {
-      specs.push_back({draft, max_gamma});
-      continue;
-    }
-    for (int64_t gamma : options.gammas) specs.push_back({draft, gamma});
-  }
+  for (const std::string& draft : options.drafts)
+    for (int64_t gamma : options.gammas) specs.push_back({draft, gamma});  // auto: gamma is its bound
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%6s %-10s %5s %10s %8s %12s %8s %10s %9s  %s\n", "batch", "run", "gamma", "tok/s", "x w4a16",
-              "decode t/s", "x w4a16", "acceptance", "acc/cycle", "plans");
+  std::printf("%6s %-10s %5s %10s %8s %12s %8s %10s %8s %10s %9s  %s\n", "batch", "run", "gamma", "tok/s",
+              "x w4a16", "decode t/s", "x w4a16", "drain t/s", "x w4a16", "acceptance", "acc/cycle", "plans");
   for (int64_t batch : options.batch_sizes) {
     std::vector<std::vector<RunResult>> results(specs.size());
     for (int round = 0; round < options.rounds; ++round)
@@ -214,22 +227,25 @@ nlohmann::json run_replay(const LlamaModel& model, const std::vector<ReplayText>
         results[s].push_back(run_once(model, texts, options, make_backend, batch, specs[s]));
     auto rate = [](const RunResult& r) { return r.tokens / std::max(r.seconds, 1e-9); };
     auto decode_rate = [](const RunResult& r) { return r.decode_tokens / std::max(r.decode_seconds, 1e-9); };
+    auto drain_rate = [](const RunResult& r) { return r.drain_tokens / std::max(r.drain_seconds, 1e-9); };
     auto medians = [&](size_t s, auto&& f) {
       std::vector<double> v;
       for (const RunResult& r : results[s]) v.push_back(f(r));
       return median(v);
     };
-    const double plain_rate = medians(0, rate), plain_decode = medians(0, decode_rate);
+    const double plain_rate = medians(0, rate), plain_decode = medians(0, decode_rate),
+                 plain_drain = medians(0, drain_rate);
     for (size_t s = 0; s < specs.size(); ++s) {
       const RunResult& last = results[s].back();  // acceptance and plans: the same text every round
-      const double tps = medians(s, rate), decode = medians(s, decode_rate);
+      const double tps = medians(s, rate), decode = medians(s, decode_rate), drain = medians(s, drain_rate);
       std::vector<double> all_rates;
       for (const RunResult& r : results[s]) all_rates.push_back(rate(r));
       const std::string name = specs[s].draft.empty() ? std::string(decode_rules::kVerifyMode) : specs[s].draft;
       const std::string plans = specs[s].draft.empty() ? "" : describe_planner_metrics(last.qspec);
-      std::printf("%6lld %-10s %5lld %10.1f %8.3f %12.1f %8.3f %9.1f%% %9.2f  %s\n", static_cast<long long>(batch),
-                  name.c_str(), static_cast<long long>(specs[s].gamma), tps, tps / plain_rate, decode,
-                  decode / plain_decode, specs[s].draft.empty() ? 0.0 : 100.0 * last.qspec.acceptance_rate(),
+      std::printf("%6lld %-10s %5lld %10.1f %8.3f %12.1f %8.3f %10.1f %8.3f %9.1f%% %9.2f  %s\n",
+                  static_cast<long long>(batch), name.c_str(), static_cast<long long>(specs[s].gamma), tps,
+                  tps / plain_rate, decode, decode / plain_decode, drain, drain / plain_drain,
+                  specs[s].draft.empty() ? 0.0 : 100.0 * last.qspec.acceptance_rate(),
                   specs[s].draft.empty() ? 0.0 : last.qspec.mean_accepted_length(), plans.c_str());
       nlohmann::json row = {{"batch_size", batch},
                             {"run", name},
@@ -242,6 +258,8 @@ nlohmann::json run_replay(const LlamaModel& model, const std::vector<ReplayText>
                             {"over_w4a16", tps / plain_rate},
                             {"decode_tokens_per_second", decode},
                             {"decode_over_w4a16", decode / plain_decode},
+                            {"drain_tokens_per_second", drain},
+                            {"drain_over_w4a16", drain / plain_drain},
                             {"identical_to_text", last.identical}};
       if (!specs[s].draft.empty()) {
         row["qspec"] = qspec_counters_json(last.qspec);

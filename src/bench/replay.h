@@ -72,12 +72,15 @@ class ReplayBackend final : public Backend {
 struct ReplayOptions {
   std::vector<int64_t> batch_sizes = {1};
   // QSpec runs beside plain W4A16: set_draft_spec spellings (ngram, auto, w4a8, ...) x gammas
-  // (auto: one run, gamma up to the largest).
+  // (auto: its largest gamma, DecodePlan::max_gamma).
   std::vector<std::string> drafts = {"auto"};
   std::vector<int64_t> gammas = {4};
   // Requests a run: each text in turn, as often as it takes (0: max(16, 4 x batch)), all queued
   // at the start, so the engine keeps `batch` sequences running until the queue drains.
   int64_t requests = 0;
+  // > 0 (instead of requests): waves x batch requests, at least 8, so a run is that many full
+  // batches (long prompts: one wave, then the drain metric is a full batch's decoding).
+  int64_t waves = 0;
   int rounds = 3;  // every run this many times, the runs of a round in turn; medians reported
   std::string qspec_costs = "auto";  // EngineOptions::qspec_costs for auto
   EngineOptions engine;              // max_batch_size is set per batch size

@@ -542,12 +542,17 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--replay-gammas", args->replay_options.gammas,
-                      "--replay: draft lengths of each fixed draft (auto plans up to the largest)")
+                      "--replay: draft lengths of each draft (auto: the largest it may plan, one run each)")
       ->delimiter(',')
       ->check(CLI::Range(1, static_cast<int>(decode_rules::kMaxGamma)))
       ->capture_default_str();
   command->add_option("--replay-requests", args->replay_options.requests,
                       "--replay: requests a run, the texts in turn, all queued at the start (0: max(16, 4 x batch))")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--replay-waves", args->replay_options.waves,
+                      "--replay: instead of --replay-requests, this many full batches a run (at least 8 requests): "
+                      "with 1 and long prompts, the drain columns are a full batch decoding without prefill")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   command->add_option("--replay-rounds", args->replay_options.rounds,
