@@ -829,6 +829,14 @@ struct Engine::Impl {
       const PassResult pass = backend->forward(group.front()->seq->mode, runs);
       ++totals.forward_passes;
       commit_pass(group, runs, pass, start);
+      // Draft auto without a step-cost table prices verify tokens from this engine's own W4A16
+      // passes: decode steps and verify runs, nothing with a prompt chunk in it.
+      if (name == decode_rules::kVerifyMode &&
+          std::none_of(group.begin(), group.end(), [](const Unit* u) { return u->kind == Unit::Kind::prompt; })) {
+        int64_t tokens = 0;
+        for (const PassRun& run : runs) tokens += static_cast<int64_t>(run.tokens.size());
+        planner->observe_pass(static_cast<int64_t>(group.size()), tokens, seconds_between(start, Clock::now()));
+      }
     }
   }
 

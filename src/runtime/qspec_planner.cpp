@@ -42,6 +42,40 @@ void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int
   start_ = tokens.size();
 }
 
+size_t MeasuredPassCosts::class_of(int64_t sequences) {
+  size_t c = 0;
+  while ((int64_t{1} << c) < sequences) ++c;
+  return c;
+}
+
+void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double seconds) {
+  if (sequences < 1 || tokens < sequences || !(seconds > 0)) return;
+  const size_t c = class_of(sequences);
+  if (classes_.size() <= c) classes_.resize(c + 1);
+  Class& k = classes_[c];
+  constexpr double decay = planner_rules::kPassCostDecay;
+  if (tokens == sequences) {
+    k.step_seconds = k.step_seconds * decay + seconds;
+    k.step_weight = k.step_weight * decay + 1.0;
+    return;
+  }
+  if (k.step_weight <= 0) return;  // nothing to charge the extra time against yet
+  const double extra = seconds - k.step_seconds / k.step_weight;
+  k.token_seconds = k.token_seconds * decay + std::max(extra, 0.0) / static_cast<double>(tokens - sequences);
+  k.token_weight = k.token_weight * decay + 1.0;
+}
+
+std::optional<double> MeasuredPassCosts::verify_token_cost(int64_t sequences) const {
+  const size_t c = class_of(std::max<int64_t>(sequences, 1));
+  if (c >= classes_.size()) return std::nullopt;
+  const Class& k = classes_[c];
+  // Decayed weights: n passes give (1 - decay^n) / (1 - decay); ask for kMinMeasuredPasses' worth.
+  const double needed =
+      (1.0 - std::pow(planner_rules::kPassCostDecay, planner_rules::kMinMeasuredPasses)) / (1.0 - planner_rules::kPassCostDecay);
+  if (k.step_weight < needed - 1e-9 || k.token_weight < needed - 1e-9) return std::nullopt;
+  return (k.token_seconds / k.token_weight) / (k.step_seconds / k.step_weight);
+}
+
 QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::optional<std::vector<std::string>> drafts,
                            std::string table_source, double min_gain)
     : table_(std::move(table)), table_source_(std::move(table_source)), min_gain_(min_gain) {
@@ -70,7 +104,8 @@ std::string QSpecPlanner::describe() const {
   for (const Candidate& c : candidates_) drafts += (drafts.empty() ? "" : ", ") + c.draft;
   if (!table_)
     return detail::concat("no step-cost table for this device and model: n-gram drafts where a sequence's probed "
-                          "acceptance pays at fallback costs (a verify token = ",
+                          "acceptance pays, priced by this engine's own measured passes (until it has them, a "
+                          "verify token a sequence = ",
                           planner_rules::kFallbackVerifyTokenCost, " W4A16 step), else plain W4A16");
   return detail::concat("step costs ", table_source_.empty() ? std::string("(given)") : table_source_, " (",
                         table_->device, ", ", table_->points.size(), " points); drafts ",
@@ -87,9 +122,15 @@ StepCosts QSpecPlanner::costs_at(std::span<const PlannerSequence> batch, double*
   if (table_) return table_->at(static_cast<double>(batch.size()), context);
   StepCosts fallback;  // in units of one W4A16 step
   fallback.w4a16_step_ms = 1.0;
+  // A verify of g drafts a sequence adds g x batch tokens: at this engine's measured cost a token
+  // when it has one for this batch's class, else at the fallback's (a token = a fraction of a step,
+  // per sequence).
+  const int64_t n = static_cast<int64_t>(batch.size());
+  const std::optional<double> measured = measured_.verify_token_cost(n);
+  const double per_draft = measured ? *measured * static_cast<double>(n) : planner_rules::kFallbackVerifyTokenCost;
   for (int64_t g = 1; g <= planner_rules::kFallbackMaxGamma; ++g) {
     fallback.gammas.push_back(g);
-    fallback.verify_ms.push_back(1.0 + planner_rules::kFallbackVerifyTokenCost * static_cast<double>(g));
+    fallback.verify_ms.push_back(1.0 + per_draft * static_cast<double>(g));
   }
   fallback.draft_step_ms[std::string(decode_rules::kNgramDraft)] = 0.0;
   return fallback;
@@ -153,7 +194,9 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   acceptance /= static_cast<double>(batch.size());
   char where[160];
   std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context,
-                table_ ? "measured costs" : "fallback costs (no step-cost table)");
+                table_                                                        ? "measured costs"
+                : measured_.verify_token_cost(static_cast<int64_t>(batch.size())) ? "this engine's measured passes"
+                                                                               : "fallback costs (no step-cost table)");
   char line[320];
   if (best_candidate < 0) {
     std::snprintf(line, sizeof line, "w4a16: no draft to price (%s)", where);

@@ -55,6 +55,14 @@ inline constexpr double kAcceptanceDecay = 0.9;
 inline constexpr double kFallbackVerifyTokenCost = 0.75;
 // The fallback's largest gamma.
 inline constexpr int64_t kFallbackMaxGamma = 8;
+// Without a table the engine measures its own W4A16 passes (MeasuredPassCosts): a plain step's
+// time and what each verify token adds, per batch-size class (powers of two). The fallback prices
+// with them once a class has seen this many plain steps and this many verify passes (the first
+// cycles run at kFallbackVerifyTokenCost, so only sure lookups pay for the measurement).
+inline constexpr double kMinMeasuredPasses = 4.0;
+// The share of the estimate each new pass keeps (an exponential moving average over ~20 passes:
+// contexts grow and batches change slowly next to that).
+inline constexpr double kPassCostDecay = 0.95;
 // N-gram lookups are weighed by the length of the suffix they matched, in these classes: 1, 2,
 // and this many or more (runtime/ngram_draft.h: a longer match is kept more often).
 inline constexpr int64_t kNgramMatchClasses = 3;
@@ -114,6 +122,28 @@ class NgramProbe {
   size_t start_ = 0;   // tokens.size() when proposed
 };
 
+// The engine's own W4A16 passes, timed, for a planner without a step-cost table: per batch-size
+// class (1, 2, 3-4, 5-8, ...), a plain decode step's time and the time each verify token beyond
+// the batch's one a sequence adds, as exponential moving averages (planner_rules::kPassCostDecay).
+// A verify pass's extra time is charged against the plain step of its class at that moment.
+class MeasuredPassCosts {
+ public:
+  // A W4A16 pass over `sequences` runs of `tokens` tokens in all (no prompt chunk), `seconds` from
+  // its inputs to its ids.
+  void observe(int64_t sequences, int64_t tokens, double seconds);
+  // A verify token's cost in plain steps for a batch of `sequences`, when its class has enough of
+  // both kinds of pass (planner_rules::kMinMeasuredPasses); else nothing.
+  std::optional<double> verify_token_cost(int64_t sequences) const;
+
+ private:
+  struct Class {
+    double step_seconds = 0, step_weight = 0;       // decayed sum and weight of plain steps' times
+    double token_seconds = 0, token_weight = 0;     // of verify passes' extra seconds a token
+  };
+  static size_t class_of(int64_t sequences);
+  std::vector<Class> classes_;
+};
+
 // One auto sequence in a step, as the planner sees it.
 struct PlannerSequence {
   int64_t context = 0;  // positions in its cache
@@ -154,6 +184,11 @@ class QSpecPlanner {
   std::string describe() const;
 
   StepPlan plan(std::span<const PlannerSequence> batch) const;
+  // The engine's timing of a W4A16 pass without prompt chunks (MeasuredPassCosts::observe): what
+  // the fallback prices with once it has enough; a table's costs are kept as measured.
+  void observe_pass(int64_t sequences, int64_t tokens, double seconds) {
+    if (!table_) measured_.observe(sequences, tokens, seconds);
+  }
   // The model's prediction for one (candidate, gamma) over `batch` (the tests check it; plan()
   // maximises it).
   double predicted_gain(std::span<const PlannerSequence> batch, int candidate, int64_t gamma) const;
@@ -163,6 +198,7 @@ class QSpecPlanner {
   double gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate, int64_t gamma) const;
 
   std::optional<QSpecCostTable> table_;
+  MeasuredPassCosts measured_;  // without a table: this engine's own passes
   std::string table_source_;
   std::vector<Candidate> candidates_;
   int64_t max_gamma_ = 0;  // the largest gamma it prices: the table's largest measured one

@@ -447,6 +447,56 @@ TEST(QSpecPlanner, FallsBackToProvenNgramDraftsWithoutATable) {
   EXPECT_FALSE(planner.plan({}).speculates());
 }
 
+// The engine's own passes, timed: a plain step's time and each verify token's extra time per
+// batch-size class, used once a class has enough of both.
+TEST(QSpecPlanner, MeasuredPassCostsPriceAVerifyTokenPerBatchClass) {
+  qspec::MeasuredPassCosts costs;
+  EXPECT_FALSE(costs.verify_token_cost(1).has_value());
+  for (int i = 0; i < 3; ++i) costs.observe(1, 1, 0.002);   // plain steps, batch 1: 2 ms
+  for (int i = 0; i < 4; ++i) costs.observe(1, 5, 0.0024);  // verifies of 4 drafts: +0.1 ms a token
+  EXPECT_FALSE(costs.verify_token_cost(1).has_value()) << "three plain steps are not enough";
+  costs.observe(1, 1, 0.002);
+  ASSERT_TRUE(costs.verify_token_cost(1).has_value());
+  EXPECT_NEAR(*costs.verify_token_cost(1), 0.05, 1e-9);  // 0.1 ms of a 2 ms step
+  // Batch 16 is another class (9-16), batches 9 and 16 the same one.
+  EXPECT_FALSE(costs.verify_token_cost(16).has_value());
+  for (int i = 0; i < 4; ++i) costs.observe(12, 12, 0.004), costs.observe(12, 36, 0.006);
+  ASSERT_TRUE(costs.verify_token_cost(9).has_value());
+  EXPECT_NEAR(*costs.verify_token_cost(16), (0.002 / 24) / 0.004, 1e-9);
+  EXPECT_FALSE(costs.verify_token_cost(17).has_value());
+  // Nonsense passes are ignored; a verify faster than the step counts as free, not negative.
+  costs.observe(0, 1, 1.0), costs.observe(4, 2, 1.0), costs.observe(1, 1, 0.0);
+  EXPECT_NEAR(*costs.verify_token_cost(1), 0.05, 1e-9);
+  for (int i = 0; i < 200; ++i) costs.observe(1, 3, 0.001);
+  EXPECT_NEAR(*costs.verify_token_cost(1), 0.0, 1e-6);
+}
+
+// Without a table the planner learns what a verify token costs from the engine's passes: on a
+// GPU-like device (a token 5 % of a step) lookups kept 40 % of the time pay, which the fallback's
+// price (0.75 of a step) refuses.
+TEST(QSpecPlanner, WithoutATableTheFallbackPricesWithMeasuredPasses) {
+  QSpecPlanner planner(std::nullopt);
+  const std::vector<PlannerSequence> one = {sequence(planner, 100, 0.4, 4)};
+  EXPECT_FALSE(planner.plan(one).speculates()) << planner.plan(one).reason;
+  for (int i = 0; i < 8; ++i) planner.observe_pass(1, 1, 0.002), planner.observe_pass(1, 3, 0.0022);
+  const qspec::StepPlan plan = planner.plan(one);
+  ASSERT_TRUE(plan.speculates()) << plan.reason;
+  EXPECT_NE(plan.reason.find("measured passes"), std::string::npos) << plan.reason;
+  // Gamma 2: (1 + 0.4 + 0.16) / (1 + 2 x 0.05) beats 1.40 / 1.05, 1.624 / 1.15 and 1.650 / 1.20.
+  EXPECT_EQ(plan.gamma, 2) << plan.reason;
+  EXPECT_NEAR(plan.predicted_gain, 1.56 / 1.10, 1e-6) << plan.reason;
+  // A CPU-like device (a token 60 % of a step): the same lookups do not pay.
+  QSpecPlanner cpu(std::nullopt);
+  for (int i = 0; i < 8; ++i) cpu.observe_pass(1, 1, 0.010), cpu.observe_pass(1, 3, 0.022);
+  EXPECT_FALSE(cpu.plan(one).speculates()) << cpu.plan(one).reason;
+  // A planner with a table keeps the table's costs.
+  QSpecPlanner tabled(gpu_like());
+  const qspec::StepPlan before = tabled.plan(std::vector<PlannerSequence>{sequence(tabled, 100, 0.4, 4)});
+  for (int i = 0; i < 8; ++i) tabled.observe_pass(1, 1, 0.002), tabled.observe_pass(1, 3, 0.2);
+  EXPECT_EQ(tabled.plan(std::vector<PlannerSequence>{sequence(tabled, 100, 0.4, 4)}).predicted_gain,
+            before.predicted_gain);
+}
+
 // A planner over a table refuses drafts the table lacks and takes the table's priors.
 TEST(QSpecPlanner, CandidatesComeFromTheTableWithItsPriors) {
   QSpecCostTable t = gpu_like();
