@@ -60,20 +60,37 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
     return;
   }
   if (k.step_weight <= 0) return;  // nothing to charge the extra time against yet
-  const double extra = seconds - k.step_seconds / k.step_weight;
-  k.token_seconds = k.token_seconds * decay + std::max(extra, 0.0) / static_cast<double>(tokens - sequences);
-  k.token_weight = k.token_weight * decay + 1.0;
+  const double x = static_cast<double>(tokens - sequences), y = seconds - k.step_seconds / k.step_weight;
+  k.weight = k.weight * decay + 1.0;
+  k.x = k.x * decay + x;
+  k.y = k.y * decay + y;
+  k.xx = k.xx * decay + x * x;
+  k.xy = k.xy * decay + x * y;
 }
 
-std::optional<double> MeasuredPassCosts::verify_token_cost(int64_t sequences) const {
+std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t sequences) const {
   const size_t c = class_of(std::max<int64_t>(sequences, 1));
   if (c >= classes_.size()) return std::nullopt;
   const Class& k = classes_[c];
   // Decayed weights: n passes give (1 - decay^n) / (1 - decay); ask for kMinMeasuredPasses' worth.
-  const double needed =
-      (1.0 - std::pow(planner_rules::kPassCostDecay, planner_rules::kMinMeasuredPasses)) / (1.0 - planner_rules::kPassCostDecay);
-  if (k.step_weight < needed - 1e-9 || k.token_weight < needed - 1e-9) return std::nullopt;
-  return (k.token_seconds / k.token_weight) / (k.step_seconds / k.step_weight);
+  const double needed = (1.0 - std::pow(planner_rules::kPassCostDecay, planner_rules::kMinMeasuredPasses)) /
+                        (1.0 - planner_rules::kPassCostDecay);
+  if (k.step_weight < needed - 1e-9 || k.weight < needed - 1e-9) return std::nullopt;
+  // Least squares y = fixed + per_token x over the verify passes; neither part negative (a line
+  // through the origin when the intercept would be, a flat one when the slope would be), and a
+  // flat one when the passes all had about the same extra tokens (no slope to see).
+  const double spread = k.weight * k.xx - k.x * k.x;
+  double fixed = 0, per_token = 0;
+  if (spread > 1e-9 * k.weight * k.xx) {
+    per_token = (k.weight * k.xy - k.x * k.y) / spread;
+    fixed = (k.y - per_token * k.x) / k.weight;
+  } else {
+    per_token = k.xy / k.xx;  // one x seen: proportional
+  }
+  if (per_token < 0) per_token = 0, fixed = k.y / k.weight;
+  if (fixed < 0) fixed = 0, per_token = std::max(k.xy / k.xx, 0.0);
+  const double step = k.step_seconds / k.step_weight;
+  return Verify{std::max(fixed, 0.0) / step, per_token / step};
 }
 
 QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::optional<std::vector<std::string>> drafts,
@@ -120,24 +137,18 @@ StepCosts QSpecPlanner::costs_at(std::span<const PlannerSequence> batch, double*
   context /= static_cast<double>(std::max<size_t>(batch.size(), 1));
   *mean_context = context;
   if (table_) return table_->at(static_cast<double>(batch.size()), context);
-  StepCosts fallback;  // in units of one W4A16 step
+  StepCosts fallback;  // in units of one W4A16 step (gain_with prices measured verifies itself)
   fallback.w4a16_step_ms = 1.0;
-  // A verify of g drafts a sequence adds g x batch tokens: at this engine's measured cost a token
-  // when it has one for this batch's class, else at the fallback's (a token = a fraction of a step,
-  // per sequence).
-  const int64_t n = static_cast<int64_t>(batch.size());
-  const std::optional<double> measured = measured_.verify_token_cost(n);
-  const double per_draft = measured ? *measured * static_cast<double>(n) : planner_rules::kFallbackVerifyTokenCost;
   for (int64_t g = 1; g <= planner_rules::kFallbackMaxGamma; ++g) {
     fallback.gammas.push_back(g);
-    fallback.verify_ms.push_back(1.0 + per_draft * static_cast<double>(g));
+    fallback.verify_ms.push_back(1.0 + planner_rules::kFallbackVerifyTokenCost * static_cast<double>(g));
   }
   fallback.draft_step_ms[std::string(decode_rules::kNgramDraft)] = 0.0;
   return fallback;
 }
 
 double QSpecPlanner::gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
-                               int64_t gamma) const {
+                               int64_t gamma, const std::optional<MeasuredPassCosts::Verify>& measured) const {
   const size_t c = static_cast<size_t>(candidate);
   double tokens = 0, verified = 0;
   int64_t draft_steps = 0;
@@ -153,8 +164,11 @@ double QSpecPlanner::gain_with(const StepCosts& costs, std::span<const PlannerSe
     draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
   }
   const double n = static_cast<double>(batch.size());
-  const double cycle = static_cast<double>(draft_steps) * costs.draft_step_ms.at(candidates_[c].draft) +
-                       costs.verify(verified / n);
+  // Measured: the pass's fixed extra once any sequence verifies, and each verify token.
+  const double verify = !measured      ? costs.verify(verified / n)
+                        : verified > 0 ? 1.0 + measured->fixed + measured->per_token * verified
+                                       : 1.0;
+  const double cycle = static_cast<double>(draft_steps) * costs.draft_step_ms.at(candidates_[c].draft) + verify;
   if (cycle <= 0) return 0.0;
   return (tokens / cycle) / (n / costs.w4a16_step_ms);
 }
@@ -165,7 +179,7 @@ double QSpecPlanner::predicted_gain(std::span<const PlannerSequence> batch, int 
   if (batch.empty()) return 0.0;
   double context = 0;
   const StepCosts costs = costs_at(batch, &context);
-  return gain_with(costs, batch, candidate, gamma);
+  return gain_with(costs, batch, candidate, gamma, measured_verify(batch.size()));
 }
 
 StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
@@ -177,11 +191,12 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   }
   double context = 0;
   const StepCosts costs = costs_at(batch, &context);
+  const std::optional<MeasuredPassCosts::Verify> measured = measured_verify(batch.size());
   int best_candidate = -1;
   int64_t best_gamma = 0;
   for (size_t c = 0; c < candidates_.size(); ++c)
     for (int64_t g = 1; g <= max_gamma_; ++g) {
-      const double gain = gain_with(costs, batch, static_cast<int>(c), g);
+      const double gain = gain_with(costs, batch, static_cast<int>(c), g, measured);
       if (gain > best.predicted_gain + 1e-12) {  // ties: the shorter gamma, the earlier candidate
         best.predicted_gain = gain;
         best_candidate = static_cast<int>(c);
@@ -194,9 +209,9 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   acceptance /= static_cast<double>(batch.size());
   char where[160];
   std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context,
-                table_                                                        ? "measured costs"
-                : measured_.verify_token_cost(static_cast<int64_t>(batch.size())) ? "this engine's measured passes"
-                                                                               : "fallback costs (no step-cost table)");
+                table_     ? "measured costs"
+                : measured ? "this engine's measured passes"
+                           : "fallback costs (no step-cost table)");
   char line[320];
   if (best_candidate < 0) {
     std::snprintf(line, sizeof line, "w4a16: no draft to price (%s)", where);

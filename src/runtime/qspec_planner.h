@@ -123,22 +123,29 @@ class NgramProbe {
 };
 
 // The engine's own W4A16 passes, timed, for a planner without a step-cost table: per batch-size
-// class (1, 2, 3-4, 5-8, ...), a plain decode step's time and the time each verify token beyond
-// the batch's one a sequence adds, as exponential moving averages (planner_rules::kPassCostDecay).
-// A verify pass's extra time is charged against the plain step of its class at that moment.
+// class (1, 2, 3-4, 5-8, ...), a plain decode step's time, and a line through what verify passes
+// add to it over the verify tokens they add (exponential moving averages of the sums,
+// planner_rules::kPassCostDecay). The line has an intercept because a pass with any verify run
+// costs more than its tokens: on the GPU it leaves the decode step's graph and kernels for the
+// general ones (a few verify tokens in a batch of 8 cost ~0.3 of a step, each further one little).
 class MeasuredPassCosts {
  public:
   // A W4A16 pass over `sequences` runs of `tokens` tokens in all (no prompt chunk), `seconds` from
   // its inputs to its ids.
   void observe(int64_t sequences, int64_t tokens, double seconds);
-  // A verify token's cost in plain steps for a batch of `sequences`, when its class has enough of
-  // both kinds of pass (planner_rules::kMinMeasuredPasses); else nothing.
-  std::optional<double> verify_token_cost(int64_t sequences) const;
+  // What a verify pass adds to a plain step, in plain steps: fixed + per_token x its extra tokens.
+  struct Verify {
+    double fixed = 0, per_token = 0;
+  };
+  // For a batch of `sequences`, once its class has enough of both kinds of pass
+  // (planner_rules::kMinMeasuredPasses); else nothing.
+  std::optional<Verify> verify_cost(int64_t sequences) const;
 
  private:
   struct Class {
-    double step_seconds = 0, step_weight = 0;       // decayed sum and weight of plain steps' times
-    double token_seconds = 0, token_weight = 0;     // of verify passes' extra seconds a token
+    double step_seconds = 0, step_weight = 0;  // decayed sum and weight of plain steps' times
+    // Verify passes: decayed weight and sums of x (extra tokens), y (extra seconds), x^2 and x y.
+    double weight = 0, x = 0, y = 0, xx = 0, xy = 0;
   };
   static size_t class_of(int64_t sequences);
   std::vector<Class> classes_;
@@ -195,7 +202,12 @@ class QSpecPlanner {
 
  private:
   StepCosts costs_at(std::span<const PlannerSequence> batch, double* mean_context) const;
-  double gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate, int64_t gamma) const;
+  // `measured`: the fallback's verify from this engine's passes (then `costs` are in plain steps).
+  double gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate, int64_t gamma,
+                   const std::optional<MeasuredPassCosts::Verify>& measured = std::nullopt) const;
+  std::optional<MeasuredPassCosts::Verify> measured_verify(size_t batch) const {
+    return table_ ? std::nullopt : measured_.verify_cost(static_cast<int64_t>(batch));
+  }
 
   std::optional<QSpecCostTable> table_;
   MeasuredPassCosts measured_;  // without a table: this engine's own passes

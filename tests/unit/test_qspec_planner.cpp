@@ -447,28 +447,33 @@ TEST(QSpecPlanner, FallsBackToProvenNgramDraftsWithoutATable) {
   EXPECT_FALSE(planner.plan({}).speculates());
 }
 
-// The engine's own passes, timed: a plain step's time and each verify token's extra time per
-// batch-size class, used once a class has enough of both.
-TEST(QSpecPlanner, MeasuredPassCostsPriceAVerifyTokenPerBatchClass) {
+// The engine's own passes, timed: a plain step's time and a line through what verify passes add
+// per batch-size class, used once a class has enough of both.
+TEST(QSpecPlanner, MeasuredPassCostsFitWhatVerifiesAddPerBatchClass) {
   qspec::MeasuredPassCosts costs;
-  EXPECT_FALSE(costs.verify_token_cost(1).has_value());
+  EXPECT_FALSE(costs.verify_cost(1).has_value());
   for (int i = 0; i < 3; ++i) costs.observe(1, 1, 0.002);   // plain steps, batch 1: 2 ms
-  for (int i = 0; i < 4; ++i) costs.observe(1, 5, 0.0024);  // verifies of 4 drafts: +0.1 ms a token
-  EXPECT_FALSE(costs.verify_token_cost(1).has_value()) << "three plain steps are not enough";
+  for (int i = 0; i < 4; ++i) costs.observe(1, 5, 0.0024);  // verifies of 4 drafts: +0.4 ms
+  EXPECT_FALSE(costs.verify_cost(1).has_value()) << "three plain steps are not enough";
   costs.observe(1, 1, 0.002);
-  ASSERT_TRUE(costs.verify_token_cost(1).has_value());
-  EXPECT_NEAR(*costs.verify_token_cost(1), 0.05, 1e-9);  // 0.1 ms of a 2 ms step
-  // Batch 16 is another class (9-16), batches 9 and 16 the same one.
-  EXPECT_FALSE(costs.verify_token_cost(16).has_value());
-  for (int i = 0; i < 4; ++i) costs.observe(12, 12, 0.004), costs.observe(12, 36, 0.006);
-  ASSERT_TRUE(costs.verify_token_cost(9).has_value());
-  EXPECT_NEAR(*costs.verify_token_cost(16), (0.002 / 24) / 0.004, 1e-9);
-  EXPECT_FALSE(costs.verify_token_cost(17).has_value());
-  // Nonsense passes are ignored; a verify faster than the step counts as free, not negative.
+  ASSERT_TRUE(costs.verify_cost(1).has_value());
+  // One draft count seen: no intercept to tell apart, proportional (0.1 ms of a 2 ms step a token).
+  EXPECT_NEAR(costs.verify_cost(1)->per_token, 0.05, 1e-9);
+  EXPECT_NEAR(costs.verify_cost(1)->fixed, 0.0, 1e-9);
+  // Batch 5-8: leaving the plain step costs 0.5 ms, each verify token 0.05 ms more.
+  EXPECT_FALSE(costs.verify_cost(8).has_value());
+  for (int i = 0; i < 6; ++i)
+    costs.observe(6, 6, 0.002), costs.observe(6, 8, 0.0026), costs.observe(6, 14, 0.0029);
+  ASSERT_TRUE(costs.verify_cost(5).has_value());
+  EXPECT_NEAR(costs.verify_cost(8)->fixed, 0.25, 1e-6);
+  EXPECT_NEAR(costs.verify_cost(8)->per_token, 0.025, 1e-6);
+  EXPECT_FALSE(costs.verify_cost(9).has_value());
+  // Nonsense passes are ignored; verifies faster than the step count as free, never negative.
   costs.observe(0, 1, 1.0), costs.observe(4, 2, 1.0), costs.observe(1, 1, 0.0);
-  EXPECT_NEAR(*costs.verify_token_cost(1), 0.05, 1e-9);
-  for (int i = 0; i < 200; ++i) costs.observe(1, 3, 0.001);
-  EXPECT_NEAR(*costs.verify_token_cost(1), 0.0, 1e-6);
+  EXPECT_NEAR(costs.verify_cost(1)->per_token, 0.05, 1e-9);
+  for (int i = 0; i < 400; ++i) costs.observe(1, 3, 0.001);
+  EXPECT_NEAR(costs.verify_cost(1)->per_token, 0.0, 1e-6);
+  EXPECT_NEAR(costs.verify_cost(1)->fixed, 0.0, 1e-6);
 }
 
 // Without a table the planner learns what a verify token costs from the engine's passes: on a
