@@ -47,8 +47,8 @@ inline constexpr double kPriorWeight = 4.0;
 // follows a sequence moving from prose to code and back.
 inline constexpr double kAcceptanceDecay = 0.9;
 // Without a cost table for this device and model: n-gram drafts only (they read no weights, so
-// their cycle costs one verify pass), priced as if each verify token beyond the first cost 0.75
-// of a W4A16 step. Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at
+// their cycle costs one verify pass), priced by the engine's measured passes (below) and, until
+// it has them, as if each verify token beyond the first cost 0.75 of a W4A16 step. Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at
 // batch 64 and 8 K context, and 0.2-0.7 on the CPU (SmolLM2, 2 threads: the most at batch 4,
 // where the f32 lm_head runs for every verify row; docs/perf-notes.md), so this misprices real
 // gains as none rather than losses as gains: only lookups accepted ~85 % of the time run.
