@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +80,17 @@ std::vector<std::string> sorted_json_files(const std::string& dir) {
     if (item.path().extension() == ".json") files.push_back(item.path().string());
   std::sort(files.begin(), files.end());
   return files;
+}
+
+std::string file_name_slug(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c)) out += static_cast<char>(std::tolower(c));
+    else if (!out.empty() && out.back() != '-') out += '-';
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out;
 }
 
 }  // namespace qspec

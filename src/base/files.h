@@ -28,4 +28,9 @@ std::string read_text_file(const std::string& path, uint64_t max_bytes);
 // this way.
 std::vector<std::string> sorted_json_files(const std::string& dir);
 
+// `text` as part of a file name: lower case, each run of anything but letters and digits one '-',
+// none at the ends ("NVIDIA H200" -> "nvidia-h200"). Records, policy maps and cost tables are
+// named with it.
+std::string file_name_slug(const std::string& text);
+
 }  // namespace qspec

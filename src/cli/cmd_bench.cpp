@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "qspec/decode_plan.h"
+#include "base/files.h"
 #include "base/thread_pool.h"
 #include "bench/replay.h"
 #include "bench/step_costs.h"
@@ -188,8 +189,7 @@ void run_gpu(const BenchArgs& args) {
     options.context = context;
     const nlohmann::json record = run_gpu_bench(options);
     if (args.gpu.profile_step) return;
-    std::string gpu = record["gpu"].get<std::string>();
-    for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
+    const std::string gpu = file_name_slug(record["gpu"].get<std::string>());
     write_record(record, args.out_dir,
                  (args.gpu.gemm_ablation.empty() ? "gpu-decode-" : "gemm-ablation-") + name + "-" + gpu +
                      (contexts.size() > 1 ? "-ctx" + std::to_string(context) : std::string()) + ".json");
@@ -375,11 +375,6 @@ ReplayOptions replay_options(const BenchArgs& args) {
   return options;
 }
 
-std::string device_file_name(std::string device) {
-  for (char& ch : device) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
-  return device;
-}
-
 // --replay on the GPU: a synthetic full-size model (bench/cuda/gpu_bench.h's run_gpu_replay).
 void run_replay_gpu(const BenchArgs& args) {
 #ifdef QSPEC_HAVE_CUDA
@@ -393,7 +388,7 @@ void run_replay_gpu(const BenchArgs& args) {
   options.kv_cache = kv_cache_flag(args.kv_cache);
   const nlohmann::json record = run_gpu_replay(options, replay_options(args), args.replay);
   write_record(record, args.out_dir,
-               "replay-" + args.gpu.synthetic + "-" + device_file_name(record["gpu"].get<std::string>()) + ".json");
+               "replay-" + args.gpu.synthetic + "-" + file_name_slug(record["gpu"].get<std::string>()) + ".json");
 #else
   (void)args;
   fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");

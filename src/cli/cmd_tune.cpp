@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "cli/commands.h"
 #include "gemm/policy_map.h"
 #include "model/config.h"
@@ -44,10 +45,6 @@ struct TuneArgs {
   std::string from_record;
 };
 
-[[maybe_unused]] std::string slug(std::string text) {  // unused in builds without CUDA
-  for (char& ch : text) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
-  return text;
-}
 
 // --from-record: the maps a tuning record implies, on any machine (no GPU): another --min-gain,
 // or the reduced set of the ablation.
@@ -195,13 +192,13 @@ void run_tune(const TuneArgs& args) {
     reduced.save(args.without_split_bitwise_out);
     std::printf("wrote %s (without Split and Bitwise)\n", args.without_split_bitwise_out.c_str());
   }
-  const std::string out = args.out.empty() ? "bench/policies/" + slug(map.gpu) + "-" + name + ".json" : args.out;
+  const std::string out = args.out.empty() ? "bench/policies/" + file_name_slug(map.gpu) + "-" + name + ".json" : args.out;
   if (std::filesystem::path(out).has_parent_path()) std::filesystem::create_directories(std::filesystem::path(out).parent_path());
   map.save(out);
   std::printf("wrote %s\n", out.c_str());
   if (!args.record_dir.empty()) {
     std::filesystem::create_directories(args.record_dir);
-    const std::string path = args.record_dir + "/gemm-tune-" + name + "-" + slug(map.gpu) + ".json";
+    const std::string path = args.record_dir + "/gemm-tune-" + name + "-" + file_name_slug(map.gpu) + ".json";
     std::ofstream(path) << record.dump(1) << "\n";
     std::printf("wrote %s\n", path.c_str());
   }

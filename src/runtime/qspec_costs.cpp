@@ -446,16 +446,7 @@ QSpecCostTable QSpecCostTable::from_gpu_bench_record(const json& record, const M
 }
 
 std::string cost_table_file_name(const std::string& device, const std::string& model) {
-  auto slug = [](std::string text) {
-    for (char& ch : text) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
-    // One '-' for each run of them, none at the ends.
-    std::string out;
-    for (char ch : text)
-      if (ch != '-' || (!out.empty() && out.back() != '-')) out += ch;
-    while (!out.empty() && out.back() == '-') out.pop_back();
-    return out;
-  };
-  return "qspec-costs-" + slug(device) + "-" + slug(model) + ".json";
+  return "qspec-costs-" + file_name_slug(device) + "-" + file_name_slug(model) + ".json";
 }
 
 std::string find_cost_table(const std::vector<std::string>& dirs, const std::string& device, const ModelShape& shape,
