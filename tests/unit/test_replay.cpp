@@ -10,6 +10,7 @@
 #include <map>
 
 #include "bench/replay.h"
+#include "cli_run.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
 #include "runtime/backend.h"
@@ -182,6 +183,41 @@ TEST(Replay, TextsFileErrorsNameTheFile) {
   EXPECT_THROW(qspec::run_replay(*fixture().model, bad, options,
                                  [&](int64_t) { return qspec::make_cpu_backend(*fixture().model); }),
                qspec::Error);
+}
+
+// `qspec bench MODEL --replay TEXTS` on the CPU: the table, the JSON record, and its flags' errors.
+TEST(Replay, TheBenchCommandReplaysAndWritesItsRecord) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("replay-cli-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto all = texts(/*repeating=*/true, 16);
+  nlohmann::json saved = {{"max_tokens", 16}, {"prompts", nlohmann::json::array()}, {"outputs", nlohmann::json::array()}};
+  for (const auto& text : all) saved["prompts"].push_back(text.prompt), saved["outputs"].push_back(text.output);
+  const std::string file = (dir / "texts.json").string();
+  std::ofstream(file) << saved.dump();
+  int code = 0;
+  const std::string out = qspec_test::run_qspec(
+      "-t 1 bench " + kModel + " --replay " + file +
+          " --replay-drafts ngram --replay-gammas 2 --batch-sizes 1,2 --replay-requests 3 --replay-rounds 1 "
+          "--qspec-costs none -o " + (dir / "out").string(),
+      code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("replaying 3 texts"), std::string::npos) << out;
+  std::ifstream record_file(dir / "out" / "replay-gsm-synth-llama.json");
+  ASSERT_TRUE(record_file.good()) << out;
+  const nlohmann::json record = nlohmann::json::parse(record_file);
+  EXPECT_EQ(record["benchmark"], "cpu_replay");
+  ASSERT_EQ(record["rows"].size(), 4u);  // batch 1 and 2: w4a16, ngram g2
+  for (const auto& row : record["rows"]) EXPECT_EQ(row["identical_to_text"].get<int64_t>(), 3) << row.dump();
+
+  const std::string both = qspec_test::run_qspec(
+      "-t 1 bench " + kModel + " --replay " + file + " --replay-requests 2 --replay-waves 1 --batch-sizes 1", code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(both.find("requests or waves"), std::string::npos) << both;
+  const std::string missing = qspec_test::run_qspec("-t 1 bench " + kModel + " --replay " + (dir / "none.json").string(), code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(missing.find("none.json"), std::string::npos) << missing;
+  fs::remove_all(dir);
 }
 
 TEST(Replay, AnEngineOverAModelWithoutWeightsDecodesAsItsBackendsModel) {
