@@ -110,6 +110,7 @@ struct Sequence {
   std::vector<DraftAcceptance> acceptance;
   NgramAcceptance ngram_acceptance;
   NgramProbe ngram_probe;
+  NgramIndex ngram_index;  // its prompt lookups, kept up to date as its tokens grow
   RequestMetrics metrics;
   Clock::time_point submitted;
   bool scheduled = false;
@@ -539,8 +540,9 @@ struct Engine::Impl {
       p.room = std::min(plan.max_gamma, seq.budget - seq.generated() - 1);
       NgramLookup lookup;
       if (ngram_candidate >= 0) {
-        seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance);
-        lookup = ngram_lookup(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
+        seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance,
+                               &seq.ngram_index);
+        lookup = seq.ngram_index.lookup(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
         const bool ngram = static_cast<int>(c) == ngram_candidate;
@@ -647,7 +649,7 @@ struct Engine::Impl {
     const auto start = Clock::now();
     Sequence& seq = *unit.seq;
     const DecodePlan& plan = seq.request.plan;
-    for (int32_t d : ngram_draft(seq.tokens, unit.gamma, plan.ngram_min, plan.ngram_max)) {
+    for (int32_t d : seq.ngram_index.lookup(seq.tokens, unit.gamma, plan.ngram_min, plan.ngram_max).tokens) {
       unit.drafts.push_back(d);
       if (is_eos(seq, d)) {
         unit.draft_ended = true;

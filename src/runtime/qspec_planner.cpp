@@ -25,7 +25,7 @@ double DraftAcceptance::estimate(double prior, double weight) const {
 }
 
 void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-                        NgramAcceptance& acceptance) {
+                        NgramAcceptance& acceptance, NgramIndex* index) {
   if (!proposal_.empty()) {
     const size_t committed = tokens.size() >= start_ ? tokens.size() - start_ : 0;
     const size_t checkable = std::min(committed, proposal_.size());
@@ -36,7 +36,8 @@ void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int
     else return;  // undecided: the tokens so far agree and more are to come
     proposal_.clear();
   }
-  NgramLookup lookup = ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
+  NgramLookup lookup = index ? index->lookup(tokens, max_tokens, ngram_min, ngram_max)
+                             : ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
   proposal_ = std::move(lookup.tokens);
   match_ = lookup.match;
   start_ = tokens.size();

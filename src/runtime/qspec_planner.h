@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/ngram_draft.h"
 #include "runtime/qspec_costs.h"
 
 namespace qspec {
@@ -113,8 +114,9 @@ class NgramProbe {
   // Resolves the outstanding proposal once `tokens` decide it (a mismatch, or all of it
   // matched), feeding `acceptance` (in the class of the proposal's match); then, when none is
   // outstanding, proposes up to `max_tokens` from `tokens`.
+  // `index`: the sequence's NgramIndex for the lookup (null: ngram_lookup's scan, the same answer).
   void update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-              NgramAcceptance& acceptance);
+              NgramAcceptance& acceptance, NgramIndex* index = nullptr);
 
  private:
   std::vector<int32_t> proposal_;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <random>
 
 #include "model/llama.h"
 #include "qspec/engine.h"
@@ -56,6 +57,48 @@ TEST(NgramDraft, NothingWithoutARecurrenceOrBelowTheShortestLength) {
 
 // The second token of QSpec with n-gram drafts, sampled by the engine, against the exact
 // W4A16 distribution p(t1) = sum over t0 of p(t0) p(t1 | t0).
+// The incremental index answers what the scan answers, lookup after lookup as a sequence grows
+// (one token or a cycle's several at a time), over small and large vocabularies, every n-gram
+// range and draft length; and starts again when the tokens did not just grow.
+TEST(NgramDraft, IndexAnswersExactlyWhatTheScanAnswers) {
+  std::mt19937 random(7);
+  int64_t lookups = 0, matches = 0;
+  for (int vocab : {3, 12, 1000}) {
+    for (auto [ngram_min, ngram_max] : {std::pair<int64_t, int64_t>{1, 3}, {2, 4}, {1, 1}, {3, 8}}) {
+      qspec::NgramIndex index;
+      std::vector<int32_t> tokens;
+      std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+      std::uniform_int_distribution<int> grow(1, 4), gamma(1, 8);
+      while (tokens.size() < 600) {
+        // Half the time repeat a stretch from earlier, so long matches occur.
+        if (tokens.size() > 20 && random() % 2 == 0) {
+          const size_t from = random() % (tokens.size() - 10);
+          for (int i = grow(random); i > 0; --i) tokens.push_back(tokens[from + static_cast<size_t>(i)]);
+        } else {
+          for (int i = grow(random); i > 0; --i) tokens.push_back(id(random));
+        }
+        const int64_t max_tokens = gamma(random);
+        const qspec::NgramLookup want = qspec::ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
+        const qspec::NgramLookup got = index.lookup(tokens, max_tokens, ngram_min, ngram_max);
+        ASSERT_EQ(got.tokens, want.tokens) << "vocab " << vocab << ", length " << tokens.size();
+        ASSERT_EQ(got.match, want.match) << "vocab " << vocab << ", length " << tokens.size();
+        ++lookups, matches += want.match > 0;
+      }
+      // Not grown: shorter, or another token where the index ended.
+      tokens.resize(300);
+      EXPECT_EQ(index.lookup(tokens, 4, ngram_min, ngram_max).tokens, qspec::ngram_lookup(tokens, 4, ngram_min, ngram_max).tokens);
+      tokens.back() = tokens.back() + 1;
+      tokens.push_back(tokens[10]);
+      EXPECT_EQ(index.lookup(tokens, 4, ngram_min, ngram_max).tokens, qspec::ngram_lookup(tokens, 4, ngram_min, ngram_max).tokens);
+      // Other lengths asked of the same index.
+      EXPECT_EQ(index.lookup(tokens, 4, 1, 2).tokens, qspec::ngram_lookup(tokens, 4, 1, 2).tokens);
+    }
+  }
+  EXPECT_GT(matches, lookups / 2);  // the comparison saw mostly hits, long and short
+  EXPECT_TRUE(qspec::NgramIndex().lookup(std::vector<int32_t>{}, 4, 1, 3).tokens.empty());
+  EXPECT_TRUE(qspec::NgramIndex().lookup(std::vector<int32_t>{5}, 4, 1, 3).tokens.empty());
+}
+
 TEST(NgramDraft, EngineRejectionSamplingKeepsTheVerifyDistribution) {
   auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
   model->quantize_weights(qspec::quant::Format::int4);
