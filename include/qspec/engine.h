@@ -29,6 +29,10 @@ struct EngineOptions {
   int64_t max_batch_size = 16;     // running sequences at a time
   int64_t max_batch_tokens = 512;  // tokens of one step; prompt chunks fill what decoding leaves
   int64_t prefill_chunk = 256;     // prompt tokens of one sequence in one step (chunked prefill)
+  // Benchmarks only: no decoding while a running sequence still has prompt tokens to prefill, so
+  // every step is prompt chunks or decoding, never both (`qspec bench --replay-prefill-first`
+  // times a batch's decoding alone). Serving keeps it off: a new request would stall the others.
+  bool prefill_first = false;
   int64_t kv_blocks = 0;           // blocks in the pool; 0: room for max_batch_size full contexts,
                                    // capped at kv_memory_bytes
   int64_t kv_block_size = 16;      // positions per block

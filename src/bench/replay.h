@@ -83,7 +83,9 @@ struct ReplayOptions {
   int64_t waves = 0;
   int rounds = 3;  // every run this many times, the runs of a round in turn; medians reported
   std::string qspec_costs = "auto";  // EngineOptions::qspec_costs for auto
-  EngineOptions engine;              // max_batch_size is set per batch size
+  // max_batch_size is set per batch size; prefill_first makes the drain columns a batch's
+  // decoding alone (with waves = 1: the same full batch for every run).
+  EngineOptions engine;
 };
 
 // Builds the engine's inner backend for a batch size (a GPU model holds max_batch_size slots).

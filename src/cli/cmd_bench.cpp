@@ -412,6 +412,7 @@ void run_replay_cpu(const BenchArgs& args) {
                  {"texts", args.replay},
                  {"text_count", texts.size()},
                  {"rounds", options.rounds},
+                 {"prefill_first", options.engine.prefill_first},
                  {"qspec_costs", options.qspec_costs},
                  {"rows", rows}});
   write_record(record, args.out_dir, record_file("replay", args.model_dir));
@@ -550,6 +551,9 @@ void register_bench(CLI::App& app) {
                       "with 1 and long prompts, the drain columns are a full batch decoding without prefill")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command->add_flag("--replay-prefill-first", args->replay_options.engine.prefill_first,
+                    "--replay: no decoding while a prompt is still prefilling (EngineOptions::prefill_first): with "
+                    "--replay-waves 1 every run's drain columns time the same full batch decoding alone");
   command->add_option("--replay-rounds", args->replay_options.rounds,
                       "--replay: every run this many times in turn (medians reported)")
       ->check(CLI::Range(1, 20))

@@ -568,9 +568,13 @@ struct Engine::Impl {
   std::vector<Unit> plan() {
     std::vector<Unit> units;
     int64_t budget = options.max_batch_tokens;
-    const StepPlan auto_step = plan_auto_step();
+    // EngineOptions::prefill_first: decoding waits for every running prompt.
+    const bool hold_decoding = options.prefill_first && std::any_of(running.begin(), running.end(), [](const auto& s) {
+                                 return !s->finished && s->generated() == 0;
+                               });
+    const StepPlan auto_step = hold_decoding ? StepPlan{} : plan_auto_step();
     // Decoding first (one token, or a QSpec cycle of gamma + 1), then prompt chunks.
-    for (int pass = 0; pass < 2; ++pass) {
+    for (int pass = hold_decoding ? 1 : 0; pass < 2; ++pass) {
       for (size_t i = 0; i < running.size(); ++i) {
         Sequence* seq = running[i].get();
         if (seq->finished || seq->decoding() != (pass == 0)) continue;

@@ -199,6 +199,7 @@ TEST(Replay, TheBenchCommandReplaysAndWritesItsRecord) {
   const std::string out = qspec_test::run_qspec(
       "-t 1 bench " + kModel + " --replay " + file +
           " --replay-drafts ngram --replay-gammas 2 --batch-sizes 1,2 --replay-requests 3 --replay-rounds 1 "
+          "--replay-prefill-first "
           "--qspec-costs none -o " + (dir / "out").string(),
       code);
   ASSERT_EQ(code, 0) << out;
@@ -207,6 +208,7 @@ TEST(Replay, TheBenchCommandReplaysAndWritesItsRecord) {
   ASSERT_TRUE(record_file.good()) << out;
   const nlohmann::json record = nlohmann::json::parse(record_file);
   EXPECT_EQ(record["benchmark"], "cpu_replay");
+  EXPECT_EQ(record["prefill_first"], true);
   ASSERT_EQ(record["rows"].size(), 4u);  // batch 1 and 2: w4a16, ngram g2
   for (const auto& row : record["rows"]) EXPECT_EQ(row["identical_to_text"].get<int64_t>(), 3) << row.dump();
 
@@ -218,6 +220,65 @@ TEST(Replay, TheBenchCommandReplaysAndWritesItsRecord) {
   EXPECT_NE(code, 0);
   EXPECT_NE(missing.find("none.json"), std::string::npos) << missing;
   fs::remove_all(dir);
+}
+
+// A backend that counts the passes holding both a prompt chunk (a run of several tokens, or one
+// whose rows are not wanted) and a decode token (one token, its next one wanted).
+class MixCounter final : public qspec::Backend {
+ public:
+  explicit MixCounter(std::unique_ptr<qspec::Backend> inner) : inner_(std::move(inner)) {}
+  int64_t* mixed = nullptr;
+  void check_mode(const qspec::RunMode& mode, const std::string& field) const override { inner_->check_mode(mode, field); }
+  bool kv_in_pool() const override { return inner_->kv_in_pool(); }
+  std::string device_name() const override { return inner_->device_name(); }
+  qspec::PassResult forward(const qspec::RunMode& mode, std::span<const qspec::PassRun> runs) override {
+    bool prompt = false, decode = false;
+    for (const qspec::PassRun& run : runs) {
+      const bool one = run.tokens.size() == 1 && run.output == qspec::PassRun::Output::last;
+      (one ? decode : prompt) = true;
+    }
+    *mixed += prompt && decode;
+    return inner_->forward(mode, runs);
+  }
+  std::vector<float> logits() override { return inner_->logits(); }
+
+ private:
+  std::unique_ptr<qspec::Backend> inner_;
+};
+
+// EngineOptions::prefill_first: no step both prefills and decodes; the tokens are the same.
+TEST(Replay, PrefillFirstKeepsDecodingOutOfPromptSteps) {
+  const qspec::LlamaModel& model = *fixture().model;
+  auto run = [&](bool prefill_first, int64_t& mixed) {
+    qspec::EngineOptions options;
+    options.max_batch_size = 3;
+    options.prefill_chunk = 8;  // several chunks a prompt, so early prompts finish first
+    options.max_batch_tokens = 12;
+    options.prefill_first = prefill_first;
+    auto counter = std::make_unique<MixCounter>(qspec::make_cpu_backend(model));
+    counter->mixed = &mixed;
+    qspec::Engine engine(model, nullptr, options, std::move(counter));
+    std::vector<std::vector<int32_t>> out(fixture().prompts.size());
+    std::map<qspec::RequestId, size_t> index;
+    for (size_t i = 0; i < fixture().prompts.size(); ++i) {
+      qspec::Request request;
+      request.prompt = fixture().prompts[i];
+      request.max_new_tokens = 10;
+      request.plan.mode = "w4a16";
+      index[engine.submit(request, [&](const qspec::TokenEvent& e) {
+        auto& o = out[index.at(e.id)];
+        o.insert(o.end(), e.tokens.begin(), e.tokens.end());
+      })] = i;
+    }
+    engine.run_until_idle();
+    return out;
+  };
+  int64_t mixed_default = 0, mixed_first = 0;
+  const auto plain = run(false, mixed_default);
+  const auto first = run(true, mixed_first);
+  EXPECT_GT(mixed_default, 0) << "the default overlaps prefill and decoding";
+  EXPECT_EQ(mixed_first, 0);
+  EXPECT_EQ(first, plain);
 }
 
 TEST(Replay, AnEngineOverAModelWithoutWeightsDecodesAsItsBackendsModel) {

@@ -1120,6 +1120,7 @@ nlohmann::json run_gpu_replay(const GpuBenchOptions& options, ReplayOptions repl
           {"text_count", texts.size()},
           {"longest_text", longest},
           {"rounds", replay.rounds},
+          {"prefill_first", replay.engine.prefill_first},
           {"qspec_costs", replay.qspec_costs},
           {"commit", options.commit},
           {"command", options.command_line},
