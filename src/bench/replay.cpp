@@ -48,9 +48,9 @@ void ReplayBackend::release(uint64_t sequence) { inner_->release(sequence); }
 PassResult ReplayBackend::forward(const RunMode& mode, std::span<const PassRun> runs) {
   PassResult pass = inner_->forward(mode, runs);
   rows_.clear();
-  rows_taken_ = false;
+  rows_from_inner_ = pass.ids.empty();
   last_replayed_ = false;
-  if (pass.ids.empty()) {
+  if (rows_from_inner_) {
     // A backend of logit rows only (the CPU's): the argmax of each (lowest id on ties, as the
     // engine's greedy pick), so the replayed rows can be given as ids.
     rows_ = inner_->logits();
@@ -87,11 +87,7 @@ PassResult ReplayBackend::forward(const RunMode& mode, std::span<const PassRun> 
 std::vector<float> ReplayBackend::logits() {
   QSPEC_CHECK(!last_replayed_, "replay: the engine asked for the logit rows of a replayed pass (its ids are the "
               "recorded text's, its rows the model's): replay greedy requests without log-probabilities");
-  if (!rows_.empty() || rows_taken_) {
-    rows_taken_ = true;
-    return std::move(rows_);
-  }
-  return inner_->logits();
+  return rows_from_inner_ ? std::move(rows_) : inner_->logits();
 }
 
 namespace {

@@ -63,8 +63,10 @@ class ReplayBackend final : public Backend {
   std::string target_key_;
   int64_t vocab_;
   std::map<uint64_t, const ReplayText*> texts_;
-  std::vector<float> rows_;     // the inner backend's rows, when it gave no ids (the CPU's)
-  bool rows_taken_ = false;     // rows_ was asked for (or moved out)
+  // The last pass's rows, taken from the inner backend when it gave no ids (the CPU's): logits()
+  // hands them on, as the inner backend gives each pass's rows once.
+  bool rows_from_inner_ = false;
+  std::vector<float> rows_;
   bool last_replayed_ = false;  // the last pass had replayed rows
   int64_t replayed_rows_ = 0;
 };

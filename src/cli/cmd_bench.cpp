@@ -140,8 +140,9 @@ std::string record_file(const std::string& prefix, const std::string& model_dir)
   return prefix + "-" + name + ".json";
 }
 
-void run_gpu(const BenchArgs& args) {
 #ifdef QSPEC_HAVE_CUDA
+// The GPU benchmark's options as the flags left them (bench --device cuda, and its --replay).
+GpuBenchOptions gpu_bench_options(const BenchArgs& args) {
   GpuBenchOptions options = args.gpu;
   options.model_dir = args.model_dir;
   options.modes = args.modes;
@@ -160,12 +161,26 @@ void run_gpu(const BenchArgs& args) {
                 "brings its own 4-bit weights)");
     options.synthetic_group = args.group_size;
   }
+  options.kv_cache = kv_cache_flag(args.kv_cache);
+  return options;
+}
+
+// A GPU record's model in its file name: the synthetic model or checkpoint directory, then its
+// weight format, group and KV cache where they are not the defaults.
+std::string gpu_record_model_name(const BenchArgs& args, const GpuBenchOptions& options) {
   std::string name = args.gpu.synthetic;
   if (name.empty()) name = std::filesystem::path(args.model_dir).filename().string();
   if (options.synthetic_weights != quant::Format::int4) name += "-" + std::string(quant::format_name(options.synthetic_weights));
   if (options.synthetic_group != 128) name += "-g" + std::to_string(options.synthetic_group);
-  options.kv_cache = kv_cache_flag(args.kv_cache);
   if (options.kv_cache != KvCacheFormat::f16) name += "-kv" + std::string(kv_cache_format_name(options.kv_cache));
+  return name;
+}
+#endif
+
+void run_gpu(const BenchArgs& args) {
+#ifdef QSPEC_HAVE_CUDA
+  GpuBenchOptions options = gpu_bench_options(args);
+  const std::string name = gpu_record_model_name(args, options);
   const bool costs = !args.qspec_costs_out.empty();
   ModelShape shape;
   nlohmann::json trace;
@@ -378,17 +393,11 @@ ReplayOptions replay_options(const BenchArgs& args) {
 // --replay on the GPU: a synthetic full-size model (bench/cuda/gpu_bench.h's run_gpu_replay).
 void run_replay_gpu(const BenchArgs& args) {
 #ifdef QSPEC_HAVE_CUDA
-  GpuBenchOptions options = args.gpu;
-  options.cuda_graphs = !args.no_graphs;
-  options.programmatic_launch = !args.no_pdl;
-  options.command_line = args.command_line;
-  options.commit = git_commit();
-  if (!args.weights.empty()) options.synthetic_weights = quant::parse_format(args.weights);
-  if (args.group_size != 0) options.synthetic_group = args.group_size;
-  options.kv_cache = kv_cache_flag(args.kv_cache);
+  const GpuBenchOptions options = gpu_bench_options(args);
   const nlohmann::json record = run_gpu_replay(options, replay_options(args), args.replay);
   write_record(record, args.out_dir,
-               "replay-" + args.gpu.synthetic + "-" + file_name_slug(record["gpu"].get<std::string>()) + ".json");
+               "replay-" + gpu_record_model_name(args, options) + "-" + file_name_slug(record["gpu"].get<std::string>()) +
+                   ".json");
 #else
   (void)args;
   fail("bench --device cuda: this qspec was built without the CUDA backend (no nvcc at configure time)");

@@ -7,11 +7,6 @@
 
 namespace qspec {
 
-std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min,
-                                 int64_t ngram_max) {
-  return ngram_lookup(tokens, max_tokens, ngram_min, ngram_max).tokens;
-}
-
 namespace {
 
 // The latest start of the suffix of length n before it (ending before the last token), or -1.

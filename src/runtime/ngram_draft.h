@@ -10,13 +10,10 @@
 namespace qspec {
 
 // Up to max_tokens ids that followed the most recent earlier occurrence of the longest suffix
-// of `tokens` whose length is in ngram_min..ngram_max; empty when no such suffix recurs.
-std::vector<int32_t> ngram_draft(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min,
-                                 int64_t ngram_max);
-
-// The same lookup with the length of the suffix it matched (0 when none): a longer match is
-// kept more often (SmolLM2's GSM8K chat answers: the first draft 32 / 62 / 81 % of the time
-// after a match of 1 / 2 / 3 tokens), so the planner weighs each lookup by it.
+// of `tokens` whose length is in ngram_min..ngram_max (none when no such suffix recurs), and the
+// length of the suffix it matched (0 when none): a longer match is kept more often (SmolLM2's
+// GSM8K chat answers: the first draft 32 / 62 / 81 % of the time after a match of 1 / 2 / 3
+// tokens), so the planner weighs each lookup by it.
 struct NgramLookup {
   std::vector<int32_t> tokens;
   int64_t match = 0;

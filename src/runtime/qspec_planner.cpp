@@ -79,7 +79,8 @@ std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t 
   if (k.step_weight < needed - 1e-9 || k.weight < needed - 1e-9) return std::nullopt;
   // Least squares y = fixed + per_token x over the verify passes; neither part negative (a line
   // through the origin when the intercept would be, a flat one when the slope would be), and a
-  // flat one when the passes all had about the same extra tokens (no slope to see).
+  // line through the origin when the passes all had about the same extra tokens (no intercept
+  // to tell apart).
   const double spread = k.weight * k.xx - k.x * k.x;
   double fixed = 0, per_token = 0;
   if (spread > 1e-9 * k.weight * k.xx) {
@@ -91,7 +92,7 @@ std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t 
   if (per_token < 0) per_token = 0, fixed = k.y / k.weight;
   if (fixed < 0) fixed = 0, per_token = std::max(k.xy / k.xx, 0.0);
   const double step = k.step_seconds / k.step_weight;
-  return Verify{std::max(fixed, 0.0) / step, per_token / step};
+  return Verify{fixed / step, per_token / step};
 }
 
 QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::optional<std::vector<std::string>> drafts,

@@ -2105,15 +2105,15 @@ TEST_F(Gpu, W4A16TiledMatchesSmallMBitwise) {
   }
 }
 
-// The preload kernel (variant 5: bulk copies into per-warp shared-memory rings) gives the
-// register-ring kernel's bits for the same split count: rings that hold the whole split and
-// rings that wrap many times (k 14336 in one split), odd n, k with a half chunk at the end,
-// groups of 32 / 64 / 128, slices of 1-16 tokens and a 17-token call (two slices).
 // The shapes of the preload kernel's bitwise tests (W4A16 and W4A8): n not a multiple of the
 // block's rows, k of one slot a part to many, groups of 32 / 64 / 128, k % 64 == 32 (the tail pair).
 constexpr std::tuple<int64_t, int64_t, int64_t> kPreloadBitwiseShapes[] = {
     {4097, 4096, 128}, {300, 14336, 128}, {1000, 160, 32}, {256, 704, 64}, {33, 96, 32}, {6144, 4096, 128}};
 
+// The preload kernel (variant 5: bulk copies into per-warp shared-memory rings) gives the
+// register-ring kernel's bits for the same split count: rings that hold the whole split and
+// rings that wrap many times (k 14336 in one split), odd n, k with a half chunk at the end,
+// groups of 32 / 64 / 128, slices of 1-16 tokens and a 17-token call (two slices).
 TEST_F(Gpu, W4A16PreloadEqualsRegisterRingBitwise) {
   if (qspec::cuda::compute_capability() != 90) {
     std::printf("  skipped: variant 5 runs on sm_90a only (this GPU is sm_%d)\n", qspec::cuda::compute_capability());

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "gsm_synth_fixture.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
 #include "runtime/backend.h"
@@ -25,23 +26,10 @@
 
 namespace {
 
-const std::string kModel = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+const std::string& kModel = qspec_test::kGsmSynthModel;
 
-struct Fixture {
-  std::unique_ptr<qspec::LlamaModel> model;
-  std::unique_ptr<qspec::Tokenizer> tokenizer;
-  std::vector<std::vector<int32_t>> prompts;
-  Fixture() {
-    model = qspec::LlamaModel::load(kModel);
-    model->quantize_weights(qspec::quant::Format::int4);
-    tokenizer = qspec::Tokenizer::load(kModel);
-    for (const char* q : {"Tom has 3 apples and buys 5 more. How many apples does he have?",
-                          "A box holds 12 pens. How many pens are in 4 boxes?",
-                          "Sara had 40 dollars and spent 15. How much money is left?",
-                          "A train travels 60 miles per hour for 3 hours. How far does it go?",
-                          "There are 7 days in a week. How many days are in 5 weeks?"})
-      prompts.push_back(tokenizer->encode(std::string("Question: ") + q + "\nAnswer:"));
-  }
+struct Fixture : qspec_test::GsmSynthInt4 {
+  Fixture() : GsmSynthInt4(5) {}
 };
 
 Fixture& fixture() {

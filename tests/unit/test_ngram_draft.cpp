@@ -18,8 +18,12 @@
 
 namespace {
 
-using qspec::ngram_draft;
 using Ids = std::vector<int32_t>;
+
+// The drafts of a lookup.
+Ids ngram_draft(const Ids& tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max) {
+  return qspec::ngram_lookup(tokens, max_tokens, ngram_min, ngram_max).tokens;
+}
 
 TEST(NgramDraft, TakesTheMostRecentContinuationOfTheLongestRecurringSuffix) {
   // Suffix [7, 8] recurs at 1 and 5 (the most recent: 5, followed by 2 9 7 8); [6, 7, 8] not.
@@ -41,7 +45,9 @@ TEST(NgramDraft, LookupReportsTheMatchedSuffixLength) {
   EXPECT_EQ(three.tokens, (std::vector<int32_t>{8, 1}));
   EXPECT_EQ(qspec::ngram_lookup(tokens, 2, 1, 2).match, 2);
   EXPECT_EQ(qspec::ngram_lookup(std::vector<int32_t>{1, 2, 3}, 2, 1, 3).match, 0);  // nothing recurs
-  EXPECT_EQ(qspec::ngram_draft(tokens, 2, 1, 3), three.tokens);
+  const qspec::NgramLookup indexed = qspec::NgramIndex().lookup(tokens, 2, 1, 3);
+  EXPECT_EQ(indexed.tokens, three.tokens);
+  EXPECT_EQ(indexed.match, 3);
 }
 
 TEST(NgramDraft, NothingWithoutARecurrenceOrBelowTheShortestLength) {

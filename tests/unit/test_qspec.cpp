@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "gsm_synth_fixture.h"
 #include "model/draft_skip.h"
 #include "model/draft_vocab.h"
 #include "model/llama.h"
@@ -23,22 +24,11 @@
 
 namespace {
 
-const std::string kModel = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+const std::string& kModel = qspec_test::kGsmSynthModel;
 const std::vector<std::string> kDraftModes = {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"};
 
-struct Fixture {
-  std::unique_ptr<qspec::LlamaModel> model;
-  std::unique_ptr<qspec::Tokenizer> tokenizer;
-  std::vector<std::vector<int32_t>> prompts;
-  Fixture() {
-    model = qspec::LlamaModel::load(kModel);
-    model->quantize_weights(qspec::quant::Format::int4);
-    tokenizer = qspec::Tokenizer::load(kModel);
-    for (const char* q : {"Tom has 3 apples and buys 5 more. How many apples does he have?",
-                          "A box holds 12 pens. How many pens are in 4 boxes?",
-                          "Sara had 40 dollars and spent 15. How much money is left?"})
-      prompts.push_back(tokenizer->encode(std::string("Question: ") + q + "\nAnswer:"));
-  }
+struct Fixture : qspec_test::GsmSynthInt4 {
+  Fixture() : GsmSynthInt4(3) {}
 };
 
 Fixture& fixture() {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "gsm_synth_fixture.h"
 #include "bench/replay.h"
 #include "cli_run.h"
 #include "model/llama.h"
@@ -19,20 +20,10 @@
 
 namespace {
 
-const std::string kModel = QSPEC_SOURCE_DIR "/models/gsm-synth-llama";
+const std::string& kModel = qspec_test::kGsmSynthModel;
 
-struct Fixture {
-  std::unique_ptr<qspec::LlamaModel> model;
-  std::vector<std::vector<int32_t>> prompts;
-  Fixture() {
-    model = qspec::LlamaModel::load(kModel);
-    model->quantize_weights(qspec::quant::Format::int4);
-    const auto tokenizer = qspec::Tokenizer::load(kModel);
-    for (const char* q : {"Tom has 3 apples and buys 5 more. How many apples does he have?",
-                          "A box holds 12 pens. How many pens are in 4 boxes?",
-                          "Sara had 40 dollars and spent 15. How much money is left?"})
-      prompts.push_back(tokenizer->encode(std::string("Question: ") + q + "\nAnswer:"));
-  }
+struct Fixture : qspec_test::GsmSynthInt4 {
+  Fixture() : GsmSynthInt4(3) {}
 };
 
 Fixture& fixture() {
