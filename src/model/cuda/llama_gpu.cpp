@@ -265,27 +265,9 @@ std::optional<bool> verify_graphs_override() {
   return override_value;
 }
 
-// A verify step's graph key holds its longest run: QSpec verifies at most kMaxChainSteps + 1
-// tokens a run (a longer multi-token step, such as a perplexity window, runs its kernels directly).
+// A verify step's graph key holds its tokens a run: QSpec verifies at most kMaxChainSteps + 1
+// (a longer uniform multi-token step, such as a perplexity window, runs its kernels directly).
 constexpr int64_t kMaxVerifyGraphTokens = 17;
-// Verify graphs kept at once (the least recently used goes): a QSpec pass's shape varies with its
-// runs' draft lengths, so keys keep coming; each graph holds a few hundred kernel nodes.
-constexpr size_t kMaxVerifyGraphs = 256;
-
-// A verify pass runs as the graph of a few shapes: its tokens rounded up to the GEMM kernels' own
-// steps (8 up to 16 tokens: the preload kernel's token tiles; then 16, 32 and 64), its longest run
-// to a power of two. The tokens past the runs' (no run holds them: no K/V is written or read for
-// them, their logits are never returned) only widen the GEMMs within the token tiles they already
-// run, and the longer query tiles of the attention and K/V write exit at each run's end.
-int64_t verify_graph_tokens(int64_t tokens) {
-  const int64_t step = tokens <= 16 ? 8 : tokens <= 64 ? 16 : tokens <= 256 ? 32 : 64;
-  return (tokens + step - 1) / step * step;
-}
-int64_t verify_graph_run_tokens(int64_t max_query_len) {
-  int64_t rounded = 2;
-  while (rounded < max_query_len) rounded *= 2;
-  return std::min(rounded, kMaxVerifyGraphTokens);
-}
 
 }  // namespace
 
@@ -358,23 +340,8 @@ struct GpuLlama::State {
   // A draft's diet: its KV view (window, sinks) and its vocabulary subset.
   using KvViewKey = std::tuple<int64_t, int64_t, int64_t, KvView>;
   std::map<std::tuple<int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> decode_graphs;
-  // (runs, tokens, longest run, context bucket, whether run r is sequence r, activations, kv view),
-  // the tokens and longest run rounded (verify_graph_tokens / _run_tokens): verify steps. A shape
-  // is captured the second time it is seen (one seen once runs its kernels), at most
-  // kMaxVerifyGraphs at once, the least recently used dropped.
-  using VerifyKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, GpuActivations, KvViewKey>;
-  struct VerifyGraph {
-    cuda::Graph graph;  // invalid until the shape's second sighting
-    int64_t last_use = 0;
-    bool seen = false;
-  };
-  std::map<VerifyKey, VerifyGraph> verify_graphs_by_shape;
-  int64_t verify_graph_uses = 0;
-  int64_t verify_graph_count() const {
-    int64_t count = 0;
-    for (const auto& [key, entry] : verify_graphs_by_shape) count += entry.graph.valid() ? 1 : 0;
-    return count;
-  }
+  // (runs, tokens a run, context bucket, whether run r is sequence r, activations, kv view): verify steps.
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, GpuActivations, KvViewKey>, cuda::Graph> verify_graphs_by_shape;
 
   ~State() {
     decode_graphs.clear();
@@ -600,36 +567,26 @@ struct GpuLlama::State {
     }
     found->second.launch(stream);
   }
-  // A QSpec verify step (every token's logits, inputs on the device): `tokens` and `run_tokens`
-  // (the longest run) are the graph shape's (verify_graph_tokens / _run_tokens; the inputs of the
-  // tokens past the runs' are valid ids and positions). Replays the shape's graph from its second
-  // sighting on, else runs the kernels. The prefill attention takes its split count from the
-  // context bucket and each query's keys from its position, as the decode graphs do.
-  void enqueue_verify(int64_t runs, int64_t tokens, int64_t run_tokens, int64_t max_context_in_step,
-                      bool identity_tables, const int32_t* tables) {
-    const int64_t bucket = context_bucket(max_context_in_step, max_context);
-    const VerifyKey key{runs, tokens, run_tokens, bucket, identity_tables, activations,
-                        KvViewKey{kv_window, kv_sinks, vocab_subset, kv_read}};
-    VerifyGraph& entry = verify_graphs_by_shape[key];
-    entry.last_use = ++verify_graph_uses;
-    if (!entry.graph.valid()) {
-      if (!entry.seen) {
-        entry.seen = true;
-        drop_least_recent_verify_graph();  // never this one: it was used last
-        enqueue_forward(tokens, runs, run_tokens, bucket, false, tables, tokens, false);
-        return;
-      }
-      entry.graph = cuda::Graph::capture(
-          stream, [&] { enqueue_forward(tokens, runs, run_tokens, bucket, false, tables, tokens, false); });
+  // A QSpec verify step (runs of run_tokens tokens each, every token's logits, inputs on the
+  // device): the graph of this shape and context bucket, captured on first use, or the kernels
+  // themselves. The prefill attention takes its split count from the bucket and each query's
+  // keys from its position, as the decode graphs do.
+  void enqueue_verify(int64_t runs, int64_t run_tokens, int64_t max_context_in_step, bool identity_tables,
+                      const int32_t* tables) {
+    const int64_t tokens = runs * run_tokens;
+    if (!verify_graphs || run_tokens > kMaxVerifyGraphTokens) {
+      enqueue_forward(tokens, runs, run_tokens, max_context_in_step, false, tables, tokens, false);
+      return;
     }
-    entry.graph.launch(stream);
-  }
-  void drop_least_recent_verify_graph() {
-    if (verify_graphs_by_shape.size() <= kMaxVerifyGraphs) return;
-    auto oldest = verify_graphs_by_shape.begin();
-    for (auto it = verify_graphs_by_shape.begin(); it != verify_graphs_by_shape.end(); ++it)
-      if (it->second.last_use < oldest->second.last_use) oldest = it;
-    verify_graphs_by_shape.erase(oldest);
+    const int64_t bucket = context_bucket(max_context_in_step, max_context);
+    auto key = std::make_tuple(runs, run_tokens, bucket, identity_tables, activations, KvViewKey{kv_window, kv_sinks, vocab_subset, kv_read});
+    auto found = verify_graphs_by_shape.find(key);
+    if (found == verify_graphs_by_shape.end()) {
+      cuda::Graph graph = cuda::Graph::capture(
+          stream, [&] { enqueue_forward(tokens, runs, run_tokens, bucket, false, tables, tokens, false); });
+      found = verify_graphs_by_shape.emplace(key, std::move(graph)).first;
+    }
+    found->second.launch(stream);
   }
   // Enqueues the forward pass of a step whose inputs are on the device. `tables`: the runs'
   // block-table rows. logit_rows: how many rows get logits (gathered at input_logit_rows unless
@@ -1231,15 +1188,6 @@ int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
   QSPEC_CHECK(logit_rows <= s.max_logit_rows, "GPU step: ", logit_rows, " rows of logits exceed the capacity of ",
               s.max_logit_rows);
 
-  // A verify pass (several tokens a run, every token's logits) runs as the graph of its rounded
-  // shape (verify_graph_tokens / _run_tokens) where the step's buffers hold it, else of its own.
-  const bool verify = !decode && logit_rows == tokens && s.verify_graphs && max_query_len <= kMaxVerifyGraphTokens;
-  int64_t graph_tokens = tokens;
-  if (verify) {
-    graph_tokens = verify_graph_tokens(tokens);
-    if (graph_tokens > s.max_step_tokens || graph_tokens > s.max_logit_rows) graph_tokens = tokens;
-  }
-
   // Inputs: one pinned buffer, one copy. A draft chain queues steps without waiting for them:
   // the buffer is rewritten only once the last copy out of it has run.
   s.inputs_copied.wait();
@@ -1263,7 +1211,6 @@ int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
     query_start[r + 1] = static_cast<int32_t>(t);
     context_lens[r] = static_cast<int32_t>(length + static_cast<int64_t>(run.tokens.size()));
   }
-  for (; t < graph_tokens; ++t) ids[t] = positions[t] = 0;  // a verify graph's tokens past the runs'
   const bool gather = logit_rows != tokens;
   size_t input_words = s.table_offset_words();
   const int32_t* tables = s.block_tables.as<int32_t>();
@@ -1299,10 +1246,12 @@ int64_t GpuLlama::enqueue_step(std::span<const Run> runs, bool all_tokens) {
   }
   s.inputs_copied.record(s.stream);
 
+  // A QSpec verify step: every run the same number of tokens, all of their logits.
+  bool verify = !decode;
+  for (const Run& run : runs)
+    verify = verify && run.all_logits && static_cast<int64_t>(run.tokens.size()) == max_query_len;
   if (decode) s.enqueue_decode(num_runs, max_context_in_step, identity_tables, tables);
-  else if (verify)
-    s.enqueue_verify(num_runs, graph_tokens, verify_graph_run_tokens(max_query_len), max_context_in_step,
-                     identity_tables, tables);
+  else if (verify) s.enqueue_verify(num_runs, max_query_len, max_context_in_step, identity_tables, tables);
   else s.enqueue_forward(tokens, num_runs, max_query_len, max_context_in_step, decode, tables, logit_rows, gather);
   for (const Run& run : runs) lengths_[static_cast<size_t>(run.seq)] += static_cast<int64_t>(run.tokens.size());
   return logit_rows;
@@ -1498,7 +1447,7 @@ const std::string& GpuLlama::gemm_policy_source() const { return state_->gemm_po
 int64_t GpuLlama::swiglu_epilogue_layers() const { return state_->swiglu_epilogue_layers; }
 
 int64_t GpuLlama::graphs_captured() const {
-  return static_cast<int64_t>(state_->decode_graphs.size()) + state_->verify_graph_count();
+  return static_cast<int64_t>(state_->decode_graphs.size() + state_->verify_graphs_by_shape.size());
 }
 
 size_t GpuLlama::weight_bytes() const {

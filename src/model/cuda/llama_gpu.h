@@ -46,10 +46,9 @@ struct GpuLlamaOptions {
   int64_t max_step_tokens = 0;  // tokens per step (0: max(max_context, max_seqs)); prefill chunks beyond split
   int64_t max_logit_rows = 0;   // rows of logits a step may return (0: max_seqs * 8, room for verify runs)
   bool cuda_graphs = true;      // decode steps replay captured graphs
-  // QSpec verify steps (runs of up to 17 tokens, every token's logits, nothing else in the step)
-  // replay graphs too, one per rounded shape (runs, tokens, longest run, context bucket,
-  // activations), captured when a shape is seen the second time, so passes of mixed draft lengths
-  // take them as well. 0.11-0.15 ms less a QSpec cycle on an H200 (docs/perf-journal/perf-notes-journal-2026.md, "Verify steps as CUDA
+  // QSpec verify steps (every run γ + 1 tokens with all logits, nothing else in the step) replay
+  // graphs too, one per (runs, tokens a run, context bucket, activations), captured on first use.
+  // 0.11-0.15 ms less a QSpec cycle on an H200 (docs/perf-journal/perf-notes-journal-2026.md, "Verify steps as CUDA
   // graphs"). QSPEC_VERIFY_GRAPHS=0 / 1 overrides it for every model.
   bool verify_graphs = true;
   // Synthetic models only (GpuLlama::synthetic): > 0 makes every 4-bit projection ARC-calibrated
