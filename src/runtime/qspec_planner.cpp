@@ -69,14 +69,26 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
   k.xy = k.xy * decay + x * y;
 }
 
-std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t sequences) const {
+double MeasuredPassCosts::enough() {
+  // Decayed weights: n passes give (1 - decay^n) / (1 - decay).
+  return (1.0 - std::pow(planner_rules::kPassCostDecay, planner_rules::kMinMeasuredPasses)) /
+             (1.0 - planner_rules::kPassCostDecay) -
+         1e-9;
+}
+
+const MeasuredPassCosts::Class* MeasuredPassCosts::class_for(int64_t sequences) const {
   const size_t c = class_of(std::max<int64_t>(sequences, 1));
-  if (c >= classes_.size()) return std::nullopt;
-  const Class& k = classes_[c];
-  // Decayed weights: n passes give (1 - decay^n) / (1 - decay); ask for kMinMeasuredPasses' worth.
-  const double needed = (1.0 - std::pow(planner_rules::kPassCostDecay, planner_rules::kMinMeasuredPasses)) /
-                        (1.0 - planner_rules::kPassCostDecay);
-  if (k.step_weight < needed - 1e-9 || k.weight < needed - 1e-9) return std::nullopt;
+  return c < classes_.size() ? &classes_[c] : nullptr;
+}
+
+bool MeasuredPassCosts::has_plain_steps(int64_t sequences) const {
+  const Class* k = class_for(sequences);
+  return k != nullptr && k->step_weight >= enough();
+}
+
+std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t sequences) const {
+  if (!has_plain_steps(sequences) || class_for(sequences)->weight < enough()) return std::nullopt;
+  const Class& k = *class_for(sequences);
   // Least squares y = fixed + per_token x over the verify passes; neither part negative (a line
   // through the origin when the intercept would be, a flat one when the slope would be), and a
   // line through the origin when the passes all had about the same extra tokens (no intercept
@@ -123,9 +135,10 @@ std::string QSpecPlanner::describe() const {
   for (const Candidate& c : candidates_) drafts += (drafts.empty() ? "" : ", ") + c.draft;
   if (!table_)
     return detail::concat("no step-cost table for this device and model: n-gram drafts where a sequence's probed "
-                          "acceptance pays, priced by this engine's own measured passes (until it has them, a "
-                          "verify token a sequence = ",
-                          planner_rules::kFallbackVerifyTokenCost, " W4A16 step), else plain W4A16");
+                          "acceptance pays, priced by this engine's own measured passes (each batch size's first ",
+                          planner_rules::kMinMeasuredPasses, " steps plain, then a verify token a sequence = ",
+                          planner_rules::kExploreVerifyTokenCost, " W4A16 step until its verify passes are timed), "
+                          "else plain W4A16");
   return detail::concat("step costs ", table_source_.empty() ? std::string("(given)") : table_source_, " (",
                         table_->device, ", ", table_->points.size(), " points); drafts ",
                         drafts.empty() ? std::string("none") : drafts, "; gamma up to ", max_gamma_);
@@ -143,7 +156,7 @@ StepCosts QSpecPlanner::costs_at(std::span<const PlannerSequence> batch, double*
   fallback.w4a16_step_ms = 1.0;
   for (int64_t g = 1; g <= planner_rules::kFallbackMaxGamma; ++g) {
     fallback.gammas.push_back(g);
-    fallback.verify_ms.push_back(1.0 + planner_rules::kFallbackVerifyTokenCost * static_cast<double>(g));
+    fallback.verify_ms.push_back(1.0 + planner_rules::kExploreVerifyTokenCost * static_cast<double>(g));
   }
   fallback.draft_step_ms[std::string(decode_rules::kNgramDraft)] = 0.0;
   return fallback;
@@ -194,6 +207,13 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   double context = 0;
   const StepCosts costs = costs_at(batch, &context);
   const std::optional<MeasuredPassCosts::Verify> measured = measured_verify(batch.size());
+  if (!table_ && !measured_.has_plain_steps(static_cast<int64_t>(batch.size()))) {
+    char line[200];
+    std::snprintf(line, sizeof line, "w4a16: timing plain steps at this batch size first (batch %zu, context %.0f, "
+                  "no step-cost table)", batch.size(), context);
+    best.reason = line;
+    return best;
+  }
   int best_candidate = -1;
   int64_t best_gamma = 0;
   for (size_t c = 0; c < candidates_.size(); ++c)
@@ -213,7 +233,7 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context,
                 table_     ? "measured costs"
                 : measured ? "this engine's measured passes"
-                           : "fallback costs (no step-cost table)");
+                           : "exploring: no step-cost table, verify passes not yet timed at this batch size");
   char line[320];
   if (best_candidate < 0) {
     std::snprintf(line, sizeof line, "w4a16: no draft to price (%s)", where);

@@ -48,18 +48,21 @@ inline constexpr double kPriorWeight = 4.0;
 // follows a sequence moving from prose to code and back.
 inline constexpr double kAcceptanceDecay = 0.9;
 // Without a cost table for this device and model: n-gram drafts only (they read no weights, so
-// their cycle costs one verify pass), priced by the engine's measured passes (below) and, until
-// it has them, as if each verify token beyond the first cost 0.75 of a W4A16 step. Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at
-// batch 64 and 8 K context, and 0.2-0.7 on the CPU (SmolLM2, 2 threads: the most at batch 4,
-// where the f32 lm_head runs for every verify row; docs/perf-notes.md), so this misprices real
-// gains as none rather than losses as gains: only lookups accepted ~85 % of the time run.
-inline constexpr double kFallbackVerifyTokenCost = 0.75;
+// their cycle costs one verify pass), priced by the engine's own passes (MeasuredPassCosts) once
+// it has timed enough of them for the batch's size class. It gets them by exploring: a class's
+// first plain steps run plain (kMinMeasuredPasses of them; the start of every sequence does
+// anyway, before its probe has shown acceptance), then its verify tokens are priced at
+// kExploreVerifyTokenCost of a W4A16 step each until kMinMeasuredPasses verify passes are timed.
+// Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at batch 64 and 8 K
+// context, and 0.2-0.7 on the CPU (SmolLM2, 2 threads; docs/perf-notes.md). The price is
+// optimistic on purpose: a pessimistic one (0.75, before) let so few cycles run at batch 8-64 that
+// a class never measured its verify passes and stayed plain where prompt lookup paid 1.2-1.4x
+// (Qwen2.5-7B shapes, H200, 25901e0). What exploring can lose is bounded: a few passes a class.
+inline constexpr double kExploreVerifyTokenCost = 0.1;
 // The fallback's largest gamma.
 inline constexpr int64_t kFallbackMaxGamma = 8;
-// Without a table the engine measures its own W4A16 passes (MeasuredPassCosts): a plain step's
-// time and what each verify token adds, per batch-size class (powers of two). The fallback prices
-// with them once a class has seen this many plain steps and this many verify passes (the first
-// cycles run at kFallbackVerifyTokenCost, so only sure lookups pay for the measurement).
+// Passes a batch-size class must have timed, of each kind (plain steps, verify passes), before
+// the fallback prices with them.
 inline constexpr double kMinMeasuredPasses = 4.0;
 // The share of the estimate each new pass keeps (an exponential moving average over ~20 passes:
 // contexts grow and batches change slowly next to that).
@@ -142,6 +145,9 @@ class MeasuredPassCosts {
   // For a batch of `sequences`, once its class has enough of both kinds of pass
   // (planner_rules::kMinMeasuredPasses); else nothing.
   std::optional<Verify> verify_cost(int64_t sequences) const;
+  // Whether the class of `sequences` has timed enough plain steps (verify passes are priced
+  // against them, so none is recorded before).
+  bool has_plain_steps(int64_t sequences) const;
 
  private:
   struct Class {
@@ -150,6 +156,8 @@ class MeasuredPassCosts {
     double weight = 0, x = 0, y = 0, xx = 0, xy = 0;
   };
   static size_t class_of(int64_t sequences);
+  static double enough();  // the decayed weight of kMinMeasuredPasses passes
+  const Class* class_for(int64_t sequences) const;
   std::vector<Class> classes_;
 };
 

@@ -212,7 +212,11 @@ TEST(CliErrors, GenerateQSpecDefaultsToThePlannerAndBenchWritesItsCostTable) {
   ASSERT_EQ(planned.exit_code, 0) << planned.stderr_text;
   EXPECT_EQ(printed_ids(planned.stderr_text), printed_ids(plain.stderr_text));
   EXPECT_NE(planned.stderr_text.find("[qspec] draft auto: no step-cost table"), std::string::npos) << planned.stderr_text;
-  EXPECT_NE(planned.stderr_text.find("[qspec] planner: w4a16 "), std::string::npos) << planned.stderr_text;
+  // Which plans ran and why the last one: without a table the planner times plain steps first,
+  // then explores lookups, then prices with the passes it measured.
+  EXPECT_NE(planned.stderr_text.find("[qspec] planner: "), std::string::npos) << planned.stderr_text;
+  EXPECT_NE(planned.stderr_text.find(" steps; mean predicted gain"), std::string::npos) << planned.stderr_text;
+  EXPECT_NE(planned.stderr_text.find("last plan: "), std::string::npos) << planned.stderr_text;
 
   const fs::path costs = fs::temp_directory_path() / ("qspec-cli-costs-" + std::to_string(::getpid()) + ".json");
   fs::remove(costs);

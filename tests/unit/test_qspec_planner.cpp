@@ -420,30 +420,49 @@ TEST(QSpecPlanner, SpeculatesOnlyAboveTheMargin) {
   EXPECT_TRUE(gain_at(0.28).speculates());   // 1.067x
 }
 
-// Without a table: n-gram drafts only, priced with the fallback costs, and only once a sequence
-// has shown (probed) acceptance: the prior is 0.
+// Without a table: n-gram drafts only, only once a sequence has shown (probed) acceptance (the
+// prior is 0), and only once the batch size's plain steps are timed; until its verify passes are
+// timed too it explores, a verify token priced at kExploreVerifyTokenCost of a step.
 TEST(QSpecPlanner, FallsBackToProvenNgramDraftsWithoutATable) {
-  const QSpecPlanner planner(std::nullopt);
+  QSpecPlanner planner(std::nullopt);
   EXPECT_FALSE(planner.has_table());
   ASSERT_EQ(planner.candidates().size(), 1u);
   EXPECT_EQ(planner.candidates()[0].draft, "ngram");
   EXPECT_EQ(planner.candidates()[0].prior, 0.0);
   EXPECT_NE(planner.describe().find("no step-cost table"), std::string::npos);
-  // A sequence with nothing proven yet: its estimate is the prior's 0.
-  qspec::DraftAcceptance fresh;
-  const double unproven = fresh.estimate(planner.candidates()[0].prior);
-  qspec::StepPlan plan = planner.plan(std::vector<PlannerSequence>{sequence(planner, 100, unproven)});
-  EXPECT_FALSE(plan.speculates()) << plan.reason;
-  EXPECT_NE(plan.reason.find("fallback costs"), std::string::npos) << plan.reason;
-  // Proven: most of what the probe proposed came true.
   qspec::DraftAcceptance proven;
   for (int i = 0; i < 20; ++i) proven.observe(4, false);  // estimate 0.90
-  plan = planner.plan(std::vector<PlannerSequence>{sequence(planner, 100, proven.estimate(0.0))});
+  const std::vector<PlannerSequence> sure = {sequence(planner, 100, proven.estimate(0.0))};
+  // No plain step timed at this batch size yet: plain, whatever the acceptance.
+  qspec::StepPlan plan = planner.plan(sure);
+  EXPECT_FALSE(plan.speculates()) << plan.reason;
+  EXPECT_NE(plan.reason.find("timing plain steps"), std::string::npos) << plan.reason;
+  for (int i = 0; i < 3; ++i) planner.observe_pass(1, 1, 0.010);
+  EXPECT_FALSE(planner.plan(sure).speculates()) << "three plain steps are not enough";
+  planner.observe_pass(1, 1, 0.010);
+  // A sequence with nothing proven yet: its estimate is the prior's 0, nothing to gain.
+  qspec::DraftAcceptance fresh;
+  plan = planner.plan(std::vector<PlannerSequence>{sequence(planner, 100, fresh.estimate(0.0))});
+  EXPECT_FALSE(plan.speculates()) << plan.reason;
+  // Proven lookups speculate, exploring: at 0.1 of a step a verify token, 0.4 acceptance pays
+  // ((1 + 0.4) / 1.1 = 1.27x at gamma 1).
+  plan = planner.plan(sure);
   ASSERT_TRUE(plan.speculates()) << plan.reason;
   EXPECT_EQ(plan.label.rfind("ngram g", 0), 0u);
-  // At fallback costs a verify token is 0.75 of a step: a gain needs E > 1.05 (1 + 0.75 g), so
-  // even 0.8 acceptance does not pay.
-  EXPECT_FALSE(planner.plan(std::vector<PlannerSequence>{sequence(planner, 100, 0.8)}).speculates());
+  const std::vector<PlannerSequence> some = {sequence(planner, 100, 0.4, 4)};
+  plan = planner.plan(some);
+  ASSERT_TRUE(plan.speculates()) << plan.reason;
+  EXPECT_NE(plan.reason.find("exploring"), std::string::npos) << plan.reason;
+  // Its verify passes timed on a CPU-like device (a token 60 % of a step): the measured price
+  // rules, and 0.4 no longer pays; 0.9 still does.
+  for (int i = 0; i < 4; ++i) planner.observe_pass(1, 3, 0.022);
+  plan = planner.plan(some);
+  EXPECT_FALSE(plan.speculates()) << plan.reason;
+  EXPECT_NE(plan.reason.find("measured passes"), std::string::npos) << plan.reason;
+  EXPECT_TRUE(planner.plan(sure).speculates());
+  // Another batch size starts over: its plain steps first.
+  std::vector<PlannerSequence> four(4, sure[0]);
+  EXPECT_NE(planner.plan(four).reason.find("timing plain steps"), std::string::npos);
   EXPECT_FALSE(planner.plan({}).speculates());
 }
 
