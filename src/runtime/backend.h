@@ -42,6 +42,9 @@ struct PassResult {
   // The argmax id of every row (the next token of a greedy request without a repetition
   // penalty); empty when the backend gives logit rows only (Backend::logits).
   std::vector<int32_t> ids;
+  // The pass paid a one-time cost (the GPU captured a CUDA graph for its shape), so its time says
+  // nothing about the next pass of that shape: the planner's measured costs leave it out.
+  bool one_off = false;
 };
 
 // A row of the last pass's logits to draw a token from on the device (Backend::sample_rows).

@@ -836,8 +836,10 @@ struct Engine::Impl {
       ++totals.forward_passes;
       commit_pass(group, runs, pass, start);
       // Draft auto without a step-cost table prices verify tokens from this engine's own W4A16
-      // passes: decode steps and verify runs, nothing with a prompt chunk in it.
-      if (name == decode_rules::kVerifyMode &&
+      // passes: decode steps and verify runs, nothing with a prompt chunk in it, nor a pass that
+      // paid a one-time cost (a graph capture: 5-20 ms on a GPU whose step is 2, which priced
+      // verifies out at batch 1 when they poisoned the fit).
+      if (name == decode_rules::kVerifyMode && !pass.one_off &&
           std::none_of(group.begin(), group.end(), [](const Unit* u) { return u->kind == Unit::Kind::prompt; })) {
         int64_t tokens = 0;
         for (const PassRun& run : runs) tokens += static_cast<int64_t>(run.tokens.size());

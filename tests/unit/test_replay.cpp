@@ -7,7 +7,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <map>
+#include <set>
+#include <thread>
 
 #include "gsm_synth_fixture.h"
 #include "bench/replay.h"
@@ -139,6 +142,56 @@ TEST(Replay, RunReplayReportsEveryRunAgainstPlainW4a16) {
   EXPECT_DOUBLE_EQ(rows[0]["over_w4a16"].get<double>(), 1.0);
   EXPECT_EQ(rows[1]["run"], "ngram");
   EXPECT_GT(rows[1]["qspec"]["accepted"].get<int64_t>(), 0);
+}
+
+// A backend whose first pass of every multi-token shape (tokens, runs) costs 30 ms more and says
+// so (PassResult::one_off), as a GPU's graph capture does.
+class CapturingBackend final : public qspec::Backend {
+ public:
+  explicit CapturingBackend(std::unique_ptr<qspec::Backend> inner) : inner_(std::move(inner)) {}
+  void check_mode(const qspec::RunMode& mode, const std::string& field) const override { inner_->check_mode(mode, field); }
+  bool kv_in_pool() const override { return inner_->kv_in_pool(); }
+  std::string device_name() const override { return inner_->device_name(); }
+  qspec::PassResult forward(const qspec::RunMode& mode, std::span<const qspec::PassRun> runs) override {
+    qspec::PassResult pass = inner_->forward(mode, runs);
+    size_t tokens = 0;
+    for (const qspec::PassRun& run : runs) tokens += run.tokens.size();
+    if (tokens > runs.size() && shapes_.insert({tokens, runs.size()}).second) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      pass.one_off = true;
+    }
+    return pass;
+  }
+  std::vector<float> logits() override { return inner_->logits(); }
+  bool scores_prompts() const override { return inner_->scores_prompts(); }
+  void release(uint64_t sequence) override { inner_->release(sequence); }
+
+ private:
+  std::unique_ptr<qspec::Backend> inner_;
+  std::set<std::pair<size_t, size_t>> shapes_;
+};
+
+// Draft auto without a table times its own passes, but not one that paid a one-time cost: a
+// capture's 30 ms against a ~1 ms step would price every verify out after the first few, and
+// lookups that the text keeps would stop.
+TEST(Replay, PlannerLeavesOneOffPassesOutOfItsMeasuredCosts) {
+  const qspec::LlamaModel& model = *fixture().model;
+  qspec::ReplayOptions options;
+  options.batch_sizes = {1};
+  options.drafts = {"auto"};
+  options.gammas = {4};
+  options.requests = 3;
+  options.rounds = 1;
+  options.qspec_costs = "none";
+  const auto all = texts(/*repeating=*/true, 64);
+  const nlohmann::json rows = qspec::run_replay(
+      model, all, options, [&](int64_t) { return std::make_unique<CapturingBackend>(qspec::make_cpu_backend(model)); });
+  ASSERT_EQ(rows.size(), 2u);  // w4a16, auto g4
+  const nlohmann::json& planned = rows[1];
+  EXPECT_EQ(planned["identical_to_text"].get<int64_t>(), 3) << planned.dump();
+  // The texts repeat their prompts: most of a cycle's lookups come true, and cycles keep running
+  // once the passes are measured.
+  EXPECT_GT(planned["qspec"]["accepted"].get<int64_t>(), 3 * 64 / 3) << planned.dump();
 }
 
 TEST(Replay, TextsFileErrorsNameTheFile) {

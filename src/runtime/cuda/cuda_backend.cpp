@@ -76,7 +76,9 @@ class CudaBackend final : public Backend {
       rows += run.output == PassRun::Output::all ? static_cast<int64_t>(run.tokens.size()) : 1;
     }
     use(mode);
+    const int64_t graphs = gpu_->graphs_captured();
     result.ids = gpu_->step(gpu_runs);
+    result.one_off = gpu_->graphs_captured() != graphs;
     return result;
   }
 
