@@ -58,9 +58,11 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
   if (tokens == sequences) {
     k.step_seconds = k.step_seconds * decay + seconds;
     k.step_weight = k.step_weight * decay + 1.0;
+    ++k.plain_since_verify;
     return;
   }
   if (k.step_weight <= 0) return;  // nothing to charge the extra time against yet
+  k.plain_since_verify = 0;
   const double x = static_cast<double>(tokens - sequences), y = seconds - k.step_seconds / k.step_weight;
   k.weight = k.weight * decay + 1.0;
   k.x = k.x * decay + x;
@@ -84,6 +86,11 @@ const MeasuredPassCosts::Class* MeasuredPassCosts::class_for(int64_t sequences) 
 bool MeasuredPassCosts::has_plain_steps(int64_t sequences) const {
   const Class* k = class_for(sequences);
   return k != nullptr && k->step_weight >= enough();
+}
+
+bool MeasuredPassCosts::verify_price_stale(int64_t sequences) const {
+  return verify_cost(sequences).has_value() &&
+         class_for(sequences)->plain_since_verify >= planner_rules::kRemeasureAfterPlainSteps;
 }
 
 std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t sequences) const {
@@ -214,17 +221,47 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
     best.reason = line;
     return best;
   }
+  // The best (candidate, gamma) up to `max_gamma` at the measured prices, or at the exploring
+  // ones (measured absent).
+  auto best_of = [&](int64_t max_gamma, const std::optional<MeasuredPassCosts::Verify>& prices, int& candidate,
+                     int64_t& gamma) {
+    double best_gain = 0;
+    candidate = -1;
+    gamma = 0;
+    for (size_t c = 0; c < candidates_.size(); ++c)
+      for (int64_t g = 1; g <= max_gamma; ++g) {
+        const double gain = gain_with(costs, batch, static_cast<int>(c), g, prices);
+        if (gain > best_gain + 1e-12) {  // ties: the shorter gamma, the earlier candidate
+          best_gain = gain;
+          candidate = static_cast<int>(c);
+          gamma = g;
+        }
+      }
+    return best_gain;
+  };
   int best_candidate = -1;
   int64_t best_gamma = 0;
-  for (size_t c = 0; c < candidates_.size(); ++c)
-    for (int64_t g = 1; g <= max_gamma_; ++g) {
-      const double gain = gain_with(costs, batch, static_cast<int>(c), g, measured);
-      if (gain > best.predicted_gain + 1e-12) {  // ties: the shorter gamma, the earlier candidate
-        best.predicted_gain = gain;
-        best_candidate = static_cast<int>(c);
-        best_gamma = g;
-      }
+  best.predicted_gain = best_of(max_gamma_, measured, best_candidate, best_gamma);
+  if (best.predicted_gain < min_gain_ && measured_.verify_price_stale(static_cast<int64_t>(batch.size()))) {
+    // Plain for long at the measured price: one small cycle at the exploring price re-measures it.
+    int candidate = -1;
+    int64_t gamma = 0;
+    const double exploring = best_of(std::min(max_gamma_, planner_rules::kRemeasureMaxGamma), std::nullopt, candidate, gamma);
+    if (exploring >= min_gain_) {
+      best.candidate = candidate;
+      best.gamma = gamma;
+      best.label = candidates_[static_cast<size_t>(candidate)].draft + " g" + std::to_string(gamma);
+      char line[240];
+      std::snprintf(line, sizeof line,
+                    "%s: re-measuring verify passes (plain %lld steps at the measured price, predicted %.2fx there; "
+                    "batch %zu, context %.0f)",
+                    best.label.c_str(), static_cast<long long>(planner_rules::kRemeasureAfterPlainSteps),
+                    best.predicted_gain, batch.size(), context);
+      best.predicted_gain = exploring;
+      best.reason = line;
+      return best;
     }
+  }
   double acceptance = 0;
   if (best_candidate >= 0)
     for (const PlannerSequence& s : batch) acceptance += s.acceptance[static_cast<size_t>(best_candidate)];

@@ -67,6 +67,13 @@ inline constexpr double kMinMeasuredPasses = 4.0;
 // The share of the estimate each new pass keeps (an exponential moving average over ~20 passes:
 // contexts grow and batches change slowly next to that).
 inline constexpr double kPassCostDecay = 0.95;
+// A class whose measured price has kept it plain this many steps since its last verify pass runs
+// one cycle at the exploring price again (gamma at most kRemeasureMaxGamma), where that price
+// would speculate: its line then follows costs that moved (longer contexts) and recovers from
+// passes that misled it (a first launch's lazy module load, a host stall), instead of never
+// verifying again. At most a small verify's loss every 64 steps.
+inline constexpr int64_t kRemeasureAfterPlainSteps = 64;
+inline constexpr int64_t kRemeasureMaxGamma = 2;
 // N-gram lookups are weighed by the length of the suffix they matched, in these classes: 1, 2,
 // and this many or more (runtime/ngram_draft.h: a longer match is kept more often).
 inline constexpr int64_t kNgramMatchClasses = 3;
@@ -148,12 +155,16 @@ class MeasuredPassCosts {
   // Whether the class of `sequences` has timed enough plain steps (verify passes are priced
   // against them, so none is recorded before).
   bool has_plain_steps(int64_t sequences) const;
+  // Whether the class of `sequences` has a measured verify price that has seen no verify pass
+  // for planner_rules::kRemeasureAfterPlainSteps plain steps.
+  bool verify_price_stale(int64_t sequences) const;
 
  private:
   struct Class {
     double step_seconds = 0, step_weight = 0;  // decayed sum and weight of plain steps' times
     // Verify passes: decayed weight and sums of x (extra tokens), y (extra seconds), x^2 and x y.
     double weight = 0, x = 0, y = 0, xx = 0, xy = 0;
+    int64_t plain_since_verify = 0;  // plain steps since the last verify pass
   };
   static size_t class_of(int64_t sequences);
   static double enough();  // the decayed weight of kMinMeasuredPasses passes

@@ -460,6 +460,17 @@ TEST(QSpecPlanner, FallsBackToProvenNgramDraftsWithoutATable) {
   EXPECT_FALSE(plan.speculates()) << plan.reason;
   EXPECT_NE(plan.reason.find("measured passes"), std::string::npos) << plan.reason;
   EXPECT_TRUE(planner.plan(sure).speculates());
+  // Plain for kRemeasureAfterPlainSteps steps at the measured price: one small cycle at the
+  // exploring price re-measures it, and the verify pass that follows makes it current again.
+  for (int64_t i = 1; i < qspec::planner_rules::kRemeasureAfterPlainSteps; ++i) planner.observe_pass(1, 1, 0.010);
+  EXPECT_FALSE(planner.plan(some).speculates()) << planner.plan(some).reason;
+  planner.observe_pass(1, 1, 0.010);
+  plan = planner.plan(some);
+  ASSERT_TRUE(plan.speculates()) << plan.reason;
+  EXPECT_LE(plan.gamma, qspec::planner_rules::kRemeasureMaxGamma);
+  EXPECT_NE(plan.reason.find("re-measuring"), std::string::npos) << plan.reason;
+  planner.observe_pass(1, 2, 0.016);
+  EXPECT_FALSE(planner.plan(some).speculates()) << planner.plan(some).reason;
   // Another batch size starts over: its plain steps first.
   std::vector<PlannerSequence> four(4, sure[0]);
   EXPECT_NE(planner.plan(four).reason.find("timing plain steps"), std::string::npos);
