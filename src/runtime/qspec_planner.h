@@ -9,7 +9,9 @@
 // A cycle of the batch costs gamma draft steps plus one verify of (g + 1) tokens a sequence; a
 // plain step costs one W4A16 step for one token a sequence. The predicted gain of (draft, gamma)
 // is (sum of E over the batch / cycle time) / (batch / W4A16 step time); the planner takes the
-// best, and speculates only when it is at least kMinGain, so a plan is never predicted to lose.
+// best, and speculates only when it is at least kMinGain, so a plan is never predicted to lose
+// (without a table: at the prices this engine has measured, or while it measures them at its
+// exploring price; see planner_rules).
 //
 // One plan per step for the whole batch, not per sequence: a draft pass is one forward over
 // every drafting sequence, so splitting the batch between drafts would run more passes, each
@@ -50,7 +52,7 @@ inline constexpr double kAcceptanceDecay = 0.9;
 // Without a cost table for this device and model: n-gram drafts only (they read no weights, so
 // their cycle costs one verify pass), priced by the engine's own passes (MeasuredPassCosts) once
 // it has timed enough of them for the batch's size class. It gets them by exploring: a class's
-// first plain steps run plain (kMinMeasuredPasses of them; the start of every sequence does
+// first kMinMeasuredPasses steps run plain and are timed (the start of every sequence is plain
 // anyway, before its probe has shown acceptance), then its verify tokens are priced at
 // kExploreVerifyTokenCost of a W4A16 step each until kMinMeasuredPasses verify passes are timed.
 // Measured, a verify token costs 0.05 of a step on the H200 at batch 1, 0.17 at batch 64 and 8 K
