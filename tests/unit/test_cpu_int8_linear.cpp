@@ -134,7 +134,7 @@ TEST(CpuInt8Linear, EveryIsaGivesThePortableBitsAndTheF32GemmOfTheMatrix) {
     const qspec::WeightMatrix dense = f32_matrix(q8_values(rows, cols, 11), rows, cols);
     const auto w = qspec::cpu::exact_int8_blocks(dense);
     ASSERT_TRUE(w.has_value());
-    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 9, 10, 17}) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 9, 10, 17, 192, 194}) {  // 192 on: the decoded-rows buffer
       const std::string shape = std::to_string(rows) + " rows, " + std::to_string(tokens) + " tokens";
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * cols), 13);
       const std::vector<float> bias = random_values(static_cast<size_t>(rows), 17);
