@@ -88,13 +88,17 @@ bool MeasuredPassCosts::has_plain_steps(int64_t sequences) const {
   return k != nullptr && k->step_weight >= enough();
 }
 
+bool MeasuredPassCosts::has_verify_price(int64_t sequences) const {
+  return has_plain_steps(sequences) && class_for(sequences)->weight >= enough();
+}
+
 bool MeasuredPassCosts::verify_price_stale(int64_t sequences) const {
-  return verify_cost(sequences).has_value() &&
+  return has_verify_price(sequences) &&
          class_for(sequences)->plain_since_verify >= planner_rules::kRemeasureAfterPlainSteps;
 }
 
 std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t sequences) const {
-  if (!has_plain_steps(sequences) || class_for(sequences)->weight < enough()) return std::nullopt;
+  if (!has_verify_price(sequences)) return std::nullopt;
   const Class& k = *class_for(sequences);
   // Least squares y = fixed + per_token x over the verify passes; neither part negative (a line
   // through the origin when the intercept would be, a flat one when the slope would be), and a
@@ -242,35 +246,31 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   int best_candidate = -1;
   int64_t best_gamma = 0;
   best.predicted_gain = best_of(max_gamma_, measured, best_candidate, best_gamma);
+  // Plain for long at the measured price: one small cycle at the exploring price re-measures it
+  // (planned and reported as any plan, at the exploring price's prediction).
+  std::string prices = table_     ? "measured costs"
+                       : measured ? "this engine's measured passes"
+                                  : "exploring: no step-cost table, verify passes not yet timed at this batch size";
   if (best.predicted_gain < min_gain_ && measured_.verify_price_stale(static_cast<int64_t>(batch.size()))) {
-    // Plain for long at the measured price: one small cycle at the exploring price re-measures it.
     int candidate = -1;
     int64_t gamma = 0;
     const double exploring = best_of(std::min(max_gamma_, planner_rules::kRemeasureMaxGamma), std::nullopt, candidate, gamma);
     if (exploring >= min_gain_) {
-      best.candidate = candidate;
-      best.gamma = gamma;
-      best.label = candidates_[static_cast<size_t>(candidate)].draft + " g" + std::to_string(gamma);
-      char line[240];
-      std::snprintf(line, sizeof line,
-                    "%s: re-measuring verify passes (plain %lld steps at the measured price, predicted %.2fx there; "
-                    "batch %zu, context %.0f)",
-                    best.label.c_str(), static_cast<long long>(planner_rules::kRemeasureAfterPlainSteps),
-                    best.predicted_gain, batch.size(), context);
+      char there[16];
+      std::snprintf(there, sizeof there, "%.2fx", best.predicted_gain);
+      prices = detail::concat("re-measuring verify passes: plain ", planner_rules::kRemeasureAfterPlainSteps,
+                              " steps at the measured price, ", there, " there");
       best.predicted_gain = exploring;
-      best.reason = line;
-      return best;
+      best_candidate = candidate;
+      best_gamma = gamma;
     }
   }
   double acceptance = 0;
   if (best_candidate >= 0)
     for (const PlannerSequence& s : batch) acceptance += s.acceptance[static_cast<size_t>(best_candidate)];
   acceptance /= static_cast<double>(batch.size());
-  char where[160];
-  std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context,
-                table_     ? "measured costs"
-                : measured ? "this engine's measured passes"
-                           : "exploring: no step-cost table, verify passes not yet timed at this batch size");
+  char where[200];
+  std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context, prices.c_str());
   char line[320];
   if (best_candidate < 0) {
     std::snprintf(line, sizeof line, "w4a16: no draft to price (%s)", where);

@@ -171,6 +171,7 @@ class MeasuredPassCosts {
   static size_t class_of(int64_t sequences);
   static double enough();  // the decayed weight of kMinMeasuredPasses passes
   const Class* class_for(int64_t sequences) const;
+  bool has_verify_price(int64_t sequences) const;  // enough of both kinds of pass for verify_cost
   std::vector<Class> classes_;
 };
 

@@ -143,20 +143,20 @@ bool wgmma_packed_x() {
   return from_environment;
 }
 
+template <class Shape, bool ZP, bool ZC, bool XP>
+TiledKernel wgmma_instance_for_group(int64_t group) {
+  switch (group) {
+    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC, XP>::get();
+    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC, XP>::get();
+    default: return WgmmaLauncher<Shape, 128, ZP, ZC, XP>::get();
+  }
+}
+// The packed-x instances exist for int4 weights only.
 template <class Shape, bool ZP = false, bool ZC = false>
 TiledKernel wgmma_kernel_for_group(int64_t group) {
-  if constexpr (!ZP && !ZC) {
-    if (wgmma_packed_x()) switch (group) {
-        case 32: return WgmmaLauncher<Shape, 32, false, false, true>::get();
-        case 64: return WgmmaLauncher<Shape, 64, false, false, true>::get();
-        default: return WgmmaLauncher<Shape, 128, false, false, true>::get();
-      }
-  }
-  switch (group) {
-    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC>::get();
-    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC>::get();
-    default: return WgmmaLauncher<Shape, 128, ZP, ZC>::get();
-  }
+  if constexpr (!ZP && !ZC)
+    if (wgmma_packed_x()) return wgmma_instance_for_group<Shape, false, false, true>(group);
+  return wgmma_instance_for_group<Shape, ZP, ZC, false>(group);
 }
 
 // The wgmma tiles' zero-point instances (int4-asym, or int4-zp's with ZC; beside the mma.sync

@@ -219,16 +219,17 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
   __syncthreads();
   grid_launch_dependents();
 
+  // A stage's weights: its 8 row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
+  // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
+  auto load_w = [&](int st) {
+    const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
+    uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
+    tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
+    tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
+                &full[slot]);
+  };
   if (XP && warp < kProducerWarps) {
     // ---- producer (XP): thread 0 issues the weights' copies, all 128 threads write x ----
-    auto load_w = [&](int st) {
-      const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
-      uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
-      mbarrier_arrive_expect_tx(&full[slot], kStageTx);
-      tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
-      tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
-                  &full[slot]);
-    };
     // A stage's x: kTokens rows x four 32-k blocks, a (row, block) a thread at a time (rows
     // first, so the 8 threads of a store phase write 8 rows: 8 different banks after the swizzle).
     const __half* const x = static_cast<const __half*>(p.a.x);
@@ -257,29 +258,26 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&full[slot]);
     };
+    // Thread 0's expect-tx is one of the stage's arrivals (the weights' bytes); the producer warps'
+    // are the others.
+    auto request_w = [&](int st) {
+      mbarrier_arrive_expect_tx(&full[st % STAGES], kStageTx);
+      load_w(st);
+    };
     const int first = min(STAGES, stages);
     if (tid == 0)
-      for (int st = 0; st < first; ++st) load_w(st);  // weights before the wait: no earlier kernel writes them
+      for (int st = 0; st < first; ++st) request_w(st);  // weights before the wait: no earlier kernel writes them
     grid_dependency_wait();
     for (int st = 0; st < stages; ++st) {
       if (st >= STAGES) {
         mbarrier_wait(&empty[st % STAGES], ((st / STAGES) - 1) & 1);
-        if (tid == 0) load_w(st);
+        if (tid == 0) request_w(st);
       }
       write_x(st);
     }
   } else if (!XP && warp == 0) {
     // ---- producer: lane 0 issues every copy of every stage ----
     if (lane == 0) {
-      // A stage's weights: its 8 row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
-      // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
-      auto load_w = [&](int st) {
-        const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
-        uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
-        tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
-        tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
-                    &full[slot]);
-      };
       auto load_x = [&](int st) {
         const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
         uint8_t* const x_dst = ring + slot * T::kStageBytes;
