@@ -233,19 +233,31 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
     // A stage's x: kTokens rows x four 32-k blocks, a (row, block) a thread at a time (rows
     // first, so the 8 threads of a store phase write 8 rows: 8 different banks after the swizzle).
     const __half* const x = static_cast<const __half*>(p.a.x);
-    auto write_x = [&](int st) {
-      const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
-      const uint32_t x_dst = smem_address(ring) + slot * T::kStageBytes;  // st.shared, not a generic store
-#pragma unroll 1
-      for (int item = tid; item < T::kTokens * 4; item += kProducerWarps * 32) {
-        const int row = item % T::kTokens, block = item / T::kTokens, k = k0 + block * 32;
-        uint4 src[4] = {};
+    // A thread's (row, block) items of a stage, loaded all at once before any is stored, so a
+    // stage costs the producer one trip to L2 rather than one an item (the loads go out before the
+    // wait for the slot, and overlap it).
+    constexpr int kItems = T::kTokens * 4 / (kProducerWarps * 32);
+    static_assert(kItems * kProducerWarps * 32 == T::kTokens * 4, "whole items a producer thread");
+    auto fetch_x = [&](int st, uint4 (&src)[kItems][4]) {
+      const int k0 = (stage_begin + st) * T::kPairs * 32;
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const int item = tid + i * kProducerWarps * 32, row = item % T::kTokens, k = k0 + (item / T::kTokens) * 32;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) src[i][j] = make_uint4(0, 0, 0, 0);
         if (row < tile_m && k < p.w.k) {
           const uint4* from = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m0 + row) * p.a.ldx + k);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) src[i] = from[i];
+          for (int j = 0; j < 4; ++j) src[i][j] = from[j];
         }
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
+      }
+    };
+    auto store_x = [&](int st, const uint4 (&src)[kItems][4]) {
+      const uint32_t x_dst = smem_address(ring) + (st % STAGES) * T::kStageBytes;  // st.shared, not a generic store
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const int item = tid + i * kProducerWarps * 32, row = item % T::kTokens, block = item / T::kTokens;
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(src[i]);
         const uint32_t box = x_dst + (block / 2) * T::kBoxBytes;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -256,7 +268,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
       }
       fence_proxy_async_shared();  // the generic-proxy stores, before the wgmma (async proxy) read them
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(&full[slot]);
+      if (lane == 0) mbarrier_arrive(&full[st % STAGES]);
     };
     // Thread 0's expect-tx is one of the stage's arrivals (the weights' bytes); the producer warps'
     // are the others.
@@ -269,11 +281,13 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
       for (int st = 0; st < first; ++st) request_w(st);  // weights before the wait: no earlier kernel writes them
     grid_dependency_wait();
     for (int st = 0; st < stages; ++st) {
+      uint4 src[kItems][4];
+      fetch_x(st, src);
       if (st >= STAGES) {
         mbarrier_wait(&empty[st % STAGES], ((st / STAGES) - 1) & 1);
         if (tid == 0) request_w(st);
       }
-      write_x(st);
+      store_x(st, src);
     }
   } else if (!XP && warp == 0) {
     // ---- producer: lane 0 issues every copy of every stage ----
