@@ -1802,14 +1802,9 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
         cuda::W4A16SmallMConfig config;
         double bound;
         cuda::W4A16TiledConfig tiled = {};
-        bool packed_x = false;
       };
       const auto tiled = [](const char* name, int tile, int splits) {
         return Path{name, cuda::W4A16Path::tiled, {}, 2e-3, {tile, splits}};
-      };
-      // The wgmma tiles' instance with x in the packed k order (cuda::set_w4a16_wgmma_packed_x).
-      const auto packed_x = [](const char* name, int tile, int splits) {
-        return Path{name, cuda::W4A16Path::tiled, {}, 2e-3, {tile, splits}, true};
       };
       std::vector<Path> paths = {{"small_m v1", cuda::W4A16Path::small_m, {1, 0}, 2e-3},
                                  {"small_m v2", cuda::W4A16Path::small_m, {2, 0}, 2e-3},
@@ -1838,10 +1833,6 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled wgmma 128x32 split5", cuda::kW4A16WgmmaTile32, 5),
                                  tiled("tiled wgmma 128x128", cuda::kW4A16WgmmaTile128, 1),
                                  tiled("tiled wgmma 128x128 split2", cuda::kW4A16WgmmaTile128, 2),
-                                 packed_x("tiled wgmma 128x64 packed x", cuda::kW4A16WgmmaTile, 1),
-                                 packed_x("tiled wgmma 128x64 packed x split3", cuda::kW4A16WgmmaTile, 3),
-                                 packed_x("tiled wgmma 128x32 packed x", cuda::kW4A16WgmmaTile32, 1),
-                                 packed_x("tiled wgmma 128x128 packed x split2", cuda::kW4A16WgmmaTile128, 2),
                                  tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
                                  tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
@@ -1861,7 +1852,6 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                       static_cast<size_t>(5 * m * s.n) * sizeof(float));
         cuda::DeviceMemory workspace(launch_bytes);
         cuda::w4a16_workspace_init(workspace.get(), launch_bytes, nullptr);
-        cuda::set_w4a16_wgmma_packed_x(path.packed_x ? 1 : 0);
         auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
         if (path.path == cuda::W4A16Path::small_m)
           cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
@@ -1897,7 +1887,6 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
               ASSERT_EQ(again[t * ldy + i], first[t * ldy + i]) << path.name << " is not deterministic";
         }
       }
-      cuda::set_w4a16_wgmma_packed_x(-1);  // the environment's choice again, for every other test
     }
   }
 }

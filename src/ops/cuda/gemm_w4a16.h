@@ -136,10 +136,6 @@ inline constexpr bool w4a16_tile_has_zero_points(int tile) {
   return tile == 2 || tile == kW4A16Tile128x32 || w4a16_is_wgmma_tile(tile);
 }
 bool w4a16_wgmma_tile_runs_here();
-// The wgmma tiles' int4 instances: 1, the one whose producer warps write x into shared memory in
-// the weights' packed k order (no transposes in the mma warps; being measured); 0, the one whose x
-// comes by TMA in natural order; -1, QSPEC_W4A16_WGMMA_X's choice (default 0). For tests and A/B runs.
-void set_w4a16_wgmma_packed_x(int choice);
 std::string w4a16_tiled_tile_name(int tile);  // "256x64" (rows x tokens) for tile 1, ...
 // The warps a block of the kernel w4a16_gemm_tiled(config) runs for these m >= 1 tokens (tests:
 // the 8-warp forms of tiles 2 and 6).

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -97,9 +96,9 @@ using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 6, 2, 2>;
 using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
 // ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins); ZC: the integer
 // zero-point one (int4-zp, its zero words there).
-template <class Shape, int G, bool ZP = false, bool ZC = false, bool XP = false>
+template <class Shape, int G, bool ZP = false, bool ZC = false>
 struct WgmmaLauncher {
-  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP, ZC, XP>;
+  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP, ZC>;
   static int configure() {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
     int blocks = 0;
@@ -132,31 +131,13 @@ struct WgmmaLauncher {
     return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch};
   }
 };
-// Whether the wgmma tiles' int4 instances write x in the packed k order (kernels/w4a16_wgmma.cuh,
-// XP): set_w4a16_wgmma_packed_x's choice, else QSPEC_W4A16_WGMMA_X (an A/B switch while it is
-// measured; 0, the default, is the instance whose x comes by TMA in natural order).
-std::atomic<int> packed_x_choice{-1};
-bool wgmma_packed_x() {
-  const int choice = packed_x_choice.load(std::memory_order_relaxed);
-  if (choice >= 0) return choice == 1;
-  static const bool from_environment = env_int("QSPEC_W4A16_WGMMA_X", 0, 0, 1) == 1;
-  return from_environment;
-}
-
-template <class Shape, bool ZP, bool ZC, bool XP>
-TiledKernel wgmma_instance_for_group(int64_t group) {
-  switch (group) {
-    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC, XP>::get();
-    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC, XP>::get();
-    default: return WgmmaLauncher<Shape, 128, ZP, ZC, XP>::get();
-  }
-}
-// The packed-x instances exist for int4 weights only.
 template <class Shape, bool ZP = false, bool ZC = false>
 TiledKernel wgmma_kernel_for_group(int64_t group) {
-  if constexpr (!ZP && !ZC)
-    if (wgmma_packed_x()) return wgmma_instance_for_group<Shape, false, false, true>(group);
-  return wgmma_instance_for_group<Shape, ZP, ZC, false>(group);
+  switch (group) {
+    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC>::get();
+    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC>::get();
+    default: return WgmmaLauncher<Shape, 128, ZP, ZC>::get();
+  }
 }
 
 // The wgmma tiles' zero-point instances (int4-asym, or int4-zp's with ZC; beside the mma.sync
@@ -276,7 +257,6 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
 }  // namespace
 
 bool w4a16_wgmma_tile_runs_here() { return wgmma_tile_runs_here(); }
-void set_w4a16_wgmma_packed_x(int choice) { packed_x_choice.store(choice < 0 ? -1 : choice > 0 ? 1 : 0); }
 
 std::string w4a16_tiled_tile_name(int tile) {
   switch (tile) {

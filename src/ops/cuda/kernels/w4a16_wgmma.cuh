@@ -43,26 +43,12 @@
 // Integer zero points (ZC, int4-zp weights): the packed zero points come as the minimums do (a
 // word a group a lane), and each word unpacks to u - z (dequant_zero_codes4x8) then takes int4's
 // hmul2 by the scales.
-//
-// x in the packed k order (XP, an instance beside the TMA one; QSPEC_W4A16_WGMMA_X=packed picks
-// it): the quad transposes above are about a third of a mma warp's instructions a pair and its
-// longest dependent chain (two shuffles), in a stage that ncu found latency-bound (2.2 warps a
-// scheduler, 6 cycles between a warp's instructions). Since the k order of a dot product is
-// free as long as A and B agree, the producer warpgroup writes x into the ring in the packed
-// order instead, and each lane's two words are its A fragments as they are for mma.sync
-// (kernels/w4a16_packed_x.h says where each piece goes). TMA cannot permute (its box's innermost
-// dimension is the contiguous one), so each producer thread loads a token's 64-byte block (four
-// 16-byte loads) and stores its four chunks where the 128-byte swizzle puts them, zeros past m
-// and k; each
-// producer warp then fences its stores for the async proxy and arrives on the stage's full
-// barrier (four arrivals beside the weights' expect-tx). The weights still come by TMA.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
 #include <type_traits>
 
 #include "ops/cuda/kernels/w4_activation.cuh"  // prmt
-#include "ops/cuda/kernels/w4a16_packed_x.h"
 #include "ops/cuda/kernels/w4a16_tiled.cuh"
 #include "ops/cuda/kernels/wgmma.cuh"
 
@@ -179,7 +165,7 @@ struct W4A16WgmmaMaps {
   CUtensorMap x, codes, scales;
 };
 
-template <class Shape, int G, bool ZP = false, bool ZC = false, bool XP = false>
+template <class Shape, int G, bool ZP = false, bool ZC = false>
 __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
                                                                           const W4A16TiledParams p) {
 #if QSPEC_WGMMA
@@ -188,9 +174,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
   static_assert(T::kPairs % PPG == 0, "a stage holds whole scale groups");
   constexpr int GROUPS = T::kPairs / PPG;          // scale groups a stage
   constexpr int SCALE_STRIDE = GROUPS * 32;        // a row block's scales in a stage, in the ring
-  // The bytes a stage's copies bring: x too unless the producer threads write it (XP).
-  constexpr uint32_t kStageTx = (XP ? 0 : T::kXBytes) + T::kRowBlocks * (T::kCodeBytes + SCALE_STRIDE);
-  constexpr int kProducerWarps = 4;  // XP: every producer warp arrives once it has written a stage's x
+  constexpr uint32_t kStageTx = T::kXBytes + T::kRowBlocks * (T::kCodeBytes + SCALE_STRIDE);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   __shared__ uint64_t full[STAGES], empty[STAGES];
@@ -211,7 +195,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < STAGES; ++i) {
-      mbarrier_init(&full[i], XP ? 1 + kProducerWarps : 1);
+      mbarrier_init(&full[i], 1);
       mbarrier_init(&empty[i], 8);  // the 8 mma warps
     }
     fence_proxy_async_shared();
@@ -228,68 +212,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
     tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
                 &full[slot]);
   };
-  if (XP && warp < kProducerWarps) {
-    // ---- producer (XP): thread 0 issues the weights' copies, all 128 threads write x ----
-    // A stage's x: kTokens rows x four 32-k blocks, a (row, block) a thread at a time (rows
-    // first, so the 8 threads of a store phase write 8 rows: 8 different banks after the swizzle).
-    const __half* const x = static_cast<const __half*>(p.a.x);
-    // A thread's (row, block) items of a stage, loaded all at once before any is stored, so a
-    // stage costs the producer one trip to L2 rather than one an item (the loads go out before the
-    // wait for the slot, and overlap it).
-    constexpr int kItems = T::kTokens * 4 / (kProducerWarps * 32);
-    static_assert(kItems * kProducerWarps * 32 == T::kTokens * 4, "whole items a producer thread");
-    auto fetch_x = [&](int st, uint4 (&src)[kItems][4]) {
-      const int k0 = (stage_begin + st) * T::kPairs * 32;
-#pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        const int item = tid + i * kProducerWarps * 32, row = item % T::kTokens, k = k0 + (item / T::kTokens) * 32;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) src[i][j] = make_uint4(0, 0, 0, 0);
-        if (row < tile_m && k < p.w.k) {
-          const uint4* from = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m0 + row) * p.a.ldx + k);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) src[i][j] = from[j];
-        }
-      }
-    };
-    auto store_x = [&](int st, const uint4 (&src)[kItems][4]) {
-      const uint32_t x_dst = smem_address(ring) + (st % STAGES) * T::kStageBytes;  // st.shared, not a generic store
-#pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        const int item = tid + i * kProducerWarps * 32, row = item % T::kTokens, block = item / T::kTokens;
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(src[i]);
-        const uint32_t box = x_dst + (block / 2) * T::kBoxBytes;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(box + packed_x_chunk_offset(row, (block % 2) * 4 + j)),
-                       "r"(words[packed_x_source_word(4 * j)]), "r"(words[packed_x_source_word(4 * j + 1)]),
-                       "r"(words[packed_x_source_word(4 * j + 2)]), "r"(words[packed_x_source_word(4 * j + 3)])
-                       : "memory");
-      }
-      fence_proxy_async_shared();  // the generic-proxy stores, before the wgmma (async proxy) read them
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&full[st % STAGES]);
-    };
-    // Thread 0's expect-tx is one of the stage's arrivals (the weights' bytes); the producer warps'
-    // are the others.
-    auto request_w = [&](int st) {
-      mbarrier_arrive_expect_tx(&full[st % STAGES], kStageTx);
-      load_w(st);
-    };
-    const int first = min(STAGES, stages);
-    if (tid == 0)
-      for (int st = 0; st < first; ++st) request_w(st);  // weights before the wait: no earlier kernel writes them
-    grid_dependency_wait();
-    for (int st = 0; st < stages; ++st) {
-      uint4 src[kItems][4];
-      fetch_x(st, src);
-      if (st >= STAGES) {
-        mbarrier_wait(&empty[st % STAGES], ((st / STAGES) - 1) & 1);
-        if (tid == 0) request_w(st);
-      }
-      store_x(st, src);
-    }
-  } else if (!XP && warp == 0) {
+  if (warp == 0) {
     // ---- producer: lane 0 issues every copy of every stage ----
     if (lane == 0) {
       auto load_x = [&](int st) {
@@ -327,7 +250,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
 
   const int mma_warp = warp - 4;  // 0 .. 7: warpgroup mma_warp / 4, row block mma_warp
   if (warp >= 4) {
-    [[maybe_unused]] const PairSelectors sel = pair_selectors(t);
+    const PairSelectors sel = pair_selectors(t);
     const uint32_t ring_address = smem_address(ring);
     // A stage runs as batches of BP pairs: batch b's A fragments ([b % 2][pair][k16 step]) are
     // made before its first wgmma and stay until its wgmma are waited for, one batch later. An
@@ -381,8 +304,8 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
           uint32_t w0, w1, scale_pair;
           asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
           asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(x_stage + lane_scales + (q / PPG) * 32));
-          uint32_t step0 = w0, step1 = w1;  // XP: x is in the packed order, the words are the fragments
-          if constexpr (!XP) pair_to_natural(w0, w1, sel, step0, step1);
+          uint32_t step0, step1;
+          pair_to_natural(w0, w1, sel, step0, step1);
           const RowScales scales = row_scales(scale_pair);
           if constexpr (ZP) {
             const RowScales mins = row_scales(zmin[q / PPG]);
