@@ -1833,6 +1833,10 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled wgmma 128x32 split5", cuda::kW4A16WgmmaTile32, 5),
                                  tiled("tiled wgmma 128x128", cuda::kW4A16WgmmaTile128, 1),
                                  tiled("tiled wgmma 128x128 split2", cuda::kW4A16WgmmaTile128, 2),
+                                 tiled("tiled wgmma 256x32", cuda::kW4A16WgmmaTile256x32, 1),
+                                 tiled("tiled wgmma 256x32 split3", cuda::kW4A16WgmmaTile256x32, 3),
+                                 tiled("tiled wgmma 256x64", cuda::kW4A16WgmmaTile256x64, 1),
+                                 tiled("tiled wgmma 256x64 split2", cuda::kW4A16WgmmaTile256x64, 2),
                                  tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
                                  tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
@@ -1993,7 +1997,8 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
       // tiles, 128x64 and 128x32) in one split and in several; the other mma.sync tiles are refused.
       for (auto [tile, splits] : {std::pair{0, 0}, {cuda::kW4A16WgmmaTile32, 1}, {cuda::kW4A16WgmmaTile32, 3},
                                   {cuda::kW4A16WgmmaTile, 1}, {cuda::kW4A16WgmmaTile, 2},
-                                  {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2}, {2, 1}, {2, 3},
+                                  {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2},
+                                  {cuda::kW4A16WgmmaTile256x32, 2}, {cuda::kW4A16WgmmaTile256x64, 1}, {2, 1}, {2, 3},
                                   {cuda::kW4A16Tile128x32, 1}, {cuda::kW4A16Tile128x32, 2}, {1, 1}, {3, 1}}) {
         auto tiled = [&](f16* y) {
           cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,

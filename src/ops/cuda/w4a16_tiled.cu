@@ -94,6 +94,9 @@ bool late_refill() {
 using WgmmaShape64 = kernels::W4A16WgmmaShape<8, 6, 1, 2>;
 using WgmmaShape32 = kernels::W4A16WgmmaShape<4, 6, 2, 2>;
 using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
+// 256 rows: four mma warpgroups (kernels/w4a16_wgmma.cuh says why), one block a multiprocessor.
+using WgmmaShape256x32 = kernels::W4A16WgmmaShape<4, 8, 1, 2, 16>;
+using WgmmaShape256x64 = kernels::W4A16WgmmaShape<8, 6, 1, 2, 16>;
 // ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins); ZC: the integer
 // zero-point one (int4-zp, its zero words there).
 template <class Shape, int G, bool ZP = false, bool ZC = false>
@@ -111,13 +114,13 @@ struct WgmmaLauncher {
     const kernels::W4A16Layout& w = params.w;
     kernels::W4A16WgmmaMaps maps;
     maps.x = detail::f16_box_map(params.a.x, params.m, w.k, params.a.ldx * 2, 64, Shape::kTokens, who);
-    // Codes: [row blocks][k / 16 rows][128 bytes], a box = a stage (8 rows) of the tile's 8 row blocks.
+    // Codes: [row blocks][k / 16 rows][128 bytes], a box = a stage (8 rows) of the tile's row blocks.
     const uint64_t code_dims[3] = {128, static_cast<uint64_t>(w.k / 16), static_cast<uint64_t>(w.row_blocks)};
     const uint64_t code_strides[2] = {128, static_cast<uint64_t>(w.k) * 8};
     const uint32_t code_box[3] = {128, Shape::kCodeBytes / 128, Shape::kRowBlocks};
     maps.codes = detail::tiled_tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, w.codes, code_dims, code_strides, code_box,
                                           CU_TENSOR_MAP_SWIZZLE_NONE, who);
-    // Scales: [row blocks][groups][8 words], a box = a stage's groups of the 8 row blocks.
+    // Scales: [row blocks][groups][8 words], a box = a stage's groups of the tile's row blocks.
     const uint64_t scale_dims[3] = {8, static_cast<uint64_t>(w.groups), static_cast<uint64_t>(w.row_blocks)};
     const uint64_t scale_strides[2] = {32, static_cast<uint64_t>(w.groups) * 32};
     const uint32_t scale_box[3] = {8, static_cast<uint32_t>(Shape::kPairs / (G / 32)), Shape::kRowBlocks};
@@ -146,6 +149,8 @@ template <bool ZC>
 TiledKernel wgmma_zero_point_kernel(int tile, int64_t group) {
   if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32, !ZC, ZC>(group);
   if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64, !ZC, ZC>(group);
+  if (tile == kW4A16WgmmaTile256x32) return wgmma_kernel_for_group<WgmmaShape256x32, !ZC, ZC>(group);
+  if (tile == kW4A16WgmmaTile256x64) return wgmma_kernel_for_group<WgmmaShape256x64, !ZC, ZC>(group);
   return wgmma_kernel_for_group<WgmmaShape128, !ZC, ZC>(group);
 }
 
@@ -187,13 +192,15 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64>(group);
     if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32>(group);
     if (tile == kW4A16WgmmaTile128) return wgmma_kernel_for_group<WgmmaShape128>(group);
+    if (tile == kW4A16WgmmaTile256x32) return wgmma_kernel_for_group<WgmmaShape256x32>(group);
+    if (tile == kW4A16WgmmaTile256x64) return wgmma_kernel_for_group<WgmmaShape256x64>(group);
   }
   if constexpr (kernels::kActGroupWords<Act>) {
     if (!SWIGLU && w4a16_is_wgmma_tile(tile)) return wgmma_zero_point_kernel<kernels::kActZeroCodes<Act>>(tile, group);
     if (tile == 2) return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
     if (tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
     fail("cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
-         kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8)", SWIGLU ? " (with SwiGLU: 2 and 6 only)" : "",
+         kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 10)", SWIGLU ? " (with SwiGLU: 2 and 6 only)" : "",
          ", not tile ", tile);
   } else {
     switch (tile) {
@@ -267,6 +274,8 @@ std::string w4a16_tiled_tile_name(int tile) {
     case kW4A16WgmmaTile: return "wgmma_128x64";
     case kW4A16WgmmaTile32: return "wgmma_128x32";
     case kW4A16WgmmaTile128: return "wgmma_128x128";
+    case kW4A16WgmmaTile256x32: return "wgmma_256x32";
+    case kW4A16WgmmaTile256x64: return "wgmma_256x64";
     case kW4A16Tile128x32: return "128x32";
     default: return "auto";
   }
@@ -294,7 +303,7 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
                      size_t workspace_bytes, const W4A16TiledConfig& config) {
   const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
   QSPEC_CHECK(!w4a16_is_wgmma_tile(tile) || (kPlainF16<Act> && wgmma_tile_runs_here()),
-              "cuda::w4a16_gemm_tiled: the wgmma tiles (5, 7, 8) need f16 activation values and an sm_90a GPU and "
+              "cuda::w4a16_gemm_tiled: the wgmma tiles (5, 7 - 10) need f16 activation values and an sm_90a GPU and "
               "build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
   const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
@@ -378,7 +387,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
   QSPEC_CHECK(config_tile == 0 || w4a16_tile_has_zero_points(config_tile),
               "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
-              kW4A16Tile128x32, ") and the wgmma tiles (5, 7, 8), not tile ", config_tile);
+              kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 10), not tile ", config_tile);
   if (config_tile != 0) return config_tile;
   const bool mma_sync = w.zero_codes || w.group <= 64;
   const int tile = w.zero_codes ? default_tile<kernels::ActF16Zc>(m, w.n, w.k, w.group)

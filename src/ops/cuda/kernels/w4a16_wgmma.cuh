@@ -1,6 +1,6 @@
 // W4A16 GEMM for tens to thousands of tokens on Hopper's own machinery: warpgroup MMA (wgmma)
 // with the 4-bit weights as the register A operand, fed by the bulk copy engine, warp-specialised
-// (a producer warp copies, two mma warpgroups dequantize and multiply), tokens of x read by the
+// (a producer warp copies, two or four mma warpgroups dequantize and multiply), tokens of x read by the
 // tensor cores straight from shared memory in their natural k order.
 //
 // Why this shape (issue 53; docs/perf-notes.md, "W4A16 at batch 16-64, and the QSpec verify"):
@@ -24,12 +24,20 @@
 // within the same bound of the CPU reference (the gpu tests check both).
 //
 // The block: warpgroup 0 is the producer (its warp 0, lane 0 issues every copy: four TMA a
-// stage), warpgroups 1 and 2 multiply, 64 weight rows each (a row block of 16 a warp), NT = 8 *
-// TILES tokens. A ring of STAGES slots of 128 k (4 pairs): x (two 64-k boxes), the 8 row blocks'
-// codes (1 KB each) and scales; a full barrier a slot (the producer's expect-tx, completed by the
+// stage), warpgroups 1 and 2 (1 - 4 in the 256-row tiles) multiply, 64 weight rows each (a row
+// block of 16 a warp), NT = 8 * TILES tokens. A ring of STAGES slots of 128 k (4 pairs): x (two
+// 64-k boxes), the tile's row blocks' codes (1 KB each) and scales; a full barrier a slot (the producer's expect-tx, completed by the
 // copies) and an empty
 // barrier a slot (one arrival a mma warp once its wgmma reading the slot are done). Weights of
 // the first STAGES stages go out before griddepcontrol.wait (no earlier kernel writes them).
+//
+// Why 256 rows (four mma warpgroups, 640 threads): a stage of the 128-row tile takes ~1 us
+// whatever its tokens (32 to 128), 2-3x its tensor and bytes time at 64 tokens, because the two
+// warps a scheduler issue their dequantization chains with nothing to hide the latency
+// (docs/perf-notes.md, "Why it is not at its floor yet"). Four warps a scheduler do twice the
+// rows in about the same latency, and Llama-3-8B's gate_up takes 112 row tiles of 256 (one wave
+// on 132 multiprocessors) where it took 224 of 128 (1.7 waves). At 32 and 64 tokens the mma
+// warps fit the 96 registers a thread that 640 threads leave.
 // Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'. A short
 // last stage (k % 128 != 0) takes no branch: TMA fills what lies past the tensors with zeros, so
 // the pairs past k multiply zero weights (zero codes and zero scales) by zero x.
@@ -54,13 +62,15 @@
 
 namespace qspec::cuda::kernels {
 
-// (token tiles of 8, ring stages, blocks a multiprocessor, pairs a wgmma batch)
-template <int TILES_, int STAGES_, int MIN_BLOCKS_, int BATCH_PAIRS_>
+// (token tiles of 8, ring stages, blocks a multiprocessor, pairs a wgmma batch, row blocks of 16:
+// 8 = two mma warpgroups, 16 = four)
+template <int TILES_, int STAGES_, int MIN_BLOCKS_, int BATCH_PAIRS_, int ROW_BLOCKS_ = 8>
 struct W4A16WgmmaShape {
   static constexpr int TILES = TILES_, STAGES = STAGES_, kMinBlocks = MIN_BLOCKS_, kBatchPairs = BATCH_PAIRS_;
   static constexpr int kTokens = 8 * TILES;
-  static constexpr int kRows = 128, kRowBlocks = 8;
-  static constexpr int kThreads = 384;                       // producer warpgroup + 2 mma warpgroups
+  static constexpr int kRowBlocks = ROW_BLOCKS_, kRows = 16 * kRowBlocks;
+  static_assert(kRowBlocks % 4 == 0, "whole mma warpgroups of 64 rows");
+  static constexpr int kThreads = 128 + 32 * kRowBlocks;     // producer warpgroup + a warp a row block
   static constexpr int kPairs = 4;                           // 32-k pairs a stage (128 k)
   static constexpr int kBoxBytes = kTokens * 128;            // 64 k x NT tokens of f16, 128B-swizzled
   static constexpr int kXBytes = 2 * kBoxBytes;              // two boxes a stage
@@ -157,8 +167,8 @@ __device__ __forceinline__ void dequant_folded(uint32_t word, const RowScales& s
 
 // The kernel's tensor maps (made by the launcher for each launch, w4a16_tiled.cu): x [m][k] f16 in
 // 64 k x NT-token boxes, 128-byte swizzle; the packed codes as [row blocks][k / 16][128 bytes] in
-// boxes of a stage (8 rows of 128 bytes) of 8 row blocks; the scales as [row blocks][groups][8
-// words] in boxes of a stage's groups of 8 row blocks. Boxes past the matrix read as zeros. One
+// boxes of a stage (8 rows of 128 bytes) of the tile's row blocks; the scales as [row
+// blocks][groups][8 words] in boxes of a stage's groups of the tile's row blocks. Boxes past the matrix read as zeros. One
 // TMA a stage each, from one thread: bulk copies a row block (16 a stage) issued by one thread
 // took ~1.4 us a stage, five times the stage's bytes (H200, 758f954).
 struct W4A16WgmmaMaps {
@@ -196,14 +206,14 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
 #pragma unroll
     for (int i = 0; i < STAGES; ++i) {
       mbarrier_init(&full[i], 1);
-      mbarrier_init(&empty[i], 8);  // the 8 mma warps
+      mbarrier_init(&empty[i], T::kRowBlocks);  // the mma warps
     }
     fence_proxy_async_shared();
   }
   __syncthreads();
   grid_launch_dependents();
 
-  // A stage's weights: its 8 row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
+  // A stage's weights: its row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
   // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
   auto load_w = [&](int st) {
     const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
@@ -248,7 +258,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
 
-  const int mma_warp = warp - 4;  // 0 .. 7: warpgroup mma_warp / 4, row block mma_warp
+  const int mma_warp = warp - 4;  // 0 .. kRowBlocks - 1: warpgroup mma_warp / 4, row block mma_warp
   if (warp >= 4) {
     const PairSelectors sel = pair_selectors(t);
     const uint32_t ring_address = smem_address(ring);
