@@ -237,18 +237,33 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 //   steps with their token tiles of 32 and 64, so 65 tokens cost them what 96 do.
 //   QSPEC_W4A16_WGMMA=0 never takes the wgmma tiles, =1 takes them from 17 tokens (by m: 32, 64
 //   or 128 tokens a tile), unset: the rule above.
+// * Int4 weights and f16 activations of 33-64 tokens on sm_90a whose 256-row tiles make one wave
+//   that fills at least kWgmma256MinWave of the multiprocessors: the wgmma kernel's 256 x 64 tile.
+//   Llama-3-8B's gate_up (112 tiles on 132) at 48 / 64 tokens took 40.7 / 41.4 us against 48.5 /
+//   48.6 for the best other tile (wgmma 128 x 64) and 54.5 / 53.7 for 128x64, and lost at 32 (40.5
+//   against 128x32's 32.7); every GEMM of fewer tiles lost with it (qkv, o, down: 16-24 tiles)
+//   (H200, 427cd95, bench/results/gpu-w4a16-wgmma-256-gemm-llama3-8b-h200-427cd95.log). It has no
+//   SwiGLU epilogue, so gate_up takes it and a separate silu_mul. QSPEC_W4A16_WGMMA_256=0 never.
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
 // tile (A/B runs).
 constexpr int64_t kWgmmaMinTokens = 64;
+constexpr double kWgmma256MinWave = 0.75;
+bool wgmma_256_fills_one_wave(int64_t n) {
+  const int64_t tiles = ceil_div(n, int64_t{256}), sms = multiprocessor_count();
+  return tiles <= sms && static_cast<double>(tiles) >= kWgmma256MinWave * static_cast<double>(sms);
+}
 template <class Act>
 int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   // A/B switches, 0 or 1 (env_int refuses anything else by name).
   static const int wgmma_switch = env_int("QSPEC_W4A16_WGMMA", 2, 0, 2);
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
   static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
+  static const bool wgmma_256 = env_int("QSPEC_W4A16_WGMMA_256", 1, 0, 1) == 1;
   if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
     if (wgmma_switch == 1 && m > 16) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
+    if (std::is_same_v<Act, kernels::ActF16> && wgmma_256 && m > 32 && wgmma_256_fills_one_wave(n))
+      return kW4A16WgmmaTile256x64;
   }
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
