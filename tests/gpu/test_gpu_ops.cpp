@@ -2329,8 +2329,13 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      // int4-asym at groups of 128: the wgmma tiles from 17 tokens (w4a16_tiled.cu, zero_point_tile).
-      const bool wgmma_takes_it = (m > 64 || (asym && group == 128)) && cuda::w4a16_wgmma_tile_runs_here();
+      // int4-asym at groups of 128: the wgmma tiles from 17 tokens (w4a16_tiled.cu, zero_point_tile);
+      // int4 at 33-64 tokens where 256-row tiles fill one wave (gate_up's 112 on 132
+      // multiprocessors): the 256x64 wgmma tile (default_tile).
+      const bool one_wave_of_256 = format == qspec::quant::Format::int4 && m > 32 && n == 28672 &&
+                                   qspec::cuda::multiprocessor_count() == 132;
+      const bool wgmma_takes_it =
+          (m > 64 || (asym && group == 128) || one_wave_of_256) && cuda::w4a16_wgmma_tile_runs_here();
       if (n == 28672 && qspec::cuda::multiprocessor_count() == 132) {
         EXPECT_EQ(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
                       qspec::SwigluGemm::Kernel::tiled,
