@@ -74,6 +74,11 @@ struct EngineOptions {
   // shares the cache. Both backends store both (the GPU's int8 attention is correct but not yet
   // faster than its f16 one: docs/perf-notes.md, "The 8-bit KV cache").
   std::string kv_cache = "f16";
+  // Diagnosis (`qspec bench --replay-planner-trace`): a file that gets, appended, one JSON line a
+  // draft-auto plan (the batch's size and contexts, the plan, its predicted gain, why) and one a
+  // W4A16 pass the planner times or leaves out (sequences, tokens, milliseconds, and whether it
+  // was a one-off or carried a prompt chunk). "": none.
+  std::string planner_trace;
 };
 
 // A request: its prompt, sampling, limits and decode plan (qspec/decode_plan.h: plain decoding

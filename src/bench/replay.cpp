@@ -126,6 +126,15 @@ RunResult run_once(const LlamaModel& model, const std::vector<ReplayText>& texts
   EngineOptions engine_options = options.engine;
   engine_options.max_batch_size = batch;
   engine_options.qspec_costs = options.qspec_costs;
+  if (!engine_options.planner_trace.empty()) {  // a line naming the run its engine's lines belong to
+    std::ofstream trace(engine_options.planner_trace, std::ios::app);
+    QSPEC_CHECK(trace.good(), "bench --replay: cannot open the planner trace ", engine_options.planner_trace);
+    trace << nlohmann::json{{"run", spec.draft.empty() ? std::string("w4a16") : spec.draft},
+                            {"gamma", spec.gamma},
+                            {"batch", batch}}
+                 .dump()
+          << '\n';
+  }
   Engine engine(model, nullptr, engine_options, std::move(owned));
 
   const int64_t requests = options.requests > 0 ? options.requests

@@ -563,6 +563,9 @@ void register_bench(CLI::App& app) {
   command->add_flag("--replay-prefill-first", args->replay_options.engine.prefill_first,
                     "--replay: no decoding while a prompt is still prefilling (EngineOptions::prefill_first): with "
                     "--replay-waves 1 every run's drain columns time the same full batch decoding alone");
+  command->add_option("--replay-planner-trace", args->replay_options.engine.planner_trace,
+                      "--replay: append to this file one JSON line a run, a draft-auto plan and a W4A16 pass "
+                      "(EngineOptions::planner_trace: why the planner chose what it did, and the pass times it saw)");
   command->add_option("--replay-rounds", args->replay_options.rounds,
                       "--replay: every run this many times in turn (medians reported)")
       ->check(CLI::Range(1, 20))

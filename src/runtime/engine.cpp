@@ -21,12 +21,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
 #include <unordered_set>
+
+#include <nlohmann/json.hpp>
 
 #include "base/thread_pool.h"
 #include "gemm/policy_map.h"
@@ -167,6 +170,7 @@ struct Engine::Impl {
   std::vector<RunMode> candidate_modes;
   int ngram_candidate = -1;
   std::string planner_description;
+  std::unique_ptr<std::ofstream> trace;  // options.planner_trace, appended
 
   // Shared with submitting threads.
   mutable std::mutex queue_mutex;
@@ -215,6 +219,10 @@ struct Engine::Impl {
   // Draft auto's planner: the step-cost table options.qspec_costs names (or finds, "auto") for
   // this device and model, over the table's drafts that run here; without one, the fallback.
   void make_planner() {
+    if (!options.planner_trace.empty()) {
+      trace = std::make_unique<std::ofstream>(options.planner_trace, std::ios::app);
+      QSPEC_CHECK(trace->good(), "engine: cannot open the planner trace ", options.planner_trace);
+    }
     std::string path = options.qspec_costs;
     const std::string device = backend->device_name();
     const ModelShape shape = ModelShape::of(model.config());
@@ -553,6 +561,17 @@ struct Engine::Impl {
       }
     }
     StepPlan step = planner->plan(batch);
+    if (trace) {
+      int64_t longest = 0;
+      for (const PlannerSequence& p : batch) longest = std::max(longest, p.context);
+      *trace << nlohmann::json{{"plan", step.label},
+                               {"batch", batch.size()},
+                               {"longest_context", longest},
+                               {"predicted_gain", step.predicted_gain},
+                               {"reason", step.reason}}
+                    .dump()
+             << '\n';
+    }
     for (Sequence* seq : autos) {
       QSpecMetrics& m = seq->metrics.qspec;
       ++m.plan_steps[step.label];
@@ -839,11 +858,18 @@ struct Engine::Impl {
       // passes: decode steps and verify runs, nothing with a prompt chunk in it, nor a pass that
       // paid a one-time cost (a graph capture: 5-20 ms on a GPU whose step is 2, which priced
       // verifies out at batch 1 when they poisoned the fit).
-      if (name == decode_rules::kVerifyMode && !pass.one_off &&
-          std::none_of(group.begin(), group.end(), [](const Unit* u) { return u->kind == Unit::Kind::prompt; })) {
+      const bool prompt =
+          std::any_of(group.begin(), group.end(), [](const Unit* u) { return u->kind == Unit::Kind::prompt; });
+      if (name == decode_rules::kVerifyMode && (trace || (!pass.one_off && !prompt))) {
         int64_t tokens = 0;
         for (const PassRun& run : runs) tokens += static_cast<int64_t>(run.tokens.size());
-        planner->observe_pass(static_cast<int64_t>(group.size()), tokens, seconds_between(start, Clock::now()));
+        const double seconds = seconds_between(start, Clock::now());
+        if (!pass.one_off && !prompt) planner->observe_pass(static_cast<int64_t>(group.size()), tokens, seconds);
+        if (trace)
+          *trace << nlohmann::json{{"pass", group.size()},  {"tokens", tokens},         {"ms", seconds * 1e3},
+                                   {"one_off", pass.one_off}, {"prompt", prompt}}
+                        .dump()
+                 << '\n';
       }
     }
   }

@@ -55,6 +55,13 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
   if (classes_.size() <= c) classes_.resize(c + 1);
   Class& k = classes_[c];
   constexpr double decay = planner_rules::kPassCostDecay;
+  // A class's first passes of each kind are its warm-up, not timed (planner_rules::kWarmupPasses).
+  int64_t& warmups = tokens == sequences ? k.plain_warmups : k.verify_warmups;
+  if (warmups < planner_rules::kWarmupPasses) {
+    ++warmups;
+    if (tokens == sequences) ++k.plain_since_verify;
+    return;
+  }
   if (tokens == sequences) {
     k.step_seconds = k.step_seconds * decay + seconds;
     k.step_weight = k.step_weight * decay + 1.0;
@@ -266,12 +273,16 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
     }
   }
   double acceptance = 0;
+  int64_t proposing = 0;  // sequences with drafts of the best candidate now (an n-gram lookup may have none)
   if (best_candidate >= 0)
-    for (const PlannerSequence& s : batch) acceptance += s.acceptance[static_cast<size_t>(best_candidate)];
+    for (const PlannerSequence& s : batch) {
+      acceptance += s.acceptance[static_cast<size_t>(best_candidate)];
+      proposing += s.proposable[static_cast<size_t>(best_candidate)] > 0 ? 1 : 0;
+    }
   acceptance /= static_cast<double>(batch.size());
   char where[200];
   std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context, prices.c_str());
-  char line[320];
+  char line[384];
   if (best_candidate < 0) {
     std::snprintf(line, sizeof line, "w4a16: no draft to price (%s)", where);
     best.reason = line;
@@ -280,8 +291,11 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   const std::string draft = candidates_[static_cast<size_t>(best_candidate)].draft;
   const std::string choice = draft + " g" + std::to_string(best_gamma);
   if (best.predicted_gain < min_gain_) {
-    std::snprintf(line, sizeof line, "w4a16: best draft %s predicted %.2fx (< %.2fx), acceptance %.2f (%s)",
-                  choice.c_str(), best.predicted_gain, min_gain_, acceptance, where);
+    std::snprintf(line, sizeof line,
+                  "w4a16: best draft %s predicted %.2fx (< %.2fx), acceptance %.2f, drafts to propose in %lld of %zu "
+                  "sequences (%s)",
+                  choice.c_str(), best.predicted_gain, min_gain_, acceptance, static_cast<long long>(proposing),
+                  batch.size(), where);
     best.reason = line;
     return best;
   }

@@ -69,6 +69,13 @@ inline constexpr double kMinMeasuredPasses = 4.0;
 // The share of the estimate each new pass keeps (an exponential moving average over ~20 passes:
 // contexts grow and batches change slowly next to that).
 inline constexpr double kPassCostDecay = 0.95;
+// The first kWarmupPasses of each kind (plain steps, verify passes) a batch-size class runs are its warm-up and
+// are not timed: a new batch size allocates and touches memory the first time (the CPU's first
+// plain step at batch 2 took 14 ms against 4 in the replay test's trace, and with it in the fit
+// the planner priced a 0.99-acceptance lookup at 1.00x); on the GPU such passes are one-offs
+// (graph captures) anyway. What it costs: one more plain step and one more exploring cycle a class.
+// (A pass that stalls later still enters the fit: the decay forgets it within ~20 passes.)
+inline constexpr int64_t kWarmupPasses = 1;
 // A class whose measured price has kept it plain this many steps since its last verify pass runs
 // one cycle at the exploring price again (gamma at most kRemeasureMaxGamma), where that price
 // would speculate: its line then follows costs that moved (longer contexts) and recovers from
@@ -145,7 +152,7 @@ class NgramProbe {
 class MeasuredPassCosts {
  public:
   // A W4A16 pass over `sequences` runs of `tokens` tokens in all (no prompt chunk), `seconds` from
-  // its inputs to its ids.
+  // its inputs to its ids; the first of each kind a class sees is its warm-up and is not timed.
   void observe(int64_t sequences, int64_t tokens, double seconds);
   // What a verify pass adds to a plain step, in plain steps: fixed + per_token x its extra tokens.
   struct Verify {
@@ -167,6 +174,7 @@ class MeasuredPassCosts {
     // Verify passes: decayed weight and sums of x (extra tokens), y (extra seconds), x^2 and x y.
     double weight = 0, x = 0, y = 0, xx = 0, xy = 0;
     int64_t plain_since_verify = 0;  // plain steps since the last verify pass
+    int64_t plain_warmups = 0, verify_warmups = 0;  // warm-up passes of each kind seen (kWarmupPasses)
   };
   static size_t class_of(int64_t sequences);
   static double enough();  // the decayed weight of kMinMeasuredPasses passes

@@ -200,6 +200,58 @@ TEST(Replay, PlannerLeavesOneOffPassesOutOfItsMeasuredCosts) {
   EXPECT_GT(planned["qspec"]["accepted"].get<int64_t>(), 3 * 64 / 2) << planned.dump();
 }
 
+// The planner trace (EngineOptions::planner_trace, `--replay-planner-trace`): a line naming each
+// run, then its engine's plans and W4A16 passes, the one-off ones (a shape's first pass on the
+// wrapping backend) marked and left out of the planner's costs as above.
+TEST(Replay, PlannerTraceHasEveryRunsPlansAndPasses) {
+  const qspec::LlamaModel& model = *fixture().model;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("planner-trace-" + std::to_string(::getpid()) + ".jsonl"))
+                               .string();
+  std::filesystem::remove(path);
+  qspec::ReplayOptions options;
+  options.batch_sizes = {1, 2};
+  options.drafts = {"auto"};
+  options.gammas = {4};
+  options.requests = 2;
+  options.rounds = 1;
+  options.qspec_costs = "none";
+  options.engine.planner_trace = path;
+  const nlohmann::json rows = qspec::run_replay(
+      model, texts(/*repeating=*/true, 32), options,
+      [&](int64_t) { return std::make_unique<CapturingBackend>(qspec::make_cpu_backend(model)); });
+  ASSERT_EQ(rows.size(), 4u);  // (w4a16, auto g4) at batch 1 and 2
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> runs;
+  int64_t plans = 0, speculating = 0, passes = 0, one_off = 0, verify_passes = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json entry = nlohmann::json::parse(line);
+    if (entry.contains("run")) {
+      runs.push_back(entry["run"].get<std::string>() + " b" + std::to_string(entry["batch"].get<int64_t>()));
+    } else if (entry.contains("plan")) {
+      ++plans;
+      EXPECT_FALSE(entry["reason"].get<std::string>().empty()) << line;
+      EXPECT_GE(entry["batch"].get<int64_t>(), 1) << line;
+      if (entry["plan"] != "w4a16") ++speculating;
+    } else {
+      ASSERT_TRUE(entry.contains("pass")) << line;
+      ++passes;
+      EXPECT_GT(entry["ms"].get<double>(), 0.0) << line;
+      EXPECT_GE(entry["tokens"].get<int64_t>(), entry["pass"].get<int64_t>()) << line;
+      if (entry["one_off"].get<bool>()) ++one_off;
+      if (entry["tokens"].get<int64_t>() > entry["pass"].get<int64_t>()) ++verify_passes;
+    }
+  }
+  EXPECT_EQ(runs, (std::vector<std::string>{"w4a16 b1", "auto b1", "w4a16 b2", "auto b2"}));
+  EXPECT_GT(plans, 0);
+  EXPECT_GT(speculating, 0);  // the repeating texts' lookups pay
+  EXPECT_GT(verify_passes, 0);
+  EXPECT_GT(one_off, 0);  // CapturingBackend's first pass of a shape
+  EXPECT_GT(passes, plans);  // the plain runs' passes too
+  std::filesystem::remove(path);
+}
+
 TEST(Replay, TextsFileErrorsNameTheFile) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("replay-" + std::to_string(::getpid()) + ".json")).string();
