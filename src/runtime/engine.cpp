@@ -557,6 +557,8 @@ struct Engine::Impl {
         // N-gram: the acceptance of lookups that matched as long a suffix as this one.
         p.acceptance.push_back(ngram ? seq.ngram_acceptance.estimate(lookup.match, candidates[c].prior)
                                      : seq.acceptance[c].estimate(candidates[c].prior));
+        p.continuation.push_back(ngram ? seq.ngram_acceptance.continuation(lookup.match, candidates[c].prior)
+                                       : seq.acceptance[c].continuation(p.acceptance.back()));
         p.proposable.push_back(ngram ? static_cast<int64_t>(lookup.tokens.size()) : p.room);
       }
     }

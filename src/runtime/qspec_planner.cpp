@@ -13,15 +13,27 @@
 namespace qspec {
 
 void DraftAcceptance::observe(int64_t kept, bool rejected) {
-  kept_ = kept_ * planner_rules::kAcceptanceDecay + static_cast<double>(kept);
-  rejections_ = rejections_ * planner_rules::kAcceptanceDecay + (rejected ? 1.0 : 0.0);
-  prior_share_ *= planner_rules::kAcceptanceDecay;
+  constexpr double decay = planner_rules::kAcceptanceDecay;
+  first_trials_ = first_trials_ * decay + (kept > 0 || rejected ? 1.0 : 0.0);
+  first_kept_ = first_kept_ * decay + (kept > 0 ? 1.0 : 0.0);
+  // The drafts after the first: each of kept - 1 was kept after a kept one, and a rejection after
+  // a kept draft failed one.
+  const double next_kept = static_cast<double>(std::max<int64_t>(kept - 1, 0));
+  next_kept_ = next_kept_ * decay + next_kept;
+  next_trials_ = next_trials_ * decay + next_kept + (kept > 0 && rejected ? 1.0 : 0.0);
+  prior_share_ *= decay;
+}
+
+double DraftAcceptance::continuation(double prior, double weight) const {
+  const double w = weight * prior_share_;
+  const double total = next_trials_ + w;
+  return total > 0 ? (next_kept_ + prior * w) / total : prior;
 }
 
 double DraftAcceptance::estimate(double prior, double weight) const {
   const double w = weight * prior_share_;
-  const double total = kept_ + rejections_ + w;
-  return total > 0 ? (kept_ + prior * w) / total : prior;
+  const double total = first_trials_ + w;
+  return total > 0 ? (first_kept_ + prior * w) / total : prior;
 }
 
 void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
@@ -186,12 +198,14 @@ double QSpecPlanner::gain_with(const StepCosts& costs, std::span<const PlannerSe
   double tokens = 0, verified = 0;
   int64_t draft_steps = 0;
   for (const PlannerSequence& s : batch) {
-    QSPEC_CHECK(s.acceptance.size() == candidates_.size() && s.proposable.size() == candidates_.size(),
+    QSPEC_CHECK(s.acceptance.size() == candidates_.size() && s.proposable.size() == candidates_.size() &&
+                    (s.continuation.empty() || s.continuation.size() == candidates_.size()),
                 "qspec planner: a sequence's acceptance and proposable hold ", s.acceptance.size(), " and ",
                 s.proposable.size(), " entries for ", candidates_.size(), " candidates");
     const int64_t g = std::clamp<int64_t>(std::min(gamma, s.proposable[c]), 0, std::max<int64_t>(s.room, 0));
     const double a = std::clamp(s.acceptance[c], 0.0, 1.0);
-    tokens += a >= 1.0 ? static_cast<double>(g + 1) : (1.0 - std::pow(a, static_cast<double>(g + 1))) / (1.0 - a);
+    const double next = s.continuation.empty() ? a : std::clamp(s.continuation[c], 0.0, 1.0);
+    tokens += expected_tokens(a, next, g);
     verified += static_cast<double>(g);
     // Draft passes run until the longest unit has its drafts (a model draft drafts its room).
     draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
@@ -272,14 +286,17 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
       best_gamma = gamma;
     }
   }
-  double acceptance = 0;
+  double acceptance = 0, continuation = 0;  // the batch's means for the best candidate
   int64_t proposing = 0;  // sequences with drafts of the best candidate now (an n-gram lookup may have none)
   if (best_candidate >= 0)
     for (const PlannerSequence& s : batch) {
-      acceptance += s.acceptance[static_cast<size_t>(best_candidate)];
-      proposing += s.proposable[static_cast<size_t>(best_candidate)] > 0 ? 1 : 0;
+      const size_t c = static_cast<size_t>(best_candidate);
+      acceptance += s.acceptance[c];
+      continuation += s.continuation.empty() ? s.acceptance[c] : s.continuation[c];
+      proposing += s.proposable[c] > 0 ? 1 : 0;
     }
   acceptance /= static_cast<double>(batch.size());
+  continuation /= static_cast<double>(batch.size());
   char where[200];
   std::snprintf(where, sizeof where, "batch %zu, context %.0f, %s", batch.size(), context, prices.c_str());
   char line[384];
@@ -292,18 +309,18 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   const std::string choice = draft + " g" + std::to_string(best_gamma);
   if (best.predicted_gain < min_gain_) {
     std::snprintf(line, sizeof line,
-                  "w4a16: best draft %s predicted %.2fx (< %.2fx), acceptance %.2f, drafts to propose in %lld of %zu "
-                  "sequences (%s)",
-                  choice.c_str(), best.predicted_gain, min_gain_, acceptance, static_cast<long long>(proposing),
-                  batch.size(), where);
+                  "w4a16: best draft %s predicted %.2fx (< %.2fx), acceptance %.2f then %.2f, drafts to propose in "
+                  "%lld of %zu sequences (%s)",
+                  choice.c_str(), best.predicted_gain, min_gain_, acceptance, continuation,
+                  static_cast<long long>(proposing), batch.size(), where);
     best.reason = line;
     return best;
   }
   best.candidate = best_candidate;
   best.gamma = best_gamma;
   best.label = choice;
-  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f (%s)", choice.c_str(),
-                best.predicted_gain, acceptance, where);
+  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f then %.2f (%s)", choice.c_str(),
+                best.predicted_gain, acceptance, continuation, where);
   best.reason = line;
   return best;
 }

@@ -3,9 +3,14 @@
 // model (runtime/qspec_costs.h) and each sequence's running acceptance. Pure: no engine state,
 // no clock; the engine (runtime/engine.cpp) feeds it and follows its plan.
 //
-// The model. A sequence whose drafts are each kept with probability a (given the ones before
-// were) yields, per cycle of gamma drafts, the accepted prefix plus the verify's own token:
-//   E = 1 + a + a^2 + ... + a^g = (1 - a^(g+1)) / (1 - a),   g = min(gamma, drafts it has, room)
+// The model. A sequence whose first draft is kept with probability a and each later one with
+// probability c given the one before was kept yields, per cycle of gamma drafts, the accepted
+// prefix plus the verify's own token:
+//   E = 1 + a (1 + c + ... + c^(g-1)) = 1 + a (1 - c^g) / (1 - c),   g = min(gamma, drafts it has, room)
+// (c = a: the geometric run (1 - a^(g+1)) / (1 - a)). Prompt lookups are far from geometric: on
+// Qwen2.5-7B's GSM8K replay at batch 4 (H200, fixed gamma 4) 41 % of the cycles kept their first
+// draft but 72-79 % of the drafts after a kept one were kept, and 18 % of the cycles kept all 4,
+// where one rate of 0.38 predicts 2 %; priced as geometric, long lookups looked worthless.
 // A cycle of the batch costs gamma draft steps plus one verify of (g + 1) tokens a sequence; a
 // plain step costs one W4A16 step for one token a sequence. The predicted gain of (draft, gamma)
 // is (sum of E over the batch / cycle time) / (batch / W4A16 step time); the planner takes the
@@ -88,20 +93,34 @@ inline constexpr int64_t kRemeasureMaxGamma = 2;
 inline constexpr int64_t kNgramMatchClasses = 3;
 }  // namespace planner_rules
 
-// A sequence's running acceptance of one draft: decayed counts of kept drafts and of
-// rejections. A cycle ends at its first rejection, so an observation adds its kept count and one
-// rejection unless every proposed draft was kept; kept / (kept + rejections) is then the
-// estimate of a per-token acceptance a. The prior counts as `weight` tokens at its rate before
-// the first observation and decays with the evidence (as if the counts had started there), so
-// it steers a new sequence without biasing one that has shown its own acceptance.
+// Tokens a cycle of g drafts yields (the model above): 1 + a (1 + c + ... + c^(g-1)).
+inline double expected_tokens(double first, double next, int64_t g) {
+  double run = 0, kept = first;
+  for (int64_t i = 0; i < g; ++i, kept *= next) run += kept;
+  return 1.0 + run;
+}
+
+// A sequence's running acceptance of one draft, the model's a and c: decayed counts of the
+// cycles' first drafts (decided, kept) and of the drafts after a kept one (decided, kept). A cycle
+// ends at its first rejection, so an observation of `kept` drafts decides its first draft (kept
+// when kept > 0) unless it had none to decide, and then kept - 1 later drafts, plus one more
+// (rejected) when a rejection followed a kept draft. Each estimate is kept / decided. The prior
+// counts as `weight` decided drafts at its rate before the first observation and decays with the
+// evidence (as if the counts had started there), so it steers a new sequence without biasing one
+// that has shown its own acceptance.
 class DraftAcceptance {
  public:
   void observe(int64_t kept, bool rejected);
+  // The chance a cycle's first draft is kept (the model's a).
   double estimate(double prior, double weight = planner_rules::kPriorWeight) const;
-  double evidence() const { return kept_ + rejections_; }  // decayed draft tokens seen
+  // The chance a draft is kept given the one before it was (the model's c); `prior` (the caller
+  // passes the first draft's estimate: a geometric run) until the later drafts show their own.
+  double continuation(double prior, double weight = planner_rules::kPriorWeight) const;
+  double evidence() const { return first_trials_ + next_trials_; }  // decayed drafts decided
 
  private:
-  double kept_ = 0, rejections_ = 0;
+  double first_kept_ = 0, first_trials_ = 0;  // decayed: cycles' first drafts decided, and kept
+  double next_kept_ = 0, next_trials_ = 0;    // decayed: drafts after a kept one decided, and kept
   double prior_share_ = 1.0;  // what is left of the prior's weight: kAcceptanceDecay^observations
 };
 
@@ -121,6 +140,11 @@ struct NgramAcceptance {
   // The per-token estimate for a lookup that matched `match` tokens.
   double estimate(int64_t match, double prior) const {
     return by_match[match_class(match)].estimate(pooled.estimate(prior));
+  }
+  // Its continuation (DraftAcceptance::continuation), pooled before its class has its own.
+  double continuation(int64_t match, double prior) const {
+    const double first = estimate(match, prior);
+    return by_match[match_class(match)].continuation(pooled.continuation(first));
   }
 };
 
@@ -189,6 +213,9 @@ struct PlannerSequence {
   // Drafts it may take this cycle: its max_gamma, and its token budget less the verify's token.
   int64_t room = 0;
   std::vector<double> acceptance;   // per candidate (QSpecPlanner::candidates()): per-token estimate
+  // Per candidate: the chance a draft is kept given the one before was (the model's c); empty:
+  // the acceptance (a geometric run).
+  std::vector<double> continuation;
   std::vector<int64_t> proposable;  // per candidate: drafts it has now (n-gram: the lookup's length; a model draft: room)
 };
 
