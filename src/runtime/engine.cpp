@@ -95,6 +95,7 @@ struct Sequence {
   bool qspec = false;
   bool ngram = false;  // qspec with prompt-lookup drafts (no draft passes)
   bool auto_draft = false;  // qspec whose draft and gamma the planner picks each step
+  int64_t auto_gamma = 0;   // draft auto: this step's drafts (StepPlan::gammas, else its gamma)
   RunMode mode;   // plain decoding, or the verify mode of qspec (prompt chunks run in it too)
   RunMode draft;  // qspec with draft passes only
   std::vector<int32_t> tokens;  // prompt + committed output
@@ -563,6 +564,7 @@ struct Engine::Impl {
       }
     }
     StepPlan step = planner->plan(batch);
+    for (size_t i = 0; i < autos.size(); ++i) autos[i]->auto_gamma = step.gammas.empty() ? step.gamma : step.gammas[i];
     if (trace) {
       int64_t longest = 0;
       for (const PlannerSequence& p : batch) longest = std::max(longest, p.context);
@@ -607,7 +609,7 @@ struct Engine::Impl {
           unit.candidate = auto_step.candidate;
           unit.ngram = auto_step.candidate == ngram_candidate;
           if (!unit.ngram) unit.draft = &candidate_modes[static_cast<size_t>(auto_step.candidate)];
-          unit.gamma = std::min({auto_step.gamma, seq->request.plan.max_gamma, seq->budget - seq->generated() - 1});
+          unit.gamma = std::min({seq->auto_gamma, seq->request.plan.max_gamma, seq->budget - seq->generated() - 1});
           unit.count = unit.gamma + 1;
         } else if (pass == 0 && seq->qspec && !seq->auto_draft) {
           unit.kind = Unit::Kind::cycle;

@@ -192,23 +192,77 @@ StepCosts QSpecPlanner::costs_at(std::span<const PlannerSequence> batch, double*
   return fallback;
 }
 
+namespace {
+// A sequence's rates for candidate c: (a, c) of the model, clamped to [0, 1].
+std::pair<double, double> rates(const PlannerSequence& s, size_t c) {
+  const double a = std::clamp(s.acceptance[c], 0.0, 1.0);
+  return {a, s.continuation.empty() ? a : std::clamp(s.continuation[c], 0.0, 1.0)};
+}
+// The drafts a sequence can take at most: its proposals, its room and `gamma`.
+int64_t draft_room(const PlannerSequence& s, size_t c, int64_t gamma) {
+  return std::clamp<int64_t>(std::min(gamma, s.proposable[c]), 0, std::max<int64_t>(s.room, 0));
+}
+}  // namespace
+
 double QSpecPlanner::gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
                                int64_t gamma, const std::optional<MeasuredPassCosts::Verify>& measured) const {
   const size_t c = static_cast<size_t>(candidate);
-  double tokens = 0, verified = 0;
-  int64_t draft_steps = 0;
+  std::vector<int64_t> gammas;
   for (const PlannerSequence& s : batch) {
     QSPEC_CHECK(s.acceptance.size() == candidates_.size() && s.proposable.size() == candidates_.size() &&
                     (s.continuation.empty() || s.continuation.size() == candidates_.size()),
                 "qspec planner: a sequence's acceptance and proposable hold ", s.acceptance.size(), " and ",
                 s.proposable.size(), " entries for ", candidates_.size(), " candidates");
-    const int64_t g = std::clamp<int64_t>(std::min(gamma, s.proposable[c]), 0, std::max<int64_t>(s.room, 0));
-    const double a = std::clamp(s.acceptance[c], 0.0, 1.0);
-    const double next = s.continuation.empty() ? a : std::clamp(s.continuation[c], 0.0, 1.0);
-    tokens += expected_tokens(a, next, g);
-    verified += static_cast<double>(g);
-    // Draft passes run until the longest unit has its drafts (a model draft drafts its room).
-    draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
+    gammas.push_back(draft_room(s, c, gamma));
+  }
+  // Draft passes run until the longest unit has its drafts (a model draft drafts its room).
+  int64_t draft_steps = 0;
+  for (const PlannerSequence& s : batch) draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
+  return gain_of(costs, batch, c, gammas, draft_steps, measured);
+}
+
+double QSpecPlanner::gain_with_gammas(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
+                                      std::span<const int64_t> gammas,
+                                      const std::optional<MeasuredPassCosts::Verify>& measured) const {
+  const int64_t draft_steps = gammas.empty() ? 0 : *std::max_element(gammas.begin(), gammas.end());
+  return gain_of(costs, batch, static_cast<size_t>(candidate), gammas, draft_steps, measured);
+}
+
+double QSpecPlanner::allocate_drafts(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
+                                     int64_t max_gamma, const std::optional<MeasuredPassCosts::Verify>& measured,
+                                     std::vector<int64_t>& gammas) const {
+  const size_t c = static_cast<size_t>(candidate);
+  // Every draft the batch could take, by the chance it is kept with those before it.
+  struct Draft {
+    double kept;
+    size_t sequence;
+  };
+  std::vector<Draft> drafts;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto [a, next] = rates(batch[i], c);
+    double kept = a;
+    for (int64_t k = 0; k < draft_room(batch[i], c, max_gamma); ++k, kept *= next) drafts.push_back({kept, i});
+  }
+  std::stable_sort(drafts.begin(), drafts.end(), [](const Draft& x, const Draft& y) { return x.kept > y.kept; });
+  std::vector<int64_t> taking(batch.size(), 0);
+  gammas.assign(batch.size(), 0);
+  double best = 0;
+  for (const Draft& d : drafts) {  // the best prefix of this order
+    ++taking[d.sequence];
+    const double gain = gain_with_gammas(costs, batch, candidate, taking, measured);
+    if (gain > best + 1e-12) best = gain, gammas = taking;
+  }
+  return best;
+}
+
+double QSpecPlanner::gain_of(const StepCosts& costs, std::span<const PlannerSequence> batch, size_t c,
+                             std::span<const int64_t> gammas, int64_t draft_steps,
+                             const std::optional<MeasuredPassCosts::Verify>& measured) const {
+  double tokens = 0, verified = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto [a, next] = rates(batch[i], c);
+    tokens += expected_tokens(a, next, gammas[i]);
+    verified += static_cast<double>(gammas[i]);
   }
   const double n = static_cast<double>(batch.size());
   // Measured: the pass's fixed extra once any sequence verifies, and each verify token.
@@ -267,6 +321,18 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   int best_candidate = -1;
   int64_t best_gamma = 0;
   best.predicted_gain = best_of(max_gamma_, measured, best_candidate, best_gamma);
+  // A draft without draft passes (prompt lookup) takes each sequence's own count when that pays
+  // more than one gamma for all.
+  std::vector<int64_t> gammas;
+  if (best_candidate >= 0 && costs.draft_step_ms.at(candidates_[static_cast<size_t>(best_candidate)].draft) == 0.0) {
+    std::vector<int64_t> own;
+    const double gain = allocate_drafts(costs, batch, best_candidate, max_gamma_, measured, own);
+    if (gain > best.predicted_gain + 1e-12) {
+      best.predicted_gain = gain;
+      gammas = std::move(own);
+      best_gamma = *std::max_element(gammas.begin(), gammas.end());
+    }
+  }
   // Plain for long at the measured price: one small cycle at the exploring price re-measures it
   // (planned and reported as any plan, at the exploring price's prediction).
   std::string prices = table_     ? "measured costs"
@@ -284,6 +350,7 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
       best.predicted_gain = exploring;
       best_candidate = candidate;
       best_gamma = gamma;
+      gammas.clear();
     }
   }
   double acceptance = 0, continuation = 0;  // the batch's means for the best candidate
@@ -318,9 +385,14 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   }
   best.candidate = best_candidate;
   best.gamma = best_gamma;
+  best.gammas = std::move(gammas);
   best.label = choice;
-  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f then %.2f (%s)", choice.c_str(),
-                best.predicted_gain, acceptance, continuation, where);
+  std::string own;  // per-sequence draft counts
+  if (!best.gammas.empty())
+    own = detail::concat(", ", *std::min_element(best.gammas.begin(), best.gammas.end()), "-", best_gamma,
+                         " drafts a sequence");
+  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f then %.2f%s (%s)", choice.c_str(),
+                best.predicted_gain, acceptance, continuation, own.c_str(), where);
   best.reason = line;
   return best;
 }

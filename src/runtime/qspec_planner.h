@@ -222,6 +222,11 @@ struct PlannerSequence {
 struct StepPlan {
   int candidate = -1;  // index into QSpecPlanner::candidates(); -1: plain W4A16
   int64_t gamma = 0;
+  // Per sequence of the batch planned (its order), the drafts it takes this cycle, for a draft
+  // that costs no draft passes (prompt lookup): a sequence whose lookups come true drafts long,
+  // one whose lookups fail drafts little or nothing, in the same verify pass. Empty: `gamma` for
+  // every sequence (a model draft: its draft passes run for the longest anyway).
+  std::vector<int64_t> gammas;
   // Predicted tokens/s over plain W4A16's: the plan's, or when plain, the best draft's (below
   // kMinGain; 0 when there was none to price).
   double predicted_gain = 0;
@@ -264,6 +269,21 @@ class QSpecPlanner {
   // `measured`: the fallback's verify from this engine's passes (then `costs` are in plain steps).
   double gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate, int64_t gamma,
                    const std::optional<MeasuredPassCosts::Verify>& measured = std::nullopt) const;
+  // tokens and cycle of per-sequence draft counts and `draft_steps` draft passes.
+  double gain_of(const StepCosts& costs, std::span<const PlannerSequence> batch, size_t candidate,
+                 std::span<const int64_t> gammas, int64_t draft_steps,
+                 const std::optional<MeasuredPassCosts::Verify>& measured) const;
+  // The same with each sequence's own draft count (already within its proposals and room).
+  double gain_with_gammas(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
+                          std::span<const int64_t> gammas,
+                          const std::optional<MeasuredPassCosts::Verify>& measured = std::nullopt) const;
+  // For a candidate without draft passes: the draft counts, at most max_gamma each, that maximise
+  // the predicted gain (each further draft of a sequence adds the chance that it and the ones
+  // before it are kept, a c^k, which only falls, so the best plan takes the drafts of highest
+  // such chance across the batch, as many as the verify's price pays for); returns the gain.
+  double allocate_drafts(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
+                         int64_t max_gamma, const std::optional<MeasuredPassCosts::Verify>& measured,
+                         std::vector<int64_t>& gammas) const;
   std::optional<MeasuredPassCosts::Verify> measured_verify(size_t batch) const {
     return table_ ? std::nullopt : measured_.verify_cost(static_cast<int64_t>(batch));
   }

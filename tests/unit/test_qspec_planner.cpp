@@ -572,6 +572,31 @@ TEST(QSpecPlanner, WithoutATableTheFallbackPricesWithMeasuredPasses) {
             before.predicted_gain);
 }
 
+// Prompt lookup costs no draft passes, so each sequence takes its own draft count: the drafts
+// most likely kept across the batch, as many as the verify's price pays for.
+TEST(QSpecPlanner, LookupsTakeEachSequencesOwnDraftCount) {
+  QSpecPlanner planner(std::nullopt);
+  planner.observe_pass(2, 2, 0.010), planner.observe_pass(2, 6, 0.020);  // the class's warm-ups
+  for (int i = 0; i < 8; ++i) planner.observe_pass(2, 2, 0.002), planner.observe_pass(2, 6, 0.0024);
+  // A verify token: 0.1 ms of a 2 ms step (one draft count seen: proportional, no fixed part).
+  PlannerSequence sure = sequence(planner, 100, 0.9, 4), unlikely = sequence(planner, 100, 0.02, 4);
+  const std::vector<PlannerSequence> batch = {sure, unlikely};
+  const qspec::StepPlan plan = planner.plan(batch);
+  ASSERT_TRUE(plan.speculates()) << plan.reason;
+  EXPECT_EQ(plan.gammas, (std::vector<int64_t>{4, 0})) << plan.reason;
+  EXPECT_EQ(plan.gamma, 4);
+  const double sure_tokens = qspec::expected_tokens(0.9, 0.9, 4);
+  EXPECT_NEAR(plan.predicted_gain, ((sure_tokens + 1) / (1 + 4 * 0.05)) / 2, 1e-9) << plan.reason;
+  // One gamma for both would verify the unlikely lookup's 4 drafts too.
+  EXPECT_LT(planner.predicted_gain(batch, 0, 4), plan.predicted_gain);
+  EXPECT_NE(plan.reason.find("0-4 drafts a sequence"), std::string::npos) << plan.reason;
+  // Where every sequence's lookups are alike, the counts are alike.
+  const qspec::StepPlan alike = planner.plan(std::vector<PlannerSequence>{sure, sure});
+  const std::vector<int64_t> counts =
+      alike.gammas.empty() ? std::vector<int64_t>(2, alike.gamma) : alike.gammas;
+  EXPECT_EQ(counts, (std::vector<int64_t>{4, 4})) << alike.reason;
+}
+
 // A planner over a table refuses drafts the table lacks and takes the table's priors.
 TEST(QSpecPlanner, CandidatesComeFromTheTableWithItsPriors) {
   QSpecCostTable t = gpu_like();
