@@ -78,4 +78,17 @@ W4A16Packed pack_w4a16(const QuantizedMatrix& weight);
 // this way). No-op for the other formats (int4-zp's values are the GPU's already).
 void round_zero_point_blocks_to_f16(QuantizedMatrix& weight);
 
+// x in the packed k order (cuda::W4A16TiledConfig::x_packed): where x's element k goes. Inside a
+// pair, mma k index 2t + s of tile j is physical k 8t + 4j + s and 2t + 8 + s is 8t + 4j + 2 + s
+// (above), so a tensor-core B operand read in natural order from memory (the wgmma kernel's x, by
+// TMA) meets the codes' order when each 32-k block holds, at 4-byte piece 4q + t, x's piece 4t + q
+// (q = 2j + h, h the half of the tile): the 4 x 4 transpose of the block's 4-byte pieces. Its own
+// inverse. k % 32 == 0 is the caller's (every packed matrix's k is).
+inline int64_t w4a16_packed_x_index(int64_t k) {
+  const int64_t block = k & ~int64_t{31}, piece = (k & 31) >> 1;
+  return block + 2 * (4 * (piece & 3) + (piece >> 2)) + (k & 1);
+}
+// Rows of x (m rows of k values at pitch ldx, f16 bits or any 16-bit type) in that order.
+std::vector<uint16_t> w4a16_pack_x_order(const uint16_t* x, int64_t m, int64_t k, int64_t ldx);
+
 }  // namespace qspec::gemm

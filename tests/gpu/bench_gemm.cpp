@@ -10,7 +10,7 @@
 //
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--weights int4] [--shapes qkv,o,...] [--ms 1,2,16]
 //        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
-//        [--int8]
+//        [--int8] [--x-packed]
 // --variants: small-M kernel variants (m <= 128; 5, the preload kernel, m <= 16 on sm_90a); --tiles: tiled kernel tiles (every m; 5 = wgmma, sm_90a; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   }
   const std::string out_path = argv[1];
   bool quick = false, baselines = true, profile = false, int8 = false;
+  bool x_packed = false;  // --x-packed: also the wgmma tiles' instances for x in the packed k order
   std::string shape_filter;
   std::vector<int64_t> ms_override;
   std::vector<int> wgmma_variants = {0};  // --wgmma-variants: the wgmma GEMM tiles timed alone
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
     else if (arg == "--no-baselines") baselines = false;
     else if (arg == "--profile") profile = true;
     else if (arg == "--int8") int8 = true;
+    else if (arg == "--x-packed") x_packed = true;
     else if (arg == "--shapes" && i + 1 < argc) shape_filter = "," + std::string(argv[++i]) + ",";
     else if (arg == "--ms" && i + 1 < argc) ms_override = parse_list(argv[++i]);
     else if (arg == "--fused-variants" && i + 1 < argc) {
@@ -463,12 +465,16 @@ int main(int argc, char** argv) {
           }
         }
         for (int tile : tiles)
-          for (int64_t splits : split_list) {
+          for (int64_t splits : split_list)
+            // --x-packed: the wgmma tiles' int4 instances for x in the packed k order too (no quad
+            // transposes; x's order does not change the time).
+            for (bool packed : {false, true}) {
+            if (packed && !(x_packed && cuda::w4a16_is_wgmma_tile(tile) && !zero_points)) continue;
             if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
             if (zero_points && !cuda::w4a16_tile_has_zero_points(tile)) continue;
-            const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits)};
-            const std::string name =
-                "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) + (splits > 0 ? "_s" + std::to_string(splits) : "");
+            const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits), packed};
+            const std::string name = "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) +
+                                     (splits > 0 ? "_s" + std::to_string(splits) : "") + (packed ? "_x_packed" : "");
             if (profile) {
               for (int i = 0; i < 2; ++i)
                 cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,

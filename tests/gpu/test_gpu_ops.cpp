@@ -1795,7 +1795,10 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
         std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
       std::vector<float> expected(static_cast<size_t>(m * s.n));
       qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
-      auto d_x = upload(to_f16(x));
+      const std::vector<f16> x_f16 = to_f16(x);
+      auto d_x = upload(x_f16);
+      // x in the packed k order (W4A16TiledConfig::x_packed): what a producer of x would write.
+      auto d_x_packed = upload(qspec::gemm::w4a16_pack_x_order(x_f16.data(), m, s.k, ldx));
       struct Path {
         const char* name;
         cuda::W4A16Path path;
@@ -1805,6 +1808,9 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
       };
       const auto tiled = [](const char* name, int tile, int splits) {
         return Path{name, cuda::W4A16Path::tiled, {}, 2e-3, {tile, splits}};
+      };
+      const auto packed_x = [](const char* name, int tile, int splits) {
+        return Path{name, cuda::W4A16Path::tiled, {}, 2e-3, {tile, splits, /*x_packed=*/true}};
       };
       std::vector<Path> paths = {{"small_m v1", cuda::W4A16Path::small_m, {1, 0}, 2e-3},
                                  {"small_m v2", cuda::W4A16Path::small_m, {2, 0}, 2e-3},
@@ -1837,6 +1843,10 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled wgmma 256x32 split3", cuda::kW4A16WgmmaTile256x32, 3),
                                  tiled("tiled wgmma 256x64", cuda::kW4A16WgmmaTile256x64, 1),
                                  tiled("tiled wgmma 256x64 split2", cuda::kW4A16WgmmaTile256x64, 2),
+                                 packed_x("tiled wgmma 128x64 x packed", cuda::kW4A16WgmmaTile, 1),
+                                 packed_x("tiled wgmma 128x32 x packed split3", cuda::kW4A16WgmmaTile32, 3),
+                                 packed_x("tiled wgmma 128x128 x packed split2", cuda::kW4A16WgmmaTile128, 2),
+                                 packed_x("tiled wgmma 256x64 x packed", cuda::kW4A16WgmmaTile256x64, 1),
                                  tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
                                  tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
@@ -1857,12 +1867,13 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
         cuda::DeviceMemory workspace(launch_bytes);
         cuda::w4a16_workspace_init(workspace.get(), launch_bytes, nullptr);
         auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+        const f16* tiled_x = path.tiled.x_packed ? d_x_packed.as<f16>() : d_x.as<f16>();
         if (path.path == cuda::W4A16Path::small_m)
           cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
                                    path.config);
         else if (path.path == cuda::W4A16Path::tiled)
-          cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), launch_bytes,
-                                 nullptr, path.tiled);
+          cuda::w4a16_gemm_tiled(tiled_x, m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), launch_bytes, nullptr,
+                                 path.tiled);
         else
           cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr,
                            path.path);
@@ -1882,7 +1893,7 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
             cuda::w4a16_gemm_small_m(d_x.as<f16>(), m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), bytes,
                                      nullptr, path.config);
           else
-            cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), launch_bytes,
+            cuda::w4a16_gemm_tiled(tiled_x, m, ldx, w.view, d_y2.as<f16>(), ldy, workspace.get(), launch_bytes,
                                    nullptr, path.tiled);
           const std::vector<f16> again = download<f16>(d_y2, static_cast<size_t>(m * ldy));
           const std::vector<f16> first = to_f16(y);
@@ -2386,6 +2397,31 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
                qspec::Error);
   EXPECT_FALSE(cuda::w4a16_tiled_swiglu_partition(w.view, 24, cuda::W4A16TiledConfig{4, 0}, nullptr, 0));
   EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), 24, 128, w.view, d_act.as<f16>(), 31, nullptr),
+               qspec::Error);
+}
+
+// x in the packed k order runs on the wgmma tiles' int4 instances only (the GEMM test above
+// compares them); every other launch that is asked for it refuses.
+TEST_F(Gpu, W4A16PackedXRunsOnTheWgmmaTilesOnly) {
+  const int64_t n = 256, k = 256, m = 17;
+  DeviceW4 w(qspec::gemm::pack_w4a16(random_quantized(n, k, qspec::quant::Format::int4, 64)));
+  auto d_x = upload(to_f16(random_f16_values(static_cast<size_t>(m * k))));
+  auto d_y = poisoned(static_cast<size_t>(m * n) * 2);
+  const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  for (int tile : {1, 2, 3, 4, cuda::kW4A16Tile128x32})
+    EXPECT_THROW(cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes,
+                                        nullptr, cuda::W4A16TiledConfig{tile, 1, true}),
+                 qspec::Error)
+        << "tile " << tile;
+  EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n / 2, nullptr,
+                                             cuda::W4A16TiledConfig{0, 1, true}),
+               qspec::Error);
+  if (!cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m)) return;
+  DeviceW4 asym(qspec::gemm::pack_w4a16(random_zero_point_weights(n, k, 64, qspec::quant::Format::int4_asym)));
+  EXPECT_THROW(cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, asym.view, d_y.as<f16>(), n, workspace.get(), bytes,
+                                      nullptr, cuda::W4A16TiledConfig{cuda::kW4A16WgmmaTile, 1, true}),
                qspec::Error);
 }
 

@@ -340,3 +340,32 @@ TEST(W4A16Pack, SimulatedZeroPointKernelMatchesCpuGemm) {
     ASSERT_NO_FATAL_FAILURE(expect_simulation_matches_cpu(weight, m, 2e-3, group));
   }
 }
+
+// x in the packed k order (cuda::W4A16TiledConfig::x_packed): a tensor-core B operand read in
+// natural order from it meets, at each mma k index of each tile of a pair, the physical k the
+// packed codes hold there (the order the simulation above gathers x in with its 16-byte loads).
+TEST(W4A16Pack, PackedXOrderIsTheCodesKOrder) {
+  constexpr int64_t k = 96, ldx = 104, m = 3;
+  std::vector<uint16_t> x(static_cast<size_t>(m * ldx));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(i);
+  const std::vector<uint16_t> packed = qspec::gemm::w4a16_pack_x_order(x.data(), m, k, ldx);
+  for (int64_t r = 0; r < m; ++r) {
+    const uint16_t* row = packed.data() + r * ldx;
+    const uint16_t* natural = x.data() + r * ldx;
+    for (int64_t pair = 0; pair < k / 32; ++pair)
+      for (int64_t j = 0; j < 2; ++j)  // the pair's k tile (a wgmma k16 step: 16 natural columns of it)
+        for (int64_t t = 0; t < 4; ++t)
+          for (int64_t s = 0; s < 2; ++s) {
+            const int64_t step = pair * 32 + 16 * j;
+            EXPECT_EQ(row[step + 2 * t + s], natural[pair * 32 + 8 * t + 4 * j + s]) << r << " " << pair << j << t << s;
+            EXPECT_EQ(row[step + 2 * t + 8 + s], natural[pair * 32 + 8 * t + 4 * j + 2 + s]);
+          }
+    for (int64_t i = k; i < ldx; ++i) EXPECT_EQ(row[i], natural[i]);  // the pitch's padding as it was
+  }
+  // A permutation of each 32-k block, its own inverse.
+  for (int64_t i = 0; i < k; ++i) {
+    EXPECT_EQ(qspec::gemm::w4a16_packed_x_index(qspec::gemm::w4a16_packed_x_index(i)), i);
+    EXPECT_EQ(qspec::gemm::w4a16_packed_x_index(i) / 32, i / 32);
+  }
+  EXPECT_THROW(qspec::gemm::w4a16_pack_x_order(x.data(), m, 80, ldx), qspec::Error);
+}

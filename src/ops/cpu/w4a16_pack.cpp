@@ -167,4 +167,15 @@ float W4A16Packed::value(int64_t row, int64_t col) const {
   return static_cast<float>(nibble_value - 8) * scale;
 }
 
+std::vector<uint16_t> w4a16_pack_x_order(const uint16_t* x, int64_t m, int64_t k, int64_t ldx) {
+  QSPEC_CHECK(k % 32 == 0 && ldx >= k, "w4a16_pack_x_order: k ", k, " must be a multiple of 32 and ldx ", ldx,
+              " >= k");
+  std::vector<uint16_t> out(static_cast<size_t>(m * ldx));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) out[static_cast<size_t>(r * ldx + w4a16_packed_x_index(i))] = x[r * ldx + i];
+    for (int64_t i = k; i < ldx; ++i) out[static_cast<size_t>(r * ldx + i)] = x[r * ldx + i];
+  }
+  return out;
+}
+
 }  // namespace qspec::gemm

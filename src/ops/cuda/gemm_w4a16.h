@@ -120,6 +120,10 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
 struct W4A16TiledConfig {
   int tile = 0;
   int splits = 0;
+  // x holds each 32-k block of every row in the weights' packed k order (ops/w4a16_pack.h,
+  // w4a16_packed_x_index), as a producer of x may write it: the wgmma tiles skip their quad
+  // transposes. Int4 weights on the wgmma tiles only (others throw).
+  bool x_packed = false;
 };
 inline constexpr int kW4A16TiledTiles = 10;  // tiles 1 .. kW4A16TiledTiles
 inline constexpr int kW4A16WgmmaTile = 5;

@@ -99,9 +99,9 @@ using WgmmaShape256x32 = kernels::W4A16WgmmaShape<4, 8, 1, 2, 16>;
 using WgmmaShape256x64 = kernels::W4A16WgmmaShape<8, 6, 1, 2, 16>;
 // ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins); ZC: the integer
 // zero-point one (int4-zp, its zero words there).
-template <class Shape, int G, bool ZP = false, bool ZC = false>
+template <class Shape, int G, bool ZP = false, bool ZC = false, bool PX = false>
 struct WgmmaLauncher {
-  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP, ZC>;
+  static constexpr auto kKernel = kernels::w4a16_wgmma_kernel<Shape, G, ZP, ZC, PX>;
   static int configure() {
     QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
     int blocks = 0;
@@ -134,12 +134,23 @@ struct WgmmaLauncher {
     return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch};
   }
 };
-template <class Shape, bool ZP = false, bool ZC = false>
+template <class Shape, bool ZP = false, bool ZC = false, bool PX = false>
 TiledKernel wgmma_kernel_for_group(int64_t group) {
   switch (group) {
-    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC>::get();
-    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC>::get();
-    default: return WgmmaLauncher<Shape, 128, ZP, ZC>::get();
+    case 32: return WgmmaLauncher<Shape, 32, ZP, ZC, PX>::get();
+    case 64: return WgmmaLauncher<Shape, 64, ZP, ZC, PX>::get();
+    default: return WgmmaLauncher<Shape, 128, ZP, ZC, PX>::get();
+  }
+}
+
+// The wgmma tiles' instances for x given in the packed k order (int4 weights, W4A16TiledConfig::x_packed).
+TiledKernel wgmma_packed_x_kernel(int tile, int64_t group) {
+  switch (tile) {
+    case kW4A16WgmmaTile: return wgmma_kernel_for_group<WgmmaShape64, false, false, true>(group);
+    case kW4A16WgmmaTile32: return wgmma_kernel_for_group<WgmmaShape32, false, false, true>(group);
+    case kW4A16WgmmaTile128: return wgmma_kernel_for_group<WgmmaShape128, false, false, true>(group);
+    case kW4A16WgmmaTile256x32: return wgmma_kernel_for_group<WgmmaShape256x32, false, false, true>(group);
+    default: return wgmma_kernel_for_group<WgmmaShape256x64, false, false, true>(group);
   }
 }
 
@@ -382,10 +393,15 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   check_tiled_config(config);
   if (m == 0) return;
   const TiledPlan plan = plan_tiled<Act>(m, w, layout, workspace, workspace_bytes, config);
+  QSPEC_CHECK(!config.x_packed || w4a16_is_wgmma_tile(plan.tile),
+              "cuda::w4a16_gemm_tiled: x in the packed k order (x_packed) runs on the wgmma tiles only, not tile ",
+              plan.tile);
   fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
   const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
                   static_cast<unsigned>(plan.splits));
-  plain_launch_kernel<Act>(plan, m, w).launch(params, grid, as_stream(stream));
+  const TiledKernel kernel =
+      config.x_packed ? wgmma_packed_x_kernel(plan.tile, w.group) : plain_launch_kernel<Act>(plan, m, w);
+  kernel.launch(params, grid, as_stream(stream));
 }
 
 // The tile of an int4-asym launch: config's, or the int4 rule's (default_tile), where that is one
@@ -426,6 +442,7 @@ void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const
                               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                               const W4A16TiledConfig& config) {
   check_tiled_config(config);
+  QSPEC_CHECK(!config.x_packed, "cuda::w4a16_gemm_tiled: x in the packed k order (x_packed) runs on int4 weights only");
   QSPEC_CHECK(w4a16_runs_zero_points(W4A16Path::tiled, m),
               "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the tiled path on an sm_90a GPU and "
               "build only; cuda::w4a16_gemm's automatic path routes them");
@@ -505,6 +522,8 @@ void w4a16_gemm_tiled_swiglu(const f16_bits* x, int64_t m, int64_t ldx, const W4
               m, ", ldx ", ldx, ", n ", w.n, ", ld_act ", ld_act, ")");
   check_tiled_config(config);
   QSPEC_CHECK(config.splits <= 1, "cuda::w4a16_gemm_tiled_swiglu: one split only (asked for ", config.splits, ")");
+  QSPEC_CHECK(!config.x_packed, "cuda::w4a16_gemm_tiled_swiglu: x in the packed k order runs on the wgmma tiles, which "
+                                "have no SwiGLU epilogue");
   const bool zero_points = w.has_min();
   QSPEC_CHECK(!zero_points || w4a16_runs_zero_points(W4A16Path::tiled, std::max<int64_t>(m, 1)),
               "cuda::w4a16_gemm_tiled_swiglu: int4-asym weights need an sm_90a GPU and build");

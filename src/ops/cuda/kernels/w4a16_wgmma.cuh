@@ -51,6 +51,14 @@
 // Integer zero points (ZC, int4-zp weights): the packed zero points come as the minimums do (a
 // word a group a lane), and each word unpacks to u - z (dequant_zero_codes4x8) then takes int4's
 // hmul2 by the scales.
+//
+// x given in the weights' packed k order (PX; W4A16TiledConfig::x_packed, ops/w4a16_pack.h's
+// w4a16_packed_x_index): each 32-k block of every token row is the 4 x 4 transpose of its 4-byte
+// pieces, so the k order TMA brings is the one the packed codes hold and each lane's two words
+// are its A fragments as they are: no quad transposes (two shuffles and ~10 byte permutes a pair,
+// a third of an mma warp's instructions and its longest chain). Only a producer of x that writes
+// it so (the kernel before the GEMM) makes this pay; producer warps that permuted x in the ring
+// were measured 2-3x slower (docs/perf-notes.md, "x in the packed k order: tried, removed").
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
@@ -175,7 +183,7 @@ struct W4A16WgmmaMaps {
   CUtensorMap x, codes, scales;
 };
 
-template <class Shape, int G, bool ZP = false, bool ZC = false>
+template <class Shape, int G, bool ZP = false, bool ZC = false, bool PX = false>
 __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmma_kernel(const __grid_constant__ W4A16WgmmaMaps maps,
                                                                           const W4A16TiledParams p) {
 #if QSPEC_WGMMA
@@ -260,7 +268,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
 
   const int mma_warp = warp - 4;  // 0 .. kRowBlocks - 1: warpgroup mma_warp / 4, row block mma_warp
   if (warp >= 4) {
-    const PairSelectors sel = pair_selectors(t);
+    [[maybe_unused]] const PairSelectors sel = pair_selectors(t);
     const uint32_t ring_address = smem_address(ring);
     // A stage runs as batches of BP pairs: batch b's A fragments ([b % 2][pair][k16 step]) are
     // made before its first wgmma and stay until its wgmma are waited for, one batch later. An
@@ -314,8 +322,8 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
           uint32_t w0, w1, scale_pair;
           asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
           asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(x_stage + lane_scales + (q / PPG) * 32));
-          uint32_t step0, step1;
-          pair_to_natural(w0, w1, sel, step0, step1);
+          uint32_t step0 = w0, step1 = w1;  // PX: x is in the packed order, the words are the fragments
+          if constexpr (!PX) pair_to_natural(w0, w1, sel, step0, step1);
           const RowScales scales = row_scales(scale_pair);
           if constexpr (ZP) {
             const RowScales mins = row_scales(zmin[q / PPG]);
