@@ -24,7 +24,8 @@
 // they are (the drafting group, then one W4A16 pass over every sequence, plain decode tokens
 // and verify runs alike) and the cost model exact for the step it prices. Sequences differ only
 // in what the plan yields for them (their acceptance, the n-gram drafts they have), which the
-// sum of E already weighs.
+// sum of E already weighs, and, for prompt lookup (no draft passes), in how many drafts each
+// takes (StepPlan::gammas).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -47,7 +48,7 @@ inline constexpr double kMinGain = 1.05;
 // (`acceptance`, from a real checkpoint's trace) or this. SmolLM2 keeps 74-95 % of w4a4 / w4a8
 // drafts and 34-46 % of sparse-view ones (docs/perf-notes.md); 0.5 is below all but the last.
 inline constexpr double kDefaultAcceptancePrior = 0.5;
-// How much a prior counts, in draft tokens: a sequence's own evidence outweighs it within a
+// How much a prior counts, in decided drafts: a sequence's own evidence outweighs it within a
 // few cycles.
 inline constexpr double kPriorWeight = 4.0;
 // Each new observation (a cycle's outcome, a resolved n-gram probe) keeps this share of the
@@ -74,12 +75,13 @@ inline constexpr double kMinMeasuredPasses = 4.0;
 // The share of the estimate each new pass keeps (an exponential moving average over ~20 passes:
 // contexts grow and batches change slowly next to that).
 inline constexpr double kPassCostDecay = 0.95;
-// The first kWarmupPasses of each kind (plain steps, verify passes) a batch-size class runs are its warm-up and
-// are not timed: a new batch size allocates and touches memory the first time (the CPU's first
-// plain step at batch 2 took 14 ms against 4 in the replay test's trace, and with it in the fit
-// the planner priced a 0.99-acceptance lookup at 1.00x); on the GPU such passes are one-offs
-// (graph captures) anyway. What it costs: one more plain step and one more exploring cycle a class.
-// (A pass that stalls later still enters the fit: the decay forgets it within ~20 passes.)
+// The first kWarmupPasses of each kind (plain steps, verify passes) a batch-size class runs are
+// its warm-up and are not timed: a new batch size allocates and touches memory the first time
+// (the CPU's first plain step at batch 2 took 14 ms against 4 in the replay test's trace, and
+// with it in the fit the planner priced a 0.99-acceptance lookup at 1.00x); on the GPU such
+// passes are one-offs (graph captures) anyway. What it costs: one more plain step and one more
+// exploring cycle a class. (A pass that stalls later still enters the fit: the decay forgets it
+// within ~20 passes.)
 inline constexpr int64_t kWarmupPasses = 1;
 // A class whose measured price has kept it plain this many steps since its last verify pass runs
 // one cycle at the exploring price again (gamma at most kRemeasureMaxGamma), where that price
@@ -212,7 +214,7 @@ struct PlannerSequence {
   int64_t context = 0;  // positions in its cache
   // Drafts it may take this cycle: its max_gamma, and its token budget less the verify's token.
   int64_t room = 0;
-  std::vector<double> acceptance;   // per candidate (QSpecPlanner::candidates()): per-token estimate
+  std::vector<double> acceptance;   // per candidate (QSpecPlanner::candidates()): its first draft's (the model's a)
   // Per candidate: the chance a draft is kept given the one before was (the model's c); empty:
   // the acceptance (a geometric run).
   std::vector<double> continuation;
