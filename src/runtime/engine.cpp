@@ -864,11 +864,12 @@ struct Engine::Impl {
       // verifies out at batch 1 when they poisoned the fit).
       const bool prompt =
           std::any_of(group.begin(), group.end(), [](const Unit* u) { return u->kind == Unit::Kind::prompt; });
-      if (name == decode_rules::kVerifyMode && (trace || (!pass.one_off && !prompt))) {
+      const bool timed = !pass.one_off && !prompt;  // what the planner's measured costs take
+      if (name == decode_rules::kVerifyMode && (timed || trace)) {
         int64_t tokens = 0;
         for (const PassRun& run : runs) tokens += static_cast<int64_t>(run.tokens.size());
         const double seconds = seconds_between(start, Clock::now());
-        if (!pass.one_off && !prompt) planner->observe_pass(static_cast<int64_t>(group.size()), tokens, seconds);
+        if (timed) planner->observe_pass(static_cast<int64_t>(group.size()), tokens, seconds);
         if (trace)
           *trace << nlohmann::json{{"pass", group.size()},  {"tokens", tokens},         {"ms", seconds * 1e3},
                                    {"one_off", pass.one_off}, {"prompt", prompt}}

@@ -207,25 +207,21 @@ int64_t draft_room(const PlannerSequence& s, size_t c, int64_t gamma) {
 double QSpecPlanner::gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
                                int64_t gamma, const std::optional<MeasuredPassCosts::Verify>& measured) const {
   const size_t c = static_cast<size_t>(candidate);
-  std::vector<int64_t> gammas;
+  double tokens = 0, verified = 0;
+  int64_t draft_steps = 0;
   for (const PlannerSequence& s : batch) {
     QSPEC_CHECK(s.acceptance.size() == candidates_.size() && s.proposable.size() == candidates_.size() &&
                     (s.continuation.empty() || s.continuation.size() == candidates_.size()),
                 "qspec planner: a sequence's acceptance and proposable hold ", s.acceptance.size(), " and ",
                 s.proposable.size(), " entries for ", candidates_.size(), " candidates");
-    gammas.push_back(draft_room(s, c, gamma));
+    const int64_t g = draft_room(s, c, gamma);
+    const auto [a, next] = rates(s, c);
+    tokens += expected_tokens(a, next, g);
+    verified += static_cast<double>(g);
+    // Draft passes run until the longest unit has its drafts (a model draft drafts its room).
+    draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
   }
-  // Draft passes run until the longest unit has its drafts (a model draft drafts its room).
-  int64_t draft_steps = 0;
-  for (const PlannerSequence& s : batch) draft_steps = std::max(draft_steps, std::min(gamma, std::max<int64_t>(s.room, 0)));
-  return gain_of(costs, batch, c, gammas, draft_steps, measured);
-}
-
-double QSpecPlanner::gain_with_gammas(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
-                                      std::span<const int64_t> gammas,
-                                      const std::optional<MeasuredPassCosts::Verify>& measured) const {
-  const int64_t draft_steps = gammas.empty() ? 0 : *std::max_element(gammas.begin(), gammas.end());
-  return gain_of(costs, batch, static_cast<size_t>(candidate), gammas, draft_steps, measured);
+  return cycle_gain(costs, c, static_cast<double>(batch.size()), tokens, verified, draft_steps, measured);
 }
 
 double QSpecPlanner::allocate_drafts(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
@@ -244,27 +240,25 @@ double QSpecPlanner::allocate_drafts(const StepCosts& costs, std::span<const Pla
     for (int64_t k = 0; k < draft_room(batch[i], c, max_gamma); ++k, kept *= next) drafts.push_back({kept, i});
   }
   std::stable_sort(drafts.begin(), drafts.end(), [](const Draft& x, const Draft& y) { return x.kept > y.kept; });
+  // The best prefix of this order. A sequence's drafts come in their own order (their chances only
+  // fall), so a prefix's yield is the batch's one token each plus its drafts' chances.
+  const double n = static_cast<double>(batch.size());
   std::vector<int64_t> taking(batch.size(), 0);
   gammas.assign(batch.size(), 0);
-  double best = 0;
-  for (const Draft& d : drafts) {  // the best prefix of this order
-    ++taking[d.sequence];
-    const double gain = gain_with_gammas(costs, batch, candidate, taking, measured);
+  double best = 0, tokens = n, verified = 0;
+  int64_t longest = 0;
+  for (const Draft& d : drafts) {
+    tokens += d.kept;
+    verified += 1.0;
+    longest = std::max(longest, ++taking[d.sequence]);
+    const double gain = cycle_gain(costs, c, n, tokens, verified, longest, measured);
     if (gain > best + 1e-12) best = gain, gammas = taking;
   }
   return best;
 }
 
-double QSpecPlanner::gain_of(const StepCosts& costs, std::span<const PlannerSequence> batch, size_t c,
-                             std::span<const int64_t> gammas, int64_t draft_steps,
-                             const std::optional<MeasuredPassCosts::Verify>& measured) const {
-  double tokens = 0, verified = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const auto [a, next] = rates(batch[i], c);
-    tokens += expected_tokens(a, next, gammas[i]);
-    verified += static_cast<double>(gammas[i]);
-  }
-  const double n = static_cast<double>(batch.size());
+double QSpecPlanner::cycle_gain(const StepCosts& costs, size_t c, double n, double tokens, double verified,
+                                int64_t draft_steps, const std::optional<MeasuredPassCosts::Verify>& measured) const {
   // Measured: the pass's fixed extra once any sequence verifies, and each verify token.
   const double verify = !measured      ? costs.verify(verified / n)
                         : verified > 0 ? 1.0 + measured->fixed + measured->per_token * verified
@@ -357,10 +351,10 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   int64_t proposing = 0;  // sequences with drafts of the best candidate now (an n-gram lookup may have none)
   if (best_candidate >= 0)
     for (const PlannerSequence& s : batch) {
-      const size_t c = static_cast<size_t>(best_candidate);
-      acceptance += s.acceptance[c];
-      continuation += s.continuation.empty() ? s.acceptance[c] : s.continuation[c];
-      proposing += s.proposable[c] > 0 ? 1 : 0;
+      const auto [first, next] = rates(s, static_cast<size_t>(best_candidate));
+      acceptance += first;
+      continuation += next;
+      proposing += s.proposable[static_cast<size_t>(best_candidate)] > 0 ? 1 : 0;
     }
   acceptance /= static_cast<double>(batch.size());
   continuation /= static_cast<double>(batch.size());

@@ -271,14 +271,10 @@ class QSpecPlanner {
   // `measured`: the fallback's verify from this engine's passes (then `costs` are in plain steps).
   double gain_with(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate, int64_t gamma,
                    const std::optional<MeasuredPassCosts::Verify>& measured = std::nullopt) const;
-  // tokens and cycle of per-sequence draft counts and `draft_steps` draft passes.
-  double gain_of(const StepCosts& costs, std::span<const PlannerSequence> batch, size_t candidate,
-                 std::span<const int64_t> gammas, int64_t draft_steps,
-                 const std::optional<MeasuredPassCosts::Verify>& measured) const;
-  // The same with each sequence's own draft count (already within its proposals and room).
-  double gain_with_gammas(const StepCosts& costs, std::span<const PlannerSequence> batch, int candidate,
-                          std::span<const int64_t> gammas,
-                          const std::optional<MeasuredPassCosts::Verify>& measured = std::nullopt) const;
+  // The predicted gain of a cycle of `candidate` over a batch of n sequences that yields `tokens`
+  // for `verified` verify tokens and `draft_steps` draft passes.
+  double cycle_gain(const StepCosts& costs, size_t candidate, double n, double tokens, double verified,
+                    int64_t draft_steps, const std::optional<MeasuredPassCosts::Verify>& measured) const;
   // For a candidate without draft passes: the draft counts, at most max_gamma each, that maximise
   // the predicted gain (each further draft of a sequence adds the chance that it and the ones
   // before it are kept, a c^k, which only falls, so the best plan takes the drafts of highest

@@ -464,33 +464,33 @@ int main(int argc, char** argv) {
                    static_cast<double>(w4_bytes), w4_batch);
           }
         }
+        // --x-packed: the wgmma tiles' int4 instances for x in the packed k order too (no quad
+        // transposes; x's order does not change the time).
         for (int tile : tiles)
           for (int64_t splits : split_list)
-            // --x-packed: the wgmma tiles' int4 instances for x in the packed k order too (no quad
-            // transposes; x's order does not change the time).
             for (bool packed : {false, true}) {
-            if (packed && !(x_packed && cuda::w4a16_is_wgmma_tile(tile) && !zero_points)) continue;
-            if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
-            if (zero_points && !cuda::w4a16_tile_has_zero_points(tile)) continue;
-            const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits), packed};
-            const std::string name = "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) +
-                                     (splits > 0 ? "_s" + std::to_string(splits) : "") + (packed ? "_x_packed" : "");
-            if (profile) {
-              for (int i = 0; i < 2; ++i)
-                cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
-                                       tiled_workspace.get(), tiled_ws, stream, config);
-              cuda::stream_synchronize(stream);
-              std::printf("profiled %s m %lld %s\n", shape.name, static_cast<long long>(m), name.c_str());
-              continue;
+              if (packed && !(x_packed && cuda::w4a16_is_wgmma_tile(tile) && !zero_points)) continue;
+              if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
+              if (zero_points && !cuda::w4a16_tile_has_zero_points(tile)) continue;
+              const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits), packed};
+              const std::string name = "w4a16_tiled_" + cuda::w4a16_tiled_tile_name(tile) +
+                                       (splits > 0 ? "_s" + std::to_string(splits) : "") + (packed ? "_x_packed" : "");
+              if (profile) {
+                for (int i = 0; i < 2; ++i)
+                  cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(), shape.n,
+                                         tiled_workspace.get(), tiled_ws, stream, config);
+                cuda::stream_synchronize(stream);
+                std::printf("profiled %s m %lld %s\n", shape.name, static_cast<long long>(m), name.c_str());
+                continue;
+              }
+              const cuda::ReplayTimes t = cuda::time_replays(
+                  [&](void* s, int i) {
+                    cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
+                                           shape.n, tiled_workspace.get(), tiled_ws, s, config);
+                  },
+                  w4_batch, warmup, reps, stream);
+              report(name, t, static_cast<double>(w4_bytes), w4_batch);
             }
-            const cuda::ReplayTimes t = cuda::time_replays(
-                [&](void* s, int i) {
-                  cuda::w4a16_gemm_tiled(x.as<uint16_t>(), m, shape.k, views[i % w4_copies], y.as<uint16_t>(),
-                                         shape.n, tiled_workspace.get(), tiled_ws, s, config);
-                },
-                w4_batch, warmup, reps, stream);
-            report(name, t, static_cast<double>(w4_bytes), w4_batch);
-          }
         if (baselines && !profile) {
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {

@@ -143,26 +143,18 @@ TiledKernel wgmma_kernel_for_group(int64_t group) {
   }
 }
 
-// The wgmma tiles' instances for x given in the packed k order (int4 weights, W4A16TiledConfig::x_packed).
-TiledKernel wgmma_packed_x_kernel(int tile, int64_t group) {
+// The kernel of a wgmma tile (w4a16_is_wgmma_tile) with these instance flags: ZP / ZC the
+// zero-point ones (int4-asym / int4-zp), PX x given in the packed k order (int4,
+// W4A16TiledConfig::x_packed).
+template <bool ZP = false, bool ZC = false, bool PX = false>
+TiledKernel wgmma_kernel(int tile, int64_t group) {
   switch (tile) {
-    case kW4A16WgmmaTile: return wgmma_kernel_for_group<WgmmaShape64, false, false, true>(group);
-    case kW4A16WgmmaTile32: return wgmma_kernel_for_group<WgmmaShape32, false, false, true>(group);
-    case kW4A16WgmmaTile128: return wgmma_kernel_for_group<WgmmaShape128, false, false, true>(group);
-    case kW4A16WgmmaTile256x32: return wgmma_kernel_for_group<WgmmaShape256x32, false, false, true>(group);
-    default: return wgmma_kernel_for_group<WgmmaShape256x64, false, false, true>(group);
+    case kW4A16WgmmaTile32: return wgmma_kernel_for_group<WgmmaShape32, ZP, ZC, PX>(group);
+    case kW4A16WgmmaTile: return wgmma_kernel_for_group<WgmmaShape64, ZP, ZC, PX>(group);
+    case kW4A16WgmmaTile256x32: return wgmma_kernel_for_group<WgmmaShape256x32, ZP, ZC, PX>(group);
+    case kW4A16WgmmaTile256x64: return wgmma_kernel_for_group<WgmmaShape256x64, ZP, ZC, PX>(group);
+    default: return wgmma_kernel_for_group<WgmmaShape128, ZP, ZC, PX>(group);
   }
-}
-
-// The wgmma tiles' zero-point instances (int4-asym, or int4-zp's with ZC; beside the mma.sync
-// tiles 128x64 and 128x32, zero_point_tile).
-template <bool ZC>
-TiledKernel wgmma_zero_point_kernel(int tile, int64_t group) {
-  if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32, !ZC, ZC>(group);
-  if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64, !ZC, ZC>(group);
-  if (tile == kW4A16WgmmaTile256x32) return wgmma_kernel_for_group<WgmmaShape256x32, !ZC, ZC>(group);
-  if (tile == kW4A16WgmmaTile256x64) return wgmma_kernel_for_group<WgmmaShape256x64, !ZC, ZC>(group);
-  return wgmma_kernel_for_group<WgmmaShape128, !ZC, ZC>(group);
 }
 
 // Whether this GPU runs the wgmma tiles' sm_90a code (an H100 / H200 and a build with sm_90a).
@@ -200,14 +192,13 @@ template <class Act, bool SWIGLU = false>
 TiledKernel tiled_kernel(int tile, int64_t group) {
   static_assert(!SWIGLU || kPlainF16<Act>, "the SwiGLU epilogue takes f16 activations");
   if constexpr (std::is_same_v<Act, kernels::ActF16> && !SWIGLU) {
-    if (tile == kW4A16WgmmaTile) return wgmma_kernel_for_group<WgmmaShape64>(group);
-    if (tile == kW4A16WgmmaTile32) return wgmma_kernel_for_group<WgmmaShape32>(group);
-    if (tile == kW4A16WgmmaTile128) return wgmma_kernel_for_group<WgmmaShape128>(group);
-    if (tile == kW4A16WgmmaTile256x32) return wgmma_kernel_for_group<WgmmaShape256x32>(group);
-    if (tile == kW4A16WgmmaTile256x64) return wgmma_kernel_for_group<WgmmaShape256x64>(group);
+    if (w4a16_is_wgmma_tile(tile)) return wgmma_kernel(tile, group);
   }
   if constexpr (kernels::kActGroupWords<Act>) {
-    if (!SWIGLU && w4a16_is_wgmma_tile(tile)) return wgmma_zero_point_kernel<kernels::kActZeroCodes<Act>>(tile, group);
+    // The wgmma tiles' zero-point instances (int4-asym, or int4-zp's with ZC; beside the mma.sync
+    // tiles 128x64 and 128x32, zero_point_tile).
+    constexpr bool ZC = kernels::kActZeroCodes<Act>;
+    if (!SWIGLU && w4a16_is_wgmma_tile(tile)) return wgmma_kernel<!ZC, ZC>(tile, group);
     if (tile == 2) return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
     if (tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
     fail("cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
@@ -400,7 +391,7 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
   const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
                   static_cast<unsigned>(plan.splits));
   const TiledKernel kernel =
-      config.x_packed ? wgmma_packed_x_kernel(plan.tile, w.group) : plain_launch_kernel<Act>(plan, m, w);
+      config.x_packed ? wgmma_kernel<false, false, true>(plan.tile, w.group) : plain_launch_kernel<Act>(plan, m, w);
   kernel.launch(params, grid, as_stream(stream));
 }
 

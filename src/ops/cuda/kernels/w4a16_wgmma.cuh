@@ -1,7 +1,7 @@
 // W4A16 GEMM for tens to thousands of tokens on Hopper's own machinery: warpgroup MMA (wgmma)
 // with the 4-bit weights as the register A operand, fed by the bulk copy engine, warp-specialised
-// (a producer warp copies, two or four mma warpgroups dequantize and multiply), tokens of x read by the
-// tensor cores straight from shared memory in their natural k order.
+// (a producer warp copies, two or four mma warpgroups dequantize and multiply), tokens of x read
+// by the tensor cores straight from shared memory in their natural k order.
 //
 // Why this shape (issue 53; docs/perf-notes.md, "W4A16 at batch 16-64, and the QSpec verify"):
 // the mma.sync tiles take about their bytes' time plus their mma time at 32-64 tokens, and the
@@ -26,9 +26,9 @@
 // The block: warpgroup 0 is the producer (its warp 0, lane 0 issues every copy: four TMA a
 // stage), warpgroups 1 and 2 (1 - 4 in the 256-row tiles) multiply, 64 weight rows each (a row
 // block of 16 a warp), NT = 8 * TILES tokens. A ring of STAGES slots of 128 k (4 pairs): x (two
-// 64-k boxes), the tile's row blocks' codes (1 KB each) and scales; a full barrier a slot (the producer's expect-tx, completed by the
-// copies) and an empty
-// barrier a slot (one arrival a mma warp once its wgmma reading the slot are done). Weights of
+// 64-k boxes), the tile's row blocks' codes (1 KB each) and scales; a full barrier a slot (the
+// producer's expect-tx, completed by the copies) and an empty barrier a slot (one arrival a mma
+// warp once its wgmma reading the slot are done). Weights of
 // the first STAGES stages go out before griddepcontrol.wait (no earlier kernel writes them).
 //
 // Why 256 rows (four mma warpgroups, 640 threads): a stage of the 128-row tile takes ~1 us
@@ -176,9 +176,9 @@ __device__ __forceinline__ void dequant_folded(uint32_t word, const RowScales& s
 // The kernel's tensor maps (made by the launcher for each launch, w4a16_tiled.cu): x [m][k] f16 in
 // 64 k x NT-token boxes, 128-byte swizzle; the packed codes as [row blocks][k / 16][128 bytes] in
 // boxes of a stage (8 rows of 128 bytes) of the tile's row blocks; the scales as [row
-// blocks][groups][8 words] in boxes of a stage's groups of the tile's row blocks. Boxes past the matrix read as zeros. One
-// TMA a stage each, from one thread: bulk copies a row block (16 a stage) issued by one thread
-// took ~1.4 us a stage, five times the stage's bytes (H200, 758f954).
+// blocks][groups][8 words] in boxes of a stage's groups of the tile's row blocks. Boxes past the
+// matrix read as zeros. One TMA a stage each, from one thread: bulk copies a row block (16 a
+// stage) issued by one thread took ~1.4 us a stage, five times the stage's bytes (H200, 758f954).
 struct W4A16WgmmaMaps {
   CUtensorMap x, codes, scales;
 };
@@ -221,18 +221,18 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
   __syncthreads();
   grid_launch_dependents();
 
-  // A stage's weights: its row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
-  // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
-  auto load_w = [&](int st) {
-    const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
-    uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
-    tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
-    tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
-                &full[slot]);
-  };
   if (warp == 0) {
     // ---- producer: lane 0 issues every copy of every stage ----
     if (lane == 0) {
+      // A stage's weights: its row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
+      // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
+      auto load_w = [&](int st) {
+        const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
+        uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
+        tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
+        tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
+                    &full[slot]);
+      };
       auto load_x = [&](int st) {
         const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
         uint8_t* const x_dst = ring + slot * T::kStageBytes;
