@@ -208,6 +208,60 @@ TEST_F(Gpu, RmsNormAndFusedResidualMatchCpu) {
   }
 }
 
+// The kernels that make a W4A16 GEMM's x write it in the packed k order where the GEMM reads it
+// so (rmsnorm's and add_rmsnorm's y_packed, silu_mul's out_packed): the same bits as their natural
+// output, permuted as gemm::w4a16_pack_x_order permutes it; shapes they cannot pack are refused.
+TEST_F(Gpu, NormsAndSiluMulWriteThePackedXOrder) {
+  for (auto [rows, dim] : {std::pair{1, 64}, {17, 4096}, {3, 14336}}) {
+    const size_t n = static_cast<size_t>(rows * dim);
+    const std::vector<f16> x = to_f16(random_f16_values(n, 3.0f)), delta = to_f16(random_f16_values(n));
+    std::vector<float> weight(static_cast<size_t>(dim), 0.75f);
+    auto d_weight = upload(weight);
+    for (bool fused : {false, true}) {
+      auto d_x = upload(x), d_x2 = upload(x), d_delta = upload(delta);
+      auto d_natural = poisoned(n * 2), d_packed = poisoned(n * 2);
+      if (fused) {
+        cuda::add_rmsnorm(d_x.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f,
+                          d_natural.as<f16>(), nullptr);
+        cuda::add_rmsnorm(d_x2.as<f16>(), d_delta.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f,
+                          d_packed.as<f16>(), nullptr, /*y_packed=*/true);
+      } else {
+        cuda::rmsnorm(d_x.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_natural.as<f16>(), nullptr);
+        cuda::rmsnorm(d_x.as<f16>(), d_weight.as<float>(), rows, dim, 1e-5f, d_packed.as<f16>(), nullptr, true);
+      }
+      const std::vector<f16> natural = download<f16>(d_natural, n);
+      EXPECT_EQ(download<f16>(d_packed, n), qspec::gemm::w4a16_pack_x_order(natural.data(), rows, dim, dim))
+          << (fused ? "add_rmsnorm " : "rmsnorm ") << shape_name({rows, dim});
+      if (fused) EXPECT_EQ(download<f16>(d_x, n), download<f16>(d_x2, n)) << "the residual as before";
+    }
+    // silu_mul of a fused gate_up row, out rows wider than cols (the engine's act_stride).
+    const int64_t cols = dim, out_stride = dim + 64;
+    auto d_gu = upload(to_f16(random_f16_values(static_cast<size_t>(rows * 2 * cols), 2.0f)));
+    auto d_natural = poisoned(static_cast<size_t>(rows * out_stride) * 2);
+    auto d_packed = poisoned(static_cast<size_t>(rows * out_stride) * 2);
+    cuda::silu_mul(d_gu.as<f16>(), d_gu.as<f16>() + cols, rows, cols, 2 * cols, d_natural.as<f16>(), nullptr,
+                   cuda::NextKernel::w4a16_gemm, out_stride);
+    cuda::silu_mul(d_gu.as<f16>(), d_gu.as<f16>() + cols, rows, cols, 2 * cols, d_packed.as<f16>(), nullptr,
+                   cuda::NextKernel::w4a16_gemm, out_stride, /*out_packed=*/true);
+    const std::vector<f16> natural = download<f16>(d_natural, static_cast<size_t>(rows * out_stride));
+    const std::vector<f16> packed = download<f16>(d_packed, static_cast<size_t>(rows * out_stride));
+    const std::vector<f16> expected = qspec::gemm::w4a16_pack_x_order(natural.data(), rows, cols, out_stride);
+    for (int64_t r = 0; r < rows; ++r)  // columns past cols are not written (poison in both)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(packed[r * out_stride + c], expected[r * out_stride + c]) << "silu_mul " << r << " " << c;
+  }
+  auto d_x = upload(to_f16(random_f16_values(2 * 80)));
+  auto d_weight = upload(std::vector<float>(80, 1.0f));
+  auto d_y = poisoned(2 * 80 * 2);
+  EXPECT_THROW(cuda::rmsnorm(d_x.as<f16>(), d_weight.as<float>(), 2, 80, 1e-5f, d_y.as<f16>(), nullptr, true),
+               qspec::Error);  // 80 % 32 != 0
+  EXPECT_THROW(cuda::rmsnorm(d_x.as<f16>(), d_weight.as<float>(), 2, 64, 1e-5f, d_x.as<f16>(), nullptr, true),
+               qspec::Error);  // y aliases x
+  EXPECT_THROW(cuda::silu_mul(d_x.as<f16>(), d_x.as<f16>() + 40, 2, 40, 80, d_y.as<f16>(), nullptr,
+                              cuda::NextKernel::other, 0, true),
+               qspec::Error);  // 40 % 32 != 0
+}
+
 TEST_F(Gpu, RopeMatchesCpuInsideStridedRows) {
   for (auto [tokens, heads, head_dim, extra, scaling] :
        {std::tuple{1, 1, 32, 0, 1.0f}, {5, 8, 64, 24, 1.0f}, {64, 4, 128, 256, 1.2f}, {3, 2, 6, 2, 1.0f}}) {
@@ -2418,8 +2472,17 @@ TEST_F(Gpu, W4A16PackedXRunsOnTheWgmmaTilesOnly) {
   EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n / 2, nullptr,
                                              cuda::W4A16TiledConfig{0, 1, true}),
                qspec::Error);
+  // The automatic path: packed where its tile reads x so (a wgmma tile past 64 tokens on sm_90a),
+  // refused elsewhere.
+  EXPECT_FALSE(cuda::w4a16_gemm_reads_packed_x(m, w.view));
+  EXPECT_EQ(cuda::w4a16_gemm_reads_packed_x(100, w.view), cuda::w4a16_wgmma_tile_runs_here());
+  qspec::cuda::Blas blas;
+  EXPECT_THROW(cuda::w4a16_gemm(blas, d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
+                                cuda::W4A16Path::automatic, /*x_packed=*/true),
+               qspec::Error);
   if (!cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m)) return;
   DeviceW4 asym(qspec::gemm::pack_w4a16(random_zero_point_weights(n, k, 64, qspec::quant::Format::int4_asym)));
+  EXPECT_FALSE(cuda::w4a16_gemm_reads_packed_x(100, asym.view));
   EXPECT_THROW(cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, asym.view, d_y.as<f16>(), n, workspace.get(), bytes,
                                       nullptr, cuda::W4A16TiledConfig{cuda::kW4A16WgmmaTile, 1, true}),
                qspec::Error);

@@ -195,6 +195,8 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
 void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream) {
+  QSPEC_CHECK(!x.x_packed || (policy == nullptr && x.quantized == nullptr),
+              "dispatch_w4_gemm: x in the packed k order goes to the automatic W4A16 path only");
   if (policy != nullptr) {
     gemm::Strategy strategy = policy->lookup(x.activations(), w.n, w.k, m);
     // Bitwise needs the weights' bit-plane copy (GpuLlama makes it for the shapes a measured map
@@ -222,7 +224,8 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     else
       cuda::w4_quantized_gemm(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else {
-    cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream);
+    cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream, cuda::W4A16Path::automatic,
+                     x.x_packed);
   }
 }
 

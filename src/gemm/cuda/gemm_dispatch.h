@@ -20,6 +20,9 @@ struct W4GemmInput {
   const cuda::f16_bits* x = nullptr;
   int64_t ldx = 0;
   const cuda::QuantizedActivations* quantized = nullptr;
+  // x in the W4A16 packed k order (cuda::w4a16_gemm_reads_packed_x said the GEMM reads it so;
+  // without a policy map only).
+  bool x_packed = false;
   // "f16" or the quantized format's name, as the policy map keys it.
   std::string_view activations() const;
 };

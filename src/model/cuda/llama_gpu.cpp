@@ -265,6 +265,19 @@ std::optional<bool> verify_graphs_override() {
   return override_value;
 }
 
+// QSPEC_W4A16_PACKED_X=0: the kernels that make a W4A16 GEMM's x never write it in the packed k
+// order (GpuLlama's reads_packed_x; A/B runs); unset or 1: where the GEMM reads it so.
+bool packed_x_allowed() {
+  static const bool allowed = [] {
+    const char* text = std::getenv("QSPEC_W4A16_PACKED_X");
+    if (text == nullptr || *text == '\0') return true;
+    const std::string value(text);
+    QSPEC_CHECK(value == "0" || value == "1", "QSPEC_W4A16_PACKED_X: '", value, "' is not 0 or 1");
+    return value == "1";
+  }();
+  return allowed;
+}
+
 // A verify step's graph key holds its tokens a run: QSpec verifies at most kMaxChainSteps + 1
 // (a longer uniform multi-token step, such as a perplexity window, runs its kernels directly).
 constexpr int64_t kMaxVerifyGraphTokens = 17;
@@ -422,9 +435,20 @@ struct GpuLlama::State {
   void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
     w4_gemm(W4GemmInput{nullptr, 0, &xq}, linear, m, y);
   }
+  // Whether the GEMM of `linear` over m tokens reads its x in the W4A16 packed k order, so the
+  // kernel making x writes it so (rmsnorm's y_packed, silu_mul's out_packed): f16 activations on
+  // int4 weights in their own order, no policy map, the automatic path on a wgmma tile
+  // (cuda::w4a16_gemm_reads_packed_x). QSPEC_W4A16_PACKED_X=0: never (A/B runs).
+  bool reads_packed_x(const Linear& linear, int64_t m) const {
+    return packed_x_allowed() && linear.quantized && activations == GpuActivations::f16 && !linear.reordered() &&
+           !linear.input_ordered && gemm_policy == nullptr && linear.k == linear.in_k &&
+           cuda::w4a16_gemm_reads_packed_x(m, linear.view);
+  }
   // x_in: m rows of linear.in_k values, x_ld apart (0: contiguous); an input_ordered linear's rows
-  // hold its k values (zeros past in_k).
-  void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y, int64_t x_ld = 0) {
+  // hold its k values (zeros past in_k). x_packed: x_in in the packed k order (reads_packed_x).
+  void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y, int64_t x_ld = 0,
+            bool x_packed = false) {
+    QSPEC_CHECK(!x_packed || reads_packed_x(linear, m), "GPU model: x in the packed order for a GEMM that reads it so only");
     if (linear.input_ordered) {  // already reordered, zero tail: straight to the GEMM or its quantizer
       QSPEC_CHECK(x_ld >= linear.k, "GPU model: an input-ordered projection needs rows of ", linear.k, " values");
       if (activations == GpuActivations::f16) {
@@ -461,7 +485,7 @@ struct GpuLlama::State {
       ldx = x_codes_stride;
     }
     if (activations == GpuActivations::f16) {
-      w4_gemm(W4GemmInput{x_in, ldx, nullptr}, linear, m, y);
+      w4_gemm(W4GemmInput{x_in, ldx, nullptr, x_packed}, linear, m, y);
       return;
     }
     const cuda::QuantizedActivations xq =
@@ -497,9 +521,10 @@ struct GpuLlama::State {
       quantized_gemm(xq, linear, tokens, y);
       return;
     }
-    if (delta == nullptr) cuda::rmsnorm(residual, norm.as<float>(), tokens, hidden, eps, normed_out, stream);
-    else cuda::add_rmsnorm(residual, delta, norm.as<float>(), tokens, hidden, eps, normed_out, stream);
-    gemm(linear, normed_out, tokens, y);
+    const bool packed = reads_packed_x(linear, tokens);
+    if (delta == nullptr) cuda::rmsnorm(residual, norm.as<float>(), tokens, hidden, eps, normed_out, stream, packed);
+    else cuda::add_rmsnorm(residual, delta, norm.as<float>(), tokens, hidden, eps, normed_out, stream, packed);
+    gemm(linear, normed_out, tokens, y, 0, packed);
   }
 
   // Whether gate_up's GEMM of m tokens writes silu(gate) * up itself, and on which kernel: f16
@@ -1033,7 +1058,9 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
     if (layer.attention_out_norm.get() != nullptr)
       cuda::rmsnorm(proj_out, layer.attention_out_norm.as<float>(), tokens, hidden, eps, proj_out, stream);
     // MLP block: residual += o, normed = rmsnorm(residual) in one pass.
-    // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it.
+    // SwiGLU in the gate_up GEMM's epilogue where its kernel has one, else silu_mul after it
+    // (which writes down's x in the packed k order where down reads it so).
+    bool down_packed = false;
     if (const SwigluGemm swiglu_gemm = swiglu_in_gemm(layer.gate_up, tokens);
         swiglu_gemm.kernel != SwigluGemm::Kernel::none) {
       ++swiglu_epilogue_layers;
@@ -1045,12 +1072,15 @@ void GpuLlama::State::enqueue_forward(int64_t tokens, int64_t runs, int64_t max_
       const bool down_reads_f16 = layer.down.quantized && activations == GpuActivations::f16 &&
                                   (!layer.down.reordered() || layer.down.input_ordered);
       const cuda::NextKernel next = down_reads_f16 ? cuda::NextKernel::w4a16_gemm : cuda::NextKernel::other;
-      if (geglu)
+      if (geglu) {
         cuda::gelu_tanh_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream, next, act_stride());
-      else
-        cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream, next, act_stride());
+      } else {
+        down_packed = reads_packed_x(layer.down, tokens);
+        cuda::silu_mul(gate_up_out, gate_up_out + inter, tokens, inter, 2 * inter, act_out, stream, next, act_stride(),
+                       down_packed);
+      }
     }
-    gemm(layer.down, act_out, tokens, proj_out, act_stride());
+    gemm(layer.down, act_out, tokens, proj_out, act_stride(), down_packed);
     if (layer.mlp_out_norm.get() != nullptr)
       cuda::rmsnorm(proj_out, layer.mlp_out_norm.as<float>(), tokens, hidden, eps, proj_out, stream);
   }

@@ -56,10 +56,15 @@ W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
 W4A16Path w4a16_choose_path(int64_t m, const W4A16Weights& w);
 
 // y[m, n] = x[m, k] (f16, rows ldx apart, ldx % 8 == 0, 16-byte aligned) * W^T, f16 out
-// (rows ldy apart), f32 accumulation.
+// (rows ldy apart), f32 accumulation. x_packed: x in the packed k order (W4A16TiledConfig::x_packed),
+// where w4a16_gemm_reads_packed_x(m, w) (the automatic path, throws elsewhere).
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                W4A16Path path = W4A16Path::automatic);
+                W4A16Path path = W4A16Path::automatic, bool x_packed = false);
+// Whether w4a16_gemm's automatic path runs m tokens of w on a tile that reads x in the packed k
+// order (int4 weights, the tiled path, a wgmma tile by default_tile's rule), so that the kernel
+// making x may write it so (cuda::rmsnorm's y_packed, silu_mul's out_packed) and pass x_packed.
+bool w4a16_gemm_reads_packed_x(int64_t m, const W4A16Weights& w);
 
 // Tuning knob for benchmarks: the small-M kernel variant (0 = the default: 5 where it runs, else 1; 1 = 4 warps
 // x 2 row blocks, depth 4 register ring; 2 = 8 warps x 1 row block, depth 8; 3 / 4 = the

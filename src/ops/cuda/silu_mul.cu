@@ -9,7 +9,7 @@ namespace {
 // silu_mul and gelu_tanh_mul: the same kernel, G the gate's activation.
 template <kernels::Gate G>
 void gated_mul(const char* op, const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,
-               f16_bits* out, void* stream, NextKernel next, int64_t out_stride) {
+               f16_bits* out, void* stream, NextKernel next, int64_t out_stride, bool out_packed = false) {
   if (out_stride == 0) out_stride = cols;
   QSPEC_CHECK(rows >= 0 && cols > 0 && in_stride >= cols && out_stride >= cols, "cuda::", op, ": bad shape rows ",
               rows, " cols ", cols, " in_stride ", in_stride, " out_stride ", out_stride);
@@ -22,7 +22,12 @@ void gated_mul(const char* op, const f16_bits* gate, const f16_bits* up, int64_t
   const auto* u = reinterpret_cast<const __half*>(up);
   auto* o = reinterpret_cast<__half*>(out);
   const bool release_first = next == NextKernel::w4a16_gemm;  // pdl_prologue (common.h)
-  if (vec)
+  if (out_packed) {
+    QSPEC_CHECK(vec && cols % 32 == 0, "cuda::", op, ": a packed out needs cols % 32 == 0 (cols ", cols,
+                ") and 16-byte aligned rows");
+    launch_pdl(kernels::silu_mul_kernel<8, G, true>, dim3(grid), dim3(256), 0, as_stream(stream),
+        g, u, rows, cols, in_stride, o, out_stride, release_first);
+  } else if (vec)
     launch_pdl(kernels::silu_mul_kernel<8, G>, dim3(grid), dim3(256), 0, as_stream(stream),
         g, u, rows, cols, in_stride, o, out_stride, release_first);
   else
@@ -34,8 +39,9 @@ void gated_mul(const char* op, const f16_bits* gate, const f16_bits* up, int64_t
 }  // namespace
 
 void silu_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride, f16_bits* out,
-              void* stream, NextKernel next, int64_t out_stride) {
-  gated_mul<kernels::Gate::silu>("silu_mul", gate, up, rows, cols, in_stride, out, stream, next, out_stride);
+              void* stream, NextKernel next, int64_t out_stride, bool out_packed) {
+  gated_mul<kernels::Gate::silu>("silu_mul", gate, up, rows, cols, in_stride, out, stream, next, out_stride,
+                                 out_packed);
 }
 
 void gelu_tanh_mul(const f16_bits* gate, const f16_bits* up, int64_t rows, int64_t cols, int64_t in_stride,

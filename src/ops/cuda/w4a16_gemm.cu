@@ -157,8 +157,14 @@ void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weig
 }
 
 void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W4A16Weights& w, f16_bits* y,
-                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path) {
+                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W4A16Path path, bool x_packed) {
   if (path == W4A16Path::automatic) path = w4a16_choose_path(m, w);
+  if (x_packed) {
+    QSPEC_CHECK(path == W4A16Path::tiled && w4a16_gemm_reads_packed_x(m, w),
+                "cuda::w4a16_gemm: x in the packed k order where the GEMM reads it so only (w4a16_gemm_reads_packed_x)");
+    w4a16_gemm_tiled(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream, W4A16TiledConfig{0, 0, true});
+    return;
+  }
   if (path == W4A16Path::small_m) {
     w4a16_gemm_small_m(x, m, ldx, w, y, ldy, workspace, workspace_bytes, stream);
     return;

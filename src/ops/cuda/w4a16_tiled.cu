@@ -282,6 +282,11 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
 
 bool w4a16_wgmma_tile_runs_here() { return wgmma_tile_runs_here(); }
 
+bool w4a16_gemm_reads_packed_x(int64_t m, const W4A16Weights& w) {
+  if (m < 1 || w.has_min() || w.k % 32 != 0 || w4a16_choose_path(m, w) != W4A16Path::tiled) return false;
+  return w4a16_is_wgmma_tile(default_tile<kernels::ActF16>(m, w.n, w.k, w.group));
+}
+
 std::string w4a16_tiled_tile_name(int tile) {
   switch (tile) {
     case 1: return "256x64";

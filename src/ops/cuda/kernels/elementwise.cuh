@@ -2,6 +2,7 @@
 // add and logit soft-capping on f16 tensors.
 #pragma once
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/packed_x.cuh"
 
 namespace qspec::cuda::kernels {
 
@@ -29,8 +30,9 @@ __device__ __forceinline__ __half swiglu_of_sums(float gate_sum, float up_sum) {
 }
 
 // Grid-stride over rows x (cols / VEC); VEC 8 needs cols and in_stride multiples of 8. G: the
-// gate's activation (SwiGLU or GeGLU).
-template <int VEC, Gate G = Gate::silu>
+// gate's activation (SwiGLU or GeGLU). PACKED (VEC 8, cols % 32 == 0): out in the W4A16 packed k
+// order (kernels/rmsnorm.cuh, store_packed_x8), for a GEMM that reads it so.
+template <int VEC, Gate G = Gate::silu, bool PACKED = false>
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t rows,
                                 int64_t cols, int64_t in_stride, __half* __restrict__ out, int64_t out_stride,
                                 bool release_first) {
@@ -45,7 +47,8 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
       half8_to_float(*reinterpret_cast<const uint4*>(up + r * in_stride + c), u);
 #pragma unroll
       for (int e = 0; e < 8; ++e) g[e] = gate_activation<G>(g[e]) * u[e];
-      *reinterpret_cast<uint4*>(out + r * out_stride + c) = float8_to_half(g);
+      if constexpr (PACKED) store_packed_x8(out + r * out_stride, c / 8, float8_to_half(g));
+      else *reinterpret_cast<uint4*>(out + r * out_stride + c) = float8_to_half(g);
     } else {
       out[r * out_stride + c] =
           __float2half_rn(gate_activation<G>(__half2float(gate[r * in_stride + c])) * __half2float(up[r * in_stride + c]));

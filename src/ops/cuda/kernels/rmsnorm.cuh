@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ops/cuda/common.h"
+#include "ops/cuda/kernels/packed_x.cuh"
 #include "ops/cuda/kernels/quantize_int8.cuh"
 #include "ops/cuda/kernels/reduce.cuh"
 
@@ -91,8 +92,9 @@ __device__ __forceinline__ void rmsnorm_row8(__half* x, const __half* __restrict
 }
 
 // One block per row. FUSED: residual = f16(residual + delta), stored back, then normalized.
-// VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1.
-template <int VEC, bool FUSED>
+// VEC 8: 16-byte accesses (dim % 8 == 0, rmsnorm_row8), else 1. PACKED (VEC 8, dim % 32 == 0):
+// y in the W4A16 packed k order (store_packed_x8), for a GEMM that reads it so.
+template <int VEC, bool FUSED, bool PACKED = false>
 __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__ delta,
                                const float* __restrict__ weight, int64_t dim, float eps, __half* y) {
   float first_weight[8];
@@ -104,7 +106,10 @@ __global__ void rmsnorm_kernel(__half* residual_or_x, const __half* __restrict__
   __half* out = y + row * dim;
   if constexpr (VEC == 8) {
     rmsnorm_row8<FUSED>(x, FUSED ? delta + row * dim : nullptr, weight, first_weight, dim, eps, scratch,
-                        [&](int64_t i, uint4 v) { reinterpret_cast<uint4*>(out)[i] = v; });
+                        [&](int64_t i, uint4 v) {
+                          if constexpr (PACKED) store_packed_x8(out, i, v);
+                          else reinterpret_cast<uint4*>(out)[i] = v;
+                        });
   } else {
     float sum_squares = 0.0f;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
