@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
 
 #include "qspec/decode_plan.h"
 #include "qspec/error.h"
@@ -88,13 +91,29 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
   k.y = k.y * decay + y;
   k.xx = k.xx * decay + x * x;
   k.xy = k.xy * decay + x * y;
+  if (!price_by_token_bucket()) return;
+  const size_t b = token_bucket(tokens);
+  if (k.buckets.size() <= b) k.buckets.resize(b + 1);
+  k.buckets[b].first = k.buckets[b].first * decay + 1.0;
+  k.buckets[b].second = k.buckets[b].second * decay + y;
 }
 
-double MeasuredPassCosts::enough() {
+double MeasuredPassCosts::decayed_weight(double passes) {
   // Decayed weights: n passes give (1 - decay^n) / (1 - decay).
-  return (1.0 - std::pow(planner_rules::kPassCostDecay, planner_rules::kMinMeasuredPasses)) /
-             (1.0 - planner_rules::kPassCostDecay) -
-         1e-9;
+  return (1.0 - std::pow(planner_rules::kPassCostDecay, passes)) / (1.0 - planner_rules::kPassCostDecay) - 1e-9;
+}
+
+double MeasuredPassCosts::enough() { return decayed_weight(planner_rules::kMinMeasuredPasses); }
+
+bool MeasuredPassCosts::price_by_token_bucket() {
+  static const bool buckets = [] {
+    const char* text = std::getenv("QSPEC_PLANNER_TOKEN_BUCKETS");
+    if (text == nullptr || *text == '\0') return true;
+    const std::string value(text);
+    QSPEC_CHECK(value == "0" || value == "1", "QSPEC_PLANNER_TOKEN_BUCKETS: '", value, "' is not 0 or 1");
+    return value == "1";
+  }();
+  return buckets;
 }
 
 const MeasuredPassCosts::Class* MeasuredPassCosts::class_for(int64_t sequences) const {
@@ -134,7 +153,23 @@ std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t 
   if (per_token < 0) per_token = 0, fixed = k.y / k.weight;
   if (fixed < 0) fixed = 0, per_token = std::max(k.xy / k.xx, 0.0);
   const double step = k.step_seconds / k.step_weight;
-  return Verify{fixed / step, per_token / step};
+  Verify verify{fixed / step, per_token / step, {}};
+  const double bucket_enough = decayed_weight(planner_rules::kMinBucketPasses);
+  for (const auto& [weight, sum] : k.buckets)
+    verify.bucket.push_back(weight >= bucket_enough ? std::max(sum / weight, 0.0) / step : -1.0);
+  return verify;
+}
+
+double MeasuredPassCosts::Verify::extra(int64_t tokens, double verified) const {
+  const size_t at = token_bucket(std::max<int64_t>(tokens, 1));
+  if (at < bucket.size() && bucket[at] >= 0) return bucket[at];
+  double below = 0, above = std::numeric_limits<double>::infinity();
+  for (size_t b = 0; b < bucket.size(); ++b)
+    if (bucket[b] >= 0) {
+      if (b < at) below = std::max(below, bucket[b]);
+      else above = std::min(above, bucket[b]);
+    }
+  return std::min(std::max(fixed + per_token * verified, below), std::max(above, below));
 }
 
 QSpecPlanner::QSpecPlanner(std::optional<QSpecCostTable> table, std::optional<std::vector<std::string>> drafts,
@@ -259,9 +294,9 @@ double QSpecPlanner::allocate_drafts(const StepCosts& costs, std::span<const Pla
 
 double QSpecPlanner::cycle_gain(const StepCosts& costs, size_t c, double n, double tokens, double verified,
                                 int64_t draft_steps, const std::optional<MeasuredPassCosts::Verify>& measured) const {
-  // Measured: the pass's fixed extra once any sequence verifies, and each verify token.
+  // Measured: what a pass of its tokens adds (MeasuredPassCosts::Verify::extra).
   const double verify = !measured      ? costs.verify(verified / n)
-                        : verified > 0 ? 1.0 + measured->fixed + measured->per_token * verified
+                        : verified > 0 ? 1.0 + measured->extra(std::llround(n + verified), verified)
                                        : 1.0;
   const double cycle = static_cast<double>(draft_steps) * costs.draft_step_ms.at(candidates_[c].draft) + verify;
   if (cycle <= 0) return 0.0;

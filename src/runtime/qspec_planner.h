@@ -93,6 +93,15 @@ inline constexpr int64_t kRemeasureMaxGamma = 2;
 // N-gram lookups are weighed by the length of the suffix they matched, in these classes: 1, 2,
 // and this many or more (runtime/ngram_draft.h: a longer match is kept more often).
 inline constexpr int64_t kNgramMatchClasses = 3;
+// A verify pass's price is a staircase in its tokens, not a line: a GEMM's time steps with its
+// kernel's token tile (8, 16, 32, 64, ...) and is nearly flat within one. Measured on the H200
+// (Qwen2.5-7B shapes, planner-trace-gsm8k-chat-qwen2.5-7b-h200-6f13822.jsonl), batch 4: a plain
+// step 2.19 ms, verify passes of 8 tokens 2.64, of 9-16 tokens 3.08-3.37, of 17 3.31; batch 16: of
+// 17-32 tokens 3.40-3.56, of 33-38 tokens 4.97-5.02. So MeasuredPassCosts also keeps, per class,
+// what verify passes add in each bucket of a pass's tokens (1, 2, 3-4, 5-8, 9-16, ...), and
+// prices a pass by its bucket's mean once the bucket has this many passes (its line between
+// them otherwise). QSPEC_PLANNER_TOKEN_BUCKETS=0: the line only (A/B runs).
+inline constexpr double kMinBucketPasses = 2.0;
 }  // namespace planner_rules
 
 // Tokens a cycle of g drafts yields (the model above): 1 + a (1 + c + ... + c^(g-1)).
@@ -180,10 +189,21 @@ class MeasuredPassCosts {
   // A W4A16 pass over `sequences` runs of `tokens` tokens in all (no prompt chunk), `seconds` from
   // its inputs to its ids; the first of each kind a class sees is its warm-up and is not timed.
   void observe(int64_t sequences, int64_t tokens, double seconds);
-  // What a verify pass adds to a plain step, in plain steps: fixed + per_token x its extra tokens.
+  // What a verify pass adds to a plain step, in plain steps: fixed + per_token x its extra tokens
+  // (the line through all the class's verify passes), or where the bucket of the pass's tokens
+  // has been timed enough (kMinBucketPasses), that bucket's mean: within a bucket the price is
+  // flat, as the GEMMs' token tiles make it (a slope within buckets, fitted over their passes,
+  // drafted less and measured 1-3 % slower at batch 4 in the staircase replay test).
   struct Verify {
     double fixed = 0, per_token = 0;
+    std::vector<double> bucket;  // per token bucket (token_bucket): its mean extra, or < 0: not timed enough
+    // The extra of a pass of `tokens` in all, `verified` of them verify tokens: its bucket's mean,
+    // else the line, kept between the means of the nearest timed buckets below and above (a pass
+    // with more tokens never costs less).
+    double extra(int64_t tokens, double verified) const;
   };
+  // The bucket of a pass of `tokens` tokens: 0 for 1, 1 for 2, 2 for 3-4, 3 for 5-8, ...
+  static size_t token_bucket(int64_t tokens) { return class_of(tokens); }
   // For a batch of `sequences`, once its class has enough of both kinds of pass
   // (planner_rules::kMinMeasuredPasses); else nothing.
   std::optional<Verify> verify_cost(int64_t sequences) const;
@@ -199,11 +219,15 @@ class MeasuredPassCosts {
     double step_seconds = 0, step_weight = 0;  // decayed sum and weight of plain steps' times
     // Verify passes: decayed weight and sums of x (extra tokens), y (extra seconds), x^2 and x y.
     double weight = 0, x = 0, y = 0, xx = 0, xy = 0;
+    // Per token bucket: the decayed weight and sum of y of its own passes.
+    std::vector<std::pair<double, double>> buckets;
     int64_t plain_since_verify = 0;  // plain steps since the last verify pass
     int64_t plain_warmups = 0, verify_warmups = 0;  // warm-up passes of each kind seen (kWarmupPasses)
   };
   static size_t class_of(int64_t sequences);
   static double enough();  // the decayed weight of kMinMeasuredPasses passes
+  static double decayed_weight(double passes);
+  static bool price_by_token_bucket();  // QSPEC_PLANNER_TOKEN_BUCKETS (unset: yes)
   const Class* class_for(int64_t sequences) const;
   bool has_verify_price(int64_t sequences) const;  // enough of both kinds of pass for verify_cost
   std::vector<Class> classes_;

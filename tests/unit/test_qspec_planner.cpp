@@ -557,9 +557,12 @@ TEST(QSpecPlanner, WithoutATableTheFallbackPricesWithMeasuredPasses) {
   const qspec::StepPlan plan = planner.plan(one);
   ASSERT_TRUE(plan.speculates()) << plan.reason;
   EXPECT_NE(plan.reason.find("measured passes"), std::string::npos) << plan.reason;
-  // Gamma 2: (1 + 0.4 + 0.16) / (1 + 2 x 0.05) beats 1.40 / 1.05, 1.624 / 1.15 and 1.650 / 1.20.
-  EXPECT_EQ(plan.gamma, 2) << plan.reason;
-  EXPECT_NEAR(plan.predicted_gain, 1.56 / 1.10, 1e-6) << plan.reason;
+  // The passes seen verify 3 tokens, in the 3-4-token bucket (+0.1 of a step): gamma 3 (4 tokens)
+  // costs what gamma 2 does, so (1 + 0.4 + 0.16 + 0.064) / 1.10 beats 1.56 / 1.10, 1.40 / 1.05
+  // (the line: 2 tokens, 1 verify token) and gamma 4's 1.650 / 1.20 (5 tokens, the next bucket,
+  // not yet timed: the line, 0.05 a verify token).
+  EXPECT_EQ(plan.gamma, 3) << plan.reason;
+  EXPECT_NEAR(plan.predicted_gain, 1.624 / 1.10, 1e-6) << plan.reason;
   // A CPU-like device (a token 60 % of a step): the same lookups do not pay.
   QSpecPlanner cpu(std::nullopt);
   for (int i = 0; i < 8; ++i) cpu.observe_pass(1, 1, 0.010), cpu.observe_pass(1, 3, 0.022);
@@ -572,24 +575,63 @@ TEST(QSpecPlanner, WithoutATableTheFallbackPricesWithMeasuredPasses) {
             before.predicted_gain);
 }
 
+// A verify pass's price is a staircase in its tokens (the GEMMs' token tiles): each bucket of a
+// pass's tokens (1, 2, 3-4, 5-8, 9-16, ...) is priced by its own passes once timed, flat within
+// it, and an untimed bucket by the line through all, kept between its timed neighbours.
+TEST(QSpecPlanner, VerifyPassesArePricedByTheBucketOfTheirTokens) {
+  qspec::MeasuredPassCosts costs;
+  costs.observe(4, 4, 0.050), costs.observe(4, 8, 0.080);  // the class's warm-ups
+  for (int i = 0; i < 6; ++i) {
+    costs.observe(4, 4, 0.002);                             // plain steps: 2 ms
+    costs.observe(4, 8, 0.0024), costs.observe(4, 7, 0.0024);  // 5-8 tokens: +0.4 ms
+    costs.observe(4, 12, 0.005);                            // 9-16 tokens: +3 ms
+  }
+  const auto verify = costs.verify_cost(4);
+  ASSERT_TRUE(verify.has_value());
+  EXPECT_NEAR(verify->extra(8, 4), 0.2, 1e-6);
+  EXPECT_NEAR(verify->extra(6, 2), 0.2, 1e-6);  // flat within the bucket
+  EXPECT_NEAR(verify->extra(12, 8), 1.5, 1e-6);
+  EXPECT_NEAR(verify->extra(16, 12), 1.5, 1e-6);
+  // 17-32 tokens, never timed: the line through the passes, never below the 9-16 bucket's price.
+  const double line = verify->fixed + verify->per_token * 20;
+  EXPECT_NEAR(verify->extra(24, 20), std::max(line, 1.5), 1e-6);
+  EXPECT_GE(verify->extra(24, 20), 1.5);
+
+  // The planner takes one draft a sequence (8 tokens, +0.2 of a step) where a line through the
+  // same passes would price a 9th token near 0.2 + its slope: the 9-16 bucket costs 1.5 steps.
+  QSpecPlanner planner(std::nullopt);
+  planner.observe_pass(4, 4, 0.050), planner.observe_pass(4, 8, 0.080);
+  for (int i = 0; i < 6; ++i)
+    planner.observe_pass(4, 4, 0.002), planner.observe_pass(4, 8, 0.0024), planner.observe_pass(4, 7, 0.0024),
+        planner.observe_pass(4, 12, 0.005);
+  const std::vector<PlannerSequence> four(4, sequence(planner, 100, 0.9, 4));
+  const qspec::StepPlan plan = planner.plan(four);
+  ASSERT_TRUE(plan.speculates()) << plan.reason;
+  const std::vector<int64_t> counts = plan.gammas.empty() ? std::vector<int64_t>(4, plan.gamma) : plan.gammas;
+  EXPECT_EQ(counts, (std::vector<int64_t>{1, 1, 1, 1})) << plan.reason;
+  EXPECT_NEAR(plan.predicted_gain, (4 + 4 * 0.9) / 1.2 / 4, 1e-9) << plan.reason;
+}
+
 // Prompt lookup costs no draft passes, so each sequence takes its own draft count: the drafts
 // most likely kept across the batch, as many as the verify's price pays for.
 TEST(QSpecPlanner, LookupsTakeEachSequencesOwnDraftCount) {
   QSpecPlanner planner(std::nullopt);
   planner.observe_pass(2, 2, 0.010), planner.observe_pass(2, 6, 0.020);  // the class's warm-ups
   for (int i = 0; i < 8; ++i) planner.observe_pass(2, 2, 0.002), planner.observe_pass(2, 6, 0.0024);
-  // A verify token: 0.1 ms of a 2 ms step (one draft count seen: proportional, no fixed part).
+  // A verify pass of 6 tokens (the 5-8-token bucket): 0.4 ms more than a 2 ms step.
   PlannerSequence sure = sequence(planner, 100, 0.9, 4), unlikely = sequence(planner, 100, 0.02, 4);
   const std::vector<PlannerSequence> batch = {sure, unlikely};
   const qspec::StepPlan plan = planner.plan(batch);
   ASSERT_TRUE(plan.speculates()) << plan.reason;
-  EXPECT_EQ(plan.gammas, (std::vector<int64_t>{4, 0})) << plan.reason;
+  // The sure lookup's 4 drafts, and the unlikely one's 2 that still fit the 8-token bucket's
+  // price; its 3rd would start the next bucket (the line's price there: 0.05 a verify token).
+  EXPECT_EQ(plan.gammas, (std::vector<int64_t>{4, 2})) << plan.reason;
   EXPECT_EQ(plan.gamma, 4);
-  const double sure_tokens = qspec::expected_tokens(0.9, 0.9, 4);
-  EXPECT_NEAR(plan.predicted_gain, ((sure_tokens + 1) / (1 + 4 * 0.05)) / 2, 1e-9) << plan.reason;
+  const double sure_tokens = qspec::expected_tokens(0.9, 0.9, 4), unlikely_tokens = qspec::expected_tokens(0.02, 0.02, 2);
+  EXPECT_NEAR(plan.predicted_gain, ((sure_tokens + unlikely_tokens) / (1 + 4 * 0.05)) / 2, 1e-9) << plan.reason;
   // One gamma for both would verify the unlikely lookup's 4 drafts too.
   EXPECT_LT(planner.predicted_gain(batch, 0, 4), plan.predicted_gain);
-  EXPECT_NE(plan.reason.find("0-4 drafts a sequence"), std::string::npos) << plan.reason;
+  EXPECT_NE(plan.reason.find("2-4 drafts a sequence"), std::string::npos) << plan.reason;
   // Where every sequence's lookups are alike, the counts are alike.
   const qspec::StepPlan alike = planner.plan(std::vector<PlannerSequence>{sure, sure});
   const std::vector<int64_t> counts =

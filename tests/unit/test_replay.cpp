@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
 #include <map>
 #include <set>
 #include <thread>
@@ -256,8 +259,23 @@ TEST(Replay, PlannerTraceHasEveryRunsPlansAndPasses) {
 // (bench/results' replays: a plain step 2.1 ms + 0.035 a sequence; a verify pass 0.1 ms + 0.03 a
 // verify token more, 0.2 more when its runs differ in length (no CUDA graph), and a uniform
 // shape's first pass 10 ms more, a one-off). Ids are the ReplayBackend's business.
+//
+// Staircase: instead, a pass costs what the H200's Qwen2.5-7B passes cost by their tokens
+// (planner-trace-gsm8k-chat-qwen2.5-7b-h200-6f13822.jsonl: the GEMMs' time steps with the kernel's
+// token tile, 8 / 16 / 32 / 64, and is nearly flat within one), 0.3 ms more for a verify pass of
+// runs that differ in length, 0.15 for a uniform one (a CUDA graph).
 class GpuLikeBackend final : public qspec::Backend {
  public:
+  explicit GpuLikeBackend(bool staircase = false) : staircase_(staircase) {}
+  static double staircase_ms(int64_t tokens) {
+    const double t = static_cast<double>(tokens);
+    if (tokens <= 4) return 2.07 + 0.03 * t;
+    if (tokens <= 8) return 2.20 + 0.011 * t;
+    if (tokens <= 16) return 2.74 + 0.045 * (t - 9);
+    if (tokens <= 32) return 3.00 + 0.013 * (t - 17);
+    if (tokens <= 64) return 4.67 + 0.004 * (t - 33);
+    return 6.3 + 0.005 * (t - 65);
+  }
   void check_mode(const qspec::RunMode&, const std::string&) const override {}
   bool kv_in_pool() const override { return false; }
   std::string device_name() const override { return "gpu-like"; }
@@ -276,7 +294,14 @@ class GpuLikeBackend final : public qspec::Backend {
     pass.ids.assign(static_cast<size_t>(rows), 0);
     double ms = 2.1 + 0.035 * static_cast<double>(runs.size());
     const int64_t extra = tokens - static_cast<int64_t>(runs.size());
-    if (prompt) {
+    if (staircase_ && !prompt) {
+      ms = staircase_ms(tokens);
+      if (extra > 0 && !uniform) ms += 0.3;
+      if (extra > 0 && uniform) {
+        ms += 0.15;
+        if (shapes_.insert({runs.size(), tokens}).second) ms += 10, pass.one_off = true;
+      }
+    } else if (prompt) {
       ms += 0.02 * static_cast<double>(tokens);
     } else if (extra > 0) {
       ms += 0.1 + 0.03 * static_cast<double>(extra);
@@ -289,6 +314,7 @@ class GpuLikeBackend final : public qspec::Backend {
   std::vector<float> logits() override { return {}; }
 
  private:
+  bool staircase_;
   std::set<std::pair<size_t, int64_t>> shapes_;
 };
 
@@ -316,6 +342,43 @@ TEST(Replay, DraftAutoPaysOnGpuLikeCostsWithRealLookups) {
   EXPECT_GT(planned, 1.2) << rows.dump();
   EXPECT_GT(planned, 0.85 * lookup) << rows.dump();
   EXPECT_GT(rows[1]["qspec"]["accepted"].get<int64_t>(), 0);
+}
+
+// The same over pass costs that step with the verify's tokens as the H200's do (GpuLikeBackend's
+// staircase): the planner prices a verify pass by the bucket of its tokens, so it fills a bucket
+// it pays for and does not step into the next one for a draft or two (a 33-token pass costs 1.5x a
+// 32-token one at batch 16).
+TEST(Replay, DraftAutoPricesVerifyPassesByTheirTokensOnAStaircase) {
+  qspec::ModelConfig config = fixture().model->config();
+  config.vocab_size = 49152;  // SmolLM2's ids
+  config.max_position_embeddings = 8192;
+  const auto shapes = qspec::LlamaModel::without_weights(config, fixture().model->quantization());
+  const auto all = qspec::load_replay_texts(QSPEC_SOURCE_DIR "/bench/results/replay-texts-smollm2-gsm8k-chat-64x128.json");
+  qspec::ReplayOptions options;
+  const char* batches = std::getenv("QSPEC_TEST_STAIRCASE_BATCHES");  // a wider sweep by hand
+  options.batch_sizes = {8};
+  if (batches != nullptr && *batches != '\0') {
+    options.batch_sizes.clear();
+    for (std::string_view rest(batches); !rest.empty();) {
+      const size_t comma = rest.find(',');
+      options.batch_sizes.push_back(std::stoll(std::string(rest.substr(0, comma))));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+  }
+  options.drafts = {"auto", "ngram"};
+  options.gammas = {4};
+  options.rounds = 1;
+  options.qspec_costs = "none";
+  const nlohmann::json rows =
+      qspec::run_replay(*shapes, all, options, [](int64_t) { return std::make_unique<GpuLikeBackend>(true); });
+  ASSERT_EQ(rows.size(), 3 * options.batch_sizes.size());
+  for (size_t b = 0; b < options.batch_sizes.size(); ++b) {
+    const double planned = rows[3 * b + 1]["over_w4a16"].get<double>(), lookup = rows[3 * b + 2]["over_w4a16"].get<double>();
+    std::printf("batch %lld: auto %.3fx, ngram g4 %.3fx\n", static_cast<long long>(options.batch_sizes[b]), planned,
+                lookup);
+    EXPECT_GT(planned, 1.1) << rows.dump();
+    EXPECT_GT(planned, 0.95 * lookup) << rows.dump();
+  }
 }
 
 TEST(Replay, TextsFileErrorsNameTheFile) {
