@@ -170,6 +170,9 @@ struct Engine::Impl {
   std::optional<QSpecPlanner> planner;
   std::vector<RunMode> candidate_modes;
   int ngram_candidate = -1;
+  // Draft auto: every auto sequence's n-gram probe outcomes, the prior of a sequence's own
+  // estimates (planner_rules::kPopulationAcceptanceDecay).
+  NgramAcceptance ngram_population{planner_rules::kPopulationAcceptanceDecay};
   std::string planner_description;
   std::unique_ptr<std::ofstream> trace;  // options.planner_trace, appended
 
@@ -550,15 +553,18 @@ struct Engine::Impl {
       NgramLookup lookup;
       if (ngram_candidate >= 0) {
         seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance,
-                               &seq.ngram_index);
+                               &seq.ngram_index, &ngram_population);
         lookup = seq.ngram_index.lookup(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
         const bool ngram = static_cast<int>(c) == ngram_candidate;
-        // N-gram: the acceptance of lookups that matched as long a suffix as this one.
-        p.acceptance.push_back(ngram ? seq.ngram_acceptance.estimate(lookup.match, candidates[c].prior)
+        // N-gram: the acceptance of lookups that matched as long a suffix as this one, from the
+        // engine's lookups so far (ngram_population) until the sequence's own outweigh them.
+        const double first_prior = ngram ? ngram_population.estimate(lookup.match, candidates[c].prior) : 0;
+        const double next_prior = ngram ? ngram_population.continuation(lookup.match, candidates[c].prior) : 0;
+        p.acceptance.push_back(ngram ? seq.ngram_acceptance.estimate(lookup.match, first_prior)
                                      : seq.acceptance[c].estimate(candidates[c].prior));
-        p.continuation.push_back(ngram ? seq.ngram_acceptance.continuation(lookup.match, candidates[c].prior)
+        p.continuation.push_back(ngram ? seq.ngram_acceptance.continuation(lookup.match, first_prior, next_prior)
                                        : seq.acceptance[c].continuation(p.acceptance.back()));
         p.proposable.push_back(ngram ? static_cast<int64_t>(lookup.tokens.size()) : p.room);
       }

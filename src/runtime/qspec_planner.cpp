@@ -16,7 +16,7 @@
 namespace qspec {
 
 void DraftAcceptance::observe(int64_t kept, bool rejected) {
-  constexpr double decay = planner_rules::kAcceptanceDecay;
+  const double decay = decay_;
   first_trials_ = first_trials_ * decay + (kept > 0 || rejected ? 1.0 : 0.0);
   first_kept_ = first_kept_ * decay + (kept > 0 ? 1.0 : 0.0);
   // The drafts after the first: each of kept - 1 was kept after a kept one, and a rejection after
@@ -40,15 +40,19 @@ double DraftAcceptance::estimate(double prior, double weight) const {
 }
 
 void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-                        NgramAcceptance& acceptance, NgramIndex* index) {
+                        NgramAcceptance& acceptance, NgramIndex* index, NgramAcceptance* population) {
   if (!proposal_.empty()) {
     const size_t committed = tokens.size() >= start_ ? tokens.size() - start_ : 0;
     const size_t checkable = std::min(committed, proposal_.size());
     size_t kept = 0;
     while (kept < checkable && proposal_[kept] == tokens[start_ + kept]) ++kept;
-    if (kept < checkable) acceptance.observe(match_, static_cast<int64_t>(kept), /*rejected=*/true);
-    else if (kept == proposal_.size()) acceptance.observe(match_, static_cast<int64_t>(kept), /*rejected=*/false);
-    else return;  // undecided: the tokens so far agree and more are to come
+    if (kept < checkable || kept == proposal_.size()) {
+      const bool rejected = kept < checkable;
+      acceptance.observe(match_, static_cast<int64_t>(kept), rejected);
+      if (population != nullptr) population->observe(match_, static_cast<int64_t>(kept), rejected);
+    } else {
+      return;  // undecided: the tokens so far agree and more are to come
+    }
     proposal_.clear();
   }
   NgramLookup lookup = index ? index->lookup(tokens, max_tokens, ngram_min, ngram_max)
@@ -94,8 +98,9 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
   if (!price_by_token_bucket()) return;
   const size_t b = token_bucket(tokens);
   if (k.buckets.size() <= b) k.buckets.resize(b + 1);
-  k.buckets[b].first = k.buckets[b].first * decay + 1.0;
-  k.buckets[b].second = k.buckets[b].second * decay + y;
+  k.buckets[b].weight = k.buckets[b].weight * decay + 1.0;
+  k.buckets[b].x = k.buckets[b].x * decay + x;
+  k.buckets[b].y = k.buckets[b].y * decay + y;
 }
 
 double MeasuredPassCosts::decayed_weight(double passes) {
@@ -155,20 +160,28 @@ std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t 
   const double step = k.step_seconds / k.step_weight;
   Verify verify{fixed / step, per_token / step, {}};
   const double bucket_enough = decayed_weight(planner_rules::kMinBucketPasses);
-  for (const auto& [weight, sum] : k.buckets)
-    verify.bucket.push_back(weight >= bucket_enough ? std::max(sum / weight, 0.0) / step : -1.0);
+  for (const Class::BucketSums& b : k.buckets)
+    verify.bucket.push_back(b.weight >= bucket_enough
+                                ? Verify::Bucket{std::max(b.y / b.weight, 0.0) / step, b.x / b.weight}
+                                : Verify::Bucket{});
   return verify;
 }
 
 double MeasuredPassCosts::Verify::extra(int64_t tokens, double verified) const {
   const size_t at = token_bucket(std::max<int64_t>(tokens, 1));
-  if (at < bucket.size() && bucket[at] >= 0) return bucket[at];
+  if (at < bucket.size() && bucket[at].extra >= 0) return bucket[at].extra;
   double below = 0, above = std::numeric_limits<double>::infinity();
-  for (size_t b = 0; b < bucket.size(); ++b)
-    if (bucket[b] >= 0) {
-      if (b < at) below = std::max(below, bucket[b]);
-      else above = std::min(above, bucket[b]);
+  bool timed_below = false;
+  for (size_t b = 0; b < bucket.size(); ++b) {
+    if (bucket[b].extra < 0) continue;
+    if (b < at) {
+      below = std::max(below, bucket[b].extra);
+      timed_below = true;
+    } else if (bucket[b].extra < above) {
+      above = bucket[b].extra;
+      if (!timed_below && bucket[b].verified > 0) above *= std::min(verified / bucket[b].verified, 1.0);
     }
+  }
   return std::min(std::max(fixed + per_token * verified, below), std::max(above, below));
 }
 

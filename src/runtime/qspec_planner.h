@@ -93,6 +93,13 @@ inline constexpr int64_t kRemeasureMaxGamma = 2;
 // N-gram lookups are weighed by the length of the suffix they matched, in these classes: 1, 2,
 // and this many or more (runtime/ngram_draft.h: a longer match is kept more often).
 inline constexpr int64_t kNgramMatchClasses = 3;
+// A sequence's n-gram estimates start from what the engine's lookups have kept so far, across
+// all its sequences (per match class; an average over ~100 probe outcomes), not from nothing. The
+// prior of 0 kept a new sequence plain until its own probe had shown hits, and its estimate near
+// 0 for a while after: in the GSM8K chat replay at batch 1, lookups the planner estimated below
+// 0.1 kept their first draft 37 / 57 / 58 % of the time (match 1 / 2 / 3+), and auto gave 5 % to
+// fixed gamma 4 (tests/unit/test_replay.cpp's staircase harness).
+inline constexpr double kPopulationAcceptanceDecay = 0.99;
 // A verify pass's price is a staircase in its tokens, not a line: a GEMM's time steps with its
 // kernel's token tile (8, 16, 32, 64, ...) and is nearly flat within one. Measured on the H200
 // (Qwen2.5-7B shapes, planner-trace-gsm8k-chat-qwen2.5-7b-h200-6f13822.jsonl), batch 4: a plain
@@ -121,6 +128,8 @@ inline double expected_tokens(double first, double next, int64_t g) {
 // that has shown its own acceptance.
 class DraftAcceptance {
  public:
+  // `decay`: the share of the evidence each observation keeps.
+  explicit DraftAcceptance(double decay = planner_rules::kAcceptanceDecay) : decay_(decay) {}
   void observe(int64_t kept, bool rejected);
   // The chance a cycle's first draft is kept (the model's a).
   double estimate(double prior, double weight = planner_rules::kPriorWeight) const;
@@ -132,13 +141,17 @@ class DraftAcceptance {
  private:
   double first_kept_ = 0, first_trials_ = 0;  // decayed: cycles' first drafts decided, and kept
   double next_kept_ = 0, next_trials_ = 0;    // decayed: drafts after a kept one decided, and kept
-  double prior_share_ = 1.0;  // what is left of the prior's weight: kAcceptanceDecay^observations
+  double prior_share_ = 1.0;  // what is left of the prior's weight: decay^observations
+  double decay_;
 };
 
 // The n-gram draft's acceptance for a sequence: pooled, and per class of match length
 // (planner_rules::kNgramMatchClasses; each class's estimate starts from the pooled one and moves
 // to its own with its evidence).
 struct NgramAcceptance {
+  explicit NgramAcceptance(double decay = planner_rules::kAcceptanceDecay) : pooled(decay) {
+    for (DraftAcceptance& a : by_match) a = DraftAcceptance(decay);
+  }
   DraftAcceptance pooled;
   DraftAcceptance by_match[planner_rules::kNgramMatchClasses];
   static int64_t match_class(int64_t match) {
@@ -152,10 +165,11 @@ struct NgramAcceptance {
   double estimate(int64_t match, double prior) const {
     return by_match[match_class(match)].estimate(pooled.estimate(prior));
   }
-  // Its continuation (DraftAcceptance::continuation), pooled before its class has its own.
-  double continuation(int64_t match, double prior) const {
+  // Its continuation (DraftAcceptance::continuation), pooled before its class has its own;
+  // `next_prior` before either has any (else the first draft's estimate: a geometric run).
+  double continuation(int64_t match, double prior, double next_prior = -1) const {
     const double first = estimate(match, prior);
-    return by_match[match_class(match)].continuation(pooled.continuation(first));
+    return by_match[match_class(match)].continuation(pooled.continuation(next_prior >= 0 ? next_prior : first));
   }
 };
 
@@ -169,8 +183,9 @@ class NgramProbe {
   // matched), feeding `acceptance` (in the class of the proposal's match); then, when none is
   // outstanding, proposes up to `max_tokens` from `tokens`.
   // `index`: the sequence's NgramIndex for the lookup (null: ngram_lookup's scan, the same answer).
+  // `population`: the engine's estimates across its sequences, fed the same outcomes.
   void update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-              NgramAcceptance& acceptance, NgramIndex* index = nullptr);
+              NgramAcceptance& acceptance, NgramIndex* index = nullptr, NgramAcceptance* population = nullptr);
 
  private:
   std::vector<int32_t> proposal_;
@@ -196,10 +211,17 @@ class MeasuredPassCosts {
   // drafted less and measured 1-3 % slower at batch 4 in the staircase replay test).
   struct Verify {
     double fixed = 0, per_token = 0;
-    std::vector<double> bucket;  // per token bucket (token_bucket): its mean extra, or < 0: not timed enough
+    struct Bucket {
+      double extra = -1;    // the mean extra of its passes; < 0: not timed enough
+      double verified = 0;  // the mean verify tokens of its passes
+    };
+    std::vector<Bucket> bucket;  // per token bucket (token_bucket)
     // The extra of a pass of `tokens` in all, `verified` of them verify tokens: its bucket's mean,
     // else the line, kept between the means of the nearest timed buckets below and above (a pass
-    // with more tokens never costs less).
+    // with more tokens never costs less). Below every timed bucket, at most the lowest timed
+    // one's mean scaled by verify tokens: optimistic, so that a smaller pass gets timed once (a
+    // line through passes of 33-64 tokens alone prices 20 tokens as high and kept a replay at
+    // 40-token passes where 32-token ones cost 0.4 of them).
     double extra(int64_t tokens, double verified) const;
   };
   // The bucket of a pass of `tokens` tokens: 0 for 1, 1 for 2, 2 for 3-4, 3 for 5-8, ...
@@ -219,8 +241,11 @@ class MeasuredPassCosts {
     double step_seconds = 0, step_weight = 0;  // decayed sum and weight of plain steps' times
     // Verify passes: decayed weight and sums of x (extra tokens), y (extra seconds), x^2 and x y.
     double weight = 0, x = 0, y = 0, xx = 0, xy = 0;
-    // Per token bucket: the decayed weight and sum of y of its own passes.
-    std::vector<std::pair<double, double>> buckets;
+    // Per token bucket: the decayed weight and sums of x and y of its own passes.
+    struct BucketSums {
+      double weight = 0, x = 0, y = 0;
+    };
+    std::vector<BucketSums> buckets;
     int64_t plain_since_verify = 0;  // plain steps since the last verify pass
     int64_t plain_warmups = 0, verify_warmups = 0;  // warm-up passes of each kind seen (kWarmupPasses)
   };

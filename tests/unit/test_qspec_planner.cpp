@@ -371,6 +371,38 @@ TEST(QSpecPlanner, NgramProbeMeasuresLookupAcceptanceOnCommittedTokens) {
   EXPECT_EQ(qspec::NgramAcceptance::match_class(7), qspec::planner_rules::kNgramMatchClasses - 1);
 }
 
+// The engine's population estimate (every sequence's probe outcomes, a longer memory) is the
+// prior of a sequence's own: a new sequence starts where the engine's lookups have been, and
+// its own outcomes take over.
+TEST(QSpecPlanner, NgramProbeFeedsTheEnginesPopulationEstimate) {
+  qspec::NgramAcceptance population(qspec::planner_rules::kPopulationAcceptanceDecay);
+  for (int s = 0; s < 3; ++s) {  // three sequences whose lookups of "1 2" keep 3 4, then miss
+    qspec::NgramAcceptance own;
+    qspec::NgramProbe probe;
+    std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 9, 1, 2};
+    probe.update(tokens, 4, 1, 3, own, nullptr, &population);
+    for (int32_t t : {3, 4, 7}) tokens.push_back(t);
+    probe.update(tokens, 4, 1, 3, own, nullptr, &population);
+    EXPECT_DOUBLE_EQ(own.by_match[1].estimate(0, 0), 1.0);
+  }
+  // Each outcome decides 3 drafts (the first kept, the second kept, the third rejected); 0.99 a step.
+  EXPECT_NEAR(population.by_match[1].evidence(), 3 * (1 + 0.99 + 0.99 * 0.99), 1e-12);
+  // Every first draft kept: well above the n-gram prior of 0, which still weighs 4 x 0.99^3 drafts.
+  const double w = qspec::planner_rules::kPriorWeight * 0.99 * 0.99 * 0.99, kept = 1 + 0.99 + 0.99 * 0.99;
+  const double pooled_first = kept / (kept + w);
+  EXPECT_NEAR(population.estimate(2, 0.0), (kept + pooled_first * w) / (kept + w), 1e-12);
+  EXPECT_GT(population.estimate(2, 0.0), 0.6);
+  // A new sequence with no outcomes of its own: the population's estimates.
+  const qspec::NgramAcceptance fresh;
+  const double first = population.estimate(2, 0.0), next = population.continuation(2, 0.0);
+  EXPECT_DOUBLE_EQ(fresh.estimate(2, first), first);
+  EXPECT_DOUBLE_EQ(fresh.continuation(2, first, next), next);
+  EXPECT_GT(next, 0.4);  // half the later drafts kept, the prior's weight pulling toward the first's
+  EXPECT_LT(next, first);
+  // Without a continuation prior, a fresh sequence's continuation is its first draft's (geometric).
+  EXPECT_DOUBLE_EQ(fresh.continuation(2, first), first);
+}
+
 // ---- the planner ----
 
 // Where every draft costs a W4A16 step or more (the H200 today), nothing pays, even at full
@@ -596,6 +628,17 @@ TEST(QSpecPlanner, VerifyPassesArePricedByTheBucketOfTheirTokens) {
   const double line = verify->fixed + verify->per_token * 20;
   EXPECT_NEAR(verify->extra(24, 20), std::max(line, 1.5), 1e-6);
   EXPECT_GE(verify->extra(24, 20), 1.5);
+
+  // Below every timed bucket, an untimed one is priced at most at the lowest timed one's mean
+  // scaled by verify tokens (optimistic, so that it gets timed): only 9-16 tokens timed here.
+  qspec::MeasuredPassCosts upper;
+  upper.observe(4, 4, 0.050), upper.observe(4, 12, 0.080);
+  for (int i = 0; i < 6; ++i) upper.observe(4, 4, 0.002), upper.observe(4, 12, 0.005);
+  const auto upper_verify = upper.verify_cost(4);
+  ASSERT_TRUE(upper_verify.has_value());
+  EXPECT_NEAR(upper_verify->extra(12, 8), 1.5, 1e-6);
+  EXPECT_NEAR(upper_verify->extra(8, 4), 1.5 * 4 / 8, 1e-6);
+  EXPECT_NEAR(upper_verify->extra(24, 20), std::max(upper_verify->fixed + upper_verify->per_token * 20, 1.5), 1e-6);
 
   // The planner takes one draft a sequence (8 tokens, +0.2 of a step) where a line through the
   // same passes would price a 9th token near 0.2 + its slope: the 9-16 bucket costs 1.5 steps.

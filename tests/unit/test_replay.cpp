@@ -347,7 +347,8 @@ TEST(Replay, DraftAutoPaysOnGpuLikeCostsWithRealLookups) {
 // The same over pass costs that step with the verify's tokens as the H200's do (GpuLikeBackend's
 // staircase): the planner prices a verify pass by the bucket of its tokens, so it fills a bucket
 // it pays for and does not step into the next one for a draft or two (a 33-token pass costs 1.5x a
-// 32-token one at batch 16).
+// 32-token one at batch 16). By hand: QSPEC_TEST_STAIRCASE_BATCHES=1,4,8,16 sweeps batch sizes,
+// QSPEC_TEST_STAIRCASE_TRACE=FILE writes the planner trace (tools/planner_trace.py).
 TEST(Replay, DraftAutoPricesVerifyPassesByTheirTokensOnAStaircase) {
   qspec::ModelConfig config = fixture().model->config();
   config.vocab_size = 49152;  // SmolLM2's ids
@@ -369,6 +370,7 @@ TEST(Replay, DraftAutoPricesVerifyPassesByTheirTokensOnAStaircase) {
   options.gammas = {4};
   options.rounds = 1;
   options.qspec_costs = "none";
+  if (const char* trace = std::getenv("QSPEC_TEST_STAIRCASE_TRACE")) options.engine.planner_trace = trace;
   const nlohmann::json rows =
       qspec::run_replay(*shapes, all, options, [](int64_t) { return std::make_unique<GpuLikeBackend>(true); });
   ASSERT_EQ(rows.size(), 3 * options.batch_sizes.size());
