@@ -6,8 +6,10 @@ kind it made, why it stayed plain where sequences had drafts to propose (by thei
 first-draft acceptance), and what its W4A16 passes cost: plain steps and verify passes by batch
 size and verify tokens, graph captures (one-off passes) and prompt passes apart. Runs of the
 same batch size side by side show where `auto` spends passes or time that a fixed gamma does not.
+--buckets: each batch size's verify passes also by the bucket of their tokens (1, 2, 3-4, 5-8,
+9-16, ...: the buckets the planner prices, MeasuredPassCosts::token_bucket), median ms a pass.
 
-usage: tools/planner_trace.py TRACE.jsonl [--batch B]
+usage: tools/planner_trace.py TRACE.jsonl [--batch B] [--buckets]
 """
 import argparse
 import collections
@@ -44,7 +46,15 @@ def load(path):
 PLAIN_WITH_DRAFTS = re.compile(r"acceptance ([0-9.]+) then ([0-9.]+), drafts to propose in (\d+) of (\d+)")
 
 
-def summarise(run):
+def bucket_of(tokens):
+    """The planner's token bucket of a pass: (low, high) tokens, powers of two."""
+    high = 1
+    while high < tokens:
+        high *= 2
+    return (high // 2 + 1 if high > 1 else 1), high
+
+
+def summarise(run, buckets=False):
     header = run["header"]
     print(f"== {header['run']} gamma {header['gamma']}, batch {header['batch']}")
     plans = collections.Counter(p["plan"] for p in run["plans"])
@@ -92,16 +102,26 @@ def summarise(run):
             line += (f"; {count} verify passes, {extra_ms / count:+.3f} ms a pass over the step, "
                      f"{tokens / count:.1f} verify tokens a pass")
         print(line)
+        if not buckets:
+            continue
+        by_bucket = collections.defaultdict(list)
+        for (n, extra), times in by_shape.items():
+            if n == sequences and extra > 0:
+                by_bucket[bucket_of(n + extra)].extend(times)
+        for (low, high), times in sorted(by_bucket.items()):
+            times = sorted(times)
+            print(f"        verify of {low}-{high} tokens: {len(times)} passes, median {times[len(times) // 2]:.3f} ms")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--batch", type=int, help="only the runs of this batch size")
+    parser.add_argument("--buckets", action="store_true", help="verify passes by the bucket of their tokens")
     args = parser.parse_args()
     for run in load(args.trace):
         if args.batch is None or run["header"]["batch"] == args.batch:
-            summarise(run)
+            summarise(run, args.buckets)
 
 
 if __name__ == "__main__":
