@@ -433,8 +433,14 @@ StepPlan QSpecPlanner::plan(std::span<const PlannerSequence> batch) const {
   if (!best.gammas.empty())
     own = detail::concat(", ", *std::min_element(best.gammas.begin(), best.gammas.end()), "-", best_gamma,
                          " drafts a sequence");
-  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f then %.2f%s (%s)", choice.c_str(),
-                best.predicted_gain, acceptance, continuation, own.c_str(), where);
+  // The verify pass's tokens (its price's bucket, MeasuredPassCosts::token_bucket).
+  int64_t pass_tokens = static_cast<int64_t>(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i)
+    pass_tokens += best.gammas.empty() ? draft_room(batch[i], static_cast<size_t>(best_candidate), best_gamma)
+                                       : best.gammas[i];
+  std::snprintf(line, sizeof line, "%s: predicted %.2fx over w4a16, acceptance %.2f then %.2f%s, a verify of %lld tokens (%s)",
+                choice.c_str(), best.predicted_gain, acceptance, continuation, own.c_str(),
+                static_cast<long long>(pass_tokens), where);
   best.reason = line;
   return best;
 }

@@ -652,6 +652,7 @@ TEST(QSpecPlanner, VerifyPassesArePricedByTheBucketOfTheirTokens) {
   ASSERT_TRUE(plan.speculates()) << plan.reason;
   const std::vector<int64_t> counts = plan.gammas.empty() ? std::vector<int64_t>(4, plan.gamma) : plan.gammas;
   EXPECT_EQ(counts, (std::vector<int64_t>{1, 1, 1, 1})) << plan.reason;
+  EXPECT_NE(plan.reason.find("a verify of 8 tokens"), std::string::npos) << plan.reason;
   EXPECT_NEAR(plan.predicted_gain, (4 + 4 * 0.9) / 1.2 / 4, 1e-9) << plan.reason;
 }
 
@@ -674,7 +675,7 @@ TEST(QSpecPlanner, LookupsTakeEachSequencesOwnDraftCount) {
   EXPECT_NEAR(plan.predicted_gain, ((sure_tokens + unlikely_tokens) / (1 + 4 * 0.05)) / 2, 1e-9) << plan.reason;
   // One gamma for both would verify the unlikely lookup's 4 drafts too.
   EXPECT_LT(planner.predicted_gain(batch, 0, 4), plan.predicted_gain);
-  EXPECT_NE(plan.reason.find("2-4 drafts a sequence"), std::string::npos) << plan.reason;
+  EXPECT_NE(plan.reason.find("2-4 drafts a sequence, a verify of 8 tokens"), std::string::npos) << plan.reason;
   // Where every sequence's lookups are alike, the counts are alike.
   const qspec::StepPlan alike = planner.plan(std::vector<PlannerSequence>{sure, sure});
   const std::vector<int64_t> counts =
