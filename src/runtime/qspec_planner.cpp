@@ -81,6 +81,7 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
     if (tokens == sequences) ++k.plain_since_verify;
     return;
   }
+  ++k.passes;
   if (tokens == sequences) {
     k.step_seconds = k.step_seconds * decay + seconds;
     k.step_weight = k.step_weight * decay + 1.0;
@@ -101,6 +102,7 @@ void MeasuredPassCosts::observe(int64_t sequences, int64_t tokens, double second
   k.buckets[b].weight = k.buckets[b].weight * decay + 1.0;
   k.buckets[b].x = k.buckets[b].x * decay + x;
   k.buckets[b].y = k.buckets[b].y * decay + y;
+  k.buckets[b].last = k.passes;
 }
 
 double MeasuredPassCosts::decayed_weight(double passes) {
@@ -161,7 +163,7 @@ std::optional<MeasuredPassCosts::Verify> MeasuredPassCosts::verify_cost(int64_t 
   Verify verify{fixed / step, per_token / step, {}};
   const double bucket_enough = decayed_weight(planner_rules::kMinBucketPasses);
   for (const Class::BucketSums& b : k.buckets)
-    verify.bucket.push_back(b.weight >= bucket_enough
+    verify.bucket.push_back(b.weight >= bucket_enough && k.passes - b.last <= planner_rules::kRemeasureAfterPlainSteps
                                 ? Verify::Bucket{std::max(b.y / b.weight, 0.0) / step, b.x / b.weight}
                                 : Verify::Bucket{});
   return verify;

@@ -107,7 +107,11 @@ inline constexpr double kPopulationAcceptanceDecay = 0.99;
 // 17-32 tokens 3.40-3.56, of 33-38 tokens 4.97-5.02. So MeasuredPassCosts also keeps, per class,
 // what verify passes add in each bucket of a pass's tokens (1, 2, 3-4, 5-8, 9-16, ...), and
 // prices a pass by its bucket's mean once the bucket has this many passes (its line between
-// them otherwise). QSPEC_PLANNER_TOKEN_BUCKETS=0: the line only (A/B runs).
+// them otherwise). QSPEC_PLANNER_TOKEN_BUCKETS=0: the line only (A/B runs). A bucket whose last
+// pass is more than kRemeasureAfterPlainSteps of the class's passes old counts as untimed again:
+// a price the planner never pays is never re-timed, and one stalled pass (a host hiccup; 2 of
+// a bucket's first passes) could otherwise keep its bucket priced out for good (a CPU replay
+// under ASan stayed plain for 109 steps at a predicted 1.00x with every lookup coming true).
 inline constexpr double kMinBucketPasses = 2.0;
 }  // namespace planner_rules
 
@@ -244,8 +248,10 @@ class MeasuredPassCosts {
     // Per token bucket: the decayed weight and sums of x and y of its own passes.
     struct BucketSums {
       double weight = 0, x = 0, y = 0;
+      int64_t last = 0;  // the class's `passes` at its last pass
     };
     std::vector<BucketSums> buckets;
+    int64_t passes = 0;  // timed passes of either kind
     int64_t plain_since_verify = 0;  // plain steps since the last verify pass
     int64_t plain_warmups = 0, verify_warmups = 0;  // warm-up passes of each kind seen (kWarmupPasses)
   };

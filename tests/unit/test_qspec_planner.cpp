@@ -628,6 +628,19 @@ TEST(QSpecPlanner, VerifyPassesArePricedByTheBucketOfTheirTokens) {
   const double line = verify->fixed + verify->per_token * 20;
   EXPECT_NEAR(verify->extra(24, 20), std::max(line, 1.5), 1e-6);
   EXPECT_GE(verify->extra(24, 20), 1.5);
+  // A bucket not seen for kRemeasureAfterPlainSteps of the class's passes is untimed again (a
+  // price never paid is never re-timed otherwise): the line prices it until its passes come back.
+  // (The 5-8 bucket's last pass came one before the 9-16 bucket's.)
+  for (int64_t i = 0; i < qspec::planner_rules::kRemeasureAfterPlainSteps - 1; ++i) costs.observe(4, 4, 0.002);
+  EXPECT_NEAR(costs.verify_cost(4)->extra(8, 4), verify->extra(8, 4), 1e-6) << "not stale yet";
+  costs.observe(4, 4, 0.002);
+  const auto stale = costs.verify_cost(4);
+  ASSERT_TRUE(stale.has_value());
+  EXPECT_NEAR(stale->extra(12, 8), 1.5, 1e-6);  // still timed
+  // Untimed below the one timed bucket: the line, at most that bucket's price scaled by tokens.
+  EXPECT_NEAR(stale->extra(8, 4), std::min(std::max(stale->fixed + stale->per_token * 4, 0.0), 1.5 * 4 / 8), 1e-6);
+  costs.observe(4, 8, 0.0024);  // one pass of the 5-8 bucket: timed again (its old passes still count)
+  EXPECT_NEAR(costs.verify_cost(4)->extra(8, 4), 0.2, 1e-6);
 
   // Below every timed bucket, an untimed one is priced at most at the lowest timed one's mean
   // scaled by verify tokens (optimistic, so that it gets timed): only 9-16 tokens timed here.
