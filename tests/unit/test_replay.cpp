@@ -147,19 +147,34 @@ TEST(Replay, RunReplayReportsEveryRunAgainstPlainW4a16) {
   EXPECT_GT(rows[1]["qspec"]["accepted"].get<int64_t>(), 0);
 }
 
-// A backend whose passes take a set time that dwarfs the CPU's own (4 ms a pass, 0.1 ms more a
-// verify token), so what the planner measures does not depend on the machine's load, and whose
-// first pass of every multi-token shape (tokens, runs) takes 60 ms more and says so
-// (PassResult::one_off), as a GPU's graph capture does.
+// A backend whose passes take a set time (4 ms a pass, 0.1 ms more a verify token), so what the
+// planner measures does not depend on the machine's load, and whose first pass of every
+// multi-token shape (tokens, runs) takes 60 ms more and says so (PassResult::one_off), as a GPU's
+// graph capture does. Without an inner backend a pass computes nothing (the ReplayBackend around
+// it emits the text's ids): a CPU pass under ASan on a loaded machine can take longer than the set
+// time, and then the planner measured the CPU, not the set costs (a verify near 2 steps, every
+// lookup priced at 1.00x).
 class CapturingBackend final : public qspec::Backend {
  public:
-  explicit CapturingBackend(std::unique_ptr<qspec::Backend> inner) : inner_(std::move(inner)) {}
-  void check_mode(const qspec::RunMode& mode, const std::string& field) const override { inner_->check_mode(mode, field); }
-  bool kv_in_pool() const override { return inner_->kv_in_pool(); }
-  std::string device_name() const override { return inner_->device_name(); }
+  explicit CapturingBackend(std::unique_ptr<qspec::Backend> inner = nullptr) : inner_(std::move(inner)) {}
+  void check_mode(const qspec::RunMode& mode, const std::string& field) const override {
+    if (inner_) inner_->check_mode(mode, field);
+  }
+  bool kv_in_pool() const override { return inner_ && inner_->kv_in_pool(); }
+  std::string device_name() const override { return inner_ ? inner_->device_name() : "capturing"; }
   qspec::PassResult forward(const qspec::RunMode& mode, std::span<const qspec::PassRun> runs) override {
     const auto start = std::chrono::steady_clock::now();
-    qspec::PassResult pass = inner_->forward(mode, runs);
+    qspec::PassResult pass;
+    if (inner_) {
+      pass = inner_->forward(mode, runs);
+    } else {
+      int64_t rows = 0;
+      for (const qspec::PassRun& run : runs) {
+        pass.first_row.push_back(rows);
+        rows += run.output == qspec::PassRun::Output::all ? static_cast<int64_t>(run.tokens.size()) : 1;
+      }
+      pass.ids.assign(static_cast<size_t>(rows), 0);
+    }
     size_t tokens = 0;
     for (const qspec::PassRun& run : runs) tokens += run.tokens.size();
     auto cost = std::chrono::microseconds(4000 + 100 * static_cast<int64_t>(tokens - runs.size()));
@@ -170,9 +185,11 @@ class CapturingBackend final : public qspec::Backend {
     std::this_thread::sleep_until(start + cost);
     return pass;
   }
-  std::vector<float> logits() override { return inner_->logits(); }
-  bool scores_prompts() const override { return inner_->scores_prompts(); }
-  void release(uint64_t sequence) override { inner_->release(sequence); }
+  std::vector<float> logits() override { return inner_ ? inner_->logits() : std::vector<float>{}; }
+  bool scores_prompts() const override { return inner_ ? inner_->scores_prompts() : true; }
+  void release(uint64_t sequence) override {
+    if (inner_) inner_->release(sequence);
+  }
 
  private:
   std::unique_ptr<qspec::Backend> inner_;
@@ -192,8 +209,8 @@ TEST(Replay, PlannerLeavesOneOffPassesOutOfItsMeasuredCosts) {
   options.rounds = 1;
   options.qspec_costs = "none";
   const auto all = texts(/*repeating=*/true, 64);
-  const nlohmann::json rows = qspec::run_replay(
-      model, all, options, [&](int64_t) { return std::make_unique<CapturingBackend>(qspec::make_cpu_backend(model)); });
+  const nlohmann::json rows =
+      qspec::run_replay(model, all, options, [&](int64_t) { return std::make_unique<CapturingBackend>(); });
   ASSERT_EQ(rows.size(), 2u);  // w4a16, auto g4
   const nlohmann::json& planned = rows[1];
   EXPECT_EQ(planned["identical_to_text"].get<int64_t>(), 3) << planned.dump();
