@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
-#include <string>
 
+#include "base/env.h"
 #include "qspec/decode_plan.h"
 #include "qspec/error.h"
 #include "runtime/ngram_draft.h"
@@ -113,13 +112,7 @@ double MeasuredPassCosts::decayed_weight(double passes) {
 double MeasuredPassCosts::enough() { return decayed_weight(planner_rules::kMinMeasuredPasses); }
 
 bool MeasuredPassCosts::price_by_token_bucket() {
-  static const bool buckets = [] {
-    const char* text = std::getenv("QSPEC_PLANNER_TOKEN_BUCKETS");
-    if (text == nullptr || *text == '\0') return true;
-    const std::string value(text);
-    QSPEC_CHECK(value == "0" || value == "1", "QSPEC_PLANNER_TOKEN_BUCKETS: '", value, "' is not 0 or 1");
-    return value == "1";
-  }();
+  static const bool buckets = env_switch("QSPEC_PLANNER_TOKEN_BUCKETS").value_or(true);
   return buckets;
 }
 

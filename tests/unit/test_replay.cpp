@@ -335,25 +335,34 @@ class GpuLikeBackend final : public qspec::Backend {
   std::set<std::pair<size_t, int64_t>> shapes_;
 };
 
-// Draft auto without a table over GPU-like pass costs and SmolLM2's real GSM8K chat answers: the
-// planner explores, prices verify tokens from its own passes and the lookups' two-rate acceptance,
-// gives each sequence its own draft count, and pays at batch 4 near what fixed prompt lookup does
-// (in such runs 1.45-1.48x W4A16 against 1.56x). Loose bounds: the passes' time is set, the
-// engine's own host work is not.
-TEST(Replay, DraftAutoPaysOnGpuLikeCostsWithRealLookups) {
+// SmolLM2's 64 GSM8K chat answers replayed at its vocabulary over GpuLikeBackend's costs (the
+// staircase or the line), w4a16 then auto and fixed n-gram gamma 4 at each batch size, without a
+// step-cost table; `trace`: the planner trace's file (empty: none).
+nlohmann::json replay_gsm8k_on_gpu_like_costs(const std::vector<int64_t>& batch_sizes, bool staircase,
+                                              const std::string& trace = "") {
   qspec::ModelConfig config = fixture().model->config();
   config.vocab_size = 49152;  // SmolLM2's ids
   config.max_position_embeddings = 8192;
   const auto shapes = qspec::LlamaModel::without_weights(config, fixture().model->quantization());
   const auto all = qspec::load_replay_texts(QSPEC_SOURCE_DIR "/bench/results/replay-texts-smollm2-gsm8k-chat-64x128.json");
   qspec::ReplayOptions options;
-  options.batch_sizes = {4};
+  options.batch_sizes = batch_sizes;
   options.drafts = {"auto", "ngram"};
   options.gammas = {4};
   options.rounds = 1;
   options.qspec_costs = "none";
-  const nlohmann::json rows =
-      qspec::run_replay(*shapes, all, options, [](int64_t) { return std::make_unique<GpuLikeBackend>(); });
+  options.engine.planner_trace = trace;
+  return qspec::run_replay(*shapes, all, options,
+                           [staircase](int64_t) { return std::make_unique<GpuLikeBackend>(staircase); });
+}
+
+// Draft auto without a table over GPU-like pass costs and SmolLM2's real GSM8K chat answers: the
+// planner explores, prices verify tokens from its own passes and the lookups' two-rate acceptance,
+// gives each sequence its own draft count, and pays at batch 4 near what fixed prompt lookup does
+// (in such runs 1.45-1.48x W4A16 against 1.56x). Loose bounds: the passes' time is set, the
+// engine's own host work is not.
+TEST(Replay, DraftAutoPaysOnGpuLikeCostsWithRealLookups) {
+  const nlohmann::json rows = replay_gsm8k_on_gpu_like_costs({4}, /*staircase=*/false);
   ASSERT_EQ(rows.size(), 3u);  // w4a16, auto g4, ngram g4
   const double planned = rows[1]["over_w4a16"].get<double>(), lookup = rows[2]["over_w4a16"].get<double>();
   EXPECT_GT(planned, 1.2) << rows.dump();
@@ -367,33 +376,21 @@ TEST(Replay, DraftAutoPaysOnGpuLikeCostsWithRealLookups) {
 // 32-token one at batch 16). By hand: QSPEC_TEST_STAIRCASE_BATCHES=1,4,8,16 sweeps batch sizes,
 // QSPEC_TEST_STAIRCASE_TRACE=FILE writes the planner trace (tools/planner_trace.py).
 TEST(Replay, DraftAutoPricesVerifyPassesByTheirTokensOnAStaircase) {
-  qspec::ModelConfig config = fixture().model->config();
-  config.vocab_size = 49152;  // SmolLM2's ids
-  config.max_position_embeddings = 8192;
-  const auto shapes = qspec::LlamaModel::without_weights(config, fixture().model->quantization());
-  const auto all = qspec::load_replay_texts(QSPEC_SOURCE_DIR "/bench/results/replay-texts-smollm2-gsm8k-chat-64x128.json");
-  qspec::ReplayOptions options;
-  const char* batches = std::getenv("QSPEC_TEST_STAIRCASE_BATCHES");  // a wider sweep by hand
-  options.batch_sizes = {8};
-  if (batches != nullptr && *batches != '\0') {
-    options.batch_sizes.clear();
+  std::vector<int64_t> batch_sizes = {8};
+  if (const char* batches = std::getenv("QSPEC_TEST_STAIRCASE_BATCHES"); batches != nullptr && *batches != '\0') {
+    batch_sizes.clear();  // a wider sweep by hand
     for (std::string_view rest(batches); !rest.empty();) {
       const size_t comma = rest.find(',');
-      options.batch_sizes.push_back(std::stoll(std::string(rest.substr(0, comma))));
+      batch_sizes.push_back(std::stoll(std::string(rest.substr(0, comma))));
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
   }
-  options.drafts = {"auto", "ngram"};
-  options.gammas = {4};
-  options.rounds = 1;
-  options.qspec_costs = "none";
-  if (const char* trace = std::getenv("QSPEC_TEST_STAIRCASE_TRACE")) options.engine.planner_trace = trace;
-  const nlohmann::json rows =
-      qspec::run_replay(*shapes, all, options, [](int64_t) { return std::make_unique<GpuLikeBackend>(true); });
-  ASSERT_EQ(rows.size(), 3 * options.batch_sizes.size());
-  for (size_t b = 0; b < options.batch_sizes.size(); ++b) {
+  const char* trace = std::getenv("QSPEC_TEST_STAIRCASE_TRACE");
+  const nlohmann::json rows = replay_gsm8k_on_gpu_like_costs(batch_sizes, /*staircase=*/true, trace ? trace : "");
+  ASSERT_EQ(rows.size(), 3 * batch_sizes.size());
+  for (size_t b = 0; b < batch_sizes.size(); ++b) {
     const double planned = rows[3 * b + 1]["over_w4a16"].get<double>(), lookup = rows[3 * b + 2]["over_w4a16"].get<double>();
-    std::printf("batch %lld: auto %.3fx, ngram g4 %.3fx\n", static_cast<long long>(options.batch_sizes[b]), planned,
+    std::printf("batch %lld: auto %.3fx, ngram g4 %.3fx\n", static_cast<long long>(batch_sizes[b]), planned,
                 lookup);
     EXPECT_GT(planned, 1.1) << rows.dump();
     EXPECT_GT(planned, 0.95 * lookup) << rows.dump();

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "base/dtype.h"
+#include "base/env.h"
 #include "ops/w4a16_pack.h"
 #include "gemm/cuda/gemm_dispatch.h"
 #include "ops/cuda/device_info.h"
@@ -255,26 +256,14 @@ int64_t context_bucket(int64_t context, int64_t max_context) {
 // QSPEC_VERIFY_GRAPHS=0 / 1 turns verify graphs off / on for every model, whatever
 // GpuLlamaOptions::verify_graphs says (the A/B benchmark's switch); unset, the option decides.
 std::optional<bool> verify_graphs_override() {
-  static const std::optional<bool> override_value = []() -> std::optional<bool> {
-    const char* text = std::getenv("QSPEC_VERIFY_GRAPHS");
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    const std::string value(text);
-    QSPEC_CHECK(value == "0" || value == "1", "QSPEC_VERIFY_GRAPHS: '", value, "' is not 0 or 1");
-    return value == "1";
-  }();
+  static const std::optional<bool> override_value = env_switch("QSPEC_VERIFY_GRAPHS");
   return override_value;
 }
 
 // QSPEC_W4A16_PACKED_X=0: the kernels that make a W4A16 GEMM's x never write it in the packed k
 // order (GpuLlama's reads_packed_x; A/B runs); unset or 1: where the GEMM reads it so.
 bool packed_x_allowed() {
-  static const bool allowed = [] {
-    const char* text = std::getenv("QSPEC_W4A16_PACKED_X");
-    if (text == nullptr || *text == '\0') return true;
-    const std::string value(text);
-    QSPEC_CHECK(value == "0" || value == "1", "QSPEC_W4A16_PACKED_X: '", value, "' is not 0 or 1");
-    return value == "1";
-  }();
+  static const bool allowed = env_switch("QSPEC_W4A16_PACKED_X").value_or(true);
   return allowed;
 }
 
