@@ -2369,8 +2369,8 @@ TEST_F(Gpu, W4A16SwigluEqualsGemmThenSiluMulBitwise) {
 // 32 / 64 / 128, k with a half chunk at the end, 17-100 tokens (several M tiles, the last one
 // partly filled); act rows wider than n / 2 keep their padding; a relaunch gives the same bits.
 // The dispatcher (no map) takes this epilogue for Llama-3-8B's gate_up at 17-100 tokens on 132
-// multiprocessors (one split: at most a wave of blocks), not where it splits k, nor past 64
-// tokens on sm_90a, where the wgmma tile runs (tile 0 has no SwiGLU there). Refused: n % 32,
+// multiprocessors (one split: at most a wave of blocks), not where it splits k, nor on sm_90a
+// where a wgmma tile runs (int4 from 17 tokens, others past 64: tile 0 has no SwiGLU there). Refused: n % 32,
 // splits > 1, the 128x128 and wgmma tiles, ld_act < n / 2.
 TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
   // int4-asym (zero points, sm_90a): the tiles with its instances, 128x64 (2) and 128x32 (6).
@@ -2395,12 +2395,10 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
       // int4-asym at groups of 128: the wgmma tiles from 17 tokens (w4a16_tiled.cu, zero_point_tile);
-      // int4 at 33-64 tokens where 256-row tiles fill one wave (gate_up's 112 on 132
-      // multiprocessors): the 256x64 wgmma tile (default_tile).
-      const bool one_wave_of_256 = format == qspec::quant::Format::int4 && m > 32 && n == 28672 &&
-                                   qspec::cuda::multiprocessor_count() == 132;
-      const bool wgmma_takes_it =
-          (m > 64 || (asym && group == 128) || one_wave_of_256) && cuda::w4a16_wgmma_tile_runs_here();
+      // int4 from 17 tokens too (default_tile: 128x32, 128x64 or, where 256-row tiles fill one wave,
+      // 256x64); int4-zp past 64.
+      const bool int4 = format == qspec::quant::Format::int4;
+      const bool wgmma_takes_it = (m > 64 || (asym && group == 128) || int4) && cuda::w4a16_wgmma_tile_runs_here();
       if (n == 28672 && qspec::cuda::multiprocessor_count() == 132) {
         EXPECT_EQ(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
                       qspec::SwigluGemm::Kernel::tiled,
@@ -2425,7 +2423,8 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
     }
     // Where the tiled GEMM splits k (a few row tiles, a workspace for the partials), the
     // dispatcher keeps SwiGLU out of it: its bits are not the one-split kernel's.
-    if (n == 2 * 528 && !asym) {  // (int4-asym at groups of 128 runs the wgmma tiles here)
+    // (int4-asym at groups of 128 and int4 run the wgmma tiles here on sm_90a)
+    if (n == 2 * 528 && !asym && !(format == qspec::quant::Format::int4 && cuda::w4a16_wgmma_tile_runs_here())) {
       const size_t bytes = cuda::w4a16_workspace_bytes(17, n, k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
       EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, 17, workspace.get(), bytes));
@@ -2472,12 +2471,13 @@ TEST_F(Gpu, W4A16PackedXRunsOnTheWgmmaTilesOnly) {
   EXPECT_THROW(cuda::w4a16_gemm_tiled_swiglu(d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n / 2, nullptr,
                                              cuda::W4A16TiledConfig{0, 1, true}),
                qspec::Error);
-  // The automatic path: packed where its tile reads x so (a wgmma tile past 64 tokens on sm_90a),
-  // refused elsewhere.
-  EXPECT_FALSE(cuda::w4a16_gemm_reads_packed_x(m, w.view));
-  EXPECT_EQ(cuda::w4a16_gemm_reads_packed_x(100, w.view), cuda::w4a16_wgmma_tile_runs_here());
+  // The automatic path: packed where its tile reads x so (a wgmma tile from 17 tokens on sm_90a),
+  // refused elsewhere (1-16 tokens run the preload kernel where it runs, else the small-M kernels).
+  EXPECT_FALSE(cuda::w4a16_gemm_reads_packed_x(16, w.view));
+  for (int64_t tokens : {17, 32, 33, 64, 100})
+    EXPECT_EQ(cuda::w4a16_gemm_reads_packed_x(tokens, w.view), cuda::w4a16_wgmma_tile_runs_here()) << tokens;
   qspec::cuda::Blas blas;
-  EXPECT_THROW(cuda::w4a16_gemm(blas, d_x.as<f16>(), m, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
+  EXPECT_THROW(cuda::w4a16_gemm(blas, d_x.as<f16>(), 16, k, w.view, d_y.as<f16>(), n, workspace.get(), bytes, nullptr,
                                 cuda::W4A16Path::automatic, /*x_packed=*/true),
                qspec::Error);
   if (!cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m)) return;

@@ -2,6 +2,7 @@
 #include <string>
 #include <type_traits>
 
+#include "base/env.h"
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/kernels/w4a16_tiled.cuh"
@@ -246,9 +247,24 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 //   against 128x32's 32.7); every GEMM of fewer tiles lost with it (qkv, o, down: 16-24 tiles)
 //   (H200, 427cd95, bench/results/gpu-w4a16-wgmma-256-gemm-llama3-8b-h200-427cd95.log). It has no
 //   SwiGLU epilogue, so gate_up takes it and a separate silu_mul. QSPEC_W4A16_WGMMA_256=0 never.
+// * Int4 weights and f16 activations of 17-64 tokens on sm_90a otherwise: the wgmma kernel's
+//   128 x 32 (17-32 tokens) and 128 x 64 (33-64) tiles, since x comes in the packed k order
+//   (w4a16_gemm_reads_packed_x, the norms and silu_mul write it so). Llama-3-8B on the H200
+//   (7bf1dc2, bench/results/gpu-w4a16-wgmma-17-64-tokens-gemm-llama3-8b-h200-7bf1dc2.log), wgmma
+//   with packed x against the mma.sync 128x32 tile these took before, at 17-32 / 40-64 tokens:
+//   gate_up 27.8-28.0 vs 32.2-32.5 us (it loses 128x32's SwiGLU epilogue, a silu_mul of ~2 us
+//   comes back), down 17.9-19.2 vs 20.3-20.9 / 21.9-22.7 vs 30.4-32.2, qkv 10.9-11.8 vs 11.6-12.1 /
+//   14.0-15.0 vs 19.5-21.6; o (x from the attention, not packed) 9.1-10.5 vs 9.1-9.8 / 11.2-11.9
+//   vs 13.9-14.2. The decode step (one call, bench/results/gpu-decode-wgmma-17-64-ab-h200-7bf1dc2.log)
+//   at batch 24 / 32 / 48 / 64: Llama-3-8B 3.42 / 3.59 / 4.81 / 5.07 -> 3.32 / 3.52 / 4.21 / 4.50
+//   ms, Qwen2.5-7B 3.41 / 3.54 / 5.23 / 5.33 -> 3.18 / 3.35 / 4.26 / 4.35; the gamma-3 verify at
+//   batch 16 (64 tokens) 4.59 -> 4.08 and 4.92 -> 4.03. QSPEC_W4A16_WGMMA_17_64=0 keeps the mma.sync
+//   tiles there (A/B runs). The zero-point formats keep them (their wgmma instances read x in
+//   natural order: unmeasured here).
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
 // tile (A/B runs).
 constexpr int64_t kWgmmaMinTokens = 64;
+constexpr int64_t kWgmmaSmallMinTokens = 16;  // int4 + f16 past this: the 32- and 64-token wgmma tiles
 constexpr double kWgmma256MinWave = 0.75;
 bool wgmma_256_fills_one_wave(int64_t n) {
   const int64_t tiles = ceil_div(n, int64_t{256}), sms = multiprocessor_count();
@@ -261,11 +277,14 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
   static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
   static const bool wgmma_256 = env_int("QSPEC_W4A16_WGMMA_256", 1, 0, 1) == 1;
+  static const bool wgmma_17_64 = env_switch("QSPEC_W4A16_WGMMA_17_64").value_or(true);
   if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
     if (wgmma_switch == 1 && m > 16) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
     if (std::is_same_v<Act, kernels::ActF16> && wgmma_256 && m > 32 && wgmma_256_fills_one_wave(n))
       return kW4A16WgmmaTile256x64;
+    if (std::is_same_v<Act, kernels::ActF16> && wgmma_17_64 && m > kWgmmaSmallMinTokens)
+      return m <= 32 ? kW4A16WgmmaTile32 : kW4A16WgmmaTile;
   }
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
   const TiledKernel narrow = tiled_kernel<Act>(kW4A16Tile128x32, group);
