@@ -2,7 +2,6 @@
 #include <string>
 #include <type_traits>
 
-#include "base/env.h"
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/kernels/w4a16_tiled.cuh"
@@ -277,7 +276,7 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool narrow_allowed = env_int("QSPEC_W4A16_NARROW", 1, 0, 1) == 1;
   static const bool wide_256 = env_int("QSPEC_W4A16_TILE_64", 0, 0, 1) == 1;
   static const bool wgmma_256 = env_int("QSPEC_W4A16_WGMMA_256", 1, 0, 1) == 1;
-  static const bool wgmma_17_64 = env_switch("QSPEC_W4A16_WGMMA_17_64").value_or(true);
+  static const bool wgmma_17_64 = env_int("QSPEC_W4A16_WGMMA_17_64", 1, 0, 1) == 1;
   if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
     if (wgmma_switch == 1 && m > 16) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
