@@ -35,6 +35,10 @@ inline constexpr std::string_view kNgramDraft = "ngram";
 inline constexpr int64_t kDefaultNgramMax = 3;
 inline constexpr int64_t kDefaultNgramMin = 1;
 inline constexpr int64_t kMaxNgram = 16;
+// Where a sequence's own tokens have no match, n-gram drafts look up the text of the engine's
+// earlier requests (DecodePlan::ngram_corpus; runtime/ngram_draft.h's NgramCorpus): this many
+// tokens of it at most, the oldest dropped (~10-25 MB of index on the host).
+inline constexpr int64_t kNgramCorpusTokens = int64_t{1} << 17;
 // A DecodePlan's mode when none is set (an engine Request built in code): the 4-bit weights'
 // own mode. The commands default to kCommandMode instead.
 inline constexpr std::string_view kDefaultMode = "w4a16";
@@ -94,6 +98,10 @@ struct DecodePlan {
   bool kv_overwrite = true;                        // qspec: false = the paper's no-overwrite ablation
   int64_t ngram_max = decode_rules::kDefaultNgramMax;  // draft ngram: the longest n-gram matched (ngram_min..kMaxNgram)
   int64_t ngram_min = decode_rules::kDefaultNgramMin;  // draft ngram: the shortest (1..ngram_max)
+  // draft ngram / auto: where the sequence's own tokens have no match, look up the prompts and
+  // outputs of the engine's earlier requests (decode_rules::kNgramCorpusTokens), and give this
+  // request's text to them when it ends. false: its own tokens only, and its text stays out.
+  bool ngram_corpus = true;
   // qspec: the draft passes' view of the KV cache. 0: the whole cache. > 0: each draft step
   // attends to the last draft_window positions and the first draft_sinks only (a bounded read at
   // any context; the verify still reads all of it, so the output is unchanged). With a window

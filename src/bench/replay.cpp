@@ -182,6 +182,7 @@ RunResult run_once(const LlamaModel& model, const std::vector<ReplayText>& texts
       set_draft_spec(plan, spec.draft);
       plan.gamma = spec.gamma;
       if (plan.auto_draft()) plan.max_gamma = spec.gamma;
+      plan.ngram_corpus = options.ngram_corpus && i < static_cast<int64_t>(texts.size());
       validate(plan, "bench --replay: ");
     }
     const RequestId id = engine.submit(std::move(request), callback);

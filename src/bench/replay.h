@@ -85,6 +85,9 @@ struct ReplayOptions {
   int64_t waves = 0;
   int rounds = 3;  // every run this many times, the runs of a round in turn; medians reported
   std::string qspec_costs = "auto";  // EngineOptions::qspec_costs for auto
+  // DecodePlan::ngram_corpus of the QSpec runs' requests. A text's repeats in a run (more requests
+  // than texts) never use it: the corpus would hold that very text.
+  bool ngram_corpus = true;
   // max_batch_size is set per batch size; prefill_first makes the drain columns a batch's
   // decoding alone (with waves = 1: the same full batch for every run).
   EngineOptions engine;

@@ -422,6 +422,7 @@ void run_replay_cpu(const BenchArgs& args) {
                  {"text_count", texts.size()},
                  {"rounds", options.rounds},
                  {"prefill_first", options.engine.prefill_first},
+                 {"ngram_corpus", options.ngram_corpus},
                  {"qspec_costs", options.qspec_costs},
                  {"rows", rows}});
   write_record(record, args.out_dir, record_file("replay", args.model_dir));
@@ -560,6 +561,11 @@ void register_bench(CLI::App& app) {
                       "with 1 and long prompts, the drain columns are a full batch decoding without prefill")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command->add_option("--replay-ngram-corpus", args->replay_options.ngram_corpus,
+                      "--replay: n-gram lookups (ngram, auto) also in the text of the run's finished requests "
+                      "(DecodePlan::ngram_corpus; a text's repeats never)")
+      ->transform(CLI::IsMember({"on", "off"}))
+      ->default_str("on");
   command->add_flag("--replay-prefill-first", args->replay_options.engine.prefill_first,
                     "--replay: no decoding while a prompt is still prefilling (EngineOptions::prefill_first): with "
                     "--replay-waves 1 every run's drain columns time the same full batch decoding alone");

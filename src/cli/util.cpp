@@ -126,6 +126,11 @@ void add_qspec_options(CLI::App* command, DecodePlan& plan, bool adaptive, const
       ->capture_default_str();
   command->add_option("--ngram-max", plan.ngram_max, "--draft ngram: the longest n-gram matched")->capture_default_str();
   command->add_option("--ngram-min", plan.ngram_min, "--draft ngram: the shortest n-gram matched")->capture_default_str();
+  command->add_option("--ngram-corpus", plan.ngram_corpus,
+                      "--draft ngram / auto: where a sequence's own text has no match, look up the text of earlier "
+                      "requests (on), or its own only (off)")
+      ->transform(CLI::IsMember({"on", "off"}))
+      ->default_str("on");
   command->add_option("--draft-window", plan.draft_window,
                       what + "draft steps attend to the last N cached positions (and the --draft-sinks first) "
                              "only: a bounded K/V read at long contexts; the verify reads all (0: the whole cache)")

@@ -173,6 +173,9 @@ struct Engine::Impl {
   // Draft auto: every auto sequence's n-gram probe outcomes, the prior of a sequence's own
   // estimates (planner_rules::kPopulationAcceptanceDecay).
   NgramAcceptance ngram_population{planner_rules::kPopulationAcceptanceDecay};
+  // N-gram drafts and the planner's probes: the text of finished requests, for lookups where a
+  // sequence's own tokens have no match (DecodePlan::ngram_corpus).
+  NgramCorpus ngram_corpus{decode_rules::kNgramCorpusTokens};
   std::string planner_description;
   std::unique_ptr<std::ofstream> trace;  // options.planner_trace, appended
 
@@ -553,18 +556,20 @@ struct Engine::Impl {
       NgramLookup lookup;
       if (ngram_candidate >= 0) {
         seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance,
-                               &seq.ngram_index, &ngram_population);
-        lookup = seq.ngram_index.lookup(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max);
+                               &seq.ngram_index, &ngram_population, plan.ngram_corpus ? &ngram_corpus : nullptr);
+        lookup = lookup_drafts(seq, plan.max_gamma);
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
         const bool ngram = static_cast<int>(c) == ngram_candidate;
         // N-gram: the acceptance of lookups that matched as long a suffix as this one, from the
         // engine's lookups so far (ngram_population) until the sequence's own outweigh them.
-        const double first_prior = ngram ? ngram_population.estimate(lookup.match, candidates[c].prior) : 0;
-        const double next_prior = ngram ? ngram_population.continuation(lookup.match, candidates[c].prior) : 0;
-        p.acceptance.push_back(ngram ? seq.ngram_acceptance.estimate(lookup.match, first_prior)
+        const bool corpus = lookup.corpus;
+        const double first_prior = ngram ? ngram_population.estimate(lookup.match, candidates[c].prior, corpus) : 0;
+        const double next_prior =
+            ngram ? ngram_population.continuation(lookup.match, candidates[c].prior, -1, corpus) : 0;
+        p.acceptance.push_back(ngram ? seq.ngram_acceptance.estimate(lookup.match, first_prior, corpus)
                                      : seq.acceptance[c].estimate(candidates[c].prior));
-        p.continuation.push_back(ngram ? seq.ngram_acceptance.continuation(lookup.match, first_prior, next_prior)
+        p.continuation.push_back(ngram ? seq.ngram_acceptance.continuation(lookup.match, first_prior, next_prior, corpus)
                                        : seq.acceptance[c].continuation(p.acceptance.back()));
         p.proposable.push_back(ngram ? static_cast<int64_t>(lookup.tokens.size()) : p.room);
       }
@@ -678,11 +683,18 @@ struct Engine::Impl {
   // Prompt-lookup drafts (runtime/ngram_draft.h), cut after an end-of-sequence id as a drafting
   // pass would stop there. A sampled request's draft distribution is the point mass on each
   // draft, so the acceptor's rejection sampling keeps the target's distribution.
+  // A sequence's lookup: in its own tokens, else (DecodePlan::ngram_corpus) in other requests' text.
+  NgramLookup lookup_drafts(Sequence& seq, int64_t max_tokens) {
+    const DecodePlan& plan = seq.request.plan;
+    NgramLookup own = seq.ngram_index.lookup(seq.tokens, max_tokens, plan.ngram_min, plan.ngram_max);
+    if (!own.tokens.empty() || !plan.ngram_corpus) return own;
+    return ngram_corpus.lookup(seq.tokens, max_tokens, plan.ngram_min, plan.ngram_max);
+  }
+
   void draft_by_lookup(Unit& unit) {
     const auto start = Clock::now();
     Sequence& seq = *unit.seq;
-    const DecodePlan& plan = seq.request.plan;
-    for (int32_t d : seq.ngram_index.lookup(seq.tokens, unit.gamma, plan.ngram_min, plan.ngram_max).tokens) {
+    for (int32_t d : lookup_drafts(seq, unit.gamma).tokens) {
       unit.drafts.push_back(d);
       if (is_eos(seq, d)) {
         unit.draft_ended = true;
@@ -1064,6 +1076,9 @@ struct Engine::Impl {
   void finish(Sequence& seq, const std::string& reason) {
     if (seq.finished) return;
     seq.finished = true;
+    // Its text for other requests' lookups (n-gram drafts and the planner's probes).
+    if ((seq.ngram || seq.auto_draft) && seq.request.plan.ngram_corpus && seq.generated() > 0)
+      ngram_corpus.add(seq.tokens);
     seq.event.finished = true;
     seq.event.finish_reason = reason;
     seq.finish_reason = reason;

@@ -1,6 +1,6 @@
 // Prompt-lookup drafts (runtime/ngram_draft.h): a backwards scan per n-gram length, longest
-// first, O(length x n) a call (~20 us at 7K tokens); and NgramIndex, the same answers from hash
-// maps kept up to date as a sequence grows.
+// first, O(length x n) a call (~20 us at 7K tokens); NgramIndex, the same answers from hash
+// maps kept up to date as a sequence grows; and NgramCorpus, lookups in other requests' text.
 #include "runtime/ngram_draft.h"
 
 #include <algorithm>
@@ -84,6 +84,66 @@ NgramLookup NgramIndex::lookup(std::span<const int32_t> tokens, int64_t max_toke
       return continuation(tokens, found->second, n, max_tokens);
     // Another n-gram with the same hash came last: the scan decides this length.
     if (const int64_t start = scan_for_suffix(tokens, n); start >= 0) return continuation(tokens, start, n, max_tokens);
+  }
+  return {};
+}
+
+namespace {
+constexpr int32_t kSeparator = -1;  // ends each corpus document (never a token id)
+}  // namespace
+
+NgramCorpus::NgramCorpus(int64_t capacity) : capacity_(std::max<int64_t>(capacity, 0)) {}
+
+void NgramCorpus::index_from(size_t begin) {
+  // Every n-gram inside a document that has a token after it, later ones overwriting earlier.
+  for (size_t end = begin + 1; end < tokens_.size(); ++end) {  // n-grams ending at end - 1
+    if (tokens_[end] == kSeparator) continue;                  // nothing follows it
+    for (int64_t n = 1; n <= kMaxLength && static_cast<int64_t>(end) - n >= static_cast<int64_t>(begin); ++n) {
+      const int32_t* ids = tokens_.data() + end - static_cast<size_t>(n);
+      if (ids[0] == kSeparator) break;  // longer ones cross into the document before
+      latest_[ngram_hash(ids, n)] = static_cast<int64_t>(end);
+    }
+  }
+}
+
+void NgramCorpus::add(std::span<const int32_t> text) {
+  if (capacity_ < 2 || text.size() < 2) return;
+  if (static_cast<int64_t>(text.size()) >= capacity_) text = text.subspan(text.size() - static_cast<size_t>(capacity_ - 1));
+  if (static_cast<int64_t>(tokens_.size() + text.size()) + 1 > capacity_) {
+    // Drop whole documents from the front until at most half the capacity is left, then index
+    // the rest again (positions moved): a rebuild every ~capacity / 2 tokens added.
+    size_t drop = 0;
+    const size_t keep = static_cast<size_t>(capacity_ / 2);
+    while (tokens_.size() - drop > keep) {
+      const auto next = std::find(tokens_.begin() + static_cast<std::ptrdiff_t>(drop), tokens_.end(), kSeparator);
+      drop = static_cast<size_t>(next - tokens_.begin()) + 1;
+    }
+    tokens_.erase(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(drop));
+    latest_.clear();
+    index_from(0);
+  }
+  const size_t begin = tokens_.size();
+  tokens_.insert(tokens_.end(), text.begin(), text.end());
+  tokens_.push_back(kSeparator);
+  index_from(begin);
+}
+
+NgramLookup NgramCorpus::lookup(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min,
+                                int64_t ngram_max) const {
+  const int64_t length = static_cast<int64_t>(tokens.size());
+  if (max_tokens <= 0 || ngram_min < 1 || latest_.empty()) return {};
+  for (int64_t n = std::min({ngram_max, kMaxLength, length}); n >= ngram_min; --n) {
+    const int32_t* suffix = tokens.data() + (length - n);
+    const auto found = latest_.find(ngram_hash(suffix, n));
+    if (found == latest_.end()) continue;
+    const int64_t from = found->second;
+    if (!std::equal(suffix, suffix + n, tokens_.begin() + (from - n))) continue;  // another n-gram's hash
+    NgramLookup out{{}, n, true};
+    for (int64_t p = from; p < static_cast<int64_t>(tokens_.size()) && tokens_[static_cast<size_t>(p)] != kSeparator &&
+                           static_cast<int64_t>(out.tokens.size()) < max_tokens;
+         ++p)
+      out.tokens.push_back(tokens_[static_cast<size_t>(p)]);
+    return out;
   }
   return {};
 }

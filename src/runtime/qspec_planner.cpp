@@ -39,7 +39,8 @@ double DraftAcceptance::estimate(double prior, double weight) const {
 }
 
 void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-                        NgramAcceptance& acceptance, NgramIndex* index, NgramAcceptance* population) {
+                        NgramAcceptance& acceptance, NgramIndex* index, NgramAcceptance* population,
+                        const NgramCorpus* corpus) {
   if (!proposal_.empty()) {
     const size_t committed = tokens.size() >= start_ ? tokens.size() - start_ : 0;
     const size_t checkable = std::min(committed, proposal_.size());
@@ -47,8 +48,8 @@ void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int
     while (kept < checkable && proposal_[kept] == tokens[start_ + kept]) ++kept;
     if (kept < checkable || kept == proposal_.size()) {
       const bool rejected = kept < checkable;
-      acceptance.observe(match_, static_cast<int64_t>(kept), rejected);
-      if (population != nullptr) population->observe(match_, static_cast<int64_t>(kept), rejected);
+      acceptance.observe(match_, static_cast<int64_t>(kept), rejected, corpus_);
+      if (population != nullptr) population->observe(match_, static_cast<int64_t>(kept), rejected, corpus_);
     } else {
       return;  // undecided: the tokens so far agree and more are to come
     }
@@ -56,8 +57,10 @@ void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int
   }
   NgramLookup lookup = index ? index->lookup(tokens, max_tokens, ngram_min, ngram_max)
                              : ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
+  if (lookup.tokens.empty() && corpus != nullptr) lookup = corpus->lookup(tokens, max_tokens, ngram_min, ngram_max);
   proposal_ = std::move(lookup.tokens);
   match_ = lookup.match;
+  corpus_ = lookup.corpus;
   start_ = tokens.size();
 }
 

@@ -151,29 +151,31 @@ class DraftAcceptance {
 
 // The n-gram draft's acceptance for a sequence: pooled, and per class of match length
 // (planner_rules::kNgramMatchClasses; each class's estimate starts from the pooled one and moves
-// to its own with its evidence).
+// to its own with its evidence), lookups in the sequence's own tokens and in other requests'
+// text (NgramCorpus: `corpus`) in classes of their own.
 struct NgramAcceptance {
   explicit NgramAcceptance(double decay = planner_rules::kAcceptanceDecay) : pooled(decay) {
     for (DraftAcceptance& a : by_match) a = DraftAcceptance(decay);
   }
   DraftAcceptance pooled;
-  DraftAcceptance by_match[planner_rules::kNgramMatchClasses];
-  static int64_t match_class(int64_t match) {
-    return std::clamp<int64_t>(match, 1, planner_rules::kNgramMatchClasses) - 1;
+  DraftAcceptance by_match[2 * planner_rules::kNgramMatchClasses];
+  static int64_t match_class(int64_t match, bool corpus = false) {
+    return std::clamp<int64_t>(match, 1, planner_rules::kNgramMatchClasses) - 1 +
+           (corpus ? planner_rules::kNgramMatchClasses : 0);
   }
-  void observe(int64_t match, int64_t kept, bool rejected) {
+  void observe(int64_t match, int64_t kept, bool rejected, bool corpus = false) {
     pooled.observe(kept, rejected);
-    by_match[match_class(match)].observe(kept, rejected);
+    by_match[match_class(match, corpus)].observe(kept, rejected);
   }
   // The per-token estimate for a lookup that matched `match` tokens.
-  double estimate(int64_t match, double prior) const {
-    return by_match[match_class(match)].estimate(pooled.estimate(prior));
+  double estimate(int64_t match, double prior, bool corpus = false) const {
+    return by_match[match_class(match, corpus)].estimate(pooled.estimate(prior));
   }
   // Its continuation (DraftAcceptance::continuation), pooled before its class has its own;
   // `next_prior` before either has any (else the first draft's estimate: a geometric run).
-  double continuation(int64_t match, double prior, double next_prior = -1) const {
-    const double first = estimate(match, prior);
-    return by_match[match_class(match)].continuation(pooled.continuation(next_prior >= 0 ? next_prior : first));
+  double continuation(int64_t match, double prior, double next_prior = -1, bool corpus = false) const {
+    const double first = estimate(match, prior, corpus);
+    return by_match[match_class(match, corpus)].continuation(pooled.continuation(next_prior >= 0 ? next_prior : first));
   }
 };
 
@@ -188,13 +190,17 @@ class NgramProbe {
   // outstanding, proposes up to `max_tokens` from `tokens`.
   // `index`: the sequence's NgramIndex for the lookup (null: ngram_lookup's scan, the same answer).
   // `population`: the engine's estimates across its sequences, fed the same outcomes.
+  // `corpus`: other requests' text, looked up where the sequence's own tokens have no match (as
+  // the engine drafts, Engine's lookup_drafts).
   void update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
-              NgramAcceptance& acceptance, NgramIndex* index = nullptr, NgramAcceptance* population = nullptr);
+              NgramAcceptance& acceptance, NgramIndex* index = nullptr, NgramAcceptance* population = nullptr,
+              const NgramCorpus* corpus = nullptr);
 
  private:
   std::vector<int32_t> proposal_;
-  int64_t match_ = 0;  // the proposal's matched suffix length
-  size_t start_ = 0;   // tokens.size() when proposed
+  int64_t match_ = 0;    // the proposal's matched suffix length
+  bool corpus_ = false;  // the proposal came from the corpus
+  size_t start_ = 0;     // tokens.size() when proposed
 };
 
 // The engine's own W4A16 passes, timed, for a planner without a step-cost table: per batch-size

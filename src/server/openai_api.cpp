@@ -500,7 +500,7 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
     for (auto it = ext->begin(); it != ext->end(); ++it) {
       static const char* known[] = {"mode",      "draft",     "gamma",     "adaptive_gamma", "max_gamma",
                                     "ngram_max", "ngram_min", "draft_window", "draft_sinks", "draft_vocab",
-                                    "draft_skip", "draft_kv4", "ignore_eos"};
+                                    "draft_skip", "draft_kv4", "ngram_corpus", "ignore_eos"};
       bool ok = false;
       for (const char* k : known) ok = ok || it.key() == k;
       if (!ok) bad("qspec." + it.key(), "unknown field 'qspec." + it.key() + "'");
@@ -517,6 +517,7 @@ ApiRequest parse_api_request(const std::string& text, bool chat, const ApiContex
     plan.draft_vocab = get_int(*ext, "draft_vocab", plan.draft_vocab, 0, std::numeric_limits<int32_t>::max());
     plan.draft_skip = get_int(*ext, "draft_skip", plan.draft_skip, 0, std::numeric_limits<int32_t>::max());
     plan.draft_kv4 = get_bool(*ext, "draft_kv4", plan.draft_kv4);
+    plan.ngram_corpus = get_bool(*ext, "ngram_corpus", plan.ngram_corpus);
     r.ignore_eos = get_bool(*ext, "ignore_eos", r.ignore_eos);
   }
   try {

@@ -16,7 +16,8 @@
 // prompt), presence_penalty, frequency_penalty, logit_bias, and the extensions top_k, min_p, repetition_penalty, ignore_eos and
 //   "qspec": {"mode": "qspec" | "w4a16" | ..., "draft": "auto" | "w4a4-nvfp4" | "ngram" | ...,
 //             "gamma": 4, "adaptive_gamma": false, "max_gamma": 8, "ngram_max": 3, "ngram_min": 1,
-//             "draft_window": 0, "draft_sinks": 16, "draft_vocab": 0, "draft_skip": 0, "draft_kv4": false}
+//             "draft_window": 0, "draft_sinks": 16, "draft_vocab": 0, "draft_skip": 0, "draft_kv4": false,
+//             "ngram_corpus": true}
 //   (draft_kv4 needs the server's --kv-cache int8; on an f16 cache it is a 400)
 //   ("auto", the default draft, is the planner: its usage.qspec.planner says which plans ran
 //   and why.)

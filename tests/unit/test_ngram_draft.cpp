@@ -105,6 +105,136 @@ TEST(NgramDraft, IndexAnswersExactlyWhatTheScanAnswers) {
   EXPECT_TRUE(qspec::NgramIndex().lookup(std::vector<int32_t>{5}, 4, 1, 3).tokens.empty());
 }
 
+// Other requests' text (NgramCorpus): the latest document's continuation of the longest suffix,
+// never across a document's end, not past it either.
+TEST(NgramCorpus, TakesTheLatestContinuationOfTheLongestSuffixWithinADocument) {
+  qspec::NgramCorpus corpus(1000);
+  EXPECT_TRUE(corpus.lookup(Ids{2, 3}, 4, 1, 3).tokens.empty());  // empty
+  corpus.add(Ids{1, 2, 3, 4, 5});
+  corpus.add(Ids{9, 2, 3, 7, 8});
+  qspec::NgramLookup got = corpus.lookup(Ids{6, 6, 2, 3}, 4, 1, 3);
+  EXPECT_EQ(got.tokens, (Ids{7, 8}));  // the latest [2, 3], up to its document's end
+  EXPECT_EQ(got.match, 2);
+  EXPECT_TRUE(got.corpus);
+  got = corpus.lookup(Ids{1, 2, 3}, 4, 1, 3);
+  EXPECT_EQ(got.tokens, (Ids{4, 5}));  // [1, 2, 3], longer, in the first
+  EXPECT_EQ(got.match, 3);
+  EXPECT_EQ(corpus.lookup(Ids{1, 2, 3}, 1, 1, 3).tokens, (Ids{4}));    // max_tokens
+  EXPECT_EQ(corpus.lookup(Ids{1, 2, 3}, 4, 1, 2).tokens, (Ids{7, 8}));  // ngram_max: [2, 3], the latest
+  EXPECT_TRUE(corpus.lookup(Ids{1, 2, 3}, 4, 4, 4).tokens.empty());     // ngram_min
+  EXPECT_TRUE(corpus.lookup(Ids{4, 5}, 4, 1, 3).tokens.empty());        // a document's last tokens: nothing follows
+  got = corpus.lookup(Ids{5, 9}, 4, 1, 3);  // [5, 9] spans two documents: only [9] matches
+  EXPECT_EQ(got.tokens, (Ids{2, 3, 7, 8}));
+  EXPECT_EQ(got.match, 1);
+  corpus.add(Ids{4});  // too short to follow anything: ignored
+  EXPECT_EQ(corpus.size(), 12);
+}
+
+// Random documents against a scan of them (latest document first, latest occurrence first).
+TEST(NgramCorpus, AnswersWhatAScanOfItsDocumentsAnswers) {
+  std::mt19937 random(11);
+  std::vector<Ids> documents;
+  qspec::NgramCorpus corpus(1 << 20);
+  auto scan = [&](const Ids& tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max) {
+    const int64_t length = static_cast<int64_t>(tokens.size());
+    for (int64_t n = std::min({ngram_max, qspec::NgramCorpus::kMaxLength, length}); n >= ngram_min; --n)
+      for (auto doc = documents.rbegin(); doc != documents.rend(); ++doc)
+        for (int64_t start = static_cast<int64_t>(doc->size()) - n - 1; start >= 0; --start)
+          if (std::equal(tokens.end() - n, tokens.end(), doc->begin() + start)) {
+            const int64_t from = start + n, count = std::min<int64_t>(max_tokens, static_cast<int64_t>(doc->size()) - from);
+            return qspec::NgramLookup{Ids(doc->begin() + from, doc->begin() + from + count), n, true};
+          }
+    return qspec::NgramLookup{};
+  };
+  int64_t lookups = 0, matches = 0;
+  std::uniform_int_distribution<int32_t> id(0, 15);
+  std::uniform_int_distribution<int> length(2, 40), gamma(1, 8);
+  for (int d = 0; d < 60; ++d) {
+    Ids doc(static_cast<size_t>(length(random)));
+    for (int32_t& t : doc) t = id(random);
+    documents.push_back(doc);
+    corpus.add(doc);
+    for (int q = 0; q < 20; ++q) {
+      Ids tokens(static_cast<size_t>(length(random)));
+      for (int32_t& t : tokens) t = id(random);
+      for (auto [ngram_min, ngram_max] : {std::pair<int64_t, int64_t>{1, 3}, {2, 4}, {3, 8}}) {
+        const int64_t max_tokens = gamma(random);
+        const qspec::NgramLookup want = scan(tokens, max_tokens, ngram_min, ngram_max);
+        const qspec::NgramLookup got = corpus.lookup(tokens, max_tokens, ngram_min, ngram_max);
+        ASSERT_EQ(got.tokens, want.tokens) << "document " << d << " query " << q;
+        ASSERT_EQ(got.match, want.match) << "document " << d << " query " << q;
+        ++lookups, matches += want.match > 0;
+      }
+    }
+  }
+  EXPECT_GT(matches, lookups / 2);
+}
+
+// Past its capacity the corpus drops its oldest documents (whole ones) and keeps the newest.
+TEST(NgramCorpus, DropsTheOldestDocumentsPastItsCapacity) {
+  qspec::NgramCorpus corpus(64);
+  for (int32_t d = 0; d < 40; ++d) {
+    corpus.add(Ids{1000 + d, 7, 100 + d, 8});  // 5 tokens with the separator
+    EXPECT_LE(corpus.size(), 64);
+  }
+  EXPECT_TRUE(corpus.lookup(Ids{1000}, 4, 1, 3).tokens.empty());             // long gone
+  EXPECT_EQ(corpus.lookup(Ids{1039}, 4, 1, 3).tokens, (Ids{7, 139, 8}));     // the newest
+  EXPECT_EQ(corpus.lookup(Ids{7}, 1, 1, 3).tokens, (Ids{139}));              // its [7], the latest
+  qspec::NgramCorpus small(8);
+  small.add(Ids{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});  // longer than the capacity: its end
+  EXPECT_LE(small.size(), 8);
+  EXPECT_EQ(small.lookup(Ids{9}, 4, 1, 3).tokens, (Ids{10, 11, 12}));
+  EXPECT_TRUE(small.lookup(Ids{1}, 4, 1, 3).tokens.empty());
+  qspec::NgramCorpus off(0);
+  off.add(Ids{1, 2, 3});
+  EXPECT_TRUE(off.lookup(Ids{1}, 4, 1, 3).tokens.empty());
+}
+
+// In the engine: a request after another with the same prompt drafts the first one's text from
+// the corpus where its own tokens have no match, so more of its drafts are kept; with
+// DecodePlan::ngram_corpus off it drafts as the first did. The output is W4A16's either way.
+TEST(NgramDraft, EngineLooksUpEarlierRequestsText) {
+  auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
+  model->quantize_weights(qspec::quant::Format::int4);
+  const Ids prompt = {1, 17, 42, 5, 63, 9, 30};
+  for (bool corpus : {true, false}) {
+    qspec::Engine engine(*model, nullptr, qspec::EngineOptions{});
+    std::vector<Ids> outputs;
+    std::vector<int64_t> accepted;
+    for (int run = 0; run < 2; ++run) {
+      qspec::Request request;
+      request.prompt = prompt;
+      request.max_new_tokens = 40;
+      request.ignore_eos = true;
+      request.plan.mode = "qspec";
+      request.plan.draft = "ngram";
+      request.plan.gamma = 4;
+      request.plan.ngram_corpus = corpus;
+      Ids got;
+      engine.submit(request, [&](const qspec::TokenEvent& event) {
+        got.insert(got.end(), event.tokens.begin(), event.tokens.end());
+        if (event.finished) accepted.push_back(event.metrics->qspec.accepted);
+      });
+      engine.run_until_idle();  // one after the other: the second sees the first's text
+      outputs.push_back(got);
+    }
+    qspec::GenerationOptions greedy;
+    greedy.max_new_tokens = 40;
+    greedy.mode = qspec::parse_run_mode("w4a16");
+    greedy.mode.activations.group_size = model->auto_group_size();
+    const Ids want = qspec::generate(*model, prompt, greedy).ids;
+    for (const Ids& got : outputs) EXPECT_EQ(got, want) << "corpus " << corpus;
+    ASSERT_EQ(accepted.size(), 2u);
+    std::printf("corpus %d: accepted %lld then %lld of 40\n", corpus ? 1 : 0, static_cast<long long>(accepted[0]),
+                static_cast<long long>(accepted[1]));
+    if (corpus) {
+      EXPECT_GT(accepted[1], accepted[0] + 5) << "the second request should draft the first one's text";
+    } else {
+      EXPECT_EQ(accepted[1], accepted[0]) << "without the corpus both draft from their own tokens alone";
+    }
+  }
+}
+
 TEST(NgramDraft, EngineRejectionSamplingKeepsTheVerifyDistribution) {
   auto model = qspec::LlamaModel::load(std::string(QSPEC_TEST_DATA) + "/tiny/llama3-rope");
   model->quantize_weights(qspec::quant::Format::int4);

@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "base/env.h"
 #include "gsm_synth_fixture.h"
 #include "bench/replay.h"
 #include "cli_run.h"
@@ -352,6 +353,8 @@ nlohmann::json replay_gsm8k_on_gpu_like_costs(const std::vector<int64_t>& batch_
   options.rounds = 1;
   options.qspec_costs = "none";
   options.engine.planner_trace = trace;
+  // QSPEC_TEST_NGRAM_CORPUS=0: lookups in each sequence's own tokens only (A/B by hand).
+  options.ngram_corpus = qspec::env_switch("QSPEC_TEST_NGRAM_CORPUS").value_or(true);
   return qspec::run_replay(*shapes, all, options,
                            [staircase](int64_t) { return std::make_unique<GpuLikeBackend>(staircase); });
 }

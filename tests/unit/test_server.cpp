@@ -306,6 +306,22 @@ TEST(Server, QSpecModePerRequestMatchesW4A16AndReportsAcceptance) {
   res = server.post("/v1/completions", json{{"prompt", kPrompt}, {"qspec", {{"mode", "w3a1"}}}});
   expect_error(res, 400);
   EXPECT_NE(res->body.find("w3a1"), std::string::npos);
+
+  // "ngram_corpus": n-gram lookups in earlier requests' text too, or not; W4A16's text either way
+  // (the second and third requests repeat the first's prompt, so the corpus holds its text). Not
+  // a boolean: a 400 naming it.
+  for (bool corpus : {true, true, false}) {
+    res = server.post("/v1/completions",
+                      json{{"prompt", kPrompt}, {"max_tokens", 32}, {"temperature", 0},
+                           {"qspec", {{"mode", "qspec"}, {"draft", "ngram"}, {"ngram_corpus", corpus}}}});
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], ref.text) << "ngram_corpus " << corpus;
+  }
+  res = server.post("/v1/completions",
+                    json{{"prompt", kPrompt}, {"qspec", {{"mode", "qspec"}, {"draft", "ngram"}, {"ngram_corpus", "on"}}}});
+  expect_error(res, 400);
+  EXPECT_NE(res->body.find("ngram_corpus"), std::string::npos);
 }
 
 // "draft": "auto" (and QSpec without a draft: auto is the default) is the planner: W4A16's text,

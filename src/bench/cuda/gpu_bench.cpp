@@ -1121,6 +1121,7 @@ nlohmann::json run_gpu_replay(const GpuBenchOptions& options, ReplayOptions repl
           {"longest_text", longest},
           {"rounds", replay.rounds},
           {"prefill_first", replay.engine.prefill_first},
+          {"ngram_corpus", replay.ngram_corpus},
           {"qspec_costs", replay.qspec_costs},
           {"commit", options.commit},
           {"command", options.command_line},
