@@ -680,9 +680,6 @@ struct Engine::Impl {
     }
   }
 
-  // Prompt-lookup drafts (runtime/ngram_draft.h), cut after an end-of-sequence id as a drafting
-  // pass would stop there. A sampled request's draft distribution is the point mass on each
-  // draft, so the acceptor's rejection sampling keeps the target's distribution.
   // A sequence's lookup: in its own tokens, else (DecodePlan::ngram_corpus) in other requests' text.
   NgramLookup lookup_drafts(Sequence& seq, int64_t max_tokens) {
     const DecodePlan& plan = seq.request.plan;
@@ -691,6 +688,9 @@ struct Engine::Impl {
     return ngram_corpus.lookup(seq.tokens, max_tokens, plan.ngram_min, plan.ngram_max);
   }
 
+  // Prompt-lookup drafts (runtime/ngram_draft.h), cut after an end-of-sequence id as a drafting
+  // pass would stop there. A sampled request's draft distribution is the point mass on each
+  // draft, so the acceptor's rejection sampling keeps the target's distribution.
   void draft_by_lookup(Unit& unit) {
     const auto start = Clock::now();
     Sequence& seq = *unit.seq;
