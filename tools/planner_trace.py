@@ -73,6 +73,16 @@ def summarise(run, buckets=False):
                 plain[f"drafts to propose, first-draft acceptance ~{float(match.group(1)):.1f}"] += 1
         for reason, count in sorted(plain.items(), key=lambda item: -item[1]):
             print(f"    plain {count:5d}: {reason}")
+        # Lookups by source (traces from 0aa747d on): the sequence's own tokens, or the corpus of
+        # earlier requests' text, and the drafts the plans gave them.
+        sourced = [p for p in run["plans"] if "lookups" in p]
+        if sourced:
+            own = sum(p["lookups"]["own"] for p in sourced)
+            corpus = sum(p["lookups"]["corpus"] for p in sourced)
+            own_drafts = sum(p["drafts"]["own"] for p in sourced)
+            corpus_drafts = sum(p["drafts"]["corpus"] for p in sourced)
+            print(f"  lookups: own tokens {own} ({own_drafts} drafts planned), "
+                  f"earlier requests' text {corpus} ({corpus_drafts} drafts planned)")
     passes = run["passes"]
     total = sum(p["ms"] for p in passes)
     one_off = [p for p in passes if p["one_off"]]

@@ -547,6 +547,7 @@ struct Engine::Impl {
     if (autos.empty()) return {};
     const std::vector<QSpecPlanner::Candidate>& candidates = planner->candidates();
     std::vector<PlannerSequence> batch(autos.size());
+    std::vector<int8_t> lookup_source(autos.size(), 0);  // the trace's: 0 none, 1 own tokens, 2 corpus
     for (size_t i = 0; i < autos.size(); ++i) {
       Sequence& seq = *autos[i];
       const DecodePlan& plan = seq.request.plan;
@@ -558,6 +559,7 @@ struct Engine::Impl {
         seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance,
                                &seq.ngram_index, &ngram_population, plan.ngram_corpus ? &ngram_corpus : nullptr);
         lookup = lookup_drafts(seq, plan.max_gamma);
+        lookup_source[i] = lookup.tokens.empty() ? 0 : lookup.corpus ? 2 : 1;
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
         const bool ngram = static_cast<int>(c) == ngram_candidate;
@@ -579,11 +581,21 @@ struct Engine::Impl {
     if (trace) {
       int64_t longest = 0;
       for (const PlannerSequence& p : batch) longest = std::max(longest, p.context);
+      // Lookups by source (own tokens, the corpus of earlier requests' text) and the drafts the
+      // plan gave each.
+      int64_t own = 0, corpus = 0, own_drafts = 0, corpus_drafts = 0;
+      for (size_t i = 0; i < autos.size(); ++i) {
+        const int64_t drafts = step.gammas.empty() ? step.gamma : step.gammas[i];
+        if (lookup_source[i] == 1) ++own, own_drafts += drafts;
+        if (lookup_source[i] == 2) ++corpus, corpus_drafts += drafts;
+      }
       *trace << nlohmann::json{{"plan", step.label},
                                {"batch", batch.size()},
                                {"longest_context", longest},
                                {"predicted_gain", step.predicted_gain},
-                               {"reason", step.reason}}
+                               {"reason", step.reason},
+                               {"lookups", {{"own", own}, {"corpus", corpus}}},
+                               {"drafts", {{"own", own_drafts}, {"corpus", corpus_drafts}}}}
                     .dump()
              << '\n';
     }
