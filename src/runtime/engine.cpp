@@ -557,7 +557,7 @@ struct Engine::Impl {
       NgramLookup lookup;
       if (ngram_candidate >= 0) {
         seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance,
-                               &seq.ngram_index, &ngram_population, plan.ngram_corpus ? &ngram_corpus : nullptr);
+                               &seq.ngram_index, &ngram_population, corpus_for(seq));
         lookup = lookup_drafts(seq, plan.max_gamma);
         lookup_source[i] = lookup.tokens.empty() ? 0 : lookup.corpus ? 2 : 1;
       }
@@ -692,12 +692,15 @@ struct Engine::Impl {
     }
   }
 
-  // A sequence's lookup: in its own tokens, else (DecodePlan::ngram_corpus) in other requests' text.
+  // The corpus a sequence's lookups may fall back to (DecodePlan::ngram_corpus), or none.
+  const NgramCorpus* corpus_for(const Sequence& seq) const {
+    return seq.request.plan.ngram_corpus ? &ngram_corpus : nullptr;
+  }
+  // A sequence's lookup: in its own tokens, else in other requests' text.
   NgramLookup lookup_drafts(Sequence& seq, int64_t max_tokens) {
     const DecodePlan& plan = seq.request.plan;
-    NgramLookup own = seq.ngram_index.lookup(seq.tokens, max_tokens, plan.ngram_min, plan.ngram_max);
-    if (!own.tokens.empty() || !plan.ngram_corpus) return own;
-    return ngram_corpus.lookup(seq.tokens, max_tokens, plan.ngram_min, plan.ngram_max);
+    return ngram_lookup_own_then_corpus(seq.tokens, max_tokens, plan.ngram_min, plan.ngram_max, &seq.ngram_index,
+                                        corpus_for(seq));
   }
 
   // Prompt-lookup drafts (runtime/ngram_draft.h), cut after an end-of-sequence id as a drafting

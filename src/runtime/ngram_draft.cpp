@@ -148,4 +148,12 @@ NgramLookup NgramCorpus::lookup(std::span<const int32_t> tokens, int64_t max_tok
   return {};
 }
 
+NgramLookup ngram_lookup_own_then_corpus(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min,
+                                         int64_t ngram_max, NgramIndex* index, const NgramCorpus* corpus) {
+  NgramLookup own = index ? index->lookup(tokens, max_tokens, ngram_min, ngram_max)
+                          : ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
+  if (!own.tokens.empty() || corpus == nullptr) return own;
+  return corpus->lookup(tokens, max_tokens, ngram_min, ngram_max);
+}
+
 }  // namespace qspec

@@ -69,4 +69,10 @@ class NgramCorpus {
   std::unordered_map<uint64_t, int64_t> latest_;  // hash of an n-gram -> where its continuation starts
 };
 
+// A sequence's lookup, as the engine drafts and its probe measures: in its own tokens (through
+// `index`; null: ngram_lookup's scan, the same answer), else, where they have no match, in
+// `corpus` (null: none).
+NgramLookup ngram_lookup_own_then_corpus(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min,
+                                         int64_t ngram_max, NgramIndex* index, const NgramCorpus* corpus);
+
 }  // namespace qspec

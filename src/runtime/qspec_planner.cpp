@@ -55,9 +55,7 @@ void NgramProbe::update(std::span<const int32_t> tokens, int64_t max_tokens, int
     }
     proposal_.clear();
   }
-  NgramLookup lookup = index ? index->lookup(tokens, max_tokens, ngram_min, ngram_max)
-                             : ngram_lookup(tokens, max_tokens, ngram_min, ngram_max);
-  if (lookup.tokens.empty() && corpus != nullptr) lookup = corpus->lookup(tokens, max_tokens, ngram_min, ngram_max);
+  NgramLookup lookup = ngram_lookup_own_then_corpus(tokens, max_tokens, ngram_min, ngram_max, index, corpus);
   proposal_ = std::move(lookup.tokens);
   match_ = lookup.match;
   corpus_ = lookup.corpus;

@@ -190,8 +190,8 @@ class NgramProbe {
   // outstanding, proposes up to `max_tokens` from `tokens`.
   // `index`: the sequence's NgramIndex for the lookup (null: ngram_lookup's scan, the same answer).
   // `population`: the engine's estimates across its sequences, fed the same outcomes.
-  // `corpus`: other requests' text, looked up where the sequence's own tokens have no match (as
-  // the engine drafts, Engine's lookup_drafts).
+  // `corpus`: other requests' text, looked up where the sequence's own tokens have no match
+  // (ngram_lookup_own_then_corpus, as the engine drafts).
   void update(std::span<const int32_t> tokens, int64_t max_tokens, int64_t ngram_min, int64_t ngram_max,
               NgramAcceptance& acceptance, NgramIndex* index = nullptr, NgramAcceptance* population = nullptr,
               const NgramCorpus* corpus = nullptr);
