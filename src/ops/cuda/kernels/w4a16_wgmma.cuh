@@ -269,7 +269,10 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
   const int mma_warp = warp - 4;  // 0 .. kRowBlocks - 1: warpgroup mma_warp / 4, row block mma_warp
   if (warp >= 4) {
     [[maybe_unused]] const PairSelectors sel = pair_selectors(t);
-    const uint32_t ring_address = smem_address(ring);
+    // Shared-memory addresses, made once: the ring's, and the full and empty barriers' (stepped by
+    // slot below; from generic pointers each use cost ~20 instructions a stage).
+    const uint32_t ring_address = (smem_address(smem_raw) + 1023u) & ~1023u;  // = smem_address(ring), in 32 bits
+    const uint32_t full_address = smem_address(full), empty_address = smem_address(empty);
     // A stage runs as batches of BP pairs: batch b's A fragments ([b % 2][pair][k16 step]) are
     // made before its first wgmma and stay until its wgmma are waited for, one batch later. An
     // even number of batches a stage keeps the parity static without unrolling the stage loop, and
@@ -290,12 +293,19 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
         ZP ? zero_point_mins(p.w) + static_cast<int64_t>(min(row_tile * T::kRowBlocks + mma_warp, p.w.row_blocks - 1)) *
                             p.w.groups * 8 + g
            : nullptr;
-#pragma unroll 1
-    for (int st = 0; st < stages; ++st) {
-      const int slot = st % STAGES, pairs = stage_pairs(st);
+    // The ring slot and phase of stage st (st % STAGES, (st / STAGES) & 1) as counters: a run-time
+    // division by STAGES (6) cost ~10 instructions twice a stage in this issue-bound loop (SASS of
+    // the 128x32 tile: ~52 instructions a pair, ~29 of them the dequantization).
+    int slot = 0;
+    uint32_t phase = 0;
+    // One stage. TAIL: the matrix's last stage where k % 64 == 32 (its last pair a half chunk); only
+    // that stage pays for the run-time pair test, every other stage's addresses are compile-time
+    // offsets.
+    auto run_stage = [&](const int st, auto tail_tag) {
+      constexpr bool TAIL = decltype(tail_tag)::value;
       // ZP: the stage's group minimums, in flight during the wait (groups past k clamped: their
       // weights meet zero x).
-      uint32_t zmin[GW ? GROUPS : 1];
+      [[maybe_unused]] uint32_t zmin[GW ? GROUPS : 1];
       if constexpr (GW) {
         const int group0 = (stage_begin + st) * T::kPairs / PPG;
 #pragma unroll
@@ -306,8 +316,8 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
       // The k tail's half chunk (k % 64 == 32), the last pair of the matrix: 8 bytes a lane. Pairs
       // past the matrix need no care: their codes and scales arrive as zeros (TMA's fill past the
       // tensor), so their A fragments are (0 - 8) * 0 = 0, and so are their x columns.
-      const int tail_q = (stage_begin + st) * T::kPairs + pairs == total_pairs && p.w.tail ? pairs - 1 : -1;
-      mbarrier_wait(&full[slot], (st / STAGES) & 1);
+      const int tail_q = TAIL ? stage_pairs(st) - 1 : -1;
+      mbarrier_wait(full_address + slot * 8, phase);
       const uint32_t x_stage = ring_address + slot * T::kStageBytes;
       const uint64_t desc_stage = wgmma_descriptor_128b(x_stage);
 #pragma unroll
@@ -318,7 +328,8 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
           // Pair q's two words of this lane: chunk q / 2, half q % 2 of its 16 bytes (the tail's
           // half chunk: bytes 8 lane).
           const uint32_t address =
-              x_stage + lane_codes + (q / 2) * 512 + (q == tail_q ? -static_cast<uint32_t>(lane * 8) : (q % 2) * 8);
+              x_stage + lane_codes + (q / 2) * 512 +
+              (TAIL && q == tail_q ? -static_cast<uint32_t>(lane * 8) : static_cast<uint32_t>((q % 2) * 8));
           uint32_t w0, w1, scale_pair;
           asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(address));
           asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale_pair) : "r"(x_stage + lane_scales + (q / PPG) * 32));
@@ -359,10 +370,21 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
             for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[1 - b % 2][i][s][r])::"memory");
         if (b == 0 && st > 0) {  // the previous stage's last batch is done: its slot goes back
           __syncwarp();
-          if (lane == 0) mbarrier_arrive(&empty[(st - 1) % STAGES]);
+          if (lane == 0) mbarrier_arrive(empty_address + (slot == 0 ? STAGES - 1 : slot - 1) * 8);
         }
       }
-    }
+      if (++slot == STAGES) {
+        slot = 0;
+        phase ^= 1u;
+      }
+    };
+    // The matrix's last stage holds the k tail's half chunk: this split's last stage, if the split
+    // ends the matrix.
+    const bool tail_stage = p.w.tail && stage_end == all_stages && stages > 0;
+    const int plain_stages = stages - (tail_stage ? 1 : 0);
+#pragma unroll 1
+    for (int st = 0; st < plain_stages; ++st) run_stage(st, std::false_type{});
+    if (tail_stage) run_stage(plain_stages, std::true_type{});
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
 #pragma unroll

@@ -118,16 +118,21 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* barrier, uin
                : "memory");
 #endif
 }
-// Blocks until the barrier's phase `parity` has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+// Blocks until the barrier's phase `parity` has completed. The overload taking the barrier's
+// shared-memory address serves loops that step through a ring of barriers: a generic pointer is
+// converted again at every use (~6 instructions).
+__device__ __forceinline__ void mbarrier_wait(uint32_t barrier_address, uint32_t parity) {
 #if QSPEC_WGMMA
   asm volatile(
       "{\n.reg .pred done;\nwait_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(smem_address(barrier)),
+      "@!done bra wait_%=;\n}\n" ::"r"(barrier_address),
       "r"(parity)
       : "memory");
 #endif
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+  mbarrier_wait(smem_address(barrier), parity);
 }
 // A 2D box of a tensor map (coordinates: inner element, row) into shared memory; completion
 // counts its bytes on `barrier`. Rows or elements outside the tensor arrive as zeros.
@@ -185,11 +190,12 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 }
 // A plain arrival (release: this thread's earlier shared-memory accesses happen before the
 // phase completes for whoever waits on it).
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+__device__ __forceinline__ void mbarrier_arrive(uint32_t barrier_address) {
 #if QSPEC_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(barrier)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier_address) : "memory");
 #endif
 }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) { mbarrier_arrive(smem_address(barrier)); }
 // Hands registers between the warpgroups of a block (every thread of the warpgroup executes
 // it): a producer warpgroup that needs few gives them to the mma warpgroups.
 template <int REGISTERS>
