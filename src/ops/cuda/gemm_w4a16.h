@@ -52,6 +52,9 @@ void w4a16_workspace_init(void* workspace, size_t bytes, void* stream);
 // The path `automatic` takes for m tokens (small_m up to a measured M threshold: 16 tokens where
 // the preload kernel runs, 8 elsewhere; tiled, then dequantize + cuBLAS).
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
+// Where the preload kernel and the wgmma tiles both run, the token count from which f16 GEMMs take
+// the tiled path's wgmma tiles instead (17 by default; QSPEC_W4A16_WGMMA_FROM=9..17, A/B runs).
+int64_t w4a16_wgmma_min_tokens();
 // The same for these weights: weights with minimums go to a path of w4a16_runs_zero_points.
 W4A16Path w4a16_choose_path(int64_t m, const W4A16Weights& w);
 

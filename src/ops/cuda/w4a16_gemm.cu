@@ -125,8 +125,23 @@ W4A16Path w4a16_choose_path(int64_t m, const W4A16Weights& w) {
   return !w.has_min() || w4a16_runs_zero_points(path, m) ? path : W4A16Path::dequant_cublas;
 }
 
+// Where both run (sm_90a), f16 GEMMs of w4a16_wgmma_min_tokens() tokens or more leave the preload
+// kernel for the tiled path's wgmma tiles: 17 (one past kSmallMMaxPreload) by default.
+// QSPEC_W4A16_WGMMA_FROM=9..17 moves 9-16 tokens there too, for A/B runs in the step: at 16
+// tokens the wgmma 128x32 tile with x packed took Llama-3-8B's gate_up 25.6 us against the preload
+// kernel's 29.5 and down 16.8 against 17.5, but qkv 10.4 against 9.7, and it has no SwiGLU
+// epilogue (gate_up then runs silu_mul after it; H200,
+// bench/results/gpu-w4a16-wgmma-stage-loop-gemm-llama3-8b-h200-0f14e83.log).
+int64_t w4a16_wgmma_min_tokens() {
+  static const int64_t from =
+      env_int("QSPEC_W4A16_WGMMA_FROM", static_cast<int>(kSmallMMaxPreload) + 1, 9, static_cast<int>(kSmallMMaxPreload) + 1);
+  return from;
+}
+
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
-  if (m <= (w4a16_preload_runs_here() ? kSmallMMaxPreload : kSmallMMax)) return W4A16Path::small_m;
+  const bool preload = w4a16_preload_runs_here();
+  const bool to_wgmma = preload && m >= w4a16_wgmma_min_tokens() && w4a16_wgmma_tile_runs_here();
+  if (m <= (preload ? kSmallMMaxPreload : kSmallMMax) && !to_wgmma) return W4A16Path::small_m;
   if (m <= (w4a16_wgmma_tile_runs_here() ? kTiledMaxMWgmma : kTiledMaxM)) return W4A16Path::tiled;
   return W4A16Path::dequant_cublas;
 }

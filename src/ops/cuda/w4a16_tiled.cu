@@ -263,7 +263,6 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
 // tile (A/B runs).
 constexpr int64_t kWgmmaMinTokens = 64;
-constexpr int64_t kWgmmaSmallMinTokens = 16;  // past this the 32- and 64-token wgmma tiles (int4 + f16; QSPEC_W4A16_WGMMA=1: all)
 constexpr double kWgmma256MinWave = 0.75;
 bool wgmma_256_fills_one_wave(int64_t n) {
   const int64_t tiles = ceil_div(n, int64_t{256}), sms = multiprocessor_count();
@@ -278,11 +277,11 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool wgmma_256 = env_int("QSPEC_W4A16_WGMMA_256", 1, 0, 1) == 1;
   static const bool wgmma_17_64 = env_int("QSPEC_W4A16_WGMMA_17_64", 1, 0, 1) == 1;
   if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
-    if (wgmma_switch == 1 && m > kWgmmaSmallMinTokens) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
+    if (wgmma_switch == 1 && m >= w4a16_wgmma_min_tokens()) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
     if (std::is_same_v<Act, kernels::ActF16> && wgmma_256 && m > 32 && wgmma_256_fills_one_wave(n))
       return kW4A16WgmmaTile256x64;
-    if (std::is_same_v<Act, kernels::ActF16> && wgmma_17_64 && m > kWgmmaSmallMinTokens)
+    if (std::is_same_v<Act, kernels::ActF16> && wgmma_17_64 && m >= w4a16_wgmma_min_tokens())
       return m <= 32 ? kW4A16WgmmaTile32 : kW4A16WgmmaTile;
   }
   const int wide = !wide_256 && tiled_kernel<Act>(2, group).blocks_per_sm >= 2 ? 2 : 1;
