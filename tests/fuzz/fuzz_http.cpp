@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/thread_pool.h"
 #include "model/llama.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
@@ -45,8 +46,23 @@ struct Served {
   }
 };
 
+Served* served_instance = nullptr;
+void served_server_stop() {
+  if (served_instance != nullptr) served_instance->server.reset();
+}
+
 Served& served() {
-  static Served* instance = new Served();  // never destroyed: the engine thread outlives main
+  // Never destroyed, but its server (and with it the engine thread) is stopped at exit by a
+  // handler registered after the statics the engine uses exist (the CPU thread pool made first),
+  // so it runs before their destructors. Left running, an engine thread still busy with a fuzzed
+  // request could use the pool while exit destroys it (a rare crash after the last input, which
+  // libFuzzer reports against an empty unit).
+  static Served* instance = [] {
+    qspec::ThreadPool::global();
+    served_instance = new Served();
+    std::atexit(served_server_stop);
+    return served_instance;
+  }();
   return *instance;
 }
 
