@@ -547,7 +547,8 @@ struct Engine::Impl {
     if (autos.empty()) return {};
     const std::vector<QSpecPlanner::Candidate>& candidates = planner->candidates();
     std::vector<PlannerSequence> batch(autos.size());
-    std::vector<int8_t> lookup_source(autos.size(), 0);  // the trace's: 0 none, 1 own tokens, 2 corpus
+    enum class LookupSource : int8_t { none, own, corpus };  // for the trace
+    std::vector<LookupSource> lookup_source(autos.size(), LookupSource::none);
     for (size_t i = 0; i < autos.size(); ++i) {
       Sequence& seq = *autos[i];
       const DecodePlan& plan = seq.request.plan;
@@ -559,7 +560,9 @@ struct Engine::Impl {
         seq.ngram_probe.update(seq.tokens, plan.max_gamma, plan.ngram_min, plan.ngram_max, seq.ngram_acceptance,
                                &seq.ngram_index, &ngram_population, corpus_for(seq));
         lookup = lookup_drafts(seq, plan.max_gamma);
-        lookup_source[i] = lookup.tokens.empty() ? 0 : lookup.corpus ? 2 : 1;
+        lookup_source[i] = lookup.tokens.empty() ? LookupSource::none
+                           : lookup.corpus       ? LookupSource::corpus
+                                                 : LookupSource::own;
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
         const bool ngram = static_cast<int>(c) == ngram_candidate;
@@ -585,9 +588,9 @@ struct Engine::Impl {
       // plan gave each.
       int64_t own = 0, corpus = 0, own_drafts = 0, corpus_drafts = 0;
       for (size_t i = 0; i < autos.size(); ++i) {
-        const int64_t drafts = step.gammas.empty() ? step.gamma : step.gammas[i];
-        if (lookup_source[i] == 1) ++own, own_drafts += drafts;
-        if (lookup_source[i] == 2) ++corpus, corpus_drafts += drafts;
+        const int64_t drafts = autos[i]->auto_gamma;  // the plan's draft count for this sequence (above)
+        if (lookup_source[i] == LookupSource::own) ++own, own_drafts += drafts;
+        if (lookup_source[i] == LookupSource::corpus) ++corpus, corpus_drafts += drafts;
       }
       *trace << nlohmann::json{{"plan", step.label},
                                {"batch", batch.size()},
