@@ -17,6 +17,22 @@ void launch_decode_int8(const kernels::DecodeParams& params, int64_t head_dim, i
                         cudaStream_t stream);
 }  // namespace detail
 namespace {
+// Query heads a decode block serves (1, 2, 4 or 8): each block reads its KV head's keys and values
+// once for all of them, so a KV head's group goes in one block wherever it fits: the power of two
+// at or above the group, at most 8 (the mma's n; larger groups take chunks of 8). Rounding down
+// instead (as before) read Qwen2.5-7B's K/V twice (group 7: chunks of 4 and 3) and SmolLM2's
+// (group 3: 2 and 1). QSPEC_DECODE_HEADS_PER_BLOCK=1|2|4|8 forces a size (a benchmark knob).
+int decode_heads_per_block(int64_t group) {
+  static const int forced = [] {
+    const int value = env_int("QSPEC_DECODE_HEADS_PER_BLOCK", 0, 0, 8);
+    QSPEC_CHECK(value == 0 || value == 1 || value == 2 || value == 4 || value == 8, "QSPEC_DECODE_HEADS_PER_BLOCK=",
+                value, ": 1, 2, 4 or 8");
+    return value;
+  }();
+  if (forced > 0) return forced;
+  return group > 4 ? 8 : group > 2 ? 4 : group > 1 ? 2 : 1;
+}
+
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
 std::atomic<int> decode_attention_override{-1};
 
@@ -119,7 +135,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
   if (num_seqs == 0) return;
   const int64_t group = H / KV;
-  const int heads_per_block = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
+  const int heads_per_block = decode_heads_per_block(group);
   const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
   const int64_t keys = shape.visible_keys(max_context - 1);
   const int64_t rows = num_seqs * H;

@@ -71,9 +71,10 @@ __device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partn
   return float8_to_half(rotated);
 }
 
-// A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block, whose
-// reduce buffer takes 16 KB; static shared memory stops at 48). Two stages: the next tile's
-// copies are in flight while the block computes on this one. Tile keys: 32 at head_dim 128.
+// A stage holds one tile's keys and values: 16 KB (8 KB with 8 query heads a block in f32 FMAs,
+// whose reduce buffer takes 16 KB; static shared memory stops at 48; MMA has no reduce buffer and
+// keeps 16 KB at 8 heads). Two stages: the next tile's copies are in flight while the block
+// computes on this one. Tile keys: 32 at head_dim 128.
 // head_dim 256 (Gemma 3) keeps 16 keys a tile (a stage of 16 KB) wherever the f32 reduce buffer
 // ([warps][GM][256] f32: 4 KB a head) leaves room, and under MMA, which has no reduce buffer and
 // needs whole 16-key row tiles; the f32 tiles take 8 keys at 4 heads a block and 4 at 8 (static
@@ -82,7 +83,7 @@ __device__ __forceinline__ uint4 rope_slice(const uint4& own, const uint4& partn
 // twice the keys, up to 64 (a 16-key score row tile for each of the 4 warps): the same bytes in
 // flight as the f16 cache's stages.
 template <int D, int GM, bool MMA>
-inline constexpr int kDecodeTileKeysF16 = D == 256 ? (MMA || GM <= 2 ? 16 : 32 / GM) : (GM >= 8 ? 2048 : 4096) / D;
+inline constexpr int kDecodeTileKeysF16 = D == 256 ? (MMA || GM <= 2 ? 16 : 32 / GM) : (GM >= 8 && !MMA ? 2048 : 4096) / D;
 template <int D, int GM, bool MMA, bool INT8 = false>
 inline constexpr int kDecodeTileKeys =
     INT8 && MMA ? (2 * kDecodeTileKeysF16<D, GM, MMA> < 64 ? 2 * kDecodeTileKeysF16<D, GM, MMA> : 64)
