@@ -17,12 +17,8 @@ void launch_decode_int8(const kernels::DecodeParams& params, int64_t head_dim, i
                         cudaStream_t stream);
 }  // namespace detail
 namespace {
-// Query heads a decode block serves (1, 2, 4 or 8): each block reads its KV head's keys and values
-// once for all of them, so a KV head's group goes in one block wherever it fits: the power of two
-// at or above the group, at most 8 (the mma's n; larger groups take chunks of 8). Rounding down
-// instead (as before) read Qwen2.5-7B's K/V twice (group 7: chunks of 4 and 3) and SmolLM2's
-// (group 3: 2 and 1). QSPEC_DECODE_HEADS_PER_BLOCK=1|2|4|8 forces a size (a benchmark knob).
-int decode_heads_per_block(int64_t group) {
+// detail::decode_heads_per_block, or QSPEC_DECODE_HEADS_PER_BLOCK=1|2|4|8 (a benchmark knob).
+int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t keys) {
   static const int forced = [] {
     const int value = env_int("QSPEC_DECODE_HEADS_PER_BLOCK", 0, 0, 8);
     QSPEC_CHECK(value == 0 || value == 1 || value == 2 || value == 4 || value == 8, "QSPEC_DECODE_HEADS_PER_BLOCK=",
@@ -30,7 +26,8 @@ int decode_heads_per_block(int64_t group) {
     return value;
   }();
   if (forced > 0) return forced;
-  return group > 4 ? 8 : group > 2 ? 4 : group > 1 ? 2 : 1;
+  return detail::decode_heads_per_block(group, kv_heads, detail::max_attention_splits(keys),
+                                        detail::kAttentionBlocksPerSm * multiprocessor_count());
 }
 
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
@@ -135,9 +132,9 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int64_t D = shape.head_dim, H = shape.num_heads, KV = shape.num_kv_heads;
   if (num_seqs == 0) return;
   const int64_t group = H / KV;
-  const int heads_per_block = decode_heads_per_block(group);
-  const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
   const int64_t keys = shape.visible_keys(max_context - 1);
+  const int heads_per_block = decode_heads_per_block(group, num_seqs * KV, keys);
+  const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
   const int64_t rows = num_seqs * H;
   int64_t splits = detail::plan_splits(num_seqs * KV * head_chunks, keys, multiprocessor_count(), rows, D,
                                        workspace == nullptr ? 0 : workspace_bytes);

@@ -1,0 +1,43 @@
+// The GPU attention's host-side planning (ops/cuda/kernels/attention_split.h, plain C++) on the
+// CPU: how many query heads a decode block serves, where CI runs without a GPU. The GPU harness
+// (tests/gpu, PagedDecode*) runs every heads-a-block size against the CPU attention.
+#include <gtest/gtest.h>
+
+#include "ops/cuda/kernels/attention_split.h"
+
+namespace {
+
+using qspec::cuda::detail::decode_heads_per_block;
+
+constexpr int64_t kTarget = 264;  // 2 blocks a multiprocessor on an H200 (132)
+
+TEST(DecodeHeadsPerBlock, AWholeGroupGoesInOneBlockUpToEight) {
+  // Plenty of blocks (batch 64 x 4 KV heads x 32 splits): each KV head's group in one block.
+  const int64_t kv_heads = 64 * 4, splits = 32;
+  EXPECT_EQ(decode_heads_per_block(1, kv_heads, splits, kTarget), 1);
+  EXPECT_EQ(decode_heads_per_block(2, kv_heads, splits, kTarget), 2);
+  EXPECT_EQ(decode_heads_per_block(3, kv_heads, splits, kTarget), 4);  // SmolLM2: one block, not 2 + 1
+  EXPECT_EQ(decode_heads_per_block(4, kv_heads, splits, kTarget), 4);  // Llama-3-8B
+  EXPECT_EQ(decode_heads_per_block(5, kv_heads, splits, kTarget), 8);
+  EXPECT_EQ(decode_heads_per_block(7, kv_heads, splits, kTarget), 8);  // Qwen2.5-7B: one block, not 4 + 3
+  EXPECT_EQ(decode_heads_per_block(8, kv_heads, splits, kTarget), 8);
+  EXPECT_EQ(decode_heads_per_block(16, kv_heads, splits, kTarget), 8);  // larger groups: chunks of 8
+}
+
+TEST(DecodeHeadsPerBlock, ChunksOfTheGroupOnlyWhereTheMostSplitsLeaveTooFewBlocks) {
+  // Qwen2.5-7B (4 KV heads, group 7) at batch 1 and 32 K context: 4 x 32 = 128 blocks < 264,
+  // so chunks of 4 (256 blocks); at batch 8, 8 x 4 x 32 = 1024: the whole group.
+  EXPECT_EQ(decode_heads_per_block(7, 1 * 4, 32, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(7, 8 * 4, 32, kTarget), 8);
+  // A short context allows few splits (512 keys: 8): batch 8 then chunks, batch 16 not.
+  EXPECT_EQ(decode_heads_per_block(7, 8 * 4, 8, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(7, 16 * 4, 8, kTarget), 8);
+  // The boundary: exactly the target is enough.
+  EXPECT_EQ(decode_heads_per_block(3, 33, 8, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(3, 32, 8, kTarget), 2);
+  // Where a whole group already is a power of two, nothing to choose.
+  EXPECT_EQ(decode_heads_per_block(4, 1, 1, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(1, 1, 1, kTarget), 1);
+}
+
+}  // namespace
