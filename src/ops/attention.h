@@ -46,6 +46,14 @@ struct PagedKv {
 void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
                const AttentionShape& shape, float* out);
 
+// The f32 cache's two loops, the same bits: per (token, query head), or per (token, KV head) with
+// the group's heads scoring and summing each chunk of rows while it is in L1 (each row read once
+// for the group). automatic: grouped where a KV head serves several query heads and the (token,
+// KV head) items give every thread one, else per head. The default comes from
+// QSPEC_CPU_ATTENTION=grouped|per-head (A/B runs); tests set it here.
+enum class AttentionLoop { automatic, grouped, per_head };
+void set_attention_loop(AttentionLoop loop);
+
 // The contiguous case: q: [tokens, num_heads * head_dim]; keys/values: [history, num_kv_heads * head_dim] where
 // token t sits at position positions[t] and sees keys 0..positions[t] (within the window);
 // out: [tokens, num_heads * head_dim]. Scores are scaled by shape.scale (default 1/sqrt(head_dim)).

@@ -3,11 +3,15 @@
 #include "ops/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "base/thread_pool.h"
 #include "ops/quantized_linear.h"
+#include "qspec/error.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -222,7 +226,80 @@ void attention_int8(const float* q, int64_t tokens, const int32_t* positions, co
     }
   });
 }
+// The f32 cache, one work item per (token, KV head): each chunk of kInt8Chunk key rows (in L1) is
+// scored against every query head of the group, and each chunk of value rows summed into every
+// head's output, so the group reads a KV head's rows once (SmolLM2: 3 query heads a KV head, which
+// the per-head loop below read three times). Each head's arithmetic is the per-head loop's in the
+// same order (chunks of a multiple of kKeys keys; sum_all continues its chains across chunks), so
+// the two give the same bits.
+void attention_f32_grouped(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
+                           const AttentionShape& shape, float* out) {
+  static_assert(kInt8Chunk % kKeys == 0, "chunks keep score_all's groups of kKeys keys");
+  const int64_t head_dim = shape.head_dim, kv_heads = shape.num_kv_heads;
+  const int64_t group = shape.num_heads / kv_heads;
+  const int64_t kv_stride = kv_heads * head_dim;
+  const float scale = shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const bool simd = kernel_isa() != KernelIsa::portable;
+  ThreadPool::global().parallel_for(static_cast<size_t>(tokens * kv_heads), 1, [&](size_t begin, size_t end) {
+    thread_local std::vector<const float*> heads;
+    thread_local std::vector<int64_t> rows;
+    thread_local std::vector<std::vector<float>> scores;
+    heads.resize(static_cast<size_t>(kInt8Chunk));
+    if (scores.size() < static_cast<size_t>(group)) scores.resize(static_cast<size_t>(group));
+    auto point_at = [&](const float* base, int64_t from, int64_t count, int64_t kv_head) {
+      for (int64_t i = 0; i < count; ++i)
+        heads[static_cast<size_t>(i)] = base + rows[static_cast<size_t>(from + i)] * kv_stride + kv_head * head_dim;
+    };
+    for (size_t item = begin; item < end; ++item) {
+      const int64_t t = static_cast<int64_t>(item) / kv_heads;
+      const int64_t kv_head = static_cast<int64_t>(item) % kv_heads;
+      visible_rows(kv, shape, positions[t], rows);
+      const int64_t visible = static_cast<int64_t>(rows.size());
+      for (int64_t g = 0; g < group; ++g) scores[static_cast<size_t>(g)].resize(static_cast<size_t>(visible));
+      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
+        const int64_t count = std::min(kInt8Chunk, visible - from);
+        point_at(kv.keys, from, count, kv_head);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* query = q + (t * shape.num_heads + kv_head * group + g) * head_dim;
+          score_all(simd, query, heads.data(), count, head_dim, scores[static_cast<size_t>(g)].data() + from);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) softmax_weights(scores[static_cast<size_t>(g)], scale);
+      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
+        const int64_t count = std::min(kInt8Chunk, visible - from);
+        point_at(kv.values, from, count, kv_head);
+        for (int64_t g = 0; g < group; ++g) {
+          float* result = out + (t * shape.num_heads + kv_head * group + g) * head_dim;
+          sum_all(simd, scores[static_cast<size_t>(g)].data() + from, heads.data(), count, head_dim, result, from > 0);
+        }
+      }
+    }
+  });
+}
+
+// -1: follow QSPEC_CPU_ATTENTION; else an AttentionLoop set by set_attention_loop.
+std::atomic<int> attention_loop_override{-1};
+
+bool grouped_attention(int64_t group, int64_t items) {
+  static const AttentionLoop from_env = [] {
+    const char* text = std::getenv("QSPEC_CPU_ATTENTION");
+    if (text == nullptr || *text == '\0') return AttentionLoop::automatic;
+    const std::string value(text);
+    QSPEC_CHECK(value == "grouped" || value == "per-head", "QSPEC_CPU_ATTENTION: '", value,
+                "' is not grouped or per-head");
+    return value == "grouped" ? AttentionLoop::grouped : AttentionLoop::per_head;
+  }();
+  const int forced = attention_loop_override.load(std::memory_order_relaxed);
+  const AttentionLoop loop = forced >= 0 ? static_cast<AttentionLoop>(forced) : from_env;
+  if (loop != AttentionLoop::automatic) return loop == AttentionLoop::grouped;
+  return group > 1 && items >= static_cast<int64_t>(ThreadPool::global().size());
+}
+
 }  // namespace
+
+void set_attention_loop(AttentionLoop loop) {
+  attention_loop_override.store(static_cast<int>(loop), std::memory_order_relaxed);
+}
 
 void attention(const float* q, int64_t tokens, const int32_t* positions, const float* keys,
                const float* values, const AttentionShape& shape, float* out) {
@@ -238,6 +315,8 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const f
 void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
                const AttentionShape& shape, float* out) {
   if (kv.format == KvCacheFormat::int8) return attention_int8(q, tokens, positions, kv, shape, out);
+  if (grouped_attention(shape.num_heads / shape.num_kv_heads, tokens * shape.num_kv_heads))
+    return attention_f32_grouped(q, tokens, positions, kv, shape, out);
   const int64_t head_dim = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t kv_stride = shape.num_kv_heads * head_dim;
