@@ -46,10 +46,11 @@ struct PagedKv {
 void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
                const AttentionShape& shape, float* out);
 
-// The f32 cache's two loops, the same bits: per (token, query head), or per (token, KV head) with
-// the group's heads scoring and summing each chunk of rows while it is in L1 (each row read once
-// for the group). automatic: grouped where a KV head serves several query heads and the (token,
-// KV head) items give every thread one, else per head. The default comes from
+// The f32 cache's two loops, the same bits: per (token, query head), or per (block of up to 8
+// tokens, KV head) with the group's heads of every token scoring and summing each chunk of rows
+// while it is in L1 (each row read once for all of them; blocks of one token under a window).
+// automatic: grouped where the items share rows between heads or tokens and give every thread
+// one, else per head. The default comes from
 // QSPEC_CPU_ATTENTION=grouped|per-head (A/B runs); tests set it here.
 enum class AttentionLoop { automatic, grouped, per_head };
 void set_attention_loop(AttentionLoop loop);

@@ -215,35 +215,44 @@ TEST(CpuOps, AttentionSimdEqualsPortableBitForBit) {
   }
 }
 
-// The f32 cache's grouped loop (a KV head's rows read once for its query heads, chunk by chunk)
-// gives the per-head loop's bits: groups of 1, 3 and 7, head sizes with every tail, contexts
-// past one chunk of 64 rows with a partial last one, windows and sinks, SIMD and portable.
+// The f32 cache's grouped loop (a KV head's rows read once for its query heads and a block of
+// tokens, chunk by chunk) gives the per-head loop's bits: groups of 1, 3 and 7, head sizes with
+// every tail, contexts past one chunk of 64 rows with a partial last one, windows and sinks (blocks
+// of one token), a verify-like run of 5 tokens and a 150-token prefill (blocks of 8 whose tokens
+// see 1-150 rows), SIMD and portable.
 TEST(CpuOps, GroupedAttentionEqualsPerHeadBitForBit) {
   const qspec::cpu::KernelIsa saved = qspec::cpu::kernel_isa();
   struct Case {
     int64_t heads, kv_heads, head_dim, window, sinks;
   };
+  const int64_t history = 150;
+  std::vector<int32_t> verify = {145, 146, 147, 148, 149}, prefill(history);
+  for (int64_t p = 0; p < history; ++p) prefill[static_cast<size_t>(p)] = static_cast<int32_t>(p);
   for (const Case c : {Case{6, 6, 8, 0, 0}, Case{6, 2, 64, 0, 0}, Case{9, 3, 72, 0, 0}, Case{14, 2, 12, 0, 0},
                        Case{14, 2, 64, 70, 4}, Case{6, 2, 32, 100, 0}}) {
-    qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
-    shape.sink_tokens = c.sinks;
-    const int64_t history = 150, tokens = 5;  // 146..150 keys visible: two chunks and a partial third
-    const int64_t kv_stride = c.kv_heads * c.head_dim, q_stride = c.heads * c.head_dim;
-    const std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
-    const std::vector<float> q = random_vector(tokens * q_stride);
-    const std::vector<int32_t> positions = {145, 146, 147, 148, 149};
-    for (int portable = 0; portable < 2; ++portable) {
-      qspec::cpu::set_kernel_isa(portable ? qspec::cpu::KernelIsa::portable : saved);
-      std::vector<float> out[2];
-      for (int grouped = 0; grouped < 2; ++grouped) {
-        qspec::cpu::set_attention_loop(grouped ? qspec::cpu::AttentionLoop::grouped : qspec::cpu::AttentionLoop::per_head);
-        out[grouped].assign(static_cast<size_t>(tokens * q_stride), NAN);
-        qspec::cpu::attention(q.data(), tokens, positions.data(), keys.data(), values.data(), shape, out[grouped].data());
-      }
-      for (size_t i = 0; i < out[0].size(); ++i) {
-        ASSERT_TRUE(std::isfinite(out[1][i])) << c.heads << "/" << c.kv_heads << " heads, output " << i;
-        ASSERT_EQ(out[0][i], out[1][i]) << c.heads << "/" << c.kv_heads << " heads, head_dim " << c.head_dim
-                                        << ", window " << c.window << ", portable " << portable << ", output " << i;
+    for (const std::vector<int32_t>* positions : {&verify, &prefill}) {
+      qspec::cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+      shape.sink_tokens = c.sinks;
+      const int64_t tokens = static_cast<int64_t>(positions->size());
+      const int64_t kv_stride = c.kv_heads * c.head_dim, q_stride = c.heads * c.head_dim;
+      const std::vector<float> keys = random_vector(history * kv_stride), values = random_vector(history * kv_stride);
+      const std::vector<float> q = random_vector(tokens * q_stride);
+      for (int portable = 0; portable < 2; ++portable) {
+        qspec::cpu::set_kernel_isa(portable ? qspec::cpu::KernelIsa::portable : saved);
+        std::vector<float> out[2];
+        for (int grouped = 0; grouped < 2; ++grouped) {
+          qspec::cpu::set_attention_loop(grouped ? qspec::cpu::AttentionLoop::grouped
+                                                 : qspec::cpu::AttentionLoop::per_head);
+          out[grouped].assign(static_cast<size_t>(tokens * q_stride), NAN);
+          qspec::cpu::attention(q.data(), tokens, positions->data(), keys.data(), values.data(), shape,
+                                out[grouped].data());
+        }
+        for (size_t i = 0; i < out[0].size(); ++i) {
+          ASSERT_TRUE(std::isfinite(out[1][i])) << c.heads << "/" << c.kv_heads << " heads, output " << i;
+          ASSERT_EQ(out[0][i], out[1][i]) << c.heads << "/" << c.kv_heads << " heads, head_dim " << c.head_dim
+                                          << ", window " << c.window << ", " << tokens << " tokens, portable "
+                                          << portable << ", output " << i;
+        }
       }
     }
   }

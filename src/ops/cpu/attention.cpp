@@ -173,104 +173,105 @@ void visible_rows(const PagedKv& kv, const AttentionShape& shape, int64_t last, 
   add_rows(first, last + 1);
 }
 
-// Keys (then values) dequantized at a time by the int8 path: 64 rows of a head stay in L1.
-constexpr int64_t kInt8Chunk = 64;
+// Rows a chunk: 64 rows of a head stay in L1 (the int8 cache dequantizes them into f32 a chunk at
+// a time).
+constexpr int64_t kChunkRows = 64;
 
-// The int8 cache: one work item per (token, KV head), so each row of a head is dequantized once
-// for every query head of its group; each chunk of rows is read in the pass's view into f32 and
-// fed to the f32 path's loops, so every score and sum is the f32 path's over the dequantized rows.
-void attention_int8(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
-                    const AttentionShape& shape, float* out) {
-  const int64_t head_dim = shape.head_dim, kv_heads = shape.num_kv_heads;
-  const int64_t group = shape.num_heads / kv_heads;
-  const float scale = shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const bool simd = kernel_isa() != KernelIsa::portable;
-  ThreadPool::global().parallel_for(static_cast<size_t>(tokens * kv_heads), 1, [&](size_t begin, size_t end) {
-    // Kept by each thread across calls: no allocation per pass once grown.
-    thread_local std::vector<float> chunk;
-    thread_local std::vector<const float*> heads;
-    thread_local std::vector<int64_t> rows;
-    thread_local std::vector<std::vector<float>> scores;
-    chunk.resize(static_cast<size_t>(kInt8Chunk * head_dim));
-    heads.resize(static_cast<size_t>(kInt8Chunk));
-    if (scores.size() < static_cast<size_t>(group)) scores.resize(static_cast<size_t>(group));
-    for (int64_t i = 0; i < kInt8Chunk; ++i) heads[static_cast<size_t>(i)] = chunk.data() + i * head_dim;
-    auto read_chunk = [&](const Kv8Rows& planes, int64_t from, int64_t count, int64_t kv_head) {
-      for (int64_t i = 0; i < count; ++i)
-        kv8_read_head(planes, rows[static_cast<size_t>(from + i)], kv_head, kv_heads, head_dim, kv.view,
-                      chunk.data() + i * head_dim);
-    };
-    for (size_t item = begin; item < end; ++item) {
-      const int64_t t = static_cast<int64_t>(item) / kv_heads;
-      const int64_t kv_head = static_cast<int64_t>(item) % kv_heads;
-      visible_rows(kv, shape, positions[t], rows);
-      const int64_t visible = static_cast<int64_t>(rows.size());
-      for (int64_t g = 0; g < group; ++g) scores[static_cast<size_t>(g)].resize(static_cast<size_t>(visible));
-      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
-        const int64_t count = std::min(kInt8Chunk, visible - from);
-        read_chunk(kv.keys8, from, count, kv_head);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* query = q + (t * shape.num_heads + kv_head * group + g) * head_dim;
-          score_all(simd, query, heads.data(), count, head_dim, scores[static_cast<size_t>(g)].data() + from);
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) softmax_weights(scores[static_cast<size_t>(g)], scale);
-      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
-        const int64_t count = std::min(kInt8Chunk, visible - from);
-        read_chunk(kv.values8, from, count, kv_head);
-        for (int64_t g = 0; g < group; ++g) {
-          float* result = out + (t * shape.num_heads + kv_head * group + g) * head_dim;
-          sum_all(simd, scores[static_cast<size_t>(g)].data() + from, heads.data(), count, head_dim, result, from > 0);
-        }
-      }
-    }
-  });
+// Query tokens a work item takes together without a window: each sees a prefix of the same rows
+// (positions 0 .. its own), so a chunk of rows in L1 serves all of their heads (a prefill reads a
+// KV head's rows once for 8 tokens). The most (8, 4, 2) whose items still give every thread one;
+// with a window each token sees rows of its own: one a work item.
+constexpr int64_t kAttentionTokenBlock = 8;
+int64_t attention_token_block(const AttentionShape& shape, int64_t tokens) {
+  if (shape.sliding_window > 0) return 1;
+  const int64_t threads = static_cast<int64_t>(ThreadPool::global().size());
+  for (int64_t block = kAttentionTokenBlock; block > 1; block /= 2)
+    if ((tokens + block - 1) / block * shape.num_kv_heads >= threads) return block;
+  return 1;
 }
-// The f32 cache, one work item per (token, KV head): each chunk of kInt8Chunk key rows (in L1) is
-// scored against every query head of the group, and each chunk of value rows summed into every
-// head's output, so the group reads a KV head's rows once (SmolLM2: 3 query heads a KV head, which
-// the per-head loop below read three times). Each head's arithmetic is the per-head loop's in the
-// same order (chunks of a multiple of kKeys keys; sum_all continues its chains across chunks), so
-// the two give the same bits.
-void attention_f32_grouped(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
-                           const AttentionShape& shape, float* out) {
-  static_assert(kInt8Chunk % kKeys == 0, "chunks keep score_all's groups of kKeys keys");
+
+// One work item per (block of tokens, KV head): each chunk of kChunkRows key rows is scored
+// against every query head of the group for every token of the block that sees it, and each chunk
+// of value rows summed into those heads' outputs, so the item reads (the int8 cache: dequantizes)
+// a KV head's rows once. The per-head loop (attention below) read an f32 cache's rows once per
+// query head and token (SmolLM2: 3 query heads a KV head). Each head's arithmetic is the per-head
+// loop's in the same order (chunks of a multiple of kKeys keys; sum_all continues its chains
+// across chunks), so the two give the same bits, and the int8 cache's are the f32 loop's over its
+// dequantized rows (kv8_read_head in the pass's view).
+template <bool kInt8>
+void attention_grouped(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
+                       const AttentionShape& shape, float* out) {
+  static_assert(kChunkRows % kKeys == 0, "chunks keep score_all's groups of kKeys keys");
   const int64_t head_dim = shape.head_dim, kv_heads = shape.num_kv_heads;
   const int64_t group = shape.num_heads / kv_heads;
   const int64_t kv_stride = kv_heads * head_dim;
+  const int64_t token_block = attention_token_block(shape, tokens);
+  const int64_t blocks = (tokens + token_block - 1) / token_block;
   const float scale = shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   const bool simd = kernel_isa() != KernelIsa::portable;
-  ThreadPool::global().parallel_for(static_cast<size_t>(tokens * kv_heads), 1, [&](size_t begin, size_t end) {
+  ThreadPool::global().parallel_for(static_cast<size_t>(blocks * kv_heads), 1, [&](size_t begin, size_t end) {
+    // Kept by each thread across calls: no allocation per pass once grown.
+    thread_local std::vector<float> chunk;  // int8: a chunk's rows dequantized
     thread_local std::vector<const float*> heads;
     thread_local std::vector<int64_t> rows;
-    thread_local std::vector<std::vector<float>> scores;
-    heads.resize(static_cast<size_t>(kInt8Chunk));
-    if (scores.size() < static_cast<size_t>(group)) scores.resize(static_cast<size_t>(group));
-    auto point_at = [&](const float* base, int64_t from, int64_t count, int64_t kv_head) {
-      for (int64_t i = 0; i < count; ++i)
-        heads[static_cast<size_t>(i)] = base + rows[static_cast<size_t>(from + i)] * kv_stride + kv_head * head_dim;
+    thread_local std::vector<std::vector<float>> scores;  // [token of the block][head of the group]
+    heads.resize(static_cast<size_t>(kChunkRows));
+    if (scores.size() < static_cast<size_t>(token_block * group)) scores.resize(static_cast<size_t>(token_block * group));
+    if constexpr (kInt8) {
+      chunk.resize(static_cast<size_t>(kChunkRows * head_dim));
+      for (int64_t i = 0; i < kChunkRows; ++i) heads[static_cast<size_t>(i)] = chunk.data() + i * head_dim;
+    }
+    // Points `heads` at rows from .. from + count - 1 of a KV head (keys or values).
+    auto read_chunk = [&](bool values, int64_t from, int64_t count, int64_t kv_head) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t row = rows[static_cast<size_t>(from + i)];
+        if constexpr (kInt8)
+          kv8_read_head(values ? kv.values8 : kv.keys8, row, kv_head, kv_heads, head_dim, kv.view,
+                        chunk.data() + i * head_dim);
+        else
+          heads[static_cast<size_t>(i)] = (values ? kv.values : kv.keys) + row * kv_stride + kv_head * head_dim;
+      }
     };
     for (size_t item = begin; item < end; ++item) {
-      const int64_t t = static_cast<int64_t>(item) / kv_heads;
+      const int64_t t0 = static_cast<int64_t>(item) / kv_heads * token_block;
       const int64_t kv_head = static_cast<int64_t>(item) % kv_heads;
-      visible_rows(kv, shape, positions[t], rows);
+      const int64_t count_tokens = std::min(token_block, tokens - t0);
+      // Token t0 + i sees seen[i] rows: without a window the first positions[t0 + i] + 1 of the walk
+      // up to the block's last position; in a block of one, its own walk.
+      int32_t last = positions[t0];
+      for (int64_t t = t0 + 1; t < t0 + count_tokens; ++t) last = std::max(last, positions[t]);
+      visible_rows(kv, shape, last, rows);
       const int64_t visible = static_cast<int64_t>(rows.size());
-      for (int64_t g = 0; g < group; ++g) scores[static_cast<size_t>(g)].resize(static_cast<size_t>(visible));
-      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
-        const int64_t count = std::min(kInt8Chunk, visible - from);
-        point_at(kv.keys, from, count, kv_head);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* query = q + (t * shape.num_heads + kv_head * group + g) * head_dim;
-          score_all(simd, query, heads.data(), count, head_dim, scores[static_cast<size_t>(g)].data() + from);
+      int64_t seen[kAttentionTokenBlock];
+      for (int64_t i = 0; i < count_tokens; ++i)
+        seen[i] = count_tokens == 1 ? visible : static_cast<int64_t>(positions[t0 + i]) + 1;
+      auto score_row = [&](int64_t i, int64_t g) -> std::vector<float>& {
+        return scores[static_cast<size_t>(i * group + g)];
+      };
+      for (int64_t i = 0; i < count_tokens; ++i)
+        for (int64_t g = 0; g < group; ++g) score_row(i, g).resize(static_cast<size_t>(seen[i]));
+      for (int64_t from = 0; from < visible; from += kChunkRows) {
+        const int64_t count = std::min(kChunkRows, visible - from);
+        read_chunk(false, from, count, kv_head);
+        for (int64_t i = 0; i < count_tokens; ++i) {
+          const int64_t here = std::min(count, seen[i] - from);
+          for (int64_t g = 0; g < group && here > 0; ++g) {
+            const float* query = q + ((t0 + i) * shape.num_heads + kv_head * group + g) * head_dim;
+            score_all(simd, query, heads.data(), here, head_dim, score_row(i, g).data() + from);
+          }
         }
       }
-      for (int64_t g = 0; g < group; ++g) softmax_weights(scores[static_cast<size_t>(g)], scale);
-      for (int64_t from = 0; from < visible; from += kInt8Chunk) {
-        const int64_t count = std::min(kInt8Chunk, visible - from);
-        point_at(kv.values, from, count, kv_head);
-        for (int64_t g = 0; g < group; ++g) {
-          float* result = out + (t * shape.num_heads + kv_head * group + g) * head_dim;
-          sum_all(simd, scores[static_cast<size_t>(g)].data() + from, heads.data(), count, head_dim, result, from > 0);
+      for (int64_t i = 0; i < count_tokens; ++i)
+        for (int64_t g = 0; g < group; ++g) softmax_weights(score_row(i, g), scale);
+      for (int64_t from = 0; from < visible; from += kChunkRows) {
+        const int64_t count = std::min(kChunkRows, visible - from);
+        read_chunk(true, from, count, kv_head);
+        for (int64_t i = 0; i < count_tokens; ++i) {
+          const int64_t here = std::min(count, seen[i] - from);
+          for (int64_t g = 0; g < group && here > 0; ++g) {
+            float* result = out + ((t0 + i) * shape.num_heads + kv_head * group + g) * head_dim;
+            sum_all(simd, score_row(i, g).data() + from, heads.data(), here, head_dim, result, from > 0);
+          }
         }
       }
     }
@@ -280,7 +281,9 @@ void attention_f32_grouped(const float* q, int64_t tokens, const int32_t* positi
 // -1: follow QSPEC_CPU_ATTENTION; else an AttentionLoop set by set_attention_loop.
 std::atomic<int> attention_loop_override{-1};
 
-bool grouped_attention(int64_t group, int64_t items) {
+// Whether the f32 cache takes the grouped loop: forced, or wherever its items (blocks of tokens x
+// KV heads) share rows between heads or tokens and give every thread one.
+bool grouped_attention(const AttentionShape& shape, int64_t tokens) {
   static const AttentionLoop from_env = [] {
     const char* text = std::getenv("QSPEC_CPU_ATTENTION");
     if (text == nullptr || *text == '\0') return AttentionLoop::automatic;
@@ -292,7 +295,9 @@ bool grouped_attention(int64_t group, int64_t items) {
   const int forced = attention_loop_override.load(std::memory_order_relaxed);
   const AttentionLoop loop = forced >= 0 ? static_cast<AttentionLoop>(forced) : from_env;
   if (loop != AttentionLoop::automatic) return loop == AttentionLoop::grouped;
-  return group > 1 && items >= static_cast<int64_t>(ThreadPool::global().size());
+  const int64_t group = shape.num_heads / shape.num_kv_heads, token_block = attention_token_block(shape, tokens);
+  const int64_t items = (tokens + token_block - 1) / token_block * shape.num_kv_heads;
+  return (group > 1 || (token_block > 1 && tokens > 1)) && items >= static_cast<int64_t>(ThreadPool::global().size());
 }
 
 }  // namespace
@@ -314,9 +319,9 @@ void attention(const float* q, int64_t tokens, const int32_t* positions, const f
 
 void attention(const float* q, int64_t tokens, const int32_t* positions, const PagedKv& kv,
                const AttentionShape& shape, float* out) {
-  if (kv.format == KvCacheFormat::int8) return attention_int8(q, tokens, positions, kv, shape, out);
-  if (grouped_attention(shape.num_heads / shape.num_kv_heads, tokens * shape.num_kv_heads))
-    return attention_f32_grouped(q, tokens, positions, kv, shape, out);
+  if (kv.format == KvCacheFormat::int8) return attention_grouped<true>(q, tokens, positions, kv, shape, out);
+  if (grouped_attention(shape, tokens))
+    return attention_grouped<false>(q, tokens, positions, kv, shape, out);
   const int64_t head_dim = shape.head_dim;
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t kv_stride = shape.num_kv_heads * head_dim;
