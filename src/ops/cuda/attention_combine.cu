@@ -27,6 +27,12 @@ int64_t attention_keys_per_split() {
   return keys;
 }
 
+int64_t attention_blocks_per_sm() {
+  static const int64_t blocks =
+      env_int("QSPEC_ATTENTION_BLOCKS_PER_SM", static_cast<int>(kAttentionBlocksPerSm), 1, 8);
+  return blocks;
+}
+
 // Used by the prefill launcher after a split launch (decode merges in its last block).
 void launch_attention_combine(void* workspace, int64_t splits, int64_t rows, int64_t num_heads,
                               int64_t head_dim, __half* out, int64_t out_stride, cudaStream_t stream) {

@@ -27,7 +27,7 @@ int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t keys) {
   }();
   if (forced > 0) return forced;
   return detail::decode_heads_per_block(group, kv_heads, detail::max_attention_splits(keys),
-                                        detail::kAttentionBlocksPerSm * multiprocessor_count());
+                                        detail::attention_blocks_per_sm() * multiprocessor_count());
 }
 
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.

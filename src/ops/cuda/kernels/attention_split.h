@@ -55,13 +55,11 @@ inline float* attention_partial_ml(void* workspace, int64_t splits, int64_t rows
   return attention_partial_o(workspace) + splits * rows * head_dim;
 }
 
-// Split-K fills the GPU to this many blocks a multiprocessor (QSPEC_ATTENTION_BLOCKS_PER_SM at
-// build time overrides it, for sweeps).
-#ifdef QSPEC_ATTENTION_BLOCKS_PER_SM
-inline constexpr int64_t kAttentionBlocksPerSm = QSPEC_ATTENTION_BLOCKS_PER_SM;
-#else
+// Split-K fills the GPU to this many blocks a multiprocessor: kAttentionBlocksPerSm, or
+// QSPEC_ATTENTION_BLOCKS_PER_SM (1-8, read once a process: a benchmark knob; swept at 512-token
+// contexts on the H100, 3 or 4 gained nothing). Defined in attention_combine.cu.
 inline constexpr int64_t kAttentionBlocksPerSm = 2;
-#endif
+int64_t attention_blocks_per_sm();
 
 // Query heads a decode block serves (1, 2, 4 or 8). A block reads its KV head's keys and values
 // once for all its heads, so a KV head's whole group goes in one block (the power of two at or
@@ -70,8 +68,8 @@ inline constexpr int64_t kAttentionBlocksPerSm = 2;
 // most splits leave fewer blocks than the GPU wants (`kv_heads` (sequences x KV heads) x
 // `most_splits` below `target_blocks`: batch 1-2, a step bound by latency, not bytes) do chunks of
 // the group add the blocks instead. H200, Qwen2.5-7B shapes, W4A16 step (perf-notes, "Decode
-// attention: a KV head's group in one block"): whole groups -12 to -36 % at batch 8-64 and 8-32 K
-// context, chunks 6-17 % faster at batch 1.
+// attention: a KV head's query group in one block"): whole groups -12 to -36 % at batch 8-64 and
+// 8-32 K context, chunks 6-17 % faster at batch 1.
 inline int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t most_splits, int64_t target_blocks) {
   const int whole = group > 4 ? 8 : group > 2 ? 4 : group > 1 ? 2 : 1;
   const int chunk = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
@@ -82,7 +80,7 @@ inline int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t most_
 // what the workspace holds for `rows` query rows.
 inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t rows, int64_t head_dim,
                            size_t workspace_bytes) {
-  const int64_t target = kAttentionBlocksPerSm * sms;
+  const int64_t target = attention_blocks_per_sm() * sms;
   int64_t splits = std::min(max_attention_splits(keys), std::max<int64_t>(1, (target + blocks - 1) / std::max<int64_t>(blocks, 1)));
   while (splits > 1 && kAttentionCounterBytes + attention_partial_bytes(splits, rows, head_dim) > workspace_bytes)
     --splits;
