@@ -306,7 +306,7 @@ bool grouped_attention(const AttentionShape& shape, int64_t tokens, const int32_
   const int64_t items = (tokens + token_block - 1) / token_block * shape.num_kv_heads;
   const int64_t threads = static_cast<int64_t>(ThreadPool::global().size());
   if (tokens <= 0 || !(group > 1 || (token_block > 1 && tokens > 1)) || items < threads) return false;
-  const int64_t grouped_load = (items + threads - 1) / threads * token_block * group;
+  const int64_t grouped_load = (items + threads - 1) / threads * std::min(token_block, tokens) * group;
   const int64_t per_head_load = (tokens * shape.num_heads + threads - 1) / threads;
   const int32_t last = *std::max_element(positions, positions + tokens);
   return grouped_load <= per_head_load || static_cast<int64_t>(last) + 1 >= kGroupedMinRows;
