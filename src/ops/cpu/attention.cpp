@@ -221,17 +221,6 @@ void attention_grouped(const float* q, int64_t tokens, const int32_t* positions,
       chunk.resize(static_cast<size_t>(kChunkRows * head_dim));
       for (int64_t i = 0; i < kChunkRows; ++i) heads[static_cast<size_t>(i)] = chunk.data() + i * head_dim;
     }
-    // Points `heads` at rows from .. from + count - 1 of a KV head (keys or values).
-    auto read_chunk = [&](bool values, int64_t from, int64_t count, int64_t kv_head) {
-      for (int64_t i = 0; i < count; ++i) {
-        const int64_t row = rows[static_cast<size_t>(from + i)];
-        if constexpr (kInt8)
-          kv8_read_head(values ? kv.values8 : kv.keys8, row, kv_head, kv_heads, head_dim, kv.view,
-                        chunk.data() + i * head_dim);
-        else
-          heads[static_cast<size_t>(i)] = (values ? kv.values : kv.keys) + row * kv_stride + kv_head * head_dim;
-      }
-    };
     for (size_t item = begin; item < end; ++item) {
       const int64_t t0 = static_cast<int64_t>(item) / kv_heads * token_block;
       const int64_t kv_head = static_cast<int64_t>(item) % kv_heads;
@@ -250,30 +239,34 @@ void attention_grouped(const float* q, int64_t tokens, const int32_t* positions,
       };
       for (int64_t i = 0; i < count_tokens; ++i)
         for (int64_t g = 0; g < group; ++g) score_row(i, g).resize(static_cast<size_t>(seen[i]));
-      for (int64_t from = 0; from < visible; from += kChunkRows) {
-        const int64_t count = std::min(kChunkRows, visible - from);
-        read_chunk(false, from, count, kv_head);
-        for (int64_t i = 0; i < count_tokens; ++i) {
-          const int64_t here = std::min(count, seen[i] - from);
-          for (int64_t g = 0; g < group && here > 0; ++g) {
-            const float* query = q + ((t0 + i) * shape.num_heads + kv_head * group + g) * head_dim;
-            score_all(simd, query, heads.data(), here, head_dim, score_row(i, g).data() + from);
+      // Each chunk of a KV head's rows (keys or values) in `heads`, then visit(i, g, from, here) for
+      // every head g of every token i that sees `here` of its rows.
+      auto over_chunks = [&](bool values, auto&& visit) {
+        for (int64_t from = 0; from < visible; from += kChunkRows) {
+          const int64_t count = std::min(kChunkRows, visible - from);
+          for (int64_t r = 0; r < count; ++r) {
+            const int64_t row = rows[static_cast<size_t>(from + r)];
+            if constexpr (kInt8)
+              kv8_read_head(values ? kv.values8 : kv.keys8, row, kv_head, kv_heads, head_dim, kv.view,
+                            chunk.data() + r * head_dim);
+            else
+              heads[static_cast<size_t>(r)] = (values ? kv.values : kv.keys) + row * kv_stride + kv_head * head_dim;
+          }
+          for (int64_t i = 0; i < count_tokens; ++i) {
+            const int64_t here = std::min(count, seen[i] - from);
+            for (int64_t g = 0; g < group && here > 0; ++g) visit(i, g, from, here);
           }
         }
-      }
+      };
+      auto head_offset = [&](int64_t i, int64_t g) { return ((t0 + i) * shape.num_heads + kv_head * group + g) * head_dim; };
+      over_chunks(false, [&](int64_t i, int64_t g, int64_t from, int64_t here) {
+        score_all(simd, q + head_offset(i, g), heads.data(), here, head_dim, score_row(i, g).data() + from);
+      });
       for (int64_t i = 0; i < count_tokens; ++i)
         for (int64_t g = 0; g < group; ++g) softmax_weights(score_row(i, g), scale);
-      for (int64_t from = 0; from < visible; from += kChunkRows) {
-        const int64_t count = std::min(kChunkRows, visible - from);
-        read_chunk(true, from, count, kv_head);
-        for (int64_t i = 0; i < count_tokens; ++i) {
-          const int64_t here = std::min(count, seen[i] - from);
-          for (int64_t g = 0; g < group && here > 0; ++g) {
-            float* result = out + ((t0 + i) * shape.num_heads + kv_head * group + g) * head_dim;
-            sum_all(simd, score_row(i, g).data() + from, heads.data(), here, head_dim, result, from > 0);
-          }
-        }
-      }
+      over_chunks(true, [&](int64_t i, int64_t g, int64_t from, int64_t here) {
+        sum_all(simd, score_row(i, g).data() + from, heads.data(), here, head_dim, out + head_offset(i, g), from > 0);
+      });
     }
   });
 }
