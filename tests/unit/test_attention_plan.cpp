@@ -9,7 +9,7 @@ namespace {
 
 using qspec::cuda::detail::decode_heads_per_block;
 
-constexpr int64_t kTarget = 264;  // 2 blocks a multiprocessor on an H200 (132)
+constexpr int64_t kTarget = 132;  // the H200's multiprocessors
 
 TEST(DecodeHeadsPerBlock, AWholeGroupGoesInOneBlockUpToEight) {
   // Plenty of blocks (batch 64 x 4 KV heads x 32 splits): each KV head's group in one block.
@@ -25,16 +25,17 @@ TEST(DecodeHeadsPerBlock, AWholeGroupGoesInOneBlockUpToEight) {
 }
 
 TEST(DecodeHeadsPerBlock, ChunksOfTheGroupOnlyWhereTheMostSplitsLeaveTooFewBlocks) {
-  // Qwen2.5-7B (4 KV heads, group 7) at batch 1 and 32 K context: 4 x 32 = 128 blocks < 264,
-  // so chunks of 4 (256 blocks); at batch 8, 8 x 4 x 32 = 1024: the whole group.
+  // Qwen2.5-7B (4 KV heads, group 7) at batch 1 and 32 K context: 4 x 32 = 128 blocks < 132,
+  // so chunks of 4 (256 blocks); at batch 2, 2 x 4 x 32 = 256: the whole group.
   EXPECT_EQ(decode_heads_per_block(7, 1 * 4, 32, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(7, 2 * 4, 32, kTarget), 8);
   EXPECT_EQ(decode_heads_per_block(7, 8 * 4, 32, kTarget), 8);
-  // A short context allows few splits (512 keys: 8): batch 8 then chunks, batch 16 not.
-  EXPECT_EQ(decode_heads_per_block(7, 8 * 4, 8, kTarget), 4);
-  EXPECT_EQ(decode_heads_per_block(7, 16 * 4, 8, kTarget), 8);
-  // The boundary: exactly the target is enough.
-  EXPECT_EQ(decode_heads_per_block(3, 33, 8, kTarget), 4);
-  EXPECT_EQ(decode_heads_per_block(3, 32, 8, kTarget), 2);
+  // A short context allows few splits (512 keys: 8): batch 4 then chunks, batch 8 not.
+  EXPECT_EQ(decode_heads_per_block(7, 4 * 4, 8, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(7, 8 * 4, 8, kTarget), 8);
+  // The boundary: exactly the multiprocessor count is enough.
+  EXPECT_EQ(decode_heads_per_block(3, 33, 4, kTarget), 4);
+  EXPECT_EQ(decode_heads_per_block(3, 32, 4, kTarget), 2);
   // Where a whole group already is a power of two, nothing to choose.
   EXPECT_EQ(decode_heads_per_block(4, 1, 1, kTarget), 4);
   EXPECT_EQ(decode_heads_per_block(1, 1, 1, kTarget), 1);

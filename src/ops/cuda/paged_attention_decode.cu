@@ -1,8 +1,12 @@
 // Launchers of the decode attention (one query a sequence; chunked, tiles and tensor-core tiles kernels).
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_split.h"
@@ -26,8 +30,30 @@ int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t keys) {
     return value;
   }();
   if (forced > 0) return forced;
-  return detail::decode_heads_per_block(group, kv_heads, detail::max_attention_splits(keys),
-                                        detail::attention_blocks_per_sm() * multiprocessor_count());
+  return detail::decode_heads_per_block(group, kv_heads, detail::max_attention_splits(keys), multiprocessor_count());
+}
+
+// QSPEC_DECODE_SPLITS=1..32: every decode launch runs this many splits (capped by the context and
+// the workspace), for sweeps of the split plan; 0 (default): detail::plan_splits.
+int64_t forced_decode_splits() {
+  static const int64_t value = env_int("QSPEC_DECODE_SPLITS", 0, 0, static_cast<int>(detail::kMaxAttentionSplits));
+  return value;
+}
+
+// QSPEC_DECODE_PLAN_LOG=1: each distinct decode plan once on stderr (heads a block, splits, grid,
+// and the kernel's resident blocks a multiprocessor), to read a sweep by.
+template <typename Kernel>
+void log_decode_plan(Kernel kernel, int heads_per_block, dim3 grid) {
+  static const bool on = env_int("QSPEC_DECODE_PLAN_LOG", 0, 0, 1) == 1;
+  if (!on) return;
+  static std::mutex mutex;
+  static std::set<std::tuple<int, unsigned, unsigned, unsigned>> seen;
+  const std::lock_guard lock(mutex);
+  if (!seen.insert({heads_per_block, grid.x, grid.y, grid.z}).second) return;
+  int resident = 0;
+  QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kernels::kDecodeWarps * 32, 0));
+  std::fprintf(stderr, "decode plan: heads/block %d, grid %u x %u x %u = %u blocks, %d resident a multiprocessor\n",
+               heads_per_block, grid.x, grid.y, grid.z, grid.x * grid.y * grid.z, resident);
 }
 
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
@@ -64,6 +90,7 @@ void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, d
   } else {
     kernel = tiles_kernel<D, false>(heads_per_block);  // the tensor-core tiles need head_dim >= 64
   }
+  log_decode_plan(kernel, heads_per_block, grid);
   launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
 }
@@ -138,6 +165,12 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int64_t rows = num_seqs * H;
   int64_t splits = detail::plan_splits(num_seqs * KV * head_chunks, keys, multiprocessor_count(), rows, D,
                                        workspace == nullptr ? 0 : workspace_bytes);
+  if (forced_decode_splits() > 0) {
+    splits = std::min(forced_decode_splits(), detail::max_attention_splits(keys));
+    while (splits > 1 && detail::kAttentionCounterBytes + detail::attention_partial_bytes(splits, rows, D) >
+                             (workspace == nullptr ? 0 : workspace_bytes))
+      --splits;
+  }
   const int64_t split_len = ((keys + splits - 1) / splits + 15) / 16 * 16;
   splits = (keys + split_len - 1) / split_len;
 

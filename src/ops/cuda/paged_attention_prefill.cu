@@ -80,14 +80,11 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   const int64_t q_tiles = (batch.max_query_len * group + block_rows - 1) / block_rows;
   QSPEC_CHECK(q_tiles < (1ll << 31), "cuda::paged_attention_prefill: query run too long");
   const int64_t rows = batch.num_tokens * H;
-  // The blocks that find rows to work on (the splits are planned over them): at most one partial
-  // tile a run beyond the tokens' rows, and at most q_tiles a run; the second bound is the count
-  // for a verify's short uniform runs (Qwen2.5-7B, batch 64, gamma 3: 256 blocks where the first
-  // says 480, so it planned 1 split on 264 block slots). QSPEC_PREFILL_TIGHT_BLOCKS=1 plans with
-  // the smaller of the two (an A/B knob until measured; default the first alone).
-  static const bool tight_blocks = env_int("QSPEC_PREFILL_TIGHT_BLOCKS", 0, 0, 1) == 1;
-  const int64_t block_bound = ((batch.num_tokens * group + block_rows - 1) / block_rows + batch.num_seqs) * KV;
-  const int64_t blocks = tight_blocks ? std::min(block_bound, batch.num_seqs * q_tiles * KV) : block_bound;
+  // The blocks the splits are planned over: at most one partial tile a run beyond the tokens' rows.
+  // For a verify's short uniform runs this overcounts (Qwen2.5-7B, batch 64, gamma 3: 480 where 256
+  // find rows), which plans fewer splits; planning over the 256 measured slower (32 K, batch 32:
+  // verify 22.7 -> 27.8 ms; perf-notes, "Tried and closed").
+  const int64_t blocks = ((batch.num_tokens * group + block_rows - 1) / block_rows + batch.num_seqs) * KV;
   // A window with sinks reads every tile from position 0 (the sinks' and the window's) and masks
   // the gap: drafts with a sparse view run decode steps (paged_attention_decode), never this.
   const int64_t keys = shape.sliding_window > 0 && shape.sink_tokens == 0

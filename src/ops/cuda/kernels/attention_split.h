@@ -65,15 +65,16 @@ int64_t attention_blocks_per_sm();
 // once for all its heads, so a KV head's whole group goes in one block (the power of two at or
 // above the group, at most 8: the mma's n): rounding down instead read Qwen2.5-7B's K/V twice a
 // step (group 7: blocks of 4 and 3 heads) and SmolLM2's (group 3: 2 and 1). Only where even the
-// most splits leave fewer blocks than the GPU wants (`kv_heads` (sequences x KV heads) x
-// `most_splits` below `target_blocks`: batch 1-2, a step bound by latency, not bytes) do chunks of
-// the group add the blocks instead. H200, Qwen2.5-7B shapes, W4A16 step (perf-notes, "Decode
-// attention: a KV head's query group in one block"): whole groups -12 to -36 % at batch 8-64 and
-// 8-32 K context, chunks 6-17 % faster at batch 1.
-inline int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t most_splits, int64_t target_blocks) {
+// most splits leave fewer blocks than multiprocessors (`kv_heads` (sequences x KV heads) x
+// `most_splits` below `min_blocks`, the multiprocessor count: batch 1, a step bound by latency, not
+// bytes) do chunks of the group add the blocks instead. H200, Qwen2.5-7B shapes, W4A16 step
+// (perf-notes, "Decode attention: a KV head's query group in one block"): whole groups -12 to
+// -36 % at batch 8-64 and 8-32 K context, and at batch 2 from 8 K (2 x 4 KV heads x 32 splits = 256 blocks:
+// -2 / -14 % at 8 / 32 K); chunks 6-14 % faster at batch 1, and at batch 2-4 with 512 keys (8 splits).
+inline int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t most_splits, int64_t min_blocks) {
   const int whole = group > 4 ? 8 : group > 2 ? 4 : group > 1 ? 2 : 1;
   const int chunk = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1;
-  return whole == chunk || kv_heads * most_splits >= target_blocks ? whole : chunk;
+  return whole == chunk || kv_heads * most_splits >= min_blocks ? whole : chunk;
 }
 
 // Splits for `blocks` independent blocks over `keys` keys on `sms` multiprocessors, limited by
