@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/attention_split.h"
@@ -16,9 +17,9 @@
 
 namespace qspec::cuda {
 namespace detail {
+using DecodeKernel = void (*)(kernels::DecodeParams);
 // paged_attention_decode_int8.cu: the tiles kernel's INT8 instances.
-void launch_decode_int8(const kernels::DecodeParams& params, int64_t head_dim, int heads_per_block, dim3 grid,
-                        cudaStream_t stream);
+DecodeKernel decode_kernel_int8(int64_t head_dim, int heads_per_block);
 }  // namespace detail
 namespace {
 // detail::decode_heads_per_block, or QSPEC_DECODE_HEADS_PER_BLOCK=1|2|4|8 (a benchmark knob).
@@ -40,20 +41,33 @@ int64_t forced_decode_splits() {
   return value;
 }
 
+// The decode kernel's blocks resident on the whole GPU at once (its occupancy a multiprocessor
+// times the multiprocessors), asked of the runtime once a kernel.
+int64_t resident_blocks(detail::DecodeKernel kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int64_t> known;
+  const std::lock_guard lock(mutex);
+  const auto found = known.find(reinterpret_cast<const void*>(kernel));
+  if (found != known.end()) return found->second;
+  int per_multiprocessor = 0;
+  QSPEC_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kernels::kDecodeWarps * 32, 0));
+  const int64_t blocks = std::max(per_multiprocessor, 1) * multiprocessor_count();
+  known.emplace(reinterpret_cast<const void*>(kernel), blocks);
+  return blocks;
+}
+
 // QSPEC_DECODE_PLAN_LOG=1: each distinct decode plan once on stderr (heads a block, splits, grid,
-// and the kernel's resident blocks a multiprocessor), to read a sweep by.
-template <typename Kernel>
-void log_decode_plan(Kernel kernel, int heads_per_block, dim3 grid) {
+// and the kernel's resident blocks), to read a sweep by.
+void log_decode_plan(int heads_per_block, dim3 grid, int64_t resident) {
   static const bool on = env_int("QSPEC_DECODE_PLAN_LOG", 0, 0, 1) == 1;
   if (!on) return;
   static std::mutex mutex;
   static std::set<std::tuple<int, unsigned, unsigned, unsigned>> seen;
   const std::lock_guard lock(mutex);
   if (!seen.insert({heads_per_block, grid.x, grid.y, grid.z}).second) return;
-  int resident = 0;
-  QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kernels::kDecodeWarps * 32, 0));
-  std::fprintf(stderr, "decode plan: heads/block %d, grid %u x %u x %u = %u blocks, %d resident a multiprocessor\n",
-               heads_per_block, grid.x, grid.y, grid.z, grid.x * grid.y * grid.z, resident);
+  std::fprintf(stderr, "decode plan: heads/block %d, grid %u x %u x %u = %u blocks, %lld resident\n",
+               heads_per_block, grid.x, grid.y, grid.z, grid.x * grid.y * grid.z, static_cast<long long>(resident));
 }
 
 // -1: follow QSPEC_DECODE_ATTENTION; else a DecodeAttention set by set_decode_attention.
@@ -75,24 +89,26 @@ auto* tiles_kernel(int heads_per_block) {
 // tiles on splits of more than 256 keys, on evidence that did not hold up.
 
 template <int D>
-void launch_decode_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
+detail::DecodeKernel decode_kernel_d(int heads_per_block) {
   DecodeAttention choice = decode_attention();
   if (choice == DecodeAttention::automatic) choice = DecodeAttention::mma;
-  void (*kernel)(kernels::DecodeParams) = nullptr;
-  if (choice == DecodeAttention::chunked) {
-    kernel = heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
-             : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
-             : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
-                                    : kernels::paged_attention_decode_kernel<D, 8>;
-  } else if constexpr (D >= 64) {
-    kernel = choice == DecodeAttention::mma ? tiles_kernel<D, true>(heads_per_block)
-                                            : tiles_kernel<D, false>(heads_per_block);
-  } else {
-    kernel = tiles_kernel<D, false>(heads_per_block);  // the tensor-core tiles need head_dim >= 64
-  }
-  log_decode_plan(kernel, heads_per_block, grid);
-  launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
-  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
+  if (choice == DecodeAttention::chunked)
+    return heads_per_block == 1   ? kernels::paged_attention_decode_kernel<D, 1>
+           : heads_per_block == 2 ? kernels::paged_attention_decode_kernel<D, 2>
+           : heads_per_block == 4 ? kernels::paged_attention_decode_kernel<D, 4>
+                                  : kernels::paged_attention_decode_kernel<D, 8>;
+  if constexpr (D >= 64)
+    return choice == DecodeAttention::mma ? tiles_kernel<D, true>(heads_per_block)
+                                          : tiles_kernel<D, false>(heads_per_block);
+  return tiles_kernel<D, false>(heads_per_block);  // the tensor-core tiles need head_dim >= 64
+}
+
+detail::DecodeKernel decode_kernel(int64_t D, int heads_per_block, bool int8) {
+  if (int8) return detail::decode_kernel_int8(D, heads_per_block);
+  return D == 32    ? decode_kernel_d<32>(heads_per_block)
+         : D == 64  ? decode_kernel_d<64>(heads_per_block)
+         : D == 128 ? decode_kernel_d<128>(heads_per_block)
+                    : decode_kernel_d<256>(heads_per_block);
 }
 }  // namespace
 
@@ -163,14 +179,13 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int heads_per_block = decode_heads_per_block(group, num_seqs * KV, keys);
   const int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
   const int64_t rows = num_seqs * H;
-  int64_t splits = detail::plan_splits(num_seqs * KV * head_chunks, keys, multiprocessor_count(), rows, D,
-                                       workspace == nullptr ? 0 : workspace_bytes);
-  if (forced_decode_splits() > 0) {
-    splits = std::min(forced_decode_splits(), detail::max_attention_splits(keys));
-    while (splits > 1 && detail::kAttentionCounterBytes + detail::attention_partial_bytes(splits, rows, D) >
-                             (workspace == nullptr ? 0 : workspace_bytes))
-      --splits;
-  }
+  const detail::DecodeKernel kernel = decode_kernel(D, heads_per_block, kv.int8());
+  const int64_t resident = resident_blocks(kernel);
+  int64_t splits = detail::plan_decode_splits(num_seqs * KV * head_chunks, detail::max_attention_splits(keys),
+                                              resident, rows, D, workspace == nullptr ? 0 : workspace_bytes);
+  if (forced_decode_splits() > 0)
+    splits = detail::plan_decode_splits(1, std::min(forced_decode_splits(), detail::max_attention_splits(keys)),
+                                        forced_decode_splits(), rows, D, workspace == nullptr ? 0 : workspace_bytes);
   const int64_t split_len = ((keys + splits - 1) / splits + 15) / 16 * 16;
   splits = (keys + split_len - 1) / split_len;
 
@@ -205,22 +220,18 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
     params.counters = static_cast<unsigned*>(workspace);
   }
   const dim3 grid(static_cast<unsigned>(KV * head_chunks), static_cast<unsigned>(num_seqs), static_cast<unsigned>(splits));
-  cudaStream_t s = as_stream(stream);
   if (kv.int8()) {
     params.k8 = kv.k8;
     params.v8 = kv.v8;
     params.high_only = kv.view == KvView::high_nibble;
-    detail::launch_decode_int8(params, D, heads_per_block, grid, s);
-    return;
   }
-  if (D == 32) launch_decode_d<32>(params, heads_per_block, grid, s);
-  else if (D == 64) launch_decode_d<64>(params, heads_per_block, grid, s);
-  else if (D == 128) launch_decode_d<128>(params, heads_per_block, grid, s);
-  else launch_decode_d<256>(params, heads_per_block, grid, s);
+  log_decode_plan(heads_per_block, grid, resident);
+  launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, as_stream(stream), params);
+  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_kernel");
 #if defined(QSPEC_ATTENTION_STAMPS) && defined(QSPEC_ATTENTION_STAMPS_TWICE)
   // Measurement build: the same launch again (it is idempotent) with its code and data warm and
   // its dependency met; the step's time with it says what a warm launch costs (perf-notes).
-  if (D == 128) launch_decode_d<128>(params, heads_per_block, grid, s);
+  launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, as_stream(stream), params);
 #endif
 }
 }  // namespace

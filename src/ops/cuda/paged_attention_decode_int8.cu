@@ -5,26 +5,26 @@
 #include "ops/cuda/kernels/paged_attention_decode_tiles.cuh"
 
 namespace qspec::cuda::detail {
+using DecodeKernel = void (*)(kernels::DecodeParams);
+}  // namespace qspec::cuda::detail
+
+namespace qspec::cuda::detail {
 namespace {
 template <int D>
-void launch_decode_int8_d(const kernels::DecodeParams& params, int heads_per_block, dim3 grid, cudaStream_t stream) {
+DecodeKernel decode_kernel_int8_d(int heads_per_block) {
   constexpr bool kMma = D >= 64;  // automatic's choice (paged_attention_decode.cu)
-  void (*kernel)(kernels::DecodeParams) =
-      heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1, kMma, true>
-      : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2, kMma, true>
-      : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4, kMma, true>
-                             : kernels::paged_attention_decode_tiles_kernel<D, 8, kMma, true>;
-  launch_pdl(kernel, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, params);
-  QSPEC_CUDA_CHECK_LAUNCH("paged_attention_decode_tiles_kernel (int8 cache)");
+  return heads_per_block == 1   ? kernels::paged_attention_decode_tiles_kernel<D, 1, kMma, true>
+         : heads_per_block == 2 ? kernels::paged_attention_decode_tiles_kernel<D, 2, kMma, true>
+         : heads_per_block == 4 ? kernels::paged_attention_decode_tiles_kernel<D, 4, kMma, true>
+                                : kernels::paged_attention_decode_tiles_kernel<D, 8, kMma, true>;
 }
 }  // namespace
 
-void launch_decode_int8(const kernels::DecodeParams& params, int64_t head_dim, int heads_per_block, dim3 grid,
-                        cudaStream_t stream) {
-  if (head_dim == 32) launch_decode_int8_d<32>(params, heads_per_block, grid, stream);
-  else if (head_dim == 64) launch_decode_int8_d<64>(params, heads_per_block, grid, stream);
-  else if (head_dim == 128) launch_decode_int8_d<128>(params, heads_per_block, grid, stream);
-  else launch_decode_int8_d<256>(params, heads_per_block, grid, stream);
+DecodeKernel decode_kernel_int8(int64_t head_dim, int heads_per_block) {
+  return head_dim == 32    ? decode_kernel_int8_d<32>(heads_per_block)
+         : head_dim == 64  ? decode_kernel_int8_d<64>(heads_per_block)
+         : head_dim == 128 ? decode_kernel_int8_d<128>(heads_per_block)
+                           : decode_kernel_int8_d<256>(heads_per_block);
 }
 
 }  // namespace qspec::cuda::detail
