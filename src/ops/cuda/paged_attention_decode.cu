@@ -211,7 +211,7 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   params.out_stride = out_stride;
   params.rope = rope;
   // Split-K: the last block of each (sequence, head group) merges the partials. Splits only
-  // happen below 2 blocks a multiprocessor, far fewer groups than there are counters.
+  // happen below half a wave of resident blocks, far fewer groups than there are counters.
   if (splits > 1) {
     QSPEC_CHECK(num_seqs * KV * head_chunks <= detail::kAttentionCounters,
                 "cuda::paged_attention_decode: too many blocks to split (", num_seqs * KV * head_chunks, ")");
