@@ -8,7 +8,7 @@
 namespace {
 
 using qspec::cuda::detail::decode_heads_per_block;
-using qspec::cuda::detail::plan_decode_splits;
+using qspec::cuda::detail::plan_wave_splits;
 
 constexpr int64_t kTarget = 132;  // the H200's multiprocessors
 
@@ -42,22 +42,22 @@ TEST(DecodeHeadsPerBlock, ChunksOfTheGroupOnlyWhereTheMostSplitsLeaveTooFewBlock
   EXPECT_EQ(decode_heads_per_block(1, 1, 1, kTarget), 1);
 }
 
-TEST(PlanDecodeSplits, FillOneWaveOfResidentBlocksNeverPastIt) {
+TEST(PlanWaveSplits, FillOneWaveOfResidentBlocksNeverPastIt) {
   constexpr int64_t kResident = 4 * 132;  // the tensor-core decode kernel on an H200
   constexpr size_t kRoomy = size_t{1} << 30;
   // Qwen2.5-7B at 32 K (4 KV heads, 32 splits at most): 512 blocks at batch 8 / 16 / 32 / 64.
-  EXPECT_EQ(plan_decode_splits(8 * 4, 32, kResident, 8 * 28, 128, kRoomy), 16);
-  EXPECT_EQ(plan_decode_splits(16 * 4, 32, kResident, 16 * 28, 128, kRoomy), 8);
-  EXPECT_EQ(plan_decode_splits(32 * 4, 32, kResident, 32 * 28, 128, kRoomy), 4);
-  EXPECT_EQ(plan_decode_splits(64 * 4, 32, kResident, 64 * 28, 128, kRoomy), 2);
+  EXPECT_EQ(plan_wave_splits(8 * 4, 32, kResident, 8 * 28, 128, kRoomy), 16);
+  EXPECT_EQ(plan_wave_splits(16 * 4, 32, kResident, 16 * 28, 128, kRoomy), 8);
+  EXPECT_EQ(plan_wave_splits(32 * 4, 32, kResident, 32 * 28, 128, kRoomy), 4);
+  EXPECT_EQ(plan_wave_splits(64 * 4, 32, kResident, 64 * 28, 128, kRoomy), 2);
   // Few blocks: the context's most splits; more blocks than a wave: one split.
-  EXPECT_EQ(plan_decode_splits(4 * 4, 32, kResident, 4 * 28, 128, kRoomy), 32);
-  EXPECT_EQ(plan_decode_splits(4 * 4, 9, kResident, 4 * 28, 128, kRoomy), 9);
-  EXPECT_EQ(plan_decode_splits(1024, 32, kResident, 1024 * 7, 128, kRoomy), 1);
+  EXPECT_EQ(plan_wave_splits(4 * 4, 32, kResident, 4 * 28, 128, kRoomy), 32);
+  EXPECT_EQ(plan_wave_splits(4 * 4, 9, kResident, 4 * 28, 128, kRoomy), 9);
+  EXPECT_EQ(plan_wave_splits(1024, 32, kResident, 1024 * 7, 128, kRoomy), 1);
   // A workspace too small for the partials of 16 splits takes fewer.
   const size_t room_for_8 = qspec::cuda::detail::kAttentionCounterBytes +
                             qspec::cuda::detail::attention_partial_bytes(8, 8 * 28, 128);
-  EXPECT_EQ(plan_decode_splits(8 * 4, 32, kResident, 8 * 28, 128, room_for_8), 8);
+  EXPECT_EQ(plan_wave_splits(8 * 4, 32, kResident, 8 * 28, 128, room_for_8), 8);
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ namespace detail {
 // paged_attention_prefill_int8.cu: the INT8 instances.
 void launch_prefill_int8(const kernels::PrefillParams& params, int64_t head_dim, int key_warps, dim3 grid,
                          cudaStream_t stream);
+int prefill_resident_int8(int64_t head_dim, int key_warps);
 }  // namespace detail
 
 namespace {
@@ -56,6 +57,30 @@ int prefill_key_warps(int64_t run_rows) {
   }();
   if (forced > 0) return forced;
   return run_rows <= 16 ? 4 : run_rows <= 32 ? 2 : 1;
+}
+
+// The prefill kernel's blocks resident on the whole GPU at once, for its instance.
+int64_t prefill_resident_blocks(int64_t D, int key_warps, bool int8) {
+  const int per_multiprocessor = int8          ? detail::prefill_resident_int8(D, key_warps)
+                                 : D == 32     ? detail::prefill_resident_kw<32, false>(key_warps)
+                                 : D == 64     ? detail::prefill_resident_kw<64, false>(key_warps)
+                                 : D == 128    ? detail::prefill_resident_kw<128, false>(key_warps)
+                                               : detail::prefill_resident_kw<256, false>(key_warps);
+  return per_multiprocessor * multiprocessor_count();
+}
+
+// QSPEC_PREFILL_SPLITS=wave: the splits fill one wave of the kernel's resident blocks over the
+// launch's grid (detail::plan_wave_splits, as the decode attention plans); unset or fill: 2 blocks
+// a multiprocessor over the blocks that may find rows (an A/B knob until measured).
+bool prefill_wave_splits() {
+  static const bool wave = [] {
+    const char* text = std::getenv("QSPEC_PREFILL_SPLITS");
+    if (text == nullptr || *text == '\0') return false;
+    const std::string value(text);
+    QSPEC_CHECK(value == "wave" || value == "fill", "QSPEC_PREFILL_SPLITS: '", value, "' is not wave or fill");
+    return value == "wave";
+  }();
+  return wave;
 }
 }  // namespace
 
@@ -90,9 +115,15 @@ void paged_attention_prefill(const f16_bits* q, int64_t q_stride, const QueryBat
   const int64_t keys = shape.sliding_window > 0 && shape.sink_tokens == 0
                            ? std::min(batch.max_context, shape.sliding_window + batch.max_query_len)
                            : batch.max_context;
-  int64_t splits = detail::plan_splits(blocks, keys, multiprocessor_count(), rows, D,
-                                       workspace == nullptr ? 0 : workspace_bytes);
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, keys / (2 * kernels::kPrefillKeys)));
+  const int64_t most_splits =
+      std::min<int64_t>(detail::max_attention_splits(keys), std::max<int64_t>(1, keys / (2 * kernels::kPrefillKeys)));
+  int64_t splits = prefill_wave_splits()
+                       ? detail::plan_wave_splits(q_tiles * batch.num_seqs * KV, most_splits,
+                                                  prefill_resident_blocks(D, key_warps, kv.int8()), rows, D,
+                                                  workspace == nullptr ? 0 : workspace_bytes)
+                       : std::min(detail::plan_splits(blocks, keys, multiprocessor_count(), rows, D,
+                                                      workspace == nullptr ? 0 : workspace_bytes),
+                                  most_splits);
 
   kernels::PrefillParams params{};
   params.q = reinterpret_cast<const __half*>(q);

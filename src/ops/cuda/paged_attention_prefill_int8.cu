@@ -13,4 +13,11 @@ void launch_prefill_int8(const kernels::PrefillParams& params, int64_t head_dim,
   else launch_prefill_kw<256, true>(key_warps, params, grid, stream);
 }
 
+int prefill_resident_int8(int64_t head_dim, int key_warps) {
+  return head_dim == 32    ? prefill_resident_kw<32, true>(key_warps)
+         : head_dim == 64  ? prefill_resident_kw<64, true>(key_warps)
+         : head_dim == 128 ? prefill_resident_kw<128, true>(key_warps)
+                           : prefill_resident_kw<256, true>(key_warps);
+}
+
 }  // namespace qspec::cuda::detail

@@ -58,7 +58,7 @@ inline float* attention_partial_ml(void* workspace, int64_t splits, int64_t rows
 // The prefill (verify) attention's split-K fills the GPU to this many blocks a multiprocessor:
 // kAttentionBlocksPerSm, or QSPEC_ATTENTION_BLOCKS_PER_SM (1-8, read once a process: a benchmark
 // knob; swept at 512-token contexts on the H100, 3 or 4 gained nothing). The decode attention
-// plans by its kernel's occupancy instead (plan_decode_splits). Defined in attention_combine.cu.
+// plans by its kernel's occupancy instead (plan_wave_splits). Defined in attention_combine.cu.
 inline constexpr int64_t kAttentionBlocksPerSm = 2;
 int64_t attention_blocks_per_sm();
 
@@ -89,14 +89,14 @@ inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t ro
   return std::max<int64_t>(splits, 1);
 }
 
-// Splits for a decode launch of `blocks` (sequence, head group) blocks: as many as fill one wave
+// Splits for a launch of `blocks` blocks a split (decode: (sequence, head group) blocks): as many as fill one wave
 // of the kernel's `resident` blocks (its occupancy times the multiprocessors), never past it, at
 // most `most_splits` (the context's), limited by what the workspace holds for `rows` query rows.
 // A second, partial wave or a first one a third empty costs more than the splits save: H200, Qwen2.5-7B
 // shapes, 32 K context, W4A16 step at batch 8 / 16 / 32 (528 resident) 8.87 / 14.85 / 22.42 ms with
 // 288 / 320 / 384 blocks (plan_splits, 2 a multiprocessor rounded up), 6.10 / 10.66 / 17.85 ms with
 // 512 (perf-notes, "Decode attention: splits that fill one wave").
-inline int64_t plan_decode_splits(int64_t blocks, int64_t most_splits, int64_t resident, int64_t rows,
+inline int64_t plan_wave_splits(int64_t blocks, int64_t most_splits, int64_t resident, int64_t rows,
                                   int64_t head_dim, size_t workspace_bytes) {
   int64_t splits = std::clamp<int64_t>(resident / std::max<int64_t>(blocks, 1), 1, std::max<int64_t>(most_splits, 1));
   while (splits > 1 && kAttentionCounterBytes + attention_partial_bytes(splits, rows, head_dim) > workspace_bytes)

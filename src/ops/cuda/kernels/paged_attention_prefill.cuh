@@ -452,6 +452,30 @@ void launch_prefill_d(const kernels::PrefillParams& params, dim3 grid, cudaStrea
   QSPEC_CUDA_CHECK_LAUNCH("paged_attention_prefill_kernel");
 }
 
+// One instance's blocks resident a multiprocessor (its dynamic shared memory opted into first, as
+// the launch does), asked of the runtime once an instance.
+template <int D, int KW, bool INT8>
+int prefill_resident_per_multiprocessor() {
+  static const int resident = [] {
+    constexpr size_t bytes = kernels::PrefillSmem<D>::kBytes;
+    check_attention_runs_here(D);
+    QSPEC_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_prefill_kernel<D, KW, INT8>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    int blocks = 0;
+    QSPEC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, kernels::paged_attention_prefill_kernel<D, KW, INT8>, 128, bytes));
+    return std::max(blocks, 1);
+  }();
+  return resident;
+}
+
+template <int D, bool INT8>
+int prefill_resident_kw(int key_warps) {
+  return key_warps == 4   ? prefill_resident_per_multiprocessor<D, 4, INT8>()
+         : key_warps == 2 ? prefill_resident_per_multiprocessor<D, 2, INT8>()
+                          : prefill_resident_per_multiprocessor<D, 1, INT8>();
+}
+
 template <int D, bool INT8>
 void launch_prefill_kw(int key_warps, const kernels::PrefillParams& params, dim3 grid, cudaStream_t stream) {
   if (key_warps == 4) launch_prefill_d<D, 4, INT8>(params, grid, stream);
