@@ -181,11 +181,12 @@ void launch_decode(const f16_bits* q, int64_t q_stride, int64_t num_seqs, const 
   const int64_t rows = num_seqs * H;
   const detail::DecodeKernel kernel = decode_kernel(D, heads_per_block, kv.int8());
   const int64_t resident = resident_blocks(kernel);
-  int64_t splits = detail::plan_wave_splits(num_seqs * KV * head_chunks, detail::max_attention_splits(keys),
-                                              resident, rows, D, workspace == nullptr ? 0 : workspace_bytes);
-  if (forced_decode_splits() > 0)
-    splits = detail::plan_wave_splits(1, std::min(forced_decode_splits(), detail::max_attention_splits(keys)),
-                                        forced_decode_splits(), rows, D, workspace == nullptr ? 0 : workspace_bytes);
+  // A forced count is planned as one block wanting that many splits (the same caps).
+  const bool forced = forced_decode_splits() > 0;
+  int64_t splits =
+      detail::plan_wave_splits(forced ? 1 : num_seqs * KV * head_chunks, detail::max_attention_splits(keys),
+                               forced ? forced_decode_splits() : resident, rows, D,
+                               workspace == nullptr ? 0 : workspace_bytes);
   const int64_t split_len = ((keys + splits - 1) / splits + 15) / 16 * 16;
   splits = (keys + split_len - 1) / split_len;
 
