@@ -544,9 +544,11 @@ TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
 
 // int4-asym and int4-zp weights (zero points, issue 55) in the GPU engine: W4A16 greedy output equals the CPU
 // engine's on the same weights (f16 group scales and minimums on the GPU, f32 on the CPU), and
-// greedy QSpec with the drafts that run W4A16's kernels (a sparse-cache window, a vocabulary
-// subset, both) and with prompt lookup equals it, under continuous batching. 24 eval problems
-// (the committed reference is int4's).
+// greedy QSpec equals it, under continuous batching, with the drafts that run W4A16's kernels (a
+// sparse-cache window, a vocabulary subset, both), with prompt lookup, and with quantized-activation
+// drafts (w4a8, w4a4-nvfp4: the symmetric kernels plus the zero points' term), which must be
+// accepted as often as on int4 weights (>= 80 %: a missing or wrong zero-point term drafts noise).
+// 24 eval problems (the committed reference is int4's).
 TEST(GpuEngine, Int4AsymW4A16AndW4A16DraftsEqualTheCpu) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   for (const qspec::quant::Format format : {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp}) {
@@ -587,7 +589,7 @@ TEST(GpuEngine, Int4AsymW4A16AndW4A16DraftsEqualTheCpu) {
                   requests.size());
     };
     check(plain, "w4a16");
-    for (const char* param : {"w4a16@24+4", "w4a16@24+4/v96", "ngram"}) {
+    for (const char* param : {"w4a16@24+4", "w4a16@24+4/v96", "ngram", "w4a8", "w4a4-nvfp4"}) {
       qspec::DecodePlan spec;
       qspec::set_draft_spec(spec, param);
       std::vector<qspec::Request> requests = plain;
@@ -604,21 +606,14 @@ TEST(GpuEngine, Int4AsymW4A16AndW4A16DraftsEqualTheCpu) {
       check(requests, std::string("QSpec (") + param + " drafts)");
       const qspec::QSpecMetrics after = gpu_engine.metrics().qspec;
       EXPECT_GT(after.accepted, before.accepted) << param << ": no draft accepted";
+      const std::string name = param;
+      if (name == "w4a8" || name == "w4a4-nvfp4") {
+        EXPECT_GE(static_cast<double>(after.accepted - before.accepted),
+                  0.8 * static_cast<double>(after.drafted - before.drafted))
+            << param << " drafts on zero-point weights";
+      }
       std::printf("    %s: accepted %lld / %lld drafts\n", param, static_cast<long long>(after.accepted - before.accepted),
                   static_cast<long long>(after.drafted - before.drafted));
-    }
-    // Drafts with quantized activations have no zero-point kernels on the GPU: refused at submit.
-    for (const char* draft : {"w4a8", "w4a4-nvfp4"}) {
-      qspec::Request request = plain[0];
-      request.plan.mode = "qspec";
-      request.plan.draft = draft;
-      request.plan.verify = "w4a16";
-      try {
-        gpu_engine.submit(std::move(request), [](const qspec::TokenEvent&) {});
-        ADD_FAILURE() << "accepted " << draft << " drafts on int4-asym weights";
-      } catch (const qspec::Error& error) {
-        EXPECT_NE(std::string(error.what()).find("int4-asym"), std::string::npos) << error.what();
-      }
     }
   }
 }

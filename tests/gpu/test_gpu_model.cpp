@@ -535,32 +535,42 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
   EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
 }
 
-// int4-asym and int4-zp weights (zero points, issue 55) run W4A16 on the GPU: a model loads in mode w4a16,
-// its prefill and decode steps give the CPU's greedy tokens, and the modes without GPU zero-point
-// kernels (quantized activations: w4a8, w4a4-*) are refused at load, naming the mode and what runs,
-// and as activations of a loaded model (the QSpec drafts). Synthetic int4-asym weights (the
-// benchmark's A/B) step and stay finite.
-TEST(GpuModel, ZeroPointWeightsRunW4A16AndRefuseQuantizedActivations) {
+// int4-asym and int4-zp weights (zero points, issue 55) on the GPU: a model loads in mode w4a16, its
+// prefill and decode steps give the CPU's greedy tokens; it also loads in w4a8 and switches to
+// quantized activations (the QSpec drafts: the symmetric kernels plus the zero points' term,
+// cuda::w4_zero_point_correction) with finite logits; ARC activations are refused, naming what runs.
+// Synthetic zero-point weights (the benchmark's A/B) step and stay finite in w4a16 and w4a8.
+TEST(GpuModel, ZeroPointWeightsRunW4A16AndQuantizedActivations) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   for (const qspec::quant::Format format : {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp}) {
     SCOPED_TRACE(std::string(qspec::quant::format_name(format)));
     auto model = qspec::LlamaModel::load(kModelDir);
     auto tokenizer = qspec::Tokenizer::load(kModelDir);
     model->quantize_weights(format);
-    qspec::RunMode w4a8 = qspec::parse_run_mode("w4a8");
-    w4a8.activations.group_size = 64;
-    try {
-      qspec::GpuLlama(*model, w4a8, 64);
-      ADD_FAILURE() << "w4a8 on int4-asym weights was accepted";
-    } catch (const qspec::Error& error) {
-      const std::string message = error.what();
-      EXPECT_NE(message.find("w4a8"), std::string::npos) << message;
-      EXPECT_NE(message.find("w4a16"), std::string::npos) << message;
+    const std::vector<int32_t> first_prompt = question_prompts(*tokenizer, 1)[0];
+    {
+      qspec::RunMode w4a8 = qspec::parse_run_mode("w4a8");
+      w4a8.activations.group_size = 64;
+      qspec::GpuLlama quantized(*model, w4a8, 256);
+      EXPECT_GE(quantized.forward(first_prompt), 0);
+      for (float v : quantized.logits()) ASSERT_TRUE(std::isfinite(v)) << "w4a8 on zero-point weights";
     }
     qspec::GpuLlama gpu(*model, qspec::parse_run_mode("w4a16"), 256);
-    EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::int8), qspec::Error);
-    EXPECT_THROW(gpu.set_activations(qspec::GpuActivations::nvfp4), qspec::Error);
-    EXPECT_EQ(gpu.activations(), qspec::GpuActivations::f16) << "a refused switch leaves the activations as they were";
+    for (const qspec::GpuActivations activations : {qspec::GpuActivations::int8, qspec::GpuActivations::nvfp4}) {
+      gpu.set_activations(activations);
+      EXPECT_EQ(gpu.activations(), activations);
+      gpu.reset();
+      EXPECT_GE(gpu.forward(first_prompt), 0);
+      for (float v : gpu.logits()) ASSERT_TRUE(std::isfinite(v)) << "quantized activations on zero-point weights";
+    }
+    try {
+      gpu.set_activations(qspec::GpuActivations::nvfp4_arc);
+      ADD_FAILURE() << "ARC activations on zero-point weights were accepted";
+    } catch (const qspec::Error& error) {
+      EXPECT_NE(std::string(error.what()).find("ARC"), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(gpu.activations(), qspec::GpuActivations::nvfp4) << "a refused switch leaves the activations as they were";
+    gpu.set_activations(qspec::GpuActivations::f16);
     // Greedy tokens: a prefill then decode steps, against the CPU's W4A16 on the same weights (f32
     // group scales and minimums there, f16 on the GPU).
     const qspec::RunMode w4a16 = qspec::parse_run_mode("w4a16");
@@ -591,7 +601,12 @@ TEST(GpuModel, ZeroPointWeightsRunW4A16AndRefuseQuantizedActivations) {
       for (float v : synthetic->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic int4-asym weights, step " << step;
     }
     synthetic.reset();
-    EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a8"), options), qspec::Error);
+    auto synthetic_w4a8 = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a8"), options);
+    EXPECT_GE(synthetic_w4a8->forward(prompt), 0);
+    for (float v : synthetic_w4a8->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic zero-point weights, w4a8";
+    synthetic_w4a8.reset();
+    options.synthetic_arc_channels = 64;
+    EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a16"), options), qspec::Error);
   }
 }
 

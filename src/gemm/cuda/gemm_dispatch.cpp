@@ -132,8 +132,8 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
   // only (cuda::w4a16_runs_zero_points): a strategy elsewhere becomes the kernels' own automatic
   // choice for these weights (a map tuned on int4 kernels may name any).
   if (w.has_min()) {
-    QSPEC_CHECK(x.quantized == nullptr, "GEMM dispatch: int4-asym / int4-zp weights run f16 activations only (W4A16), not ",
-                x.activations());
+    QSPEC_CHECK(x.quantized == nullptr, "GEMM dispatch: int4-asym / int4-zp weights under ", x.activations(),
+                " activations go through dispatch_w4_gemm (the strategy on their codes, then the zero points' term)");
     const cuda::W4A16Path path = strategy_path(strategy);
     cuda::w4a16_gemm(blas, x.x, m, x.ldx, w, y, ldy, workspace, workspace_bytes, stream,
                      cuda::w4a16_runs_zero_points(path, m) ? path : cuda::W4A16Path::automatic);
@@ -197,6 +197,16 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
                       size_t workspace_bytes, void* stream) {
   QSPEC_CHECK(!x.x_packed || (policy == nullptr && x.quantized == nullptr),
               "dispatch_w4_gemm: x in the packed k order goes to the automatic W4A16 path only");
+  if (x.quantized != nullptr && w.has_min()) {
+    // Zero points under quantized activations: every strategy on the codes as int4's, then the
+    // zero points' term (cuda::w4_zero_point_correction).
+    cuda::W4A16Weights symmetric = w;
+    symmetric.mins = nullptr;
+    symmetric.zero_codes = false;
+    dispatch_w4_gemm(policy, blas, x, m, symmetric, y, ldy, workspace, workspace_bytes, stream);
+    cuda::w4_zero_point_correction(*x.quantized, m, w, y, ldy, stream);
+    return;
+  }
   if (policy != nullptr) {
     gemm::Strategy strategy = policy->lookup(x.activations(), w.n, w.k, m);
     // Bitwise needs the weights' bit-plane copy (GpuLlama makes it for the shapes a measured map

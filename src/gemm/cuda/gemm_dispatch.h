@@ -35,7 +35,9 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
 // The map's strategy for (activations, n, k, m); without a map (nullptr) the kernels' own
 // `automatic` paths, except that quantized activations go to the wgmma kernel where the
 // rule-based default names it (int8 / fp8 from 512 tokens) and it runs here: the default
-// engine, bench and tests run the large-M kernel a map would.
+// engine, bench and tests run the large-M kernel a map would. Weights with zero points under
+// quantized activations: the chosen strategy on their codes as int4's, then
+// cuda::w4_zero_point_correction.
 void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream);

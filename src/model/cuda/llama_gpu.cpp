@@ -51,6 +51,12 @@ void append_f16(const WeightMatrix& weight, std::vector<f16_bits>& out) {
   }
 }
 
+// ARCQuant's activations (reordered channels plus augmented residual columns).
+bool is_arc(GpuActivations activations) {
+  return activations == GpuActivations::int4_arc || activations == GpuActivations::nvfp4_arc ||
+         activations == GpuActivations::mxfp4_arc;
+}
+
 // One projection on the device: f16 weights (cuBLAS) or packed 4-bit weights. Fused
 // projections (q|k|v, gate|up) are their parts' rows stacked.
 // On an ARC-calibrated model a 4-bit projection's input is reordered (site.order) and k counts
@@ -363,10 +369,7 @@ struct GpuLlama::State {
   size_t input_words() const { return table_offset_words() + static_cast<size_t>(max_runs() * blocks_per_seq); }
 
   bool int8_step() const { return quantized && activations == GpuActivations::int8; }
-  bool arc_step() const {
-    return activations == GpuActivations::int4_arc || activations == GpuActivations::nvfp4_arc ||
-           activations == GpuActivations::mxfp4_arc;
-  }
+  bool arc_step() const { return is_arc(activations); }
   quant::Format activation_format() const {
     switch (activations) {
       case GpuActivations::int8: return quant::Format::int8;
@@ -807,12 +810,13 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   s.set_mode(mode);
   if (s.quantized) {
     QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
-    // Zero points (issue 55) have W4A16 kernels only on the GPU: refuse the other modes here,
-    // before anything is uploaded (set_activations refuses them as QSpec drafts).
-    QSPEC_CHECK(!quant::format_has_min(model.quantization().format) || s.activations == GpuActivations::f16,
-                "GPU model: mode ", mode.name, ": ", model.quantized_format(), " weights (4-bit with zero points / "
-                "minimums) run mode w4a16 only on the GPU (and its w4a16 QSpec drafts); run ", mode.name,
-                " with --device cpu, or quantize with --format int4 for the GPU");
+    // Zero points (issue 55) under quantized activations: the symmetric kernels plus the zero
+    // points' term (cuda::w4_zero_point_correction), except on ARC's augmented columns: refuse
+    // those here, before anything is uploaded (set_activations refuses them as QSpec drafts).
+    QSPEC_CHECK(!quant::format_has_min(model.quantization().format) || !s.arc_step(), "GPU model: mode ", mode.name,
+                ": ", model.quantized_format(), " weights (4-bit with zero points / minimums) do not run ARC "
+                "activations on the GPU; run ", mode.name, " with --device cpu, or quantize with --format int4 for "
+                "the GPU");
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
   }
@@ -911,9 +915,9 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   const int64_t wgroup = options.synthetic_group;
   QSPEC_CHECK(wgroup == 32 || wgroup == 64 || wgroup == 128, "GPU model: synthetic_group ", wgroup,
               " (the synthetic 4-bit weights take groups of 32, 64 or 128)");
-  QSPEC_CHECK(!zero_points || (s.activations == GpuActivations::f16 && options.synthetic_arc_channels == 0),
-              "GPU model: synthetic ", quant::format_name(options.synthetic_weights),
-              " weights run mode w4a16 only (not ", mode.name, ", nor ARC calibrations)");
+  QSPEC_CHECK(!zero_points || (!s.arc_step() && options.synthetic_arc_channels == 0), "GPU model: synthetic ",
+              quant::format_name(options.synthetic_weights), " weights do not run ARC (", mode.name,
+              ", or ARC calibrations)");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
   const cuda::MemoryInfo memory = cuda::memory_info();
   QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
@@ -1381,10 +1385,10 @@ void GpuLlama::check_activations(GpuActivations activations) const {
   if (activations == GpuActivations::f16) return;
   for (const Layer& layer : s.layers)
     for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      QSPEC_CHECK(!linear->has_min(),
-                  "GPU model: int4-asym weights (zero points) run f16 activations only on the GPU (mode w4a16 and its "
-                  "w4a16 drafts, e.g. w4a16@W+S, /vN, or prompt lookup); quantized-activation modes and drafts (w4a8, "
-                  "w4a4-*, ARC) run them with --device cpu");
+      QSPEC_CHECK(!linear->has_min() || (!is_arc(activations) && !linear->reordered()),
+                  "GPU model: 4-bit weights with zero points (int4-asym, int4-zp) do not run ARC activations or "
+                  "ARC-calibrated projections on the GPU (w4a16, w4a8, w4a4-* and their drafts do); run ARC with "
+                  "--device cpu");
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }

@@ -25,6 +25,16 @@ namespace qspec::cuda {
 // W4A16 path's (w4a16_workspace_bytes with that path).
 void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y, int64_t ldy,
                        void* workspace, size_t workspace_bytes, void* stream, W4A16Path path = W4A16Path::automatic);
+// Weights with zero points (int4-asym minimums, int4-zp zero points; W4A16Weights::mins) under
+// quantized activations: the kernels above (and the wide, wgmma and bitwise ones) have no zero-point
+// variants, so they run on the codes as int4's (a view without `mins`: s (u - 8) for each code u),
+// and this adds what the zero points add, y[t, i] = f16(y[t, i] + sum_g c(i, g) X(t, g)), with
+// c = m + 8 s (int4-asym) or s (8 - z) (int4-zp) and X(t, g) the sum over group g of token t's
+// dequantized activations (x's codes or values times their scale). dispatch_w4_gemm
+// (gemm/cuda/gemm_dispatch.h) runs the two for such weights. y is rounded to f16 twice (the GEMM's
+// output, then the sum); the CPU's quantized_linear rounds once.
+void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                              int64_t ldy, void* stream);
 // The small-M kernel (variants 1 / 2 of W4A16SmallMConfig), in slices of 64 tokens.
 void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,

@@ -1,0 +1,91 @@
+// The term zero points add to a 4-bit GEMM on quantized activations: the symmetric kernels' output
+// plus, for each token and output row, the groups' constants times the activations' group sums.
+#pragma once
+#include "ops/cuda/common.h"
+#include "ops/cuda/kernels/fp_codecs.cuh"
+
+namespace qspec::cuda::kernels {
+
+// How the activation values are stored (QuantizedActivations): one signed byte each (int8, int4
+// codes), e4m3 codes, or f16 values.
+enum class ZeroPointActivations : int { bytes = 0, e4m3 = 1, f16 = 2 };
+
+struct ZeroPointCorrectionParams {
+  const void* x;           // values, rows ldx elements apart
+  int64_t ldx;
+  ZeroPointActivations kind;
+  const float* scales;     // a token's scale, or [token][scale_ld] for int4 groups
+  int64_t scale_ld;
+  int act_group;           // int4: k values a scale covers (a multiple of `group`); 0: one a token
+  int m, n, group, groups, row_blocks;
+  const uint32_t* scale_words;  // ops/w4a16_pack.h: [row_blocks][groups][8] f16 pairs (rows g, g + 8)
+  const uint32_t* min_words;    // int4-asym: the minimums, laid out as the scales
+  const uint8_t* zero_bytes;    // int4-zp: [row_blocks][8 * (groups rounded up to even)] nibbles
+  __half* y;
+  int64_t ldy;
+};
+
+inline constexpr int kZeroPointTokens = 16;  // tokens a block (their group sums in shared memory)
+inline constexpr int kZeroPointRows = 256;   // output rows a block, one a thread
+
+__device__ __forceinline__ float zero_point_activation(const ZeroPointCorrectionParams& p, int64_t t, int64_t i) {
+  if (p.kind == ZeroPointActivations::f16) return __half2float(static_cast<const __half*>(p.x)[t * p.ldx + i]);
+  const uint8_t byte = static_cast<const uint8_t*>(p.x)[t * p.ldx + i];
+  if (p.kind == ZeroPointActivations::e4m3) return e4m3_decode(byte);
+  return static_cast<float>(static_cast<int8_t>(byte));
+}
+
+// Group g's constant for output row n: c = m + 8 s (weights s u + m) or s (8 - z) (weights s (u - z)),
+// since the symmetric kernels computed s (u - 8) for every code u.
+__device__ __forceinline__ float zero_point_constant(const ZeroPointCorrectionParams& p, int n, int g) {
+  const int rb = n >> 4, r = n & 15;
+  const int64_t word = (static_cast<int64_t>(rb) * p.groups + g) * 8 + (r & 7);
+  const uint32_t s_pair = __ldg(p.scale_words + word);
+  const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(r < 8 ? s_pair : s_pair >> 16)));
+  if (p.zero_bytes != nullptr) {
+    const uint8_t zeros = __ldg(p.zero_bytes + static_cast<int64_t>(rb) * 8 * (p.groups + (p.groups & 1)) + g * 8 + (r & 7));
+    const int z = r < 8 ? (zeros & 0xf) : (zeros >> 4);
+    return s * static_cast<float>(8 - z);
+  }
+  const uint32_t m_pair = __ldg(p.min_words + word);
+  const float minimum = __half2float(__ushort_as_half(static_cast<unsigned short>(r < 8 ? m_pair : m_pair >> 16)));
+  return fmaf(8.0f, s, minimum);
+}
+
+// Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)); dynamic shared memory: the block's
+// tokens' group sums, kZeroPointTokens x groups floats. y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)),
+// X the group's sum of the dequantized activations (integer codes summed exactly, then scaled).
+__global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
+  extern __shared__ float group_sums[];
+  pdl_prologue();
+  const int t0 = blockIdx.y * kZeroPointTokens;
+  const int tokens = min(kZeroPointTokens, p.m - t0);
+  for (int i = threadIdx.x; i < tokens * p.groups; i += blockDim.x) {
+    const int t = i / p.groups, g = i % p.groups;
+    const int64_t token = t0 + t, k0 = static_cast<int64_t>(g) * p.group;
+    float sum = 0.0f;
+    for (int j = 0; j < p.group; ++j) sum += zero_point_activation(p, token, k0 + j);
+    const float scale = p.act_group > 0 ? p.scales[token * p.scale_ld + k0 / p.act_group] : p.scales[token];
+    group_sums[t * p.groups + g] = sum * scale;
+  }
+  __syncthreads();
+  const int n = blockIdx.x * kZeroPointRows + threadIdx.x;
+  if (n >= p.n) return;
+  float acc[kZeroPointTokens];
+#pragma unroll
+  for (int t = 0; t < kZeroPointTokens; ++t) acc[t] = 0.0f;
+  for (int g = 0; g < p.groups; ++g) {
+    const float c = zero_point_constant(p, n, g);
+#pragma unroll
+    for (int t = 0; t < kZeroPointTokens; ++t)
+      if (t < tokens) acc[t] = fmaf(c, group_sums[t * p.groups + g], acc[t]);
+  }
+#pragma unroll
+  for (int t = 0; t < kZeroPointTokens; ++t)
+    if (t < tokens) {
+      __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
+      out = __float2half_rn(__half2float(out) + acc[t]);
+    }
+}
+
+}  // namespace qspec::cuda::kernels

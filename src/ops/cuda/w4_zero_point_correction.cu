@@ -1,0 +1,60 @@
+// The zero-point term of 4-bit GEMMs on quantized activations (launcher; the kernel is
+// kernels/w4_zero_point_correction.cuh).
+#include "ops/cuda/common.h"
+#include "ops/cuda/gemm_w4_lowbit.h"
+#include "ops/cuda/kernels/w4_activation.cuh"
+#include "ops/cuda/kernels/w4_zero_point_correction.cuh"
+
+namespace qspec::cuda {
+
+namespace {
+// The group sums of a block's tokens take this much shared memory at most (an opt-in past 48 KB):
+// groups of 32 over k up to 24,576.
+constexpr size_t kMaxGroupSumBytes = 48 * 1024;
+}  // namespace
+
+void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
+                              int64_t ldy, void* stream) {
+  QSPEC_CHECK(w.has_min(), "cuda::w4_zero_point_correction: weights without zero points (int4) need no correction");
+  QSPEC_CHECK(m >= 0 && w.n > 0 && w.k > 0 && w.group > 0 && w.k % w.group == 0 && ldy >= w.n,
+              "cuda::w4_zero_point_correction: bad shape m ", m, " n ", w.n, " k ", w.k, " group ", w.group, " ldy ", ldy);
+  QSPEC_CHECK(x.values != nullptr && x.scales != nullptr && x.ldx >= w.k,
+              "cuda::w4_zero_point_correction: activations without values or scales, or rows shorter than k ", w.k);
+  if (m == 0) return;
+  kernels::ZeroPointCorrectionParams p{};
+  p.x = x.values;
+  p.ldx = x.ldx;
+  p.kind = quantized_values_are_f16(x)                      ? kernels::ZeroPointActivations::f16
+           : x.format == quant::Format::fp8 && x.e4m3        ? kernels::ZeroPointActivations::e4m3
+                                                             : kernels::ZeroPointActivations::bytes;
+  QSPEC_CHECK(p.kind != kernels::ZeroPointActivations::bytes || x.format == quant::Format::int8 ||
+                  x.format == quant::Format::int4,
+              "cuda::w4_zero_point_correction: activations in ", kernels::format_label(x.format), " as bytes");
+  p.scales = x.scales;
+  if (x.format == quant::Format::int4) {
+    QSPEC_CHECK(x.group > 0 && x.group % w.group == 0 && w.k % x.group == 0 && x.scale_ld >= w.k / x.group,
+                "cuda::w4_zero_point_correction: int4 activation groups of ", x.group,
+                " must be a multiple of the weight group ", w.group, " and divide k ", w.k);
+    p.act_group = static_cast<int>(x.group);
+    p.scale_ld = x.scale_ld;
+  }
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(w.n);
+  p.group = static_cast<int>(w.group);
+  p.groups = static_cast<int>(w.k / w.group);
+  p.row_blocks = static_cast<int>((w.n + 15) / 16);
+  p.scale_words = static_cast<const uint32_t*>(w.scales);
+  if (w.zero_codes) p.zero_bytes = static_cast<const uint8_t*>(w.mins);
+  else p.min_words = static_cast<const uint32_t*>(w.mins);
+  p.y = reinterpret_cast<__half*>(y);
+  p.ldy = ldy;
+  const size_t smem = static_cast<size_t>(kernels::kZeroPointTokens) * p.groups * sizeof(float);
+  QSPEC_CHECK(smem <= kMaxGroupSumBytes, "cuda::w4_zero_point_correction: k ", w.k, " in groups of ", w.group,
+              " is more groups than a block holds (", kMaxGroupSumBytes / (4 * kernels::kZeroPointTokens), ")");
+  const dim3 grid(static_cast<unsigned>((w.n + kernels::kZeroPointRows - 1) / kernels::kZeroPointRows),
+                  static_cast<unsigned>((m + kernels::kZeroPointTokens - 1) / kernels::kZeroPointTokens));
+  launch_pdl(kernels::w4_zero_point_correction_kernel, grid, dim3(kernels::kZeroPointRows), smem, as_stream(stream), p);
+  QSPEC_CUDA_CHECK_LAUNCH("w4_zero_point_correction_kernel");
+}
+
+}  // namespace qspec::cuda
