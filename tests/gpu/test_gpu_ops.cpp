@@ -3246,6 +3246,14 @@ struct ActivationCase {
            (format == qspec::quant::Format::int4 ? " g" + std::to_string(group) : "") + (e4m3 ? " e4m3" : "");
   }
   bool f16_values() const { return cuda::quantized_activations_use_f16(format) && !e4m3; }
+  // The CPU's activation mode for these activations (cpu::apply_activation_mode).
+  qspec::ActivationMode mode() const {
+    qspec::ActivationMode m;
+    m.kind = qspec::ActivationMode::Kind::quantized;
+    m.format = format;
+    m.group_size = format == qspec::quant::Format::int4 ? group : 128;
+    return m;
+  }
 };
 
 // What the GEMMs see of quantized activations, as f32: int4 code x group scale, e4m3 code x token
@@ -3380,10 +3388,7 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
                                     ActivationCase{Format::fp8, 0, true}, ActivationCase{Format::nvfp4, 0},
                                     ActivationCase{Format::mxfp4, 0}}) {
       if ((c.format == Format::nvfp4 && s.k % 16 != 0) || (c.format == Format::mxfp4 && s.k % 32 != 0)) continue;
-      qspec::ActivationMode mode;
-      mode.kind = qspec::ActivationMode::Kind::quantized;
-      mode.format = c.format;
-      mode.group_size = c.format == Format::int4 ? c.group : 128;
+      const qspec::ActivationMode mode = c.mode();
       for (int64_t m : {1, 5, 8, 9, 33, 130}) {
         const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
         const int64_t scale_ld = c.format == Format::int4 ? s.k / c.group : 0;
@@ -3818,10 +3823,7 @@ TEST_F(Gpu, ZeroPointWeightsUnderQuantizedActivationsMatchCpu) {
            {ActivationCase{Format::int8, 0}, ActivationCase{Format::int4, s.int4_group}, ActivationCase{Format::fp8, 0},
             ActivationCase{Format::fp8, 0, true}, ActivationCase{Format::nvfp4, 0}, ActivationCase{Format::mxfp4, 0}}) {
         if ((c.format == Format::nvfp4 && s.k % 16 != 0) || (c.format == Format::mxfp4 && s.k % 32 != 0)) continue;
-        qspec::ActivationMode mode;
-        mode.kind = qspec::ActivationMode::Kind::quantized;
-        mode.format = c.format;
-        mode.group_size = c.format == Format::int4 ? c.group : 128;
+        const qspec::ActivationMode mode = c.mode();
         for (int64_t m : {1, 5, 17, 33, 130}) {
           if (s.n * s.k * m > 1e9) continue;  // CPU reference time
           const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
