@@ -219,8 +219,8 @@ void register_tune(CLI::App& app) {
   command->add_option("--activations", args->activations, "activation kinds to tune (f16, int8, int4, fp8, nvfp4, mxfp4)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--m-values", args->m_values, "token counts to time (default: 1..64, every batch x (gamma + 1) "
-                                                    "up to 512, then steps to 4096)")
+  command->add_option("--m-values", args->m_values, "token counts to time, each of them (default: 24 from 1 to 4096, "
+                                                    "then midpoints wherever neighbours' winners differ)")
       ->delimiter(',')
       ->check(CLI::Range(1, 65536));
   command->add_option("--reps", args->reps, "graph replays per timing (median)")->check(CLI::Range(3, 1000))->capture_default_str();

@@ -107,6 +107,49 @@ std::string PolicyMap::label() const {
   return "";
 }
 
+Strategy fastest_strategy(const std::vector<std::pair<Strategy, double>>& us, std::string_view activations, int64_t m,
+                          const std::vector<Strategy>& excluded, double min_gain) {
+  const Strategy rule = rule_based_strategy(activations, m);
+  double best_us = 0, rule_us = 0;
+  Strategy best = rule;
+  for (const auto& [strategy, time] : us) {
+    if (strategy == rule) rule_us = time;
+    if (std::find(excluded.begin(), excluded.end(), strategy) != excluded.end()) continue;
+    if (best_us == 0 || time < best_us) {
+      best_us = time;
+      best = strategy;
+    }
+  }
+  QSPEC_CHECK(best_us > 0, "no timing of an allowed strategy");
+  // Inside a decode step a GEMM also overlaps its neighbours, so a few per cent alone is no win.
+  if (best != rule && rule_us > 0 && rule_us <= best_us * (1.0 + min_gain)) best = rule;
+  return best;
+}
+
+int64_t adaptive_tune_resolution(int64_t m) { return m < 64 ? 1 : m / 8; }
+
+std::vector<int64_t> adaptive_tune_points(const std::vector<int64_t>& coarse,
+                                          const std::function<Strategy(int64_t)>& winner_at) {
+  std::map<int64_t, Strategy> winners;
+  for (int64_t m : coarse) {
+    QSPEC_CHECK(m >= 1, "tune: token counts start at 1 (", m, ")");
+    if (!winners.count(m)) winners.emplace(m, winner_at(m));
+  }
+  for (;;) {
+    std::vector<int64_t> midpoints;
+    for (auto it = winners.begin(); it != winners.end() && std::next(it) != winners.end(); ++it) {
+      const auto next = std::next(it);
+      const int64_t a = it->first, b = next->first;
+      if (it->second != next->second && b - a > adaptive_tune_resolution(a)) midpoints.push_back(a + (b - a) / 2);
+    }
+    if (midpoints.empty()) break;
+    for (int64_t m : midpoints) winners.emplace(m, winner_at(m));
+  }
+  std::vector<int64_t> points;
+  for (const auto& [m, strategy] : winners) points.push_back(m);
+  return points;
+}
+
 PolicyMap PolicyMap::from_timings(const std::string& timings_json, const std::vector<Strategy>& excluded,
                                   double min_gain, const std::string& source) {
   nlohmann::json record;
@@ -129,23 +172,9 @@ PolicyMap PolicyMap::from_timings(const std::string& timings_json, const std::ve
       const std::string activations = point.at("activations").get<std::string>();
       const int64_t n = point.at("n").get<int64_t>(), k = point.at("k").get<int64_t>(), m = point.at("m").get<int64_t>();
       const int64_t group = point.value("group", int64_t{128});
-      const Strategy rule = rule_based_strategy(activations, m);
-      double best_us = 0, rule_us = 0;
-      Strategy best = rule;
-      for (const auto& [name, us_value] : point.at("us").items()) {
-        const Strategy strategy = parse_strategy(name);
-        const double us = us_value.get<double>();
-        if (strategy == rule) rule_us = us;
-        if (std::find(excluded.begin(), excluded.end(), strategy) != excluded.end()) continue;
-        if (best_us == 0 || us < best_us) {
-          best_us = us;
-          best = strategy;
-        }
-      }
-      QSPEC_CHECK(best_us > 0, "no timing of an allowed strategy");
-      // Hysteresis (see TuneOptions::min_gain): isolated timings within a few percent flip between
-      // runs, and inside a decode step a GEMM overlaps its neighbours.
-      if (best != rule && rule_us > 0 && rule_us <= best_us * (1.0 + min_gain)) best = rule;
+      std::vector<std::pair<Strategy, double>> us;
+      for (const auto& [name, us_value] : point.at("us").items()) us.emplace_back(parse_strategy(name), us_value.get<double>());
+      const Strategy best = fastest_strategy(us, activations, m, excluded, min_gain);
       Shape& shape = shapes[{activations, n, k}];
       shape.group = group;
       QSPEC_CHECK(shape.ranges.empty() || m > shape.ranges.back().max_m, "M values must increase per shape (", m, ")");

@@ -15,6 +15,7 @@
 // one covering every larger M.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -64,6 +65,26 @@ Strategy rule_based_strategy(std::string_view activations, int64_t m);
 // hardware-aligned on sm_90: its 4-bit halves are promoted to s8), Padding beyond (the tiled
 // kernel; f16 also stays on Padding: the rule has no cuBLAS). The ablation's "rule-based map".
 Strategy paper_rule_strategy(std::string_view activations, int64_t m);
+
+// The winner of one tuning point, the one rule PolicyMap::from_timings and the tuner's sampling
+// share: the fastest of `us` (strategy, microseconds) not in `excluded`, except that the
+// rule-based default keeps the point unless another strategy beats it by more than min_gain
+// (hysteresis: isolated timings within a few percent flip between runs). Throws qspec::Error
+// when no allowed strategy was timed.
+Strategy fastest_strategy(const std::vector<std::pair<Strategy, double>>& us, std::string_view activations, int64_t m,
+                          const std::vector<Strategy>& excluded, double min_gain);
+
+// The token counts an adaptive tune times for one (shape, activations), sorted: `coarse` first,
+// then, wherever two neighbours' winners (winner_at, which times the point) differ, their midpoint,
+// until the two are within adaptive_tune_resolution of the smaller. A map keeps each sampled
+// winner for the M values down to the previous sample, so this places every crossover that
+// closely with a few points per crossover instead of every M.
+std::vector<int64_t> adaptive_tune_points(const std::vector<int64_t>& coarse,
+                                          const std::function<Strategy(int64_t)>& winner_at);
+// How far apart two sampled M values with different winners may stay: adjacent below 64 tokens
+// (decode batches and small verifies, where a step is a few GEMMs of exactly that M), an eighth
+// of the smaller from there.
+int64_t adaptive_tune_resolution(int64_t m);
 
 struct PolicyRange {
   int64_t max_m;

@@ -2,6 +2,7 @@
 // and clear errors for bad maps. The GPU side (tuner, dispatcher) is in tests/gpu.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -244,4 +245,49 @@ TEST(PolicyMap, FindsTheMapForThisGpuAndModel) {
   EXPECT_EQ(qspec::gemm::find_policy_map({std::string(QSPEC_SOURCE_DIR) + "/bench/policies"}, "NVIDIA H100 80GB HBM3",
                                          {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}}),
             std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h100-80gb-hbm3-llama3-8b.json");
+}
+
+// The tuner's adaptive sampling: coarse points, then midpoints wherever neighbours' winners
+// differ, down to adjacent points below 64 tokens and an eighth of the smaller M beyond; each
+// point timed once.
+TEST(PolicyMap, AdaptiveTunePointsBracketEveryCrossover) {
+  using qspec::gemm::Strategy;
+  // Winners with crossovers at 19 / 20 and 300 / 301 (a real map's: small-M, tiled, cuBLAS).
+  auto winner = [](int64_t m) {
+    return m < 20 ? Strategy::small_m_v5 : m <= 300 ? Strategy::tiled_128x64 : Strategy::dequant_cublas;
+  };
+  std::vector<int64_t> timed;
+  const std::vector<int64_t> coarse = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096};
+  const std::vector<int64_t> points = qspec::gemm::adaptive_tune_points(coarse, [&](int64_t m) {
+    timed.push_back(m);
+    return winner(m);
+  });
+  ASSERT_TRUE(std::is_sorted(points.begin(), points.end()));
+  EXPECT_EQ(points.size(), timed.size()) << "each point timed once";
+  for (int64_t m : coarse) EXPECT_TRUE(std::count(points.begin(), points.end(), m)) << m;
+  // The small crossover exactly: 19 and 20 both sampled.
+  EXPECT_TRUE(std::count(points.begin(), points.end(), 19) && std::count(points.begin(), points.end(), 20));
+  // The large one within an eighth: neighbours around 300 / 301 with different winners are close.
+  for (size_t i = 0; i + 1 < points.size(); ++i)
+    if (winner(points[i]) != winner(points[i + 1]))
+      EXPECT_LE(points[i + 1] - points[i], qspec::gemm::adaptive_tune_resolution(points[i]))
+          << points[i] << " .. " << points[i + 1];
+  EXPECT_EQ(qspec::gemm::adaptive_tune_resolution(63), 1);
+  EXPECT_EQ(qspec::gemm::adaptive_tune_resolution(256), 32);
+  EXPECT_LT(points.size(), coarse.size() + 16) << "a few points a crossover, not every M";
+  // One winner everywhere: the coarse points alone.
+  EXPECT_EQ(qspec::gemm::adaptive_tune_points(coarse, [](int64_t) { return Strategy::tiled_128x64; }), coarse);
+  EXPECT_THROW(qspec::gemm::adaptive_tune_points({0, 4}, winner), qspec::Error);
+}
+
+// The winner of one point keeps the rule-based default unless another strategy beats it by
+// more than min_gain, and skips excluded strategies.
+TEST(PolicyMap, FastestStrategyKeepsTheRuleWithinMinGain) {
+  using qspec::gemm::Strategy;
+  const Strategy rule = qspec::gemm::rule_based_strategy("f16", 4);
+  const Strategy other = rule == Strategy::small_m_v2 ? Strategy::small_m_v5 : Strategy::small_m_v2;
+  EXPECT_EQ(qspec::gemm::fastest_strategy({{rule, 10.0}, {other, 9.8}}, "f16", 4, {}, 0.03), rule);
+  EXPECT_EQ(qspec::gemm::fastest_strategy({{rule, 10.0}, {other, 9.0}}, "f16", 4, {}, 0.03), other);
+  EXPECT_EQ(qspec::gemm::fastest_strategy({{rule, 10.0}, {other, 9.0}}, "f16", 4, {other}, 0.03), rule);
+  EXPECT_THROW(qspec::gemm::fastest_strategy({{other, 9.0}}, "f16", 4, {other}, 0.03), qspec::Error);
 }

@@ -240,17 +240,12 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
 }
 
 std::vector<int64_t> default_tune_m_values() {
-  std::set<int64_t> m;
-  for (int64_t i = 1; i <= 64; ++i) m.insert(i);
-  for (int64_t batch = 1; batch <= 64; ++batch)
-    for (int64_t gamma = 1; gamma <= 7; ++gamma)
-      if (batch * (gamma + 1) <= 512) m.insert(batch * (gamma + 1));
-  for (int64_t v : {768, 1024, 1536, 2048, 3072, 4096}) m.insert(v);
-  return {m.begin(), m.end()};
+  return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096};
 }
 
 gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* record) {
-  const std::vector<int64_t> m_values = options.m_values.empty() ? default_tune_m_values() : options.m_values;
+  const bool adaptive = options.m_values.empty();
+  const std::vector<int64_t> m_values = adaptive ? default_tune_m_values() : options.m_values;
   QSPEC_CHECK(!options.shapes.empty() && !m_values.empty(), "tune: no shapes or M values");
   const int64_t max_m = *std::max_element(m_values.begin(), m_values.end());
   void* stream = cuda::create_stream();
@@ -290,15 +285,16 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
     const int64_t ldq = (shape.k + 15) / 16 * 16, scale_ld = std::max<int64_t>(1, shape.k / shape.group);
     cuda::DeviceMemory values(static_cast<size_t>(max_m * ldq) * 2), act_scales(static_cast<size_t>(max_m * scale_ld) * 4);
     size_t workspace_bytes = cuda::w4a16_workspace_bytes(max_m, shape.n, shape.k, cuda::W4A16Path::dequant_cublas);
-    for (int64_t m : m_values)
+    for (int64_t m = 1; m <= std::min<int64_t>(max_m, 64); ++m)  // every M an adaptive tune may time
       for (auto path : {cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
-        workspace_bytes = std::max(workspace_bytes, cuda::w4a16_workspace_bytes(std::min<int64_t>(m, 64), shape.n, shape.k, path));
+        workspace_bytes = std::max(workspace_bytes, cuda::w4a16_workspace_bytes(m, shape.n, shape.k, path));
     cuda::DeviceMemory workspace(workspace_bytes);
     cuda::w4a16_workspace_init(workspace.get(), workspace_bytes, stream);
     for (const std::string& activations : options.activations) {
       const bool quantized = activations != "f16";
       const quant::Format format = quantized ? quant::parse_format(activations) : quant::Format::int8;
-      for (int64_t m : m_values) {
+      // Every strategy's median time at m tokens (microseconds, by name).
+      auto measure = [&](int64_t m) {
         cuda::QuantizedActivations q;
         W4GemmInput input{normed.as<cuda::f16_bits>(), shape.k, nullptr};
         if (quantized) {
@@ -351,10 +347,23 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
           std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
           times[std::string(gemm::strategy_name(strategy))] = 1e3 * ms[ms.size() / 2];
         }
+        if (options.progress) options.progress(++done, std::max(total, done));
+        return times;
+      };
+      std::map<int64_t, nlohmann::json> timed;
+      if (adaptive) {
+        (void)gemm::adaptive_tune_points(m_values, [&](int64_t m) {
+          const nlohmann::json& times = timed[m] = measure(m);
+          std::vector<std::pair<gemm::Strategy, double>> us;
+          for (const auto& [name, value] : times.items()) us.emplace_back(gemm::parse_strategy(name), value.get<double>());
+          return gemm::fastest_strategy(us, activations, m, {}, options.min_gain);
+        });
+      } else {
+        for (int64_t m : m_values) timed[m] = measure(m);
+      }
+      for (const auto& [m, times] : timed)  // in increasing M, as from_timings reads them
         out["timings"].push_back({{"shape", shape.name}, {"n", shape.n}, {"k", shape.k}, {"group", shape.group},
                                   {"activations", activations}, {"m", m}, {"us", times}});
-        if (options.progress) options.progress(++done, total);
-      }
     }
   }
   cuda::stream_synchronize(stream);

@@ -76,20 +76,22 @@ struct GemmShape4 {
 struct TuneOptions {
   std::vector<GemmShape4> shapes;
   std::vector<std::string> activations = {"f16", "int8"};
-  std::vector<int64_t> m_values;  // empty: default_tune_m_values()
+  std::vector<int64_t> m_values;  // empty: default_tune_m_values(), refined (gemm::adaptive_tune_points)
   int reps = 15;
   // A strategy replaces the rule-based default at an M only when it is this much faster there.
   double min_gain = 0.03;
   // Progress: (done, total) units of (shape, activations, M).
   std::function<void(size_t, size_t)> progress;
 };
-// 1..64 densely (every decode batch and small QSpec verify), every batch x (gamma + 1) up to 512
-// for batches 1..64 and gamma 1..7, then steps to 4096 (prefill).
+// The coarse token counts a default tune starts from, 1..4096 (powers of two and the points
+// halfway between); gemm::adaptive_tune_points adds midpoints wherever neighbours' winners
+// differ, so a tune times ~30-40 M values a shape instead of every decode batch and verify size.
 std::vector<int64_t> default_tune_m_values();
 // Times every strategy (median of reps graph replays, weights round-robin over copies that
-// exceed the L2) and returns the map (ranges merged: the winner at each sampled M covers the M
-// values above the previous sample; the rule-based default keeps M values where no strategy
-// beats it by min_gain). `record` receives every timing (us) for bench/results.
+// exceed the L2) at options.m_values, or adaptively from default_tune_m_values() when it is
+// empty, and returns the map (ranges merged: the winner at each sampled M covers the M values
+// above the previous sample; the rule-based default keeps M values where no strategy beats it by
+// min_gain). `record` receives every timing (us) for bench/results.
 gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* record);
 
 }  // namespace qspec
