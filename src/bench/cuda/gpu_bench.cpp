@@ -163,7 +163,9 @@ double gemm_sum_ms(const ModelConfig& c, const RunMode& mode, int64_t m, quant::
               const cuda::QuantizedActivations xq =
                   cuda::quantize_activations(mode.activations.format, act_group, x.as<f16_bits>(), m, shape.k, shape.k,
                                              values.get(), ldq, act_scales.as<float>(), scale_ld, s);
-              cuda::w4_quantized_gemm(xq, m, view, y.as<f16_bits>(), shape.n, workspace.get(), workspace_bytes, s);
+              // The dispatcher, as the model calls it (zero-point weights: the kernels, then their term).
+              dispatch_w4_gemm(nullptr, blas, W4GemmInput{nullptr, 0, &xq}, m, view, y.as<f16_bits>(), shape.n,
+                               workspace.get(), workspace_bytes, s);
             } else {
               cuda::w4a16_gemm(blas, x.as<f16_bits>(), m, shape.k, view, y.as<f16_bits>(), shape.n, workspace.get(),
                                workspace_bytes, s);
