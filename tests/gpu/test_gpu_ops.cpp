@@ -2900,14 +2900,14 @@ TEST_F(Gpu, W4A8GroupSumsAtTheirExtremesAreExact) {
 
 namespace {
 
-// A GEMM's f16 output rows (ldy apart) against the CPU's (n apart), within 2e-3; the padding
-// between rows must keep its poison.
+// A GEMM's f16 output rows (ldy apart) against the CPU's (n apart), within `bound` (2e-3 unless
+// said); the padding between rows must keep its poison.
 void expect_gemm_rows(const std::vector<f16>& y, const std::vector<float>& expected, int64_t m, int64_t n, int64_t ldy,
-                      const std::string& what) {
+                      const std::string& what, double bound = 2e-3) {
   std::vector<float> got(expected.size());
   for (int64_t t = 0; t < m; ++t)
     for (int64_t i = 0; i < n; ++i) got[t * n + i] = qspec::f16_to_f32(y[t * ldy + i]);
-  EXPECT_CLOSE(got, expected, 2e-3, what);
+  EXPECT_CLOSE(got, expected, bound, what);
   for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
     for (int64_t i = n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
 }
@@ -3256,6 +3256,25 @@ struct ActivationCase {
   }
 };
 
+// m random rows of k values (ldx = k + 8 apart) and the GPU's quantization of them for case c
+// (values ldv = k + 16 apart; int4 scales scale_ld a row), what the quantized GEMM tests feed.
+struct QuantizedRows {
+  int64_t ldx, ldv, scale_ld;
+  std::vector<float> x;
+  cuda::DeviceMemory d_x, values, scales;
+  cuda::QuantizedActivations q;
+};
+QuantizedRows quantized_rows(const ActivationCase& c, int64_t m, int64_t k) {
+  QuantizedRows r{k + 8, k + 16, c.format == qspec::quant::Format::int4 ? k / c.group : 0, {}, {}, {}, {}, {}};
+  r.x = random_f16_values(static_cast<size_t>(m * r.ldx));
+  r.d_x = upload(to_f16(r.x));
+  r.values = poisoned(static_cast<size_t>(m * r.ldv) * 2);
+  r.scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, r.scale_ld)) * 4);
+  r.q = cuda::quantize_activations(c.format, c.group, r.d_x.as<f16>(), m, k, r.ldx, r.values.get(), r.ldv,
+                                   r.scales.as<float>(), r.scale_ld, nullptr, {}, c.e4m3);
+  return r;
+}
+
 // What the GEMMs see of quantized activations, as f32: int4 code x group scale, e4m3 code x token
 // scale, or f16 value x token scale (cuda::QuantizedActivations).
 std::vector<float> gpu_dequantized(const cuda::QuantizedActivations& q, int64_t rows, int64_t k) {
@@ -3390,16 +3409,10 @@ TEST_F(Gpu, QuantizedActivationGemmsMatchCpu) {
       if ((c.format == Format::nvfp4 && s.k % 16 != 0) || (c.format == Format::mxfp4 && s.k % 32 != 0)) continue;
       const qspec::ActivationMode mode = c.mode();
       for (int64_t m : {1, 5, 8, 9, 33, 130}) {
-        const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
-        const int64_t scale_ld = c.format == Format::int4 ? s.k / c.group : 0;
-        const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
-        const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, mode, weight);
-        auto d_x = upload(to_f16(x));
-        auto d_values = poisoned(static_cast<size_t>(m * ldv) * 2);
-        auto d_scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)) * 4);
-        const cuda::QuantizedActivations q =
-            cuda::quantize_activations(c.format, c.group, d_x.as<f16>(), m, s.k, ldx, d_values.get(), ldv,
-                                       d_scales.as<float>(), scale_ld, nullptr, {}, c.e4m3);
+        const int64_t ldy = s.n + 3;
+        const QuantizedRows in = quantized_rows(c, m, s.k);
+        const cuda::QuantizedActivations& q = in.q;
+        const std::vector<float> expected = cpu_quantized_linear(in.x, m, in.ldx, s.k, mode, weight);
         struct Variant {
           const char* name;
           cuda::W4A16SmallMConfig config;
@@ -3826,16 +3839,10 @@ TEST_F(Gpu, ZeroPointWeightsUnderQuantizedActivationsMatchCpu) {
         const qspec::ActivationMode mode = c.mode();
         for (int64_t m : {1, 5, 17, 33, 130}) {
           if (s.n * s.k * m > 1e9) continue;  // CPU reference time
-          const int64_t ldx = s.k + 8, ldv = s.k + 16, ldy = s.n + 3;
-          const int64_t scale_ld = c.format == Format::int4 ? s.k / c.group : 0;
-          const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
-          const std::vector<float> expected = cpu_quantized_linear(x, m, ldx, s.k, mode, weight);
-          auto d_x = upload(to_f16(x));
-          auto d_values = poisoned(static_cast<size_t>(m * ldv) * 2);
-          auto d_scales = poisoned(static_cast<size_t>(m * std::max<int64_t>(1, scale_ld)) * 4);
-          const cuda::QuantizedActivations q =
-              cuda::quantize_activations(c.format, c.group, d_x.as<f16>(), m, s.k, ldx, d_values.get(), ldv,
-                                         d_scales.as<float>(), scale_ld, nullptr, {}, c.e4m3);
+          const int64_t ldy = s.n + 3;
+          const QuantizedRows in = quantized_rows(c, m, s.k);
+          const cuda::QuantizedActivations& q = in.q;
+          const std::vector<float> expected = cpu_quantized_linear(in.x, m, in.ldx, s.k, mode, weight);
           const size_t bytes = std::max({cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4,
                                          cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled) * 4,
                                          cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k)});
@@ -3852,10 +3859,10 @@ TEST_F(Gpu, ZeroPointWeightsUnderQuantizedActivationsMatchCpu) {
             auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
             if (c.e4m3) {
               // The symmetric part on the same codes as f16 values, then the correction on e4m3 codes.
-              auto d_f16 = poisoned(static_cast<size_t>(m * ldv) * 2);
+              auto d_f16 = poisoned(static_cast<size_t>(m * in.ldv) * 2);
               const cuda::QuantizedActivations as_values = cuda::quantize_activations(
-                  c.format, c.group, d_x.as<f16>(), m, s.k, ldx, d_f16.get(), ldv, d_scales.as<float>(), scale_ld,
-                  nullptr, {}, false);
+                  c.format, c.group, in.d_x.as<f16>(), m, s.k, in.ldx, d_f16.get(), in.ldv, in.scales.as<float>(),
+                  in.scale_ld, nullptr, {}, false);
               cuda::W4A16Weights symmetric = w.view;
               symmetric.mins = nullptr;
               symmetric.zero_codes = false;
@@ -3865,13 +3872,8 @@ TEST_F(Gpu, ZeroPointWeightsUnderQuantizedActivationsMatchCpu) {
               qspec::dispatch_w4_gemm(policy, blas, qspec::W4GemmInput{nullptr, 0, &q}, m, w.view, d_y.as<f16>(), ldy,
                                       workspace.get(), bytes, nullptr);
             }
-            const std::vector<f16> y = download<f16>(d_y, static_cast<size_t>(m * ldy));
-            std::vector<float> got(expected.size());
-            for (int64_t t = 0; t < m; ++t)
-              for (int64_t i = 0; i < s.n; ++i) got[t * s.n + i] = qspec::f16_to_f32(y[t * ldy + i]);
-            EXPECT_CLOSE(got, expected, 3e-3, what);
-            for (int64_t t = 0; t < m; ++t)  // the padding between rows is never written
-              for (int64_t i = s.n; i < ldy; ++i) ASSERT_EQ(y[t * ldy + i], 0xffff) << what;
+            ASSERT_NO_FATAL_FAILURE(
+                expect_gemm_rows(download<f16>(d_y, static_cast<size_t>(m * ldy)), expected, m, s.n, ldy, what, 3e-3));
           }
         }
       }

@@ -35,7 +35,7 @@ int decode_heads_per_block(int64_t group, int64_t kv_heads, int64_t keys) {
 }
 
 // QSPEC_DECODE_SPLITS=1..32: every decode launch runs this many splits (capped by the context and
-// the workspace), for sweeps of the split plan; 0 (default): detail::plan_splits.
+// the workspace), for sweeps of the split plan; 0 (default): detail::plan_wave_splits.
 int64_t forced_decode_splits() {
   static const int64_t value = env_int("QSPEC_DECODE_SPLITS", 0, 0, static_cast<int>(detail::kMaxAttentionSplits));
   return value;

@@ -4,6 +4,7 @@
 #include "ops/cuda/gemm_w4_lowbit.h"
 #include "ops/cuda/kernels/w4_activation.cuh"
 #include "ops/cuda/kernels/w4_zero_point_correction.cuh"
+#include "ops/cuda/w4_detail.h"
 
 namespace qspec::cuda {
 
@@ -16,8 +17,8 @@ constexpr size_t kMaxGroupSumBytes = 48 * 1024;
 void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                               int64_t ldy, void* stream) {
   QSPEC_CHECK(w.has_min(), "cuda::w4_zero_point_correction: weights without zero points (int4) need no correction");
-  QSPEC_CHECK(m >= 0 && w.n > 0 && w.k > 0 && w.group > 0 && w.k % w.group == 0 && ldy >= w.n,
-              "cuda::w4_zero_point_correction: bad shape m ", m, " n ", w.n, " k ", w.k, " group ", w.group, " ldy ", ldy);
+  QSPEC_CHECK(m >= 0 && ldy >= w.n, "cuda::w4_zero_point_correction: bad shape m ", m, " n ", w.n, " ldy ", ldy);
+  const kernels::W4A16Layout layout = detail::w4a16_layout(w, /*zero_points=*/true);  // checks the weights
   QSPEC_CHECK(x.values != nullptr && x.scales != nullptr && x.ldx >= w.k,
               "cuda::w4_zero_point_correction: activations without values or scales, or rows shorter than k ", w.k);
   if (m == 0) return;
@@ -39,16 +40,12 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
     p.scale_ld = x.scale_ld;
   }
   p.m = static_cast<int>(m);
-  p.n = static_cast<int>(w.n);
   p.group = static_cast<int>(w.group);
-  p.groups = static_cast<int>(w.k / w.group);
-  p.row_blocks = static_cast<int>((w.n + 15) / 16);
-  p.scale_words = static_cast<const uint32_t*>(w.scales);
-  if (w.zero_codes) p.zero_bytes = static_cast<const uint8_t*>(w.mins);
-  else p.min_words = static_cast<const uint32_t*>(w.mins);
+  p.w = layout;
+  p.zero_codes = w.zero_codes;
   p.y = reinterpret_cast<__half*>(y);
   p.ldy = ldy;
-  const size_t smem = static_cast<size_t>(kernels::kZeroPointTokens) * p.groups * sizeof(float);
+  const size_t smem = static_cast<size_t>(kernels::kZeroPointTokens) * layout.groups * sizeof(float);
   QSPEC_CHECK(smem <= kMaxGroupSumBytes, "cuda::w4_zero_point_correction: k ", w.k, " in groups of ", w.group,
               " is more groups than a block holds (", kMaxGroupSumBytes / (4 * kernels::kZeroPointTokens), ")");
   const dim3 grid(static_cast<unsigned>((w.n + kernels::kZeroPointRows - 1) / kernels::kZeroPointRows),

@@ -97,7 +97,7 @@ inline int64_t plan_splits(int64_t blocks, int64_t keys, int64_t sms, int64_t ro
 // 288 / 320 / 384 blocks (plan_splits, 2 a multiprocessor rounded up), 6.10 / 10.66 / 17.85 ms with
 // 512 (perf-notes, "Decode attention: splits that fill one wave").
 inline int64_t plan_wave_splits(int64_t blocks, int64_t most_splits, int64_t resident, int64_t rows,
-                                  int64_t head_dim, size_t workspace_bytes) {
+                                int64_t head_dim, size_t workspace_bytes) {
   int64_t splits = std::clamp<int64_t>(resident / std::max<int64_t>(blocks, 1), 1, std::max<int64_t>(most_splits, 1));
   while (splits > 1 && kAttentionCounterBytes + attention_partial_bytes(splits, rows, head_dim) > workspace_bytes)
     --splits;

@@ -3,6 +3,7 @@
 #pragma once
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/fp_codecs.cuh"
+#include "ops/cuda/kernels/w4a16_common.cuh"
 
 namespace qspec::cuda::kernels {
 
@@ -17,10 +18,9 @@ struct ZeroPointCorrectionParams {
   const float* scales;     // a token's scale, or [token][scale_ld] for int4 groups
   int64_t scale_ld;
   int act_group;           // int4: k values a scale covers (a multiple of `group`); 0: one a token
-  int m, n, group, groups, row_blocks;
-  const uint32_t* scale_words;  // ops/w4a16_pack.h: [row_blocks][groups][8] f16 pairs (rows g, g + 8)
-  const uint32_t* min_words;    // int4-asym: the minimums, laid out as the scales
-  const uint8_t* zero_bytes;    // int4-zp: [row_blocks][8 * (groups rounded up to even)] nibbles
+  int m, group;
+  W4A16Layout w;    // the packed weights (ops/w4a16_pack.h); their minimums or zero points after the scales
+  bool zero_codes;  // int4-zp: zero points there (kernels::zero_point_bytes), else int4-asym's minimums
   __half* y;
   int64_t ldy;
 };
@@ -35,21 +35,20 @@ __device__ __forceinline__ float zero_point_activation(const ZeroPointCorrection
   return static_cast<float>(static_cast<int8_t>(byte));
 }
 
+__device__ __forceinline__ float high_or_low_half(uint32_t pair, bool high) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(high ? pair >> 16 : pair)));
+}
 // Group g's constant for output row n: c = m + 8 s (weights s u + m) or s (8 - z) (weights s (u - z)),
 // since the symmetric kernels computed s (u - 8) for every code u.
 __device__ __forceinline__ float zero_point_constant(const ZeroPointCorrectionParams& p, int n, int g) {
-  const int rb = n >> 4, r = n & 15;
-  const int64_t word = (static_cast<int64_t>(rb) * p.groups + g) * 8 + (r & 7);
-  const uint32_t s_pair = __ldg(p.scale_words + word);
-  const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(r < 8 ? s_pair : s_pair >> 16)));
-  if (p.zero_bytes != nullptr) {
-    const uint8_t zeros = __ldg(p.zero_bytes + static_cast<int64_t>(rb) * 8 * (p.groups + (p.groups & 1)) + g * 8 + (r & 7));
-    const int z = r < 8 ? (zeros & 0xf) : (zeros >> 4);
-    return s * static_cast<float>(8 - z);
+  const int rb = n >> 4, r = n & 15;  // word r % 8 of a row block's group: rows r % 8 (low half), r % 8 + 8 (high)
+  const int64_t word = (static_cast<int64_t>(rb) * p.w.groups + g) * 8 + (r & 7);
+  const float s = high_or_low_half(__ldg(p.w.scales + word), r >= 8);
+  if (p.zero_codes) {
+    const uint8_t zeros = __ldg(zero_point_bytes(p.w, rb) + g * 8 + (r & 7));
+    return s * static_cast<float>(8 - (r < 8 ? (zeros & 0xf) : (zeros >> 4)));
   }
-  const uint32_t m_pair = __ldg(p.min_words + word);
-  const float minimum = __half2float(__ushort_as_half(static_cast<unsigned short>(r < 8 ? m_pair : m_pair >> 16)));
-  return fmaf(8.0f, s, minimum);
+  return fmaf(8.0f, s, high_or_low_half(__ldg(zero_point_mins(p.w) + word), r >= 8));
 }
 
 // Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)); dynamic shared memory: the block's
@@ -60,25 +59,25 @@ __global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kerne
   pdl_prologue();
   const int t0 = blockIdx.y * kZeroPointTokens;
   const int tokens = min(kZeroPointTokens, p.m - t0);
-  for (int i = threadIdx.x; i < tokens * p.groups; i += blockDim.x) {
-    const int t = i / p.groups, g = i % p.groups;
+  for (int i = threadIdx.x; i < tokens * p.w.groups; i += blockDim.x) {
+    const int t = i / p.w.groups, g = i % p.w.groups;
     const int64_t token = t0 + t, k0 = static_cast<int64_t>(g) * p.group;
     float sum = 0.0f;
     for (int j = 0; j < p.group; ++j) sum += zero_point_activation(p, token, k0 + j);
     const float scale = p.act_group > 0 ? p.scales[token * p.scale_ld + k0 / p.act_group] : p.scales[token];
-    group_sums[t * p.groups + g] = sum * scale;
+    group_sums[t * p.w.groups + g] = sum * scale;
   }
   __syncthreads();
   const int n = blockIdx.x * kZeroPointRows + threadIdx.x;
-  if (n >= p.n) return;
+  if (n >= p.w.n) return;
   float acc[kZeroPointTokens];
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t) acc[t] = 0.0f;
-  for (int g = 0; g < p.groups; ++g) {
+  for (int g = 0; g < p.w.groups; ++g) {
     const float c = zero_point_constant(p, n, g);
 #pragma unroll
     for (int t = 0; t < kZeroPointTokens; ++t)
-      if (t < tokens) acc[t] = fmaf(c, group_sums[t * p.groups + g], acc[t]);
+      if (t < tokens) acc[t] = fmaf(c, group_sums[t * p.w.groups + g], acc[t]);
   }
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t)
