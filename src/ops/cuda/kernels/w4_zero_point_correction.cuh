@@ -54,18 +54,38 @@ __device__ __forceinline__ float zero_point_constant(const ZeroPointCorrectionPa
 // Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)); dynamic shared memory: the block's
 // tokens' group sums, kZeroPointTokens x groups floats. y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)),
 // X the group's sum of the dequantized activations (integer codes summed exactly, then scaled).
+// A group's sum is taken by group / chunk adjacent lanes (a power of two, at most a warp), each
+// adding `chunk` values with independent loads, then a fixed shuffle tree: a block reads its
+// tokens' activations once, in order, and the sums are the same bits on every run.
 __global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
   extern __shared__ float group_sums[];
   pdl_prologue();
   const int t0 = blockIdx.y * kZeroPointTokens;
   const int tokens = min(kZeroPointTokens, p.m - t0);
-  for (int i = threadIdx.x; i < tokens * p.w.groups; i += blockDim.x) {
-    const int t = i / p.w.groups, g = i % p.w.groups;
-    const int64_t token = t0 + t, k0 = static_cast<int64_t>(g) * p.group;
+  const int chunk = p.group > 8 * 32 ? p.group / 32 : 8;  // values a lane adds: group / chunk lanes <= 32
+  const int lanes = p.group / chunk;
+  const int chunks_a_token = p.w.k / chunk;  // a multiple of `lanes`: a group's lanes start warp-aligned
+  const int total = tokens * chunks_a_token;
+  for (int base = 0; base < total; base += blockDim.x) {  // uniform: every lane reaches the shuffles
+    const int i = base + threadIdx.x;
+    const int t = i / chunks_a_token, c = i - t * chunks_a_token;
     float sum = 0.0f;
-    for (int j = 0; j < p.group; ++j) sum += zero_point_activation(p, token, k0 + j);
-    const float scale = p.act_group > 0 ? p.scales[token * p.scale_ld + k0 / p.act_group] : p.scales[token];
-    group_sums[t * p.w.groups + g] = sum * scale;
+    if (i < total) {
+      const int64_t token = t0 + t, k0 = static_cast<int64_t>(c) * chunk;
+      for (int j = 0; j < chunk; j += 8) {
+        float part = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) part += zero_point_activation(p, token, k0 + j + jj);
+        sum += part;
+      }
+    }
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (i < total && c % lanes == 0) {
+      const int g = c / lanes;
+      const int64_t token = t0 + t, k0 = static_cast<int64_t>(g) * p.group;
+      const float scale = p.act_group > 0 ? p.scales[token * p.scale_ld + k0 / p.act_group] : p.scales[token];
+      group_sums[t * p.w.groups + g] = sum * scale;
+    }
   }
   __syncthreads();
   const int n = blockIdx.x * kZeroPointRows + threadIdx.x;
@@ -73,6 +93,7 @@ __global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kerne
   float acc[kZeroPointTokens];
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t) acc[t] = 0.0f;
+#pragma unroll 4
   for (int g = 0; g < p.w.groups; ++g) {
     const float c = zero_point_constant(p, n, g);
 #pragma unroll
