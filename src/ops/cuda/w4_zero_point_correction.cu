@@ -31,6 +31,9 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
   QSPEC_CHECK(p.kind != kernels::ZeroPointActivations::bytes || x.format == quant::Format::int8 ||
                   x.format == quant::Format::int4,
               "cuda::w4_zero_point_correction: activations in ", kernels::format_label(x.format), " as bytes");
+  const int64_t elem_bytes = p.kind == kernels::ZeroPointActivations::f16 ? 2 : 1;
+  QSPEC_CHECK(reinterpret_cast<uintptr_t>(x.values) % 16 == 0 && x.ldx * elem_bytes % 16 == 0,
+              "cuda::w4_zero_point_correction: activation rows must start 16-byte aligned (ldx ", x.ldx, ")");
   p.scales = x.scales;
   if (x.format == quant::Format::int4) {
     QSPEC_CHECK(x.group > 0 && x.group % w.group == 0 && w.k % x.group == 0 && x.scale_ld >= w.k / x.group,

@@ -28,13 +28,6 @@ struct ZeroPointCorrectionParams {
 inline constexpr int kZeroPointTokens = 16;  // tokens a block (their group sums in shared memory)
 inline constexpr int kZeroPointRows = 256;   // output rows a block, one a thread
 
-__device__ __forceinline__ float zero_point_activation(const ZeroPointCorrectionParams& p, int64_t t, int64_t i) {
-  if (p.kind == ZeroPointActivations::f16) return __half2float(static_cast<const __half*>(p.x)[t * p.ldx + i]);
-  const uint8_t byte = static_cast<const uint8_t*>(p.x)[t * p.ldx + i];
-  if (p.kind == ZeroPointActivations::e4m3) return e4m3_decode(byte);
-  return static_cast<float>(static_cast<int8_t>(byte));
-}
-
 __device__ __forceinline__ float high_or_low_half(uint32_t pair, bool high) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(high ? pair >> 16 : pair)));
 }
@@ -51,40 +44,73 @@ __device__ __forceinline__ float zero_point_constant(const ZeroPointCorrectionPa
   return fmaf(8.0f, s, high_or_low_half(__ldg(zero_point_mins(p.w) + word), r >= 8));
 }
 
+// The sum of the values in one 16-byte load at element i of token t's row: 16 signed bytes (int8 /
+// int4 codes, exact), 16 e4m3 codes or 8 f16 values.
+__device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionParams& p, uint4 v) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  float sum = 0.0f;
+  if (p.kind == ZeroPointActivations::bytes) {
+    int codes = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) codes = __dp4a(static_cast<int>(words[i]), 0x01010101, codes);
+    return static_cast<float>(codes);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (p.kind == ZeroPointActivations::f16) {
+      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+      sum += pair.x + pair.y;
+    } else {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) sum += e4m3_decode((words[i] >> (8 * b)) & 0xffu);
+    }
+  }
+  return sum;
+}
+
 // Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)); dynamic shared memory: the block's
 // tokens' group sums, kZeroPointTokens x groups floats. y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)),
 // X the group's sum of the dequantized activations (integer codes summed exactly, then scaled).
-// A group's sum is taken by group / chunk adjacent lanes (a power of two, at most a warp), each
-// adding `chunk` values with independent loads, then a fixed shuffle tree: a block reads its
-// tokens' activations once, in order, and the sums are the same bits on every run.
+// A group's sum is taken by the adjacent lanes that load its 16-byte chunks (group / chunk: at
+// most 16 lanes), then a fixed shuffle tree: the same bits on every run. The launch is a few
+// microseconds beside the GEMM, so the loads are batched (kZeroPointLoads a lane in flight)
+// rather than waited on one at a time, which made it 10-40 us (the whole block waits on them).
+inline constexpr int kZeroPointLoads = 4;
 __global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
   extern __shared__ float group_sums[];
   pdl_prologue();
   const int t0 = blockIdx.y * kZeroPointTokens;
   const int tokens = min(kZeroPointTokens, p.m - t0);
-  const int chunk = p.group > 8 * 32 ? p.group / 32 : 8;  // values a lane adds: group / chunk lanes <= 32
-  const int lanes = p.group / chunk;
-  const int chunks_a_token = p.w.k / chunk;  // a multiple of `lanes`: a group's lanes start warp-aligned
+  const int chunk = p.kind == ZeroPointActivations::f16 ? 8 : 16;  // values a 16-byte load holds
+  const int lanes = p.group / chunk;                                // a power of two, <= 16
+  const int chunks_a_token = p.w.k / chunk;  // a multiple of `lanes`: a group's lanes start aligned
   const int total = tokens * chunks_a_token;
-  for (int base = 0; base < total; base += blockDim.x) {  // uniform: every lane reaches the shuffles
-    const int i = base + threadIdx.x;
-    const int t = i / chunks_a_token, c = i - t * chunks_a_token;
-    float sum = 0.0f;
-    if (i < total) {
-      const int64_t token = t0 + t, k0 = static_cast<int64_t>(c) * chunk;
-      for (int j = 0; j < chunk; j += 8) {
-        float part = 0.0f;
+  const int elem_bytes = p.kind == ZeroPointActivations::f16 ? 2 : 1;
+  const char* x = static_cast<const char*>(p.x);
+  for (int base = 0; base < total; base += kZeroPointLoads * blockDim.x) {  // uniform: every lane shuffles
+    uint4 loaded[kZeroPointLoads];
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) part += zero_point_activation(p, token, k0 + j + jj);
-        sum += part;
+    for (int u = 0; u < kZeroPointLoads; ++u) {
+      const int i = base + u * blockDim.x + threadIdx.x;
+      loaded[u] = make_uint4(0, 0, 0, 0);
+      if (i < total) {
+        const int t = i / chunks_a_token, c = i - t * chunks_a_token;
+        loaded[u] = __ldg(reinterpret_cast<const uint4*>(
+            x + ((static_cast<int64_t>(t0 + t) * p.ldx + static_cast<int64_t>(c) * chunk) * elem_bytes)));
       }
     }
-    for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (i < total && c % lanes == 0) {
-      const int g = c / lanes;
-      const int64_t token = t0 + t, k0 = static_cast<int64_t>(g) * p.group;
-      const float scale = p.act_group > 0 ? p.scales[token * p.scale_ld + k0 / p.act_group] : p.scales[token];
-      group_sums[t * p.w.groups + g] = sum * scale;
+#pragma unroll
+    for (int u = 0; u < kZeroPointLoads; ++u) {
+      const int i = base + u * blockDim.x + threadIdx.x;
+      float sum = zero_point_chunk_sum(p, loaded[u]);
+      for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      const int t = i / chunks_a_token, c = i - t * chunks_a_token;
+      if (i < total && c % lanes == 0) {
+        const int g = c / lanes;
+        const int64_t token = t0 + t, k0 = static_cast<int64_t>(g) * p.group;
+        const float scale = p.act_group > 0 ? p.scales[token * p.scale_ld + k0 / p.act_group] : p.scales[token];
+        group_sums[t * p.w.groups + g] = sum * scale;
+      }
     }
   }
   __syncthreads();
@@ -93,12 +119,18 @@ __global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kerne
   float acc[kZeroPointTokens];
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t) acc[t] = 0.0f;
-#pragma unroll 4
-  for (int g = 0; g < p.w.groups; ++g) {
-    const float c = zero_point_constant(p, n, g);
+  constexpr int kGroupsAtOnce = 8;  // the constants' loads in flight together
+  for (int g0 = 0; g0 < p.w.groups; g0 += kGroupsAtOnce) {
+    float c[kGroupsAtOnce];
 #pragma unroll
-    for (int t = 0; t < kZeroPointTokens; ++t)
-      if (t < tokens) acc[t] = fmaf(c, group_sums[t * p.w.groups + g], acc[t]);
+    for (int j = 0; j < kGroupsAtOnce; ++j) c[j] = g0 + j < p.w.groups ? zero_point_constant(p, n, g0 + j) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kGroupsAtOnce; ++j) {
+      if (g0 + j >= p.w.groups) break;
+#pragma unroll
+      for (int t = 0; t < kZeroPointTokens; ++t)
+        if (t < tokens) acc[t] = fmaf(c[j], group_sums[t * p.w.groups + g0 + j], acc[t]);
+    }
   }
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t)
