@@ -53,7 +53,7 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
               " is more groups than a block holds (", kMaxGroupSumBytes / (4 * kernels::kZeroPointTokens), ")");
   const dim3 grid(static_cast<unsigned>((w.n + kernels::kZeroPointRows - 1) / kernels::kZeroPointRows),
                   static_cast<unsigned>((m + kernels::kZeroPointTokens - 1) / kernels::kZeroPointTokens));
-  launch_pdl(kernels::w4_zero_point_correction_kernel, grid, dim3(kernels::kZeroPointRows), smem, as_stream(stream), p);
+  launch_pdl(kernels::w4_zero_point_correction_kernel, grid, dim3(kernels::kZeroPointThreads), smem, as_stream(stream), p);
   QSPEC_CUDA_CHECK_LAUNCH("w4_zero_point_correction_kernel");
 }
 

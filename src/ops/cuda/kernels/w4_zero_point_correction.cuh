@@ -26,7 +26,9 @@ struct ZeroPointCorrectionParams {
 };
 
 inline constexpr int kZeroPointTokens = 16;  // tokens a block (their group sums in shared memory)
-inline constexpr int kZeroPointRows = 256;   // output rows a block, one a thread
+inline constexpr int kZeroPointRows = 256;   // output rows a block
+inline constexpr int kZeroPointSplit = 4;    // adjacent threads a row, each a quarter of its groups
+inline constexpr int kZeroPointThreads = kZeroPointRows * kZeroPointSplit;
 
 __device__ __forceinline__ float high_or_low_half(uint32_t pair, bool high) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(high ? pair >> 16 : pair)));
@@ -68,15 +70,18 @@ __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionP
   return sum;
 }
 
-// Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)); dynamic shared memory: the block's
-// tokens' group sums, kZeroPointTokens x groups floats. y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)),
-// X the group's sum of the dequantized activations (integer codes summed exactly, then scaled).
-// A group's sum is taken by the adjacent lanes that load its 16-byte chunks (group / chunk: at
-// most 16 lanes), then a fixed shuffle tree: the same bits on every run. The launch is a few
-// microseconds beside the GEMM, so the loads are batched (kZeroPointLoads a lane in flight)
-// rather than waited on one at a time, which made it 10-40 us (the whole block waits on them).
-inline constexpr int kZeroPointLoads = 4;
-__global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
+// Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)), kZeroPointThreads threads; dynamic
+// shared memory: the block's tokens' group sums, kZeroPointTokens x groups floats.
+// y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)), X the group's sum of the dequantized activations
+// (integer codes summed exactly, then scaled). A group's sum is taken by the adjacent lanes that
+// load its 16-byte chunks (group / chunk: at most 16 lanes), then a fixed shuffle tree; a row's
+// groups by kZeroPointSplit adjacent lanes, then another: the same bits on every run. The launch
+// has a few microseconds beside the GEMM, and the constants come from HBM (the GEMM streamed
+// them out of the L2), so loads go out in batches: waited on one group at a time, a row of
+// Llama-3-8B's down (112 groups) took ~20 us.
+inline constexpr int kZeroPointLoads = 4;        // 16-byte activation loads a lane in flight
+inline constexpr int kZeroPointGroupsAtOnce = 8;  // constants' loads a lane in flight
+__global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
   extern __shared__ float group_sums[];
   pdl_prologue();
   const int t0 = blockIdx.y * kZeroPointTokens;
@@ -114,27 +119,37 @@ __global__ __launch_bounds__(kZeroPointRows) void w4_zero_point_correction_kerne
     }
   }
   __syncthreads();
-  const int n = blockIdx.x * kZeroPointRows + threadIdx.x;
-  if (n >= p.w.n) return;
+  const int quarter = threadIdx.x % kZeroPointSplit;
+  const int n = blockIdx.x * kZeroPointRows + threadIdx.x / kZeroPointSplit;
+  const bool row = n < p.w.n;  // rows past n still take part in the shuffles
   float acc[kZeroPointTokens];
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t) acc[t] = 0.0f;
-  constexpr int kGroupsAtOnce = 8;  // the constants' loads in flight together
-  for (int g0 = 0; g0 < p.w.groups; g0 += kGroupsAtOnce) {
-    float c[kGroupsAtOnce];
+  constexpr int kStride = kZeroPointSplit * kZeroPointGroupsAtOnce;
+  for (int g0 = quarter; g0 < p.w.groups; g0 += kStride) {
+    float c[kZeroPointGroupsAtOnce];
 #pragma unroll
-    for (int j = 0; j < kGroupsAtOnce; ++j) c[j] = g0 + j < p.w.groups ? zero_point_constant(p, n, g0 + j) : 0.0f;
+    for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
+      const int g = g0 + j * kZeroPointSplit;
+      c[j] = row && g < p.w.groups ? zero_point_constant(p, n, g) : 0.0f;
+    }
 #pragma unroll
-    for (int j = 0; j < kGroupsAtOnce; ++j) {
-      if (g0 + j >= p.w.groups) break;
+    for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
+      const int g = g0 + j * kZeroPointSplit;
+      if (g >= p.w.groups) break;
 #pragma unroll
       for (int t = 0; t < kZeroPointTokens; ++t)
-        if (t < tokens) acc[t] = fmaf(c[j], group_sums[t * p.w.groups + g0 + j], acc[t]);
+        if (t < tokens) acc[t] = fmaf(c[j], group_sums[t * p.w.groups + g], acc[t]);
     }
   }
 #pragma unroll
   for (int t = 0; t < kZeroPointTokens; ++t)
-    if (t < tokens) {
+    for (int offset = kZeroPointSplit / 2; offset > 0; offset >>= 1)
+      acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], offset);
+  if (!row) return;
+#pragma unroll
+  for (int t = 0; t < kZeroPointTokens; ++t)
+    if (t < tokens && t % kZeroPointSplit == quarter) {
       __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
       out = __float2half_rn(__half2float(out) + acc[t]);
     }
