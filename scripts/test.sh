@@ -14,9 +14,13 @@ if command -v ccache >/dev/null 2>&1; then
   LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 
-echo "== release build"
+# Each stage's start, in seconds since this script began (CI keeps to 45 minutes on 2 cores).
+stage() { echo "== $1 (at ${SECONDS} s)"; }
+
+stage "release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSPEC_CUDA_ARCHS="$CUDA_ARCHS" "${LAUNCHER[@]}" >/dev/null
 cmake --build build -j "$JOBS"
+stage "release tests"
 bash scripts/setup-test-venv.sh         # the openai SDK for tests/python (ctest OpenaiClient.PythonSdk)
 bash scripts/fetch-smollm2.sh build/qspec   # real chat model for tests/e2e/test_smollm2.cpp (not in git)
 bash scripts/fetch-gemma3-270m.sh build/qspec   # second real model for tests/e2e/test_gemma3.cpp (not in git)
@@ -24,13 +28,13 @@ GPU_FILTER=(-LE gpu)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU_FILTER=(); fi
 (cd build && ctest -j "$JOBS" --output-on-failure "${GPU_FILTER[@]}")
 
-echo "== sanitizer build (ASan + UBSan), unit tests"
+stage "sanitizer build (ASan + UBSan), unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF -DQSPEC_SANITIZE=ON "${LAUNCHER[@]}" >/dev/null
 cmake --build build-asan -j "$JOBS" --target qspec qspec_unit_tests
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest -j "$JOBS" --output-on-failure -L unit)
 
-echo "== fuzz targets (libFuzzer, ${FUZZ_SECONDS}s each)"
+stage "fuzz targets (libFuzzer, ${FUZZ_SECONDS}s each)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF \
   -DQSPEC_SANITIZE=ON -DQSPEC_FUZZ=ON -DQSPEC_BUILD_TESTS=ON -DQSPEC_NATIVE=ON "${LAUNCHER[@]}" >/dev/null
 FUZZERS=$(cd tests/fuzz && ls fuzz_*.cpp 2>/dev/null | sed 's/\.cpp$//')
@@ -43,4 +47,4 @@ for fuzzer in $FUZZERS; do
   ./build-fuzz/tests/"$fuzzer" -max_total_time="$FUZZ_SECONDS" -timeout=60 -print_final_stats=1 "$work" 2>&1 | tail -n 3
   rm -rf "$work"
 done
-echo "== all tests passed"
+stage "all tests passed"

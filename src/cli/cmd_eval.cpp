@@ -54,6 +54,7 @@ struct GsmArgs : CommonArgs {
   int64_t max_tokens = 160;
   int64_t few_shot = 0;
   std::string shots_file;
+  bool chat = false;  // prompt = the model's chat template over one user message (the question)
 };
 
 struct PplArgs : CommonArgs {
@@ -271,9 +272,13 @@ struct GsmResult {
   double seconds = 0.0;
 };
 
+// chat_template: prompt with it (one user message, the question) instead of "Question: ...
+// Answer:" after the shots; the answer is then the model's free text up to its end of turn, which
+// the flexible match (the last number) scores. The text perplexity stays on the plain format.
 GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, const RunMode& mode,
                        KvCacheFormat kv_cache, const std::vector<Problem>& problems, const std::string& shots_prefix,
-                       int64_t max_tokens, ProgressBar& progress, size_t& done, size_t total) {
+                       const ChatTemplate* chat_template, int64_t max_tokens, ProgressBar& progress, size_t& done,
+                       size_t total) {
   GsmResult result;
   result.mode = mode.name;
   const auto start = std::chrono::steady_clock::now();
@@ -284,8 +289,11 @@ GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, cons
   options.kv_cache = kv_cache;
   const int64_t model_context = model.config().max_position_embeddings;
   for (const Problem& problem : problems) {
-    const std::string prompt = shots_prefix + format_problem(problem);
-    const std::vector<int32_t> prompt_ids = tokenizer.encode(prompt, tokenizer.add_bos_by_default);
+    // The template writes any start token itself.
+    const std::vector<int32_t> prompt_ids =
+        chat_template != nullptr
+            ? tokenizer.encode(chat_template->render({{"user", problem.question}}, /*add_generation_prompt=*/true), false)
+            : tokenizer.encode(shots_prefix + format_problem(problem), tokenizer.add_bos_by_default);
     QSPEC_CHECK(static_cast<int64_t>(prompt_ids.size()) < model_context, "eval gsm: a prompt of ", prompt_ids.size(),
                 " tokens does not fit the model's context of ", model_context, " (fewer --few-shot examples?)");
     // Greedy until EOS, max_tokens, or the model starts the next "Question:".
@@ -330,7 +338,10 @@ void run_gsm(const GsmArgs& args) {
   QSPEC_CHECK(args.few_shot >= 0, "--few-shot must be >= 0");
   QSPEC_CHECK(args.few_shot == 0 || !args.shots_file.empty(),
               "--few-shot ", args.few_shot, " needs --shots FILE (worked examples, e.g. GSM8K train JSON lines)");
+  QSPEC_CHECK(!(args.chat && args.few_shot > 0), "--chat prompts with the question alone: no --few-shot");
   const std::vector<Problem> problems = read_problems(args.problems_file, args.limit);
+  std::optional<ChatTemplate> chat_template;
+  if (args.chat) chat_template = load_chat_template(args.model_dir);
   std::string shots_prefix;
   if (args.few_shot > 0) {
     const std::vector<Problem> shots = read_problems(args.shots_file, args.few_shot, "shots file");
@@ -348,11 +359,13 @@ void run_gsm(const GsmArgs& args) {
   std::vector<GsmResult> results;
   for (const RunMode& mode : prepared.modes)
     results.push_back(evaluate_gsm(*prepared.model, *tokenizer, mode, kv_cache_flag(args.kv_cache), problems,
-                                   shots_prefix, args.max_tokens, progress, done, total));
+                                   shots_prefix, chat_template ? &*chat_template : nullptr, args.max_tokens, progress,
+                                   done, total));
 
-  std::printf("model %s, %s: %zu problems, %lld-shot, greedy, 4-bit weights: %s, KV cache %s\n",
+  std::printf("model %s, %s: %zu problems, %lld-shot%s, greedy, 4-bit weights: %s, KV cache %s\n",
               args.model_dir.c_str(), args.problems_file.c_str(), problems.size(),
-              static_cast<long long>(args.few_shot), prepared.weights.c_str(), args.kv_cache.c_str());
+              static_cast<long long>(args.few_shot), args.chat ? ", chat template" : "", prepared.weights.c_str(),
+              args.kv_cache.c_str());
   std::printf("%-12s %12s %12s %18s %10s\n", "mode", "strict", "flexible", "text perplexity", "seconds");
   nlohmann::json rows = nlohmann::json::array();
   for (const GsmResult& r : results) {
@@ -379,6 +392,7 @@ void run_gsm(const GsmArgs& args) {
                       prepared.group_size,
                       {{"few_shot", args.few_shot},
                        {"shots_file", args.shots_file},
+                       {"prompt", args.chat ? "chat template, user: {question}" : "Question: {question}\\nAnswer:"},
                        {"stop", {"\\nQuestion:", "eos"}},
                        {"kv_cache", args.kv_cache}});
   report["results"] = rows;
@@ -392,6 +406,8 @@ void add_gsm_options(CLI::App* command, GsmArgs& args) {
   command->add_option("--few-shot", args.few_shot, "Worked examples before each question (needs --shots)")
       ->capture_default_str();
   command->add_option("--shots", args.shots_file, "JSON lines whose first N problems are the --few-shot examples");
+  command->add_flag("--chat", args.chat,
+                    "Prompt with the model's chat template (one user message: the question); score the flexible match");
 }
 
 // ---- eval ppl ----

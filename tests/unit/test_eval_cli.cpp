@@ -168,6 +168,27 @@ TEST_F(EvalCli, GsmRunsAndWritesReport) {
   EXPECT_TRUE(report["results"][0].contains("exact_match"));
 }
 
+// --chat: the model's chat template over the question (the bundled model's chat_template.jinja);
+// a model without one (a copy without the file), or shots beside it, is a clear error.
+TEST_F(EvalCli, GsmChatPromptsWithTheModelsTemplate) {
+  const fs::path problems = write("problems.jsonl", std::string(kProblem) + "\n");
+  expect_error(gsm(problems, "--chat --few-shot 1 --shots '" + problems.string() + "'"), "--few-shot");
+  const fs::path bare = dir_ / "model";
+  fs::copy(kModel, bare, fs::copy_options::recursive);
+  fs::remove(bare / "chat_template.jinja");
+  expect_error("eval gsm '" + bare.string() + "' '" + problems.string() + "' --modes w16a16 -n 4 --chat",
+               "chat_template");
+  const fs::path out = dir_ / "gsm.json";
+  const QspecRun run = qspec(gsm(problems, "--chat -o '" + out.string() + "'"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("chat template"), std::string::npos) << run.out;
+  const nlohmann::json report = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(report["parameters"]["prompt"], "chat template, user: {question}");
+  ASSERT_EQ(report["results"].size(), 1u);
+  EXPECT_EQ(report["results"][0]["problems"], 1);
+  EXPECT_GT(report["results"][0]["generated_tokens"].get<int64_t>(), 0);
+}
+
 TEST_F(EvalCli, EvalModelAliasRunsGsm) {
   const QspecRun run = qspec("eval '" + kModel + "' --limit 1 -n 4 --modes w16a16");
   ASSERT_EQ(run.exit_code, 0) << run.err;

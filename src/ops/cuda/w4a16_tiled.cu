@@ -428,11 +428,21 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 // (bench/results/gpu-decode-int4-asym-ab-llama3-8b-h200-fb62428.log).
 //
 // int4-zp (zero codes): the mma.sync tiles at every group, since their loop and flushes are int4's.
+// Since int4 took the wgmma tiles with x in the packed order at 17-64 tokens (559ae39), its step
+// there is faster than these: int4-zp g128 over int4 +8 % at batch 32, +30 % at 64 (H200,
+// 2e11548, bench/results/gpu-w4a8-zero-point-correction-llama3-8b-h200.log, its w4a16 rows).
+// QSPEC_W4A16_ZP_WGMMA_17_64=1 takes the wgmma tiles' zero-point instances there (x in natural
+// order; an A/B knob until measured).
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
   QSPEC_CHECK(config_tile == 0 || w4a16_tile_has_zero_points(config_tile),
               "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
               kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 10), not tile ", config_tile);
   if (config_tile != 0) return config_tile;
+  static const bool wgmma_17_64 = env_int("QSPEC_W4A16_ZP_WGMMA_17_64", 0, 0, 1) == 1;
+  if (wgmma_17_64 && wgmma_tile_runs_here() && m >= 17 && m <= 64) {
+    if (m > 32 && wgmma_256_fills_one_wave(w.n)) return kW4A16WgmmaTile256x64;
+    return m <= 32 ? kW4A16WgmmaTile32 : kW4A16WgmmaTile;
+  }
   const bool mma_sync = w.zero_codes || w.group <= 64;
   const int tile = w.zero_codes ? default_tile<kernels::ActF16Zc>(m, w.n, w.k, w.group)
                                 : default_tile<kernels::ActF16Zp>(m, w.n, w.k, w.group);
