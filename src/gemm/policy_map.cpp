@@ -19,7 +19,7 @@ namespace {
 constexpr std::string_view kNames[kStrategies] = {
     "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
     "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32", "wgmma_128x128"};
+    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32", "wgmma_128x128", "builtin"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -41,6 +41,7 @@ Strategy parse_strategy(std::string_view name) {
 }
 
 bool strategy_supports(Strategy strategy, std::string_view activations) {
+  if (strategy == Strategy::builtin) return true;  // the kernels' own choice for every kind
   if (strategy == Strategy::split_small_m) return activations == "int8";
   if (strategy == Strategy::bitwise_b1) return activations == "int8" || activations == "int4";
   if (strategy == Strategy::s8_wide_128x128) return activations == "int8";
@@ -109,7 +110,10 @@ std::string PolicyMap::label() const {
 
 Strategy fastest_strategy(const std::vector<std::pair<Strategy, double>>& us, std::string_view activations, int64_t m,
                           const std::vector<Strategy>& excluded, double min_gain) {
-  const Strategy rule = rule_based_strategy(activations, m);
+  const bool builtin_timed =
+      std::any_of(us.begin(), us.end(), [](const auto& timing) { return timing.first == Strategy::builtin; }) &&
+      std::find(excluded.begin(), excluded.end(), Strategy::builtin) == excluded.end();
+  const Strategy rule = builtin_timed ? Strategy::builtin : rule_based_strategy(activations, m);
   double best_us = 0, rule_us = 0;
   Strategy best = rule;
   for (const auto& [strategy, time] : us) {

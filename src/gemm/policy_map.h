@@ -41,8 +41,15 @@ enum class Strategy : uint8_t {
   small_m_v5,        // f16 (up to 16 tokens a launch) or int8 (up to 8): the preload kernel (bulk copies into shared memory, sm_90a)
   tiled_128x32,      // the tiled kernel's 256x32 warp tile in blocks of 4 warps, two a multiprocessor
   wgmma_128x128,     // f16, sm_90a: the warp-specialised wgmma kernel, 128 rows x 128 tokens (tens to hundreds of tokens)
+  // Every activation kind: the kernels' own choice, as dispatch_w4_gemm makes it without a map
+  // (the preload kernel, the wgmma tiles with x in the packed k order where the norms write it so,
+  // dequantize + cuBLAS, the s8 wgmma kernel at large M). A tune times it beside the others and
+  // keeps it unless one beats it by min_gain, so a measured map is never slower than no map on
+  // the points it sampled (issue 53: the H200 maps of single strategies measured 0-4 % slower than
+  // the built-in choice, which reads x packed where no single strategy does).
+  builtin,
 };
-inline constexpr int kStrategies = 16;
+inline constexpr int kStrategies = 17;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.
@@ -67,8 +74,9 @@ Strategy rule_based_strategy(std::string_view activations, int64_t m);
 Strategy paper_rule_strategy(std::string_view activations, int64_t m);
 
 // The winner of one tuning point, the one rule PolicyMap::from_timings and the tuner's sampling
-// share: the fastest of `us` (strategy, microseconds) not in `excluded`, except that the
-// rule-based default keeps the point unless another strategy beats it by more than min_gain
+// share: the fastest of `us` (strategy, microseconds) not in `excluded`, except that the default
+// (builtin where `us` timed it, else rule_based_strategy: records from before builtin existed)
+// keeps the point unless another strategy beats it by more than min_gain
 // (hysteresis: isolated timings within a few percent flip between runs). Throws qspec::Error
 // when no allowed strategy was timed.
 Strategy fastest_strategy(const std::vector<std::pair<Strategy, double>>& us, std::string_view activations, int64_t m,

@@ -291,3 +291,33 @@ TEST(PolicyMap, FastestStrategyKeepsTheRuleWithinMinGain) {
   EXPECT_EQ(qspec::gemm::fastest_strategy({{rule, 10.0}, {other, 9.0}}, "f16", 4, {other}, 0.03), rule);
   EXPECT_THROW(qspec::gemm::fastest_strategy({{other, 9.0}}, "f16", 4, {other}, 0.03), qspec::Error);
 }
+
+// builtin (the kernels' own choice, as without a map) is the default a tune keeps when it timed
+// it: another strategy takes a point only by beating it by min_gain; records without it keep
+// the rule-based default. A map may name it for any activations, and it survives JSON.
+TEST(PolicyMap, BuiltinIsTheDefaultATuneKeeps) {
+  using qspec::gemm::PolicyMap;
+  using qspec::gemm::Strategy;
+  const Strategy rule = qspec::gemm::rule_based_strategy("f16", 24);
+  const Strategy other = rule == Strategy::tiled_128x64 ? Strategy::tiled_128x32 : Strategy::tiled_128x64;
+  EXPECT_EQ(qspec::gemm::fastest_strategy({{Strategy::builtin, 10.0}, {rule, 9.9}, {other, 9.8}}, "f16", 24, {}, 0.03),
+            Strategy::builtin);
+  EXPECT_EQ(qspec::gemm::fastest_strategy({{Strategy::builtin, 10.0}, {rule, 9.9}, {other, 9.0}}, "f16", 24, {}, 0.03),
+            other);
+  // Excluded, builtin is no default: the rule keeps the point again.
+  EXPECT_EQ(qspec::gemm::fastest_strategy({{Strategy::builtin, 9.0}, {rule, 10.0}, {other, 9.8}}, "f16", 24,
+                                          {Strategy::builtin}, 0.03),
+            rule);
+  for (const char* activations : {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"})
+    EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::builtin, activations)) << activations;
+
+  const std::string record = R"({"gpu": "NVIDIA H200", "timings": [
+    {"shape": "o", "n": 4096, "k": 4096, "group": 128, "activations": "int8", "m": 1, "us": {"builtin": 10.0, "small_m_v1": 9.9}},
+    {"shape": "o", "n": 4096, "k": 4096, "group": 128, "activations": "int8", "m": 64, "us": {"builtin": 30.0, "tiled_128x32": 20.0}}]})";
+  const PolicyMap map = PolicyMap::from_timings(record, {}, 0.03, "record");
+  EXPECT_EQ(map.lookup("int8", 4096, 4096, 1), Strategy::builtin);
+  EXPECT_EQ(map.lookup("int8", 4096, 4096, 64), Strategy::tiled_128x32);
+  const PolicyMap back = PolicyMap::from_json(map.to_json(), "test");
+  EXPECT_EQ(back.lookup("int8", 4096, 4096, 1), Strategy::builtin);
+  EXPECT_EQ(PolicyMap::forced(Strategy::builtin).lookup("nvfp4", 8, 8, 3), Strategy::builtin);
+}

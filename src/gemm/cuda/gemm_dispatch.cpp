@@ -74,11 +74,13 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   // 128x64 and 128x32 (w4a16_tiled_swiglu_partition says where).
   // The GEMM dispatch_w4_gemm would run: the map's strategy, or (no map) the kernels' automatic path.
   bool preload = false;
+  bool tile_or_v5 = false;  // a map named the kernel (else the automatic path's own configuration)
   int tile = 0;  // a tiled strategy's tile; 0 without a map: the tiled path's own choice
-  if (policy != nullptr) {
+  if (policy != nullptr && policy->lookup("f16", w.n, w.k, m) != gemm::Strategy::builtin) {
     const gemm::Strategy strategy = policy->lookup("f16", w.n, w.k, m);
     preload = strategy == gemm::Strategy::small_m_v5;
     tile = tiled_strategy_tile(strategy);
+    tile_or_v5 = true;
     if (!preload && tile == 0) return plan;  // neither the preload kernel nor a tiled one
   } else {
     const cuda::W4A16Path path = cuda::w4a16_choose_path(m, w.n, w.k);
@@ -87,7 +89,7 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   }
   if (preload) {
     if (cuda::w4a16_swiglu_runs(w, m) &&
-        cuda::w4a16_small_m_swiglu_partition(w, m, policy != nullptr ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
+        cuda::w4a16_small_m_swiglu_partition(w, m, tile_or_v5 ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
                                              workspace, workspace_bytes))
       plan.kernel = SwigluGemm::Kernel::preload;
     return plan;
@@ -115,8 +117,8 @@ void run_w4_gemm_swiglu(const SwigluGemm& plan, const cuda::f16_bits* x, int64_t
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes) {
-  const gemm::Strategy strategy =
-      policy != nullptr ? policy->lookup("fp8", w.n, w.k, m) : gemm::rule_based_strategy("fp8", m);
+  gemm::Strategy strategy = policy != nullptr ? policy->lookup("fp8", w.n, w.k, m) : gemm::Strategy::builtin;
+  if (strategy == gemm::Strategy::builtin) strategy = gemm::rule_based_strategy("fp8", m);  // as dispatch_w4_gemm
   if (strategy != gemm::Strategy::s8_wgmma_128x128) return false;
   return cuda::w4_s8_wgmma_supports(w, quant::Format::fp8) &&
          workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k);
@@ -128,6 +130,11 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
   using gemm::Strategy;
   QSPEC_CHECK(gemm::strategy_supports(strategy, x.activations()), "GEMM dispatch: strategy ",
               gemm::strategy_name(strategy), " does not run ", x.activations(), " activations");
+  if (strategy == Strategy::builtin) {
+    dispatch_w4_gemm(nullptr, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
+    return;
+  }
+  QSPEC_CHECK(!x.x_packed, "GEMM dispatch: x in the packed k order goes to the built-in choice only (w4_gemm_reads_packed_x)");
   // Weights with minimums (int4-asym) run f16 activations on the paths with zero-point kernels
   // only (cuda::w4a16_runs_zero_points): a strategy elsewhere becomes the kernels' own automatic
   // choice for these weights (a map tuned on int4 kernels may name any).
@@ -189,14 +196,21 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::s8_wgmma_128x128:
       cuda::w4_quantized_gemm_s8_wgmma(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream);
       return;
+    case Strategy::builtin:
+      break;  // handled above
   }
+}
+
+bool w4_gemm_reads_packed_x(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m) {
+  if (policy != nullptr && policy->lookup("f16", w.n, w.k, m) != gemm::Strategy::builtin) return false;
+  return cuda::w4a16_gemm_reads_packed_x(m, w);
 }
 
 void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream) {
-  QSPEC_CHECK(!x.x_packed || (policy == nullptr && x.quantized == nullptr),
-              "dispatch_w4_gemm: x in the packed k order goes to the automatic W4A16 path only");
+  QSPEC_CHECK(!x.x_packed || (x.quantized == nullptr && w4_gemm_reads_packed_x(policy, w, m)),
+              "dispatch_w4_gemm: x in the packed k order goes to the built-in W4A16 choice where it reads it so only");
   if (x.quantized != nullptr && w.has_min()) {
     // Zero points under quantized activations: every strategy on the codes as int4's, then the
     // zero points' term (cuda::w4_zero_point_correction).
@@ -207,7 +221,7 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     cuda::w4_zero_point_correction(*x.quantized, m, w, y, ldy, stream);
     return;
   }
-  if (policy != nullptr) {
+  if (policy != nullptr && policy->lookup(x.activations(), w.n, w.k, m) != gemm::Strategy::builtin) {
     gemm::Strategy strategy = policy->lookup(x.activations(), w.n, w.k, m);
     // Bitwise needs the weights' bit-plane copy (GpuLlama makes it for the shapes a measured map
     // sends there); a static or rule-based map may ask for it where it cannot run: the default.
@@ -331,6 +345,9 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
           q_codes.e4m3 = e4m3_codes;
           W4GemmInput strategy_input = input;
           if (quantized) strategy_input.quantized = &q_codes;
+          // The built-in choice reads x in the packed k order where the step's RMSNorm writes it so.
+          strategy_input.x_packed = !quantized && strategy == Strategy::builtin &&
+                                    cuda::w4a16_gemm_reads_packed_x(m, views[0]);
           const cuda::ReplayTimes t = cuda::time_replays(
               [&](void* s, int i) {
                 if (quantized)
@@ -338,7 +355,7 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
                                              values.get(), ldq, act_scales.as<float>(), scale_ld, s, {}, e4m3_codes);
                 else
                   cuda::rmsnorm(x.as<cuda::f16_bits>(), norm_weight.as<float>(), m, shape.k, 1e-5f,
-                                normed.as<cuda::f16_bits>(), s);
+                                normed.as<cuda::f16_bits>(), s, strategy_input.x_packed);
                 run_w4_gemm(strategy, blas, strategy_input, m, views[static_cast<size_t>(i % copies)],
                             y.as<cuda::f16_bits>(), shape.n, workspace.get(), workspace_bytes, s);
               },

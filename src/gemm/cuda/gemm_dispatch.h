@@ -20,8 +20,8 @@ struct W4GemmInput {
   const cuda::f16_bits* x = nullptr;
   int64_t ldx = 0;
   const cuda::QuantizedActivations* quantized = nullptr;
-  // x in the W4A16 packed k order (cuda::w4a16_gemm_reads_packed_x said the GEMM reads it so;
-  // without a policy map only).
+  // x in the W4A16 packed k order (w4_gemm_reads_packed_x said the GEMM reads it so: the built-in
+  // choice, without a map or where the map names builtin).
   bool x_packed = false;
   // "f16" or the quantized format's name, as the policy map keys it.
   std::string_view activations() const;
@@ -41,6 +41,12 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
 void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
                       const cuda::W4A16Weights& w, cuda::f16_bits* y, int64_t ldy, void* workspace,
                       size_t workspace_bytes, void* stream);
+
+// Whether the GEMM dispatch_w4_gemm runs for m f16 tokens under `policy` reads x in the W4A16
+// packed k order, so the kernel making x writes it so (rmsnorm's y_packed, silu_mul's
+// out_packed) and passes W4GemmInput::x_packed: the built-in choice (no map, or the map names
+// builtin there) where cuda::w4a16_gemm_reads_packed_x says so.
+bool w4_gemm_reads_packed_x(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m);
 
 // Whether a GEMM of m tokens with fp8 activations runs on the wgmma kernel under `policy` (the
 // map's pick, rule_based_strategy's without a map; the kernel runs here, the workspace holds its

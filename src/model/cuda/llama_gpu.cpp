@@ -429,12 +429,11 @@ struct GpuLlama::State {
   }
   // Whether the GEMM of `linear` over m tokens reads its x in the W4A16 packed k order, so the
   // kernel making x writes it so (rmsnorm's y_packed, silu_mul's out_packed): f16 activations on
-  // int4 weights in their own order, no policy map, the automatic path on a wgmma tile
-  // (cuda::w4a16_gemm_reads_packed_x). QSPEC_W4A16_PACKED_X=0: never (A/B runs).
+  // int4 weights in their own order, the built-in choice (no policy map, or the map names builtin
+  // there) on a wgmma tile (w4_gemm_reads_packed_x). QSPEC_W4A16_PACKED_X=0: never (A/B runs).
   bool reads_packed_x(const Linear& linear, int64_t m) const {
     return packed_x_allowed() && linear.quantized && activations == GpuActivations::f16 && !linear.reordered() &&
-           !linear.input_ordered && gemm_policy == nullptr && linear.k == linear.in_k &&
-           cuda::w4a16_gemm_reads_packed_x(m, linear.view);
+           !linear.input_ordered && linear.k == linear.in_k && w4_gemm_reads_packed_x(gemm_policy.get(), linear.view, m);
   }
   // x_in: m rows of linear.in_k values, x_ld apart (0: contiguous); an input_ordered linear's rows
   // hold its k values (zeros past in_k). x_packed: x_in in the packed k order (reads_packed_x).
