@@ -263,6 +263,16 @@ const std::string kStop = "\nQuestion:";
 
 std::string format_problem(const Problem& problem) { return "Question: " + problem.question + "\nAnswer:"; }
 
+// A problem's prompt tokens: the model's chat template over one user message (the question; the
+// template writes any start token itself), or `prefix` (few-shot examples) and "Question: ...
+// Answer:" after the tokenizer's default start token. eval gsm and eval qspec prompt alike.
+std::vector<int32_t> problem_prompt(const Tokenizer& tokenizer, const ChatTemplate* chat_template,
+                                    const std::string& prefix, const Problem& problem) {
+  if (chat_template != nullptr)
+    return tokenizer.encode(chat_template->render({{"user", problem.question}}, /*add_generation_prompt=*/true), false);
+  return tokenizer.encode(prefix + format_problem(problem), tokenizer.add_bos_by_default);
+}
+
 struct GsmResult {
   std::string mode;
   int64_t strict = 0, flexible = 0, problems = 0;
@@ -289,11 +299,7 @@ GsmResult evaluate_gsm(const LlamaModel& model, const Tokenizer& tokenizer, cons
   options.kv_cache = kv_cache;
   const int64_t model_context = model.config().max_position_embeddings;
   for (const Problem& problem : problems) {
-    // The template writes any start token itself.
-    const std::vector<int32_t> prompt_ids =
-        chat_template != nullptr
-            ? tokenizer.encode(chat_template->render({{"user", problem.question}}, /*add_generation_prompt=*/true), false)
-            : tokenizer.encode(shots_prefix + format_problem(problem), tokenizer.add_bos_by_default);
+    const std::vector<int32_t> prompt_ids = problem_prompt(tokenizer, chat_template, shots_prefix, problem);
     QSPEC_CHECK(static_cast<int64_t>(prompt_ids.size()) < model_context, "eval gsm: a prompt of ", prompt_ids.size(),
                 " tokens does not fit the model's context of ", model_context, " (fewer --few-shot examples?)");
     // Greedy until EOS, max_tokens, or the model starts the next "Question:".
@@ -679,15 +685,8 @@ void run_qspec_eval(QSpecEvalArgs args) {
   std::vector<std::vector<int32_t>> prompts;
   std::optional<ChatTemplate> chat_template;
   if (args.chat) chat_template = load_chat_template(args.model_dir);
-  for (const Problem& problem : problems) {
-    if (chat_template) {
-      // The template writes any start token itself.
-      const std::string text = chat_template->render({{"user", problem.question}}, /*add_generation_prompt=*/true);
-      prompts.push_back(tokenizer->encode(text, false));
-    } else {
-      prompts.push_back(tokenizer->encode(format_problem(problem), tokenizer->add_bos_by_default));
-    }
-  }
+  for (const Problem& problem : problems)
+    prompts.push_back(problem_prompt(*tokenizer, chat_template ? &*chat_template : nullptr, "", problem));
 
   const size_t runs = args.batch_sizes.size() * ((args.reference_file.empty() ? 1 : 0) +
                                                  args.drafts.size() * args.gammas.size() * overwrites.size());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "qspec/error.h"
@@ -20,6 +21,16 @@ bool wgmma_runs(const W4GemmInput& x, const cuda::W4A16Weights& w, size_t worksp
   return x.quantized != nullptr && cuda::w4_s8_wgmma_supports(w, x.quantized->format) &&
          workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k) &&
          (x.quantized->format != quant::Format::fp8 || x.quantized->e4m3);
+}
+
+// The strategy a map names for this GEMM, or none where the kernels choose (no map, or the map
+// names builtin there): the one place that reading of a map lives.
+std::optional<gemm::Strategy> map_strategy(const gemm::PolicyMap* policy, std::string_view activations,
+                                           const cuda::W4A16Weights& w, int64_t m) {
+  if (policy == nullptr) return std::nullopt;
+  const gemm::Strategy strategy = policy->lookup(activations, w.n, w.k, m);
+  if (strategy == gemm::Strategy::builtin) return std::nullopt;
+  return strategy;
 }
 
 // small_m_v5's launch: the preload kernel, or variant 1 where it cannot run (not sm_90a).
@@ -74,13 +85,11 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   // 128x64 and 128x32 (w4a16_tiled_swiglu_partition says where).
   // The GEMM dispatch_w4_gemm would run: the map's strategy, or (no map) the kernels' automatic path.
   bool preload = false;
-  bool tile_or_v5 = false;  // a map named the kernel (else the automatic path's own configuration)
   int tile = 0;  // a tiled strategy's tile; 0 without a map: the tiled path's own choice
-  if (policy != nullptr && policy->lookup("f16", w.n, w.k, m) != gemm::Strategy::builtin) {
-    const gemm::Strategy strategy = policy->lookup("f16", w.n, w.k, m);
-    preload = strategy == gemm::Strategy::small_m_v5;
-    tile = tiled_strategy_tile(strategy);
-    tile_or_v5 = true;
+  const std::optional<gemm::Strategy> named = map_strategy(policy, "f16", w, m);
+  if (named) {
+    preload = *named == gemm::Strategy::small_m_v5;
+    tile = tiled_strategy_tile(*named);
     if (!preload && tile == 0) return plan;  // neither the preload kernel nor a tiled one
   } else {
     const cuda::W4A16Path path = cuda::w4a16_choose_path(m, w.n, w.k);
@@ -89,7 +98,7 @@ SwigluGemm w4_gemm_swiglu_epilogue(const gemm::PolicyMap* policy, const cuda::W4
   }
   if (preload) {
     if (cuda::w4a16_swiglu_runs(w, m) &&
-        cuda::w4a16_small_m_swiglu_partition(w, m, tile_or_v5 ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
+        cuda::w4a16_small_m_swiglu_partition(w, m, named ? small_m_v5_config(w) : cuda::W4A16SmallMConfig{},
                                              workspace, workspace_bytes))
       plan.kernel = SwigluGemm::Kernel::preload;
     return plan;
@@ -117,8 +126,8 @@ void run_w4_gemm_swiglu(const SwigluGemm& plan, const cuda::f16_bits* x, int64_t
 
 bool w4_fp8_gemm_takes_e4m3(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m,
                             size_t workspace_bytes) {
-  gemm::Strategy strategy = policy != nullptr ? policy->lookup("fp8", w.n, w.k, m) : gemm::Strategy::builtin;
-  if (strategy == gemm::Strategy::builtin) strategy = gemm::rule_based_strategy("fp8", m);  // as dispatch_w4_gemm
+  // Where the kernels choose, the rule-based default's large-M choice, as dispatch_w4_gemm.
+  const gemm::Strategy strategy = map_strategy(policy, "fp8", w, m).value_or(gemm::rule_based_strategy("fp8", m));
   if (strategy != gemm::Strategy::s8_wgmma_128x128) return false;
   return cuda::w4_s8_wgmma_supports(w, quant::Format::fp8) &&
          workspace_bytes >= cuda::w4_s8_wgmma_workspace_bytes(w.n, w.k);
@@ -202,8 +211,7 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
 }
 
 bool w4_gemm_reads_packed_x(const gemm::PolicyMap* policy, const cuda::W4A16Weights& w, int64_t m) {
-  if (policy != nullptr && policy->lookup("f16", w.n, w.k, m) != gemm::Strategy::builtin) return false;
-  return cuda::w4a16_gemm_reads_packed_x(m, w);
+  return !map_strategy(policy, "f16", w, m) && cuda::w4a16_gemm_reads_packed_x(m, w);
 }
 
 void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, const W4GemmInput& x, int64_t m,
@@ -221,8 +229,8 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     cuda::w4_zero_point_correction(*x.quantized, m, w, y, ldy, stream);
     return;
   }
-  if (policy != nullptr && policy->lookup(x.activations(), w.n, w.k, m) != gemm::Strategy::builtin) {
-    gemm::Strategy strategy = policy->lookup(x.activations(), w.n, w.k, m);
+  if (const std::optional<gemm::Strategy> named = map_strategy(policy, x.activations(), w, m)) {
+    gemm::Strategy strategy = *named;
     // Bitwise needs the weights' bit-plane copy (GpuLlama makes it for the shapes a measured map
     // sends there); a static or rule-based map may ask for it where it cannot run: the default.
     if (strategy == gemm::Strategy::bitwise_b1 &&
@@ -239,7 +247,7 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
-    // No map: the rule-based default's large-M choice, the wgmma kernel, where it runs (what
+    // The kernels choose (no map, or builtin there): the rule-based default's large-M choice, the wgmma kernel, where it runs (what
     // a map built without measurements would name; w4_fp8_gemm_takes_e4m3 agrees for fp8); the
     // built-in crossovers of the small-M and tiled kernels elsewhere.
     if (gemm::rule_based_strategy(x.activations(), m) == gemm::Strategy::s8_wgmma_128x128 &&

@@ -46,8 +46,8 @@ __device__ __forceinline__ float zero_point_constant(const ZeroPointCorrectionPa
   return fmaf(8.0f, s, high_or_low_half(__ldg(zero_point_mins(p.w) + word), r >= 8));
 }
 
-// The sum of the values in one 16-byte load at element i of token t's row: 16 signed bytes (int8 /
-// int4 codes, exact), 16 e4m3 codes or 8 f16 values.
+// The sum of the values in one 16-byte load of activations: 16 signed bytes (int8 / int4 codes,
+// exact), 16 e4m3 codes or 8 f16 values.
 __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionParams& p, uint4 v) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
   float sum = 0.0f;
@@ -75,10 +75,10 @@ __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionP
 // y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)), X the group's sum of the dequantized activations
 // (integer codes summed exactly, then scaled). A group's sum is taken by the adjacent lanes that
 // load its 16-byte chunks (group / chunk: at most 16 lanes), then a fixed shuffle tree; a row's
-// groups by kZeroPointSplit adjacent lanes, then another: the same bits on every run. The launch
-// has a few microseconds beside the GEMM, and the constants come from HBM (the GEMM streamed
-// them out of the L2), so loads go out in batches: waited on one group at a time, a row of
-// Llama-3-8B's down (112 groups) took ~20 us.
+// groups by kZeroPointSplit adjacent lanes, then another: the same bits on every run. Loads go
+// out in batches (the kernel is latency-bound): with one thread a row a Llama-3-8B correction
+// took ~20 us at one token on the H200, this layout ~13 (still far above its bytes; perf-notes,
+// "4-bit weight quality").
 inline constexpr int kZeroPointLoads = 4;        // 16-byte activation loads a lane in flight
 inline constexpr int kZeroPointGroupsAtOnce = 8;  // constants' loads a lane in flight
 __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
