@@ -716,7 +716,7 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
     if (req.headers.size() > impl_->limits.max_header_count + 4) {
       ++impl_->heads_too_large;
       res.status = 431;
-      close_after_response();
+      close_after_response(res);
       return HandlerResponse::Handled;
     }
     // A declared body over the cap is refused before a byte of it is read (httplib would read
@@ -724,7 +724,7 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
     if (req.has_header("Content-Length") &&
         std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > payload_max_length_) {
       res.status = 413;
-      close_after_response();
+      close_after_response(res);
       return HandlerResponse::Handled;
     }
     if (impl_->guard) return impl_->guard(req, res);
@@ -759,8 +759,10 @@ void HttpFront::set_error_body(std::function<std::string(int, const std::string&
   impl_->front_error_body = std::move(body);
 }
 
-void HttpFront::close_after_response() {
-  if (t_request) t_request->close_after = true;
+void HttpFront::close_after_response(httplib::Response& res) {
+  if (!t_request) return;
+  t_request->close_after = true;
+  if (!res.has_header("Connection")) res.set_header("Connection", "close");
 }
 
 int HttpFront::read_failure_status() {

@@ -48,8 +48,9 @@ class HttpFront : public httplib::Server {
   void set_error_body(std::function<std::string(int, const std::string&, const std::string&)> body);
 
   // For handlers, on the thread serving the request: the connection closes after this
-  // response (a body left unread, say).
-  static void close_after_response();
+  // response (a body left unread, say), and the response says so ("Connection: close"), so a
+  // client does not send its next request on a connection the server is closing.
+  static void close_after_response(httplib::Response& res);
   // For the error handler, on the thread serving the request: 408 when the request's read
   // failed on its deadline, 431 when its head outgrew max_header_bytes, else 0.
   static int read_failure_status();

@@ -206,7 +206,7 @@ struct Server::Impl {
       return true;
     });
     if (ok && !too_large) return true;
-    HttpFront::close_after_response();  // what is left of the body stays unread
+    HttpFront::close_after_response(res);  // what is left of the body stays unread
     if (too_large) {
       send_error(res, 413, body_too_large_message(), "invalid_request_error", "", "body_too_large");
     } else if (HttpFront::read_failure_status() == 503) {
@@ -402,7 +402,7 @@ struct Server::Impl {
                has_bearer ? "incorrect API key provided" : "an API key is required: send 'Authorization: Bearer KEY'",
                "invalid_request_error", "", "invalid_api_key");
     res.set_header("WWW-Authenticate", "Bearer");
-    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) HttpFront::close_after_response();
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) HttpFront::close_after_response(res);
     return httplib::Server::HandlerResponse::Handled;
   }
 
@@ -470,7 +470,7 @@ struct Server::Impl {
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       try {
-        HttpFront::close_after_response();  // the request may not have been read to its end
+        HttpFront::close_after_response(res);  // the request may not have been read to its end
         if (const int status = HttpFront::read_failure_status()) res.status = status;
         std::string message = "HTTP error " + std::to_string(res.status);
         std::string code;

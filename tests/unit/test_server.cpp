@@ -1006,6 +1006,34 @@ TEST(ServerHardening, ApiKeyIsCheckedOnEveryRouteButHealth) {
   EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], reference(encode_prompt(kPrompt), 8).text);
 }
 
+// A 401 before a request's body is read closes the connection; the response must say so, or a
+// keep-alive client (the OpenAI SDK's pool) sends its next request on the closing connection and
+// gets no answer at all (a CI failure of OpenaiClient.PythonSdk).
+TEST(ServerHardening, AnswerBeforeTheBodySaysTheConnectionCloses) {
+  auto options = base_options();
+  options.api_key = "sk-test-123";
+  Running server(std::move(options));
+  const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 4}}.dump();
+  {
+    RawClient raw(server.port);
+    ASSERT_TRUE(raw.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\n"
+                               "Content-Type: application/json\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n\r\n" + body));
+    const std::string response = raw.read_all(10);
+    EXPECT_EQ(status_of(response), 401) << response;
+    const std::string head = response.substr(0, response.find("\r\n\r\n"));
+    EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+  }
+  {  // without a body nothing is left unread: the connection stays open for the next request
+    RawClient raw(server.port);
+    ASSERT_TRUE(raw.send_bytes("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+                               "Connection: close\r\n\r\n"));
+    const std::string response = raw.read_all(10);
+    EXPECT_EQ(status_of(response), 401) << response;
+    EXPECT_NE(response.find("HTTP/1.1 200"), std::string::npos) << response;
+  }
+}
+
 TEST(ServerHardening, TlsServesHttpsAndRefusesBadKeyFiles) {
   const auto dir = std::filesystem::temp_directory_path() / ("qspec-tls-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
