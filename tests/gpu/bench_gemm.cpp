@@ -464,12 +464,12 @@ int main(int argc, char** argv) {
                    static_cast<double>(w4_bytes), w4_batch);
           }
         }
-        // --x-packed: the wgmma tiles' int4 instances for x in the packed k order too (no quad
-        // transposes; x's order does not change the time).
+        // --x-packed: the wgmma tiles' instances for x in the packed k order too (no quad
+        // transposes; x's order does not change the time), with or without zero points.
         for (int tile : tiles)
           for (int64_t splits : split_list)
             for (bool packed : {false, true}) {
-              if (packed && !(x_packed && cuda::w4a16_is_wgmma_tile(tile) && !zero_points)) continue;
+              if (packed && !(x_packed && cuda::w4a16_is_wgmma_tile(tile))) continue;
               if (cuda::w4a16_is_wgmma_tile(tile) && !cuda::w4a16_wgmma_tile_runs_here()) continue;
               if (zero_points && !cuda::w4a16_tile_has_zero_points(tile)) continue;
               const cuda::W4A16TiledConfig config{tile, static_cast<int>(splits), packed};

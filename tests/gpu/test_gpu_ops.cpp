@@ -2011,7 +2011,10 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
         std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
       std::vector<float> expected(static_cast<size_t>(m * s.n));
       qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
-      auto d_x = upload(to_f16(x));
+      const std::vector<f16> x_f16 = to_f16(x);
+      auto d_x = upload(x_f16);
+      // x in the packed k order (W4A16TiledConfig::x_packed), for the wgmma tiles' PX instances.
+      auto d_x_packed = upload(qspec::gemm::w4a16_pack_x_order(x_f16.data(), m, s.k, ldx));
       size_t bytes = cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::dequant_cublas);
       for (auto path : {cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
         bytes = std::max(bytes, cuda::w4a16_workspace_bytes(m, s.n, s.k, path));
@@ -2033,6 +2036,13 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
       check("automatic", [&](f16* y) {
         cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr);
       });
+      // Where the automatic path reads x in the packed order (QSPEC_W4A16_ZP_WGMMA_17_64=1), it
+      // must compute the same product from it.
+      if (cuda::w4a16_gemm_reads_packed_x(m, w.view))
+        check("automatic x packed", [&](f16* y) {
+          cuda::w4a16_gemm(blas, d_x_packed.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
+                           cuda::W4A16Path::automatic, /*x_packed=*/true);
+        });
       check("dequant+cublas", [&](f16* y) {
         cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
                          cuda::W4A16Path::dequant_cublas);
@@ -2074,6 +2084,12 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
             tile == 0 || tile == 2 || tile == cuda::kW4A16Tile128x32 || cuda::w4a16_is_wgmma_tile(tile);
         if (cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m) && has_instance) {
           check(what, tiled);
+          // The wgmma tiles' zero-point instances with x in the packed k order (ZP / ZC with PX).
+          if (tile != 0 && cuda::w4a16_is_wgmma_tile(tile))
+            check(what + " x packed", [&](f16* y) {
+              cuda::w4a16_gemm_tiled(d_x_packed.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,
+                                     cuda::W4A16TiledConfig{tile, splits, /*x_packed=*/true});
+            });
         } else {
           auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
           EXPECT_THROW(tiled(d_y.as<f16>()), qspec::Error) << what << name;
@@ -2480,11 +2496,18 @@ TEST_F(Gpu, W4A16PackedXRunsOnTheWgmmaTilesOnly) {
                                 cuda::W4A16Path::automatic, /*x_packed=*/true),
                qspec::Error);
   if (!cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, m)) return;
-  DeviceW4 asym(qspec::gemm::pack_w4a16(random_zero_point_weights(n, k, 64, qspec::quant::Format::int4_asym)));
-  EXPECT_FALSE(cuda::w4a16_gemm_reads_packed_x(100, asym.view));
-  EXPECT_THROW(cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, asym.view, d_y.as<f16>(), n, workspace.get(), bytes,
-                                      nullptr, cuda::W4A16TiledConfig{cuda::kW4A16WgmmaTile, 1, true}),
-               qspec::Error);
+  // Zero-point weights: the wgmma tiles' instances read packed x (compared in
+  // W4A16ZeroPointsMatchCpuOverShapesAndPaths); the mma.sync tiles with zero points refuse it,
+  // and so does the automatic path at 1-16 tokens (the preload kernel).
+  for (const qspec::quant::Format format : kZeroPointFormats) {
+    DeviceW4 zp(qspec::gemm::pack_w4a16(random_zero_point_weights(n, k, 64, format)));
+    for (int tile : {2, cuda::kW4A16Tile128x32})
+      EXPECT_THROW(cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, k, zp.view, d_y.as<f16>(), n, workspace.get(), bytes,
+                                          nullptr, cuda::W4A16TiledConfig{tile, 1, true}),
+                   qspec::Error)
+          << qspec::quant::format_name(format) << " tile " << tile;
+    EXPECT_FALSE(cuda::w4a16_gemm_reads_packed_x(16, zp.view));
+  }
 }
 
 TEST_F(Gpu, W4A16RejectsUnsupportedGroups) {

@@ -65,8 +65,9 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                 W4A16Path path = W4A16Path::automatic, bool x_packed = false);
 // Whether w4a16_gemm's automatic path runs m tokens of w on a tile that reads x in the packed k
-// order (int4 weights, the tiled path, a wgmma tile by default_tile's rule), so that the kernel
-// making x may write it so (cuda::rmsnorm's y_packed, silu_mul's out_packed) and pass x_packed.
+// order (the tiled path on a wgmma tile: int4 weights by default_tile's rule; int4-asym / int4-zp
+// ones only under QSPEC_W4A16_ZP_WGMMA_17_64=1, an A/B knob), so that the kernel making x may
+// write it so (cuda::rmsnorm's y_packed, silu_mul's out_packed) and pass x_packed.
 bool w4a16_gemm_reads_packed_x(int64_t m, const W4A16Weights& w);
 
 // Tuning knob for benchmarks: the small-M kernel variant (0 = the default: 5 where it runs, else 1; 1 = 4 warps
@@ -131,7 +132,7 @@ struct W4A16TiledConfig {
   int splits = 0;
   // x holds each 32-k block of every row in the weights' packed k order (ops/w4a16_pack.h,
   // w4a16_packed_x_index), as a producer of x may write it: the wgmma tiles skip their quad
-  // transposes. Int4 weights on the wgmma tiles only (others throw).
+  // transposes. The wgmma tiles only (others throw), on int4, int4-asym and int4-zp weights.
   bool x_packed = false;
 };
 inline constexpr int kW4A16TiledTiles = 10;  // tiles 1 .. kW4A16TiledTiles

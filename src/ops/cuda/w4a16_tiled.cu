@@ -295,12 +295,17 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
                                                                                                       : wide;
 }
 
+// The zero-point weights' tile rule and its A/B switch (defined with their launch below).
+bool zero_points_take_int4_wgmma_rule();
+int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile);
+
 }  // namespace
 
 bool w4a16_wgmma_tile_runs_here() { return wgmma_tile_runs_here(); }
 
 bool w4a16_gemm_reads_packed_x(int64_t m, const W4A16Weights& w) {
-  if (m < 1 || w.has_min() || w.k % 32 != 0 || w4a16_choose_path(m, w) != W4A16Path::tiled) return false;
+  if (m < 1 || w.k % 32 != 0 || w4a16_choose_path(m, w) != W4A16Path::tiled) return false;
+  if (w.has_min()) return zero_points_take_int4_wgmma_rule() && w4a16_is_wgmma_tile(zero_point_tile(m, w, 0));
   return w4a16_is_wgmma_tile(default_tile<kernels::ActF16>(m, w.n, w.k, w.group));
 }
 
@@ -431,15 +436,20 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 // Since int4 took the wgmma tiles with x in the packed order at 17-64 tokens (559ae39), its step
 // there is faster than these: int4-zp g128 over int4 +8 % at batch 32, +30 % at 64 (H200,
 // 2e11548, bench/results/gpu-w4a8-zero-point-correction-llama3-8b-h200.log, its w4a16 rows).
-// QSPEC_W4A16_ZP_WGMMA_17_64=1 takes the wgmma tiles' zero-point instances there (x in natural
-// order; an A/B knob until measured).
+// QSPEC_W4A16_ZP_WGMMA_17_64=1 takes the wgmma tiles' zero-point instances there, as int4's rule
+// does, and these weights then read x in the packed k order wherever their tile is a wgmma one
+// (17-256 tokens, w4a16_gemm_reads_packed_x; the instances with ZP / ZC and PX): an A/B knob
+// until measured on the H200, off by default.
+bool zero_points_take_int4_wgmma_rule() {
+  static const bool on = env_int("QSPEC_W4A16_ZP_WGMMA_17_64", 0, 0, 1) == 1;
+  return on;
+}
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
   QSPEC_CHECK(config_tile == 0 || w4a16_tile_has_zero_points(config_tile),
               "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
               kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 10), not tile ", config_tile);
   if (config_tile != 0) return config_tile;
-  static const bool wgmma_17_64 = env_int("QSPEC_W4A16_ZP_WGMMA_17_64", 0, 0, 1) == 1;
-  if (wgmma_17_64 && wgmma_tile_runs_here() && m >= 17 && m <= 64) {
+  if (zero_points_take_int4_wgmma_rule() && wgmma_tile_runs_here() && m >= w4a16_wgmma_min_tokens() && m <= 64) {
     if (m > 32 && wgmma_256_fills_one_wave(w.n)) return kW4A16WgmmaTile256x64;
     return m <= 32 ? kW4A16WgmmaTile32 : kW4A16WgmmaTile;
   }
@@ -465,7 +475,6 @@ void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const
                               int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
                               const W4A16TiledConfig& config) {
   check_tiled_config(config);
-  QSPEC_CHECK(!config.x_packed, "cuda::w4a16_gemm_tiled: x in the packed k order (x_packed) runs on int4 weights only");
   QSPEC_CHECK(w4a16_runs_zero_points(W4A16Path::tiled, m),
               "cuda::w4a16_gemm_tiled: int4-asym weights (zero points) run on the tiled path on an sm_90a GPU and "
               "build only; cuda::w4a16_gemm's automatic path routes them");
@@ -473,10 +482,16 @@ void launch_tiled_zero_points(kernels::W4A16TiledParams params, int64_t m, const
   if (m == 0) return;
   const TiledPlan plan = plan_tiled<Act>(m, w, layout, workspace, workspace_bytes,
                                          {zero_point_tile(m, w, config.tile), config.splits});
+  QSPEC_CHECK(!config.x_packed || w4a16_is_wgmma_tile(plan.tile),
+              "cuda::w4a16_gemm_tiled: x in the packed k order (x_packed) runs on the wgmma tiles only, not tile ",
+              plan.tile);
   fill_launch(params, layout, m, y, ldy, plan.m_tiles, plan.splits, workspace);
   const dim3 grid(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.row_tiles),
                   static_cast<unsigned>(plan.splits));
-  plain_launch_kernel<Act>(plan, m, w).launch(params, grid, as_stream(stream));
+  constexpr bool ZC = kernels::kActZeroCodes<Act>;
+  const TiledKernel kernel = config.x_packed ? wgmma_kernel<!ZC, ZC, true>(plan.tile, w.group)
+                                             : plain_launch_kernel<Act>(plan, m, w);
+  kernel.launch(params, grid, as_stream(stream));
 }
 
 }  // namespace
