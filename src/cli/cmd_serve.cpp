@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -36,6 +38,7 @@ struct ServeArgs {
   int64_t max_queue = 256;
   HttpLimits http;
   std::string api_key;  // --api-key, else $QSPEC_API_KEY
+  std::vector<std::string> allowed_origins;  // --allowed-origins (CORS)
   std::string ssl_certfile, ssl_keyfile;
   bool no_access_log = false;
   std::string log_format = "text";
@@ -72,6 +75,7 @@ void run_serve(const ServeArgs& args) {
   as_qspec.mode = decode_rules::kQSpecMode;
   validate(as_qspec, "--");
   check_plan_kv_cache(as_qspec, args.engine.kv_cache);  // the engine-wide cache every request shares
+  check_allowed_origins(args.allowed_origins, "--allowed-origins");
 
   auto model = LlamaModel::load(args.model_dir);
   const std::string auto_choice = resolve_auto_mode(plan, model->has_quantized_weights());
@@ -97,6 +101,7 @@ void run_serve(const ServeArgs& args) {
   options.max_body_bytes = args.max_body_bytes;
   options.http = args.http;
   options.api_key = args.api_key;
+  options.allowed_origins = args.allowed_origins;
   options.access_log = !args.no_access_log;
   options.log_format = args.log_format == "json" ? LogFormat::json : LogFormat::text;
   if (options.api_key.empty())
@@ -253,6 +258,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--api-key", args->api_key,
                       "Require 'Authorization: Bearer KEY' on every route but /health (default: $QSPEC_API_KEY)");
+  command->add_option("--allowed-origins", args->allowed_origins,
+                      "CORS: browser origins allowed to call the API, comma-separated (https://app.example.com, "
+                      "http://localhost:3000), or '*' for any (default: none, no CORS headers)")
+      ->delimiter(',');
   command->add_flag("--no-access-log", args->no_access_log,
                     "No line per request on stderr (peer, method, route, status, prompt/completion tokens, latency)");
   command->add_option("--log-format", args->log_format, "The access log's lines: text, or one JSON object a line")

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -710,6 +711,10 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
     impl_->tls = ctx;
   }
   new_task_queue = [this] { return new AdmissionQueue(*impl_); };
+  // httplib writes these into every kept-alive answer's Keep-Alive header; the connections are
+  // ours (Impl), so they say our limits, not httplib's defaults (5 requests, 5 s).
+  set_keep_alive_max_count(limits.max_requests_per_connection);
+  set_keep_alive_timeout(static_cast<time_t>(std::max(1.0, std::ceil(limits.keep_alive_seconds))));
   set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (t_request) t_request->head_done = true;
     // httplib adds REMOTE_ADDR, REMOTE_PORT, LOCAL_ADDR and LOCAL_PORT to the client's headers.

@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -118,7 +119,24 @@ struct PromText {
   }
 };
 
+// What a CORS preflight may ask for (Access-Control-Allow-Methods), and how long a browser may
+// keep its answer.
+constexpr const char* kCorsMethods = "GET, POST, OPTIONS";
+constexpr const char* kCorsMaxAgeSeconds = "600";
+
 }  // namespace
+
+void check_allowed_origins(const std::vector<std::string>& origins, const std::string& flag) {
+  for (const std::string& origin : origins) {
+    if (origin == "*") continue;
+    const size_t scheme = origin.rfind("http://", 0) == 0 ? 7 : origin.rfind("https://", 0) == 0 ? 8 : 0;
+    const std::string_view host = std::string_view(origin).substr(scheme);
+    const bool host_ok = !host.empty() && host.find_first_of("/?#, \t\r\n") == std::string_view::npos;
+    QSPEC_CHECK(scheme > 0 && host_ok, flag, ": '", origin,
+                "' is not an origin: give \"*\" or origins such as https://app.example.com or http://localhost:3000 "
+                "(scheme, host and port, no path), comma-separated");
+  }
+}
 
 struct Server::Impl {
   const LlamaModel& model;
@@ -390,6 +408,35 @@ struct Server::Impl {
         });
   }
 
+  // CORS (--allowed-origins): a request from an allowed origin gets Access-Control-Allow-Origin on
+  // its answer, whatever the answer (a 401 too, so a page can read why). A preflight (OPTIONS with
+  // Access-Control-Request-Method) is answered here with 204, before the API key check: browsers
+  // send it without credentials. True when the request was a preflight (answered).
+  bool answer_cors(const httplib::Request& req, httplib::Response& res) const {
+    const bool preflight = req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method");
+    if (options.allowed_origins.empty() || !req.has_header("Origin")) {
+      if (preflight) res.status = 204;  // no CORS here: the browser refuses the call itself
+      return preflight;
+    }
+    const std::string origin = req.get_header_value("Origin");
+    const auto& allowed = options.allowed_origins;
+    const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+    if (any) {
+      res.set_header("Access-Control-Allow-Origin", "*");
+    } else {
+      res.set_header("Vary", "Origin");  // the answer depends on it: caches must keep them apart
+      if (std::find(allowed.begin(), allowed.end(), origin) != allowed.end())
+        res.set_header("Access-Control-Allow-Origin", origin);
+    }
+    if (!preflight) return false;
+    res.status = 204;
+    res.set_header("Access-Control-Allow-Methods", kCorsMethods);
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+    res.set_header("Access-Control-Max-Age", kCorsMaxAgeSeconds);
+    return true;
+  }
+
   // The API key check, before every route but /health (which load balancers probe).
   httplib::Server::HandlerResponse check_api_key(const httplib::Request& req, httplib::Response& res) {
     if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
@@ -412,6 +459,7 @@ struct Server::Impl {
     http.set_payload_max_length(options.max_body_bytes);
     http.set_request_guard([this](const httplib::Request& req, httplib::Response& res) {
       t_access = AccessRecord{Clock::now()};
+      if (answer_cors(req, res)) return httplib::Server::HandlerResponse::Handled;
       return check_api_key(req, res);
     });
     http.set_error_body([](int status, const std::string& message, const std::string& code) {

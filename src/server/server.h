@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "qspec/engine.h"
 #include "qspec/error.h"
@@ -62,6 +63,10 @@ class ApiError : public Error {
 // completion=C 0.123s", or one JSON object a line.
 enum class LogFormat { text, json };
 
+// Throws qspec::Error naming `flag` unless each origin is "*" or a browser origin
+// ("http://host[:port]" or "https://host[:port]", no path), as --allowed-origins takes them.
+void check_allowed_origins(const std::vector<std::string>& origins, const std::string& flag);
+
 struct ServerOptions {
   std::string model_name = "qspec";   // the id clients pass as "model"
   DecodePlan default_plan;             // requests without "qspec": {...} (qspec/decode_plan.h)
@@ -72,6 +77,9 @@ struct ServerOptions {
   HttpLimits http;                    // connections, deadlines, head caps, drain (server/http_limits.h)
   std::optional<TlsFiles> tls;        // serve HTTPS with this certificate and key
   std::string api_key;                // "": no authentication
+  // CORS (browser pages on other origins calling the API): the origins answered with
+  // Access-Control-Allow-Origin, "*" for any (check_allowed_origins); empty: none, no CORS headers.
+  std::vector<std::string> allowed_origins;
   bool access_log = false;            // a line on stderr per request: peer, method, route, status, tokens, latency
   LogFormat log_format = LogFormat::text;
   double heartbeat_seconds = 1.0;     // SSE comment after this long without tokens (finds closed clients)

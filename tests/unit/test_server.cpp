@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -1032,6 +1033,89 @@ TEST(ServerHardening, AnswerBeforeTheBodySaysTheConnectionCloses) {
     EXPECT_EQ(status_of(response), 401) << response;
     EXPECT_NE(response.find("HTTP/1.1 200"), std::string::npos) << response;
   }
+  // A kept-alive answer's Keep-Alive header states the server's own limits (not httplib's 5 / 5).
+  httplib::Client keep = server.client();
+  keep.set_keep_alive(true);
+  auto health = keep.Get("/health");
+  ASSERT_TRUE(health);
+  const qspec::HttpLimits limits;
+  EXPECT_EQ(health->get_header_value("Keep-Alive"),
+            "timeout=" + std::to_string(static_cast<int>(std::ceil(limits.keep_alive_seconds))) +
+                ", max=" + std::to_string(limits.max_requests_per_connection));
+}
+
+// CORS (--allowed-origins): off by default; "*" answers any origin, a list only its own (and
+// says Vary: Origin); a preflight gets 204 before the API key check, and a 401 still carries the
+// origin so the page can read it.
+TEST(ServerHardening, CorsAnswersAllowedOriginsAndPreflights) {
+  const httplib::Headers from_app = {{"Origin", "https://app.example.com"}};
+  const httplib::Headers preflight = {{"Origin", "https://app.example.com"},
+                                      {"Access-Control-Request-Method", "POST"},
+                                      {"Access-Control-Request-Headers", "authorization, content-type"}};
+  {  // default: no CORS headers; a preflight is answered 204 without them (the browser refuses)
+    Running server(base_options());
+    httplib::Client c = server.client();
+    auto models = c.Get("/v1/models", from_app);
+    ASSERT_TRUE(models);
+    EXPECT_EQ(models->status, 200);
+    EXPECT_FALSE(models->has_header("Access-Control-Allow-Origin"));
+    auto pre = c.Options("/v1/chat/completions", preflight);
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_FALSE(pre->has_header("Access-Control-Allow-Origin"));
+  }
+  {  // any origin, with an API key
+    auto options = base_options();
+    options.allowed_origins = {"*"};
+    options.api_key = "sk-test-123";
+    Running server(std::move(options));
+    httplib::Client c = server.client();
+    auto pre = c.Options("/v1/chat/completions", preflight);
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204) << pre->body;
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "*");
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Methods"), "GET, POST, OPTIONS");
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+    EXPECT_FALSE(pre->get_header_value("Access-Control-Max-Age").empty());
+    auto denied = c.Get("/v1/models", from_app);
+    ASSERT_TRUE(denied);
+    EXPECT_EQ(denied->status, 401);
+    EXPECT_EQ(denied->get_header_value("Access-Control-Allow-Origin"), "*");
+    httplib::Headers with_key = from_app;
+    with_key.emplace("Authorization", "Bearer sk-test-123");
+    auto res = c.Post("/v1/completions", with_key,
+                      json{{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}}.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(res->get_header_value("Access-Control-Allow-Origin"), "*");
+    // A plain OPTIONS (no preflight headers) is no CORS request: the key check and the routes as before.
+    auto plain = c.Options("/v1/models", from_app);
+    ASSERT_TRUE(plain);
+    EXPECT_EQ(plain->status, 401);
+  }
+  {  // a list: its origins echoed, with Vary; another origin gets no Allow-Origin
+    auto options = base_options();
+    options.allowed_origins = {"http://localhost:3000", "https://app.example.com"};
+    Running server(std::move(options));
+    httplib::Client c = server.client();
+    auto ok = c.Get("/v1/models", from_app);
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->get_header_value("Access-Control-Allow-Origin"), "https://app.example.com");
+    EXPECT_EQ(ok->get_header_value("Vary"), "Origin");
+    auto other = c.Get("/v1/models", httplib::Headers{{"Origin", "https://evil.example.net"}});
+    ASSERT_TRUE(other);
+    EXPECT_EQ(other->status, 200);
+    EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+    EXPECT_EQ(other->get_header_value("Vary"), "Origin");
+    auto stream = c.Post("/v1/completions", from_app,
+                         json{{"prompt", kPrompt}, {"max_tokens", 4}, {"stream", true}}.dump(), "application/json");
+    ASSERT_TRUE(stream);
+    EXPECT_EQ(stream->status, 200);
+    EXPECT_EQ(stream->get_header_value("Access-Control-Allow-Origin"), "https://app.example.com");
+  }
+  EXPECT_NO_THROW(qspec::check_allowed_origins({"*", "http://localhost:3000", "https://a.b"}, "--allowed-origins"));
+  for (const char* bad : {"", "localhost:3000", "https://", "https://app.example.com/", "ftp://x", "https://a b"})
+    EXPECT_THROW(qspec::check_allowed_origins({bad}, "--allowed-origins"), qspec::Error) << bad;
 }
 
 TEST(ServerHardening, TlsServesHttpsAndRefusesBadKeyFiles) {
