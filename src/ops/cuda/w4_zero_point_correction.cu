@@ -51,9 +51,18 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
   const size_t smem = static_cast<size_t>(kernels::kZeroPointTokens) * layout.groups * sizeof(float);
   QSPEC_CHECK(smem <= kMaxGroupSumBytes, "cuda::w4_zero_point_correction: k ", w.k, " in groups of ", w.group,
               " is more groups than a block holds (", kMaxGroupSumBytes / (4 * kernels::kZeroPointTokens), ")");
-  const dim3 grid(static_cast<unsigned>((w.n + kernels::kZeroPointRows - 1) / kernels::kZeroPointRows),
+  // A/B switches until an H200 run decides (kernels/w4_zero_point_correction.cuh says why):
+  // QSPEC_ZP_CORRECTION_ROWS=64 (blocks of 256 threads) or 256 (the default, 1,024 threads), and
+  // QSPEC_ZP_CORRECTION_RELEASE_AT_END=1 (the next kernel starts only when this one ends).
+  static const int rows = env_int("QSPEC_ZP_CORRECTION_ROWS", kernels::kZeroPointRows, 64, 256);
+  static const bool release_at_end = env_int("QSPEC_ZP_CORRECTION_RELEASE_AT_END", 0, 0, 1) == 1;
+  QSPEC_CHECK(rows == 64 || rows == 256, "QSPEC_ZP_CORRECTION_ROWS: 64 or 256, not ", rows);
+  p.release_at_end = release_at_end;
+  const dim3 grid(static_cast<unsigned>((w.n + rows - 1) / rows),
                   static_cast<unsigned>((m + kernels::kZeroPointTokens - 1) / kernels::kZeroPointTokens));
-  launch_pdl(kernels::w4_zero_point_correction_kernel, grid, dim3(kernels::kZeroPointThreads), smem, as_stream(stream), p);
+  const dim3 block(static_cast<unsigned>(rows * kernels::kZeroPointSplit));
+  if (rows == 64) launch_pdl(kernels::w4_zero_point_correction_kernel<64>, grid, block, smem, as_stream(stream), p);
+  else launch_pdl(kernels::w4_zero_point_correction_kernel<256>, grid, block, smem, as_stream(stream), p);
   QSPEC_CUDA_CHECK_LAUNCH("w4_zero_point_correction_kernel");
 }
 

@@ -21,14 +21,16 @@ struct ZeroPointCorrectionParams {
   int m, group;
   W4A16Layout w;    // the packed weights (ops/w4a16_pack.h); their minimums or zero points after the scales
   bool zero_codes;  // int4-zp: zero points there (kernels::zero_point_bytes), else int4-asym's minimums
+  // Where the kernel lets the next one start (programmatic dependent launch): right after its own
+  // wait (false), or only at its end (true; an A/B switch, QSPEC_ZP_CORRECTION_RELEASE_AT_END).
+  bool release_at_end;
   __half* y;
   int64_t ldy;
 };
 
 inline constexpr int kZeroPointTokens = 16;  // tokens a block (their group sums in shared memory)
-inline constexpr int kZeroPointRows = 256;   // output rows a block
+inline constexpr int kZeroPointRows = 256;   // output rows a block, by default (ROWS below)
 inline constexpr int kZeroPointSplit = 4;    // adjacent threads a row, each a quarter of its groups
-inline constexpr int kZeroPointThreads = kZeroPointRows * kZeroPointSplit;
 
 __device__ __forceinline__ float high_or_low_half(uint32_t pair, bool high) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(high ? pair >> 16 : pair)));
@@ -70,8 +72,12 @@ __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionP
   return sum;
 }
 
-// Grid: (ceil(n / kZeroPointRows), ceil(m / kZeroPointTokens)), kZeroPointThreads threads; dynamic
-// shared memory: the block's tokens' group sums, kZeroPointTokens x groups floats.
+// Grid: (ceil(n / ROWS), ceil(m / kZeroPointTokens)), ROWS * kZeroPointSplit threads; dynamic
+// shared memory: the block's tokens' group sums, kZeroPointTokens x groups floats. ROWS 256 (the
+// default) makes blocks of 1,024 threads that hold a whole multiprocessor's registers, so none can
+// start beside another kernel's block (which programmatic dependent launch counts on); ROWS 64
+// blocks of 256 threads can, each summing its tokens' groups again (an A/B switch until measured,
+// QSPEC_ZP_CORRECTION_ROWS).
 // y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)), X the group's sum of the dequantized activations
 // (integer codes summed exactly, then scaled). A group's sum is taken by the adjacent lanes that
 // load its 16-byte chunks (group / chunk: at most 16 lanes), then a fixed shuffle tree; a row's
@@ -81,9 +87,11 @@ __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionP
 // "4-bit weight quality").
 inline constexpr int kZeroPointLoads = 4;        // 16-byte activation loads a lane in flight
 inline constexpr int kZeroPointGroupsAtOnce = 8;  // constants' loads a lane in flight
-__global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
+template <int ROWS>
+__global__ __launch_bounds__(ROWS * kZeroPointSplit) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
   extern __shared__ float group_sums[];
-  pdl_prologue();
+  if (p.release_at_end) grid_dependency_wait();
+  else pdl_prologue();
   const int t0 = blockIdx.y * kZeroPointTokens;
   const int tokens = min(kZeroPointTokens, p.m - t0);
   const int chunk = p.kind == ZeroPointActivations::f16 ? 8 : 16;  // values a 16-byte load holds
@@ -120,7 +128,7 @@ __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_ke
   }
   __syncthreads();
   const int quarter = threadIdx.x % kZeroPointSplit;
-  const int n = blockIdx.x * kZeroPointRows + threadIdx.x / kZeroPointSplit;
+  const int n = blockIdx.x * ROWS + threadIdx.x / kZeroPointSplit;
   const bool row = n < p.w.n;  // rows past n still take part in the shuffles
   float acc[kZeroPointTokens];
 #pragma unroll
