@@ -732,8 +732,14 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
       close_after_response(res);
       return HandlerResponse::Handled;
     }
-    if (impl_->guard) return impl_->guard(req, res);
-    return HandlerResponse::Unhandled;
+    if (!impl_->guard) return HandlerResponse::Unhandled;
+    const HandlerResponse answered = impl_->guard(req, res);
+    // Answered before its body was read (a 401, a CORS preflight): what the client sent of the
+    // body stays unread, so the connection closes after the answer.
+    const bool declares_body = req.has_header("Transfer-Encoding") ||
+                               std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0;
+    if (answered == HandlerResponse::Handled && declares_body) close_after_response(res);
+    return answered;
   });
 }
 

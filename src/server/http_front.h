@@ -38,7 +38,8 @@ class HttpFront : public httplib::Server {
   HttpFrontStats stats() const;
 
   // The guard every routed request passes before its handler (API key, for one): returning
-  // Handled answers with `res` as the guard left it. The header-count limit runs before it.
+  // Handled answers with `res` as the guard left it, and closes the connection after it when the
+  // request declared a body (left unread). The header-count limit runs before it.
   void set_request_guard(HandlerWithResponse guard);
   // Called once when shutdown's drain_timeout_seconds pass with requests still in flight.
   void set_drain_timeout_callback(std::function<void()> callback);

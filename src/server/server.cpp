@@ -448,8 +448,7 @@ struct Server::Impl {
     send_error(res, 401,
                has_bearer ? "incorrect API key provided" : "an API key is required: send 'Authorization: Bearer KEY'",
                "invalid_request_error", "", "invalid_api_key");
-    res.set_header("WWW-Authenticate", "Bearer");
-    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) HttpFront::close_after_response(res);
+    res.set_header("WWW-Authenticate", "Bearer");  // the front closes the connection if a body was sent
     return httplib::Server::HandlerResponse::Handled;
   }
 

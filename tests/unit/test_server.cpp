@@ -1033,6 +1033,14 @@ TEST(ServerHardening, AnswerBeforeTheBodySaysTheConnectionCloses) {
     EXPECT_EQ(status_of(response), 401) << response;
     EXPECT_NE(response.find("HTTP/1.1 200"), std::string::npos) << response;
   }
+  {  // any answer of the guard before the body (here a CORS preflight that sent one) closes likewise
+    RawClient raw(server.port);
+    ASSERT_TRUE(raw.send_bytes("OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://a.example\r\n"
+                               "Access-Control-Request-Method: POST\r\nContent-Length: 5\r\n\r\nhello"));
+    const std::string response = raw.read_all(10);
+    EXPECT_EQ(status_of(response), 204) << response;
+    EXPECT_NE(response.find("\r\nConnection: close"), std::string::npos) << response;
+  }
   // A kept-alive answer's Keep-Alive header states the server's own limits (not httplib's 5 / 5).
   httplib::Client keep = server.client();
   keep.set_keep_alive(true);
