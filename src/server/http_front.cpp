@@ -725,9 +725,9 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
       return HandlerResponse::Handled;
     }
     // A declared body over the cap is refused before a byte of it is read (httplib would read
-    // it all to discard it).
-    if (req.has_header("Content-Length") &&
-        std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > payload_max_length_) {
+    // it all to discard it). No Content-Length reads as 0.
+    const unsigned long long declared_length = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
+    if (declared_length > payload_max_length_) {
       res.status = 413;
       close_after_response(res);
       return HandlerResponse::Handled;
@@ -736,8 +736,7 @@ HttpFront::HttpFront(HttpLimits limits, const std::optional<TlsFiles>& tls)
     const HandlerResponse answered = impl_->guard(req, res);
     // Answered before its body was read (a 401, a CORS preflight): what the client sent of the
     // body stays unread, so the connection closes after the answer.
-    const bool declares_body = req.has_header("Transfer-Encoding") ||
-                               std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0;
+    const bool declares_body = req.has_header("Transfer-Encoding") || declared_length > 0;
     if (answered == HandlerResponse::Handled && declares_body) close_after_response(res);
     return answered;
   });
