@@ -2036,7 +2036,7 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
       check("automatic", [&](f16* y) {
         cuda::w4a16_gemm(blas, d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr);
       });
-      // Where the automatic path reads x in the packed order (QSPEC_W4A16_ZP_WGMMA_17_64=1), it
+      // Where the automatic path reads x in the packed order (wgmma tiles, 17-256 tokens), it
       // must compute the same product from it.
       if (cuda::w4a16_gemm_reads_packed_x(m, w.view))
         check("automatic x packed", [&](f16* y) {

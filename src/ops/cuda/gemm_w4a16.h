@@ -66,7 +66,7 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
                 W4A16Path path = W4A16Path::automatic, bool x_packed = false);
 // Whether w4a16_gemm's automatic path runs m tokens of w on a tile that reads x in the packed k
 // order (the tiled path on a wgmma tile: int4 weights by default_tile's rule; int4-asym / int4-zp
-// ones only under QSPEC_W4A16_ZP_WGMMA_17_64=1, an A/B knob), so that the kernel making x may
+// ones too unless QSPEC_W4A16_ZP_WGMMA_17_64=0, an A/B knob), so that the kernel making x may
 // write it so (cuda::rmsnorm's y_packed, silu_mul's out_packed) and pass x_packed.
 bool w4a16_gemm_reads_packed_x(int64_t m, const W4A16Weights& w);
 

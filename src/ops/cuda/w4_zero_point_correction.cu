@@ -9,9 +9,9 @@
 namespace qspec::cuda {
 
 namespace {
-// The group sums of a block's tokens take this much shared memory at most (an opt-in past 48 KB):
-// groups of 32 over k up to 24,576.
-constexpr size_t kMaxGroupSumBytes = 48 * 1024;
+// A block's shared memory at most (no opt-in past 48 KB): one token's group sums for k up to
+// 393,216 in groups of 32, sixteen tokens' for k up to 24,576.
+constexpr size_t kMaxSharedBytes = 48 * 1024;
 }  // namespace
 
 void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
@@ -48,21 +48,25 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
   p.zero_codes = w.zero_codes;
   p.y = reinterpret_cast<__half*>(y);
   p.ldy = ldy;
-  const size_t smem = static_cast<size_t>(kernels::kZeroPointTokens) * layout.groups * sizeof(float);
-  QSPEC_CHECK(smem <= kMaxGroupSumBytes, "cuda::w4_zero_point_correction: k ", w.k, " in groups of ", w.group,
-              " is more groups than a block holds (", kMaxGroupSumBytes / (4 * kernels::kZeroPointTokens), ")");
-  // A/B switches until an H200 run decides (kernels/w4_zero_point_correction.cuh says why):
-  // QSPEC_ZP_CORRECTION_ROWS=64 (blocks of 256 threads) or 256 (the default, 1,024 threads), and
-  // QSPEC_ZP_CORRECTION_RELEASE_AT_END=1 (the next kernel starts only when this one ends).
-  static const int rows = env_int("QSPEC_ZP_CORRECTION_ROWS", kernels::kZeroPointRows, 64, 256);
-  static const bool release_at_end = env_int("QSPEC_ZP_CORRECTION_RELEASE_AT_END", 0, 0, 1) == 1;
-  QSPEC_CHECK(rows == 64 || rows == 256, "QSPEC_ZP_CORRECTION_ROWS: 64 or 256, not ", rows);
-  p.release_at_end = release_at_end;
-  const dim3 grid(static_cast<unsigned>((w.n + rows - 1) / rows),
-                  static_cast<unsigned>((m + kernels::kZeroPointTokens - 1) / kernels::kZeroPointTokens));
-  const dim3 block(static_cast<unsigned>(rows * kernels::kZeroPointSplit));
-  if (rows == 64) launch_pdl(kernels::w4_zero_point_correction_kernel<64>, grid, block, smem, as_stream(stream), p);
-  else launch_pdl(kernels::w4_zero_point_correction_kernel<256>, grid, block, smem, as_stream(stream), p);
+  // The tokens a block: m's power of two up to 16, fewer where their group sums would not fit.
+  int tokens = kernels::zero_point_token_tile(m);
+  while (tokens > 1 && kernels::zero_point_shared_bytes(tokens, layout.groups) > kMaxSharedBytes) tokens /= 2;
+  const size_t smem = kernels::zero_point_shared_bytes(tokens, layout.groups);
+  QSPEC_CHECK(smem <= kMaxSharedBytes, "cuda::w4_zero_point_correction: k ", w.k, " in groups of ", w.group,
+              " is more groups than a block holds (", kMaxSharedBytes / sizeof(float), ")");
+  const int64_t token_tiles = (m + tokens - 1) / tokens;
+  p.row_blocks_a_block = kernels::zero_point_row_blocks_a_block(layout.row_blocks, token_tiles);
+  const dim3 grid(static_cast<unsigned>((layout.row_blocks + p.row_blocks_a_block - 1) / p.row_blocks_a_block),
+                  static_cast<unsigned>(token_tiles));
+  const dim3 block(kernels::kZeroPointThreads);
+  const cudaStream_t s = as_stream(stream);
+  switch (tokens) {
+    case 1: launch_pdl(kernels::w4_zero_point_correction_kernel<1>, grid, block, smem, s, p); break;
+    case 2: launch_pdl(kernels::w4_zero_point_correction_kernel<2>, grid, block, smem, s, p); break;
+    case 4: launch_pdl(kernels::w4_zero_point_correction_kernel<4>, grid, block, smem, s, p); break;
+    case 8: launch_pdl(kernels::w4_zero_point_correction_kernel<8>, grid, block, smem, s, p); break;
+    default: launch_pdl(kernels::w4_zero_point_correction_kernel<16>, grid, block, smem, s, p); break;
+  }
   QSPEC_CUDA_CHECK_LAUNCH("w4_zero_point_correction_kernel");
 }
 

@@ -436,12 +436,15 @@ void launch_tiled(kernels::W4A16TiledParams params, int64_t m, const W4A16Weight
 // Since int4 took the wgmma tiles with x in the packed order at 17-64 tokens (559ae39), its step
 // there is faster than these: int4-zp g128 over int4 +8 % at batch 32, +30 % at 64 (H200,
 // 2e11548, bench/results/gpu-w4a8-zero-point-correction-llama3-8b-h200.log, its w4a16 rows).
-// QSPEC_W4A16_ZP_WGMMA_17_64=1 takes the wgmma tiles' zero-point instances there, as int4's rule
-// does, and these weights then read x in the packed k order wherever their tile is a wgmma one
-// (17-256 tokens, w4a16_gemm_reads_packed_x; the instances with ZP / ZC and PX): an A/B knob
-// until measured on the H200, off by default.
+// So zero-point weights take the wgmma tiles' zero-point instances there, as int4's rule does, and
+// read x in the packed k order wherever their tile is a wgmma one (17-256 tokens,
+// w4a16_gemm_reads_packed_x; the instances with ZP / ZC and PX): int4-zp g128 steps at batch
+// 16 / 32 / 64 -0.1 / -2.2 / -17.5 % (3.62 / 4.61 ms at 32 / 64, int4's 3.41 / 4.32: +6 / +7 %
+// over int4, from +8 / +30 %; H200, 34434ef, two alternating rounds within 0.6 %,
+// bench/results/gpu-w4a16-zp-wgmma-ab-llama3-8b-h200-34434ef.log). QSPEC_W4A16_ZP_WGMMA_17_64=0
+// keeps the mma.sync tiles there (the A/B switch).
 bool zero_points_take_int4_wgmma_rule() {
-  static const bool on = env_int("QSPEC_W4A16_ZP_WGMMA_17_64", 0, 0, 1) == 1;
+  static const bool on = env_int("QSPEC_W4A16_ZP_WGMMA_17_64", 1, 0, 1) == 1;
   return on;
 }
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {

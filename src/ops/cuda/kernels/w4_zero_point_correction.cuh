@@ -21,34 +21,55 @@ struct ZeroPointCorrectionParams {
   int m, group;
   W4A16Layout w;    // the packed weights (ops/w4a16_pack.h); their minimums or zero points after the scales
   bool zero_codes;  // int4-zp: zero points there (kernels::zero_point_bytes), else int4-asym's minimums
-  // Where the kernel lets the next one start (programmatic dependent launch): right after its own
-  // wait (false), or only at its end (true; an A/B switch, QSPEC_ZP_CORRECTION_RELEASE_AT_END).
-  bool release_at_end;
+  int row_blocks_a_block;  // 16-row blocks a thread block serves: 1, 2, 4 or 8 (zero_point_row_blocks_a_block)
   __half* y;
   int64_t ldy;
 };
 
-inline constexpr int kZeroPointTokens = 16;  // tokens a block (their group sums in shared memory)
-inline constexpr int kZeroPointRows = 256;   // output rows a block, by default (ROWS below)
-inline constexpr int kZeroPointSplit = 4;    // adjacent threads a row, each a quarter of its groups
+inline constexpr int kZeroPointThreads = 256;    // a block: 8 warps
+inline constexpr int kZeroPointMaxTokens = 16;   // tokens a block at most (TOKENS: 1, 2, 4, 8 or 16)
+inline constexpr int kZeroPointGroupLanes = 4;   // lanes of a warp over groups (x 8 over a row block's words)
+inline constexpr int kZeroPointGroupsAtOnce = 8; // constants' loads a lane in flight
+
+// The row blocks a thread block serves: as many as keep at least two blocks a multiprocessor
+// (132 on the H200) busy, the warps of a row block splitting its groups between them otherwise.
+inline int zero_point_row_blocks_a_block(int64_t row_blocks, int64_t token_tiles) {
+  for (int rbs = 8; rbs > 1; rbs /= 2)
+    if ((row_blocks + rbs - 1) / rbs * token_tiles >= 264) return rbs;
+  return 1;
+}
+// The tokens a block: the smallest power of two holding m, at most kZeroPointMaxTokens.
+inline int zero_point_token_tile(int64_t m) {
+  int tokens = 1;
+  while (tokens < m && tokens < kZeroPointMaxTokens) tokens *= 2;
+  return tokens;
+}
+// Dynamic shared memory of a block: the group sums of its tokens, reused for the reduction over
+// the warps of a row block (8 warps x TOKENS x 16 rows).
+inline size_t zero_point_shared_bytes(int tokens, int64_t groups) {
+  return static_cast<size_t>(tokens) * sizeof(float) * static_cast<size_t>(groups > 128 ? groups : 128);
+}
 
 __device__ __forceinline__ float high_or_low_half(uint32_t pair, bool high) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(high ? pair >> 16 : pair)));
 }
-// Group g's constant for output row n: c = m + 8 s (weights s u + m) or s (8 - z) (weights s (u - z)),
-// since the symmetric kernels computed s (u - 8) for every code u.
-__device__ __forceinline__ float zero_point_constant(const ZeroPointCorrectionParams& p, int n, int g) {
-  const int rb = n >> 4, r = n & 15;  // word r % 8 of a row block's group: rows r % 8 (low half), r % 8 + 8 (high)
-  const int64_t word = (static_cast<int64_t>(rb) * p.w.groups + g) * 8 + (r & 7);
-  const float s = high_or_low_half(__ldg(p.w.scales + word), r >= 8);
+// Group g's constants for the rows word and word + 8 of row block rb (both in one scale word):
+// c = m + 8 s (weights s u + m) or s (8 - z) (weights s (u - z)), since the symmetric kernels
+// computed s (u - 8) for every code u.
+__device__ __forceinline__ float2 zero_point_constants(const ZeroPointCorrectionParams& p, int rb, int word, int g) {
+  const int64_t index = (static_cast<int64_t>(rb) * p.w.groups + g) * 8 + word;
+  const uint32_t scales = __ldg(p.w.scales + index);
+  const float s_low = high_or_low_half(scales, false), s_high = high_or_low_half(scales, true);
   if (p.zero_codes) {
-    const uint8_t zeros = __ldg(zero_point_bytes(p.w, rb) + g * 8 + (r & 7));
-    return s * static_cast<float>(8 - (r < 8 ? (zeros & 0xf) : (zeros >> 4)));
+    const uint32_t zeros = __ldg(zero_point_bytes(p.w, rb) + g * 8 + word);
+    return make_float2(s_low * static_cast<float>(8 - static_cast<int>(zeros & 0xf)),
+                       s_high * static_cast<float>(8 - static_cast<int>(zeros >> 4)));
   }
-  return fmaf(8.0f, s, high_or_low_half(__ldg(zero_point_mins(p.w) + word), r >= 8));
+  const uint32_t mins = __ldg(zero_point_mins(p.w) + index);
+  return make_float2(fmaf(8.0f, s_low, high_or_low_half(mins, false)), fmaf(8.0f, s_high, high_or_low_half(mins, true)));
 }
 
-// The sum of the values in one 16-byte load of activations: 16 signed bytes (int8 / int4 codes,
+// The sum of the values in one 16-byte load of activations: 16 signed bytes (int8, int4 codes,
 // exact), 16 e4m3 codes or 8 f16 values.
 __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionParams& p, uint4 v) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -72,39 +93,24 @@ __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionP
   return sum;
 }
 
-// Grid: (ceil(n / ROWS), ceil(m / kZeroPointTokens)), ROWS * kZeroPointSplit threads; dynamic
-// shared memory: the block's tokens' group sums, kZeroPointTokens x groups floats. ROWS 256 (the
-// default) makes blocks of 1,024 threads that hold a whole multiprocessor's registers, so none can
-// start beside another kernel's block (which programmatic dependent launch counts on); ROWS 64
-// blocks of 256 threads can, each summing its tokens' groups again (an A/B switch until measured,
-// QSPEC_ZP_CORRECTION_ROWS).
-// y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)), X the group's sum of the dequantized activations
-// (integer codes summed exactly, then scaled). A group's sum is taken by the adjacent lanes that
-// load its 16-byte chunks (group / chunk: at most 16 lanes), then a fixed shuffle tree; a row's
-// groups by kZeroPointSplit adjacent lanes, then another: the same bits on every run. Loads go
-// out in batches (the kernel is latency-bound): with one thread a row a Llama-3-8B correction
-// took ~20 us at one token on the H200, this layout ~13 (still far above its bytes; perf-notes,
-// "4-bit weight quality").
-inline constexpr int kZeroPointLoads = 4;        // 16-byte activation loads a lane in flight
-inline constexpr int kZeroPointGroupsAtOnce = 8;  // constants' loads a lane in flight
-template <int ROWS>
-__global__ __launch_bounds__(ROWS * kZeroPointSplit) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
-  extern __shared__ float group_sums[];
-  if (p.release_at_end) grid_dependency_wait();
-  else pdl_prologue();
-  const int t0 = blockIdx.y * kZeroPointTokens;
-  const int tokens = min(kZeroPointTokens, p.m - t0);
+// The group sums of the block's tokens into shared memory, [t][groups], each scaled by its
+// token's (or int4 group's) activation scale. A group's sum is taken by the adjacent lanes that
+// load its 16-byte chunks (group / chunk: at most 16 lanes), then a fixed shuffle tree: the same
+// bits on every run.
+inline constexpr int kZeroPointLoads = 4;  // 16-byte activation loads a lane in flight
+__device__ __forceinline__ void zero_point_group_sums(const ZeroPointCorrectionParams& p, int t0, int tokens,
+                                                      float* group_sums) {
   const int chunk = p.kind == ZeroPointActivations::f16 ? 8 : 16;  // values a 16-byte load holds
   const int lanes = p.group / chunk;                                // a power of two, <= 16
   const int chunks_a_token = p.w.k / chunk;  // a multiple of `lanes`: a group's lanes start aligned
   const int total = tokens * chunks_a_token;
   const int elem_bytes = p.kind == ZeroPointActivations::f16 ? 2 : 1;
   const char* x = static_cast<const char*>(p.x);
-  for (int base = 0; base < total; base += kZeroPointLoads * blockDim.x) {  // uniform: every lane shuffles
+  for (int base = 0; base < total; base += kZeroPointLoads * kZeroPointThreads) {  // uniform: every lane shuffles
     uint4 loaded[kZeroPointLoads];
 #pragma unroll
     for (int u = 0; u < kZeroPointLoads; ++u) {
-      const int i = base + u * blockDim.x + threadIdx.x;
+      const int i = base + u * kZeroPointThreads + threadIdx.x;
       loaded[u] = make_uint4(0, 0, 0, 0);
       if (i < total) {
         const int t = i / chunks_a_token, c = i - t * chunks_a_token;
@@ -114,7 +120,7 @@ __global__ __launch_bounds__(ROWS * kZeroPointSplit) void w4_zero_point_correcti
     }
 #pragma unroll
     for (int u = 0; u < kZeroPointLoads; ++u) {
-      const int i = base + u * blockDim.x + threadIdx.x;
+      const int i = base + u * kZeroPointThreads + threadIdx.x;
       float sum = zero_point_chunk_sum(p, loaded[u]);
       for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       const int t = i / chunks_a_token, c = i - t * chunks_a_token;
@@ -126,41 +132,94 @@ __global__ __launch_bounds__(ROWS * kZeroPointSplit) void w4_zero_point_correcti
       }
     }
   }
+}
+
+// y[t, n] = f16(y[t, n] + sum_g c(n, g) X(t, g)), X the group's sum of the dequantized activations
+// (integer codes summed exactly, then scaled).
+// Grid: (ceil(row blocks / row_blocks_a_block), ceil(m / TOKENS)), kZeroPointThreads threads;
+// dynamic shared memory zero_point_shared_bytes(TOKENS, groups).
+// A warp serves one row block: lane = 8 gl + word takes the rows word and word + 8 (one scale
+// word, one zero-point byte) over the groups gl, gl + 4, ... of its warp's share, so a load of the
+// constants is 128 contiguous bytes a warp. The first kZeroPointGroupsAtOnce groups' constants are
+// loaded before the programmatic-launch wait (they are weights), during the GEMM's drain; sums
+// over a row's groups go by a fixed shuffle tree, then over its warps in order: the same bits on
+// every run. (The kernel it replaced, a thread a row's quarter in blocks of 1,024 threads, all 16
+// tokens unrolled, issued ~1,200 instructions a warp and took 15.5 us for gate_up at one token on
+// the H200: perf-notes, "4-bit weight quality".)
+template <int TOKENS>
+__global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
+  extern __shared__ float shared[];
+  constexpr int kWarps = kZeroPointThreads / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int word = lane % 8, group_lane = lane / 8;
+  const int warps_a_row_block = kWarps / p.row_blocks_a_block;
+  const int rb = blockIdx.x * p.row_blocks_a_block + warp / warps_a_row_block;
+  const bool rows_here = rb < p.w.row_blocks;
+  const int slot = (warp % warps_a_row_block) * kZeroPointGroupLanes + group_lane;
+  const int slots = warps_a_row_block * kZeroPointGroupLanes;  // a row block's lanes over groups
+  const int groups = p.w.groups;
+
+  float2 c[kZeroPointGroupsAtOnce];
+  auto load_constants = [&](int g0) {
+#pragma unroll
+    for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
+      const int g = g0 + j * slots;
+      c[j] = rows_here && g < groups ? zero_point_constants(p, rb, word, g) : make_float2(0.0f, 0.0f);
+    }
+  };
+  load_constants(slot);  // weights: before the wait
+
+  grid_dependency_wait();
+  grid_launch_dependents();
+  const int t0 = blockIdx.y * TOKENS;
+  const int tokens = min(TOKENS, p.m - t0);
+  zero_point_group_sums(p, t0, tokens, shared);
   __syncthreads();
-  const int quarter = threadIdx.x % kZeroPointSplit;
-  const int n = blockIdx.x * ROWS + threadIdx.x / kZeroPointSplit;
-  const bool row = n < p.w.n;  // rows past n still take part in the shuffles
-  float acc[kZeroPointTokens];
+
+  float low[TOKENS], high[TOKENS];
 #pragma unroll
-  for (int t = 0; t < kZeroPointTokens; ++t) acc[t] = 0.0f;
-  constexpr int kStride = kZeroPointSplit * kZeroPointGroupsAtOnce;
-  for (int g0 = quarter; g0 < p.w.groups; g0 += kStride) {
-    float c[kZeroPointGroupsAtOnce];
+  for (int t = 0; t < TOKENS; ++t) low[t] = high[t] = 0.0f;
+  for (int g0 = slot;; ) {
 #pragma unroll
     for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
-      const int g = g0 + j * kZeroPointSplit;
-      c[j] = row && g < p.w.groups ? zero_point_constant(p, n, g) : 0.0f;
-    }
+      const int g = g0 + j * slots;
+      if (g >= groups) break;
 #pragma unroll
-    for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
-      const int g = g0 + j * kZeroPointSplit;
-      if (g >= p.w.groups) break;
-#pragma unroll
-      for (int t = 0; t < kZeroPointTokens; ++t)
-        if (t < tokens) acc[t] = fmaf(c[j], group_sums[t * p.w.groups + g], acc[t]);
+      for (int t = 0; t < TOKENS; ++t) {
+        const float sum = t < tokens ? shared[t * groups + g] : 0.0f;
+        low[t] = fmaf(c[j].x, sum, low[t]);
+        high[t] = fmaf(c[j].y, sum, high[t]);
+      }
     }
+    g0 += kZeroPointGroupsAtOnce * slots;
+    if (g0 - slot >= groups) break;  // uniform over the block: slot < slots
+    load_constants(g0);
   }
 #pragma unroll
-  for (int t = 0; t < kZeroPointTokens; ++t)
-    for (int offset = kZeroPointSplit / 2; offset > 0; offset >>= 1)
-      acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], offset);
-  if (!row) return;
+  for (int t = 0; t < TOKENS; ++t)
 #pragma unroll
-  for (int t = 0; t < kZeroPointTokens; ++t)
-    if (t < tokens && t % kZeroPointSplit == quarter) {
-      __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
-      out = __float2half_rn(__half2float(out) + acc[t]);
+    for (int offset = 8; offset < 32; offset *= 2) {
+      low[t] += __shfl_xor_sync(0xffffffffu, low[t], offset);
+      high[t] += __shfl_xor_sync(0xffffffffu, high[t], offset);
     }
+  __syncthreads();  // the group sums are read: their memory takes the warps' partial sums
+  float* partial = shared;  // [warp][t][16 rows]
+  if (group_lane == 0)
+#pragma unroll
+    for (int t = 0; t < TOKENS; ++t) {
+      partial[(warp * TOKENS + t) * 16 + word] = low[t];
+      partial[(warp * TOKENS + t) * 16 + word + 8] = high[t];
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.row_blocks_a_block * TOKENS * 16; i += kZeroPointThreads) {
+    const int r = i % 16, t = i / 16 % TOKENS, local = i / (16 * TOKENS);
+    const int64_t n = (static_cast<int64_t>(blockIdx.x) * p.row_blocks_a_block + local) * 16 + r;
+    if (t >= tokens || n >= p.w.n) continue;
+    float sum = 0.0f;
+    for (int w = 0; w < warps_a_row_block; ++w) sum += partial[((local * warps_a_row_block + w) * TOKENS + t) * 16 + r];
+    __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
+    out = __float2half_rn(__half2float(out) + sum);
+  }
 }
 
 }  // namespace qspec::cuda::kernels
