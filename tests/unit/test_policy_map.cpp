@@ -217,6 +217,20 @@ TEST(PolicyMap, CommittedH100MapsLoad) {
     for (int64_t m : {24, 32}) EXPECT_EQ(qwen.lookup(activations, 37888, 3584, m), Strategy::tiled_128x32) << m;
 }
 
+// The committed H200 map (tuned with `builtin` in the set, 34434ef) loads, covers f16 and int8 on
+// Llama-3-8B's four layer shapes, keeps the kernels' own choice for W4A16 decode (1-256 tokens),
+// and is the one `--gemm-policy auto` finds for those shapes on an H200.
+TEST(PolicyMap, CommittedH200MapLoads) {
+  const std::string path = std::string(QSPEC_SOURCE_DIR) + "/bench/policies/nvidia-h200-llama3-8b.json";
+  const PolicyMap map = PolicyMap::load(path);
+  EXPECT_EQ(map.gpu, "NVIDIA H200");
+  EXPECT_EQ(map.shapes(), 8u);  // 4 shapes x (f16, int8)
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+  for (auto [n, k] : shapes)
+    for (int64_t m : {1, 8, 16, 32, 64, 128}) EXPECT_EQ(map.lookup("f16", n, k, m), Strategy::builtin) << n << " " << m;
+  EXPECT_EQ(qspec::gemm::find_policy_map({std::string(QSPEC_SOURCE_DIR) + "/bench/policies"}, "NVIDIA H200", shapes), path);
+}
+
 // `--gemm-policy auto`: the first map tuned on this GPU whose f16 entries cover every shape of the
 // model; maps of other GPUs, maps missing a shape and JSON that is no map are passed over.
 TEST(PolicyMap, FindsTheMapForThisGpuAndModel) {

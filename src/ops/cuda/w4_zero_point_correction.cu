@@ -48,7 +48,21 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
   p.zero_codes = w.zero_codes;
   p.y = reinterpret_cast<__half*>(y);
   p.ldy = ldy;
-  // The tokens a block: m's power of two up to 16, fewer where their group sums would not fit.
+  const cudaStream_t s = as_stream(stream);
+  if (m > kernels::kZeroPointWarpKernelMaxTokens) {
+    // Blocks of 16 tokens x 256 rows (kernels/w4_zero_point_correction.cuh says why two kernels).
+    const size_t smem = static_cast<size_t>(kernels::kZeroPointMaxTokens) * layout.groups * sizeof(float);
+    QSPEC_CHECK(smem <= kMaxSharedBytes, "cuda::w4_zero_point_correction: k ", w.k, " in groups of ", w.group,
+                " is more groups than a block holds (", kMaxSharedBytes / (sizeof(float) * kernels::kZeroPointMaxTokens),
+                ")");
+    const dim3 grid(static_cast<unsigned>((w.n + kernels::kZeroPointWideRows - 1) / kernels::kZeroPointWideRows),
+                    static_cast<unsigned>((m + kernels::kZeroPointMaxTokens - 1) / kernels::kZeroPointMaxTokens));
+    const dim3 block(kernels::kZeroPointWideRows * kernels::kZeroPointSplit);
+    launch_pdl(kernels::w4_zero_point_correction_16_tokens_kernel, grid, block, smem, s, p);
+    QSPEC_CUDA_CHECK_LAUNCH("w4_zero_point_correction_16_tokens_kernel");
+    return;
+  }
+  // 1-8 tokens: m's power of two tokens a block, fewer where their group sums would not fit.
   int tokens = kernels::zero_point_token_tile(m);
   while (tokens > 1 && kernels::zero_point_shared_bytes(tokens, layout.groups) > kMaxSharedBytes) tokens /= 2;
   const size_t smem = kernels::zero_point_shared_bytes(tokens, layout.groups);
@@ -59,13 +73,11 @@ void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4
   const dim3 grid(static_cast<unsigned>((layout.row_blocks + p.row_blocks_a_block - 1) / p.row_blocks_a_block),
                   static_cast<unsigned>(token_tiles));
   const dim3 block(kernels::kZeroPointThreads);
-  const cudaStream_t s = as_stream(stream);
   switch (tokens) {
     case 1: launch_pdl(kernels::w4_zero_point_correction_kernel<1>, grid, block, smem, s, p); break;
     case 2: launch_pdl(kernels::w4_zero_point_correction_kernel<2>, grid, block, smem, s, p); break;
     case 4: launch_pdl(kernels::w4_zero_point_correction_kernel<4>, grid, block, smem, s, p); break;
-    case 8: launch_pdl(kernels::w4_zero_point_correction_kernel<8>, grid, block, smem, s, p); break;
-    default: launch_pdl(kernels::w4_zero_point_correction_kernel<16>, grid, block, smem, s, p); break;
+    default: launch_pdl(kernels::w4_zero_point_correction_kernel<8>, grid, block, smem, s, p); break;
   }
   QSPEC_CUDA_CHECK_LAUNCH("w4_zero_point_correction_kernel");
 }

@@ -27,7 +27,8 @@ struct ZeroPointCorrectionParams {
 };
 
 inline constexpr int kZeroPointThreads = 256;    // a block: 8 warps
-inline constexpr int kZeroPointMaxTokens = 16;   // tokens a block at most (TOKENS: 1, 2, 4, 8 or 16)
+inline constexpr int kZeroPointMaxTokens = 16;   // tokens a block at most
+inline constexpr int kZeroPointWarpKernelMaxTokens = 8;  // w4_zero_point_correction_kernel's TOKENS: 1, 2, 4, 8
 inline constexpr int kZeroPointGroupLanes = 4;   // lanes of a warp over groups (x 8 over a row block's words)
 inline constexpr int kZeroPointGroupsAtOnce = 8; // constants' loads a lane in flight
 
@@ -38,10 +39,10 @@ inline int zero_point_row_blocks_a_block(int64_t row_blocks, int64_t token_tiles
     if ((row_blocks + rbs - 1) / rbs * token_tiles >= 264) return rbs;
   return 1;
 }
-// The tokens a block: the smallest power of two holding m, at most kZeroPointMaxTokens.
+// The tokens a block of w4_zero_point_correction_kernel: the smallest power of two holding m.
 inline int zero_point_token_tile(int64_t m) {
   int tokens = 1;
-  while (tokens < m && tokens < kZeroPointMaxTokens) tokens *= 2;
+  while (tokens < m && tokens < kZeroPointWarpKernelMaxTokens) tokens *= 2;
   return tokens;
 }
 // Dynamic shared memory of a block: the group sums of its tokens, reused for the reduction over
@@ -98,6 +99,7 @@ __device__ __forceinline__ float zero_point_chunk_sum(const ZeroPointCorrectionP
 // load its 16-byte chunks (group / chunk: at most 16 lanes), then a fixed shuffle tree: the same
 // bits on every run.
 inline constexpr int kZeroPointLoads = 4;  // 16-byte activation loads a lane in flight
+template <int THREADS>
 __device__ __forceinline__ void zero_point_group_sums(const ZeroPointCorrectionParams& p, int t0, int tokens,
                                                       float* group_sums) {
   const int chunk = p.kind == ZeroPointActivations::f16 ? 8 : 16;  // values a 16-byte load holds
@@ -106,11 +108,11 @@ __device__ __forceinline__ void zero_point_group_sums(const ZeroPointCorrectionP
   const int total = tokens * chunks_a_token;
   const int elem_bytes = p.kind == ZeroPointActivations::f16 ? 2 : 1;
   const char* x = static_cast<const char*>(p.x);
-  for (int base = 0; base < total; base += kZeroPointLoads * kZeroPointThreads) {  // uniform: every lane shuffles
+  for (int base = 0; base < total; base += kZeroPointLoads * THREADS) {  // uniform: every lane shuffles
     uint4 loaded[kZeroPointLoads];
 #pragma unroll
     for (int u = 0; u < kZeroPointLoads; ++u) {
-      const int i = base + u * kZeroPointThreads + threadIdx.x;
+      const int i = base + u * THREADS + threadIdx.x;
       loaded[u] = make_uint4(0, 0, 0, 0);
       if (i < total) {
         const int t = i / chunks_a_token, c = i - t * chunks_a_token;
@@ -120,7 +122,7 @@ __device__ __forceinline__ void zero_point_group_sums(const ZeroPointCorrectionP
     }
 #pragma unroll
     for (int u = 0; u < kZeroPointLoads; ++u) {
-      const int i = base + u * kZeroPointThreads + threadIdx.x;
+      const int i = base + u * THREADS + threadIdx.x;
       float sum = zero_point_chunk_sum(p, loaded[u]);
       for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       const int t = i / chunks_a_token, c = i - t * chunks_a_token;
@@ -143,9 +145,10 @@ __device__ __forceinline__ void zero_point_group_sums(const ZeroPointCorrectionP
 // constants is 128 contiguous bytes a warp. The first kZeroPointGroupsAtOnce groups' constants are
 // loaded before the programmatic-launch wait (they are weights), during the GEMM's drain; sums
 // over a row's groups go by a fixed shuffle tree, then over its warps in order: the same bits on
-// every run. (The kernel it replaced, a thread a row's quarter in blocks of 1,024 threads, all 16
-// tokens unrolled, issued ~1,200 instructions a warp and took 15.5 us for gate_up at one token on
-// the H200: perf-notes, "4-bit weight quality".)
+// every run. Its blocks of 128 rows or fewer each sum their tokens' groups again, so it serves 1-8
+// tokens (w4_zero_point_correction_16_tokens_kernel the rest): on the H200 the w4a8 int4-zp step
+// of Llama-3-8B took 3.11 / 4.81 ms at batch 1 / 8 with it, 4.33 / 5.32 with that kernel, but
+// 12.13 ms at batch 64 against its 10.51 (d1592b7; perf-notes, "4-bit weight quality").
 template <int TOKENS>
 __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
   extern __shared__ float shared[];
@@ -173,7 +176,7 @@ __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_ke
   grid_launch_dependents();
   const int t0 = blockIdx.y * TOKENS;
   const int tokens = min(TOKENS, p.m - t0);
-  zero_point_group_sums(p, t0, tokens, shared);
+  zero_point_group_sums<kZeroPointThreads>(p, t0, tokens, shared);
   __syncthreads();
 
   float low[TOKENS], high[TOKENS];
@@ -220,6 +223,64 @@ __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_ke
     __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
     out = __float2half_rn(__half2float(out) + sum);
   }
+}
+
+// The correction for more than 8 tokens: blocks of kZeroPointWideRows rows x 16 tokens, each row's
+// groups split between kZeroPointSplit adjacent lanes (their sums by a fixed shuffle tree), so a
+// block's group sums serve 256 rows. Grid: (ceil(n / kZeroPointWideRows), ceil(m / 16)),
+// kZeroPointWideRows * kZeroPointSplit threads; dynamic shared memory 16 x groups floats.
+inline constexpr int kZeroPointWideRows = 256;
+inline constexpr int kZeroPointSplit = 4;  // adjacent threads a row, each a quarter of its groups
+__global__ __launch_bounds__(kZeroPointWideRows * kZeroPointSplit) void w4_zero_point_correction_16_tokens_kernel(
+    const ZeroPointCorrectionParams p) {
+  extern __shared__ float group_sums[];
+  constexpr int kTokens = kZeroPointMaxTokens;
+  pdl_prologue();
+  const int t0 = blockIdx.y * kTokens;
+  const int tokens = min(kTokens, p.m - t0);
+  zero_point_group_sums<kZeroPointWideRows * kZeroPointSplit>(p, t0, tokens, group_sums);
+  __syncthreads();
+  const int quarter = threadIdx.x % kZeroPointSplit;
+  const int n = blockIdx.x * kZeroPointWideRows + threadIdx.x / kZeroPointSplit;
+  const bool row = n < p.w.n;  // rows past n still take part in the shuffles
+  const int rb = n >> 4, word = n & 7;
+  const bool high = (n & 15) >= 8;
+  float acc[kTokens];
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) acc[t] = 0.0f;
+  constexpr int kStride = kZeroPointSplit * kZeroPointGroupsAtOnce;
+  for (int g0 = quarter; g0 < p.w.groups; g0 += kStride) {
+    float c[kZeroPointGroupsAtOnce];
+#pragma unroll
+    for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
+      const int g = g0 + j * kZeroPointSplit;
+      if (row && g < p.w.groups) {
+        const float2 pair = zero_point_constants(p, rb, word, g);
+        c[j] = high ? pair.y : pair.x;
+      } else {
+        c[j] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kZeroPointGroupsAtOnce; ++j) {
+      const int g = g0 + j * kZeroPointSplit;
+      if (g >= p.w.groups) break;
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t)
+        if (t < tokens) acc[t] = fmaf(c[j], group_sums[t * p.w.groups + g], acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t)
+    for (int offset = kZeroPointSplit / 2; offset > 0; offset >>= 1)
+      acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], offset);
+  if (!row) return;
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t)
+    if (t < tokens && t % kZeroPointSplit == quarter) {
+      __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
+      out = __float2half_rn(__half2float(out) + acc[t]);
+    }
 }
 
 }  // namespace qspec::cuda::kernels
