@@ -542,6 +542,74 @@ TEST(GpuEngine, ArcCheckpointW4A16AndArcDraftsEqualTheCpu) {
   }
 }
 
+// ARC-calibrated checkpoints with zero points (int4-asym, int4-zp; issue 55) on the GPU: the ARC drafts
+// run the symmetric kernels over K + S and the zero points' term over every group of the augmented
+// row. W4A16 greedy output equals the CPU's on the same checkpoint, and greedy QSpec with each ARC
+// draft equals it under continuous batching, the drafts accepted at least half the time (a missing
+// or wrong zero-point term on the augmented columns drafts noise). 24 eval problems.
+TEST(GpuEngine, ArcCheckpointWithZeroPointsEqualsTheCpu) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  for (const qspec::quant::Format format : {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp}) {
+    SCOPED_TRACE(std::string(qspec::quant::format_name(format)));
+    auto model = qspec::LlamaModel::load(kModelDir);
+    auto tokenizer = qspec::Tokenizer::load(kModelDir);
+    qspec::CalibrationSet calibration;
+    calibration.source = "eval questions";
+    for (const auto& prompt : question_prompts(*tokenizer, 16)) {
+      calibration.sequences.push_back(prompt);
+      calibration.tokens += static_cast<int64_t>(prompt.size());
+    }
+    qspec::QuantizeOptions quantize;
+    quantize.format = format;
+    quantize.arc = true;
+    qspec::quantize_model(*model, quantize, &calibration);
+    ASSERT_TRUE(model->has_arc());
+    std::vector<qspec::Request> plain;
+    for (const auto& prompt : question_prompts(*tokenizer, 24)) {
+      qspec::Request request;
+      request.prompt = prompt;
+      request.max_new_tokens = 96;
+      request.plan.mode = "w4a16";
+      plain.push_back(request);
+    }
+    qspec::EngineOptions cpu_options = batching_options();
+    cpu_options.device = "cpu";
+    qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
+    const std::vector<std::vector<int32_t>> expected = run_all(cpu_engine, plain).ids;
+
+    qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
+    auto check = [&](const std::vector<qspec::Request>& requests, const std::string& what) {
+      const Outputs gpu = run_all(gpu_engine, requests);
+      size_t identical = 0;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (gpu.ids[i] == expected[i]) ++identical;
+        EXPECT_EQ(gpu.ids[i], expected[i]) << what << " problem " << i;
+      }
+      const std::string format_text(qspec::quant::format_name(format));  // a string_view: not NUL-ended
+      std::printf("  ARC %s checkpoint, GPU %s == CPU W4A16 greedy on %zu / %zu problems\n", format_text.c_str(),
+                  what.c_str(), identical, requests.size());
+    };
+    check(plain, "w4a16");
+    for (const char* draft : {"w4a4-int4-arc", "w4a4-nvfp4-arc", "w4a4-mxfp4-arc"}) {
+      std::vector<qspec::Request> requests = plain;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        requests[i].plan.mode = "qspec";
+        requests[i].plan.draft = draft;
+        requests[i].plan.verify = "w4a16";
+        requests[i].plan.gamma = 1 + static_cast<int64_t>(i % 6);
+      }
+      const qspec::QSpecMetrics before = gpu_engine.metrics().qspec;
+      check(requests, std::string("QSpec (") + draft + " drafts)");
+      const qspec::QSpecMetrics after = gpu_engine.metrics().qspec;
+      EXPECT_GE(static_cast<double>(after.accepted - before.accepted),
+                0.5 * static_cast<double>(after.drafted - before.drafted))
+          << draft << " drafts on an ARC checkpoint with zero points";
+      std::printf("    %s: accepted %lld / %lld drafts\n", draft, static_cast<long long>(after.accepted - before.accepted),
+                  static_cast<long long>(after.drafted - before.drafted));
+    }
+  }
+}
+
 // int4-asym and int4-zp weights (zero points, issue 55) in the GPU engine: W4A16 greedy output equals the CPU
 // engine's on the same weights (f16 group scales and minimums on the GPU, f32 on the CPU), and
 // greedy QSpec equals it, under continuous batching, with the drafts that run W4A16's kernels (a

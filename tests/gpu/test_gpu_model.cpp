@@ -493,6 +493,13 @@ TEST(GpuModel, SyntheticModelsStepAndOversizedCachesAreRefused) {
                                                                   << static_cast<int>(activations);
     }
     arc.reset();
+    // Zero-point weights on the same calibration: ARC steps (the zero points' term over K + S) finite.
+    qspec::GpuLlamaOptions zero_point_options = arc_options;
+    zero_point_options.synthetic_weights = qspec::quant::Format::int4_zp;
+    auto zero_points = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a4-nvfp4-arc"), zero_point_options);
+    EXPECT_GE(zero_points->forward(prompt), 0);
+    for (float v : zero_points->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic ARC int4-zp weights";
+    zero_points.reset();
     arc_options.synthetic_arc_channels = 100;  // not a multiple of the mxfp4 block
     EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a4-nvfp4-arc"), arc_options),
                  qspec::Error);
@@ -538,8 +545,10 @@ TEST(GpuModel, RejectsWhatIsNotOnTheGpuAtLoadTime) {
 // int4-asym and int4-zp weights (zero points, issue 55) on the GPU: a model loads in mode w4a16, its
 // prefill and decode steps give the CPU's greedy tokens; it also loads in w4a8 and switches to
 // quantized activations (the QSpec drafts: the symmetric kernels plus the zero points' term,
-// cuda::w4_zero_point_correction) with finite logits; ARC activations are refused, naming what runs.
-// Synthetic zero-point weights (the benchmark's A/B) step and stay finite in w4a16 and w4a8.
+// cuda::w4_zero_point_correction) with finite logits; ARC activations are refused without an ARC
+// calibration (GpuEngine.ArcCheckpointWithZeroPointsEqualsTheCpu runs them with one).
+// Synthetic zero-point weights (the benchmark's A/B) step and stay finite in w4a16 and w4a8, and
+// with an ARC calibration in w4a16 and w4a4-nvfp4-arc.
 TEST(GpuModel, ZeroPointWeightsRunW4A16AndQuantizedActivations) {
   ASSERT_NO_FATAL_FAILURE(require_gpu());
   for (const qspec::quant::Format format : {qspec::quant::Format::int4_asym, qspec::quant::Format::int4_zp}) {
@@ -565,7 +574,7 @@ TEST(GpuModel, ZeroPointWeightsRunW4A16AndQuantizedActivations) {
     }
     try {
       gpu.set_activations(qspec::GpuActivations::nvfp4_arc);
-      ADD_FAILURE() << "ARC activations on zero-point weights were accepted";
+      ADD_FAILURE() << "ARC activations without an ARC calibration were accepted";
     } catch (const qspec::Error& error) {
       EXPECT_NE(std::string(error.what()).find("ARC"), std::string::npos) << error.what();
     }
@@ -605,8 +614,14 @@ TEST(GpuModel, ZeroPointWeightsRunW4A16AndQuantizedActivations) {
     EXPECT_GE(synthetic_w4a8->forward(prompt), 0);
     for (float v : synthetic_w4a8->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic zero-point weights, w4a8";
     synthetic_w4a8.reset();
+    // With an ARC calibration the zero-point weights take ARC activations too (their W4A16 steps
+    // read the first K columns only): finite in both.
     options.synthetic_arc_channels = 64;
-    EXPECT_THROW(qspec::GpuLlama::synthetic(config, qspec::parse_run_mode("w4a16"), options), qspec::Error);
+    for (const char* mode : {"w4a16", "w4a4-nvfp4-arc"}) {
+      auto arc = qspec::GpuLlama::synthetic(config, qspec::parse_run_mode(mode), options);
+      EXPECT_GE(arc->forward(prompt), 0);
+      for (float v : arc->logits()) ASSERT_TRUE(std::isfinite(v)) << "synthetic ARC zero-point weights, " << mode;
+    }
   }
 }
 

@@ -222,9 +222,10 @@ ArcSite synthetic_arc_site(int64_t k, int64_t outliers, int64_t weight_group, ui
 }
 
 // make_synthetic_linear with that calibration: k + tail packed columns, the order on the device.
-Linear make_synthetic_arc_linear(int64_t n, const ArcSite& site, uint64_t seed, void* stream) {
+Linear make_synthetic_arc_linear(int64_t n, const ArcSite& site, uint64_t seed, void* stream,
+                                 quant::Format format = quant::Format::int4) {
   const int64_t in_k = static_cast<int64_t>(site.order.size());
-  Linear linear = make_synthetic_linear(n, in_k + site.tail, true, seed, stream);
+  Linear linear = make_synthetic_linear(n, in_k + site.tail, true, seed, stream, format);
   linear.in_k = in_k;
   linear.site = site;
   linear.order = upload(site.order, "synthetic channel order");
@@ -809,13 +810,10 @@ GpuLlama::GpuLlama(const LlamaModel& model, const RunMode& mode, const GpuLlamaO
   s.set_mode(mode);
   if (s.quantized) {
     QSPEC_CHECK(model.has_quantized_weights(), "GPU model: mode ", mode.name, " needs 4-bit weights (quantize the model first)");
-    // Zero points (issue 55) under quantized activations: the symmetric kernels plus the zero
-    // points' term (cuda::w4_zero_point_correction), except on ARC's augmented columns: refuse
-    // those here, before anything is uploaded (set_activations refuses them as QSpec drafts).
-    QSPEC_CHECK(!quant::format_has_min(model.quantization().format) || !s.arc_step(), "GPU model: mode ", mode.name,
-                ": ", model.quantized_format(), " weights (4-bit with zero points / minimums) do not run ARC "
-                "activations on the GPU; run ", mode.name, " with --device cpu, or quantize with --format int4 for "
-                "the GPU");
+    // Zero points (issue 55) under quantized activations, ARC's included: the symmetric kernels
+    // over K + S, then the zero points' term over every group of the augmented row
+    // (cuda::w4_zero_point_correction sums the quantized values as the GEMM read them: the
+    // reordered channels, the zeros between and the residuals alike).
   } else {
     QSPEC_CHECK(model.has_checkpoint_weights(), "GPU model: mode w16a16 needs the checkpoint's 16-bit weights");
   }
@@ -909,14 +907,10 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
   QSPEC_CHECK(options.synthetic_weights == quant::Format::int4 || quant::format_has_min(options.synthetic_weights),
               "GPU model: synthetic_weights ", quant::format_name(options.synthetic_weights),
               ": synthetic models have int4, int4-asym or int4-zp weights");
-  const bool zero_points = s.quantized && quant::format_has_min(options.synthetic_weights);
   const quant::Format wformat = options.synthetic_weights;
   const int64_t wgroup = options.synthetic_group;
   QSPEC_CHECK(wgroup == 32 || wgroup == 64 || wgroup == 128, "GPU model: synthetic_group ", wgroup,
               " (the synthetic 4-bit weights take groups of 32, 64 or 128)");
-  QSPEC_CHECK(!zero_points || (!s.arc_step() && options.synthetic_arc_channels == 0), "GPU model: synthetic ",
-              quant::format_name(options.synthetic_weights), " weights do not run ARC (", mode.name,
-              ", or ARC calibrations)");
   const size_t weight_estimate = static_cast<size_t>(c.parameter_count()) * (s.quantized ? 1 : 2);
   const cuda::MemoryInfo memory = cuda::memory_info();
   QSPEC_CHECK(weight_estimate <= memory.free_bytes, "GPU model: synthetic ", mode.name, " weights need about ",
@@ -949,14 +943,14 @@ std::unique_ptr<GpuLlama> GpuLlama::synthetic(const ModelConfig& config, const R
       const int64_t arc = options.synthetic_arc_channels, group = 128;
       layer.qkv = make_synthetic_arc_linear(c.q_dim() + 2 * c.kv_dim(),
                                             synthetic_arc_site(hidden, arc, group, layer_seed + 5), layer_seed + 1,
-                                            s.stream);
+                                            s.stream, wformat);
       layer.o = make_synthetic_arc_linear(hidden, synthetic_arc_site(c.q_dim(), arc, group, layer_seed + 6),
-                                          layer_seed + 2, s.stream);
+                                          layer_seed + 2, s.stream, wformat);
       layer.gate_up = make_synthetic_arc_linear(2 * c.intermediate_size,
                                                 synthetic_arc_site(hidden, arc, group, layer_seed + 7), layer_seed + 3,
-                                                s.stream);
+                                                s.stream, wformat);
       layer.down = make_synthetic_arc_linear(hidden, synthetic_arc_site(c.intermediate_size, arc, group, layer_seed + 8),
-                                             layer_seed + 4, s.stream);
+                                             layer_seed + 4, s.stream, wformat);
       layer.down.input_ordered = true;  // as GpuLlama's constructor folds it into gate_up's (random) rows
     } else {
       layer.qkv = make_synthetic_linear(c.q_dim() + 2 * c.kv_dim(), hidden, s.quantized, layer_seed + 1, s.stream,
@@ -1357,37 +1351,24 @@ std::vector<int32_t> GpuLlama::sample_rows(std::span<const RowSample> rows) {
 }
 
 void GpuLlama::set_activations(GpuActivations activations) {
-  State& s = *state_;
-  QSPEC_CHECK(activations == GpuActivations::f16 || s.quantized,
-              "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
   check_activations(activations);  // before any change: a refused switch leaves the model as it was
-  const GpuActivations previous = s.activations;
-  s.activations = activations;
-  const bool int4 = activations == GpuActivations::int4 || activations == GpuActivations::int4_arc;
-  for (const Layer& layer : s.layers)
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
-      if (int4 && !(s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
-                    linear->k % s.activation_group == 0 && linear->in_k % s.activation_group == 0)) {
-        s.activations = previous;
-        fail("GPU model: int4 activation groups of ", s.activation_group, " must be a multiple of the weight group ",
-             linear->view.group, " and divide k ", linear->in_k, " (and ", linear->k, " with augmented columns)");
-      }
-      if (s.arc_step() && !linear->reordered()) {
-        s.activations = previous;
-        fail("GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
-      }
-    }
+  state_->activations = activations;
 }
 
 void GpuLlama::check_activations(GpuActivations activations) const {
   const State& s = *state_;
   if (activations == GpuActivations::f16) return;
+  QSPEC_CHECK(s.quantized, "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
+  const bool int4 = activations == GpuActivations::int4 || activations == GpuActivations::int4_arc;
   for (const Layer& layer : s.layers)
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      QSPEC_CHECK(!linear->has_min() || (!is_arc(activations) && !linear->reordered()),
-                  "GPU model: 4-bit weights with zero points (int4-asym, int4-zp) do not run ARC activations or "
-                  "ARC-calibrated projections on the GPU (w4a16, w4a8, w4a4-* and their drafts do); run ARC with "
-                  "--device cpu");
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+      QSPEC_CHECK(!int4 || (s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
+                            linear->k % s.activation_group == 0 && linear->in_k % s.activation_group == 0),
+                  "GPU model: int4 activation groups of ", s.activation_group, " must be a multiple of the weight group ",
+                  linear->view.group, " and divide k ", linear->in_k, " (and ", linear->k, " with augmented columns)");
+      QSPEC_CHECK(!is_arc(activations) || linear->reordered(),
+                  "GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
+    }
 }
 
 GpuActivations GpuLlama::activations() const { return state_->activations; }

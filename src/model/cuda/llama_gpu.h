@@ -160,8 +160,8 @@ class GpuLlama {
   // the first, gpu_activations(mode)). int4 uses the constructor mode's activation group size.
   // Decode graphs are kept per precision.
   void set_activations(GpuActivations activations);
-  // Throws the reason when this model's weights cannot run these activations at all: int4-asym
-  // weights (zero points) have f16-activation kernels only (W4A16 and its W4A16 drafts). The
+  // Throws the reason when this model cannot run these activations at all (16-bit weights, int4
+  // activation groups its weight groups do not divide, ARC without an ARC calibration). The
   // engine's backend asks it of a request's draft mode before any step (set_activations too).
   void check_activations(GpuActivations activations) const;
   GpuActivations activations() const;
