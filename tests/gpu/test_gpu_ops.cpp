@@ -3867,7 +3867,8 @@ TEST_F(Gpu, ZeroPointWeightsUnderQuantizedActivationsMatchCpu) {
           const std::vector<float> expected = cpu_quantized_linear(in.x, m, in.ldx, s.k, mode, weight);
           const size_t bytes = std::max({cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::small_m) * 4,
                                          cuda::w4a16_workspace_bytes(m, s.n, s.k, cuda::W4A16Path::tiled) * 4,
-                                         cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k)});
+                                         cuda::w4_s8_wgmma_workspace_bytes(s.n, s.k),
+                                         cuda::w4_zero_point_correction_workspace_bytes(m, w.view)});
           cuda::DeviceMemory workspace(bytes);
           cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
           for (const qspec::gemm::PolicyMap* policy : {static_cast<const qspec::gemm::PolicyMap*>(nullptr), &forced_tiled}) {
@@ -3896,6 +3897,37 @@ TEST_F(Gpu, ZeroPointWeightsUnderQuantizedActivationsMatchCpu) {
             }
             ASSERT_NO_FATAL_FAILURE(
                 expect_gemm_rows(download<f16>(d_y, static_cast<size_t>(m * ldy)), expected, m, s.n, ldy, what, 3e-3));
+          }
+          // The group sums made in each block or once by a kernel of their own (cuda::ZeroPointSums):
+          // the symmetric GEMM on the codes (as f16 values for e4m3), then each correction; within
+          // the bound of the CPU, and at 1-8 tokens (the same kernel, the same sums) bit for bit alike.
+          const std::string what = std::string(qspec::quant::format_name(weight_format)) + " " + c.name() + " m" +
+                                   std::to_string(m) + " n" + std::to_string(s.n) + " k" + std::to_string(s.k);
+          std::vector<f16> corrected[2];
+          for (const cuda::ZeroPointSums sums : {cuda::ZeroPointSums::in_block, cuda::ZeroPointSums::global}) {
+            const bool global = sums == cuda::ZeroPointSums::global;
+            auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+            auto d_f16 = poisoned(static_cast<size_t>(m * in.ldv) * 2);
+            const cuda::QuantizedActivations as_values =
+                c.e4m3 ? cuda::quantize_activations(c.format, c.group, in.d_x.as<f16>(), m, s.k, in.ldx, d_f16.get(),
+                                                    in.ldv, in.scales.as<float>(), in.scale_ld, nullptr, {}, false)
+                       : q;
+            cuda::W4A16Weights symmetric = w.view;
+            symmetric.mins = nullptr;
+            symmetric.zero_codes = false;
+            qspec::dispatch_w4_gemm(nullptr, blas, qspec::W4GemmInput{nullptr, 0, &as_values}, m, symmetric,
+                                    d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr);
+            cuda::w4_zero_point_correction(q, m, w.view, d_y.as<f16>(), ldy, nullptr, workspace.get(), bytes, sums);
+            corrected[global] = download<f16>(d_y, static_cast<size_t>(m * ldy));
+            ASSERT_NO_FATAL_FAILURE(expect_gemm_rows(corrected[global], expected, m, s.n, ldy,
+                                                     what + (global ? " sums once" : " sums in blocks"), 3e-3));
+          }
+          if (m <= 8) {
+            for (int64_t t = 0; t < m; ++t) {
+              for (int64_t i = 0; i < s.n; ++i) {
+                ASSERT_EQ(corrected[0][t * ldy + i], corrected[1][t * ldy + i]) << what << " t" << t << " i" << i;
+              }
+            }
           }
         }
       }

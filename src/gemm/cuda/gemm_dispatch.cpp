@@ -226,7 +226,7 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     symmetric.mins = nullptr;
     symmetric.zero_codes = false;
     dispatch_w4_gemm(policy, blas, x, m, symmetric, y, ldy, workspace, workspace_bytes, stream);
-    cuda::w4_zero_point_correction(*x.quantized, m, w, y, ldy, stream);
+    cuda::w4_zero_point_correction(*x.quantized, m, w, y, ldy, stream, workspace, workspace_bytes);
     return;
   }
   if (const std::optional<gemm::Strategy> named = map_strategy(policy, x.activations(), w, m)) {

@@ -713,6 +713,13 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
                   gemm_workspace_bytes,
                   cuda::w4a16_workspace_bytes(m, linear->n, linear->k, cuda::w4a16_choose_path(m, linear->view)));
           }
+  // Zero points under quantized activations (drafts too): the tokens' group sums of the
+  // correction, when it makes them once (cuda::ZeroPointSums).
+  for (const Layer& layer : layers)
+    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      if (linear->quantized && linear->has_min())
+        gemm_workspace_bytes = std::max(gemm_workspace_bytes,
+                                        cuda::w4_zero_point_correction_workspace_bytes(max_step_tokens, linear->view));
   // Split-K attention partials for decode and verify batches; a long prefill plans fewer splits
   // to fit (it fills the GPU without them).
   attention_workspace_bytes = cuda::attention_workspace_bytes(

@@ -33,8 +33,15 @@ void w4_quantized_gemm(const QuantizedActivations& x, int64_t m, const W4A16Weig
 // dequantized activations (x's codes or values times their scale). dispatch_w4_gemm
 // (gemm/cuda/gemm_dispatch.h) runs the two for such weights. y is rounded to f16 twice (the GEMM's
 // output, then the sum); the CPU's quantized_linear rounds once.
+// The tokens' group sums X: made by each block that needs them (in_block), or once by a kernel of
+// their own into the workspace past the W4A16 counters (global; needs
+// w4_zero_point_correction_workspace_bytes), or (automatic) once where m > 8 and the workspace
+// holds them (QSPEC_ZP_CORRECTION_GLOBAL_SUMS=0 turns that off, for the A/B), else in blocks.
+enum class ZeroPointSums { automatic, in_block, global };
+size_t w4_zero_point_correction_workspace_bytes(int64_t m, const W4A16Weights& w);
 void w4_zero_point_correction(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
-                              int64_t ldy, void* stream);
+                              int64_t ldy, void* stream, void* workspace = nullptr, size_t workspace_bytes = 0,
+                              ZeroPointSums sums = ZeroPointSums::automatic);
 // The small-M kernel (variants 1 / 2 of W4A16SmallMConfig), in slices of 64 tokens.
 void w4_quantized_gemm_small_m(const QuantizedActivations& x, int64_t m, const W4A16Weights& w, f16_bits* y,
                                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,

@@ -22,13 +22,17 @@ struct ZeroPointCorrectionParams {
   W4A16Layout w;    // the packed weights (ops/w4a16_pack.h); their minimums or zero points after the scales
   bool zero_codes;  // int4-zp: zero points there (kernels::zero_point_bytes), else int4-asym's minimums
   int row_blocks_a_block;  // 16-row blocks a thread block serves: 1, 2, 4 or 8 (zero_point_row_blocks_a_block)
+  // The tokens' group sums made by w4_zero_point_group_sums_kernel ([token][groups] floats), or
+  // null: each block of w4_zero_point_correction_kernel sums its tokens' groups itself.
+  const float* sums;
   __half* y;
   int64_t ldy;
 };
 
 inline constexpr int kZeroPointThreads = 256;    // a block: 8 warps
 inline constexpr int kZeroPointMaxTokens = 16;   // tokens a block at most
-inline constexpr int kZeroPointWarpKernelMaxTokens = 8;  // w4_zero_point_correction_kernel's TOKENS: 1, 2, 4, 8
+// w4_zero_point_correction_kernel's TOKENS: 1, 2, 4, 8, and 16 with the group sums made beforehand.
+inline constexpr int kZeroPointWarpKernelMaxTokens = 8;
 inline constexpr int kZeroPointGroupLanes = 4;   // lanes of a warp over groups (x 8 over a row block's words)
 inline constexpr int kZeroPointGroupsAtOnce = 8; // constants' loads a lane in flight
 
@@ -39,10 +43,11 @@ inline int zero_point_row_blocks_a_block(int64_t row_blocks, int64_t token_tiles
     if ((row_blocks + rbs - 1) / rbs * token_tiles >= 264) return rbs;
   return 1;
 }
-// The tokens a block of w4_zero_point_correction_kernel: the smallest power of two holding m.
-inline int zero_point_token_tile(int64_t m) {
+// The tokens a block of w4_zero_point_correction_kernel: the smallest power of two holding m, up to
+// `most` (kZeroPointWarpKernelMaxTokens where blocks sum their groups themselves, else 16).
+inline int zero_point_token_tile(int64_t m, int most) {
   int tokens = 1;
-  while (tokens < m && tokens < kZeroPointWarpKernelMaxTokens) tokens *= 2;
+  while (tokens < m && tokens < most) tokens *= 2;
   return tokens;
 }
 // Dynamic shared memory of a block: the group sums of its tokens, reused for the reduction over
@@ -145,10 +150,12 @@ __device__ __forceinline__ void zero_point_group_sums(const ZeroPointCorrectionP
 // constants is 128 contiguous bytes a warp. The first kZeroPointGroupsAtOnce groups' constants are
 // loaded before the programmatic-launch wait (they are weights), during the GEMM's drain; sums
 // over a row's groups go by a fixed shuffle tree, then over its warps in order: the same bits on
-// every run. Its blocks of 128 rows or fewer each sum their tokens' groups again, so it serves 1-8
-// tokens (w4_zero_point_correction_16_tokens_kernel the rest): on the H200 the w4a8 int4-zp step
-// of Llama-3-8B took 3.11 / 4.81 ms at batch 1 / 8 with it, 4.33 / 5.32 with that kernel, but
-// 12.13 ms at batch 64 against its 10.51 (d1592b7; perf-notes, "4-bit weight quality").
+// every run. Its blocks of 128 rows or fewer each sum their tokens' groups again, so without
+// p.sums it serves 1-8 tokens: on the H200 the w4a8 int4-zp step of Llama-3-8B took 3.11 / 4.81 ms
+// at batch 1 / 8 with it, 4.33 / 5.32 with w4_zero_point_correction_16_tokens_kernel, but 12.13
+// ms at batch 64 against its 10.51 (d1592b7). With the sums made once (p.sums, 16 tokens a block)
+// it serves 9+ tokens too: 8.28 ms at batch 64, 4.88 at 16 against that kernel's 10.45 / 7.01
+// (perf-notes, "4-bit weight quality").
 template <int TOKENS>
 __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_kernel(const ZeroPointCorrectionParams p) {
   extern __shared__ float shared[];
@@ -176,7 +183,12 @@ __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_ke
   grid_launch_dependents();
   const int t0 = blockIdx.y * TOKENS;
   const int tokens = min(TOKENS, p.m - t0);
-  zero_point_group_sums<kZeroPointThreads>(p, t0, tokens, shared);
+  if (p.sums != nullptr) {  // made by w4_zero_point_group_sums_kernel: [token][groups], contiguous
+    for (int i = threadIdx.x; i < tokens * groups; i += kZeroPointThreads)
+      shared[i] = p.sums[static_cast<int64_t>(t0) * groups + i];
+  } else {
+    zero_point_group_sums<kZeroPointThreads>(p, t0, tokens, shared);
+  }
   __syncthreads();
 
   float low[TOKENS], high[TOKENS];
@@ -223,6 +235,15 @@ __global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_correction_ke
     __half& out = p.y[static_cast<int64_t>(t0 + t) * p.ldy + n];
     out = __float2half_rn(__half2float(out) + sum);
   }
+}
+
+// One token's group sums (a block a token) into sums[token][groups], for the correction of many
+// tokens: made once, where the blocks of 16 tokens would each make them again (the default for
+// 9+ tokens: cuda::w4_zero_point_correction).
+__global__ __launch_bounds__(kZeroPointThreads) void w4_zero_point_group_sums_kernel(const ZeroPointCorrectionParams p,
+                                                                                     float* sums) {
+  pdl_prologue();  // the GEMM before may still use the workspace these sums go to
+  zero_point_group_sums<kZeroPointThreads>(p, blockIdx.x, 1, sums + static_cast<int64_t>(blockIdx.x) * p.w.groups);
 }
 
 // The correction for more than 8 tokens: blocks of kZeroPointWideRows rows x 16 tokens, each row's
