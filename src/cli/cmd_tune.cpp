@@ -41,7 +41,10 @@ struct TuneArgs {
   int64_t group = 0;
   bool check = false;
   std::string without_split_bitwise_out;
-  std::vector<int64_t> refine_steps;
+  // Tuning inside the step (by default): decode batches and prefill lengths (StepRefineOptions).
+  std::vector<int64_t> refine_steps = gemm::step_refine_batches();
+  std::vector<int64_t> refine_prefill = gemm::step_refine_prompt_lengths();
+  bool no_refine = false;
   std::string from_record;
 };
 
@@ -160,17 +163,18 @@ void run_tune(const TuneArgs& args) {
     record["check"] = {{"points", points}, {"agree", agree}, {"worst_loss", worst_loss}};
   }
 
-  if (!args.refine_steps.empty()) {  // tuning inside the captured decode step
+  if (!args.no_refine && (!args.refine_steps.empty() || !args.refine_prefill.empty())) {  // inside the step
     StepRefineOptions refine;
     refine.model_dir = args.model_dir;
     refine.synthetic = args.synthetic;
     refine.batches = args.refine_steps;
+    refine.prompt_lengths = args.refine_prefill;
     refine.modes.clear();
     for (const std::string& a : options.activations) {
       if (a == "f16") refine.modes.push_back("w4a16");
       else if (a == "int8") refine.modes.push_back("w4a8");
     }
-    map = refine_policy_in_decode_steps(map, refine, &record);
+    map = refine_policy_in_steps(map, refine, &record);
     map.gpu = cuda::device_name();
     map.commit = git_commit();
     map.command = command_line();
@@ -183,7 +187,7 @@ void run_tune(const TuneArgs& args) {
       for (const auto& r : record["step_refinement"]) {
         const std::string taken = r["taken"].get<std::string>();
         if (taken == "map" || taken == "split_small_m" || taken == "bitwise_b1") continue;
-        reduced.override_at(r["mode"].get<std::string>() == "w4a16" ? "f16" : "int8", r["batch"].get<int64_t>(),
+        reduced.override_at(r["mode"].get<std::string>() == "w4a16" ? "f16" : "int8", r["m"].get<int64_t>(),
                             gemm::parse_strategy(taken));
       }
     reduced.gpu = map.gpu;
@@ -234,9 +238,17 @@ void register_tune(CLI::App& app) {
                       "also write the map of the same timings without the Split and Bitwise strategies (ablation)");
   command->add_option("--refine-steps", args->refine_steps,
                       "then tune inside whole decode steps at these batch sizes (w4a16 for f16, w4a8 for int8): "
-                      "the map and every static strategy at M = B, the fastest kept")
+                      "the map, builtin and the isolated timings' contenders at M = B, the fastest kept, builtin "
+                      "unless beaten")
       ->delimiter(',')
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  command->add_option("--refine-prefill", args->refine_prefill,
+                      "and inside whole prefills of these prompt lengths (M = P), likewise")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  command->add_flag("--no-refine", args->no_refine, "the isolated GEMM timings' map only (no step refinement)");
   command->add_option("--from-record", args->from_record,
                       "no GPU: write the map (-o) a tuning record implies (--min-gain, --without-split-bitwise)")
       ->check(CLI::ExistingFile);

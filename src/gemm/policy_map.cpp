@@ -372,4 +372,54 @@ std::string find_policy_map(const std::vector<std::string>& dirs, const std::str
   return "";
 }
 
+std::vector<Strategy> step_contenders(const std::string& record_json, std::string_view activations, int64_t m,
+                                      double slack) {
+  std::vector<Strategy> all = {Strategy::builtin};
+  for (Strategy strategy : strategies_for(activations))
+    if (strategy != Strategy::builtin) all.push_back(strategy);
+  if (record_json.empty()) return all;
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(record_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("step_contenders: the tuning record is not JSON: ", e.what());
+  }
+  if (!record.contains("timings")) return all;
+  // Per shape (n, k): the tuned M nearest to m.
+  std::map<std::pair<int64_t, int64_t>, int64_t> nearest;
+  for (const auto& t : record["timings"]) {
+    if (t.at("activations").get<std::string>() != activations) continue;
+    const std::pair<int64_t, int64_t> shape{t.at("n").get<int64_t>(), t.at("k").get<int64_t>()};
+    const int64_t tm = t.at("m").get<int64_t>();
+    const auto it = nearest.find(shape);
+    if (it == nearest.end() || std::llabs(tm - m) < std::llabs(it->second - m)) nearest[shape] = tm;
+  }
+  if (nearest.empty()) return all;
+  std::vector<Strategy> picked = {Strategy::builtin};
+  for (const auto& t : record["timings"]) {
+    if (t.at("activations").get<std::string>() != activations) continue;
+    if (nearest[{t.at("n").get<int64_t>(), t.at("k").get<int64_t>()}] != t.at("m").get<int64_t>()) continue;
+    double best = 0;
+    for (const auto& [name, us] : t.at("us").items())
+      if (best == 0 || us.get<double>() < best) best = us.get<double>();
+    for (const auto& [name, us] : t.at("us").items()) {
+      if (us.get<double>() > best * (1.0 + slack)) continue;
+      const Strategy strategy = parse_strategy(name);
+      if (strategy_supports(strategy, activations) && std::find(picked.begin(), picked.end(), strategy) == picked.end())
+        picked.push_back(strategy);
+    }
+  }
+  return picked;
+}
+
+size_t step_refine_choice(const std::vector<double>& ms, size_t builtin, double min_gain, double builtin_margin) {
+  QSPEC_CHECK(builtin < ms.size() && builtin > 0, "step_refine_choice: builtin at ", builtin, " of ", ms.size());
+  size_t best = 0;
+  for (size_t c = 1; c < ms.size(); ++c)
+    if (ms[c] < ms[best]) best = c;
+  if (ms[best] * (1.0 + builtin_margin) >= ms[builtin]) return builtin;
+  if (best != 0 && ms[best] * (1.0 + min_gain) < ms[0]) return best;
+  return 0;
+}
+
 }  // namespace qspec::gemm

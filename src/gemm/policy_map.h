@@ -99,9 +99,27 @@ struct PolicyRange {
   Strategy strategy;
 };
 
+// Where `qspec tune` times its picks inside whole steps by default (bench/cuda/gpu_bench.h,
+// StepRefineOptions): decode batches (M = B) and prefill lengths (M = P).
+inline std::vector<int64_t> step_refine_batches() { return {1, 8, 16, 32, 64}; }
+inline std::vector<int64_t> step_refine_prompt_lengths() { return {128, 256, 512, 1024}; }
+
+// The strategies worth timing inside the step at M: builtin first, then those the isolated
+// timings (a `qspec tune` record's JSON, its "timings") put within `slack` of a shape's best at
+// the tuned M nearest to M; every strategy of the activations when the record has none.
+std::vector<Strategy> step_contenders(const std::string& record_json, std::string_view activations, int64_t m,
+                                      double slack);
+// Which of a step refinement's candidates to take, from their step times `ms` (index 0 the map as
+// it stands, `builtin` the builtin override): builtin unless the fastest beats it by
+// builtin_margin (a map departs from no map only where that measured faster), else the fastest
+// where it beats the map's by min_gain; 0 keeps the map.
+size_t step_refine_choice(const std::vector<double>& ms, size_t builtin, double min_gain, double builtin_margin);
+
 class PolicyMap {
  public:
   std::string gpu, commit, command;
+  // M up to which a map holds a pick per M (override_at's range); beyond, its last range.
+  static constexpr int64_t kDenseM = 4096;
 
   // A map that runs one strategy for every GEMM it supports (rule_based_strategy elsewhere): the
   // ablation's static strategies.
@@ -144,7 +162,6 @@ class PolicyMap {
     std::vector<PolicyRange> ranges;
     std::vector<Strategy> by_m;  // index m (1..kDenseM), then ranges.back()
   };
-  static constexpr int64_t kDenseM = 4096;
   enum class Kind : uint8_t { measured, forced, paper_rule };
   Kind kind_ = Kind::measured;
   Strategy forced_ = Strategy::small_m_v1;

@@ -231,6 +231,31 @@ TEST(PolicyMap, CommittedH200MapLoads) {
   EXPECT_EQ(qspec::gemm::find_policy_map({std::string(QSPEC_SOURCE_DIR) + "/bench/policies"}, "NVIDIA H200", shapes), path);
 }
 
+// Every synthetic model has its committed H200 map (issue 53), and `--gemm-policy auto` finds each
+// for its own shapes (qkv, o, gate_up, down), never another model's.
+TEST(PolicyMap, EverySyntheticModelHasItsH200Map) {
+  const std::string dir = std::string(QSPEC_SOURCE_DIR) + "/bench/policies";
+  const std::vector<std::pair<std::string, std::vector<std::pair<int64_t, int64_t>>>> models = {
+      {"llama3-8b", {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}}},
+      {"llama2-7b", {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}}},
+      {"qwen2.5-7b", {{4608, 3584}, {3584, 3584}, {37888, 3584}, {3584, 18944}}},
+  };
+  for (const auto& [name, shapes] : models) {
+    const std::string path = dir + "/nvidia-h200-" + name + ".json";
+    const PolicyMap map = PolicyMap::load(path);
+    EXPECT_EQ(map.gpu, "NVIDIA H200") << name;
+    EXPECT_EQ(map.shapes(), 8u) << name;  // 4 shapes x (f16, int8)
+    for (auto [n, k] : shapes) {
+      EXPECT_EQ(map.lookup("f16", n, k, 1), Strategy::builtin) << name << " " << n << " x " << k;
+      for (const char* activations : {"f16", "int8"})
+        for (int64_t m : {1, 8, 16, 64, 256, 1024, 4096})
+          EXPECT_TRUE(qspec::gemm::strategy_supports(map.lookup(activations, n, k, m), activations))
+              << name << " " << activations << " " << n << " x " << k << " m " << m;
+    }
+    EXPECT_EQ(qspec::gemm::find_policy_map({dir}, "NVIDIA H200", shapes), path) << name;
+  }
+}
+
 // `--gemm-policy auto`: the first map tuned on this GPU whose f16 entries cover every shape of the
 // model; maps of other GPUs, maps missing a shape and JSON that is no map are passed over.
 TEST(PolicyMap, FindsTheMapForThisGpuAndModel) {
@@ -334,4 +359,46 @@ TEST(PolicyMap, BuiltinIsTheDefaultATuneKeeps) {
   const PolicyMap back = PolicyMap::from_json(map.to_json(), "test");
   EXPECT_EQ(back.lookup("int8", 4096, 4096, 1), Strategy::builtin);
   EXPECT_EQ(PolicyMap::forced(Strategy::builtin).lookup("nvfp4", 8, 8, 3), Strategy::builtin);
+}
+
+// Tuning inside the step (qspec tune's refinement): the contenders at M come from the isolated
+// timings at the tuned M nearest to M, builtin always first; without timings, every strategy.
+TEST(PolicyMap, StepContendersComeFromTheNearestIsolatedTimings) {
+  const std::string record = R"({"timings": [
+    {"activations": "f16", "n": 64, "k": 128, "m": 16, "best": "builtin",
+     "us": {"builtin": 10.0, "tiled_128x32": 11.0, "dequant_cublas": 30.0, "small_m_v1": 12.6}},
+    {"activations": "f16", "n": 64, "k": 128, "m": 64, "best": "wgmma_128x128",
+     "us": {"builtin": 20.0, "wgmma_128x128": 18.0, "tiled_128x32": 40.0}},
+    {"activations": "int8", "n": 64, "k": 128, "m": 16, "best": "s8_wgmma_128x128",
+     "us": {"builtin": 10.0, "s8_wgmma_128x128": 9.0}}]})";
+  using V = std::vector<Strategy>;
+  // M = 20: nearest tuned M is 16; within 25 % of 10 us: builtin, tiled_128x32 (small_m_v1 at 12.6 is out).
+  EXPECT_EQ(qspec::gemm::step_contenders(record, "f16", 20, 0.25), (V{Strategy::builtin, Strategy::tiled_128x32}));
+  EXPECT_EQ(qspec::gemm::step_contenders(record, "f16", 20, 0.3),  // (in the record's key order)
+            (V{Strategy::builtin, Strategy::small_m_v1, Strategy::tiled_128x32}));
+  // M = 50: nearest is 64.
+  EXPECT_EQ(qspec::gemm::step_contenders(record, "f16", 50, 0.25), (V{Strategy::builtin, Strategy::wgmma_128x128}));
+  EXPECT_EQ(qspec::gemm::step_contenders(record, "int8", 1, 0.05), (V{Strategy::builtin, Strategy::s8_wgmma_128x128}));
+  // No timings: builtin first, then every strategy of the kind.
+  const V all = qspec::gemm::step_contenders("", "f16", 16, 0.25);
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front(), Strategy::builtin);
+  EXPECT_EQ(all.size(), qspec::gemm::strategies_for("f16").size() +
+                            (std::count(qspec::gemm::strategies_for("f16").begin(), qspec::gemm::strategies_for("f16").end(),
+                                        Strategy::builtin) == 0 ? 1 : 0));
+  EXPECT_THROW(qspec::gemm::step_contenders("{not json", "f16", 16, 0.25), qspec::Error);
+}
+
+// The pick of a step refinement: the map departs from builtin only where a candidate beat builtin
+// by the margin; otherwise the fastest where it beats the map's by min_gain.
+TEST(PolicyMap, StepRefineChoiceKeepsBuiltinUnlessBeaten) {
+  using qspec::gemm::step_refine_choice;
+  // [map, builtin, a, b]
+  EXPECT_EQ(step_refine_choice({3.30, 3.31, 3.22, 3.40}, 1, 0.005, 0.01), 2u);  // a beats builtin by 2.8 %
+  EXPECT_EQ(step_refine_choice({3.34, 3.27, 3.60, 3.40}, 1, 0.005, 0.01), 1u);  // the map lost to builtin
+  EXPECT_EQ(step_refine_choice({2.46, 2.465, 2.50, 2.48}, 1, 0.005, 0.01), 1u); // the map within noise of builtin
+  EXPECT_EQ(step_refine_choice({7.29, 7.48, 7.50, 7.60}, 1, 0.005, 0.01), 0u);  // the map beats builtin by 2.6 %
+  EXPECT_EQ(step_refine_choice({7.29, 7.48, 7.27, 7.60}, 1, 0.005, 0.01), 0u);  // a within min_gain of the map
+  EXPECT_EQ(step_refine_choice({7.40, 7.48, 7.20, 7.60}, 1, 0.005, 0.01), 2u);  // a beats the map and builtin
+  EXPECT_THROW(step_refine_choice({1.0}, 1, 0.005, 0.01), qspec::Error);
 }

@@ -547,6 +547,30 @@ double decode_step_ms(GpuLlama& gpu, const ModelConfig& config, int64_t batch, i
   return median(step_seconds) * 1e3;
 }
 
+// Median milliseconds of a prefill of `prompt` into slot 0 (four runs, the first a warm-up).
+double prefill_ms(GpuLlama& gpu, const std::vector<int32_t>& prompt) {
+  std::vector<double> seconds;
+  for (int repeat = 0; repeat < 4; ++repeat) {
+    gpu.reset(0);
+    const auto start = std::chrono::steady_clock::now();
+    gpu.forward(prompt);
+    if (repeat > 0) seconds.push_back(seconds_since(start));
+  }
+  return median(seconds) * 1e3;
+}
+
+// Random prompt ids of each length (a fixed seed: the same prompts for every policy).
+std::vector<std::vector<int32_t>> random_prompts(const ModelConfig& config, const std::vector<int64_t>& lengths) {
+  std::mt19937 generator(7);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t length : lengths) {
+    prompts.emplace_back(static_cast<size_t>(length));
+    for (int32_t& id : prompts.back()) id = token(generator);
+  }
+  return prompts;
+}
+
 // A policy spec of --gemm-ablation: "builtin" (null), "paper-rule", "forced:STRATEGY" or a file.
 std::shared_ptr<const gemm::PolicyMap> ablation_policy(const std::string& spec) {
   if (spec == "builtin") return nullptr;
@@ -590,13 +614,7 @@ nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaMode
     // ms[policy][point]: decode step at each batch, then TTFT at each length; summed over rounds.
     std::vector<std::vector<double>> ms(policies.size(), std::vector<double>(points, 0.0));
     std::vector<std::vector<std::vector<double>>> rounds(policies.size(), std::vector<std::vector<double>>(points));
-    std::mt19937 generator(7);
-    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
-    std::vector<std::vector<int32_t>> prompts;
-    for (int64_t length : lengths) {
-      prompts.emplace_back(static_cast<size_t>(length));
-      for (int32_t& id : prompts.back()) id = token(generator);
-    }
+    const std::vector<std::vector<int32_t>> prompts = random_prompts(config, lengths);
     for (int round = 0; round < options.ablation_repeats; ++round)
       for (size_t i = 0; i < policies.size(); ++i) {
         const size_t p = round % 2 == 0 ? i : policies.size() - 1 - i;
@@ -606,16 +624,7 @@ nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaMode
         for (int64_t batch : options.batch_sizes) {
           rounds[p][point++].push_back(decode_step_ms(*gpu, config, batch, options.context, options.steps));
         }
-        for (const std::vector<int32_t>& prompt : prompts) {
-          std::vector<double> seconds;
-          for (int repeat = 0; repeat < 4; ++repeat) {
-            gpu->reset(0);
-            const auto start = std::chrono::steady_clock::now();
-            gpu->forward(prompt);
-            if (repeat > 0) seconds.push_back(seconds_since(start));
-          }
-          rounds[p][point++].push_back(median(seconds) * 1e3);
-        }
+        for (const std::vector<int32_t>& prompt : prompts) rounds[p][point++].push_back(prefill_ms(*gpu, prompt));
       }
     gpu->set_gemm_policy(nullptr);
     // Table: a row per point, a column per policy (ms, mean over rounds; n/a where a forced
@@ -664,10 +673,11 @@ nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaMode
 
 }  // namespace
 
-gemm::PolicyMap refine_policy_in_decode_steps(const gemm::PolicyMap& map, const StepRefineOptions& options,
-                                              nlohmann::json* record) {
-  QSPEC_CHECK(options.model_dir.empty() != options.synthetic.empty(), "tune --refine-steps: a model or --synthetic");
-  QSPEC_CHECK(!options.batches.empty() && options.steps > 0, "tune --refine-steps: needs batch sizes and steps");
+gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRefineOptions& options,
+                                       nlohmann::json* record) {
+  QSPEC_CHECK(options.model_dir.empty() != options.synthetic.empty(), "tune: step refinement needs a model or --synthetic");
+  QSPEC_CHECK(options.steps > 0, "tune: step refinement needs steps");
+  if (options.batches.empty() && options.prompt_lengths.empty()) return map;
   std::unique_ptr<LlamaModel> checkpoint;
   ModelConfig config;
   if (!options.model_dir.empty()) {
@@ -676,54 +686,76 @@ gemm::PolicyMap refine_policy_in_decode_steps(const gemm::PolicyMap& map, const 
   } else {
     config = synthetic_model_config(options.synthetic);
   }
+  // Points: (M, whether a decode step); prefills longer than the model's positions or the map's
+  // dense range are left out.
+  std::vector<std::pair<int64_t, bool>> points;
+  for (int64_t batch : options.batches) {
+    QSPEC_CHECK(batch >= 1 && batch <= gemm::PolicyMap::kDenseM, "tune: refine batch ", batch, " out of range");
+    points.emplace_back(batch, true);
+  }
+  std::vector<int64_t> lengths;
+  for (int64_t length : options.prompt_lengths)
+    if (length >= 1 && length <= gemm::PolicyMap::kDenseM && length <= config.max_position_embeddings) {
+      points.emplace_back(length, false);
+      lengths.push_back(length);
+    }
+  const std::vector<std::vector<int32_t>> prompts = random_prompts(config, lengths);
+  const int64_t max_batch = options.batches.empty() ? 1 : *std::max_element(options.batches.begin(), options.batches.end());
+  const int64_t longest = lengths.empty() ? 1 : *std::max_element(lengths.begin(), lengths.end());
   gemm::PolicyMap refined = map;
-  const int64_t max_batch = *std::max_element(options.batches.begin(), options.batches.end());
-  if (record) (*record)["step_refinement"] = nlohmann::json::array();
+  nlohmann::json results = nlohmann::json::array();
   for (const std::string& mode_name : options.modes) {
     const RunMode mode = parse_run_mode(mode_name);
-    QSPEC_CHECK(mode.quantized_weights, "tune --refine-steps: mode ", mode_name, " has no 4-bit GEMMs");
+    QSPEC_CHECK(mode.quantized_weights, "tune: step refinement: mode ", mode_name, " has no 4-bit GEMMs");
     const std::string activations =
         mode.activations.kind == ActivationMode::Kind::quantized ? std::string(quant::format_name(mode.activations.format)) : "f16";
     if (checkpoint && !checkpoint->has_quantized_weights()) checkpoint->quantize_weights(quant::Format::int4);
     GpuLlamaOptions gpu_options;
     gpu_options.max_seqs = max_batch;
-    gpu_options.max_context = std::min<int64_t>(options.context + options.steps + 8, config.max_position_embeddings);
-    gpu_options.max_step_tokens = std::max<int64_t>(max_batch, 16);
+    gpu_options.max_context =
+        std::min<int64_t>(std::max(options.context + options.steps + 8, longest), config.max_position_embeddings);
+    gpu_options.max_step_tokens = std::max<int64_t>({max_batch, longest, 16});
     gpu_options.max_logit_rows = max_batch;
     std::unique_ptr<GpuLlama> gpu = checkpoint ? std::make_unique<GpuLlama>(*checkpoint, mode, gpu_options)
                                                : GpuLlama::synthetic(config, mode, gpu_options, 1);
-    for (int64_t batch : options.batches) {
-      // Candidates: the map as it stands, then each static strategy at M = batch.
+    size_t prompt_index = 0;
+    for (const auto& [m, decode] : points) {
+      const std::vector<int32_t>* prompt = decode ? nullptr : &prompts[prompt_index++];
+      // Candidates: the map as it stands, builtin at M, then each contender at M.
       std::vector<std::pair<std::string, std::shared_ptr<const gemm::PolicyMap>>> candidates;
       candidates.emplace_back("map", std::make_shared<const gemm::PolicyMap>(refined));
-      for (gemm::Strategy strategy : gemm::strategies_for(activations)) {
+      for (gemm::Strategy strategy :
+           gemm::step_contenders(record ? record->dump() : std::string(), activations, m, options.contender_slack)) {
+        if (!gemm::strategy_supports(strategy, activations)) continue;
         gemm::PolicyMap candidate = refined;
-        candidate.override_at(activations, batch, strategy);
+        candidate.override_at(activations, m, strategy);
         candidates.emplace_back(std::string(gemm::strategy_name(strategy)), std::make_shared<const gemm::PolicyMap>(candidate));
       }
+      const size_t builtin = 1;  // step_contenders puts builtin first
       std::vector<double> ms(candidates.size(), 0.0);
       for (int round = 0; round < 2; ++round)
         for (size_t i = 0; i < candidates.size(); ++i) {
           const size_t c = round == 0 ? i : candidates.size() - 1 - i;
           gpu->set_gemm_policy(candidates[c].second);
-          ms[c] += decode_step_ms(*gpu, config, batch, options.context, options.steps) / 2.0;
+          ms[c] += (decode ? decode_step_ms(*gpu, config, m, options.context, options.steps) : prefill_ms(*gpu, *prompt)) / 2.0;
         }
+      gpu->set_gemm_policy(nullptr);
       size_t best = 0;
       for (size_t c = 1; c < ms.size(); ++c)
         if (ms[c] < ms[best]) best = c;
-      const bool changed = best != 0 && ms[best] * (1.0 + options.min_gain) < ms[0];
-      if (changed) refined.override_at(activations, batch, gemm::parse_strategy(candidates[best].first));
-      std::printf("refine %-6s B %3lld: map %.3f ms, best %s %.3f ms%s\n", mode_name.c_str(),
-                  static_cast<long long>(batch), ms[0], candidates[best].first.c_str(), ms[best],
-                  changed ? " (taken)" : "");
-      if (record) {
-        nlohmann::json times = nlohmann::json::object();
-        for (size_t c = 0; c < candidates.size(); ++c) times[candidates[c].first] = ms[c];
-        (*record)["step_refinement"].push_back({{"mode", mode_name}, {"batch", batch}, {"step_ms", times},
-                                                {"taken", changed ? candidates[best].first : std::string("map")}});
-      }
+      const size_t chosen = gemm::step_refine_choice(ms, builtin, options.min_gain, options.builtin_margin);
+      const std::string taken = chosen == 0 ? "map" : candidates[chosen].first;
+      if (chosen != 0) refined.override_at(activations, m, gemm::parse_strategy(taken));
+      std::printf("refine %-6s %s %4lld: map %.3f ms, builtin %.3f, best %s %.3f (%zu timed) -> %s\n", mode_name.c_str(),
+                  decode ? "B" : "P", static_cast<long long>(m), ms[0], ms[builtin], candidates[best].first.c_str(),
+                  ms[best], candidates.size(), taken.c_str());
+      nlohmann::json times = nlohmann::json::object();
+      for (size_t c = 0; c < candidates.size(); ++c) times[candidates[c].first] = ms[c];
+      results.push_back({{"mode", mode_name}, {"kind", decode ? "decode" : "prefill"}, {"m", m}, {"step_ms", times},
+                         {"taken", taken}});
     }
   }
+  if (record) (*record)["step_refinement"] = results;
   return refined;
 }
 

@@ -91,22 +91,31 @@ nlohmann::json run_gpu_bench(const GpuBenchOptions& options);
 // at every batch size of replay.batch_sizes. Prints the table, returns the JSON record.
 nlohmann::json run_gpu_replay(const GpuBenchOptions& options, ReplayOptions replay, const std::string& texts_path);
 
-// ADAngel's tuning inside the captured decode step (qspec tune --refine-steps): isolated GEMM
-// timings miss how a kernel overlaps its neighbours under programmatic dependent launch, so for
-// each decode batch B in `batches` and each mode (w4a16 for the map's f16 entries, w4a8 for
-// int8) the map as tuned and every static strategy at M = B (all shapes) run whole decode steps
-// (graph replays at `context` cached positions, median of `steps`, two rounds in alternating
-// order); the fastest becomes the pick at M = B when it beats the map's by more than min_gain.
+// ADAngel's tuning inside the step (qspec tune, by default): isolated GEMM timings miss how a
+// kernel overlaps its neighbours under programmatic dependent launch, which x order its norm
+// writes and which epilogue it takes, so for each mode (w4a16 for the map's f16 entries, w4a8 for
+// int8) and each point (a decode step of B sequences, M = B, for B in `batches`; a prefill of P
+// tokens, M = P, for P in `prompt_lengths`) the map as it stands, `builtin` and each contender at
+// M (all shapes) run whole steps (graph replays at `context` cached positions, median of
+// `steps`; a prefill's median of 3), two rounds in alternating order. A contender is a strategy the
+// isolated timings in `record` put within `contender_slack` of a shape's best at the tuned M
+// nearest to M (every strategy when there are none). The pick at M: the fastest, where it beats
+// the map's by min_gain; and the map departs from `builtin` only where its pick beats builtin by
+// builtin_margin, so at these points a map is never slower than no map beyond the noise.
 // The model: model_dir (a checkpoint) or synthetic (a name of synthetic_model_config).
 struct StepRefineOptions {
   std::string model_dir, synthetic;
   std::vector<std::string> modes = {"w4a16", "w4a8"};
-  std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<int64_t> batches = gemm::step_refine_batches();
+  std::vector<int64_t> prompt_lengths = gemm::step_refine_prompt_lengths();
   int64_t context = 512;
   int64_t steps = 32;
   double min_gain = 0.005;
+  double builtin_margin = 0.01;
+  double contender_slack = 0.25;
 };
-gemm::PolicyMap refine_policy_in_decode_steps(const gemm::PolicyMap& map, const StepRefineOptions& options,
-                                              nlohmann::json* record);
+// `record` holds the isolated tune's "timings" (for the contenders) and receives "step_refinement".
+gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRefineOptions& options,
+                                       nlohmann::json* record);
 
 }  // namespace qspec
