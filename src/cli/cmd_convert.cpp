@@ -28,6 +28,7 @@ void register_convert(CLI::App& app) {
   struct GgufArgs {
     std::string gguf, out_dir;
     bool keep_4bit = false;
+    bool all_4bit = false;
   };
   auto gguf = std::make_shared<GgufArgs>();
   CLI::App* from_gguf = command->add_subcommand("gguf", "GGUF v3 file (llama architecture)");
@@ -35,12 +36,18 @@ void register_convert(CLI::App& app) {
   from_gguf->add_option("out_dir", gguf->out_dir, "Output directory")->required();
   from_gguf->add_flag("--keep-4bit", gguf->keep_4bit,
                       "Keep Q4_0 / Q4_1 / Q4_K projections 4-bit: a qspec int4-asym g32 checkpoint whose weights equal "
-                      "ggml's dequantization exactly; projections of other types (Q5_0 / Q6_K / Q8_0 in Q4_K_M files) "
-                      "are re-quantized into it (default: every tensor dequantized to F32)");
+                      "ggml's dequantization exactly; Q5_0 / Q6_K / Q8_0 projections (in Q4_K_M files) are kept "
+                      "exactly as 8-bit int8-group weights (CPU only for now) (default: every tensor dequantized "
+                      "to F32)");
+  from_gguf->add_flag("--all-4bit", gguf->all_4bit,
+                      "With --keep-4bit: re-quantize the Q5_0 / Q6_K / Q8_0 projections into int4-asym g32 too, "
+                      "one 4-bit format for every projection (what the GPU runs; costs quality)");
   from_gguf->callback([gguf] {
     ProgressBar bar("converting");
     GgufConvertOptions options;
     options.keep_4bit = gguf->keep_4bit;
+    options.all_4bit = gguf->all_4bit;
+    QSPEC_CHECK(!options.all_4bit || options.keep_4bit, "--all-4bit applies to --keep-4bit conversions only");
     convert_gguf(gguf->gguf, gguf->out_dir, [&](size_t done, size_t total) { bar.update(done, total); }, options);
     std::fprintf(stderr, "wrote %s\n", gguf->out_dir.c_str());
   });

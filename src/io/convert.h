@@ -27,12 +27,16 @@ void convert_llama2c(const std::string& model_bin, const std::string& tokenizer_
 // their blocks become the engine's int4-asym weights, group 32 (gguf_to_int4_asym), and OUT_DIR is
 // a qspec 4-bit checkpoint (model/quant_checkpoint.h, method "gguf") whose W4A16 weights equal
 // ggml's dequantization bit for bit. The other tensors are stored F32 as above. A projection of
-// another type (the Q5_0 / Q6_K / Q8_0 tensors a Q4_K_M file mixes in) is dequantized and
-// re-quantized into the same int4-asym g32 format on the grids of least squared error
-// (quant::BlockFit::mse): the engine's 4-bit weight set holds one format for every projection.
-// The manifest counts the projections kept and re-quantized per ggml type.
+// a 5-, 6- or 8-bit type (the Q5_0 / Q6_K / Q8_0 tensors a Q4_K_M file mixes in) is kept exactly
+// too, as int8-group weights (gguf_to_int8_group; the manifest's "tensor_formats"), so the
+// checkpoint runs at the quality llama.cpp runs the file; with all_4bit it is instead
+// dequantized and re-quantized into the same int4-asym g32 format on the grids of least squared
+// error (quant::BlockFit::mse), one 4-bit format for every projection (what the GPU kernels
+// take today). Projections of any other type are re-quantized so either way. The manifest counts
+// the projections kept and re-quantized per ggml type.
 struct GgufConvertOptions {
   bool keep_4bit = false;
+  bool all_4bit = false;  // keep_4bit only: no int8-group tensors
 };
 void convert_gguf(const std::string& gguf_path, const std::string& out_dir,
                   const ProgressFn& progress = {}, const GgufConvertOptions& options = {});

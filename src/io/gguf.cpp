@@ -649,6 +649,83 @@ void gguf_to_int4_asym(uint32_t type, const uint8_t* src, int64_t rows, int64_t 
   }
 }
 
+// ---- 5-, 6- and 8-bit blocks as int8-group rows (gguf.h) ----
+
+int64_t gguf_int8_group_size(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q5_0:
+      return 32;
+    case GgmlType::Q6_K:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+void gguf_to_int8_group(uint32_t type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
+                        uint8_t* scales) {
+  const int64_t group = gguf_int8_group_size(type);
+  QSPEC_CHECK(group > 0, "ggml type ", ggml_type_name(type), " has no int8-group form (Q8_0, Q5_0 and Q6_K do)");
+  const GgmlTypeInfo* info = ggml_type_info(type);
+  QSPEC_CHECK(rows >= 0 && cols > 0 && cols % info->block_size == 0, "int8-group import: ", cols,
+              " values a row is not a multiple of the ", info->name, " block size ", info->block_size);
+  const quant::RowFormat format = quant::make_row_format(quant::Format::int8_group, quant::Role::weight, cols, group);
+  const int64_t blocks_per_row = cols / info->block_size;
+  for (int64_t r = 0; r < rows; ++r) {
+    int8_t* row_codes = reinterpret_cast<int8_t*>(codes + r * format.code_bytes());
+    uint8_t* row_scales = scales + r * format.scale_bytes();
+    try {
+      for (int64_t b = 0; b < blocks_per_row; ++b) {
+        const uint8_t* block = src + (r * blocks_per_row + b) * info->type_size;
+        int8_t* out = row_codes + b * info->block_size;
+        switch (static_cast<GgmlType>(type)) {
+          case GgmlType::Q8_0:  // d, qs[32]
+            for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(block[2 + j]);
+            quant::store_block_scale(format, row_scales, b, load_f16(block));
+            break;
+          case GgmlType::Q5_0: {  // d, qh (32 fifth bits), qs[16]: as dequantize_q5_0
+            uint32_t qh;
+            std::memcpy(&qh, block + 2, sizeof qh);
+            const uint8_t* qs = block + 6;
+            for (int j = 0; j < 16; ++j) {
+              const int high0 = static_cast<int>((qh >> j) << 4 & 0x10);
+              const int high1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+              out[j] = static_cast<int8_t>(((qs[j] & 0x0F) | high0) - 16);
+              out[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | high1) - 16);
+            }
+            quant::store_block_scale(format, row_scales, b, load_f16(block));
+            break;
+          }
+          default: {  // Q6_K: ql[128], qh[64], scales[16], d; as dequantize_q6_k
+            const float d = load_f16(block + 208);
+            const uint8_t* ql = block;
+            const uint8_t* qh = block + 128;
+            const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
+            for (int half = 0; half < 2; ++half) {
+              int8_t* y = out + 128 * half;
+              for (int l = 0; l < 32; ++l) {
+                y[l + 0] = static_cast<int8_t>(((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                y[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                y[l + 64] = static_cast<int8_t>(((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                y[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+              }
+              // Sub-block j of this half (16 values, in order) has scale d * sc[8 half + j].
+              for (int j = 0; j < 8; ++j)
+                quant::store_block_scale(format, row_scales, b * 16 + 8 * half + j,
+                                         d * static_cast<float>(sc[8 * half + j]));
+              ql += 64;
+              qh += 32;
+            }
+          }
+        }
+      }
+    } catch (const Error& error) {
+      fail(ggml_type_name(type), " row ", r, ": ", error.what());
+    }
+  }
+}
+
 // ---- GGUF (llama) -> Hugging Face ----
 
 namespace {
@@ -973,19 +1050,26 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   size_t done = 0;
   std::map<std::string, int64_t> kept_types;         // --keep-4bit: projections kept, per ggml type
   std::map<std::string, int64_t> requantized_types;  // --keep-4bit: projections re-quantized, per ggml type
+  std::map<std::string, int64_t> kept_8bit_types;    // --keep-4bit: projections kept as int8-group, per ggml type
+  nlohmann::json tensor_formats = nlohmann::json::object();  // the manifest's, for the int8-group ones
   for (const Expected& entry : expected) {
     const GgufTensor& tensor = *file->find_tensor(entry.gguf_name);
     if (convert_options.keep_4bit && projection(entry.gguf_name)) {
       // Codes and (scale, minimum) pairs row by row (quant_checkpoint.h); q/k rows permuted as the
       // F32 path permutes them (each row is its own set of groups, so moving rows is exact).
       const int64_t rows = entry.shape[0], cols = entry.shape[1];
+      const int64_t int8_group = convert_options.all_4bit ? 0 : gguf_int8_group_size(tensor.type);
       const quant::RowFormat format =
-          quant::make_row_format(quant::Format::int4_asym, quant::Role::weight, cols, kGgufInt4AsymGroup);
+          int8_group > 0
+              ? quant::make_row_format(quant::Format::int8_group, quant::Role::weight, cols, int8_group)
+              : quant::make_row_format(quant::Format::int4_asym, quant::Role::weight, cols, kGgufInt4AsymGroup);
       std::vector<uint8_t> codes(static_cast<size_t>(rows * format.code_bytes()));
       std::vector<uint8_t> scales(static_cast<size_t>(rows * format.scale_bytes()));
       const bool exact = gguf_int4_asym_type(tensor.type);
       try {
-        if (exact) {
+        if (int8_group > 0) {
+          gguf_to_int8_group(tensor.type, tensor.data, rows, cols, codes.data(), scales.data());
+        } else if (exact) {
           gguf_to_int4_asym(tensor.type, tensor.data, rows, cols, codes.data(), scales.data());
         } else {
           // Another type (Q4_K_M mixes Q5_0, Q6_K and Q8_0 projections in): the engine's weight set
@@ -1012,7 +1096,13 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
       }
       writer.add(entry.hf_name + ".qcodes", DType::U8, {rows, format.code_bytes()}, codes.data(), codes.size());
       writer.add(entry.hf_name + ".qscales", DType::U8, {rows, format.scale_bytes()}, scales.data(), scales.size());
-      ++(exact ? kept_types : requantized_types)[ggml_type_name(tensor.type)];
+      if (int8_group > 0) {
+        ++kept_8bit_types[ggml_type_name(tensor.type)];
+        tensor_formats[entry.hf_name] = {{"format", quant::format_name(quant::Format::int8_group)},
+                                         {"group_size", int8_group}};
+      } else {
+        ++(exact ? kept_types : requantized_types)[ggml_type_name(tensor.type)];
+      }
       if (progress) progress(++done, total);
       continue;
     }
@@ -1028,17 +1118,23 @@ void convert_gguf(const std::string& gguf_path, const std::string& out_dir, cons
   hf::write_model_directory(out_dir, writer, config, tokenizer_json, options, *tokens);
   if (convert_options.keep_4bit) {
     // The manifest of a qspec 4-bit checkpoint (model/quant_checkpoint.h).
-    nlohmann::json types = nlohmann::json::object(), requantized = nlohmann::json::object();
+    nlohmann::json types = nlohmann::json::object(), requantized = nlohmann::json::object(),
+                   kept_8bit = nlohmann::json::object();
     for (const auto& [type, count] : kept_types) types[type] = count;
     for (const auto& [type, count] : requantized_types) requantized[type] = count;
-    hf::write_json(std::filesystem::path(out_dir) / kQuantManifestFile,
-                   {{"qspec_quantization", kQuantManifestVersion},
-                    {"format", quant::format_name(quant::Format::int4_asym)},
-                    {"group_size", kGgufInt4AsymGroup},
-                    {"method", "gguf"},
-                    {"details", {{"gguf_types", types}, {"requantized_types", requantized}, {"requantized_fit", "mse"}}},
-                    {"tool", "qspec convert gguf --keep-4bit"},
-                    {"source", gguf_path}});
+    for (const auto& [type, count] : kept_8bit_types) kept_8bit[type] = count;
+    nlohmann::json manifest = {
+        {"qspec_quantization", kQuantManifestVersion},
+        {"format", quant::format_name(quant::Format::int4_asym)},
+        {"group_size", kGgufInt4AsymGroup},
+        {"method", "gguf"},
+        {"details",
+         {{"gguf_types", types}, {"int8_group_types", kept_8bit}, {"requantized_types", requantized},
+          {"requantized_fit", "mse"}}},
+        {"tool", convert_options.all_4bit ? "qspec convert gguf --keep-4bit --all-4bit" : "qspec convert gguf --keep-4bit"},
+        {"source", gguf_path}};
+    if (!tensor_formats.empty()) manifest[kQuantTensorFormatsField] = tensor_formats;
+    hf::write_json(std::filesystem::path(out_dir) / kQuantManifestFile, manifest);
   }
   if (progress) progress(total, total);
 }

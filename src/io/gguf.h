@@ -137,4 +137,18 @@ bool gguf_int4_asym_type(uint32_t type);  // Q4_0, Q4_1, Q4_K
 void gguf_to_int4_asym(uint32_t type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
                        uint8_t* scales);
 
+// GGUF 5-, 6- and 8-bit blocks as int8-group rows (quant/formats.h), value = code * scale:
+//   Q8_0  d * q                 -> group 32, scale d, code q (-128..127)
+//   Q5_0  d * (q - 16)          -> group 32, scale d, code q - 16 (-16..15)
+//   Q6_K  (d * sc_j) * (q - 32) for each 16-value sub-block j (sc_j an int8)
+//                               -> group 16, scale d * sc_j (exact in f32: 19 bits), code q - 32
+// with d f16 widened to f32: code * scale rounds as ggml's own dequantization does (the same
+// product of the same two numbers), so the values are gguf_dequantize's bit for bit.
+// gguf_int8_group_size: the group of a type that has this form (32, 32, 16), else 0.
+// src: `rows` rows of `cols` values; codes: rows x cols bytes; scales: rows x (cols / group) x 4
+// bytes. Throws for other types and for non-finite scales (naming the row).
+int64_t gguf_int8_group_size(uint32_t type);
+void gguf_to_int8_group(uint32_t type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
+                        uint8_t* scales);
+
 }  // namespace qspec

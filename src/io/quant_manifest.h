@@ -10,5 +10,8 @@ inline constexpr int kQuantManifestVersion = 1;
 // How the 4-bit weights were made: round to nearest, GPTQ, or imported from a GGUF file's own
 // 4-bit blocks (qspec convert gguf --keep-4bit).
 inline constexpr const char* kQuantMethods[] = {"rtn", "gptq", "gguf"};
+// The manifest's optional map from projection name to {"format", "group_size"}: projections
+// stored in another format than the checkpoint's (the 8-bit tensors of an imported GGUF).
+inline constexpr const char* kQuantTensorFormatsField = "tensor_formats";
 
 }  // namespace qspec

@@ -437,8 +437,9 @@ void LlamaModel::set_quantized_weights(std::vector<QuantizedLayerWeights> layers
       const int64_t cols = k + layer.sites[static_cast<int>(s)].tail;
       QSPEC_CHECK(m.rows == rows && m.cols() == cols, m.name, ": 4-bit matrix is [", m.rows, " x ", m.cols(),
                   "], expected [", rows, " x ", cols, "]");
-      QSPEC_CHECK(m.format.format == info.format, m.name, ": format ", quant::format_name(m.format.format),
-                  " differs from the model's ", quant::format_name(info.format));
+      // One 4-bit format, and beside it only the 8-bit tensors an import keeps (quant_checkpoint.h).
+      QSPEC_CHECK(m.format.format == info.format || m.format.format == quant::Format::int8_group, m.name, ": format ",
+                  quant::format_name(m.format.format), " differs from the model's ", quant::format_name(info.format));
     };
     check(layer.q_proj, c.q_dim(), c.hidden_size, LinearSite::attention_in);
     check(layer.k_proj, c.kv_dim(), c.hidden_size, LinearSite::attention_in);

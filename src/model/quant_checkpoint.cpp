@@ -51,7 +51,38 @@ nlohmann::json read_quant_manifest(const std::string& path) {
               ": field \"method\": '", method, "' (known: rtn, gptq, gguf)");
   if (!manifest.contains("details")) manifest["details"] = nlohmann::json::object();
   QSPEC_CHECK(manifest["details"].is_object(), path, ": field \"details\" must be an object");
+  if (manifest.contains(kQuantTensorFormatsField)) {
+    const nlohmann::json& overrides = manifest[kQuantTensorFormatsField];
+    QSPEC_CHECK(overrides.is_object(), path, ": field \"", kQuantTensorFormatsField,
+                "\" must be an object of projection name -> {\"format\", \"group_size\"}");
+    for (const auto& [name, entry] : overrides.items()) {
+      const std::string where = path + ": " + kQuantTensorFormatsField + "[\"" + name + "\"]";
+      QSPEC_CHECK(entry.is_object() && entry.contains("format") && entry["format"].is_string() &&
+                      entry.contains("group_size") && entry["group_size"].is_number_integer(),
+                  where, ": expected {\"format\": string, \"group_size\": integer}");
+      quant::Format tensor_format = quant::Format::int8_group;
+      try {
+        tensor_format = quant::parse_format(entry["format"].get<std::string>());
+      } catch (const Error& error) {
+        fail(where, ": ", error.what());
+      }
+      // Only the 8-bit tensors an import keeps beside the 4-bit set: every other format of a
+      // checkpoint is its one "format".
+      QSPEC_CHECK(tensor_format == quant::Format::int8_group, where, ": format '", quant::format_name(tensor_format),
+                  "' (a projection's own format can only be int8-group)");
+      const int64_t group = entry["group_size"].get<int64_t>();
+      QSPEC_CHECK(group > 0 && group % 2 == 0, where, ": group_size ", group, " must be positive and even");
+    }
+  }
   return manifest;
+}
+
+TensorFormat manifest_tensor_format(const nlohmann::json& manifest, const std::string& tensor) {
+  if (manifest.contains(kQuantTensorFormatsField) && manifest[kQuantTensorFormatsField].contains(tensor)) {
+    const nlohmann::json& entry = manifest[kQuantTensorFormatsField][tensor];
+    return {quant::parse_format(entry["format"].get<std::string>()), entry["group_size"].get<int64_t>()};
+  }
+  return {quant::parse_format(manifest["format"].get<std::string>()), manifest["group_size"].get<int64_t>()};
 }
 
 namespace {
@@ -165,9 +196,11 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
       m.name = name;
       m.rows = rows;
       const int64_t cols = k + layer.sites[static_cast<int>(site)].tail;
+      const TensorFormat tensor_format = manifest_tensor_format(manifest, name);
       try {
-        m.format = quant::make_row_format(info.format, quant::Role::weight, cols,
-                                          info.group_size > 0 ? info.group_size : quant::kDefaultGroupSize);
+        m.format = quant::make_row_format(tensor_format.format, quant::Role::weight, cols,
+                                          tensor_format.group_size > 0 ? tensor_format.group_size
+                                                                       : quant::kDefaultGroupSize);
       } catch (const Error& error) {
         fail(manifest_path, ": ", name, ": ", error.what());
       }
@@ -175,7 +208,7 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
       const TensorView& scales = expect_u8(checkpoint_, name + ".qscales", DType::U8, {rows, m.format.scale_bytes()});
       m.codes.assign(codes.data, codes.data + codes.nbytes);
       m.scales.assign(scales.data, scales.data + scales.nbytes);
-      if (info.format == quant::Format::nvfp4) {
+      if (m.format.format == quant::Format::nvfp4) {
         const TensorView& tensor_scale = expect_u8(checkpoint_, name + ".tensor_scale", DType::F32, {1});
         std::memcpy(&m.format.tensor_scale, tensor_scale.data, 4);
         QSPEC_CHECK(std::isfinite(m.format.tensor_scale) && m.format.tensor_scale > 0.0f, dir_, ": tensor '", name,
@@ -187,7 +220,7 @@ void LlamaModel::bind_quantized_weights(const nlohmann::json& manifest) {
         fail(dir_, ": tensor '", name, ".qscales': ", error.what());
       }
       // int4-asym scales may be negative (imported GGUF Q4_0 blocks); the minimums were checked by prepare().
-      const bool signed_scales = quant::format_has_min(info.format);
+      const bool signed_scales = quant::format_has_min(m.format.format) || m.format.format == quant::Format::int8_group;
       for (float scale : m.block_scale_values)
         QSPEC_CHECK(std::isfinite(scale) && (signed_scales || scale >= 0.0f), dir_, ": tensor '", name,
                     ".qscales' holds a scale that is negative, infinite or NaN (", scale, ")");
@@ -259,6 +292,7 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
     writer.add(name, tensor.dtype, tensor.shape, tensor.data, tensor.nbytes);
   }
   nlohmann::json sites = nlohmann::json::array();
+  nlohmann::json tensor_formats = nlohmann::json::object();
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const QuantizedLayerWeights& layer = quantized_layers_[static_cast<size_t>(l)];
     for (int p = 0; p < 7; ++p) {
@@ -268,6 +302,8 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
       writer.add(name + ".qscales", DType::U8, {m.rows, m.format.scale_bytes()}, m.scales.data(), m.scales.size());
       if (m.format.format == quant::Format::nvfp4)
         writer.add(name + ".tensor_scale", DType::F32, {1}, &m.format.tensor_scale, 4);
+      if (m.format.format != quantization_.format)
+        tensor_formats[name] = {{"format", quant::format_name(m.format.format)}, {"group_size", m.format.block}};
     }
     for (int s = 0; s < kLinearSites; ++s) {
       const ArcSite& site = layer.sites[s];
@@ -294,6 +330,7 @@ void LlamaModel::save_quantized(const std::string& out_dir, const nlohmann::json
                              {"method", quantization_.method},
                              {"details", details},
                              {"source", dir_}};
+  if (!tensor_formats.empty()) manifest[kQuantTensorFormatsField] = tensor_formats;
   for (auto& [key, value] : manifest_extra.items()) manifest[key] = value;
 
   // Write beside the destination, then rename: OUT_DIR appears complete or not at all.

@@ -11,6 +11,15 @@
 
 namespace qspec::cpu {
 
+// Int8 codes with one f32 scale per `block` values along K, weight = code * scale: what the int8
+// GEMM reads, from an Int8BlockMatrix or from an int8-group QuantizedMatrix (quant/formats.h).
+struct Int8BlockView {
+  const int8_t* codes = nullptr;  // [rows, cols]
+  const float* scales = nullptr;  // [rows, cols / block]
+  int64_t rows = 0, cols = 0, block = 0;
+  int64_t blocks() const { return cols / block; }
+};
+
 struct Int8BlockMatrix {
   static constexpr int64_t kBlock = 32;  // values per scale, along K
   std::string name;
@@ -19,6 +28,7 @@ struct Int8BlockMatrix {
   std::vector<float> scales;  // [rows, cols / kBlock]: weight = code * scale, exactly the f32 value
   int64_t blocks() const { return cols / kBlock; }
   size_t bytes() const { return codes.size() + scales.size() * sizeof(float); }
+  Int8BlockView view() const { return {codes.data(), scales.data(), rows, cols, kBlock}; }
 };
 
 // The matrix as int8 blocks when every block of 32 values of every row is exactly code * s for
@@ -32,5 +42,7 @@ std::optional<Int8BlockMatrix> exact_int8_blocks(const WeightMatrix& weight);
 // and one horizontal sum, over the weights decoded as code * scale). Kernels as
 // ops/quantized_linear.h chooses them (kernel_isa()). bias may be null.
 void int8_linear(const float* x, int64_t tokens, const Int8BlockMatrix& weight, const float* bias, float* y);
+// The same over a view (any block; SIMD kernels where the block is a multiple of 8).
+void int8_linear(const float* x, int64_t tokens, const Int8BlockView& weight, const float* bias, float* y);
 
 }  // namespace qspec::cpu

@@ -333,7 +333,9 @@ struct Mxfp4Codec {
   }
 };
 
-bool is_four_bit(Format format) { return format != Format::int8 && format != Format::fp8; }
+bool is_four_bit(Format format) {
+  return format != Format::int8 && format != Format::fp8 && format != Format::int8_group;
+}
 
 // Calls fn with the codec of `format`; nvfp4 uses `nvfp4_scale` as its tensor scale.
 template <typename Fn>
@@ -344,6 +346,7 @@ void with_codec(const RowFormat& format, float nvfp4_scale, Fn&& fn) {
       fn(IntegerCodec{format.format, -8, 7, 7.0f, format.role == Role::weight});
       return;
     case Format::int8:
+    case Format::int8_group:
       fn(IntegerCodec{format.format, -127, 127, 127.0f, false});
       return;
     case Format::fp8:
@@ -651,6 +654,7 @@ constexpr FormatName kFormatNames[] = {
     {Format::nvfp4, "nvfp4"}, {Format::mxfp4, "mxfp4"},
     {Format::int8, "int8"},   {Format::fp8, "fp8"},
     {Format::int4_asym, "int4-asym"}, {Format::int4_zp, "int4-zp"},
+    {Format::int8_group, "int8-group"},
 };
 
 }  // namespace
@@ -678,7 +682,7 @@ Format parse_format(std::string_view name) {
   for (const auto& entry : kFormatNames)
     if (entry.name == name) return entry.format;
   fail("unknown quantization format '", name,
-       "' (known: int4, int4-channel, int4-asym, int4-zp, nvfp4, mxfp4, int8, fp8)");
+       "' (known: int4, int4-channel, int4-asym, int4-zp, int8-group, nvfp4, mxfp4, int8, fp8)");
 }
 
 std::string_view format_name(Format format) {
@@ -696,6 +700,7 @@ bool format_supports(Format format, Role role) {
     case Format::int4_channel:
     case Format::int4_asym:
     case Format::int4_zp:
+    case Format::int8_group:
       return role == Role::weight;
     case Format::int8:
     case Format::fp8:
@@ -705,7 +710,8 @@ bool format_supports(Format format, Role role) {
 }
 
 bool format_has_groups(Format format) {
-  return format == Format::int4 || format == Format::int4_asym || format == Format::int4_zp;
+  return format == Format::int4 || format == Format::int4_asym || format == Format::int4_zp ||
+         format == Format::int8_group;
 }
 
 bool format_has_min(Format format) { return format == Format::int4_asym || format == Format::int4_zp; }
@@ -715,6 +721,7 @@ int64_t block_size(Format format, int64_t k, int64_t group_size) {
     case Format::int4:
     case Format::int4_asym:
     case Format::int4_zp:
+    case Format::int8_group:
       return group_size;
     case Format::nvfp4:
       return 16;
@@ -742,6 +749,8 @@ int64_t RowFormat::scale_bytes() const {
       return blocks() + (role == Role::activation ? 4 : 0);
     case Format::mxfp4:
       return blocks();
+    case Format::int8_group:
+      return blocks() * 4;
     case Format::int8:
     case Format::fp8:
       return 4;
@@ -753,7 +762,7 @@ RowFormat make_row_format(Format format, Role role, int64_t k, int64_t group_siz
   std::string_view name = format_name(format);
   if (!format_supports(format, role)) {
     if (role == Role::weight)
-      fail(name, " is an activation format; weights use int4, int4-channel, int4-asym, int4-zp, nvfp4 or mxfp4");
+      fail(name, " is an activation format; weights use int4, int4-channel, int4-asym, int4-zp, int8-group, nvfp4 or mxfp4");
     fail(name, " is a weight format; activations use int4, nvfp4, mxfp4, int8 or fp8");
   }
   QSPEC_CHECK(k > 0, name, ": a row needs at least one value, got K=", k);
@@ -843,6 +852,7 @@ float element_value(const RowFormat& format, const uint8_t* codes, int64_t index
     case Format::mxfp4:
       return decode_e2m1(static_cast<uint8_t>(codes[index / 2] >> (4 * (index % 2))));
     case Format::int8:
+    case Format::int8_group:
       return static_cast<float>(static_cast<int8_t>(codes[index]));
     case Format::fp8:
       return decode_e4m3(codes[index]);
@@ -883,6 +893,14 @@ void store_asym_block(const RowFormat& format, uint8_t* scales, int64_t block, f
   QSPEC_CHECK(std::isfinite(scale) && std::isfinite(min), "int4-asym block ", block, ": scale ", scale,
               " and minimum ", min, " must be finite");
   AsymCodec{}.store(scales, block, {scale, min});
+}
+
+void store_block_scale(const RowFormat& format, uint8_t* scales, int64_t block, float scale) {
+  QSPEC_CHECK(format.format == Format::int8_group, "store_block_scale: ", format_name(format.format),
+              " (int8-group only)");
+  QSPEC_CHECK(block >= 0 && block < format.blocks(), "store_block_scale: block ", block, " of ", format.blocks());
+  QSPEC_CHECK(std::isfinite(scale), "int8-group block ", block, ": scale ", scale, " must be finite");
+  store_le(scales + 4 * block, scale);
 }
 
 void quantize_block_scale(const RowFormat& format, const float* values, int64_t block,

@@ -26,6 +26,12 @@
 //               the same value and every int4-asym kernel runs it; the GPU's W4A16 kernels
 //               subtract z where int4's subtract 8 (ops/w4a16_pack.h), at int4's cost.
 //   int8        s = amax / 127 (f32); code = clamp(round_half_even(x / s), -127, 127).
+//   int8-group  weights only: int8's rule in groups along K (one f32 scale a group), value =
+//               code * s. Importers may store any code -128..127 and any finite scale
+//               (store_block_scale): a GGUF Q8_0, Q5_0 or Q6_K block is exactly code * s with
+//               s = d, d or d * sc (f32: an f16 d times an 8-bit sc has 19 significant bits),
+//               so those tensors keep their file's values at 8 bits (qspec convert gguf
+//               --keep-4bit).
 //   fp8         s = amax / 448 (f32); code = f32_to_e4m3(x / s).
 //   nvfp4       t = tensor scale (FP32; see nvfp4_tensor_scale); block scale code
 //               b = f32_to_e4m3(amax / (6 * t)); code = f32_to_e2m1(x / (e4m3(b) * t)).
@@ -44,7 +50,7 @@
 //           nibbles sign-magnitude (bit 3 = sign).
 //           8-bit formats: one byte per element (int8 two's complement, or E4M3).
 //   scales  little-endian, one per block, in block order: f16 (int4 / int4-channel weights),
-//           f32 (int4 activations, int8, fp8), E4M3 (nvfp4), E8M0 (mxfp4), and for int4-asym
+//           f32 (int4 activations, int8, int8-group, fp8), E4M3 (nvfp4), E8M0 (mxfp4), and for int4-asym
 //           one f32 pair per group, scale then minimum (8 bytes). f32 rather than f16: a
 //           GGUF Q4_K sub-block scale d * sc (f16 d times a 6-bit sc) has up to 17
 //           significant bits, and Q4_0 / Q4_1 / Q4_K decode exactly as code * s + m only
@@ -91,6 +97,7 @@ enum class Format : uint8_t {
   fp8,           // E4M3, one scale per token (activations only)
   int4_asym,     // unsigned int4 in groups along K, f32 scale + f32 minimum per group (weights)
   int4_zp,       // unsigned int4 in groups along K, f16 scale + integer zero point per group (weights)
+  int8_group,    // symmetric int8 in groups along K, f32 scale per group (weights: 8-bit tensors of a GGUF)
 };
 // Which side of a GEMM a row is: the scale encodings differ (see the table above).
 enum class Role : uint8_t { weight, activation };
@@ -102,19 +109,20 @@ inline constexpr Format kDefaultWeightFormat = Format::int4;
 inline constexpr int64_t kInt4AsymScaleBytes = 8;
 inline constexpr int kInt4AsymMaxCode = 15;
 
-// Names as users type them: "int4", "int4-channel", "int4-asym", "int4-zp", "nvfp4", "mxfp4", "int8",
-// "fp8".
+// Names as users type them: "int4", "int4-channel", "int4-asym", "int4-zp", "int8-group", "nvfp4",
+// "mxfp4", "int8", "fp8".
 // Unknown names throw qspec::Error listing the known ones.
 Format parse_format(std::string_view name);
 std::string_view format_name(Format format);
 bool format_supports(Format format, Role role);
-// Formats whose block is a user-chosen group along K (int4, int4-asym, int4-zp): the ones a group
-// size applies to.
+// Formats whose block is a user-chosen group along K (int4, int4-asym, int4-zp, int8-group): the
+// ones a group size applies to.
 bool format_has_groups(Format format);
 // Formats whose blocks carry a minimum beside the scale, value = fma(code, s, m) with unsigned
 // codes (int4-asym; int4-zp, whose minimum is -s * z).
 bool format_has_min(Format format);
-// Values that share one block scale: the group size for int4 / int4-asym, 16 for nvfp4, 32 for mxfp4,
+// Values that share one block scale: the group size for int4 / int4-asym / int4-zp / int8-group,
+// 16 for nvfp4, 32 for mxfp4,
 // the whole row (k) for int4-channel, int8 and fp8.
 int64_t block_size(Format format, int64_t k, int64_t group_size = kDefaultGroupSize);
 
@@ -181,6 +189,9 @@ int block_zero_point(const RowFormat& format, const uint8_t* scales, int64_t blo
 // The scale may be negative (ggml's Q4_0 stores d = max / -8; the quantizers here never do).
 // Throws on a non-finite scale or minimum.
 void store_asym_block(const RowFormat& format, uint8_t* scales, int64_t block, float scale, float min);
+// int8-group: stores block `block`'s scale as given (importers of GGUF Q8_0 / Q5_0 / Q6_K blocks,
+// whose values are code * scale exactly; the scale may be negative). Throws on a non-finite scale.
+void store_block_scale(const RowFormat& format, uint8_t* scales, int64_t block, float scale);
 float row_tensor_scale(const RowFormat& format, const uint8_t* scales);
 
 // Pieces for quantizers that choose values one element at a time (GPTQ). Together they give

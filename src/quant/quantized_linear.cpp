@@ -79,7 +79,8 @@ void QuantizedMatrix::prepare() {
     tensor_scale_values[r] = quant::row_tensor_scale(format, row_scales);
   }
   decoded.clear();
-  if (cpu::f32_weight_cache()) {
+  // int8-group rows are read by the int8-block GEMM, never from an f32 copy.
+  if (cpu::f32_weight_cache() && format.format != quant::Format::int8_group) {
     decoded.resize(static_cast<size_t>(rows * cols()));
     for (int64_t r = 0; r < rows; ++r) dequantize_row(r, decoded.data() + r * cols());
   }
@@ -87,7 +88,13 @@ void QuantizedMatrix::prepare() {
 
 void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
   const uint8_t* row_codes = codes.data() + row * format.code_bytes();
-  // Weights are 4-bit: a 16-entry table per nibble, then the documented order
+  if (format.format == quant::Format::int8_group) {  // code * scale (quant/formats.h), one byte a code
+    const float* row_block_scales = block_scale_values.data() + row * format.blocks();
+    for (int64_t i = 0; i < format.k; ++i)
+      out[i] = static_cast<float>(static_cast<int8_t>(row_codes[i])) * row_block_scales[i / format.block];
+    return;
+  }
+  // Otherwise the weights are 4-bit: a 16-entry table per nibble, then the documented order
   // (element * block scale) * tensor scale, so this equals quant::dequantize_row bit for bit
   // (tested) at a fraction of its cost: decode dequantizes every weight once per token.
   float nibble_values[16];
@@ -124,7 +131,7 @@ void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
 QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, int64_t group_size,
                              quant::BlockFit fit) {
   QSPEC_CHECK(quant::format_supports(format, quant::Role::weight), weight.name, ": '",
-              quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, int4-zp, nvfp4, mxfp4)");
+              quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, int4-zp, int8-group, nvfp4, mxfp4)");
   QuantizedMatrix out;
   out.name = weight.name;
   out.rows = weight.rows;

@@ -278,3 +278,70 @@ TEST(CpuInt8Linear, ABf16CheckpointKeepsItsLmHeadAsLoaded) {
   auto model = qspec::LlamaModel::load(QSPEC_SOURCE_DIR "/models/gsm-synth-llama");
   EXPECT_EQ(model->lm_head_int8(), nullptr);
 }
+
+// int8-group weights (quant::Format::int8_group: a GGUF's Q8_0 / Q5_0 / Q6_K projections kept at
+// 8 bits) in the 4-bit GEMM's entry points: groups of 16 and 32 and of 12 (portable only), alone
+// and fused with 4-bit matrices, give cpu::linear's bits on their dequantized f32 matrix.
+TEST(CpuInt8Linear, Int8GroupWeightsGiveTheF32GemmOfTheirValuesInEveryEntryPoint) {
+  IsaGuard guard;
+  const int64_t rows = 37, cols = 192;
+  for (int64_t group : {16, 32, 12}) {
+    const qspec::WeightMatrix source = f32_matrix(random_values(static_cast<size_t>(rows * cols), 41), rows, cols);
+    const qspec::QuantizedMatrix w = qspec::quantize_rtn(source, qspec::quant::Format::int8_group, group);
+    ASSERT_EQ(w.format.format, qspec::quant::Format::int8_group);
+    ASSERT_EQ(w.codes.size(), static_cast<size_t>(rows * cols));
+    ASSERT_EQ(w.scales.size(), static_cast<size_t>(rows * cols / group * 4));
+    std::vector<float> values(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      w.dequantize_row(r, values.data() + r * cols);
+      std::vector<float> reference(static_cast<size_t>(cols));
+      qspec::quant::dequantize_row(w.format, w.codes.data() + r * cols, w.scales.data() + r * w.format.scale_bytes(),
+                                   reference.data());
+      for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(values[r * cols + i], reference[i]) << "row " << r;
+      // RTN on int8 groups: within half a step of the source.
+      for (int64_t i = 0; i < cols; ++i) {
+        const float scale = w.block_scale_values[r * (cols / group) + i / group];
+        ASSERT_LE(std::fabs(values[r * cols + i] - source.owned[r * cols + i]), 0.5001f * scale) << "row " << r;
+      }
+    }
+    const qspec::WeightMatrix dense = f32_matrix(values, rows, cols);
+    const qspec::QuantizedMatrix four_bit = qspec::quantize_rtn(source, qspec::quant::Format::int4, 64);
+    for (int64_t tokens : {1, 3, 4, 9, 194}) {
+      const std::string shape = "group " + std::to_string(group) + ", " + std::to_string(tokens) + " tokens";
+      const std::vector<float> x = random_values(static_cast<size_t>(tokens * cols), 43);
+      const std::vector<float> bias = random_values(static_cast<size_t>(rows), 47);
+      std::vector<float> reference(static_cast<size_t>(tokens * rows));
+      qspec::cpu::linear(x.data(), tokens, dense, bias.data(), reference.data());
+      for (KernelIsa isa : supported_isas()) {
+        qspec::cpu::set_kernel_isa(isa);
+        const std::string what = shape + " on " + std::string(qspec::cpu::kernel_isa_name(isa));
+        std::vector<float> y(reference.size(), NAN), y4(static_cast<size_t>(tokens * rows), NAN);
+        qspec::cpu::quantized_linear(x.data(), tokens, w, bias.data(), y.data());
+#if defined(__AVX2__) && defined(__FMA__)
+        expect_same_bits(y, reference, what);
+#else
+        for (size_t i = 0; i < reference.size(); ++i) ASSERT_NEAR(y[i], reference[i], 1e-4) << what;
+#endif
+        // Fused with a 4-bit matrix (q / k / v of a Q4_K_M layer mix so): each its own result.
+        std::vector<float> fused(reference.size(), NAN), fused4(y4.size(), NAN);
+        qspec::cpu::quantized_linear(x.data(), tokens, four_bit, nullptr, y4.data());
+        const qspec::cpu::LinearOutput outputs[] = {{&four_bit, nullptr, fused4.data()}, {&w, bias.data(), fused.data()}};
+        qspec::cpu::quantized_linear(x.data(), tokens, std::span<const qspec::cpu::LinearOutput>(outputs));
+        expect_same_bits(fused, y, what + " fused");
+        expect_same_bits(fused4, y4, what + " fused, the 4-bit matrix");
+        // int8 activations (w4a8): x's dequantized values through the float GEMM.
+        qspec::cpu::Int8Activations codes;
+        qspec::cpu::quantize_activations_int8(x.data(), tokens, cols, codes);
+        std::vector<float> xq = x;
+        qspec::ActivationMode a8;
+        a8.kind = qspec::ActivationMode::Kind::quantized;
+        a8.format = qspec::quant::Format::int8;
+        qspec::cpu::apply_activation_mode(a8, xq.data(), tokens, cols);
+        std::vector<float> want8(reference.size()), got8(reference.size(), NAN);
+        qspec::cpu::quantized_linear(xq.data(), tokens, w, bias.data(), want8.data());
+        qspec::cpu::quantized_linear(codes, w, bias.data(), got8.data());
+        expect_same_bits(got8, want8, what + " int8 activations");
+      }
+    }
+  }
+}

@@ -92,8 +92,12 @@ std::vector<uint8_t> random_4bit_blocks(uint32_t type, uint64_t count, uint32_t 
     std::memcpy(bytes.data() + at, &half, 2);
   };
   for (size_t block = 0; block < bytes.size(); block += info->type_size) {
+    if (type == static_cast<uint32_t>(qspec::GgmlType::Q6_K)) {  // ql, qh, scales, then d
+      put_f16(block + 208, scale(rng));
+      continue;
+    }
     put_f16(block, scale(rng));                                       // d
-    if (info->type_size != 18) put_f16(block + 2, scale(rng) * 4.0f);  // Q4_1 m, Q4_K dmin
+    if (info->type_size != 18) put_f16(block + 2, scale(rng) * 4.0f);  // Q4_1 m, Q4_K dmin (Q5_0 qh, Q8_0 codes)
   }
   return bytes;
 }
@@ -448,6 +452,149 @@ TEST(Gguf, KeepFourBitWritesAnInt4AsymCheckpointEqualToTheF32Conversion) {
       EXPECT_EQ(a->nbytes, b->nbytes);
       EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << name;
     }
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Gguf, FiveSixAndEightBitBlocksBecomeInt8GroupWeightsBitExactly) {
+  // Q8_0 and Q6_K against the gguf package's dequantization (the fixture's references), Q5_0
+  // against gguf_dequantize (tied to the package by DequantizesQ5_0LikeTheGgufPackage): the int8
+  // codes and group scales decode to the same bits through the format reference and the engine's
+  // decoder.
+  auto expect_rows = [](uint32_t type, const uint8_t* data, int64_t rows, int64_t cols, const float* want) {
+    const int64_t group = qspec::gguf_int8_group_size(type);
+    ASSERT_GT(group, 0);
+    qspec::QuantizedMatrix m;
+    m.rows = rows;
+    m.format = qspec::quant::make_row_format(qspec::quant::Format::int8_group, qspec::quant::Role::weight, cols, group);
+    m.codes.resize(rows * m.format.code_bytes());
+    m.scales.resize(rows * m.format.scale_bytes());
+    qspec::gguf_to_int8_group(type, data, rows, cols, m.codes.data(), m.scales.data());
+    m.prepare();
+    std::vector<float> reference(cols), fast(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      qspec::quant::dequantize_row(m.format, m.codes.data() + r * m.format.code_bytes(),
+                                   m.scales.data() + r * m.format.scale_bytes(), reference.data());
+      m.dequantize_row(r, fast.data());
+      size_t diff = 0;
+      EXPECT_TRUE(same_bits_up_to_zero_sign(reference.data(), want + r * cols, cols, false, &diff))
+          << "row " << r << " element " << diff << ": " << reference[diff] << " vs " << want[r * cols + diff];
+      EXPECT_TRUE(same_bits_up_to_zero_sign(fast.data(), want + r * cols, cols, false, &diff))
+          << "row " << r << " element " << diff;
+    }
+  };
+  auto file = qspec::GgufFile::open(kData + "/quant-types.gguf");
+  auto expected = qspec::SafetensorsFile::open(kData + "/quant-types.expected.safetensors");
+  std::vector<std::string> imported;
+  for (const auto& tensor : file->tensors()) {
+    SCOPED_TRACE(tensor.name);
+    const std::vector<int64_t> shape = tensor.shape();
+    if (qspec::gguf_int8_group_size(tensor.type) == 0) {
+      if (tensor.type != 0) {
+        std::vector<uint8_t> codes(shape[0] * shape[1]), scales(shape[0] * shape[1]);
+        const std::string error = error_of([&] {
+          qspec::gguf_to_int8_group(tensor.type, tensor.data, shape[0], shape[1], codes.data(), scales.data());
+        });
+        EXPECT_NE(error.find(qspec::ggml_type_name(tensor.type)), std::string::npos) << error;
+      }
+      continue;
+    }
+    imported.push_back(qspec::ggml_type_name(tensor.type));
+    expect_rows(tensor.type, tensor.data, shape[0], shape[1],
+                reinterpret_cast<const float*>(expected->find(tensor.name)->data));
+  }
+  EXPECT_EQ(imported, (std::vector<std::string>{"Q8_0", "Q6_K"}));
+  // Q5_0: random blocks of 4 rows x 64, the -0 of a zero code under a negative d included.
+  const uint32_t q5_0 = static_cast<uint32_t>(qspec::GgmlType::Q5_0);
+  std::vector<uint8_t> blocks = random_4bit_blocks(q5_0, 256, 7);
+  for (size_t b = 0; b < blocks.size(); b += 22) blocks[b + 1] |= (b / 22 % 2) ? 0x80 : 0x00;  // negative d
+  std::vector<float> want(256);
+  qspec::gguf_dequantize(q5_0, blocks.data(), 256, want.data());
+  expect_rows(q5_0, blocks.data(), 4, 64, want.data());
+}
+
+TEST(Gguf, KeepFourBitKeepsQ5_0Q6_KAndQ8_0ProjectionsAsInt8Group) {
+  // Six projections of an 8-bit-able type and k_proj F32 (re-quantized into int4-asym g32, the
+  // checkpoint's format): the six become int8-group weights equal to the F32 conversion bit for
+  // bit, named in the manifest's tensor_formats; saving the model keeps them; --all-4bit
+  // re-quantizes them instead.
+  using qspec::GgmlType;
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6_K}) {
+    const std::string type_name = qspec::ggml_type_name(static_cast<uint32_t>(type));
+    SCOPED_TRACE(type_name);
+    const int64_t group = type == GgmlType::Q6_K ? 16 : 32;
+    SpmLlama model("llama", 0, 1, {256, 256, 4, 2, 64, static_cast<uint32_t>(type), "blk.0.attn_k.weight"});
+    fs::path dir = temp_dir("keep8");
+    write_bytes(dir / "m.gguf", model.builder.build());
+    qspec::convert_gguf((dir / "m.gguf").string(), (dir / "f32").string());
+    qspec::GgufConvertOptions options;
+    options.keep_4bit = true;
+    qspec::convert_gguf((dir / "m.gguf").string(), (dir / "q").string(), {}, options);
+    const json manifest = read_json(dir / "q" / qspec::kQuantManifestFile);
+    EXPECT_EQ(manifest["format"], "int4-asym");
+    EXPECT_EQ(manifest["details"]["int8_group_types"], json({{type_name, 6}}));
+    EXPECT_EQ(manifest["details"]["requantized_types"], json({{"F32", 1}}));
+    ASSERT_TRUE(manifest.contains(qspec::kQuantTensorFormatsField));
+    EXPECT_EQ(manifest[qspec::kQuantTensorFormatsField].size(), 6u);
+    EXPECT_EQ(manifest[qspec::kQuantTensorFormatsField]["model.layers.0.self_attn.q_proj.weight"],
+              json({{"format", "int8-group"}, {"group_size", group}}));
+
+    auto f32 = qspec::SafetensorsFile::open((dir / "f32" / "model.safetensors").string());
+    auto q = qspec::LlamaModel::load((dir / "q").string());
+    const qspec::QuantizedLayerWeights& layer = q->quantized_layers()[0];
+    int eight_bit = 0;
+    for (const qspec::QuantizedMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                            &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      SCOPED_TRACE(m->name);
+      if (m == &layer.k_proj) {
+        EXPECT_EQ(m->format.format, qspec::quant::Format::int4_asym);
+        continue;
+      }
+      ASSERT_EQ(m->format.format, qspec::quant::Format::int8_group);
+      EXPECT_EQ(m->format.block, group);
+      const float* want = reinterpret_cast<const float*>(f32->find(m->name)->data);
+      std::vector<float> row(m->cols());
+      for (int64_t r = 0; r < m->rows; ++r) {
+        m->dequantize_row(r, row.data());
+        size_t diff = 0;
+        ASSERT_TRUE(same_bits_up_to_zero_sign(row.data(), want + r * m->cols(), m->cols(), false, &diff))
+            << "row " << r << " element " << diff;
+      }
+      ++eight_bit;
+    }
+    EXPECT_EQ(eight_bit, 6);
+    // (This file's values are no model: the modes run on such weights in
+    // ModelQuantization.Int8GroupTensorsBesideInt4AsymRunEveryModeAndQSpecEqualsW4A16.)
+    // Saved and loaded again: the same formats and bytes.
+    q->save_quantized((dir / "saved").string());
+    EXPECT_EQ(read_json(dir / "saved" / qspec::kQuantManifestFile)[qspec::kQuantTensorFormatsField],
+              manifest[qspec::kQuantTensorFormatsField]);
+    auto saved = qspec::LlamaModel::load((dir / "saved").string());
+    const qspec::QuantizedLayerWeights& again = saved->quantized_layers()[0];
+    EXPECT_EQ(again.q_proj.format.format, qspec::quant::Format::int8_group);
+    EXPECT_EQ(again.q_proj.codes, layer.q_proj.codes);
+    EXPECT_EQ(again.down_proj.scales, layer.down_proj.scales);
+    EXPECT_EQ(again.k_proj.format.format, qspec::quant::Format::int4_asym);
+
+    // --all-4bit: every projection int4-asym g32, the six re-quantized.
+    options.all_4bit = true;
+    qspec::convert_gguf((dir / "m.gguf").string(), (dir / "q4").string(), {}, options);
+    const json all4 = read_json(dir / "q4" / qspec::kQuantManifestFile);
+    EXPECT_FALSE(all4.contains(qspec::kQuantTensorFormatsField));
+    EXPECT_EQ(all4["details"]["requantized_types"], json({{"F32", 1}, {type_name, 6}}));
+    auto q4 = qspec::LlamaModel::load((dir / "q4").string());
+    EXPECT_EQ(q4->quantized_layers()[0].q_proj.format.format, qspec::quant::Format::int4_asym);
+
+    // A manifest whose tensor_formats names another format, or is no object, is refused naming it.
+    json bad = manifest;
+    bad[qspec::kQuantTensorFormatsField]["model.layers.0.self_attn.q_proj.weight"]["format"] = "int4";
+    std::ofstream(dir / "q" / qspec::kQuantManifestFile) << bad.dump();
+    std::string error = error_of([&] { qspec::LlamaModel::load((dir / "q").string()); });
+    EXPECT_NE(error.find("tensor_formats[\"model.layers.0.self_attn.q_proj.weight\"]"), std::string::npos) << error;
+    bad[qspec::kQuantTensorFormatsField] = json::array();
+    std::ofstream(dir / "q" / qspec::kQuantManifestFile) << bad.dump();
+    error = error_of([&] { qspec::LlamaModel::load((dir / "q").string()); });
+    EXPECT_NE(error.find("tensor_formats"), std::string::npos) << error;
     fs::remove_all(dir);
   }
 }

@@ -12,6 +12,8 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "model/quantize.h"
+#include "runtime/generate.h"
+#include "runtime/qspec.h"
 #include "qspec/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -280,3 +282,52 @@ TEST(ModelQuantization, HadamardRotationKeepsTheFunction) {
 }
 
 }  // namespace
+
+// 8-bit tensors beside the 4-bit set (a GGUF Q4_K_M's Q5_0 / Q6_K / Q8_0 projections kept as
+// int8-group, quant_checkpoint.h): int4-asym g32 with q / v / gate / down in int8 groups of 32 or
+// 16 (so q/k/v and gate/up mix formats in one fused call) runs every mode; its W4A16 is closer
+// to W16A16 than the all-4-bit set's; greedy QSpec equals greedy W4A16 on it.
+TEST(ModelQuantization, Int8GroupTensorsBesideInt4AsymRunEveryModeAndQSpecEqualsW4A16) {
+  auto four_bit = qspec::LlamaModel::load(kModel);
+  four_bit->quantize_weights(Format::int4_asym, 32);
+  std::vector<qspec::QuantizedLayerWeights> layers = four_bit->quantized_layers();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const qspec::LayerWeights& w = four_bit->layer_weights(static_cast<int64_t>(l));
+    const int64_t group = l % 2 ? 16 : 32;
+    layers[l].q_proj = qspec::quantize_rtn(w.q_proj, Format::int8_group, group);
+    layers[l].v_proj = qspec::quantize_rtn(w.v_proj, Format::int8_group, group);
+    layers[l].gate_proj = qspec::quantize_rtn(w.gate_proj, Format::int8_group, group);
+    layers[l].down_proj = qspec::quantize_rtn(w.down_proj, Format::int8_group, group);
+  }
+  auto mixed = qspec::LlamaModel::load(kModel);
+  mixed->set_quantized_weights(layers, four_bit->quantization());
+  EXPECT_EQ(mixed->quantized_layers()[1].q_proj.format.format, Format::int8_group);
+  EXPECT_EQ(mixed->quantized_layers()[1].q_proj.format.block, 16);
+  EXPECT_LT(mixed->weight_bytes(), four_bit->weight_bytes() * 3);
+  const std::vector<float> w16 = logits_of(*mixed, "w16a16");
+  const double mixed_diff = max_diff(w16, logits_of(*mixed, "w4a16"));
+  const double four_bit_diff = max_diff(w16, logits_of(*four_bit, "w4a16"));
+  EXPECT_LT(mixed_diff, four_bit_diff);
+  for (const char* mode : {"w4a8", "w4a8-fp8", "w4a4-int4", "w4a4-nvfp4", "w4a4-mxfp4"})
+    EXPECT_LT(max_diff(w16, logits_of(*mixed, mode, 32)), 0.5 * max_abs(w16)) << mode;
+  // A model of int8-group weights alone: W4A16 within the f16 rounding of activations.
+  auto eight_bit = qspec::LlamaModel::load(kModel);
+  eight_bit->quantize_weights(Format::int8_group, 32);
+  EXPECT_LT(max_diff(w16, logits_of(*eight_bit, "w4a16")), 0.25 * four_bit_diff);
+
+  qspec::GenerationOptions options;
+  options.max_new_tokens = 24;
+  options.eos_ids = {};
+  options.mode = qspec::parse_run_mode("w4a16");
+  const std::vector<int32_t> want = qspec::generate(*mixed, kPrompt, options).ids;
+  ASSERT_EQ(want.size(), 24u);
+  for (const char* draft : {"w4a8", "w4a4-nvfp4"}) {
+    qspec::QSpecOptions q;
+    q.draft = qspec::parse_run_mode(draft);
+    q.draft.activations.group_size = 32;
+    q.verify = options.mode;
+    q.gamma = 3;
+    q.overwrite_kv = true;
+    EXPECT_EQ(qspec::qspec_generate(*mixed, kPrompt, options, q).ids, want) << draft;
+  }
+}

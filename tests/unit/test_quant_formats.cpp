@@ -1152,3 +1152,42 @@ TEST(QuantFormatsArc, LowersErrorOnOutlierHeavyRows) {
     EXPECT_LT(arc_y, 0.5 * plain_y) << format_name(setting.format);
   }
 }
+
+TEST(QuantFormatsPacking, Int8GroupsHoldAnF32ScaleAGroupAndOneByteACode) {
+  // Groups of 4: amax 127 -> scale 1, codes as the values; amax 254 -> scale 2, 127 -> 63.5 -> 64
+  // (ties to even), -1 -> -0.5 -> 0 (ties to even).
+  const std::vector<float> x = {127, -3, 0.4f, -127, 254, 127, -1, 0};
+  const RowFormat format = make_row_format(Format::int8_group, Role::weight, 8, 4);
+  EXPECT_EQ(format.block, 4);
+  EXPECT_EQ(format.code_bytes(), 8);
+  EXPECT_EQ(format.scale_bytes(), 8);
+  Quantized q = quantize(format, x);
+  EXPECT_EQ(block_scale(q.format, q.scales.data(), 0), 1.0f);
+  EXPECT_EQ(block_scale(q.format, q.scales.data(), 1), 2.0f);
+  EXPECT_EQ(q.codes, (std::vector<uint8_t>{127, 0xfd, 0, 0x81, 127, 64, 0, 0}));
+  for (int i = 0; i < 8; ++i) {
+    const float s = block_scale(q.format, q.scales.data(), i / 4);
+    EXPECT_EQ(bits_of(q.dequantized[i]), bits_of(static_cast<float>(static_cast<int8_t>(q.codes[i])) * s)) << i;
+    EXPECT_EQ(element_value(q.format, q.codes.data(), i), static_cast<float>(static_cast<int8_t>(q.codes[i]))) << i;
+  }
+  // An importer stores any finite scale (a negative one too) and any code, -128 included.
+  std::vector<uint8_t> scales(8), codes = {0x80, 1, 2, 3, 4, 5, 6, 7};
+  store_block_scale(format, scales.data(), 0, -0.5f);
+  store_block_scale(format, scales.data(), 1, 0.25f);
+  std::vector<float> out(8);
+  dequantize_row(format, codes.data(), scales.data(), out.data());
+  EXPECT_EQ(out, (std::vector<float>{64, -0.5f, -1, -1.5f, 1, 1.25f, 1.5f, 1.75f}));
+  EXPECT_THROW(store_block_scale(format, scales.data(), 0, NAN), qspec::Error);
+  EXPECT_THROW(store_block_scale(format, scales.data(), 2, 1.0f), qspec::Error);
+  EXPECT_THROW(store_block_scale(make_row_format(Format::int4, Role::weight, 8, 4), scales.data(), 0, 1.0f),
+               qspec::Error);
+  // A weight format with groups, never an activation one.
+  EXPECT_EQ(parse_format("int8-group"), Format::int8_group);
+  EXPECT_EQ(format_name(Format::int8_group), "int8-group");
+  EXPECT_TRUE(format_has_groups(Format::int8_group));
+  EXPECT_FALSE(format_has_min(Format::int8_group));
+  EXPECT_TRUE(format_supports(Format::int8_group, Role::weight));
+  EXPECT_FALSE(format_supports(Format::int8_group, Role::activation));
+  EXPECT_THROW(make_row_format(Format::int8_group, Role::activation, 8, 4), qspec::Error);
+  EXPECT_THROW(make_row_format(Format::int8_group, Role::weight, 12, 8), qspec::Error);  // K not a multiple
+}

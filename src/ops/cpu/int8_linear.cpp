@@ -82,9 +82,13 @@ std::optional<Int8BlockMatrix> exact_int8_blocks(const WeightMatrix& weight) {
 }
 
 void int8_linear(const float* x, int64_t tokens, const Int8BlockMatrix& weight, const float* bias, float* y) {
+  int8_linear(x, tokens, weight.view(), bias, y);
+}
+
+void int8_linear(const float* x, int64_t tokens, const Int8BlockView& weight, const float* bias, float* y) {
   if (tokens <= 0 || weight.rows == 0) return;
-  const q4::I8Problem problem{x, tokens, &weight, bias, y};
-  const q4::Kernels& kernels = q4::kernels_for(kernel_isa());
+  const q4::I8Problem problem{x, tokens, weight, bias, y};
+  const q4::Kernels& kernels = q4::i8_simd_fits(problem) ? q4::kernels_for(kernel_isa()) : q4::portable_kernels();
   q4::for_row_blocks(weight.rows, weight.cols * tokens,
                      [&](int64_t begin, int64_t end) { kernels.i8(problem, begin, end); });
 }

@@ -11,6 +11,7 @@
 namespace qspec::cpu::q4 {
 
 bool a16_simd_fits(const A16Problem& p) { return p.weight->format.block % 8 == 0; }
+bool i8_simd_fits(const I8Problem& p) { return p.weight.block % 8 == 0; }
 
 bool a8_simd_fits(const A8Problem& p) {
   return p.x->interleaved && (p.weight->format.block % 64 == 0 || p.weight->format.block == 32);
@@ -93,15 +94,15 @@ void a8_portable(const A8Problem& p, int64_t row_begin, int64_t row_end) {
 // int8-block weights: each row decoded (code * scale, exactly the f32 matrix's values), then the
 // f32 order of a16_portable.
 void i8_portable(const I8Problem& p, int64_t row_begin, int64_t row_end) {
-  const Int8BlockMatrix& w = *p.weight;
+  const Int8BlockView& w = p.weight;
   const int64_t n = w.rows, k = w.cols, blocks = w.blocks(), k8 = k / 8 * 8;
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(k));
   for (int64_t r = row_begin; r < row_end; ++r) {
-    const int8_t* codes = w.codes.data() + r * k;
+    const int8_t* codes = w.codes + r * k;
     for (int64_t b = 0; b < blocks; ++b) {
-      const float scale = w.scales[static_cast<size_t>(r * blocks + b)];
-      for (int64_t e = b * Int8BlockMatrix::kBlock; e < (b + 1) * Int8BlockMatrix::kBlock; ++e)
+      const float scale = w.scales[r * blocks + b];
+      for (int64_t e = b * w.block; e < (b + 1) * w.block; ++e)
         row[static_cast<size_t>(e)] = static_cast<float>(codes[e]) * scale;
     }
     for (int64_t t = 0; t < p.tokens; ++t) {

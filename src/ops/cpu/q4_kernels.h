@@ -33,14 +33,15 @@ struct A8Problem {
 struct I8Problem {
   const float* x;  // [tokens, k]
   int64_t tokens;
-  const Int8BlockMatrix* weight;
+  Int8BlockView weight;
   const float* bias;  // may be null
-  float* y;           // [tokens, weight->rows]
+  float* y;           // [tokens, weight.rows]
 };
 
 // What the SIMD kernels need of a problem (the portable ones take any).
 bool a16_simd_fits(const A16Problem& p);  // block % 8 == 0
 bool a8_simd_fits(const A8Problem& p);    // interleaved x, block % 64 == 0 or block == 32
+bool i8_simd_fits(const I8Problem& p);    // block % 8 == 0
 
 struct Kernels {
   void (*a16)(const A16Problem& p, int64_t row_begin, int64_t row_end);

@@ -164,6 +164,19 @@ q4::A16Problem a16_problem(const float* x, int64_t tokens, const LinearOutput& o
   return problem;
 }
 
+// int8-group weights (8-bit tensors beside the 4-bit ones, quant/formats.h) take the int8-block
+// GEMM over their codes and decoded scales: the same f32 order as the 4-bit kernels.
+bool int8_group(const QuantizedMatrix& weight) { return weight.format.format == quant::Format::int8_group; }
+
+q4::I8Problem i8_problem(const float* x, int64_t tokens, const LinearOutput& out) {
+  const QuantizedMatrix& w = *out.weight;
+  QSPEC_CHECK(w.block_scale_values.size() == static_cast<size_t>(w.rows * w.format.blocks()), w.name,
+              ": int8-group scales not decoded (QuantizedMatrix::prepare)");
+  const Int8BlockView view{reinterpret_cast<const int8_t*>(w.codes.data()), w.block_scale_values.data(), w.rows,
+                           w.cols(), w.format.block};
+  return q4::I8Problem{x, tokens, view, out.bias, out.y};
+}
+
 void check_fused(std::span<const LinearOutput> outputs, int64_t k) {
   QSPEC_CHECK(outputs.size() <= q4::kMaxFused, "quantized_linear: ", outputs.size(), " matrices in one call (at most ",
               q4::kMaxFused, ")");
@@ -184,15 +197,26 @@ void quantized_linear(const float* x, int64_t tokens, std::span<const LinearOutp
   const int64_t k = outputs[0].weight->cols();
   check_fused(outputs, k);
   q4::A16Problem problems[q4::kMaxFused];
+  q4::I8Problem int8_problems[q4::kMaxFused];
+  bool int8[q4::kMaxFused];
   const q4::Kernels* kernels[q4::kMaxFused];
   int64_t rows[q4::kMaxFused];
   for (size_t m = 0; m < outputs.size(); ++m) {
-    problems[m] = a16_problem(x, tokens, outputs[m]);
-    kernels[m] = q4::a16_simd_fits(problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    int8[m] = int8_group(*outputs[m].weight);
+    if (int8[m]) {
+      int8_problems[m] = i8_problem(x, tokens, outputs[m]);
+      kernels[m] = q4::i8_simd_fits(int8_problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    } else {
+      problems[m] = a16_problem(x, tokens, outputs[m]);
+      kernels[m] = q4::a16_simd_fits(problems[m]) ? &kernels_for(kernel_isa()) : &q4::portable_kernels();
+    }
     rows[m] = outputs[m].weight->rows;
   }
   q4::for_row_blocks_of(rows, outputs.size(), k * tokens, [&](size_t m, int64_t begin, int64_t end) {
-    kernels[m]->a16(problems[m], begin, end);
+    if (int8[m])
+      kernels[m]->i8(int8_problems[m], begin, end);
+    else
+      kernels[m]->a16(problems[m], begin, end);
   });
 }
 
@@ -323,7 +347,7 @@ void quantized_linear(const Int8Activations& x, std::span<const LinearOutput> ou
   check_fused(outputs, x.k);
   bool integer = true;
   for (const LinearOutput& out : outputs) integer = integer && integer_weights(*out.weight);
-  if (!integer) {  // E2M1 weights take the float GEMM: one call each
+  if (!integer) {  // E2M1 and int8-group weights take the float GEMM: one call each
     for (const LinearOutput& out : outputs) quantized_linear(x, *out.weight, out.bias, out.y);
     return;
   }
@@ -345,7 +369,8 @@ void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, c
               weight.cols());
   if (x.tokens <= 0 || weight.rows == 0) return;
   if (!integer_weights(weight)) {
-    // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
+    // E2M1 and int8-group weights: x's dequantized values (codes * scale, in plain order) through
+    // the float GEMM.
     thread_local std::vector<float> values;
     values.resize(static_cast<size_t>(x.tokens * x.k));
     for (int64_t t = 0; t < x.tokens; ++t)
