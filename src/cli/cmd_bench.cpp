@@ -24,6 +24,7 @@
 #include "bench/replay.h"
 #include "bench/step_costs.h"
 #include "cli/commands.h"
+#include "quant/formats.h"
 #include "model/llama.h"
 #include "qspec/error.h"
 #include "runtime/backend.h"
@@ -523,7 +524,7 @@ void register_bench(CLI::App& app) {
                     "cuda: run one decode step per batch size inside profiler start/stop (ncu --profile-from-start off)");
   command->add_option("--weights", args->weights,
                       "cpu --modes: 4-bit weight format quantized at load by RTN (default int4; a qspec 4-bit "
-                      "checkpoint uses its own): int4|int4-asym|int4-zp|int4-channel|nvfp4|mxfp4; cuda --synthetic: "
+                      "checkpoint uses its own): " + quant::weight_format_names() + "; cuda --synthetic: "
                       "int4|int4-asym|int4-zp (random weights, group 128 or --group-size)");
   command->add_option("--group-size", args->group_size,
                       "cpu --modes: int4 group size along K (0: 128, or the largest of 64, 32 dividing every K); "

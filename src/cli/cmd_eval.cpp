@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "quant/formats.h"
 #include "model/llama.h"
 #include "qspec/engine.h"
 #include "qspec/error.h"
@@ -70,8 +71,8 @@ void add_common_options(CLI::App* command, CommonArgs& args, const char* limit_h
       ->capture_default_str()
       ->delimiter(',');
   command->add_option("--weights", args.weights,
-                      "4-bit weight format, RTN at load (default int4; a qspec 4-bit checkpoint uses its own): "
-                      "int4|int4-asym|int4-zp|int4-channel|nvfp4|mxfp4");
+                      "4-bit weight format, RTN at load (default int4; a qspec 4-bit checkpoint uses its own): " +
+                          quant::weight_format_names());
   command->add_option("--group-size", args.group_size, "int4 group size (0: auto)")->capture_default_str();
   command->add_option("--limit", args.limit, limit_help)->capture_default_str();
   command->add_option("-o,--out", args.out_file, "Write the results as JSON here");

@@ -7,6 +7,7 @@
 
 #include "base/files.h"
 #include "cli/commands.h"
+#include "quant/formats.h"
 #include "model/llama.h"
 #include "ops/sample.h"
 #include "qspec/engine.h"
@@ -192,7 +193,7 @@ void register_generate(CLI::App& app) {
                     "differs from w4a16)");
   command->add_option("--weights", args->weights,
                       "4-bit weight format for w4* modes, quantized at load by RTN (default int4; a qspec "
-                      "4-bit checkpoint uses its own): int4|int4-asym|int4-zp|int4-channel|nvfp4|mxfp4");
+                      "4-bit checkpoint uses its own): " + quant::weight_format_names());
   command->add_option("--group-size", args->group_size, "int4 group size along K (0: 128, or the largest of 64, 32 dividing every K)")->capture_default_str();
   command->callback([args] { run_generate(*args); });
 }

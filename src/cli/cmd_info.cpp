@@ -52,7 +52,7 @@ void run_info(const std::string& model_dir) {
               kv_bytes_per_token * static_cast<double>(c.max_position_embeddings) / (1 << 20));
   if (model->has_quantized_weights()) {
     const QuantizationInfo& info = model->quantization();
-    std::printf("quantization:   %s, %.2f MiB of 4-bit projections\n", model->quantized_format().c_str(),
+    std::printf("quantization:   %s, %.2f MiB of quantized projections\n", model->quantized_format().c_str(),
                 static_cast<double>(model->quantized_weight_bytes()) / (1 << 20));
     if (info.details.contains("calibration")) {
       const auto& calibration = info.details["calibration"];

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "quant/formats.h"
 #include "model/llama.h"
 #include "model/quant_checkpoint.h"
 #include "model/quantize.h"
@@ -44,7 +45,7 @@ void run_quantize(const QuantizeArgs& args) {
   QuantizeOptions options;
   options.format = quant::parse_format(args.format);
   QSPEC_CHECK(quant::format_supports(options.format, quant::Role::weight), "--format ", args.format,
-              " is not a weight format (int4, int4-channel, int4-asym, int4-zp, nvfp4, mxfp4)");
+              " is not a weight format (", quant::weight_format_names(", "), ")");
   options.group_size = args.group_size;
   options.method = args.method;
   options.block_fit = quant::parse_block_fit(args.fit);
@@ -87,7 +88,7 @@ void run_quantize(const QuantizeArgs& args) {
                                        {"command", command_line()}});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::printf("quantized %s -> %s: %s, %.2f MiB of 4-bit projections, %.1f s\n", args.in_dir.c_str(),
+  std::printf("quantized %s -> %s: %s, %.2f MiB of quantized projections, %.1f s\n", args.in_dir.c_str(),
               args.out_dir.c_str(), model->quantized_format().c_str(),
               static_cast<double>(model->quantized_weight_bytes()) / (1 << 20), seconds);
   if (args.arc) {
@@ -113,7 +114,7 @@ void register_quantize(CLI::App& app) {
   CLI::App* command = app.add_subcommand("quantize", "Quantize a checkpoint to 4-bit weights (RTN or GPTQ, optional ARC)");
   command->add_option("in_dir", args->in_dir, "Input model directory (16-bit weights)")->required();
   command->add_option("out_dir", args->out_dir, "Output directory (must not exist)")->required();
-  command->add_option("--format", args->format, "Weight format: int4|int4-channel|int4-asym|int4-zp|nvfp4|mxfp4")->capture_default_str();
+  command->add_option("--format", args->format, "Weight format: " + quant::weight_format_names())->capture_default_str();
   command->add_option("--group-size", args->group_size, "int4 / int4-asym / int4-zp group size along K (0: 128, or 64/32 when 128 does not divide every K)")
       ->capture_default_str();
   command->add_option("--method", args->method, "rtn (round to nearest) or gptq")

@@ -543,7 +543,18 @@ bool LlamaModel::has_arc() const {
 }
 
 std::string LlamaModel::quantized_format() const {
-  return has_quantized_weights() ? quantization_.describe() : std::string();
+  if (!has_quantized_weights()) return std::string();
+  // Projections kept in another format beside the set (a GGUF's 8-bit tensors) are counted.
+  int64_t others = 0;
+  for (const QuantizedLayerWeights& layer : quantized_layers_)
+    for (const QuantizedMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                     &layer.up_proj, &layer.down_proj})
+      others += m->format.format != quantization_.format;
+  std::string text = quantization_.describe();
+  if (others > 0)
+    text += " + " + std::to_string(others) + " of " + std::to_string(7 * quantized_layers_.size()) +
+            " projections int8-group";
+  return text;
 }
 
 size_t LlamaModel::quantized_weight_bytes() const {

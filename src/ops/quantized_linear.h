@@ -51,11 +51,11 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
 // W4A8: y[m, n] = fma(sum over blocks b of s_w[n, b] * S[m, n, b] (one fma a block, in block
 // order), s_x[m], bias[n]) with S the exact integer sum of the block's codes times the weights'
 // int4 values: the CPU twin of cuda::w4_quantized_gemm for int8 activations. For int4 and
-// int4-channel weights, and int4-asym, whose minimum adds fma(m[n, b], Q[m, b], ...) after each
-// block's scale term, Q the exact sum of the token's codes over the block (the per-group
-// activation sum; the sums stay exact integers). Other weight formats get x's dequantized
-// values (codes * scale, what fake quantization gives) through the float GEMM above. bias may
-// be null.
+// int4-channel weights, int8-group (W8A8: the weights' int8 codes), and int4-asym, whose minimum
+// adds fma(m[n, b], Q[m, b], ...) after each block's scale term, Q the exact sum of the token's
+// codes over the block (the per-group activation sum; the sums stay exact integers). Other
+// weight formats (E2M1) get x's dequantized values (codes * scale, what fake quantization gives)
+// through the float GEMM above. bias may be null.
 void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, const float* bias,
                       float* y);
 

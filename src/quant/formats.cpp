@@ -685,6 +685,17 @@ Format parse_format(std::string_view name) {
        "' (known: int4, int4-channel, int4-asym, int4-zp, int8-group, nvfp4, mxfp4, int8, fp8)");
 }
 
+std::string weight_format_names(std::string_view separator) {
+  // Users' order: the symmetric default first, then its variants, then the FP4 formats.
+  std::string names;
+  for (Format format : {Format::int4, Format::int4_asym, Format::int4_zp, Format::int4_channel, Format::int8_group,
+                        Format::nvfp4, Format::mxfp4}) {
+    if (!names.empty()) names += separator;
+    names += format_name(format);
+  }
+  return names;
+}
+
 std::string_view format_name(Format format) {
   for (const auto& entry : kFormatNames)
     if (entry.format == format) return entry.name;
@@ -762,7 +773,7 @@ RowFormat make_row_format(Format format, Role role, int64_t k, int64_t group_siz
   std::string_view name = format_name(format);
   if (!format_supports(format, role)) {
     if (role == Role::weight)
-      fail(name, " is an activation format; weights use int4, int4-channel, int4-asym, int4-zp, int8-group, nvfp4 or mxfp4");
+      fail(name, " is an activation format; weights use ", weight_format_names(", "));
     fail(name, " is a weight format; activations use int4, nvfp4, mxfp4, int8 or fp8");
   }
   QSPEC_CHECK(k > 0, name, ": a row needs at least one value, got K=", k);

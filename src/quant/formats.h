@@ -61,6 +61,7 @@
 // beyond f16) are found block by block and can leave the buffers partly written.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace qspec::quant {
@@ -114,6 +115,9 @@ inline constexpr int kInt4AsymMaxCode = 15;
 // Unknown names throw qspec::Error listing the known ones.
 Format parse_format(std::string_view name);
 std::string_view format_name(Format format);
+// The names of the weight formats, joined by `separator` ("int4|int4-channel|..."): the one list
+// that help texts and errors print.
+std::string weight_format_names(std::string_view separator = "|");
 bool format_supports(Format format, Role role);
 // Formats whose block is a user-chosen group along K (int4, int4-asym, int4-zp, int8-group): the
 // ones a group size applies to.

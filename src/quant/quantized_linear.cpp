@@ -131,7 +131,7 @@ void QuantizedMatrix::dequantize_row(int64_t row, float* out) const {
 QuantizedMatrix quantize_rtn(const WeightMatrix& weight, quant::Format format, int64_t group_size,
                              quant::BlockFit fit) {
   QSPEC_CHECK(quant::format_supports(format, quant::Role::weight), weight.name, ": '",
-              quant::format_name(format), "' is not a weight format (int4, int4-channel, int4-asym, int4-zp, int8-group, nvfp4, mxfp4)");
+              quant::format_name(format), "' is not a weight format (", quant::weight_format_names(", "), ")");
   QuantizedMatrix out;
   out.name = weight.name;
   out.rows = weight.rows;

@@ -281,7 +281,8 @@ TEST(CpuInt8Linear, ABf16CheckpointKeepsItsLmHeadAsLoaded) {
 
 // int8-group weights (quant::Format::int8_group: a GGUF's Q8_0 / Q5_0 / Q6_K projections kept at
 // 8 bits) in the 4-bit GEMM's entry points: groups of 16 and 32 and of 12 (portable only), alone
-// and fused with 4-bit matrices, give cpu::linear's bits on their dequantized f32 matrix.
+// and fused with 4-bit matrices, give cpu::linear's bits on their dequantized f32 matrix, and
+// under int8 activations the exact integer W8A8 sums.
 TEST(CpuInt8Linear, Int8GroupWeightsGiveTheF32GemmOfTheirValuesInEveryEntryPoint) {
   IsaGuard guard;
   const int64_t rows = 37, cols = 192;
@@ -329,18 +330,37 @@ TEST(CpuInt8Linear, Int8GroupWeightsGiveTheF32GemmOfTheirValuesInEveryEntryPoint
         qspec::cpu::quantized_linear(x.data(), tokens, std::span<const qspec::cpu::LinearOutput>(outputs));
         expect_same_bits(fused, y, what + " fused");
         expect_same_bits(fused4, y4, what + " fused, the 4-bit matrix");
-        // int8 activations (w4a8): x's dequantized values through the float GEMM.
+        // int8 activations (w4a8 drafts): W8A8, the exact integer sum of each group's code products
+        // under the weights' group scale, times the token's scale (the int4 kernels' order):
+        // y = fma(sum_b s_w[b] * S_b (one fma a group, in order), s_x, bias).
         qspec::cpu::Int8Activations codes;
         qspec::cpu::quantize_activations_int8(x.data(), tokens, cols, codes);
-        std::vector<float> xq = x;
-        qspec::ActivationMode a8;
-        a8.kind = qspec::ActivationMode::Kind::quantized;
-        a8.format = qspec::quant::Format::int8;
-        qspec::cpu::apply_activation_mode(a8, xq.data(), tokens, cols);
-        std::vector<float> want8(reference.size()), got8(reference.size(), NAN);
-        qspec::cpu::quantized_linear(xq.data(), tokens, w, bias.data(), want8.data());
+        std::vector<float> got8(reference.size(), NAN), fused8(reference.size(), NAN), fused84(y4.size(), NAN);
         qspec::cpu::quantized_linear(codes, w, bias.data(), got8.data());
-        expect_same_bits(got8, want8, what + " int8 activations");
+        const qspec::quant::RowFormat a8 =
+            qspec::quant::make_row_format(qspec::quant::Format::int8, qspec::quant::Role::activation, cols);
+        std::vector<uint8_t> token_codes(cols), token_scale(4);
+        for (int64_t t = 0; t < tokens; ++t) {
+          qspec::quant::quantize_row(a8, x.data() + t * cols, token_codes.data(), token_scale.data());
+          const float sx = qspec::quant::block_scale(a8, token_scale.data(), 0);
+          for (int64_t r = 0; r < rows; ++r) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < cols / group; ++b) {
+              int32_t sum = 0;
+              for (int64_t i = b * group; i < (b + 1) * group; ++i)
+                sum += int32_t{static_cast<int8_t>(token_codes[i])} * static_cast<int8_t>(w.codes[r * cols + i]);
+              acc = std::fma(w.block_scale_values[r * (cols / group) + b], static_cast<float>(sum), acc);
+            }
+            ASSERT_EQ(got8[t * rows + r], std::fma(acc, sx, bias[r])) << what << " int8 activations, output " << r;
+            // Within the activations' rounding of the f32 GEMM: each code is within s_x / 2 of x.
+            double bound = 1e-4;
+            for (int64_t i = 0; i < cols; ++i) bound += 0.5 * sx * std::fabs(values[r * cols + i]) * 1.001;
+            ASSERT_NEAR(got8[t * rows + r], reference[t * rows + r], bound) << what;
+          }
+        }
+        const qspec::cpu::LinearOutput outputs8[] = {{&four_bit, nullptr, fused84.data()}, {&w, bias.data(), fused8.data()}};
+        qspec::cpu::quantized_linear(codes, std::span<const qspec::cpu::LinearOutput>(outputs8));
+        expect_same_bits(fused8, got8, what + " int8 activations, fused");
       }
     }
   }

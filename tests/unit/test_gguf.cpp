@@ -541,6 +541,7 @@ TEST(Gguf, KeepFourBitKeepsQ5_0Q6_KAndQ8_0ProjectionsAsInt8Group) {
 
     auto f32 = qspec::SafetensorsFile::open((dir / "f32" / "model.safetensors").string());
     auto q = qspec::LlamaModel::load((dir / "q").string());
+    EXPECT_EQ(q->quantized_format(), "int4-asym g32 gguf + 6 of 7 projections int8-group");
     const qspec::QuantizedLayerWeights& layer = q->quantized_layers()[0];
     int eight_bit = 0;
     for (const qspec::QuantizedMatrix* m : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,

@@ -14,7 +14,8 @@ bool a16_simd_fits(const A16Problem& p) { return p.weight->format.block % 8 == 0
 bool i8_simd_fits(const I8Problem& p) { return p.weight.block % 8 == 0; }
 
 bool a8_simd_fits(const A8Problem& p) {
-  return p.x->interleaved && (p.weight->format.block % 64 == 0 || p.weight->format.block == 32);
+  return p.x->interleaved && p.weight->format.format != quant::Format::int8_group &&
+         (p.weight->format.block % 64 == 0 || p.weight->format.block == 32);
 }
 
 namespace {
@@ -63,28 +64,32 @@ void a8_portable(const A8Problem& p, int64_t row_begin, int64_t row_end) {
       codes[static_cast<size_t>(t * k + e)] = x.codes[static_cast<size_t>(t * k + position)];
     }
   const bool asym = w.has_min();
+  const bool int8 = w.format.format == quant::Format::int8_group;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row_codes = w.codes.data() + r * w.format.code_bytes();
-    for (int64_t e = 0; e < k; ++e) {
-      const int nibble = (row_codes[e / 2] >> (4 * (e & 1))) & 0xf;
-      // int4: two's complement -8..7; int4-asym: the unsigned code 0..15.
-      values[static_cast<size_t>(e)] = static_cast<int8_t>(asym ? nibble : (nibble ^ 8) - 8);
-    }
+    // int8-group: the codes themselves, one byte each.
+    const int8_t* row_values = int8 ? reinterpret_cast<const int8_t*>(row_codes) : values.data();
+    if (!int8)
+      for (int64_t e = 0; e < k; ++e) {
+        const int nibble = (row_codes[e / 2] >> (4 * (e & 1))) & 0xf;
+        // int4: two's complement -8..7; int4-asym: the unsigned code 0..15.
+        values[static_cast<size_t>(e)] = static_cast<int8_t>(asym ? nibble : (nibble ^ 8) - 8);
+      }
     const float* scales = w.block_scale_values.data() + r * blocks;
     const float* mins = asym ? w.block_min_values.data() + r * blocks : nullptr;
     for (int64_t t = 0; t < x.tokens; ++t) {
       const int8_t* q = codes.data() + t * k;
       float acc = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
-        int32_t sum = 0;  // exact: |sum| <= k * 127 * 15
-        int32_t code_sum = 0;  // the block's activation codes, for the minimum's term
-        for (int64_t e = b * block; e < (b + 1) * block; ++e) {
-          sum += int32_t{q[e]} * values[static_cast<size_t>(e)];
-          code_sum += q[e];
-        }
+        int32_t sum = 0;  // exact: |sum| <= block * 127 * 128
+        for (int64_t e = b * block; e < (b + 1) * block; ++e) sum += int32_t{q[e]} * row_values[e];
         acc = std::fma(scales[b], static_cast<float>(sum), acc);
-        // int4-asym: sum_e q_e (s c_e + m) = s * sum + m * sum_e q_e.
-        if (asym) acc = std::fma(mins[b], static_cast<float>(code_sum), acc);
+        // int4-asym: sum_e q_e (s c_e + m) = s * sum + m * sum_e q_e (the block's activation codes).
+        if (asym) {
+          int32_t code_sum = 0;
+          for (int64_t e = b * block; e < (b + 1) * block; ++e) code_sum += q[e];
+          acc = std::fma(mins[b], static_cast<float>(code_sum), acc);
+        }
       }
       p.y[t * n + r] = std::fma(acc, x.scales[static_cast<size_t>(t)], p.bias ? p.bias[r] : 0.0f);
     }

@@ -338,7 +338,8 @@ void quantize_activations_int8(const float* x, int64_t tokens, int64_t k, Int8Ac
 namespace {
 bool integer_weights(const QuantizedMatrix& weight) {
   const quant::Format format = weight.format.format;
-  return format == quant::Format::int4 || format == quant::Format::int4_channel || quant::format_has_min(format);
+  return format == quant::Format::int4 || format == quant::Format::int4_channel || quant::format_has_min(format) ||
+         format == quant::Format::int8_group;
 }
 }  // namespace
 
@@ -347,7 +348,7 @@ void quantized_linear(const Int8Activations& x, std::span<const LinearOutput> ou
   check_fused(outputs, x.k);
   bool integer = true;
   for (const LinearOutput& out : outputs) integer = integer && integer_weights(*out.weight);
-  if (!integer) {  // E2M1 and int8-group weights take the float GEMM: one call each
+  if (!integer) {  // E2M1 weights take the float GEMM: one call each
     for (const LinearOutput& out : outputs) quantized_linear(x, *out.weight, out.bias, out.y);
     return;
   }
@@ -369,8 +370,7 @@ void quantized_linear(const Int8Activations& x, const QuantizedMatrix& weight, c
               weight.cols());
   if (x.tokens <= 0 || weight.rows == 0) return;
   if (!integer_weights(weight)) {
-    // E2M1 and int8-group weights: x's dequantized values (codes * scale, in plain order) through
-    // the float GEMM.
+    // E2M1 weights: x's dequantized values (codes * scale, in plain order) through the float GEMM.
     thread_local std::vector<float> values;
     values.resize(static_cast<size_t>(x.tokens * x.k));
     for (int64_t t = 0; t < x.tokens; ++t)
