@@ -280,13 +280,13 @@ TEST(CpuInt8Linear, ABf16CheckpointKeepsItsLmHeadAsLoaded) {
 }
 
 // int8-group weights (quant::Format::int8_group: a GGUF's Q8_0 / Q5_0 / Q6_K projections kept at
-// 8 bits) in the 4-bit GEMM's entry points: groups of 16 and 32 and of 12 (portable only), alone
+// 8 bits) in the 4-bit GEMM's entry points: groups of 16, 32, 64 and of 12 (portable only), alone
 // and fused with 4-bit matrices, give cpu::linear's bits on their dequantized f32 matrix, and
 // under int8 activations the exact integer W8A8 sums.
 TEST(CpuInt8Linear, Int8GroupWeightsGiveTheF32GemmOfTheirValuesInEveryEntryPoint) {
   IsaGuard guard;
   const int64_t rows = 37, cols = 192;
-  for (int64_t group : {16, 32, 12}) {
+  for (int64_t group : {16, 32, 12, 64}) {
     const qspec::WeightMatrix source = f32_matrix(random_values(static_cast<size_t>(rows * cols), 41), rows, cols);
     const qspec::QuantizedMatrix w = qspec::quantize_rtn(source, qspec::quant::Format::int8_group, group);
     ASSERT_EQ(w.format.format, qspec::quant::Format::int8_group);

@@ -14,8 +14,9 @@ bool a16_simd_fits(const A16Problem& p) { return p.weight->format.block % 8 == 0
 bool i8_simd_fits(const I8Problem& p) { return p.weight.block % 8 == 0; }
 
 bool a8_simd_fits(const A8Problem& p) {
-  return p.x->interleaved && p.weight->format.format != quant::Format::int8_group &&
-         (p.weight->format.block % 64 == 0 || p.weight->format.block == 32);
+  const int64_t block = p.weight->format.block;
+  if (p.weight->format.format == quant::Format::int8_group) return p.x->interleaved && (block % 32 == 0 || block == 16);
+  return p.x->interleaved && (block % 64 == 0 || block == 32);
 }
 
 namespace {

@@ -40,7 +40,7 @@ struct I8Problem {
 
 // What the SIMD kernels need of a problem (the portable ones take any).
 bool a16_simd_fits(const A16Problem& p);  // block % 8 == 0
-bool a8_simd_fits(const A8Problem& p);    // interleaved x, block % 64 == 0 or block == 32
+bool a8_simd_fits(const A8Problem& p);    // interleaved x, block % 64 == 0 or block == 32 (int8-group: % 32, or 16)
 bool i8_simd_fits(const I8Problem& p);    // block % 8 == 0
 
 struct Kernels {
