@@ -145,6 +145,12 @@ TEST(CliErrors, NonDirectoryCheckpointsPointToConvert) {
       << result.stderr_text;
   result = run_qspec("info '" + dir.string() + "'");  // a directory holding one
   EXPECT_NE(result.stderr_text.find("qspec convert gguf"), std::string::npos) << result.stderr_text;
+  // --all-4bit only with --keep-4bit, refused before the file is read.
+  result = run_qspec("convert gguf '" + (dir / "model.gguf").string() + "' '" + (dir / "out").string() + "' --all-4bit");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.stderr_text.find("--all-4bit applies to --keep-4bit conversions only"), std::string::npos)
+      << result.stderr_text;
+  EXPECT_FALSE(fs::exists(dir / "out"));
   fs::remove(dir / "model.gguf");
   std::ofstream(dir / "stories.bin", std::ios::binary) << std::string(4096, '\1');
   std::ofstream(dir / "tok512.bin", std::ios::binary) << std::string(16, '\1');
