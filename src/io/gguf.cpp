@@ -445,17 +445,54 @@ void dequantize_q4_0(const uint8_t* block, float* y) {  // d, qs[16]
   }
 }
 
-void dequantize_q5_0(const uint8_t* block, float* y) {  // d, qh (32 fifth bits), qs[16]
-  const float d = load_f16(block);
+// The 5-, 6- and 8-bit blocks as int8 codes and the scales of their groups (value = code * scale,
+// the product ggml's reference computes): what gguf_dequantize decodes and gguf_to_int8_group
+// stores. Q8_0 and Q5_0: one group of 32; Q6_K: sixteen groups of 16.
+void q8_0_codes(const uint8_t* block, int8_t* codes, float* scales) {  // d, qs[32]
+  for (int j = 0; j < 32; ++j) codes[j] = static_cast<int8_t>(block[2 + j]);
+  scales[0] = load_f16(block);
+}
+
+void q5_0_codes(const uint8_t* block, int8_t* codes, float* scales) {  // d, qh (32 fifth bits), qs[16]
   uint32_t qh;
   std::memcpy(&qh, block + 2, sizeof qh);
   const uint8_t* qs = block + 6;
   for (int j = 0; j < 16; ++j) {
     const int high0 = static_cast<int>((qh >> j) << 4 & 0x10);
     const int high1 = static_cast<int>((qh >> (j + 12)) & 0x10);
-    y[j] = static_cast<float>(((qs[j] & 0x0F) | high0) - 16) * d;
-    y[j + 16] = static_cast<float>(((qs[j] >> 4) | high1) - 16) * d;
+    codes[j] = static_cast<int8_t>(((qs[j] & 0x0F) | high0) - 16);
+    codes[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | high1) - 16);
   }
+  scales[0] = load_f16(block);
+}
+
+// ql[128], qh[64], scales[16], d: 16-value sub-block j has scale d * sc_j (exact in f32).
+void q6_k_codes(const uint8_t* block, int8_t* codes, float* scales) {
+  const float d = load_f16(block + 208);
+  const uint8_t* ql = block;
+  const uint8_t* qh = block + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
+  for (int half = 0; half < 2; ++half) {
+    int8_t* q = codes + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      q[l + 0] = static_cast<int8_t>(((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+      q[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      q[l + 64] = static_cast<int8_t>(((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      q[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+    }
+    ql += 64;
+    qh += 32;
+  }
+  for (int j = 0; j < 16; ++j) scales[j] = d * static_cast<float>(sc[j]);
+}
+
+// y = code * scale over a block of N values in groups of G.
+template <int N, int G, void (*Codes)(const uint8_t*, int8_t*, float*)>
+void dequantize_int8_codes(const uint8_t* block, float* y) {
+  int8_t codes[N];
+  float scales[N / G];
+  Codes(block, codes, scales);
+  for (int j = 0; j < N; ++j) y[j] = static_cast<float>(codes[j]) * scales[j / G];
 }
 
 void dequantize_q4_1(const uint8_t* block, float* y) {  // d, m, qs[16]
@@ -468,11 +505,6 @@ void dequantize_q4_1(const uint8_t* block, float* y) {  // d, m, qs[16]
     y[j] = static_cast<float>(x0) * d + m;
     y[j + 16] = static_cast<float>(x1) * d + m;
   }
-}
-
-void dequantize_q8_0(const uint8_t* block, float* y) {  // d, qs[32]
-  const float d = load_f16(block);
-  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(block[2 + j])) * d;
 }
 
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
@@ -506,30 +538,6 @@ void dequantize_q4_k(const uint8_t* block, float* y) {  // d, dmin, scales[12], 
   }
 }
 
-void dequantize_q6_k(const uint8_t* block, float* y) {  // ql[128], qh[64], scales[16], d
-  const float d = load_f16(block + 208);
-  const uint8_t* ql = block;
-  const uint8_t* qh = block + 128;
-  const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
-  for (int n = 0; n < 256; n += 128) {
-    for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
-      y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-      y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-      y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
-    }
-    y += 128;
-    ql += 64;
-    qh += 32;
-    sc += 8;
-  }
-}
-
 }  // namespace
 
 void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst) {
@@ -556,10 +564,10 @@ void gguf_dequantize(uint32_t type, const uint8_t* src, size_t count, float* dst
       return;
     case GgmlType::Q4_0: decode_block = dequantize_q4_0; break;
     case GgmlType::Q4_1: decode_block = dequantize_q4_1; break;
-    case GgmlType::Q5_0: decode_block = dequantize_q5_0; break;
-    case GgmlType::Q8_0: decode_block = dequantize_q8_0; break;
+    case GgmlType::Q5_0: decode_block = dequantize_int8_codes<32, 32, q5_0_codes>; break;
+    case GgmlType::Q8_0: decode_block = dequantize_int8_codes<32, 32, q8_0_codes>; break;
     case GgmlType::Q4_K: decode_block = dequantize_q4_k; break;
-    case GgmlType::Q6_K: decode_block = dequantize_q6_k; break;
+    case GgmlType::Q6_K: decode_block = dequantize_int8_codes<256, 16, q6_k_codes>; break;
     default:
       fail("ggml type ", ggml_type_name(type), " is not supported (supported: ", kSupportedTypes, ")");
   }
@@ -651,21 +659,30 @@ void gguf_to_int4_asym(uint32_t type, const uint8_t* src, int64_t rows, int64_t 
 
 // ---- 5-, 6- and 8-bit blocks as int8-group rows (gguf.h) ----
 
-int64_t gguf_int8_group_size(uint32_t type) {
+namespace {
+
+// A type's int8-group form: its group and block decoder (above); group 0 where it has none.
+struct Int8CodesForm {
+  int64_t group;
+  void (*decode)(const uint8_t* block, int8_t* codes, float* scales);
+};
+Int8CodesForm int8_codes_form(uint32_t type) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::Q8_0:
-    case GgmlType::Q5_0:
-      return 32;
-    case GgmlType::Q6_K:
-      return 16;
-    default:
-      return 0;
+    case GgmlType::Q8_0: return {32, q8_0_codes};
+    case GgmlType::Q5_0: return {32, q5_0_codes};
+    case GgmlType::Q6_K: return {16, q6_k_codes};
+    default: return {0, nullptr};
   }
 }
 
+}  // namespace
+
+int64_t gguf_int8_group_size(uint32_t type) { return int8_codes_form(type).group; }
+
 void gguf_to_int8_group(uint32_t type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* codes,
                         uint8_t* scales) {
-  const int64_t group = gguf_int8_group_size(type);
+  const Int8CodesForm form = int8_codes_form(type);
+  const int64_t group = form.group;
   QSPEC_CHECK(group > 0, "ggml type ", ggml_type_name(type), " has no int8-group form (Q8_0, Q5_0 and Q6_K do)");
   const GgmlTypeInfo* info = ggml_type_info(type);
   QSPEC_CHECK(rows >= 0 && cols > 0 && cols % info->block_size == 0, "int8-group import: ", cols,
@@ -678,47 +695,10 @@ void gguf_to_int8_group(uint32_t type, const uint8_t* src, int64_t rows, int64_t
     try {
       for (int64_t b = 0; b < blocks_per_row; ++b) {
         const uint8_t* block = src + (r * blocks_per_row + b) * info->type_size;
-        int8_t* out = row_codes + b * info->block_size;
-        switch (static_cast<GgmlType>(type)) {
-          case GgmlType::Q8_0:  // d, qs[32]
-            for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(block[2 + j]);
-            quant::store_block_scale(format, row_scales, b, load_f16(block));
-            break;
-          case GgmlType::Q5_0: {  // d, qh (32 fifth bits), qs[16]: as dequantize_q5_0
-            uint32_t qh;
-            std::memcpy(&qh, block + 2, sizeof qh);
-            const uint8_t* qs = block + 6;
-            for (int j = 0; j < 16; ++j) {
-              const int high0 = static_cast<int>((qh >> j) << 4 & 0x10);
-              const int high1 = static_cast<int>((qh >> (j + 12)) & 0x10);
-              out[j] = static_cast<int8_t>(((qs[j] & 0x0F) | high0) - 16);
-              out[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | high1) - 16);
-            }
-            quant::store_block_scale(format, row_scales, b, load_f16(block));
-            break;
-          }
-          default: {  // Q6_K: ql[128], qh[64], scales[16], d; as dequantize_q6_k
-            const float d = load_f16(block + 208);
-            const uint8_t* ql = block;
-            const uint8_t* qh = block + 128;
-            const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
-            for (int half = 0; half < 2; ++half) {
-              int8_t* y = out + 128 * half;
-              for (int l = 0; l < 32; ++l) {
-                y[l + 0] = static_cast<int8_t>(((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
-                y[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                y[l + 64] = static_cast<int8_t>(((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                y[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-              }
-              // Sub-block j of this half (16 values, in order) has scale d * sc[8 half + j].
-              for (int j = 0; j < 8; ++j)
-                quant::store_block_scale(format, row_scales, b * 16 + 8 * half + j,
-                                         d * static_cast<float>(sc[8 * half + j]));
-              ql += 64;
-              qh += 32;
-            }
-          }
-        }
+        float block_scales[16];
+        form.decode(block, row_codes + b * info->block_size, block_scales);
+        for (int64_t g = 0; g < info->block_size / group; ++g)
+          quant::store_block_scale(format, row_scales, b * (info->block_size / group) + g, block_scales[g]);
       }
     } catch (const Error& error) {
       fail(ggml_type_name(type), " row ", r, ": ", error.what());

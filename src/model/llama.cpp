@@ -438,7 +438,7 @@ void LlamaModel::set_quantized_weights(std::vector<QuantizedLayerWeights> layers
       QSPEC_CHECK(m.rows == rows && m.cols() == cols, m.name, ": 4-bit matrix is [", m.rows, " x ", m.cols(),
                   "], expected [", rows, " x ", cols, "]");
       // One 4-bit format, and beside it only the 8-bit tensors an import keeps (quant_checkpoint.h).
-      QSPEC_CHECK(m.format.format == info.format || m.format.format == quant::Format::int8_group, m.name, ": format ",
+      QSPEC_CHECK(m.format.format == info.format || m.format.format == quant::kSideWeightFormat, m.name, ": format ",
                   quant::format_name(m.format.format), " differs from the model's ", quant::format_name(info.format));
     };
     check(layer.q_proj, c.q_dim(), c.hidden_size, LinearSite::attention_in);
@@ -552,8 +552,8 @@ std::string LlamaModel::quantized_format() const {
       others += m->format.format != quantization_.format;
   std::string text = quantization_.describe();
   if (others > 0)
-    text += " + " + std::to_string(others) + " of " + std::to_string(7 * quantized_layers_.size()) +
-            " projections int8-group";
+    text += " + " + std::to_string(others) + " of " + std::to_string(7 * quantized_layers_.size()) + " projections " +
+            std::string(quant::format_name(quant::kSideWeightFormat));
   return text;
 }
 

@@ -60,7 +60,7 @@ nlohmann::json read_quant_manifest(const std::string& path) {
       QSPEC_CHECK(entry.is_object() && entry.contains("format") && entry["format"].is_string() &&
                       entry.contains("group_size") && entry["group_size"].is_number_integer(),
                   where, ": expected {\"format\": string, \"group_size\": integer}");
-      quant::Format tensor_format = quant::Format::int8_group;
+      quant::Format tensor_format = quant::kSideWeightFormat;
       try {
         tensor_format = quant::parse_format(entry["format"].get<std::string>());
       } catch (const Error& error) {
@@ -68,8 +68,8 @@ nlohmann::json read_quant_manifest(const std::string& path) {
       }
       // Only the 8-bit tensors an import keeps beside the 4-bit set: every other format of a
       // checkpoint is its one "format".
-      QSPEC_CHECK(tensor_format == quant::Format::int8_group, where, ": format '", quant::format_name(tensor_format),
-                  "' (a projection's own format can only be int8-group)");
+      QSPEC_CHECK(tensor_format == quant::kSideWeightFormat, where, ": format '", quant::format_name(tensor_format),
+                  "' (a projection's own format can only be ", quant::format_name(quant::kSideWeightFormat), ")");
       const int64_t group = entry["group_size"].get<int64_t>();
       QSPEC_CHECK(group > 0 && group % 2 == 0, where, ": group_size ", group, " must be positive and even");
     }

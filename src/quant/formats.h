@@ -106,6 +106,9 @@ enum class Role : uint8_t { weight, activation };
 inline constexpr int64_t kDefaultGroupSize = 128;  // int4 groups along K
 // The weight format `qspec quantize` and `--weights` use when none is named.
 inline constexpr Format kDefaultWeightFormat = Format::int4;
+// The one format a projection may have beside its checkpoint's own (the manifest's
+// "tensor_formats"): the 8-bit tensors of a GGUF kept exactly (qspec convert gguf --keep-4bit).
+inline constexpr Format kSideWeightFormat = Format::int8_group;
 // int4-asym / int4-zp: the bytes of one group's (scale, minimum) pair, and its largest code.
 inline constexpr int64_t kInt4AsymScaleBytes = 8;
 inline constexpr int kInt4AsymMaxCode = 15;
