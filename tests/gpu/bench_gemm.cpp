@@ -10,13 +10,15 @@
 //
 // usage: qspec_gpu_bench OUT.json [--quick] [--group 128] [--weights int4] [--shapes qkv,o,...] [--ms 1,2,16]
 //        [--variants 1,3] [--x-staging 1,2] [--tiles 1,2,3,4] [--splits 0,4,8] [--no-baselines] [--profile]
-//        [--int8] [--x-packed]
+//        [--int8] [--x-packed] [--w8a16 G]
 // --variants: small-M kernel variants (m <= 128; 5, the preload kernel, m <= 16 on sm_90a); --tiles: tiled kernel tiles (every m; 5 = wgmma, sm_90a; 0 = the
 // launcher's choice by m; rows w4a16_tiled_<rows>x<tokens>); --splits applies to both (0 = the
 // heuristic; the tiled kernel caps splits by its workspace, sized for its own heuristic).
 // --weights int4|int4-asym|int4-zp: the weight format (cuda::make_synthetic_w4a16, as synthetic
 // models); int4-asym / int4-zp time only the W4A16 paths that run them (w4a16_runs_zero_points).
 // --profile: no timing, each selected W4A16 launch twice without graphs (for ncu).
+// --w8a16 G: W8A16 rows too (int8-group weights of group G, ops/w8a16_pack.h: w8a16_kernel, and
+// w8a16_dequant_cublas beyond 16 tokens), bytes = int8 codes + f32 scales + x + y.
 // --int8: W4A8 instead (int8 activations quantized on the GPU, the tiled kernel's tiles), with
 // the measured mma.sync peaks (s8, f16) and cuBLAS's plain int8 GEMM (int8 weights, int32 out) as
 // the baseline; rows report TOP/s and the fraction of the s8 peak (the large-M, compute-bound view).
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
     }
     return values;
   };
-  int64_t group = 128;
+  int64_t group = 128, w8a16_group = 0;
   qspec::quant::Format weight_format = qspec::quant::Format::int4;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
       for (int64_t v : parse_list(argv[++i])) tiles.push_back(static_cast<int>(v));
     }
     else if (arg == "--group" && i + 1 < argc) group = std::atoll(argv[++i]);
+    else if (arg == "--w8a16" && i + 1 < argc) w8a16_group = std::atoll(argv[++i]);
     else if (arg == "--weights" && i + 1 < argc) {
       try {
         weight_format = qspec::quant::parse_format(argv[++i]);
@@ -231,6 +234,24 @@ int main(int argc, char** argv) {
       for (int c = 0; c < w16_copies; ++c) {
         w16.emplace_back(w16_bytes);
         cuda::fill_random_f16(w16.back().as<uint16_t>(), w16_bytes / 2, -0.05f, 0.05f, 300 + c, stream);
+      }
+      // --w8a16 G: int8-group weights of that group (random codes, scales in [0.001, 0.01]) in the
+      // W8A16 layout (ops/w8a16_pack.h), as many copies as cover 3x the L2 cache.
+      const size_t w8_code_bytes = static_cast<size_t>(row_blocks * 16 * shape.k);
+      const size_t w8_scale_count = w8a16_group > 0 ? static_cast<size_t>(row_blocks * 16 * (shape.k / w8a16_group)) : 0;
+      const size_t w8a16_bytes = w8_code_bytes + 4 * w8_scale_count;
+      std::vector<cuda::DeviceMemory> w8_codes, w8_scales;
+      std::vector<cuda::W8A16Weights> w8_views;
+      if (w8a16_group > 0 && !int8) {
+        std::vector<float> scales(w8_scale_count);
+        for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.001f + 0.009f * static_cast<float>((i * 2654435761u) % 1000) / 1000.0f;
+        for (int c = 0; c < cuda::weight_copies_beyond_l2(w8a16_bytes); ++c) {
+          w8_codes.emplace_back(w8_code_bytes);
+          cuda::fill_random_u32(w8_codes.back().as<uint32_t>(), w8_code_bytes / 4, 500 + c, stream);
+          w8_scales.emplace_back(scales.size() * 4);
+          cuda::copy_to_device(w8_scales.back().get(), scales.data(), scales.size() * 4);
+          w8_views.push_back({w8_codes.back().get(), w8_scales.back().as<float>(), shape.n, shape.k, w8a16_group});
+        }
       }
       cuda::DeviceMemory x(static_cast<size_t>(max_m * shape.k) * 2), y(static_cast<size_t>(max_m * shape.n) * 2);
       cuda::fill_random_f16(x.as<uint16_t>(), static_cast<size_t>(max_m * shape.k), -1.0f, 1.0f, 7, stream);
@@ -499,6 +520,20 @@ int main(int argc, char** argv) {
               },
               w4_batch, warmup, reps, stream);
           report("w4a16_dequant_cublas", t, static_cast<double>(w4_bytes), w4_batch);
+        }
+        if (!w8_views.empty() && !profile) {
+          const int copies = static_cast<int>(w8_views.size()), batch = std::max(8, copies);
+          for (auto path : {cuda::W8A16Path::kernel, cuda::W8A16Path::dequant_cublas}) {
+            if (path == cuda::W8A16Path::dequant_cublas && (!baselines || m <= 16)) continue;
+            const cuda::ReplayTimes t = cuda::time_replays(
+                [&](void* s, int i) {
+                  cuda::w8a16_gemm(blas, x.as<uint16_t>(), m, shape.k, w8_views[i % copies], y.as<uint16_t>(), shape.n,
+                                   dequant_workspace.get(), dequant_ws, s, path);
+                },
+                batch, warmup, reps, stream);
+            report(path == cuda::W8A16Path::kernel ? "w8a16_kernel" : "w8a16_dequant_cublas", t,
+                   static_cast<double>(w8a16_bytes), batch);
+          }
         }
         // The f16 weights' GEMM on one W16Kernel, streamed over the weight copies.
         auto time_w16 = [&](cuda::W16Kernel kernel, const std::string& name) {

@@ -610,6 +610,82 @@ TEST(GpuEngine, ArcCheckpointWithZeroPointsEqualsTheCpu) {
   }
 }
 
+// int8-group weights beside int4-asym ones (what `qspec convert gguf --keep-4bit` makes of a
+// Q4_K_M file: 8-bit q / v / gate / down, 4-bit k / up / o, groups of 16 and 32 in alternate
+// layers, so q|k|v and gate|up split into runs of one format) in the GPU engine: W4A16 greedy
+// output equals the CPU engine's (the 8-bit projections on the W8A16 kernel, f32 group scales on
+// both), greedy QSpec equals it with quantized-activation drafts (the 4-bit parts quantize, the
+// 8-bit ones run W8A16 in every mode) and a W4A16 sparse-cache draft (window 64, 4 sinks), and the drafts are accepted
+// (>= 50 %); a model of int8-group weights alone too. 24 eval problems.
+TEST(GpuEngine, Int8GroupWeightsBesideFourBitEqualTheCpu) {
+  ASSERT_NO_FATAL_FAILURE(require_gpu());
+  auto tokenizer = qspec::Tokenizer::load(kModelDir);
+  auto four_bit = qspec::LlamaModel::load(kModelDir);
+  four_bit->quantize_weights(qspec::quant::Format::int4_asym, 32);
+  std::vector<qspec::QuantizedLayerWeights> layers = four_bit->quantized_layers();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const qspec::LayerWeights& w = four_bit->layer_weights(static_cast<int64_t>(l));
+    const int64_t group = l % 2 ? 16 : 32;
+    for (auto [target, source] : {std::pair{&layers[l].q_proj, &w.q_proj}, {&layers[l].v_proj, &w.v_proj},
+                                  {&layers[l].gate_proj, &w.gate_proj}, {&layers[l].down_proj, &w.down_proj}})
+      *target = qspec::quantize_rtn(*source, qspec::quant::Format::int8_group, group);
+  }
+  auto mixed = qspec::LlamaModel::load(kModelDir);
+  mixed->set_quantized_weights(layers, four_bit->quantization());
+  auto eight_bit = qspec::LlamaModel::load(kModelDir);
+  eight_bit->quantize_weights(qspec::quant::Format::int8_group, 32);
+
+  std::vector<qspec::Request> plain;
+  for (const auto& prompt : question_prompts(*tokenizer, 24)) {
+    qspec::Request request;
+    request.prompt = prompt;
+    request.max_new_tokens = 96;
+    request.plan.mode = "w4a16";
+    plain.push_back(request);
+  }
+  for (auto [model, name] : {std::pair{mixed.get(), "mixed int8-group / int4-asym"}, {eight_bit.get(), "int8-group"}}) {
+    SCOPED_TRACE(name);
+    qspec::EngineOptions cpu_options = batching_options();
+    cpu_options.device = "cpu";
+    qspec::Engine cpu_engine(*model, tokenizer.get(), cpu_options);
+    const std::vector<std::vector<int32_t>> expected = run_all(cpu_engine, plain).ids;
+    qspec::Engine gpu_engine(*model, tokenizer.get(), batching_options());
+    auto check = [&](const std::vector<qspec::Request>& requests, const std::string& what) {
+      const Outputs gpu = run_all(gpu_engine, requests);
+      size_t identical = 0;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (gpu.ids[i] == expected[i]) ++identical;
+        EXPECT_EQ(gpu.ids[i], expected[i]) << what << " problem " << i;
+      }
+      std::printf("  %s weights, GPU %s == CPU W4A16 greedy on %zu / %zu problems\n", name, what.c_str(), identical,
+                  requests.size());
+    };
+    check(plain, "w4a16");
+    // w4a16 with a 64-position window and 4 sinks: a W4A16 draft over a sparse view of the cache.
+    for (const char* draft : {"w4a8", "w4a4-nvfp4", "w4a16"}) {
+      std::vector<qspec::Request> requests = plain;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        requests[i].plan.mode = "qspec";
+        requests[i].plan.draft = draft;
+        if (std::string(draft) == "w4a16") {
+          requests[i].plan.draft_window = 64;
+          requests[i].plan.draft_sinks = 4;
+        }
+        requests[i].plan.verify = "w4a16";
+        requests[i].plan.gamma = 1 + static_cast<int64_t>(i % 4);
+      }
+      const qspec::QSpecMetrics before = gpu_engine.metrics().qspec;
+      check(requests, std::string("QSpec (") + draft + " drafts)");
+      const qspec::QSpecMetrics after = gpu_engine.metrics().qspec;
+      EXPECT_GE(static_cast<double>(after.accepted - before.accepted),
+                0.5 * static_cast<double>(after.drafted - before.drafted))
+          << draft << " drafts";
+      std::printf("    %s: accepted %lld / %lld drafts\n", draft, static_cast<long long>(after.accepted - before.accepted),
+                  static_cast<long long>(after.drafted - before.drafted));
+    }
+  }
+}
+
 // int4-asym and int4-zp weights (zero points, issue 55) in the GPU engine: W4A16 greedy output equals the CPU
 // engine's on the same weights (f16 group scales and minimums on the GPU, f32 on the CPU), and
 // greedy QSpec equals it, under continuous batching, with the drafts that run W4A16's kernels (a

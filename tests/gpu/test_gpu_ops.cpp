@@ -32,6 +32,7 @@
 #include "gemm/dpr.h"
 #include "ops/w4_bitplanes.h"
 #include "ops/w4a16_pack.h"
+#include "ops/w8a16_pack.h"
 #include "gemm/cuda/gemm_dispatch.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -2119,6 +2120,70 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
 // One workspace serves every path, as in the model: a large-M launch (dequantize + cuBLAS) must
 // leave the split-K counters of the small-M kernel zero, so a split-K decode launch after a
 // long prefill gives the same bits as on a fresh workspace (it once did not).
+// int8-group weights (the 8-bit tensors a GGUF keeps beside its 4-bit ones) on the GPU: the
+// dequantization gives f16(code * scale) exactly, and the W8A16 GEMM, on the kernel (64 tokens a
+// launch) and through dequantize + cuBLAS, equals the CPU's quantized_linear on the same matrix
+// within the f16 bound: groups of 16 (GGUF Q6_K) / 32 (Q8_0, Q5_0) / 64, odd n (the last row
+// block's rows past n), k tails of one 32-k chunk, padded x and y rows, 1-300 tokens.
+TEST_F(Gpu, W8A16MatchesCpuOverShapesAndPaths) {
+  struct Shape {
+    int64_t n, k, group;
+  };
+  const std::vector<Shape> shapes = {{33, 96, 32}, {256, 256, 16}, {130, 704, 64}, {1000, 160, 32},
+                                     {640, 2048, 16}, {4096, 4096, 32}};
+  const std::vector<int64_t> ms = {1, 2, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 300};
+  qspec::cuda::Blas blas;
+  for (const Shape& s : shapes) {
+    const qspec::QuantizedMatrix weight = random_quantized(s.n, s.k, qspec::quant::Format::int8_group, s.group);
+    const qspec::gemm::W8A16Packed packed = qspec::gemm::pack_w8a16(weight);
+    auto d_codes = upload(packed.codes);
+    auto d_scales = upload(packed.scales);
+    const cuda::W8A16Weights w{d_codes.get(), d_scales.as<float>(), packed.n, packed.k, packed.group};
+    const std::string shape = " n" + std::to_string(s.n) + " k" + std::to_string(s.k) + " g" + std::to_string(s.group);
+    {
+      auto d_out = poisoned(static_cast<size_t>(s.n * s.k) * 2);
+      cuda::w8a16_dequantize(w, d_out.as<f16>(), nullptr);
+      const std::vector<f16> out = download<f16>(d_out, static_cast<size_t>(s.n * s.k));
+      std::vector<float> row(static_cast<size_t>(s.k));
+      for (int64_t r = 0; r < s.n; ++r) {
+        weight.dequantize_row(r, row.data());
+        for (int64_t c = 0; c < s.k; ++c)
+          ASSERT_EQ(out[r * s.k + c], qspec::f32_to_f16(row[c])) << "dequantize" << shape << " " << r << "," << c;
+      }
+    }
+    for (int64_t m : ms) {
+      if (s.n * s.k * m > 3e9) continue;  // CPU reference time
+      const int64_t ldx = s.k + 8, ldy = s.n + 3;
+      const std::vector<float> x = random_f16_values(static_cast<size_t>(m * ldx));
+      std::vector<float> x_dense(static_cast<size_t>(m * s.k));
+      for (int64_t t = 0; t < m; ++t)
+        std::copy(x.begin() + t * ldx, x.begin() + t * ldx + s.k, x_dense.begin() + t * s.k);
+      std::vector<float> expected(static_cast<size_t>(m * s.n));
+      qspec::cpu::quantized_linear(x_dense.data(), m, weight, nullptr, expected.data());
+      auto d_x = upload(to_f16(x));
+      const size_t bytes = cuda::w8a16_workspace_bytes(m, s.n, s.k, cuda::W8A16Path::dequant_cublas);
+      cuda::DeviceMemory workspace(bytes);
+      for (auto path : {cuda::W8A16Path::automatic, cuda::W8A16Path::kernel, cuda::W8A16Path::dequant_cublas}) {
+        auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
+        cuda::w8a16_gemm(blas, d_x.as<f16>(), m, ldx, w, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr, path);
+        const std::vector<float> y = from_f16(download<f16>(d_y, static_cast<size_t>(m * ldy)));
+        std::vector<float> got(expected.size());
+        for (int64_t t = 0; t < m; ++t) {
+          std::copy(y.begin() + t * ldy, y.begin() + t * ldy + s.n, got.begin() + t * s.n);
+          for (int64_t c = s.n; c < ldy; ++c)  // the padding between rows is never written
+            ASSERT_TRUE(std::isnan(y[static_cast<size_t>(t * ldy + c)])) << "row pitch" << shape << " m" << m;
+        }
+        const char* name = path == cuda::W8A16Path::kernel ? "kernel" : path == cuda::W8A16Path::dequant_cublas
+                                                                            ? "dequant+cublas" : "automatic";
+        EXPECT_CLOSE(got, expected, 3e-3, std::string("w8a16 ") + name + shape + " m" + std::to_string(m));
+      }
+    }
+  }
+  // Shapes the kernel does not take are refused, naming why.
+  const qspec::QuantizedMatrix odd_group = random_quantized(16, 96, qspec::quant::Format::int8_group, 24);
+  EXPECT_THROW((void)qspec::gemm::pack_w8a16(odd_group), qspec::Error);
+}
+
 TEST_F(Gpu, W4A16WorkspaceIsSharedAcrossPaths) {
   const int64_t n = 256, k = 704;
   const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, 64);
@@ -2395,7 +2460,6 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
   for (auto [n, k, group] : {std::tuple{28672, 4096, 128}, {2 * 1040, 160, 32}, {2 * 48, 704, 64}, {2 * 336, 96, 32},
                              {2 * 528, 2048, 128}}) {
     const bool zero_points = format != qspec::quant::Format::int4;
-    const bool asym = format == qspec::quant::Format::int4_asym;
     if (zero_points && !cuda::w4a16_runs_zero_points(cuda::W4A16Path::tiled, 17)) continue;
     const qspec::QuantizedMatrix weight = zero_points ? random_zero_point_weights(n, k, group, format)
                                                       : random_quantized(n, k, qspec::quant::Format::int4, group);
@@ -2409,11 +2473,11 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
       const size_t bytes = cuda::w4a16_workspace_bytes(m, n, k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
       cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
-      // int4-asym at groups of 128: the wgmma tiles from 17 tokens (w4a16_tiled.cu, zero_point_tile);
-      // int4 from 17 tokens too (default_tile: 128x32, 128x64 or, where 256-row tiles fill one wave,
-      // 256x64); int4-zp past 64.
-      const bool int4 = format == qspec::quant::Format::int4;
-      const bool wgmma_takes_it = (m > 64 || (asym && group == 128) || int4) && cuda::w4a16_wgmma_tile_runs_here();
+      // Where the tiled path's own tile (tile 0) is a wgmma one, which has no SwiGLU epilogue: past 64
+      // tokens, and from 17 where the automatic path reads x in the packed order (int4 by
+      // default_tile; int4-asym / int4-zp by the same rule unless QSPEC_W4A16_ZP_WGMMA_17_64=0).
+      const bool wgmma_takes_it = cuda::w4a16_wgmma_tile_runs_here() &&
+                                  (m > 64 || cuda::w4a16_gemm_reads_packed_x(m, w.view));
       if (n == 28672 && qspec::cuda::multiprocessor_count() == 132) {
         EXPECT_EQ(qspec::w4_gemm_swiglu_epilogue(nullptr, w.view, m, workspace.get(), bytes).kernel ==
                       qspec::SwigluGemm::Kernel::tiled,
@@ -2438,8 +2502,8 @@ TEST_F(Gpu, W4A16TiledSwigluEqualsGemmThenSiluMulBitwise) {
     }
     // Where the tiled GEMM splits k (a few row tiles, a workspace for the partials), the
     // dispatcher keeps SwiGLU out of it: its bits are not the one-split kernel's.
-    // (int4-asym at groups of 128 and int4 run the wgmma tiles here on sm_90a)
-    if (n == 2 * 528 && !asym && !(format == qspec::quant::Format::int4 && cuda::w4a16_wgmma_tile_runs_here())) {
+    // (not where 17 tokens take a wgmma tile, which has no SwiGLU epilogue: every format on sm_90a)
+    if (n == 2 * 528 && !(cuda::w4a16_wgmma_tile_runs_here() && cuda::w4a16_gemm_reads_packed_x(17, w.view))) {
       const size_t bytes = cuda::w4a16_workspace_bytes(17, n, k, cuda::W4A16Path::tiled);
       cuda::DeviceMemory workspace(bytes);
       EXPECT_FALSE(qspec::w4_gemm_takes_swiglu_epilogue(nullptr, w.view, 17, workspace.get(), bytes));

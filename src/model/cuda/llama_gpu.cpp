@@ -8,11 +8,13 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 #include <tuple>
 
 #include "base/dtype.h"
 #include "base/env.h"
 #include "ops/w4a16_pack.h"
+#include "ops/w8a16_pack.h"
 #include "gemm/cuda/gemm_dispatch.h"
 #include "ops/cuda/device_info.h"
 #include "ops/cuda/ops.h"
@@ -74,10 +76,43 @@ struct Linear {
   // is elementwise), so the input arrives reordered, rows k wide with zeros past in_k: no gather.
   bool input_ordered = false;
   bool reordered() const { return site.calibrated(); }
+  // int8-group weights (the 8-bit tensors a GGUF keeps, ops/w8a16_pack.h) in codes / scales,
+  // viewed by view8. They run W8A16 in every mode: their bytes are the same at any activation
+  // precision, and a draft's cheaper activations pay off on the 4-bit weights.
+  bool int8 = false;
+  cuda::W8A16Weights view8{};
+  // A fused projection whose parts differ in format (a GGUF's q / k at 4 bits beside its v at 8):
+  // one Linear a run of same-format parts, each writing rows [part_row0[i], + parts[i].n) of the
+  // output.
+  std::vector<Linear> parts;
+  std::vector<int64_t> part_row0;
+  bool split() const { return !parts.empty(); }
+  // Run whole by the 4-bit kernels (one W4A16Weights view: the GEMM policy, SwiGLU and packed-x
+  // epilogues, the bit planes apply).
+  bool four_bit() const { return quantized && !int8 && !split(); }
 
-  size_t bytes() const { return w16.bytes() + codes.bytes() + scales.bytes(); }  // what a step reads
+  size_t bytes() const {  // what a step reads
+    size_t total = w16.bytes() + codes.bytes() + scales.bytes();
+    for (const Linear& part : parts) total += part.bytes();
+    return total;
+  }
   bool has_min() const { return view.has_min(); }
 };
+
+// Calls fn on every Linear the 4-bit kernels run whole: the linear itself, or a split one's 4-bit parts.
+template <typename L, typename Fn>
+void for_each_four_bit(L& linear, Fn&& fn) {
+  if (linear.four_bit()) fn(linear);
+  for (auto& part : linear.parts)
+    if (part.four_bit()) fn(part);
+}
+// The same for int8-group weights.
+template <typename L, typename Fn>
+void for_each_int8(L& linear, Fn&& fn) {
+  if (linear.int8) fn(linear);
+  for (auto& part : linear.parts)
+    if (part.int8) fn(part);
+}
 
 Linear make_linear(std::initializer_list<const WeightMatrix*> parts, const std::string& name) {
   Linear linear;
@@ -115,10 +150,80 @@ QuantizedMatrix permute_rows(const QuantizedMatrix& m, const std::vector<int32_t
   return out;
 }
 
-// Packed rows come in blocks of 16, so parts stack by concatenating their packed bytes when
-// each has a multiple of 16 rows (true of every Llama/Qwen/Mistral shape).
+// int8-group parts (ops/w8a16_pack.h) stacked as make_linear stacks 4-bit ones.
+Linear make_int8_linear(std::span<const QuantizedMatrix* const> parts, const std::string& name) {
+  Linear linear;
+  linear.quantized = true;
+  linear.int8 = true;
+  std::vector<int8_t> codes;
+  std::vector<float> scales;
+  int64_t group = 0;
+  for (const QuantizedMatrix* part : parts) {
+    const gemm::W8A16Packed packed = gemm::pack_w8a16(*part);
+    if (linear.n == 0) {
+      linear.k = packed.k;
+      group = packed.group;
+    }
+    QSPEC_CHECK(packed.k == linear.k && packed.group == group, "GPU model: ", name,
+                ": 8-bit parts with different input sizes or groups");
+    QSPEC_CHECK(parts.size() == 1 || packed.n % 16 == 0, "GPU model: ", name, ": ", part->name, " has ", packed.n,
+                " rows; fused projections need multiples of 16");
+    linear.n += packed.n;
+    codes.insert(codes.end(), packed.codes.begin(), packed.codes.end());
+    scales.insert(scales.end(), packed.scales.begin(), packed.scales.end());
+  }
+  linear.codes = upload(codes, name + " codes");
+  linear.scales = upload(scales, name + " scales");
+  linear.view8 = {linear.codes.get(), linear.scales.as<float>(), linear.n, linear.k, group};
+  linear.in_k = linear.k;
+  return linear;
+}
+
+Linear make_linear(std::span<const QuantizedMatrix* const> parts, const std::string& name, const ArcSite& site = {});
 Linear make_linear(std::initializer_list<const QuantizedMatrix*> parts, const std::string& name,
                    const ArcSite& site = {}) {
+  return make_linear(std::span<const QuantizedMatrix* const>(parts.begin(), parts.size()), name, site);
+}
+
+// A projection with int8-group parts: one Linear a run of same-format parts (split when the
+// formats mix), each run's rows at their offset of the output.
+Linear make_mixed_linear(std::span<const QuantizedMatrix* const> parts, const std::string& name,
+                         const ArcSite& site) {
+  QSPEC_CHECK(!site.calibrated(), "GPU model: ", name,
+              ": ARC calibration of a projection with int8-group (8-bit) weights is not on the GPU");
+  auto is_int8 = [](const QuantizedMatrix* m) { return m->format.format == quant::Format::int8_group; };
+  std::vector<Linear> runs;
+  std::vector<int64_t> row0;
+  int64_t rows = 0;
+  for (size_t begin = 0; begin < parts.size();) {
+    size_t end = begin + 1;
+    while (end < parts.size() && is_int8(parts[end]) == is_int8(parts[begin])) ++end;
+    const auto run = parts.subspan(begin, end - begin);
+    QSPEC_CHECK(parts.size() == 1 || std::all_of(run.begin(), run.end(), [](auto* m) { return m->rows % 16 == 0; }),
+                "GPU model: ", name, ": fused projections need multiples of 16 rows");
+    runs.push_back(is_int8(parts[begin]) ? make_int8_linear(run, name) : make_linear(run, name));
+    row0.push_back(rows);
+    rows += runs.back().n;
+    begin = end;
+  }
+  if (runs.size() == 1) return std::move(runs.front());
+  Linear linear;
+  linear.quantized = true;
+  linear.n = rows;
+  linear.k = linear.in_k = runs.front().k;
+  for (const Linear& run : runs)
+    QSPEC_CHECK(run.k == linear.k, "GPU model: ", name, ": parts with different input sizes");
+  linear.parts = std::move(runs);
+  linear.part_row0 = std::move(row0);
+  return linear;
+}
+
+// Packed rows come in blocks of 16, so parts stack by concatenating their packed bytes when
+// each has a multiple of 16 rows (true of every Llama/Qwen/Mistral shape).
+Linear make_linear(std::span<const QuantizedMatrix* const> parts, const std::string& name, const ArcSite& site) {
+  if (std::any_of(parts.begin(), parts.end(),
+                  [](const QuantizedMatrix* m) { return m->format.format == quant::Format::int8_group; }))
+    return make_mixed_linear(parts, name, site);
   Linear linear;
   linear.quantized = true;
   std::vector<uint8_t> codes;
@@ -397,8 +502,10 @@ struct GpuLlama::State {
     verify_graphs_by_shape.clear();
     gemm_policy = std::move(policy);
     for (Layer& layer : layers)
-      for (Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
-        const bool wanted = linear->quantized && gemm_policy && gemm_policy->uses(gemm::Strategy::bitwise_b1, linear->n, linear->k) &&
+      for (Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+        for_each_four_bit(*whole, [&](Linear& four_bit) {
+        Linear* linear = &four_bit;
+        const bool wanted = gemm_policy && gemm_policy->uses(gemm::Strategy::bitwise_b1, linear->n, linear->k) &&
                             cuda::w4_bitwise_supports(linear->view, quant::Format::int8);
         if (!wanted) {
           linear->bitplanes = DeviceMemory();
@@ -407,11 +514,11 @@ struct GpuLlama::State {
           cuda::w4_bitplanes_from_packed(linear->view, linear->bitplanes.get(), stream);
         }
         linear->view.bitplanes = linear->bitplanes.get();
-      }
+      });
     cuda::stream_synchronize(stream);
   }
-  void w4_gemm(const W4GemmInput& input, const Linear& linear, int64_t m, f16_bits* y) {
-    dispatch_w4_gemm(gemm_policy.get(), *blas, input, m, linear.view, y, linear.n, gemm_workspace.get(),
+  void w4_gemm(const W4GemmInput& input, const Linear& linear, int64_t m, f16_bits* y, int64_t ldy) {
+    dispatch_w4_gemm(gemm_policy.get(), *blas, input, m, linear.view, y, ldy, gemm_workspace.get(),
                      gemm_workspace_bytes, stream);
   }
   // The ARC residual channels a calibrated site's quantized input carries in an ARC step (none
@@ -425,38 +532,51 @@ struct GpuLlama::State {
     return activations == GpuActivations::fp8 &&
            w4_fp8_gemm_takes_e4m3(gemm_policy.get(), linear.view, m, gemm_workspace_bytes);
   }
-  void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y) {
-    w4_gemm(W4GemmInput{nullptr, 0, &xq}, linear, m, y);
+  void quantized_gemm(const cuda::QuantizedActivations& xq, const Linear& linear, int64_t m, f16_bits* y,
+                      int64_t ldy = 0) {
+    w4_gemm(W4GemmInput{nullptr, 0, &xq}, linear, m, y, ldy > 0 ? ldy : linear.n);
   }
   // Whether the GEMM of `linear` over m tokens reads its x in the W4A16 packed k order, so the
   // kernel making x writes it so (rmsnorm's y_packed, silu_mul's out_packed): f16 activations on
   // int4 weights in their own order, the built-in choice (no policy map, or the map names builtin
   // there) on a wgmma tile (w4_gemm_reads_packed_x). QSPEC_W4A16_PACKED_X=0: never (A/B runs).
   bool reads_packed_x(const Linear& linear, int64_t m) const {
-    return packed_x_allowed() && linear.quantized && activations == GpuActivations::f16 && !linear.reordered() &&
+    return packed_x_allowed() && linear.four_bit() && activations == GpuActivations::f16 && !linear.reordered() &&
            !linear.input_ordered && linear.k == linear.in_k && w4_gemm_reads_packed_x(gemm_policy.get(), linear.view, m);
   }
   // x_in: m rows of linear.in_k values, x_ld apart (0: contiguous); an input_ordered linear's rows
   // hold its k values (zeros past in_k). x_packed: x_in in the packed k order (reads_packed_x).
+  // y_ld: y's row pitch (0: linear.n; a split projection's parts write their rows of a wider y).
   void gemm(const Linear& linear, const f16_bits* x_in, int64_t m, f16_bits* y, int64_t x_ld = 0,
-            bool x_packed = false) {
+            bool x_packed = false, int64_t y_ld = 0) {
     QSPEC_CHECK(!x_packed || reads_packed_x(linear, m), "GPU model: x in the packed order for a GEMM that reads it so only");
+    if (y_ld == 0) y_ld = linear.n;
+    if (linear.split()) {  // formats mixed: one GEMM a part, quantizing x (if at all) each
+      for (size_t i = 0; i < linear.parts.size(); ++i)
+        gemm(linear.parts[i], x_in, m, y + linear.part_row0[i], x_ld, false, y_ld);
+      return;
+    }
+    if (linear.int8) {
+      cuda::w8a16_gemm(*blas, x_in, m, x_ld > 0 ? x_ld : linear.k, linear.view8, y, y_ld, gemm_workspace.get(),
+                       gemm_workspace_bytes, stream);
+      return;
+    }
     if (linear.input_ordered) {  // already reordered, zero tail: straight to the GEMM or its quantizer
       QSPEC_CHECK(x_ld >= linear.k, "GPU model: an input-ordered projection needs rows of ", linear.k, " values");
       if (activations == GpuActivations::f16) {
-        w4_gemm(W4GemmInput{x_in, x_ld, nullptr}, linear, m, y);
+        w4_gemm(W4GemmInput{x_in, x_ld, nullptr}, linear, m, y, y_ld);
       } else {
         quantized_gemm(cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, x_ld,
                                                   x_codes.get(), x_codes_stride, x_scales.as<float>(),
                                                   x_scales_stride, stream, arc_residual(linear),
                                                   fp8_codes_for(linear, m)),
-                       linear, m, y);
+                       linear, m, y, y_ld);
       }
       return;
     }
     if (x_ld == 0) x_ld = linear.in_k;
     if (!linear.quantized) {
-      QSPEC_CHECK(x_ld == linear.k, "GPU model: f16 projections take contiguous rows");
+      QSPEC_CHECK(x_ld == linear.k && y_ld == linear.n, "GPU model: f16 projections take contiguous rows");
       cuda::linear_w16(*blas, x_in, m, linear.k, linear.w16.as<uint16_t>(), linear.n, y, cuda::Dtype16::f16, stream);
       return;
     }
@@ -466,7 +586,7 @@ struct GpuLlama::State {
                                            linear.order.as<int32_t>(), linear.k, x_codes.get(), x_codes_stride,
                                            x_scales.as<float>(), x_scales_stride, stream, arc_residual(linear),
                                            fp8_codes_for(linear, m)),
-                     linear, m, y);
+                     linear, m, y, y_ld);
       return;
     }
     int64_t ldx = x_ld;
@@ -477,14 +597,14 @@ struct GpuLlama::State {
       ldx = x_codes_stride;
     }
     if (activations == GpuActivations::f16) {
-      w4_gemm(W4GemmInput{x_in, ldx, nullptr, x_packed}, linear, m, y);
+      w4_gemm(W4GemmInput{x_in, ldx, nullptr, x_packed}, linear, m, y, y_ld);
       return;
     }
     const cuda::QuantizedActivations xq =
         cuda::quantize_activations(activation_format(), activation_group, x_in, m, linear.k, ldx, x_codes.get(),
                                    x_codes_stride, x_scales.as<float>(), x_scales_stride, stream, arc_residual(linear),
                                    fp8_codes_for(linear, m));
-    quantized_gemm(xq, linear, m, y);
+    quantized_gemm(xq, linear, m, y, y_ld);
   }
   // residual += delta (when there is one), normed = rmsnorm(residual) (f16 into normed_out), then
   // the GEMM; steps with quantized activations quantize inside the norm (the f16 row is never
@@ -493,7 +613,7 @@ struct GpuLlama::State {
                       int64_t tokens, f16_bits* normed_out, f16_bits* y) {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
-    if (int8_step() && !linear.reordered()) {
+    if (int8_step() && linear.four_bit() && !linear.reordered()) {
       auto* codes = x_codes.as<int8_t>();
       auto* scales = x_scales.as<float>();
       if (delta == nullptr)
@@ -504,7 +624,7 @@ struct GpuLlama::State {
       quantized_gemm(cuda::int8_activations(codes, scales, x_codes_stride), linear, tokens, y);
       return;
     }
-    if (linear.quantized && activations != GpuActivations::f16) {  // every other format, and ARC sites
+    if (linear.four_bit() && activations != GpuActivations::f16) {  // every other format, and ARC sites
       const cuda::QuantizedActivations xq = cuda::rmsnorm_quantize(
           activation_format(), activation_group, residual, delta, norm.as<float>(), tokens, hidden, eps,
           linear.reordered() ? linear.order.as<int32_t>() : nullptr, linear.reordered() ? linear.k : hidden,
@@ -535,7 +655,7 @@ struct GpuLlama::State {
       return value == "separate";
     }();
     if (swiglu == Swiglu::never || (swiglu == Swiglu::automatic && separate_by_env)) return {};
-    if (!gate_up.quantized || activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
+    if (!gate_up.four_bit() || activations != GpuActivations::f16 || gate_up.reordered() || gate_up.input_ordered ||
         gate_up.in_k != config.hidden_size || config.recipe().activation != MlpActivation::silu)
       return {};  // (the GEMM epilogues compute SwiGLU only: GeGLU runs gelu_tanh_mul after the GEMM)
     if (swiglu == Swiglu::always && cuda::w4a16_swiglu_runs(gate_up.view, m))
@@ -697,8 +817,9 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   const size_t code_bytes =
       t * static_cast<size_t>((reordered_inputs ? 4 : 2) * x_codes_stride + 4 * x_scales_stride);
   for (const Layer& layer : layers)
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      if (linear->quantized)
+    for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      for_each_four_bit(*whole, [&](const Linear& four_bit) {
+        const Linear* linear = &four_bit;
         for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}, int64_t{256},
                           int64_t{512}, max_step_tokens})
           if (m <= max_step_tokens) {
@@ -713,13 +834,23 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
                   gemm_workspace_bytes,
                   cuda::w4a16_workspace_bytes(m, linear->n, linear->k, cuda::w4a16_choose_path(m, linear->view)));
           }
+      });
+  // int8-group weights: the dequantized f16 copy of their prefill path.
+  for (const Layer& layer : layers)
+    for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      for_each_int8(*whole, [&](const Linear& linear) {
+        gemm_workspace_bytes =
+            std::max(gemm_workspace_bytes, cuda::w8a16_workspace_bytes(max_step_tokens, linear.n, linear.k));
+      });
   // Zero points under quantized activations (drafts too): the tokens' group sums of the
   // correction, when it makes them once (cuda::ZeroPointSums).
   for (const Layer& layer : layers)
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      if (linear->quantized && linear->has_min())
-        gemm_workspace_bytes = std::max(gemm_workspace_bytes,
-                                        cuda::w4_zero_point_correction_workspace_bytes(max_step_tokens, linear->view));
+    for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      for_each_four_bit(*whole, [&](const Linear& linear) {
+        if (linear.has_min())
+          gemm_workspace_bytes = std::max(gemm_workspace_bytes,
+                                          cuda::w4_zero_point_correction_workspace_bytes(max_step_tokens, linear.view));
+      });
   // Split-K attention partials for decode and verify batches; a long prefill plans fewer splits
   // to fit (it fills the GPU without them).
   attention_workspace_bytes = cuda::attention_workspace_bytes(
@@ -780,8 +911,8 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   if (!policy && options.auto_gemm_policy && quantized) {
     std::vector<std::pair<int64_t, int64_t>> shapes;
     for (const Layer& layer : layers)
-      for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-        if (linear->quantized) shapes.emplace_back(linear->n, linear->k);
+      for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+        for_each_four_bit(*whole, [&](const Linear& linear) { shapes.emplace_back(linear.n, linear.k); });
     const std::string found = gemm::find_policy_map(gemm::default_policy_dirs(), cuda::device_name(), shapes);
     if (!found.empty()) {
       policy = std::make_shared<const gemm::PolicyMap>(gemm::PolicyMap::load(found));
@@ -1368,13 +1499,16 @@ void GpuLlama::check_activations(GpuActivations activations) const {
   QSPEC_CHECK(s.quantized, "GPU model: quantized activations need 4-bit weights (this model runs w16a16)");
   const bool int4 = activations == GpuActivations::int4 || activations == GpuActivations::int4_arc;
   for (const Layer& layer : s.layers)
-    for (const Linear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+    for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+      QSPEC_CHECK(!is_arc(activations) || whole->reordered(),
+                  "GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
+      for_each_four_bit(*whole, [&](const Linear& four_bit) {
+      const Linear* linear = &four_bit;
       QSPEC_CHECK(!int4 || (s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
                             linear->k % s.activation_group == 0 && linear->in_k % s.activation_group == 0),
                   "GPU model: int4 activation groups of ", s.activation_group, " must be a multiple of the weight group ",
                   linear->view.group, " and divide k ", linear->in_k, " (and ", linear->k, " with augmented columns)");
-      QSPEC_CHECK(!is_arc(activations) || linear->reordered(),
-                  "GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
+      });
     }
 }
 

@@ -13,6 +13,7 @@
 #include "ops/cuda/sample.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/gemm_w4a16.h"
+#include "ops/cuda/gemm_w8a16.h"
 #include "ops/cuda/mma_peak.h"
 #include "ops/cuda/quantize.h"
 #include "ops/cuda/gemm_w4_lowbit.h"
