@@ -4,8 +4,9 @@
 //
 // The kernel (ops/cuda/kernels/w8a16.cuh) computes y^T = W x^T with mma.sync m16n8k16: 16 weight
 // rows are the A operand, 8 tokens the B operand, and every m16n8k16 covers 16 consecutive k
-// values, so a group of 16 (GGUF Q6_K) or any multiple of 16 ends on an mma boundary and the
-// group's scale is applied to that group's exact sum (f32), never folded into f16 weights.
+// values, so a group of 16 (GGUF Q6_K) or of a power of two from 32 (Q8_0, Q5_0: 32) ends on an
+// mma boundary and the group's scale is applied to that group's exact sum (f32), never folded into
+// f16 weights.
 //
 // Layout, per row block of 16 rows (rows past n are zero codes with zero scales), 16 * k bytes:
 //   chunk c (32 k values: k tiles j = 0, 1 of 16): 512 bytes = 32 lanes x 16 bytes; lane L = 4g + t
@@ -30,7 +31,7 @@ namespace qspec::gemm {
 
 struct W8A16Packed {
   int64_t n = 0, k = 0;
-  int64_t group = 0;             // the format's group: a multiple of 16 that divides k
+  int64_t group = 0;             // the format's group (w8a16_group_supported), dividing k
   std::vector<int8_t> codes;     // row_blocks() * k * 16 bytes
   std::vector<float> scales;     // row_blocks() * groups() * 16 (pairs s[r], s[r + 8])
 
@@ -40,8 +41,13 @@ struct W8A16Packed {
   float value(int64_t row, int64_t col) const;
 };
 
-// Whether the W8A16 kernel takes this matrix: int8-group with a group that is a multiple of 16,
-// and k a multiple of 32 (a chunk). The reason it does not, else "".
+// The groups the W8A16 kernel takes: 16 (a scale a k tile) or a power of two from 32 (a scale
+// every 2^s chunks of 32), which every GGUF 8-bit block and every usual RTN group is.
+inline bool w8a16_group_supported(int64_t group) {
+  return group == 16 || (group >= 32 && (group & (group - 1)) == 0);
+}
+// Whether the W8A16 kernel takes this matrix: int8-group with a supported group, k a multiple of
+// 32 (a chunk) and of the group. The reason it does not, else "".
 std::string w8a16_unsupported_reason(const QuantizedMatrix& weight);
 // Throws qspec::Error naming the matrix where w8a16_unsupported_reason says why not.
 W8A16Packed pack_w8a16(const QuantizedMatrix& weight);

@@ -125,6 +125,7 @@ TEST(W8A16Pack, RefusesWhatTheKernelDoesNotTake) {
     return std::string();
   };
   EXPECT_NE(message(random_int8_group(16, 48, 16, 1)).find("k a multiple of 32"), std::string::npos);
+  EXPECT_NE(message(random_int8_group(16, 96, 48, 3)).find("groups of 16 or a power of two"), std::string::npos);
   qspec::QuantizedMatrix four_bit = random_int8_group(16, 64, 32, 2);
   four_bit.format.format = qspec::quant::Format::int4;
   EXPECT_NE(message(four_bit).find("takes int8-group"), std::string::npos);

@@ -17,8 +17,8 @@ std::string w8a16_unsupported_reason(const QuantizedMatrix& weight) {
   if (weight.format.format != quant::Format::int8_group)
     return "the W8A16 kernel takes int8-group weights (got " + std::string(quant::format_name(weight.format.format)) + ")";
   const int64_t group = weight.format.block, k = weight.cols();
-  if (group <= 0 || group % 16 != 0)
-    return "the W8A16 kernel takes groups of a multiple of 16 (got " + std::to_string(group) + ")";
+  if (!w8a16_group_supported(group))
+    return "the W8A16 kernel takes groups of 16 or a power of two from 32 (got " + std::to_string(group) + ")";
   if (k <= 0 || k % 32 != 0 || k % group != 0)
     return "the W8A16 kernel takes k a multiple of 32 and of the group (got k " + std::to_string(k) + ", group " +
            std::to_string(group) + ")";

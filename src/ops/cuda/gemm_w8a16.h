@@ -14,15 +14,16 @@ struct W8A16Weights {
   const void* codes = nullptr;    // ceil(n/16) * k * 16 bytes, 16-byte aligned
   const float* scales = nullptr;  // ceil(n/16) * (k/group) * 16 f32
   int64_t n = 0, k = 0;
-  int64_t group = 0;  // a multiple of 16 dividing k; k a multiple of 32
+  int64_t group = 0;  // 16 or a power of two from 32 (gemm::w8a16_group_supported), dividing k; k % 32 == 0
 };
 
 // kernel: kernels/w8a16.cuh (64 tokens a launch, launches of up to 64 beyond); dequant_cublas:
 // the weights dequantized to f16 scratch, then cuBLAS.
 enum class W8A16Path { automatic, kernel, dequant_cublas };
-// Up to how many tokens `automatic` takes the kernel (each launch of 64 tokens reads the weights
-// once more; prefill sizes amortise the dequantization instead).
-inline constexpr int64_t kW8A16KernelMaxTokens = 128;
+// Up to how many tokens `automatic` takes the kernel: one launch (each launch of 64 tokens reads
+// the weights once more). At 128 tokens dequantize + cuBLAS was faster on every Llama-3-8B shape
+// (H200: gate_up 357 against 554 us; bench/results/gpu-w8a16-gemm-llama3-8b-h200-a555c3d.log).
+inline constexpr int64_t kW8A16KernelMaxTokens = 64;
 W8A16Path w8a16_choose_path(int64_t m);
 // Workspace a W8A16 GEMM of this size may use: none for the kernel; for dequant_cublas the
 // dequantized f16 weights (n * k * 2 bytes) after the W4A16 split-K counters that a shared

@@ -6,16 +6,17 @@
 #include "ops/cuda/kernels/w8a16.cuh"
 #include "ops/cuda/kernels/w4a16_plan.h"
 #include "ops/cuda/ops.h"
+#include "ops/w8a16_pack.h"
 
 namespace qspec::cuda {
 namespace {
 
 void check_weights(const W8A16Weights& w) {
   QSPEC_CHECK(w.codes != nullptr && w.scales != nullptr, "cuda::w8a16: null weights");
-  QSPEC_CHECK(w.n > 0 && w.k > 0 && w.n < (1ll << 31) && w.k < (1ll << 26) && w.k % 32 == 0 && w.group > 0 &&
-                  w.group % 16 == 0 && w.k % w.group == 0,
+  QSPEC_CHECK(w.n > 0 && w.k > 0 && w.n < (1ll << 31) && w.k < (1ll << 26) && w.k % 32 == 0 &&
+                  gemm::w8a16_group_supported(w.group) && w.k % w.group == 0,
               "cuda::w8a16: bad weight shape ", w.n, " x ", w.k, " group ", w.group,
-              " (k a multiple of 32 and of the group, the group a multiple of 16)");
+              " (k a multiple of 32 and of the group; the group 16 or a power of two from 32)");
   QSPEC_CHECK(is_aligned_16(w.codes) && reinterpret_cast<uintptr_t>(w.scales) % 8 == 0,
               "cuda::w8a16: misaligned packed weights");
 }
@@ -30,9 +31,10 @@ int k_slices_for(int64_t k) {
 }
 
 template <int NT>
-void launch(const kernels::W8A16Params& params, int blocks, void* stream) {
-  launch_pdl(kernels::w8a16_kernel<NT>, dim3(static_cast<unsigned>(blocks)), dim3(kernels::kW8A16Warps * 32), 0,
-             as_stream(stream), params);
+void launch(const kernels::W8A16Params& params, bool group16, int blocks, void* stream) {
+  const auto kernel = group16 ? kernels::w8a16_kernel<NT, true> : kernels::w8a16_kernel<NT, false>;
+  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kernels::kW8A16Warps * 32), 0, as_stream(stream),
+             params);
   QSPEC_CUDA_CHECK_LAUNCH("w8a16_kernel");
 }
 
@@ -46,7 +48,9 @@ void run_kernel(const f16_bits* x, int64_t m, int64_t ldx, const W8A16Weights& w
   params.k = static_cast<int>(w.k);
   params.ldx = static_cast<int>(ldx);
   params.ldy = static_cast<int>(ldy);
-  params.tiles_per_group = static_cast<int>(w.group / 16);
+  const bool group16 = w.group == 16;
+  params.chunks_per_group_shift = 0;
+  while (!group16 && (int64_t{32} << params.chunks_per_group_shift) < w.group) ++params.chunks_per_group_shift;
   params.groups = static_cast<int>(w.k / w.group);
   params.k_slices = k_slices_for(w.k);
   const int64_t row_blocks = (w.n + 15) / 16, per_block = kernels::kW8A16Warps / params.k_slices;
@@ -56,10 +60,10 @@ void run_kernel(const f16_bits* x, int64_t m, int64_t ldx, const W8A16Weights& w
     params.x = x + first * ldx;
     params.y = y + first * ldy;
     params.m = static_cast<int>(tokens);
-    if (tokens <= 8) launch<1>(params, blocks, stream);
-    else if (tokens <= 16) launch<2>(params, blocks, stream);
-    else if (tokens <= 32) launch<4>(params, blocks, stream);
-    else launch<8>(params, blocks, stream);
+    if (tokens <= 8) launch<1>(params, group16, blocks, stream);
+    else if (tokens <= 16) launch<2>(params, group16, blocks, stream);
+    else if (tokens <= 32) launch<4>(params, group16, blocks, stream);
+    else launch<8>(params, group16, blocks, stream);
   }
 }
 
@@ -78,9 +82,9 @@ size_t w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W8A16Path path) {
 
 void w8a16_dequantize(const W8A16Weights& w, f16_bits* out, void* stream) {
   check_weights(w);
-  const int64_t quads = w.n * (w.k / 4);
+  const int64_t pieces = (w.n + 15) / 16 * (w.k / 32) * 32;  // a lane's 16 bytes of a chunk
   constexpr int kThreads = 256;
-  kernels::w8a16_dequantize_kernel<<<static_cast<unsigned>((quads + kThreads - 1) / kThreads), kThreads, 0,
+  kernels::w8a16_dequantize_kernel<<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0,
                                      as_stream(stream)>>>(static_cast<const int8_t*>(w.codes), w.scales,
                                                           static_cast<int>(w.n), static_cast<int>(w.k),
                                                           static_cast<int>(w.group), out);

@@ -29,8 +29,8 @@ struct W8A16Params {
   const uint16_t* x;    // m rows of k f16 values, ldx apart
   uint16_t* y;          // m rows of n f16 values, ldy apart
   int m, n, k, ldx, ldy;
-  int tiles_per_group;  // group / 16
-  int groups;           // k / group
+  int chunks_per_group_shift;  // groups of 32 or more: log2(group / 32)
+  int groups;                  // k / group
   int k_slices;
 };
 
@@ -50,9 +50,18 @@ __device__ __forceinline__ void int8x4_to_half2x2(uint32_t word, uint32_t& lo, u
   asm("sub.f16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(hi_bits), "r"(bias));
 }
 
-template <int NT>
+// Chunks (32 k) a warp's load batch holds: the codes of one batch fly while the previous one
+// multiplies. As many as fit 128 registers without spills (two blocks a multiprocessor): the
+// token tiles' accumulators and x, and groups of 16's second scale, take the rest.
+template <int NT, bool G16>
+inline constexpr int kW8A16Unroll = NT == 1 ? (G16 ? 5 : 6) : NT == 2 ? (G16 ? 3 : 4) : 2;
+
+// G16: groups of 16 (GGUF Q6_K), two scales a chunk (one a k tile); else groups of a power of
+// two >= 32, one scale a chunk, flushed every chunks_per_group chunks.
+template <int NT, bool G16>
 __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kernel(const W8A16Params p) {
-  constexpr int U = NT <= 2 ? 4 : 2;  // chunks a load batch
+  constexpr int U = kW8A16Unroll<NT, G16>;
+  constexpr int S = G16 ? 2 : 1;  // scales a chunk
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int slice = warp % p.k_slices;
   const int row_blocks = (p.n + 15) / 16;
@@ -64,10 +73,13 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
   const int chunk_begin = static_cast<int>(static_cast<int64_t>(slice) * chunks / p.k_slices);
   const int chunk_end = static_cast<int>(static_cast<int64_t>(slice + 1) * chunks / p.k_slices);
   const int8_t* w_lane = p.codes + static_cast<int64_t>(rb) * p.k * 16 + lane * 16;
+  // Scale pair (s[g], s[g + 8]) of group q: s_lane[q * 16]. Group of chunk c: 2c (G16: 2c + j for
+  // its tile j) or c >> chunks_per_group_shift.
   const float* s_lane = p.scales + static_cast<int64_t>(rb) * p.groups * 16 + 2 * g;
+  auto group_of_chunk = [&](int c) { return G16 ? 2 * c : c >> p.chunks_per_group_shift; };
 
   uint4 w_next[U];
-  float2 s_next[U][2];
+  float2 s_next[U][S];
   auto load_batch = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -75,8 +87,8 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
       const bool in = c < chunk_end;
       w_next[u] = in ? load_stream_16(w_lane + static_cast<int64_t>(c) * 512) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        s_next[u][j] = in ? __ldg(reinterpret_cast<const float2*>(s_lane + ((2 * c + j) / p.tiles_per_group) * 16))
+      for (int j = 0; j < S; ++j)
+        s_next[u][j] = in ? __ldg(reinterpret_cast<const float2*>(s_lane + (group_of_chunk(c) + j) * 16))
                           : make_float2(0.0f, 0.0f);
     }
   };
@@ -90,8 +102,6 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
   for (int i = 0; i < NT; ++i) x_rows[i] = p.x + static_cast<int64_t>(min(8 * i + g, p.m - 1)) * p.ldx + 4 * t;
 
   float total[NT][4] = {}, part[NT][4] = {};
-  bool pending = false;  // part holds sums not yet scaled (a slice ending inside a group)
-  float2 pending_scale = make_float2(0.0f, 0.0f);
   auto flush = [&](float2 s) {
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -103,43 +113,49 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
       for (int e = 0; e < 4; ++e) part[i][e] = 0.0f;
     }
   };
+  // Groups of 32 or more: chunks left in the current group (a slice may start inside one).
+  const int chunks_per_group = 1 << p.chunks_per_group_shift;
+  int group_left = G16 ? 1 : chunks_per_group - (chunk_begin & (chunks_per_group - 1));
+  float2 last_scale = make_float2(0.0f, 0.0f);
 
   for (int c0 = chunk_begin; c0 < chunk_end; c0 += U) {
     uint4 w_now[U];
-    float2 s_now[U][2];
+    float2 s_now[U][S];
+    uint2 x_now[U][2][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       w_now[u] = w_next[u];
-      s_now[u][0] = s_next[u][0];
-      s_now[u][1] = s_next[u][1];
+#pragma unroll
+      for (int j = 0; j < S; ++j) s_now[u][j] = s_next[u][j];
+      const int c = min(c0 + u, chunk_end - 1);  // past the slice: a valid address, never used
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) x_now[u][j][i] = __ldg(reinterpret_cast<const uint2*>(x_rows[i] + c * 32 + 16 * j));
     }
     if (c0 + U < chunk_end) load_batch(c0 + U);  // the next batch flies while this one multiplies
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c = c0 + u;
-      if (c >= chunk_end) break;
+      if (c0 + u >= chunk_end) break;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         uint32_t a[4];
         int8x4_to_half2x2(j == 0 ? w_now[u].x : w_now[u].z, a[0], a[1]);
         int8x4_to_half2x2(j == 0 ? w_now[u].y : w_now[u].w, a[2], a[3]);
 #pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          const uint2 b = __ldg(reinterpret_cast<const uint2*>(x_rows[i] + c * 32 + 16 * j));
-          mma_f16_16816(part[i], a, b.x, b.y);
-        }
-        const int tile = 2 * c + j;
-        if ((tile + 1) % p.tiles_per_group == 0) {
-          flush(s_now[u][j]);
-          pending = false;
-        } else {
-          pending = true;
-          pending_scale = s_now[u][j];
+        for (int i = 0; i < NT; ++i) mma_f16_16816(part[i], a, x_now[u][j][i].x, x_now[u][j][i].y);
+        if constexpr (G16) flush(s_now[u][j]);
+      }
+      if constexpr (!G16) {
+        last_scale = s_now[u][0];
+        if (--group_left == 0) {
+          flush(last_scale);
+          group_left = chunks_per_group;
         }
       }
     }
   }
-  if (pending) flush(pending_scale);
+  if (!G16 && group_left != chunks_per_group) flush(last_scale);  // the slice ended inside a group
 
   if (p.k_slices > 1) {  // the slices' sums through shared memory, added in k order from zero
     __shared__ float slice_sums[kW8A16Warps][NT][4][32];
@@ -171,22 +187,36 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
     }
 }
 
-// The packed weights as f16 [n, k] row-major, f16(code * scale): a thread a (row, 4 columns).
+// The packed weights as f16 [n, k] row-major, f16(code * scale): a thread a lane's 16 bytes of a
+// chunk (rows g and g + 8, 4 values each of both k tiles), 8-byte stores.
 __global__ void w8a16_dequantize_kernel(const int8_t* codes, const float* scales, int n, int k, int group,
                                         uint16_t* out) {
-  const int64_t quads = static_cast<int64_t>(n) * (k / 4);
+  const int chunks = k / 32;
+  const int64_t pieces = static_cast<int64_t>((n + 15) / 16) * chunks * 32;
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= quads) return;
-  const int row = static_cast<int>(index / (k / 4)), col = static_cast<int>(index % (k / 4)) * 4;
-  const int rb = row / 16, r = row % 16, g = r % 8, high_row = r / 8;
-  const int chunk = col / 32, j = (col % 32) / 16, t = (col % 16) / 4;
-  const int8_t* bytes = codes + static_cast<int64_t>(rb) * k * 16 + chunk * 512 + (4 * g + t) * 16 + j * 8;
-  const float scale = scales[(static_cast<int64_t>(rb) * (k / group) + col / group) * 16 + 2 * g + high_row];
-  uint16_t* dst = out + static_cast<int64_t>(row) * k + col;
+  if (index >= pieces) return;
+  const int lane = static_cast<int>(index & 31), g = lane >> 2, t = lane & 3;
+  const int64_t rb_chunk = index >> 5;
+  const int rb = static_cast<int>(rb_chunk / chunks), chunk = static_cast<int>(rb_chunk % chunks);
+  const int8_t* bytes = codes + (static_cast<int64_t>(rb) * chunks + chunk) * 512 + lane * 16;
+  int8_t b[16];
+  *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(bytes);
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int8_t code = bytes[(s / 2) * 4 + high_row * 2 + (s % 2)];
-    dst[s] = __half_as_ushort(__float2half_rn(static_cast<float>(code) * scale));
+  for (int high_row = 0; high_row < 2; ++high_row) {
+    const int row = rb * 16 + g + 8 * high_row;
+    if (row >= n) continue;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int col = chunk * 32 + 16 * j + 4 * t;
+      const float scale = scales[(static_cast<int64_t>(rb) * (k / group) + col / group) * 16 + 2 * g + high_row];
+      // Bytes of tile j: 8j + (s / 2) * 4 + high_row * 2 + (s % 2) for the values at col + s.
+      uint16_t v[4];
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        v[s] = __half_as_ushort(__float2half_rn(static_cast<float>(b[8 * j + (s / 2) * 4 + high_row * 2 + (s % 2)]) * scale));
+      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row) * k + col) =
+          make_uint2(v[0] | (static_cast<uint32_t>(v[1]) << 16), v[2] | (static_cast<uint32_t>(v[3]) << 16));
+    }
   }
 }
 
