@@ -37,11 +37,11 @@ void register_convert(CLI::App& app) {
   from_gguf->add_flag("--keep-4bit", gguf->keep_4bit,
                       "Keep Q4_0 / Q4_1 / Q4_K projections 4-bit: a qspec int4-asym g32 checkpoint whose weights equal "
                       "ggml's dequantization exactly; Q5_0 / Q6_K / Q8_0 projections (in Q4_K_M files) are kept "
-                      "exactly as 8-bit int8-group weights (CPU only for now) (default: every tensor dequantized "
+                      "exactly as 8-bit int8-group weights (W8A16 on the GPU) (default: every tensor dequantized "
                       "to F32)");
   from_gguf->add_flag("--all-4bit", gguf->all_4bit,
                       "With --keep-4bit: re-quantize the Q5_0 / Q6_K / Q8_0 projections into int4-asym g32 too, "
-                      "one 4-bit format for every projection (what the GPU runs; costs quality)");
+                      "one 4-bit format for every projection (fewer bytes; costs quality)");
   from_gguf->callback([gguf] {
     ProgressBar bar("converting");
     GgufConvertOptions options;

@@ -75,8 +75,7 @@ int64_t w4a16_kernel_group(const QuantizedMatrix& weight) {
 W4A16Packed pack_w4a16(const QuantizedMatrix& weight) {
   const int64_t group = w4a16_kernel_group(weight);
   QSPEC_CHECK(weight.format.format != quant::Format::int8_group, weight.name,
-              ": int8-group (8-bit) weights run on the CPU only for now; for the GPU, convert the GGUF with "
-              "`qspec convert gguf FILE OUT --keep-4bit --all-4bit` (every projection int4-asym)");
+              ": int8-group (8-bit) weights take the W8A16 kernel (gemm::pack_w8a16), not the 4-bit ones");
   QSPEC_CHECK(group != 0, weight.name, ": the W4A16 GPU kernels take int4 / int4-channel / int4-asym weights with "
               "groups of a multiple of 32 (got ", quant::format_name(weight.format.format), ", block ",
               weight.format.block, ")");

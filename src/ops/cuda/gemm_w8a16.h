@@ -20,10 +20,12 @@ struct W8A16Weights {
 // kernel: kernels/w8a16.cuh (64 tokens a launch, launches of up to 64 beyond); dequant_cublas:
 // the weights dequantized to f16 scratch, then cuBLAS.
 enum class W8A16Path { automatic, kernel, dequant_cublas };
-// Up to how many tokens `automatic` takes the kernel: one launch (each launch of 64 tokens reads
-// the weights once more). At 128 tokens dequantize + cuBLAS was faster on every Llama-3-8B shape
-// (H200: gate_up 357 against 554 us; bench/results/gpu-w8a16-gemm-llama3-8b-h200-a555c3d.log).
-inline constexpr int64_t kW8A16KernelMaxTokens = 64;
+// Up to how many tokens `automatic` takes the kernel. Measured on the H200 over Llama-3-8B's
+// shapes (bench/results/gpu-w8a16-gemm-llama3-8b-h200-b86b165.log): at 32 tokens the kernel
+// beats dequantize + cuBLAS on all four (gate_up 99 against 163 us, down 43 against 87), at 64
+// it loses on all four (gate_up 246 against 164, down 100 against 90): a GEMV-shaped kernel, each
+// warp all its tokens, fewer warps as they grow.
+inline constexpr int64_t kW8A16KernelMaxTokens = 32;
 W8A16Path w8a16_choose_path(int64_t m);
 // Workspace a W8A16 GEMM of this size may use: none for the kernel; for dequant_cublas the
 // dequantized f16 weights (n * k * 2 bytes) after the W4A16 split-K counters that a shared
