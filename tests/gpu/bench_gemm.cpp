@@ -523,21 +523,16 @@ int main(int argc, char** argv) {
         }
         if (!w8_views.empty() && !profile) {
           const int copies = static_cast<int>(w8_views.size()), batch = std::max(8, copies);
-          // w8a16_kernel_tg1: every warp all the tokens of a launch (token_groups 1), beyond 16 tokens.
-          for (auto [path, token_groups] : {std::pair{cuda::W8A16Path::kernel, 0}, {cuda::W8A16Path::kernel, 1},
-                                            {cuda::W8A16Path::dequant_cublas, 0}}) {
+          for (auto path : {cuda::W8A16Path::kernel, cuda::W8A16Path::dequant_cublas}) {
             if (path == cuda::W8A16Path::dequant_cublas && (!baselines || m <= 16)) continue;
-            if (token_groups == 1 && m <= 16) continue;
             const cuda::ReplayTimes t = cuda::time_replays(
                 [&](void* s, int i) {
                   cuda::w8a16_gemm(blas, x.as<uint16_t>(), m, shape.k, w8_views[i % copies], y.as<uint16_t>(), shape.n,
-                                   dequant_workspace.get(), dequant_ws, s, path, token_groups);
+                                   dequant_workspace.get(), dequant_ws, s, path);
                 },
                 batch, warmup, reps, stream);
-            report(path == cuda::W8A16Path::dequant_cublas ? "w8a16_dequant_cublas"
-                   : token_groups == 1                     ? "w8a16_kernel_tg1"
-                                                           : "w8a16_kernel",
-                   t, static_cast<double>(w8a16_bytes), batch);
+            report(path == cuda::W8A16Path::kernel ? "w8a16_kernel" : "w8a16_dequant_cublas", t,
+                   static_cast<double>(w8a16_bytes), batch);
           }
         }
         // The f16 weights' GEMM on one W16Kernel, streamed over the weight copies.

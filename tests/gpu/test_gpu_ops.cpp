@@ -2122,7 +2122,7 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
 // long prefill gives the same bits as on a fresh workspace (it once did not).
 // int8-group weights (the 8-bit tensors a GGUF keeps beside its 4-bit ones) on the GPU: the
 // dequantization gives f16(code * scale) exactly, and the W8A16 GEMM, on the kernel (64 tokens a
-// launch; past 16 in token groups, or each warp every token) and through dequantize + cuBLAS, equals the CPU's quantized_linear on the same matrix
+// launch) and through dequantize + cuBLAS, equals the CPU's quantized_linear on the same matrix
 // within the f16 bound: groups of 16 (GGUF Q6_K) / 32 (Q8_0, Q5_0) / 64, odd n (the last row
 // block's rows past n), k tails of one 32-k chunk, padded x and y rows, 1-300 tokens.
 TEST_F(Gpu, W8A16MatchesCpuOverShapesAndPaths) {
@@ -2163,14 +2163,9 @@ TEST_F(Gpu, W8A16MatchesCpuOverShapesAndPaths) {
       auto d_x = upload(to_f16(x));
       const size_t bytes = cuda::w8a16_workspace_bytes(m, s.n, s.k, cuda::W8A16Path::dequant_cublas);
       cuda::DeviceMemory workspace(bytes);
-      // The kernel twice past 16 tokens: its warps in token groups of 16 (the default) and each warp
-      // every token (token_groups 1).
-      for (auto [path, token_groups] : {std::pair{cuda::W8A16Path::automatic, 0}, {cuda::W8A16Path::kernel, 0},
-                                        {cuda::W8A16Path::kernel, 1}, {cuda::W8A16Path::dequant_cublas, 0}}) {
-        if (token_groups == 1 && m <= 16) continue;
+      for (auto path : {cuda::W8A16Path::automatic, cuda::W8A16Path::kernel, cuda::W8A16Path::dequant_cublas}) {
         auto d_y = poisoned(static_cast<size_t>(m * ldy) * 2);
-        cuda::w8a16_gemm(blas, d_x.as<f16>(), m, ldx, w, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr, path,
-                         token_groups);
+        cuda::w8a16_gemm(blas, d_x.as<f16>(), m, ldx, w, d_y.as<f16>(), ldy, workspace.get(), bytes, nullptr, path);
         const std::vector<float> y = from_f16(download<f16>(d_y, static_cast<size_t>(m * ldy)));
         std::vector<float> got(expected.size());
         for (int64_t t = 0; t < m; ++t) {
@@ -2178,9 +2173,8 @@ TEST_F(Gpu, W8A16MatchesCpuOverShapesAndPaths) {
           for (int64_t c = s.n; c < ldy; ++c)  // the padding between rows is never written
             ASSERT_TRUE(std::isnan(y[static_cast<size_t>(t * ldy + c)])) << "row pitch" << shape << " m" << m;
         }
-        const char* name = path == cuda::W8A16Path::kernel ? (token_groups == 1 ? "kernel, one token group" : "kernel")
-                           : path == cuda::W8A16Path::dequant_cublas ? "dequant+cublas"
-                                                                      : "automatic";
+        const char* name = path == cuda::W8A16Path::kernel ? "kernel" : path == cuda::W8A16Path::dequant_cublas
+                                                                            ? "dequant+cublas" : "automatic";
         EXPECT_CLOSE(got, expected, 3e-3, std::string("w8a16 ") + name + shape + " m" + std::to_string(m));
       }
     }

@@ -34,12 +34,9 @@ size_t w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W8A16Path path = W
 // y[m, n] = x[m, k] (f16, rows ldx apart, 8-byte aligned, ldx % 4 == 0) * W^T, f16 out (rows ldy
 // apart), f32 accumulation: each group's sum of code * x times its scale (kernel), or the cuBLAS
 // product of f16(code * scale) weights.
-// token_groups (the kernel's, a benchmark and test knob): 0 = the launcher's choice (beyond 16 tokens
-// a launch, warps of 16 tokens each sharing a row block's codes through L1), 1 = every warp all
-// the tokens of its launch.
 void w8a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W8A16Weights& w, f16_bits* y,
                 int64_t ldy, void* workspace, size_t workspace_bytes, void* stream,
-                W8A16Path path = W8A16Path::automatic, int token_groups = 0);
+                W8A16Path path = W8A16Path::automatic);
 // The packed weights as f16 [n, k] row-major, f16(code * scale) (the cuBLAS path's first half).
 void w8a16_dequantize(const W8A16Weights& w, f16_bits* out, void* stream);
 

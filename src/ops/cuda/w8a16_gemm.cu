@@ -38,11 +38,9 @@ void launch(const kernels::W8A16Params& params, bool group16, int blocks, void* 
   QSPEC_CUDA_CHECK_LAUNCH("w8a16_kernel");
 }
 
-// The kernel over every token, 64 a launch: up to 16 in one token group (each warp every token),
-// beyond in groups of 16 tokens that share the codes through L1 (token_groups 2 or 4), unless
-// token_groups is 1.
+// The kernel over every token, 64 a launch.
 void run_kernel(const f16_bits* x, int64_t m, int64_t ldx, const W8A16Weights& w, f16_bits* y, int64_t ldy,
-                void* stream, int token_groups) {
+                void* stream) {
   kernels::W8A16Params params{};
   params.codes = static_cast<const int8_t*>(w.codes);
   params.scales = w.scales;
@@ -54,18 +52,15 @@ void run_kernel(const f16_bits* x, int64_t m, int64_t ldx, const W8A16Weights& w
   params.chunks_per_group_shift = 0;
   while (!group16 && (int64_t{32} << params.chunks_per_group_shift) < w.group) ++params.chunks_per_group_shift;
   params.groups = static_cast<int>(w.k / w.group);
-  const int64_t row_blocks = (w.n + 15) / 16;
+  params.k_slices = k_slices_for(w.k);
+  const int64_t row_blocks = (w.n + 15) / 16, per_block = kernels::kW8A16Warps / params.k_slices;
+  const int blocks = static_cast<int>((row_blocks + per_block - 1) / per_block);
   for (int64_t first = 0; first < m; first += kernels::kW8A16MaxTileTokens) {
     const int64_t tokens = std::min<int64_t>(m - first, kernels::kW8A16MaxTileTokens);
     params.x = x + first * ldx;
     params.y = y + first * ldy;
     params.m = static_cast<int>(tokens);
-    params.token_groups = tokens <= 16 || token_groups == 1 ? 1 : tokens <= 32 ? 2 : 4;
-    params.k_slices = std::min(k_slices_for(w.k), kernels::kW8A16Warps / params.token_groups);
-    const int64_t per_block = kernels::kW8A16Warps / (params.k_slices * params.token_groups);
-    const int blocks = static_cast<int>((row_blocks + per_block - 1) / per_block);
-    if (params.token_groups > 1) launch<2>(params, group16, blocks, stream);  // 16 tokens a warp
-    else if (tokens <= 8) launch<1>(params, group16, blocks, stream);
+    if (tokens <= 8) launch<1>(params, group16, blocks, stream);
     else if (tokens <= 16) launch<2>(params, group16, blocks, stream);
     else if (tokens <= 32) launch<4>(params, group16, blocks, stream);
     else launch<8>(params, group16, blocks, stream);
@@ -97,9 +92,7 @@ void w8a16_dequantize(const W8A16Weights& w, f16_bits* out, void* stream) {
 }
 
 void w8a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, const W8A16Weights& w, f16_bits* y,
-                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W8A16Path path, int token_groups) {
-  QSPEC_CHECK(token_groups == 0 || token_groups == 1, "cuda::w8a16_gemm: token_groups ", token_groups,
-              " (0: the launcher's choice, 1: every warp all the tokens of a launch)");
+                int64_t ldy, void* workspace, size_t workspace_bytes, void* stream, W8A16Path path) {
   check_weights(w);
   QSPEC_CHECK(m >= 0 && m < (1ll << 31) && ldx >= w.k && ldx % 4 == 0 && ldx < (1ll << 31) && ldy >= w.n &&
                   ldy < (1ll << 31) && reinterpret_cast<uintptr_t>(x) % 8 == 0 && y != nullptr,
@@ -121,7 +114,7 @@ void w8a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  run_kernel(x, m, ldx, w, y, ldy, stream, token_groups);
+  run_kernel(x, m, ldx, w, y, ldy, stream);
 }
 
 }  // namespace qspec::cuda

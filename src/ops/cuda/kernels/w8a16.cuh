@@ -32,10 +32,6 @@ struct W8A16Params {
   int chunks_per_group_shift;  // groups of 32 or more: log2(group / 32)
   int groups;                  // k / group
   int k_slices;
-  // Warps that share a row block's k slice, each 8 * NT tokens of its own (token group tg takes
-  // tokens 8 NT tg ..): the codes come once from memory and again from L1 for the others, so a
-  // warp keeps the registers of few tokens however many the launch has. 1, 2 or 4.
-  int token_groups;
 };
 
 __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
@@ -61,22 +57,15 @@ template <int NT, bool G16>
 inline constexpr int kW8A16Unroll = NT == 1 ? (G16 ? 5 : 6) : NT == 2 ? (G16 ? 3 : 4) : 2;
 
 // G16: groups of 16 (GGUF Q6_K), two scales a chunk (one a k tile); else groups of a power of
-// two >= 32, one scale a chunk, flushed every chunks_per_group chunks. Warp w of a block:
-// slice w % k_slices, token group (w / k_slices) % token_groups, row block w / (k_slices *
-// token_groups) of the block's. Token groups (more than one) at NT 2 only.
+// two >= 32, one scale a chunk, flushed every chunks_per_group chunks.
 template <int NT, bool G16>
 __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kernel(const W8A16Params p) {
   constexpr int U = kW8A16Unroll<NT, G16>;
   constexpr int S = G16 ? 2 : 1;  // scales a chunk
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // Token groups run at NT 2 only (the launcher's choice): the other instances keep their registers.
-  const int token_groups = NT == 2 ? p.token_groups : 1;
   const int slice = warp % p.k_slices;
-  const int token_group = (warp / p.k_slices) % token_groups;
-  const int warps_a_row_block = p.k_slices * token_groups;
   const int row_blocks = (p.n + 15) / 16;
-  const int row_block = blockIdx.x * (kW8A16Warps / warps_a_row_block) + warp / warps_a_row_block;
-  const int token0 = 8 * NT * token_group;
+  const int row_block = blockIdx.x * (kW8A16Warps / p.k_slices) + warp / p.k_slices;
   // Warps past the last row block read the last one (their sums are never stored) and still
   // reach the block's barrier.
   const int rb = min(row_block, row_blocks - 1);
@@ -96,10 +85,7 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u;
       const bool in = c < chunk_end;
-      const int8_t* address = w_lane + static_cast<int64_t>(c) * 512;
-      // Read once: streamed past L1; read by several token groups: through L1 for the others.
-      w_next[u] = !in ? make_uint4(0, 0, 0, 0)
-                      : token_groups == 1 ? load_stream_16(address) : __ldg(reinterpret_cast<const uint4*>(address));
+      w_next[u] = in ? load_stream_16(w_lane + static_cast<int64_t>(c) * 512) : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int j = 0; j < S; ++j)
         s_next[u][j] = in ? __ldg(reinterpret_cast<const float2*>(s_lane + (group_of_chunk(c) + j) * 16))
@@ -113,8 +99,7 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
 
   const uint16_t* x_rows[NT];
 #pragma unroll
-  for (int i = 0; i < NT; ++i)
-    x_rows[i] = p.x + static_cast<int64_t>(min(token0 + 8 * i + g, p.m - 1)) * p.ldx + 4 * t;
+  for (int i = 0; i < NT; ++i) x_rows[i] = p.x + static_cast<int64_t>(min(8 * i + g, p.m - 1)) * p.ldx + 4 * t;
 
   float total[NT][4] = {}, part[NT][4] = {};
   auto flush = [&](float2 s) {
@@ -196,7 +181,7 @@ __global__ __launch_bounds__(kW8A16Warps * 32, NT <= 4 ? 2 : 1) void w8a16_kerne
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = row0 + g + (e >= 2 ? 8 : 0), token = token0 + 8 * i + 2 * t + (e & 1);
+      const int row = row0 + g + (e >= 2 ? 8 : 0), token = 8 * i + 2 * t + (e & 1);
       if (row < p.n && token < p.m)
         p.y[static_cast<int64_t>(token) * p.ldy + row] = __half_as_ushort(__float2half_rn(total[i][e]));
     }
