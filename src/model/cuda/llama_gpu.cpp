@@ -503,18 +503,17 @@ struct GpuLlama::State {
     gemm_policy = std::move(policy);
     for (Layer& layer : layers)
       for (Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-        for_each_four_bit(*whole, [&](Linear& four_bit) {
-        Linear* linear = &four_bit;
-        const bool wanted = gemm_policy && gemm_policy->uses(gemm::Strategy::bitwise_b1, linear->n, linear->k) &&
-                            cuda::w4_bitwise_supports(linear->view, quant::Format::int8);
-        if (!wanted) {
-          linear->bitplanes = DeviceMemory();
-        } else if (linear->bitplanes.get() == nullptr) {
-          linear->bitplanes = allocate(linear->codes.bytes(), "bit-plane weights (GEMM policy: Bitwise)");
-          cuda::w4_bitplanes_from_packed(linear->view, linear->bitplanes.get(), stream);
-        }
-        linear->view.bitplanes = linear->bitplanes.get();
-      });
+        for_each_four_bit(*whole, [&](Linear& linear) {
+          const bool wanted = gemm_policy && gemm_policy->uses(gemm::Strategy::bitwise_b1, linear.n, linear.k) &&
+                              cuda::w4_bitwise_supports(linear.view, quant::Format::int8);
+          if (!wanted) {
+            linear.bitplanes = DeviceMemory();
+          } else if (linear.bitplanes.get() == nullptr) {
+            linear.bitplanes = allocate(linear.codes.bytes(), "bit-plane weights (GEMM policy: Bitwise)");
+            cuda::w4_bitplanes_from_packed(linear.view, linear.bitplanes.get(), stream);
+          }
+          linear.view.bitplanes = linear.bitplanes.get();
+        });
     cuda::stream_synchronize(stream);
   }
   void w4_gemm(const W4GemmInput& input, const Linear& linear, int64_t m, f16_bits* y, int64_t ldy) {
@@ -819,7 +818,7 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
   for (const Layer& layer : layers)
     for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       for_each_four_bit(*whole, [&](const Linear& four_bit) {
-        const Linear* linear = &four_bit;
+        const Linear* linear = &four_bit;  // (the 8-bit parts' workspace: below)
         for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}, int64_t{256},
                           int64_t{512}, max_step_tokens})
           if (m <= max_step_tokens) {
@@ -1502,12 +1501,12 @@ void GpuLlama::check_activations(GpuActivations activations) const {
     for (const Linear* whole : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
       QSPEC_CHECK(!is_arc(activations) || whole->reordered(),
                   "GPU model: ARC activations need an ARC-calibrated checkpoint (qspec quantize --arc)");
-      for_each_four_bit(*whole, [&](const Linear& four_bit) {
-      const Linear* linear = &four_bit;
-      QSPEC_CHECK(!int4 || (s.activation_group > 0 && s.activation_group % linear->view.group == 0 &&
-                            linear->k % s.activation_group == 0 && linear->in_k % s.activation_group == 0),
-                  "GPU model: int4 activation groups of ", s.activation_group, " must be a multiple of the weight group ",
-                  linear->view.group, " and divide k ", linear->in_k, " (and ", linear->k, " with augmented columns)");
+      for_each_four_bit(*whole, [&](const Linear& linear) {  // the 8-bit parts take f16 activations
+        QSPEC_CHECK(!int4 || (s.activation_group > 0 && s.activation_group % linear.view.group == 0 &&
+                              linear.k % s.activation_group == 0 && linear.in_k % s.activation_group == 0),
+                    "GPU model: int4 activation groups of ", s.activation_group,
+                    " must be a multiple of the weight group ", linear.view.group, " and divide k ", linear.in_k,
+                    " (and ", linear.k, " with augmented columns)");
       });
     }
 }
