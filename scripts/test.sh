@@ -28,14 +28,18 @@ GPU_FILTER=(-LE gpu)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU_FILTER=(); fi
 (cd build && ctest -j "$JOBS" --output-on-failure "${GPU_FILTER[@]}")
 
+# The sanitizer and fuzz builds keep line tables only (-g1: function names and lines in reports, no
+# variable info): a quarter less compile time than -g on the heaviest test files, same code.
+DEBUG_LINES=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
+
 stage "sanitizer build (ASan + UBSan), unit tests"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF -DQSPEC_SANITIZE=ON "${LAUNCHER[@]}" >/dev/null
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${DEBUG_LINES[@]}" -DQSPEC_CUDA=OFF -DQSPEC_SANITIZE=ON "${LAUNCHER[@]}" >/dev/null
 cmake --build build-asan -j "$JOBS" --target qspec qspec_unit_tests
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest -j "$JOBS" --output-on-failure -L unit)
 
 stage "fuzz targets (libFuzzer, ${FUZZ_SECONDS}s each)"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQSPEC_CUDA=OFF \
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${DEBUG_LINES[@]}" -DQSPEC_CUDA=OFF \
   -DQSPEC_SANITIZE=ON -DQSPEC_FUZZ=ON -DQSPEC_BUILD_TESTS=ON -DQSPEC_NATIVE=ON "${LAUNCHER[@]}" >/dev/null
 FUZZERS=$(cd tests/fuzz && ls fuzz_*.cpp 2>/dev/null | sed 's/\.cpp$//')
 for fuzzer in $FUZZERS; do
