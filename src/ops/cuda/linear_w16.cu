@@ -7,19 +7,6 @@
 namespace qspec::cuda {
 namespace {
 
-void linear_w16_cublas(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
-                       uint16_t* y, Dtype16 dtype, void* stream) {
-  const cudaDataType_t type = dtype == Dtype16::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
-  QSPEC_CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
-  const float alpha = 1.0f, beta = 0.0f;
-  // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T (n x m) = W (k x n)^T x^T.
-  QSPEC_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                  static_cast<int>(k), &alpha, w, type, static_cast<int>(k), x, type,
-                                  static_cast<int>(k), &beta, y, type, static_cast<int>(n), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-}
-
 template <bool BF16>
 void launch_small_m(const kernels::W16SmallMParams& params, int blocks, void* stream) {
   launch_pdl(kernels::linear_w16_small_m_kernel<BF16>, dim3(static_cast<unsigned>(blocks)),
@@ -28,6 +15,23 @@ void launch_small_m(const kernels::W16SmallMParams& params, int blocks, void* st
 }
 
 }  // namespace
+
+void gemm_w16_cublas(const Blas& blas, const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
+                     int64_t k, uint16_t* y, int64_t ldy, Dtype16 dtype, void* stream) {
+  QSPEC_CHECK(m >= 0 && n > 0 && k > 0 && ldx >= k && ldy >= n && m < (1ll << 31) && n < (1ll << 31) &&
+                  k < (1ll << 31) && ldx < (1ll << 31) && ldy < (1ll << 31),
+              "cuda::gemm_w16_cublas: bad shape m ", m, " n ", n, " k ", k, " ldx ", ldx, " ldy ", ldy);
+  if (m == 0) return;
+  const cudaDataType_t type = dtype == Dtype16::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
+  QSPEC_CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
+  const float alpha = 1.0f, beta = 0.0f;
+  // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T (n x m) = W (k x n)^T x^T.
+  QSPEC_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                  static_cast<int>(k), &alpha, w, type, static_cast<int>(k), x, type,
+                                  static_cast<int>(ldx), &beta, y, type, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
 
 bool linear_w16_small_m_takes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, const uint16_t* y) {
   return m >= 1 && m <= 8 && k % 8 == 0 && is_aligned_16(x) && is_aligned_16(w) && y != nullptr &&
@@ -79,7 +83,7 @@ void linear_w16(const Blas& blas, const uint16_t* x, int64_t m, int64_t k, const
     linear_w16_small_m(x, m, k, w, n, y, dtype, stream);
     return;
   }
-  linear_w16_cublas(blas, x, m, k, w, n, y, dtype, stream);
+  gemm_w16_cublas(blas, x, m, k, w, n, k, y, n, dtype, stream);
 }
 
 bool linear_w16_small_m_default() {

@@ -32,5 +32,10 @@ int linear_w16_small_m_k_slices(int64_t k);
 // launcher's choice.
 void linear_w16_small_m(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, uint16_t* y,
                         Dtype16 dtype, void* stream, int k_slices = 0);
+// cuBLAS y[m, n] (rows ldy apart) = x[m, k] (rows ldx apart) * W[n, k]^T (rows k apart), f32
+// accumulation: linear_w16's cuBLAS path and the dequantize + cuBLAS tails of the 4- and 8-bit
+// GEMMs (their weights decoded to f16 first).
+void gemm_w16_cublas(const Blas& blas, const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
+                     int64_t k, uint16_t* y, int64_t ldy, Dtype16 dtype, void* stream);
 
 }  // namespace qspec::cuda

@@ -195,14 +195,7 @@ void w4a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
               needed, " bytes of workspace, got ", workspace_bytes);
   auto* w16 = reinterpret_cast<f16_bits*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
   w4a16_dequantize(w, w16, stream);
-  // y^T (n x m, column-major = y row-major with ld ldy) = W16 (n x k) * x^T.
-  cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
-  QSPEC_CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
-  const float alpha = 1.0f, beta = 0.0f;
-  QSPEC_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
-                                  static_cast<int>(w.k), &alpha, w16, CUDA_R_16F, static_cast<int>(w.k), x, CUDA_R_16F,
-                                  static_cast<int>(ldx), &beta, y, CUDA_R_16F, static_cast<int>(ldy),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_w16_cublas(blas, x, m, ldx, w16, w.n, w.k, y, ldy, Dtype16::f16, stream);
 }
 
 }  // namespace qspec::cuda

@@ -1,6 +1,5 @@
 // W8A16 dispatch: the streaming kernel (kernels/w8a16.cuh) for decode and verify sizes, or
 // dequantize to f16 + cuBLAS for prefill sizes.
-#include <cublas_v2.h>
 
 #include "ops/cuda/common.h"
 #include "ops/cuda/kernels/w8a16.cuh"
@@ -104,14 +103,7 @@ void w8a16_gemm(const Blas& blas, const f16_bits* x, int64_t m, int64_t ldx, con
       workspace_bytes >= w8a16_workspace_bytes(m, w.n, w.k, path)) {
     auto* w16 = reinterpret_cast<f16_bits*>(static_cast<char*>(workspace) + detail::kW4A16CounterBytes);
     w8a16_dequantize(w, w16, stream);
-    cublasHandle_t handle = static_cast<cublasHandle_t>(blas.handle());
-    QSPEC_CUBLAS_CHECK(cublasSetStream(handle, as_stream(stream)));
-    const float alpha = 1.0f, beta = 0.0f;
-    // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T (n x m) = W (k x n)^T x^T.
-    QSPEC_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
-                                    static_cast<int>(w.k), &alpha, w16, CUDA_R_16F, static_cast<int>(w.k), x,
-                                    CUDA_R_16F, static_cast<int>(ldx), &beta, y, CUDA_R_16F, static_cast<int>(ldy),
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    gemm_w16_cublas(blas, x, m, ldx, w16, w.n, w.k, y, ldy, Dtype16::f16, stream);
     return;
   }
   run_kernel(x, m, ldx, w, y, ldy, stream);
