@@ -263,9 +263,10 @@ TEST(W4A16Pack, ZeroCodesDecodeToTheQuantizedWeights) {
       for (int64_t q = 0; q < packed.groups(); ++q)
         for (int64_t r = 0; r < 8; ++r) {
           const uint8_t byte = zero_byte_of(packed, rb, q, r);
-          auto zero_of = [&](int64_t row) {
-            return row < n ? qspec::quant::block_zero_point(weight.format, weight.scales.data() + row * weight.format.scale_bytes(),
-                                                            q * kernel_group / weight.format.block)
+          // Plain copies: clang 14 (CI's sanitizer build) cannot capture structured bindings.
+          auto zero_of = [&, rows = n, zero_group = kernel_group](int64_t row) {
+            return row < rows ? qspec::quant::block_zero_point(weight.format, weight.scales.data() + row * weight.format.scale_bytes(),
+                                                            q * zero_group / weight.format.block)
                            : 0;
           };
           ASSERT_EQ(byte & 0xf, zero_of(rb * 16 + r));

@@ -33,11 +33,11 @@ void a16_portable(const A16Problem& p, int64_t row_begin, int64_t row_end) {
   thread_local std::vector<float> decoded_row;
   decoded_row.resize(static_cast<size_t>(k));
   for (int64_t r = row_begin; r < row_end; ++r) {
-    const float* row = w.decoded.data() + r * k;
-    if (w.decoded.empty()) {
+    const float* row = decoded_row.data();
+    if (w.decoded.empty())
       w.dequantize_row(r, decoded_row.data());
-      row = decoded_row.data();
-    }
+    else
+      row = w.decoded.data() + r * k;
     for (int64_t t = 0; t < p.tokens; ++t) {
       const float* x = p.x + t * k;
       float lanes[8] = {};
