@@ -117,6 +117,42 @@ TEST(CpuOps, SiluMul) {
 
 // Causal GQA against a float64 reference, whole history, a sliding window, and windows with
 // attention sinks (a QSpec draft's sparse view: positions < sinks stay visible).
+// GeGLU: gelu_tanh(g) * up against PyTorch's tanh formula in float64, within a few f32 ulps of each
+// value (the exp is a polynomial, not libm's), on gates from -30 to 30 and odd lengths (the SIMD
+// tail); the AVX2 loop gives the portable loop's bits.
+TEST(CpuOps, GeluTanhMulIsWithinUlpsOfTheTanhFormulaOnEveryPath) {
+  std::vector<float> gate = random_vector(4099, 3.0f), up = random_vector(4099);
+  for (int i = 0; i <= 600; ++i) gate[static_cast<size_t>(i)] = -30.0f + 0.1f * static_cast<float>(i);
+  const qspec::cpu::KernelIsa saved = qspec::cpu::kernel_isa();
+  std::vector<std::vector<float>> outputs;
+  for (bool portable : {true, false}) {
+    qspec::cpu::set_kernel_isa(portable ? qspec::cpu::KernelIsa::portable : saved);
+    for (int64_t count : {int64_t{4099}, int64_t{13}, int64_t{5}}) {
+      std::vector<float> out(4099, std::nanf(""));
+      qspec::cpu::gelu_tanh_mul(gate.data(), up.data(), count, out.data());
+      for (int64_t i = 0; i < count; ++i) {
+        const double g = gate[static_cast<size_t>(i)];
+        const double u = 0.7978845608028654 * (g + 0.044715 * g * g * g);
+        // 0.5 g (1 + tanh(u)) written as g / (1 + exp(-2u)): equal, but without float64's own
+        // cancellation in 1 + tanh(u) (tanh(-43) rounds to -1 there).
+        const double want = g / (1.0 + std::exp(-2.0 * u)) * static_cast<double>(up[static_cast<size_t>(i)]);
+        // A few f32 ulps of the value plus u's own f32 rounding carried through exp(-2u), which
+        // scales it by 2|u|; and 1e-37 of |g up| (from gates of about -10 down, the value is below
+        // that, and the kernel returns 0 once exp(-2u) passes e^88).
+        const double g_up = std::abs(g * static_cast<double>(up[static_cast<size_t>(i)]));
+        const double allowed = (4 + 4 * std::abs(u)) * std::abs(want) * 0x1p-23 + 1e-37 * g_up;
+        ASSERT_LE(std::abs(out[static_cast<size_t>(i)] - want), allowed)
+            << "gate " << g << " up " << up[static_cast<size_t>(i)] << " count " << count;
+      }
+      if (count == 4099) outputs.push_back(out);
+    }
+  }
+  qspec::cpu::set_kernel_isa(saved);
+  ASSERT_EQ(outputs.size(), 2u);
+  for (size_t i = 0; i < outputs[0].size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(outputs[0][i]), std::bit_cast<uint32_t>(outputs[1][i])) << i;
+}
+
 TEST(CpuOps, GroupedQueryAttentionWithCausalityWindowAndSinks) {
   struct Case {
     int64_t window, sinks;
