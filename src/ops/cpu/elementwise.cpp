@@ -17,12 +17,13 @@
 namespace qspec::cpu {
 namespace {
 
-// body(begin, end) over [0, count) in chunks on the thread pool: for the activations, whose libm
-// calls (tanh, exp) cost ~10-20 ns an element (a 64-token GeGLU of Gemma 3 270M is 131K of them
-// a layer). Each element is computed alone, so the values are the single loop's.
+// body(begin, end) over [0, count) in chunks on the thread pool: for the activations of a prefill
+// or a verify (a 64-token GeGLU of Gemma 3 270M is 131K elements a layer; libm's exp costs ~5 ns
+// an element). Below 4096 elements (a small model's decode step) the parallel region costs more
+// than it saves. Each element is computed alone, so the values are the single loop's.
 template <typename Body>
 void for_element_chunks(int64_t count, const Body& body) {
-  constexpr int64_t kChunk = 1024;
+  constexpr int64_t kChunk = 4096;
   if (count <= kChunk) {
     body(int64_t{0}, count);
     return;
