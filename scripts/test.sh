@@ -48,7 +48,7 @@ stage "unit tests under the sanitizers"
 # fails the run, with its log.
 stage "fuzz targets (libFuzzer, ${FUZZ_SECONDS}s each, at once)"
 logs=$(mktemp -d)
-pids=()
+names=() pids=()
 for fuzzer in $FUZZERS; do
   corpus="tests/fuzz/corpus_${fuzzer#fuzz_}"
   work="$logs/corpus_$fuzzer"
@@ -57,13 +57,12 @@ for fuzzer in $FUZZERS; do
   # -timeout: an input that runs a minute is a bug (a render that never ends), not a slow machine.
   ./build-asan/tests/"$fuzzer" -max_total_time="$FUZZ_SECONDS" -timeout=60 -print_final_stats=1 "$work" \
     >"$logs/$fuzzer.log" 2>&1 &
-  pids+=($!)
+  names+=("$fuzzer") pids+=($!)
 done
 failed=0
-set -- $FUZZERS
-for pid in "${pids[@]}"; do
-  fuzzer=$1; shift
-  if wait "$pid"; then
+for i in "${!pids[@]}"; do
+  fuzzer=${names[$i]}
+  if wait "${pids[$i]}"; then
     echo "$fuzzer:"; tail -n 3 "$logs/$fuzzer.log"
   else
     echo "$fuzzer FAILED:"; tail -n 60 "$logs/$fuzzer.log"; failed=1

@@ -115,8 +115,6 @@ TEST(CpuOps, SiluMul) {
   EXPECT_LT(relative_error(out, ref), 1e-6);
 }
 
-// Causal GQA against a float64 reference, whole history, a sliding window, and windows with
-// attention sinks (a QSpec draft's sparse view: positions < sinks stay visible).
 // GeGLU: gelu_tanh(g) * up against PyTorch's tanh formula in float64, within a few f32 ulps of each
 // value (the exp is a polynomial, not libm's), on gates from -30 to 30 and odd lengths (the SIMD
 // tail); the AVX2 loop gives the portable loop's bits.
@@ -153,6 +151,8 @@ TEST(CpuOps, GeluTanhMulIsWithinUlpsOfTheTanhFormulaOnEveryPath) {
     ASSERT_EQ(std::bit_cast<uint32_t>(outputs[0][i]), std::bit_cast<uint32_t>(outputs[1][i])) << i;
 }
 
+// Causal GQA against a float64 reference, whole history, a sliding window, and windows with
+// attention sinks (a QSpec draft's sparse view: positions < sinks stay visible).
 TEST(CpuOps, GroupedQueryAttentionWithCausalityWindowAndSinks) {
   struct Case {
     int64_t window, sinks;
