@@ -1824,6 +1824,23 @@ TEST_F(Gpu, W4A16DequantizeIsExact) {
   }
 }
 
+// The 128 x 256 wgmma tile's producer warpgroup leaves once its copies are out (its registers go to
+// the mma warpgroups), so the tile has no split-K fix-up: a split request is an error, not partials
+// left unsummed.
+TEST_F(Gpu, W4A16WgmmaPrefillTileRefusesSplitK) {
+  if (!cuda::w4a16_wgmma_tile_runs_here()) GTEST_SKIP() << "the wgmma tiles need an sm_90a GPU";
+  const qspec::QuantizedMatrix weight = random_quantized(256, 512, qspec::quant::Format::int4, 128);
+  DeviceW4 w(qspec::gemm::pack_w4a16(weight));
+  const int64_t m = 300;
+  cuda::DeviceMemory x(static_cast<size_t>(m * 512) * 2), y(static_cast<size_t>(m * 256) * 2);
+  const size_t bytes = cuda::w4a16_workspace_bytes(1, 256, 512, cuda::W4A16Path::tiled) + static_cast<size_t>(2 * m * 256) * 4;
+  cuda::DeviceMemory workspace(bytes);
+  cuda::w4a16_workspace_init(workspace.get(), bytes, nullptr);
+  EXPECT_THROW(cuda::w4a16_gemm_tiled(x.as<f16>(), m, 512, w.view, y.as<f16>(), 256, workspace.get(), bytes, nullptr,
+                                      cuda::W4A16TiledConfig{cuda::kW4A16WgmmaTile128x256, 2}),
+               qspec::Error);
+}
+
 TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
   using qspec::quant::Format;
   struct Shape {
@@ -1898,10 +1915,12 @@ TEST_F(Gpu, W4A16GemmMatchesCpuOverShapesAndPaths) {
                                  tiled("tiled wgmma 256x32 split3", cuda::kW4A16WgmmaTile256x32, 3),
                                  tiled("tiled wgmma 256x64", cuda::kW4A16WgmmaTile256x64, 1),
                                  tiled("tiled wgmma 256x64 split2", cuda::kW4A16WgmmaTile256x64, 2),
+                                 tiled("tiled wgmma 128x256", cuda::kW4A16WgmmaTile128x256, 1),
                                  packed_x("tiled wgmma 128x64 x packed", cuda::kW4A16WgmmaTile, 1),
                                  packed_x("tiled wgmma 128x32 x packed split3", cuda::kW4A16WgmmaTile32, 3),
                                  packed_x("tiled wgmma 128x128 x packed split2", cuda::kW4A16WgmmaTile128, 2),
                                  packed_x("tiled wgmma 256x64 x packed", cuda::kW4A16WgmmaTile256x64, 1),
+                                 packed_x("tiled wgmma 128x256 x packed", cuda::kW4A16WgmmaTile128x256, 1),
                                  tiled("tiled 128x32", cuda::kW4A16Tile128x32, 1),
                                  tiled("tiled 128x32 split3", cuda::kW4A16Tile128x32, 3),
                                  {"dequant+cublas", cuda::W4A16Path::dequant_cublas, {}, 3e-3},
@@ -2074,7 +2093,8 @@ TEST_F(Gpu, W4A16ZeroPointsMatchCpuOverShapesAndPaths) {
       for (auto [tile, splits] : {std::pair{0, 0}, {cuda::kW4A16WgmmaTile32, 1}, {cuda::kW4A16WgmmaTile32, 3},
                                   {cuda::kW4A16WgmmaTile, 1}, {cuda::kW4A16WgmmaTile, 2},
                                   {cuda::kW4A16WgmmaTile128, 1}, {cuda::kW4A16WgmmaTile128, 2},
-                                  {cuda::kW4A16WgmmaTile256x32, 2}, {cuda::kW4A16WgmmaTile256x64, 1}, {2, 1}, {2, 3},
+                                  {cuda::kW4A16WgmmaTile256x32, 2}, {cuda::kW4A16WgmmaTile256x64, 1},
+                                  {cuda::kW4A16WgmmaTile128x256, 1}, {2, 1}, {2, 3},
                                   {cuda::kW4A16Tile128x32, 1}, {cuda::kW4A16Tile128x32, 2}, {1, 1}, {3, 1}}) {
         auto tiled = [&](f16* y) {
           cuda::w4a16_gemm_tiled(d_x.as<f16>(), m, ldx, w.view, y, ldy, workspace.get(), bytes, nullptr,

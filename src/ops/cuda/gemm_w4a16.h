@@ -123,8 +123,8 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
 // f16 activation values on sm_90a only (w4a16_wgmma_tile_runs_here), not the mma.sync tiles'
 // bits (the group scales folded into f16 weights; within the same bound of the CPU); 6 = 128 x
 // 32, 4 warps, two blocks a multiprocessor; 7 / 8 = the wgmma kernel at 128 x 32 / 128 x 128;
-// 9 / 10 = the wgmma kernel at 256 x 32 / 256 x 64 (four mma warpgroups); any m runs, in M
-// tiles) and the split-K override (0 = heuristic: fill the GPU once). Tiles 2 and 6 run f16
+// 9 / 10 = the wgmma kernel at 256 x 32 / 256 x 64 (four mma warpgroups); 11 = the wgmma
+// kernel at 128 x 256 (prefill); any m runs, in M tiles) and the split-K override (0 = heuristic: fill the GPU once). Tiles 2 and 6 run f16
 // activations of at most 32 tokens with at most 2048 k a split as 8 warps of 16 rows instead of
 // 4 of 32 (the same bits).
 struct W4A16TiledConfig {
@@ -135,16 +135,17 @@ struct W4A16TiledConfig {
   // transposes. The wgmma tiles only (others throw), on int4, int4-asym and int4-zp weights.
   bool x_packed = false;
 };
-inline constexpr int kW4A16TiledTiles = 10;  // tiles 1 .. kW4A16TiledTiles
+inline constexpr int kW4A16TiledTiles = 11;  // tiles 1 .. kW4A16TiledTiles
 inline constexpr int kW4A16WgmmaTile = 5;
 inline constexpr int kW4A16Tile128x32 = 6;  // the default at 17-32 tokens where two blocks fit a multiprocessor
 inline constexpr int kW4A16WgmmaTile32 = 7;
 inline constexpr int kW4A16WgmmaTile128 = 8;
 inline constexpr int kW4A16WgmmaTile256x32 = 9;
 inline constexpr int kW4A16WgmmaTile256x64 = 10;
-// The wgmma tiles (5, 7 - 10): sm_90a and f16 activation values only.
+inline constexpr int kW4A16WgmmaTile128x256 = 11;  // prefill: 256 tokens a tile
+// The wgmma tiles (5, 7 - 11): sm_90a and f16 activation values only.
 inline constexpr bool w4a16_is_wgmma_tile(int tile) {
-  return tile == kW4A16WgmmaTile || (tile >= kW4A16WgmmaTile32 && tile <= kW4A16WgmmaTile256x64);
+  return tile == kW4A16WgmmaTile || (tile >= kW4A16WgmmaTile32 && tile <= kW4A16WgmmaTile128x256);
 }
 // The tiles with zero-point instances (int4-asym / int4-zp weights): 128x64 (2), 128x32 and the
 // wgmma tiles.

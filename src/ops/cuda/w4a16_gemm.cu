@@ -138,12 +138,20 @@ int64_t w4a16_wgmma_min_tokens() {
   return from;
 }
 
+// Past kTiledMaxMWgmma tokens (prefill) on sm_90a the tiled path's 128 x 256 wgmma tile
+// (w4a16_tiled.cu's default_tile) instead of dequantize + cuBLAS, which writes and reads the whole
+// f16 weight matrix every call. QSPEC_W4A16_PREFILL_WGMMA=0: dequantize + cuBLAS there (A/B runs).
+bool w4a16_prefill_takes_wgmma() {
+  static const bool on = env_int("QSPEC_W4A16_PREFILL_WGMMA", 1, 0, 1) == 1;
+  return on && w4a16_wgmma_tile_runs_here();
+}
+
 W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
   const bool preload = w4a16_preload_runs_here();
   const bool to_wgmma = preload && m >= w4a16_wgmma_min_tokens() && w4a16_wgmma_tile_runs_here();
   if (m <= (preload ? kSmallMMaxPreload : kSmallMMax) && !to_wgmma) return W4A16Path::small_m;
   if (m <= (w4a16_wgmma_tile_runs_here() ? kTiledMaxMWgmma : kTiledMaxM)) return W4A16Path::tiled;
-  return W4A16Path::dequant_cublas;
+  return w4a16_prefill_takes_wgmma() ? W4A16Path::tiled : W4A16Path::dequant_cublas;
 }
 
 size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path) {

@@ -50,6 +50,7 @@ struct TiledKernel {
   int threads;        // a block
   int blocks_per_sm;  // resident blocks a multiprocessor holds (occupancy calculator)
   void (*launch)(const kernels::W4A16TiledParams&, dim3, cudaStream_t);
+  bool split_k = true;  // false: runs unsplit only (W4A16WgmmaShape::kSplitK)
 };
 
 // One kernel of the tiled path: the mma.sync KERNEL on ROWS x TOKENS tiles, THREADS a block, SMEM
@@ -97,6 +98,12 @@ using WgmmaShape128 = kernels::W4A16WgmmaShape<16, 4, 1, 2>;
 // 256 rows: four mma warpgroups (kernels/w4a16_wgmma.cuh says why), one block a multiprocessor.
 using WgmmaShape256x32 = kernels::W4A16WgmmaShape<4, 8, 1, 2, 16>;
 using WgmmaShape256x64 = kernels::W4A16WgmmaShape<8, 6, 1, 2, 16>;
+// 256 tokens (prefill): 128 f32 accumulators a thread, which with two batches of A fragments
+// exceed the 168 registers 384 threads leave, so the producer warpgroup gives its registers to the
+// mma warpgroups (224 a thread; no split-K then, kernels/w4a16_wgmma.cuh); three 74 KB stages (x
+// is 64 KB of a stage). The dequantization a weight costs the same at any width, here under four
+// times the tensor time it had at 64 tokens.
+using WgmmaShape128x256 = kernels::W4A16WgmmaShape<32, 3, 1, 2, 8, 224>;
 // ZP: the zero-point instance (int4-asym weights, kernels::zero_point_mins); ZC: the integer
 // zero-point one (int4-zp, its zero words there).
 template <class Shape, int G, bool ZP = false, bool ZC = false, bool PX = false>
@@ -131,7 +138,7 @@ struct WgmmaLauncher {
   }
   static TiledKernel get() {
     static const int blocks_per_sm = configure();
-    return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch};
+    return {Shape::kRows, Shape::kTokens, Shape::kThreads, blocks_per_sm, &launch, Shape::kSplitK};
   }
 };
 template <class Shape, bool ZP = false, bool ZC = false, bool PX = false>
@@ -153,6 +160,7 @@ TiledKernel wgmma_kernel(int tile, int64_t group) {
     case kW4A16WgmmaTile: return wgmma_kernel_for_group<WgmmaShape64, ZP, ZC, PX>(group);
     case kW4A16WgmmaTile256x32: return wgmma_kernel_for_group<WgmmaShape256x32, ZP, ZC, PX>(group);
     case kW4A16WgmmaTile256x64: return wgmma_kernel_for_group<WgmmaShape256x64, ZP, ZC, PX>(group);
+    case kW4A16WgmmaTile128x256: return wgmma_kernel_for_group<WgmmaShape128x256, ZP, ZC, PX>(group);
     default: return wgmma_kernel_for_group<WgmmaShape128, ZP, ZC, PX>(group);
   }
 }
@@ -202,7 +210,7 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
     if (tile == 2) return tiled_kernel_for_group<Act, Tile128x64, SWIGLU>(group);
     if (tile == kW4A16Tile128x32) return tiled_kernel_for_group<Act, Tile128x32, SWIGLU>(group);
     fail("cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
-         kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 10)", SWIGLU ? " (with SwiGLU: 2 and 6 only)" : "",
+         kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 11)", SWIGLU ? " (with SwiGLU: 2 and 6 only)" : "",
          ", not tile ", tile);
   } else {
     switch (tile) {
@@ -263,6 +271,10 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
 // tile (A/B runs).
 constexpr int64_t kWgmmaMinTokens = 64;
+// From here on (prefill; the tiled path takes these past 256 tokens, w4a16_choose_path) the
+// 128 x 256 wgmma tile: x is 8x the weights' bytes a k, so twice the tokens a tile halve
+// each block's share of x, and the dequantization a weight is spread over twice the tokens.
+constexpr int64_t kWgmmaPrefillTileFrom = 257;
 constexpr double kWgmma256MinWave = 0.75;
 bool wgmma_256_fills_one_wave(int64_t n) {
   const int64_t tiles = ceil_div(n, int64_t{256}), sms = multiprocessor_count();
@@ -278,6 +290,7 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool wgmma_17_64 = env_int("QSPEC_W4A16_WGMMA_17_64", 1, 0, 1) == 1;
   if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
     if (wgmma_switch == 1 && m >= w4a16_wgmma_min_tokens()) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
+    if (m >= kWgmmaPrefillTileFrom) return kW4A16WgmmaTile128x256;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
     if (std::is_same_v<Act, kernels::ActF16> && wgmma_256 && m > 32 && wgmma_256_fills_one_wave(n))
       return kW4A16WgmmaTile256x64;
@@ -320,6 +333,7 @@ std::string w4a16_tiled_tile_name(int tile) {
     case kW4A16WgmmaTile128: return "wgmma_128x128";
     case kW4A16WgmmaTile256x32: return "wgmma_256x32";
     case kW4A16WgmmaTile256x64: return "wgmma_256x64";
+    case kW4A16WgmmaTile128x256: return "wgmma_128x256";
     case kW4A16Tile128x32: return "128x32";
     default: return "auto";
   }
@@ -347,7 +361,7 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
                      size_t workspace_bytes, const W4A16TiledConfig& config) {
   const int tile = config.tile != 0 ? config.tile : default_tile<Act>(m, w.n, w.k, w.group);
   QSPEC_CHECK(!w4a16_is_wgmma_tile(tile) || (kPlainF16<Act> && wgmma_tile_runs_here()),
-              "cuda::w4a16_gemm_tiled: the wgmma tiles (5, 7 - 10) need f16 activation values and an sm_90a GPU and "
+              "cuda::w4a16_gemm_tiled: the wgmma tiles (5, 7 - 11) need f16 activation values and an sm_90a GPU and "
               "build");
   const TiledKernel kernel = tiled_kernel<Act>(tile, w.group);
   const int64_t m_tiles = ceil_div(m, kernel.tokens), row_tiles = ceil_div(w.n, kernel.rows);
@@ -362,7 +376,9 @@ TiledPlan plan_tiled(int64_t m, const W4A16Weights& w, const kernels::W4A16Layou
   // Splits cut k at scale-group boundaries (the kernel flushes groups at static points).
   const int64_t group_units = layout.full_chunks / std::max<int64_t>(1, w.group / 64);
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(65535, std::max<int64_t>(1, group_units)));
-  if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes)) splits = 1;
+  QSPEC_CHECK(kernel.split_k || config.splits <= 1, "cuda::w4a16_gemm_tiled: tile ", tile, " runs unsplit (splits ",
+              config.splits, ")");
+  if (blocks * 4 > static_cast<int64_t>(detail::kW4A16CounterBytes) || !kernel.split_k) splits = 1;
   splits = detail::splits_that_fit(splits, m, w.n, workspace, workspace_bytes);
   return {tile, kernel, m_tiles, row_tiles, splits};
 }
@@ -450,7 +466,7 @@ bool zero_points_take_int4_wgmma_rule() {
 int zero_point_tile(int64_t m, const W4A16Weights& w, int config_tile) {
   QSPEC_CHECK(config_tile == 0 || w4a16_tile_has_zero_points(config_tile),
               "cuda::w4a16_gemm_tiled: int4-asym / int4-zp weights (zero points) run on the tiles 128x64 (2), 128x32 (",
-              kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 10), not tile ", config_tile);
+              kW4A16Tile128x32, ") and the wgmma tiles (5, 7 - 11), not tile ", config_tile);
   if (config_tile != 0) return config_tile;
   if (zero_points_take_int4_wgmma_rule() && wgmma_tile_runs_here() && m >= w4a16_wgmma_min_tokens() && m <= 64) {
     if (m > 32 && wgmma_256_fills_one_wave(w.n)) return kW4A16WgmmaTile256x64;

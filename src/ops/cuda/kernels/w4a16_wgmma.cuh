@@ -71,10 +71,16 @@
 namespace qspec::cuda::kernels {
 
 // (token tiles of 8, ring stages, blocks a multiprocessor, pairs a wgmma batch, row blocks of 16:
-// 8 = two mma warpgroups, 16 = four)
-template <int TILES_, int STAGES_, int MIN_BLOCKS_, int BATCH_PAIRS_, int ROW_BLOCKS_ = 8>
+// 8 = two mma warpgroups, 16 = four; registers a mma thread, 0 = the even share)
+// MMA_REGISTERS: the producer warpgroup hands its registers to the mma warpgroups (setmaxnreg) and
+// leaves once its copies are issued, so such a shape has no split-K (its fix-up needs every
+// thread): the 256-token tile, whose 128 accumulators and two batches of A fragments a thread
+// exceed the 168 registers of 384 threads (at one pair a batch ptxas serialised every wgmma, C7513).
+template <int TILES_, int STAGES_, int MIN_BLOCKS_, int BATCH_PAIRS_, int ROW_BLOCKS_ = 8, int MMA_REGISTERS_ = 0>
 struct W4A16WgmmaShape {
   static constexpr int TILES = TILES_, STAGES = STAGES_, kMinBlocks = MIN_BLOCKS_, kBatchPairs = BATCH_PAIRS_;
+  static constexpr int kMmaRegisters = MMA_REGISTERS_, kProducerRegisters = 56;
+  static constexpr bool kSplitK = MMA_REGISTERS_ == 0;
   static constexpr int kTokens = 8 * TILES;
   static constexpr int kRowBlocks = ROW_BLOCKS_, kRows = 16 * kRowBlocks;
   static_assert(kRowBlocks % 4 == 0, "whole mma warpgroups of 64 rows");
@@ -88,6 +94,8 @@ struct W4A16WgmmaShape {
   static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;  // boxes stay 1024-aligned
   static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;                // + the alignment slack
   static_assert(MIN_BLOCKS_ * (kSmemBytes + 1024) <= 228 * 1024, "the rings of kMinBlocks blocks fit a multiprocessor");
+  static_assert(kSplitK || (MIN_BLOCKS_ == 1 && 128 * kProducerRegisters + 32 * kRowBlocks * kMmaRegisters <= 65536),
+                "the register file");
 };
 
 // Lane 4g + t's two words of one pair (w0: k 8t .. 8t + 3, w1: 8t + 4 .. 8t + 7, rows g and g + 8,
@@ -221,42 +229,52 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
   __syncthreads();
   grid_launch_dependents();
 
-  if (warp == 0) {
-    // ---- producer: lane 0 issues every copy of every stage ----
-    if (lane == 0) {
-      // A stage's weights: its row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
-      // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
-      auto load_w = [&](int st) {
-        const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
-        uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
-        tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
-        tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
-                    &full[slot]);
-      };
-      auto load_x = [&](int st) {
-        const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
-        uint8_t* const x_dst = ring + slot * T::kStageBytes;
-        // Both boxes even in a short last stage: k past the matrix reads as zeros, which its
-        // zero A fragments multiply (stale shared memory could hold NaN bits).
-        tma_load_2d(x_dst, &maps.x, k0, m0, &full[slot]);
-        tma_load_2d(x_dst + T::kBoxBytes, &maps.x, k0 + 64, m0, &full[slot]);
-      };
-      // The first STAGES stages: the weights before the wait for the previous kernel, x after it.
-      const int first = min(STAGES, stages);
-      for (int st = 0; st < first; ++st) {
-        mbarrier_arrive_expect_tx(&full[st], kStageTx);
-        load_w(st);
-      }
-      grid_dependency_wait();
-      for (int st = 0; st < first; ++st) load_x(st);
-      for (int st = STAGES; st < stages; ++st) {
-        const int slot = st % STAGES;
-        mbarrier_wait(&empty[slot], ((st / STAGES) - 1) & 1);
-        mbarrier_arrive_expect_tx(&full[slot], kStageTx);
-        load_w(st);
-        load_x(st);
-      }
+  // ---- producer: one thread (warp 0, lane 0) issues every copy of every stage ----
+  auto produce = [&] {
+    // A stage's weights: its row blocks' codes (1 KB each: 8 rows of 128 bytes, ops/w4a16_pack.h)
+    // and scales; a short last stage's box runs past k and reads zeros (its bytes still count).
+    auto load_w = [&](int st) {
+      const int slot = st % STAGES, pair0 = (stage_begin + st) * T::kPairs;
+      uint8_t* const w_dst = ring + slot * T::kStageBytes + T::kXBytes;
+      tma_load_3d(w_dst, &maps.codes, 0, pair0 * 2, row_tile * T::kRowBlocks, &full[slot]);
+      tma_load_3d(w_dst + T::kRowBlocks * T::kCodeBytes, &maps.scales, 0, pair0 / PPG, row_tile * T::kRowBlocks,
+                  &full[slot]);
+    };
+    auto load_x = [&](int st) {
+      const int slot = st % STAGES, k0 = (stage_begin + st) * T::kPairs * 32;
+      uint8_t* const x_dst = ring + slot * T::kStageBytes;
+      // Both boxes even in a short last stage: k past the matrix reads as zeros, which its
+      // zero A fragments multiply (stale shared memory could hold NaN bits).
+      tma_load_2d(x_dst, &maps.x, k0, m0, &full[slot]);
+      tma_load_2d(x_dst + T::kBoxBytes, &maps.x, k0 + 64, m0, &full[slot]);
+    };
+    // The first STAGES stages: the weights before the wait for the previous kernel, x after it.
+    const int first = min(STAGES, stages);
+    for (int st = 0; st < first; ++st) {
+      mbarrier_arrive_expect_tx(&full[st], kStageTx);
+      load_w(st);
     }
+    grid_dependency_wait();
+    for (int st = 0; st < first; ++st) load_x(st);
+    for (int st = STAGES; st < stages; ++st) {
+      const int slot = st % STAGES;
+      mbarrier_wait(&empty[slot], ((st / STAGES) - 1) & 1);
+      mbarrier_arrive_expect_tx(&full[slot], kStageTx);
+      load_w(st);
+      load_x(st);
+    }
+  };
+  if constexpr (T::kSplitK) {
+    if (warp == 0 && lane == 0) produce();
+  } else {
+    // Each warpgroup's registers set before its own code only (ptxas ignores a setmaxnreg whose
+    // code after it is shared with the other warpgroups').
+    if (warp < 4) {
+      warpgroup_registers_decrease<T::kProducerRegisters>();
+      if (warp == 0 && lane == 0) produce();
+      return;  // no split-K fix-up to join (the launcher runs these shapes unsplit)
+    }
+    warpgroup_registers_increase<T::kMmaRegisters>();
   }
   grid_dependency_wait();  // every thread: the epilogue writes y, which an earlier kernel may read
 
@@ -404,7 +422,7 @@ __global__ __launch_bounds__(Shape::kThreads, Shape::kMinBlocks) void w4a16_wgmm
       store_fragment<TILES>(acc, rb, t, g, p.w.n, tile_m, p.splits, split, p.y + static_cast<int64_t>(m0) * p.ldy,
                             p.ldy, partials);
   }
-  if (p.splits == 1) return;
+  if (!T::kSplitK || p.splits == 1) return;
   const int row_begin = row_tile * T::kRows;
   splitk_finish<T::kThreads>(p.counters, row_tile * p.m_tiles + m_tile, p.splits, partials,
                              p.y + static_cast<int64_t>(m0) * p.ldy, p.ldy, tile_m, p.w.n, row_begin,
