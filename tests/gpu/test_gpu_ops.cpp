@@ -2209,7 +2209,8 @@ TEST_F(Gpu, W4A16WorkspaceIsSharedAcrossPaths) {
   const qspec::QuantizedMatrix weight = random_quantized(n, k, qspec::quant::Format::int4, 64);
   DeviceW4 w(qspec::gemm::pack_w4a16(weight));
   qspec::cuda::Blas blas;
-  const int64_t big_m = 300, tiled_m = 40;  // big_m: past the tiled path's reach (256 with the wgmma tiles)
+  // big_m: past the tiled path's reach (2048 with the wgmma tiles, w4a16_choose_path)
+  const int64_t big_m = 2100, tiled_m = 40;
   const size_t bytes = std::max({cuda::w4a16_workspace_bytes(big_m, n, k), cuda::w4a16_workspace_bytes(1, n, k),
                                  cuda::w4a16_workspace_bytes(tiled_m, n, k, cuda::W4A16Path::tiled),
                                  cuda::w4a16_workspace_bytes(1, n, k, cuda::W4A16Path::tiled) +

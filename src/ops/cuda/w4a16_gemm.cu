@@ -138,9 +138,18 @@ int64_t w4a16_wgmma_min_tokens() {
   return from;
 }
 
-// Past kTiledMaxMWgmma tokens (prefill) on sm_90a the tiled path's 128 x 256 wgmma tile
-// (w4a16_tiled.cu's default_tile) instead of dequantize + cuBLAS, which writes and reads the whole
-// f16 weight matrix every call. QSPEC_W4A16_PREFILL_WGMMA=0: dequantize + cuBLAS there (A/B runs).
+// Past kTiledMaxMWgmma tokens (prefill) on sm_90a, up to kTiledMaxMPrefill, the tiled path (its
+// 128 x 256 wgmma tile, w4a16_tiled.cu's default_tile) instead of dequantize + cuBLAS, which writes
+// and reads the whole f16 weight matrix every call. Beyond, that round trip is a few per cent of
+// the GEMM and cuBLAS's tiles outrun the 128 x 256 one: Llama-3-8B on the H200 (ebd3e06,
+// bench/results/gpu-w4a16-prefill-gemm-llama3-8b-h200-ebd3e06.log), 128 x 256 against dequantize
+// + cuBLAS at 1024 / 2048 / 4096 tokens: gate_up 384 / 788 / 1617 against 434 / 821 / 1559 us,
+// down 171 / 348 / 785 against 210 / 387 / 764, o 49 / 102 / 233 against 61 / 111 / 238, qkv 99
+// / 159 / 343 against 87 / 165 / 366.
+#ifndef QSPEC_W4A16_TILED_M_MAX_PREFILL
+#define QSPEC_W4A16_TILED_M_MAX_PREFILL 2048
+#endif
+static constexpr int64_t kTiledMaxMPrefill = QSPEC_W4A16_TILED_M_MAX_PREFILL;
 bool w4a16_prefill_takes_wgmma() {
   static const bool on = env_int("QSPEC_W4A16_PREFILL_WGMMA", 1, 0, 1) == 1;
   return on && w4a16_wgmma_tile_runs_here();
@@ -151,7 +160,7 @@ W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k) {
   const bool to_wgmma = preload && m >= w4a16_wgmma_min_tokens() && w4a16_wgmma_tile_runs_here();
   if (m <= (preload ? kSmallMMaxPreload : kSmallMMax) && !to_wgmma) return W4A16Path::small_m;
   if (m <= (w4a16_wgmma_tile_runs_here() ? kTiledMaxMWgmma : kTiledMaxM)) return W4A16Path::tiled;
-  return w4a16_prefill_takes_wgmma() ? W4A16Path::tiled : W4A16Path::dequant_cublas;
+  return m <= kTiledMaxMPrefill && w4a16_prefill_takes_wgmma() ? W4A16Path::tiled : W4A16Path::dequant_cublas;
 }
 
 size_t w4a16_workspace_bytes(int64_t m, int64_t n, int64_t k, W4A16Path path) {

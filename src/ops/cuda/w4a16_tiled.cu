@@ -271,10 +271,20 @@ TiledKernel tiled_kernel(int tile, int64_t group) {
 // QSPEC_W4A16_NARROW=0 leaves 128x32 out and QSPEC_W4A16_TILE_64=1 takes 256x64 as the 64-token
 // tile (A/B runs).
 constexpr int64_t kWgmmaMinTokens = 64;
-// From here on (prefill; the tiled path takes these past 256 tokens, w4a16_choose_path) the
-// 128 x 256 wgmma tile: x is 8x the weights' bytes a k, so twice the tokens a tile halve
-// each block's share of x, and the dequantization a weight is spread over twice the tokens.
-constexpr int64_t kWgmmaPrefillTileFrom = 257;
+// From kWgmmaPrefillTileFrom tokens the 128 x 256 wgmma tile where its blocks (one a
+// multiprocessor, no split-K) fill at least kWgmmaPrefillMinWave of a wave, else 128 x 128: x is
+// 8x the weights' bytes a k, so twice the tokens a tile halve each block's share of x's loads, and
+// each weight's dequantization serves twice the tokens. Llama-3-8B on the H200 (ebd3e06,
+// bench/results/gpu-w4a16-prefill-gemm-llama3-8b-h200-ebd3e06.log), 128 x 256 against 128 x 128:
+// gate_up at 256 tokens (224 blocks) 113 vs 160 us, at 512 211 vs 266; qkv at 384 / 512 (96
+// blocks, 0.73 of a wave) 43 / 51 vs 57 / 66; but o at 384 / 512 (64 blocks) 43 vs 29, down
+// at 256 / 512 (32 / 64 blocks) 165 / 173 vs 72 / 118.
+constexpr int64_t kWgmmaPrefillTileFrom = 129;
+constexpr double kWgmmaPrefillMinWave = 0.7;
+bool wgmma_prefill_tile_fills_wave(int64_t m, int64_t n) {
+  const int64_t blocks = ceil_div(m, int64_t{256}) * ceil_div(n, int64_t{128});
+  return static_cast<double>(blocks) >= kWgmmaPrefillMinWave * static_cast<double>(multiprocessor_count());
+}
 constexpr double kWgmma256MinWave = 0.75;
 bool wgmma_256_fills_one_wave(int64_t n) {
   const int64_t tiles = ceil_div(n, int64_t{256}), sms = multiprocessor_count();
@@ -290,7 +300,8 @@ int default_tile(int64_t m, int64_t n, int64_t k, int64_t group) {
   static const bool wgmma_17_64 = env_int("QSPEC_W4A16_WGMMA_17_64", 1, 0, 1) == 1;
   if (kPlainF16<Act> && wgmma_switch != 0 && wgmma_tile_runs_here()) {
     if (wgmma_switch == 1 && m >= w4a16_wgmma_min_tokens()) return m <= 32 ? kW4A16WgmmaTile32 : m <= 64 ? kW4A16WgmmaTile : kW4A16WgmmaTile128;
-    if (m >= kWgmmaPrefillTileFrom) return kW4A16WgmmaTile128x256;
+    if (m >= kWgmmaPrefillTileFrom && w4a16_prefill_takes_wgmma() && wgmma_prefill_tile_fills_wave(m, n))
+      return kW4A16WgmmaTile128x256;
     if (m > kWgmmaMinTokens) return kW4A16WgmmaTile128;
     if (std::is_same_v<Act, kernels::ActF16> && wgmma_256 && m > 32 && wgmma_256_fills_one_wave(n))
       return kW4A16WgmmaTile256x64;
