@@ -19,7 +19,8 @@ namespace {
 constexpr std::string_view kNames[kStrategies] = {
     "small_m_v1",   "small_m_v2",    "small_m_v3",     "small_m_v4",    "tiled_256x64", "tiled_128x64",
     "tiled_256x32", "tiled_128x128", "dequant_cublas", "split_small_m", "bitwise_b1",
-    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32", "wgmma_128x128", "builtin"};
+    "s8_wide_128x128", "s8_wgmma_128x128", "small_m_v5", "tiled_128x32", "wgmma_128x128", "wgmma_128x256",
+    "builtin"};
 constexpr std::string_view kActivations[] = {"f16", "int8", "int4", "fp8", "nvfp4", "mxfp4"};
 
 int activations_index(std::string_view activations) {
@@ -49,7 +50,8 @@ bool strategy_supports(Strategy strategy, std::string_view activations) {
   if (strategy == Strategy::s8_wgmma_128x128) return activations == "int8" || activations == "fp8";
   // The preload kernel: f16, and W4A8's int8 codes with a scale a token (up to 8 tokens a launch).
   if (strategy == Strategy::small_m_v5) return activations == "f16" || activations == "int8";
-  if (strategy == Strategy::wgmma_128x128) return activations == "f16";  // f16 values as wgmma's B operand
+  if (strategy == Strategy::wgmma_128x128 || strategy == Strategy::wgmma_128x256)
+    return activations == "f16";  // f16 values as wgmma's B operand
   if (activations == "f16") return true;
   return strategy != Strategy::small_m_v3 && strategy != Strategy::small_m_v4 && strategy != Strategy::dequant_cublas;
 }

@@ -41,6 +41,7 @@ enum class Strategy : uint8_t {
   small_m_v5,        // f16 (up to 16 tokens a launch) or int8 (up to 8): the preload kernel (bulk copies into shared memory, sm_90a)
   tiled_128x32,      // the tiled kernel's 256x32 warp tile in blocks of 4 warps, two a multiprocessor
   wgmma_128x128,     // f16, sm_90a: the warp-specialised wgmma kernel, 128 rows x 128 tokens (tens to hundreds of tokens)
+  wgmma_128x256,     // f16, sm_90a: the same kernel at 128 rows x 256 tokens, unsplit (hundreds to thousands: prefill)
   // Every activation kind: the kernels' own choice, as dispatch_w4_gemm makes it without a map
   // (the preload kernel, the wgmma tiles with x in the packed k order where the norms write it so,
   // dequantize + cuBLAS, the s8 wgmma kernel at large M). A tune times it beside the others and
@@ -49,7 +50,7 @@ enum class Strategy : uint8_t {
   // the built-in choice, which reads x packed where no single strategy does).
   builtin,
 };
-inline constexpr int kStrategies = 17;
+inline constexpr int kStrategies = 18;
 
 std::string_view strategy_name(Strategy strategy);
 // Throws qspec::Error naming the known strategies.

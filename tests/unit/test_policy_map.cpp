@@ -128,6 +128,9 @@ TEST(PolicyMap, SplitAndBitwiseAreIntegerOnlyAndBitwiseNeedsGroupsOf128) {
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::wgmma_128x128, "f16"));  // the f16 wgmma kernel
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::wgmma_128x128, "int8"));
   EXPECT_EQ(qspec::gemm::parse_strategy("wgmma_128x128"), Strategy::wgmma_128x128);
+  EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::wgmma_128x256, "f16"));  // its prefill tile
+  EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::wgmma_128x256, "fp8"));
+  EXPECT_EQ(qspec::gemm::parse_strategy("wgmma_128x256"), Strategy::wgmma_128x256);
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::split_small_m, "int4"));
   EXPECT_TRUE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "int4"));
   EXPECT_FALSE(qspec::gemm::strategy_supports(Strategy::bitwise_b1, "nvfp4"));

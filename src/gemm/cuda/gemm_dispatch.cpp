@@ -51,6 +51,8 @@ int tiled_strategy_tile(gemm::Strategy strategy) {
       return cuda::kW4A16Tile128x32;
     case Strategy::wgmma_128x128:
       return cuda::kW4A16WgmmaTile128;
+    case Strategy::wgmma_128x256:
+      return cuda::kW4A16WgmmaTile128x256;
     default:
       return 0;
   }
@@ -183,6 +185,7 @@ void run_w4_gemm(gemm::Strategy strategy, const cuda::Blas& blas, const W4GemmIn
     case Strategy::tiled_256x32:
     case Strategy::tiled_128x128:
     case Strategy::wgmma_128x128:  // f16 only (strategy_supports); the tiled path runs it as tile 8
+    case Strategy::wgmma_128x256:  // and this one as tile 11
     case Strategy::tiled_128x32: {
       const cuda::W4A16TiledConfig config{tiled_strategy_tile(strategy), 0};
       if (x.quantized) cuda::w4_quantized_gemm_tiled(*x.quantized, m, w, y, ldy, workspace, workspace_bytes, stream, config);
@@ -243,7 +246,8 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     if (strategy == gemm::Strategy::s8_wgmma_128x128 && !wgmma_runs(x, w, workspace_bytes))
       strategy = gemm::rule_based_strategy(x.activations(), m);
     // The f16 wgmma kernel runs on sm_90a only (a map tuned there may be loaded elsewhere).
-    if (strategy == gemm::Strategy::wgmma_128x128 && !cuda::w4a16_wgmma_tile_runs_here())
+    if ((strategy == gemm::Strategy::wgmma_128x128 || strategy == gemm::Strategy::wgmma_128x256) &&
+        !cuda::w4a16_wgmma_tile_runs_here())
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {
@@ -335,6 +339,8 @@ gemm::PolicyMap tune_w4_policy(const TuneOptions& options, nlohmann::json* recor
           if (strategy == Strategy::small_m_v5 && m > 16) continue;  // 16 tokens a launch: variant 1 beyond
           if (strategy == Strategy::wgmma_128x128 && (m <= 16 || !cuda::w4a16_wgmma_tile_runs_here()))
             continue;  // sm_90a only; a 128-token tile, slower than the small-M kernels at a few tokens
+          if (strategy == Strategy::wgmma_128x256 && (m <= 128 || !cuda::w4a16_wgmma_tile_runs_here()))
+            continue;  // sm_90a only; a 256-token tile, for prefill
           if (strategy == Strategy::bitwise_b1 && (m > 16 || views[0].bitplanes == nullptr)) continue;  // 8 tokens a launch
           if (strategy == Strategy::s8_wide_128x128 && (m < 32 || !cuda::w4_s8_wide_supports(views[0], format)))
             continue;  // a 128-token tile: built for large M

@@ -56,7 +56,7 @@ W4A16Path w4a16_choose_path(int64_t m, int64_t n, int64_t k);
 // the tiled path's wgmma tiles instead (17 by default; QSPEC_W4A16_WGMMA_FROM=9..17, A/B runs).
 int64_t w4a16_wgmma_min_tokens();
 // Whether the 128 x 256 wgmma tile (kW4A16WgmmaTile128x256) runs where its rule picks it (from 129
-// tokens where its blocks fill most of a wave, and the tiled path's prefill past 256 tokens):
+// tokens where its blocks fill most of a wave, and the tiled path's prefill of 257-3072 tokens):
 // sm_90a, unless QSPEC_W4A16_PREFILL_WGMMA=0 (A/B runs: the 128 x 128 tile and dequantize + cuBLAS
 // as before it).
 bool w4a16_prefill_takes_wgmma();

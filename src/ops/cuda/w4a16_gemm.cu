@@ -141,13 +141,15 @@ int64_t w4a16_wgmma_min_tokens() {
 // Past kTiledMaxMWgmma tokens (prefill) on sm_90a, up to kTiledMaxMPrefill, the tiled path (its
 // 128 x 256 wgmma tile, w4a16_tiled.cu's default_tile) instead of dequantize + cuBLAS, which writes
 // and reads the whole f16 weight matrix every call. Beyond, that round trip is a few per cent of
-// the GEMM and cuBLAS's tiles outrun the 128 x 256 one: Llama-3-8B on the H200 (ebd3e06,
-// bench/results/gpu-w4a16-prefill-gemm-llama3-8b-h200-ebd3e06.log), 128 x 256 against dequantize
-// + cuBLAS at 1024 / 2048 / 4096 tokens: gate_up 384 / 788 / 1617 against 434 / 821 / 1559 us,
-// down 171 / 348 / 785 against 210 / 387 / 764, o 49 / 102 / 233 against 61 / 111 / 238, qkv 99
-// / 159 / 343 against 87 / 165 / 366.
+// the GEMM and cuBLAS's tiles outrun the 128 x 256 one: Llama-3-8B on the H200, 128 x 256 against
+// dequantize + cuBLAS at 1024 / 2048 / 3072 / 4096 tokens: gate_up 384 / 788 / 1205 / 1617 against
+// 434 / 821 / 1226 / 1559 us, down 171 / 348 / 540 / 785 against 210 / 387 / 567 / 764, o 49 / 102 /
+// 160 / 233 against 61 / 111 / 163 / 238, qkv 99 / 159 / 266 / 343 against 87 / 165 / 249 / 366
+// (a layer's four: 1.5 % faster at 3072, 1.7 % slower at 4096;
+// bench/results/gpu-w4a16-prefill-gemm-llama3-8b-h200-ebd3e06.log, 3072 in
+// gpu-w4a16-prefill-gemm-points-llama3-8b-h200-6a10c69.log).
 #ifndef QSPEC_W4A16_TILED_M_MAX_PREFILL
-#define QSPEC_W4A16_TILED_M_MAX_PREFILL 2048
+#define QSPEC_W4A16_TILED_M_MAX_PREFILL 3072
 #endif
 static constexpr int64_t kTiledMaxMPrefill = QSPEC_W4A16_TILED_M_MAX_PREFILL;
 bool w4a16_prefill_takes_wgmma() {

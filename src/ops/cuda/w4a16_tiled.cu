@@ -275,10 +275,12 @@ constexpr int64_t kWgmmaMinTokens = 64;
 // multiprocessor, no split-K) fill at least kWgmmaPrefillMinWave of a wave, else 128 x 128: x is
 // 8x the weights' bytes a k, so twice the tokens a tile halve each block's share of x's loads, and
 // each weight's dequantization serves twice the tokens. Llama-3-8B on the H200 (ebd3e06,
-// bench/results/gpu-w4a16-prefill-gemm-llama3-8b-h200-ebd3e06.log), 128 x 256 against 128 x 128:
-// gate_up at 256 tokens (224 blocks) 113 vs 160 us, at 512 211 vs 266; qkv at 384 / 512 (96
-// blocks, 0.73 of a wave) 43 / 51 vs 57 / 66; but o at 384 / 512 (64 blocks) 43 vs 29, down
-// at 256 / 512 (32 / 64 blocks) 165 / 173 vs 72 / 118.
+// bench/results/gpu-w4a16-prefill-gemm-llama3-8b-h200-ebd3e06.log and ...-points-...-6a10c69.log),
+// 128 x 256 against 128 x 128: gate_up at 160 / 192 tokens 99 / 98 vs 127 / 132 us, at 256 (224
+// blocks) 107-113 vs 117 (128 x 128 timed alone; 149-160 beside the bench's cuBLAS baselines), at
+// 512 211 vs 266; qkv at 384 / 512 (96 blocks, 0.73 of a wave) 43 / 51 vs 57 / 66; but o at 384 /
+// 512 (64 blocks) 43 vs 29, down at 256 / 512 (32 / 64 blocks) 149-165 / 173 vs 55 / 118, and
+// every shape at 128 tokens (one token tile of 128 against half of one of 256).
 constexpr int64_t kWgmmaPrefillTileFrom = 129;
 constexpr double kWgmmaPrefillMinWave = 0.7;
 bool wgmma_prefill_tile_fills_wave(int64_t m, int64_t n) {
