@@ -822,8 +822,13 @@ void GpuLlama::State::allocate_runtime(const GpuLlamaOptions& options) {
         for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}, int64_t{256},
                           int64_t{512}, max_step_tokens})
           if (m <= max_step_tokens) {
-            for (auto path : {cuda::W4A16Path::automatic, cuda::W4A16Path::small_m, cuda::W4A16Path::tiled})
-              if (path == cuda::W4A16Path::automatic || m <= 512)  // a policy map (set now or later) may pick any kernel
+            for (auto path : {cuda::W4A16Path::automatic, cuda::W4A16Path::small_m, cuda::W4A16Path::tiled,
+                              cuda::W4A16Path::dequant_cublas})
+              // A policy map (set now or later) may pick any kernel: the small-M and tiled ones up to
+              // 512 tokens, and dequantize + cuBLAS (its f16 copy of the weights) past 256, where the
+              // automatic path took it before the wgmma prefill tile and the shipped maps name it.
+              if (path == cuda::W4A16Path::automatic ||
+                  (path == cuda::W4A16Path::dequant_cublas ? m > 256 : m <= 512))
                 gemm_workspace_bytes =
                     std::max(gemm_workspace_bytes, cuda::w4a16_workspace_bytes(m, linear->n, linear->k, path));
             // int4-asym: the path its weights take (cuda::w4a16_choose_path), dequantize + cuBLAS where no
