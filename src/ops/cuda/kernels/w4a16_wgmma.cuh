@@ -38,6 +38,11 @@
 // rows in about the same latency, and Llama-3-8B's gate_up takes 112 row tiles of 256 (one wave
 // on 132 multiprocessors) where it took 224 of 128 (1.7 waves). At 32 and 64 tokens the mma
 // warps fit the 96 registers a thread that 640 threads leave.
+// The 256-token tile (prefill, hundreds to thousands of tokens): 128 accumulators a mma thread,
+// so the producer warpgroup gives the mma warpgroups its registers (setmaxnreg) and returns once
+// its copies are out (W4A16WgmmaShape's MMA_REGISTERS; no split-K for such a shape). Its x box is
+// 8x the stage's weights, so twice the tokens a block halve the L2 reads of x a flop, and each
+// weight's dequantization feeds 256 tokens.
 // Split-K (grid z) cuts k at 128-k stage boundaries; the epilogue is the tiled kernels'. A short
 // last stage (k % 128 != 0) takes no branch: TMA fills what lies past the tensors with zeros, so
 // the pairs past k multiply zero weights (zero codes and zero scales) by zero x.
