@@ -129,13 +129,14 @@ TEST(CpuInt8Linear, MatricesThatAreNotInt8BlocksAreRefused) {
 
 TEST(CpuInt8Linear, EveryIsaGivesThePortableBitsAndTheF32GemmOfTheMatrix) {
   IsaGuard guard;
-  for (int64_t rows : {8, 37, 131}) {
-    const int64_t cols = 160;
+  // 608 columns: 19 blocks a row, the tiles' k loop past a few hundred values.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8, 160}, {37, 160}, {131, 160}, {37, 608}}) {
     const qspec::WeightMatrix dense = f32_matrix(q8_values(rows, cols, 11), rows, cols);
     const auto w = qspec::cpu::exact_int8_blocks(dense);
     ASSERT_TRUE(w.has_value());
-    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 9, 10, 17, 192, 194}) {  // 192 on: the decoded-rows buffer
-      const std::string shape = std::to_string(rows) + " rows, " + std::to_string(tokens) + " tokens";
+    // 2-191: the register tiles (a verify, a short prefill); 192 on: the decoded-rows buffer.
+    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 9, 10, 17, 31, 64, 192, 194}) {
+      const std::string shape = std::to_string(rows) + "x" + std::to_string(cols) + ", " + std::to_string(tokens) + " tokens";
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * cols), 13);
       const std::vector<float> bias = random_values(static_cast<size_t>(rows), 17);
       const std::vector<float> portable = run(KernelIsa::portable, x, tokens, *w, bias.data());

@@ -123,7 +123,7 @@ TEST(CpuQ4Kernels, W4A16EveryIsaGivesThePortableBitsAndTheF32GemmOfTheDequantize
     dense.data = dense.owned.data();
     // 2-191: tiles of up to 4 tokens (a verify, a short prefill); 192 on: the decoded-rows buffer
     // with tiles of 3 tokens (kManyTokensFrom in q4_kernels_x86.inc).
-    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 31, 192, 197}) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 31, 64, 150, 192, 197}) {
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * s.cols), 1.0f, 11);
       const std::vector<float> bias = random_values(static_cast<size_t>(s.rows), 1.0f, 13);
       const std::vector<float> portable = run_a16(KernelIsa::portable, x, tokens, w, bias.data());
