@@ -2,8 +2,9 @@
 # One device call: build, then retune the shipped GEMM policy maps of this GPU for the synthetic
 # models (qspec tune: the isolated sweep, then the refinement inside whole decode steps and
 # prefills), each map written where generate / serve find it (bench/policies/GPU-MODEL.json) and
-# copied with its tuning record to $OUT (one log for all: $OUT brings back at most 8 files). Run it when the kernels a map can name change
-# (a new strategy, a new default): a map measured before them overrides the built-in choice.
+# copied with its tuning record to $OUT (one log for all: $OUT brings back at most 8 files). Run it
+# when the kernels a map can name change (a new strategy, a new default): a map measured before
+# them overrides the built-in choice.
 # usage (source root): QSPEC_COMMIT=... scripts/gpu-retune-maps.sh DEPS_PREFIX [MODEL ...]
 #   default models: llama3-8b qwen2.5-7b llama2-7b (~75 s of tuning each on the H200)
 set -uo pipefail

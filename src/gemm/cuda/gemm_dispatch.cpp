@@ -246,8 +246,7 @@ void dispatch_w4_gemm(const gemm::PolicyMap* policy, const cuda::Blas& blas, con
     if (strategy == gemm::Strategy::s8_wgmma_128x128 && !wgmma_runs(x, w, workspace_bytes))
       strategy = gemm::rule_based_strategy(x.activations(), m);
     // The f16 wgmma kernel runs on sm_90a only (a map tuned there may be loaded elsewhere).
-    if ((strategy == gemm::Strategy::wgmma_128x128 || strategy == gemm::Strategy::wgmma_128x256) &&
-        !cuda::w4a16_wgmma_tile_runs_here())
+    if (cuda::w4a16_is_wgmma_tile(tiled_strategy_tile(strategy)) && !cuda::w4a16_wgmma_tile_runs_here())
       strategy = gemm::rule_based_strategy(x.activations(), m);
     run_w4_gemm(strategy, blas, x, m, w, y, ldy, workspace, workspace_bytes, stream);
   } else if (x.quantized) {

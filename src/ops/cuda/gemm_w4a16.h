@@ -129,9 +129,9 @@ void w4a16_gemm_small_m(const f16_bits* x, int64_t m, int64_t ldx, const W4A16We
 // bits (the group scales folded into f16 weights; within the same bound of the CPU); 6 = 128 x
 // 32, 4 warps, two blocks a multiprocessor; 7 / 8 = the wgmma kernel at 128 x 32 / 128 x 128;
 // 9 / 10 = the wgmma kernel at 256 x 32 / 256 x 64 (four mma warpgroups); 11 = the wgmma
-// kernel at 128 x 256 (prefill); any m runs, in M tiles) and the split-K override (0 = heuristic: fill the GPU once). Tiles 2 and 6 run f16
-// activations of at most 32 tokens with at most 2048 k a split as 8 warps of 16 rows instead of
-// 4 of 32 (the same bits).
+// kernel at 128 x 256 (prefill, unsplit); any m runs, in M tiles) and the split-K override (0 =
+// heuristic: fill the GPU once). Tiles 2 and 6 run f16 activations of at most 32 tokens with at
+// most 2048 k a split as 8 warps of 16 rows instead of 4 of 32 (the same bits).
 struct W4A16TiledConfig {
   int tile = 0;
   int splits = 0;
