@@ -6,7 +6,7 @@
 # when the kernels a map can name change (a new strategy, a new default): a map measured before
 # them overrides the built-in choice.
 # usage (source root): QSPEC_COMMIT=... scripts/gpu-retune-maps.sh DEPS_PREFIX [MODEL ...]
-#   default models: llama3-8b qwen2.5-7b llama2-7b (~75 s of tuning each on the H200)
+#   default models: llama3-8b qwen2.5-7b llama2-7b (about a minute of tuning each on the H200)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"

@@ -247,13 +247,19 @@ Strategy PolicyMap::lookup(std::string_view activations, int64_t n, int64_t k, i
 }
 
 void PolicyMap::override_at(std::string_view activations, int64_t m, Strategy strategy) {
-  if (kind_ != Kind::measured || m < 1 || m > kDenseM || !strategy_supports(strategy, activations)) return;
+  override_range(activations, m, m, strategy);
+}
+
+void PolicyMap::override_range(std::string_view activations, int64_t first, int64_t last, Strategy strategy) {
+  first = std::max<int64_t>(first, 1);
+  last = std::min(last, kDenseM);
+  if (kind_ != Kind::measured || first > last || !strategy_supports(strategy, activations)) return;
   for (auto& [key_value, entry] : entries_) {
     if (entry.activations != activations) continue;
     if (strategy == Strategy::bitwise_b1 && (entry.group != 128 || entry.k % 128 != 0)) continue;
     if (strategy == Strategy::s8_wide_128x128 && entry.k % 128 != 0) continue;
     if (strategy == Strategy::s8_wgmma_128x128 && (entry.group != 128 || entry.k % 128 != 0)) continue;
-    entry.by_m[static_cast<size_t>(m)] = strategy;
+    for (int64_t m = first; m <= last; ++m) entry.by_m[static_cast<size_t>(m)] = strategy;
     entry.by_m[0] = entry.by_m[1];
     // The ranges again from the dense table (the last one keeps covering every M beyond it).
     std::vector<PolicyRange> ranges;
@@ -264,6 +270,13 @@ void PolicyMap::override_at(std::string_view activations, int64_t m, Strategy st
     }
     entry.ranges = std::move(ranges);
   }
+}
+
+bool PolicyMap::departs_at(std::string_view activations, int64_t m) const {
+  if (kind_ != Kind::measured) return true;
+  for (const auto& [key_value, entry] : entries_)
+    if (entry.activations == activations && lookup(activations, entry.n, entry.k, m) != Strategy::builtin) return true;
+  return false;
 }
 
 bool PolicyMap::uses(Strategy strategy, int64_t n, int64_t k) const {
@@ -414,14 +427,35 @@ std::vector<Strategy> step_contenders(const std::string& record_json, std::strin
   return picked;
 }
 
-size_t step_refine_choice(const std::vector<double>& ms, size_t builtin, double min_gain, double builtin_margin) {
-  QSPEC_CHECK(builtin < ms.size() && builtin > 0, "step_refine_choice: builtin at ", builtin, " of ", ms.size());
+size_t step_refine_choice(const std::vector<std::vector<double>>& rounds_ms, size_t builtin, double min_gain,
+                          double builtin_margin) {
+  QSPEC_CHECK(!rounds_ms.empty(), "step_refine_choice: no rounds");
+  const size_t candidates = rounds_ms.front().size();
+  QSPEC_CHECK(builtin < candidates && builtin > 0, "step_refine_choice: builtin at ", builtin, " of ", candidates);
+  std::vector<double> ms(candidates, 0.0);
+  for (const std::vector<double>& round : rounds_ms) {
+    QSPEC_CHECK(round.size() == candidates, "step_refine_choice: a round of ", round.size(), " times, not ", candidates);
+    for (size_t c = 0; c < candidates; ++c) ms[c] += round[c] / static_cast<double>(rounds_ms.size());
+  }
   size_t best = 0;
-  for (size_t c = 1; c < ms.size(); ++c)
+  for (size_t c = 1; c < candidates; ++c)
     if (ms[c] < ms[best]) best = c;
   if (ms[best] * (1.0 + builtin_margin) >= ms[builtin]) return builtin;
+  for (const std::vector<double>& round : rounds_ms)
+    if (round[best] >= round[builtin]) return builtin;  // lost a round: within the noise
   if (best != 0 && ms[best] * (1.0 + min_gain) < ms[0]) return best;
   return 0;
+}
+
+std::vector<std::pair<int64_t, int64_t>> step_refine_bands(const std::vector<int64_t>& sorted_m) {
+  std::vector<std::pair<int64_t, int64_t>> bands;
+  for (size_t i = 0; i < sorted_m.size(); ++i) {
+    QSPEC_CHECK(sorted_m[i] >= 1 && (i == 0 || sorted_m[i] > sorted_m[i - 1]),
+                "step_refine_bands: the points' M must be positive, increasing and distinct");
+    bands.emplace_back(i == 0 ? 1 : sorted_m[i - 1] + 1, i + 1 == sorted_m.size() ? PolicyMap::kDenseM : sorted_m[i]);
+  }
+  if (!bands.empty()) bands.back().second = std::max(bands.back().second, sorted_m.back());
+  return bands;
 }
 
 }  // namespace qspec::gemm

@@ -103,18 +103,27 @@ struct PolicyRange {
 // Where `qspec tune` times its picks inside whole steps by default (bench/cuda/gpu_bench.h,
 // StepRefineOptions): decode batches (M = B) and prefill lengths (M = P).
 inline std::vector<int64_t> step_refine_batches() { return {1, 8, 16, 32, 64}; }
-inline std::vector<int64_t> step_refine_prompt_lengths() { return {128, 256, 512, 1024}; }
+inline std::vector<int64_t> step_refine_prompt_lengths() { return {128, 256, 512, 1024, 2048, 4096}; }
+// Rounds of a step refinement (alternating order): a departure from builtin must win every one.
+inline constexpr int kStepRefineRounds = 3;
+
+// The band of M each step-refinement point answers for: point i (the sorted, distinct M of the
+// points) covers (M_{i-1}, M_i], the first from 1 and the last up to PolicyMap::kDenseM (and
+// beyond, as a map's last range does). Returns (first, last) M a point.
+std::vector<std::pair<int64_t, int64_t>> step_refine_bands(const std::vector<int64_t>& sorted_m);
 
 // The strategies worth timing inside the step at M: builtin first, then those the isolated
 // timings (a `qspec tune` record's JSON, its "timings") put within `slack` of a shape's best at
 // the tuned M nearest to M; every strategy of the activations when the record has none.
 std::vector<Strategy> step_contenders(const std::string& record_json, std::string_view activations, int64_t m,
                                       double slack);
-// Which of a step refinement's candidates to take, from their step times `ms` (index 0 the map as
-// it stands, `builtin` the builtin override): builtin unless the fastest beats it by
-// builtin_margin (a map departs from no map only where that measured faster), else the fastest
-// where it beats the map's by min_gain; 0 keeps the map.
-size_t step_refine_choice(const std::vector<double>& ms, size_t builtin, double min_gain, double builtin_margin);
+// Which of a step refinement's candidates to take, from their step times `rounds_ms[round][c]`
+// (candidate 0 the map as it stands, `builtin` the builtin override), on the means over rounds:
+// builtin unless the fastest beats it by builtin_margin and in every round (a map departs from no
+// map only where that measured faster beyond the noise: whole prefills differ by 2-3 % between
+// rounds on the H200), else the fastest where it beats the map's by min_gain; 0 keeps the map.
+size_t step_refine_choice(const std::vector<std::vector<double>>& rounds_ms, size_t builtin, double min_gain,
+                          double builtin_margin);
 
 class PolicyMap {
  public:
@@ -135,6 +144,10 @@ class PolicyMap {
   // Sets the strategy at exactly M = m for every shape of `activations` that can run it (a step-level
   // refinement: the tuner measured whole decode steps of m tokens); no-op for forced / rule maps.
   void override_at(std::string_view activations, int64_t m, Strategy strategy);
+  // The same for every M in [first, last] (last > kDenseM: every M from first on).
+  void override_range(std::string_view activations, int64_t first, int64_t last, Strategy strategy);
+  // Whether some shape of `activations` names a strategy other than builtin at M.
+  bool departs_at(std::string_view activations, int64_t m) const;
   // "forced:NAME", "paper-rule", or "" for a measured map.
   std::string label() const;
 

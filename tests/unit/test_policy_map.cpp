@@ -392,15 +392,66 @@ TEST(PolicyMap, StepContendersComeFromTheNearestIsolatedTimings) {
 }
 
 // The pick of a step refinement: the map departs from builtin only where a candidate beat builtin
-// by the margin; otherwise the fastest where it beats the map's by min_gain.
+// by the margin on the mean and in every round; otherwise the fastest where it beats the map's by
+// min_gain.
 TEST(PolicyMap, StepRefineChoiceKeepsBuiltinUnlessBeaten) {
   using qspec::gemm::step_refine_choice;
-  // [map, builtin, a, b]
-  EXPECT_EQ(step_refine_choice({3.30, 3.31, 3.22, 3.40}, 1, 0.005, 0.01), 2u);  // a beats builtin by 2.8 %
-  EXPECT_EQ(step_refine_choice({3.34, 3.27, 3.60, 3.40}, 1, 0.005, 0.01), 1u);  // the map lost to builtin
-  EXPECT_EQ(step_refine_choice({2.46, 2.465, 2.50, 2.48}, 1, 0.005, 0.01), 1u); // the map within noise of builtin
-  EXPECT_EQ(step_refine_choice({7.29, 7.48, 7.50, 7.60}, 1, 0.005, 0.01), 0u);  // the map beats builtin by 2.6 %
-  EXPECT_EQ(step_refine_choice({7.29, 7.48, 7.27, 7.60}, 1, 0.005, 0.01), 0u);  // a within min_gain of the map
-  EXPECT_EQ(step_refine_choice({7.40, 7.48, 7.20, 7.60}, 1, 0.005, 0.01), 2u);  // a beats the map and builtin
-  EXPECT_THROW(step_refine_choice({1.0}, 1, 0.005, 0.01), qspec::Error);
+  using R = std::vector<std::vector<double>>;
+  // [map, builtin, a, b], one round
+  EXPECT_EQ(step_refine_choice(R{{3.30, 3.31, 3.22, 3.40}}, 1, 0.005, 0.01), 2u);  // a beats builtin by 2.8 %
+  EXPECT_EQ(step_refine_choice(R{{3.34, 3.27, 3.60, 3.40}}, 1, 0.005, 0.01), 1u);  // the map lost to builtin
+  EXPECT_EQ(step_refine_choice(R{{2.46, 2.465, 2.50, 2.48}}, 1, 0.005, 0.01), 1u); // the map within noise of builtin
+  EXPECT_EQ(step_refine_choice(R{{7.29, 7.48, 7.50, 7.60}}, 1, 0.005, 0.01), 0u);  // the map beats builtin by 2.6 %
+  EXPECT_EQ(step_refine_choice(R{{7.29, 7.48, 7.27, 7.60}}, 1, 0.005, 0.01), 0u);  // a within min_gain of the map
+  EXPECT_EQ(step_refine_choice(R{{7.40, 7.48, 7.20, 7.60}}, 1, 0.005, 0.01), 2u);  // a beats the map and builtin
+  // Three rounds: the means say the map by 3 %, but it lost the second round: builtin.
+  EXPECT_EQ(step_refine_choice(R{{24.0, 25.6, 26.0}, {25.2, 25.0, 26.1}, {24.1, 25.7, 26.2}}, 1, 0.005, 0.01), 1u);
+  EXPECT_EQ(step_refine_choice(R{{24.0, 25.6, 26.0}, {24.6, 25.0, 26.1}, {24.1, 25.7, 26.2}}, 1, 0.005, 0.01), 0u);
+  EXPECT_THROW(step_refine_choice(R{{1.0}}, 1, 0.005, 0.01), qspec::Error);
+  EXPECT_THROW(step_refine_choice(R{}, 1, 0.005, 0.01), qspec::Error);
+  EXPECT_THROW(step_refine_choice(R{{1.0, 2.0}, {1.0}}, 1, 0.005, 0.01), qspec::Error);
+}
+
+// Each refinement point answers for the M from past the point below up to its own; the last for
+// every M beyond too.
+TEST(PolicyMap, StepRefineBandsCoverEveryTokenCount) {
+  using qspec::gemm::step_refine_bands;
+  using B = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(step_refine_bands({1, 8, 64, 1024}), (B{{1, 1}, {2, 8}, {9, 64}, {65, PolicyMap::kDenseM}}));
+  EXPECT_EQ(step_refine_bands({16}), (B{{1, PolicyMap::kDenseM}}));
+  EXPECT_EQ(step_refine_bands({8, 9000}), (B{{1, 8}, {9, 9000}}));
+  EXPECT_TRUE(step_refine_bands({}).empty());
+  EXPECT_THROW(step_refine_bands({8, 8}), qspec::Error);
+  EXPECT_THROW(step_refine_bands({0, 8}), qspec::Error);
+  // The default points, decode and prefill together.
+  std::vector<int64_t> points = qspec::gemm::step_refine_batches();
+  for (int64_t p : qspec::gemm::step_refine_prompt_lengths()) points.push_back(p);
+  std::sort(points.begin(), points.end());
+  const B bands = step_refine_bands(points);
+  ASSERT_EQ(bands.size(), points.size());
+  for (size_t i = 1; i < bands.size(); ++i) EXPECT_EQ(bands[i].first, bands[i - 1].second + 1);
+  EXPECT_EQ(bands.back().second, PolicyMap::kDenseM);
+}
+
+// A band goes back to builtin in one call; departs_at says whether a map names anything else at M.
+TEST(PolicyMap, OverridesARangeOfTokenCounts) {
+  PolicyMap map;
+  map.set("f16", 4096, 4096, 128, {{256, Strategy::builtin}, {1024, Strategy::dequant_cublas}, {4096, Strategy::wgmma_128x256}});
+  map.set("f16", 28672, 4096, 128, {{512, Strategy::builtin}, {4096, Strategy::dequant_cublas}});
+  map.set("int8", 4096, 4096, 128, {{4096, Strategy::tiled_128x32}});
+  EXPECT_FALSE(map.departs_at("f16", 256));
+  EXPECT_TRUE(map.departs_at("f16", 300));  // the first shape
+  EXPECT_TRUE(map.departs_at("f16", 600));
+  map.override_range("f16", 513, 2048, Strategy::builtin);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 512), Strategy::dequant_cublas);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 513), Strategy::builtin);
+  EXPECT_EQ(map.lookup("f16", 28672, 4096, 2048), Strategy::builtin);
+  EXPECT_EQ(map.lookup("f16", 28672, 4096, 2049), Strategy::dequant_cublas);
+  EXPECT_EQ(map.lookup("int8", 4096, 4096, 1000), Strategy::tiled_128x32);  // other activations untouched
+  EXPECT_FALSE(map.departs_at("f16", 1000));
+  map.override_range("f16", 2049, 1 << 20, Strategy::builtin);  // past the dense table: every M beyond
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 100000), Strategy::builtin);
+  EXPECT_TRUE(PolicyMap::forced(Strategy::tiled_128x32).departs_at("f16", 64));
+  const PolicyMap back = PolicyMap::from_json(map.to_json(), "test");
+  for (int64_t m : {1, 300, 513, 2048, 3000, 5000}) EXPECT_EQ(back.lookup("f16", 4096, 4096, m), map.lookup("f16", 4096, 4096, m)) << m;
 }

@@ -702,6 +702,11 @@ gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRef
   const std::vector<std::vector<int32_t>> prompts = random_prompts(config, lengths);
   const int64_t max_batch = options.batches.empty() ? 1 : *std::max_element(options.batches.begin(), options.batches.end());
   const int64_t longest = lengths.empty() ? 1 : *std::max_element(lengths.begin(), lengths.end());
+  std::vector<int64_t> band_points;
+  for (const auto& point : points) band_points.push_back(point.first);
+  std::sort(band_points.begin(), band_points.end());
+  band_points.erase(std::unique(band_points.begin(), band_points.end()), band_points.end());
+  const std::vector<std::pair<int64_t, int64_t>> bands = gemm::step_refine_bands(band_points);
   gemm::PolicyMap refined = map;
   nlohmann::json results = nlohmann::json::array();
   for (const std::string& mode_name : options.modes) {
@@ -732,27 +737,40 @@ gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRef
         candidates.emplace_back(std::string(gemm::strategy_name(strategy)), std::make_shared<const gemm::PolicyMap>(candidate));
       }
       const size_t builtin = 1;  // step_contenders puts builtin first
-      std::vector<double> ms(candidates.size(), 0.0);
-      for (int round = 0; round < 2; ++round)
+      std::vector<std::vector<double>> rounds_ms(gemm::kStepRefineRounds, std::vector<double>(candidates.size(), 0.0));
+      for (int round = 0; round < gemm::kStepRefineRounds; ++round)
         for (size_t i = 0; i < candidates.size(); ++i) {
-          const size_t c = round == 0 ? i : candidates.size() - 1 - i;
+          const size_t c = round % 2 == 0 ? i : candidates.size() - 1 - i;
           gpu->set_gemm_policy(candidates[c].second);
-          ms[c] += (decode ? decode_step_ms(*gpu, config, m, options.context, options.steps) : prefill_ms(*gpu, *prompt)) / 2.0;
+          rounds_ms[static_cast<size_t>(round)][c] =
+              decode ? decode_step_ms(*gpu, config, m, options.context, options.steps) : prefill_ms(*gpu, *prompt);
         }
       gpu->set_gemm_policy(nullptr);
+      std::vector<double> ms(candidates.size(), 0.0);
+      for (const std::vector<double>& round : rounds_ms)
+        for (size_t c = 0; c < ms.size(); ++c) ms[c] += round[c] / gemm::kStepRefineRounds;
       size_t best = 0;
       for (size_t c = 1; c < ms.size(); ++c)
         if (ms[c] < ms[best]) best = c;
-      const size_t chosen = gemm::step_refine_choice(ms, builtin, options.min_gain, options.builtin_margin);
+      const size_t chosen = gemm::step_refine_choice(rounds_ms, builtin, options.min_gain, options.builtin_margin);
+      // The band of M this point answers for goes back to builtin unless the point measured a
+      // departure faster: where builtin won, or where the map won while naming builtin at M
+      // itself (then its departures elsewhere in the band were never in a timed step).
+      const auto [band_first, band_last] = bands[static_cast<size_t>(
+          std::lower_bound(band_points.begin(), band_points.end(), m) - band_points.begin())];
+      const bool band_to_builtin = chosen == builtin || (chosen == 0 && !refined.departs_at(activations, m));
       const std::string taken = chosen == 0 ? "map" : candidates[chosen].first;
-      if (chosen != 0) refined.override_at(activations, m, gemm::parse_strategy(taken));
-      std::printf("refine %-6s %s %4lld: map %.3f ms, builtin %.3f, best %s %.3f (%zu timed) -> %s\n", mode_name.c_str(),
-                  decode ? "B" : "P", static_cast<long long>(m), ms[0], ms[builtin], candidates[best].first.c_str(),
-                  ms[best], candidates.size(), taken.c_str());
+      if (band_to_builtin) refined.override_range(activations, band_first, band_last, gemm::Strategy::builtin);
+      else if (chosen != 0) refined.override_at(activations, m, gemm::parse_strategy(taken));
+      std::printf("refine %-6s %s %4lld: map %.3f ms, builtin %.3f, best %s %.3f (%zu timed) -> %s%s\n",
+                  mode_name.c_str(), decode ? "B" : "P", static_cast<long long>(m), ms[0], ms[builtin],
+                  candidates[best].first.c_str(), ms[best], candidates.size(), taken.c_str(),
+                  band_to_builtin ? (" over M " + std::to_string(band_first) + ".." + std::to_string(band_last)).c_str() : "");
       nlohmann::json times = nlohmann::json::object();
       for (size_t c = 0; c < candidates.size(); ++c) times[candidates[c].first] = ms[c];
       results.push_back({{"mode", mode_name}, {"kind", decode ? "decode" : "prefill"}, {"m", m}, {"step_ms", times},
-                         {"taken", taken}});
+                         {"rounds_ms", rounds_ms}, {"taken", taken},
+                         {"band", band_to_builtin ? nlohmann::json::array({band_first, band_last}) : nlohmann::json()}});
     }
   }
   if (record) (*record)["step_refinement"] = results;

@@ -97,11 +97,16 @@ nlohmann::json run_gpu_replay(const GpuBenchOptions& options, ReplayOptions repl
 // int8) and each point (a decode step of B sequences, M = B, for B in `batches`; a prefill of P
 // tokens, M = P, for P in `prompt_lengths`) the map as it stands, `builtin` and each contender at
 // M (all shapes) run whole steps (graph replays at `context` cached positions, median of
-// `steps`; a prefill's median of 3), two rounds in alternating order. A contender is a strategy the
-// isolated timings in `record` put within `contender_slack` of a shape's best at the tuned M
-// nearest to M (every strategy when there are none). The pick at M: the fastest, where it beats
-// the map's by min_gain; and the map departs from `builtin` only where its pick beats builtin by
-// builtin_margin, so at these points a map is never slower than no map beyond the noise.
+// `steps`; a prefill's median of 3), gemm::kStepRefineRounds rounds in alternating order. A
+// contender is a strategy the isolated timings in `record` put within `contender_slack` of a
+// shape's best at the tuned M nearest to M (every strategy when there are none). The pick at M:
+// the fastest, where it beats the map's by min_gain; and the map departs from `builtin` only where
+// its pick beats builtin by builtin_margin and in every round (gemm::step_refine_choice). Each
+// point answers for a band of M (gemm::step_refine_bands: from past the point below up to it):
+// where builtin won, or the map won while naming builtin at M itself, the whole band goes back to
+// builtin, so an isolated pick stands only in a band whose timed step measured a departure faster
+// (the isolated sweep alone put dequantize + cuBLAS at 1025-3840 tokens that cost Llama-3-8B's
+// 2048-token prefill 5 % on the H200).
 // The model: model_dir (a checkpoint) or synthetic (a name of synthetic_model_config).
 struct StepRefineOptions {
   std::string model_dir, synthetic;
