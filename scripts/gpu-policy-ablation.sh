@@ -3,7 +3,8 @@
 # the synthetic models: each map against `builtin`, the paper's rule and every static strategy,
 # decode steps at batch 1-64 and prefills of 16-2048 tokens, w4a16 and w4a8, one log for all and a
 # JSON a run under $OUT (at most 8 files come back). Run it after scripts/gpu-retune-maps.sh.
-# usage (source root): scripts/gpu-policy-ablation.sh DEPS_PREFIX [MODEL ...]   (default llama3-8b qwen2.5-7b)
+# usage (source root): [ABLATION_MODES="w4a16 w4a8"] scripts/gpu-policy-ablation.sh DEPS_PREFIX [MODEL ...]
+#   default models: llama3-8b qwen2.5-7b (~1 minute a model and mode on the H200)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -18,7 +19,7 @@ f16_forced=forced:small_m_v5,forced:tiled_128x32,forced:tiled_256x64,forced:wgmm
 int8_forced=forced:small_m_v5,forced:tiled_128x32,forced:tiled_128x128,forced:tiled_256x64,forced:s8_wgmma_128x128
 for model in "${models[@]}"; do
   map=bench/policies/$gpu-$model.json
-  for mode in w4a16 w4a8; do
+  for mode in ${ABLATION_MODES:-w4a16 w4a8}; do
     forced=$f16_forced
     [[ $mode == w4a8 ]] && forced=$int8_forced
     ./build/qspec bench --device cuda --synthetic "$model" --modes $mode --batch-sizes 1,8,16,32,64 \
