@@ -19,6 +19,7 @@
 #include "gemm/policy_map.h"
 #include "model/config.h"
 #include "model/llama.h"
+#include "quant/quantized_linear.h"
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_CUDA
 #include "gemm/cuda/gemm_dispatch.h"
@@ -48,15 +49,25 @@ struct TuneArgs {
   std::string from_record;
 };
 
-
-// --from-record: the maps a tuning record implies, on any machine (no GPU): another --min-gain,
-// or the reduced set of the ablation.
+// --from-record: the maps a tuning record implies, on any machine (no GPU): the map tune wrote
+// (its isolated timings, then its step refinement replayed), another --min-gain, or the reduced
+// set of the ablation (isolated timings only: the refinement timed the whole set).
 void maps_from_record(const TuneArgs& args) {
   std::ifstream file(args.from_record);
   QSPEC_CHECK(file.good(), "tune --from-record: cannot read ", args.from_record);
   std::stringstream text;
   text << file.rdbuf();
   gemm::PolicyMap map = gemm::PolicyMap::from_timings(text.str(), {}, args.min_gain, args.from_record);
+  // Then what tune measured in whole steps (records before it named the activations name only
+  // their mode).
+  nlohmann::json record = nlohmann::json::parse(text.str());
+  if (record.contains("step_refinement")) {
+    for (nlohmann::json& point : record["step_refinement"])
+      if (!point.contains("activations") && point.contains("mode"))
+        point["activations"] = gemm_activations_name(parse_run_mode(point["mode"].get<std::string>()));
+    map.replay_step_refinement(record.dump());
+    std::printf("replayed %zu step-refinement points\n", record["step_refinement"].size());
+  }
   QSPEC_CHECK(!args.out.empty(), "tune --from-record: give -o FILE");
   map.command = command_line();
   map.save(args.out);

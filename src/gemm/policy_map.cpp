@@ -447,6 +447,30 @@ size_t step_refine_choice(const std::vector<std::vector<double>>& rounds_ms, siz
   return 0;
 }
 
+void PolicyMap::replay_step_refinement(const std::string& record_json) {
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(record_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("step refinement record: not JSON: ", e.what());
+  }
+  if (!record.contains("step_refinement")) return;
+  try {
+    for (const nlohmann::json& point : record.at("step_refinement")) {
+      const std::string activations = point.at("activations").get<std::string>();
+      const std::string taken = point.at("taken").get<std::string>();
+      if (point.contains("band") && point.at("band").is_array()) {
+        override_range(activations, point.at("band").at(0).get<int64_t>(), point.at("band").at(1).get<int64_t>(),
+                       Strategy::builtin);
+      } else if (taken != "map") {
+        override_at(activations, point.at("m").get<int64_t>(), parse_strategy(taken));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("step refinement record: ", e.what());
+  }
+}
+
 std::vector<std::pair<int64_t, int64_t>> step_refine_bands(const std::vector<int64_t>& sorted_m) {
   std::vector<std::pair<int64_t, int64_t>> bands;
   for (size_t i = 0; i < sorted_m.size(); ++i) {

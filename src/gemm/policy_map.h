@@ -148,6 +148,10 @@ class PolicyMap {
   void override_range(std::string_view activations, int64_t first, int64_t last, Strategy strategy);
   // Whether some shape of `activations` names a strategy other than builtin at M.
   bool departs_at(std::string_view activations, int64_t m) const;
+  // Replays a `qspec tune` record's "step_refinement" (refine_policy_in_steps: each point's
+  // "activations", "m", "taken" and, where its band went back to builtin, "band") on the map its
+  // isolated "timings" imply: the map that tune wrote, from the record alone.
+  void replay_step_refinement(const std::string& record_json);
   // "forced:NAME", "paper-rule", or "" for a measured map.
   std::string label() const;
 

@@ -50,6 +50,11 @@ const std::vector<std::string>& run_mode_names() {
   return names;
 }
 
+std::string gemm_activations_name(const RunMode& mode) {
+  return mode.activations.kind == ActivationMode::Kind::quantized ? std::string(quant::format_name(mode.activations.format))
+                                                                   : "f16";
+}
+
 RunMode parse_run_mode(std::string_view name) {
   const std::string_view canonical = name == "w4a4" ? std::string_view("w4a4-int4") : name;
   for (const RunMode& mode : all_modes())

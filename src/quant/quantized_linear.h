@@ -71,6 +71,9 @@ struct RunMode {
 // "w4a4-mxfp4-arc". Unknown names throw qspec::Error listing these.
 RunMode parse_run_mode(std::string_view name);
 const std::vector<std::string>& run_mode_names();
+// The activations name a mode's 4-bit GEMMs take in a GEMM policy map: "f16", or the format of
+// its quantized activations ("int8", "fp8", "nvfp4", ...).
+std::string gemm_activations_name(const RunMode& mode);
 
 // A [rows x cols] weight matrix quantized row by row (a row is one output channel, so the
 // blocks run along K, the reduction dimension).

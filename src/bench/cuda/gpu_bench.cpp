@@ -584,9 +584,7 @@ std::shared_ptr<const gemm::PolicyMap> ablation_policy(const std::string& spec) 
 bool ablation_applies(const std::string& spec, const RunMode& mode) {
   if (spec.rfind("forced:", 0) != 0) return true;
   const gemm::Strategy strategy = gemm::parse_strategy(spec.substr(7));
-  const std::string activations =
-      mode.activations.kind == ActivationMode::Kind::quantized ? std::string(quant::format_name(mode.activations.format)) : "f16";
-  return gemm::strategy_supports(strategy, activations);
+  return gemm::strategy_supports(strategy, gemm_activations_name(mode));
 }
 
 nlohmann::json run_gemm_ablation(const GpuBenchOptions& options, const LlamaModel* checkpoint, const ModelConfig& config) {
@@ -712,8 +710,7 @@ gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRef
   for (const std::string& mode_name : options.modes) {
     const RunMode mode = parse_run_mode(mode_name);
     QSPEC_CHECK(mode.quantized_weights, "tune: step refinement: mode ", mode_name, " has no 4-bit GEMMs");
-    const std::string activations =
-        mode.activations.kind == ActivationMode::Kind::quantized ? std::string(quant::format_name(mode.activations.format)) : "f16";
+    const std::string activations = gemm_activations_name(mode);
     if (checkpoint && !checkpoint->has_quantized_weights()) checkpoint->quantize_weights(quant::Format::int4);
     GpuLlamaOptions gpu_options;
     gpu_options.max_seqs = max_batch;
@@ -768,7 +765,7 @@ gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRef
                   band_to_builtin ? (" over M " + std::to_string(band_first) + ".." + std::to_string(band_last)).c_str() : "");
       nlohmann::json times = nlohmann::json::object();
       for (size_t c = 0; c < candidates.size(); ++c) times[candidates[c].first] = ms[c];
-      results.push_back({{"mode", mode_name}, {"kind", decode ? "decode" : "prefill"}, {"m", m}, {"step_ms", times},
+      results.push_back({{"mode", mode_name}, {"activations", activations}, {"kind", decode ? "decode" : "prefill"}, {"m", m}, {"step_ms", times},
                          {"rounds_ms", rounds_ms}, {"taken", taken},
                          {"band", band_to_builtin ? nlohmann::json::array({band_first, band_last}) : nlohmann::json()}});
     }
