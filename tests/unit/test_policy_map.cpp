@@ -9,7 +9,11 @@
 #include <unistd.h>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "gemm/policy_map.h"
+#include "quant/quantized_linear.h"
 #include "qspec/error.h"
 
 using qspec::gemm::PolicyMap;
@@ -220,7 +224,7 @@ TEST(PolicyMap, CommittedH100MapsLoad) {
     for (int64_t m : {24, 32}) EXPECT_EQ(qwen.lookup(activations, 37888, 3584, m), Strategy::tiled_128x32) << m;
 }
 
-// The committed H200 map (tuned with `builtin` in the set, 34434ef) loads, covers f16 and int8 on
+// The committed H200 map (tuned with `builtin` in the set and the band rule, eee8717) loads, covers f16 and int8 on
 // Llama-3-8B's four layer shapes, keeps the kernels' own choice for W4A16 decode (1-256 tokens),
 // and is the one `--gemm-policy auto` finds for those shapes on an H200.
 TEST(PolicyMap, CommittedH200MapLoads) {
@@ -454,4 +458,64 @@ TEST(PolicyMap, OverridesARangeOfTokenCounts) {
   EXPECT_TRUE(PolicyMap::forced(Strategy::tiled_128x32).departs_at("f16", 64));
   const PolicyMap back = PolicyMap::from_json(map.to_json(), "test");
   for (int64_t m : {1, 300, 513, 2048, 3000, 5000}) EXPECT_EQ(back.lookup("f16", 4096, 4096, m), map.lookup("f16", 4096, 4096, m)) << m;
+}
+
+// `qspec tune --from-record` rebuilds the map tune wrote: the isolated timings' picks, then the
+// step refinement replayed in order (a band back to builtin, a contender at its M, "map" kept).
+TEST(PolicyMap, ReplaysAStepRefinement) {
+  const std::string record = R"({"gpu": "G", "timings": [
+    {"activations": "f16", "n": 4096, "k": 4096, "group": 128, "m": 1, "us": {"builtin": 10.0, "small_m_v5": 10.1}},
+    {"activations": "f16", "n": 4096, "k": 4096, "group": 128, "m": 512, "us": {"builtin": 100.0, "dequant_cublas": 80.0}},
+    {"activations": "f16", "n": 4096, "k": 4096, "group": 128, "m": 2048, "us": {"builtin": 400.0, "dequant_cublas": 300.0}}],
+    "step_refinement": [
+    {"activations": "f16", "mode": "w4a16", "m": 16, "taken": "tiled_128x32", "band": null},
+    {"activations": "f16", "mode": "w4a16", "m": 512, "taken": "map", "band": null},
+    {"activations": "f16", "mode": "w4a16", "m": 2048, "taken": "builtin", "band": [513, 4096]}]})";
+  PolicyMap map = PolicyMap::from_timings(record, {}, 0.03, "record");
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 300), Strategy::dequant_cublas);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 3000), Strategy::dequant_cublas);
+  map.replay_step_refinement(record);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 1), Strategy::builtin);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 16), Strategy::tiled_128x32);
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 17), Strategy::dequant_cublas);  // the isolated pick up to 512
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 512), Strategy::dequant_cublas);  // the map won its point
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 513), Strategy::builtin);         // builtin's band
+  EXPECT_EQ(map.lookup("f16", 4096, 4096, 100000), Strategy::builtin);
+  PolicyMap unchanged = PolicyMap::from_timings(record, {}, 0.03, "record");
+  unchanged.replay_step_refinement(R"({"timings": []})");  // no refinement: nothing to replay
+  EXPECT_EQ(unchanged.lookup("f16", 4096, 4096, 3000), Strategy::dequant_cublas);
+  EXPECT_THROW(map.replay_step_refinement("{"), qspec::Error);
+  EXPECT_THROW(map.replay_step_refinement(R"({"step_refinement": [{"m": 16, "taken": "map"}]})"), qspec::Error);
+}
+
+// Each shipped H200 map is what its committed tuning record implies (bench/results: the isolated
+// timings, then the step refinement replayed, as `qspec tune --from-record` rebuilds it), at
+// every M of the dense table and beyond.
+TEST(PolicyMap, ShippedH200MapsAreWhatTheirRecordsImply) {
+  const std::string root = std::string(QSPEC_SOURCE_DIR);
+  for (const auto& [model, record_name] : std::vector<std::pair<std::string, std::string>>{
+           {"llama3-8b", "gemm-tune-refined-llama3-8b-h200-eee8717.json"},
+           {"qwen2.5-7b", "gemm-tune-refined-qwen2.5-7b-h200-eee8717.json"},
+           {"llama2-7b", "gemm-tune-refined-llama2-7b-h200-c42da17.json"}}) {
+    std::ifstream file(root + "/bench/results/" + record_name);
+    ASSERT_TRUE(file.good()) << record_name;
+    std::stringstream text;
+    text << file.rdbuf();
+    nlohmann::json record = nlohmann::json::parse(text.str());
+    for (nlohmann::json& point : record["step_refinement"])  // records before eee8717 name the mode only
+      if (!point.contains("activations"))
+        point["activations"] = qspec::gemm_activations_name(qspec::parse_run_mode(point["mode"].get<std::string>()));
+    PolicyMap implied = PolicyMap::from_timings(text.str(), {}, 0.03, record_name);
+    implied.replay_step_refinement(record.dump());
+    const PolicyMap shipped = PolicyMap::load(root + "/bench/policies/nvidia-h200-" + model + ".json");
+    const nlohmann::json entries = nlohmann::json::parse(shipped.to_json())["entries"];
+    ASSERT_EQ(entries.size(), 8u) << model;
+    for (const nlohmann::json& entry : entries) {
+      const std::string activations = entry["activations"].get<std::string>();
+      const int64_t n = entry["n"].get<int64_t>(), k = entry["k"].get<int64_t>();
+      for (int64_t m = 1; m <= PolicyMap::kDenseM + 1; ++m)
+        ASSERT_EQ(implied.lookup(activations, n, k, m), shipped.lookup(activations, n, k, m))
+            << model << " " << activations << " " << n << " x " << k << " m " << m;
+    }
+  }
 }
