@@ -19,7 +19,6 @@
 #include "gemm/policy_map.h"
 #include "model/config.h"
 #include "model/llama.h"
-#include "quant/quantized_linear.h"
 #include "qspec/error.h"
 #ifdef QSPEC_HAVE_CUDA
 #include "gemm/cuda/gemm_dispatch.h"
@@ -58,16 +57,8 @@ void maps_from_record(const TuneArgs& args) {
   std::stringstream text;
   text << file.rdbuf();
   gemm::PolicyMap map = gemm::PolicyMap::from_timings(text.str(), {}, args.min_gain, args.from_record);
-  // Then what tune measured in whole steps (records before it named the activations name only
-  // their mode).
-  nlohmann::json record = nlohmann::json::parse(text.str());
-  if (record.contains("step_refinement")) {
-    for (nlohmann::json& point : record["step_refinement"])
-      if (!point.contains("activations") && point.contains("mode"))
-        point["activations"] = gemm_activations_name(parse_run_mode(point["mode"].get<std::string>()));
-    map.replay_step_refinement(record.dump());
-    std::printf("replayed %zu step-refinement points\n", record["step_refinement"].size());
-  }
+  // Then what tune measured in whole steps.
+  std::printf("replayed %zu step-refinement points\n", map.replay_step_refinement(text.str()));
   QSPEC_CHECK(!args.out.empty(), "tune --from-record: give -o FILE");
   map.command = command_line();
   map.save(args.out);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
+#include "quant/quantized_linear.h"
 #include <sstream>
 
 #include "qspec/error.h"
@@ -175,7 +176,10 @@ PolicyMap PolicyMap::from_timings(const std::string& timings_json, const std::ve
   for (const auto& point : record["timings"]) {
     const std::string where = source + ": timings[" + std::to_string(index++) + "]";
     try {
-      const std::string activations = point.at("activations").get<std::string>();
+      // Records before the refinement named its activations name only the mode.
+      const std::string activations = point.contains("activations")
+                                          ? point.at("activations").get<std::string>()
+                                          : gemm_activations_name(parse_run_mode(point.at("mode").get<std::string>()));
       const int64_t n = point.at("n").get<int64_t>(), k = point.at("k").get<int64_t>(), m = point.at("m").get<int64_t>();
       const int64_t group = point.value("group", int64_t{128});
       std::vector<std::pair<Strategy, double>> us;
@@ -427,16 +431,23 @@ std::vector<Strategy> step_contenders(const std::string& record_json, std::strin
   return picked;
 }
 
+std::vector<double> step_refine_means(const std::vector<std::vector<double>>& rounds_ms) {
+  QSPEC_CHECK(!rounds_ms.empty(), "step refinement: no rounds");
+  const size_t candidates = rounds_ms.front().size();
+  std::vector<double> ms(candidates, 0.0);
+  for (const std::vector<double>& round : rounds_ms) {
+    QSPEC_CHECK(round.size() == candidates, "step refinement: a round of ", round.size(), " times, not ", candidates);
+    for (size_t c = 0; c < candidates; ++c) ms[c] += round[c] / static_cast<double>(rounds_ms.size());
+  }
+  return ms;
+}
+
 size_t step_refine_choice(const std::vector<std::vector<double>>& rounds_ms, size_t builtin, double min_gain,
                           double builtin_margin) {
   QSPEC_CHECK(!rounds_ms.empty(), "step_refine_choice: no rounds");
   const size_t candidates = rounds_ms.front().size();
   QSPEC_CHECK(builtin < candidates && builtin > 0, "step_refine_choice: builtin at ", builtin, " of ", candidates);
-  std::vector<double> ms(candidates, 0.0);
-  for (const std::vector<double>& round : rounds_ms) {
-    QSPEC_CHECK(round.size() == candidates, "step_refine_choice: a round of ", round.size(), " times, not ", candidates);
-    for (size_t c = 0; c < candidates; ++c) ms[c] += round[c] / static_cast<double>(rounds_ms.size());
-  }
+  const std::vector<double> ms = step_refine_means(rounds_ms);
   size_t best = 0;
   for (size_t c = 1; c < candidates; ++c)
     if (ms[c] < ms[best]) best = c;
@@ -447,17 +458,20 @@ size_t step_refine_choice(const std::vector<std::vector<double>>& rounds_ms, siz
   return 0;
 }
 
-void PolicyMap::replay_step_refinement(const std::string& record_json) {
+size_t PolicyMap::replay_step_refinement(const std::string& record_json) {
   nlohmann::json record;
   try {
     record = nlohmann::json::parse(record_json);
   } catch (const nlohmann::json::exception& e) {
     fail("step refinement record: not JSON: ", e.what());
   }
-  if (!record.contains("step_refinement")) return;
+  if (!record.contains("step_refinement")) return 0;
   try {
     for (const nlohmann::json& point : record.at("step_refinement")) {
-      const std::string activations = point.at("activations").get<std::string>();
+      // Records before the refinement named its activations name only the mode.
+      const std::string activations = point.contains("activations")
+                                          ? point.at("activations").get<std::string>()
+                                          : gemm_activations_name(parse_run_mode(point.at("mode").get<std::string>()));
       const std::string taken = point.at("taken").get<std::string>();
       if (point.contains("band") && point.at("band").is_array()) {
         override_range(activations, point.at("band").at(0).get<int64_t>(), point.at("band").at(1).get<int64_t>(),
@@ -469,6 +483,7 @@ void PolicyMap::replay_step_refinement(const std::string& record_json) {
   } catch (const nlohmann::json::exception& e) {
     fail("step refinement record: ", e.what());
   }
+  return record.at("step_refinement").size();
 }
 
 std::vector<std::pair<int64_t, int64_t>> step_refine_bands(const std::vector<int64_t>& sorted_m) {

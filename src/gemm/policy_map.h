@@ -124,6 +124,8 @@ std::vector<Strategy> step_contenders(const std::string& record_json, std::strin
 // rounds on the H200), else the fastest where it beats the map's by min_gain; 0 keeps the map.
 size_t step_refine_choice(const std::vector<std::vector<double>>& rounds_ms, size_t builtin, double min_gain,
                           double builtin_margin);
+// Each candidate's mean time over a refinement's rounds (`rounds_ms[round][c]`, equal lengths).
+std::vector<double> step_refine_means(const std::vector<std::vector<double>>& rounds_ms);
 
 class PolicyMap {
  public:
@@ -149,9 +151,10 @@ class PolicyMap {
   // Whether some shape of `activations` names a strategy other than builtin at M.
   bool departs_at(std::string_view activations, int64_t m) const;
   // Replays a `qspec tune` record's "step_refinement" (refine_policy_in_steps: each point's
-  // "activations", "m", "taken" and, where its band went back to builtin, "band") on the map its
-  // isolated "timings" imply: the map that tune wrote, from the record alone.
-  void replay_step_refinement(const std::string& record_json);
+  // "activations" (or, in older records, its "mode"), "m", "taken" and, where its band went back to builtin, "band") on the map its
+  // isolated "timings" imply: the map that tune wrote, from the record alone. Returns the points
+  // replayed (0 for a record without a refinement).
+  size_t replay_step_refinement(const std::string& record_json);
   // "forced:NAME", "paper-rule", or "" for a measured map.
   std::string label() const;
 

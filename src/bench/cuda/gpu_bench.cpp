@@ -743,9 +743,7 @@ gemm::PolicyMap refine_policy_in_steps(const gemm::PolicyMap& map, const StepRef
               decode ? decode_step_ms(*gpu, config, m, options.context, options.steps) : prefill_ms(*gpu, *prompt);
         }
       gpu->set_gemm_policy(nullptr);
-      std::vector<double> ms(candidates.size(), 0.0);
-      for (const std::vector<double>& round : rounds_ms)
-        for (size_t c = 0; c < ms.size(); ++c) ms[c] += round[c] / gemm::kStepRefineRounds;
+      const std::vector<double> ms = gemm::step_refine_means(rounds_ms);
       size_t best = 0;
       for (size_t c = 1; c < ms.size(); ++c)
         if (ms[c] < ms[best]) best = c;
